@@ -1,0 +1,25 @@
+# Every public header must compile on its own: .hpp as plain C++ with
+# -Wall -Wextra -Werror, .cuh with nvcc. One generated translation unit each.
+function(dtrain_add_header_check)
+  file(GLOB_RECURSE _hpp CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}/include
+       ${PROJECT_SOURCE_DIR}/include/dtrain/*.hpp)
+  file(GLOB_RECURSE _cuh CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}/include
+       ${PROJECT_SOURCE_DIR}/include/dtrain/*.cuh)
+  set(_srcs)
+  foreach(h IN LISTS _hpp)
+    string(REPLACE "/" "__" _n "${h}")
+    set(_f ${CMAKE_CURRENT_BINARY_DIR}/header_check/${_n}.cpp)
+    file(CONFIGURE OUTPUT ${_f} CONTENT "#include <${h}>\n#include <${h}>\n")
+    list(APPEND _srcs ${_f})
+  endforeach()
+  if(DTRAIN_WITH_CUDA)
+    foreach(h IN LISTS _cuh)
+      string(REPLACE "/" "__" _n "${h}")
+      set(_f ${CMAKE_CURRENT_BINARY_DIR}/header_check/${_n}.cu)
+      file(CONFIGURE OUTPUT ${_f} CONTENT "#include <${h}>\n#include <${h}>\n")
+      list(APPEND _srcs ${_f})
+    endforeach()
+  endif()
+  add_library(dtrain_header_check OBJECT ${_srcs})
+  target_link_libraries(dtrain_header_check PRIVATE dtrain::dtrain dtrain_warnings)
+endfunction()

@@ -1,0 +1,63 @@
+#pragma once
+// The Communicator concept: what every backend (Gloo on host, NCCL on GPU)
+// offers and what strategies are written against.
+//
+// All collectives are asynchronous: they return a Work handle whose wait()
+// blocks (host) or orders the caller's stream (GPU) until the result is ready,
+// and throws dtrain::comm_error / dtrain::timeout_error if it failed.
+// Buffer rules:
+//   all_reduce(buf, op)            any length, 0 included; in place.
+//   broadcast(buf, root)           any length; in place.
+//   reduce_scatter(in, out, op)    in.size() == out.size() * size().
+//   all_gather(in, out)            out.size() == in.size() * size(); rank r's
+//                                  input lands at out[r * in.size()].
+// Half dtypes (bf16, fp16) accumulate in fp32 on the host backend.
+
+#include <chrono>
+#include <concepts>
+#include <span>
+#include <string_view>
+
+#include "dtrain/core/dtype.hpp"
+
+namespace dtrain {
+
+enum class reduce_op { sum, avg };
+
+constexpr std::string_view reduce_op_name(reduce_op op) {
+  return op == reduce_op::sum ? "sum" : "avg";
+}
+
+struct CommOptions {
+  // A collective that has not completed after this long fails on every rank
+  // that reached it, naming the collective, its sequence number and the ranks
+  // that never arrived. Generous by default: the first step of a large job can
+  // be slow. Overridable with DTRAIN_COMM_TIMEOUT_S in dtrain::init().
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+};
+
+template <class W>
+concept CommWork = requires(W& w) {
+  w.wait();
+};
+
+namespace detail {
+template <class C, class T>
+concept collectives_for = requires(C& c, std::span<T> buf, std::span<const T> in, int root,
+                                   reduce_op op) {
+  { c.all_reduce(buf, op) } -> CommWork;
+  { c.broadcast(buf, root) } -> CommWork;
+  { c.reduce_scatter(in, buf, op) } -> CommWork;
+  { c.all_gather(in, buf) } -> CommWork;
+};
+}  // namespace detail
+
+template <class C>
+concept Communicator = requires(C& c, const C& cc) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  { c.barrier() } -> CommWork;
+} && detail::collectives_for<C, float> && detail::collectives_for<C, bf16> &&
+                       detail::collectives_for<C, fp16>;
+
+}  // namespace dtrain

@@ -1,0 +1,73 @@
+#pragma once
+// Error types. Every dtrain exception says what failed, where (a
+// source_location captured at the throw site) and what the user can do.
+
+#include <source_location>
+#include <stdexcept>
+#include <string>
+
+namespace dtrain {
+
+namespace detail {
+inline std::string format_error(const std::string& what, const std::string& fix,
+                                const std::source_location& where) {
+  std::string msg = what;
+  if (!fix.empty()) msg += "\n  fix: " + fix;
+  msg += "\n  at: ";
+  msg += where.file_name();
+  msg += ':';
+  msg += std::to_string(where.line());
+  return msg;
+}
+}  // namespace detail
+
+class error : public std::runtime_error {
+ public:
+  explicit error(const std::string& what, const std::string& fix = {},
+                 std::source_location where = std::source_location::current())
+      : std::runtime_error(detail::format_error(what, fix, where)),
+        problem_(what),
+        fix_(fix),
+        where_(where) {}
+
+  const std::string& problem() const noexcept { return problem_; }
+  const std::string& fix() const noexcept { return fix_; }
+  const std::source_location& where() const noexcept { return where_; }
+
+ private:
+  std::string problem_;
+  std::string fix_;
+  std::source_location where_;
+};
+
+// One subclass per subsystem so callers can catch what they can handle.
+class config_error : public error { public: using error::error; };
+class launch_error : public error { public: using error::error; };
+class comm_error : public error { public: using error::error; };
+class cuda_error : public error { public: using error::error; };
+class checkpoint_error : public error { public: using error::error; };
+
+class nccl_error : public comm_error {
+ public:
+  nccl_error(int status, const std::string& what, const std::string& fix = {},
+             std::source_location where = std::source_location::current())
+      : comm_error(what, fix, where), status_(status) {}
+  int status() const noexcept { return status_; }
+
+ private:
+  int status_;
+};
+
+class gloo_error : public comm_error {
+ public:
+  using comm_error::comm_error;
+};
+
+// A collective that did not complete in time. Carries the collective's name,
+// its sequence number and the ranks that had not reached it.
+class timeout_error : public comm_error {
+ public:
+  using comm_error::comm_error;
+};
+
+}  // namespace dtrain

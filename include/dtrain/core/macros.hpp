@@ -1,0 +1,18 @@
+#pragma once
+// The one place dtrain spells compiler-specific annotations. Everything else
+// uses these, so every header also compiles as plain C++ with g++.
+
+#if defined(__CUDACC__)
+#define DTRAIN_HOST_DEVICE __host__ __device__
+#define DTRAIN_DEVICE __device__
+#else
+#define DTRAIN_HOST_DEVICE
+#define DTRAIN_DEVICE
+#endif
+
+// DTRAIN_HAS_CUDA is set by the dtrain::dtrain CMake target when the CUDA
+// toolkit and NCCL were found; code that needs the CUDA runtime (host API only)
+// is guarded by it. Kernels additionally need __CUDACC__ (nvcc).
+#if !defined(DTRAIN_HAS_CUDA)
+#define DTRAIN_HAS_CUDA 0
+#endif

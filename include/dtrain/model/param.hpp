@@ -1,0 +1,44 @@
+#pragma once
+// Parameter declarations. A unit says what parameters it has; the library
+// allocates, initialises, shards and updates them.
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+enum class InitKind { zeros, ones, constant, uniform, normal };
+
+struct Init {
+  InitKind kind = InitKind::zeros;
+  float a = 0.f;  // constant value / uniform low / normal mean
+  float b = 0.f;  // uniform high / normal stddev
+
+  static Init zeros() { return {InitKind::zeros, 0.f, 0.f}; }
+  static Init ones() { return {InitKind::ones, 0.f, 0.f}; }
+  static Init constant(float v) { return {InitKind::constant, v, 0.f}; }
+  static Init uniform(float lo, float hi) { return {InitKind::uniform, lo, hi}; }
+  static Init normal(float mean, float stddev) { return {InitKind::normal, mean, stddev}; }
+  // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  static Init fan_in_uniform(std::int64_t fan_in) {
+    const float bound = 1.f / std::sqrt(static_cast<float>(fan_in));
+    return uniform(-bound, bound);
+  }
+};
+
+struct ParamSpec {
+  std::string name;                 // unique within its unit, e.g. "weight"
+  std::vector<std::int64_t> shape;  // e.g. {out, in}
+  Init init{};
+  bool trainable = true;
+
+  std::int64_t numel() const {
+    return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>{});
+  }
+};
+
+}  // namespace dtrain
