@@ -1,0 +1,422 @@
+#pragma once
+// A small TCP key-value store for rendezvous: rank 0 hosts a TcpStoreServer on
+// MASTER_ADDR:MASTER_PORT; every rank (rank 0 too) talks to it through a
+// TcpStore client. Ranks exchange what the backends need (NCCL unique id, Gloo
+// pair addresses), check that they agree (model signatures), and publish the
+// sequence number of the collective they are in, so a timeout can name the
+// ranks that never arrived.
+//
+// Wire format, both directions: u8 command, then length-prefixed (u32 LE)
+// strings. Requests: SET key value -> ok; GET key -> found(u8) value;
+// ADD key i64 -> i64. Waiting is done by the client (poll GET with backoff) so
+// the server never blocks on one client.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain {
+
+namespace detail {
+
+enum class store_cmd : std::uint8_t { set = 1, get = 2, add = 3 };
+
+inline std::string errno_text() { return std::strerror(errno); }
+
+// Owns one file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = o.release();
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+using steady = std::chrono::steady_clock;
+
+// Waits until fd is ready for `events` or the deadline passes.
+inline bool wait_fd(int fd, short events, steady::time_point deadline) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+inline void put_u32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+inline std::uint32_t get_u32(const char* p) {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+inline void put_str(std::string& out, std::string_view s) {
+  put_u32(out, static_cast<std::uint32_t>(s.size()));
+  out.append(s);
+}
+inline std::string i64_bytes(std::int64_t v) {
+  std::string s(8, '\0');
+  std::memcpy(s.data(), &v, 8);
+  return s;
+}
+inline std::int64_t bytes_i64(std::string_view s) {
+  std::int64_t v = 0;
+  std::memcpy(&v, s.data(), std::min<std::size_t>(8, s.size()));
+  return v;
+}
+
+// Parses one complete request from buf starting at 0; returns bytes consumed
+// (0 if incomplete) and fills cmd/args.
+inline std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vector<std::string_view>& args) {
+  if (buf.empty()) return 0;
+  cmd = static_cast<store_cmd>(buf[0]);
+  const int nargs = cmd == store_cmd::get ? 1 : 2;
+  std::size_t pos = 1;
+  args.clear();
+  for (int i = 0; i < nargs; ++i) {
+    if (buf.size() < pos + 4) return 0;
+    const std::uint32_t len = get_u32(buf.data() + pos);
+    if (buf.size() < pos + 4 + len) return 0;
+    args.emplace_back(buf.data() + pos + 4, len);
+    pos += 4 + len;
+  }
+  return pos;
+}
+
+inline std::string endpoint(const std::string& host, int port) { return host + ":" + std::to_string(port); }
+
+}  // namespace detail
+
+// Hosts the key-value map. One poll() thread serves every client.
+class TcpStoreServer {
+ public:
+  // port 0 picks a free port (see port()). Binds all interfaces so ranks on
+  // other nodes can reach it.
+  explicit TcpStoreServer(int port, std::string_view bind_addr = "0.0.0.0") {
+    detail::Fd fd{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+    if (fd.get() < 0) throw launch_error("cannot create the rendezvous socket: " + detail::errno_text());
+    const int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(port));
+    if (::inet_pton(AF_INET, std::string(bind_addr).c_str(), &addr.sin_addr) != 1)
+      throw launch_error("invalid rendezvous bind address '" + std::string(bind_addr) + "'",
+                         "give an IPv4 address such as 0.0.0.0");
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      const bool in_use = errno == EADDRINUSE;
+      throw launch_error(
+          "rank 0 cannot host the rendezvous on port " + std::to_string(port) + ": " + detail::errno_text(),
+          in_use ? "another job (or a stale process) holds this port: choose another with "
+                   "--master-port / MASTER_PORT, or stop the other process"
+                 : "check MASTER_PORT and that this process may bind it");
+    }
+    if (::listen(fd.get(), 1024) != 0) throw launch_error("cannot listen on the rendezvous socket: " + detail::errno_text());
+    socklen_t len = sizeof addr;
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    if (::pipe2(wake_, O_CLOEXEC) != 0) throw launch_error("cannot create a pipe: " + detail::errno_text());
+    listen_ = std::move(fd);
+    thread_ = std::thread([this] { serve(); });
+  }
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+  ~TcpStoreServer() {
+    stop_ = true;
+    const char b = 0;
+    [[maybe_unused]] auto r = ::write(wake_[1], &b, 1);
+    if (thread_.joinable()) thread_.join();
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+
+  int port() const { return port_; }
+
+ private:
+  struct Client {
+    detail::Fd fd;
+    std::string in;
+  };
+
+  void serve() {
+    std::vector<Client> clients;
+    std::vector<pollfd> fds;
+    while (!stop_) {
+      fds.assign({{listen_.get(), POLLIN, 0}, {wake_[0], POLLIN, 0}});
+      for (auto& c : clients) fds.push_back({c.fd.get(), POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (fds[0].revents & POLLIN) {
+        const int c = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0) {
+          const int one = 1;
+          ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          clients.push_back({detail::Fd{c}, {}});
+        }
+      }
+      std::vector<bool> dead(clients.size(), false);
+      for (std::size_t i = 0; i < fds.size() - 2; ++i) {
+        if (!(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        dead[i] = !read_and_answer(clients[i]);
+      }
+      for (std::size_t i = clients.size(); i-- > 0;)
+        if (dead[i]) clients.erase(clients.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+
+  bool read_and_answer(Client& c) {
+    char buf[65536];
+    const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
+    if (n <= 0) return n < 0 && (errno == EINTR || errno == EAGAIN);
+    c.in.append(buf, static_cast<std::size_t>(n));
+    detail::store_cmd cmd{};
+    std::vector<std::string_view> args;
+    std::size_t used = 0;
+    std::string reply;
+    while (std::size_t k = detail::parse_request(std::string_view(c.in).substr(used), cmd, args)) {
+      used += k;
+      switch (cmd) {
+        case detail::store_cmd::set:
+          map_[std::string(args[0])] = std::string(args[1]);
+          reply.push_back(1);
+          break;
+        case detail::store_cmd::get: {
+          const auto it = map_.find(std::string(args[0]));
+          reply.push_back(it != map_.end() ? 1 : 0);
+          detail::put_str(reply, it != map_.end() ? std::string_view(it->second) : std::string_view{});
+          break;
+        }
+        case detail::store_cmd::add: {
+          auto& v = map_[std::string(args[0])];
+          const std::int64_t now = (v.empty() ? 0 : detail::bytes_i64(v)) + detail::bytes_i64(args[1]);
+          v = detail::i64_bytes(now);
+          detail::put_str(reply, v);
+          break;
+        }
+        default:
+          return false;  // not a dtrain client: drop it
+      }
+    }
+    c.in.erase(0, used);
+    std::size_t sent = 0;
+    while (sent < reply.size()) {
+      const ssize_t w = ::send(c.fd.get(), reply.data() + sent, reply.size() - sent, MSG_NOSIGNAL);
+      if (w <= 0) return false;
+      sent += static_cast<std::size_t>(w);
+    }
+    return true;
+  }
+
+  detail::Fd listen_;
+  int wake_[2] = {-1, -1};
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::map<std::string, std::string, std::less<>> map_;  // only the serve thread touches it
+  std::thread thread_;
+};
+
+// A client of TcpStoreServer. Thread-safe; every call is bounded by a timeout.
+class TcpStore {
+ public:
+  TcpStore(std::string host, int port, std::chrono::milliseconds timeout)
+      : host_(std::move(host)), port_(port), timeout_(timeout) {
+    connect();
+  }
+
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+  // The local IP address of this rank's connection to the master: the
+  // interface other ranks can reach us on (used for Gloo's transport).
+  const std::string& local_address() const { return local_address_; }
+
+  void set(std::string_view key, std::string_view value) {
+    std::string req(1, static_cast<char>(detail::store_cmd::set));
+    detail::put_str(req, key);
+    detail::put_str(req, value);
+    std::lock_guard lock(mu_);
+    send_all(req, key);
+    recv_exact(1, key);
+  }
+
+  std::optional<std::string> try_get(std::string_view key) {
+    std::string req(1, static_cast<char>(detail::store_cmd::get));
+    detail::put_str(req, key);
+    std::lock_guard lock(mu_);
+    send_all(req, key);
+    const bool found = recv_exact(1, key)[0] != 0;
+    std::string value = recv_exact(detail::get_u32(recv_exact(4, key).data()), key);
+    if (!found) return std::nullopt;
+    return value;
+  }
+
+  // Blocks until key exists; throws timeout_error after `timeout` (the store's by default).
+  std::string get(std::string_view key, std::optional<std::chrono::milliseconds> timeout = {}) {
+    const auto deadline = detail::steady::now() + timeout.value_or(timeout_);
+    auto backoff = std::chrono::microseconds(200);
+    for (;;) {
+      if (auto v = try_get(key)) return *std::move(v);
+      if (detail::steady::now() >= deadline)
+        throw timeout_error("rendezvous key '" + std::string(key) + "' was not set within " +
+                                std::to_string(timeout.value_or(timeout_).count()) + " ms",
+                            "a rank did not reach this point: check that every rank runs the same "
+                            "program and that none of them failed (see its log)");
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
+    }
+  }
+
+  std::int64_t add(std::string_view key, std::int64_t delta) {
+    std::string req(1, static_cast<char>(detail::store_cmd::add));
+    detail::put_str(req, key);
+    detail::put_str(req, detail::i64_bytes(delta));
+    std::lock_guard lock(mu_);
+    send_all(req, key);
+    return detail::bytes_i64(recv_exact(detail::get_u32(recv_exact(4, key).data()), key));
+  }
+
+ private:
+  void connect() {
+    const auto deadline = detail::steady::now() + timeout_;
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    std::string last_error = "no attempt made";
+    auto backoff = std::chrono::milliseconds(10);
+    do {
+      addrinfo* res = nullptr;
+      const int rc = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
+      if (rc != 0) {
+        last_error = std::string("cannot resolve host: ") + ::gai_strerror(rc);
+      } else {
+        for (addrinfo* a = res; a; a = a->ai_next) {
+          detail::Fd fd{::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol)};
+          if (fd.get() < 0) continue;
+          int r = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
+          if (r != 0 && errno == EINPROGRESS) {
+            if (detail::wait_fd(fd.get(), POLLOUT, std::min(deadline, detail::steady::now() + std::chrono::seconds(2)))) {
+              int err = 0;
+              socklen_t len = sizeof err;
+              ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+              errno = err;
+              r = err == 0 ? 0 : -1;
+            } else {
+              errno = ETIMEDOUT;
+            }
+          }
+          if (r == 0) {
+            ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+            const int one = 1;
+            ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            sockaddr_in local{};
+            socklen_t len = sizeof local;
+            ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len);
+            char text[INET_ADDRSTRLEN] = {};
+            ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
+            local_address_ = text;
+            fd_ = std::move(fd);
+            ::freeaddrinfo(res);
+            return;
+          }
+          last_error = detail::errno_text();
+        }
+        ::freeaddrinfo(res);
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+    } while (detail::steady::now() < deadline);
+    throw launch_error("cannot reach the rendezvous master at " + detail::endpoint(host_, port_) + " within " +
+                           std::to_string(timeout_.count()) + " ms (" + last_error + ")",
+                       "check MASTER_ADDR/MASTER_PORT (or --master-addr/--master-port), that rank 0 "
+                       "is running, and that no firewall blocks the port");
+  }
+
+  void send_all(std::string_view data, std::string_view key) {
+    const auto deadline = detail::steady::now() + timeout_;
+    std::size_t sent = 0;
+    while (sent < data.size()) {
+      if (!detail::wait_fd(fd_.get(), POLLOUT, deadline)) lost(key, "send timed out");
+      const ssize_t w = ::send(fd_.get(), data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+      if (w <= 0) lost(key, detail::errno_text());
+      sent += static_cast<std::size_t>(w);
+    }
+  }
+
+  std::string recv_exact(std::size_t n, std::string_view key) {
+    const auto deadline = detail::steady::now() + timeout_;
+    std::string out(n, '\0');
+    std::size_t got = 0;
+    while (got < n) {
+      if (!detail::wait_fd(fd_.get(), POLLIN, deadline)) lost(key, "no answer");
+      const ssize_t r = ::recv(fd_.get(), out.data() + got, n - got, 0);
+      if (r == 0) lost(key, "connection closed");
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        lost(key, detail::errno_text());
+      }
+      got += static_cast<std::size_t>(r);
+    }
+    return out;
+  }
+
+  [[noreturn]] void lost(std::string_view key, const std::string& why) {
+    throw comm_error("lost the rendezvous master at " + detail::endpoint(host_, port_) + " while accessing '" +
+                         std::string(key) + "': " + why,
+                     "rank 0 hosts the rendezvous: it has probably exited or crashed; see its log");
+  }
+
+  std::string host_;
+  int port_;
+  std::chrono::milliseconds timeout_;
+  std::string local_address_;
+  detail::Fd fd_;
+  std::mutex mu_;
+};
+
+}  // namespace dtrain

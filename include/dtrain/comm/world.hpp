@@ -1,0 +1,124 @@
+#pragma once
+// A World is this process's place in the job: rank, size, local rank, and the
+// rendezvous store every communicator bootstraps from. dtrain::init()
+// (launch/init.hpp) builds one from the launcher's environment;
+// make_local_worlds() builds N of them for ranks that are threads of one
+// process (tests, dtrain-doctor).
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtrain/comm/communicator.hpp"
+#include "dtrain/comm/store.hpp"
+#include "dtrain/core/error.hpp"
+
+namespace dtrain {
+
+class World {
+ public:
+  struct Layout {
+    int rank = 0;
+    int size = 1;
+    int local_rank = 0;
+    int local_size = 1;
+  };
+
+  // Joins the rendezvous at master_addr:master_port. Rank 0 hosts it unless a
+  // server is handed in (threads sharing one process share one server).
+  World(Layout layout, std::string master_addr, int master_port, CommOptions options = {},
+        std::shared_ptr<TcpStoreServer> server = nullptr)
+      : state_(std::make_shared<State>()) {
+    validate(layout);
+    state_->layout = layout;
+    state_->options = options;
+    if (!server && layout.rank == 0 && layout.size > 1)
+      server = std::make_shared<TcpStoreServer>(master_port);
+    state_->server = std::move(server);
+    if (layout.size > 1 || state_->server) {
+      const int port = state_->server ? state_->server->port() : master_port;
+      state_->store = std::make_shared<TcpStore>(master_addr, port, options.timeout);
+    }
+  }
+
+  int rank() const { return state_->layout.rank; }
+  int size() const { return state_->layout.size; }
+  int local_rank() const { return state_->layout.local_rank; }
+  int local_size() const { return state_->layout.local_size; }
+  const CommOptions& options() const { return state_->options; }
+
+  // The rendezvous store; null for a world of one that hosts none.
+  const std::shared_ptr<TcpStore>& store() const { return state_->store; }
+
+  // A key prefix unique to the n-th call on this rank. Every rank creates its
+  // communicators in the same order, so the n-th communicator of each rank
+  // meets the others under the same prefix.
+  std::string next_prefix(std::string_view kind) {
+    return std::string(kind) + "/" + std::to_string(state_->next_id++) + "/";
+  }
+
+  // Every rank contributes `value`; every rank gets all values by rank.
+  std::vector<std::string> all_gather_values(std::string_view key, std::string_view value) {
+    if (size() == 1) return {std::string(value)};
+    const std::string base = next_prefix("gather") + std::string(key) + "/";
+    store()->set(base + std::to_string(rank()), value);
+    std::vector<std::string> all(static_cast<std::size_t>(size()));
+    for (int r = 0; r < size(); ++r) all[static_cast<std::size_t>(r)] = store()->get(base + std::to_string(r));
+    return all;
+  }
+
+  // Fails on every rank, naming the first rank that disagrees with rank 0,
+  // when ranks hold different `value`s (a model signature, a config hash).
+  void check_agree(std::string_view what, std::string_view value) {
+    const auto all = all_gather_values(what, value);
+    for (int r = 1; r < size(); ++r)
+      if (all[static_cast<std::size_t>(r)] != all[0])
+        throw config_error("ranks disagree on " + std::string(what) + ": rank " + std::to_string(r) + " has '" +
+                               all[static_cast<std::size_t>(r)] + "' but rank 0 has '" + all[0] + "'",
+                           "every rank must run the same program with the same configuration");
+  }
+
+  // A store-based barrier, for bootstrap (communicators have their own).
+  void barrier(std::string_view tag) {
+    if (size() == 1) return;
+    const std::string key = next_prefix("barrier") + std::string(tag);
+    if (store()->add(key, 1) == size()) store()->set(key + "/done", "1");
+    store()->get(key + "/done");
+  }
+
+ private:
+  static void validate(const Layout& l) {
+    if (l.size < 1) throw launch_error("world size " + std::to_string(l.size) + " is not positive");
+    if (l.rank < 0 || l.rank >= l.size)
+      throw launch_error("rank " + std::to_string(l.rank) + " is outside the world of " + std::to_string(l.size),
+                         "RANK must be in [0, WORLD_SIZE)");
+    if (l.local_size < 1 || l.local_rank < 0 || l.local_rank >= l.local_size)
+      throw launch_error("local rank " + std::to_string(l.local_rank) + " is outside the local world of " +
+                             std::to_string(l.local_size),
+                         "LOCAL_RANK must be in [0, LOCAL_WORLD_SIZE)");
+  }
+
+  struct State {
+    Layout layout;
+    CommOptions options;
+    std::shared_ptr<TcpStoreServer> server;
+    std::shared_ptr<TcpStore> store;
+    std::uint64_t next_id = 0;
+  };
+  std::shared_ptr<State> state_;
+};
+
+// N worlds whose ranks are threads of this process, sharing one loopback
+// rendezvous server. Hand world r to thread r.
+inline std::vector<World> make_local_worlds(int n, CommOptions options = {}) {
+  auto server = std::make_shared<TcpStoreServer>(0, "127.0.0.1");
+  std::vector<World> worlds;
+  worlds.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) worlds.emplace_back(World::Layout{r, n, r, n}, "127.0.0.1", server->port(), options, server);
+  return worlds;
+}
+
+}  // namespace dtrain

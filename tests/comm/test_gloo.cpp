@@ -1,0 +1,277 @@
+#define BOOST_TEST_MODULE comm_gloo
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/comm/gloo.hpp>
+#include <dtrain/comm/store.hpp>
+#include <dtrain/core/dtype.hpp>
+#include <support/ranks.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+using namespace dtrain;
+using dtrain::testing::random_values;
+using dtrain::testing::require;
+using dtrain::testing::require_throws;
+using dtrain::testing::run_ranks;
+
+namespace {
+
+using Dtypes = std::tuple<float, bf16, fp16>;
+
+// Tolerance relative to the float64 reference: fp32 sums accumulate a few
+// ulps over the ring; half types are reduced in fp32 and rounded once, so
+// they must be within one half-precision rounding (plus the fp32 error).
+template <class T>
+double rel_tol() {
+  if constexpr (std::is_same_v<T, float>) return 1e-6;
+  if constexpr (std::is_same_v<T, bf16>) return 1.0 / 256;   // 2^-8: bf16 has 8 significant bits
+  return 1.0 / 2048;                                          // 2^-11: fp16 has 11
+}
+
+template <class T>
+std::vector<T> as_dtype(const std::vector<double>& v) {
+  std::vector<T> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = T(static_cast<float>(v[i]));
+  return out;
+}
+
+// The values a rank contributes, already rounded to T (the reference sums
+// exactly what was sent).
+template <class T>
+std::vector<double> rank_input(std::size_t n, int rank, std::uint64_t salt) {
+  auto v = random_values(n, salt * 131 + static_cast<std::uint64_t>(rank));
+  for (auto& x : v) x = static_cast<float>(T(static_cast<float>(x)));
+  return v;
+}
+
+template <class T>
+void check_close(const std::vector<T>& got, const std::vector<double>& want, const std::string& what) {
+  require(got.size() == want.size(), what + ": wrong size");
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<float>(got[i]);
+    const double tol = rel_tol<T>() * std::max(1.0, std::abs(want[i]));
+    require(std::abs(g - want[i]) <= tol, what + ": element " + std::to_string(i) + " is " + std::to_string(g) +
+                                              ", expected " + std::to_string(want[i]));
+  }
+}
+
+const std::vector<std::size_t> sizes = {0, 1, 7, 1000, 300007};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(all_reduce_matches_reference, T, Dtypes) {
+  for (int n = 1; n <= 4; ++n)
+    for (auto op : {reduce_op::sum, reduce_op::avg})
+      run_ranks(n, [&](World& w) {
+        GlooCommunicator comm(w);
+        for (std::size_t len : sizes) {
+          auto buf = as_dtype<T>(rank_input<T>(len, w.rank(), len));
+          comm.all_reduce(std::span<T>(buf), op).wait();
+          std::vector<double> want(len, 0.0);
+          for (int r = 0; r < n; ++r) {
+            const auto in = rank_input<T>(len, r, len);
+            for (std::size_t i = 0; i < len; ++i) want[i] += in[i];
+          }
+          if (op == reduce_op::avg)
+            for (auto& x : want) x /= n;
+          check_close(buf, want, "all_reduce " + std::string(reduce_op_name(op)) + " n=" + std::to_string(n));
+        }
+      });
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_scatter_matches_reference, T, Dtypes) {
+  for (int n = 1; n <= 4; ++n)
+    for (auto op : {reduce_op::sum, reduce_op::avg})
+      run_ranks(n, [&](World& w) {
+        GlooCommunicator comm(w);
+        for (std::size_t chunk : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{40001}}) {
+          const std::size_t len = chunk * static_cast<std::size_t>(n);
+          const auto in = as_dtype<T>(rank_input<T>(len, w.rank(), chunk));
+          std::vector<T> out(chunk);
+          comm.reduce_scatter(std::span<const T>(in), std::span<T>(out), op).wait();
+          std::vector<double> want(chunk, 0.0);
+          for (int r = 0; r < n; ++r) {
+            const auto x = rank_input<T>(len, r, chunk);
+            for (std::size_t i = 0; i < chunk; ++i) want[i] += x[static_cast<std::size_t>(w.rank()) * chunk + i];
+          }
+          if (op == reduce_op::avg)
+            for (auto& x : want) x /= n;
+          check_close(out, want, "reduce_scatter n=" + std::to_string(n));
+        }
+      });
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(all_gather_and_broadcast_are_exact, T, Dtypes) {
+  for (int n = 1; n <= 4; ++n)
+    run_ranks(n, [&](World& w) {
+      GlooCommunicator comm(w);
+      for (std::size_t len : {std::size_t{0}, std::size_t{3}, std::size_t{50021}}) {
+        const auto mine = as_dtype<T>(random_values(len, 7 + static_cast<std::uint64_t>(w.rank())));
+        std::vector<T> all(len * static_cast<std::size_t>(n));
+        comm.all_gather(std::span<const T>(mine), std::span<T>(all)).wait();
+        for (int r = 0; r < n; ++r) {
+          const auto theirs = as_dtype<T>(random_values(len, 7 + static_cast<std::uint64_t>(r)));
+          for (std::size_t i = 0; i < len; ++i)
+            require(all[static_cast<std::size_t>(r) * len + i] == theirs[i], "all_gather mismatch");
+        }
+        for (int root = 0; root < n; ++root) {
+          auto buf = as_dtype<T>(random_values(len, 100 + static_cast<std::uint64_t>(w.rank())));
+          comm.broadcast(std::span<T>(buf), root).wait();
+          const auto want = as_dtype<T>(random_values(len, 100 + static_cast<std::uint64_t>(root)));
+          require(buf == want, "broadcast mismatch from root " + std::to_string(root));
+        }
+      }
+      comm.barrier().wait();
+    });
+}
+
+BOOST_AUTO_TEST_CASE(many_collectives_in_flight_complete_in_order) {
+  run_ranks(3, [](World& w) {
+    GlooCommunicator comm(w);
+    std::vector<std::vector<float>> bufs(8, std::vector<float>(2049));
+    std::vector<GlooWork> works;
+    for (std::size_t k = 0; k < bufs.size(); ++k) {
+      for (auto& x : bufs[k]) x = static_cast<float>(k + 1) * static_cast<float>(w.rank() + 1);
+      works.push_back(comm.all_reduce(std::span<float>(bufs[k]), reduce_op::sum));
+    }
+    for (auto& wk : works) wk.wait();
+    for (std::size_t k = 0; k < bufs.size(); ++k)
+      for (float x : bufs[k]) require(x == static_cast<float>(k + 1) * 6.f, "out-of-order completion");
+  });
+}
+
+BOOST_AUTO_TEST_CASE(two_communicators_on_one_world_do_not_mix) {
+  run_ranks(2, [](World& w) {
+    GlooCommunicator a(w);
+    GlooCommunicator b(w);
+    std::vector<float> x(100, 1.f), y(100, 10.f);
+    auto wa = a.all_reduce(std::span<float>(x), reduce_op::sum);
+    auto wb = b.all_reduce(std::span<float>(y), reduce_op::sum);
+    wa.wait();
+    wb.wait();
+    require(x[99] == 2.f && y[0] == 20.f, "communicators mixed their traffic");
+  });
+}
+
+BOOST_AUTO_TEST_CASE(wrong_sizes_are_config_errors) {
+  run_ranks(2, [](World& w) {
+    GlooCommunicator comm(w);
+    std::vector<float> in(5), out(3);
+    require_throws<config_error>([&] { comm.reduce_scatter(std::span<const float>(in), std::span<float>(out), reduce_op::sum); });
+    require_throws<config_error>([&] { comm.all_gather(std::span<const float>(out), std::span<float>(in)); });
+    require_throws<config_error>([&] { comm.broadcast(std::span<float>(in), 2); });
+  });
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_that_never_arrives_times_out_on_every_other_rank) {
+  CommOptions opts;
+  opts.timeout = std::chrono::milliseconds(1500);
+  std::vector<std::string> messages(3);
+  std::atomic<int> reported{0};
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(
+      3,
+      [&](World& w) {
+        GlooCommunicator comm(w);
+        std::vector<float> x(64, 1.f);
+        comm.all_reduce(std::span<float>(x), reduce_op::sum).wait();  // #1: everyone
+        if (w.rank() == 2) {  // rank 2 hangs (alive, connected) and never reaches #2
+          while (reported < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
+        try {
+          comm.all_reduce(std::span<float>(x), reduce_op::sum).wait();
+        } catch (const timeout_error& e) {
+          messages[static_cast<std::size_t>(w.rank())] = e.what();
+        }
+        ++reported;
+        // The communicator is poisoned: later calls fail fast instead of hanging.
+        require_throws<comm_error>([&] { comm.barrier().wait(); });
+      },
+      opts);
+  const auto took = std::chrono::steady_clock::now() - start;
+  BOOST_TEST((took < std::chrono::seconds(15)));
+  for (int r = 0; r < 2; ++r) {
+    const auto& m = messages[static_cast<std::size_t>(r)];
+    BOOST_TEST_INFO("rank " << r << ": " << m);
+    BOOST_TEST(m.find("all_reduce") != std::string::npos);
+    BOOST_TEST(m.find("#2") != std::string::npos);
+    BOOST_TEST(m.find("2 (at #1)") != std::string::npos);
+    BOOST_TEST(m.find(r == 0 ? "1 (at" : "0 (at") == std::string::npos);  // the other waiting rank did arrive
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_that_dies_fails_the_others_fast) {
+  CommOptions opts;
+  opts.timeout = std::chrono::seconds(60);
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<int> failures{0};
+  run_ranks(
+      2,
+      [&](World& w) {
+        auto comm = std::make_unique<GlooCommunicator>(w);
+        if (w.rank() == 1) {
+          comm.reset();  // closes its connections, as a crashed process would
+          return;
+        }
+        std::vector<float> x(1 << 16, 1.f);
+        try {
+          comm->all_reduce(std::span<float>(x), reduce_op::sum).wait();
+        } catch (const comm_error&) {
+          ++failures;
+        }
+      },
+      opts);
+  BOOST_TEST(failures.load() == 1);
+  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(20)));
+}
+
+BOOST_AUTO_TEST_CASE(check_agree_names_the_disagreeing_rank) {
+  std::vector<std::string> errors(3);
+  run_ranks(3, [&](World& w) {
+    try {
+      w.check_agree("model signature", w.rank() == 2 ? "linear[7x15]" : "linear[7x16]");
+    } catch (const config_error& e) {
+      errors[static_cast<std::size_t>(w.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    BOOST_TEST(e.find("rank 2 has 'linear[7x15]'") != std::string::npos);
+    BOOST_TEST(e.find("rank 0 has 'linear[7x16]'") != std::string::npos);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(store_port_in_use_and_unreachable_master_are_clear_errors) {
+  TcpStoreServer first(0, "127.0.0.1");
+  try {
+    TcpStoreServer second(first.port());
+    BOOST_FAIL("binding a used port must fail");
+  } catch (const launch_error& e) {
+    BOOST_TEST(std::string(e.what()).find("--master-port") != std::string::npos);
+  }
+  const int dead_port = [] {
+    TcpStoreServer s(0, "127.0.0.1");
+    return s.port();
+  }();  // closed again: nobody listens there now
+  const auto start = std::chrono::steady_clock::now();
+  BOOST_CHECK_THROW(TcpStore("127.0.0.1", dead_port, std::chrono::milliseconds(800)), launch_error);
+  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(5)));
+}
+
+BOOST_AUTO_TEST_CASE(store_set_get_add_and_get_timeout) {
+  TcpStoreServer server(0, "127.0.0.1");
+  TcpStore a("127.0.0.1", server.port(), std::chrono::milliseconds(500));
+  TcpStore b("127.0.0.1", server.port(), std::chrono::milliseconds(500));
+  a.set("k", std::string("v\0x", 3));
+  BOOST_TEST(b.get("k") == std::string("v\0x", 3));
+  BOOST_TEST(a.add("n", 2) == 2);
+  BOOST_TEST(b.add("n", 5) == 7);
+  BOOST_TEST(!b.try_get("missing").has_value());
+  BOOST_CHECK_THROW(b.get("missing"), timeout_error);
+}
