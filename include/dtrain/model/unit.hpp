@@ -28,6 +28,10 @@
 //     auto units() { return std::tie(l1, act, l2); }   // a tuple of unit references
 //     dtrain::nn::SoftmaxCrossEntropy loss;             // or any Loss
 //   };
+// A tuple element may also be a range of units (std::vector<Block>&): N
+// identical blocks, or layers whose number is only known at run time
+// (std::vector<dtrain::nn::AnyUnit>). Units are numbered in order, ranges
+// expanded; "<number>.<param>" names every parameter.
 
 #include <concepts>
 #include <cstdint>

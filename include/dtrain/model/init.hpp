@@ -1,0 +1,64 @@
+#pragma once
+// Deterministic parameter initialisation. The generator is written out here
+// (splitmix64 + Box-Muller) rather than taken from <random>, whose
+// distributions differ between standard libraries: the same seed must give
+// the same weights with every compiler, so runs are reproducible anywhere.
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <span>
+
+#include "dtrain/model/param.hpp"
+
+namespace dtrain {
+
+class SplitMix64 {
+ public:
+  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1) with 53 random bits.
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+ private:
+  std::uint64_t state_;
+};
+
+// Fills `out` according to `init`; the stream depends only on `seed`.
+inline void init_values(std::span<float> out, const Init& init, std::uint64_t seed) {
+  SplitMix64 rng(seed);
+  switch (init.kind) {
+    case InitKind::zeros:
+      for (auto& x : out) x = 0.f;
+      break;
+    case InitKind::ones:
+      for (auto& x : out) x = 1.f;
+      break;
+    case InitKind::constant:
+      for (auto& x : out) x = init.a;
+      break;
+    case InitKind::uniform:
+      for (auto& x : out) x = static_cast<float>(init.a + (init.b - init.a) * rng.uniform());
+      break;
+    case InitKind::normal:
+      for (auto& x : out) {
+        const double u1 = 1.0 - rng.uniform();  // (0, 1]: log is finite
+        const double u2 = rng.uniform();
+        x = static_cast<float>(init.a + init.b * std::sqrt(-2.0 * std::log(u1)) *
+                                            std::cos(2.0 * std::numbers::pi * u2));
+      }
+      break;
+  }
+}
+
+// The seed of one parameter: distinct per (model seed, unit, parameter).
+constexpr std::uint64_t param_seed(std::uint64_t seed, std::size_t unit, std::size_t index) {
+  return seed * 0x100000001b3ull ^ (static_cast<std::uint64_t>(unit) << 20) ^ static_cast<std::uint64_t>(index);
+}
+
+}  // namespace dtrain

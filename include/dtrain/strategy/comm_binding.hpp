@@ -1,0 +1,45 @@
+#pragma once
+// How a strategy reaches the communicator of its device: which backend a
+// device uses, and how a collective is ordered against the device's own work.
+//
+// On the host, compute is synchronous, so a gradient slice is final when the
+// unit's backward returns and the collective can start at once on Gloo's
+// progress thread. The CUDA binding (strategy/cuda_binding.hpp) instead
+// orders NCCL on a communication stream behind an event of the compute stream.
+
+#include <memory>
+#include <span>
+
+#include "dtrain/comm/gloo.hpp"
+#include "dtrain/comm/world.hpp"
+#include "dtrain/device/host.hpp"
+
+namespace dtrain {
+
+template <class Dev>
+struct CommBinding {
+  static_assert(sizeof(Dev) == 0,
+                "dtrain: no communicator binding for this Device: use Host, or Cuda in a translation unit "
+                "that includes <dtrain/strategy/cuda_binding.hpp> (done by <dtrain/trainer.hpp>)");
+};
+
+template <>
+struct CommBinding<Host> {
+  using comm_type = GlooCommunicator;
+  using work_type = GlooWork;
+
+  static std::unique_ptr<comm_type> make(World& world, Host&) { return std::make_unique<comm_type>(world); }
+
+  template <class T>
+  static work_type all_reduce(comm_type& comm, Host&, std::span<T> data, reduce_op op) {
+    return comm.all_reduce(data, op);
+  }
+  template <class T>
+  static work_type broadcast(comm_type& comm, Host&, std::span<T> data, int root) {
+    return comm.broadcast(data, root);
+  }
+  // After join() the device may read the collective's result.
+  static void join(work_type& work, Host&) { work.wait(); }
+};
+
+}  // namespace dtrain

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Shared set-up for demo.sh and test.sh: install the Debian packages dtrain
+# needs (only those missing), then configure and build. Idempotent: a second
+# run with nothing changed installs nothing and rebuilds nothing.
+#   usage: scripts/setup.sh [cmake --build targets...]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${DTRAIN_BUILD_DIR:-$root/build}"
+
+packages=(cmake g++ make pkg-config libgloo-dev librange-v3-dev libboost-test-dev libopenblas-dev
+          libyaml-cpp-dev nlohmann-json3-dev python3 python3-numpy)
+[[ -n "${DTRAIN_EXTRA_PACKAGES:-}" ]] && packages+=(${DTRAIN_EXTRA_PACKAGES})
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "dtrain: installing missing Debian packages: ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The CUDA toolkit is optional: nvcc from /usr/local/cuda when present.
+if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+jobs="$(nproc)"
+if [[ ! -f "$build/CMakeCache.txt" ]]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${DTRAIN_CMAKE_ARGS:-}
+fi
+cmake --build "$build" -j "$jobs" ${1:+--target "$@"}
