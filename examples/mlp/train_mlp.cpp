@@ -26,9 +26,9 @@ std::vector<std::int64_t> parse_widths(const std::string& text) {
     const std::string s = part | ranges::to<std::string>();
     if (s.empty() || !ranges::all_of(s, [](char ch) { return ch >= '0' && ch <= '9'; }))
       throw dtrain::config_error("hidden = '" + text + "' is not a list of widths", "write e.g. hidden=256,256");
-    return std::stoll(s);
+    return static_cast<std::int64_t>(std::stoll(s));
   };
-  return text | ranges::views::split(',') | ranges::views::transform(to_int) | ranges::to<std::vector>();
+  return text | ranges::views::split(',') | ranges::views::transform(to_int) | ranges::to<std::vector<std::int64_t>>();
 }
 
 template <class T>

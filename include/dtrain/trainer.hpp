@@ -39,6 +39,7 @@
 #include "dtrain/model/layout.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/activation.hpp"
+#include "dtrain/nn/any_unit.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"

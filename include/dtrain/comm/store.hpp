@@ -43,7 +43,6 @@ namespace detail {
 
 enum class store_cmd : std::uint8_t { set = 1, get = 2, add = 3 };
 
-inline std::string errno_text() { return std::strerror(errno); }
 
 // Owns one file descriptor.
 class Fd {

@@ -2,13 +2,18 @@
 // Error types. Every dtrain exception says what failed, where (a
 // source_location captured at the throw site) and what the user can do.
 
+#include <cerrno>
 #include <source_location>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 namespace dtrain {
 
 namespace detail {
+// The text of the current errno, for errors from POSIX calls.
+inline std::string errno_text() { return std::system_category().message(errno); }
+
 inline std::string format_error(const std::string& what, const std::string& fix,
                                 const std::source_location& where) {
   std::string msg = what;
@@ -41,11 +46,43 @@ class error : public std::runtime_error {
 };
 
 // One subclass per subsystem so callers can catch what they can handle.
-class config_error : public error { public: using error::error; };
-class launch_error : public error { public: using error::error; };
-class comm_error : public error { public: using error::error; };
-class cuda_error : public error { public: using error::error; };
-class checkpoint_error : public error { public: using error::error; };
+// Each spells its constructor: nvcc 13's front end crashes ("compare_expressions:
+// bad expr kind") on an inheriting constructor (`using error::error;`) whose
+// default argument is std::source_location::current().
+class config_error : public error {
+ public:
+  explicit config_error(const std::string& what, const std::string& fix = {},
+                        std::source_location where = std::source_location::current())
+      : error(what, fix, where) {}
+};
+
+class launch_error : public error {
+ public:
+  explicit launch_error(const std::string& what, const std::string& fix = {},
+                        std::source_location where = std::source_location::current())
+      : error(what, fix, where) {}
+};
+
+class comm_error : public error {
+ public:
+  explicit comm_error(const std::string& what, const std::string& fix = {},
+                      std::source_location where = std::source_location::current())
+      : error(what, fix, where) {}
+};
+
+class cuda_error : public error {
+ public:
+  explicit cuda_error(const std::string& what, const std::string& fix = {},
+                      std::source_location where = std::source_location::current())
+      : error(what, fix, where) {}
+};
+
+class checkpoint_error : public error {
+ public:
+  explicit checkpoint_error(const std::string& what, const std::string& fix = {},
+                            std::source_location where = std::source_location::current())
+      : error(what, fix, where) {}
+};
 
 class nccl_error : public comm_error {
  public:
@@ -60,14 +97,18 @@ class nccl_error : public comm_error {
 
 class gloo_error : public comm_error {
  public:
-  using comm_error::comm_error;
+  explicit gloo_error(const std::string& what, const std::string& fix = {},
+                      std::source_location where = std::source_location::current())
+      : comm_error(what, fix, where) {}
 };
 
 // A collective that did not complete in time. Carries the collective's name,
 // its sequence number and the ranks that had not reached it.
 class timeout_error : public comm_error {
  public:
-  using comm_error::comm_error;
+  explicit timeout_error(const std::string& what, const std::string& fix = {},
+                         std::source_location where = std::source_location::current())
+      : comm_error(what, fix, where) {}
 };
 
 }  // namespace dtrain

@@ -84,8 +84,10 @@ class ModelLayout {
     for (const auto& u : units_)
       for (const auto& p : u.params) {
         std::string line = p.name + " [";
-        for (std::size_t d = 0; d < p.spec.shape.size(); ++d)
-          line += (d ? "x" : "") + std::to_string(p.spec.shape[d]);
+        for (std::size_t d = 0; d < p.spec.shape.size(); ++d) {
+          if (d) line += 'x';
+          line += std::to_string(p.spec.shape[d]);
+        }
         line += p.spec.trainable ? "] trainable" : "] frozen";
         lines.push_back(std::move(line));
       }

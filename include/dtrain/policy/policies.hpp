@@ -1,0 +1,109 @@
+#pragma once
+// Composition of policies: policies<Ps...> takes Strategy<...>, Precision<...>,
+// Accumulate<N> and Device<...> in any order, each at most once, and fills the
+// missing slots with defaults:
+//
+//   using P = dtrain::policies<dtrain::Accumulate<4>, dtrain::Precision<dtrain::bf16>>;
+//   P::strategy     DDP          (the kind inside Strategy<...>)
+//   P::precision    Precision<bf16>, with P::param_type, P::reduce_type, P::master_type
+//   P::accumulate   4            (micro-batches per optimizer step)
+//   P::device       Host, or Cuda when nvcc compiles the translation unit
+//
+// A mistake fails with exactly one error, a static_assert a user can search
+// for. Three rules make that hold:
+//  - each check reports only the first problem it finds (check_composition,
+//    check_precision), so one mistake never trips two static_asserts;
+//  - when the composition itself is wrong (unknown type, slot given twice)
+//    every slot reads its default, so nothing downstream fails after it;
+//    otherwise the chosen policies' own checks (Accumulate<0>, a bad
+//    Precision pair) speak;
+//  - the static_asserts live in separate detail::*_diagnostic classes, which
+//    the policy instantiates through a private member: clang marks a class
+//    whose own body fails a static_assert invalid and then reports every later
+//    use of its members as a further error.
+
+#include <type_traits>
+
+#include "dtrain/policy/accumulate.hpp"
+#include "dtrain/policy/device.hpp"
+#include "dtrain/policy/precision.hpp"
+#include "dtrain/policy/strategy.hpp"
+
+namespace dtrain {
+
+template <class P>
+concept Policy = StrategyPolicy<P> || PrecisionPolicy<P> || AccumulatePolicy<P> || DevicePolicy<P>;
+
+namespace detail {
+enum class policy_slot { strategy, precision, accumulate, device, unknown };
+
+template <class P>
+constexpr policy_slot slot_of() {
+  if constexpr (is_strategy_slot<P>)
+    return policy_slot::strategy;
+  else if constexpr (is_precision_slot<P>)
+    return policy_slot::precision;
+  else if constexpr (is_accumulate_slot<P>)
+    return policy_slot::accumulate;
+  else if constexpr (is_device_slot<P>)
+    return policy_slot::device;
+  else
+    return policy_slot::unknown;
+}
+
+enum class composition_problem { none, unknown_type, duplicate };
+
+template <policy_slot S, class... Ps>
+inline constexpr int slot_count = ((slot_of<Ps>() == S ? 1 : 0) + ... + 0);
+
+// The first problem only, so a bad composition reports exactly one static_assert.
+template <class... Ps>
+constexpr composition_problem check_composition() {
+  if constexpr ((... || (slot_of<Ps>() == policy_slot::unknown)))
+    return composition_problem::unknown_type;
+  else if constexpr ((... || (slot_count<slot_of<Ps>(), Ps...> > 1)))
+    return composition_problem::duplicate;
+  else
+    return composition_problem::none;
+}
+
+template <composition_problem Problem>
+struct composition_diagnostic {
+  static_assert(Problem != composition_problem::unknown_type,
+                "dtrain: unknown policy type: expected Strategy<...>, Precision<...>, Accumulate<N> or Device<...>");
+  static_assert(Problem != composition_problem::duplicate,
+                "dtrain: policy given twice: each of Strategy, Precision, Accumulate, Device may appear at most once");
+};
+
+// The first of Ps in slot S, or Default.
+template <policy_slot S, class Default, class... Ps>
+struct find_slot : std::type_identity<Default> {};
+template <policy_slot S, class Default, class P, class... Ps>
+struct find_slot<S, Default, P, Ps...>
+    : std::conditional_t<slot_of<P>() == S, std::type_identity<P>, find_slot<S, Default, Ps...>> {};
+}  // namespace detail
+
+template <class... Ps>
+struct policies {
+ private:
+  static constexpr detail::composition_problem problem = detail::check_composition<Ps...>();
+
+  template <detail::policy_slot S, class Default>
+  using slot_t = typename std::conditional_t<problem == detail::composition_problem::none,
+                                             detail::find_slot<S, Default, Ps...>,
+                                             std::type_identity<Default>>::type;
+
+ public:
+  using strategy = typename slot_t<detail::policy_slot::strategy, Strategy<DDP>>::kind;
+  using precision = slot_t<detail::policy_slot::precision, Precision<fp32>>;
+  using param_type = typename precision::param_type;
+  using reduce_type = typename precision::reduce_type;
+  using master_type = typename precision::master_type;
+  static constexpr int accumulate = slot_t<detail::policy_slot::accumulate, Accumulate<1>>::micro_batches;
+  using device = typename slot_t<detail::policy_slot::device, Device<detail::default_device>>::kind;
+
+ private:
+  static constexpr detail::composition_diagnostic<problem> diagnostic{};
+};
+
+}  // namespace dtrain

@@ -1,0 +1,11 @@
+// expect: dtrain: Precision<fp16, bf16> is not supported: bf16 keeps fewer mantissa bits than fp16 and loss-scaled fp16 gradients fit fp16; reduce in fp16 or fp32
+#include <dtrain/policy/policies.hpp>
+
+using namespace dtrain;
+#ifdef DTRAIN_CONTROL
+using P = policies<Precision<fp16, fp16>>;
+#else
+using P = policies<Precision<fp16, bf16>>;
+#endif
+[[maybe_unused]] constexpr int micro_batches = P::accumulate;
+[[maybe_unused]] P::param_type* param = nullptr;

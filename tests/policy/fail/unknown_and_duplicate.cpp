@@ -1,0 +1,11 @@
+// expect: dtrain: unknown policy type: expected Strategy<...>, Precision<...>, Accumulate<N> or Device<...>
+#include <dtrain/policy/policies.hpp>
+
+using namespace dtrain;
+#ifdef DTRAIN_CONTROL
+using P = policies<Strategy<DDP>>;
+#else
+using P = policies<Strategy<DDP>, DDP, Strategy<DDP>>;
+#endif
+[[maybe_unused]] constexpr int micro_batches = P::accumulate;
+[[maybe_unused]] P::param_type* param = nullptr;
