@@ -1,0 +1,297 @@
+#pragma once
+// Who is this process in the job? Reads the variables that dtrain-run,
+// torchrun, Slurm (srun) and Open MPI (mpirun) give each process, validates
+// them and returns one LaunchEnv. The lookup is a parameter so the logic is
+// testable without touching the process environment.
+//
+// Precedence, most specific launcher first:
+//   1. RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE (dtrain-run, torchrun)
+//   2. OMPI_COMM_WORLD_*                                   (mpirun)
+//   3. SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID         (srun)
+//   4. nothing: a world of one
+// A launcher run inside a Slurm allocation inherits the allocation's SLURM_*
+// variables, which describe the allocation's batch step or mpirun's daemons,
+// not the launched process. So mpirun's own variables win over Slurm's, just
+// as torchrun's do; only a process that srun started directly reads SLURM_*.
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain {
+
+struct LaunchEnv {
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  std::string master_addr;  // empty when world_size == 1 and none given
+  int master_port = 0;      // 0 only when master_addr is empty
+  std::string source;       // "none", "torchrun" (also dtrain-run), "slurm", "openmpi"
+  // DTRAIN_COMM_TIMEOUT_S: how long a collective may wait before it fails.
+  std::optional<double> comm_timeout_s;
+};
+
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+
+// The port used when a master address is known but MASTER_PORT is not set;
+// torchrun's default, so mixed setups agree.
+inline constexpr int default_master_port = 29500;
+
+namespace detail {
+
+// Whole-string decimal parses: "", " 3", "3x", "+3" and out-of-range values
+// are rejected rather than read as a prefix, so a typo never becomes a rank.
+inline std::optional<long long> parse_integer(std::string_view text) {
+  long long value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc{} || ptr != end) return std::nullopt;
+  return value;
+}
+
+inline std::optional<double> parse_number(std::string_view text) {
+  double value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc{} || ptr != end || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+// Reads an integer variable that must be >= 0 and fit an int.
+inline std::optional<int> env_count(const EnvLookup& env, const std::string& name,
+                                    const std::string& fix) {
+  auto text = env(name);
+  if (!text) return std::nullopt;
+  auto value = parse_integer(*text);
+  if (!value) throw launch_error(name + "='" + *text + "' is not an integer", fix);
+  if (*value < 0) throw launch_error(name + "=" + *text + " is negative", fix);
+  if (*value > std::numeric_limits<int>::max())
+    throw launch_error(name + "=" + *text + " is too large", fix);
+  return static_cast<int>(*value);
+}
+
+// Slurm compresses per-node task counts: "4(x2),3" means nodes with 4, 4 and 3.
+inline std::vector<int> expand_slurm_counts(const std::string& name, const std::string& text) {
+  const std::string fix = "this variable is set by Slurm; unset it or run the program with srun";
+  std::vector<int> counts;
+  std::string_view rest = text;
+  while (true) {
+    auto comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    int repeat = 1;
+    if (auto open = item.find("(x"); open != std::string_view::npos) {
+      auto times = item.back() == ')' ? parse_integer(item.substr(open + 2, item.size() - open - 3))
+                                      : std::nullopt;
+      // Bounded: the list is expanded, and no cluster has a million nodes.
+      if (!times || *times < 1 || *times > 1'000'000)
+        throw launch_error(name + "='" + text + "' has a malformed repeat count", fix);
+      repeat = static_cast<int>(*times);
+      item = item.substr(0, open);
+    }
+    auto count = parse_integer(item);
+    if (!count || *count < 1 || *count > std::numeric_limits<int>::max())
+      throw launch_error(name + "='" + text + "' is not a list of task counts like 4(x2),3", fix);
+    counts.insert(counts.end(), static_cast<std::size_t>(repeat), static_cast<int>(*count));
+    if (comma == std::string_view::npos) return counts;
+    rest.remove_prefix(comma + 1);
+  }
+}
+
+// First host of a Slurm hostlist: "gpu[01-04,07],cpu3" -> "gpu01". Each
+// bracket contributes the start of its first range, zero padding kept.
+inline std::string first_slurm_host(const std::string& name, const std::string& list) {
+  std::string host;
+  for (std::size_t i = 0; i < list.size() && list[i] != ','; ++i) {
+    if (list[i] != '[') {
+      host += list[i];
+      continue;
+    }
+    auto close = list.find(']', i);
+    auto first = list.substr(i + 1, close == std::string::npos ? 0 : close - i - 1);
+    first = first.substr(0, first.find_first_of(",-"));
+    if (close == std::string::npos || first.empty() || !parse_integer(first))
+      throw launch_error(name + "='" + list + "' is not a Slurm host list like gpu[01-04],cpu3",
+                         "set MASTER_ADDR to the host name of the node that runs rank 0");
+    host += first;
+    i = close;
+  }
+  if (host.empty())
+    throw launch_error(name + " is empty",
+                       "set MASTER_ADDR to the host name of the node that runs rank 0");
+  return host;
+}
+
+// One launcher's four rank variables, and how to fix them when they are wrong.
+struct RankVars {
+  const char* source;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;  // nullptr: derived (Slurm)
+  const char* fix;
+  const char* addr_fix;
+};
+
+inline constexpr RankVars torchrun_vars{
+    "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "launch with dtrain-run or torchrun, which set RANK, WORLD_SIZE, LOCAL_RANK and "
+    "LOCAL_WORLD_SIZE together; or unset all four to run as a single process",
+    "set MASTER_ADDR to the host that runs rank 0 (dtrain-run and torchrun set it)"};
+inline constexpr RankVars openmpi_vars{
+    "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "these variables are set by Open MPI's mpirun; launch with mpirun or unset them",
+    "pass the address of rank 0's host to every rank: mpirun -x MASTER_ADDR=<host> ..."};
+inline constexpr RankVars slurm_vars{
+    "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr,
+    "these variables are set by Slurm for each task; launch with srun",
+    "export MASTER_ADDR, or run inside a Slurm job so SLURM_JOB_NODELIST is set"};
+
+// Any one of torchrun's or mpirun's variables marks a process they started.
+// Slurm sets SLURM_NTASKS in a whole allocation, also in an salloc shell that
+// runs no task, so only SLURM_PROCID marks a task that srun started.
+inline bool launched_by(const EnvLookup& env, const RankVars& v) {
+  if (&v == &slurm_vars) return env(v.rank).has_value();
+  for (const char* name : {v.rank, v.size, v.local_rank, v.local_size})
+    if (env(name)) return true;
+  return false;
+}
+
+inline int required_count(const EnvLookup& env, const RankVars& v, const char* name) {
+  auto value = env_count(env, name, v.fix);
+  if (!value)
+    throw launch_error(std::string(name) + " is not set, although other " + v.source +
+                           " variables are: the launch environment is incomplete",
+                       v.fix);
+  return *value;
+}
+
+// Tasks on this node: Slurm gives per-node counts; the step's own layout
+// (srun) is preferred over the allocation's, which a step may use only part of.
+inline int slurm_local_size(const EnvLookup& env) {
+  auto node = env_count(env, "SLURM_NODEID", slurm_vars.fix).value_or(0);
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+                           "SLURM_NTASKS_PER_NODE"}) {
+    auto text = env(name);
+    if (!text) continue;
+    auto counts = expand_slurm_counts(name, *text);
+    if (counts.size() == 1) return counts.front();
+    if (static_cast<std::size_t>(node) >= counts.size())
+      throw launch_error("SLURM_NODEID=" + std::to_string(node) + " has no entry in " + name +
+                             "='" + *text + "'",
+                         slurm_vars.fix);
+    return counts[static_cast<std::size_t>(node)];
+  }
+  throw launch_error("SLURM_PROCID is set but none of SLURM_STEP_TASKS_PER_NODE, "
+                     "SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE is",
+                     slurm_vars.fix);
+}
+
+inline LaunchEnv read_ranks(const EnvLookup& env, const RankVars& v) {
+  LaunchEnv e;
+  e.source = v.source;
+  e.rank = required_count(env, v, v.rank);
+  e.world_size = required_count(env, v, v.size);
+  e.local_rank = required_count(env, v, v.local_rank);
+  e.local_world_size = v.local_size ? required_count(env, v, v.local_size) : slurm_local_size(env);
+  return e;
+}
+
+inline void check_ranks(const LaunchEnv& e, const RankVars& v) {
+  auto show = [](const char* name, int value) {
+    return std::string(name) + "=" + std::to_string(value);
+  };
+  if (e.world_size < 1)
+    throw launch_error(show(v.size, e.world_size) + ": a job needs at least one process", v.fix);
+  if (e.rank >= e.world_size)
+    throw launch_error(show(v.rank, e.rank) + " is not below " + show(v.size, e.world_size) +
+                           " (ranks count from 0)",
+                       v.fix);
+  const std::string local_size = v.local_size
+                                     ? show(v.local_size, e.local_world_size)
+                                     : std::to_string(e.local_world_size) + " tasks on this node";
+  if (e.local_world_size < 1 || e.local_world_size > e.world_size)
+    throw launch_error(local_size + " is not between 1 and " + show(v.size, e.world_size), v.fix);
+  if (e.local_rank >= e.local_world_size)
+    throw launch_error(show(v.local_rank, e.local_rank) + " is not below " + local_size +
+                           " (local ranks count from 0)",
+                       v.fix);
+}
+
+inline void read_master(const EnvLookup& env, const RankVars* v, LaunchEnv& e) {
+  if (auto addr = env("MASTER_ADDR"); addr && !addr->empty()) {
+    e.master_addr = *addr;
+  } else if (v == &slurm_vars) {
+    for (const char* name : {"SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      if (auto list = env(name)) {
+        e.master_addr = first_slurm_host(name, *list);
+        break;
+      }
+    }
+  }
+  if (e.world_size > 1 && e.master_addr.empty())
+    throw launch_error("a world of " + std::to_string(e.world_size) +
+                           " processes needs a master address, but MASTER_ADDR is not set",
+                       v ? v->addr_fix : "set MASTER_ADDR");
+  const std::string port_fix = "set MASTER_PORT to a free TCP port between 1 and 65535 (default " +
+                               std::to_string(default_master_port) + ")";
+  if (auto text = env("MASTER_PORT")) {
+    auto port = parse_integer(*text);
+    if (!port) throw launch_error("MASTER_PORT='" + *text + "' is not an integer", port_fix);
+    if (*port < 1 || *port > 65535)
+      throw launch_error("MASTER_PORT=" + *text + " is outside 1..65535", port_fix);
+    e.master_port = static_cast<int>(*port);
+  } else if (!e.master_addr.empty()) {
+    e.master_port = default_master_port;
+  }
+}
+
+inline std::optional<double> read_comm_timeout(const EnvLookup& env) {
+  auto text = env("DTRAIN_COMM_TIMEOUT_S");
+  if (!text) return std::nullopt;
+  auto seconds = parse_number(*text);
+  if (!seconds || *seconds <= 0)
+    throw launch_error("DTRAIN_COMM_TIMEOUT_S='" + *text + "' is not a positive number of seconds",
+                       "set it to e.g. 600 (ten minutes), or unset it for the default");
+  return seconds;
+}
+
+}  // namespace detail
+
+inline LaunchEnv discover_env(const EnvLookup& env) {
+  const detail::RankVars* vars = nullptr;
+  for (const auto* v : {&detail::torchrun_vars, &detail::openmpi_vars, &detail::slurm_vars}) {
+    if (detail::launched_by(env, *v)) {
+      vars = v;
+      break;
+    }
+  }
+  LaunchEnv e;
+  e.source = "none";
+  if (vars) {
+    e = detail::read_ranks(env, *vars);
+    detail::check_ranks(e, *vars);
+  }
+  detail::read_master(env, vars, e);
+  e.comm_timeout_s = detail::read_comm_timeout(env);
+  return e;
+}
+
+inline LaunchEnv discover_env() {
+  return discover_env([](const std::string& name) -> std::optional<std::string> {
+    // getenv is not thread-safe against setenv; dtrain reads the environment
+    // once at init, before it starts threads.
+    const char* value = std::getenv(name.c_str());
+    if (!value) return std::nullopt;
+    return std::string(value);
+  });
+}
+
+}  // namespace dtrain

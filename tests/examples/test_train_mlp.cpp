@@ -1,0 +1,91 @@
+// The train_mlp example end to end, as real processes launched by dtrain-run.
+#define BOOST_TEST_MODULE example_train_mlp
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/checkpoint/safetensors.hpp>
+#include <dtrain/comm/store.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+int free_port() {
+  dtrain::TcpStoreServer probe(0, "127.0.0.1");
+  return probe.port();
+}
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir = fs::path(DTRAIN_TEST_BINARY_DIR) / "scratch";
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+// Runs train_mlp on `ranks` CPU ranks; returns its exit status.
+int train(int ranks, const std::string& args) {
+  const std::string cmd = std::string("timeout 300 ") + DTRAIN_RUN_PATH + " --nproc-per-node " +
+                          std::to_string(ranks) + " --master-port " + std::to_string(free_port()) + " " +
+                          TRAIN_MLP_PATH + " --config " + DTRAIN_SOURCE_DIR + "/examples/configs/ddp_host.yaml " +
+                          args + " > " + scratch("last.log").string() + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+std::vector<double> losses(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  std::vector<double> out;
+  for (std::string line; std::getline(in, line);) {
+    const auto k = line.find("\"loss\": ");
+    BOOST_REQUIRE(k != std::string::npos);
+    out.push_back(std::stod(line.substr(k + 8)));
+    BOOST_REQUIRE(line.find("\"grad_norm\"") != std::string::npos);
+    BOOST_REQUIRE(line.find("\"samples_per_s\"") != std::string::npos);
+    BOOST_REQUIRE(line.find("\"world_size\": 2") != std::string::npos);
+  }
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(loss_falls_well_below_its_start_on_two_cpu_ranks) {
+  const auto metrics = scratch("metrics.jsonl");
+  BOOST_REQUIRE_EQUAL(train(2, "steps=250 num_workers=1 metrics=" + metrics.string()), 0);
+  const auto l = losses(metrics);
+  BOOST_REQUIRE_EQUAL(l.size(), 250u);
+  double tail = 0;
+  for (std::size_t i = l.size() - 20; i < l.size(); ++i) tail += l[i] / 20;
+  BOOST_TEST_MESSAGE("loss " << l.front() << " -> " << tail << " (mean of the last 20 steps)");
+  BOOST_TEST(tail < 0.4 * l.front());
+}
+
+// One rank with batch 2B and two ranks with batch B see the same samples each
+// step (the sampler shards a shared permutation), so they end with the same
+// parameters up to fp32 rounding.
+BOOST_AUTO_TEST_CASE(one_rank_2b_and_two_ranks_b_save_the_same_params) {
+  const auto one = scratch("one.safetensors"), two = scratch("two.safetensors");
+  const std::string common = " steps=40 optimizer=sgd lr=0.05 momentum=0.9 num_workers=0 ";
+  BOOST_REQUIRE_EQUAL(train(1, common + "batch_size=64 save_params=" + one.string()), 0);
+  BOOST_REQUIRE_EQUAL(train(2, common + "batch_size=32 save_params=" + two.string()), 0);
+  const auto a = dtrain::SafetensorsFile::open(one), b = dtrain::SafetensorsFile::open(two);
+  for (const char* name : {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}) {
+    const auto va = a.read_f32(name), vb = b.read_f32(name);
+    BOOST_REQUIRE_EQUAL(va.size(), vb.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(va[i]) - vb[i]));
+    BOOST_TEST_INFO(name);
+    BOOST_TEST(worst < 1e-4);  // 40 momentum-SGD steps of fp32 sums in a different order
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bad_config_is_a_clear_error) {
+  BOOST_TEST(train(1, "precision=fp64") == 1);
+  std::ifstream log(scratch("last.log"));
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  BOOST_TEST(text.find("precision = 'fp64' is unknown") != std::string::npos);
+}

@@ -1,0 +1,230 @@
+#define BOOST_TEST_MODULE launch
+#include <boost/test/unit_test.hpp>
+
+#include <map>
+#include <string>
+
+#include "dtrain/launch/env.hpp"
+
+namespace {
+
+using Vars = std::map<std::string, std::string>;
+
+dtrain::LaunchEnv discover(const Vars& vars) {
+  return dtrain::discover_env([&](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+// The launch_error's problem names `needle` and the error says how to fix it.
+void check_rejected(const Vars& vars, const std::string& needle) {
+  BOOST_TEST_CONTEXT("needle: " << needle) {
+    BOOST_CHECK_EXCEPTION(discover(vars), dtrain::launch_error, [&](const dtrain::launch_error& e) {
+      BOOST_TEST_MESSAGE(e.what());
+      return e.problem().find(needle) != std::string::npos && !e.fix().empty();
+    });
+  }
+}
+
+const Vars torchrun{{"RANK", "3"},
+                    {"WORLD_SIZE", "8"},
+                    {"LOCAL_RANK", "1"},
+                    {"LOCAL_WORLD_SIZE", "2"},
+                    {"MASTER_ADDR", "node0"},
+                    {"MASTER_PORT", "1234"}};
+const Vars slurm{{"SLURM_PROCID", "5"},         {"SLURM_NTASKS", "11"},
+                 {"SLURM_LOCALID", "1"},        {"SLURM_NODEID", "1"},
+                 {"SLURM_TASKS_PER_NODE", "4(x2),3"},
+                 {"SLURM_JOB_NODELIST", "gpu[01-04,07],cpu3"}};
+const Vars openmpi{{"OMPI_COMM_WORLD_RANK", "2"},
+                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                   {"MASTER_ADDR", "10.0.0.1"}};
+
+Vars with(Vars base, const Vars& changes) {
+  for (const auto& [k, v] : changes) base[k] = v;
+  return base;
+}
+
+Vars without(Vars base, const std::string& name) {
+  base.erase(name);
+  return base;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(env_discovery)
+
+BOOST_AUTO_TEST_CASE(no_launcher_is_a_world_of_one) {
+  auto e = discover({});
+  BOOST_TEST(e.source == "none");
+  BOOST_TEST(e.rank == 0);
+  BOOST_TEST(e.world_size == 1);
+  BOOST_TEST(e.local_rank == 0);
+  BOOST_TEST(e.local_world_size == 1);
+  BOOST_TEST(e.master_addr.empty());
+  BOOST_TEST(e.master_port == 0);
+  BOOST_TEST(!e.comm_timeout_s.has_value());
+
+  auto given = discover({{"MASTER_ADDR", "hostA"}});
+  BOOST_TEST(given.master_addr == "hostA");
+  BOOST_TEST(given.master_port == dtrain::default_master_port);
+}
+
+BOOST_AUTO_TEST_CASE(torchrun_variables) {
+  auto e = discover(torchrun);
+  BOOST_TEST(e.source == "torchrun");
+  BOOST_TEST(e.rank == 3);
+  BOOST_TEST(e.world_size == 8);
+  BOOST_TEST(e.local_rank == 1);
+  BOOST_TEST(e.local_world_size == 2);
+  BOOST_TEST(e.master_addr == "node0");
+  BOOST_TEST(e.master_port == 1234);
+  BOOST_TEST(discover(without(torchrun, "MASTER_PORT")).master_port == 29500);
+}
+
+BOOST_AUTO_TEST_CASE(slurm_variables) {
+  auto e = discover(slurm);
+  BOOST_TEST(e.source == "slurm");
+  BOOST_TEST(e.rank == 5);
+  BOOST_TEST(e.world_size == 11);
+  BOOST_TEST(e.local_rank == 1);
+  BOOST_TEST(e.local_world_size == 4);  // node 1 of "4(x2),3"
+  BOOST_TEST(e.master_addr == "gpu01");
+  BOOST_TEST(e.master_port == 29500);
+
+  auto third_node = discover(with(slurm, {{"SLURM_NODEID", "2"}, {"SLURM_PROCID", "9"}}));
+  BOOST_TEST(third_node.local_world_size == 3);
+  // The step's layout wins over the allocation's, which wins over the option.
+  BOOST_TEST(discover(with(slurm, {{"SLURM_STEP_TASKS_PER_NODE", "2(x3)"}})).local_world_size == 2);
+  auto only_option = with(without(slurm, "SLURM_TASKS_PER_NODE"), {{"SLURM_NTASKS_PER_NODE", "6"}});
+  BOOST_TEST(discover(only_option).local_world_size == 6);
+
+  auto addr = discover(with(slurm, {{"MASTER_ADDR", "login7"}, {"MASTER_PORT", "4000"}}));
+  BOOST_TEST(addr.master_addr == "login7");
+  BOOST_TEST(addr.master_port == 4000);
+  auto old_name = with(without(slurm, "SLURM_JOB_NODELIST"), {{"SLURM_NODELIST", "cn[007-009]"}});
+  BOOST_TEST(discover(old_name).master_addr == "cn007");
+}
+
+BOOST_AUTO_TEST_CASE(slurm_allocation_without_a_task_is_not_a_launch) {
+  // An salloc shell has SLURM_NTASKS but no SLURM_PROCID: a plain process.
+  auto e = discover({{"SLURM_NTASKS", "8"}, {"SLURM_JOB_NODELIST", "a[1-2]"}});
+  BOOST_TEST(e.source == "none");
+  BOOST_TEST(e.world_size == 1);
+}
+
+BOOST_AUTO_TEST_CASE(openmpi_variables) {
+  auto e = discover(openmpi);
+  BOOST_TEST(e.source == "openmpi");
+  BOOST_TEST(e.rank == 2);
+  BOOST_TEST(e.world_size == 4);
+  BOOST_TEST(e.local_rank == 0);
+  BOOST_TEST(e.local_world_size == 2);
+  BOOST_TEST(e.master_addr == "10.0.0.1");
+  BOOST_TEST(e.master_port == 29500);
+}
+
+BOOST_AUTO_TEST_CASE(precedence) {
+  Vars all = torchrun;
+  all.insert(slurm.begin(), slurm.end());
+  all.insert(openmpi.begin(), openmpi.end());
+  BOOST_TEST(discover(all).source == "torchrun");
+  Vars mpirun_in_slurm = openmpi;
+  mpirun_in_slurm.insert(slurm.begin(), slurm.end());
+  BOOST_TEST(discover(mpirun_in_slurm).source == "openmpi");
+  BOOST_TEST(discover(mpirun_in_slurm).rank == 2);
+}
+
+BOOST_AUTO_TEST_CASE(comm_timeout) {
+  BOOST_TEST(*discover({{"DTRAIN_COMM_TIMEOUT_S", "2.5"}}).comm_timeout_s == 2.5);
+  BOOST_TEST(*discover(with(torchrun, {{"DTRAIN_COMM_TIMEOUT_S", "600"}})).comm_timeout_s == 600.0);
+  for (const char* bad : {"0", "-1", "abc", "5s", "inf", "nan", ""})
+    check_rejected({{"DTRAIN_COMM_TIMEOUT_S", bad}}, "DTRAIN_COMM_TIMEOUT_S");
+}
+
+BOOST_AUTO_TEST_CASE(non_integer_values) {
+  for (const char* bad : {"abc", "1x", " 1", "+1", "", "1.0", "99999999999"})
+    check_rejected(with(torchrun, {{"RANK", bad}}), "RANK");
+  check_rejected(with(slurm, {{"SLURM_NTASKS", "many"}}), "SLURM_NTASKS");
+  check_rejected(with(openmpi, {{"OMPI_COMM_WORLD_LOCAL_SIZE", "two"}}),
+                 "OMPI_COMM_WORLD_LOCAL_SIZE");
+}
+
+BOOST_AUTO_TEST_CASE(negative_values) {
+  check_rejected(with(torchrun, {{"RANK", "-1"}}), "negative");
+  check_rejected(with(torchrun, {{"LOCAL_RANK", "-2"}}), "LOCAL_RANK=-2 is negative");
+  check_rejected(with(slurm, {{"SLURM_LOCALID", "-1"}}), "SLURM_LOCALID");
+}
+
+BOOST_AUTO_TEST_CASE(rank_outside_world) {
+  check_rejected(with(torchrun, {{"RANK", "8"}}), "RANK=8 is not below WORLD_SIZE=8");
+  check_rejected(with(torchrun, {{"WORLD_SIZE", "0"}, {"RANK", "0"}}), "WORLD_SIZE=0");
+  check_rejected(with(slurm, {{"SLURM_PROCID", "11"}}), "SLURM_PROCID=11");
+  check_rejected(with(openmpi, {{"OMPI_COMM_WORLD_RANK", "4"}}), "OMPI_COMM_WORLD_RANK=4");
+}
+
+BOOST_AUTO_TEST_CASE(local_rank_outside_node) {
+  check_rejected(with(torchrun, {{"LOCAL_RANK", "2"}}),
+                 "LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2");
+  check_rejected(with(torchrun, {{"LOCAL_WORLD_SIZE", "9"}}), "LOCAL_WORLD_SIZE=9");
+  check_rejected(with(slurm, {{"SLURM_LOCALID", "4"}}), "SLURM_LOCALID=4");
+  check_rejected(with(openmpi, {{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}),
+                 "OMPI_COMM_WORLD_LOCAL_RANK=2");
+}
+
+BOOST_AUTO_TEST_CASE(missing_master_address) {
+  check_rejected(without(torchrun, "MASTER_ADDR"), "MASTER_ADDR");
+  check_rejected(without(openmpi, "MASTER_ADDR"), "MASTER_ADDR");
+  check_rejected(without(slurm, "SLURM_JOB_NODELIST"), "MASTER_ADDR");
+  // A single process needs no rendezvous.
+  auto single = discover(
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}});
+  BOOST_TEST(single.master_addr.empty());
+  BOOST_TEST(single.master_port == 0);
+}
+
+BOOST_AUTO_TEST_CASE(bad_ports) {
+  for (const char* bad : {"0", "65536", "-5", "http", "80a"})
+    check_rejected(with(torchrun, {{"MASTER_PORT", bad}}), "MASTER_PORT");
+  BOOST_TEST(discover(with(torchrun, {{"MASTER_PORT", "65535"}})).master_port == 65535);
+  BOOST_TEST(discover(with(torchrun, {{"MASTER_PORT", "1"}})).master_port == 1);
+}
+
+BOOST_AUTO_TEST_CASE(partial_launch_environments) {
+  check_rejected({{"RANK", "0"}}, "WORLD_SIZE is not set");
+  check_rejected(without(torchrun, "LOCAL_WORLD_SIZE"), "LOCAL_WORLD_SIZE is not set");
+  check_rejected({{"LOCAL_RANK", "0"}}, "RANK is not set");
+  check_rejected(without(openmpi, "OMPI_COMM_WORLD_SIZE"), "OMPI_COMM_WORLD_SIZE is not set");
+  check_rejected(without(slurm, "SLURM_LOCALID"), "SLURM_LOCALID is not set");
+  check_rejected(without(slurm, "SLURM_TASKS_PER_NODE"), "SLURM_TASKS_PER_NODE");
+}
+
+BOOST_AUTO_TEST_CASE(malformed_slurm_lists) {
+  for (const char* bad : {"4(x", "4(x0)", "x", "4,,3", "4(x2)3"})
+    check_rejected(with(slurm, {{"SLURM_TASKS_PER_NODE", bad}}), "SLURM_TASKS_PER_NODE");
+  check_rejected(with(slurm, {{"SLURM_NODEID", "3"}}), "SLURM_NODEID=3");
+  for (const char* bad : {"gpu[01-", "gpu[]", "gpu[a-b]", ""})
+    check_rejected(with(slurm, {{"SLURM_JOB_NODELIST", bad}}), "SLURM_JOB_NODELIST");
+}
+
+BOOST_AUTO_TEST_CASE(slurm_hostlist_first_host) {
+  using dtrain::detail::first_slurm_host;
+  BOOST_TEST(first_slurm_host("L", "node7") == "node7");
+  BOOST_TEST(first_slurm_host("L", "node7,node8") == "node7");
+  BOOST_TEST(first_slurm_host("L", "gpu[01-04,07],cpu3") == "gpu01");
+  BOOST_TEST(first_slurm_host("L", "rack-[009-010]") == "rack-009");
+  BOOST_TEST(first_slurm_host("L", "a[3,1]b[5-6]-ib") == "a3b5-ib");
+}
+
+BOOST_AUTO_TEST_CASE(slurm_task_counts) {
+  using dtrain::detail::expand_slurm_counts;
+  BOOST_TEST(expand_slurm_counts("L", "4(x2),3") == (std::vector<int>{4, 4, 3}));
+  BOOST_TEST(expand_slurm_counts("L", "2") == (std::vector<int>{2}));
+  BOOST_TEST(expand_slurm_counts("L", "1,2(x3)") == (std::vector<int>{1, 2, 2, 2}));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,207 @@
+#pragma once
+// Runs dtrain-run as a real process for the end-to-end tests: output goes to
+// files (no pipe to drain, no deadlock), and every wait has a timeout so a
+// broken launcher fails the test instead of hanging it.
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace dtrain::test {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+inline std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "dtrain-launch-XXXXXX").string();
+    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const fs::path& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+struct Finished {
+  int status = 0;
+  std::string out, err;
+  double seconds = 0;
+
+  bool exited_with(int code) const { return WIFEXITED(status) && WEXITSTATUS(status) == code; }
+  bool killed_by(int sig) const { return WIFSIGNALED(status) && WTERMSIG(status) == sig; }
+};
+
+// Environment changes for the launched process: a value sets, nullopt unsets.
+using EnvChanges = std::vector<std::pair<std::string, std::optional<std::string>>>;
+
+class Process {
+ public:
+  // cpu_limit > 0 restricts the process to that many of our CPUs, so a test
+  // of core-count logic behaves the same on a 2-core and a 128-core machine.
+  Process(std::vector<std::string> args, const EnvChanges& env = {}, int cpu_limit = 0)
+      : out_(dir_ / "stdout"), err_(dir_ / "stderr"), start_(Clock::now()) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      // The test process is single-threaded, so the child may allocate. Only
+      // file descriptors are redirected: flushing the test's stdio buffers
+      // here would print its output twice.
+      redirect(out_, 1);
+      redirect(err_, 2);
+      // A shell's background job starts with SIGINT and SIGQUIT ignored, and
+      // dtrain-run keeps ignored signals ignored; the tests want the defaults.
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::signal(sig, SIG_DFL);
+      if (cpu_limit > 0) limit_cpus(cpu_limit);
+      for (const auto& [name, value] : env) {
+        if (value)
+          ::setenv(name.c_str(), value->c_str(), 1);
+        else
+          ::unsetenv(name.c_str());
+      }
+      ::execv(argv[0], argv.data());
+      ::_exit(121);
+    }
+    BOOST_REQUIRE_MESSAGE(pid_ > 0, "fork failed");
+  }
+
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  ~Process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+
+  std::string stderr_so_far() const { return read_text(err_); }
+
+  static void redirect(const std::string& path, int target) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || ::dup2(fd, target) < 0) ::_exit(120);
+    ::close(fd);
+  }
+
+  static void limit_cpus(int n) {
+    cpu_set_t mine, kept;
+    CPU_ZERO(&kept);
+    if (::sched_getaffinity(0, sizeof(mine), &mine) != 0) ::_exit(122);
+    for (int cpu = 0; cpu < CPU_SETSIZE && n > 0; ++cpu)
+      if (CPU_ISSET(cpu, &mine)) {
+        CPU_SET(cpu, &kept);
+        --n;
+      }
+    if (::sched_setaffinity(0, sizeof(kept), &kept) != 0) ::_exit(123);
+  }
+
+  Finished wait(double timeout_s = 30) {
+    Finished f;
+    auto deadline = start_ + std::chrono::duration<double>(timeout_s);
+    while (::waitpid(pid_, &f.status, WNOHANG) == 0) {
+      if (Clock::now() > deadline) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &f.status, 0);
+        pid_ = -1;
+        BOOST_FAIL("dtrain-run did not finish within " << timeout_s << " s; stderr:\n"
+                                                       << read_text(err_));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    pid_ = -1;
+    f.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    f.out = read_text(out_);
+    f.err = read_text(err_);
+    return f;
+  }
+
+ private:
+  TempDir dir_;
+  std::string out_, err_;
+  Clock::time_point start_;
+  pid_t pid_ = -1;
+};
+
+inline Finished run(std::vector<std::string> args, const EnvChanges& env = {}, int cpu_limit = 0) {
+  Process p(std::move(args), env, cpu_limit);
+  return p.wait();
+}
+
+// Polls `ready` until it holds; false on timeout.
+template <class Ready>
+bool wait_until(Ready ready, double timeout_s = 20) {
+  auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  while (Clock::now() < deadline) {
+    if (ready()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+inline bool wait_for_files(const std::vector<std::string>& paths) {
+  return wait_until([&] {
+    return std::all_of(paths.begin(), paths.end(), [](const auto& p) { return fs::exists(p); });
+  });
+}
+
+// The pids the rank programs recorded, and which of them still exist.
+inline std::vector<pid_t> recorded_pids(const TempDir& dir) {
+  std::vector<pid_t> pids;
+  std::ifstream in(dir / "pids");
+  for (pid_t pid; in >> pid;) pids.push_back(pid);
+  return pids;
+}
+
+// A zombie has ended; whether it lingers depends on who reaps orphans here
+// (some container init processes never do), not on dtrain-run.
+inline bool running(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+  auto after_name = stat.rfind(") ");
+  return after_name == std::string::npos || stat.compare(after_name + 2, 1, "Z") != 0;
+}
+
+inline std::vector<pid_t> survivors(const TempDir& dir) {
+  std::vector<pid_t> alive;
+  for (pid_t pid : recorded_pids(dir))
+    if (running(pid)) alive.push_back(pid);
+  return alive;
+}
+
+}  // namespace dtrain::test

@@ -1,0 +1,280 @@
+// dtrain-run end to end: the real launcher starting real rank processes
+// (launch_child.cpp), checked from outside.
+
+#include <boost/test/unit_test.hpp>
+
+#include <signal.h>
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dtrain/launch/launcher.hpp"
+#include "launch/process.hpp"
+
+namespace {
+
+using dtrain::test::EnvChanges;
+using dtrain::test::Finished;
+using dtrain::test::TempDir;
+
+const std::string launcher = DTRAIN_RUN_PATH;
+const std::string child = DTRAIN_LAUNCH_CHILD_PATH;
+
+// Thread variables unset, so the launcher's own choice is what ranks see.
+const EnvChanges no_thread_vars{{"OMP_NUM_THREADS", std::nullopt},
+                                {"OPENBLAS_NUM_THREADS", std::nullopt}};
+
+Finished run(std::vector<std::string> flags, std::vector<std::string> child_args,
+             const EnvChanges& env = no_thread_vars, int cpu_limit = 0) {
+  std::vector<std::string> args{launcher};
+  args.insert(args.end(), flags.begin(), flags.end());
+  args.push_back(child);
+  args.insert(args.end(), child_args.begin(), child_args.end());
+  return dtrain::test::run(args, env, cpu_limit);
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+bool has_line(const std::string& text, const std::string& line) {
+  auto all = lines(text);
+  return std::find(all.begin(), all.end(), line) != all.end();
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::string report(const Finished& f) {
+  return "status " + std::to_string(f.status) + "\nstdout:\n" + f.out + "\nstderr:\n" + f.err;
+}
+
+// The port a rank reported, checking the rest of its line on the way.
+int check_rank_line(const Finished& f, int rank, int world, int local, int local_world,
+                    const std::string& addr) {
+  std::string head = "[rank " + std::to_string(rank) + "] rank=" + std::to_string(rank) +
+                     " world=" + std::to_string(world) + " local=" + std::to_string(local) +
+                     " local_world=" + std::to_string(local_world) + " addr=" + addr + " port=";
+  for (const auto& line : lines(f.out)) {
+    if (line.rfind(head, 0) != 0) continue;
+    BOOST_TEST(contains(line, " source=torchrun"), line);
+    return std::stoi(line.substr(head.size()));
+  }
+  BOOST_ERROR("no line starting '" << head << "'\n" << report(f));
+  return -1;
+}
+
+void check_no_survivors(const TempDir& dir, std::size_t expected_ranks) {
+  BOOST_TEST(dtrain::test::recorded_pids(dir).size() == expected_ranks);
+  BOOST_TEST(dtrain::test::survivors(dir).empty(), "rank processes outlived dtrain-run");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(dtrain_run)
+
+BOOST_AUTO_TEST_CASE(two_ranks_see_their_environment) {
+  TempDir dir;
+  auto f = run({"--nproc-per-node", "2"}, {"env", dir.path()});
+  BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
+  std::set<int> ports;
+  for (int r = 0; r < 2; ++r) ports.insert(check_rank_line(f, r, 2, r, 2, "127.0.0.1"));
+  BOOST_TEST(ports.size() == 1u, "ranks disagree on MASTER_PORT");
+  BOOST_TEST(*ports.begin() >= 1);
+  BOOST_TEST(*ports.begin() <= 65535);
+  std::string threads = std::to_string(std::max(1, dtrain::usable_cpu_count() / 2));
+  for (int r = 0; r < 2; ++r) {
+    auto prefix = "[rank " + std::to_string(r) + "] ";
+    BOOST_TEST(has_line(f.out, prefix + "GROUP_RANK=0 DTRAIN_RUN=1 DTRAIN_RESTART_COUNT=0 "
+                                        "OMP_NUM_THREADS=" + threads +
+                                        " OPENBLAS_NUM_THREADS=" + threads),
+               report(f));
+    // stdout and stderr stay apart; an unfinished last line is still flushed.
+    BOOST_TEST(has_line(f.err, prefix + "to stderr from " + std::to_string(r)), report(f));
+    BOOST_TEST(has_line(f.out, prefix + "unfinished line from " + std::to_string(r)), report(f));
+  }
+  check_no_survivors(dir, 2);
+}
+
+BOOST_AUTO_TEST_CASE(three_ranks_on_the_second_node) {
+  TempDir dir;
+  auto f = run({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "3", "--master-addr",
+                "10.0.0.7", "--master-port", "23456"},
+               {"env", dir.path()}, {{"OMP_NUM_THREADS", "7"}, {"OPENBLAS_NUM_THREADS", "3"}});
+  BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
+  for (int local = 0; local < 3; ++local) {
+    BOOST_TEST(check_rank_line(f, 3 + local, 6, local, 3, "10.0.0.7") == 23456);
+    BOOST_TEST(has_line(f.out, "[rank " + std::to_string(3 + local) +
+                                   "] GROUP_RANK=1 DTRAIN_RUN=1 DTRAIN_RESTART_COUNT=0 "
+                                   "OMP_NUM_THREADS=7 OPENBLAS_NUM_THREADS=3"),
+               report(f));
+  }
+  check_no_survivors(dir, 3);
+}
+
+BOOST_AUTO_TEST_CASE(no_prefix_passes_output_through) {
+  TempDir dir;
+  auto f = run({"--nproc-per-node", "2", "--no-prefix"}, {"env", dir.path()});
+  BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
+  BOOST_TEST(!contains(f.out, "[rank"), report(f));
+  BOOST_TEST(has_line(f.err, "to stderr from 1"), report(f));
+  BOOST_TEST(contains(f.out, "rank=1 world=2 local=1 local_world=2"), report(f));
+}
+
+BOOST_AUTO_TEST_CASE(nproc_gpu_and_auto) {
+  TempDir dir;
+  int gpus = dtrain::cuda_device_count();
+  auto gpu = run({"--nproc-per-node", "gpu"}, {"env", dir.path()});
+  if (gpus == 0) {
+    BOOST_TEST(gpu.exited_with(2), report(gpu));
+    BOOST_TEST(contains(gpu.err, "no CUDA device"), report(gpu));
+    BOOST_TEST(dtrain::test::recorded_pids(dir).empty());
+  } else {
+    BOOST_TEST(gpu.exited_with(0), report(gpu));
+    check_rank_line(gpu, gpus - 1, gpus, gpus - 1, gpus, "127.0.0.1");
+  }
+  // Two CPUs at most, so "auto" without a GPU starts two ranks, not one per
+  // core of a big machine.
+  int expected = gpus > 0 ? gpus : std::min(2, dtrain::usable_cpu_count());
+  auto automatic = run({"--nproc-per-node", "auto"}, {"env", dir.path()}, no_thread_vars, 2);
+  BOOST_TEST(automatic.exited_with(0), report(automatic));
+  check_rank_line(automatic, expected - 1, expected, expected - 1, expected, "127.0.0.1");
+}
+
+BOOST_AUTO_TEST_CASE(a_failing_rank_stops_the_others_quickly) {
+  TempDir dir;
+  // Ranks 0 and 2 would sleep 60 s; rank 1 exits 3 at once.
+  auto f = run({"--nproc-per-node", "3"}, {"fail", dir.path(), "1", "3"});
+  BOOST_TEST(f.exited_with(3), report(f));
+  BOOST_TEST(f.seconds < 20);
+  BOOST_TEST(contains(f.err, "rank 1 (pid"), report(f));
+  BOOST_TEST(contains(f.err, "exited with code 3"), report(f));
+  check_no_survivors(dir, 3);
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_killed_by_a_signal_gives_128_plus_signal) {
+  TempDir dir;
+  auto f = run({"--nproc-per-node", "2"}, {"fail", dir.path(), "0", "sigkill"});
+  BOOST_TEST(f.exited_with(128 + SIGKILL), report(f));
+  BOOST_TEST(contains(f.err, "rank 0"), report(f));
+  BOOST_TEST(contains(f.err, "killed by SIGKILL"), report(f));
+  check_no_survivors(dir, 2);
+}
+
+BOOST_AUTO_TEST_CASE(ranks_ignoring_sigterm_are_killed_after_the_grace_period) {
+  TempDir dir;
+  auto f = run({"--nproc-per-node", "2", "--grace-period", "0.5"},
+               {"fail", dir.path(), "1", "4", "ignore"});
+  BOOST_TEST(f.exited_with(4), report(f));
+  BOOST_TEST(f.seconds >= 0.5);
+  BOOST_TEST(f.seconds < 20);
+  BOOST_TEST(contains(f.err, "sending SIGKILL"), report(f));
+  check_no_survivors(dir, 2);
+}
+
+BOOST_AUTO_TEST_CASE(sigterm_is_forwarded_to_every_rank) {
+  TempDir dir;
+  dtrain::test::Process p({launcher, "--nproc-per-node", "2", child, "trap-term", dir.path()});
+  BOOST_REQUIRE(dtrain::test::wait_for_files({dir / "ready.0", dir / "ready.1"}));
+  ::kill(p.pid(), SIGTERM);
+  auto f = p.wait();
+  BOOST_TEST(f.killed_by(SIGTERM), report(f));
+  BOOST_TEST(std::filesystem::exists(dir / "term.0"));
+  BOOST_TEST(std::filesystem::exists(dir / "term.1"));
+  check_no_survivors(dir, 2);
+}
+
+BOOST_AUTO_TEST_CASE(a_second_signal_kills_at_once) {
+  TempDir dir;
+  dtrain::test::Process p({launcher, "--nproc-per-node", "2", "--grace-period", "60", child,
+                           "ignore-signals", dir.path()});
+  BOOST_REQUIRE(dtrain::test::wait_for_files({dir / "ready.0", dir / "ready.1"}));
+  ::kill(p.pid(), SIGINT);
+  // Signals of one kind do not queue: send the second once the first is seen.
+  BOOST_REQUIRE(
+      dtrain::test::wait_until([&] { return contains(p.stderr_so_far(), "forwarding"); }));
+  ::kill(p.pid(), SIGINT);
+  auto f = p.wait();
+  BOOST_TEST(f.killed_by(SIGINT), report(f));
+  BOOST_TEST(f.seconds < 20);  // far below the 60 s grace period
+  BOOST_TEST(contains(f.err, "again"), report(f));
+  check_no_survivors(dir, 2);
+}
+
+#ifdef __linux__
+BOOST_AUTO_TEST_CASE(ranks_die_with_a_killed_launcher) {
+  TempDir dir;
+  dtrain::test::Process p({launcher, "--nproc-per-node", "2", child, "ignore-signals", dir.path()});
+  BOOST_REQUIRE(dtrain::test::wait_for_files({dir / "ready.0", dir / "ready.1"}));
+  ::kill(p.pid(), SIGKILL);  // cannot be forwarded: PR_SET_PDEATHSIG must act
+  auto f = p.wait();
+  BOOST_TEST(f.killed_by(SIGKILL));
+  BOOST_TEST(dtrain::test::recorded_pids(dir).size() == 2u);
+  BOOST_TEST(dtrain::test::wait_until([&] { return dtrain::test::survivors(dir).empty(); }, 10));
+}
+#endif
+
+BOOST_AUTO_TEST_CASE(max_restarts_reruns_the_group) {
+  TempDir dir;
+  auto f = run({"--nproc-per-node", "2", "--max-restarts", "1"}, {"fail-once", dir.path(), "5"});
+  BOOST_TEST(f.exited_with(0), report(f));
+  BOOST_TEST(contains(f.err, "restart 1 of 1"), report(f));
+  BOOST_TEST(has_line(f.out, "[rank 0] restart=1"), report(f));
+  BOOST_TEST(has_line(f.out, "[rank 1] restart=1"), report(f));
+  // First start: 2 ranks; second start: 2 more.
+  BOOST_TEST(dtrain::test::recorded_pids(dir).size() == 4u);
+  BOOST_TEST(dtrain::test::survivors(dir).empty());
+}
+
+BOOST_AUTO_TEST_CASE(without_restarts_the_failure_is_final) {
+  TempDir dir;
+  auto f = run({"--nproc-per-node", "2"}, {"fail-once", dir.path(), "5"});
+  BOOST_TEST(f.exited_with(5), report(f));
+  BOOST_TEST(!contains(f.out, "restart=1"), report(f));
+}
+
+BOOST_AUTO_TEST_CASE(bad_flags_exit_2_without_starting_anything) {
+  TempDir dir;
+  const std::vector<std::vector<std::string>> bad = {
+      {"--bogus"},
+      {"--nproc-per-node", "0"},
+      {"--nproc-per-node", "x"},
+      {"--nnodes", "2", "--node-rank", "2", "--master-addr", "h"},
+      {"--master-port", "70000"},
+      {"--grace-period", "-1"},
+      {"--max-restarts"},
+  };
+  for (const auto& flags : bad) {
+    auto f = run(flags, {"env", dir.path()});
+    BOOST_TEST(f.exited_with(2), flags.front() << ": " << report(f));
+    BOOST_TEST(contains(f.err, "dtrain-run: error: "), report(f));
+    BOOST_TEST(contains(f.err, "fix: "), report(f));
+  }
+  auto none = dtrain::test::run({launcher, "--nproc-per-node", "2"});
+  BOOST_TEST(none.exited_with(2), report(none));
+  BOOST_TEST(dtrain::test::recorded_pids(dir).empty());
+}
+
+BOOST_AUTO_TEST_CASE(missing_program_exits_127) {
+  auto f = dtrain::test::run({launcher, "/nonexistent/dtrain-program"});
+  BOOST_TEST(f.exited_with(127), report(f));
+  BOOST_TEST(contains(f.err, "/nonexistent/dtrain-program"), report(f));
+}
+
+BOOST_AUTO_TEST_CASE(help_and_version) {
+  auto help = dtrain::test::run({launcher, "--help"});
+  BOOST_TEST(help.exited_with(0));
+  BOOST_TEST(help.out == dtrain::run_usage());
+  auto version = dtrain::test::run({launcher, "--version"});
+  BOOST_TEST(version.exited_with(0));
+  BOOST_TEST(version.out.rfind("dtrain-run ", 0) == 0u, version.out);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,552 @@
+// dtrain-run: starts one process per local rank and supervises the group.
+// Options, rank environments and output prefixing are decided in
+// <dtrain/launch/launcher.hpp>; this file owns the processes.
+//
+// Process model (why it is built this way):
+//  - Each rank runs in its own process group. A terminal's Ctrl-C then reaches
+//    dtrain-run alone, which forwards it once (in the launcher's group, ranks
+//    would get it twice: from the terminal and forwarded), and signalling the
+//    group also reaches whatever the rank itself started (a wrapper script's
+//    child), so nothing is left behind.
+//  - Signal handlers only write the signal number into a pipe that the main
+//    loop polls together with the ranks' output pipes; every decision happens
+//    in the loop, none in a handler.
+//  - On Linux each rank also gets PR_SET_PDEATHSIG, so even a dtrain-run killed
+//    by SIGKILL (which it cannot forward) leaves no orphans behind.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtrain/launch/launcher.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::array handled_signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE};
+
+int signal_pipe[2] = {-1, -1};
+
+extern "C" void note_signal(int sig) {
+  int saved = errno;
+  auto byte = static_cast<unsigned char>(sig);
+  // A full pipe already holds a wake-up; losing this byte loses nothing.
+  [[maybe_unused]] auto n = ::write(signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    // The reader went away (EPIPE; SIGPIPE is ignored): drop the output but
+    // keep supervising, the ranks must still be stopped and reaped.
+    if (n <= 0) return;
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+std::string seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g s", s);
+  return text;
+}
+
+void say(const std::string& message) { write_all(2, "dtrain-run: " + message + "\n"); }
+
+std::string signal_name(int sig) {
+#if defined(__GLIBC__)
+  if (const char* abbrev = sigabbrev_np(sig)) return std::string("SIG") + abbrev;
+#endif
+  return "signal " + std::to_string(sig);
+}
+
+// Installs the launcher's handlers (SIGINT, SIGTERM, SIGHUP and SIGQUIT are
+// forwarded to the ranks; SIGCHLD wakes the loop) and remembers what it inherited, which
+// each rank gets back before exec (an ignored SIGPIPE or a blocked signal
+// would otherwise leak into the program through exec).
+class LauncherSignals {
+ public:
+  LauncherSignals() {
+    if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw dtrain::launch_error(std::string("pipe2: ") + std::strerror(errno));
+    ::sigprocmask(SIG_SETMASK, nullptr, &inherited_mask_);
+    sigset_t ours;
+    sigemptyset(&ours);
+    for (std::size_t i = 0; i < handled_signals.size(); ++i) {
+      int sig = handled_signals[i];
+      ::sigaction(sig, nullptr, &inherited_[i]);
+      // A signal ignored on entry (nohup, a background job's SIGINT) stays
+      // ignored, for dtrain-run and, through exec, for the ranks.
+      if (sig != SIGCHLD && sig != SIGPIPE && inherited_[i].sa_handler == SIG_IGN) continue;
+      struct sigaction sa {};
+      sa.sa_handler = sig == SIGPIPE ? SIG_IGN : note_signal;
+      sa.sa_flags = SA_RESTART | (sig == SIGCHLD ? SA_NOCLDSTOP : 0);
+      sigfillset(&sa.sa_mask);
+      ::sigaction(sig, &sa, nullptr);
+      sigaddset(&ours, sig);
+    }
+    ::sigprocmask(SIG_UNBLOCK, &ours, nullptr);
+  }
+
+  // Async-signal-safe: runs in the forked rank before exec.
+  void restore_in_child() const noexcept {
+    for (std::size_t i = 0; i < handled_signals.size(); ++i)
+      ::sigaction(handled_signals[i], &inherited_[i], nullptr);
+    ::sigprocmask(SIG_SETMASK, &inherited_mask_, nullptr);
+  }
+
+  int fd() const { return signal_pipe[0]; }
+
+  std::vector<int> take() const {
+    std::vector<int> sigs;
+    unsigned char buf[64];
+    ssize_t n;
+    while ((n = ::read(signal_pipe[0], buf, sizeof(buf))) > 0)
+      sigs.insert(sigs.end(), buf, buf + n);
+    return sigs;
+  }
+
+  // Ends dtrain-run by `sig`, so its parent (a shell loop, a scheduler) sees
+  // the same cause of death the ranks saw.
+  [[noreturn]] void die_by(int sig) const {
+    ::signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    ::sigprocmask(SIG_UNBLOCK, &one, nullptr);
+    ::raise(sig);
+    std::_Exit(128 + sig);
+  }
+
+ private:
+  sigset_t inherited_mask_{};
+  std::array<struct sigaction, handled_signals.size()> inherited_{};
+};
+
+// The program as given on the command line, resolved against PATH once so a
+// typo is reported before any rank starts.
+std::string find_program(const std::string& name) {
+  auto runnable = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+           ::access(path.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) {
+    if (runnable(name)) return name;
+  } else if (const char* path = std::getenv("PATH")) {
+    std::string_view dirs = path;
+    while (true) {
+      auto colon = dirs.find(':');
+      std::string dir(dirs.substr(0, colon));
+      std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+      if (runnable(candidate)) return candidate;
+      if (colon == std::string_view::npos) break;
+      dirs.remove_prefix(colon + 1);
+    }
+  }
+  throw dtrain::launch_error("cannot run '" + name + "': not found or not executable",
+                             "check the path, or that the program is on PATH");
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+struct Stream {
+  int fd = -1;      // read end of the rank's pipe; -1 once closed
+  int target = 1;   // dtrain-run's own stdout or stderr
+  dtrain::LinePrefixer lines;
+};
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  std::vector<Stream> streams;  // stdout, stderr; none without --prefix
+};
+
+struct Failure {
+  int rank = 0;
+  int exit_code = 1;
+};
+
+struct Outcome {
+  std::optional<Failure> failure;
+  int signal = 0;  // a signal dtrain-run received and forwarded
+};
+
+// One start of all local ranks, run until every one of them has been reaped.
+class Group {
+ public:
+  Group(const dtrain::RunOptions& opts, const dtrain::GroupLayout& layout, const std::string& path,
+        const std::vector<std::string>& inherited_env, const LauncherSignals& signals)
+      : opts_(opts), layout_(layout), path_(path), env_(inherited_env), signals_(signals) {}
+
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  // Reached only when run() was left by an exception: nothing may outlive us.
+  ~Group() {
+    for (auto& r : ranks_) {
+      if (!r.running) continue;
+      ::kill(-r.pid, SIGKILL);
+      while (::waitpid(r.pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+    for (auto& r : ranks_)
+      for (auto& s : r.streams) close_stream(s);
+  }
+
+  Outcome run() {
+    ranks_.reserve(static_cast<std::size_t>(layout_.nproc_per_node));
+    for (int local = 0; local < layout_.nproc_per_node && !stopping_; ++local) {
+      try {
+        start(local);
+      } catch (const dtrain::launch_error& e) {
+        say(e.problem());
+        fail(global_rank(local), 127);
+      }
+    }
+    while (any_running()) {
+      poll_once();
+      if (kill_at_ && Clock::now() >= *kill_at_) {
+        say("rank(s) " + running_ranks() + " still running " + seconds(opts_.grace_period_s) +
+            " after being stopped; sending SIGKILL");
+        kill_now();
+      }
+    }
+    // Stopping tore the ranks down; whatever their process groups still hold
+    // (a child a rank started) goes too. A reaped group id is not reused
+    // while any member lives, so this reaches only leftovers.
+    if (stopping_)
+      for (auto& r : ranks_)
+        if (r.pid > 0) ::kill(-r.pid, SIGKILL);
+    return outcome_;
+  }
+
+ private:
+  int global_rank(int local) const { return opts_.node_rank * layout_.nproc_per_node + local; }
+
+  bool any_running() const {
+    for (const auto& r : ranks_)
+      if (r.running) return true;
+    return false;
+  }
+
+  void start(int local) {
+    Rank& r = ranks_.emplace_back();
+    r.rank = global_rank(local);
+    auto env = dtrain::rank_environment(opts_, layout_, local, env_);
+    std::vector<std::string> args{opts_.program};
+    args.insert(args.end(), opts_.program_args.begin(), opts_.program_args.end());
+    auto envp = c_strings(env);
+    auto argv = c_strings(args);
+
+    // exec_status reports an exec failure's errno; a successful exec closes
+    // it (O_CLOEXEC) and the parent reads end-of-file.
+    std::array<int, 2> out{-1, -1}, err{-1, -1}, exec_status{-1, -1};
+    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    bool piped = !opts_.prefix || (::pipe2(out.data(), O_CLOEXEC) == 0 &&
+                                   ::pipe2(err.data(), O_CLOEXEC) == 0);
+    if (devnull < 0 || !piped || ::pipe2(exec_status.data(), O_CLOEXEC) != 0) {
+      std::string reason = std::strerror(errno);
+      close_all({devnull, out[0], out[1], err[0], err[1], exec_status[0], exec_status[1]});
+      throw dtrain::launch_error("could not start rank " + std::to_string(r.rank) + ": " + reason);
+    }
+
+    // Signals stay blocked across fork so no handler of ours runs in the
+    // child before it has restored the inherited dispositions.
+    sigset_t all, old;
+    sigfillset(&all);
+    ::sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t launcher = ::getpid();
+    pid_t pid = ::fork();
+    if (pid == 0)
+      exec_rank(launcher, devnull, out[1], err[1], exec_status[1], argv.data(), envp.data());
+    int fork_errno = errno;
+    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+    close_all({devnull, out[1], err[1], exec_status[1]});
+    if (pid < 0) {
+      close_all({out[0], err[0], exec_status[0]});
+      throw dtrain::launch_error("could not start rank " + std::to_string(r.rank) +
+                                 ": fork: " + std::strerror(fork_errno));
+    }
+    // Also set here: whichever of parent and child runs first, the group
+    // exists before dtrain-run may signal it.
+    ::setpgid(pid, pid);
+    r.pid = pid;
+    r.running = true;
+    if (opts_.prefix) {
+      std::string prefix = "[rank " + std::to_string(r.rank) + "] ";
+      r.streams.push_back({out[0], 1, dtrain::LinePrefixer(prefix)});
+      r.streams.push_back({err[0], 2, dtrain::LinePrefixer(prefix)});
+      for (auto& s : r.streams) ::fcntl(s.fd, F_SETFL, O_NONBLOCK);
+    }
+    int child_errno = 0;
+    ssize_t n;
+    while ((n = ::read(exec_status[0], &child_errno, sizeof(child_errno))) < 0 && errno == EINTR) {
+    }
+    ::close(exec_status[0]);
+    if (n > 0)  // the rank exits 127 and is reaped by the loop
+      throw dtrain::launch_error("could not start rank " + std::to_string(r.rank) + ": exec " +
+                                 path_ + ": " + std::strerror(child_errno));
+  }
+
+  // Runs in the forked child: async-signal-safe calls only, since the parent
+  // may have threads (the CUDA driver's, after cuInit).
+  [[noreturn]] void exec_rank(pid_t launcher, int devnull, int out, int err, int exec_status,
+                              char* const* argv, char* const* envp) const noexcept {
+    ::setpgid(0, 0);
+#ifdef __linux__
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) ::_exit(127);  // dtrain-run died before prctl
+#endif
+    ::dup2(devnull, 0);
+    if (out >= 0) ::dup2(out, 1);
+    if (err >= 0) ::dup2(err, 2);
+    signals_.restore_in_child();
+    ::execve(path_.c_str(), argv, envp);
+    int e = errno;
+    [[maybe_unused]] auto n = ::write(exec_status, &e, sizeof(e));
+    ::_exit(127);
+  }
+
+  void poll_once() {
+    std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+    std::vector<Stream*> streams;
+    for (auto& r : ranks_)
+      for (auto& s : r.streams)
+        if (s.fd >= 0) {
+          fds.push_back({s.fd, POLLIN, 0});
+          streams.push_back(&s);
+        }
+    int timeout_ms = -1;
+    if (kill_at_) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(*kill_at_ - Clock::now());
+      timeout_ms = static_cast<int>(std::max<std::int64_t>(0, left.count()));
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
+      if (errno == EINTR) return;
+      throw dtrain::launch_error(std::string("poll: ") + std::strerror(errno));
+    }
+    for (std::size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents != 0) pump(*streams[i - 1]);
+    if (fds[0].revents != 0) {
+      for (int sig : signals_.take()) {
+        if (sig == SIGCHLD)
+          reap();
+        else
+          on_launcher_signal(sig);
+      }
+    }
+  }
+
+  // Moves what the rank wrote to dtrain-run's output; false when nothing more
+  // is available now.
+  bool pump(Stream& s) {
+    char buf[64 * 1024];
+    ssize_t n = ::read(s.fd, buf, sizeof(buf));
+    if (n > 0) {
+      write_all(s.target, s.lines.feed({buf, static_cast<std::size_t>(n)}));
+      return true;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+    write_all(s.target, s.lines.finish());
+    close_stream(s);
+    return false;
+  }
+
+  // A reaped rank has written everything it will; what a process it started
+  // may still write into the inherited pipe is not waited for.
+  void drain(Stream& s) {
+    while (s.fd >= 0 && pump(s)) {
+    }
+    if (s.fd >= 0) {
+      write_all(s.target, s.lines.finish());
+      close_stream(s);
+    }
+  }
+
+  static void close_stream(Stream& s) {
+    if (s.fd >= 0) ::close(s.fd);
+    s.fd = -1;
+  }
+
+  static void close_all(std::initializer_list<int> fds) {
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
+  }
+
+  void reap() {
+    for (auto& r : ranks_) {
+      int status = 0;
+      if (!r.running || ::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+      r.running = false;
+      for (auto& s : r.streams) drain(s);
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+      if (stopping_) continue;  // stopped by us: not the cause
+      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      std::string how = WIFEXITED(status)
+                            ? "exited with code " + std::to_string(code)
+                            : "was killed by " + signal_name(WTERMSIG(status)) + " (exit code " +
+                                  std::to_string(code) + ")";
+      say("rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") " + how);
+      fail(r.rank, code);
+    }
+  }
+
+  void fail(int rank, int code) {
+    outcome_.failure = Failure{rank, code};
+    stop(SIGTERM);
+  }
+
+  void on_launcher_signal(int sig) {
+    if (outcome_.signal != 0) {
+      say("received " + signal_name(sig) + " again; killing rank(s) " + running_ranks() + " now");
+      kill_now();
+      return;
+    }
+    outcome_.signal = sig;
+    say("received " + signal_name(sig) + "; forwarding it to the ranks");
+    stop(sig);
+  }
+
+  void stop(int sig) {
+    int live = 0;
+    for (auto& r : ranks_)
+      if (r.running) {
+        ::kill(-r.pid, sig);
+        ++live;
+      }
+    if (!stopping_ && live > 0 && sig == SIGTERM && !outcome_.signal)
+      say("stopping the other " + std::to_string(live) + " rank(s) with SIGTERM");
+    stopping_ = true;
+    if (!kill_at_)
+      kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(opts_.grace_period_s));
+  }
+
+  void kill_now() {
+    for (auto& r : ranks_)
+      if (r.running) ::kill(-r.pid, SIGKILL);
+    kill_at_.reset();
+  }
+
+  std::string running_ranks() const {
+    std::string names;
+    for (const auto& r : ranks_)
+      if (r.running) names += (names.empty() ? "" : ", ") + std::to_string(r.rank);
+    return names;
+  }
+
+  const dtrain::RunOptions& opts_;
+  dtrain::GroupLayout layout_;
+  const std::string& path_;
+  const std::vector<std::string>& env_;
+  const LauncherSignals& signals_;
+  std::vector<Rank> ranks_;
+  Outcome outcome_;
+  bool stopping_ = false;
+  std::optional<Clock::time_point> kill_at_;
+};
+
+void report(const dtrain::error& e) {
+  std::string text = "dtrain-run: error: " + e.problem();
+  if (!e.fix().empty()) text += "\n  fix: " + e.fix();
+  write_all(2, text + "\n");
+}
+
+int launch(const dtrain::RunOptions& opts) {
+  int cpus = dtrain::usable_cpu_count();
+  int nproc = 0;
+  std::string path;
+  try {
+    bool need_gpus = opts.nproc.kind != dtrain::NprocSpec::Kind::count;
+    nproc = dtrain::resolve_nproc(opts.nproc, need_gpus ? dtrain::cuda_device_count() : 0, cpus);
+  } catch (const dtrain::launch_error& e) {
+    report(e);
+    return 2;
+  }
+  try {
+    path = find_program(opts.program);
+  } catch (const dtrain::launch_error& e) {
+    report(e);
+    return 127;
+  }
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e; ++e) inherited.emplace_back(*e);
+  LauncherSignals signals;
+  bool pick_port = opts.nnodes == 1 && opts.master_port.value_or(0) == 0;
+  for (int restart = 0;; ++restart) {
+    dtrain::GroupLayout layout{
+        .nproc_per_node = nproc,
+        .master_port = pick_port ? dtrain::free_tcp_port()
+                                 : opts.master_port.value_or(dtrain::default_master_port),
+        .cpu_count = cpus,
+        .restart_count = restart};
+    Group group(opts, layout, path, inherited, signals);
+    Outcome outcome = group.run();
+    if (outcome.signal) signals.die_by(outcome.signal);
+    if (!outcome.failure) return 0;
+    if (restart >= opts.max_restarts) {
+      say("rank " + std::to_string(outcome.failure->rank) + " failed; exiting with code " +
+          std::to_string(outcome.failure->exit_code));
+      return outcome.failure->exit_code;
+    }
+    say("restarting all " + std::to_string(nproc) + " local rank(s) (restart " +
+        std::to_string(restart + 1) + " of " + std::to_string(opts.max_restarts) + ")");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dtrain::RunOptions opts;
+  try {
+    std::vector<std::string> args(argv + 1, argv + argc);
+    opts = dtrain::parse_run_options(args);
+  } catch (const dtrain::launch_error& e) {
+    report(e);
+    return 2;
+  }
+  if (opts.help) {
+    write_all(1, dtrain::run_usage());
+    return 0;
+  }
+  if (opts.version) {
+    write_all(1, std::string("dtrain-run ") + DTRAIN_VERSION + "\n");
+    return 0;
+  }
+  try {
+    return launch(opts);
+  } catch (const dtrain::error& e) {
+    report(e);
+  } catch (const std::exception& e) {
+    say(std::string("error: ") + e.what());
+  }
+  return 1;
+}
