@@ -4,7 +4,13 @@ include(CMakeFindDependencyMacro)
 find_package(Threads REQUIRED)
 find_package(range-v3 REQUIRED)
 find_package(Gloo REQUIRED)
+# dtrain::Host sizes BLAS threads with openblas_set_num_threads (see
+# TOOLCHAIN.md: one OpenBLAS pool per rank oversubscribes the cores).
+if(NOT DEFINED BLA_VENDOR)
+  set(BLA_VENDOR OpenBLAS)
+endif()
 find_package(BLAS REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
 
 if(NOT DEFINED DTRAIN_CUDA)
   set(DTRAIN_CUDA AUTO)
@@ -27,7 +33,8 @@ endif()
 
 function(dtrain_link_dependencies target)
   # Gloo's Debian package exports a bare `gloo` target.
-  target_link_libraries(${target} INTERFACE Threads::Threads range-v3::range-v3 gloo BLAS::BLAS)
+  target_link_libraries(${target} INTERFACE Threads::Threads range-v3::range-v3 gloo BLAS::BLAS
+                        nlohmann_json::nlohmann_json)
   if(DTRAIN_WITH_CUDA)
     target_link_libraries(${target} INTERFACE CUDA::cudart CUDA::cublas NCCL::NCCL)
     target_compile_definitions(${target} INTERFACE DTRAIN_HAS_CUDA=1)

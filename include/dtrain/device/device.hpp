@@ -2,21 +2,52 @@
 // The compute-device concept. Host (OpenBLAS, host loops) and Cuda (cuBLAS,
 // kernels launched over the same functors) both satisfy it, so units,
 // optimizers and strategies are written once.
+//
+// Beyond what is checked here, a device offers:
+//   template <class T> using buffer = Buffer<T, allocator>;   (device/buffer.hpp)
+//   allocator()                         what make_buffer<T>(dev, n) allocates with
+//   gemm<T>(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
+//       ROW-MAJOR C[m x n] = alpha * op(A) * op(B) + beta * C, fp32 accumulation
+//       for every dtype; C is not read when beta == 0.
+//   for_each(n, f)   f(i) for i in [0, n), f a DTRAIN_HOST_DEVICE functor
+//   sum(n, f)        the sum of f(i) as a double, read back to the host
+//   workspace<T>(n)  device scratch valid until the next workspace call
+// Copies take (dst, src, count) like memcpy. Work is ordered on the device's
+// stream; copy_to_host and copy_from_host block until the data has arrived.
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 
+#include "dtrain/core/macros.hpp"
+
 namespace dtrain {
 
+namespace detail {
+// Stands in for a kernel functor when the concept checks for_each and sum.
+struct device_probe {
+  DTRAIN_HOST_DEVICE float operator()(std::size_t) const { return 0.f; }
+};
+}  // namespace detail
+
 template <class D>
-concept Device = requires(D& d, const float* cx, float* x, std::size_t n) {
+concept ComputeDevice = requires(D& d, const float* cx, float* x, std::size_t n, float s, std::int64_t i) {
   { D::name } -> std::convertible_to<const char*>;
+  // true when buffers are plain host memory the CPU may read directly
+  { D::host_accessible } -> std::convertible_to<bool>;
   typename D::template buffer<float>;
+  d.allocator();
   d.synchronize();
   d.copy_to_host(x, cx, n);    // device -> host, blocking
-  d.copy_from_host(x, cx, n);  // host -> device
-  d.copy(x, cx, n);            // device -> device
+  d.copy_from_host(x, cx, n);  // host -> device, blocking
+  d.copy(x, cx, n);            // device -> device, ordered on the device's stream
+  d.zero(x, n);
+  { d.template workspace<float>(n) } -> std::same_as<float*>;
+  d.gemm(false, false, i, i, i, s, cx, i, cx, i, s, x, i);
+  d.for_each(n, detail::device_probe{});
+  { d.sum(n, detail::device_probe{}) } -> std::convertible_to<double>;
+  { d.memory_allocated() } -> std::convertible_to<std::size_t>;
+  { d.peak_memory_allocated() } -> std::convertible_to<std::size_t>;
 };
 
 }  // namespace dtrain

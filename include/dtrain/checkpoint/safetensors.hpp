@@ -1,0 +1,532 @@
+#pragma once
+// The safetensors file format (https://github.com/huggingface/safetensors):
+//
+//   8 bytes   N, the header length, unsigned little-endian
+//   N bytes   a JSON object: per tensor {"dtype", "shape", "data_offsets":
+//             [begin, end]} (offsets relative to the data section), plus an
+//             optional "__metadata__" map of strings; padded with spaces so
+//             the data section starts 8-byte aligned
+//   the rest  the data section: tensors back to back, little-endian, C order
+//
+// SafetensorsWriter writes it atomically; SafetensorsFile maps a file and
+// checks everything the format promises before handing out a byte, so a
+// truncated or damaged checkpoint fails with a message instead of loading
+// garbage. Also here: load_safetensors_dataset, the dataset loader for this
+// format (it cannot live in data/, which sits below this layer).
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/data/dataset.hpp"
+
+namespace dtrain {
+
+// Every dtype the format names (sub-byte float formats excepted).
+enum class safetensors_dtype : std::uint8_t {
+  boolean, u8, i8, f8_e5m2, f8_e4m3, i16, u16, f16, bf16, i32, u32, f32, f64, i64, u64
+};
+
+namespace detail {
+struct SafetensorsDtypeInfo {
+  safetensors_dtype id;
+  std::string_view name;
+  std::size_t size;
+};
+inline constexpr std::array<SafetensorsDtypeInfo, 15> safetensors_dtypes{{
+    {safetensors_dtype::boolean, "BOOL", 1}, {safetensors_dtype::u8, "U8", 1},
+    {safetensors_dtype::i8, "I8", 1},        {safetensors_dtype::f8_e5m2, "F8_E5M2", 1},
+    {safetensors_dtype::f8_e4m3, "F8_E4M3", 1}, {safetensors_dtype::i16, "I16", 2},
+    {safetensors_dtype::u16, "U16", 2},      {safetensors_dtype::f16, "F16", 2},
+    {safetensors_dtype::bf16, "BF16", 2},    {safetensors_dtype::i32, "I32", 4},
+    {safetensors_dtype::u32, "U32", 4},      {safetensors_dtype::f32, "F32", 4},
+    {safetensors_dtype::f64, "F64", 8},      {safetensors_dtype::i64, "I64", 8},
+    {safetensors_dtype::u64, "U64", 8},
+}};
+static_assert(
+    [] {
+      for (std::size_t i = 0; i < safetensors_dtypes.size(); ++i)
+        if (static_cast<std::size_t>(safetensors_dtypes[i].id) != i) return false;
+      return true;
+    }(),
+    "safetensors_dtypes must list the enum in order: dtype_info() indexes it");
+constexpr const SafetensorsDtypeInfo& dtype_info(safetensors_dtype d) {
+  return safetensors_dtypes[static_cast<std::size_t>(d)];
+}
+}  // namespace detail
+
+constexpr std::string_view safetensors_name(safetensors_dtype d) { return detail::dtype_info(d).name; }
+constexpr std::size_t element_size(safetensors_dtype d) { return detail::dtype_info(d).size; }
+
+constexpr std::optional<safetensors_dtype> parse_safetensors_dtype(std::string_view name) {
+  for (const auto& info : detail::safetensors_dtypes)
+    if (info.name == name) return info.id;
+  return std::nullopt;
+}
+
+constexpr safetensors_dtype to_safetensors_dtype(dtype_id id) {
+  switch (id) {
+    case dtype_id::f32: return safetensors_dtype::f32;
+    case dtype_id::bf16: return safetensors_dtype::bf16;
+    case dtype_id::f16: return safetensors_dtype::f16;
+  }
+  return safetensors_dtype::f32;
+}
+
+// The file dtype of a C++ element type.
+template <class T>
+inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of = std::nullopt;
+template <Dtype T>
+inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<T> = to_safetensors_dtype(dtype_traits<T>::id);
+template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<double> = safetensors_dtype::f64;
+template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<bool> = safetensors_dtype::boolean;
+template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::int8_t> = safetensors_dtype::i8;
+template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::uint8_t> = safetensors_dtype::u8;
+template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::int16_t> = safetensors_dtype::i16;
+template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::uint16_t> = safetensors_dtype::u16;
+template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::int32_t> = safetensors_dtype::i32;
+template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::uint32_t> = safetensors_dtype::u32;
+template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::int64_t> = safetensors_dtype::i64;
+template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::uint64_t> = safetensors_dtype::u64;
+
+namespace detail {
+
+
+// Elements in a shape, or nullopt when a dimension is negative or the byte
+// count would overflow.
+inline std::optional<std::uint64_t> shape_bytes(std::span<const std::int64_t> shape, std::size_t elem) {
+  std::uint64_t n = elem;
+  for (const auto d : shape) {
+    if (d < 0) return std::nullopt;
+    const auto u = static_cast<std::uint64_t>(d);
+    if (u != 0 && n > std::numeric_limits<std::uint64_t>::max() / u) return std::nullopt;
+    n *= u;
+  }
+  return n;
+}
+
+inline void write_all(int fd, std::span<const std::byte> bytes, const std::filesystem::path& tmp) {
+  while (!bytes.empty()) {
+    const ::ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw checkpoint_error("writing " + quoted_path(tmp) + " failed: " + errno_text(),
+                             "check free disk space and quotas");
+    bytes = bytes.subspan(static_cast<std::size_t>(n));
+  }
+}
+
+// Writes `pieces` to `path` so that readers see either the old file or the
+// complete new one: write path.tmp, fsync it, rename it over path, fsync the
+// directory (making the rename itself durable). On failure path.tmp is
+// removed and an existing file at `path` is untouched.
+inline void write_file_atomically(const std::filesystem::path& path,
+                                  std::span<const std::span<const std::byte>> pieces) {
+  auto tmp = path;
+  tmp += ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw checkpoint_error("cannot create " + quoted_path(tmp) + ": " + errno_text(),
+                           "check that the directory exists and is writable");
+  try {
+    for (const auto piece : pieces) write_all(fd, piece, tmp);
+    if (::fsync(fd) != 0)
+      throw checkpoint_error("fsync of " + quoted_path(tmp) + " failed: " + errno_text(),
+                             "check the file system's health and free space");
+    const int closing = std::exchange(fd, -1);
+    if (::close(closing) != 0)
+      throw checkpoint_error("closing " + quoted_path(tmp) + " failed: " + errno_text(),
+                             "check the file system's health and free space");
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      throw checkpoint_error("renaming " + quoted_path(tmp) + " to " + quoted_path(path) + " failed: " + errno_text(),
+                             "check the permissions of the target directory");
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  const auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const bool synced = dfd >= 0 && ::fsync(dfd) == 0;
+  if (dfd >= 0) ::close(dfd);
+  if (!synced)
+    throw checkpoint_error("wrote " + quoted_path(path) + " but could not fsync its directory: " + errno_text(),
+                           "the file is complete, but a crash now could lose the rename; check the file system");
+}
+
+// A read-only, private memory map of a whole file.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::filesystem::path& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw checkpoint_error("cannot open " + quoted_path(path) + ": " + errno_text(), "check the path");
+    struct ::stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const auto why = errno_text();
+      ::close(fd);
+      throw checkpoint_error("cannot stat " + quoted_path(path) + ": " + why, "check the path");
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    // mmap rejects length 0; an empty file simply has no bytes.
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        const auto why = errno_text();
+        ::close(fd);
+        throw checkpoint_error("cannot map " + quoted_path(path) + ": " + why, "check the file and free memory");
+      }
+      data_ = static_cast<const std::byte*>(p);
+    }
+    ::close(fd);  // the mapping keeps the file alive
+  }
+  MappedFile(MappedFile&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  MappedFile& operator=(MappedFile&& o) noexcept {
+    if (this != &o) {
+      unmap();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile() { unmap(); }
+
+  std::span<const std::byte> bytes() const { return {data_, size_}; }
+
+ private:
+  void unmap() noexcept {
+    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+  }
+  const std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace detail
+
+class SafetensorsWriter {
+ public:
+  // Adds a tensor. The bytes are referenced, not copied (checkpoints are
+  // large): they must stay valid until write() returns.
+  void add(std::string name, safetensors_dtype dtype, std::vector<std::int64_t> shape,
+           std::span<const std::byte> bytes) {
+    if (name.empty() || name == "__metadata__")
+      throw checkpoint_error("safetensors tensor name '" + name + "' is reserved or empty", "rename the tensor");
+    if (std::ranges::any_of(tensors_, [&](const Entry& e) { return e.name == name; }))
+      throw checkpoint_error("safetensors tensor '" + name + "' was added twice", "give every tensor a unique name");
+    const auto expected = detail::shape_bytes(shape, element_size(dtype));
+    if (!expected || *expected != bytes.size())
+      throw checkpoint_error("safetensors tensor '" + name + "' of shape " + detail::shape_string(shape) + " and dtype " +
+                                 std::string(safetensors_name(dtype)) + " was given " + std::to_string(bytes.size()) +
+                                 " bytes",
+                             "pass exactly product(shape) * element size bytes");
+    tensors_.push_back({std::move(name), dtype, std::move(shape), bytes});
+  }
+
+  // Typed form: the dtype follows from the element type. Temporaries are
+  // refused at compile time, since the writer keeps only a view.
+  template <std::ranges::contiguous_range R>
+    requires(std::ranges::borrowed_range<R> || std::is_lvalue_reference_v<R>) &&
+            (safetensors_dtype_of<std::remove_cv_t<std::ranges::range_value_t<R>>>.has_value())
+  void add(std::string name, std::vector<std::int64_t> shape, R&& values) {
+    using T = std::remove_cv_t<std::ranges::range_value_t<R>>;
+    add(std::move(name), *safetensors_dtype_of<T>, std::move(shape),
+        std::as_bytes(std::span<const T>(std::ranges::data(values), std::ranges::size(values))));
+  }
+
+  void set_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
+
+  std::size_t size() const { return tensors_.size(); }
+
+  void write(const std::filesystem::path& path) const {
+    // Wider elements first: with the 8-aligned data start, every tensor then
+    // starts aligned to its element size (what safetensors' own writer does).
+    std::vector<const Entry*> order;
+    for (const auto& t : tensors_) order.push_back(&t);
+    std::ranges::stable_sort(order, std::greater<>{}, [](const Entry* e) { return element_size(e->dtype); });
+
+    nlohmann::ordered_json header = nlohmann::ordered_json::object();
+    if (!metadata_.empty()) header["__metadata__"] = metadata_;
+    std::uint64_t offset = 0;
+    std::vector<std::span<const std::byte>> pieces{{}, {}};
+    for (const Entry* e : order) {
+      header[e->name] = {{"dtype", safetensors_name(e->dtype)},
+                         {"shape", e->shape},
+                         {"data_offsets", {offset, offset + e->bytes.size()}}};
+      offset += e->bytes.size();
+      pieces.push_back(e->bytes);
+    }
+    std::string text;
+    try {
+      text = header.dump();
+    } catch (const nlohmann::json::exception& ex) {
+      throw checkpoint_error("cannot encode the safetensors header for " + detail::quoted_path(path) + ": " +
+                                 ex.what(),
+                             "tensor names and metadata must be valid UTF-8");
+    }
+    text.append((8 - text.size() % 8) % 8, ' ');
+    std::array<std::byte, 8> length{};
+    for (std::size_t i = 0; i < 8; ++i) length[i] = static_cast<std::byte>((text.size() >> (8 * i)) & 0xffu);
+    pieces[0] = length;
+    pieces[1] = std::as_bytes(std::span(text));
+    detail::write_file_atomically(path, pieces);
+  }
+
+ private:
+  struct Entry {
+    std::string name;
+    safetensors_dtype dtype;
+    std::vector<std::int64_t> shape;
+    std::span<const std::byte> bytes;
+  };
+  std::vector<Entry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// One tensor of an open file; `bytes` points into the file's mapping and is
+// valid while the SafetensorsFile lives. Not necessarily aligned.
+struct SafetensorsTensor {
+  safetensors_dtype dtype;
+  std::vector<std::int64_t> shape;
+  std::span<const std::byte> bytes;
+
+  std::int64_t numel() const { return static_cast<std::int64_t>(bytes.size() / element_size(dtype)); }
+};
+
+class SafetensorsFile {
+ public:
+  // Maps and validates `path`; throws checkpoint_error naming the file and
+  // the first problem found.
+  static SafetensorsFile open(const std::filesystem::path& path) { return SafetensorsFile(path); }
+
+  const std::filesystem::path& path() const { return path_; }
+  // Tensor names in the order of their data in the file.
+  const std::vector<std::string>& names() const { return names_; }
+  bool contains(std::string_view name) const { return tensors_.find(name) != tensors_.end(); }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  SafetensorsTensor tensor(std::string_view name) const {
+    const auto it = tensors_.find(name);
+    if (it == tensors_.end()) {
+      std::string have;
+      for (const auto& n : names_) have += (have.empty() ? "" : ", ") + n;
+      throw checkpoint_error(detail::quoted_path(path_) + " has no tensor '" + std::string(name) + "' (it has: " +
+                                 have + ")",
+                             "check the tensor name, or that this is the right file");
+    }
+    const auto& e = it->second;
+    return {e.dtype, e.shape, data_.subspan(e.begin, e.end - e.begin)};
+  }
+
+  // The tensor's elements as float, converted from F32, F64, F16 or BF16.
+  std::vector<float> read_f32(std::string_view name) const {
+    const auto t = tensor(name);
+    switch (t.dtype) {
+      case safetensors_dtype::f32: return detail::decode_to_float<float>(t.bytes, [](float v) { return v; });
+      case safetensors_dtype::f64:
+        return detail::decode_to_float<double>(t.bytes, [](double v) { return static_cast<float>(v); });
+      case safetensors_dtype::f16: return detail::decode_to_float<std::uint16_t>(t.bytes, detail::fp16_bits_to_float);
+      case safetensors_dtype::bf16: return detail::decode_to_float<std::uint16_t>(t.bytes, detail::bf16_bits_to_float);
+      default: throw conversion_error(name, t.dtype, "read_f32 converts F32, F64, F16 and BF16");
+    }
+  }
+
+  // The tensor's elements as int64, converted from any signed integer dtype
+  // or U8/U16/U32.
+  std::vector<std::int64_t> read_i64(std::string_view name) const {
+    const auto t = tensor(name);
+    switch (t.dtype) {
+      case safetensors_dtype::i8: return widen<std::int8_t>(t.bytes);
+      case safetensors_dtype::i16: return widen<std::int16_t>(t.bytes);
+      case safetensors_dtype::i32: return widen<std::int32_t>(t.bytes);
+      case safetensors_dtype::i64: return widen<std::int64_t>(t.bytes);
+      case safetensors_dtype::u8: return widen<std::uint8_t>(t.bytes);
+      case safetensors_dtype::u16: return widen<std::uint16_t>(t.bytes);
+      case safetensors_dtype::u32: return widen<std::uint32_t>(t.bytes);
+      default: throw conversion_error(name, t.dtype, "read_i64 converts I8, I16, I32, I64, U8, U16 and U32");
+    }
+  }
+
+ private:
+  struct Entry {
+    safetensors_dtype dtype;
+    std::vector<std::int64_t> shape;
+    std::size_t begin;
+    std::size_t end;
+  };
+
+  explicit SafetensorsFile(const std::filesystem::path& path) : path_(path), file_(path) { parse(); }
+
+  template <class I>
+  static std::vector<std::int64_t> widen(std::span<const std::byte> bytes) {
+    std::vector<std::int64_t> out(bytes.size() / sizeof(I));
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = detail::load_element<I>(bytes, i);
+    return out;
+  }
+
+  checkpoint_error conversion_error(std::string_view name, safetensors_dtype dtype, const char* supported) const {
+    return checkpoint_error("tensor '" + std::string(name) + "' in " + detail::quoted_path(path_) + " has dtype " +
+                                std::string(safetensors_name(dtype)) + "; " + supported,
+                            "read it with tensor(name) and convert it yourself");
+  }
+
+  [[noreturn]] void corrupt(const std::string& problem) const {
+    throw checkpoint_error(detail::quoted_path(path_) + " is not a valid safetensors file: " + problem,
+                           "the file is truncated or damaged; restore it or save it again");
+  }
+
+  void parse() {
+    const auto all = file_.bytes();
+    if (all.size() < 8) corrupt("it has " + std::to_string(all.size()) + " bytes, fewer than the 8-byte header length");
+    std::uint64_t header_len = 0;
+    for (std::size_t i = 0; i < 8; ++i) header_len |= std::to_integer<std::uint64_t>(all[i]) << (8 * i);
+    if (header_len > all.size() - 8)
+      corrupt("the header length " + std::to_string(header_len) + " exceeds the " + std::to_string(all.size() - 8) +
+              " bytes after it");
+    const auto* text = reinterpret_cast<const char*>(all.data() + 8);
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(text, text + header_len);
+    } catch (const nlohmann::json::exception& ex) {
+      corrupt(std::string("the header is not valid JSON: ") + ex.what());
+    }
+    if (!header.is_object()) corrupt("the header is not a JSON object");
+    data_ = all.subspan(8 + header_len);
+
+    for (const auto& [key, value] : header.items()) {
+      if (key == "__metadata__")
+        parse_metadata(value);
+      else
+        parse_tensor(key, value);
+    }
+    check_layout();
+  }
+
+  void parse_metadata(const nlohmann::json& value) {
+    if (!value.is_object()) corrupt("__metadata__ is not an object");
+    for (const auto& [k, v] : value.items()) {
+      if (!v.is_string()) corrupt("__metadata__ entry '" + k + "' is not a string");
+      metadata_[k] = v.get<std::string>();
+    }
+  }
+
+  void parse_tensor(const std::string& name, const nlohmann::json& value) {
+    const std::string what = "tensor '" + name + "'";
+    if (!value.is_object()) corrupt(what + " is not an object");
+    const auto field = [&](const char* key) -> const nlohmann::json& {
+      const auto it = value.find(key);
+      if (it == value.end()) corrupt(what + " has no \"" + key + "\"");
+      return *it;
+    };
+    const auto& dtype_json = field("dtype");
+    const auto dtype = dtype_json.is_string() ? parse_safetensors_dtype(dtype_json.get<std::string>()) : std::nullopt;
+    if (!dtype) corrupt(what + " has unknown dtype " + dtype_json.dump());
+    const auto& shape_json = field("shape");
+    if (!shape_json.is_array()) corrupt(what + " has a shape that is not an array");
+    std::vector<std::int64_t> shape;
+    for (const auto& d : shape_json) {
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        corrupt(what + " has an invalid dimension " + d.dump());
+      shape.push_back(d.get<std::int64_t>());
+    }
+    const auto& off = field("data_offsets");
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      corrupt(what + " has data_offsets " + off.dump() + ", expected [begin, end]");
+    const auto begin = off[0].get<std::uint64_t>();
+    const auto end = off[1].get<std::uint64_t>();
+    if (begin > end || end > data_.size())
+      corrupt(what + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+              "] outside the " + std::to_string(data_.size()) + "-byte data section");
+    const auto expected = detail::shape_bytes(shape, element_size(*dtype));
+    if (!expected || *expected != end - begin)
+      corrupt(what + " of shape " + detail::shape_string(shape) + " and dtype " +
+              std::string(safetensors_name(*dtype)) + " spans " + std::to_string(end - begin) + " bytes, expected " +
+              (expected ? std::to_string(*expected) : std::string("an overflowing count")));
+    tensors_.emplace(name, Entry{*dtype, std::move(shape), static_cast<std::size_t>(begin),
+                                 static_cast<std::size_t>(end)});
+  }
+
+  // Tensors must tile the data section exactly, as the format requires: no
+  // overlap (two tensors sharing bytes), no gap, nothing after the last one.
+  void check_layout() {
+    std::vector<std::pair<const std::string*, const Entry*>> by_offset;
+    for (const auto& [name, e] : tensors_) by_offset.emplace_back(&name, &e);
+    std::ranges::sort(by_offset, {}, [](const auto& p) { return std::pair(p.second->begin, p.second->end); });
+    std::size_t cursor = 0;
+    const std::string* previous = nullptr;
+    for (const auto& [name, e] : by_offset) {
+      if (e->begin < cursor)
+        corrupt("tensor '" + *name + "' overlaps tensor '" + *previous + "' (its data starts at " +
+                std::to_string(e->begin) + ", before " + std::to_string(cursor) + ")");
+      if (e->begin > cursor)
+        corrupt("the data section has a gap of " + std::to_string(e->begin - cursor) + " bytes before tensor '" +
+                *name + "'");
+      cursor = e->end;
+      previous = name;
+      names_.push_back(*name);
+    }
+    if (cursor != data_.size())
+      corrupt("the data section has " + std::to_string(data_.size() - cursor) + " bytes after the last tensor");
+  }
+
+  std::filesystem::path path_;
+  detail::MappedFile file_;
+  std::span<const std::byte> data_;
+  std::map<std::string, Entry, std::less<>> tensors_;
+  std::vector<std::string> names_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A dataset stored as safetensors: "x" [rows, features] in F32, F64, F16 or
+// BF16 (converted to float) and "y" [rows] in I32 or I64. Throws
+// checkpoint_error for a damaged file and config_error for missing tensors,
+// wrong shapes or dtypes.
+inline Dataset load_safetensors_dataset(const std::filesystem::path& path) {
+  const auto file = SafetensorsFile::open(path);
+  const auto source = detail::quoted_path(path);
+  if (!file.contains("x") || !file.contains("y"))
+    throw config_error(source + " lacks tensor 'x' or 'y'",
+                       "store features as 'x' [rows, features] and labels as 'y' [rows]");
+  const auto x = file.tensor("x");
+  const auto y = file.tensor("y");
+  const bool float_x = x.dtype == safetensors_dtype::f32 || x.dtype == safetensors_dtype::f64 ||
+                       x.dtype == safetensors_dtype::f16 || x.dtype == safetensors_dtype::bf16;
+  if (!float_x)
+    throw config_error(source + ": features 'x' have dtype " + std::string(safetensors_name(x.dtype)),
+                       "store x as F32, F64, F16 or BF16");
+  std::vector<std::int32_t> labels;
+  if (y.dtype == safetensors_dtype::i32)
+    labels = detail::narrow_labels<std::int32_t>(y.bytes, source);
+  else if (y.dtype == safetensors_dtype::i64)
+    labels = detail::narrow_labels<std::int64_t>(y.bytes, source);
+  else
+    throw config_error(source + ": labels 'y' have dtype " + std::string(safetensors_name(y.dtype)),
+                       "store y as I32 or I64 class indices");
+  return detail::assemble_dataset(file.read_f32("x"), x.shape, std::move(labels), y.shape, source);
+}
+
+}  // namespace dtrain

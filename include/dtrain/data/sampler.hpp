@@ -1,0 +1,191 @@
+#pragma once
+// DistributedSampler: which dataset rows this rank reads, epoch by epoch.
+//
+// Every rank computes the same permutation of [0, N) from (seed, epoch) and
+// takes a strided slice of it (rank r gets positions r, r+W, r+2W, ...), so
+// the ranks' shards are disjoint and together cover the dataset, as in
+// PyTorch's DistributedSampler. The permutation comes from our own splitmix64
+// generator and Fisher-Yates shuffle (never std::shuffle or a <random>
+// distribution, whose output differs between standard libraries), so it is
+// the same on every machine, compiler and rank.
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain {
+
+struct SamplerOptions {
+  bool shuffle = true;
+  std::uint64_t seed = 0;
+  // false: wrap around to the start of the permutation so every rank gets
+  // ceil(N / W) samples (a few rows are then seen twice per epoch);
+  // true: drop the tail so every rank gets floor(N / W).
+  bool drop_last = false;
+};
+
+// Where the sampler stands: `position` samples of epoch `epoch` have been
+// taken. Saved in checkpoints; load_state() resumes exactly there.
+struct SamplerState {
+  std::int64_t epoch = 0;
+  std::int64_t position = 0;
+  friend bool operator==(const SamplerState&, const SamplerState&) = default;
+};
+
+// Anything that knows this process's rank and the world size (dtrain::World,
+// a Communicator).
+template <class W>
+concept RankInfo = requires(const W& w) {
+  { w.rank() } -> std::convertible_to<int>;
+  { w.size() } -> std::convertible_to<int>;
+};
+
+namespace detail {
+
+// splitmix64 (Steele, Lea, Flood 2014): a 64-bit counter passed through a
+// fixed mixing function. Tiny, fast, fully specified by these few lines.
+inline std::uint64_t splitmix64_mix(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+class SplitMix64 {
+ public:
+  explicit SplitMix64(std::uint64_t state) : state_(state) {}
+  std::uint64_t next() { return splitmix64_mix(state_ += 0x9e3779b97f4a7c15ull); }
+
+  // Uniform in [0, bound) without modulo bias: reject the lowest
+  // (2^64 mod bound) outputs so every residue is equally likely.
+  std::uint64_t below(std::uint64_t bound) {
+    const std::uint64_t threshold = (0 - bound) % bound;
+    for (;;) {
+      const std::uint64_t r = next();
+      if (r >= threshold) return r % bound;
+    }
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+// The permutation of [0, n) for (seed, epoch), identical on every rank.
+// Generator state: splitmix64_mix(seed ^ splitmix64_mix(epoch)); Fisher-Yates
+// from the back: for i = n-1 .. 1, swap p[i] with p[below(i + 1)].
+inline std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch,
+                                                   bool shuffle) {
+  std::vector<std::int64_t> p(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = i;
+  if (!shuffle) return p;
+  SplitMix64 rng(splitmix64_mix(seed ^ splitmix64_mix(static_cast<std::uint64_t>(epoch))));
+  for (std::int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<std::size_t>(rng.below(static_cast<std::uint64_t>(i) + 1));
+    std::swap(p[static_cast<std::size_t>(i)], p[j]);
+  }
+  return p;
+}
+
+}  // namespace detail
+
+class DistributedSampler {
+ public:
+  DistributedSampler(std::int64_t dataset_size, int rank, int world_size, SamplerOptions options = {})
+      : dataset_size_(dataset_size), rank_(rank), world_size_(world_size), options_(options) {
+    if (world_size < 1)
+      throw config_error("DistributedSampler: world size " + std::to_string(world_size) + " is not positive",
+                         "pass the number of ranks (at least 1)");
+    if (rank < 0 || rank >= world_size)
+      throw config_error("DistributedSampler: rank " + std::to_string(rank) + " is outside [0, " +
+                             std::to_string(world_size) + ")",
+                         "pass this process's rank in the world");
+    if (dataset_size < 1)
+      throw config_error("DistributedSampler: the dataset is empty (" + std::to_string(dataset_size) + " rows)",
+                         "load the dataset before building its sampler");
+    if (options.drop_last && dataset_size < world_size)
+      throw config_error("DistributedSampler: " + std::to_string(dataset_size) + " rows over " +
+                             std::to_string(world_size) + " ranks with drop_last leaves every rank 0 samples",
+                         "use drop_last = false, a larger dataset or fewer ranks");
+    num_samples_ = options.drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;
+    build_indices();
+  }
+
+  template <RankInfo World>
+  DistributedSampler(std::int64_t dataset_size, const World& world, SamplerOptions options = {})
+      : DistributedSampler(dataset_size, static_cast<int>(world.rank()), static_cast<int>(world.size()), options) {}
+
+  // Starts epoch `epoch` from its first sample.
+  void set_epoch(std::int64_t epoch) { load_state({epoch, 0}); }
+
+  // Resumes at a saved state. position == num_samples() is valid (the epoch
+  // was used up; the next sample comes from epoch + 1).
+  void load_state(SamplerState state) {
+    if (state.epoch < 0 || state.position < 0 || state.position > num_samples_)
+      throw config_error("DistributedSampler: state {epoch " + std::to_string(state.epoch) + ", position " +
+                             std::to_string(state.position) + "} is outside [0, " + std::to_string(num_samples_) +
+                             "] samples per epoch",
+                         "restore a state saved by a sampler with the same dataset size, world size and drop_last");
+    const bool new_epoch = state.epoch != epoch_;
+    epoch_ = state.epoch;
+    position_ = state.position;
+    if (new_epoch) build_indices();
+  }
+
+  SamplerState state() const { return {epoch_, position_}; }
+  std::int64_t epoch() const { return epoch_; }
+
+  // This rank's indices for the current epoch, in order (num_samples() of them).
+  std::span<const std::int64_t> indices() const { return indices_; }
+  // Samples per rank per epoch.
+  std::int64_t num_samples() const { return num_samples_; }
+  std::int64_t dataset_size() const { return dataset_size_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  const SamplerOptions& options() const { return options_; }
+
+  // The next n indices, moving into the next epoch (epoch + 1) when this one
+  // is used up; n may span several epochs.
+  std::vector<std::int64_t> next(std::int64_t n) {
+    if (n < 0)
+      throw config_error("DistributedSampler::next: asked for " + std::to_string(n) + " samples",
+                         "ask for a non-negative number of samples");
+    std::vector<std::int64_t> out;
+    out.reserve(static_cast<std::size_t>(n));
+    while (static_cast<std::int64_t>(out.size()) < n) {
+      if (position_ == num_samples_) load_state({epoch_ + 1, 0});
+      const std::int64_t take = std::min(n - static_cast<std::int64_t>(out.size()), num_samples_ - position_);
+      const auto first = indices_.begin() + position_;
+      out.insert(out.end(), first, first + take);
+      position_ += take;
+    }
+    return out;
+  }
+
+ private:
+  // Padding repeats the permutation's head (cyclically, for tiny datasets);
+  // rank r then takes every W-th entry starting at r.
+  void build_indices() {
+    const auto perm = detail::epoch_permutation(dataset_size_, options_.seed, epoch_, options_.shuffle);
+    indices_.resize(static_cast<std::size_t>(num_samples_));
+    for (std::int64_t i = 0; i < num_samples_; ++i) {
+      const std::int64_t global = i * world_size_ + rank_;
+      indices_[static_cast<std::size_t>(i)] = perm[static_cast<std::size_t>(global % dataset_size_)];
+    }
+  }
+
+  std::int64_t dataset_size_;
+  int rank_;
+  int world_size_;
+  SamplerOptions options_;
+  std::int64_t num_samples_ = 0;
+  std::int64_t epoch_ = 0;
+  std::int64_t position_ = 0;
+  std::vector<std::int64_t> indices_;
+};
+
+}  // namespace dtrain

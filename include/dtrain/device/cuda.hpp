@@ -1,0 +1,315 @@
+#pragma once
+// dtrain::Cuda: one GPU and one stream. Every kernel, copy, memset and cuBLAS
+// call of the device is queued on that stream, so work is ordered without
+// extra synchronisation; other streams (NCCL) order against it with events.
+//
+// Buffers come from cudaMalloc and are released with cudaFree. cudaFree waits
+// for the whole GPU, which is what makes freeing safe while a communication
+// stream may still read the memory; dtrain allocates at setup, not per step,
+// so the wait is never on the hot path.
+//
+// for_each and sum launch kernels, so calling them needs a translation unit
+// compiled by nvcc; everything else here is host code that g++ compiles too.
+// The class exists only in builds with CUDA (DTRAIN_HAS_CUDA).
+
+#include "dtrain/core/macros.hpp"
+
+#if DTRAIN_HAS_CUDA
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <library_types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/device/buffer.hpp"
+#include "dtrain/device/device.hpp"
+
+#if defined(__CUDACC__)
+#include "dtrain/device/cuda_launch.cuh"
+#endif
+
+namespace dtrain {
+
+namespace detail {
+
+inline std::string cuda_fix(cudaError_t status) {
+  switch (status) {
+    case cudaErrorMemoryAllocation:
+      return "free GPU memory: a smaller (micro-)batch, FSDP<FullShard>, or activation checkpointing";
+    case cudaErrorNoDevice:
+    case cudaErrorInvalidDevice:
+      return "check CUDA_VISIBLE_DEVICES and that each local rank has its own visible GPU";
+    case cudaErrorInsufficientDriver:
+      return "install an NVIDIA driver that supports this CUDA toolkit";
+    default:
+      return "run with CUDA_LAUNCH_BLOCKING=1 or under compute-sanitizer to find the failing kernel; "
+             "after an illegal address or launch failure the GPU context is unusable: restart the process";
+  }
+}
+
+inline std::string format_bytes(std::size_t bytes) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+
+}  // namespace detail
+
+// Throws dtrain::cuda_error naming the call, the CUDA error and the caller's
+// location when `status` is not cudaSuccess.
+inline void cuda_check(cudaError_t status, std::string_view call,
+                       std::source_location where = std::source_location::current()) {
+  if (status == cudaSuccess) return;
+  throw cuda_error(std::string(call) + " failed: " + cudaGetErrorName(status) + ": " + cudaGetErrorString(status),
+                   detail::cuda_fix(status), where);
+}
+
+inline void cublas_check(cublasStatus_t status, std::string_view call,
+                         std::source_location where = std::source_location::current()) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw cuda_error(std::string(call) + " failed: " + cublasGetStatusString(status),
+                   status == CUBLAS_STATUS_ALLOC_FAILED
+                       ? detail::cuda_fix(cudaErrorMemoryAllocation)
+                       : "check the matrix sizes and leading dimensions; run under compute-sanitizer",
+                   where);
+}
+
+namespace detail {
+
+template <class T>
+consteval cudaDataType cuda_data_type() {
+  if constexpr (std::is_same_v<T, float>)
+    return CUDA_R_32F;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return CUDA_R_16BF;
+  else
+    return CUDA_R_16F;
+}
+
+template <class>
+inline constexpr bool always_false = false;
+
+// What a Cuda device and all its buffers share. Buffers hold it too, so a
+// buffer that outlives its Cuda object still frees on the right device.
+class cuda_state {
+ public:
+  cuda_state(int device, cudaStream_t stream) : device_(device), stream_(stream), owns_stream_(stream == nullptr) {
+    int count = 0;
+    cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    if (device < 0 || device >= count)
+      throw cuda_error("GPU " + std::to_string(device) + " requested but " + std::to_string(count) +
+                           " are visible to this process",
+                       cuda_fix(cudaErrorInvalidDevice));
+    try {
+      cuda_check(cudaSetDevice(device), "cudaSetDevice");
+      // Non-blocking: the legacy default stream must not serialise our work.
+      if (owns_stream_) cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+      cublas_check(cublasCreate(&blas_), "cublasCreate");
+      cublas_check(cublasSetStream(blas_, stream_), "cublasSetStream");
+      cuda_check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device),
+                 "cudaDeviceGetAttribute(multiProcessorCount)");
+      cuda_check(cudaMalloc(&partials_, max_partials * sizeof(double)), "cudaMalloc(sum partials)");
+      cuda_check(cudaMallocHost(&host_partials_, max_partials * sizeof(double)), "cudaMallocHost(sum partials)");
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  cuda_state(const cuda_state&) = delete;
+  cuda_state& operator=(const cuda_state&) = delete;
+  ~cuda_state() { release(); }
+
+  // Must equal max_partial_sums in cuda_launch.cuh (Cuda::sum static_asserts it under nvcc).
+  static constexpr unsigned max_partials = 1024;
+
+  int device() const noexcept { return device_; }
+  cudaStream_t stream() const noexcept { return stream_; }
+  cublasHandle_t blas() const noexcept { return blas_; }
+  int sm_count() const noexcept { return sm_count_; }
+  double* partials() const noexcept { return partials_; }
+  double* host_partials() const noexcept { return host_partials_; }
+  memory_stats& stats() noexcept { return stats_; }
+
+ private:
+  // Destructors never throw: errors while tearing down (e.g. the driver
+  // already unloading at process exit) are ignored.
+  void release() noexcept {
+    if (host_partials_ != nullptr) cudaFreeHost(host_partials_);
+    if (partials_ != nullptr) cudaFree(partials_);
+    if (blas_ != nullptr) cublasDestroy(blas_);
+    if (owns_stream_ && stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  int device_;
+  cudaStream_t stream_;
+  bool owns_stream_;
+  cublasHandle_t blas_ = nullptr;
+  int sm_count_ = 0;
+  double* partials_ = nullptr;
+  double* host_partials_ = nullptr;
+  memory_stats stats_;
+};
+
+class CudaAllocator {
+ public:
+  CudaAllocator() = default;
+  explicit CudaAllocator(std::shared_ptr<cuda_state> state) : state_(std::move(state)) {}
+
+  void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t status = cudaMalloc(&p, bytes);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // out of memory is not sticky: clear it so later calls do not report it
+      std::size_t free = 0, total = 0;
+      (void)cudaMemGetInfo(&free, &total);  // best effort: the message shows 0 if even this fails
+      throw cuda_error("cudaMalloc of " + format_bytes(bytes) + " (" + std::to_string(bytes) + " bytes) failed on GPU " +
+                           std::to_string(state_->device()) + ": out of memory; the GPU has " + format_bytes(free) +
+                           " free of " + format_bytes(total) + ", dtrain buffers hold " +
+                           format_bytes(state_->stats().allocated()) + " (peak " +
+                           format_bytes(state_->stats().peak()) + ")",
+                       cuda_fix(status));
+    }
+    cuda_check(status, "cudaMalloc(" + std::to_string(bytes) + " bytes)");
+    state_->stats().on_allocate(bytes);
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept {
+    cudaFree(p);
+    state_->stats().on_release(bytes);
+  }
+  void fill_zero(void* p, std::size_t bytes) {
+    cuda_check(cudaMemsetAsync(p, 0, bytes, state_->stream()), "cudaMemsetAsync");
+  }
+
+ private:
+  std::shared_ptr<cuda_state> state_;
+};
+
+}  // namespace detail
+
+class Cuda {
+ public:
+  static constexpr const char* name = "cuda";
+  static constexpr bool host_accessible = false;
+  template <class T>
+  using buffer = Buffer<T, detail::CudaAllocator>;
+
+  // Makes `device_id` current on the calling thread and creates a stream and a
+  // cuBLAS handle for it. Use the object from that thread (or make_current()).
+  explicit Cuda(int device_id = 0) : Cuda(device_id, nullptr) {}
+  // The same on a stream the caller owns and keeps alive (nullptr: create one).
+  Cuda(int device_id, cudaStream_t stream) : state_(std::make_shared<detail::cuda_state>(device_id, stream)) {}
+
+  int device_id() const noexcept { return state_->device(); }
+  cudaStream_t stream() const noexcept { return state_->stream(); }
+  cublasHandle_t cublas() const noexcept { return state_->blas(); }
+  void make_current() const { cuda_check(cudaSetDevice(device_id()), "cudaSetDevice"); }
+  detail::CudaAllocator allocator() const { return detail::CudaAllocator(state_); }
+
+  void synchronize() { cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
+
+  template <class T>
+  void copy_to_host(T* dst, const T* src, std::size_t n) {
+    copy_kind(dst, src, n, cudaMemcpyDeviceToHost);
+    synchronize();
+  }
+  // Blocking so the caller may reuse the host memory at once, pinned or not.
+  template <class T>
+  void copy_from_host(T* dst, const T* src, std::size_t n) {
+    copy_kind(dst, src, n, cudaMemcpyHostToDevice);
+    synchronize();
+  }
+  template <class T>
+  void copy(T* dst, const T* src, std::size_t n) {
+    copy_kind(dst, src, n, cudaMemcpyDeviceToDevice);
+  }
+  template <class T>
+  void zero(T* dst, std::size_t n) {
+    if (n != 0) cuda_check(cudaMemsetAsync(dst, 0, n * sizeof(T), stream()), "cudaMemsetAsync");
+  }
+
+  template <class T>
+  T* workspace(std::size_t n) { return workspace_.template get<T>(allocator(), n); }
+
+  // Row-major C = alpha * op(A) * op(B) + beta * C. cuBLAS is column-major and
+  // a row-major matrix is its column-major transpose, so we ask for
+  // C^T = op(B)^T * op(A)^T: swap the operands and m/n, keep the flags.
+  // CUBLAS_COMPUTE_32F accumulates in fp32 for every dtype and, with the
+  // handle's default math mode, keeps fp32 GEMMs in true fp32 (no TF32), so
+  // results match the host.
+  template <class T>
+  void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const T* A,
+            std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C, std::int64_t ldc) {
+    static_assert(Dtype<T>, "gemm supports fp32, bf16 and fp16");
+    if (m == 0 || n == 0) return;
+    constexpr cudaDataType type = detail::cuda_data_type<T>();
+    cublas_check(cublasGemmEx_64(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                 n, m, k, &alpha, B, type, ldb, A, type, lda, &beta, C, type, ldc,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  }
+
+  template <class F>
+  void for_each([[maybe_unused]] std::size_t n, [[maybe_unused]] F f) {
+#if defined(__CUDACC__)
+    static_assert(std::is_trivially_copyable_v<F>, "a functor passed to a kernel must be trivially copyable");
+    // A few resident blocks per SM keep the GPU busy; the grid-stride loop does the rest.
+    cuda_check(detail::launch_for_each(stream(), n, f, static_cast<unsigned>(state_->sm_count()) * 8u),
+               "for_each kernel launch");
+#else
+    static_assert(detail::always_false<F>,
+                  "dtrain::Cuda::for_each launches a CUDA kernel: compile this translation unit with nvcc");
+#endif
+  }
+
+  template <class F>
+  double sum([[maybe_unused]] std::size_t n, [[maybe_unused]] F f) {
+#if defined(__CUDACC__)
+    static_assert(std::is_trivially_copyable_v<F>, "a functor passed to a kernel must be trivially copyable");
+    static_assert(detail::cuda_state::max_partials == detail::max_partial_sums);
+    if (n == 0) return 0.0;
+    cuda_check(detail::launch_partial_sums(stream(), n, f, state_->partials()), "sum kernel launch");
+    const unsigned blocks = detail::grid_size(n, detail::max_partial_sums);
+    cuda_check(cudaMemcpyAsync(state_->host_partials(), state_->partials(), blocks * sizeof(double),
+                               cudaMemcpyDeviceToHost, stream()),
+               "cudaMemcpyAsync(sum partials)");
+    synchronize();
+    double total = 0.0;
+    for (unsigned b = 0; b < blocks; ++b) total += state_->host_partials()[b];
+    return total;
+#else
+    static_assert(detail::always_false<F>,
+                  "dtrain::Cuda::sum launches a CUDA kernel: compile this translation unit with nvcc");
+    return 0.0;
+#endif
+  }
+
+  std::size_t memory_allocated() const noexcept { return state_->stats().allocated(); }
+  std::size_t peak_memory_allocated() const noexcept { return state_->stats().peak(); }
+  void reset_peak_memory_allocated() noexcept { state_->stats().reset_peak(); }
+
+ private:
+  template <class T>
+  void copy_kind(T* dst, const T* src, std::size_t n, cudaMemcpyKind kind) {
+    if (n != 0) cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), kind, stream()), "cudaMemcpyAsync");
+  }
+
+  std::shared_ptr<detail::cuda_state> state_;
+  detail::Workspace<detail::CudaAllocator> workspace_;
+};
+
+static_assert(ComputeDevice<Cuda>);
+
+}  // namespace dtrain
+
+#endif  // DTRAIN_HAS_CUDA

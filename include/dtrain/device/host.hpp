@@ -1,0 +1,212 @@
+#pragma once
+// dtrain::Host: the CPU device. Buffers are 64-byte aligned heap memory,
+// GEMMs go to OpenBLAS, functors run in a plain loop (elementwise work is
+// memory bound; the BLAS threads are where the cores pay off).
+//
+// OpenBLAS threads: every process starts one OpenBLAS pool with a thread per
+// core, so N ranks on one machine fight over the cores (TOOLCHAIN.md measured
+// a 3x slowdown). Host() therefore gives each rank its share of the cores,
+// hardware_concurrency / LOCAL_WORLD_SIZE, unless OPENBLAS_NUM_THREADS says
+// otherwise. The OpenBLAS thread count is process-wide: ranks running as
+// threads of one process share it.
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <charconv>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/device/buffer.hpp"
+#include "dtrain/device/device.hpp"
+
+// Declared here rather than taken from <cblas.h>: only OpenBLAS's cblas.h
+// declares them, and a system may point <cblas.h> at another vendor's header.
+extern "C" {
+void openblas_set_num_threads(int num_threads);
+int openblas_get_num_threads(void);
+}
+
+namespace dtrain {
+
+namespace detail {
+
+inline constexpr std::size_t host_alignment = 64;  // a cache line, and AVX-512 loads
+
+class HostAllocator {
+ public:
+  HostAllocator() = default;
+  explicit HostAllocator(std::shared_ptr<memory_stats> stats) : stats_(std::move(stats)) {}
+
+  void* allocate(std::size_t bytes) {
+    void* p = ::operator new(bytes, std::align_val_t{host_alignment}, std::nothrow);
+    if (p == nullptr)
+      throw error("host allocation of " + std::to_string(bytes) + " bytes failed (out of memory)",
+                  "reduce the batch size or the model, or use more ranks with a sharded strategy");
+    if (stats_) stats_->on_allocate(bytes);
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept {
+    ::operator delete(p, std::align_val_t{host_alignment});
+    if (stats_) stats_->on_release(bytes);
+  }
+  void fill_zero(void* p, std::size_t bytes) { std::memset(p, 0, bytes); }
+
+ private:
+  std::shared_ptr<memory_stats> stats_;
+};
+
+// A positive integer from the environment, or `fallback` when unset.
+inline int positive_env_int(const char* name, int fallback) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr || *raw == '\0') return fallback;
+  const std::string_view s(raw);
+  int value = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc{} || end != s.data() + s.size() || value < 1)
+    throw config_error(std::string(name) + "='" + raw + "' is not a positive integer",
+                       std::string("set ") + name + " to a positive integer or unset it");
+  return value;
+}
+
+inline int cores_per_local_rank() {
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::max(1, cores / positive_env_int("LOCAL_WORLD_SIZE", 1));
+}
+
+inline int blas_int(std::int64_t v, const char* what) {
+  if (v < 0 || v > INT_MAX)
+    throw config_error(std::string("gemm ") + what + " = " + std::to_string(v) +
+                           " is outside OpenBLAS's 32-bit index range",
+                       "split the matrix product into smaller blocks");
+  return static_cast<int>(v);
+}
+
+inline void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                  const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                  std::int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              blas_int(m, "m"), blas_int(n, "n"), blas_int(k, "k"), alpha, A, blas_int(lda, "lda"), B,
+              blas_int(ldb, "ldb"), beta, C, blas_int(ldc, "ldc"));
+}
+
+// A dense fp32 copy of a rows x cols row-major matrix with leading dimension ld.
+template <class T>
+std::vector<float> widen(const T* src, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) out[static_cast<std::size_t>(r * cols + c)] = static_cast<float>(src[r * ld + c]);
+  return out;
+}
+
+}  // namespace detail
+
+class Host {
+ public:
+  static constexpr const char* name = "host";
+  static constexpr bool host_accessible = true;
+  template <class T>
+  using buffer = Buffer<T, detail::HostAllocator>;
+
+  // The rank's share of the cores (see the top of this file).
+  Host() : Host(detail::positive_env_int("OPENBLAS_NUM_THREADS", 0), from_env{}) {}
+  explicit Host(int threads) : threads_(threads) {
+    if (threads < 1)
+      throw config_error("dtrain::Host(" + std::to_string(threads) + "): the thread count must be >= 1",
+                         "pass a positive thread count, or use Host() for the rank's share of the cores");
+    apply_blas_threads();
+  }
+
+  int threads() const noexcept { return threads_; }
+  detail::HostAllocator allocator() const { return detail::HostAllocator(stats_); }
+
+  void synchronize() noexcept {}
+
+  template <class T>
+  void copy_to_host(T* dst, const T* src, std::size_t n) { copy(dst, src, n); }
+  template <class T>
+  void copy_from_host(T* dst, const T* src, std::size_t n) { copy(dst, src, n); }
+  template <class T>
+  void copy(T* dst, const T* src, std::size_t n) {
+    if (n != 0) std::memmove(dst, src, n * sizeof(T));
+  }
+  template <class T>
+  void zero(T* dst, std::size_t n) {
+    if (n != 0) std::memset(static_cast<void*>(dst), 0, n * sizeof(T));
+  }
+
+  template <class T>
+  T* workspace(std::size_t n) { return workspace_.template get<T>(allocator(), n); }
+
+  // Row-major C = alpha * op(A) * op(B) + beta * C. bf16/fp16 are widened to
+  // fp32, multiplied by sgemm and rounded once on the way back: the same
+  // fp32 accumulation a GPU's tensor cores do, so host and GPU agree.
+  template <class T>
+  void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const T* A,
+            std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C, std::int64_t ldc) {
+    static_assert(Dtype<T>, "gemm supports fp32, bf16 and fp16");
+    if (m == 0 || n == 0) return;
+    if constexpr (std::is_same_v<T, float>) {
+      detail::sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else {
+      const std::int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+      const std::int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+      const std::vector<float> a = detail::widen(A, a_rows, a_cols, lda);
+      const std::vector<float> b = detail::widen(B, b_rows, b_cols, ldb);
+      std::vector<float> c = beta == 0.f ? std::vector<float>(static_cast<std::size_t>(m * n))
+                                         : detail::widen(C, m, n, ldc);
+      detail::sgemm(trans_a, trans_b, m, n, k, alpha, a.data(), a_cols, b.data(), b_cols, beta, c.data(), n);
+      for (std::int64_t r = 0; r < m; ++r)
+        for (std::int64_t col = 0; col < n; ++col) C[r * ldc + col] = T(c[static_cast<std::size_t>(r * n + col)]);
+    }
+  }
+
+  template <class F>
+  void for_each(std::size_t n, F f) {
+    for (std::size_t i = 0; i < n; ++i) f(i);
+  }
+
+  template <class F>
+  double sum(std::size_t n, F f) {
+    double acc = 0.0;
+    for (std::size_t i = 0; i < n; ++i) acc += static_cast<double>(f(i));
+    return acc;
+  }
+
+  std::size_t memory_allocated() const noexcept { return stats_->allocated(); }
+  std::size_t peak_memory_allocated() const noexcept { return stats_->peak(); }
+  void reset_peak_memory_allocated() noexcept { stats_->reset_peak(); }
+
+ private:
+  struct from_env {};
+  // blas_env == 0: OPENBLAS_NUM_THREADS is unset, so we choose. Otherwise
+  // OpenBLAS already read it when it loaded and we only report it.
+  Host(int blas_env, from_env) : threads_(blas_env != 0 ? blas_env : detail::cores_per_local_rank()) {
+    if (blas_env == 0) apply_blas_threads();
+  }
+  void apply_blas_threads() const {
+    // Changing the pool while another thread is inside a BLAS call is not
+    // safe in every OpenBLAS build; skip the call when nothing would change.
+    if (openblas_get_num_threads() != threads_) openblas_set_num_threads(threads_);
+  }
+
+  int threads_;
+  std::shared_ptr<detail::memory_stats> stats_ = std::make_shared<detail::memory_stats>();
+  detail::Workspace<detail::HostAllocator> workspace_;
+};
+
+static_assert(ComputeDevice<Host>);
+
+}  // namespace dtrain

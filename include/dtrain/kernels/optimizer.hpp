@@ -1,0 +1,165 @@
+#pragma once
+// Optimizer updates as functors: one fused pass over a flat buffer reads the
+// gradient once, updates the fp32 master weights and the optimizer state, and
+// optionally writes the low-precision copy the next forward uses.
+//
+//   dev.for_each(n, dtrain::AdamWStep<dtrain::bf16>(
+//       {.param = master, .grad = grad, .exp_avg = m, .exp_avg_sq = v, .param_out = params_bf16},
+//       hyper, step, grad_scale));
+//
+// The formulas and their order of operations are PyTorch's (torch.optim.AdamW
+// and torch.optim.SGD with dampening 0), in fp32, with the scalar factors
+// computed in double on the host and rounded to float as PyTorch does.
+// `grad_scale` multiplies every gradient as it is read: 1/loss_scale for fp16
+// loss scaling times the gradient-clipping coefficient.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
+#include "dtrain/kernels/math.hpp"
+
+namespace dtrain {
+
+namespace detail {
+inline void require_hyper(bool ok, const char* optimizer, const std::string& what) {
+  if (!ok) throw config_error(std::string(optimizer) + ": " + what, "use a value in the valid range");
+}
+}  // namespace detail
+
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;  // decoupled: param *= 1 - lr * weight_decay
+
+  void validate() const {
+    detail::require_hyper(lr >= 0.f, "AdamW", "lr = " + std::to_string(lr) + " must be >= 0");
+    detail::require_hyper(eps >= 0.f, "AdamW", "eps = " + std::to_string(eps) + " must be >= 0");
+    detail::require_hyper(beta1 >= 0.f && beta1 < 1.f, "AdamW", "beta1 = " + std::to_string(beta1) + " must be in [0, 1)");
+    detail::require_hyper(beta2 >= 0.f && beta2 < 1.f, "AdamW", "beta2 = " + std::to_string(beta2) + " must be in [0, 1)");
+    detail::require_hyper(weight_decay >= 0.f, "AdamW",
+                          "weight_decay = " + std::to_string(weight_decay) + " must be >= 0");
+  }
+};
+
+template <Dtype T = float>
+class AdamWStep {
+ public:
+  struct Buffers {
+    float* param;          // fp32 master weights, updated in place
+    const float* grad;     // fp32 gradient, already averaged
+    float* exp_avg;        // first moment, zero before step 1
+    float* exp_avg_sq;     // second moment, zero before step 1
+    T* param_out = nullptr;  // when set, receives T(updated param)
+  };
+
+  // `step` counts optimizer steps from 1 (bias correction).
+  AdamWStep(const Buffers& b, const AdamWHyper& h, std::int64_t step, float grad_scale = 1.f)
+      : b_(b),
+        grad_scale_(grad_scale),
+        decay_(static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay)),
+        beta1_weight_(static_cast<float>(1.0 - static_cast<double>(h.beta1))),
+        beta2_(h.beta2),
+        beta2_weight_(static_cast<float>(1.0 - static_cast<double>(h.beta2))),
+        eps_(h.eps) {
+    h.validate();
+    detail::require_hyper(step >= 1, "AdamW", "step = " + std::to_string(step) + " must count from 1");
+    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(step));
+    const double bias_correction2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(step));
+    step_size_ = static_cast<float>(h.lr / bias_correction1);
+    bias_correction2_sqrt_ = static_cast<float>(std::sqrt(bias_correction2));
+  }
+
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const float g = b_.grad[i] * grad_scale_;
+    const float m = lerp(b_.exp_avg[i], g, beta1_weight_);
+    const float v = b_.exp_avg_sq[i] * beta2_ + beta2_weight_ * g * g;
+    const float denom = math::sqrt(v) / bias_correction2_sqrt_ + eps_;
+    const float p = b_.param[i] * decay_ - step_size_ * m / denom;
+    b_.exp_avg[i] = m;
+    b_.exp_avg_sq[i] = v;
+    b_.param[i] = p;
+    if (b_.param_out != nullptr) b_.param_out[i] = dtype_cast<T>(p);
+  }
+
+ private:
+  // a + w * (b - a), evaluated from the nearer end so it is exact at w = 1
+  // (PyTorch updates the first moment with lerp).
+  DTRAIN_HOST_DEVICE static float lerp(float a, float b, float w) {
+    return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.f - w);
+  }
+
+  Buffers b_;
+  float grad_scale_;
+  float decay_;
+  float beta1_weight_;
+  float beta2_;
+  float beta2_weight_;
+  float eps_;
+  float step_size_ = 0.f;
+  float bias_correction2_sqrt_ = 1.f;
+};
+
+struct SgdHyper {
+  float lr = 1e-2f;
+  float momentum = 0.f;
+  float weight_decay = 0.f;  // coupled (L2): added to the gradient, as in torch.optim.SGD
+  bool nesterov = false;
+
+  void validate() const {
+    detail::require_hyper(lr >= 0.f, "SGD", "lr = " + std::to_string(lr) + " must be >= 0");
+    detail::require_hyper(momentum >= 0.f, "SGD", "momentum = " + std::to_string(momentum) + " must be >= 0");
+    detail::require_hyper(weight_decay >= 0.f, "SGD",
+                          "weight_decay = " + std::to_string(weight_decay) + " must be >= 0");
+    detail::require_hyper(!nesterov || momentum > 0.f, "SGD", "nesterov needs momentum > 0");
+  }
+};
+
+template <Dtype T = float>
+class SgdStep {
+ public:
+  struct Buffers {
+    float* param;                     // fp32 master weights, updated in place
+    const float* grad;                // fp32 gradient, already averaged
+    float* momentum_buffer = nullptr;  // needed when momentum > 0; zero before step 1
+    T* param_out = nullptr;           // when set, receives T(updated param)
+  };
+
+  SgdStep(const Buffers& b, const SgdHyper& h, float grad_scale = 1.f)
+      : b_(b), grad_scale_(grad_scale), lr_(h.lr), momentum_(h.momentum), weight_decay_(h.weight_decay),
+        nesterov_(h.nesterov) {
+    h.validate();
+  }
+
+  // A zero momentum buffer makes step 1 give buf = grad, which is exactly
+  // PyTorch's first-step clone, so no "first step" flag is needed.
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    float p = b_.param[i];
+    float d = b_.grad[i] * grad_scale_;
+    if (weight_decay_ != 0.f) d = d + weight_decay_ * p;
+    if (momentum_ != 0.f) {
+      const float buf = b_.momentum_buffer[i] * momentum_ + d;
+      b_.momentum_buffer[i] = buf;
+      d = nesterov_ ? d + momentum_ * buf : buf;
+    }
+    p = p - lr_ * d;
+    b_.param[i] = p;
+    if (b_.param_out != nullptr) b_.param_out[i] = dtype_cast<T>(p);
+  }
+
+ private:
+  Buffers b_;
+  float grad_scale_;
+  float lr_;
+  float momentum_;
+  float weight_decay_;
+  bool nesterov_;
+};
+
+}  // namespace dtrain

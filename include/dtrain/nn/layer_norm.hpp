@@ -1,0 +1,184 @@
+#pragma once
+// nn::LayerNorm over the last dimension (the features of each row), as
+// PyTorch's nn.LayerNorm(features, eps=1e-5): biased variance, weight
+// initialised to ones, bias to zeros. Statistics are computed in fp32 with two
+// passes over the row (mean, then the centred sum of squares), which stays
+// accurate when the mean is large against the spread.
+//
+// Rows run one per index of for_each: simple and correct, and fine for the
+// widths of small models; a block-per-row kernel is the optimisation.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
+#include "dtrain/core/view.hpp"
+#include "dtrain/kernels/math.hpp"
+#include "dtrain/model/param.hpp"
+#include "dtrain/model/unit.hpp"
+#include "dtrain/nn/checks.hpp"
+
+namespace dtrain::nn {
+
+namespace detail {
+
+struct row_moments {
+  float mean;
+  float rstd;  // 1 / sqrt(var + eps)
+};
+
+template <class T>
+DTRAIN_HOST_DEVICE row_moments moments(const T* row, std::int64_t n, float eps) {
+  float sum = 0.f;
+  for (std::int64_t c = 0; c < n; ++c) sum += static_cast<float>(row[c]);
+  const float mean = sum / static_cast<float>(n);
+  float sq = 0.f;
+  for (std::int64_t c = 0; c < n; ++c) {
+    const float d = static_cast<float>(row[c]) - mean;
+    sq += d * d;
+  }
+  return {mean, 1.f / math::sqrt(sq / static_cast<float>(n) + eps)};
+}
+
+template <class T>
+struct LayerNormForward {
+  MatView<const T> x;
+  const T* weight;
+  const T* bias;
+  MatView<T> y;
+  float eps;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto r = static_cast<std::int64_t>(i);
+    const row_moments mo = moments(&x(r, 0), x.cols, eps);
+    for (std::int64_t c = 0; c < x.cols; ++c) {
+      const float xhat = (static_cast<float>(x(r, c)) - mo.mean) * mo.rstd;
+      y(r, c) = dtype_cast<T>(xhat * static_cast<float>(weight[c]) + static_cast<float>(bias[c]));
+    }
+  }
+};
+
+// Per row: recomputes the moments (kept in `moments_out` for the parameter
+// gradients) and, when dx is wanted,
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * weight.
+template <class T>
+struct LayerNormBackwardInput {
+  MatView<const T> x;
+  const T* weight;
+  MatView<const T> dy;
+  MatView<T> dx;  // empty: only the moments are wanted
+  row_moments* moments_out;
+  float eps;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto r = static_cast<std::int64_t>(i);
+    const row_moments mo = moments(&x(r, 0), x.cols, eps);
+    moments_out[r] = mo;
+    if (dx.data == nullptr) return;
+    float mean_g = 0.f, mean_g_xhat = 0.f;
+    for (std::int64_t c = 0; c < x.cols; ++c) {
+      const float g = static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]);
+      mean_g += g;
+      mean_g_xhat += g * (static_cast<float>(x(r, c)) - mo.mean) * mo.rstd;
+    }
+    mean_g /= static_cast<float>(x.cols);
+    mean_g_xhat /= static_cast<float>(x.cols);
+    for (std::int64_t c = 0; c < x.cols; ++c) {
+      const float g = static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]);
+      const float xhat = (static_cast<float>(x(r, c)) - mo.mean) * mo.rstd;
+      dx(r, c) = dtype_cast<T>(mo.rstd * (g - mean_g - xhat * mean_g_xhat));
+    }
+  }
+};
+
+// Per column: dweight = sum over rows of dy * xhat, dbias = sum of dy.
+template <class T>
+struct LayerNormBackwardParams {
+  MatView<const T> x;
+  MatView<const T> dy;
+  const row_moments* moments;
+  T* dweight;
+  T* dbias;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto c = static_cast<std::int64_t>(i);
+    float dw = 0.f, db = 0.f;
+    for (std::int64_t r = 0; r < x.rows; ++r) {
+      const float g = static_cast<float>(dy(r, c));
+      dw += g * (static_cast<float>(x(r, c)) - moments[r].mean) * moments[r].rstd;
+      db += g;
+    }
+    if (dweight != nullptr) dweight[c] = dtype_cast<T>(dw);
+    if (dbias != nullptr) dbias[c] = dtype_cast<T>(db);
+  }
+};
+
+}  // namespace detail
+
+struct LayerNormOptions {
+  float eps = 1e-5f;
+  bool trainable = true;  // false freezes weight and bias
+};
+
+class LayerNorm {
+ public:
+  explicit LayerNorm(std::int64_t features, LayerNormOptions options = {}) : features_(features), options_(options) {
+    if (features < 1)
+      throw config_error("nn::LayerNorm(" + std::to_string(features) + "): the feature count must be >= 1",
+                         "give the width of the rows to normalise");
+  }
+
+  std::int64_t features() const noexcept { return features_; }
+
+  std::vector<ParamSpec> params() const {
+    return {{"weight", {features_}, Init::ones(), options_.trainable},
+            {"bias", {features_}, Init::zeros(), options_.trainable}};
+  }
+
+  std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::LayerNorm", in, features_); }
+
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
+    check_params(p);
+    detail::check_shape("nn::LayerNorm", "input", x, x.rows, features_);
+    detail::check_shape("nn::LayerNorm", "output", y, x.rows, features_);
+    dev.for_each(static_cast<std::size_t>(x.rows),
+                 detail::LayerNormForward<T>{x, p[0].data, p[1].data, y, options_.eps});
+  }
+
+  // The per-row moments live in the device workspace between the row pass
+  // (input gradient) and the column pass (parameter gradients).
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
+                MatView<const T> dy, MatView<T> dx) {
+    check_params(p);
+    detail::check_count("nn::LayerNorm", "gradients", grad.size(), p.size());
+    detail::check_shape("nn::LayerNorm", "input", x, x.rows, features_);
+    detail::check_shape("nn::LayerNorm", "output gradient", dy, x.rows, features_);
+    if (!dx.empty()) detail::check_shape("nn::LayerNorm", "input gradient", dx, x.rows, features_);
+    for (const auto& g : grad)
+      if (!g.empty()) detail::check_shape("nn::LayerNorm", "parameter gradient", g, features_, 1);
+    const bool param_grads = !grad[0].empty() || !grad[1].empty();
+    if (dx.empty() && !param_grads) return;
+
+    auto* mo = dev.template workspace<detail::row_moments>(static_cast<std::size_t>(x.rows));
+    dev.for_each(static_cast<std::size_t>(x.rows),
+                 detail::LayerNormBackwardInput<T>{x, p[0].data, dy, dx, mo, options_.eps});
+    if (param_grads)
+      dev.for_each(static_cast<std::size_t>(features_),
+                   detail::LayerNormBackwardParams<T>{x, dy, mo, grad[0].data, grad[1].data});
+  }
+
+ private:
+  template <class T>
+  void check_params(UnitParams<T> p) const {
+    detail::check_count("nn::LayerNorm", "parameters", p.size(), 2);
+    detail::check_shape("nn::LayerNorm", "weight", p[0], features_, 1);
+    detail::check_shape("nn::LayerNorm", "bias", p[1], features_, 1);
+  }
+
+  std::int64_t features_;
+  LayerNormOptions options_;
+};
+
+}  // namespace dtrain::nn
