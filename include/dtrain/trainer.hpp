@@ -48,7 +48,7 @@
 #include "dtrain/policy/policies.hpp"
 #include "dtrain/strategy/comm_binding.hpp"
 #include "dtrain/strategy/ddp.hpp"
-#if DTRAIN_HAS_CUDA && defined(__CUDACC__)
+#if DTRAIN_HAS_CUDA
 #include "dtrain/strategy/cuda_binding.hpp"
 #endif
 
@@ -220,8 +220,7 @@ class Trainer {
                      std::as_bytes(std::span(params.at(slot.name))));
       writer.write(path);
     }
-    auto done = comm_->barrier();
-    binding::join(done, dev_);
+    binding::host_barrier(*comm_, dev_);
   }
 
   Dev& device() { return dev_; }

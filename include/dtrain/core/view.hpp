@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
@@ -22,7 +23,10 @@ struct MatView {
   DTRAIN_HOST_DEVICE std::int64_t size() const { return rows * cols; }
   DTRAIN_HOST_DEVICE bool empty() const { return data == nullptr || size() == 0; }
   DTRAIN_HOST_DEVICE T& operator()(std::int64_t r, std::int64_t c) const { return data[r * cols + c]; }
-  DTRAIN_HOST_DEVICE operator MatView<const T>() const { return {data, rows, cols}; }
+  // Only for mutable views: nvcc warns about a conversion of MatView<const T> to itself.
+  template <class U = T>
+    requires(!std::is_const_v<U>)
+  DTRAIN_HOST_DEVICE operator MatView<const U>() const { return {data, rows, cols}; }
 };
 
 }  // namespace dtrain

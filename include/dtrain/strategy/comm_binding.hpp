@@ -40,6 +40,8 @@ struct CommBinding<Host> {
   }
   // After join() the device may read the collective's result.
   static void join(work_type& work, Host&) { work.wait(); }
+  // Blocks the calling thread until every rank got here.
+  static void host_barrier(comm_type& comm, Host&) { comm.barrier().wait(); }
 };
 
 }  // namespace dtrain

@@ -1,0 +1,156 @@
+#pragma once
+// Float64 reference forwards of the nn units, written independently of the
+// library, central finite differences over them, and the host check that
+// compares a unit with both.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "dtrain/device/host.hpp"
+#include "nn/unit_harness.hpp"
+
+namespace dtrain::testing {
+
+using dtypes = std::tuple<float, bf16, fp16>;
+
+// y = f(params, x) for one unit, rows inferred from x.
+using RefForward =
+    std::function<std::vector<double>(const std::vector<std::vector<double>>& params, const std::vector<double>& x)>;
+
+// d f / d v of a scalar function by central differences. With h = 1e-6 in
+// float64 the error is ~1e-9 (truncation h^2, cancellation eps/h): far below
+// every tolerance the tests use.
+inline std::vector<double> finite_difference(const std::function<double(const std::vector<double>&)>& f,
+                                             std::vector<double> v) {
+  std::vector<double> grad(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const double old = v[i], h = 1e-6 * std::max(1.0, std::abs(old));
+    v[i] = old + h;
+    const double up = f(v);
+    v[i] = old - h;
+    const double down = f(v);
+    v[i] = old;
+    grad[i] = (up - down) / (2 * h);
+  }
+  return grad;
+}
+
+struct FdGrads {
+  std::vector<double> dx;
+  std::vector<std::vector<double>> grads;
+};
+
+// Gradients of sum(dy * ref(params, x)): what a unit's backward computes.
+inline FdGrads finite_difference_grads(const RefForward& ref, const UnitCase& c) {
+  const auto dot_dy = [&](const std::vector<double>& y) {
+    double s = 0.0;
+    for (std::size_t i = 0; i < y.size(); ++i) s += c.dy[i] * y[i];
+    return s;
+  };
+  FdGrads fd;
+  fd.dx = finite_difference([&](const std::vector<double>& x) { return dot_dy(ref(c.params, x)); }, c.x);
+  for (std::size_t p = 0; p < c.params.size(); ++p)
+    fd.grads.push_back(finite_difference(
+        [&](const std::vector<double>& v) {
+          auto params = c.params;
+          params[p] = v;
+          return dot_dy(ref(params, c.x));
+        },
+        c.params[p]));
+  return fd;
+}
+
+// Tolerances against float64, relative to the largest reference element:
+// fp32 computes to ~1e-6; bf16/fp16 add one rounding of the result.
+template <class T>
+constexpr double forward_tol = std::is_same_v<T, float> ? 1e-5 : roundoff<T>() + 2e-5;
+template <class T>
+constexpr double backward_tol = std::is_same_v<T, float> ? 1e-4 : roundoff<T>() + 1e-4;
+
+// Runs `unit` on the host in dtype T on a random case and checks its forward
+// against `ref` and every gradient against finite differences of `ref`.
+template <class T, class U>
+void check_unit(U unit, const RefForward& ref, std::int64_t rows, std::int64_t in, bool want_dx = true) {
+  Host dev(1);
+  const UnitCase c = rounded<T>(make_case(unit, rows, in, 42));
+  const UnitResult r = run_unit<T>(dev, unit, c, want_dx);
+  expect_close(r.y, ref(c.params, c.x), forward_tol<T>, "forward");
+  const FdGrads fd = finite_difference_grads(ref, c);
+  if (want_dx) expect_close(r.dx, fd.dx, backward_tol<T>, "input gradient");
+  for (std::size_t i = 0; i < c.specs.size(); ++i) {
+    if (c.specs[i].trainable)
+      expect_close(r.grads[i], fd.grads[i], backward_tol<T>, c.specs[i].name + " gradient");
+    else
+      BOOST_TEST(r.grads[i].empty(), c.specs[i].name + " is frozen and has no gradient");
+  }
+}
+
+inline RefForward linear_reference(std::int64_t in, std::int64_t out, bool bias) {
+  return [=](const std::vector<std::vector<double>>& p, const std::vector<double>& x) {
+    const auto rows = static_cast<std::int64_t>(x.size()) / in;
+    std::vector<double> y(static_cast<std::size_t>(rows * out));
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t o = 0; o < out; ++o) {
+        double acc = bias ? p[1][static_cast<std::size_t>(o)] : 0.0;
+        for (std::int64_t i = 0; i < in; ++i)
+          acc += x[static_cast<std::size_t>(r * in + i)] * p[0][static_cast<std::size_t>(o * in + i)];
+        y[static_cast<std::size_t>(r * out + o)] = acc;
+      }
+    return y;
+  };
+}
+
+inline RefForward elementwise_reference(double (*f)(double)) {
+  return [=](const std::vector<std::vector<double>>&, std::vector<double> x) {
+    std::transform(x.begin(), x.end(), x.begin(), f);
+    return x;
+  };
+}
+
+inline RefForward relu_reference() {
+  return elementwise_reference([](double v) { return std::max(v, 0.0); });
+}
+
+// The exact GELU, x * Phi(x), as PyTorch's default.
+inline RefForward gelu_reference() {
+  return elementwise_reference([](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); });
+}
+
+inline RefForward layer_norm_reference(std::int64_t features, double eps) {
+  return [=](const std::vector<std::vector<double>>& p, const std::vector<double>& x) {
+    const auto rows = static_cast<std::int64_t>(x.size()) / features;
+    std::vector<double> y(x.size());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const double* row = &x[static_cast<std::size_t>(r * features)];
+      double mean = 0.0, var = 0.0;
+      for (std::int64_t c = 0; c < features; ++c) mean += row[c] / static_cast<double>(features);
+      for (std::int64_t c = 0; c < features; ++c) var += (row[c] - mean) * (row[c] - mean) / static_cast<double>(features);
+      for (std::int64_t c = 0; c < features; ++c) {
+        const auto k = static_cast<std::size_t>(c);
+        y[static_cast<std::size_t>(r * features + c)] = (row[c] - mean) / std::sqrt(var + eps) * p[0][k] + p[1][k];
+      }
+    }
+    return y;
+  };
+}
+
+// Sum over rows of logsumexp(z) - z[label].
+inline double cross_entropy_reference(const std::vector<double>& z, const std::vector<std::int32_t>& labels,
+                                      std::int64_t classes) {
+  double total = 0.0;
+  for (std::size_t r = 0; r < labels.size(); ++r) {
+    const double* row = &z[r * static_cast<std::size_t>(classes)];
+    const double mx = *std::max_element(row, row + classes);
+    double s = 0.0;
+    for (std::int64_t c = 0; c < classes; ++c) s += std::exp(row[c] - mx);
+    total += mx + std::log(s) - row[labels[r]];
+  }
+  return total;
+}
+
+}  // namespace dtrain::testing
