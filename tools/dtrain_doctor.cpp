@@ -255,16 +255,6 @@ double bus_factor(Coll c, int n) {
   return 1.0;
 }
 
-template <class T>
-constexpr double epsilon() {
-  if constexpr (std::is_same_v<T, float>)
-    return 0x1p-23;
-  else if constexpr (std::is_same_v<T, bf16>)
-    return 0x1p-7;
-  else
-    return 0x1p-10;
-}
-
 // Rank r's input: small integers that differ by rank and position, so a
 // block landing at the wrong offset or from the wrong rank is caught.
 template <class T>
@@ -410,7 +400,7 @@ class RankRunner {
     for (std::size_t i = 0; i < got_n; ++i) {
       const double expect = expected(c, rank, i, chunk);
       const double g = static_cast<float>(got[i]);
-      const double tol = (c == Coll::all_gather || c == Coll::broadcast) ? 0.0 : (n + 1) * epsilon<T>() * expect;
+      const double tol = (c == Coll::all_gather || c == Coll::broadcast) ? 0.0 : (n + 1) * dtype_traits<T>::epsilon * expect;
       if (std::abs(g - expect) <= tol) continue;
       report_.fail("rank " + std::to_string(rank) + ": " + info(c).name + " " + info(c).op + " " +
                    std::string(dtype_traits<T>::name) + " of " + std::to_string(total) + " elements: element " +

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <cmath>
 #include <string>
@@ -274,4 +275,19 @@ BOOST_AUTO_TEST_CASE(store_set_get_add_and_get_timeout) {
   BOOST_TEST(b.add("n", 5) == 7);
   BOOST_TEST(!b.try_get("missing").has_value());
   BOOST_CHECK_THROW(b.get("missing"), timeout_error);
+}
+
+// The same collectives across real processes started by dtrain-run.
+BOOST_AUTO_TEST_CASE(collectives_across_processes_launched_by_dtrain_run) {
+  for (int n : {2, 3}) {
+    const int port = [] {
+      TcpStoreServer probe(0, "127.0.0.1");
+      return probe.port();
+    }();
+    const std::string cmd = std::string("timeout 120 ") + DTRAIN_RUN_PATH + " --nproc-per-node " + std::to_string(n) +
+                            " --master-port " + std::to_string(port) + " " + COMM_CHILD_PATH;
+    const int status = std::system(cmd.c_str());
+    BOOST_TEST_INFO("world of " << n << " processes");
+    BOOST_TEST((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  }
 }

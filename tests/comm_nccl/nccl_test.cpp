@@ -29,16 +29,6 @@ static_assert(nccl_op(reduce_op::sum) == ncclSum && nccl_op(reduce_op::avg) == n
 const std::vector<std::size_t> lengths = {0, 1, 7, 1023, 4099, 65539};
 
 template <class T>
-constexpr double epsilon() {
-  if constexpr (std::is_same_v<T, float>)
-    return 0x1p-23;
-  else if constexpr (std::is_same_v<T, bf16>)
-    return 0x1p-7;
-  else
-    return 0x1p-10;
-}
-
-template <class T>
 class DeviceArray {
  public:
   explicit DeviceArray(std::size_t n) : n_(n) {
@@ -93,7 +83,7 @@ class Failures {
   void close(const std::string& what, const std::vector<T>& got, const std::vector<double>& ref,
              const std::vector<double>& scale, int size) {
     if (got.size() != ref.size()) return add(what + ": wrong length");
-    const double tol = (size + 1) * epsilon<T>();
+    const double tol = (size + 1) * dtype_traits<T>::epsilon;
     for (std::size_t i = 0; i < got.size(); ++i) {
       const double g = static_cast<float>(got[i]);
       if (std::abs(g - ref[i]) <= tol * scale[i]) continue;

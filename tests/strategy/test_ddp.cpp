@@ -290,3 +290,25 @@ BOOST_AUTO_TEST_CASE(wrong_micro_batch_count_is_a_config_error) {
     dtrain::testing::require_throws<config_error>([&] { t.step(std::vector<Batch>{rows_of(0, 0, 4)}); });
   });
 }
+
+// Clipping by global norm: with plain SGD the update is exactly
+// -lr * g * max_norm / (|g| + 1e-6), so its norm is lr * max_norm (to rounding).
+BOOST_AUTO_TEST_CASE(gradient_clipping_bounds_the_update_norm) {
+  run_ranks(2, [](World& w) {
+    Net net;
+    TrainerOptions o{.seed = 9};
+    o.clip.max_norm = 0.01f;
+    Trainer<Net, Device<Host>> t(w, net, SGD{.lr = 0.1f}, o);
+    const auto before = t.parameters();
+    const auto st = t.step(std::vector<Batch>{rows_of(0, w.rank() * 8, 8)});
+    require(st.grad_norm > 0.1, "the test needs a gradient well above max_norm");
+    const auto after = t.parameters();
+    double sq = 0;
+    for (const auto& [name, v] : after)
+      for (std::size_t i = 0; i < v.size(); ++i) sq += std::pow(static_cast<double>(v[i]) - before.at(name)[i], 2);
+    const double want = 0.1 * 0.01 * st.grad_norm / (st.grad_norm + 1e-6);
+    // differences of fp32 parameters near 0.1-1 carry ~1e-8 absolute error each
+    require(std::abs(std::sqrt(sq) - want) < 1e-4 * want + 1e-6,
+            "update norm " + std::to_string(std::sqrt(sq)) + " is not lr * max_norm = " + std::to_string(want));
+  });
+}

@@ -121,18 +121,21 @@ struct dtype_traits<float> {
   static constexpr dtype_id id = dtype_id::f32;
   static constexpr std::string_view name = "fp32";
   static constexpr std::string_view safetensors_name = "F32";
+  static constexpr double epsilon = 0x1p-23;  // spacing of values just above 1
 };
 template <>
 struct dtype_traits<bf16> {
   static constexpr dtype_id id = dtype_id::bf16;
   static constexpr std::string_view name = "bf16";
   static constexpr std::string_view safetensors_name = "BF16";
+  static constexpr double epsilon = 0x1p-7;
 };
 template <>
 struct dtype_traits<fp16> {
   static constexpr dtype_id id = dtype_id::f16;
   static constexpr std::string_view name = "fp16";
   static constexpr std::string_view safetensors_name = "F16";
+  static constexpr double epsilon = 0x1p-10;
 };
 
 template <class T>
