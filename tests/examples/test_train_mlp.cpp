@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <span>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -88,4 +89,29 @@ BOOST_AUTO_TEST_CASE(bad_config_is_a_clear_error) {
   std::ifstream log(scratch("last.log"));
   const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   BOOST_TEST(text.find("precision = 'fp64' is unknown") != std::string::npos);
+}
+
+// A user's own data from a safetensors file with tensors x [N, F] and y [N].
+BOOST_AUTO_TEST_CASE(trains_on_a_users_safetensors_dataset) {
+  const std::int64_t n = 256, f = 6;
+  std::vector<float> x(static_cast<std::size_t>(n * f));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(n));
+  for (std::int64_t r = 0; r < n; ++r) {
+    float s = 0;
+    for (std::int64_t c = 0; c < f; ++c) {
+      const float v = std::sin(0.7f * static_cast<float>(r * f + c)) + 0.05f;
+      x[static_cast<std::size_t>(r * f + c)] = v;
+      s += v * static_cast<float>(c - 2);
+    }
+    y[static_cast<std::size_t>(r)] = s > 0 ? 1 : 0;
+  }
+  const auto file = scratch("user_data.safetensors");
+  dtrain::SafetensorsWriter w;
+  w.add("x", dtrain::safetensors_dtype::f32, {n, f}, std::as_bytes(std::span(x)));
+  w.add("y", dtrain::safetensors_dtype::i32, {n}, std::as_bytes(std::span(y)));
+  w.write(file);
+  const auto metrics = scratch("user_metrics.jsonl");
+  BOOST_REQUIRE_EQUAL(train(2, "steps=60 batch_size=16 hidden=16 data=" + file.string() + " metrics=" + metrics.string()), 0);
+  const auto l = losses(metrics);
+  BOOST_TEST(l.back() < l.front());
 }
