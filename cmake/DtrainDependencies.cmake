@@ -4,6 +4,13 @@ include(CMakeFindDependencyMacro)
 find_package(Threads REQUIRED)
 find_package(range-v3 REQUIRED)
 find_package(Gloo REQUIRED)
+# Gloo's own config (Debian) exports a bare `gloo` target; vcpkg's FindGloo.cmake
+# sets only Gloo_INCLUDE_DIRS and Gloo_LIBRARIES, so give that form the same name.
+if(NOT TARGET gloo)
+  add_library(gloo INTERFACE IMPORTED)
+  set_target_properties(gloo PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${Gloo_INCLUDE_DIRS}"
+                                        INTERFACE_LINK_LIBRARIES "${Gloo_LIBRARIES}")
+endif()
 # dtrain::Host sizes BLAS threads with openblas_set_num_threads (see
 # TOOLCHAIN.md: one OpenBLAS pool per rank oversubscribes the cores).
 if(NOT DEFINED BLA_VENDOR)

@@ -13,6 +13,7 @@
 #include <dtrain/comm/gloo.hpp>
 #include <dtrain/comm/nccl.hpp>
 #include <dtrain/comm/world.hpp>
+#include <dtrain/version.hpp>
 
 #include <sched.h>
 #include <unistd.h>
@@ -135,7 +136,7 @@ void print_host() {
   cpu_set_t set;
   CPU_ZERO(&set);
   const int usable = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : -1;
-  std::printf("dtrain-doctor %s\n\n", DTRAIN_VERSION);
+  std::printf("dtrain-doctor %s\n\n", dtrain::version.data());
   std::printf("host            %s\n", name);
   std::printf("cpu cores       %u online, %d usable by this process\n", std::thread::hardware_concurrency(), usable);
 }

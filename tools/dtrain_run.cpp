@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "dtrain/launch/launcher.hpp"
+#include "dtrain/version.hpp"
 
 namespace {
 
@@ -538,7 +539,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (opts.version) {
-    write_all(1, std::string("dtrain-run ") + DTRAIN_VERSION + "\n");
+    write_all(1, "dtrain-run " + std::string(dtrain::version) + "\n");
     return 0;
   }
   try {

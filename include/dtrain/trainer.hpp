@@ -48,6 +48,7 @@
 #include "dtrain/policy/policies.hpp"
 #include "dtrain/strategy/comm_binding.hpp"
 #include "dtrain/strategy/ddp.hpp"
+#include "dtrain/version.hpp"
 #if DTRAIN_HAS_CUDA
 #include "dtrain/strategy/cuda_binding.hpp"
 #endif

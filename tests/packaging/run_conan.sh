@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# `conan create` for dtrain with the Debian 12 profile, whose [platform_requires]
+# stand in for ConanCenter, so it runs offline once Conan is installed.
+# Conan goes into a venv under the work dir (pip needs PyPI the first time; the
+# venv is reused after that); CONAN_HOME and a copy of the recipe's files live
+# there too, so nothing is written to the source tree or ~/.conan2.
+#   usage: run_conan.sh <source-dir> <work-dir> [conan create options...]
+# Exits 77 (CTest: skipped) when Conan cannot be installed.
+set -euo pipefail
+src=$(cd "$1" && pwd)
+mkdir -p "$2"
+work=$(cd "$2" && pwd)
+shift 2
+
+venv=$work/venv
+if [[ ! -x "$venv/bin/conan" ]]; then
+  python=/usr/bin/python3
+  [[ -x "$python" ]] || python=python3
+  rm -rf "$venv"
+  if ! "$python" -m venv "$venv"; then
+    echo "run_conan.sh: SKIPPED: '$python -m venv' failed (on Debian: apt-get install python3-venv)"
+    exit 77
+  fi
+  if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 20 --retries 1 'conan>=2.0.5,<3'; then
+    echo "run_conan.sh: SKIPPED: 'pip install conan' failed (is PyPI reachable from here?)"
+    rm -rf "$venv"
+    exit 77
+  fi
+fi
+conan=$venv/bin/conan
+export CONAN_HOME=$work/home
+"$conan" --version
+"$conan" profile detect --exist-ok
+"$conan" remove 'dtrain/*' --confirm
+
+# conan create writes test_package/build next to the recipe: work on a copy.
+rm -rf "$work/src"
+mkdir -p "$work/src"
+cp -R "$src/conanfile.py" "$src/CMakeLists.txt" "$src/cmake" "$src/include" "$src/test_package" "$work/src/"
+profile=$src/tests/packaging/debian12.profile
+"$conan" create "$work/src" -pr:h "$profile" -pr:b "$profile" --build=missing --no-remote "$@"
