@@ -8,6 +8,7 @@
 //       trainer{world, model, dtrain::AdamW{.lr = 3e-4f}};
 //   auto stats = trainer.step(micro_batches);   // exactly Accumulate<N> batches
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -174,16 +175,33 @@ class Trainer {
       check_batch(b);
       local_samples += static_cast<double>(b.rows);
     }
-    const double samples = all_reduce_scalar(local_samples);
-    const float dlogit_scale = static_cast<float>(loss_scale_ / samples);
-
-    double local_loss = 0;
-    for (int k = 0; k < accumulate; ++k) local_loss += micro_step(micro_batches[static_cast<std::size_t>(k)], k, dlogit_scale);
+    // The loss normaliser (the step's sample count over all ranks) is first
+    // needed by the first backward. With one micro-batch the loss is known by
+    // then too and shares that all-reduce: each host collective is a round
+    // trip through every rank's progress thread and a point where the ranks
+    // wait for each other (one fewer took a 2-rank step on 2 cores from 6.0
+    // to 5.3 ms, docs/performance.md).
+    double samples = 0, local_loss = 0, loss = 0;
+    for (int k = 0; k < accumulate; ++k)
+      micro_step(micro_batches[static_cast<std::size_t>(k)], k, [&](double micro_loss) {
+        local_loss += micro_loss;
+        if (k == 0) {
+          if constexpr (accumulate == 1) {
+            const auto sums = all_reduce_scalars(std::array{local_samples, local_loss});
+            samples = sums[0];
+            loss = sums[1];
+          } else {
+            samples = all_reduce_scalars(std::array{local_samples})[0];
+          }
+        }
+        return static_cast<float>(loss_scale_ / samples);
+      });
     reducer_->finish();
+    if constexpr (accumulate > 1) loss = all_reduce_scalars(std::array{local_loss})[0];
 
     StepStats stats;
     stats.samples = static_cast<std::int64_t>(samples);
-    stats.loss = all_reduce_scalar(local_loss) / samples;
+    stats.loss = loss / samples;
     apply_optimizer(stats);
     stats.step = step_;
     stats.loss_scale = static_cast<float>(loss_scale_);
@@ -283,7 +301,7 @@ class Trainer {
         state1_ = make_buffer<float>(dev_, n, zero_init);
       }
     }, optimizer_);
-    scalar_ = make_buffer<float>(dev_, 1);
+    scalar_ = make_buffer<float>(dev_, 2);
     buckets_ = layout_.buckets(options_.buckets, sizeof(R));
 
     T* train_base = [&] {
@@ -341,13 +359,18 @@ class Trainer {
                          "every micro-batch needs at least one row, x of rows*features and y of rows elements");
   }
 
-  double all_reduce_scalar(double v) {
-    float f = static_cast<float>(v);
-    dev_.copy_from_host(scalar_.data(), &f, 1);
-    auto w = binding::all_reduce(*comm_, dev_, scalar_.span(), reduce_op::sum);
+  // Sums host scalars over ranks in one collective, in fp32 (as every
+  // rank's copy must round alike).
+  template <std::size_t N>
+  std::array<double, N> all_reduce_scalars(std::array<double, N> values) {
+    std::array<float, N> f{};
+    for (std::size_t i = 0; i < N; ++i) f[i] = static_cast<float>(values[i]);
+    dev_.copy_from_host(scalar_.data(), f.data(), N);
+    auto w = binding::all_reduce(*comm_, dev_, scalar_.span().first(N), reduce_op::sum);
     binding::join(w, dev_);
-    dev_.copy_to_host(&f, scalar_.data(), 1);
-    return f;
+    dev_.copy_to_host(f.data(), scalar_.data(), N);
+    for (std::size_t i = 0; i < N; ++i) values[i] = f[i];
+    return values;
   }
 
   template <class E>
@@ -355,8 +378,10 @@ class Trainer {
     if (b.size() < n) b = make_buffer<E>(dev, n);
   }
 
-  // Forward and backward of one micro-batch; returns its summed loss.
-  double micro_step(const Batch& batch, int k, float dlogit_scale) {
+  // Forward and backward of one micro-batch. after_forward(its summed loss)
+  // runs between the two and returns the dlogits scale.
+  template <class AfterForward>
+  void micro_step(const Batch& batch, int k, AfterForward&& after_forward) {
     auto units = model_.units();
     const std::int64_t rows = batch.rows;
     std::vector<std::int64_t> width{batch.features};
@@ -384,7 +409,7 @@ class Trainer {
     });
     const std::span<const std::int32_t> labels(labels_.data(), static_cast<std::size_t>(rows));
     const MatView<const T> logits = act(num_units_);
-    const double loss = model_.loss.template forward<Dev, T>(dev_, logits, labels);
+    const float dlogit_scale = after_forward(model_.loss.template forward<Dev, T>(dev_, logits, labels));
     std::size_t cur = 0;
     model_.loss.template backward<Dev, T>(dev_, logits, labels, dgrad_[cur].view(rows, width[num_units_]),
                                           dlogit_scale);
@@ -398,7 +423,6 @@ class Trainer {
       accumulate_unit(u, k);
       if (last) reducer_->unit_done(u);
     });
-    return loss;
   }
 
   std::span<const MatView<const T>> const_params(std::size_t u) const { return const_views_[u]; }
@@ -477,7 +501,7 @@ class Trainer {
   buffer<float> accum_;    // fp32 gradient accumulator (separate_accumulator only)
   buffer<float> state1_;   // AdamW exp_avg / SGD momentum
   buffer<float> state2_;   // AdamW exp_avg_sq
-  buffer<float> scalar_;   // one-element staging for scalar all-reduces
+  buffer<float> scalar_;   // staging for the scalar all-reduces (sample count, loss)
   std::vector<std::vector<MatView<T>>> param_views_;
   std::vector<std::vector<MatView<T>>> grad_views_;
   std::vector<std::vector<MatView<const T>>> const_views_;

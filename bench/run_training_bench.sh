@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Training benchmarks, dtrain against PyTorch (Debian's torch 1.13, CPU) in
+# the same run. Builds nothing: build first with
+#   cmake --build <build-dir> --target dtrain-run train_mlp bench_adamw bench_adamw_no_errno bench_ddp_overhead
+# usage: bench/run_training_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]
+#
+#  (a) AdamW over one flat fp32 buffer of 10M and 50M elements: bench_adamw
+#      (AdamWStep<float> through Host::for_each, and the copy bandwidth),
+#      bench_adamw_no_errno (the same source built with -fno-math-errno) and
+#      bench/training/torch_adamw.py, one process using every core.
+#  (b) train_mlp (hidden [256, 256], GELU, batch 64 per rank, AdamW, fp32) at 1
+#      and 2 ranks against bench/training/torch_ddp_mlp.py (PyTorch DDP, gloo),
+#      both launched by dtrain-run; threads per rank = cores / ranks.
+#  (c) bench_ddp_overhead: the Trainer at world size 1 against a hand-written
+#      loop without communication.
+# (a) and (b) run the implementations alternately N times (default 3): each
+# run reports medians over its iterations or steps, and the tables show the
+# median of the N runs (the JSON keeps every run). Threads: OMP_NUM_THREADS
+# and OPENBLAS_NUM_THREADS are set to the same value for both sides.
+# bench/training/summarize.py writes bench/results/training.json (or --json
+# PATH) and prints the tables. With the default 3 runs: about 1.5 minutes on
+# 2 idle cores, 3.5 on busy ones.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-build}
+shift || true
+repeat=3
+json=$repo/bench/results/training.json
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --repeat) repeat=$2 ;;
+    --json) json=$2 ;;
+    *) echo "usage: bench/run_training_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+case $build in /*) ;; *) build=$repo/$build ;; esac
+launcher=$build/tools/dtrain-run
+train_mlp=$build/examples/train_mlp
+bench=$build/bench/training
+python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
+cores=$(nproc)
+steps=300
+warmup=20
+
+for exe in "$launcher" "$train_mlp" "$bench/bench_adamw" "$bench/bench_adamw_no_errno" "$bench/bench_ddp_overhead"; do
+  if [[ ! -x $exe ]]; then
+    echo "run_training_bench.sh: $exe not found; build it first:" >&2
+    echo "  cmake --build $build --target dtrain-run train_mlp bench_adamw bench_adamw_no_errno bench_ddp_overhead" >&2
+    exit 1
+  fi
+done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+with_threads() {  # with_threads T command...: the same thread settings for either side
+  local t=$1
+  shift
+  OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t "$@"
+}
+
+logged() {  # logged LOG command...: keeps the output out of the tables, shows it on failure
+  local log=$1
+  shift
+  if ! "$@" > "$log" 2>&1; then
+    cat "$log" >&2
+    echo "run_training_bench.sh: failed: $*" >&2
+    exit 1
+  fi
+}
+
+for ((i = 1; i <= repeat; i++)); do
+  echo "run $i/$repeat: (a) AdamW, $cores thread(s): dtrain, dtrain -fno-math-errno, torch..."
+  with_threads "$cores" "$bench/bench_adamw" --json "$work/adamw.$i.json"
+  with_threads "$cores" "$bench/bench_adamw_no_errno" --json "$work/adamw_no_errno.$i.json"
+  with_threads "$cores" "$python" "$repo/bench/training/torch_adamw.py" --iters 9 --json "$work/torch_adamw.$i.json"
+  for n in 1 2; do
+    t=$((cores / n > 0 ? cores / n : 1))
+    echo "run $i/$repeat: (b) MLP at $n rank(s), $t thread(s) each: train_mlp, torch DDP..."
+    # num_workers=0: batches are gathered between steps, outside the timed
+    # step, as the torch script slices its batches outside its timing.
+    logged "$work/mlp.$n.$i.log" with_threads "$t" "$launcher" --nproc-per-node "$n" "$train_mlp" \
+      steps=$steps hidden=256,256 activation=gelu batch_size=64 optimizer=adamw lr=0.001 weight_decay=0 \
+      precision=fp32 num_workers=0 log_every=$steps metrics="$work/mlp.$n.$i.jsonl"
+    logged "$work/torch_mlp.$n.$i.log" with_threads "$t" "$launcher" --nproc-per-node "$n" "$python" \
+      "$repo/bench/training/torch_ddp_mlp.py" --steps $steps --warmup $warmup --json "$work/torch_mlp.$n.$i.json"
+  done
+done
+echo "(c) DDP overhead at world size 1, $cores thread(s)..."
+with_threads "$cores" "$bench/bench_ddp_overhead" --json "$work/overhead.json"
+
+mkdir -p "$(dirname "$json")"
+"$python" "$repo/bench/training/summarize.py" "$work" "$repeat" "$cores" "$warmup" "$json"

@@ -1,0 +1,166 @@
+// AdamW over one flat fp32 buffer: dtrain's AdamWStep<float> through
+// Host::for_each, against the machine's copy bandwidth measured in the same
+// process. bench/training/torch_adamw.py measures torch.optim.AdamW the same
+// way and bench/run_training_bench.sh runs both.
+//
+// Bytes are counted as the update needs them: AdamW reads param, grad, m, v
+// and writes param, m, v, so 7 x 4 bytes per element. The copy is
+// STREAM's: bytes read + bytes written (its write-allocate reads of the
+// destination are not counted, as in STREAM). It copies a source of 2n floats
+// into a destination of 2n floats, so its footprint equals AdamW's four
+// buffers of n floats: both see the same caches. It runs on as many threads
+// as the Host device does (OPENBLAS_NUM_THREADS, else the rank's share of the
+// cores), each thread memcpy'ing its own contiguous part.
+
+#include <dtrain/device/host.hpp>
+#include <dtrain/kernels/optimizer.hpp>
+#include <dtrain/model/init.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace dtrain;
+using clock_type = std::chrono::steady_clock;
+
+// GCC vectorises std::sqrt only when it need not set errno (see the
+// bench_adamw_no_errno target); the results say which build produced them.
+#ifdef __NO_MATH_ERRNO__
+constexpr const char* build_flags = ", built with -fno-math-errno";
+#else
+constexpr const char* build_flags = "";
+#endif
+
+constexpr const char* usage = "usage: bench_adamw [--sizes-m 10,50] [--iters N] [--json PATH]";
+
+struct Options {
+  std::vector<std::size_t> sizes{10'000'000, 50'000'000};
+  int iters = 15;
+  std::string json;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (i + 1 >= argc) throw config_error(std::string("missing value after ") + argv[i], usage);
+    const std::string value = argv[++i];
+    if (arg == "--sizes-m") {
+      o.sizes.clear();
+      for (std::size_t pos = 0; pos <= value.size();) {
+        const std::size_t end = std::min(value.find(',', pos), value.size());
+        o.sizes.push_back(std::stoull(value.substr(pos, end - pos)) * 1'000'000);
+        pos = end + 1;
+      }
+    } else if (arg == "--iters") {
+      o.iters = std::max(1, std::stoi(value));
+    } else if (arg == "--json") {
+      o.json = value;
+    } else {
+      throw config_error("unknown option " + std::string(arg), usage);
+    }
+  }
+  return o;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The median time of `iters` calls after one untimed call (first touch).
+template <class F>
+double median_ms(int iters, F&& f) {
+  f(0);
+  std::vector<double> ms;
+  for (int i = 1; i <= iters; ++i) {
+    const auto t0 = clock_type::now();
+    f(i);
+    ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
+  }
+  return median(std::move(ms));
+}
+
+void parallel_copy(float* dst, const float* src, std::size_t n, int threads) {
+  const std::size_t chunk = (n + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
+  auto part = [&](std::size_t t) {
+    const std::size_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
+    std::memcpy(dst + begin, src + begin, (end - begin) * sizeof(float));
+  };
+  std::vector<std::jthread> workers;
+  for (std::size_t t = 1; t < static_cast<std::size_t>(threads); ++t) workers.emplace_back(part, t);
+  part(0);
+}
+
+struct Row {
+  std::size_t n;
+  double adamw_ms;
+  double copy_ms;
+  double adamw_gbps() const { return 28.0 * static_cast<double>(n) / adamw_ms / 1e6; }
+  double copy_gbps() const { return 16.0 * static_cast<double>(n) / copy_ms / 1e6; }
+};
+
+Row measure(Host& dev, std::size_t n, int iters) {
+  auto param = make_buffer<float>(dev, n), grad = make_buffer<float>(dev, n);
+  auto m = make_buffer<float>(dev, n, zero_init), v = make_buffer<float>(dev, n, zero_init);
+  init_values(param.span(), Init::uniform(-1.f, 1.f), 1);
+  init_values(grad.span(), Init::uniform(-1e-2f, 1e-2f), 2);
+  const AdamWHyper hyper{.lr = 1e-3f, .weight_decay = 1e-2f};
+  const double adamw_ms = median_ms(iters, [&](int i) {
+    dev.for_each(n, AdamWStep<float>({param.data(), grad.data(), m.data(), v.data()}, hyper, i + 1));
+  });
+  param = {};
+  grad = {};
+  m = {};
+  v = {};
+  auto src = make_buffer<float>(dev, 2 * n), dst = make_buffer<float>(dev, 2 * n);
+  init_values(src.span(), Init::uniform(-1.f, 1.f), 3);
+  const double copy_ms = median_ms(iters, [&](int) { parallel_copy(dst.data(), src.data(), 2 * n, dev.threads()); });
+  return {n, adamw_ms, copy_ms};
+}
+
+std::string to_json(const std::vector<Row>& rows, int threads, int iters) {
+  std::string out = "{\"implementation\": \"dtrain AdamWStep<float> via Host::for_each" + std::string(build_flags) +
+                    "\", \"threads\": " +
+                    std::to_string(threads) + ", \"iters\": " + std::to_string(iters) + ", \"results\": [";
+  char line[320];
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::snprintf(line, sizeof line,
+                  "%s\n  {\"elements\": %zu, \"adamw_ms\": %.3f, \"adamw_gbps\": %.3f, \"copy_ms\": %.3f, "
+                  "\"copy_gbps\": %.3f, \"adamw_vs_copy\": %.3f}",
+                  i ? "," : "", r.n, r.adamw_ms, r.adamw_gbps(), r.copy_ms, r.copy_gbps(),
+                  r.adamw_gbps() / r.copy_gbps());
+    out += line;
+  }
+  return out + "\n]}\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opt = parse(argc, argv);
+    Host dev;
+    std::vector<Row> rows;
+    for (const std::size_t n : opt.sizes) rows.push_back(measure(dev, n, opt.iters));
+    const std::string json = to_json(rows, dev.threads(), opt.iters);
+    if (opt.json.empty()) {
+      std::fputs(json.c_str(), stdout);
+    } else {
+      std::ofstream(opt.json) << json;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_adamw: %s\n", e.what());
+    return 1;
+  }
+}

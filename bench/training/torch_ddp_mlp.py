@@ -1,0 +1,104 @@
+"""PyTorch DDP (gloo) counterpart of train_mlp's benchmark configuration.
+
+The same model as `train_mlp hidden=256,256 activation=gelu`: 32 features,
+Linear(32, 256) - GELU - Linear(256, 256) - GELU - Linear(256, 10), softmax
+cross-entropy; batch 64 per rank; AdamW (lr 1e-3, weight decay 0, torch 1.13's
+CPU default implementation); fp32. Data: random tensors of the same shape
+(their content does not change the speed), each rank reading its own
+contiguous batches as a DistributedSampler would.
+
+Timed like train_mlp's step_ms: from zero_grad through optimizer.step, per
+step on rank 0; the JSON has every step's time and the median after
+--warmup steps.
+
+Launch one process per rank with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set,
+e.g. `dtrain-run --nproc-per-node 2 /usr/bin/python3 bench/training/torch_ddp_mlp.py`
+or `python3 -m torch.distributed.run --nproc_per_node 2 bench/training/torch_ddp_mlp.py`.
+Threads per rank: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (dtrain-run sets
+both to cores / ranks unless they are set).
+"""
+
+import argparse
+import json
+import os
+import time
+
+# Debian's OpenBLAS starts one thread per core in every process unless told
+# otherwise, before torch loads it (torch.set_num_threads does not reach it).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", os.environ["OPENBLAS_NUM_THREADS"])
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+
+def build_model(features, hidden, classes):
+    layers, width = [], features
+    for h in hidden:
+        layers += [torch.nn.Linear(width, h), torch.nn.GELU()]
+        width = h
+    layers.append(torch.nn.Linear(width, classes))
+    return torch.nn.Sequential(*layers)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=20, help="steps left out of the median")
+    parser.add_argument("--batch-size", type=int, default=64, help="per rank")
+    parser.add_argument("--hidden", default="256,256")
+    parser.add_argument("--features", type=int, default=32)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--samples", type=int, default=16384)
+    parser.add_argument("--json", help="rank 0 writes the results here (default: stdout)")
+    args = parser.parse_args()
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    torch.manual_seed(0)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    model = DDP(build_model(args.features, [int(h) for h in args.hidden.split(",")], args.classes))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    x = torch.randn(args.samples, args.features)
+    y = torch.randint(0, args.classes, (args.samples,))
+    per_rank = args.samples // world
+    batches_per_epoch = per_rank // args.batch_size
+
+    step_ms = []
+    for step in range(args.steps):
+        first = rank * per_rank + (step % batches_per_epoch) * args.batch_size
+        xb, yb = x[first:first + args.batch_size], y[first:first + args.batch_size]
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        loss.item()
+
+    dist.barrier()
+    # gloo can deadlock at exit while DDP's buffers are alive (TOOLCHAIN.md).
+    del model, opt, loss
+    dist.destroy_process_group()
+    if rank != 0:
+        return
+    timed = sorted(step_ms[args.warmup:])
+    median = timed[len(timed) // 2]
+    result = {"implementation": f"PyTorch {torch.__version__} DDP (gloo)", "world_size": world,
+              "threads_per_rank": torch.get_num_threads(), "batch_per_rank": args.batch_size,
+              "hidden": [int(h) for h in args.hidden.split(",")], "steps": args.steps, "warmup": args.warmup,
+              "median_step_ms": round(median, 4), "samples_per_s": round(world * args.batch_size / median * 1e3, 1),
+              "step_ms": [round(t, 4) for t in step_ms]}
+    text = json.dumps(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()
