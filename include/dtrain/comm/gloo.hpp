@@ -48,11 +48,12 @@ namespace dtrain {
 namespace detail {
 
 // Waiting first spins (yielding) for a short while before sleeping on the
-// condition variable: most collectives of a training step finish within
-// microseconds of being waited on, and a futex sleep/wake round trip on a
-// busy machine costs milliseconds (measured: a 1 MiB broadcast took ~4 ms
-// through a sleeping hand-off and ~0.2 ms with the spin).
-constexpr auto spin_before_sleep = std::chrono::microseconds(200);
+// condition variable: a futex sleep/wake round trip on a busy machine can cost
+// a scheduler tick (measured under load: a 1 MiB broadcast took ~4 ms through
+// a sleeping hand-off, ~0.2 ms with a 200 us spin). A long spin steals the
+// core from a rank still computing when ranks share few cores, so it is kept
+// short (50 us: no measurable cost to a 2-rank step on 2 cores).
+constexpr auto spin_before_sleep = std::chrono::microseconds(50);
 
 template <class Ready>
 bool spin_until(Ready&& ready) {
