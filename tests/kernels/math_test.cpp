@@ -1,0 +1,49 @@
+// dtrain's own host exp and erf (kernels/math.hpp) against float64 libm.
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/kernels/math.hpp>
+
+#include <cmath>
+#include <limits>
+
+BOOST_AUTO_TEST_CASE(host_exp_is_within_one_ulp_of_float64) {
+  double worst = 0;
+  for (double v = -87.3; v <= 88.7; v += 3.7e-4) {
+    const float x = static_cast<float>(v);
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(dtrain::math::exp(x) - want) / want);
+  }
+  BOOST_TEST_MESSAGE("exp: worst relative error " << worst);
+  BOOST_TEST(worst < 1.2e-7);  // one float ulp is 2^-23 = 1.19e-7 relative at most
+}
+
+BOOST_AUTO_TEST_CASE(host_erf_is_within_a_few_ulp_of_float64) {
+  double worst_abs = 0, worst_rel_small = 0;
+  for (double v = -6; v <= 6; v += 1.3e-5) {
+    const float x = static_cast<float>(v);
+    const double want = std::erf(static_cast<double>(x));
+    const double err = std::abs(dtrain::math::erf(x) - want);
+    worst_abs = std::max(worst_abs, err);
+    if (std::abs(x) < 0.5f && x != 0.f) worst_rel_small = std::max(worst_rel_small, err / std::abs(want));
+  }
+  BOOST_TEST_MESSAGE("erf: worst absolute error " << worst_abs << ", relative below 0.5 " << worst_rel_small);
+  BOOST_TEST(worst_abs < 4e-7);          // Abramowitz & Stegun 7.1.26's 1.5e-7 plus fp32 evaluation
+  BOOST_TEST(worst_rel_small < 2.5e-7);  // the Taylor branch keeps relative accuracy near 0
+  const double tiny = dtrain::math::erf(1e-30f), tiny_want = 1.1283791670955126 * static_cast<double>(1e-30f);
+  BOOST_TEST(std::abs(tiny - tiny_want) <= 1.2e-7 * tiny_want);  // no underflow to 0, one ulp
+
+}
+
+BOOST_AUTO_TEST_CASE(host_exp_and_erf_special_values) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  BOOST_TEST(dtrain::math::exp(-inf) == 0.f);
+  BOOST_TEST(dtrain::math::exp(-100.f) == 0.f);  // below the normal range: flushed to 0
+  BOOST_TEST(std::isinf(dtrain::math::exp(inf)));
+  BOOST_TEST(std::isinf(dtrain::math::exp(89.f)));
+  BOOST_TEST(std::isnan(dtrain::math::exp(nan)));
+  BOOST_TEST(dtrain::math::exp(0.f) == 1.f);
+  BOOST_TEST(dtrain::math::erf(inf) == 1.f);
+  BOOST_TEST(dtrain::math::erf(-inf) == -1.f);
+  BOOST_TEST(std::isnan(dtrain::math::erf(nan)));
+  BOOST_TEST(dtrain::math::erf(0.f) == 0.f);
+}
