@@ -10,6 +10,15 @@
 #define DTRAIN_DEVICE
 #endif
 
+// Element functions called inside functor loops must be inlined for the loop
+// to vectorise; GCC's size heuristics decline that for larger bodies in big
+// translation units, so those functions insist.
+#if defined(__GNUC__)
+#define DTRAIN_ALWAYS_INLINE __attribute__((always_inline)) inline
+#else
+#define DTRAIN_ALWAYS_INLINE inline
+#endif
+
 // DTRAIN_HAS_CUDA is set by the dtrain::dtrain CMake target when the CUDA
 // toolkit and NCCL were found; code that needs the CUDA runtime (host API only)
 // is guarded by it. Kernels additionally need __CUDACC__ (nvcc).

@@ -20,7 +20,7 @@ namespace host_impl {
 // Taylor series to r^7 (truncation below 2^-25 relative). ln 2 is split in
 // two parts so r is exact. Every step is arithmetic or a select, so loops
 // over it vectorise; out-of-range and NaN inputs are fixed up at the end.
-inline float exp_host(float x) {
+DTRAIN_ALWAYS_INLINE float exp_host(float x) {
   constexpr float log2e = 1.44269504088896341f;
   constexpr float ln2_hi = 0.693145751953125f;        // 16 significant bits: k * ln2_hi is exact
   constexpr float ln2_lo = 1.42860682030941723212e-6f;
@@ -50,7 +50,7 @@ inline float exp_host(float x) {
 // full relative accuracy near 0; beyond, Abramowitz & Stegun 7.1.26,
 // 1 - t(a1 + t(a2 + ...)) e^{-x^2} with t = 1 / (1 + p|x|), absolute error
 // below 1.5e-7 (about 2 ulp of values above 0.5).
-inline float erf_host(float x) {
+DTRAIN_ALWAYS_INLINE float erf_host(float x) {
   const float a = x < 0.f ? -x : x;
   const float x2 = x * x;
   float s = -1.f / 1320.f;
@@ -72,7 +72,7 @@ inline float erf_host(float x) {
 }
 }  // namespace host_impl
 
-DTRAIN_HOST_DEVICE inline float exp(float x) {
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float exp(float x) {
 #if defined(__CUDA_ARCH__)
   return ::expf(x);
 #else
@@ -96,7 +96,7 @@ DTRAIN_HOST_DEVICE inline float sqrt(float x) {
 #endif
 }
 
-DTRAIN_HOST_DEVICE inline float erf(float x) {
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float erf(float x) {
 #if defined(__CUDA_ARCH__)
   return ::erff(x);
 #else

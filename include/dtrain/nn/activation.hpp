@@ -25,7 +25,7 @@ template <class Op, class T>
 struct ActivationForward {
   const T* x;
   T* y;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
     y[i] = dtype_cast<T>(Op::forward(static_cast<float>(x[i])));
   }
 };
@@ -36,7 +36,7 @@ struct ActivationBackward {
   const T* y;
   const T* dy;
   T* dx;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
     dx[i] = dtype_cast<T>(Op::backward(static_cast<float>(x[i]), static_cast<float>(y[i]), static_cast<float>(dy[i])));
   }
 };
@@ -51,9 +51,9 @@ struct relu_op {
 struct gelu_op {
   static constexpr float inv_sqrt2 = 0.70710678118654752f;
   static constexpr float inv_sqrt_2pi = 0.39894228040143268f;
-  DTRAIN_HOST_DEVICE static float forward(float x) { return 0.5f * x * (1.f + math::erf(x * inv_sqrt2)); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float forward(float x) { return 0.5f * x * (1.f + math::erf(x * inv_sqrt2)); }
   // d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
-  DTRAIN_HOST_DEVICE static float backward(float x, float, float dy) {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float backward(float x, float, float dy) {
     const float cdf = 0.5f * (1.f + math::erf(x * inv_sqrt2));
     const float pdf = inv_sqrt_2pi * math::exp(-0.5f * x * x);
     return dy * (cdf + x * pdf);
