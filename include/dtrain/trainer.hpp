@@ -8,6 +8,7 @@
 //       trainer{world, model, dtrain::AdamW{.lr = 3e-4f}};
 //   auto stats = trainer.step(micro_batches);   // exactly Accumulate<N> batches
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -384,12 +385,15 @@ class Trainer {
   void micro_step(const Batch& batch, int k, AfterForward&& after_forward) {
     auto units = model_.units();
     const std::int64_t rows = batch.rows;
-    std::vector<std::int64_t> width{batch.features};
-    detail::for_each_unit(units, [&](std::size_t, auto& u) { width.push_back(u.out_features(width.back())); });
-    std::int64_t widest = 0;
-    for (auto w : width) widest = std::max(widest, w);
+    // Every unit's width follows from the input width alone: worked out once.
+    if (width_.empty() || width_[0] != batch.features) {
+      width_.assign(1, batch.features);
+      detail::for_each_unit(units, [&](std::size_t, auto& u) { width_.push_back(u.out_features(width_.back())); });
+      activations_.resize(num_units_ + 1);
+    }
+    const auto& width = width_;
+    const std::int64_t widest = *std::max_element(width.begin(), width.end());
 
-    activations_.resize(num_units_ + 1);
     for (std::size_t u = 0; u <= num_units_; ++u) ensure(activations_[u], dev_, static_cast<std::size_t>(rows * width[u]));
     for (auto& d : dgrad_) ensure(d, dev_, static_cast<std::size_t>(rows * widest));
     ensure(labels_, dev_, static_cast<std::size_t>(rows));
@@ -505,6 +509,7 @@ class Trainer {
   std::vector<std::vector<MatView<T>>> param_views_;
   std::vector<std::vector<MatView<T>>> grad_views_;
   std::vector<std::vector<MatView<const T>>> const_views_;
+  std::vector<std::int64_t> width_;  // width_[u]: the input width of unit u; width_.back(): the logits
   std::vector<buffer<T>> activations_;
   buffer<T> dgrad_[2];
   buffer<std::int32_t> labels_;

@@ -87,12 +87,12 @@ BOOST_AUTO_TEST_CASE(adamw_matches_float64_pytorch_formulas) {
     BOOST_TEST_REQUIRE(param_out[i].bits == dtrain::bf16(param[i]).bits, "param_out is bf16(param) at " << i);
 }
 
-BOOST_AUTO_TEST_CASE(adamw_rejects_bad_hyper_parameters) {
+// Hyper-parameter ranges are checked once by the configs (tests/optim); the
+// functor itself only refuses a step count that breaks bias correction.
+BOOST_AUTO_TEST_CASE(adamw_rejects_a_step_count_below_one) {
   float x = 0.f;
   const dtrain::AdamWStep<>::Buffers b{&x, &x, &x, &x};
   BOOST_CHECK_THROW(dtrain::AdamWStep<>(b, {}, 0), dtrain::config_error);
-  BOOST_CHECK_THROW(dtrain::AdamWStep<>(b, {.beta1 = 1.f}, 1), dtrain::config_error);
-  BOOST_CHECK_THROW(dtrain::AdamWStep<>(b, {.lr = -1.f}, 1), dtrain::config_error);
 }
 
 BOOST_AUTO_TEST_CASE(sgd_matches_float64_pytorch_formulas) {
@@ -125,10 +125,6 @@ BOOST_AUTO_TEST_CASE(sgd_matches_float64_pytorch_formulas) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(sgd_rejects_nesterov_without_momentum) {
-  float x = 0.f;
-  BOOST_CHECK_THROW(dtrain::SgdStep<>({&x, &x}, {.nesterov = true}), dtrain::config_error);
-}
 
 BOOST_AUTO_TEST_CASE(cast_accumulate_scale_round_once) {
   dtrain::Host dev(1);

@@ -25,27 +25,16 @@
 
 namespace dtrain {
 
-namespace detail {
-inline void require_hyper(bool ok, const char* optimizer, const std::string& what) {
-  if (!ok) throw config_error(std::string(optimizer) + ": " + what, "use a value in the valid range");
-}
-}  // namespace detail
-
+// The per-step numbers a functor applies. They are not re-validated on every
+// step: users' values are checked once by the optimizer configs
+// (optim/config.hpp: AdamW, SGD) and schedules check themselves; a per-step
+// lr of 0 (the first warmup step) is legitimate here.
 struct AdamWHyper {
   float lr = 1e-3f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 1e-2f;  // decoupled: param *= 1 - lr * weight_decay
-
-  void validate() const {
-    detail::require_hyper(lr >= 0.f, "AdamW", "lr = " + std::to_string(lr) + " must be >= 0");
-    detail::require_hyper(eps >= 0.f, "AdamW", "eps = " + std::to_string(eps) + " must be >= 0");
-    detail::require_hyper(beta1 >= 0.f && beta1 < 1.f, "AdamW", "beta1 = " + std::to_string(beta1) + " must be in [0, 1)");
-    detail::require_hyper(beta2 >= 0.f && beta2 < 1.f, "AdamW", "beta2 = " + std::to_string(beta2) + " must be in [0, 1)");
-    detail::require_hyper(weight_decay >= 0.f, "AdamW",
-                          "weight_decay = " + std::to_string(weight_decay) + " must be >= 0");
-  }
 };
 
 template <Dtype T = float>
@@ -68,8 +57,9 @@ class AdamWStep {
         beta2_(h.beta2),
         beta2_weight_(static_cast<float>(1.0 - static_cast<double>(h.beta2))),
         eps_(h.eps) {
-    h.validate();
-    detail::require_hyper(step >= 1, "AdamW", "step = " + std::to_string(step) + " must count from 1");
+    if (step < 1)
+      throw config_error("AdamWStep: step = " + std::to_string(step) + " must count from 1",
+                         "pass the number of optimizer steps taken, this one included (bias correction)");
     const double bias_correction1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(step));
     const double bias_correction2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(step));
     step_size_ = static_cast<float>(h.lr / bias_correction1);
@@ -112,13 +102,6 @@ struct SgdHyper {
   float weight_decay = 0.f;  // coupled (L2): added to the gradient, as in torch.optim.SGD
   bool nesterov = false;
 
-  void validate() const {
-    detail::require_hyper(lr >= 0.f, "SGD", "lr = " + std::to_string(lr) + " must be >= 0");
-    detail::require_hyper(momentum >= 0.f, "SGD", "momentum = " + std::to_string(momentum) + " must be >= 0");
-    detail::require_hyper(weight_decay >= 0.f, "SGD",
-                          "weight_decay = " + std::to_string(weight_decay) + " must be >= 0");
-    detail::require_hyper(!nesterov || momentum > 0.f, "SGD", "nesterov needs momentum > 0");
-  }
 };
 
 template <Dtype T = float>
@@ -133,9 +116,7 @@ class SgdStep {
 
   SgdStep(const Buffers& b, const SgdHyper& h, float grad_scale = 1.f)
       : b_(b), grad_scale_(grad_scale), lr_(h.lr), momentum_(h.momentum), weight_decay_(h.weight_decay),
-        nesterov_(h.nesterov) {
-    h.validate();
-  }
+        nesterov_(h.nesterov) {}
 
   // A zero momentum buffer makes step 1 give buf = grad, which is exactly
   // PyTorch's first-step clone, so no "first step" flag is needed.

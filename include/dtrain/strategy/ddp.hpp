@@ -39,10 +39,9 @@ class GradReducer {
   // grads: the fp32 flat gradient laid out as in ModelLayout (reverse unit
   // order). When R is not fp32 the reducer owns a staging buffer in R.
   GradReducer(Dev& dev, typename binding::comm_type& comm, std::vector<Bucket> buckets, float* grads,
-              std::size_t numel)
+              [[maybe_unused]] std::size_t numel)
       : dev_(dev), comm_(comm), buckets_(std::move(buckets)), grads_(grads) {
     if constexpr (!std::is_same_v<R, float>) staging_ = make_buffer<R>(dev_, numel);
-    (void)numel;
   }
 
   // Backward finished unit u of the communicating micro-batch.
