@@ -1,12 +1,16 @@
 #pragma once
 // dtrain's umbrella header and the Trainer: a thin composition of the public
-// pieces (communicator, GradReducer, flat parameter storage, optimizer
-// functors, loss scaling) for a user model and compile-time policies.
+// pieces (communicator, a strategy from strategy/, FlatOptimizer, loss
+// scaling) for a user model and compile-time policies.
 //
 //   auto world = dtrain::init();
 //   dtrain::Trainer<MyModel, dtrain::Precision<dtrain::bf16>, dtrain::Accumulate<4>>
 //       trainer{world, model, dtrain::AdamW{.lr = 3e-4f}};
 //   auto stats = trainer.step(micro_batches);   // exactly Accumulate<N> batches
+//
+// Strategy<DDP | FSDP<FullShard | ShardGradOp | NoShard | HybridShard> | ZeRO1>
+// picks where parameters, gradients and optimizer state live; the Trainer
+// drives any of them through the TrainingStrategy hooks.
 
 #include <algorithm>
 #include <array>
@@ -46,10 +50,14 @@
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
 #include "dtrain/optim/config.hpp"
+#include "dtrain/optim/flat_optimizer.hpp"
 #include "dtrain/optim/schedule.hpp"
 #include "dtrain/policy/policies.hpp"
 #include "dtrain/strategy/comm_binding.hpp"
 #include "dtrain/strategy/ddp.hpp"
+#include "dtrain/strategy/fsdp.hpp"
+#include "dtrain/strategy/strategy.hpp"
+#include "dtrain/strategy/zero1.hpp"
 #include "dtrain/version.hpp"
 #if DTRAIN_HAS_CUDA
 #include "dtrain/strategy/cuda_binding.hpp"
@@ -68,8 +76,9 @@ struct LossScaleOptions {
 };
 
 struct TrainerOptions {
-  std::uint64_t seed = 0;                 // parameter initialisation (rank 0's is broadcast)
-  BucketOptions buckets{};
+  std::uint64_t seed = 0;                 // parameter initialisation (checked equal on every rank)
+  BucketOptions buckets{};                // DDP's gradient buckets
+  ShardingOptions sharding{};             // FSDP and ZeRO1: hybrid group size, prefetch depth
   ClipConfig clip{};                      // max_norm 0: no clipping
   std::optional<Schedule> schedule{};     // absent: the optimizer's constant lr
   LrScaling lr_scaling = LrScaling::none; // scales the schedule by the world size
@@ -85,6 +94,7 @@ struct StepStats {
   float loss_scale = 1.f;
   std::int64_t samples = 0;    // samples in the step over all ranks
   double step_ms = 0.0;
+  MemoryUsage memory;          // this rank's bytes by category (Trainer::memory())
 };
 
 namespace detail {
@@ -129,13 +139,12 @@ void for_each_unit_reverse(Tuple&& units, std::size_t count, F&& f) {
 template <Model M, class... Policies>
 class Trainer {
   using P = policies<Policies...>;
-  static_assert(std::is_same_v<typename P::strategy, DDP>,
-                "dtrain: only Strategy<DDP> is available in this version of the Trainer");
 
  public:
   using device_type = typename P::device;
   using param_type = typename P::param_type;
   using reduce_type = typename P::reduce_type;
+  using strategy_kind = typename P::strategy;
   static constexpr int accumulate = P::accumulate;
 
  private:
@@ -145,22 +154,24 @@ class Trainer {
   using binding = CommBinding<Dev>;
   template <class E>
   using buffer = typename Dev::template buffer<E>;
-  // Gradients reach the optimizer in fp32; a separate accumulator is needed
-  // unless the unit already writes fp32 and nothing is accumulated.
-  static constexpr bool separate_accumulator = accumulate > 1 || !std::is_same_v<T, float>;
 
  public:
+  using strategy_type = typename strategy_impl<strategy_kind, Dev, T, R, accumulate>::type;
+  static_assert(TrainingStrategy<strategy_type, T>,
+                "dtrain: the strategy class does not satisfy dtrain::TrainingStrategy (strategy/strategy.hpp)");
+
   template <OptimizerConfig Opt>
   Trainer(World& world, M& model, Opt optimizer, TrainerOptions options = {})
-      : world_(world), model_(model), options_(std::move(options)), optimizer_(optimizer),
-        dev_(make_device(world)), layout_(declared_params(model)), num_units_(layout_.units().size()) {
-    if (num_units_ == 0) throw config_error("the model has no units", "return at least one unit from units()");
-    optimizer.validate();
-    options_.clip.validate();
-    comm_ = binding::make(world_, dev_);
-    check_same_model();
-    allocate();
-    initialise_and_broadcast();
+      : world_(world),
+        model_(model),
+        options_(validated(std::move(options), optimizer)),
+        dev_(make_device(world)),
+        layout_(declared_params(model), strategy_type::shard_count(world, options_.sharding)),
+        num_units_(layout_.units().size()),
+        comm_(binding::make(world_, dev_)),
+        strategy_(make_strategy()),
+        optimizer_(dev_, optimizer, strategy_->owned().size) {
+    scalar_ = make_buffer<float>(dev_, 2);
     if constexpr (P::precision::loss_scaling) loss_scale_ = options_.loss_scale.initial;
   }
 
@@ -197,7 +208,7 @@ class Trainer {
         }
         return static_cast<float>(loss_scale_ / samples);
       });
-    reducer_->finish();
+    strategy_->finish_gradients();
     if constexpr (accumulate > 1) loss = all_reduce_scalars(std::array{local_loss})[0];
 
     StepStats stats;
@@ -206,33 +217,41 @@ class Trainer {
     apply_optimizer(stats);
     stats.step = step_;
     stats.loss_scale = static_cast<float>(loss_scale_);
+    stats.memory = memory();
     stats.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     return stats;
   }
 
   // Every parameter as fp32 on the host, by name ("<unit>.<param>").
+  // Collective under sharded strategies: every rank must call it.
   std::map<std::string, std::vector<float>> parameters() {
     std::map<std::string, std::vector<float>> out;
-    for (const auto& unit : layout_.units())
+    for (std::size_t u = 0; u < num_units_; ++u) {
+      const auto& unit = layout_.units()[u];
+      std::vector<float> train(unit.train_size);
+      std::vector<T> frozen(unit.frozen_size);
+      strategy_->read_unit(u, train, frozen);
       for (const auto& slot : unit.params) {
-        std::vector<float> v(static_cast<std::size_t>(slot.spec.numel()));
+        const auto n = static_cast<std::size_t>(slot.spec.numel());
+        std::vector<float> v(n);
         if (slot.spec.trainable) {
-          dev_.copy_to_host(v.data(), master_.data() + slot.offset, v.size());
+          std::copy_n(train.begin() + static_cast<std::ptrdiff_t>(slot.offset - unit.train_offset), n, v.begin());
         } else {
-          std::vector<T> raw(v.size());
-          dev_.copy_to_host(raw.data(), frozen_.data() + slot.offset, raw.size());
-          for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(raw[i]);
+          const auto at = static_cast<std::ptrdiff_t>(slot.offset - unit.frozen_offset);
+          for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(frozen[static_cast<std::size_t>(at) + i]);
         }
         out.emplace(slot.name, std::move(v));
       }
+    }
     return out;
   }
 
   // Rank 0 writes every parameter as F32 to a safetensors file (atomically);
-  // the other ranks wait so the file exists when save_params returns.
+  // every rank must call it (sharded parameters are gathered unit by unit),
+  // and the file exists on every rank's return.
   void save_params(const std::filesystem::path& path) {
+    const auto params = parameters();
     if (world_.rank() == 0) {
-      const auto params = parameters();
       SafetensorsWriter writer;
       for (const auto& unit : layout_.units())
         for (const auto& slot : unit.params)
@@ -243,12 +262,36 @@ class Trainer {
     binding::host_barrier(*comm_, dev_);
   }
 
+  // This rank's memory by category, measured by the device's allocator:
+  // current bytes of the persistent categories, the peak of the transient
+  // ones (gathered, activations).
+  MemoryUsage memory() const {
+    MemoryUsage m = dev_.memory_by_category();
+    const MemoryUsage peak = dev_.peak_memory_by_category();
+    m.gathered = peak.gathered;
+    m.activations = peak.activations;
+    return m;
+  }
+
   Dev& device() { return dev_; }
   const ModelLayout& layout() const { return layout_; }
   World& world() { return world_; }
+  strategy_type& strategy() { return *strategy_; }
+  FlatOptimizer<Dev>& optimizer() { return optimizer_; }
   std::int64_t steps_taken() const { return step_; }
 
  private:
+  template <class Opt>
+  static TrainerOptions validated(TrainerOptions options, const Opt& optimizer) {
+    optimizer.validate();
+    options.clip.validate();
+    if (options.sharding.prefetch < 0)
+      throw config_error("ShardingOptions::prefetch = " + std::to_string(options.sharding.prefetch) +
+                             " is negative",
+                         "set prefetch to 0 (no look-ahead) or more");
+    return options;
+  }
+
   static Dev make_device(World& world) {
     if constexpr (requires { Dev(world.local_rank()); } && !std::is_same_v<Dev, Host>)
       return Dev(world.local_rank());
@@ -262,8 +305,16 @@ class Trainer {
     return all;
   }
 
+  std::unique_ptr<strategy_type> make_strategy() {
+    if (num_units_ == 0) throw config_error("the model has no units", "return at least one unit from units()");
+    check_same_model();
+    return std::make_unique<strategy_type>(
+        StrategyContext<Dev>{world_, dev_, layout_, *comm_, options_.seed, options_.sharding, options_.buckets});
+  }
+
   // Fails on every rank, naming the first parameter where a rank's model
-  // differs from rank 0's, before any memory is spent on a wrong model.
+  // differs from rank 0's (shape, trainability or initialisation) or the
+  // seed, before any memory is spent on a wrong model.
   void check_same_model() {
     std::string mine;
     for (const auto& line : layout_.signature()) mine += line + "\n";
@@ -285,70 +336,7 @@ class Trainer {
         b = eb + 1;
       }
     }
-  }
-
-  void allocate() {
-    const std::size_t n = layout_.trainable_numel();
-    master_ = make_buffer<float>(dev_, n);
-    frozen_ = make_buffer<T>(dev_, layout_.frozen_numel());
-    grads_ = make_buffer<T>(dev_, n);
-    if constexpr (!std::is_same_v<T, float>) params_ = make_buffer<T>(dev_, n);
-    if constexpr (separate_accumulator) accum_ = make_buffer<float>(dev_, n, zero_init);
-    std::visit([&](const auto& opt) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(opt)>, AdamW>) {
-        state1_ = make_buffer<float>(dev_, n, zero_init);
-        state2_ = make_buffer<float>(dev_, n, zero_init);
-      } else if (opt.momentum != 0.f) {
-        state1_ = make_buffer<float>(dev_, n, zero_init);
-      }
-    }, optimizer_);
-    scalar_ = make_buffer<float>(dev_, 2);
-    buckets_ = layout_.buckets(options_.buckets, sizeof(R));
-
-    T* train_base = [&] {
-      if constexpr (std::is_same_v<T, float>) return master_.data();
-      else return params_.data();
-    }();
-    for (const auto& unit : layout_.units()) {
-      auto& pv = param_views_.emplace_back();
-      auto& gv = grad_views_.emplace_back();
-      for (const auto& slot : unit.params) {
-        const auto& s = slot.spec;
-        T* p = (s.trainable ? train_base : frozen_.data()) + slot.offset;
-        pv.push_back({p, s.shape[0], s.numel() / s.shape[0]});
-        gv.push_back(s.trainable ? MatView<T>{grads_.data() + slot.offset, s.shape[0], s.numel() / s.shape[0]}
-                                 : MatView<T>{});
-      }
-      const_views_.emplace_back(pv.begin(), pv.end());
-    }
-    reducer_ = std::make_unique<GradReducer<Dev, R>>(dev_, *comm_, buckets_, grads_f32(), n);
-  }
-
-  // Every rank initialises from the seed, then rank 0's values are broadcast:
-  // replicas are identical even if a user's init differs between ranks.
-  void initialise_and_broadcast() {
-    std::vector<float> train(layout_.trainable_numel()), frozen(layout_.frozen_numel());
-    for (const auto& unit : layout_.units())
-      for (const auto& slot : unit.params) {
-        auto& dst = slot.spec.trainable ? train : frozen;
-        init_values(std::span(dst).subspan(slot.offset, static_cast<std::size_t>(slot.spec.numel())),
-                    slot.spec.init, param_seed(options_.seed, slot.unit, slot.index));
-      }
-    std::vector<T> frozen_t(frozen.size());
-    for (std::size_t i = 0; i < frozen.size(); ++i) frozen_t[i] = dtype_cast<T>(frozen[i]);
-    dev_.copy_from_host(master_.data(), train.data(), train.size());
-    dev_.copy_from_host(frozen_.data(), frozen_t.data(), frozen_t.size());
-    auto w1 = binding::broadcast(*comm_, dev_, master_.span(), 0);
-    auto w2 = binding::broadcast(*comm_, dev_, frozen_.span(), 0);
-    binding::join(w1, dev_);
-    binding::join(w2, dev_);
-    if constexpr (!std::is_same_v<T, float>)
-      dev_.for_each(master_.size(), Cast<float, T>{master_.data(), params_.data()});
-  }
-
-  float* grads_f32() {
-    if constexpr (separate_accumulator) return accum_.data();
-    else return grads_.data();
+    world_.check_agree("TrainerOptions::seed", std::to_string(options_.seed));
   }
 
   void check_batch(const Batch& b) const {
@@ -375,8 +363,8 @@ class Trainer {
   }
 
   template <class E>
-  static void ensure(buffer<E>& b, Dev& dev, std::size_t n) {
-    if (b.size() < n) b = make_buffer<E>(dev, n);
+  void ensure(buffer<E>& b, std::size_t n) {
+    if (b.size() < n) b = make_buffer<E>(dev_, n, memory_category::activations);
   }
 
   // Forward and backward of one micro-batch. after_forward(its summed loss)
@@ -394,9 +382,9 @@ class Trainer {
     const auto& width = width_;
     const std::int64_t widest = *std::max_element(width.begin(), width.end());
 
-    for (std::size_t u = 0; u <= num_units_; ++u) ensure(activations_[u], dev_, static_cast<std::size_t>(rows * width[u]));
-    for (auto& d : dgrad_) ensure(d, dev_, static_cast<std::size_t>(rows * widest));
-    ensure(labels_, dev_, static_cast<std::size_t>(rows));
+    for (std::size_t u = 0; u <= num_units_; ++u) ensure(activations_[u], static_cast<std::size_t>(rows * width[u]));
+    for (auto& d : dgrad_) ensure(d, static_cast<std::size_t>(rows * widest));
+    ensure(labels_, static_cast<std::size_t>(rows));
 
     if constexpr (std::is_same_v<T, float>) {
       dev_.copy_from_host(activations_[0].data(), batch.x.data(), batch.x.size());
@@ -408,8 +396,11 @@ class Trainer {
     dev_.copy_from_host(labels_.data(), batch.y.data(), batch.y.size());
 
     auto act = [&](std::size_t u) { return activations_[u].view(rows, width[u]); };
+    auto& s = *strategy_;
     detail::for_each_unit(units, [&](std::size_t u, auto& unit) {
-      unit.template forward<Dev, T>(dev_, const_params(u), act(u), act(u + 1));
+      s.before_forward(u, k);
+      unit.template forward<Dev, T>(dev_, s.params(u), act(u), act(u + 1));
+      s.after_forward(u, k);
     });
     const std::span<const std::int32_t> labels(labels_.data(), static_cast<std::size_t>(rows));
     const MatView<const T> logits = act(num_units_);
@@ -418,36 +409,18 @@ class Trainer {
     model_.loss.template backward<Dev, T>(dev_, logits, labels, dgrad_[cur].view(rows, width[num_units_]),
                                           dlogit_scale);
 
-    const bool last = k == accumulate - 1;
     detail::for_each_unit_reverse(units, num_units_, [&](std::size_t u, auto& unit) {
       const MatView<T> dx = u == 0 ? MatView<T>{} : dgrad_[1 - cur].view(rows, width[u]);
-      unit.template backward<Dev, T>(dev_, const_params(u), std::span<const MatView<T>>(grad_views_[u]), act(u),
-                                     act(u + 1), dgrad_[cur].view(rows, width[u + 1]), dx);
+      s.before_backward(u, k);
+      unit.template backward<Dev, T>(dev_, s.params(u), s.grads(u), act(u), act(u + 1),
+                                     dgrad_[cur].view(rows, width[u + 1]), dx);
+      s.after_backward(u, k);
       cur = 1 - cur;
-      accumulate_unit(u, k);
-      if (last) reducer_->unit_done(u);
     });
   }
 
-  std::span<const MatView<const T>> const_params(std::size_t u) const { return const_views_[u]; }
-
-  void accumulate_unit(std::size_t u, int k) {
-    if constexpr (separate_accumulator) {
-      const auto& slots = layout_.units()[u];
-      if (slots.train_size == 0) return;
-      float* dst = accum_.data() + slots.train_offset;
-      const T* src = grads_.data() + slots.train_offset;
-      if (k == 0)
-        dev_.for_each(slots.train_size, Cast<T, float>{src, dst});
-      else
-        dev_.for_each(slots.train_size, AccumulateInto<T>{dst, src});
-    }
-  }
-
   void apply_optimizer(StepStats& stats) {
-    const std::size_t n = layout_.trainable_numel();
-    float* g = grads_f32();
-    const double norm2 = n ? dev_.sum(n, SquaredNorm<float>{g}) : 0.0;
+    const double norm2 = strategy_->grad_norm_squared();
     stats.grad_norm = std::sqrt(norm2) / loss_scale_;
     if constexpr (P::precision::loss_scaling) {
       if (!std::isfinite(norm2)) {
@@ -464,51 +437,30 @@ class Trainer {
     }
     const double max_norm = options_.clip.max_norm;
     const double coef = max_norm > 0 && stats.grad_norm > max_norm ? max_norm / (stats.grad_norm + 1e-6) : 1.0;
-    const auto grad_scale = static_cast<float>(coef / loss_scale_);
     stats.lr = current_lr();
     ++step_;
-    if (n == 0) return;
-    T* out = nullptr;
-    if constexpr (!std::is_same_v<T, float>) out = params_.data();
-    std::visit([&](const auto& opt) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(opt)>, AdamW>) {
-        const AdamWHyper h{stats.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
-        dev_.for_each(n, AdamWStep<T>({master_.data(), g, state1_.data(), state2_.data(), out}, h, step_, grad_scale));
-      } else {
-        const SgdHyper h{stats.lr, opt.momentum, opt.weight_decay, opt.nesterov};
-        dev_.for_each(n, SgdStep<T>({master_.data(), g, state1_.data(), out}, h, grad_scale));
-      }
-    }, optimizer_);
+    const OwnedFlat<T> owned = strategy_->owned();
+    optimizer_.step(owned.master, owned.grad, owned.param_out,
+                    {stats.lr, step_, static_cast<float>(coef / loss_scale_)});
+    strategy_->after_optimizer();
   }
 
   float current_lr() const {
-    const float base = options_.schedule ? (*options_.schedule)(step_)
-                                         : std::visit([](const auto& o) { return o.lr; }, optimizer_);
+    const float base = options_.schedule ? (*options_.schedule)(step_) : optimizer_.base_lr();
     return scale_lr(base, options_.lr_scaling, world_.size());
   }
 
   World& world_;
   M& model_;
   TrainerOptions options_;
-  std::variant<AdamW, SGD> optimizer_;
   Dev dev_;
   ModelLayout layout_;
   std::size_t num_units_;
-  std::unique_ptr<typename binding::comm_type> comm_;
-  std::vector<Bucket> buckets_;
-  std::unique_ptr<GradReducer<Dev, R>> reducer_;
+  std::unique_ptr<typename binding::comm_type> comm_;  // the whole world's (scalars; strategies build on it)
+  std::unique_ptr<strategy_type> strategy_;
+  FlatOptimizer<Dev> optimizer_;
 
-  buffer<float> master_;   // fp32 master weights of trainable params (and the params when T is fp32)
-  buffer<T> params_;       // compute-dtype copy of trainable params (T != fp32 only)
-  buffer<T> frozen_;       // frozen params, compute dtype
-  buffer<T> grads_;        // what units' backward writes
-  buffer<float> accum_;    // fp32 gradient accumulator (separate_accumulator only)
-  buffer<float> state1_;   // AdamW exp_avg / SGD momentum
-  buffer<float> state2_;   // AdamW exp_avg_sq
-  buffer<float> scalar_;   // staging for the scalar all-reduces (sample count, loss)
-  std::vector<std::vector<MatView<T>>> param_views_;
-  std::vector<std::vector<MatView<T>>> grad_views_;
-  std::vector<std::vector<MatView<const T>>> const_views_;
+  buffer<float> scalar_;  // staging for the scalar all-reduces (sample count, loss)
   std::vector<std::int64_t> width_;  // width_[u]: the input width of unit u; width_.back(): the logits
   std::vector<buffer<T>> activations_;
   buffer<T> dgrad_[2];

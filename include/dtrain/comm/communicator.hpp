@@ -10,7 +10,8 @@
 //   broadcast(buf, root)           any length; in place.
 //   reduce_scatter(in, out, op)    in.size() == out.size() * size().
 //   all_gather(in, out)            out.size() == in.size() * size(); rank r's
-//                                  input lands at out[r * in.size()].
+//                                  input lands at out[r * in.size()]; in place
+//                                  when in is exactly that slice of out.
 // Half dtypes (bf16, fp16) accumulate in fp32 on the host backend.
 
 #include <chrono>

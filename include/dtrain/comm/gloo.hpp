@@ -141,7 +141,8 @@ class GlooCommunicator {
   explicit GlooCommunicator(World& world)
       : rank_(world.rank()), size_(world.size()), timeout_(world.options().timeout) {
     const std::string prefix = world.next_prefix("gloo");
-    tracker_ = std::make_unique<detail::CollectiveTracker>(world.store(), prefix, rank_, size_, timeout_);
+    tracker_ = std::make_unique<detail::CollectiveTracker>(world.store(), prefix, rank_, size_, timeout_,
+                                                           world.rank_namer());
     if (size_ > 1) connect(world, prefix);
     worker_ = std::thread([this] { run(); });
   }
@@ -208,7 +209,10 @@ class GlooCommunicator {
         return;
       }
       ::gloo::AllgatherOptions opts(context_);
-      opts.setInput(reinterpret_cast<std::uint8_t*>(const_cast<T*>(in.data())), in.size_bytes());
+      // In place (FSDP writes its shard into its own slot of the gathered
+      // buffer): Gloo then takes this rank's part from the output.
+      if (in.data() != out.data() + static_cast<std::size_t>(rank_) * in.size())
+        opts.setInput(reinterpret_cast<std::uint8_t*>(const_cast<T*>(in.data())), in.size_bytes());
       opts.setOutput(reinterpret_cast<std::uint8_t*>(out.data()), out.size_bytes());
       opts.setTag(tag);
       opts.setTimeout(timeout_);

@@ -204,12 +204,12 @@ inline NcclGroupState& nccl_group_state() {
 class NcclCore : public std::enable_shared_from_this<NcclCore> {
  public:
   NcclCore(int rank, int size, int device, const ncclUniqueId& id, CommOptions options,
-           std::shared_ptr<TcpStore> store, std::string prefix)
+           std::shared_ptr<TcpStore> store, std::string prefix, CollectiveTracker::RankNamer namer)
       : rank_(rank),
         size_(size),
         device_(device),
         timeout_(options.timeout),
-        tracker_(std::move(store), std::move(prefix), rank, size, options.timeout) {
+        tracker_(std::move(store), std::move(prefix), rank, size, options.timeout, std::move(namer)) {
     CurrentDevice on(device_);
     cudaStream_t s = nullptr;
     cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -755,7 +755,7 @@ class NcclCommunicator : public detail::NcclCollectives<NcclCommunicator> {
   // For ranks that are threads of one process sharing `id` (no store: a
   // timeout names the collective but not the missing ranks).
   NcclCommunicator(int rank, int size, const ncclUniqueId& id, int device, CommOptions options = {})
-      : NcclCommunicator(rank, size, id, device, options, nullptr, {}) {}
+      : NcclCommunicator(rank, size, id, device, options, nullptr, {}, {}) {}
 
   NcclCommunicator(NcclCommunicator&&) noexcept = default;
   NcclCommunicator& operator=(NcclCommunicator&& other) noexcept {
@@ -782,12 +782,13 @@ class NcclCommunicator : public detail::NcclCollectives<NcclCommunicator> {
 
   NcclCommunicator(World& world, int device, Bootstrap boot)
       : NcclCommunicator(world.rank(), world.size(), boot.id, device, world.options(), world.store(),
-                         std::move(boot.prefix)) {}
+                         std::move(boot.prefix), world.rank_namer()) {}
 
   NcclCommunicator(int rank, int size, const ncclUniqueId& id, int device, const CommOptions& options,
-                   std::shared_ptr<TcpStore> store, std::string prefix) {
+                   std::shared_ptr<TcpStore> store, std::string prefix, detail::CollectiveTracker::RankNamer namer) {
     check_device(device);
-    core_ = std::make_shared<detail::NcclCore>(rank, size, device, id, options, std::move(store), std::move(prefix));
+    core_ = std::make_shared<detail::NcclCore>(rank, size, device, id, options, std::move(store), std::move(prefix),
+                                               std::move(namer));
   }
 
   // Rank 0 creates the id and publishes it; the others fetch it.

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -24,9 +25,17 @@ namespace dtrain::detail {
 
 class CollectiveTracker {
  public:
+  // name(r): how messages call rank r of this communicator (World::describe_rank).
+  using RankNamer = std::function<std::string(int)>;
+
   CollectiveTracker(std::shared_ptr<TcpStore> store, std::string prefix, int rank, int size,
-                    std::chrono::milliseconds timeout)
-      : store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), size_(size), timeout_(timeout) {
+                    std::chrono::milliseconds timeout, RankNamer name = {})
+      : store_(std::move(store)),
+        prefix_(std::move(prefix)),
+        rank_(rank),
+        size_(size),
+        timeout_(timeout),
+        name_(name ? std::move(name) : RankNamer([](int r) { return std::to_string(r); })) {
     if (store_ && size_ > 1) heartbeat_ = std::thread([this] { run(); });
   }
   CollectiveTracker(const CollectiveTracker&) = delete;
@@ -48,7 +57,7 @@ class CollectiveTracker {
   // The full diagnosis for collective `seq` named `what`, which failed with `cause`.
   std::string describe(std::string_view what, std::uint64_t seq, std::string_view cause) {
     std::string msg = std::string(what) + " (collective #" + std::to_string(seq) + " on rank " +
-                      std::to_string(rank_) + " of " + std::to_string(size_) + ") did not complete: " +
+                      name_(rank_) + " of " + std::to_string(size_) + ") did not complete: " +
                       std::string(cause);
     const std::string missing = laggards(seq);
     if (!missing.empty()) msg += "; ranks that never reached it: " + missing;
@@ -90,7 +99,7 @@ class CollectiveTracker {
         const auto v = store_->try_get(key(r));
         const std::uint64_t reached = v ? std::stoull(*v) : 0;
         if (reached < seq)
-          out += (out.empty() ? "" : ", ") + std::to_string(r) + " (at #" + std::to_string(reached) + ")";
+          out += (out.empty() ? "" : ", ") + name_(r) + " (at #" + std::to_string(reached) + ")";
       }
     } catch (const std::exception& e) {
       return "unknown (the rendezvous store is unreachable: " + std::string(e.what()) + ")";
@@ -103,6 +112,7 @@ class CollectiveTracker {
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
+  RankNamer name_;
   std::atomic<std::uint64_t> entered_{0};
   std::uint64_t published_ = 0;  // heartbeat thread only
   std::mutex mu_;

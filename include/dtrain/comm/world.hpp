@@ -3,10 +3,14 @@
 // rendezvous store every communicator bootstraps from. dtrain::init()
 // (launch/init.hpp) builds one from the launcher's environment;
 // make_local_worlds() builds N of them for ranks that are threads of one
-// process (tests, dtrain-doctor).
+// process (tests, dtrain-doctor). split() makes a sub-world (a group of
+// ranks) from which communicators over just that group are built, with the
+// same timeouts and errors as the whole world's.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -35,6 +39,8 @@ class World {
     validate(layout);
     state_->layout = layout;
     state_->options = options;
+    state_->global_ranks.resize(static_cast<std::size_t>(layout.size));
+    for (int r = 0; r < layout.size; ++r) state_->global_ranks[static_cast<std::size_t>(r)] = r;
     if (!server && layout.rank == 0 && layout.size > 1)
       server = std::make_shared<TcpStoreServer>(master_port);
     state_->server = std::move(server);
@@ -53,11 +59,57 @@ class World {
   // The rendezvous store; null for a world of one that hosts none.
   const std::shared_ptr<TcpStore>& store() const { return state_->store; }
 
+  // Rank r of this world in the whole job (the identity unless this is a group).
+  int global_rank(int r) const { return state_->global_ranks.at(static_cast<std::size_t>(r)); }
+  int global_rank() const { return global_rank(rank()); }
+  // "" for the whole job, else the group's name, e.g. "shard/1".
+  const std::string& group() const { return state_->group; }
+
+  // "3" in the whole job; "1 (global 3)" in a group: how errors name rank r.
+  std::string describe_rank(int r) const { return rank_namer()(r); }
+  // The same naming as a self-contained callable (communicators keep one).
+  std::function<std::string(int)> rank_namer() const {
+    return [in_group = !state_->group.empty(), globals = state_->global_ranks](int r) {
+      if (!in_group) return std::to_string(r);
+      return std::to_string(r) + " (global " + std::to_string(globals.at(static_cast<std::size_t>(r))) + ")";
+    };
+  }
+
   // A key prefix unique to the n-th call on this rank. Every rank creates its
   // communicators in the same order, so the n-th communicator of each rank
   // meets the others under the same prefix.
   std::string next_prefix(std::string_view kind) {
-    return std::string(kind) + "/" + std::to_string(state_->next_id++) + "/";
+    return state_->prefix + std::string(kind) + "/" + std::to_string(state_->next_id++) + "/";
+  }
+
+  // The ranks that pass the same `color` form a sub-world, ranked in the
+  // order of their rank here; `name` labels it in errors ("<name>/<color>").
+  // Collective: every rank of this world calls split, in the same order
+  // relative to its other collective calls. Local rank and size stay those of
+  // the process on its node (they choose its GPU).
+  World split(int color, std::string_view name) {
+    if (color < 0)
+      throw config_error("World::split(" + std::to_string(color) + ", \"" + std::string(name) +
+                             "\"): the color must be >= 0",
+                         "give every rank a non-negative group number");
+    const std::string base = next_prefix("split");
+    const auto colors = all_gather_values(std::string(name) + "/color", std::to_string(color));
+    World sub(*this);
+    sub.state_ = std::make_shared<State>(*state_);
+    auto& st = *sub.state_;
+    st.global_ranks.clear();
+    int my_index = 0;
+    for (int r = 0; r < size(); ++r) {
+      if (colors[static_cast<std::size_t>(r)] != std::to_string(color)) continue;
+      if (r == rank()) my_index = static_cast<int>(st.global_ranks.size());
+      st.global_ranks.push_back(global_rank(r));
+    }
+    st.layout.rank = my_index;
+    st.layout.size = static_cast<int>(st.global_ranks.size());
+    st.group = std::string(name) + "/" + std::to_string(color);
+    st.prefix = base + st.group + "/";
+    st.next_id = 0;
+    return sub;
   }
 
   // Every rank contributes `value`; every rank gets all values by rank.
@@ -107,6 +159,9 @@ class World {
     std::shared_ptr<TcpStoreServer> server;
     std::shared_ptr<TcpStore> store;
     std::uint64_t next_id = 0;
+    std::string prefix;             // a group's keys live under it; "" for the whole job
+    std::string group;              // "" for the whole job
+    std::vector<int> global_ranks;  // this world's rank r is global rank global_ranks[r]
   };
   std::shared_ptr<State> state_;
 };

@@ -8,6 +8,7 @@
 //   dev.for_each(n, SomeFunctor{m.data(), ...});
 //   dtrain::MatView<float> w = m.view(rows, cols);
 
+#include <array>
 #include <atomic>
 #include <concepts>
 #include <cstddef>
@@ -49,6 +50,72 @@ class memory_stats {
  private:
   std::atomic<std::size_t> current_{0};
   std::atomic<std::size_t> peak_{0};
+};
+
+}  // namespace detail
+
+// What a buffer holds, for per-category memory accounting (StepStats::memory).
+// The allocator a buffer was made with counts its bytes into its category.
+enum class memory_category : unsigned char { params, grads, optimizer, master, gathered, activations, other };
+inline constexpr std::size_t memory_category_count = 7;
+
+// Bytes by category. Trainers report current bytes for the persistent
+// categories and the peak for the transient ones (gathered, activations).
+struct MemoryUsage {
+  std::size_t params = 0;       // parameters as they persist on this rank (fp32 master when compute is fp32)
+  std::size_t grads = 0;        // persistent gradient storage (accumulators, shards)
+  std::size_t optimizer = 0;    // optimizer state (AdamW moments, SGD momentum)
+  std::size_t master = 0;       // fp32 master weights kept beside a low-precision compute copy
+  std::size_t gathered = 0;     // unit-sized buffers: gathered parameters, unsharded gradients
+  std::size_t activations = 0;  // activations, their gradients and unit workspace
+  std::size_t other = 0;        // small scratch (scalar staging)
+
+  std::size_t& operator[](memory_category c) {
+    switch (c) {
+      case memory_category::params: return params;
+      case memory_category::grads: return grads;
+      case memory_category::optimizer: return optimizer;
+      case memory_category::master: return master;
+      case memory_category::gathered: return gathered;
+      case memory_category::activations: return activations;
+      case memory_category::other: break;
+    }
+    return other;
+  }
+  // params + grads + optimizer + master: what the ZeRO paper calls model states.
+  std::size_t model_states() const { return params + grads + optimizer + master; }
+  std::size_t total() const { return model_states() + gathered + activations + other; }
+};
+
+namespace detail {
+
+// A device's memory statistics: the total and each category.
+class device_memory {
+ public:
+  void on_allocate(memory_category c, std::size_t bytes) noexcept {
+    total_.on_allocate(bytes);
+    by_category_[static_cast<std::size_t>(c)].on_allocate(bytes);
+  }
+  void on_release(memory_category c, std::size_t bytes) noexcept {
+    total_.on_release(bytes);
+    by_category_[static_cast<std::size_t>(c)].on_release(bytes);
+  }
+  const memory_stats& total() const noexcept { return total_; }
+  memory_stats& total() noexcept { return total_; }
+  MemoryUsage current() const noexcept { return read([](const memory_stats& s) { return s.allocated(); }); }
+  MemoryUsage peak() const noexcept { return read([](const memory_stats& s) { return s.peak(); }); }
+
+ private:
+  template <class F>
+  MemoryUsage read(F f) const noexcept {
+    MemoryUsage u;
+    for (std::size_t c = 0; c < memory_category_count; ++c)
+      u[static_cast<memory_category>(c)] = f(by_category_[c]);
+    return u;
+  }
+
+  memory_stats total_;
+  std::array<memory_stats, memory_category_count> by_category_;
 };
 
 template <class A>
@@ -133,14 +200,17 @@ class Buffer {
 };
 
 // The device's buffer type, allocated through the device (so it is counted in
-// the device's memory statistics and, on a GPU, lives on the device's GPU).
+// the device's memory statistics, under `category`, and on a GPU lives on the
+// device's GPU).
 template <class T, class Dev>
-typename Dev::template buffer<T> make_buffer(Dev& dev, std::size_t n) {
-  return typename Dev::template buffer<T>(dev.allocator(), n);
+typename Dev::template buffer<T> make_buffer(Dev& dev, std::size_t n,
+                                             memory_category category = memory_category::other) {
+  return typename Dev::template buffer<T>(dev.allocator(category), n);
 }
 template <class T, class Dev>
-typename Dev::template buffer<T> make_buffer(Dev& dev, std::size_t n, zero_init_t z) {
-  return typename Dev::template buffer<T>(dev.allocator(), n, z);
+typename Dev::template buffer<T> make_buffer(Dev& dev, std::size_t n, zero_init_t z,
+                                             memory_category category = memory_category::other) {
+  return typename Dev::template buffer<T>(dev.allocator(category), n, z);
 }
 
 namespace detail {

@@ -138,7 +138,7 @@ class cuda_state {
   int sm_count() const noexcept { return sm_count_; }
   double* partials() const noexcept { return partials_; }
   double* host_partials() const noexcept { return host_partials_; }
-  memory_stats& stats() noexcept { return stats_; }
+  device_memory& stats() noexcept { return stats_; }
 
  private:
   // Destructors never throw: errors while tearing down (e.g. the driver
@@ -157,13 +157,14 @@ class cuda_state {
   int sm_count_ = 0;
   double* partials_ = nullptr;
   double* host_partials_ = nullptr;
-  memory_stats stats_;
+  device_memory stats_;
 };
 
 class CudaAllocator {
  public:
   CudaAllocator() = default;
-  explicit CudaAllocator(std::shared_ptr<cuda_state> state) : state_(std::move(state)) {}
+  CudaAllocator(std::shared_ptr<cuda_state> state, memory_category category)
+      : state_(std::move(state)), category_(category) {}
 
   void* allocate(std::size_t bytes) {
     void* p = nullptr;
@@ -175,17 +176,17 @@ class CudaAllocator {
       throw cuda_error("cudaMalloc of " + format_bytes(bytes) + " (" + std::to_string(bytes) + " bytes) failed on GPU " +
                            std::to_string(state_->device()) + ": out of memory; the GPU has " + format_bytes(free) +
                            " free of " + format_bytes(total) + ", dtrain buffers hold " +
-                           format_bytes(state_->stats().allocated()) + " (peak " +
-                           format_bytes(state_->stats().peak()) + ")",
+                           format_bytes(state_->stats().total().allocated()) + " (peak " +
+                           format_bytes(state_->stats().total().peak()) + ")",
                        cuda_fix(status));
     }
     cuda_check(status, "cudaMalloc(" + std::to_string(bytes) + " bytes)");
-    state_->stats().on_allocate(bytes);
+    state_->stats().on_allocate(category_, bytes);
     return p;
   }
   void deallocate(void* p, std::size_t bytes) noexcept {
     cudaFree(p);
-    state_->stats().on_release(bytes);
+    state_->stats().on_release(category_, bytes);
   }
   void fill_zero(void* p, std::size_t bytes) {
     cuda_check(cudaMemsetAsync(p, 0, bytes, state_->stream()), "cudaMemsetAsync");
@@ -193,6 +194,7 @@ class CudaAllocator {
 
  private:
   std::shared_ptr<cuda_state> state_;
+  memory_category category_ = memory_category::other;
 };
 
 }  // namespace detail
@@ -214,7 +216,9 @@ class Cuda {
   cudaStream_t stream() const noexcept { return state_->stream(); }
   cublasHandle_t cublas() const noexcept { return state_->blas(); }
   void make_current() const { cuda_check(cudaSetDevice(device_id()), "cudaSetDevice"); }
-  detail::CudaAllocator allocator() const { return detail::CudaAllocator(state_); }
+  detail::CudaAllocator allocator(memory_category category = memory_category::other) const {
+    return detail::CudaAllocator(state_, category);
+  }
 
   void synchronize() { cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
 
@@ -239,7 +243,7 @@ class Cuda {
   }
 
   template <class T>
-  T* workspace(std::size_t n) { return workspace_.template get<T>(allocator(), n); }
+  T* workspace(std::size_t n) { return workspace_.template get<T>(allocator(memory_category::activations), n); }
 
   // Row-major C = alpha * op(A) * op(B) + beta * C. cuBLAS is column-major and
   // a row-major matrix is its column-major transpose, so we ask for
@@ -294,9 +298,11 @@ class Cuda {
 #endif
   }
 
-  std::size_t memory_allocated() const noexcept { return state_->stats().allocated(); }
-  std::size_t peak_memory_allocated() const noexcept { return state_->stats().peak(); }
-  void reset_peak_memory_allocated() noexcept { state_->stats().reset_peak(); }
+  std::size_t memory_allocated() const noexcept { return state_->stats().total().allocated(); }
+  std::size_t peak_memory_allocated() const noexcept { return state_->stats().total().peak(); }
+  void reset_peak_memory_allocated() noexcept { state_->stats().total().reset_peak(); }
+  MemoryUsage memory_by_category() const noexcept { return state_->stats().current(); }
+  MemoryUsage peak_memory_by_category() const noexcept { return state_->stats().peak(); }
 
  private:
   template <class T>

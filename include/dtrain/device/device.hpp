@@ -5,7 +5,8 @@
 //
 // Beyond what is checked here, a device offers:
 //   template <class T> using buffer = Buffer<T, allocator>;   (device/buffer.hpp)
-//   allocator()                         what make_buffer<T>(dev, n) allocates with
+//   allocator(category = other)         what make_buffer<T>(dev, n, category) allocates with;
+//                                       its bytes count into that memory_category
 //   gemm<T>(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
 //       ROW-MAJOR C[m x n] = alpha * op(A) * op(B) + beta * C, fp32 accumulation
 //       for every dtype; C is not read when beta == 0.
@@ -20,6 +21,7 @@
 #include <cstdint>
 
 #include "dtrain/core/macros.hpp"
+#include "dtrain/device/buffer.hpp"
 
 namespace dtrain {
 
@@ -37,6 +39,7 @@ concept ComputeDevice = requires(D& d, const float* cx, float* x, std::size_t n,
   { D::host_accessible } -> std::convertible_to<bool>;
   typename D::template buffer<float>;
   d.allocator();
+  d.allocator(memory_category::params);
   d.synchronize();
   d.copy_to_host(x, cx, n);    // device -> host, blocking
   d.copy_from_host(x, cx, n);  // host -> device, blocking
@@ -48,6 +51,8 @@ concept ComputeDevice = requires(D& d, const float* cx, float* x, std::size_t n,
   { d.sum(n, detail::device_probe{}) } -> std::convertible_to<double>;
   { d.memory_allocated() } -> std::convertible_to<std::size_t>;
   { d.peak_memory_allocated() } -> std::convertible_to<std::size_t>;
+  { d.memory_by_category() } -> std::same_as<MemoryUsage>;       // current bytes per category
+  { d.peak_memory_by_category() } -> std::same_as<MemoryUsage>;  // high-water mark per category
 };
 
 }  // namespace dtrain

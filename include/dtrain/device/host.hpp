@@ -48,24 +48,26 @@ inline constexpr std::size_t host_alignment = 64;  // a cache line, and AVX-512 
 class HostAllocator {
  public:
   HostAllocator() = default;
-  explicit HostAllocator(std::shared_ptr<memory_stats> stats) : stats_(std::move(stats)) {}
+  HostAllocator(std::shared_ptr<device_memory> stats, memory_category category)
+      : stats_(std::move(stats)), category_(category) {}
 
   void* allocate(std::size_t bytes) {
     void* p = ::operator new(bytes, std::align_val_t{host_alignment}, std::nothrow);
     if (p == nullptr)
       throw error("host allocation of " + std::to_string(bytes) + " bytes failed (out of memory)",
                   "reduce the batch size or the model, or use more ranks with a sharded strategy");
-    if (stats_) stats_->on_allocate(bytes);
+    if (stats_) stats_->on_allocate(category_, bytes);
     return p;
   }
   void deallocate(void* p, std::size_t bytes) noexcept {
     ::operator delete(p, std::align_val_t{host_alignment});
-    if (stats_) stats_->on_release(bytes);
+    if (stats_) stats_->on_release(category_, bytes);
   }
   void fill_zero(void* p, std::size_t bytes) { std::memset(p, 0, bytes); }
 
  private:
-  std::shared_ptr<memory_stats> stats_;
+  std::shared_ptr<device_memory> stats_;
+  memory_category category_ = memory_category::other;
 };
 
 // A positive integer from the environment, or `fallback` when unset.
@@ -156,7 +158,9 @@ class Host {
   }
 
   int threads() const noexcept { return threads_; }
-  detail::HostAllocator allocator() const { return detail::HostAllocator(stats_); }
+  detail::HostAllocator allocator(memory_category category = memory_category::other) const {
+    return detail::HostAllocator(stats_, category);
+  }
 
   void synchronize() noexcept {}
 
@@ -174,7 +178,7 @@ class Host {
   }
 
   template <class T>
-  T* workspace(std::size_t n) { return workspace_.template get<T>(allocator(), n); }
+  T* workspace(std::size_t n) { return workspace_.template get<T>(allocator(memory_category::activations), n); }
 
   // Row-major C = alpha * op(A) * op(B) + beta * C. bf16/fp16 are widened to
   // fp32, multiplied by sgemm and rounded once on the way back: the same
@@ -221,9 +225,11 @@ class Host {
     return acc;
   }
 
-  std::size_t memory_allocated() const noexcept { return stats_->allocated(); }
-  std::size_t peak_memory_allocated() const noexcept { return stats_->peak(); }
-  void reset_peak_memory_allocated() noexcept { stats_->reset_peak(); }
+  std::size_t memory_allocated() const noexcept { return stats_->total().allocated(); }
+  std::size_t peak_memory_allocated() const noexcept { return stats_->total().peak(); }
+  void reset_peak_memory_allocated() noexcept { stats_->total().reset_peak(); }
+  MemoryUsage memory_by_category() const noexcept { return stats_->current(); }
+  MemoryUsage peak_memory_by_category() const noexcept { return stats_->peak(); }
 
  private:
   struct from_env {};
@@ -239,7 +245,7 @@ class Host {
   }
 
   int threads_;
-  std::shared_ptr<detail::memory_stats> stats_ = std::make_shared<detail::memory_stats>();
+  std::shared_ptr<detail::device_memory> stats_ = std::make_shared<detail::device_memory>();
   detail::Workspace<detail::HostAllocator> workspace_;
 };
 

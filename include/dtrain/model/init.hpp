@@ -4,11 +4,13 @@
 // distributions differ between standard libraries: the same seed must give
 // the same weights with every compiler, so runs are reproducible anywhere.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
 #include <span>
 
+#include "dtrain/model/layout.hpp"
 #include "dtrain/model/param.hpp"
 
 namespace dtrain {
@@ -59,6 +61,22 @@ inline void init_values(std::span<float> out, const Init& init, std::uint64_t se
 // The seed of one parameter: distinct per (model seed, unit, parameter).
 constexpr std::uint64_t param_seed(std::uint64_t seed, std::size_t unit, std::size_t index) {
   return seed * 0x100000001b3ull ^ (static_cast<std::uint64_t>(unit) << 20) ^ static_cast<std::uint64_t>(index);
+}
+
+// A unit's initial values: its trainable segment into `train` and its frozen
+// segment into `frozen` (each the padded size; padding is zero). Every rank
+// computes the same values from the same seed, one unit at a time, so a
+// sharded strategy never holds more than one unit's full values.
+inline void init_unit_values(const UnitSlots& unit, std::uint64_t seed, std::span<float> train,
+                             std::span<float> frozen) {
+  std::fill(train.begin(), train.end(), 0.f);
+  std::fill(frozen.begin(), frozen.end(), 0.f);
+  for (const auto& slot : unit.params) {
+    const auto n = static_cast<std::size_t>(slot.spec.numel());
+    auto dst = slot.spec.trainable ? train.subspan(slot.offset - unit.train_offset, n)
+                                   : frozen.subspan(slot.offset - unit.frozen_offset, n);
+    init_values(dst, slot.spec.init, param_seed(seed, slot.unit, slot.index));
+  }
 }
 
 }  // namespace dtrain

@@ -7,7 +7,15 @@
 // complete as soon as its units' backward ran, and one all-reduce per bucket
 // covers it. Within a unit, parameters keep their declaration order. Frozen
 // parameters live in a separate flat buffer: they get no gradient, no
-// optimizer state and no communication beyond the initial broadcast.
+// optimizer state and no gradient communication.
+//
+// Sharding: with `shards` = G > 1 every unit's segment (trainable and frozen
+// alike) is padded with zeros to a multiple of G, so each of G ranks holds an
+// equal shard of s = padded / G elements. Since every padded segment starts
+// at a multiple of G, rank g's shard of a unit is
+//   full[offset + g*s, offset + (g+1)*s)   and sits at   offset / G
+// in the rank's own shard flat: all of a rank's shards form one contiguous
+// buffer (one fused optimizer pass), and shard arithmetic is one division.
 
 #include <cstddef>
 #include <cstdint>
@@ -28,9 +36,15 @@ struct ParamSlot {
 };
 
 struct UnitSlots {
-  std::vector<ParamSlot> params;  // declaration order
-  std::size_t train_offset = 0;   // this unit's slice of the trainable flat buffer
-  std::size_t train_size = 0;
+  std::vector<ParamSlot> params;   // declaration order
+  std::size_t train_offset = 0;    // this unit's segment of the trainable flat buffer
+  std::size_t train_size = 0;      // its parameters' elements
+  std::size_t train_padded = 0;    // train_size rounded up to a multiple of the shard count
+  std::size_t frozen_offset = 0;   // the same for the frozen flat buffer
+  std::size_t frozen_size = 0;
+  std::size_t frozen_padded = 0;
+
+  bool has_params() const { return train_size + frozen_size != 0; }
 };
 
 // A run of consecutive units (in backward order) whose gradients are reduced
@@ -51,32 +65,41 @@ struct BucketOptions {
 
 class ModelLayout {
  public:
-  explicit ModelLayout(const std::vector<std::vector<ParamSpec>>& unit_params) {
+  explicit ModelLayout(const std::vector<std::vector<ParamSpec>>& unit_params, std::size_t shards = 1)
+      : shards_(shards) {
+    if (shards < 1) throw config_error("ModelLayout: the shard count must be >= 1");
     units_.resize(unit_params.size());
     for (std::size_t u = unit_params.size(); u-- > 0;) {
       UnitSlots& slots = units_[u];
       slots.train_offset = train_total_;
+      slots.frozen_offset = frozen_total_;
       for (std::size_t i = 0; i < unit_params[u].size(); ++i) {
         const ParamSpec& spec = unit_params[u][i];
         validate(spec, u);
         ParamSlot slot{std::to_string(u) + "." + spec.name, u, i, spec, 0};
         const auto n = static_cast<std::size_t>(spec.numel());
-        if (spec.trainable) {
-          slot.offset = train_total_;
-          train_total_ += n;
-          slots.train_size += n;
-        } else {
-          slot.offset = frozen_total_;
-          frozen_total_ += n;
-        }
+        std::size_t& size = spec.trainable ? slots.train_size : slots.frozen_size;
+        slot.offset = (spec.trainable ? slots.train_offset : slots.frozen_offset) + size;
+        size += n;
         slots.params.push_back(std::move(slot));
       }
+      slots.train_padded = round_up(slots.train_size);
+      slots.frozen_padded = round_up(slots.frozen_size);
+      train_total_ += slots.train_padded;
+      frozen_total_ += slots.frozen_padded;
+      train_numel_ += slots.train_size;
+      frozen_numel_ += slots.frozen_size;
     }
   }
 
   const std::vector<UnitSlots>& units() const { return units_; }
-  std::size_t trainable_numel() const { return train_total_; }
-  std::size_t frozen_numel() const { return frozen_total_; }
+  std::size_t shards() const { return shards_; }
+  // Parameter elements, without padding.
+  std::size_t trainable_numel() const { return train_numel_; }
+  std::size_t frozen_numel() const { return frozen_numel_; }
+  // Sizes of the flat buffers, padding included (equal to the above when shards == 1).
+  std::size_t trainable_flat_size() const { return train_total_; }
+  std::size_t frozen_flat_size() const { return frozen_total_; }
 
   // One line per parameter; ranks compare these to catch mismatched models.
   std::vector<std::string> signature() const {
@@ -89,6 +112,7 @@ class ModelLayout {
           line += std::to_string(p.spec.shape[d]);
         }
         line += p.spec.trainable ? "] trainable" : "] frozen";
+        line += " init=" + init_text(p.spec.init);
         lines.push_back(std::move(line));
       }
     return lines;
@@ -106,7 +130,7 @@ class ModelLayout {
         has_open = true;
       }
       open.last_unit = u;
-      open.size += units_[u].train_size;
+      open.size += units_[u].train_padded;
       const std::size_t cap = out.empty() ? opts.first_bucket_bytes : opts.bucket_bytes;
       if (open.size * element_bytes >= cap) {
         out.push_back(open);
@@ -132,9 +156,20 @@ class ModelLayout {
                            "every dimension must be at least 1");
   }
 
+  std::size_t round_up(std::size_t n) const { return (n + shards_ - 1) / shards_ * shards_; }
+
+  static std::string init_text(const Init& init) {
+    static constexpr const char* kinds[] = {"zeros", "ones", "constant", "uniform", "normal"};
+    return std::string(kinds[static_cast<int>(init.kind)]) + "(" + std::to_string(init.a) + "," +
+           std::to_string(init.b) + ")";
+  }
+
+  std::size_t shards_;
   std::vector<UnitSlots> units_;
   std::size_t train_total_ = 0;
   std::size_t frozen_total_ = 0;
+  std::size_t train_numel_ = 0;
+  std::size_t frozen_numel_ = 0;
 };
 
 }  // namespace dtrain

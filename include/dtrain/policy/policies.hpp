@@ -4,7 +4,7 @@
 // missing slots with defaults:
 //
 //   using P = dtrain::policies<dtrain::Accumulate<4>, dtrain::Precision<dtrain::bf16>>;
-//   P::strategy     DDP          (the kind inside Strategy<...>)
+//   P::strategy     DDP          (the kind inside Strategy<...>: DDP, FSDP<Mode>, ZeRO1)
 //   P::precision    Precision<bf16>, with P::param_type, P::reduce_type, P::master_type
 //   P::accumulate   4            (micro-batches per optimizer step)
 //   P::device       Host, or Cuda when nvcc compiles the translation unit
@@ -51,7 +51,7 @@ constexpr policy_slot slot_of() {
     return policy_slot::unknown;
 }
 
-enum class composition_problem { none, unknown_type, duplicate };
+enum class composition_problem { none, bare_strategy_kind, unknown_type, duplicate };
 
 template <policy_slot S, class... Ps>
 inline constexpr int slot_count = ((slot_of<Ps>() == S ? 1 : 0) + ... + 0);
@@ -59,7 +59,9 @@ inline constexpr int slot_count = ((slot_of<Ps>() == S ? 1 : 0) + ... + 0);
 // The first problem only, so a bad composition reports exactly one static_assert.
 template <class... Ps>
 constexpr composition_problem check_composition() {
-  if constexpr ((... || (slot_of<Ps>() == policy_slot::unknown)))
+  if constexpr ((... || is_bare_strategy_kind<Ps>))
+    return composition_problem::bare_strategy_kind;
+  else if constexpr ((... || (slot_of<Ps>() == policy_slot::unknown)))
     return composition_problem::unknown_type;
   else if constexpr ((... || (slot_count<slot_of<Ps>(), Ps...> > 1)))
     return composition_problem::duplicate;
@@ -69,6 +71,9 @@ constexpr composition_problem check_composition() {
 
 template <composition_problem Problem>
 struct composition_diagnostic {
+  static_assert(Problem != composition_problem::bare_strategy_kind,
+                "dtrain: a strategy kind is not a policy by itself: wrap it, as in Strategy<FSDP<FullShard>>, "
+                "Strategy<DDP> or Strategy<ZeRO1>");
   static_assert(Problem != composition_problem::unknown_type,
                 "dtrain: unknown policy type: expected Strategy<...>, Precision<...>, Accumulate<N> or Device<...>");
   static_assert(Problem != composition_problem::duplicate,
@@ -94,7 +99,10 @@ struct policies {
                                              std::type_identity<Default>>::type;
 
  public:
-  using strategy = typename slot_t<detail::policy_slot::strategy, Strategy<DDP>>::kind;
+  // An invalid Strategy<...> reports its own error (naming its kind
+  // instantiates it); DDP stands in downstream so nothing else fails.
+  using strategy_policy = slot_t<detail::policy_slot::strategy, Strategy<DDP>>;
+  using strategy = std::conditional_t<StrategyPolicy<strategy_policy>, typename strategy_policy::kind, DDP>;
   using precision = slot_t<detail::policy_slot::precision, Precision<fp32>>;
   using param_type = typename precision::param_type;
   using reduce_type = typename precision::reduce_type;

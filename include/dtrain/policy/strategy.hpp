@@ -1,8 +1,18 @@
 #pragma once
-// The Strategy slot: how parameters and gradients are laid out across ranks.
-// Strategy<Kind> wraps a kind tag; DDP is the only kind that exists today.
+// The Strategy slot: how parameters, gradients and optimizer state are laid
+// out across ranks. Strategy<Kind> wraps one kind tag:
+//
+//   Strategy<DDP>                 every rank holds everything; gradients all-reduced
+//   Strategy<FSDP<FullShard>>     ZeRO-3: parameters, gradients, optimizer state sharded
+//   Strategy<FSDP<ShardGradOp>>   ZeRO-2: gathered parameters kept from forward to backward
+//   Strategy<FSDP<NoShard>>       FSDP's machinery, replicated (DDP's results)
+//   Strategy<FSDP<HybridShard>>   sharded within a group of ranks (a node), replicated across groups
+//   Strategy<ZeRO1>               only optimizer state and master weights sharded
+//
+// The kinds are tags; each strategy's code lives in strategy/<kind>.hpp.
 
 #include <string_view>
+#include <type_traits>
 
 namespace dtrain {
 
@@ -12,17 +22,75 @@ struct DDP {
   static constexpr std::string_view name = "ddp";
 };
 
-namespace detail {
-// The tags Strategy<...> accepts. A new strategy kind opts in here.
-template <class Kind>
-inline constexpr bool is_strategy_kind = false;
-template <>
-inline constexpr bool is_strategy_kind<DDP> = true;
-
-template <bool KnownKind>
-struct strategy_diagnostic {
-  static_assert(KnownKind, "dtrain: unknown strategy: Strategy<...> takes DDP");
+// FSDP modes: which ranks share a shard, and when a gathered copy is freed.
+struct FullShard {
+  static constexpr std::string_view name = "fsdp-full";
 };
+struct ShardGradOp {
+  static constexpr std::string_view name = "fsdp-grad-op";
+};
+struct NoShard {
+  static constexpr std::string_view name = "fsdp-no-shard";
+};
+struct HybridShard {
+  static constexpr std::string_view name = "fsdp-hybrid";
+};
+
+// ZeRO stage 1: parameters and gradients replicated, optimizer state and fp32
+// master weights sharded; updated parameters are all-gathered.
+struct ZeRO1 {
+  static constexpr std::string_view name = "zero1";
+};
+
+namespace detail {
+template <class Mode>
+inline constexpr bool is_fsdp_mode = std::is_same_v<Mode, FullShard> || std::is_same_v<Mode, ShardGradOp> ||
+                                     std::is_same_v<Mode, NoShard> || std::is_same_v<Mode, HybridShard>;
+}  // namespace detail
+
+// Fully sharded data parallel in one of its modes (FullShard by default).
+template <class Mode = FullShard>
+struct FSDP {
+  using mode = Mode;
+  static constexpr std::string_view name = Mode::name;
+};
+
+namespace detail {
+template <class Kind>
+inline constexpr bool is_fsdp = false;
+template <class Mode>
+inline constexpr bool is_fsdp<FSDP<Mode>> = true;
+
+enum class strategy_problem { none, unknown_kind, unknown_fsdp_mode, bare_fsdp_mode };
+
+// The first problem only, so a bad Strategy reports exactly one static_assert.
+template <class Kind>
+constexpr strategy_problem check_strategy() {
+  if constexpr (std::is_same_v<Kind, DDP> || std::is_same_v<Kind, ZeRO1>)
+    return strategy_problem::none;
+  else if constexpr (is_fsdp_mode<Kind>)
+    return strategy_problem::bare_fsdp_mode;
+  else if constexpr (is_fsdp<Kind>)
+    return is_fsdp_mode<typename Kind::mode> ? strategy_problem::none : strategy_problem::unknown_fsdp_mode;
+  else
+    return strategy_problem::unknown_kind;
+}
+
+template <strategy_problem Problem>
+struct strategy_diagnostic {
+  static_assert(Problem != strategy_problem::unknown_kind,
+                "dtrain: unknown strategy: Strategy<...> takes DDP, FSDP<Mode> or ZeRO1");
+  static_assert(Problem != strategy_problem::unknown_fsdp_mode,
+                "dtrain: unknown FSDP mode: FSDP<...> takes FullShard, ShardGradOp, NoShard or HybridShard");
+  static_assert(Problem != strategy_problem::bare_fsdp_mode,
+                "dtrain: FullShard, ShardGradOp, NoShard and HybridShard are FSDP modes: write "
+                "Strategy<FSDP<Mode>>");
+};
+
+// A kind (or an FSDP mode) given where a policy belongs, without Strategy<>.
+template <class P>
+inline constexpr bool is_bare_strategy_kind =
+    std::is_same_v<P, DDP> || std::is_same_v<P, ZeRO1> || is_fsdp<P> || is_fsdp_mode<P>;
 }  // namespace detail
 
 template <class Kind>
@@ -31,7 +99,7 @@ struct Strategy {
 
  private:
   // The check lives in another class so a failure leaves Strategy usable (see policies.hpp).
-  static constexpr detail::strategy_diagnostic<detail::is_strategy_kind<Kind>> diagnostic{};
+  static constexpr detail::strategy_diagnostic<detail::check_strategy<Kind>()> diagnostic{};
 };
 
 namespace detail {
@@ -46,7 +114,7 @@ inline constexpr bool is_strategy_slot<Strategy<Kind>> = true;
 template <class P>
 inline constexpr bool is_strategy_policy = false;
 template <class Kind>
-inline constexpr bool is_strategy_policy<Strategy<Kind>> = is_strategy_kind<Kind>;
+inline constexpr bool is_strategy_policy<Strategy<Kind>> = check_strategy<Kind>() == strategy_problem::none;
 }  // namespace detail
 
 template <class P>

@@ -44,7 +44,23 @@ struct CommBinding<Cuda> {
     order_after_compute(comm, dev);
     return comm.broadcast(data, root);
   }
+  template <class T>
+  static work_type reduce_scatter(comm_type& comm, Cuda& dev, std::span<const T> in, std::span<T> out, reduce_op op) {
+    order_after_compute(comm, dev);
+    return comm.template reduce_scatter<T>(in, out, op);
+  }
+  template <class T>
+  static work_type all_gather(comm_type& comm, Cuda& dev, std::span<const T> in, std::span<T> out) {
+    order_after_compute(comm, dev);
+    return comm.template all_gather<T>(in, out);
+  }
   static void join(work_type& work, Cuda& dev) { work.wait(dev.stream()); }
+  // Streams order everything: the next step can always be issued at once.
+  static bool ready(const work_type&) { return true; }
+  // Whether the collective has completed on the GPU (an event query).
+  static bool done(const work_type& work) { return work.done(); }
+  // `next`'s stream waits for `work` (a collective on another communicator).
+  static void then(work_type& work, comm_type& next) { work.wait(next.stream()); }
   static void host_barrier(comm_type& comm, Cuda&) { comm.barrier().synchronize(); }
 
  private:

@@ -3,28 +3,33 @@
 // bucket by bucket while backward still runs on earlier units.
 //
 // Data flow of one optimizer step (Accumulate<A> micro-batches):
-//   count   all-reduce the step's sample count (the loss normaliser)
 //   k < A   forward all units -> loss -> backward in reverse; each unit's
 //           gradient (compute dtype T) is added into the fp32 accumulator
 //   k = A-1 as soon as the units of a bucket are done, the bucket's slice is
 //           cast to the reduce dtype R (if R != fp32) and all-reduced (sum)
 //           asynchronously; only this last micro-batch communicates
-//   step    join the buckets, unscale, (fp16) skip on inf/NaN, clip, and run
-//           one fused optimizer pass over the flat fp32 master weights that
-//           also writes the compute-dtype copy.
-// The loss normaliser (global sample count) and the loss scale are folded
-// into dlogits, so the summed gradient is exactly the gradient of the mean
-// loss over all samples of all ranks and micro-batches (DESIGN.md §4.1, §4.3).
+//   step    join the buckets; the Trainer unscales, (fp16) skips on inf/NaN
+//           and clips; one fused optimizer pass over the flat fp32 master
+//           weights also writes the compute-dtype copy.
+// The Trainer folds the loss normaliser (global sample count) and the loss
+// scale into dlogits, so the summed gradient is exactly the gradient of the
+// mean loss over all samples of all ranks and micro-batches.
 
 #include <cmath>
 #include <cstddef>
+#include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/kernels/elementwise.hpp"
+#include "dtrain/kernels/reduce.hpp"
+#include "dtrain/model/init.hpp"
 #include "dtrain/model/layout.hpp"
+#include "dtrain/policy/strategy.hpp"
 #include "dtrain/strategy/comm_binding.hpp"
+#include "dtrain/strategy/strategy.hpp"
 
 namespace dtrain {
 
@@ -41,7 +46,7 @@ class GradReducer {
   GradReducer(Dev& dev, typename binding::comm_type& comm, std::vector<Bucket> buckets, float* grads,
               [[maybe_unused]] std::size_t numel)
       : dev_(dev), comm_(comm), buckets_(std::move(buckets)), grads_(grads) {
-    if constexpr (!std::is_same_v<R, float>) staging_ = make_buffer<R>(dev_, numel);
+    if constexpr (!std::is_same_v<R, float>) staging_ = make_buffer<R>(dev_, numel, memory_category::grads);
   }
 
   // Backward finished unit u of the communicating micro-batch.
@@ -77,6 +82,165 @@ class GradReducer {
   typename Dev::template buffer<R> staging_;
   std::vector<typename binding::work_type> works_;
   std::size_t next_ = 0;
+};
+
+namespace detail {
+
+// The full-model gradient storage DDP and ZeRO1 share: what each unit's
+// backward writes (T) and, when T is not fp32 or micro-batches accumulate, an
+// fp32 accumulator beside it. Laid out like the layout's trainable flat.
+template <class Dev, Dtype T, int A>
+class FullGradients {
+ public:
+  // Gradients reach reductions and the optimizer in fp32; a separate
+  // accumulator is needed unless the unit already writes fp32 and nothing is
+  // accumulated.
+  static constexpr bool separate_accumulator = A > 1 || !std::is_same_v<T, float>;
+
+  FullGradients(Dev& dev, const ModelLayout& layout) : dev_(dev), layout_(layout) {
+    const std::size_t n = layout.trainable_flat_size();
+    grads_ = make_buffer<T>(dev, n, zero_init, memory_category::grads);  // zero padding, never written
+    if constexpr (separate_accumulator) accum_ = make_buffer<float>(dev, n, zero_init, memory_category::grads);
+  }
+
+  T* compute() { return grads_.data(); }
+  // The fp32 gradient (the accumulator, or the unit-written buffer itself).
+  float* f32() {
+    if constexpr (separate_accumulator) return accum_.data();
+    else return grads_.data();
+  }
+
+  // Micro-batch k's gradient of unit u: the first one is written, later ones added.
+  void accumulate(std::size_t u, int k) {
+    if constexpr (separate_accumulator) {
+      const auto& unit = layout_.units()[u];
+      if (unit.train_size == 0) return;
+      float* dst = accum_.data() + unit.train_offset;
+      const T* src = grads_.data() + unit.train_offset;
+      if (k == 0)
+        dev_.for_each(unit.train_size, Cast<T, float>{src, dst});
+      else
+        dev_.for_each(unit.train_size, AccumulateInto<T>{dst, src});
+    }
+  }
+
+ private:
+  Dev& dev_;
+  const ModelLayout& layout_;
+  typename Dev::template buffer<T> grads_;
+  typename Dev::template buffer<float> accum_;
+};
+
+}  // namespace detail
+
+template <class Dev, Dtype T, Dtype R, int A>
+class DdpStrategy {
+  using binding = CommBinding<Dev>;
+  template <class E>
+  using buffer = typename Dev::template buffer<E>;
+
+ public:
+  static std::size_t shard_count(const World&, const ShardingOptions&) { return 1; }
+
+  explicit DdpStrategy(const StrategyContext<Dev>& ctx)
+      : dev_(ctx.dev), layout_(ctx.layout), comm_(ctx.comm), rank_(ctx.world.rank()), grads_(dev_, layout_) {
+    const std::size_t n = layout_.trainable_flat_size();
+    // With fp32 compute the master weights are the parameters.
+    master_ = make_buffer<float>(dev_, n, std::is_same_v<T, float> ? memory_category::params : memory_category::master);
+    if constexpr (!std::is_same_v<T, float>) params_ = make_buffer<T>(dev_, n, memory_category::params);
+    frozen_ = make_buffer<T>(dev_, layout_.frozen_flat_size(), memory_category::params);
+    for (const auto& unit : layout_.units()) {
+      auto& pv = views_.emplace_back();
+      detail::unit_views(unit, compute_params() + unit.train_offset, frozen_.data() + unit.frozen_offset, pv,
+                         &grad_views_.emplace_back(), grads_.compute() + unit.train_offset);
+      const_views_.push_back(detail::as_const(pv));
+    }
+    reducer_ = std::make_unique<GradReducer<Dev, R>>(dev_, comm_, layout_.buckets(ctx.buckets, sizeof(R)),
+                                                     grads_.f32(), n);
+    initialise_and_broadcast(ctx.seed);
+  }
+
+  void before_forward(std::size_t, int) {}
+  void after_forward(std::size_t, int) {}
+  void before_backward(std::size_t, int) {}
+  void after_backward(std::size_t u, int k) {
+    grads_.accumulate(u, k);
+    if (k == A - 1) reducer_->unit_done(u);  // only the last micro-batch communicates
+  }
+  UnitParams<const T> params(std::size_t u) const { return const_views_[u]; }
+  UnitParams<T> grads(std::size_t u) const { return grad_views_[u]; }
+
+  void finish_gradients() { reducer_->finish(); }
+  double grad_norm_squared() {
+    const std::size_t n = layout_.trainable_flat_size();
+    return n ? dev_.sum(n, SquaredNorm<float>{grads_.f32()}) : 0.0;
+  }
+  OwnedFlat<T> owned() {
+    T* out = nullptr;
+    if constexpr (!std::is_same_v<T, float>) out = params_.data();
+    return {master_.data(), grads_.f32(), out, layout_.trainable_flat_size()};
+  }
+  void after_optimizer() {}
+
+  void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) {
+    const auto& unit = layout_.units()[u];
+    dev_.copy_to_host(train.data(), master_.data() + unit.train_offset, unit.train_size);
+    dev_.copy_to_host(frozen.data(), frozen_.data() + unit.frozen_offset, unit.frozen_size);
+  }
+
+  // Every rank holds everything; rank 0 is the replica that saves it.
+  Ownership ownership() const {
+    Ownership o;
+    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+      const auto& unit = layout_.units()[u];
+      if (unit.train_size) o.trainable.push_back({u, 0, unit.train_size, unit.train_offset, rank_ == 0});
+      if (unit.frozen_size) o.frozen.push_back({u, 0, unit.frozen_size, unit.frozen_offset, rank_ == 0});
+    }
+    return o;
+  }
+
+ private:
+  T* compute_params() {
+    if constexpr (std::is_same_v<T, float>) return master_.data();
+    else return params_.data();
+  }
+
+  // Every rank initialises from the seed, then rank 0's values are broadcast:
+  // replicas are identical even if a rank's initialisation differed.
+  void initialise_and_broadcast(std::uint64_t seed) {
+    std::vector<float> train(layout_.trainable_flat_size()), frozen(layout_.frozen_flat_size());
+    for (const auto& unit : layout_.units())
+      init_unit_values(unit, seed, std::span(train).subspan(unit.train_offset, unit.train_padded),
+                       std::span(frozen).subspan(unit.frozen_offset, unit.frozen_padded));
+    std::vector<T> frozen_t(frozen.size());
+    for (std::size_t i = 0; i < frozen.size(); ++i) frozen_t[i] = dtype_cast<T>(frozen[i]);
+    dev_.copy_from_host(master_.data(), train.data(), train.size());
+    dev_.copy_from_host(frozen_.data(), frozen_t.data(), frozen_t.size());
+    auto w1 = binding::broadcast(comm_, dev_, master_.span(), 0);
+    auto w2 = binding::broadcast(comm_, dev_, frozen_.span(), 0);
+    binding::join(w1, dev_);
+    binding::join(w2, dev_);
+    if constexpr (!std::is_same_v<T, float>)
+      dev_.for_each(master_.size(), Cast<float, T>{master_.data(), params_.data()});
+  }
+
+  Dev& dev_;
+  const ModelLayout& layout_;
+  typename binding::comm_type& comm_;
+  int rank_;
+  detail::FullGradients<Dev, T, A> grads_;
+  buffer<float> master_;  // fp32 master weights (the parameters themselves when T is fp32)
+  buffer<T> params_;      // compute-dtype copy (T != fp32 only)
+  buffer<T> frozen_;      // frozen parameters, compute dtype
+  std::unique_ptr<GradReducer<Dev, R>> reducer_;
+  std::vector<std::vector<MatView<T>>> views_;
+  std::vector<std::vector<MatView<T>>> grad_views_;
+  std::vector<std::vector<MatView<const T>>> const_views_;
+};
+
+template <class Dev, class T, class R, int A>
+struct strategy_impl<DDP, Dev, T, R, A> {
+  using type = DdpStrategy<Dev, T, R, A>;
 };
 
 }  // namespace dtrain

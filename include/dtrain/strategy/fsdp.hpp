@@ -1,0 +1,269 @@
+#pragma once
+// FSDP: each unit's parameters, gradients and optimizer state are split
+// between the G ranks of a shard group; a unit's parameters exist in full
+// only while it computes.
+//
+// Per rank: the fp32 master shards of every unit (one flat, s_u = padded_u / G
+// elements per unit), the fp32 gradient shards beside them, the optimizer
+// state over that flat, frozen shards in the compute dtype T, and a few
+// unit-sized buffers: gathered parameters and unsharded gradients.
+//
+// One micro-batch k (units u = 0..U-1):
+//   before_forward(u)   gather(u) unless prefetched: cast the master shard into
+//                       this rank's slot of a gathered buffer (T), all-gather in
+//                       place over the shard group; gather the next units ahead
+//                       (prefetch) while u computes; wait for u's gather
+//   after_forward(u)    FullShard / HybridShard: free u's buffer (except the last
+//                       unit, whose backward comes next)
+//   before_backward(u)  the same gather (a re-gather under FullShard); a gradient
+//                       buffer for u from the ShardReducer
+//   after_backward(u)   (cast T -> R) reduce-scatter u's gradient over the shard
+//                       group, all-reduce the shard over the replica group
+//                       (HybridShard, NoShard), add it into the fp32 gradient
+//                       shard: all asynchronous, overlapping the backward of u-1;
+//                       free u's gathered buffer (ShardGradOp / NoShard: only on
+//                       the last micro-batch)
+// Step: drain the reductions; the squared norm sums the shard group's shards;
+// the optimizer updates the rank's shards only. No compute-dtype shard is
+// kept: the next gather casts the updated master shard.
+//
+// The four modes are two choices (docs/design.md):
+//   FullShard     G = world     reshard after forward
+//   ShardGradOp   G = world     keep from forward to the end of backward
+//   NoShard       G = 1         keep (FSDP's machinery, DDP's results)
+//   HybridShard   G = group     reshard after forward (group: ShardingOptions::shard_group,
+//                               default the ranks of a node)
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/kernels/elementwise.hpp"
+#include "dtrain/kernels/reduce.hpp"
+#include "dtrain/model/layout.hpp"
+#include "dtrain/policy/strategy.hpp"
+#include "dtrain/strategy/comm_binding.hpp"
+#include "dtrain/strategy/sharded.hpp"
+#include "dtrain/strategy/strategy.hpp"
+
+namespace dtrain {
+
+template <class Mode, class Dev, Dtype T, Dtype R, int A>
+class FsdpStrategy {
+  using binding = CommBinding<Dev>;
+  template <class E>
+  using buffer = typename Dev::template buffer<E>;
+
+  static constexpr bool reshard_after_forward = std::is_same_v<Mode, FullShard> || std::is_same_v<Mode, HybridShard>;
+
+ public:
+  static std::size_t shard_count(const World& world, const ShardingOptions& options) {
+    if constexpr (std::is_same_v<Mode, NoShard>) {
+      return 1;
+    } else if constexpr (std::is_same_v<Mode, HybridShard>) {
+      const int group = options.shard_group > 0 ? options.shard_group : world.local_size();
+      if (group < 1 || world.size() % group != 0)
+        throw config_error("FSDP<HybridShard>: a shard group of " + std::to_string(group) +
+                               " ranks does not divide the world of " + std::to_string(world.size()) + " ranks",
+                           "set ShardingOptions::shard_group (train_mlp: shard_group=K) to a divisor of the world "
+                           "size; the default is the ranks of one node");
+      return static_cast<std::size_t>(group);
+    } else {
+      return static_cast<std::size_t>(world.size());
+    }
+  }
+
+  explicit FsdpStrategy(const StrategyContext<Dev>& ctx)
+      : dev_(ctx.dev),
+        layout_(ctx.layout),
+        prefetch_(ctx.sharding.prefetch),
+        groups_(ctx.world, ctx.dev, ctx.comm, static_cast<int>(ctx.layout.shards())),
+        params_(dev_, layout_, groups_, ctx.seed,
+                std::is_same_v<T, float> ? memory_category::params : memory_category::master, true),
+        grad_shard_(make_buffer<float>(dev_, params_.size(), zero_init, memory_category::grads)),
+        reducer_(dev_, layout_, groups_, grad_shard_.data()),
+        units_(layout_.units().size()) {
+    std::size_t params_units = 0;
+    for (const auto& unit : layout_.units()) {
+      params_units += unit.has_params() ? 1 : 0;
+      if (unit.has_params()) last_params_unit_ = static_cast<std::size_t>(&unit - layout_.units().data());
+      max_train_ = std::max(max_train_, unit.train_padded);
+    }
+    // FullShard and HybridShard hold the unit computing plus the prefetched
+    // ones; the keeping modes hold every unit until its last backward.
+    live_limit_ = reshard_after_forward ? static_cast<std::size_t>(prefetch_) + 1 : params_units;
+    if constexpr (!std::is_same_v<T, R>) unit_grad_ = make_buffer<T>(dev_, max_train_, memory_category::gathered);
+    scalar_ = make_buffer<float>(dev_, 1);
+  }
+
+  void before_forward(std::size_t u, int k) { use(u, false, k); }
+  void after_forward(std::size_t u, int) {
+    if (reshard_after_forward && u != last_params_unit_) release(u);
+  }
+  void before_backward(std::size_t u, int k) {
+    use(u, true, k);
+    const auto& unit = layout_.units()[u];
+    if (!unit.has_params()) return;
+    T* grad = nullptr;  // frozen-only units get empty gradient views
+    if (unit.train_size) {
+      if constexpr (std::is_same_v<T, R>) grad = reducer_.input(u);
+      else grad = unit_grad_.data();
+    }
+    UnitState& st = units_[u];
+    Slot& slot = slots_[static_cast<std::size_t>(st.slot)];
+    detail::unit_views(unit, slot.train.data(), slot.frozen.data(), st.views, &st.grad_views, grad);
+  }
+  void after_backward(std::size_t u, int k) {
+    const auto& unit = layout_.units()[u];
+    if (unit.train_size) {
+      if constexpr (!std::is_same_v<T, R>)
+        dev_.for_each(unit.train_size, Cast<T, R>{unit_grad_.data(), reducer_.input(u)});
+      reducer_.submit(u, k);
+    }
+    if (unit.has_params() && (reshard_after_forward || k == A - 1)) release(u);
+  }
+  UnitParams<const T> params(std::size_t u) const { return units_[u].const_views; }
+  UnitParams<T> grads(std::size_t u) const { return units_[u].grad_views; }
+
+  void finish_gradients() { reducer_.drain(); }
+
+  // Sum of squares of this rank's gradient shard, summed over the shard group
+  // (in fp32, identically on every rank; replicas hold equal shards).
+  double grad_norm_squared() {
+    const double local = params_.size() ? dev_.sum(params_.size(), SquaredNorm<float>{grad_shard_.data()}) : 0.0;
+    if (!groups_.shard()) return local;
+    const float f = static_cast<float>(local);
+    dev_.copy_from_host(scalar_.data(), &f, 1);
+    auto w = binding::all_reduce(*groups_.shard(), dev_, scalar_.span(), reduce_op::sum);
+    binding::join(w, dev_);
+    float total = 0.f;
+    dev_.copy_to_host(&total, scalar_.data(), 1);
+    return total;
+  }
+
+  OwnedFlat<T> owned() { return {params_.master(), grad_shard_.data(), nullptr, params_.size()}; }
+  void after_optimizer() {}  // the next gather casts the updated master shards
+
+  void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) { params_.read_unit(u, train, frozen); }
+
+  // This rank's shard of every unit; copy 0 of each shard (the first shard
+  // group) writes it.
+  Ownership ownership() const {
+    Ownership o;
+    const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
+    const bool writer = groups_.replica_index() == 0;
+    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+      const auto& unit = layout_.units()[u];
+      if (const auto r = shard_range(unit.train_size, unit.train_padded / G, g); r.second)
+        o.trainable.push_back({u, r.first, r.second, unit.train_offset / G, writer});
+      if (const auto r = shard_range(unit.frozen_size, unit.frozen_padded / G, g); r.second)
+        o.frozen.push_back({u, r.first, r.second, unit.frozen_offset / G, writer});
+    }
+    return o;
+  }
+
+  const ShardGroups<Dev>& groups() const { return groups_; }
+
+ private:
+  struct Slot {
+    buffer<T> train, frozen;  // a unit's gathered segments (grow to the largest unit held)
+    bool busy = false;
+  };
+  struct UnitState {
+    std::ptrdiff_t slot = -1;  // gathered into slots_[slot]
+    bool gathering = false;    // a gather is in flight
+    typename ShardedParams<Dev, T>::Gather gather;
+    std::vector<MatView<T>> views;
+    std::vector<MatView<const T>> const_views;
+    std::vector<MatView<T>> grad_views;  // set for the unit's backward
+  };
+
+  // [first, first + count): the real (unpadded) part of shard g of a segment.
+  static std::pair<std::size_t, std::size_t> shard_range(std::size_t size, std::size_t s, std::size_t g) {
+    const std::size_t first = std::min(size, g * s);
+    return {first, std::min(size, first + s) - first};
+  }
+
+  // Unit u is about to compute: its parameters gathered, the next uses
+  // prefetched, its gather joined.
+  void use(std::size_t u, bool backward, int k) {
+    if (!layout_.units()[u].has_params()) return;
+    if (units_[u].slot < 0 && !issue_gather(u))
+      throw error("FSDP: no gathered buffer free for unit " + std::to_string(u) + " (internal limit " +
+                      std::to_string(live_limit_) + ")",
+                  "report this as a dtrain bug");
+    detail::look_ahead(layout_, detail::use_position(layout_.units().size(), u, backward), k < A - 1, prefetch_,
+                       [&](std::size_t v) { return units_[v].slot < 0; },
+                       [&](std::size_t v) { return issue_gather(v); });
+    if (units_[u].gathering) {
+      units_[u].gather.join(dev_);
+      units_[u].gathering = false;
+    }
+  }
+
+  bool issue_gather(std::size_t u) {
+    const std::ptrdiff_t i = acquire();
+    if (i < 0) return false;
+    Slot& slot = slots_[static_cast<std::size_t>(i)];
+    const auto& unit = layout_.units()[u];
+    grow(slot.train, unit.train_padded);
+    grow(slot.frozen, unit.frozen_padded);
+    UnitState& st = units_[u];
+    st.slot = i;
+    st.gather = params_.gather(u, slot.train.data(), slot.frozen.data());
+    st.gathering = true;
+    detail::unit_views(unit, slot.train.data(), slot.frozen.data(), st.views);
+    st.const_views = detail::as_const(st.views);
+    return true;
+  }
+
+  std::ptrdiff_t acquire() {
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (!slots_[i].busy) {
+        slots_[i].busy = true;
+        return static_cast<std::ptrdiff_t>(i);
+      }
+    if (slots_.size() >= live_limit_) return -1;
+    slots_.emplace_back().busy = true;
+    return static_cast<std::ptrdiff_t>(slots_.size() - 1);
+  }
+
+  void release(std::size_t u) {
+    UnitState& st = units_[u];
+    if (st.slot < 0) return;
+    slots_[static_cast<std::size_t>(st.slot)].busy = false;
+    st.slot = -1;
+  }
+
+  void grow(buffer<T>& b, std::size_t n) {
+    if (b.size() >= n) return;
+    b = {};  // free first: never hold the old and the new block at once
+    b = make_buffer<T>(dev_, n, memory_category::gathered);
+  }
+
+  Dev& dev_;
+  const ModelLayout& layout_;
+  int prefetch_;
+  ShardGroups<Dev> groups_;
+  ShardedParams<Dev, T> params_;
+  buffer<float> grad_shard_;  // fp32 gradient shards, the optimizer's gradient
+  ShardReducer<Dev, R> reducer_;
+  std::vector<UnitState> units_;
+  std::vector<Slot> slots_;
+  std::size_t live_limit_ = 0;
+  std::size_t last_params_unit_ = 0;
+  std::size_t max_train_ = 0;
+  buffer<T> unit_grad_;  // T != R: what backward writes before the cast into the reducer
+  buffer<float> scalar_;
+};
+
+template <class Mode, class Dev, class T, class R, int A>
+struct strategy_impl<FSDP<Mode>, Dev, T, R, A> {
+  using type = FsdpStrategy<Mode, Dev, T, R, A>;
+};
+
+}  // namespace dtrain

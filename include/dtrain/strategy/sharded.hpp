@@ -1,0 +1,394 @@
+#pragma once
+// The pieces FSDP and ZeRO1 are built from, public so a hand-written loop can
+// shard its own model:
+//
+//   ShardGroups    this rank's shard group (ranks that split a unit between
+//                  them) and replica group (ranks holding the same shard),
+//                  each with its own communicator
+//   ShardedParams  the rank's fp32 master shards (and frozen shards); gathers
+//                  a unit: cast the shard into its slot of a gathered buffer
+//                  in the compute dtype, then all-gather in place
+//   ShardReducer   a FIFO pipeline that reduce-scatters a unit's full
+//                  gradient over the shard group, all-reduces the shard over
+//                  the replica group, and writes or adds it into the fp32
+//                  gradient shard
+//
+// Shard arithmetic is the layout's (model/layout.hpp): rank g of a group of G
+// holds elements [g*s, (g+1)*s) of a unit's padded segment, s = padded / G,
+// stored at offset / G of its shard flat.
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "dtrain/comm/world.hpp"
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/device/buffer.hpp"
+#include "dtrain/kernels/elementwise.hpp"
+#include "dtrain/kernels/reduce.hpp"
+#include "dtrain/model/init.hpp"
+#include "dtrain/model/layout.hpp"
+#include "dtrain/strategy/comm_binding.hpp"
+
+namespace dtrain {
+
+// Ranks are grouped in runs of G consecutive ranks (launchers number the
+// ranks of a node consecutively, so a group of LOCAL_WORLD_SIZE is a node):
+// shard group = rank / G, position in it = rank % G; the replica group joins
+// the ranks at the same position of every shard group.
+template <class Dev>
+class ShardGroups {
+  using binding = CommBinding<Dev>;
+
+ public:
+  using comm_type = typename binding::comm_type;
+
+  // Collective over `world`: every rank constructs it with the same group size.
+  ShardGroups(World& world, Dev& dev, comm_type& world_comm, int group_size)
+      : size_(group_size),
+        rank_(world.rank() % std::max(group_size, 1)),
+        replicas_(world.size() / std::max(group_size, 1)),
+        replica_index_(world.rank() / std::max(group_size, 1)) {
+    if (group_size < 1 || world.size() % group_size != 0)
+      throw config_error("a shard group of " + std::to_string(group_size) + " ranks does not divide the world of " +
+                             std::to_string(world.size()) + " ranks",
+                         "choose a shard group size that divides the world size (HybridShard's shard_group; "
+                         "the default, the ranks of one node, needs the same number of ranks on every node)");
+    if (size_ > 1 && size_ == world.size()) {
+      shard_ = &world_comm;
+    } else if (size_ > 1) {
+      shard_world_.emplace(world.split(world.rank() / size_, "shard"));
+      owned_shard_ = binding::make(*shard_world_, dev);
+      shard_ = owned_shard_.get();
+    }
+    if (replicas_ > 1 && replicas_ == world.size()) {
+      replica_ = &world_comm;
+    } else if (replicas_ > 1) {
+      replica_world_.emplace(world.split(rank_, "replica"));
+      owned_replica_ = binding::make(*replica_world_, dev);
+      replica_ = owned_replica_.get();
+    }
+  }
+
+  int size() const { return size_; }          // G: ranks that split each unit
+  int rank() const { return rank_; }          // g: this rank's shard index
+  int replicas() const { return replicas_; }  // shard groups (copies of each shard)
+  // Which copy of the shard this rank holds (copy 0 saves it in a checkpoint).
+  int replica_index() const { return replica_index_; }
+  // Null when the group has one member (nothing to communicate).
+  comm_type* shard() const { return shard_; }
+  comm_type* replica() const { return replica_; }
+
+ private:
+  int size_;
+  int rank_;
+  int replicas_;
+  int replica_index_;
+  std::optional<World> shard_world_, replica_world_;
+  std::unique_ptr<comm_type> owned_shard_, owned_replica_;
+  comm_type* shard_ = nullptr;
+  comm_type* replica_ = nullptr;
+};
+
+template <class Dev, Dtype T>
+class ShardedParams {
+  using binding = CommBinding<Dev>;
+  using work_type = typename binding::work_type;
+  template <class E>
+  using buffer = typename Dev::template buffer<E>;
+
+ public:
+  // A unit's all-gathers in flight; join() before reading the gathered buffer.
+  struct Gather {
+    work_type train, frozen;
+    void join(Dev& dev) {
+      binding::join(train, dev);
+      binding::join(frozen, dev);
+    }
+  };
+
+  // Initialises this rank's shards from the seed, one unit at a time.
+  // `master_category`: params when the fp32 shard is the only copy of the
+  // parameters at rest (FSDP with fp32 compute), else master.
+  ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed,
+                memory_category master_category, bool shard_frozen)
+      : dev_(dev), layout_(layout), groups_(groups), shard_frozen_(shard_frozen) {
+    const std::size_t G = layout.shards();
+    master_ = make_buffer<float>(dev, layout.trainable_flat_size() / G, master_category);
+    if (shard_frozen) frozen_ = make_buffer<T>(dev, layout.frozen_flat_size() / G, memory_category::params);
+    const std::size_t g = static_cast<std::size_t>(groups.rank());
+    std::vector<float> train, frozen;
+    std::vector<T> frozen_t;
+    for (const auto& unit : layout.units()) {
+      train.resize(unit.train_padded);
+      frozen.resize(unit.frozen_padded);
+      init_unit_values(unit, seed, train, frozen);
+      const std::size_t s = unit.train_padded / G;
+      dev.copy_from_host(master_.data() + unit.train_offset / G, train.data() + g * s, s);
+      if (!shard_frozen) continue;
+      const std::size_t f = unit.frozen_padded / G;
+      frozen_t.resize(f);
+      for (std::size_t i = 0; i < f; ++i) frozen_t[i] = dtype_cast<T>(frozen[g * f + i]);
+      dev.copy_from_host(frozen_.data() + unit.frozen_offset / G, frozen_t.data(), f);
+    }
+  }
+
+  float* master() { return master_.data(); }
+  std::size_t size() const { return master_.size(); }
+  T* frozen() { return frozen_.data(); }
+
+  // Starts gathering unit u: its trainable segment into train_dst and, when
+  // frozen parameters are sharded, its frozen segment into frozen_dst (each
+  // the padded size). This rank's shard is cast into its own slot of the
+  // destination, so the all-gather runs in place and no compute-dtype shard
+  // is kept between gathers.
+  Gather gather(std::size_t u, T* train_dst, T* frozen_dst) {
+    const auto& unit = layout_.units()[u];
+    const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
+    Gather out;
+    if (const std::size_t s = unit.train_padded / G) {
+      dev_.for_each(s, Cast<float, T>{master_.data() + unit.train_offset / G, train_dst + g * s});
+      out.train = all_gather(train_dst, s, unit.train_padded);
+    }
+    if (const std::size_t f = unit.frozen_padded / G; shard_frozen_ && f) {
+      dev_.copy(frozen_dst + g * f, frozen_.data() + unit.frozen_offset / G, f);
+      out.frozen = all_gather(frozen_dst, f, unit.frozen_padded);
+    }
+    return out;
+  }
+
+  // Unit u's full values on the host: trainable in fp32 (from the master
+  // shards), frozen in T when sharded. Collective over the shard group.
+  void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) {
+    const auto& unit = layout_.units()[u];
+    const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
+    if (const std::size_t s = unit.train_padded / G) {
+      auto full = make_buffer<float>(dev_, unit.train_padded);
+      dev_.copy(full.data() + g * s, master_.data() + unit.train_offset / G, s);
+      auto w = all_gather(full.data(), s, unit.train_padded);
+      binding::join(w, dev_);
+      dev_.copy_to_host(train.data(), full.data(), unit.train_size);
+    }
+    if (const std::size_t f = unit.frozen_padded / G; shard_frozen_ && f) {
+      auto full = make_buffer<T>(dev_, unit.frozen_padded);
+      dev_.copy(full.data() + g * f, frozen_.data() + unit.frozen_offset / G, f);
+      auto w = all_gather(full.data(), f, unit.frozen_padded);
+      binding::join(w, dev_);
+      dev_.copy_to_host(frozen.data(), full.data(), unit.frozen_size);
+    }
+  }
+
+ private:
+  // In-place all-gather of `full` (n elements) whose slice g*s..(g+1)*s is ours.
+  template <class E>
+  work_type all_gather(E* full, std::size_t s, std::size_t n) {
+    if (!groups_.shard()) return {};
+    const std::size_t g = static_cast<std::size_t>(groups_.rank());
+    return binding::all_gather(*groups_.shard(), dev_, std::span<const E>(full + g * s, s), std::span<E>(full, n));
+  }
+
+  Dev& dev_;
+  const ModelLayout& layout_;
+  ShardGroups<Dev>& groups_;
+  bool shard_frozen_;
+  buffer<float> master_;  // this rank's fp32 shards of every unit, one flat (padding zero)
+  buffer<T> frozen_;      // this rank's frozen shards (FSDP), compute dtype
+};
+
+// Reduces unit gradients into the rank's fp32 gradient shard, in the reduce
+// dtype R, as a FIFO pipeline:
+//   reduce_scatter over the shard group (unit's padded gradient -> shard)
+//   all_reduce of the shard over the replica group (HybridShard, NoShard)
+//   shard -> fp32 gradient shard: micro-batch 0 writes, later ones add.
+// The head advances whenever its collective is done, without blocking, so a
+// unit's reduction overlaps the backward of the units before it. Every
+// communicator sees its collectives in unit order on every rank.
+template <class Dev, Dtype R>
+class ShardReducer {
+  using binding = CommBinding<Dev>;
+  using work_type = typename binding::work_type;
+  template <class E>
+  using buffer = typename Dev::template buffer<E>;
+
+ public:
+  // Slots (unit-sized gradient buffers) in flight at most.
+  static constexpr std::size_t max_in_flight = 2;
+
+  ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard)
+      : dev_(dev), layout_(layout), groups_(groups), grad_shard_(grad_shard) {}
+
+  // A buffer of unit u's padded size for its full gradient; waits for an
+  // earlier reduction to free one when max_in_flight are busy.
+  R* input(std::size_t u) {
+    advance(false);
+    while (free_slot() < 0) advance_head();
+    const auto& unit = layout_.units()[u];
+    Slot& slot = slots_[static_cast<std::size_t>(free_slot())];
+    grow(slot.input, unit.train_padded);
+    grow(slot.output, unit.train_padded / layout_.shards());
+    slot.unit = static_cast<std::ptrdiff_t>(u);
+    return slot.input.data();
+  }
+
+  // Starts reducing micro-batch k's gradient of unit u, written into input(u).
+  void submit(std::size_t u, int k) {
+    const auto& unit = layout_.units()[u];
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      Slot& slot = slots_[i];
+      if (slot.unit != static_cast<std::ptrdiff_t>(u) || slot.busy) continue;
+      slot.busy = true;
+      dev_.zero(slot.input.data() + unit.train_size, unit.train_padded - unit.train_size);  // padding
+      start({u, k, static_cast<std::ptrdiff_t>(i), slot.input.data(), slot.output.data()});
+      return;
+    }
+    throw error("ShardReducer::submit(" + std::to_string(u) + ") without input(" + std::to_string(u) + ")",
+                "call input(u), write the unit's gradient there, then submit(u, k)");
+  }
+
+  // Starts reducing micro-batch k's gradient of unit u from `full`, the
+  // unit's padded gradient (padding zero) in a buffer the caller leaves
+  // untouched until drain(); the reduced shard lands in `shard` (the unit's
+  // shard size) on its way to the fp32 gradient shard. No slot is used.
+  void submit(std::size_t u, int k, const R* full, R* shard) {
+    if (groups_.size() == 1 && groups_.replica())
+      throw error("ShardReducer: an external gradient cannot be all-reduced in place",
+                  "use input(u) for replicated shards");
+    start({u, k, -1, full, shard});
+  }
+
+  // Moves finished reductions along without blocking.
+  void poll() { advance(false); }
+  // Completes every reduction: the fp32 gradient shard is final.
+  void drain() {
+    while (!pending_.empty()) advance_head();
+  }
+
+ private:
+  struct Slot {
+    buffer<R> input;   // the unit's full padded gradient
+    buffer<R> output;  // its reduced shard
+    std::ptrdiff_t unit = -1;
+    bool busy = false;
+  };
+  struct Pending {
+    std::size_t unit;
+    int k;
+    std::ptrdiff_t slot;  // -1: external input
+    const R* input;
+    R* shard;             // where the reduced shard lands (input's own storage when G == 1)
+    work_type work{};
+    bool replicated = false;  // the replica all-reduce was issued
+  };
+
+  // Slots are unit-sized and grow to the largest unit they have held.
+  void grow(buffer<R>& b, std::size_t n) {
+    if (b.size() >= n) return;
+    b = {};  // free first: never hold the old and the new block at once
+    b = make_buffer<R>(dev_, n, memory_category::gathered);
+  }
+
+  std::ptrdiff_t free_slot() {
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (!slots_[i].busy) return static_cast<std::ptrdiff_t>(i);
+    if (slots_.size() < max_in_flight) {
+      slots_.emplace_back();
+      return static_cast<std::ptrdiff_t>(slots_.size() - 1);
+    }
+    return -1;
+  }
+
+  void start(Pending p) {
+    const auto& unit = layout_.units()[p.unit];
+    const std::size_t s = unit.train_padded / layout_.shards();
+    if (groups_.shard())
+      p.work = binding::reduce_scatter(*groups_.shard(), dev_, std::span<const R>(p.input, unit.train_padded),
+                                       std::span<R>(p.shard, s), reduce_op::sum);
+    else
+      p.shard = const_cast<R*>(p.input);  // a group of one: the gradient is the shard
+    pending_.push_back(p);
+    advance(false);
+  }
+
+  // Moves the head (and the ones after it) on while that needs no waiting.
+  void advance(bool block) {
+    while (!pending_.empty()) {
+      Pending& p = pending_.front();
+      if (groups_.replica() && !p.replicated) {
+        if (!block && !binding::ready(p.work)) return;
+        replicate(p);
+        continue;
+      }
+      if (!block && !binding::done(p.work)) return;
+      finish(p);
+      pending_.pop_front();
+      block = false;  // advance_head finishes one, then only what is free
+    }
+  }
+  void advance_head() { advance(true); }
+
+  void replicate(Pending& p) {
+    const std::size_t s = layout_.units()[p.unit].train_padded / layout_.shards();
+    if (groups_.shard()) binding::then(p.work, *groups_.replica());
+    p.work = binding::all_reduce(*groups_.replica(), dev_, std::span<R>(p.shard, s), reduce_op::sum);
+    p.replicated = true;
+  }
+
+  void finish(Pending& p) {
+    binding::join(p.work, dev_);
+    const auto& unit = layout_.units()[p.unit];
+    const std::size_t s = unit.train_padded / layout_.shards();
+    float* dst = grad_shard_ + unit.train_offset / layout_.shards();
+    if (p.k == 0)
+      dev_.for_each(s, Cast<R, float>{p.shard, dst});
+    else
+      dev_.for_each(s, AccumulateInto<R>{dst, p.shard});
+    if (p.slot >= 0) {
+      slots_[static_cast<std::size_t>(p.slot)].busy = false;
+      slots_[static_cast<std::size_t>(p.slot)].unit = -1;
+    }
+  }
+
+  Dev& dev_;
+  const ModelLayout& layout_;
+  ShardGroups<Dev>& groups_;
+  float* grad_shard_;
+  std::vector<Slot> slots_;
+  std::deque<Pending> pending_;
+};
+
+namespace detail {
+
+// The order in which one micro-batch uses its units: forward 0..U-1, then
+// backward U-1..0; position p < U is unit p's forward, p >= U unit
+// (2U-1-p)'s backward. Sharded strategies gather ahead along it.
+inline std::size_t use_position(std::size_t units, std::size_t u, bool backward) {
+  return backward ? 2 * units - 1 - u : u;
+}
+
+// Calls issue(v) for the next `depth` units with parameters after position
+// `pos` (wrapping into the next micro-batch's forward when `wrap`) that
+// need(v); stops at the first issue that returns false (no buffer free).
+template <class Need, class Issue>
+void look_ahead(const ModelLayout& layout, std::size_t pos, bool wrap, int depth, Need&& need, Issue&& issue) {
+  const std::size_t U = layout.units().size();
+  const std::size_t end = wrap ? 3 * U : 2 * U;
+  int seen = 0;
+  for (std::size_t p = pos + 1; p < end && seen < depth; ++p) {
+    const std::size_t q = p % (2 * U);
+    const std::size_t v = q < U ? q : 2 * U - 1 - q;
+    if (!layout.units()[v].has_params()) continue;
+    ++seen;
+    if (need(v) && !issue(v)) return;
+  }
+}
+
+}  // namespace detail
+
+}  // namespace dtrain

@@ -1,0 +1,147 @@
+#pragma once
+// The strategy extension point: what a training strategy (DDP, FSDP, ZeRO1,
+// or a user's own) provides to the Trainer, which keeps only what every
+// strategy shares (micro-batch loop, loss normaliser, precision casts, loss
+// scaling, clipping, schedules, stats). docs/design.md draws the data flow.
+//
+// The Trainer drives a strategy S over units u = 0..U-1 and micro-batches
+// k = 0..A-1 in exactly this order:
+//
+//   for k:  for u:          s.before_forward(u, k);  unit.forward(s.params(u));  s.after_forward(u, k)
+//           loss, dlogits
+//           for u reversed: s.before_backward(u, k); unit.backward(s.params(u), s.grads(u)); s.after_backward(u, k)
+//   s.finish_gradients();  norm2 = s.grad_norm_squared();   (skip / clip decided by the Trainer)
+//   optimizer over s.owned();  s.after_optimizer();
+//
+// A strategy is picked by specialising strategy_impl for its kind tag; it is
+// constructed from a StrategyContext and owns every buffer that holds
+// parameters, gradients or master weights on this rank (the optimizer state
+// follows s.owned(), see optim/flat_optimizer.hpp).
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "dtrain/comm/world.hpp"
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/view.hpp"
+#include "dtrain/device/buffer.hpp"
+#include "dtrain/model/layout.hpp"
+#include "dtrain/model/unit.hpp"
+#include "dtrain/strategy/comm_binding.hpp"
+
+namespace dtrain {
+
+// Run-time settings of the sharded strategies.
+struct ShardingOptions {
+  // FSDP<HybridShard>: ranks per shard group (it must divide the world size);
+  // 0 takes the ranks of one node (LOCAL_WORLD_SIZE).
+  int shard_group = 0;
+  // FSDP and ZeRO1: unit all-gathers issued ahead of the unit that computes.
+  // FullShard and HybridShard then hold at most prefetch + 1 gathered units.
+  int prefetch = 1;
+};
+
+// What the optimizer updates on this rank: `size` fp32 master weights and
+// their summed gradient, and (when not null) the compute-dtype copy the
+// optimizer pass writes. Padding elements are zero in all of them.
+template <class T>
+struct OwnedFlat {
+  float* master = nullptr;
+  const float* grad = nullptr;
+  T* param_out = nullptr;
+  std::size_t size = 0;
+};
+
+// A run of a unit's flat segment held on this rank: elements
+// [begin, begin + count) of the unit's trainable (or frozen) segment, stored at
+// `offset` of the rank's owned flat (trainable) or frozen storage. `writer`
+// says this rank is the one replica that saves the range in a checkpoint.
+struct OwnedRange {
+  std::size_t unit = 0;
+  std::size_t begin = 0;
+  std::size_t count = 0;
+  std::size_t offset = 0;
+  bool writer = false;
+};
+
+struct Ownership {
+  std::vector<OwnedRange> trainable;  // master weights, gradients and optimizer state (owned() layout)
+  std::vector<OwnedRange> frozen;     // frozen parameters, in the compute dtype
+};
+
+// Everything a strategy is built from.
+template <class Dev>
+struct StrategyContext {
+  World& world;
+  Dev& dev;
+  const ModelLayout& layout;                          // padded for shard_count(world, options)
+  typename CommBinding<Dev>::comm_type& comm;         // the whole world's communicator
+  std::uint64_t seed = 0;                             // parameter initialisation
+  ShardingOptions sharding{};
+  BucketOptions buckets{};
+};
+
+namespace detail {
+template <class>
+inline constexpr bool no_strategy_impl = false;
+}  // namespace detail
+
+// strategy_impl<Kind, Dev, T, R, A>::type is the strategy class for kind Kind
+// on device Dev, compute dtype T, reduce dtype R and A micro-batches per step.
+// Each strategy header specialises it for its kind.
+template <class Kind, class Dev, class T, class R, int A>
+struct strategy_impl {
+  static_assert(detail::no_strategy_impl<Kind>,
+                "dtrain: could not build a strategy for these parameters: include the strategy's header "
+                "(<dtrain/trainer.hpp> includes DDP, FSDP and ZeRO1) or specialise dtrain::strategy_impl");
+};
+
+// The parameter views a unit computes with and the gradient views it writes.
+template <class S, class T>
+concept TrainingStrategy = requires(S& s, const S& cs, std::size_t u, int k, std::span<float> f, std::span<T> t) {
+  // The number of equal shards each unit's segments are padded for.
+  { S::shard_count(std::declval<const World&>(), std::declval<const ShardingOptions&>()) }
+      -> std::convertible_to<std::size_t>;
+  s.before_forward(u, k);
+  s.after_forward(u, k);
+  s.before_backward(u, k);
+  s.after_backward(u, k);
+  { s.params(u) } -> std::convertible_to<UnitParams<const T>>;
+  { s.grads(u) } -> std::convertible_to<UnitParams<T>>;
+  s.finish_gradients();
+  { s.grad_norm_squared() } -> std::convertible_to<double>;
+  { s.owned() } -> std::same_as<OwnedFlat<T>>;
+  s.after_optimizer();
+  s.read_unit(u, f, t);  // collective when sharded: every rank calls it
+  { cs.ownership() } -> std::same_as<Ownership>;
+};
+
+namespace detail {
+
+// Per-unit parameter and gradient views into flat storage: every parameter
+// of a unit is a [shape[0], rest] matrix at its offset in the unit's segment.
+template <class T>
+void unit_views(const UnitSlots& unit, T* train_base, T* frozen_base, std::vector<MatView<T>>& params,
+                std::vector<MatView<T>>* grads = nullptr, T* grad_base = nullptr) {
+  params.clear();
+  if (grads) grads->clear();
+  for (const auto& slot : unit.params) {
+    const auto& s = slot.spec;
+    const std::int64_t rows = s.shape[0], cols = s.numel() / s.shape[0];
+    const std::size_t at = slot.offset - (s.trainable ? unit.train_offset : unit.frozen_offset);
+    params.push_back({(s.trainable ? train_base : frozen_base) + at, rows, cols});
+    if (grads) grads->push_back(s.trainable ? MatView<T>{grad_base + at, rows, cols} : MatView<T>{});
+  }
+}
+
+template <class T>
+std::vector<MatView<const T>> as_const(const std::vector<MatView<T>>& views) {
+  return {views.begin(), views.end()};
+}
+
+}  // namespace detail
+
+}  // namespace dtrain

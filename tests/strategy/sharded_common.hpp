@@ -1,0 +1,81 @@
+#pragma once
+// Shared by the sharded-strategy tests: a model with uneven shapes (15x7,
+// 16x15 frozen, 17x16, 5x17), deterministic batches, and comparisons.
+
+#include <dtrain/trainer.hpp>
+#include <support/ranks.hpp>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtrain::testing {
+
+using Params = std::map<std::string, std::vector<float>>;
+
+inline constexpr std::int64_t features = 7;
+inline constexpr std::int64_t classes = 5;
+
+// Uneven shapes that no world size of 2, 3 or 4 divides, a LayerNorm, a
+// frozen layer in the middle and parameter-free units between them.
+struct UnevenNet {
+  nn::Linear l1{features, 15};
+  nn::LayerNorm ln{15};
+  nn::GELU act;
+  nn::Linear frozen{15, 16, {.bias = true, .trainable = false}};
+  nn::ReLU relu;
+  nn::Linear l2{16, 17};
+  nn::GELU act2;
+  nn::Linear head{17, classes};
+  nn::SoftmaxCrossEntropy loss;
+  auto units() { return std::tie(l1, ln, act, frozen, relu, l2, act2, head); }
+};
+
+// Rows [first, first + rows) of a deterministic global batch for `step`:
+// random non-zero x and random labels.
+inline Batch rows_of(int step, std::int64_t first, std::int64_t rows) {
+  Batch b;
+  b.rows = rows;
+  b.features = features;
+  for (std::int64_t r = first; r < first + rows; ++r) {
+    const auto x = random_values(features, static_cast<std::uint64_t>(step * 100003 + r));
+    for (double v : x) b.x.push_back(static_cast<float>(v));
+    b.y.push_back(static_cast<std::int32_t>((step * 31 + r * 7) % classes));
+  }
+  return b;
+}
+
+// Micro-batches of `sizes` rows for rank `rank` at `step`: uneven sizes, the
+// rank's rows following each other in the global batch.
+inline std::vector<Batch> micro_batches(int step, int rank, const std::vector<std::int64_t>& sizes) {
+  std::int64_t total = 0;
+  for (auto s : sizes) total += s;
+  std::vector<Batch> out;
+  std::int64_t first = rank * total;
+  for (auto s : sizes) {
+    out.push_back(rows_of(step, first, s));
+    first += s;
+  }
+  return out;
+}
+
+// Largest |a - b| / max(1, |b|) over every parameter; throws on a different set.
+inline double max_rel_diff(const Params& a, const Params& b, std::string* where = nullptr) {
+  require(a.size() == b.size(), "different parameter sets");
+  double worst = 0;
+  for (const auto& [name, va] : a) {
+    const auto& vb = b.at(name);
+    require(va.size() == vb.size(), "different sizes of " + name);
+    for (std::size_t i = 0; i < va.size(); ++i) {
+      const double d = std::abs(static_cast<double>(va[i]) - vb[i]) / std::max(1.0, std::abs(static_cast<double>(vb[i])));
+      if (d > worst || std::isnan(d)) {
+        worst = std::isnan(d) ? INFINITY : d;
+        if (where) *where = name + "[" + std::to_string(i) + "] " + std::to_string(va[i]) + " vs " + std::to_string(vb[i]);
+      }
+    }
+  }
+  return worst;
+}
+
+}  // namespace dtrain::testing
