@@ -1,21 +1,23 @@
 #pragma once
-// The train_mlp example: configuration, model, data, and the training loop,
-// written once and instantiated for each policy combination the config can
-// ask for (policies are compile-time types; the config picks one at run time).
+// The train_mlp example: configuration, model, data, and the dispatch from the
+// config's strategy name to a compiled strategy (train_impl.hpp holds the
+// training loop).
 
 #include <dtrain/trainer.hpp>
 
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <fstream>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace mlp {
 
 struct Config {
-  std::string strategy = "ddp";
+  std::string strategy = "ddp";       // ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid | zero1
+  int shard_group = 0;                // fsdp-hybrid: ranks per shard group (0: the ranks of a node)
+  int prefetch = 1;                   // fsdp-*, zero1: unit all-gathers issued ahead
   std::string precision = "fp32";     // fp32 | bf16 | fp16
   std::string reduce_dtype = "fp32";  // fp32 | same (reduce in the compute dtype)
   int accumulate = 1;                 // 1 | 2 | 4 | 8
@@ -104,80 +106,35 @@ inline dtrain::Dataset synthetic_dataset(std::int64_t samples, std::int64_t feat
 
 dtrain::Dataset load_data(const Config& c);  // train_mlp.cpp
 
-template <class... Policies>
-int train(const Config& c, dtrain::World& world, const dtrain::Dataset& data, std::int64_t classes) {
-  Model model(c, data.features, classes);
-  dtrain::TrainerOptions opts;
-  opts.seed = c.seed;
-  opts.clip.max_norm = c.clip;
-  opts.buckets.bucket_bytes = static_cast<std::size_t>(c.bucket_mb * (1 << 20));
-  opts.lr_scaling = c.lr_scaling == "linear" ? dtrain::LrScaling::linear
-                    : c.lr_scaling == "sqrt" ? dtrain::LrScaling::sqrt
-                                             : dtrain::LrScaling::none;
-  opts.schedule = dtrain::make_schedule(
-      c.schedule, {.lr = c.lr, .warmup_steps = c.warmup_steps, .total_steps = c.schedule == "cosine" ? c.steps : 0});
+// The strategies train_mlp offers; each name is Kind::name (strategy=...).
+using Strategies = std::tuple<dtrain::DDP, dtrain::FSDP<dtrain::FullShard>, dtrain::FSDP<dtrain::ShardGradOp>,
+                              dtrain::FSDP<dtrain::NoShard>, dtrain::FSDP<dtrain::HybridShard>, dtrain::ZeRO1>;
 
-  auto run = [&](auto optimizer) {
-    dtrain::Trainer<Model, Policies...> trainer(world, model, optimizer, opts);
-    dtrain::DistributedSampler sampler(data.rows, world, {.shuffle = true, .seed = c.seed});
-    dtrain::DataLoader loader(data, sampler, {.batch_size = c.batch_size, .num_workers = c.num_workers});
-    std::ofstream metrics;
-    if (world.rank() == 0 && !c.metrics.empty()) {
-      metrics.open(c.metrics);
-      if (!metrics)
-        throw dtrain::config_error("cannot write the metrics file '" + c.metrics + "'",
-                                   "check that its folder exists and is writable");
-    }
-    std::vector<dtrain::Batch> micro(static_cast<std::size_t>(c.accumulate));
-    for (std::int64_t s = 0; s < c.steps; ++s) {
-      for (auto& b : micro) b = loader.next();
-      const auto st = trainer.step(micro);
-      const double sps = st.samples / (st.step_ms / 1000.0);
-      if (world.rank() != 0) continue;
-      if (metrics.is_open())
-        metrics << "{\"step\": " << st.step << ", \"loss\": " << st.loss << ", \"lr\": " << st.lr
-                << ", \"grad_norm\": " << st.grad_norm << ", \"samples_per_s\": " << sps
-                << ", \"step_ms\": " << st.step_ms << ", \"world_size\": " << world.size()
-                << ", \"loss_scale\": " << st.loss_scale << ", \"skipped\": " << (st.skipped ? "true" : "false")
-                << "}\n";
-      if (st.step == 1 || st.step % c.log_every == 0 || s + 1 == c.steps)
-        std::printf("step %5lld/%lld | loss %.4f | lr %.2e | %8.0f samples/s | step %7.2f ms | scale %g%s\n",
-                    static_cast<long long>(st.step), static_cast<long long>(c.steps), st.loss, st.lr, sps,
-                    st.step_ms, st.loss_scale, st.skipped ? " | skipped (inf/nan)" : "");
-    }
-    if (!c.save_params.empty()) trainer.save_params(c.save_params);
-    std::fflush(stdout);
-  };
-  if (c.optimizer == "sgd")
-    run(dtrain::SGD{.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});
-  else
-    run(dtrain::AdamW{.lr = c.lr, .weight_decay = c.weight_decay});
-  return 0;
+// Trains with strategy Kind on device Dev, in the precision and accumulation
+// the config names. Defined in train_impl.hpp and explicitly instantiated
+// once per (device, strategy) in generated translation units
+// (examples/CMakeLists.txt), which the build compiles in parallel.
+template <class Dev, class Kind>
+int train_strategy(const Config& c, dtrain::World& world, const dtrain::Dataset& data, std::int64_t classes);
+
+// Throws unless `name` is one of Strategies' names.
+inline void check_strategy_name(const std::string& name) {
+  std::string known;
+  const bool found = [&]<class... Kind>(std::type_identity<std::tuple<Kind...>>) {
+    ((known += (known.empty() ? "" : ", ") + std::string(Kind::name)), ...);
+    return ((name == Kind::name) || ...);
+  }(std::type_identity<Strategies>{});
+  if (!found) throw dtrain::config_error("strategy = '" + name + "' is unknown", "use one of " + known);
 }
 
-// Instantiates train<> for the precision and accumulation the config names.
 template <class Dev>
 int dispatch(const Config& c, dtrain::World& world, const dtrain::Dataset& data, std::int64_t classes) {
-  using namespace dtrain;
-  auto with_accumulate = [&]<class Prec>(std::type_identity<Prec>) {
-    switch (c.accumulate) {
-      case 1: return train<Device<Dev>, Prec, Accumulate<1>>(c, world, data, classes);
-      case 2: return train<Device<Dev>, Prec, Accumulate<2>>(c, world, data, classes);
-      case 4: return train<Device<Dev>, Prec, Accumulate<4>>(c, world, data, classes);
-      case 8: return train<Device<Dev>, Prec, Accumulate<8>>(c, world, data, classes);
-    }
-    throw config_error("accumulate = " + std::to_string(c.accumulate) + " is not built into train_mlp",
-                       "use 1, 2, 4 or 8");
-  };
-  const bool same = c.reduce_dtype == "same";
-  if (c.precision == "fp32") return with_accumulate(std::type_identity<Precision<fp32>>{});
-  if (c.precision == "bf16")
-    return same ? with_accumulate(std::type_identity<Precision<bf16, bf16>>{})
-                : with_accumulate(std::type_identity<Precision<bf16>>{});
-  if (c.precision == "fp16")
-    return same ? with_accumulate(std::type_identity<Precision<fp16, fp16>>{})
-                : with_accumulate(std::type_identity<Precision<fp16>>{});
-  throw config_error("precision = '" + c.precision + "' is unknown", "use fp32, bf16 or fp16");
+  check_strategy_name(c.strategy);
+  return [&]<class... Kind>(std::type_identity<std::tuple<Kind...>>) {
+    int rc = 0;
+    ((c.strategy == Kind::name && (rc = train_strategy<Dev, Kind>(c, world, data, classes), true)) || ...);
+    return rc;
+  }(std::type_identity<Strategies>{});
 }
 
 int train_host(const Config&, dtrain::World&, const dtrain::Dataset&, std::int64_t classes);

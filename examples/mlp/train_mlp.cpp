@@ -44,6 +44,8 @@ T as(const YAML::Node& n, std::string_view key) {
 // One setter for both the YAML file and key=value overrides.
 void set(Config& c, const std::string& key, const YAML::Node& v) {
   if (key == "strategy") c.strategy = as<std::string>(v, key);
+  else if (key == "shard_group") c.shard_group = as<int>(v, key);
+  else if (key == "prefetch") c.prefetch = as<int>(v, key);
   else if (key == "precision") c.precision = as<std::string>(v, key);
   else if (key == "reduce_dtype") c.reduce_dtype = as<std::string>(v, key);
   else if (key == "accumulate") c.accumulate = as<int>(v, key);
@@ -85,7 +87,9 @@ void validate(const Config& c) {
   auto require = [](bool ok, const std::string& what, const std::string& fix) {
     if (!ok) throw dtrain::config_error(what, fix);
   };
-  require(c.strategy == "ddp", "strategy = '" + c.strategy + "' is not available", "use strategy=ddp");
+  check_strategy_name(c.strategy);
+  require(c.shard_group >= 0, "shard_group must be >= 0", "set shard_group=K, K dividing the world size (0: a node)");
+  require(c.prefetch >= 0, "prefetch must be >= 0", "set prefetch=1 (0: no look-ahead)");
   require(c.device == "host" || c.device == "cuda", "device = '" + c.device + "' is unknown", "use host or cuda");
   require(c.reduce_dtype == "fp32" || c.reduce_dtype == "same", "reduce_dtype = '" + c.reduce_dtype + "' is unknown",
           "use fp32 or same");
@@ -102,7 +106,10 @@ constexpr const char* usage = R"(usage: train_mlp [--config FILE.yaml] [key=valu
 
 Trains an MLP classifier on every rank this process was launched with.
 Keys (YAML file and key=value overrides alike):
-  strategy      ddp                      device       host | cuda
+  strategy      ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid | zero1
+  shard_group   fsdp-hybrid: ranks per shard group (0 = the ranks of a node)
+  prefetch      fsdp-*, zero1: unit all-gathers issued ahead (default 1)
+  device        host | cuda
   precision     fp32 | bf16 | fp16       reduce_dtype fp32 | same
   accumulate    1 | 2 | 4 | 8            batch_size   per rank, per micro-batch
   steps         optimizer steps          optimizer    adamw | sgd
@@ -169,9 +176,9 @@ int main(int argc, char** argv) {
     }
     data.validate(classes);
     if (world.rank() == 0)
-      std::printf("train_mlp: %d rank(s), device=%s precision=%s accumulate=%d batch=%lld/rank, %lld samples x %lld "
-                  "features, %lld classes\n",
-                  world.size(), cfg.device.c_str(), cfg.precision.c_str(), cfg.accumulate,
+      std::printf("train_mlp: %d rank(s), strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank, %lld "
+                  "samples x %lld features, %lld classes\n",
+                  world.size(), cfg.strategy.c_str(), cfg.device.c_str(), cfg.precision.c_str(), cfg.accumulate,
                   static_cast<long long>(cfg.batch_size), static_cast<long long>(data.rows),
                   static_cast<long long>(data.features), static_cast<long long>(classes));
     if (cfg.device == "cuda") {

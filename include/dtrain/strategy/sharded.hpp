@@ -316,19 +316,25 @@ class ShardReducer {
     advance(false);
   }
 
-  // Moves the head (and the ones after it) on while that needs no waiting.
+  // Issues replica all-reduces in FIFO order as far as their reduce-scatters
+  // allow, then finishes from the head while that needs no waiting. With
+  // `block`, finishes the head whatever it takes.
   void advance(bool block) {
+    if (groups_.replica())
+      for (Pending& p : pending_) {
+        if (p.replicated) continue;
+        if (!binding::ready(p.work) && !(block && &p == &pending_.front())) break;
+        replicate(p);
+      }
     while (!pending_.empty()) {
       Pending& p = pending_.front();
-      if (groups_.replica() && !p.replicated) {
-        if (!block && !binding::ready(p.work)) return;
-        replicate(p);
-        continue;
-      }
+      // Not yet replicated: its reduce-scatter finished after the loop above
+      // looked, and the all-reduce must still be issued (in order) first.
+      if (groups_.replica() && !p.replicated) return;
       if (!block && !binding::done(p.work)) return;
       finish(p);
       pending_.pop_front();
-      block = false;  // advance_head finishes one, then only what is free
+      block = false;
     }
   }
   void advance_head() { advance(true); }
