@@ -167,6 +167,11 @@ class FsdpStrategy {
   }
 
   const ShardGroups<Dev>& groups() const { return groups_; }
+  // Gathered units alive at once at most so far (the buffers never shrink).
+  std::size_t gathered_units_peak() const { return slots_.size(); }
+  // Unit all-gathers issued so far (a FullShard unit is gathered for its
+  // forward and again for its backward).
+  std::size_t gathers_issued() const { return gathers_issued_; }
 
  private:
   struct Slot {
@@ -216,6 +221,7 @@ class FsdpStrategy {
     st.slot = i;
     st.gather = params_.gather(u, slot.train.data(), slot.frozen.data());
     st.gathering = true;
+    ++gathers_issued_;
     detail::unit_views(unit, slot.train.data(), slot.frozen.data(), st.views);
     st.const_views = detail::as_const(st.views);
     return true;
@@ -257,6 +263,7 @@ class FsdpStrategy {
   std::size_t live_limit_ = 0;
   std::size_t last_params_unit_ = 0;
   std::size_t max_train_ = 0;
+  std::size_t gathers_issued_ = 0;
   buffer<T> unit_grad_;  // T != R: what backward writes before the cast into the reducer
   buffer<float> scalar_;
 };

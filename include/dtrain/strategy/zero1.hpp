@@ -121,6 +121,7 @@ class Zero1Strategy {
   }
 
   OwnedFlat<T> owned() { return {master_.master(), grad_shard_.data(), nullptr, master_.size()}; }
+  const ShardGroups<Dev>& groups() const { return groups_; }
   void after_optimizer() { mark_stale(); }
 
   void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) {

@@ -1,0 +1,266 @@
+#pragma once
+// Predicts one rank's memory by category before anything is allocated: the
+// bytes a Trainer would report in Trainer::memory() (device/buffer.hpp's
+// MemoryUsage) for a model, a strategy, a precision and a world size.
+//
+//   dtrain::EstimateInputs in;
+//   in.units = dtrain::mlp_units(32, {256, 256}, 10);
+//   in.compute_bytes = 2;                        // bf16
+//   in.strategy = "fsdp-full";
+//   in.world = 8;
+//   in.activations = dtrain::mlp_activation_bytes(64, 32, {256, 256}, 10, 2);
+//   dtrain::MemoryUsage m = dtrain::estimate_memory(in);
+//
+// The formulas restate, from the model's element counts alone, what each
+// strategy allocates (strategy/ddp.hpp, fsdp.hpp, zero1.hpp, sharded.hpp, the
+// optimizer state of optim/flat_optimizer.hpp). They deliberately use neither
+// the strategies nor ModelLayout: tests compare this estimate with the
+// allocator's measurement, and that comparison can only catch a mistake on
+// either side if the two are computed independently.
+//
+// Model states (params, grads, optimizer, master) are exact for every
+// strategy; `gathered` is an upper bound for the modes that reuse gathered
+// buffers between units (see fsdp_gathered below); activations are whatever
+// the caller passes (mlp_activation_bytes for train_mlp's model).
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/device/buffer.hpp"
+#include "dtrain/policy/strategy.hpp"
+
+namespace dtrain {
+
+// One unit's parameter elements as the model declares them (no padding).
+struct UnitNumel {
+  std::size_t trainable = 0;
+  std::size_t frozen = 0;
+};
+
+// The strategy names estimate_memory knows, in the order tools print them
+// (each is the kind tag's name, as train_mlp's strategy= takes it).
+inline constexpr std::array<std::string_view, 6> estimate_strategies = {
+    DDP::name, FSDP<FullShard>::name, FSDP<ShardGradOp>::name, FSDP<NoShard>::name, FSDP<HybridShard>::name,
+    ZeRO1::name};
+
+struct EstimateInputs {
+  std::vector<UnitNumel> units;       // every unit in unit order, parameter-free ones included
+  // Element sizes of the compute dtype T and the reduce dtype R: 4 (fp32) or
+  // 2 (bf16, fp16). fp32 is dtrain's only 4-byte dtype, so the size also says
+  // whether a separate fp32 copy exists; and since Precision allows R = fp32
+  // or R = T (or bf16 under fp32 compute), R differs from T exactly when
+  // the sizes differ.
+  std::size_t compute_bytes = 4;
+  std::size_t reduce_bytes = 4;
+  int accumulate = 1;                 // micro-batches per optimizer step
+  std::string strategy = std::string(DDP::name);
+  int world = 1;                      // ranks
+  int shard_group = 0;                // fsdp-hybrid only: ranks per shard group (>= 1, divides world)
+  int prefetch = 1;                   // ShardingOptions::prefetch
+  std::size_t optimizer_states = 2;   // fp32 buffers per element: AdamW 2, SGD with momentum 1, plain SGD 0
+  std::size_t activations = 0;        // activation bytes, worked out by the caller
+};
+
+namespace detail {
+
+enum class estimate_family { replicated, fsdp, zero1 };
+
+// What a strategy name means for memory: which buffers exist, G, and
+// whether gathered parameters are freed after each unit's forward.
+struct EstimatePlan {
+  estimate_family family = estimate_family::replicated;
+  std::size_t shards = 1;
+  bool reshard_after_forward = false;
+};
+
+inline void require_estimate(bool ok, const std::string& what, const std::string& fix) {
+  if (!ok) throw config_error(what, fix);
+}
+
+inline EstimatePlan estimate_plan(const EstimateInputs& in) {
+  const auto world = static_cast<std::size_t>(in.world);
+  const std::string_view s = in.strategy;
+  if (s == DDP::name) return {estimate_family::replicated, 1, false};
+  if (s == ZeRO1::name) return {estimate_family::zero1, world, false};
+  if (s == FSDP<FullShard>::name) return {estimate_family::fsdp, world, true};
+  if (s == FSDP<ShardGradOp>::name) return {estimate_family::fsdp, world, false};
+  if (s == FSDP<NoShard>::name) return {estimate_family::fsdp, 1, false};
+  if (s == FSDP<HybridShard>::name) {
+    require_estimate(in.shard_group >= 1 && in.world % in.shard_group == 0,
+                     "fsdp-hybrid: a shard group of " + std::to_string(in.shard_group) +
+                         " ranks does not divide the world of " + std::to_string(in.world) + " ranks",
+                     "give a shard group size that divides the world size (e.g. the ranks of one node)");
+    return {estimate_family::fsdp, static_cast<std::size_t>(in.shard_group), true};
+  }
+  std::string known;
+  for (auto name : estimate_strategies) known += (known.empty() ? "" : ", ") + std::string(name);
+  throw config_error("strategy '" + in.strategy + "' is unknown", "use one of " + known);
+}
+
+inline void validate_estimate(const EstimateInputs& in) {
+  const auto dtype_size = [](std::size_t b) { return b == 4 || b == 2; };
+  require_estimate(in.world >= 1, "world = " + std::to_string(in.world) + " ranks", "the world needs at least 1 rank");
+  require_estimate(dtype_size(in.compute_bytes) && dtype_size(in.reduce_bytes),
+                   "dtype sizes " + std::to_string(in.compute_bytes) + " (compute) and " +
+                       std::to_string(in.reduce_bytes) + " (reduce) bytes",
+                   "use 4 for fp32 and 2 for bf16 or fp16");
+  require_estimate(in.accumulate >= 1, "accumulate = " + std::to_string(in.accumulate),
+                   "use at least 1 micro-batch per step");
+  require_estimate(in.prefetch >= 0, "prefetch = " + std::to_string(in.prefetch), "use 0 (no look-ahead) or more");
+  require_estimate(in.optimizer_states <= 2,
+                   "optimizer_states = " + std::to_string(in.optimizer_states) + " buffers per element",
+                   "AdamW keeps 2, SGD with momentum 1, plain SGD 0");
+}
+
+// Element counts after padding every unit's segments to a multiple of G,
+// the rule that makes every unit's shard the same size on every rank.
+struct PaddedModel {
+  std::size_t trainable = 0;    // sum of padded trainable segments (the trainable flat)
+  std::size_t frozen = 0;       // the same for frozen segments
+  std::size_t max_trainable = 0;
+  std::size_t max_frozen = 0;
+  std::size_t units_with_params = 0;
+  std::size_t units_with_trainable = 0;
+};
+
+inline PaddedModel padded_model(const std::vector<UnitNumel>& units, std::size_t shards) {
+  const auto pad = [shards](std::size_t n) { return (n + shards - 1) / shards * shards; };
+  PaddedModel m;
+  for (const UnitNumel& u : units) {
+    m.trainable += pad(u.trainable);
+    m.frozen += pad(u.frozen);
+    m.max_trainable = std::max(m.max_trainable, pad(u.trainable));
+    m.max_frozen = std::max(m.max_frozen, pad(u.frozen));
+    m.units_with_params += u.trainable + u.frozen != 0 ? 1 : 0;
+    m.units_with_trainable += u.trainable != 0 ? 1 : 0;
+  }
+  return m;
+}
+
+// FSDP's transient unit-sized buffers (peak bytes). Gathered parameters:
+// the keeping modes (ShardGradOp, NoShard) hold every unit with parameters at
+// once, in a buffer of that unit's padded size; the resharding modes
+// (FullShard, HybridShard) hold at most prefetch + 1 units, but a buffer is
+// reused by other units and grows to the largest it held, so each is counted
+// at the largest unit: an upper bound. Gradients: the reducer keeps up to two
+// slots in flight (full padded gradient + its shard, in R), how many depends
+// on when collectives finish, so both are counted at the largest unit; plus
+// a unit gradient in T when T != R (backward writes T, the reducer reads R).
+inline std::size_t fsdp_gathered(const PaddedModel& m, const EstimatePlan& plan, const EstimateInputs& in) {
+  const std::size_t T = in.compute_bytes, R = in.reduce_bytes;
+  std::size_t params = (m.trainable + m.frozen) * T;
+  if (plan.reshard_after_forward) {
+    const std::size_t buffers = std::min<std::size_t>(static_cast<std::size_t>(in.prefetch) + 1, m.units_with_params);
+    params = buffers * (m.max_trainable + m.max_frozen) * T;
+  }
+  const std::size_t reducer_slots = std::min<std::size_t>(2, m.units_with_trainable);
+  const std::size_t grads = reducer_slots * (m.max_trainable + m.max_trainable / plan.shards) * R;
+  const std::size_t unit_grad = T != R ? m.max_trainable * T : 0;
+  return params + grads + unit_grad;
+}
+
+}  // namespace detail
+
+// This rank's bytes by category (what Trainer::memory() reports after a
+// step). Throws config_error for an unknown strategy or impossible sizes.
+inline MemoryUsage estimate_memory(const EstimateInputs& in) {
+  detail::validate_estimate(in);
+  const detail::EstimatePlan plan = detail::estimate_plan(in);
+  const detail::PaddedModel m = detail::padded_model(in.units, plan.shards);
+  constexpr std::size_t f32 = 4;
+  const std::size_t T = in.compute_bytes, R = in.reduce_bytes, G = plan.shards;
+  const bool compute_fp32 = T == f32;
+  // What each rank owns and the optimizer updates: the whole trainable flat
+  // (G = 1) or its shard of every padded unit.
+  const std::size_t owned = m.trainable / G;
+
+  MemoryUsage u;
+  u.optimizer = in.optimizer_states * owned * f32;
+  u.activations = in.activations;
+  // The Trainer's two staging floats for its scalar all-reduces, plus one
+  // for the sharded strategies' norm all-reduce over the shard group.
+  u.other = 2 * f32 + (plan.family == detail::estimate_family::replicated ? 0 : f32);
+
+  if (plan.family == detail::estimate_family::fsdp) {
+    // Only fp32 shards persist (the compute copy exists only while
+    // gathered); with fp32 compute they are the parameters themselves.
+    (compute_fp32 ? u.params : u.master) = owned * f32;
+    u.params += m.frozen / G * T;
+    u.grads = owned * f32;
+    u.gathered = detail::fsdp_gathered(m, plan, in);
+    return u;
+  }
+
+  // DDP and ZeRO1 keep the full model in T, and what backward writes (T)
+  // beside an fp32 accumulator unless it already is one and nothing is
+  // accumulated. Under DDP with fp32 compute the fp32 master weights are the
+  // parameters; ZeRO1 always keeps a separate fp32 master shard.
+  u.params = (m.trainable + m.frozen) * T;
+  const bool separate_accumulator = in.accumulate > 1 || !compute_fp32;
+  u.grads = m.trainable * T + (separate_accumulator ? m.trainable * f32 : 0);
+  const bool stage_in_r = R != f32;  // the reduction reads a cast copy of the fp32 gradient
+  if (plan.family == detail::estimate_family::replicated) {
+    u.master = compute_fp32 ? 0 : m.trainable * f32;
+    u.grads += stage_in_r ? m.trainable * R : 0;
+  } else {
+    u.master = owned * f32;
+    u.grads += owned * f32 + (stage_in_r ? (m.trainable + owned) * R : 0);
+  }
+  return u;
+}
+
+// Parameter elements per unit of train_mlp's model (examples/mlp/mlp.hpp):
+// Linear(in, h) then a parameter-free activation per hidden width h, then
+// Linear(in, classes); every Linear has a bias and is trainable.
+inline std::vector<UnitNumel> mlp_units(std::int64_t features, const std::vector<std::int64_t>& hidden,
+                                        std::int64_t classes) {
+  std::vector<UnitNumel> units;
+  std::int64_t in = features;
+  const auto linear = [&](std::int64_t out) {
+    units.push_back({static_cast<std::size_t>(out * in + out), 0});
+    in = out;
+  };
+  for (auto h : hidden) {
+    linear(h);
+    units.push_back({});
+  }
+  linear(classes);
+  return units;
+}
+
+// The Trainer's activation memory for micro-batches of `rows` rows through
+// units whose widths are `widths` (the input width, then each unit's output
+// width): one output buffer per unit plus the input, two gradient buffers of
+// the widest width (backward alternates between them), and the int32
+// labels, all in the compute dtype but the labels. Buffers are sized once for
+// the micro-batch and reused, so this holds for every micro-batch of the same
+// size. Unit workspace (LayerNorm's row statistics) is not included.
+inline std::size_t trainer_activation_bytes(std::int64_t rows, const std::vector<std::int64_t>& widths,
+                                            std::size_t compute_bytes) {
+  std::int64_t elements = 0, widest = 0;
+  for (auto w : widths) {
+    elements += rows * w;
+    widest = std::max(widest, w);
+  }
+  elements += 2 * rows * widest;
+  return static_cast<std::size_t>(elements) * compute_bytes + static_cast<std::size_t>(rows) * sizeof(std::int32_t);
+}
+
+// trainer_activation_bytes for train_mlp's model: a Linear maps to h, its
+// activation keeps h, the head maps to classes.
+inline std::size_t mlp_activation_bytes(std::int64_t rows, std::int64_t features,
+                                        const std::vector<std::int64_t>& hidden, std::int64_t classes,
+                                        std::size_t compute_bytes) {
+  std::vector<std::int64_t> widths{features};
+  for (auto h : hidden) widths.insert(widths.end(), {h, h});
+  widths.push_back(classes);
+  return trainer_activation_bytes(rows, widths, compute_bytes);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,461 @@
+// dtrain-estimate: how much memory one rank needs, by category, for a model
+// under every strategy, before anything is launched or allocated. The
+// numbers come from estimate_memory (<dtrain/strategy/estimate.hpp>), which
+// tests/tools/estimate_test.cpp checks against the Trainer's measurement.
+//
+//   dtrain-estimate --params 7B --precision bf16 --world 8
+//   dtrain-estimate --config examples/configs/ddp_host.yaml precision=bf16 --world 4 --json
+//
+// Exit status: 0 printed, 2 bad input (one line naming the problem and the fix).
+
+#include <dtrain/strategy/estimate.hpp>
+
+#include <mlp/mlp.hpp>  // train_mlp's Config: its keys' defaults
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using namespace dtrain;
+
+constexpr std::string_view usage = R"(usage: dtrain-estimate --params N [options]
+       dtrain-estimate --config FILE.yaml [key=value ...] --world N [options]
+
+Prints one rank's memory by category (MiB) for a model trained with dtrain,
+one row per strategy, without allocating or launching anything.
+
+the model (one of):
+  --params N                 N parameters (suffix K, M or B: 125M, 7B) in one unit
+  --units U                  split the trainable ones into U equal units instead,
+                             e.g. a transformer's layers (FSDP gathers one unit
+                             at a time, so this sets the gathered column)
+  --trainable-fraction F     the trainable share of them, 0..1 (default 1); the
+                             frozen rest is a unit of its own
+  --config FILE.yaml         a train_mlp config; key=value arguments override its
+                             keys as for train_mlp. Read: hidden (a list or
+                             "256,256"), features, classes, precision,
+                             reduce_dtype, accumulate, batch_size, optimizer,
+                             momentum, strategy, shard_group, prefetch; every
+                             other key is ignored. Activations are worked out for
+                             micro-batches of batch_size rows.
+
+training (with --params; with --config use the config's keys):
+  --precision fp32|bf16|fp16 compute dtype (default fp32)
+  --reduce-dtype fp32|same   dtype gradients are reduced in (default fp32)
+  --optimizer adamw|sgd      AdamW keeps 2 fp32 states per parameter, SGD 1 with
+                             momentum, 0 without (default adamw)
+  --momentum M               SGD momentum (default 0.9)
+  --accumulate A             micro-batches per optimizer step (default 1)
+  --prefetch P               FSDP/ZeRO1 units gathered ahead (default 1)
+
+both:
+  --world N                  ranks (default 1 with --params; required with --config)
+  --shard-group G            fsdp-hybrid: ranks per shard group, a divisor of the
+                             world (default: the whole world, one node)
+  --strategy NAME|all        ddp, fsdp-full, fsdp-grad-op, fsdp-no-shard,
+                             fsdp-hybrid, zero1, or all (default)
+  --activations-bytes B      activation bytes per rank (default 0 with --params,
+                             the MLP's with --config)
+  --json                     the same as JSON, in bytes
+  -h, --help                 this text
+
+Columns: params (what persists: compute copy, or the fp32 weights when compute
+is fp32), grads (gradients and their fp32 accumulator or shard), optimizer
+state, master (fp32 weights beside a 16-bit copy), gathered (FSDP's transient
+unit buffers: an upper bound under fsdp-full and fsdp-hybrid), activations,
+total per rank (also counts a few bytes of scalar scratch). Model states are
+exact, including the padding of every unit to a multiple of the shard count.
+
+exit status: 0 printed, 2 bad input
+)";
+
+// Bad input: printed as one line, exit status 2.
+struct usage_error {
+  std::string problem, fix;
+};
+
+std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.15g", v);
+  return buf;
+}
+
+// Everything the command line and the config decide.
+struct Inputs {
+  std::string source;                  // --config: the file and the MLP's shape
+  std::vector<UnitNumel> units;
+  std::size_t parameters = 0, trainable = 0;
+  std::string precision = "fp32", reduce_dtype = "fp32", optimizer = "adamw";
+  double momentum = 0.9;
+  int accumulate = 1, prefetch = 1, world = 1, shard_group = 0;
+  std::optional<std::int64_t> micro_batch;  // rows, when activations were worked out
+  std::size_t activations = 0;
+  std::string strategy = "all";
+  std::string config_strategy;              // --config: the config's strategy= (marked in the table)
+  bool json = false;
+};
+
+// ---- parsing ----------------------------------------------------------------
+
+// A number from min to max (an integer when N is one); `what` names it.
+template <class N>
+N parse_number(std::string_view what, std::string_view text, double min, double max) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(std::string(text), &used);
+  } catch (const std::exception&) {
+  }
+  constexpr bool integral = std::is_integral_v<N>;
+  if (text.empty() || used != text.size() || !(v >= min && v <= max) || (integral && v != std::floor(v)))
+    throw usage_error{std::string(what) + " " + in_quotes(text) + " is not valid",
+                      std::string("give ") + (integral ? "an integer" : "a number") + " from " + number_text(min) +
+                          (max < 1e15 ? " to " + number_text(max) : std::string(" up"))};
+  return static_cast<N>(v);
+}
+
+// A parameter count: digits with an optional K, M or B (10^3, 10^6, 10^9).
+std::size_t parse_count(std::string_view text) {
+  double scale = 1;
+  std::string_view digits = text;
+  if (!text.empty()) {
+    const char s = text.back();
+    scale = s == 'K' || s == 'k' ? 1e3 : s == 'M' || s == 'm' ? 1e6 : s == 'B' || s == 'b' || s == 'G' || s == 'g' ? 1e9 : 1;
+    if (scale != 1) digits.remove_suffix(1);
+  }
+  const double n = parse_number<double>("--params", digits, 1, 1e18) * scale;
+  if (n != std::floor(n)) throw usage_error{"--params " + in_quotes(text) + " is not a whole number", "e.g. --params 1.5B"};
+  return static_cast<std::size_t>(n);
+}
+
+constexpr std::array<std::string_view, 3> precisions = {"fp32", "bf16", "fp16"};
+constexpr std::array<std::string_view, 2> reduce_dtypes = {"fp32", "same"};
+constexpr std::array<std::string_view, 2> optimizers = {"adamw", "sgd"};
+// Flags that --config takes from the config's keys instead.
+constexpr std::array<std::string_view, 6> training_flags = {"--precision", "--reduce-dtype", "--optimizer",
+                                                            "--momentum",  "--accumulate",   "--prefetch"};
+
+// `text` if it is one of `choices`.
+template <class Choices>
+std::string one_of(std::string_view what, std::string_view text, const Choices& choices) {
+  std::string list;
+  for (auto c : choices) {
+    if (text == c) return std::string(text);
+    list += (list.empty() ? "" : ", ") + std::string(c);
+  }
+  throw usage_error{std::string(what) + " " + in_quotes(text) + " is unknown", "use one of " + list};
+}
+
+std::size_t dtype_bytes(const std::string& precision) { return precision == "fp32" ? 4 : 2; }
+
+std::size_t optimizer_states(const Inputs& in) {
+  if (in.optimizer == "adamw") return 2;
+  return in.momentum != 0 ? 1 : 0;
+}
+
+// train_mlp's keys that change memory; the model's shape goes to `c`.
+void set_key(mlp::Config& c, const std::string& key, const YAML::Node& v) {
+  const auto as = [&]<class V>(std::type_identity<V>) {
+    try {
+      return v.as<V>();
+    } catch (const YAML::Exception&) {
+      throw usage_error{"config key '" + key + "' has a value of the wrong type",
+                        "see train_mlp --help or examples/configs/ for its form"};
+    }
+  };
+  const auto text = [&] { return as(std::type_identity<std::string>{}); };
+  const auto integer = [&] { return as(std::type_identity<std::int64_t>{}); };
+  if (key == "hidden") {
+    c.hidden.clear();
+    if (v.IsSequence()) {
+      for (const auto& w : v) c.hidden.push_back(parse_number<std::int64_t>("hidden", w.Scalar(), 1, 1e12));
+    } else {
+      const std::string list = text();
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        c.hidden.push_back(parse_number<std::int64_t>("hidden", std::string_view(list).substr(at, comma - at), 1, 1e12));
+        at = comma + 1;
+      }
+    }
+  } else if (key == "features") c.features = integer();
+  else if (key == "classes") c.classes = integer();
+  else if (key == "precision") c.precision = text();
+  else if (key == "reduce_dtype") c.reduce_dtype = text();
+  else if (key == "accumulate") c.accumulate = static_cast<int>(integer());
+  else if (key == "batch_size") c.batch_size = integer();
+  else if (key == "optimizer") c.optimizer = text();
+  else if (key == "momentum") c.momentum = static_cast<float>(as(std::type_identity<double>{}));
+  else if (key == "strategy") c.strategy = text();
+  else if (key == "shard_group") c.shard_group = static_cast<int>(integer());
+  else if (key == "prefetch") c.prefetch = static_cast<int>(integer());
+}
+
+mlp::Config read_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (!std::filesystem::is_regular_file(path))
+    throw usage_error{"config file " + in_quotes(path) + " does not exist", "pass the path of a train_mlp YAML config"};
+  mlp::Config c;
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    throw usage_error{"cannot read config " + in_quotes(path) + ": " + e.what(), "check the YAML syntax"};
+  }
+  if (!root.IsMap() && !root.IsNull())
+    throw usage_error{"config " + in_quotes(path) + " is not a map of keys", "write one key: value per line"};
+  for (const auto& kv : root) set_key(c, kv.first.as<std::string>(), kv.second);
+  for (const auto& kv : overrides) {
+    const auto eq = kv.find('=');
+    try {
+      set_key(c, kv.substr(0, eq), YAML::Load(kv.substr(eq + 1)));
+    } catch (const YAML::Exception& e) {
+      throw usage_error{"cannot read " + in_quotes(kv) + ": " + e.what(), "write key=value, e.g. hidden=[256,256]"};
+    }
+  }
+  return c;
+}
+
+Inputs parse(int argc, char** argv) {
+  Inputs in;
+  std::optional<std::size_t> params;
+  std::optional<std::string> config;
+  std::optional<double> fraction;
+  std::optional<std::size_t> unit_count;
+  std::optional<std::size_t> activations;
+  std::optional<int> world, shard_group;
+  std::vector<std::string> overrides;
+  std::optional<std::string> training_flag;  // the first flag that --config replaces by a key
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::optional<std::string> inline_value;
+    if (const auto eq = arg.find('='); arg.starts_with("--") && eq != std::string::npos) {
+      inline_value = arg.substr(eq + 1);
+      arg.resize(eq);
+    }
+    const auto value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= argc) throw usage_error{arg + " needs a value", "write " + arg + " VALUE (see --help)"};
+      return argv[++i];
+    };
+    if (std::find(training_flags.begin(), training_flags.end(), arg) != training_flags.end() && !training_flag)
+      training_flag = arg;
+    if (arg == "-h" || arg == "--help") {
+      std::fputs(usage.data(), stdout);
+      std::exit(0);
+    } else if (arg == "--params") params = parse_count(value());
+    else if (arg == "--units") unit_count = parse_number<std::size_t>(arg, value(), 1, 1e9);
+    else if (arg == "--trainable-fraction") fraction = parse_number<double>(arg, value(), 0, 1);
+    else if (arg == "--config") config = value();
+    else if (arg == "--precision") in.precision = one_of(arg, value(), precisions);
+    else if (arg == "--reduce-dtype") in.reduce_dtype = one_of(arg, value(), reduce_dtypes);
+    else if (arg == "--optimizer") in.optimizer = one_of(arg, value(), optimizers);
+    else if (arg == "--momentum") in.momentum = parse_number<double>(arg, value(), 0, 1);
+    else if (arg == "--accumulate") in.accumulate = parse_number<int>(arg, value(), 1, 1e6);
+    else if (arg == "--prefetch") in.prefetch = parse_number<int>(arg, value(), 0, 1e6);
+    else if (arg == "--world") world = parse_number<int>(arg, value(), 1, 1e7);
+    else if (arg == "--shard-group") shard_group = parse_number<int>(arg, value(), 1, 1e7);
+    else if (arg == "--strategy") in.strategy = value();
+    else if (arg == "--activations-bytes") activations = parse_number<std::size_t>(arg, value(), 0, 1e18);
+    else if (arg == "--json") in.json = true;
+    else if (!arg.starts_with("-") && arg.find('=') != std::string::npos && arg.find('=') != 0) overrides.push_back(arg);
+    else throw usage_error{"unknown argument " + in_quotes(arg), "run dtrain-estimate --help"};
+  }
+
+  if (params.has_value() == config.has_value())
+    throw usage_error{params ? "--params and --config both name a model" : "no model given",
+                      "pass either --params N or --config FILE.yaml"};
+  if (params) {
+    if (!overrides.empty())
+      throw usage_error{"key=value " + in_quotes(overrides.front()) + " needs --config", "use the flags (see --help)"};
+    in.parameters = *params;
+    in.trainable = static_cast<std::size_t>(std::llround(static_cast<double>(*params) * fraction.value_or(1.0)));
+    const std::size_t u = unit_count.value_or(1);
+    if (u > std::max<std::size_t>(in.trainable, 1))
+      throw usage_error{"--units " + std::to_string(u) + " is more than the " + std::to_string(in.trainable) +
+                            " trainable parameters",
+                        "give at most one unit per trainable parameter"};
+    for (std::size_t i = 0; i < u; ++i) in.units.push_back({in.trainable / u + (i < in.trainable % u ? 1 : 0), 0});
+    if (in.trainable != in.parameters) in.units.push_back({0, in.parameters - in.trainable});
+    in.world = world.value_or(1);
+  } else {
+    if (training_flag)
+      throw usage_error{*training_flag + " is a --params flag",
+                        "with --config write the train_mlp key instead, e.g. precision=bf16"};
+    if (fraction || unit_count)
+      throw usage_error{std::string(fraction ? "--trainable-fraction" : "--units") + " needs --params",
+                        "the config's hidden widths give train_mlp's units, all trainable"};
+    if (!world) throw usage_error{"--config needs --world N", "pass the number of ranks train_mlp will run on"};
+    const mlp::Config c = read_config(*config, overrides);
+    in.precision = one_of("precision", c.precision, precisions);
+    in.reduce_dtype = one_of("reduce_dtype", c.reduce_dtype, reduce_dtypes);
+    in.optimizer = one_of("optimizer", c.optimizer, optimizers);
+    in.momentum = c.momentum;
+    in.accumulate = c.accumulate;
+    in.prefetch = c.prefetch;
+    in.config_strategy = c.strategy;
+    if (c.shard_group > 0) shard_group = shard_group.value_or(c.shard_group);
+    if (c.hidden.empty() || c.features < 1 || c.classes < 1 || c.batch_size < 1 || c.shard_group < 0)
+      throw usage_error{"the config's hidden, features, classes, batch_size or shard_group is out of range",
+                        "give positive sizes (shard_group 0 or more), e.g. hidden=256,256 features=32 batch_size=64"};
+    in.units = mlp_units(c.features, c.hidden, c.classes);
+    for (const auto& u : in.units) in.parameters += u.trainable;
+    in.trainable = in.parameters;
+    in.micro_batch = c.batch_size;
+    in.activations = mlp_activation_bytes(c.batch_size, c.features, c.hidden, c.classes, dtype_bytes(c.precision));
+    in.source = "train_mlp config " + *config + " (MLP " + std::to_string(c.features);
+    for (auto h : c.hidden) in.source += "-" + std::to_string(h);
+    in.source += "-" + std::to_string(c.classes) + ")";
+    in.world = *world;
+  }
+  if (activations) {
+    in.activations = *activations;
+    in.micro_batch.reset();
+  }
+  // HybridShard's default group is the ranks of a node; a world of one node
+  // is the only guess that needs no further input.
+  in.shard_group = shard_group.value_or(in.world);
+  if (in.strategy != "all") one_of("--strategy", in.strategy, estimate_strategies);
+  return in;
+}
+
+// ---- estimating and printing ------------------------------------------------
+
+struct Row {
+  std::string_view strategy;
+  MemoryUsage memory;
+};
+
+std::vector<Row> estimate(const Inputs& in) {
+  EstimateInputs e;
+  e.units = in.units;
+  e.compute_bytes = dtype_bytes(in.precision);
+  e.reduce_bytes = in.reduce_dtype == "same" ? e.compute_bytes : 4;
+  e.accumulate = in.accumulate;
+  e.world = in.world;
+  e.shard_group = in.shard_group;
+  e.prefetch = in.prefetch;
+  e.optimizer_states = optimizer_states(in);
+  e.activations = in.activations;
+  std::vector<Row> rows;
+  for (auto name : estimate_strategies) {
+    if (in.strategy != "all" && in.strategy != name) continue;
+    e.strategy = std::string(name);
+    try {
+      rows.push_back({name, estimate_memory(e)});
+    } catch (const dtrain::error& err) {
+      throw usage_error{err.problem(), err.fix()};
+    }
+  }
+  return rows;
+}
+
+std::string thousands(std::size_t n) {
+  const std::string digits = std::to_string(n);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i != 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string describe(const Inputs& in) {
+  std::string d = thousands(in.parameters) + " parameters in " + std::to_string(in.units.size()) +
+                  (in.units.size() == 1 ? " unit" : " units");
+  if (in.trainable != in.parameters) d += " (" + thousands(in.trainable) + " trainable)";
+  d += ", precision " + in.precision + ", reduce " + (in.reduce_dtype == "same" ? in.precision : "fp32");
+  d += ", " + in.optimizer + " (" + std::to_string(optimizer_states(in)) + " fp32 states/param)";
+  d += ", world " + std::to_string(in.world) + ", group " + std::to_string(in.shard_group);
+  if (in.micro_batch) d += ", micro-batch " + std::to_string(*in.micro_batch) + " rows";
+  d += ", accumulate " + std::to_string(in.accumulate) + ", prefetch " + std::to_string(in.prefetch);
+  return d;
+}
+
+void print_table(const Inputs& in, const std::vector<Row>& rows) {
+  std::printf("dtrain-estimate: %s%s%s\n", in.source.c_str(), in.source.empty() ? "" : ": ", describe(in).c_str());
+  std::printf("activations: %s\n\n", in.micro_batch ? "the Trainer's buffers for one micro-batch of the MLP"
+                                                     : "as given by --activations-bytes (default 0)");
+  constexpr const char* header[] = {"params", "grads", "optimizer state", "master", "gathered", "activations",
+                                    "total per rank"};
+  std::printf("| %-15s |", "strategy (MiB)");
+  for (const char* h : header) std::printf(" %s |", h);
+  std::printf("\n|-----------------|");
+  for (const char* h : header) std::printf("%s:|", std::string(std::string_view(h).size() + 1, '-').c_str());
+  std::printf("\n");
+  for (const Row& r : rows) {
+    const MemoryUsage& m = r.memory;
+    const std::size_t values[] = {m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.total()};
+    const bool mine = r.strategy == in.config_strategy;
+    std::printf("| %-15s |", (std::string(r.strategy) + (mine ? " *" : "")).c_str());
+    for (std::size_t c = 0; c < std::size(values); ++c)
+      std::printf(" %*.2f |", static_cast<int>(std::string_view(header[c]).size()),
+                  static_cast<double>(values[c]) / (1024.0 * 1024.0));
+    std::printf("\n");
+  }
+  if (!in.config_strategy.empty()) std::printf("\n* the config's strategy\n");
+}
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", c);
+      out += esc;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+void print_json(const Inputs& in, const std::vector<Row>& rows) {
+  std::printf("{\n  \"inputs\": {\"model\": %s, \"parameters\": %zu, \"trainable\": %zu, \"precision\": %s, "
+              "\"reduce_dtype\": %s, \"optimizer\": %s, \"optimizer_states\": %zu, \"world\": %d, "
+              "\"shard_group\": %d, \"micro_batch\": %s, \"accumulate\": %d, \"prefetch\": %d, "
+              "\"config_strategy\": %s},\n  \"unit\": \"bytes\",\n  \"strategies\": [",
+              json_string(in.source).c_str(), in.parameters, in.trainable, json_string(in.precision).c_str(),
+              json_string(in.reduce_dtype).c_str(), json_string(in.optimizer).c_str(), optimizer_states(in), in.world,
+              in.shard_group, in.micro_batch ? std::to_string(*in.micro_batch).c_str() : "null", in.accumulate,
+              in.prefetch, in.config_strategy.empty() ? "null" : json_string(in.config_strategy).c_str());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const MemoryUsage& m = rows[i].memory;
+    std::printf("%s\n    {\"strategy\": %s, \"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"master\": %zu, "
+                "\"gathered\": %zu, \"activations\": %zu, \"other\": %zu, \"total\": %zu}",
+                i ? "," : "", json_string(rows[i].strategy).c_str(), m.params, m.grads, m.optimizer, m.master,
+                m.gathered, m.activations, m.other, m.total());
+  }
+  std::printf("\n  ]\n}\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Inputs in = parse(argc, argv);
+    const std::vector<Row> rows = estimate(in);
+    if (in.json)
+      print_json(in, rows);
+    else
+      print_table(in, rows);
+    return 0;
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "dtrain-estimate: %s; fix: %s\n", e.problem.c_str(), e.fix.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dtrain-estimate: %s\n", e.what());
+    return 1;
+  }
+}
