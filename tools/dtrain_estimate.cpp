@@ -160,6 +160,9 @@ std::string one_of(std::string_view what, std::string_view text, const Choices& 
 
 std::size_t dtype_bytes(const std::string& precision) { return precision == "fp32" ? 4 : 2; }
 
+// The dtype gradients are reduced in.
+std::string reduce_name(const Inputs& in) { return in.reduce_dtype == "same" ? in.precision : "fp32"; }
+
 std::size_t optimizer_states(const Inputs& in) {
   if (in.optimizer == "adamw") return 2;
   return in.momentum != 0 ? 1 : 0;
@@ -340,7 +343,7 @@ std::vector<Row> estimate(const Inputs& in) {
   EstimateInputs e;
   e.units = in.units;
   e.compute_bytes = dtype_bytes(in.precision);
-  e.reduce_bytes = in.reduce_dtype == "same" ? e.compute_bytes : 4;
+  e.reduce_bytes = dtype_bytes(reduce_name(in));
   e.accumulate = in.accumulate;
   e.world = in.world;
   e.shard_group = in.shard_group;
@@ -374,7 +377,7 @@ std::string describe(const Inputs& in) {
   std::string d = thousands(in.parameters) + " parameters in " + std::to_string(in.units.size()) +
                   (in.units.size() == 1 ? " unit" : " units");
   if (in.trainable != in.parameters) d += " (" + thousands(in.trainable) + " trainable)";
-  d += ", precision " + in.precision + ", reduce " + (in.reduce_dtype == "same" ? in.precision : "fp32");
+  d += ", precision " + in.precision + ", reduce " + reduce_name(in);
   d += ", " + in.optimizer + " (" + std::to_string(optimizer_states(in)) + " fp32 states/param)";
   d += ", world " + std::to_string(in.world) + ", group " + std::to_string(in.shard_group);
   if (in.micro_batch) d += ", micro-batch " + std::to_string(*in.micro_batch) + " rows";
@@ -382,27 +385,38 @@ std::string describe(const Inputs& in) {
   return d;
 }
 
+// A Markdown table (pastes into docs), columns as wide as their widest cell.
 void print_table(const Inputs& in, const std::vector<Row>& rows) {
   std::printf("dtrain-estimate: %s%s%s\n", in.source.c_str(), in.source.empty() ? "" : ": ", describe(in).c_str());
   std::printf("activations: %s\n\n", in.micro_batch ? "the Trainer's buffers for one micro-batch of the MLP"
                                                      : "as given by --activations-bytes (default 0)");
-  constexpr const char* header[] = {"params", "grads", "optimizer state", "master", "gathered", "activations",
-                                    "total per rank"};
-  std::printf("| %-15s |", "strategy (MiB)");
-  for (const char* h : header) std::printf(" %s |", h);
-  std::printf("\n|-----------------|");
-  for (const char* h : header) std::printf("%s:|", std::string(std::string_view(h).size() + 1, '-').c_str());
-  std::printf("\n");
+  std::vector<std::vector<std::string>> table = {{"strategy (MiB)", "params", "grads", "optimizer state", "master",
+                                                  "gathered", "activations", "total per rank"}};
   for (const Row& r : rows) {
     const MemoryUsage& m = r.memory;
-    const std::size_t values[] = {m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.total()};
-    const bool mine = r.strategy == in.config_strategy;
-    std::printf("| %-15s |", (std::string(r.strategy) + (mine ? " *" : "")).c_str());
-    for (std::size_t c = 0; c < std::size(values); ++c)
-      std::printf(" %*.2f |", static_cast<int>(std::string_view(header[c]).size()),
-                  static_cast<double>(values[c]) / (1024.0 * 1024.0));
-    std::printf("\n");
+    auto& line = table.emplace_back(1, std::string(r.strategy) + (r.strategy == in.config_strategy ? " *" : ""));
+    for (std::size_t bytes : {m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.total()}) {
+      char mib[32];
+      std::snprintf(mib, sizeof mib, "%.2f", static_cast<double>(bytes) / (1024.0 * 1024.0));
+      line.emplace_back(mib);
+    }
   }
+  std::vector<std::size_t> width(table[0].size());
+  for (const auto& line : table)
+    for (std::size_t c = 0; c < line.size(); ++c) width[c] = std::max(width[c], line[c].size());
+  const auto print_line = [&](const std::vector<std::string>& line) {
+    for (std::size_t c = 0; c < line.size(); ++c) {
+      const std::string pad(width[c] - line[c].size(), ' ');
+      // the strategy left-aligned, the numbers right-aligned
+      std::printf("| %s ", (c == 0 ? line[c] + pad : pad + line[c]).c_str());
+    }
+    std::printf("|\n");
+  };
+  print_line(table[0]);
+  for (std::size_t c = 0; c < width.size(); ++c)
+    std::printf("|%s%s", std::string(width[c] + 1, '-').c_str(), c == 0 ? "-" : ":");
+  std::printf("|\n");
+  for (std::size_t r = 1; r < table.size(); ++r) print_line(table[r]);
   if (!in.config_strategy.empty()) std::printf("\n* the config's strategy\n");
 }
 
@@ -427,7 +441,7 @@ void print_json(const Inputs& in, const std::vector<Row>& rows) {
               "\"shard_group\": %d, \"micro_batch\": %s, \"accumulate\": %d, \"prefetch\": %d, "
               "\"config_strategy\": %s},\n  \"unit\": \"bytes\",\n  \"strategies\": [",
               json_string(in.source).c_str(), in.parameters, in.trainable, json_string(in.precision).c_str(),
-              json_string(in.reduce_dtype).c_str(), json_string(in.optimizer).c_str(), optimizer_states(in), in.world,
+              json_string(reduce_name(in)).c_str(), json_string(in.optimizer).c_str(), optimizer_states(in), in.world,
               in.shard_group, in.micro_batch ? std::to_string(*in.micro_batch).c_str() : "null", in.accumulate,
               in.prefetch, in.config_strategy.empty() ? "null" : json_string(in.config_strategy).c_str());
   for (std::size_t i = 0; i < rows.size(); ++i) {

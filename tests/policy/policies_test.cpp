@@ -15,8 +15,21 @@ using namespace dtrain;
 
 // --- each slot's concept -----------------------------------------------------
 static_assert(StrategyPolicy<Strategy<DDP>>);
+static_assert(StrategyPolicy<Strategy<FSDP<FullShard>>> && StrategyPolicy<Strategy<FSDP<ShardGradOp>>> &&
+              StrategyPolicy<Strategy<FSDP<NoShard>>> && StrategyPolicy<Strategy<FSDP<HybridShard>>>);
+static_assert(StrategyPolicy<Strategy<FSDP<>>>);  // FullShard by default
+static_assert(std::is_same_v<FSDP<>::mode, FullShard>);
+static_assert(StrategyPolicy<Strategy<ZeRO1>>);
 static_assert(!StrategyPolicy<Strategy<int>>);
+static_assert(!StrategyPolicy<Strategy<FSDP<DDP>>>);     // not an FSDP mode
+static_assert(!StrategyPolicy<Strategy<FullShard>>);     // a mode needs FSDP<>
 static_assert(!StrategyPolicy<DDP>);  // the kind alone is not a policy
+static_assert(!StrategyPolicy<FSDP<FullShard>> && !StrategyPolicy<ZeRO1>);
+
+// The names train_mlp's strategy= key and the docs use.
+static_assert(DDP::name == "ddp" && FSDP<FullShard>::name == "fsdp-full" && FSDP<ShardGradOp>::name == "fsdp-grad-op" &&
+              FSDP<NoShard>::name == "fsdp-no-shard" && FSDP<HybridShard>::name == "fsdp-hybrid" &&
+              ZeRO1::name == "zero1");
 
 static_assert(PrecisionPolicy<Precision<fp32>>);
 static_assert(PrecisionPolicy<Precision<bf16>>);
@@ -46,6 +59,8 @@ static_assert(!DevicePolicy<Host>);
 static_assert(Policy<Strategy<DDP>> && Policy<Precision<bf16>> && Policy<Accumulate<2>> && Policy<Device<Host>>);
 static_assert(!Policy<int> && !Policy<Accumulate<0>> && !Policy<Precision<fp16, bf16>>);
 static_assert(!Policy<DDP> && !Policy<bf16> && !Policy<Host>);  // a bare kind is not a policy
+static_assert(Policy<Strategy<FSDP<HybridShard>>> && Policy<Strategy<ZeRO1>>);
+static_assert(!Policy<FSDP<FullShard>> && !Policy<ZeRO1> && !Policy<FullShard>);
 
 // --- Precision's types ---------------------------------------------------------
 static_assert(std::is_same_v<Precision<bf16>::param_type, bf16>);
@@ -103,9 +118,15 @@ static_assert(same_policies<policies<Device<Cuda>>, policies<S, Precision<fp32>,
 static_assert(same_policies<policies<Device<Cuda>, Precision<fp32, bf16>>,
                             policies<S, Precision<fp32, bf16>, Accumulate<1>, Device<Cuda>>>);
 
+// Every strategy kind reaches P::strategy unchanged, in any position.
+static_assert(std::is_same_v<policies<Accumulate<2>, Strategy<FSDP<HybridShard>>>::strategy, FSDP<HybridShard>>);
+static_assert(std::is_same_v<policies<Strategy<ZeRO1>, Precision<bf16>>::strategy, ZeRO1>);
+static_assert(same_policies<policies<Strategy<FSDP<NoShard>>, Precision<bf16>>,
+                            policies<Precision<bf16>, Strategy<FSDP<NoShard>>>>);
+
 // Policies are empty tags: composing them costs nothing at run time.
 static_assert(std::is_empty_v<S> && std::is_empty_v<Pr> && std::is_empty_v<A> && std::is_empty_v<D> &&
-              std::is_empty_v<Full>);
+              std::is_empty_v<Full> && std::is_empty_v<Strategy<FSDP<FullShard>>> && std::is_empty_v<FSDP<>>);
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(composed_policies_describe_themselves) {

@@ -1,4 +1,4 @@
-// expect: dtrain: unknown strategy: Strategy<...> takes DDP
+// expect: dtrain: unknown strategy: Strategy<...> takes DDP, FSDP<Mode> or ZeRO1
 #include <dtrain/policy/policies.hpp>
 
 using namespace dtrain;

@@ -5,7 +5,7 @@ using namespace dtrain;
 #ifdef DTRAIN_CONTROL
 using P = policies<Strategy<DDP>>;
 #else
-using P = policies<Strategy<DDP>, DDP, Strategy<DDP>>;
+using P = policies<Strategy<DDP>, int, Strategy<DDP>>;
 #endif
 [[maybe_unused]] constexpr int micro_batches = P::accumulate;
 [[maybe_unused]] P::param_type* param = nullptr;
