@@ -45,9 +45,10 @@ the model (one of):
                              keys as for train_mlp. Read: hidden (a list or
                              "256,256"), features, classes, precision,
                              reduce_dtype, accumulate, batch_size, optimizer,
-                             momentum, strategy, shard_group, prefetch; every
-                             other key is ignored. Activations are worked out for
-                             micro-batches of batch_size rows.
+                             momentum, strategy (its row is marked *),
+                             shard_group, prefetch; every other key is ignored.
+                             Activations are worked out for micro-batches of
+                             batch_size rows.
 
 training (with --params; with --config use the config's keys):
   --precision fp32|bf16|fp16 compute dtype (default fp32)
@@ -72,7 +73,7 @@ both:
 Columns: params (what persists: compute copy, or the fp32 weights when compute
 is fp32), grads (gradients and their fp32 accumulator or shard), optimizer
 state, master (fp32 weights beside a 16-bit copy), gathered (FSDP's transient
-unit buffers: an upper bound under fsdp-full and fsdp-hybrid), activations,
+unit buffers, an upper bound: see docs/launcher.md), activations,
 total per rank (also counts a few bytes of scalar scratch). Model states are
 exact, including the padding of every unit to a multiple of the shard count.
 
@@ -440,7 +441,7 @@ void print_json(const Inputs& in, const std::vector<Row>& rows) {
               "\"reduce_dtype\": %s, \"optimizer\": %s, \"optimizer_states\": %zu, \"world\": %d, "
               "\"shard_group\": %d, \"micro_batch\": %s, \"accumulate\": %d, \"prefetch\": %d, "
               "\"config_strategy\": %s},\n  \"unit\": \"bytes\",\n  \"strategies\": [",
-              json_string(in.source).c_str(), in.parameters, in.trainable, json_string(in.precision).c_str(),
+              in.source.empty() ? "null" : json_string(in.source).c_str(), in.parameters, in.trainable, json_string(in.precision).c_str(),
               json_string(reduce_name(in)).c_str(), json_string(in.optimizer).c_str(), optimizer_states(in), in.world,
               in.shard_group, in.micro_batch ? std::to_string(*in.micro_batch).c_str() : "null", in.accumulate,
               in.prefetch, in.config_strategy.empty() ? "null" : json_string(in.config_strategy).c_str());

@@ -233,6 +233,66 @@ BOOST_AUTO_TEST_CASE(a_rank_that_dies_fails_the_others_fast) {
   BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(20)));
 }
 
+// World::split: groups of ranks with their own communicators, as FSDP's
+// HybridShard uses them (shard groups {0,1}, {2,3}; replica groups {0,2}, {1,3}).
+BOOST_AUTO_TEST_CASE(split_worlds_reduce_within_their_group) {
+  std::vector<std::vector<float>> shard_sums(4), replica_sums(4);
+  run_ranks(4, [&](World& w) {
+    World shard = w.split(w.rank() / 2, "shard");
+    World replica = w.split(w.rank() % 2, "replica");
+    require(shard.size() == 2 && shard.rank() == w.rank() % 2 && shard.global_rank() == w.rank(),
+            "shard group layout");
+    require(replica.size() == 2 && replica.rank() == w.rank() / 2, "replica group layout");
+    require(shard.group() == "shard/" + std::to_string(w.rank() / 2), "group name");
+    require(shard.local_rank() == w.local_rank(), "the local rank (the GPU) stays the process's");
+    GlooCommunicator a(shard), b(replica);
+    std::vector<float> x{static_cast<float>(1 << w.rank())}, y = x;
+    auto wa = a.all_reduce(std::span<float>(x), reduce_op::sum);
+    auto wb = b.all_reduce(std::span<float>(y), reduce_op::sum);
+    wa.wait();
+    wb.wait();
+    shard_sums[static_cast<std::size_t>(w.rank())] = x;
+    replica_sums[static_cast<std::size_t>(w.rank())] = y;
+  });
+  // 2^rank identifies who contributed to each sum.
+  const float shard_want[] = {1 + 2, 1 + 2, 4 + 8, 4 + 8}, replica_want[] = {1 + 4, 2 + 8, 1 + 4, 2 + 8};
+  for (int r = 0; r < 4; ++r) {
+    BOOST_TEST(shard_sums[static_cast<std::size_t>(r)][0] == shard_want[r]);
+    BOOST_TEST(replica_sums[static_cast<std::size_t>(r)][0] == replica_want[r]);
+  }
+}
+
+// A group's timeout names the missing rank by its group rank and its global rank.
+BOOST_AUTO_TEST_CASE(a_group_timeout_names_global_ranks) {
+  CommOptions opts;
+  opts.timeout = std::chrono::milliseconds(1500);
+  std::string message;
+  std::atomic<bool> reported{false};
+  run_ranks(
+      4,
+      [&](World& w) {
+        World group = w.split(w.rank() < 2 ? 0 : 1, "shard");
+        GlooCommunicator comm(group);
+        std::vector<float> x(8, 1.f);
+        comm.all_reduce(std::span<float>(x), reduce_op::sum).wait();
+        if (w.rank() == 3) {  // global rank 3 = rank 1 of group 1 never reaches #2
+          while (!reported) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
+        if (w.rank() != 2) return;
+        try {
+          comm.all_reduce(std::span<float>(x), reduce_op::sum).wait();
+        } catch (const timeout_error& e) {
+          message = e.what();
+        }
+        reported = true;
+      },
+      opts);
+  BOOST_TEST_INFO(message);
+  BOOST_TEST(message.find("on rank 0 (global 2) of 2") != std::string::npos);
+  BOOST_TEST(message.find("ranks that never reached it: 1 (global 3) (at #1)") != std::string::npos);
+}
+
 BOOST_AUTO_TEST_CASE(check_agree_names_the_disagreeing_rank) {
   std::vector<std::string> errors(3);
   run_ranks(3, [&](World& w) {

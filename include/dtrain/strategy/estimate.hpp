@@ -19,9 +19,9 @@
 // either side if the two are computed independently.
 //
 // Model states (params, grads, optimizer, master) are exact for every
-// strategy; `gathered` is an upper bound for the modes that reuse gathered
-// buffers between units (see fsdp_gathered below); activations are whatever
-// the caller passes (mlp_activation_bytes for train_mlp's model).
+// strategy; FSDP's `gathered` is an upper bound (see fsdp_gathered below);
+// activations are whatever the caller passes (mlp_activation_bytes for
+// train_mlp's model).
 
 #include <algorithm>
 #include <array>

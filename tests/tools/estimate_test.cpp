@@ -1,0 +1,313 @@
+// dtrain-estimate's memory model (strategy/estimate.hpp) against what the
+// Trainer's allocator measures: train_mlp's model and an uneven one (shapes no
+// world size divides, a frozen layer, a LayerNorm) trained for two steps by
+// real Trainers, ranks as threads over Gloo, for every strategy, world sizes
+// 1-3 (and 4 with HybridShard groups of 2), fp32 / bf16 / bf16 reduced in
+// bf16, AdamW and SGD with momentum, Accumulate<1> and <2>. Then the CLI.
+#define BOOST_TEST_MODULE tools_estimate
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/strategy/estimate.hpp>
+#include <dtrain/trainer.hpp>
+#include <mlp/mlp.hpp>
+#include <strategy/sharded_common.hpp>
+#include <support/ranks.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+using namespace dtrain;
+using namespace dtrain::testing;
+
+namespace {
+
+constexpr double tolerance = 0.05;
+
+constexpr std::array<const char*, 7> category_names = {"params",   "grads",       "optimizer", "master",
+                                                       "gathered", "activations", "other"};
+
+std::size_t category(const MemoryUsage& m, std::size_t c) {
+  const std::array<std::size_t, 7> v = {m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.other};
+  return v[c];
+}
+
+// |estimate - measured| / measured; a category measured empty must be estimated empty.
+double rel_diff(std::size_t estimate, std::size_t measured) {
+  if (measured == 0) return estimate == 0 ? 0.0 : 1.0;
+  return std::abs(static_cast<double>(estimate) - static_cast<double>(measured)) / static_cast<double>(measured);
+}
+
+// The largest difference per category over every case, for the report.
+struct Worst {
+  std::array<double, 7> diff{};
+  std::array<std::string, 7> where;
+  double gathered_ratio_max = 0, gathered_ratio_min = INFINITY;  // estimate / measured, FSDP
+  int cases = 0;
+};
+Worst worst;
+
+// Each unit's trainable and frozen elements, read from what the model's units
+// declare (not from ModelLayout, whose padding the estimate must reproduce).
+template <class Net>
+std::vector<UnitNumel> declared_units(Net& net) {
+  std::vector<UnitNumel> units;
+  detail::for_each_unit(net.units(), [&](std::size_t, auto& unit) {
+    UnitNumel& u = units.emplace_back();
+    for (const ParamSpec& p : unit.params()) (p.trainable ? u.trainable : u.frozen) += static_cast<std::size_t>(p.numel());
+  });
+  return units;
+}
+
+// `rows` deterministic random samples for one rank's micro-batch k of `step`.
+Batch random_batch(std::int64_t features, std::int64_t classes, std::int64_t rows, std::uint64_t seed) {
+  Batch b;
+  b.rows = rows;
+  b.features = features;
+  for (double v : random_values(static_cast<std::size_t>(rows * features), seed)) b.x.push_back(static_cast<float>(v));
+  for (std::int64_t r = 0; r < rows; ++r) b.y.push_back(static_cast<std::int32_t>((seed + static_cast<std::uint64_t>(r) * 7) % classes));
+  return b;
+}
+
+// train_mlp's own model (examples/mlp/mlp.hpp): Linear 32->128, GELU,
+// Linear 128->128, GELU, Linear 128->10.
+struct MlpCase {
+  static constexpr const char* name = "mlp";
+  using Net = mlp::Model;
+  static constexpr std::int64_t features = 32, classes = 10, rows = 8;
+  static inline const std::vector<std::int64_t> hidden = {128, 128};
+  static mlp::Config config() {
+    mlp::Config c;
+    c.hidden = hidden;
+    return c;
+  }
+  static Net make() { return Net(config(), features, classes); }
+  // The Trainer's activation buffers are what mlp_activation_bytes models.
+  static std::optional<std::size_t> activations(std::size_t compute_bytes) {
+    return mlp_activation_bytes(rows, features, hidden, classes, compute_bytes);
+  }
+};
+
+// sharded_common.hpp's UnevenNet: Linear 7->15, LayerNorm, GELU, Linear 15->16
+// (frozen), ReLU, Linear 16->17, GELU, Linear 17->5. Its LayerNorm workspace
+// counts as activations, which the MLP helper does not model: model states only.
+struct UnevenCase {
+  static constexpr const char* name = "uneven";
+  using Net = UnevenNet;
+  static constexpr std::int64_t features = dtrain::testing::features, classes = dtrain::testing::classes, rows = 6;
+  static Net make() { return {}; }
+  static std::optional<std::size_t> activations(std::size_t) { return std::nullopt; }
+};
+
+// HybridShard's group for n ranks: replicated singles at 2, one group at 3,
+// two groups of two at 4.
+int hybrid_group(int n) { return n == 4 ? 2 : n == 3 ? 3 : 1; }
+
+template <class Kind>
+std::vector<int> world_sizes() {
+  if constexpr (std::is_same_v<Kind, FSDP<HybridShard>>) return {1, 2, 3, 4};
+  else return {1, 2, 3};
+}
+
+// Trains Case's model with Kind for two steps on n ranks and compares every
+// rank's measured memory with the estimate.
+template <class Case, class Kind, class Prec, int A, class Opt>
+void check(int n, Opt opt, std::size_t optimizer_states) {
+  using T = typename Prec::param_type;
+  using R = typename Prec::reduce_type;
+  const int group = hybrid_group(n);
+  std::vector<MemoryUsage> measured(static_cast<std::size_t>(n));
+  std::vector<UnitNumel> units;
+  run_ranks(n, [&](World& w) {
+    typename Case::Net net = Case::make();
+    if (w.rank() == 0) units = declared_units(net);
+    TrainerOptions o{.seed = 7};
+    o.sharding.shard_group = group;
+    Trainer<typename Case::Net, Device<Host>, Prec, Accumulate<A>, Strategy<Kind>> trainer(w, net, opt, o);
+    for (int step = 0; step < 2; ++step) {
+      std::vector<Batch> mb;
+      for (int k = 0; k < A; ++k)
+        mb.push_back(random_batch(Case::features, Case::classes, Case::rows,
+                                  static_cast<std::uint64_t>((step * 16 + w.rank()) * 4 + k)));
+      trainer.step(mb);
+    }
+    measured[static_cast<std::size_t>(w.rank())] = trainer.memory();
+  });
+
+  EstimateInputs in;
+  in.units = units;
+  in.compute_bytes = sizeof(T);
+  in.reduce_bytes = sizeof(R);
+  in.accumulate = A;
+  in.strategy = std::string(Kind::name);
+  in.world = n;
+  in.shard_group = group;
+  in.optimizer_states = optimizer_states;
+  const std::optional<std::size_t> activations = Case::activations(sizeof(T));
+  in.activations = activations.value_or(0);
+  const MemoryUsage e = estimate_memory(in);
+
+  std::ostringstream label;
+  label << Case::name << " " << Kind::name << " world=" << n << " group=" << group << " T=" << sizeof(T)
+        << "B R=" << sizeof(R) << "B A=" << A << " states=" << optimizer_states;
+  ++worst.cases;
+  for (int r = 0; r < n; ++r) {
+    const MemoryUsage& m = measured[static_cast<std::size_t>(r)];
+    for (std::size_t c = 0; c < category_names.size(); ++c) {
+      const std::string cat = category_names[c];
+      if (cat == "gathered" || (cat == "activations" && !activations)) continue;
+      const double d = rel_diff(category(e, c), category(m, c));
+      BOOST_TEST(d <= tolerance, label.str() << " rank " << r << " " << cat << ": estimate " << category(e, c)
+                                             << " B, measured " << category(m, c) << " B");
+      if (d > worst.diff[c]) worst.diff[c] = d, worst.where[c] = label.str();
+    }
+    // Gathered buffers: none outside FSDP, and never more than the estimate.
+    BOOST_TEST(m.gathered <= e.gathered, label.str() << " rank " << r << " gathered: estimate " << e.gathered
+                                                      << " B below the measured " << m.gathered << " B");
+    if (m.gathered != 0) {
+      const double ratio = static_cast<double>(e.gathered) / static_cast<double>(m.gathered);
+      worst.gathered_ratio_max = std::max(worst.gathered_ratio_max, ratio);
+      worst.gathered_ratio_min = std::min(worst.gathered_ratio_min, ratio);
+    }
+  }
+}
+
+template <class Case, class Kind, class Prec, int A>
+void check_optimizers(int n) {
+  check<Case, Kind, Prec, A>(n, AdamW{.lr = 1e-3f}, 2);
+  check<Case, Kind, Prec, A>(n, SGD{.lr = 0.05f, .momentum = 0.9f}, 1);
+}
+
+// Every world size, precision, accumulation and optimizer for one strategy.
+template <class Kind>
+void check_strategy() {
+  for (int n : world_sizes<Kind>()) {
+    [&]<class... Case>(std::tuple<Case...>*) {
+      ((check_optimizers<Case, Kind, Precision<fp32>, 1>(n), check_optimizers<Case, Kind, Precision<fp32>, 2>(n),
+        check_optimizers<Case, Kind, Precision<bf16>, 1>(n), check_optimizers<Case, Kind, Precision<bf16>, 2>(n),
+        check_optimizers<Case, Kind, Precision<bf16, bf16>, 1>(n),
+        check_optimizers<Case, Kind, Precision<bf16, bf16>, 2>(n)),
+       ...);
+    }(static_cast<std::tuple<MlpCase, UnevenCase>*>(nullptr));
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(mlp_units_are_train_mlps_model) {
+  auto net = MlpCase::make();
+  const auto declared = declared_units(net);
+  const auto helper = mlp_units(MlpCase::features, MlpCase::hidden, MlpCase::classes);
+  BOOST_REQUIRE_EQUAL(declared.size(), helper.size());
+  for (std::size_t u = 0; u < helper.size(); ++u) {
+    BOOST_TEST(declared[u].trainable == helper[u].trainable, "unit " << u);
+    BOOST_TEST(declared[u].frozen == helper[u].frozen, "unit " << u);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ddp_matches_the_measurement) { check_strategy<DDP>(); }
+BOOST_AUTO_TEST_CASE(fsdp_full_shard_matches_the_measurement) { check_strategy<FSDP<FullShard>>(); }
+BOOST_AUTO_TEST_CASE(fsdp_shard_grad_op_matches_the_measurement) { check_strategy<FSDP<ShardGradOp>>(); }
+BOOST_AUTO_TEST_CASE(fsdp_no_shard_matches_the_measurement) { check_strategy<FSDP<NoShard>>(); }
+BOOST_AUTO_TEST_CASE(fsdp_hybrid_shard_matches_the_measurement) { check_strategy<FSDP<HybridShard>>(); }
+BOOST_AUTO_TEST_CASE(zero1_matches_the_measurement) { check_strategy<ZeRO1>(); }
+
+// Printed whatever the log level: the numbers the docs quote.
+BOOST_AUTO_TEST_CASE(report) {
+  if (worst.cases == 0) return;  // run alone: nothing was compared
+  std::printf("estimate vs measurement over %d cases (each on every rank):\n", worst.cases);
+  for (std::size_t c = 0; c < category_names.size(); ++c)
+    if (category_names[c] != std::string("gathered"))
+      std::printf("  %-11s max relative difference %.4g%s%s\n", category_names[c], worst.diff[c],
+                  worst.where[c].empty() ? " (exact in every case)" : ", at ", worst.where[c].c_str());
+  std::printf("  gathered    estimate / measured between %.3f and %.3f (an upper bound)\n", worst.gathered_ratio_min,
+              worst.gathered_ratio_max);
+}
+
+BOOST_AUTO_TEST_CASE(bad_inputs_throw_config_errors) {
+  EstimateInputs in;
+  in.units = {{10, 0}};
+  in.world = 4;
+  in.strategy = "fsdp-hybrid";
+  in.shard_group = 3;
+  BOOST_CHECK_THROW(estimate_memory(in), config_error);
+  in.strategy = "fsdp-everything";
+  BOOST_CHECK_THROW(estimate_memory(in), config_error);
+  in.strategy = "ddp";
+  in.world = 0;
+  BOOST_CHECK_THROW(estimate_memory(in), config_error);
+}
+
+#ifdef DTRAIN_ESTIMATE_PATH
+namespace {
+
+// Runs dtrain-estimate; returns its exit status and its output (stdout and stderr).
+std::pair<int, std::string> run_cli(const std::string& args) {
+  const std::string cmd = std::string(DTRAIN_ESTIMATE_PATH) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  BOOST_REQUIRE(pipe != nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (const std::size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, out};
+}
+
+// The cells of the table row whose first cell is `strategy`.
+std::vector<std::string> table_row(const std::string& out, const std::string& strategy) {
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    std::vector<std::string> cells;
+    std::istringstream parts(line);
+    for (std::string cell; std::getline(parts, cell, '|');) {
+      const auto b = cell.find_first_not_of(' '), e = cell.find_last_not_of(' ');
+      if (b != std::string::npos) cells.push_back(cell.substr(b, e - b + 1));
+    }
+    if (!cells.empty() && cells[0] == strategy) return cells;
+  }
+  return {};
+}
+
+}  // namespace
+
+// Mixed-precision FullShard with AdamW: 4 B master + 4 B gradient + 8 B Adam
+// state per parameter, split 4 ways (1,000,000 divides by 4: no padding).
+BOOST_AUTO_TEST_CASE(cli_full_shard_holds_16_bytes_per_parameter_over_the_world) {
+  const auto [rc, out] = run_cli("--params 1000000 --world 4 --precision bf16");
+  BOOST_TEST_MESSAGE(out);
+  BOOST_REQUIRE_EQUAL(rc, 0);
+  const auto cells = table_row(out, "fsdp-full");
+  BOOST_REQUIRE_EQUAL(cells.size(), 8u);
+  double model_states_mib = 0;
+  for (std::size_t c = 1; c <= 4; ++c) model_states_mib += std::stod(cells[c]);  // params, grads, optimizer, master
+  const double expected_mib = 16.0 * 1e6 / 4 / (1024.0 * 1024.0);
+  BOOST_TEST(std::abs(model_states_mib - expected_mib) <= 0.01 * expected_mib,
+             "fsdp-full model states " << model_states_mib << " MiB, expected " << expected_mib);
+}
+
+BOOST_AUTO_TEST_CASE(cli_rejects_a_shard_group_that_does_not_divide_the_world) {
+  const auto [rc, out] = run_cli("--params 1000000 --shard-group 3 --world 4 --strategy fsdp-hybrid");
+  BOOST_TEST(rc == 2);
+  BOOST_TEST(out.find("shard group of 3 ranks does not divide the world of 4 ranks") != std::string::npos, out);
+  BOOST_TEST(out.find("fix:") != std::string::npos, out);
+  BOOST_TEST(std::count(out.begin(), out.end(), '\n') == 1, "one line: " << out);
+}
+
+BOOST_AUTO_TEST_CASE(cli_reads_a_train_mlp_config_with_overrides) {
+  const std::string config = std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/ddp_host.yaml";
+  const auto [rc, out] = run_cli("--config " + config + " --world 2 hidden=256,256 steps=5 --json");
+  BOOST_REQUIRE_EQUAL(rc, 0);
+  const auto units = mlp_units(32, {256, 256}, 10);
+  std::size_t params = 0;
+  for (const auto& u : units) params += u.trainable;
+  BOOST_TEST(out.find("\"parameters\": " + std::to_string(params)) != std::string::npos, out);
+  const auto [missing_rc, missing] = run_cli("--config /nonexistent.yaml --world 2");
+  BOOST_TEST(missing_rc == 2);
+  BOOST_TEST(missing.find("does not exist") != std::string::npos, missing);
+}
+#endif
