@@ -33,7 +33,7 @@ vcpkg_cmake_install()
 vcpkg_cmake_config_fixup(PACKAGE_NAME dtrain CONFIG_PATH share/dtrain)
 
 if("tools" IN_LIST FEATURES)
-  vcpkg_copy_tools(TOOL_NAMES dtrain-run dtrain-doctor AUTO_CLEAN)
+  vcpkg_copy_tools(TOOL_NAMES dtrain-run dtrain-doctor dtrain-estimate AUTO_CLEAN)
 endif()
 
 file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/usage" DESTINATION "${CURRENT_PACKAGES_DIR}/share/${PORT}")

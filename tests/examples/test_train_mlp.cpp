@@ -176,3 +176,17 @@ BOOST_AUTO_TEST_CASE(unknown_strategy_and_bad_hybrid_group_are_clear_errors) {
   const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   BOOST_TEST(text.find("does not divide the world of 2 ranks") != std::string::npos);
 }
+
+// Every host preset in examples/configs trains as its comment says to launch it.
+BOOST_AUTO_TEST_CASE(every_host_preset_trains) {
+  for (const auto& entry : fs::directory_iterator(fs::path(DTRAIN_SOURCE_DIR) / "examples/configs")) {
+    std::ifstream in(entry.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.find("device: host") == std::string::npos) continue;
+    const auto at = text.find("--nproc-per-node ");
+    BOOST_REQUIRE_MESSAGE(at != std::string::npos, entry.path() << " does not say how to launch it");
+    const int ranks = std::stoi(text.substr(at + 17));
+    BOOST_TEST_INFO(entry.path());
+    BOOST_TEST(train(ranks, "--config " + entry.path().string() + " steps=3 log_every=1") == 0);
+  }
+}

@@ -1,6 +1,7 @@
 #pragma once
 // The Accumulate slot: Accumulate<N> runs N micro-batches (forward and
-// backward) per optimizer step; only the last one communicates gradients.
+// backward) per optimizer step (DDP and ZeRO1 communicate gradients on the
+// last one only; FSDP reduce-scatters each).
 
 namespace dtrain {
 
