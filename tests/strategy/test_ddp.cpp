@@ -3,8 +3,7 @@
 #define BOOST_TEST_MODULE strategy_ddp
 #include <boost/test/unit_test.hpp>
 
-#include <dtrain/trainer.hpp>
-#include <support/ranks.hpp>
+#include "common.hpp"
 
 #include <cmath>
 #include <map>
@@ -14,14 +13,9 @@
 #include <vector>
 
 using namespace dtrain;
-using dtrain::testing::require;
-using dtrain::testing::run_ranks;
-using Params = std::map<std::string, std::vector<float>>;
+using namespace dtrain::testing;
 
 namespace {
-
-constexpr std::int64_t features = 7;
-constexpr std::int64_t classes = 5;
 
 // Uneven shapes (7x15, 16x15), a LayerNorm, and a frozen layer in the middle.
 struct Net {
@@ -34,20 +28,6 @@ struct Net {
   nn::SoftmaxCrossEntropy loss;
   auto units() { return std::tie(l1, ln, act, frozen, relu, head); }
 };
-
-// Rows [first, first + rows) of a deterministic global batch for `step`:
-// random non-zero x and random labels.
-Batch rows_of(int step, std::int64_t first, std::int64_t rows) {
-  Batch b;
-  b.rows = rows;
-  b.features = features;
-  for (std::int64_t r = first; r < first + rows; ++r) {
-    const auto x = dtrain::testing::random_values(features, static_cast<std::uint64_t>(step * 100003 + r));
-    for (double v : x) b.x.push_back(static_cast<float>(v));
-    b.y.push_back(static_cast<std::int32_t>((step * 31 + r * 7) % classes));
-  }
-  return b;
-}
 
 void require_close(const Params& a, const Params& b, double tol, const std::string& what) {
   require(a.size() == b.size(), what + ": different parameter sets");

@@ -4,7 +4,7 @@
 #define BOOST_TEST_MODULE strategy_sharded
 #include <boost/test/unit_test.hpp>
 
-#include "sharded_common.hpp"
+#include "common.hpp"
 
 #include <functional>
 #include <mutex>

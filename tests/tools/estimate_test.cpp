@@ -10,7 +10,7 @@
 #include <dtrain/strategy/estimate.hpp>
 #include <dtrain/trainer.hpp>
 #include <mlp/mlp.hpp>
-#include <strategy/sharded_common.hpp>
+#include <strategy/common.hpp>
 #include <support/ranks.hpp>
 
 #include <array>
@@ -93,7 +93,7 @@ struct MlpCase {
   }
 };
 
-// sharded_common.hpp's UnevenNet: Linear 7->15, LayerNorm, GELU, Linear 15->16
+// strategy/common.hpp's UnevenNet: Linear 7->15, LayerNorm, GELU, Linear 15->16
 // (frozen), ReLU, Linear 16->17, GELU, Linear 17->5. Its LayerNorm workspace
 // counts as activations, which the MLP helper does not model: model states only.
 struct UnevenCase {

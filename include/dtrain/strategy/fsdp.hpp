@@ -97,7 +97,6 @@ class FsdpStrategy {
     // ones; the keeping modes hold every unit until its last backward.
     live_limit_ = reshard_after_forward ? static_cast<std::size_t>(prefetch_) + 1 : params_units;
     if constexpr (!std::is_same_v<T, R>) unit_grad_ = make_buffer<T>(dev_, max_train_, memory_category::gathered);
-    scalar_ = make_buffer<float>(dev_, 1);
   }
 
   void before_forward(std::size_t u, int k) { use(u, false, k); }
@@ -131,18 +130,9 @@ class FsdpStrategy {
 
   void finish_gradients() { reducer_.drain(); }
 
-  // Sum of squares of this rank's gradient shard, summed over the shard group
-  // (in fp32, identically on every rank; replicas hold equal shards).
   double grad_norm_squared() {
     const double local = params_.size() ? dev_.sum(params_.size(), SquaredNorm<float>{grad_shard_.data()}) : 0.0;
-    if (!groups_.shard()) return local;
-    const float f = static_cast<float>(local);
-    dev_.copy_from_host(scalar_.data(), &f, 1);
-    auto w = binding::all_reduce(*groups_.shard(), dev_, scalar_.span(), reduce_op::sum);
-    binding::join(w, dev_);
-    float total = 0.f;
-    dev_.copy_to_host(&total, scalar_.data(), 1);
-    return total;
+    return groups_.sum_over_shard(local);
   }
 
   OwnedFlat<T> owned() { return {params_.master(), grad_shard_.data(), nullptr, params_.size()}; }
@@ -215,8 +205,8 @@ class FsdpStrategy {
     if (i < 0) return false;
     Slot& slot = slots_[static_cast<std::size_t>(i)];
     const auto& unit = layout_.units()[u];
-    grow(slot.train, unit.train_padded);
-    grow(slot.frozen, unit.frozen_padded);
+    detail::grow_unit_buffer<Dev, T>(dev_, slot.train, unit.train_padded);
+    detail::grow_unit_buffer<Dev, T>(dev_, slot.frozen, unit.frozen_padded);
     UnitState& st = units_[u];
     st.slot = i;
     st.gather = params_.gather(u, slot.train.data(), slot.frozen.data());
@@ -245,12 +235,6 @@ class FsdpStrategy {
     st.slot = -1;
   }
 
-  void grow(buffer<T>& b, std::size_t n) {
-    if (b.size() >= n) return;
-    b = {};  // free first: never hold the old and the new block at once
-    b = make_buffer<T>(dev_, n, memory_category::gathered);
-  }
-
   Dev& dev_;
   const ModelLayout& layout_;
   int prefetch_;
@@ -265,7 +249,6 @@ class FsdpStrategy {
   std::size_t max_train_ = 0;
   std::size_t gathers_issued_ = 0;
   buffer<T> unit_grad_;  // T != R: what backward writes before the cast into the reducer
-  buffer<float> scalar_;
 };
 
 template <class Mode, class Dev, class T, class R, int A>

@@ -52,7 +52,8 @@ class ShardGroups {
 
   // Collective over `world`: every rank constructs it with the same group size.
   ShardGroups(World& world, Dev& dev, comm_type& world_comm, int group_size)
-      : size_(group_size),
+      : dev_(dev),
+        size_(group_size),
         rank_(world.rank() % std::max(group_size, 1)),
         replicas_(world.size() / std::max(group_size, 1)),
         replica_index_(world.rank() / std::max(group_size, 1)) {
@@ -68,6 +69,7 @@ class ShardGroups {
       owned_shard_ = binding::make(*shard_world_, dev);
       shard_ = owned_shard_.get();
     }
+    scalar_ = make_buffer<float>(dev, 1);
     if (replicas_ > 1 && replicas_ == world.size()) {
       replica_ = &world_comm;
     } else if (replicas_ > 1) {
@@ -86,7 +88,22 @@ class ShardGroups {
   comm_type* shard() const { return shard_; }
   comm_type* replica() const { return replica_; }
 
+  // `local` summed over the shard group, in fp32, identically on every rank
+  // (replicas hold equal shards, so a sum over the shard group covers the
+  // model once): the squared gradient norm of a sharded model.
+  double sum_over_shard(double local) {
+    if (!shard_) return local;
+    const float f = static_cast<float>(local);
+    dev_.copy_from_host(scalar_.data(), &f, 1);
+    auto w = binding::all_reduce(*shard_, dev_, scalar_.span(), reduce_op::sum);
+    binding::join(w, dev_);
+    float total = 0.f;
+    dev_.copy_to_host(&total, scalar_.data(), 1);
+    return total;
+  }
+
  private:
+  Dev& dev_;
   int size_;
   int rank_;
   int replicas_;
@@ -95,7 +112,20 @@ class ShardGroups {
   std::unique_ptr<comm_type> owned_shard_, owned_replica_;
   comm_type* shard_ = nullptr;
   comm_type* replica_ = nullptr;
+  typename Dev::template buffer<float> scalar_;
 };
+
+namespace detail {
+// Unit-sized scratch (gathered parameters, gradient slots) grows to the
+// largest unit it has held and never shrinks: after the first step no
+// allocation happens (cudaFree would wait for the whole GPU).
+template <class Dev, class E>
+void grow_unit_buffer(Dev& dev, typename Dev::template buffer<E>& b, std::size_t n) {
+  if (b.size() >= n) return;
+  b = {};  // free first: never hold the old and the new block at once
+  b = make_buffer<E>(dev, n, memory_category::gathered);
+}
+}  // namespace detail
 
 template <class Dev, Dtype T>
 class ShardedParams {
@@ -231,8 +261,8 @@ class ShardReducer {
     while (free_slot() < 0) advance_head();
     const auto& unit = layout_.units()[u];
     Slot& slot = slots_[static_cast<std::size_t>(free_slot())];
-    grow(slot.input, unit.train_padded);
-    grow(slot.output, unit.train_padded / layout_.shards());
+    detail::grow_unit_buffer<Dev, R>(dev_, slot.input, unit.train_padded);
+    detail::grow_unit_buffer<Dev, R>(dev_, slot.output, unit.train_padded / layout_.shards());
     slot.unit = static_cast<std::ptrdiff_t>(u);
     return slot.input.data();
   }
@@ -286,13 +316,6 @@ class ShardReducer {
     work_type work{};
     bool replicated = false;  // the replica all-reduce was issued
   };
-
-  // Slots are unit-sized and grow to the largest unit they have held.
-  void grow(buffer<R>& b, std::size_t n) {
-    if (b.size() >= n) return;
-    b = {};  // free first: never hold the old and the new block at once
-    b = make_buffer<R>(dev_, n, memory_category::gathered);
-  }
 
   std::ptrdiff_t free_slot() {
     for (std::size_t i = 0; i < slots_.size(); ++i)

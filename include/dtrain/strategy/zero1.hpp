@@ -75,7 +75,6 @@ class Zero1Strategy {
                          &grad_views_.emplace_back(), grads_.compute() + unit.train_offset);
       const_views_.push_back(detail::as_const(pv));
     }
-    scalar_ = make_buffer<float>(dev_, 1);
   }
 
   void before_forward(std::size_t u, int) {
@@ -110,14 +109,7 @@ class Zero1Strategy {
 
   double grad_norm_squared() {
     const double local = master_.size() ? dev_.sum(master_.size(), SquaredNorm<float>{grad_shard_.data()}) : 0.0;
-    if (!groups_.shard()) return local;
-    const float f = static_cast<float>(local);
-    dev_.copy_from_host(scalar_.data(), &f, 1);
-    auto w = binding::all_reduce(*groups_.shard(), dev_, scalar_.span(), reduce_op::sum);
-    binding::join(w, dev_);
-    float total = 0.f;
-    dev_.copy_to_host(&total, scalar_.data(), 1);
-    return total;
+    return groups_.sum_over_shard(local);
   }
 
   OwnedFlat<T> owned() { return {master_.master(), grad_shard_.data(), nullptr, master_.size()}; }
@@ -191,7 +183,6 @@ class Zero1Strategy {
   std::vector<std::vector<MatView<T>>> views_;
   std::vector<std::vector<MatView<T>>> grad_views_;
   std::vector<std::vector<MatView<const T>>> const_views_;
-  buffer<float> scalar_;
 };
 
 template <class Dev, class T, class R, int A>

@@ -1,6 +1,6 @@
 #pragma once
-// Shared by the sharded-strategy tests: a model with uneven shapes (15x7,
-// 16x15 frozen, 17x16, 5x17), deterministic batches, and comparisons.
+// Shared by the strategy tests: a model with uneven shapes (15x7, 16x15
+// frozen, 17x16, 5x17), deterministic batches, and comparisons.
 
 #include <dtrain/trainer.hpp>
 #include <support/ranks.hpp>
