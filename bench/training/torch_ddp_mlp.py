@@ -3,9 +3,11 @@
 The same model as `train_mlp hidden=256,256 activation=gelu`: 32 features,
 Linear(32, 256) - GELU - Linear(256, 256) - GELU - Linear(256, 10), softmax
 cross-entropy; batch 64 per rank; AdamW (lr 1e-3, weight decay 0, torch 1.13's
-CPU default implementation); fp32. Data: random tensors of the same shape
-(their content does not change the speed), each rank reading its own
-contiguous batches as a DistributedSampler would.
+CPU default implementation); fp32 (--precision bf16: forward and loss under
+torch.autocast("cpu", torch.bfloat16), while parameters, gradients, their
+all-reduce and AdamW stay fp32; gloo has no bf16 all-reduce). Data: random
+tensors of the same shape (their content does not change the speed), each
+rank reading its own contiguous batches as a DistributedSampler would.
 
 Timed like train_mlp's step_ms: from zero_grad through optimizer.step, per
 step on rank 0; the JSON has every step's time and the median after
@@ -52,6 +54,7 @@ def main():
     parser.add_argument("--features", type=int, default=32)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--samples", type=int, default=16384)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: CPU autocast")
     parser.add_argument("--json", help="rank 0 writes the results here (default: stdout)")
     args = parser.parse_args()
 
@@ -73,7 +76,8 @@ def main():
         xb, yb = x[first:first + args.batch_size], y[first:first + args.batch_size]
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xb), yb)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = F.cross_entropy(model(xb), yb)
         loss.backward()
         opt.step()
         step_ms.append((time.perf_counter() - t0) * 1e3)
@@ -89,7 +93,8 @@ def main():
     median = timed[len(timed) // 2]
     result = {"implementation": f"PyTorch {torch.__version__} DDP (gloo)", "world_size": world,
               "threads_per_rank": torch.get_num_threads(), "batch_per_rank": args.batch_size,
-              "hidden": [int(h) for h in args.hidden.split(",")], "steps": args.steps, "warmup": args.warmup,
+              "hidden": [int(h) for h in args.hidden.split(",")], "precision": args.precision,
+              "steps": args.steps, "warmup": args.warmup,
               "median_step_ms": round(median, 4), "samples_per_s": round(world * args.batch_size / median * 1e3, 1),
               "step_ms": [round(t, 4) for t in step_ms]}
     text = json.dumps(result)

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Strategy benchmark: per-rank memory and samples/s of every dtrain strategy
+# at 1, 2 and 3 CPU ranks on one model, beside the ZeRO paper's memory model
+# and PyTorch DDP (Debian's torch 1.13, gloo) of the same model in the same
+# run. Builds nothing: build first with
+#   cmake --build <build-dir> --target dtrain-run train_mlp
+# usage: bench/run_strategy_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]
+#
+# Model: 256 features, hidden [1024, 1024, 1024], GELU, 10 classes (2,372,618
+# parameters: model states of 36-54 MiB per unsharded rank dominate the
+# 1 MiB of activations, and a gradient all-reduce moves 9.5 MB in fp32);
+# precision bf16 (fp32 master weights and gradient reduction), AdamW, batch
+# 64 per rank, num_workers=0. Per world size N, train_mlp runs ddp,
+# fsdp-full, fsdp-grad-op, fsdp-no-shard, fsdp-hybrid with shard_group=N (one
+# machine is one node: the default group, every rank in it) and, for N > 1,
+# with shard_group=1 (N groups of one rank: sharding off, the replicas
+# all-reduce), and zero1; then bench/training/torch_ddp_mlp.py with
+# --precision bf16 (CPU autocast: oneDNN's bf16 GEMMs, fp32 parameters,
+# gradients and all-reduce) and with fp32 (OpenBLAS's GEMMs, which dtrain's
+# host device also calls, widening bf16 to fp32 around them) to tell the
+# GEMM library from the distributed step. Threads per rank: cores / N, at least 1
+# (OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, both sides). Each of the N
+# repeats (default 3) runs every implementation once, in an order rotated by
+# one per repeat; each run reports the median step after $warmup warm-up
+# steps (rank 0) and rank 0's memory by category. Once per bench,
+# bench/strategies/torch_fsdp_probe.py tries PyTorch FSDP on 2 ranks and
+# records what stops it. bench/strategies/summarize.py prints the tables
+# (median of the repeats) and writes bench/results/strategies.json (or
+# --json PATH) with every run. About 7 minutes on 2 cores (load average 2-3) with the
+# default 3 repeats.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-build}
+shift || true
+repeat=3
+json=$repo/bench/results/strategies.json
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --repeat) repeat=$2 ;;
+    --json) json=$2 ;;
+    *) echo "usage: bench/run_strategy_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+case $build in /*) ;; *) build=$repo/$build ;; esac
+launcher=$build/tools/dtrain-run
+train_mlp=$build/examples/train_mlp
+python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
+cores=$(nproc)
+steps=100
+warmup=20
+features=256
+hidden=1024,1024,1024
+classes=10
+batch=64
+samples=16384
+
+for exe in "$launcher" "$train_mlp"; do
+  if [[ ! -x $exe ]]; then
+    echo "run_strategy_bench.sh: $exe not found; build it first:" >&2
+    echo "  cmake --build $build --target dtrain-run train_mlp" >&2
+    exit 1
+  fi
+done
+if ! "$python" -c "import torch" 2> /dev/null; then
+  echo "run_strategy_bench.sh: $python has no torch; install Debian's: apt-get install python3-torch" >&2
+  exit 1
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+logged() {  # logged LOG command...: keeps the output out of the tables, shows it on failure
+  local log=$1
+  shift
+  if ! "$@" > "$log" 2>&1; then
+    cat "$log" >&2
+    echo "run_strategy_bench.sh: failed: $*" >&2
+    exit 1
+  fi
+}
+
+launch() {  # launch RANKS LOG command...: RANKS processes, cores / RANKS threads each
+  local n=$1 log=$2
+  shift 2
+  local t=$((cores / n > 0 ? cores / n : 1))
+  logged "$log" env OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t "$launcher" --nproc-per-node "$n" "$@"
+}
+
+# run_one RANKS LABEL REPEAT: one implementation at one world size. LABEL is
+# a train_mlp strategy, fsdp-hybrid-gK (shard_group=K) or torch-ddp-PRECISION.
+run_one() {
+  local n=$1 label=$2 i=$3
+  local base=$work/$label.$n.$i
+  case $label in
+    torch-ddp-*)
+      launch "$n" "$base.log" "$python" "$repo/bench/training/torch_ddp_mlp.py" --steps $steps --warmup $warmup \
+        --features $features --hidden $hidden --classes $classes --batch-size $batch --samples $samples \
+        --precision "${label#torch-ddp-}" --json "$base.json" ;;
+    *)
+      local strategy=$label group=()
+      if [[ $label == fsdp-hybrid-g* ]]; then
+        strategy=fsdp-hybrid
+        group=(shard_group="${label#fsdp-hybrid-g}")
+      fi
+      # num_workers=0: batches are gathered between steps, outside the timed
+      # step, as the torch script slices its batches outside its timing.
+      launch "$n" "$base.log" "$train_mlp" strategy="$strategy" "${group[@]}" precision=bf16 \
+        features=$features hidden=$hidden classes=$classes samples=$samples batch_size=$batch \
+        optimizer=adamw lr=0.001 weight_decay=0 activation=gelu steps=$steps num_workers=0 \
+        log_every=$steps metrics="$base.jsonl" ;;
+  esac
+}
+
+for ((i = 1; i <= repeat; i++)); do
+  for n in 1 2 3; do
+    labels=(ddp fsdp-full fsdp-grad-op fsdp-no-shard "fsdp-hybrid-g$n")
+    ((n > 1)) && labels+=(fsdp-hybrid-g1)
+    labels+=(zero1 torch-ddp-bf16 torch-ddp-fp32)
+    # Rotating the order by one per repeat spreads any drift in the machine's
+    # load over the implementations.
+    k=${#labels[@]}
+    order=()
+    for ((j = 0; j < k; j++)); do order+=("${labels[(j + i - 1) % k]}"); done
+    echo "run $i/$repeat: $n rank(s), $((cores / n > 0 ? cores / n : 1)) thread(s) each: ${order[*]}"
+    for label in "${order[@]}"; do run_one "$n" "$label" "$i"; done
+  done
+done
+
+echo "PyTorch FSDP probe, 2 ranks..."
+launch 2 "$work/fsdp_probe.log" timeout 300 "$python" "$repo/bench/strategies/torch_fsdp_probe.py" \
+  --features $features --hidden $hidden --classes $classes --batch-size $batch --json "$work/fsdp_probe.json"
+
+mkdir -p "$(dirname "$json")"
+"$python" "$repo/bench/strategies/summarize.py" "$work" --repeat "$repeat" --cores "$cores" --steps $steps \
+  --warmup $warmup --features $features --hidden $hidden --classes $classes --batch $batch --json "$json"
