@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Host collective bandwidth, dtrain's Gloo communicator against PyTorch's gloo
-# backend, 2 processes each, launched by dtrain-run. Builds nothing: build
-# first with
-#   cmake --build <build-dir> --target dtrain-run bench_comm_bandwidth
+# backend, 2 processes each, launched by dtrain-run. Installs what is missing
+# (python3-torch) and builds its targets through scripts/setup.sh first.
 # usage: bench/run_comm_bench.sh [BUILD_DIR] [--repeat N] [--max-mib N]
 # Runs the two implementations alternately N times (default 3) and keeps, per
 # row, the fastest run: on a shared machine other jobs only ever slow a run
@@ -24,13 +23,9 @@ launcher=$build/tools/dtrain-run
 bench=$build/bench/bench_comm_bandwidth
 python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
 
-for exe in "$launcher" "$bench"; do
-  if [[ ! -x $exe ]]; then
-    echo "run_comm_bench.sh: $exe not found; build it first:" >&2
-    echo "  cmake --build $build --target dtrain-run bench_comm_bandwidth" >&2
-    exit 1
-  fi
-done
+# The project's set-up installs what is missing (Debian's python3-torch for
+# the PyTorch side among it) and builds what the benchmark runs.
+DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup.sh" dtrain-run bench_comm_bandwidth > /dev/null
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -2,8 +2,8 @@
 # Strategy benchmark: per-rank memory and samples/s of every dtrain strategy
 # at 1, 2 and 3 CPU ranks on one model, beside the ZeRO paper's memory model
 # and PyTorch DDP (Debian's torch 1.13, gloo) of the same model in the same
-# run. Builds nothing: build first with
-#   cmake --build <build-dir> --target dtrain-run train_mlp
+# run. Installs what is missing (python3-torch) and builds its targets
+# through scripts/setup.sh first.
 # usage: bench/run_strategy_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]
 #
 # Model: 256 features, hidden [1024, 1024, 1024], GELU, 10 classes (2,372,618
@@ -56,17 +56,9 @@ classes=10
 batch=64
 samples=16384
 
-for exe in "$launcher" "$train_mlp"; do
-  if [[ ! -x $exe ]]; then
-    echo "run_strategy_bench.sh: $exe not found; build it first:" >&2
-    echo "  cmake --build $build --target dtrain-run train_mlp" >&2
-    exit 1
-  fi
-done
-if ! "$python" -c "import torch" 2> /dev/null; then
-  echo "run_strategy_bench.sh: $python has no torch; install Debian's: apt-get install python3-torch" >&2
-  exit 1
-fi
+# The project's set-up installs what is missing (Debian's python3-torch for
+# the PyTorch side among it) and builds what the benchmark runs.
+DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup.sh" dtrain-run train_mlp > /dev/null
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

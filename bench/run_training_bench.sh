@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training benchmarks, dtrain against PyTorch (Debian's torch 1.13, CPU) in
-# the same run. Builds nothing: build first with
-#   cmake --build <build-dir> --target dtrain-run train_mlp bench_adamw bench_adamw_no_errno bench_ddp_overhead
+# the same run. Installs what is missing (python3-torch) and builds its
+# targets through scripts/setup.sh first.
 # usage: bench/run_training_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]
 #
 #  (a) AdamW over one flat fp32 buffer of 10M and 50M elements: bench_adamw
@@ -44,13 +44,9 @@ cores=$(nproc)
 steps=300
 warmup=20
 
-for exe in "$launcher" "$train_mlp" "$bench/bench_adamw" "$bench/bench_adamw_no_errno" "$bench/bench_ddp_overhead"; do
-  if [[ ! -x $exe ]]; then
-    echo "run_training_bench.sh: $exe not found; build it first:" >&2
-    echo "  cmake --build $build --target dtrain-run train_mlp bench_adamw bench_adamw_no_errno bench_ddp_overhead" >&2
-    exit 1
-  fi
-done
+# The project's set-up installs what is missing (Debian's python3-torch for
+# the PyTorch side among it) and builds what the benchmark runs.
+DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup.sh" dtrain-run train_mlp bench_adamw bench_adamw_no_errno bench_ddp_overhead > /dev/null
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
