@@ -113,6 +113,13 @@ template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_
 template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::int64_t> = safetensors_dtype::i64;
 template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::uint64_t> = safetensors_dtype::u64;
 
+// A tensor's entry in a safetensors header.
+struct SafetensorsEntry {
+  std::string name;
+  safetensors_dtype dtype;
+  std::vector<std::int64_t> shape;
+};
+
 namespace detail {
 
 
@@ -140,42 +147,96 @@ inline void write_all(int fd, std::span<const std::byte> bytes, const std::files
   }
 }
 
-// Writes `pieces` to `path` so that readers see either the old file or the
-// complete new one: write path.tmp, fsync it, rename it over path, fsync the
-// directory (making the rename itself durable). On failure path.tmp is
-// removed and an existing file at `path` is untouched.
-inline void write_file_atomically(const std::filesystem::path& path,
-                                  std::span<const std::span<const std::byte>> pieces) {
-  auto tmp = path;
-  tmp += ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw checkpoint_error("cannot create " + quoted_path(tmp) + ": " + errno_text(),
-                           "check that the directory exists and is writable");
-  try {
-    for (const auto piece : pieces) write_all(fd, piece, tmp);
-    if (::fsync(fd) != 0)
-      throw checkpoint_error("fsync of " + quoted_path(tmp) + " failed: " + errno_text(),
-                             "check the file system's health and free space");
-    const int closing = std::exchange(fd, -1);
-    if (::close(closing) != 0)
-      throw checkpoint_error("closing " + quoted_path(tmp) + " failed: " + errno_text(),
-                             "check the file system's health and free space");
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw checkpoint_error("renaming " + quoted_path(tmp) + " to " + quoted_path(path) + " failed: " + errno_text(),
-                             "check the permissions of the target directory");
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  const auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+// fsyncs a directory, so that a rename or a removal inside it survives a crash.
+inline void sync_directory(std::filesystem::path dir, const std::string& what) {
+  if (dir.empty()) dir = ".";
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   const bool synced = dfd >= 0 && ::fsync(dfd) == 0;
   if (dfd >= 0) ::close(dfd);
   if (!synced)
-    throw checkpoint_error("wrote " + quoted_path(path) + " but could not fsync its directory: " + errno_text(),
-                           "the file is complete, but a crash now could lose the rename; check the file system");
+    throw checkpoint_error(what + " but could not fsync its directory " + quoted_path(dir) + ": " + errno_text(),
+                           "the file is complete, but a crash now could lose it; check the file system");
+}
+
+// A file written so that readers see either the old file at `path` or the
+// complete new one: bytes go to path.tmp; commit() fsyncs it, renames it
+// over path and fsyncs the directory (making the rename itself durable).
+// Destroyed without commit() (an error, an exception), path.tmp is removed
+// and an existing file at `path` is untouched.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path path) : path_(std::move(path)), tmp_(path_) {
+    tmp_ += ".tmp";
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw checkpoint_error("cannot create " + quoted_path(tmp_) + ": " + errno_text(),
+                             "check that the directory exists and is writable");
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+
+  void write(std::span<const std::byte> bytes) { write_all(fd_, bytes, tmp_); }
+
+  void commit() {
+    if (::fsync(fd_) != 0)
+      throw checkpoint_error("fsync of " + quoted_path(tmp_) + " failed: " + errno_text(),
+                             "check the file system's health and free space");
+    const int closing = std::exchange(fd_, -1);
+    if (::close(closing) != 0)
+      throw checkpoint_error("closing " + quoted_path(tmp_) + " failed: " + errno_text(),
+                             "check the file system's health and free space");
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+      throw checkpoint_error("renaming " + quoted_path(tmp_) + " to " + quoted_path(path_) + " failed: " + errno_text(),
+                             "check the permissions of the target directory");
+    committed_ = true;
+    sync_directory(path_.parent_path(), "wrote " + quoted_path(path_));
+  }
+
+ private:
+  std::filesystem::path path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+inline void write_file_atomically(const std::filesystem::path& path,
+                                  std::span<const std::span<const std::byte>> pieces) {
+  AtomicFile file(path);
+  for (const auto piece : pieces) file.write(piece);
+  file.commit();
+}
+
+// The 8-byte length and the JSON header (padded with spaces so the data
+// section starts 8-byte aligned) for tensors laid out back to back in
+// `entries` order.
+inline std::string encode_safetensors_header(std::span<const SafetensorsEntry> entries,
+                                             const std::map<std::string, std::string>& metadata,
+                                             const std::filesystem::path& path) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (const auto& e : entries) {
+    const auto bytes = shape_bytes(e.shape, element_size(e.dtype));
+    if (!bytes)
+      throw checkpoint_error("safetensors tensor '" + e.name + "' has an invalid shape " + shape_string(e.shape),
+                             "give every dimension a non-negative size");
+    header[e.name] = {{"dtype", safetensors_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + *bytes}}};
+    offset += *bytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& ex) {
+    throw checkpoint_error("cannot encode the safetensors header for " + quoted_path(path) + ": " + ex.what(),
+                           "tensor names and metadata must be valid UTF-8");
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (std::size_t i = 0; i < 8; ++i) out[i] = static_cast<char>((text.size() >> (8 * i)) & 0xffu);
+  return out + text;
 }
 
 // A read-only, private memory map of a whole file.
@@ -268,32 +329,13 @@ class SafetensorsWriter {
     std::vector<const Entry*> order;
     for (const auto& t : tensors_) order.push_back(&t);
     std::ranges::stable_sort(order, std::greater<>{}, [](const Entry* e) { return element_size(e->dtype); });
-
-    nlohmann::ordered_json header = nlohmann::ordered_json::object();
-    if (!metadata_.empty()) header["__metadata__"] = metadata_;
-    std::uint64_t offset = 0;
-    std::vector<std::span<const std::byte>> pieces{{}, {}};
-    for (const Entry* e : order) {
-      header[e->name] = {{"dtype", safetensors_name(e->dtype)},
-                         {"shape", e->shape},
-                         {"data_offsets", {offset, offset + e->bytes.size()}}};
-      offset += e->bytes.size();
-      pieces.push_back(e->bytes);
-    }
-    std::string text;
-    try {
-      text = header.dump();
-    } catch (const nlohmann::json::exception& ex) {
-      throw checkpoint_error("cannot encode the safetensors header for " + detail::quoted_path(path) + ": " +
-                                 ex.what(),
-                             "tensor names and metadata must be valid UTF-8");
-    }
-    text.append((8 - text.size() % 8) % 8, ' ');
-    std::array<std::byte, 8> length{};
-    for (std::size_t i = 0; i < 8; ++i) length[i] = static_cast<std::byte>((text.size() >> (8 * i)) & 0xffu);
-    pieces[0] = length;
-    pieces[1] = std::as_bytes(std::span(text));
-    detail::write_file_atomically(path, pieces);
+    std::vector<SafetensorsEntry> entries;
+    for (const Entry* e : order) entries.push_back({e->name, e->dtype, e->shape});
+    const std::string header = detail::encode_safetensors_header(entries, metadata_, path);
+    detail::AtomicFile file(path);
+    file.write(std::as_bytes(std::span(header)));
+    for (const Entry* e : order) file.write(e->bytes);
+    file.commit();
   }
 
  private:
@@ -305,6 +347,51 @@ class SafetensorsWriter {
   };
   std::vector<Entry> tensors_;
   std::map<std::string, std::string> metadata_;
+};
+
+// A safetensors file written tensor by tensor, for files too large to hold
+// in memory at once (a consolidated checkpoint gathered unit by unit): the
+// tensors are declared up front, their bytes then arrive in that order, and
+// commit() makes the file appear atomically (as SafetensorsWriter does).
+class SafetensorsStreamWriter {
+ public:
+  SafetensorsStreamWriter(const std::filesystem::path& path, std::vector<SafetensorsEntry> entries,
+                          const std::map<std::string, std::string>& metadata = {})
+      : path_(path), entries_(std::move(entries)), file_(path) {
+    const std::string header = detail::encode_safetensors_header(entries_, metadata, path);
+    file_.write(std::as_bytes(std::span(header)));
+  }
+
+  // The next tensor's bytes (entries in declaration order), whole.
+  void write(std::span<const std::byte> bytes) {
+    if (next_ >= entries_.size())
+      throw checkpoint_error("SafetensorsStreamWriter: more tensors written to " + detail::quoted_path(path_) +
+                                 " than the " + std::to_string(entries_.size()) + " declared",
+                             "write each declared tensor once, in declaration order");
+    const auto& e = entries_[next_];
+    const auto expected = *detail::shape_bytes(e.shape, element_size(e.dtype));
+    if (bytes.size() != expected)
+      throw checkpoint_error("SafetensorsStreamWriter: tensor '" + e.name + "' was given " + std::to_string(bytes.size()) +
+                                 " bytes, not " + std::to_string(expected),
+                             "write product(shape) * element size bytes per tensor");
+    file_.write(bytes);
+    ++next_;
+  }
+
+  void commit() {
+    if (next_ != entries_.size())
+      throw checkpoint_error("SafetensorsStreamWriter: " + std::to_string(entries_.size() - next_) + " of the " +
+                                 std::to_string(entries_.size()) + " tensors of " + detail::quoted_path(path_) +
+                                 " were never written",
+                             "write every declared tensor before commit()");
+    file_.commit();
+  }
+
+ private:
+  std::filesystem::path path_;
+  std::vector<SafetensorsEntry> entries_;
+  detail::AtomicFile file_;
+  std::size_t next_ = 0;
 };
 
 // One tensor of an open file; `bytes` points into the file's mapping and is

@@ -181,6 +181,11 @@ class DdpStrategy {
     return {master_.data(), grads_.f32(), out, layout_.trainable_flat_size()};
   }
   void after_optimizer() {}
+  std::span<T> frozen_storage() { return frozen_.span(); }
+  void after_load() {
+    if constexpr (!std::is_same_v<T, float>)
+      dev_.for_each(master_.size(), Cast<float, T>{master_.data(), params_.data()});
+  }
 
   void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) {
     const auto& unit = layout_.units()[u];

@@ -137,6 +137,8 @@ class FsdpStrategy {
 
   OwnedFlat<T> owned() { return {params_.master(), grad_shard_.data(), nullptr, params_.size()}; }
   void after_optimizer() {}  // the next gather casts the updated master shards
+  std::span<T> frozen_storage() { return {params_.frozen(), layout_.frozen_flat_size() / layout_.shards()}; }
+  void after_load() {}  // between steps nothing is gathered: the next gathers cast what was loaded
 
   void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) { params_.read_unit(u, train, frozen); }
 

@@ -117,6 +117,11 @@ concept TrainingStrategy = requires(S& s, const S& cs, std::size_t u, int k, std
   s.after_optimizer();
   s.read_unit(u, f, t);  // collective when sharded: every rank calls it
   { cs.ownership() } -> std::same_as<Ownership>;
+  // The frozen parameters this rank holds (Ownership::frozen's offsets index it).
+  { s.frozen_storage() } -> std::same_as<std::span<T>>;
+  // owned().master and frozen_storage() were overwritten (a checkpoint or
+  // pretrained weights loaded): rebuild whatever is derived from them.
+  s.after_load();
 };
 
 namespace detail {

@@ -115,6 +115,8 @@ class Zero1Strategy {
   OwnedFlat<T> owned() { return {master_.master(), grad_shard_.data(), nullptr, master_.size()}; }
   const ShardGroups<Dev>& groups() const { return groups_; }
   void after_optimizer() { mark_stale(); }
+  std::span<T> frozen_storage() { return frozen_.span(); }
+  void after_load() { mark_stale(); }
 
   void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) {
     const auto& unit = layout_.units()[u];
