@@ -39,6 +39,13 @@ struct Config {
   std::int64_t log_every = 20;
   std::string metrics;                // JSONL path, rank 0 writes
   std::string save_params;            // safetensors path, rank 0 writes at the end
+  std::string checkpoint_dir = "checkpoints";  // where save_every and resume=latest look
+  std::int64_t save_every = 0;        // checkpoint every N steps and at the end (0: never)
+  int keep_last = 0;                  // keep the newest K checkpoints (0: all)
+  bool consolidated = false;          // checkpoints also hold model.safetensors (fp32, Python-readable)
+  std::string resume;                 // latest | a checkpoint directory ("" : start fresh)
+  std::string init_from;              // initial weights from a safetensors file
+  bool init_strict = true;            // false: load the matching tensors, list the rest
   // data: "synthetic", a .safetensors file with x and y, or "X.npy,Y.npy"
   std::string data = "synthetic";
   std::int64_t samples = 16384;       // synthetic

@@ -6,7 +6,9 @@
 
 #include "mlp.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <type_traits>
@@ -34,6 +36,71 @@ inline std::string memory_json(const dtrain::MemoryUsage& m) {
          "}";
 }
 
+// init_from=FILE: initial weights from a safetensors file (strict unless
+// init_strict=false, which loads what matches and lists the rest).
+template <class Trainer>
+void init_from(const Config& c, dtrain::World& world, Trainer& trainer) {
+  const auto r = trainer.load_params(c.init_from, {.strict = c.init_strict});
+  if (world.rank() != 0) return;
+  auto list = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+    return out;
+  };
+  std::printf("init_from %s: loaded %zu tensor(s)", c.init_from.c_str(), r.loaded.size());
+  if (!r.missing.empty()) std::printf("; left as initialised: %s", list(r.missing).c_str());
+  if (!r.unexpected.empty()) std::printf("; ignored: %s", list(r.unexpected).c_str());
+  if (!r.mismatched.empty()) std::printf("; mis-shaped: %s", list(r.mismatched).c_str());
+  std::printf("\n");
+}
+
+// resume=latest|DIR: restores trainer and sampler. With latest, a checkpoint
+// that fails verification is reported and the one before it tried: a
+// damaged newest checkpoint costs the steps since the previous one, not the
+// run. Returns whether anything was loaded.
+template <class Trainer>
+bool resume(const Config& c, dtrain::World& world, Trainer& trainer, dtrain::DistributedSampler& sampler) {
+  std::vector<std::filesystem::path> candidates;
+  if (c.resume == "latest") {
+    candidates = dtrain::list_checkpoints(c.checkpoint_dir);
+    std::ranges::reverse(candidates);
+    if (candidates.empty()) {
+      if (world.rank() == 0)
+        std::printf("resume=latest: no checkpoint in %s yet: starting from step 0\n", c.checkpoint_dir.c_str());
+      return false;
+    }
+  } else {
+    candidates.emplace_back(c.resume);
+  }
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    try {
+      const auto info = trainer.load(candidates[i]);
+      if (info.sampler) sampler.load_state(info.sampler->state_for(sampler));
+      if (world.rank() == 0)
+        std::printf("resumed from %s at step %lld (saved by %d rank(s), strategy %s)\n", candidates[i].c_str(),
+                    static_cast<long long>(info.step), info.world_size, info.strategy.c_str());
+      return true;
+    } catch (const dtrain::checkpoint_error& e) {
+      if (i + 1 == candidates.size()) throw;
+      if (world.rank() == 0)
+        std::printf("resume: skipping %s: %s\n", candidates[i].c_str(), e.what());
+    }
+  }
+  return false;
+}
+
+// Saves <checkpoint_dir>/step-<n> (unless a run before a restart already
+// did), then keeps the newest keep_last.
+template <class Trainer>
+void save(const Config& c, dtrain::World& world, Trainer& trainer, const dtrain::DistributedSampler& sampler) {
+  const auto dir = dtrain::checkpoint_path(c.checkpoint_dir, trainer.steps_taken());
+  if (dtrain::is_checkpoint(dir)) return;
+  trainer.save(dir, {.consolidated = c.consolidated, .sampler = &sampler});
+  if (world.rank() != 0) return;
+  if (c.keep_last > 0) dtrain::prune_checkpoints(c.checkpoint_dir, c.keep_last);
+  std::printf("saved checkpoint %s\n", dir.c_str());
+}
+
 template <class... Policies>
 int train(const Config& c, dtrain::World& world, const dtrain::Dataset& data, std::int64_t classes) {
   Model model(c, data.features, classes);
@@ -51,19 +118,24 @@ int train(const Config& c, dtrain::World& world, const dtrain::Dataset& data, st
   auto run = [&](auto optimizer) {
     dtrain::Trainer<Model, Policies...> trainer(world, model, optimizer, opts);
     dtrain::DistributedSampler sampler(data.rows, world, {.shuffle = true, .seed = c.seed});
+    if (!c.init_from.empty()) init_from(c, world, trainer);
+    const bool resumed = !c.resume.empty() && resume(c, world, trainer, sampler);
+    // The loader starts where the (restored) sampler stands.
     dtrain::DataLoader loader(data, sampler, {.batch_size = c.batch_size, .num_workers = c.num_workers});
     std::ofstream metrics;
     if (world.rank() == 0 && !c.metrics.empty()) {
-      metrics.open(c.metrics);
+      // A resumed run appends: the records before the restart stay.
+      metrics.open(c.metrics, resumed ? std::ios::app : std::ios::trunc);
       if (!metrics)
         throw dtrain::config_error("cannot write the metrics file '" + c.metrics + "'",
                                    "check that its folder exists and is writable");
     }
     std::vector<dtrain::Batch> micro(static_cast<std::size_t>(c.accumulate));
-    for (std::int64_t s = 0; s < c.steps; ++s) {
+    for (std::int64_t s = trainer.steps_taken(); s < c.steps; ++s) {
       for (auto& b : micro) b = loader.next();
       const auto st = trainer.step(micro);
       const double sps = st.samples / (st.step_ms / 1000.0);
+      if (c.save_every > 0 && (st.step % c.save_every == 0 || s + 1 == c.steps)) save(c, world, trainer, sampler);
       if (world.rank() != 0) continue;
       if (metrics.is_open())
         metrics << "{\"step\": " << st.step << ", \"loss\": " << st.loss << ", \"lr\": " << st.lr

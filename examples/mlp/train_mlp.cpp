@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <range/v3/algorithm/all_of.hpp>
 #include <range/v3/range/conversion.hpp>
 #include <range/v3/view/split.hpp>
@@ -66,6 +67,13 @@ void set(Config& c, const std::string& key, const YAML::Node& v) {
   else if (key == "log_every") c.log_every = as<std::int64_t>(v, key);
   else if (key == "metrics") c.metrics = as<std::string>(v, key);
   else if (key == "save_params") c.save_params = as<std::string>(v, key);
+  else if (key == "checkpoint_dir") c.checkpoint_dir = as<std::string>(v, key);
+  else if (key == "save_every") c.save_every = as<std::int64_t>(v, key);
+  else if (key == "keep_last") c.keep_last = as<int>(v, key);
+  else if (key == "consolidated") c.consolidated = as<bool>(v, key);
+  else if (key == "resume") c.resume = as<std::string>(v, key);
+  else if (key == "init_from") c.init_from = as<std::string>(v, key);
+  else if (key == "init_strict") c.init_strict = as<bool>(v, key);
   else if (key == "data") c.data = as<std::string>(v, key);
   else if (key == "samples") c.samples = as<std::int64_t>(v, key);
   else if (key == "features") c.features = as<std::int64_t>(v, key);
@@ -100,6 +108,11 @@ void validate(const Config& c) {
   require(c.activation == "gelu" || c.activation == "relu", "activation = '" + c.activation + "' is unknown",
           "use gelu or relu");
   require(c.log_every >= 1, "log_every must be at least 1", "set log_every=20");
+  require(c.save_every >= 0 && c.keep_last >= 0, "save_every and keep_last must be >= 0",
+          "set save_every=N to checkpoint every N steps, keep_last=K to keep the newest K");
+  require(c.resume.empty() || c.resume == "latest" || std::filesystem::exists(c.resume),
+          "resume = '" + c.resume + "' is neither latest nor an existing directory",
+          "use resume=latest (the newest checkpoint in checkpoint_dir) or a checkpoint's path");
 }
 
 constexpr const char* usage = R"(usage: train_mlp [--config FILE.yaml] [key=value ...]
@@ -119,6 +132,13 @@ Keys (YAML file and key=value overrides alike):
   seed, num_workers, log_every, bucket_mb
   metrics       JSONL file written by rank 0 (one object per step)
   save_params   safetensors file written by rank 0 at the end (fp32, "<unit>.<param>")
+  checkpoint_dir  where checkpoints go (default checkpoints), as step-<n> directories
+  save_every    save a resumable checkpoint every N steps and at the end (0 = never)
+  keep_last     keep only the newest K checkpoints (0 = all)
+  consolidated  true: checkpoints also hold model.safetensors (fp32, readable by Python)
+  resume        latest (the newest complete checkpoint in checkpoint_dir) | a checkpoint directory
+  init_from     initial weights from a safetensors file (F32/BF16/F16, "<unit>.<param>")
+  init_strict   false: load the tensors that match, list the rest (default true)
   data          synthetic | FILE.safetensors (tensors x, y) | X.npy,Y.npy
   samples, features, classes   size of the synthetic task
 )";

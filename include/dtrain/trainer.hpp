@@ -247,20 +247,14 @@ class Trainer {
     return out;
   }
 
-  // Rank 0 writes every parameter as F32 to a safetensors file (atomically);
-  // every rank must call it (sharded parameters are gathered unit by unit),
-  // and the file exists on every rank's return.
+  // Every parameter as F32 in one safetensors file (atomically), the names
+  // "<unit>.<param>" and the units' shapes: rank 0 streams it to disk while
+  // the units are gathered one by one, so no rank holds the whole model.
+  // Collective: every rank calls it; the file exists on every rank's return.
   void save_params(const std::filesystem::path& path) {
-    const auto params = parameters();
-    if (world_.rank() == 0) {
-      SafetensorsWriter writer;
-      for (const auto& unit : layout_.units())
-        for (const auto& slot : unit.params)
-          writer.add(slot.name, safetensors_dtype::f32, slot.spec.shape,
-                     std::as_bytes(std::span(params.at(slot.name))));
-      writer.write(path);
-    }
-    binding::host_barrier(*comm_, dev_);
+    std::string error;
+    stream_parameters(path, error);
+    agree(error, "could not write " + detail::quoted_path(path));
   }
 
   // Writes a resumable checkpoint to `dir` (a new directory, or one a save
@@ -285,18 +279,28 @@ class Trainer {
       detail::clear_partial_save(dir);
     }
     world_.barrier("checkpoint-dir");
-    nlohmann::json mine = {{"error", ""}};
+    std::string error;
+    nlohmann::json mine;
     try {
-      mine["written"] = detail::write_rank_file(dir, world_.rank(), world_.size(), layout_, strategy_->ownership(),
-                                                host_state(), options.consolidated);
+      const Ownership own = strategy_->ownership();
+      const bool writes = std::ranges::any_of(own.trainable, &OwnedRange::writer) ||
+                          std::ranges::any_of(own.frozen, &OwnedRange::writer);
+      mine["written"] = detail::write_rank_file(dir, world_.rank(), world_.size(), layout_, own,
+                                                writes ? host_state() : HostState<T>{}, options.consolidated);
     } catch (const std::exception& e) {
-      mine["error"] = e.what();
+      error = e.what();
     }
-    if (options.consolidated) write_consolidated(dir, mine);
+    if (options.consolidated) mine["model"] = stream_parameters(dir / checkpoint_model_name, error);
+    mine["error"] = error;
     const auto all = world_.all_gather_values("checkpoint-files", mine.dump());
     std::vector<nlohmann::json> ranks;
     for (const auto& text : all) ranks.push_back(nlohmann::json::parse(text));
-    throw_if_any_failed(ranks, "could not write its part of checkpoint " + detail::quoted_path(dir));
+    for (std::size_t r = 0; r < ranks.size(); ++r)
+      if (const auto e = ranks[r].at("error").get<std::string>(); !e.empty())
+        throw checkpoint_error("rank " + std::to_string(r) + " could not write its part of checkpoint " +
+                                   detail::quoted_path(dir) + ": " + e,
+                               "check free disk space and permissions on every rank (all ranks write to the same "
+                               "directory: a shared file system across nodes); the previous checkpoint is untouched");
     std::string committed;
     if (world_.rank() == 0) {
       try {
@@ -658,32 +662,23 @@ class Trainer {
         throw checkpoint_error("rank " + std::to_string(r) + " " + what + ": " + all[static_cast<std::size_t>(r)],
                                "nothing was changed; fix the cause named above (or load an older checkpoint)");
   }
-  void throw_if_any_failed(const std::vector<nlohmann::json>& ranks, const std::string& what) {
-    for (std::size_t r = 0; r < ranks.size(); ++r)
-      if (const auto e = ranks[r].at("error").get<std::string>(); !e.empty())
-        throw checkpoint_error("rank " + std::to_string(r) + " " + what + ": " + e,
-                               "check free disk space and permissions on every rank (all ranks must write to the "
-                               "same directory: a shared file system across nodes); the previous checkpoint is "
-                               "untouched");
-  }
-
-  // model.safetensors: every parameter in fp32, gathered unit by unit; rank
-  // 0 streams it to disk. Every rank takes part in the gathers, even after
-  // rank 0 failed, so no rank is left waiting in a collective.
-  void write_consolidated(const std::filesystem::path& dir, nlohmann::json& mine) {
+  // Every parameter in F32 to `path`, gathered unit by unit; rank 0 streams
+  // the file and returns its pieces (for a checkpoint's index). Every rank
+  // takes part in every gather, even after rank 0 failed (`error` then holds
+  // why), so no rank is left waiting in a collective.
+  nlohmann::json stream_parameters(const std::filesystem::path& path, std::string& error) {
     std::optional<SafetensorsStreamWriter> out;
-    std::vector<SafetensorsEntry> entries;
-    for (const auto& unit : layout_.units())
-      for (const auto& slot : unit.params) entries.push_back({slot.name, safetensors_dtype::f32, slot.spec.shape});
-    nlohmann::json pieces = nlohmann::json::object();
-    std::string error = mine.at("error").get<std::string>();
     if (world_.rank() == 0 && error.empty()) {
+      std::vector<SafetensorsEntry> entries;
+      for (const auto& unit : layout_.units())
+        for (const auto& slot : unit.params) entries.push_back({slot.name, safetensors_dtype::f32, slot.spec.shape});
       try {
-        out.emplace(dir / checkpoint_model_name, entries);
+        out.emplace(path, std::move(entries));
       } catch (const std::exception& e) {
         error = e.what();
       }
     }
+    nlohmann::json pieces = nlohmann::json::object();
     for (std::size_t u = 0; u < num_units_; ++u) {
       const auto& unit = layout_.units()[u];
       std::vector<float> train(unit.train_size);
@@ -701,23 +696,20 @@ class Trainer {
           const auto bytes = std::as_bytes(std::span(v));
           out->write(bytes);
           pieces[slot.name]["param"].push_back(detail::piece_json(
-              {std::string(checkpoint_model_name), slot.name, 0, n, safetensors_dtype::f32, crc32c(bytes)}));
+              {path.filename().string(), slot.name, 0, n, safetensors_dtype::f32, crc32c(bytes)}));
         }
       } catch (const std::exception& e) {
         error = e.what();
       }
     }
-    if (out && error.empty()) {
-      try {
-        out->commit();
-        mine["model"] = {{"pieces", pieces},
-                         {"file", std::string(checkpoint_model_name)},
-                         {"bytes", std::filesystem::file_size(dir / checkpoint_model_name)}};
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+    if (!out || !error.empty()) return nlohmann::json::object();
+    try {
+      out->commit();
+      return {{"pieces", pieces}, {"file", path.filename().string()}, {"bytes", std::filesystem::file_size(path)}};
+    } catch (const std::exception& e) {
+      error = e.what();
+      return nlohmann::json::object();
     }
-    mine["error"] = error;
   }
 
   // Rank 0: merges every rank's pieces into the index and commits it.

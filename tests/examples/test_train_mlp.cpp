@@ -2,8 +2,12 @@
 #define BOOST_TEST_MODULE example_train_mlp
 #include <boost/test/unit_test.hpp>
 
+#include <dtrain/checkpoint/checkpoint.hpp>
 #include <dtrain/checkpoint/safetensors.hpp>
 #include <dtrain/comm/store.hpp>
+#include <launch/process.hpp>
+
+#include <signal.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -190,4 +194,116 @@ BOOST_AUTO_TEST_CASE(every_host_preset_trains) {
     // steps past any preset's warmup (cosine schedules need warmup <= steps)
     BOOST_TEST(train(ranks, "--config " + entry.path().string() + " steps=25 log_every=5") == 0);
   }
+}
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::string last_log() { return read_file(scratch("last.log")); }
+
+fs::path fresh(const std::string& name) {
+  const auto p = scratch(name);
+  fs::remove_all(p);
+  return p;
+}
+
+}  // namespace
+
+// Resuming at step 20 of 30 gives the uninterrupted run's parameters to the
+// bit (same world size); keep_last leaves the newest two checkpoints.
+BOOST_AUTO_TEST_CASE(resume_latest_continues_bit_identically) {
+  const std::string common = " steps=30 hidden=24,20 batch_size=16 num_workers=1 log_every=100 samples=2048 ";
+  const auto a = scratch("uninterrupted.safetensors"), b = scratch("resumed.safetensors");
+  const auto dir_a = fresh("ckpt_a"), dir_b = fresh("ckpt_b");
+  BOOST_REQUIRE_EQUAL(train(2, common + "save_every=10 keep_last=2 checkpoint_dir=" + dir_a.string() +
+                                   " save_params=" + a.string()),
+                      0);
+  BOOST_TEST(!fs::exists(dtrain::checkpoint_path(dir_a, 10)));
+  BOOST_TEST(dtrain::is_checkpoint(dtrain::checkpoint_path(dir_a, 20)));
+  BOOST_TEST(dtrain::is_checkpoint(dtrain::checkpoint_path(dir_a, 30)));
+  BOOST_REQUIRE_EQUAL(train(2, common + "steps=20 save_every=10 checkpoint_dir=" + dir_b.string()), 0);
+  BOOST_REQUIRE_EQUAL(train(2, common + "save_every=10 resume=latest checkpoint_dir=" + dir_b.string() +
+                                   " save_params=" + b.string()),
+                      0);
+  BOOST_TEST(last_log().find("resumed from " + dtrain::checkpoint_path(dir_b, 20).string() + " at step 20") !=
+             std::string::npos);
+  BOOST_TEST((read_file(a) == read_file(b)), "the resumed run's parameters differ from the uninterrupted run's");
+}
+
+// Saved by 2 ranks of 30 rows, resumed by 3 ranks of 20: the same global
+// batches, the same sampler positions, the same parameters up to fp32
+// summation order.
+BOOST_AUTO_TEST_CASE(resume_at_another_world_size_with_the_same_global_batch) {
+  const std::string common = " steps=20 hidden=24,20 optimizer=sgd lr=0.05 momentum=0.9 num_workers=0 samples=1200 "
+                             "log_every=100 ";
+  const auto want = scratch("two_by_30.safetensors"), got = scratch("resumed_3x20.safetensors");
+  const auto dir = fresh("ckpt_2x30");
+  BOOST_REQUIRE_EQUAL(train(2, common + "batch_size=30 save_params=" + want.string()), 0);
+  BOOST_REQUIRE_EQUAL(train(2, common + "batch_size=30 steps=10 save_every=10 checkpoint_dir=" + dir.string()), 0);
+  BOOST_REQUIRE_EQUAL(train(3, common + "batch_size=20 strategy=fsdp-full resume=" +
+                                   dtrain::checkpoint_path(dir, 10).string() + " save_params=" + got.string()),
+                      0);
+  BOOST_TEST(max_abs_diff(got, want) < 1e-5);
+}
+
+// dtrain-run --max-restarts with resume=latest: a rank killed with SIGKILL
+// mid-run restarts the job from the newest checkpoint, and it ends with the
+// uninterrupted run's parameters, to the bit.
+BOOST_AUTO_TEST_CASE(elastic_restart_after_a_killed_rank) {
+  const std::string common = " steps=40 hidden=24,20 batch_size=16 num_workers=1 log_every=100 samples=2048 "
+                             "save_every=5 keep_last=2 resume=latest ";
+  const auto want = scratch("elastic_want.safetensors"), got = scratch("elastic_got.safetensors");
+  BOOST_REQUIRE_EQUAL(train(2, common + "checkpoint_dir=" + fresh("elastic_a").string() + " save_params=" + want.string()), 0);
+  const auto dir = fresh("elastic_b"), metrics = scratch("elastic.jsonl");
+  fs::remove(metrics);
+  dtrain::test::Process job({DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--max-restarts", "2", "--master-port",
+                             std::to_string(free_port()), TRAIN_MLP_PATH, "--config",
+                             std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/ddp_host.yaml", "steps=40",
+                             "hidden=24,20", "batch_size=16", "num_workers=1", "log_every=100", "samples=2048",
+                             "save_every=5", "keep_last=2", "resume=latest", "checkpoint_dir=" + dir.string(),
+                             "metrics=" + metrics.string(), "save_params=" + got.string()});
+  // Kill rank 1 once step 12 has been logged (checkpoints 5 and 10 exist).
+  BOOST_REQUIRE(dtrain::test::wait_until([&] {
+    std::ifstream in(metrics);
+    return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n') >= 12;
+  }, 120));
+  const std::string children = "pgrep -P " + std::to_string(job.pid()) + " > " + scratch("children").string();
+  BOOST_REQUIRE_EQUAL(std::system(children.c_str()), 0);
+  std::ifstream pids(scratch("children"));
+  std::vector<pid_t> ranks;
+  for (pid_t p; pids >> p;) ranks.push_back(p);
+  BOOST_REQUIRE_EQUAL(ranks.size(), 2u);
+  ::kill(ranks[1], SIGKILL);
+  const auto finished = job.wait(300);
+  BOOST_TEST_INFO(finished.err);
+  BOOST_REQUIRE(finished.exited_with(0));
+  BOOST_TEST_MESSAGE("elastic restart: " << finished.err.substr(0, 400));
+  BOOST_TEST(finished.out.find("resumed from") != std::string::npos);
+  BOOST_TEST((read_file(got) == read_file(want)), "the restarted run's parameters differ from the uninterrupted run's");
+}
+
+// init_from: pretrained weights by name; strict refuses a partial file,
+// listing what is missing; init_strict=false loads what matches.
+BOOST_AUTO_TEST_CASE(init_from_pretrained_weights) {
+  const auto full = scratch("pretrained.safetensors");
+  BOOST_REQUIRE_EQUAL(train(2, "steps=5 hidden=24,20 save_params=" + full.string()), 0);
+  BOOST_REQUIRE_EQUAL(train(3, "steps=2 hidden=24,20 strategy=zero1 init_from=" + full.string()), 0);
+  BOOST_TEST(last_log().find("init_from " + full.string() + ": loaded 6 tensor(s)") != std::string::npos);
+
+  const auto src = dtrain::SafetensorsFile::open(full);
+  const auto w0 = src.read_f32("0.weight"), b0 = src.read_f32("0.bias");
+  dtrain::SafetensorsWriter writer;
+  writer.add("0.weight", src.tensor("0.weight").shape, w0);
+  writer.add("0.bias", src.tensor("0.bias").shape, b0);
+  const auto partial = scratch("backbone_only.safetensors");
+  writer.write(partial);
+  BOOST_TEST(train(2, "steps=2 hidden=24,20 init_from=" + partial.string()) == 1);
+  BOOST_TEST(last_log().find("missing 2.weight, 2.bias, 4.weight, 4.bias;") != std::string::npos);
+  BOOST_REQUIRE_EQUAL(train(2, "steps=2 hidden=24,20 strategy=fsdp-full init_strict=false init_from=" + partial.string()), 0);
+  BOOST_TEST(last_log().find("loaded 2 tensor(s); left as initialised: 2.weight, 2.bias, 4.weight, 4.bias") !=
+             std::string::npos);
 }

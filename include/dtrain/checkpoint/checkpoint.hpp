@@ -108,7 +108,7 @@ struct CheckpointInfo {
   std::int64_t good_steps = 0;      // good steps since the scale last changed
   std::uint64_t seed = 0;           // the initialisation / RNG seed
   std::optional<SamplerProgress> sampler;
-  std::map<std::string, std::string> metadata;  // the user's own strings
+  std::map<std::string, std::string> metadata{};  // the user's own strings
   // Recorded at save time, for messages and checks:
   int world_size = 1;
   std::string strategy;
@@ -129,7 +129,7 @@ struct SaveOptions {
   // This rank's sampler (every rank passes its own): its position is saved,
   // as the position over all ranks (SamplerProgress).
   const DistributedSampler* sampler = nullptr;
-  std::map<std::string, std::string> metadata;  // the user's own strings
+  std::map<std::string, std::string> metadata{};  // the user's own strings
 };
 
 struct LoadOptions {
@@ -148,7 +148,7 @@ struct LoadParamsOptions {
   bool strict = true;
   // Names in the file -> names in this model ("<unit>.<param>"), for files
   // written with other names. Unlisted names are used as they are.
-  std::map<std::string, std::string> rename;
+  std::map<std::string, std::string> rename{};
 };
 
 struct LoadParamsReport {

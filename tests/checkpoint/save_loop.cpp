@@ -1,0 +1,34 @@
+// The process the kill -9 test kills: two ranks (threads) train a model of a
+// few MB under FSDP and save a checkpoint after every step, keeping the
+// newest two, until killed. Prints "saved <step>" after each commit.
+//   checkpoint_save_loop <checkpoint dir>
+#include <dtrain/trainer.hpp>
+#include <support/ranks.hpp>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "save_loop_model.hpp"
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: checkpoint_save_loop <dir>\n");
+    return 2;
+  }
+  const std::filesystem::path dir = argv[1];
+  dtrain::testing::run_ranks(2, [&](dtrain::World& w) {
+    dtrain::testing::SaveLoopNet net;
+    dtrain::Trainer<dtrain::testing::SaveLoopNet, dtrain::Device<dtrain::Host>,
+                    dtrain::Strategy<dtrain::FSDP<dtrain::FullShard>>>
+        t(w, net, dtrain::AdamW{.lr = 1e-3f}, {.seed = 1});
+    for (int s = 0;; ++s) {
+      t.step(std::vector<dtrain::Batch>{dtrain::testing::save_loop_batch(s, w.rank())});
+      const auto path = dtrain::checkpoint_path(dir, t.steps_taken());
+      t.save(path);
+      if (w.rank() != 0) continue;
+      dtrain::prune_checkpoints(dir, 2);
+      std::printf("saved %lld\n", static_cast<long long>(t.steps_taken()));
+      std::fflush(stdout);
+    }
+  });
+}
