@@ -332,7 +332,8 @@ class Trainer {
                              join(names) + ")",
                          "train with the checkpoint's optimizer, or load with LoadOptions{.optimizer_state = false} "
                          "to keep this trainer's fresh optimizer state");
-    HostState<T> state = host_state();
+    // Every owned element is read from the checkpoint: sized buffers, not a copy of the current state.
+    HostState<T> state = host_state(false);
     std::string error;
     try {
       read_owned(index, state, options.optimizer_state);
@@ -625,19 +626,20 @@ class Trainer {
     return info;
   }
 
-  // This rank's owned state, copied to the host.
-  HostState<T> host_state() {
+  // Host buffers shaped like this rank's owned state, holding a copy of it
+  // (or left unfilled when the caller overwrites every element).
+  HostState<T> host_state(bool copy = true) {
     HostState<T> s;
     const OwnedFlat<T> owned = strategy_->owned();
     s.master.resize(owned.size);
-    dev_.copy_to_host(s.master.data(), owned.master, owned.size);
+    if (copy) dev_.copy_to_host(s.master.data(), owned.master, owned.size);
     for (const auto& st : optimizer_.state()) {
       auto& [name, values] = s.optimizer.emplace_back(std::string(st.name), std::vector<float>(owned.size));
-      dev_.copy_to_host(values.data(), st.data, owned.size);
+      if (copy) dev_.copy_to_host(values.data(), st.data, owned.size);
     }
     const std::span<T> frozen = strategy_->frozen_storage();
     s.frozen.resize(frozen.size());
-    dev_.copy_to_host(s.frozen.data(), frozen.data(), frozen.size());
+    if (copy) dev_.copy_to_host(s.frozen.data(), frozen.data(), frozen.size());
     return s;
   }
 
@@ -686,14 +688,18 @@ class Trainer {
       strategy_->read_unit(u, train, frozen);
       if (!out || !error.empty()) continue;
       try {
+        std::vector<float> widened;  // a frozen parameter in fp32
         for (const auto& slot : unit.params) {
           const auto n = static_cast<std::size_t>(slot.spec.numel());
-          std::vector<float> v(n);
-          if (slot.spec.trainable)
-            std::copy_n(train.begin() + static_cast<std::ptrdiff_t>(slot.offset - unit.train_offset), n, v.begin());
-          else
-            for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(frozen[slot.offset - unit.frozen_offset + i]);
-          const auto bytes = std::as_bytes(std::span(v));
+          std::span<const float> v;
+          if (slot.spec.trainable) {
+            v = std::span(train).subspan(slot.offset - unit.train_offset, n);
+          } else {
+            widened.resize(n);
+            for (std::size_t i = 0; i < n; ++i) widened[i] = static_cast<float>(frozen[slot.offset - unit.frozen_offset + i]);
+            v = widened;
+          }
+          const auto bytes = std::as_bytes(v);
           out->write(bytes);
           pieces[slot.name]["param"].push_back(detail::piece_json(
               {path.filename().string(), slot.name, 0, n, safetensors_dtype::f32, crc32c(bytes)}));
