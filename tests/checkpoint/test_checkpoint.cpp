@@ -559,3 +559,35 @@ BOOST_AUTO_TEST_CASE(kill_9_at_any_moment_of_a_save_leaves_a_loadable_checkpoint
   BOOST_TEST_MESSAGE(mid_save << " of 20 kills landed inside a save");
   BOOST_TEST(mid_save >= 1);
 }
+
+// Saved in bf16 (frozen parameters stored as BF16), loaded in fp32 and in
+// fp16: master weights are fp32 either way; frozen values convert.
+BOOST_AUTO_TEST_CASE(a_checkpoint_loads_under_another_precision) {
+  const auto dir = scratch("bf16_saved");
+  Params saved;
+  run_ranks(2, [&](World& w) {
+    UnevenNet net;
+    Net<FSDP<FullShard>, AdamW, Precision<bf16>> t(w, net, AdamW{.lr = 1e-2f}, {.seed = 8});
+    for (int s = 0; s < 2; ++s) t.step(step_batches(s, w.rank(), 2, 1));
+    t.save(dir);
+    auto p = t.parameters();
+    if (w.rank() == 0) saved = std::move(p);
+  });
+  run_ranks(3, [&](World& w) {
+    UnevenNet net;
+    Net<ZeRO1, AdamW, Precision<fp32>> t(w, net, AdamW{.lr = 1e-2f}, {.seed = 1});
+    t.load(dir);
+    require(t.parameters() == saved, "fp32 after a bf16 checkpoint: parameters differ");
+  });
+  run_ranks(1, [&](World& w) {
+    UnevenNet net;
+    Net<DDP, AdamW, Precision<fp16>> t(w, net, AdamW{.lr = 1e-2f}, {.seed = 1});
+    t.load(dir);
+    const auto p = t.parameters();
+    for (const auto& [name, v] : saved)
+      for (std::size_t i = 0; i < v.size(); ++i)
+        require(name.starts_with("3.") ? std::abs(p.at(name)[i] - v[i]) <= 1e-3f * std::max(1.f, std::abs(v[i]))
+                                       : p.at(name)[i] == v[i],
+                name + " after loading into fp16");
+  });
+}
