@@ -6,6 +6,7 @@
 #include <dtrain/version.hpp>
 
 #include <cstdio>
+#include <vector>
 #include <cstdlib>
 #include <exception>
 #include <span>
@@ -22,13 +23,13 @@ int main() {
     Classifier model;
     dtrain::Trainer<Classifier> trainer{world, model, dtrain::SGD{.lr = 0.5f}};
     // Label = whether the first feature is positive: learnable by one Linear.
-    dtrain::Batch batch;
-    batch.rows = 8;
-    batch.features = 4;
+    std::vector<float> x;
+    std::vector<std::int32_t> y;
     for (int r = 0; r < 8; ++r) {
-      for (int c = 0; c < 4; ++c) batch.x.push_back(static_cast<float>(((r + 1) * (c + 3)) % 7) - 3.f);
-      batch.y.push_back(batch.x[static_cast<std::size_t>(r * 4)] > 0.f ? 1 : 0);
+      for (int c = 0; c < 4; ++c) x.push_back(static_cast<float>(((r + 1) * (c + 3)) % 7) - 3.f);
+      y.push_back(x[static_cast<std::size_t>(r * 4)] > 0.f ? 1 : 0);
     }
+    const auto batch = dtrain::Batch::table(x, y, 8, 4);
     double first = 0, last = 0;
     for (int s = 0; s < 10; ++s) {
       last = trainer.step(std::span(&batch, 1)).loss;

@@ -33,12 +33,9 @@ int run(dtrain::World& world, const std::filesystem::path& dir, const std::strin
         int layers, int repeat) {
   Stack model(hidden, layers);
   dtrain::Trainer<Stack, dtrain::Strategy<Kind>> trainer(world, model, dtrain::AdamW{.lr = 1e-4f});
-  dtrain::Batch b;
-  b.rows = 4;
-  b.features = hidden;
-  b.x.assign(static_cast<std::size_t>(4 * hidden), 0.5f);
-  b.y = {1, 2, 3, 4};
-  trainer.step(std::vector<dtrain::Batch>{b});
+  const std::vector<float> x(static_cast<std::size_t>(4 * hidden), 0.5f);
+  const std::vector<std::int32_t> y{1, 2, 3, 4};
+  trainer.step(std::vector<dtrain::Batch>{dtrain::Batch::table(x, y, 4, hidden)});
   std::vector<double> save_sharded, save_full, load_sharded, load_full;
   std::uintmax_t shard_bytes = 0, full_shard_bytes = 0, model_bytes = 0;
   auto timed = [&](auto&& f) {

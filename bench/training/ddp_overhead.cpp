@@ -114,17 +114,20 @@ class HandLoop {
   }
 
   double step(const Batch& b) {
-    dev_.copy_from_host(activations_[0].data(), b.x.data(), b.x.size());
-    dev_.copy_from_host(labels_.data(), b.y.data(), b.y.size());
+    const auto x = b.at("x").values<float>();
+    const HostTensor& y = b.at("y");
+    dev_.copy_from_host(activations_[0].data(), x.data(), x.size());
+    dev_.copy_from_host(labels_.data(), y.values<std::int32_t>().data(), static_cast<std::size_t>(batch_rows));
+    DeviceBatch on_device;
+    on_device.set("y", DeviceTensor{y.type, y.shape, reinterpret_cast<const std::byte*>(labels_.data()), y.bytes.data(), {}});
     auto units = model_.units();
     auto act = [&](std::size_t u) { return activations_[u].view(batch_rows, widths_[u]); };
     visit_units(units, [&](std::size_t u, auto& unit) { unit.template forward<Host, float>(dev_, cparams(u), act(u), act(u + 1)); });
     const std::size_t last = widths_.size() - 1;
-    const std::span<const std::int32_t> labels(labels_.data(), batch_rows);
     const MatView<const float> logits = act(last);
-    const double loss = model_.loss.template forward<Host, float>(dev_, logits, labels);
+    const double loss = model_.loss.template forward<Host, float>(dev_, logits, on_device);
     std::size_t cur = 0;
-    model_.loss.template backward<Host, float>(dev_, logits, labels, dgrad_[cur].view(batch_rows, widths_[last]),
+    model_.loss.template backward<Host, float>(dev_, logits, on_device, dgrad_[cur].view(batch_rows, widths_[last]),
                                                1.f / static_cast<float>(batch_rows));
     visit_units_reverse(units, [&](std::size_t u, auto& unit) {
       const MatView<float> dx = u == 0 ? MatView<float>{} : dgrad_[1 - cur].view(batch_rows, widths_[u]);
@@ -171,12 +174,11 @@ std::vector<Batch> random_batches(std::size_t count) {
   std::vector<Batch> out(count);
   SplitMix64 rng(0xba7c4);
   for (std::size_t k = 0; k < count; ++k) {
-    Batch& b = out[k];
-    b.rows = batch_rows;
-    b.features = features;
-    b.x.resize(static_cast<std::size_t>(batch_rows * features));
-    init_values(b.x, Init::normal(0.f, 1.f), 100 + k);
-    for (std::int64_t r = 0; r < batch_rows; ++r) b.y.push_back(static_cast<std::int32_t>(rng.next() % classes));
+    std::vector<float> x(static_cast<std::size_t>(batch_rows * features));
+    init_values(x, Init::normal(0.f, 1.f), 100 + k);
+    std::vector<std::int32_t> y;
+    for (std::int64_t r = 0; r < batch_rows; ++r) y.push_back(static_cast<std::int32_t>(rng.next() % classes));
+    out[k] = Batch::table(x, y, batch_rows, features);
   }
   return out;
 }

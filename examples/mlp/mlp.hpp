@@ -1,9 +1,12 @@
 #pragma once
-// The train_mlp example: configuration, model, data, and the dispatch from the
-// config's strategy name to a compiled strategy (train_impl.hpp holds the
-// training loop).
+// The train_mlp example: its configuration (examples::Common plus the model
+// and data keys), model, data, and the dispatch from the config's strategy
+// name to a compiled strategy (examples/common/loop.hpp runs the training).
 
 #include <dtrain/trainer.hpp>
+
+#include "common/config.hpp"
+#include "common/dispatch.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -14,44 +17,14 @@
 
 namespace mlp {
 
-struct Config {
-  std::string strategy = "ddp";       // ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid | zero1
-  int shard_group = 0;                // fsdp-hybrid: ranks per shard group (0: the ranks of a node)
-  int prefetch = 1;                   // fsdp-*, zero1: unit all-gathers issued ahead
-  std::string precision = "fp32";     // fp32 | bf16 | fp16
-  std::string reduce_dtype = "fp32";  // fp32 | same (reduce in the compute dtype)
-  int accumulate = 1;                 // 1 | 2 | 4 | 8
-  std::string device = "host";        // host | cuda
-  std::int64_t batch_size = 64;       // per rank, per micro-batch
-  std::int64_t steps = 300;
-  std::string optimizer = "adamw";    // adamw | sgd
-  float lr = 1e-3f;
-  float weight_decay = 0.f;
-  float momentum = 0.9f;              // sgd only
-  std::string schedule = "constant";  // constant | cosine
-  std::int64_t warmup_steps = 0;
-  std::string lr_scaling = "none";    // none | linear | sqrt
-  float clip = 0.f;                   // max grad norm, 0 = off
-  std::uint64_t seed = 0;
+struct Config : examples::Common {
   std::vector<std::int64_t> hidden = {256, 256};
   std::string activation = "gelu";    // gelu | relu
-  int num_workers = 2;
-  std::int64_t log_every = 20;
-  std::string metrics;                // JSONL path, rank 0 writes
-  std::string save_params;            // safetensors path, rank 0 writes at the end
-  std::string checkpoint_dir = "checkpoints";  // where save_every and resume=latest look
-  std::int64_t save_every = 0;        // checkpoint every N steps and at the end (0: never)
-  int keep_last = 0;                  // keep the newest K checkpoints (0: all)
-  bool consolidated = false;          // checkpoints also hold model.safetensors (fp32, Python-readable)
-  std::string resume;                 // latest | a checkpoint directory ("" : start fresh)
-  std::string init_from;              // initial weights from a safetensors file
-  bool init_strict = true;            // false: load the matching tensors, list the rest
   // data: "synthetic", a .safetensors file with x and y, or "X.npy,Y.npy"
   std::string data = "synthetic";
   std::int64_t samples = 16384;       // synthetic
   std::int64_t features = 32;         // synthetic
   std::int64_t classes = 10;          // synthetic (files: 1 + the largest label)
-  double bucket_mb = 25;
 };
 
 Config load_config(int argc, char** argv);  // train_mlp.cpp: --config FILE key=value...
@@ -113,35 +86,14 @@ inline dtrain::Dataset synthetic_dataset(std::int64_t samples, std::int64_t feat
 
 dtrain::Dataset load_data(const Config& c);  // train_mlp.cpp
 
-// The strategies train_mlp offers; each name is Kind::name (strategy=...).
-using Strategies = std::tuple<dtrain::DDP, dtrain::FSDP<dtrain::FullShard>, dtrain::FSDP<dtrain::ShardGradOp>,
-                              dtrain::FSDP<dtrain::NoShard>, dtrain::FSDP<dtrain::HybridShard>, dtrain::ZeRO1>;
-
-// Trains with strategy Kind on device Dev, in the precision and accumulation
-// the config names. Defined in train_impl.hpp and explicitly instantiated
-// once per (device, strategy) in generated translation units
-// (examples/CMakeLists.txt), which the build compiles in parallel.
+// Trains with strategy Kind on device Dev (train_impl.hpp; one generated
+// translation unit per pair).
 template <class Dev, class Kind>
 int train_strategy(const Config& c, dtrain::World& world, const dtrain::Dataset& data, std::int64_t classes);
 
-// Throws unless `name` is one of Strategies' names.
-inline void check_strategy_name(const std::string& name) {
-  std::string known;
-  const bool found = [&]<class... Kind>(std::type_identity<std::tuple<Kind...>>) {
-    ((known += (known.empty() ? "" : ", ") + std::string(Kind::name)), ...);
-    return ((name == Kind::name) || ...);
-  }(std::type_identity<Strategies>{});
-  if (!found) throw dtrain::config_error("strategy = '" + name + "' is unknown", "use one of " + known);
-}
-
 template <class Dev>
 int dispatch(const Config& c, dtrain::World& world, const dtrain::Dataset& data, std::int64_t classes) {
-  check_strategy_name(c.strategy);
-  return [&]<class... Kind>(std::type_identity<std::tuple<Kind...>>) {
-    int rc = 0;
-    ((c.strategy == Kind::name && (rc = train_strategy<Dev, Kind>(c, world, data, classes), true)) || ...);
-    return rc;
-  }(std::type_identity<Strategies>{});
+  return examples::with_strategy(c, [&]<class Kind>() { return train_strategy<Dev, Kind>(c, world, data, classes); });
 }
 
 int train_host(const Config&, dtrain::World&, const dtrain::Dataset&, std::int64_t classes);

@@ -47,9 +47,13 @@
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/activation.hpp"
 #include "dtrain/nn/any_unit.hpp"
+#include "dtrain/nn/attention.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
+#include "dtrain/nn/embedding.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
+#include "dtrain/nn/regression_loss.hpp"
+#include "dtrain/nn/transformer.hpp"
 #include "dtrain/optim/config.hpp"
 #include "dtrain/optim/flat_optimizer.hpp"
 #include "dtrain/optim/schedule.hpp"
@@ -84,16 +88,23 @@ struct TrainerOptions {
   std::optional<Schedule> schedule{};     // absent: the optimizer's constant lr
   LrScaling lr_scaling = LrScaling::none; // scales the schedule by the world size
   LossScaleOptions loss_scale{};
+  // Drop the activations units keep from forward for backward (saved_size)
+  // after each unit's forward and recompute them right before its backward:
+  // one unit's worth of them in memory instead of every unit's, for one more
+  // forward of each such unit; results are bit-identical.
+  bool activation_checkpointing = false;
 };
 
 struct StepStats {
   std::int64_t step = 0;       // optimizer steps taken, this one included
-  double loss = 0.0;           // mean loss over every sample of the step, all ranks
+  double loss = 0.0;           // the step's loss: the sum over every counted target (the loss's count), all ranks, divided by their number
   float lr = 0.f;
   double grad_norm = 0.0;      // global L2 norm of the averaged gradient, before clipping
   bool skipped = false;        // fp16: inf/NaN gradients, step not applied
   float loss_scale = 1.f;
-  std::int64_t samples = 0;    // samples in the step over all ranks
+  std::int64_t samples = 0;    // samples in the step over all ranks (rows of "x")
+  std::int64_t positions = 0;  // samples x sequence length (tokens for a language model)
+  double count = 0.0;          // the loss normaliser over all ranks (samples, or targets not ignored)
   double step_ms = 0.0;
   MemoryUsage memory;          // this rank's bytes by category (Trainer::memory())
 };
@@ -137,19 +148,21 @@ void for_each_unit_reverse(Tuple&& units, std::size_t count, F&& f) {
 }
 }  // namespace detail
 
-template <Model M, class... Policies>
-class Trainer {
-  using P = policies<Policies...>;
-
+namespace detail {
+// Everything the Trainer does, instantiated once per (model, device, strategy
+// kind, precision): the micro-batch count per step is a runtime value here, so
+// Trainers that differ only in Accumulate<N> share one compiled body (an
+// example built for four accumulation counts compiles this once, not four
+// times). Users name dtrain::Trainer, never this.
+template <Model M, class Dev, class Kind, class Prec>
+class TrainerCore {
  public:
-  using device_type = typename P::device;
-  using param_type = typename P::param_type;
-  using reduce_type = typename P::reduce_type;
-  using strategy_kind = typename P::strategy;
-  static constexpr int accumulate = P::accumulate;
+  using device_type = Dev;
+  using param_type = typename Prec::param_type;
+  using reduce_type = typename Prec::reduce_type;
+  using strategy_kind = Kind;
 
  private:
-  using Dev = device_type;
   using T = param_type;
   using R = reduce_type;
   using binding = CommBinding<Dev>;
@@ -157,13 +170,14 @@ class Trainer {
   using buffer = typename Dev::template buffer<E>;
 
  public:
-  using strategy_type = typename strategy_impl<strategy_kind, Dev, T, R, accumulate>::type;
+  using strategy_type = typename strategy_impl<strategy_kind, Dev, T, R>::type;
   static_assert(TrainingStrategy<strategy_type, T>,
                 "dtrain: the strategy class does not satisfy dtrain::TrainingStrategy (strategy/strategy.hpp)");
 
   template <OptimizerConfig Opt>
-  Trainer(World& world, M& model, Opt optimizer, TrainerOptions options = {})
-      : world_(world),
+  TrainerCore(World& world, M& model, Opt optimizer, TrainerOptions options, int accumulate)
+      : accumulate_(accumulate),
+        world_(world),
         model_(model),
         options_(validated(std::move(options), optimizer)),
         dev_(make_device(world)),
@@ -173,54 +187,81 @@ class Trainer {
         strategy_(make_strategy()),
         optimizer_(dev_, optimizer, strategy_->owned().size) {
     scalar_ = make_buffer<float>(dev_, 2);
-    if constexpr (P::precision::loss_scaling) loss_scale_ = options_.loss_scale.initial;
+    if constexpr (Prec::loss_scaling) loss_scale_ = options_.loss_scale.initial;
   }
 
   // One optimizer step over exactly Accumulate<N> micro-batches.
   StepStats step(std::span<const Batch> micro_batches) {
     const auto start = std::chrono::steady_clock::now();
-    if (micro_batches.size() != static_cast<std::size_t>(accumulate))
+    if (micro_batches.size() != static_cast<std::size_t>(accumulate_))
       throw config_error("Trainer::step got " + std::to_string(micro_batches.size()) + " micro-batches but the "
-                             "policy is Accumulate<" + std::to_string(accumulate) + ">",
+                             "policy is Accumulate<" + std::to_string(accumulate_) + ">",
                          "pass exactly Accumulate<N> micro-batches per optimizer step");
-    double local_samples = 0;
+    // The loss normaliser: what the loss counts (samples, or targets not
+    // ignored) over every micro-batch and rank, known from the host batches
+    // before any compute, so uneven micro-batches weigh exactly right.
+    double local_count = 0, local_samples = 0, local_positions = 0;
     for (const Batch& b : micro_batches) {
-      check_batch(b);
-      local_samples += static_cast<double>(b.rows);
+      const SeqShape shape = check_batch(b);
+      local_count += model_.loss.count(b);
+      local_samples += static_cast<double>(shape.batch);
+      local_positions += static_cast<double>(shape.rows());
     }
-    // The loss normaliser (the step's sample count over all ranks) is first
-    // needed by the first backward. With one micro-batch the loss is known by
-    // then too and shares that all-reduce: each host collective is a round
-    // trip through every rank's progress thread and a point where the ranks
-    // wait for each other (one fewer took a 2-rank step on 2 cores from 6.0
-    // to 5.3 ms, docs/performance.md).
-    double samples = 0, local_loss = 0, loss = 0;
-    for (int k = 0; k < accumulate; ++k)
+    // The normaliser is first needed by the first backward. With one
+    // micro-batch the loss is known by then too and shares that all-reduce:
+    // each host collective is a round trip through every rank's progress
+    // thread and a point where the ranks wait for each other (one fewer took
+    // a 2-rank step on 2 cores from 6.0 to 5.3 ms, docs/performance.md).
+    double count = 0, samples = 0, positions = 0, local_loss = 0, loss = 0;
+    for (int k = 0; k < accumulate_; ++k)
       micro_step(micro_batches[static_cast<std::size_t>(k)], k, [&](double micro_loss) {
         local_loss += micro_loss;
         if (k == 0) {
-          if constexpr (accumulate == 1) {
-            const auto sums = all_reduce_scalars(std::array{local_samples, local_loss});
-            samples = sums[0];
-            loss = sums[1];
+          std::array<double, 4> sums{};
+          if (accumulate_ == 1) {
+            sums = all_reduce_scalars(std::array{local_count, local_samples, local_positions, local_loss});
+            loss = sums[3];
           } else {
-            samples = all_reduce_scalars(std::array{local_samples})[0];
+            const auto three = all_reduce_scalars(std::array{local_count, local_samples, local_positions});
+            std::copy(three.begin(), three.end(), sums.begin());
           }
+          count = sums[0], samples = sums[1], positions = sums[2];
+          if (count <= 0)
+            throw config_error("the step's loss counts no targets on any rank (every target ignored, or zero weights)",
+                               "check the batches' targets: a step needs at least one target to learn from");
         }
-        return static_cast<float>(loss_scale_ / samples);
+        return static_cast<float>(loss_scale_ / count);
       });
     strategy_->finish_gradients();
-    if constexpr (accumulate > 1) loss = all_reduce_scalars(std::array{local_loss})[0];
+    if (accumulate_ > 1) loss = all_reduce_scalars(std::array{local_loss})[0];
 
     StepStats stats;
     stats.samples = static_cast<std::int64_t>(samples);
-    stats.loss = loss / samples;
+    stats.positions = static_cast<std::int64_t>(positions);
+    stats.count = count;
+    stats.loss = loss / count;
     apply_optimizer(stats);
     stats.step = step_;
     stats.loss_scale = static_cast<float>(loss_scale_);
     stats.memory = memory();
     stats.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     return stats;
+  }
+
+  // The mean loss over `batches` (their summed losses over every rank,
+  // divided by the loss's count), forward only: no gradient, no update.
+  // Collective: every rank calls it with its own batches.
+  double evaluate(std::span<const Batch> batches) {
+    double sum = 0, count = 0;
+    for (const Batch& b : batches) {
+      count += model_.loss.count(b);
+      micro_step(b, accumulate_ - 1, [&](double loss) { return sum += loss, 0.f; }, false);
+    }
+    const auto totals = all_reduce_scalars(std::array{sum, count});
+    if (totals[1] <= 0)
+      throw config_error("Trainer::evaluate: the batches count no targets on any rank",
+                         "evaluate on batches with targets");
+    return totals[0] / totals[1];
   }
 
   // Every parameter as fp32 on the host, by name ("<unit>.<param>").
@@ -465,7 +506,14 @@ class Trainer {
     if (num_units_ == 0) throw config_error("the model has no units", "return at least one unit from units()");
     check_same_model();
     return std::make_unique<strategy_type>(
-        StrategyContext<Dev>{world_, dev_, layout_, *comm_, options_.seed, options_.sharding, options_.buckets});
+        StrategyContext<Dev>{.world = world_,
+                             .dev = dev_,
+                             .layout = layout_,
+                             .comm = *comm_,
+                             .seed = options_.seed,
+                             .accumulate = accumulate_,
+                             .sharding = options_.sharding,
+                             .buckets = options_.buckets});
   }
 
   // Fails on every rank, naming the first parameter where a rank's model
@@ -495,13 +543,22 @@ class Trainer {
     world_.check_agree("TrainerOptions::seed", std::to_string(options_.seed));
   }
 
-  void check_batch(const Batch& b) const {
-    if (b.rows < 1 || b.features < 1 || b.x.size() != static_cast<std::size_t>(b.rows * b.features) ||
-        b.y.size() != static_cast<std::size_t>(b.rows))
-      throw config_error("a micro-batch has rows=" + std::to_string(b.rows) + ", features=" +
-                             std::to_string(b.features) + ", x of " + std::to_string(b.x.size()) + " and y of " +
-                             std::to_string(b.y.size()) + " elements",
-                         "every micro-batch needs at least one row, x of rows*features and y of rows elements");
+  // The sequence shape of a micro-batch, from its input "x": float features
+  // [B, F] (B rows) or [B, T, F] (B*T rows), or integer ids [B, T] read by an
+  // input unit.
+  SeqShape check_batch(const Batch& b) const {
+    const HostTensor& x = b.at("x");
+    const bool floating = is_floating(x.type);
+    if (x.shape.empty() || x.shape[0] < 1 || x.numel() < 1 || (floating && x.shape.size() < 2))
+      throw config_error("a micro-batch's input x is " + shape_text(x.shape) + " " + std::string(element_name(x.type)),
+                         "give x as float features [B, F] or [B, T, F], or integer ids [B, T] for a model whose "
+                         "first unit is an input unit (nn::Embedding), with B >= 1");
+    if (static_cast<std::int64_t>(x.bytes.size()) != x.numel() * static_cast<std::int64_t>(element_bytes(x.type)))
+      throw config_error("a micro-batch's input x " + shape_text(x.shape) + " holds " + std::to_string(x.bytes.size()) +
+                             " bytes",
+                         "build batch tensors with HostTensor::of(values, shape)");
+    const std::int64_t width = floating ? x.shape.back() : 1;
+    return {x.shape[0], x.numel() / (x.shape[0] * width)};
   }
 
   // Sums host scalars over ranks in one collective, in fp32 (as every
@@ -524,61 +581,133 @@ class Trainer {
   }
 
   // Forward and backward of one micro-batch. after_forward(its summed loss)
-  // runs between the two and returns the dlogits scale.
+  // runs between the two and returns the dlogits scale. Without `backward`,
+  // the forward only (an evaluation).
   template <class AfterForward>
-  void micro_step(const Batch& batch, int k, AfterForward&& after_forward) {
+  void micro_step(const Batch& batch, int k, AfterForward&& after_forward, bool backward = true) {
     auto units = model_.units();
-    const std::int64_t rows = batch.rows;
+    const SeqShape shape = check_batch(batch);
+    const std::int64_t rows = shape.rows();
+    const HostTensor& x = batch.at("x");
+    const bool input_unit = first_is_input_unit();
+    if (!input_unit && !is_floating(x.type))
+      throw config_error("the batch's x holds " + std::string(element_name(x.type)) + " ids " + shape_text(x.shape) +
+                             " but the model's first unit reads float features",
+                         "start the model with an input unit (nn::Embedding) to read token ids, or give x as float "
+                         "features [B, F]");
     // Every unit's width follows from the input width alone: worked out once.
-    if (width_.empty() || width_[0] != batch.features) {
-      width_.assign(1, batch.features);
+    const std::int64_t in_width = input_unit ? 0 : x.shape.back();
+    if (width_.empty() || width_[0] != in_width) {
+      width_.assign(1, in_width);
       detail::for_each_unit(units, [&](std::size_t, auto& u) { width_.push_back(u.out_features(width_.back())); });
       activations_.resize(num_units_ + 1);
+      saved_.resize(num_units_);
     }
     const auto& width = width_;
     const std::int64_t widest = *std::max_element(width.begin(), width.end());
-
-    for (std::size_t u = 0; u <= num_units_; ++u) ensure(activations_[u], static_cast<std::size_t>(rows * width[u]));
+    for (std::size_t u = input_unit ? 1 : 0; u <= num_units_; ++u)
+      ensure(activations_[u], static_cast<std::size_t>(rows * width[u]));
     for (auto& d : dgrad_) ensure(d, static_cast<std::size_t>(rows * widest));
-    ensure(labels_, static_cast<std::size_t>(rows));
 
-    if constexpr (std::is_same_v<T, float>) {
-      dev_.copy_from_host(activations_[0].data(), batch.x.data(), batch.x.size());
-    } else {
-      staging_.resize(batch.x.size());
-      for (std::size_t i = 0; i < batch.x.size(); ++i) staging_[i] = T(batch.x[i]);
-      dev_.copy_from_host(activations_[0].data(), staging_.data(), staging_.size());
-    }
-    dev_.copy_from_host(labels_.data(), batch.y.data(), batch.y.size());
+    // What units keep from forward for backward: a buffer each, or with
+    // activation checkpointing one buffer every unit takes in turn.
+    std::vector<std::int64_t> saved(num_units_);
+    detail::for_each_unit(units, [&](std::size_t u, auto& unit) { saved[u] = saved_size_of(unit, shape, width[u]); });
+    const bool recompute = options_.activation_checkpointing;
+    for (std::size_t u = 0; u < num_units_; ++u)
+      if (saved[u] > 0) ensure(recompute ? saved_[0] : saved_[u], static_cast<std::size_t>(saved[u]));
+    auto ctx = [&](std::size_t u) {
+      buffer<T>& b = recompute ? saved_[0] : saved_[u];
+      return UnitContext<T>{shape, saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{}};
+    };
 
+    const DeviceBatch on_device = upload(batch, input_unit);
     auto act = [&](std::size_t u) { return activations_[u].view(rows, width[u]); };
     auto& s = *strategy_;
+    auto forward = [&](std::size_t u, auto& unit) {
+      if constexpr (InputUnit<std::remove_cvref_t<decltype(unit)>, Dev, T>)
+        unit.template forward<Dev, T>(dev_, s.params(u), on_device, act(u + 1), ctx(u));
+      else if constexpr (detail::context_unit<std::remove_cvref_t<decltype(unit)>, Dev, T>)
+        unit.template forward<Dev, T>(dev_, s.params(u), act(u), act(u + 1), ctx(u));
+      else
+        unit.template forward<Dev, T>(dev_, s.params(u), act(u), act(u + 1));
+    };
     detail::for_each_unit(units, [&](std::size_t u, auto& unit) {
       s.before_forward(u, k);
-      unit.template forward<Dev, T>(dev_, s.params(u), act(u), act(u + 1));
+      forward(u, unit);
       s.after_forward(u, k);
     });
-    const std::span<const std::int32_t> labels(labels_.data(), static_cast<std::size_t>(rows));
     const MatView<const T> logits = act(num_units_);
-    const float dlogit_scale = after_forward(model_.loss.template forward<Dev, T>(dev_, logits, labels));
+    const float dlogit_scale = after_forward(model_.loss.template forward<Dev, T>(dev_, logits, on_device));
+    if (!backward) return;
     std::size_t cur = 0;
-    model_.loss.template backward<Dev, T>(dev_, logits, labels, dgrad_[cur].view(rows, width[num_units_]),
+    model_.loss.template backward<Dev, T>(dev_, logits, on_device, dgrad_[cur].view(rows, width[num_units_]),
                                           dlogit_scale);
 
     detail::for_each_unit_reverse(units, num_units_, [&](std::size_t u, auto& unit) {
       const MatView<T> dx = u == 0 ? MatView<T>{} : dgrad_[1 - cur].view(rows, width[u]);
+      const MatView<const T> dy = dgrad_[cur].view(rows, width[u + 1]);
       s.before_backward(u, k);
-      unit.template backward<Dev, T>(dev_, s.params(u), s.grads(u), act(u), act(u + 1),
-                                     dgrad_[cur].view(rows, width[u + 1]), dx);
+      // Deterministic kernels: the recomputed activations (and output) are
+      // bit-identical to the first forward's.
+      if (recompute && saved[u] > 0) forward(u, unit);
+      using U = std::remove_cvref_t<decltype(unit)>;
+      if constexpr (InputUnit<U, Dev, T>)
+        unit.template backward<Dev, T>(dev_, s.params(u), s.grads(u), on_device, act(u + 1), dy, ctx(u));
+      else if constexpr (detail::context_unit<U, Dev, T>)
+        unit.template backward<Dev, T>(dev_, s.params(u), s.grads(u), act(u), act(u + 1), dy, dx, ctx(u));
+      else
+        unit.template backward<Dev, T>(dev_, s.params(u), s.grads(u), act(u), act(u + 1), dy, dx);
       s.after_backward(u, k);
       cur = 1 - cur;
     });
   }
 
+  bool first_is_input_unit() {
+    bool input = false;
+    detail::for_each_unit(model_.units(), [&](std::size_t u, auto& unit) {
+      if (u == 0) input = InputUnit<std::remove_cvref_t<decltype(unit)>, Dev, T>;
+    });
+    return input;
+  }
+
+  // The batch's tensors on the device. Without an input unit x goes to the
+  // first activation in the compute dtype instead.
+  DeviceBatch upload(const Batch& batch, bool input_unit) {
+    DeviceBatch out;
+    for (const auto& [name, t] : batch.tensors) {
+      if (name == "x" && !input_unit) {
+        upload_input(t);
+        continue;
+      }
+      auto& dst = uploads_[name];
+      ensure(dst, t.bytes.size());
+      dev_.copy_from_host(dst.data(), t.bytes.data(), t.bytes.size());
+      out.set(name, DeviceTensor{t.type, t.shape, dst.data(), t.bytes.data(), {}});
+    }
+    return out;
+  }
+
+  void upload_input(const HostTensor& x) {
+    const auto n = static_cast<std::size_t>(x.numel());
+    if (x.type == element_type_of<T>()) {
+      dev_.copy_from_host(activations_[0].data(), x.values<T>().data(), n);
+      return;
+    }
+    staging_.resize(n);
+    const auto convert = [&](auto values) {
+      for (std::size_t i = 0; i < n; ++i) staging_[i] = dtype_cast<T>(static_cast<float>(values[i]));
+    };
+    if (x.type == element_type::f32) convert(x.values<float>());
+    else if (x.type == element_type::bf16) convert(x.values<bf16>());
+    else convert(x.values<fp16>());
+    dev_.copy_from_host(activations_[0].data(), staging_.data(), n);
+  }
+
   void apply_optimizer(StepStats& stats) {
     const double norm2 = strategy_->grad_norm_squared();
     stats.grad_norm = std::sqrt(norm2) / loss_scale_;
-    if constexpr (P::precision::loss_scaling) {
+    if constexpr (Prec::loss_scaling) {
       if (!std::isfinite(norm2)) {
         stats.skipped = true;
         loss_scale_ *= options_.loss_scale.backoff;
@@ -805,6 +934,7 @@ class Trainer {
     return scale_lr(base, options_.lr_scaling, world_.size());
   }
 
+  int accumulate_;  // micro-batches per optimizer step
   World& world_;
   M& model_;
   TrainerOptions options_;
@@ -818,13 +948,30 @@ class Trainer {
   buffer<float> scalar_;  // staging for the scalar all-reduces (sample count, loss)
   std::vector<std::int64_t> width_;  // width_[u]: the input width of unit u; width_.back(): the logits
   std::vector<buffer<T>> activations_;
+  std::vector<buffer<T>> saved_;  // per unit, or [0] shared under activation checkpointing
   buffer<T> dgrad_[2];
-  buffer<std::int32_t> labels_;
+  std::map<std::string, buffer<std::byte>, std::less<>> uploads_;  // the batch's tensors on the device
   std::vector<T> staging_;
 
   double loss_scale_ = 1.0;
   std::int64_t good_steps_ = 0;
   std::int64_t step_ = 0;
+};
+}  // namespace detail
+
+template <Model M, class... Policies>
+class Trainer
+    : public detail::TrainerCore<M, typename policies<Policies...>::device, typename policies<Policies...>::strategy,
+                                 typename policies<Policies...>::precision> {
+  using P = policies<Policies...>;
+  using Core = detail::TrainerCore<M, typename P::device, typename P::strategy, typename P::precision>;
+
+ public:
+  static constexpr int accumulate = P::accumulate;
+
+  template <OptimizerConfig Opt>
+  Trainer(World& world, M& model, Opt optimizer, TrainerOptions options = {})
+      : Core(world, model, std::move(optimizer), std::move(options), accumulate) {}
 };
 
 }  // namespace dtrain

@@ -21,13 +21,11 @@ struct SaveLoopNet {
 };
 
 inline Batch save_loop_batch(int step, int rank) {
-  Batch batch;
-  batch.rows = 8;
-  batch.features = 256;
-  for (std::int64_t i = 0; i < 8 * 256; ++i)
-    batch.x.push_back(std::sin(0.1f * static_cast<float>(i + 977 * step + 31 * rank)) + 0.05f);
-  for (std::int64_t r = 0; r < 8; ++r) batch.y.push_back(static_cast<std::int32_t>((r + step + rank) % 10));
-  return batch;
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  for (std::int64_t i = 0; i < 8 * 256; ++i) x.push_back(std::sin(0.1f * static_cast<float>(i + 977 * step + 31 * rank)) + 0.05f);
+  for (std::int64_t r = 0; r < 8; ++r) y.push_back(static_cast<std::int32_t>((r + step + rank) % 10));
+  return Batch::table(x, y, 8, 256);
 }
 
 }  // namespace dtrain::testing

@@ -41,13 +41,15 @@ std::vector<Indices> reference_batches(int count) {
 }
 
 void check_batch(const Batch& b, const Indices& expected, const dtrain::Dataset& d) {
-  BOOST_TEST_REQUIRE(b.rows == batch);
-  BOOST_TEST(b.features == features);
+  BOOST_TEST_REQUIRE(b.rows() == batch);
+  BOOST_TEST((b.at("x").shape == std::vector<std::int64_t>{batch, features}));
   BOOST_TEST(b.indices == expected, boost::test_tools::per_element());
+  const auto x = b.at("x").values<float>();
+  const auto y = b.at("y").values<std::int32_t>();
   for (std::size_t i = 0; i < expected.size(); ++i) {
     const auto row = static_cast<std::size_t>(expected[i]);
-    BOOST_TEST(b.y[i] == d.y[row]);
-    for (std::size_t j = 0; j < features; ++j) BOOST_TEST(b.x[i * features + j] == d.x[row * features + j]);
+    BOOST_TEST(y[i] == d.y[row]);
+    for (std::size_t j = 0; j < features; ++j) BOOST_TEST(x[i * features + j] == d.x[row * features + j]);
   }
 }
 
@@ -94,12 +96,13 @@ BOOST_AUTO_TEST_CASE(transform_runs_on_every_batch) {
   const auto data = make_dataset();
   DistributedSampler sampler(rows, 0, 1, sampler_options);
   DataLoader loader(data, sampler, {.batch_size = batch, .num_workers = 2, .transform = [](Batch& b) {
-                                      for (auto& v : b.x) v *= 2.0f;
+                                      for (auto& v : b.at("x").values<float>()) v *= 2.0f;
                                     }});
   for (int i = 0; i < 10; ++i) {
     const auto b = loader.next();
-    for (std::size_t k = 0; k < b.x.size(); ++k)
-      BOOST_TEST(b.x[k] == 2.0f * data.x[static_cast<std::size_t>(b.indices[k / features]) * features + k % features]);
+    const auto x = b.at("x").values<float>();
+    for (std::size_t k = 0; k < x.size(); ++k)
+      BOOST_TEST(x[k] == 2.0f * data.x[static_cast<std::size_t>(b.indices[k / features]) * features + k % features]);
   }
 }
 

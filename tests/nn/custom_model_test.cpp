@@ -19,6 +19,7 @@
 #include "nn/custom_model.hpp"
 #include "nn/reference.hpp"
 #include "nn/unit_harness.hpp"
+#include "support/batches.hpp"
 
 #if DTRAIN_HAS_CUDA
 #include "dtrain/device/cuda.hpp"
@@ -98,15 +99,17 @@ std::vector<double> train_by_hand(TinyClassifier& model, const std::vector<float
   dev.copy_from_host(act[0].data(), x.data(), x.size());
   const auto view = [&](std::vector<Host::buffer<float>>& b, std::size_t i) { return b[i].view(rows, width[i]); };
 
+  Host::buffer<std::int32_t> label_storage;
+  const dtrain::DeviceBatch batch = dtrain::testing::label_batch(dev, labels, label_storage);
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
     visit_units<false>(units, [&](auto& u, std::size_t i) {
       u.template forward<Host, float>(dev, storage[i].pv, view(act, i), view(act, i + 1));
     });
     const dtrain::MatView<const float> logits = view(act, n_units);
-    losses.push_back(model.loss.forward<Host, float>(dev, logits, labels) / static_cast<double>(rows));
+    losses.push_back(model.loss.forward<Host, float>(dev, logits, batch) / static_cast<double>(rows));
     // The loss normaliser (1 / rows) is folded into the loss gradient.
-    model.loss.backward<Host, float>(dev, logits, labels, view(dact, n_units), 1.f / static_cast<float>(rows));
+    model.loss.backward<Host, float>(dev, logits, batch, view(dact, n_units), 1.f / static_cast<float>(rows));
     visit_units<true>(units, [&](auto& u, std::size_t i) {
       u.template backward<Host, float>(dev, storage[i].pv, storage[i].gv, view(act, i), view(act, i + 1),
                                        view(dact, i + 1), i == 0 ? dtrain::MatView<float>{} : view(dact, i));

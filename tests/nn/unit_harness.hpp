@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/batches.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/model/param.hpp"
@@ -76,8 +77,10 @@ MatView<T> param_view(T* data, const ParamSpec& s) {
   return {data, s.shape.at(0), s.numel() / s.shape.at(0)};
 }
 
+// `shape`: the sequence shape (rows = batch * time) a context unit sees; its
+// saved activations get a buffer of the size it asks for.
 template <class T, class Dev, class U>
-UnitResult run_unit(Dev& dev, U& unit, const UnitCase& c, bool want_dx = true) {
+UnitResult run_unit(Dev& dev, U& unit, const UnitCase& c, bool want_dx = true, SeqShape shape = {}) {
   using buffer = typename Dev::template buffer<T>;
   std::vector<buffer> params, grads;
   std::vector<MatView<const T>> pv;
@@ -94,9 +97,17 @@ UnitResult run_unit(Dev& dev, U& unit, const UnitCase& c, bool want_dx = true) {
   buffer y = make_buffer<T>(dev, static_cast<std::size_t>(c.rows * c.out));
   buffer dx = make_buffer<T>(dev, want_dx ? static_cast<std::size_t>(c.rows * c.in) : 0);
   const MatView<const T> xv = x.view(c.rows, c.in), dyv = dy.view(c.rows, c.out);
-  unit.template forward<Dev, T>(dev, pv, xv, y.view(c.rows, c.out));
-  unit.template backward<Dev, T>(dev, pv, gv, xv, std::as_const(y).view(c.rows, c.out), dyv,
-                                 want_dx ? dx.view(c.rows, c.in) : MatView<T>{});
+  const MatView<T> dxv = want_dx ? dx.view(c.rows, c.in) : MatView<T>{};
+  if constexpr (detail::context_unit<U, Dev, T>) {
+    if (shape.rows() != c.rows) shape = {c.rows, 1};
+    buffer saved = make_buffer<T>(dev, static_cast<std::size_t>(saved_size_of(unit, shape, c.in)));
+    const UnitContext<T> ctx{shape, saved.view(1, static_cast<std::int64_t>(saved.size()))};
+    unit.template forward<Dev, T>(dev, pv, xv, y.view(c.rows, c.out), ctx);
+    unit.template backward<Dev, T>(dev, pv, gv, xv, std::as_const(y).view(c.rows, c.out), dyv, dxv, ctx);
+  } else {
+    unit.template forward<Dev, T>(dev, pv, xv, y.view(c.rows, c.out));
+    unit.template backward<Dev, T>(dev, pv, gv, xv, std::as_const(y).view(c.rows, c.out), dyv, dxv);
+  }
   UnitResult r{download<T>(dev, y), download<T>(dev, dx), {}};
   for (const auto& g : grads) r.grads.push_back(download<T>(dev, g));
   return r;
@@ -112,12 +123,12 @@ LossResult run_loss(Dev& dev, const std::vector<double>& logits, const std::vect
                     std::int64_t classes, float scale) {
   const auto rows = static_cast<std::int64_t>(labels.size());
   const auto z = upload<T>(dev, logits);
-  auto lab = make_buffer<std::int32_t>(dev, labels.size());
-  dev.copy_from_host(lab.data(), labels.data(), labels.size());
+  typename Dev::template buffer<std::int32_t> lab;
+  const DeviceBatch batch = label_batch(dev, labels, lab);
   auto dz = make_buffer<T>(dev, logits.size());
   L loss;
-  const double sum = loss.template forward<Dev, T>(dev, z.view(rows, classes), std::as_const(lab).span());
-  loss.template backward<Dev, T>(dev, z.view(rows, classes), std::as_const(lab).span(), dz.view(rows, classes), scale);
+  const double sum = loss.template forward<Dev, T>(dev, z.view(rows, classes), batch);
+  loss.template backward<Dev, T>(dev, z.view(rows, classes), batch, dz.view(rows, classes), scale);
   return {sum, download<T>(dev, dz)};
 }
 

@@ -35,15 +35,13 @@ struct UnevenNet {
 // Rows [first, first + rows) of a deterministic global batch for `step`:
 // random non-zero x and random labels.
 inline Batch rows_of(int step, std::int64_t first, std::int64_t rows) {
-  Batch b;
-  b.rows = rows;
-  b.features = features;
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
   for (std::int64_t r = first; r < first + rows; ++r) {
-    const auto x = random_values(features, static_cast<std::uint64_t>(step * 100003 + r));
-    for (double v : x) b.x.push_back(static_cast<float>(v));
-    b.y.push_back(static_cast<std::int32_t>((step * 31 + r * 7) % classes));
+    for (double v : random_values(features, static_cast<std::uint64_t>(step * 100003 + r))) x.push_back(static_cast<float>(v));
+    y.push_back(static_cast<std::int32_t>((step * 31 + r * 7) % classes));
   }
-  return b;
+  return Batch::table(x, y, rows, features);
 }
 
 // Micro-batches of `sizes` rows for rank `rank` at `step`: uneven sizes, the

@@ -100,8 +100,12 @@ BOOST_AUTO_TEST_CASE(one_rank_matches_float64_reference) {
     }
     const int rows = 12;
     for (int s = 0; s < 5; ++s) {
-      const Batch b = rows_of(s, 0, rows);
-      t.step(std::vector<Batch>{b});
+      const Batch batch = rows_of(s, 0, rows);
+      const struct {
+        std::span<const float> x;
+        std::span<const std::int32_t> y;
+      } b{batch.at("x").values<float>(), batch.at("y").values<std::int32_t>()};
+      t.step(std::vector<Batch>{batch});
       // float64 forward/backward of the mean cross-entropy.
       std::map<std::string, std::vector<double>> g;
       for (auto& [k, v] : ref) g[k].assign(v.size(), 0.0);

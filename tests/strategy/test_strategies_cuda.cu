@@ -24,12 +24,13 @@ struct Net {
 };
 
 Batch batch(int step, std::int64_t rows) {
-  Batch b;
-  b.rows = rows;
-  b.features = 7;
+  struct {
+    std::vector<float> x;
+    std::vector<std::int32_t> y;
+  } b;
   for (std::int64_t i = 0; i < rows * 7; ++i) b.x.push_back(std::sin(0.37f * static_cast<float>(i + 13 * step)) + 0.1f);
   for (std::int64_t r = 0; r < rows; ++r) b.y.push_back(static_cast<std::int32_t>((r + step) % 5));
-  return b;
+  return Batch::table(b.x, b.y, rows, 7);
 }
 
 template <class Dev, class Kind, class Prec, int A>

@@ -66,12 +66,11 @@ std::vector<UnitNumel> declared_units(Net& net) {
 
 // `rows` deterministic random samples for one rank's micro-batch k of `step`.
 Batch random_batch(std::int64_t features, std::int64_t classes, std::int64_t rows, std::uint64_t seed) {
-  Batch b;
-  b.rows = rows;
-  b.features = features;
-  for (double v : random_values(static_cast<std::size_t>(rows * features), seed)) b.x.push_back(static_cast<float>(v));
-  for (std::int64_t r = 0; r < rows; ++r) b.y.push_back(static_cast<std::int32_t>((seed + static_cast<std::uint64_t>(r) * 7) % classes));
-  return b;
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  for (double v : random_values(static_cast<std::size_t>(rows * features), seed)) x.push_back(static_cast<float>(v));
+  for (std::int64_t r = 0; r < rows; ++r) y.push_back(static_cast<std::int32_t>((seed + static_cast<std::uint64_t>(r) * 7) % classes));
+  return Batch::table(x, y, rows, features);
 }
 
 // train_mlp's own model (examples/mlp/mlp.hpp): Linear 32->128, GELU,

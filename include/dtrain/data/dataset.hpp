@@ -5,6 +5,7 @@
 //
 // Files are read as little-endian; dtrain targets little-endian hosts only.
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/tensor.hpp"
 
 namespace dtrain {
 
@@ -33,6 +35,22 @@ struct Dataset {
   std::int64_t features = 0;
 
   std::int64_t size() const { return rows; }
+
+  // The rows `indices` as a batch: "x" [n, features] and "y" [n].
+  Batch gather(std::span<const std::int64_t> indices) const {
+    if (static_cast<std::int64_t>(x.size()) != rows * features || static_cast<std::int64_t>(y.size()) != rows)
+      throw config_error("the dataset's x/y sizes do not match its rows and features",
+                         "call dataset.validate(num_classes) after building it");
+    const auto f = static_cast<std::size_t>(features);
+    std::vector<float> bx(indices.size() * f);
+    std::vector<std::int32_t> by(indices.size());
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      const auto row = static_cast<std::size_t>(indices[i]);
+      std::copy_n(x.begin() + static_cast<std::ptrdiff_t>(row * f), f, bx.begin() + static_cast<std::ptrdiff_t>(i * f));
+      by[i] = y[row];
+    }
+    return Batch::table(bx, by, static_cast<std::int64_t>(indices.size()), features);
+  }
 
   // Throws config_error naming the first problem: inconsistent sizes, a
   // non-finite feature or a label outside [0, num_classes).

@@ -29,17 +29,19 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/tensor.hpp"
 #include "dtrain/data/dataset.hpp"
 #include "dtrain/data/sampler.hpp"
 
 namespace dtrain {
 
-struct Batch {
-  std::vector<float> x;            // [rows, features], row-major
-  std::vector<std::int32_t> y;     // [rows]
-  std::int64_t rows = 0;
-  std::int64_t features = 0;
-  std::vector<std::int64_t> indices;  // the dataset rows gathered, in order
+// A data set the loader gathers batches from: its size (the sampler draws
+// indices below it) and the batch of given rows. Dataset is one; train_gpt's
+// token windows and train_policy's episodes are others.
+template <class S>
+concept BatchSource = requires(const S& s, std::span<const std::int64_t> indices) {
+  { s.size() } -> std::convertible_to<std::int64_t>;
+  { s.gather(indices) } -> std::same_as<Batch>;
 };
 
 struct LoaderOptions {
@@ -56,32 +58,15 @@ struct LoaderOptions {
 
 class DataLoader {
  public:
-  // `dataset` and `sampler` must outlive the loader; while it lives, only the
+  // `source` and `sampler` must outlive the loader; while it lives, only the
   // loader moves the sampler (change its epoch or state before building one).
-  DataLoader(const Dataset& dataset, DistributedSampler& sampler, LoaderOptions options)
-      : dataset_(dataset), sampler_(sampler), options_(std::move(options)), source_(sampler) {
-    if (options_.batch_size < 1)
-      throw config_error("DataLoader: batch_size " + std::to_string(options_.batch_size) + " is not positive",
-                         "set LoaderOptions::batch_size to the per-rank micro-batch size");
-    if (options_.num_workers < 0 || options_.prefetch < 1)
-      throw config_error("DataLoader: num_workers " + std::to_string(options_.num_workers) + " / prefetch " +
-                             std::to_string(options_.prefetch) + " is invalid",
-                         "use num_workers >= 0 and prefetch >= 1");
-    if (sampler.dataset_size() > dataset.rows)
-      throw config_error("DataLoader: the sampler draws from " + std::to_string(sampler.dataset_size()) +
-                             " rows but the dataset has " + std::to_string(dataset.rows),
-                         "build the sampler with dataset.size()");
-    if (static_cast<std::int64_t>(dataset.x.size()) != dataset.rows * dataset.features ||
-        static_cast<std::int64_t>(dataset.y.size()) != dataset.rows)
-      throw config_error("DataLoader: the dataset's x/y sizes do not match its rows and features",
-                         "call dataset.validate(num_classes) after building it");
-    workers_.reserve(static_cast<std::size_t>(options_.num_workers));
-    try {
-      for (int i = 0; i < options_.num_workers; ++i) workers_.emplace_back([this] { work(); });
-    } catch (...) {
-      stop();
-      throw;
-    }
+  template <BatchSource Source>
+  DataLoader(const Source& source, DistributedSampler& sampler, LoaderOptions options)
+      : gather_([&source](std::span<const std::int64_t> idx) { return source.gather(idx); }),
+        sampler_(sampler),
+        options_(std::move(options)),
+        source_(sampler) {
+    start(static_cast<std::int64_t>(source.size()));
   }
 
   DataLoader(const DataLoader&) = delete;
@@ -106,6 +91,27 @@ class DataLoader {
   const LoaderOptions& options() const { return options_; }
 
  private:
+  void start(std::int64_t source_size) {
+    if (options_.batch_size < 1)
+      throw config_error("DataLoader: batch_size " + std::to_string(options_.batch_size) + " is not positive",
+                         "set LoaderOptions::batch_size to the per-rank micro-batch size");
+    if (options_.num_workers < 0 || options_.prefetch < 1)
+      throw config_error("DataLoader: num_workers " + std::to_string(options_.num_workers) + " / prefetch " +
+                             std::to_string(options_.prefetch) + " is invalid",
+                         "use num_workers >= 0 and prefetch >= 1");
+    if (sampler_.dataset_size() > source_size)
+      throw config_error("DataLoader: the sampler draws from " + std::to_string(sampler_.dataset_size()) +
+                             " rows but the data set has " + std::to_string(source_size),
+                         "build the sampler with the data set's size()");
+    workers_.reserve(static_cast<std::size_t>(options_.num_workers));
+    try {
+      for (int i = 0; i < options_.num_workers; ++i) workers_.emplace_back([this] { work(); });
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
+
   struct Claim {
     std::int64_t number = 0;
     std::vector<std::int64_t> indices;
@@ -138,18 +144,7 @@ class DataLoader {
   }
 
   Batch gather(std::vector<std::int64_t> indices) const {
-    Batch b;
-    b.rows = static_cast<std::int64_t>(indices.size());
-    b.features = dataset_.features;
-    const auto f = static_cast<std::size_t>(dataset_.features);
-    b.x.resize(indices.size() * f);
-    b.y.resize(indices.size());
-    for (std::size_t i = 0; i < indices.size(); ++i) {
-      const auto row = static_cast<std::size_t>(indices[i]);
-      std::copy_n(dataset_.x.begin() + static_cast<std::ptrdiff_t>(row * f), f,
-                  b.x.begin() + static_cast<std::ptrdiff_t>(i * f));
-      b.y[i] = dataset_.y[row];
-    }
+    Batch b = gather_(indices);
     b.indices = std::move(indices);
     return b;
   }
@@ -192,7 +187,7 @@ class DataLoader {
     for (auto& w : workers_) w.join();
   }
 
-  const Dataset& dataset_;
+  std::function<Batch(std::span<const std::int64_t>)> gather_;
   DistributedSampler& sampler_;
   LoaderOptions options_;
   DistributedSampler source_;  // the workers' read-ahead copy

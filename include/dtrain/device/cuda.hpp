@@ -263,6 +263,23 @@ class Cuda {
                  "cublasGemmEx");
   }
 
+  // `batch` independent row-major GEMMs, matrix i at i * stride elements of
+  // A, B and C (the same operand swap as gemm).
+  template <class T>
+  void gemm_batched(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                    const T* A, std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb,
+                    std::int64_t stride_b, float beta, T* C, std::int64_t ldc, std::int64_t stride_c,
+                    std::int64_t batch) {
+    static_assert(Dtype<T>, "gemm_batched supports fp32, bf16 and fp16");
+    if (m == 0 || n == 0 || batch == 0) return;
+    constexpr cudaDataType type = detail::cuda_data_type<T>();
+    cublas_check(cublasGemmStridedBatchedEx_64(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                               trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B, type, ldb,
+                                               stride_b, A, type, lda, stride_a, &beta, C, type, ldc, stride_c, batch,
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmStridedBatchedEx");
+  }
+
   template <class F>
   void for_each([[maybe_unused]] std::size_t n, [[maybe_unused]] F f) {
 #if defined(__CUDACC__)

@@ -10,6 +10,8 @@
 //   gemm<T>(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
 //       ROW-MAJOR C[m x n] = alpha * op(A) * op(B) + beta * C, fp32 accumulation
 //       for every dtype; C is not read when beta == 0.
+//   gemm_batched<T>(..., A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch)
+//       `batch` such GEMMs, matrix i at i * stride of each operand
 //   for_each(n, f)   f(i) for i in [0, n), f a DTRAIN_HOST_DEVICE functor
 //   sum(n, f)        the sum of f(i) as a double, read back to the host
 //   workspace<T>(n)  device scratch valid until the next workspace call
@@ -47,6 +49,7 @@ concept ComputeDevice = requires(D& d, const float* cx, float* x, std::size_t n,
   d.zero(x, n);
   { d.template workspace<float>(n) } -> std::same_as<float*>;
   d.gemm(false, false, i, i, i, s, cx, i, cx, i, s, x, i);
+  d.gemm_batched(false, true, i, i, i, s, cx, i, i, cx, i, i, s, x, i, i, i);
   d.for_each(n, detail::device_probe{});
   { d.sum(n, detail::device_probe{}) } -> std::convertible_to<double>;
   { d.memory_allocated() } -> std::convertible_to<std::size_t>;

@@ -203,6 +203,18 @@ class Host {
     }
   }
 
+  // `batch` independent GEMMs (attention's per-head products): matrix i of
+  // A, B and C starts at i * stride_a / stride_b / stride_c elements.
+  template <class T>
+  void gemm_batched(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                    const T* A, std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb,
+                    std::int64_t stride_b, float beta, T* C, std::int64_t ldc, std::int64_t stride_c,
+                    std::int64_t batch) {
+    for (std::int64_t i = 0; i < batch; ++i)
+      gemm(trans_a, trans_b, m, n, k, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c,
+           ldc);
+  }
+
   // Functors are data parallel by contract (the GPU runs every index on its
   // own thread), so a large range is split over threads() threads: an
   // optimizer pass over a big model is bound by memory bandwidth, which one

@@ -3,9 +3,10 @@
 //
 // A model is an ordered sequence of units plus a loss. A unit is the grain of
 // everything the library does: one flat parameter buffer, one gradient
-// bucket boundary, one FSDP wrap unit. A unit declares its parameters and
-// computes forward and backward on views; it never allocates parameters,
-// gradients or activations (the library owns them all).
+// bucket boundary, one FSDP wrap unit, one activation-checkpoint region. A
+// unit declares its parameters and computes forward and backward on views; it
+// never allocates parameters, gradients or activations (the library owns
+// them all).
 //
 //   struct MyUnit {
 //     std::vector<dtrain::ParamSpec> params() const;           // declaration order = layout order
@@ -17,6 +18,23 @@
 //                   dtrain::MatView<const T> x, dtrain::MatView<const T> y,
 //                   dtrain::MatView<const T> dy, dtrain::MatView<T> dx);
 //   };
+//
+// Activations are [rows, width] matrices; for sequences rows = batch * time
+// (row b * time + t). A unit that needs more than that takes a UnitContext<T>
+// as a last argument of forward and backward:
+//   ctx.shape   the sequence shape (attention needs the time axis)
+//   ctx.saved   activations the unit keeps from forward for backward: a view
+//               of saved_size(shape, in) elements of T, which it declares
+//                 std::int64_t saved_size(dtrain::SeqShape, std::int64_t in) const;
+//               (a composite unit: a transformer block's inner activations).
+//               With activation checkpointing the library drops them after
+//               forward and calls forward again right before backward.
+//
+// The first unit may be an input unit: instead of x it reads the batch's
+// tensors (token ids, several inputs) on the device:
+//     void forward(Dev&, UnitParams<const T>, const dtrain::DeviceBatch&, MatView<T> y, const UnitContext<T>&);
+//     void backward(Dev&, UnitParams<const T>, UnitParams<T> grad, const dtrain::DeviceBatch&,
+//                   MatView<const T> y, MatView<const T> dy, const UnitContext<T>&);
 //
 // backward OVERWRITES grad[i] with this micro-batch's gradient; grad[i] is
 // empty (data == nullptr) for a frozen parameter, which the unit must skip.
@@ -39,6 +57,7 @@
 #include <tuple>
 #include <vector>
 
+#include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/model/param.hpp"
 
@@ -48,29 +67,79 @@ namespace dtrain {
 template <class T>
 using UnitParams = std::span<const MatView<T>>;
 
+// The shape of the rows a unit sees: rows = batch * time.
+struct SeqShape {
+  std::int64_t batch = 1;
+  std::int64_t time = 1;
+  std::int64_t rows() const { return batch * time; }
+};
+
+// What a unit may need beyond its parameters and activations (see above).
+template <class T>
+struct UnitContext {
+  SeqShape shape{};
+  MatView<T> saved{};
+};
+
 template <class U>
 concept UnitDeclaration = requires(const U& u, std::int64_t in) {
   { u.params() } -> std::convertible_to<std::vector<ParamSpec>>;
   { u.out_features(in) } -> std::convertible_to<std::int64_t>;
 };
 
+namespace detail {
+template <class U, class Dev, class T>
+concept plain_unit = requires(U& u, Dev& dev, UnitParams<const T> p, UnitParams<T> g, MatView<const T> cx,
+                              MatView<T> x) {
+  u.template forward<Dev, T>(dev, p, cx, x);
+  u.template backward<Dev, T>(dev, p, g, cx, cx, cx, x);
+};
+template <class U, class Dev, class T>
+concept context_unit = requires(U& u, Dev& dev, UnitParams<const T> p, UnitParams<T> g, MatView<const T> cx,
+                                MatView<T> x, const UnitContext<T>& ctx) {
+  u.template forward<Dev, T>(dev, p, cx, x, ctx);
+  u.template backward<Dev, T>(dev, p, g, cx, cx, cx, x, ctx);
+};
+}  // namespace detail
+
+// A unit whose forward reads the batch itself (the first unit of a model
+// over token ids or several inputs).
+template <class U, class Dev, class T>
+concept InputUnit = UnitDeclaration<U> &&
+    requires(U& u, Dev& dev, UnitParams<const T> p, UnitParams<T> g, const DeviceBatch& b, MatView<const T> cx,
+             MatView<T> x, const UnitContext<T>& ctx) {
+      u.template forward<Dev, T>(dev, p, b, x, ctx);
+      u.template backward<Dev, T>(dev, p, g, b, cx, cx, ctx);
+    };
+
 // A Unit usable on device Dev with compute dtype T.
 template <class U, class Dev, class T>
 concept Unit = UnitDeclaration<U> &&
-    requires(U& u, Dev& dev, UnitParams<const T> p, UnitParams<T> g, MatView<const T> cx,
-             MatView<T> x) {
-      u.template forward<Dev, T>(dev, p, cx, x);
-      u.template backward<Dev, T>(dev, p, g, cx, cx, cx, x);
-    };
+    (detail::plain_unit<U, Dev, T> || detail::context_unit<U, Dev, T> || InputUnit<U, Dev, T>);
 
-// A loss over logits [rows, classes] and integer labels [rows] on the device.
-// forward returns the SUM of per-sample losses (host float); backward writes
-// dlogits = d(sum loss)/dlogits * scale, where scale = loss_scale / global_count.
+// Elements of T a unit keeps from forward for backward (0 unless it says).
+template <class U>
+std::int64_t saved_size_of(const U& u, SeqShape shape, std::int64_t in) {
+  if constexpr (requires { { u.saved_size(shape, in) } -> std::convertible_to<std::int64_t>; })
+    return u.saved_size(shape, in);
+  else
+    return 0;
+}
+
+// A loss over the last unit's output [rows, width] ("logits") and the
+// batch's targets on the device:
+//   count(batch)     the loss normaliser this micro-batch contributes, on the
+//                    host: its samples, or its targets not ignored; the
+//                    Trainer sums it over micro-batches and ranks
+//   forward(...)     the SUM of the per-element losses (a host double)
+//   backward(...)    d(sum of losses)/dlogits * scale, where
+//                    scale = loss_scale / global count
 template <class L, class Dev, class T>
-concept Loss = requires(L& l, Dev& dev, MatView<const T> logits, std::span<const std::int32_t> labels,
-                        MatView<T> dlogits, float scale) {
-  { l.template forward<Dev, T>(dev, logits, labels) } -> std::convertible_to<double>;
-  l.template backward<Dev, T>(dev, logits, labels, dlogits, scale);
+concept Loss = requires(L& l, const L& cl, Dev& dev, MatView<const T> logits, const DeviceBatch& b,
+                        MatView<T> dlogits, float scale, const Batch& host) {
+  { cl.count(host) } -> std::convertible_to<double>;
+  { l.template forward<Dev, T>(dev, logits, b) } -> std::convertible_to<double>;
+  l.template backward<Dev, T>(dev, logits, b, dlogits, scale);
 };
 
 template <class M>

@@ -1,27 +1,32 @@
 #pragma once
-// nn::SoftmaxCrossEntropy: loss = logsumexp(z) - z[label] per row, computed
+// nn::SoftmaxCrossEntropy: loss = logsumexp(z) - z[target] per row, computed
 // from the row maximum so large logits do not overflow; a dtrain::Loss.
-//   forward:  the SUM of the per-row losses (double; the caller normalises)
-//   backward: dlogits = (softmax(z) - onehot(label)) * scale
+// One integer target per row of the logits: class ids [B] of a classifier,
+// or token ids [B, T] of a language model (rows = B * T). Rows whose target
+// is `ignore_index` (padding, prompt tokens) add nothing to the loss, its
+// gradient or the normaliser: the loss is the mean over the targets that
+// count, over every micro-batch and rank of a step, however unevenly they
+// are spread (what accumulating per-micro-batch means gets wrong).
+//   count:    the targets that are not ignore_index (host)
+//   forward:  the SUM of the per-row losses (double)
+//   backward: dlogits = (softmax(z) - onehot(target)) * scale, 0 for ignored rows
 //
-// Labels are int32 class indices on the device. A label outside
-// [0, classes) never leads to an out-of-bounds access:
-//   Host: forward and backward throw config_error naming the row and label.
-//   Cuda: the kernels treat the row as invalid (forward gives NaN for it,
-//         backward writes NaN gradients for it); forward then copies the
-//         labels back and throws the same config_error. The scan only runs
-//         when the loss is not finite, so valid batches pay nothing for it.
+// Targets are int32 or int64 (batch tensor `target`, "y" by default). A
+// target outside [0, classes) that is not ignore_index is a config_error
+// naming the row, checked on the host copy before any kernel runs.
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
+#include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/model/unit.hpp"
@@ -45,97 +50,125 @@ DTRAIN_HOST_DEVICE softmax_row softmax_stats(const T* z, std::int64_t n) {
   return {mx, s};
 }
 
-DTRAIN_HOST_DEVICE inline bool label_ok(std::int32_t label, std::int64_t classes) {
-  return label >= 0 && label < classes;
-}
-
-template <class T>
+template <class T, class Label>
 struct CrossEntropyRowLoss {
   MatView<const T> logits;
-  const std::int32_t* labels;
+  const Label* labels;
+  Label ignore;
   DTRAIN_HOST_DEVICE double operator()(std::size_t i) const {
     const auto r = static_cast<std::int64_t>(i);
-    const std::int32_t label = labels[r];
-    if (!label_ok(label, logits.cols)) return math::quiet_nan();
+    const Label label = labels[r];
+    if (label == ignore) return 0.0;
     const softmax_row s = softmax_stats(&logits(r, 0), logits.cols);
     return static_cast<double>(s.max + math::log(s.sum_exp) - static_cast<float>(logits(r, label)));
   }
 };
 
-template <class T>
+template <class T, class Label>
 struct CrossEntropyRowGrad {
   MatView<const T> logits;
-  const std::int32_t* labels;
+  const Label* labels;
+  Label ignore;
   MatView<T> dlogits;
   float scale;
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto r = static_cast<std::int64_t>(i);
-    const std::int32_t label = labels[r];
-    const bool ok = label_ok(label, logits.cols);
+    const Label label = labels[r];
+    if (label == ignore) {
+      for (std::int64_t c = 0; c < logits.cols; ++c) dlogits(r, c) = dtype_cast<T>(0.f);
+      return;
+    }
     const softmax_row s = softmax_stats(&logits(r, 0), logits.cols);
     for (std::int64_t c = 0; c < logits.cols; ++c) {
       const float p = math::exp(static_cast<float>(logits(r, c)) - s.max) / s.sum_exp;
-      const float g = ok ? (p - (c == label ? 1.f : 0.f)) * scale : math::quiet_nan();
-      dlogits(r, c) = dtype_cast<T>(g);
+      dlogits(r, c) = dtype_cast<T>((p - (c == label ? 1.f : 0.f)) * scale);
     }
   }
 };
-
-// Host-side label validation; `labels` must be host memory.
-inline void check_labels(std::span<const std::int32_t> labels, std::int64_t classes) {
-  for (std::size_t r = 0; r < labels.size(); ++r)
-    if (!label_ok(labels[r], classes))
-      throw config_error("nn::SoftmaxCrossEntropy: label " + std::to_string(labels[r]) + " at row " +
-                             std::to_string(r) + " is outside [0, " + std::to_string(classes) + ")",
-                         "labels are class indices: check the dataset's labels and that the last unit's "
-                         "out_features equals the number of classes");
-}
-
-// Throws for the first out-of-range label, copying GPU labels back first.
-template <class Dev>
-void check_device_labels(Dev& dev, std::span<const std::int32_t> labels, std::int64_t classes) {
-  if constexpr (Dev::host_accessible) {
-    check_labels(labels, classes);
-  } else {
-    std::vector<std::int32_t> host(labels.size());
-    dev.copy_to_host(host.data(), labels.data(), labels.size());
-    check_labels(host, classes);
-  }
-}
 
 }  // namespace detail
 
 class SoftmaxCrossEntropy {
  public:
-  template <class Dev, class T>
-  double forward(Dev& dev, MatView<const T> logits, std::span<const std::int32_t> labels) {
-    check(logits, labels);
-    if constexpr (Dev::host_accessible) detail::check_device_labels(dev, labels, logits.cols);
-    const double loss =
-        dev.sum(static_cast<std::size_t>(logits.rows), detail::CrossEntropyRowLoss<T>{logits, labels.data()});
-    if constexpr (!Dev::host_accessible)
-      if (!std::isfinite(loss)) detail::check_device_labels(dev, labels, logits.cols);
-    return loss;
+  static constexpr std::int64_t default_ignore_index = -100;  // PyTorch's
+
+  SoftmaxCrossEntropy() = default;
+  explicit SoftmaxCrossEntropy(std::int64_t ignore_index, std::string target = "y")
+      : ignore_(ignore_index), target_(std::move(target)) {}
+
+  std::int64_t ignore_index() const { return ignore_; }
+
+  double count(const Batch& batch) const {
+    const HostTensor& t = batch.at(target_);
+    return dispatch(t.type, [&]<class Label>() {
+      double n = 0;
+      for (const Label l : t.values<Label>()) n += static_cast<std::int64_t>(l) == ignore_ ? 0 : 1;
+      return n;
+    });
   }
 
   template <class Dev, class T>
-  void backward(Dev& dev, MatView<const T> logits, std::span<const std::int32_t> labels, MatView<T> dlogits,
-                float scale) {
-    check(logits, labels);
-    detail::check_shape("nn::SoftmaxCrossEntropy", "logits gradient", dlogits, logits.rows, logits.cols);
-    if constexpr (Dev::host_accessible) detail::check_device_labels(dev, labels, logits.cols);
-    dev.for_each(static_cast<std::size_t>(logits.rows),
-                 detail::CrossEntropyRowGrad<T>{logits, labels.data(), dlogits, scale});
+  double forward(Dev& dev, MatView<const T> logits, const DeviceBatch& batch) {
+    const DeviceTensor& t = targets(logits, batch);
+    return dispatch(t.type, [&]<class Label>() {
+      check_range<Label>(t, logits.cols);
+      return dev.sum(static_cast<std::size_t>(logits.rows),
+                     detail::CrossEntropyRowLoss<T, Label>{logits, t.data<Label>(), static_cast<Label>(ignore_)});
+    });
+  }
+
+  template <class Dev, class T>
+  void backward(Dev& dev, MatView<const T> logits, const DeviceBatch& batch, MatView<T> dlogits, float scale) {
+    const DeviceTensor& t = targets(logits, batch);
+    dtrain::nn::detail::check_shape("nn::SoftmaxCrossEntropy", "logits gradient", dlogits, logits.rows, logits.cols);
+    dispatch(t.type, [&]<class Label>() {
+      check_range<Label>(t, logits.cols);
+      dev.for_each(static_cast<std::size_t>(logits.rows),
+                   detail::CrossEntropyRowGrad<T, Label>{logits, t.data<Label>(), static_cast<Label>(ignore_),
+                                                         dlogits, scale});
+      return 0.0;
+    });
   }
 
  private:
+  template <class F>
+  double dispatch(element_type type, F&& f) const {
+    if (type == element_type::i32) return f.template operator()<std::int32_t>();
+    if (type == element_type::i64) return f.template operator()<std::int64_t>();
+    throw config_error("nn::SoftmaxCrossEntropy: targets '" + target_ + "' hold " + std::string(element_name(type)),
+                       "give class or token ids as int32 or int64");
+  }
+
   template <class T>
-  static void check(MatView<const T> logits, std::span<const std::int32_t> labels) {
+  const DeviceTensor& targets(MatView<const T> logits, const DeviceBatch& batch) const {
     if (logits.cols < 1)
       throw config_error("nn::SoftmaxCrossEntropy: logits have no classes (0 columns)",
                          "make the last unit's out_features the number of classes");
-    detail::check_count("nn::SoftmaxCrossEntropy", "labels", labels.size(), static_cast<std::size_t>(logits.rows));
+    const DeviceTensor& t = batch.at(target_);
+    if (t.numel() != logits.rows)
+      throw config_error("nn::SoftmaxCrossEntropy: " + std::to_string(t.numel()) + " targets " +
+                             shape_text(t.shape) + " for " + std::to_string(logits.rows) + " rows of logits",
+                         "give one class or token id per row: [B] for a classifier, [B, T] for a sequence model");
+    return t;
   }
+
+  // Host check, so a bad label never reaches a kernel.
+  template <class Label>
+  void check_range(const DeviceTensor& t, std::int64_t classes) const {
+    const Label* labels = t.host_data<Label>();
+    for (std::int64_t r = 0; r < t.numel(); ++r) {
+      const auto l = static_cast<std::int64_t>(labels[r]);
+      if (l != ignore_ && (l < 0 || l >= classes))
+        throw config_error("nn::SoftmaxCrossEntropy: label " + std::to_string(l) + " at row " + std::to_string(r) +
+                               " is outside [0, " + std::to_string(classes) + ")",
+                           "labels are class indices (or ignore_index " + std::to_string(ignore_) +
+                               "): check the dataset's labels and that the last unit's out_features equals the "
+                               "number of classes");
+    }
+  }
+
+  std::int64_t ignore_ = default_ignore_index;
+  std::string target_ = "y";
 };
 
 }  // namespace dtrain::nn

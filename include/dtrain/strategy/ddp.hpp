@@ -89,51 +89,52 @@ namespace detail {
 // The full-model gradient storage DDP and ZeRO1 share: what each unit's
 // backward writes (T) and, when T is not fp32 or micro-batches accumulate, an
 // fp32 accumulator beside it. Laid out like the layout's trainable flat.
-template <class Dev, Dtype T, int A>
+template <class Dev, Dtype T>
 class FullGradients {
  public:
   // Gradients reach reductions and the optimizer in fp32; a separate
   // accumulator is needed unless the unit already writes fp32 and nothing is
   // accumulated.
-  static constexpr bool separate_accumulator = A > 1 || !std::is_same_v<T, float>;
-
-  FullGradients(Dev& dev, const ModelLayout& layout) : dev_(dev), layout_(layout) {
+  FullGradients(Dev& dev, const ModelLayout& layout, int accumulate)
+      : dev_(dev), layout_(layout), separate_(accumulate > 1 || !std::is_same_v<T, float>) {
     const std::size_t n = layout.trainable_flat_size();
     grads_ = make_buffer<T>(dev, n, zero_init, memory_category::grads);  // zero padding, never written
-    if constexpr (separate_accumulator) accum_ = make_buffer<float>(dev, n, zero_init, memory_category::grads);
+    if (separate_) accum_ = make_buffer<float>(dev, n, zero_init, memory_category::grads);
   }
 
   T* compute() { return grads_.data(); }
-  // The fp32 gradient (the accumulator, or the unit-written buffer itself).
+  // The fp32 gradient (the accumulator, or the unit-written buffer itself
+  // when that is fp32 already and nothing accumulates).
   float* f32() {
-    if constexpr (separate_accumulator) return accum_.data();
-    else return grads_.data();
+    if constexpr (std::is_same_v<T, float>)
+      if (!separate_) return grads_.data();
+    return accum_.data();
   }
 
   // Micro-batch k's gradient of unit u: the first one is written, later ones added.
   void accumulate(std::size_t u, int k) {
-    if constexpr (separate_accumulator) {
-      const auto& unit = layout_.units()[u];
-      if (unit.train_size == 0) return;
-      float* dst = accum_.data() + unit.train_offset;
-      const T* src = grads_.data() + unit.train_offset;
-      if (k == 0)
-        dev_.for_each(unit.train_size, Cast<T, float>{src, dst});
-      else
-        dev_.for_each(unit.train_size, AccumulateInto<T>{dst, src});
-    }
+    if (!separate_) return;
+    const auto& unit = layout_.units()[u];
+    if (unit.train_size == 0) return;
+    float* dst = accum_.data() + unit.train_offset;
+    const T* src = grads_.data() + unit.train_offset;
+    if (k == 0)
+      dev_.for_each(unit.train_size, Cast<T, float>{src, dst});
+    else
+      dev_.for_each(unit.train_size, AccumulateInto<T>{dst, src});
   }
 
  private:
   Dev& dev_;
   const ModelLayout& layout_;
+  bool separate_;
   typename Dev::template buffer<T> grads_;
   typename Dev::template buffer<float> accum_;
 };
 
 }  // namespace detail
 
-template <class Dev, Dtype T, Dtype R, int A>
+template <class Dev, Dtype T, Dtype R>
 class DdpStrategy {
   using binding = CommBinding<Dev>;
   template <class E>
@@ -143,7 +144,12 @@ class DdpStrategy {
   static std::size_t shard_count(const World&, const ShardingOptions&) { return 1; }
 
   explicit DdpStrategy(const StrategyContext<Dev>& ctx)
-      : dev_(ctx.dev), layout_(ctx.layout), comm_(ctx.comm), rank_(ctx.world.rank()), grads_(dev_, layout_) {
+      : dev_(ctx.dev),
+        layout_(ctx.layout),
+        comm_(ctx.comm),
+        rank_(ctx.world.rank()),
+        last_micro_batch_(ctx.accumulate - 1),
+        grads_(dev_, layout_, ctx.accumulate) {
     const std::size_t n = layout_.trainable_flat_size();
     // With fp32 compute the master weights are the parameters.
     master_ = make_buffer<float>(dev_, n, std::is_same_v<T, float> ? memory_category::params : memory_category::master);
@@ -165,7 +171,7 @@ class DdpStrategy {
   void before_backward(std::size_t, int) {}
   void after_backward(std::size_t u, int k) {
     grads_.accumulate(u, k);
-    if (k == A - 1) reducer_->unit_done(u);  // only the last micro-batch communicates
+    if (k == last_micro_batch_) reducer_->unit_done(u);  // only the last micro-batch communicates
   }
   UnitParams<const T> params(std::size_t u) const { return const_views_[u]; }
   UnitParams<T> grads(std::size_t u) const { return grad_views_[u]; }
@@ -233,7 +239,8 @@ class DdpStrategy {
   const ModelLayout& layout_;
   typename binding::comm_type& comm_;
   int rank_;
-  detail::FullGradients<Dev, T, A> grads_;
+  int last_micro_batch_;
+  detail::FullGradients<Dev, T> grads_;
   buffer<float> master_;  // fp32 master weights (the parameters themselves when T is fp32)
   buffer<T> params_;      // compute-dtype copy (T != fp32 only)
   buffer<T> frozen_;      // frozen parameters, compute dtype
@@ -243,9 +250,9 @@ class DdpStrategy {
   std::vector<std::vector<MatView<const T>>> const_views_;
 };
 
-template <class Dev, class T, class R, int A>
-struct strategy_impl<DDP, Dev, T, R, A> {
-  using type = DdpStrategy<Dev, T, R, A>;
+template <class Dev, class T, class R>
+struct strategy_impl<DDP, Dev, T, R> {
+  using type = DdpStrategy<Dev, T, R>;
 };
 
 }  // namespace dtrain

@@ -52,7 +52,7 @@
 
 namespace dtrain {
 
-template <class Mode, class Dev, Dtype T, Dtype R, int A>
+template <class Mode, class Dev, Dtype T, Dtype R>
 class FsdpStrategy {
   using binding = CommBinding<Dev>;
   template <class E>
@@ -81,6 +81,7 @@ class FsdpStrategy {
       : dev_(ctx.dev),
         layout_(ctx.layout),
         prefetch_(ctx.sharding.prefetch),
+        last_micro_batch_(ctx.accumulate - 1),
         groups_(ctx.world, ctx.dev, ctx.comm, static_cast<int>(ctx.layout.shards())),
         params_(dev_, layout_, groups_, ctx.seed,
                 std::is_same_v<T, float> ? memory_category::params : memory_category::master, true),
@@ -123,7 +124,7 @@ class FsdpStrategy {
         dev_.for_each(unit.train_size, Cast<T, R>{unit_grad_.data(), reducer_.input(u)});
       reducer_.submit(u, k);
     }
-    if (unit.has_params() && (reshard_after_forward || k == A - 1)) release(u);
+    if (unit.has_params() && (reshard_after_forward || k == last_micro_batch_)) release(u);
   }
   UnitParams<const T> params(std::size_t u) const { return units_[u].const_views; }
   UnitParams<T> grads(std::size_t u) const { return units_[u].grad_views; }
@@ -193,7 +194,7 @@ class FsdpStrategy {
       throw error("FSDP: no gathered buffer free for unit " + std::to_string(u) + " (internal limit " +
                       std::to_string(live_limit_) + ")",
                   "report this as a dtrain bug");
-    detail::look_ahead(layout_, detail::use_position(layout_.units().size(), u, backward), k < A - 1, prefetch_,
+    detail::look_ahead(layout_, detail::use_position(layout_.units().size(), u, backward), k < last_micro_batch_, prefetch_,
                        [&](std::size_t v) { return units_[v].slot < 0; },
                        [&](std::size_t v) { return issue_gather(v); });
     if (units_[u].gathering) {
@@ -240,6 +241,7 @@ class FsdpStrategy {
   Dev& dev_;
   const ModelLayout& layout_;
   int prefetch_;
+  int last_micro_batch_;
   ShardGroups<Dev> groups_;
   ShardedParams<Dev, T> params_;
   buffer<float> grad_shard_;  // fp32 gradient shards, the optimizer's gradient
@@ -253,9 +255,9 @@ class FsdpStrategy {
   buffer<T> unit_grad_;  // T != R: what backward writes before the cast into the reducer
 };
 
-template <class Mode, class Dev, class T, class R, int A>
-struct strategy_impl<FSDP<Mode>, Dev, T, R, A> {
-  using type = FsdpStrategy<Mode, Dev, T, R, A>;
+template <class Mode, class Dev, class T, class R>
+struct strategy_impl<FSDP<Mode>, Dev, T, R> {
+  using type = FsdpStrategy<Mode, Dev, T, R>;
 };
 
 }  // namespace dtrain

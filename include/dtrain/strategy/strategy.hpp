@@ -80,6 +80,7 @@ struct StrategyContext {
   const ModelLayout& layout;                          // padded for shard_count(world, options)
   typename CommBinding<Dev>::comm_type& comm;         // the whole world's communicator
   std::uint64_t seed = 0;                             // parameter initialisation
+  int accumulate = 1;                                 // micro-batches per optimizer step (Accumulate<N>)
   ShardingOptions sharding{};
   BucketOptions buckets{};
 };
@@ -89,10 +90,12 @@ template <class>
 inline constexpr bool no_strategy_impl = false;
 }  // namespace detail
 
-// strategy_impl<Kind, Dev, T, R, A>::type is the strategy class for kind Kind
-// on device Dev, compute dtype T, reduce dtype R and A micro-batches per step.
-// Each strategy header specialises it for its kind.
-template <class Kind, class Dev, class T, class R, int A>
+// strategy_impl<Kind, Dev, T, R>::type is the strategy class for kind Kind on
+// device Dev, compute dtype T and reduce dtype R (the micro-batch count comes
+// at run time, in StrategyContext: it changes decisions, not types, so one
+// instantiation serves every Accumulate<N>). Each strategy header specialises
+// it for its kind.
+template <class Kind, class Dev, class T, class R>
 struct strategy_impl {
   static_assert(detail::no_strategy_impl<Kind>,
                 "dtrain: could not build a strategy for these parameters: include the strategy's header "

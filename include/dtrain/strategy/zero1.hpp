@@ -36,7 +36,7 @@
 
 namespace dtrain {
 
-template <class Dev, Dtype T, Dtype R, int A>
+template <class Dev, Dtype T, Dtype R>
 class Zero1Strategy {
   using binding = CommBinding<Dev>;
   template <class E>
@@ -53,9 +53,10 @@ class Zero1Strategy {
       : dev_(ctx.dev),
         layout_(ctx.layout),
         prefetch_(ctx.sharding.prefetch),
+        last_micro_batch_(ctx.accumulate - 1),
         groups_(ctx.world, ctx.dev, ctx.comm, ctx.world.size()),
         master_(dev_, layout_, groups_, ctx.seed, memory_category::master, false),
-        grads_(dev_, layout_),
+        grads_(dev_, layout_, ctx.accumulate),
         grad_shard_(make_buffer<float>(dev_, master_.size(), zero_init, memory_category::grads)),
         reducer_(dev_, layout_, groups_, grad_shard_.data()),
         stale_(layout_.units().size()),
@@ -92,7 +93,7 @@ class Zero1Strategy {
   void after_backward(std::size_t u, int k) {
     grads_.accumulate(u, k);
     const auto& unit = layout_.units()[u];
-    if (k != A - 1 || unit.train_size == 0) return;
+    if (k != last_micro_batch_ || unit.train_size == 0) return;
     const float* full = grads_.f32() + unit.train_offset;
     const std::size_t at = unit.train_offset / layout_.shards();
     if constexpr (stage_in_r) {
@@ -170,9 +171,10 @@ class Zero1Strategy {
   Dev& dev_;
   const ModelLayout& layout_;
   int prefetch_;
+  int last_micro_batch_;
   ShardGroups<Dev> groups_;
   ShardedParams<Dev, T> master_;        // this rank's fp32 master shards
-  detail::FullGradients<Dev, T, A> grads_;
+  detail::FullGradients<Dev, T> grads_;
   buffer<float> grad_shard_;            // the rank's reduced fp32 gradient shards
   ShardReducer<Dev, R> reducer_;
   buffer<T> params_;                    // replicated compute-dtype parameters (padded per unit)
@@ -187,9 +189,9 @@ class Zero1Strategy {
   std::vector<std::vector<MatView<const T>>> const_views_;
 };
 
-template <class Dev, class T, class R, int A>
-struct strategy_impl<ZeRO1, Dev, T, R, A> {
-  using type = Zero1Strategy<Dev, T, R, A>;
+template <class Dev, class T, class R>
+struct strategy_impl<ZeRO1, Dev, T, R> {
+  using type = Zero1Strategy<Dev, T, R>;
 };
 
 }  // namespace dtrain

@@ -1,0 +1,184 @@
+#pragma once
+// Command lines of the examples: `--config FILE.yaml` and `key=value`
+// overrides, both through one setter per key, the common keys here and each
+// example's own beside them. g++ only: yaml-cpp and range-v3 do not go
+// through nvcc.
+//
+//   auto c = examples::parse_cli<gpt::Config>(argc, argv, "train_gpt", gpt::usage,
+//                                             [](gpt::Config& c, const std::string& key, const YAML::Node& v) {
+//                                               if (key == "n_layer") return c.n_layer = examples::as<int>(v, key), true;
+//                                               return false;
+//                                             });
+
+#include <yaml-cpp/yaml.h>
+
+#include <range/v3/algorithm/all_of.hpp>
+#include <range/v3/range/conversion.hpp>
+#include <range/v3/view/split.hpp>
+#include <range/v3/view/transform.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/config.hpp"
+#include "common/dispatch.hpp"
+
+namespace examples {
+
+template <class T>
+T as(const YAML::Node& n, std::string_view key) {
+  try {
+    return n.as<T>();
+  } catch (const YAML::Exception&) {
+    throw dtrain::config_error("config key '" + std::string(key) + "' has a value of the wrong type",
+                               "see examples/configs/ for the expected forms");
+  }
+}
+
+// A list of integers, as a YAML sequence or "256,256".
+inline std::vector<std::int64_t> int_list(const YAML::Node& v, std::string_view key) {
+  if (v.IsSequence()) {
+    std::vector<std::int64_t> out;
+    for (const auto& w : v) out.push_back(as<std::int64_t>(w, key));
+    return out;
+  }
+  const std::string text = as<std::string>(v, key);
+  const auto to_int = [&](auto&& part) {
+    const std::string s = part | ranges::to<std::string>();
+    if (s.empty() || !ranges::all_of(s, [](char ch) { return ch >= '0' && ch <= '9'; }))
+      throw dtrain::config_error(std::string(key) + " = '" + text + "' is not a list of integers",
+                                 "write e.g. " + std::string(key) + "=256,256");
+    return static_cast<std::int64_t>(std::stoll(s));
+  };
+  return text | ranges::views::split(',') | ranges::views::transform(to_int) | ranges::to<std::vector<std::int64_t>>();
+}
+
+// Sets a key every example takes; false for any other key.
+inline bool set_common(Common& c, const std::string& key, const YAML::Node& v) {
+  if (key == "strategy") c.strategy = as<std::string>(v, key);
+  else if (key == "shard_group") c.shard_group = as<int>(v, key);
+  else if (key == "prefetch") c.prefetch = as<int>(v, key);
+  else if (key == "precision") c.precision = as<std::string>(v, key);
+  else if (key == "reduce_dtype") c.reduce_dtype = as<std::string>(v, key);
+  else if (key == "accumulate") c.accumulate = as<int>(v, key);
+  else if (key == "device") c.device = as<std::string>(v, key);
+  else if (key == "batch_size") c.batch_size = as<std::int64_t>(v, key);
+  else if (key == "steps") c.steps = as<std::int64_t>(v, key);
+  else if (key == "optimizer") c.optimizer = as<std::string>(v, key);
+  else if (key == "lr") c.lr = as<float>(v, key);
+  else if (key == "weight_decay") c.weight_decay = as<float>(v, key);
+  else if (key == "momentum") c.momentum = as<float>(v, key);
+  else if (key == "schedule") c.schedule = as<std::string>(v, key);
+  else if (key == "warmup_steps") c.warmup_steps = as<std::int64_t>(v, key);
+  else if (key == "lr_scaling") c.lr_scaling = as<std::string>(v, key);
+  else if (key == "clip") c.clip = as<float>(v, key);
+  else if (key == "seed") c.seed = as<std::uint64_t>(v, key);
+  else if (key == "num_workers") c.num_workers = as<int>(v, key);
+  else if (key == "log_every") c.log_every = as<std::int64_t>(v, key);
+  else if (key == "metrics") c.metrics = as<std::string>(v, key);
+  else if (key == "save_params") c.save_params = as<std::string>(v, key);
+  else if (key == "checkpoint_dir") c.checkpoint_dir = as<std::string>(v, key);
+  else if (key == "save_every") c.save_every = as<std::int64_t>(v, key);
+  else if (key == "keep_last") c.keep_last = as<int>(v, key);
+  else if (key == "consolidated") c.consolidated = as<bool>(v, key);
+  else if (key == "resume") c.resume = as<std::string>(v, key);
+  else if (key == "init_from") c.init_from = as<std::string>(v, key);
+  else if (key == "init_strict") c.init_strict = as<bool>(v, key);
+  else if (key == "activation_checkpointing") c.activation_checkpointing = as<bool>(v, key);
+  else if (key == "bucket_mb") c.bucket_mb = as<double>(v, key);
+  else return false;
+  return true;
+}
+
+inline void validate_common(const Common& c) {
+  auto require = [](bool ok, const std::string& what, const std::string& fix) {
+    if (!ok) throw dtrain::config_error(what, fix);
+  };
+  check_strategy_name(c.strategy);
+  require(c.shard_group >= 0, "shard_group must be >= 0", "set shard_group=K, K dividing the world size (0: a node)");
+  require(c.prefetch >= 0, "prefetch must be >= 0", "set prefetch=1 (0: no look-ahead)");
+  require(c.device == "host" || c.device == "cuda", "device = '" + c.device + "' is unknown", "use host or cuda");
+  require(c.reduce_dtype == "fp32" || c.reduce_dtype == "same", "reduce_dtype = '" + c.reduce_dtype + "' is unknown",
+          "use fp32 or same");
+  require(c.optimizer == "adamw" || c.optimizer == "sgd", "optimizer = '" + c.optimizer + "' is unknown",
+          "use adamw or sgd");
+  require(c.batch_size >= 1 && c.steps >= 1, "batch_size and steps must be at least 1", "set positive values");
+  require(c.log_every >= 1, "log_every must be at least 1", "set log_every=20");
+  require(c.save_every >= 0 && c.keep_last >= 0, "save_every and keep_last must be >= 0",
+          "set save_every=N to checkpoint every N steps, keep_last=K to keep the newest K");
+  require(c.resume.empty() || c.resume == "latest" || std::filesystem::exists(c.resume),
+          "resume = '" + c.resume + "' is neither latest nor an existing directory",
+          "use resume=latest (the newest checkpoint in checkpoint_dir) or a checkpoint's path");
+}
+
+// The keys every example takes, for --help.
+inline constexpr const char* common_usage = R"(  strategy      ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid | zero1
+  shard_group   fsdp-hybrid: ranks per shard group (0 = the ranks of a node)
+  prefetch      fsdp-*, zero1: unit all-gathers issued ahead (default 1)
+  device        host | cuda
+  precision     fp32 | bf16 | fp16       reduce_dtype fp32 | same
+  accumulate    1 | 2 | 4 | 8            batch_size   per rank, per micro-batch
+  steps         optimizer steps          optimizer    adamw | sgd
+  lr, weight_decay, momentum (sgd), clip (max grad norm, 0 = off)
+  schedule      constant | cosine        warmup_steps, lr_scaling none | linear | sqrt
+  activation_checkpointing  true: recompute units' inner activations in backward
+  seed, num_workers, log_every, bucket_mb
+  metrics       JSONL file written by rank 0 (one object per step)
+  save_params   safetensors file written at the end (fp32, "<unit>.<param>")
+  checkpoint_dir  where checkpoints go (default checkpoints), as step-<n> directories
+  save_every    save a resumable checkpoint every N steps and at the end (0 = never)
+  keep_last     keep only the newest K checkpoints (0 = all)
+  consolidated  true: checkpoints also hold model.safetensors (fp32, readable by Python)
+  resume        latest (the newest complete checkpoint in checkpoint_dir) | a checkpoint directory
+  init_from     initial weights from a safetensors file (F32/BF16/F16, "<unit>.<param>")
+  init_strict   false: load the tensors that match, list the rest (default true)
+)";
+
+// Parses the command line into a Config (Common + the example's keys):
+// `set_extra(config, key, value)` sets the example's own keys and returns
+// false for a key it does not know; `validate_extra(config)` checks them.
+template <class Config, class SetExtra, class ValidateExtra>
+Config parse_cli(int argc, char** argv, std::string_view program, std::string_view usage, SetExtra&& set_extra,
+                 ValidateExtra&& validate_extra) {
+  Config c;
+  auto set = [&](const std::string& key, const YAML::Node& v) {
+    if (!set_common(c, key, v) && !set_extra(c, key, v))
+      throw dtrain::config_error("unknown config key '" + key + "'",
+                                 "run " + std::string(program) + " --help for the list of keys");
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fwrite(usage.data(), 1, usage.size(), stdout);
+      std::fputs("Keys every example takes:\n", stdout);
+      std::fputs(common_usage, stdout);
+      std::exit(0);
+    }
+    if (arg == "--config") {
+      if (i + 1 >= argc) throw dtrain::config_error("--config needs a file", "pass --config FILE.yaml");
+      YAML::Node root;
+      try {
+        root = YAML::LoadFile(argv[++i]);
+      } catch (const YAML::Exception& e) {
+        throw dtrain::config_error(std::string("cannot read config '") + argv[i] + "': " + e.what(),
+                                   "check the path and the YAML syntax");
+      }
+      for (const auto& kv : root) set(kv.first.as<std::string>(), kv.second);
+      continue;
+    }
+    const auto eq = arg.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw dtrain::config_error("argument '" + arg + "' is neither --config FILE nor key=value",
+                                 "run " + std::string(program) + " --help");
+    set(arg.substr(0, eq), YAML::Load(arg.substr(eq + 1)));
+  }
+  validate_common(c);
+  validate_extra(c);
+  return c;
+}
+
+}  // namespace examples

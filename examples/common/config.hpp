@@ -1,0 +1,66 @@
+#pragma once
+// What train_mlp, train_gpt and train_policy share: the keys every example
+// takes (strategy, precision, accumulation, optimizer, checkpoints, ...), and
+// the TrainerOptions they make. Each example adds its own keys on top
+// (examples/<name>/...: struct Config : examples::Common).
+//
+// This header is free of yaml-cpp: nvcc compiles the CUDA training code that
+// includes it (examples/common/cli.hpp parses, in g++-only files).
+
+#include <dtrain/trainer.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace examples {
+
+struct Common {
+  std::string strategy = "ddp";       // ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid | zero1
+  int shard_group = 0;                // fsdp-hybrid: ranks per shard group (0: the ranks of a node)
+  int prefetch = 1;                   // fsdp-*, zero1: unit all-gathers issued ahead
+  std::string precision = "fp32";     // fp32 | bf16 | fp16
+  std::string reduce_dtype = "fp32";  // fp32 | same (reduce in the compute dtype)
+  int accumulate = 1;                 // 1 | 2 | 4 | 8
+  std::string device = "host";        // host | cuda
+  std::int64_t batch_size = 64;       // per rank, per micro-batch
+  std::int64_t steps = 300;
+  std::string optimizer = "adamw";    // adamw | sgd
+  float lr = 1e-3f;
+  float weight_decay = 0.f;
+  float momentum = 0.9f;              // sgd only
+  std::string schedule = "constant";  // constant | cosine
+  std::int64_t warmup_steps = 0;
+  std::string lr_scaling = "none";    // none | linear | sqrt
+  float clip = 0.f;                   // max grad norm, 0 = off
+  std::uint64_t seed = 0;
+  int num_workers = 2;
+  std::int64_t log_every = 20;
+  std::string metrics;                // JSONL path, rank 0 writes
+  std::string save_params;            // safetensors path, written at the end
+  std::string checkpoint_dir = "checkpoints";  // where save_every and resume=latest look
+  std::int64_t save_every = 0;        // checkpoint every N steps and at the end (0: never)
+  int keep_last = 0;                  // keep the newest K checkpoints (0: all)
+  bool consolidated = false;          // checkpoints also hold model.safetensors (fp32, Python-readable)
+  std::string resume;                 // latest | a checkpoint directory ("" : start fresh)
+  std::string init_from;              // initial weights from a safetensors file
+  bool init_strict = true;            // false: load the matching tensors, list the rest
+  bool activation_checkpointing = false;  // recompute units' inner activations in backward
+  double bucket_mb = 25;
+};
+
+inline dtrain::TrainerOptions trainer_options(const Common& c) {
+  dtrain::TrainerOptions o;
+  o.seed = c.seed;
+  o.sharding = {.shard_group = c.shard_group, .prefetch = c.prefetch};
+  o.clip.max_norm = c.clip;
+  o.buckets.bucket_bytes = static_cast<std::size_t>(c.bucket_mb * (1 << 20));
+  o.lr_scaling = c.lr_scaling == "linear" ? dtrain::LrScaling::linear
+                 : c.lr_scaling == "sqrt" ? dtrain::LrScaling::sqrt
+                                          : dtrain::LrScaling::none;
+  o.schedule = dtrain::make_schedule(
+      c.schedule, {.lr = c.lr, .warmup_steps = c.warmup_steps, .total_steps = c.schedule == "cosine" ? c.steps : 0});
+  o.activation_checkpointing = c.activation_checkpointing;
+  return o;
+}
+
+}  // namespace examples

@@ -1,0 +1,163 @@
+#pragma once
+// The training loop every example runs: a Trainer over the example's model
+// with the config's policies, a DistributedSampler and DataLoader over its
+// data set, pretrained weights (init_from), resume, checkpoints, metrics and
+// the progress line. The example passes `finish(trainer)` to report its own
+// evaluation at the end.
+
+#include <dtrain/trainer.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/config.hpp"
+
+namespace examples {
+
+// "params 1.2 MiB | grads ..." for the progress line.
+inline std::string memory_text(const dtrain::MemoryUsage& m) {
+  auto mib = [](std::size_t b) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%.2f", static_cast<double>(b) / (1 << 20));
+    return std::string(t);
+  };
+  return "params " + mib(m.params) + " | grads " + mib(m.grads) + " | optimizer " + mib(m.optimizer) + " | master " +
+         mib(m.master) + " | gathered " + mib(m.gathered) + " | activations " + mib(m.activations) + " | total " +
+         mib(m.total()) + " MiB";
+}
+
+// The `memory` object of a metrics record: bytes on this rank by category.
+inline std::string memory_json(const dtrain::MemoryUsage& m) {
+  return "{\"params\": " + std::to_string(m.params) + ", \"grads\": " + std::to_string(m.grads) +
+         ", \"optimizer\": " + std::to_string(m.optimizer) + ", \"master\": " + std::to_string(m.master) +
+         ", \"gathered\": " + std::to_string(m.gathered) + ", \"activations\": " + std::to_string(m.activations) +
+         "}";
+}
+
+// init_from=FILE: initial weights from a safetensors file (strict unless
+// init_strict=false, which loads what matches and lists the rest).
+template <class Trainer>
+void init_from(const Common& c, dtrain::World& world, Trainer& trainer) {
+  const auto r = trainer.load_params(c.init_from, {.strict = c.init_strict});
+  if (world.rank() != 0) return;
+  auto list = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+    return out;
+  };
+  std::printf("init_from %s: loaded %zu tensor(s)", c.init_from.c_str(), r.loaded.size());
+  if (!r.missing.empty()) std::printf("; left as initialised: %s", list(r.missing).c_str());
+  if (!r.unexpected.empty()) std::printf("; ignored: %s", list(r.unexpected).c_str());
+  if (!r.mismatched.empty()) std::printf("; mis-shaped: %s", list(r.mismatched).c_str());
+  std::printf("\n");
+}
+
+// resume=latest|DIR: restores trainer and sampler. With latest, a checkpoint
+// that fails verification is reported and the one before it tried: a
+// damaged newest checkpoint costs the steps since the previous one, not the
+// run. Returns whether anything was loaded.
+template <class Trainer>
+bool resume(const Common& c, dtrain::World& world, Trainer& trainer, dtrain::DistributedSampler& sampler) {
+  std::vector<std::filesystem::path> candidates;
+  if (c.resume == "latest") {
+    candidates = dtrain::list_checkpoints(c.checkpoint_dir);
+    std::ranges::reverse(candidates);
+    if (candidates.empty()) {
+      if (world.rank() == 0)
+        std::printf("resume=latest: no checkpoint in %s yet: starting from step 0\n", c.checkpoint_dir.c_str());
+      return false;
+    }
+  } else {
+    candidates.emplace_back(c.resume);
+  }
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    try {
+      const auto info = trainer.load(candidates[i]);
+      if (info.sampler) sampler.load_state(info.sampler->state_for(sampler));
+      if (world.rank() == 0)
+        std::printf("resumed from %s at step %lld (saved by %d rank(s), strategy %s)\n", candidates[i].c_str(),
+                    static_cast<long long>(info.step), info.world_size, info.strategy.c_str());
+      return true;
+    } catch (const dtrain::checkpoint_error& e) {
+      if (i + 1 == candidates.size()) throw;
+      if (world.rank() == 0) std::printf("resume: skipping %s: %s\n", candidates[i].c_str(), e.what());
+    }
+  }
+  return false;
+}
+
+// Saves <checkpoint_dir>/step-<n> (unless a run before a restart already
+// did), then keeps the newest keep_last.
+template <class Trainer>
+void save(const Common& c, dtrain::World& world, Trainer& trainer, const dtrain::DistributedSampler& sampler) {
+  const auto dir = dtrain::checkpoint_path(c.checkpoint_dir, trainer.steps_taken());
+  if (dtrain::is_checkpoint(dir)) return;
+  trainer.save(dir, {.consolidated = c.consolidated, .sampler = &sampler});
+  if (world.rank() != 0) return;
+  if (c.keep_last > 0) dtrain::prune_checkpoints(c.checkpoint_dir, c.keep_last);
+  std::printf("saved checkpoint %s\n", dir.c_str());
+}
+
+template <class... Policies, class Model, class Source, class Finish>
+int run_training(const Common& c, dtrain::World& world, Model& model, const Source& data, Finish&& finish) {
+  const dtrain::TrainerOptions opts = trainer_options(c);
+  auto run = [&](auto optimizer) {
+    using Trainer = dtrain::Trainer<Model, Policies...>;
+    Trainer trainer(world, model, optimizer, opts);
+    dtrain::DistributedSampler sampler(data.size(), world, {.shuffle = true, .seed = c.seed});
+    if (!c.init_from.empty()) init_from(c, world, trainer);
+    const bool resumed = !c.resume.empty() && resume(c, world, trainer, sampler);
+    // The loader starts where the (restored) sampler stands.
+    dtrain::DataLoader loader(data, sampler, {.batch_size = c.batch_size, .num_workers = c.num_workers});
+    std::ofstream metrics;
+    if (world.rank() == 0 && !c.metrics.empty()) {
+      // A resumed run appends: the records before the restart stay.
+      metrics.open(c.metrics, resumed ? std::ios::app : std::ios::trunc);
+      if (!metrics)
+        throw dtrain::config_error("cannot write the metrics file '" + c.metrics + "'",
+                                   "check that its folder exists and is writable");
+    }
+    const std::string_view strategy = Trainer::strategy_kind::name;
+    std::vector<dtrain::Batch> micro(static_cast<std::size_t>(c.accumulate));
+    for (std::int64_t s = trainer.steps_taken(); s < c.steps; ++s) {
+      for (auto& b : micro) b = loader.next();
+      const auto st = trainer.step(micro);
+      const double seconds = st.step_ms / 1000.0;
+      const double sps = st.samples / seconds, tps = st.positions / seconds;
+      if (c.save_every > 0 && (st.step % c.save_every == 0 || s + 1 == c.steps)) save(c, world, trainer, sampler);
+      if (world.rank() != 0) continue;
+      if (metrics.is_open())
+        metrics << "{\"step\": " << st.step << ", \"loss\": " << st.loss << ", \"lr\": " << st.lr
+                << ", \"grad_norm\": " << st.grad_norm << ", \"samples_per_s\": " << sps
+                << ", \"tokens_per_s\": " << tps << ", \"step_ms\": " << st.step_ms
+                << ", \"world_size\": " << world.size() << ", \"loss_scale\": " << st.loss_scale
+                << ", \"skipped\": " << (st.skipped ? "true" : "false") << ", \"memory\": " << memory_json(st.memory)
+                << "}\n";
+      if (st.step == 1)
+        std::printf("memory per rank (%.*s, rank 0): %s\n", static_cast<int>(strategy.size()), strategy.data(),
+                    memory_text(st.memory).c_str());
+      if (st.step == 1 || st.step % c.log_every == 0 || s + 1 == c.steps) {
+        std::printf("step %5lld/%lld | loss %.4f | lr %.2e | %8.0f samples/s | step %7.2f ms | scale %g%s",
+                    static_cast<long long>(st.step), static_cast<long long>(c.steps), st.loss, st.lr, sps, st.step_ms,
+                    st.loss_scale, st.skipped ? " | skipped (inf/nan)" : "");
+        if (st.positions != st.samples) std::printf(" | %9.0f tokens/s", tps);
+        std::printf("\n");
+      }
+    }
+    finish(trainer);
+    if (!c.save_params.empty()) trainer.save_params(c.save_params);
+    std::fflush(stdout);
+  };
+  if (c.optimizer == "sgd")
+    run(dtrain::SGD{.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});
+  else
+    run(dtrain::AdamW{.lr = c.lr, .weight_decay = c.weight_decay});
+  return 0;
+}
+
+}  // namespace examples

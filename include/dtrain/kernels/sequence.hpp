@@ -1,0 +1,159 @@
+#pragma once
+// Functors for sequence models, applied with dev.for_each like every other
+// kernel, so the host and the GPU run the same code. Activations are
+// [rows = batch * time, width] row-major (row b * time + t); attention works on
+// heads laid out [batch, heads, time, head_dim] so each (batch, head) is one
+// contiguous [time, head_dim] matrix for a strided batched GEMM.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/macros.hpp"
+#include "dtrain/kernels/math.hpp"
+
+namespace dtrain {
+
+// The shape of a head permutation: `parts` blocks of `heads` x `head_dim`
+// columns (3 for a fused q|k|v projection, 1 otherwise).
+struct HeadLayout {
+  std::int64_t batch, time, heads, head_dim, parts;
+  DTRAIN_HOST_DEVICE std::int64_t width() const { return heads * head_dim; }
+  DTRAIN_HOST_DEVICE std::int64_t rows() const { return batch * time; }
+  // Element (row, column) of the [rows, parts * width] matrix, in the head
+  // layout: part p is a [batch, heads, time, head_dim] block.
+  DTRAIN_HOST_DEVICE std::int64_t head_index(std::int64_t row, std::int64_t col) const {
+    const std::int64_t p = col / width(), h = (col % width()) / head_dim, d = col % head_dim;
+    const std::int64_t b = row / time, t = row % time;
+    return p * rows() * width() + ((b * heads + h) * time + t) * head_dim + d;
+  }
+};
+
+// rows -> heads (to_heads) or heads -> rows; run over rows * parts * width.
+template <Dtype T>
+struct HeadPermute {
+  HeadLayout l;
+  const T* src;
+  T* dst;
+  bool to_heads;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto n = static_cast<std::int64_t>(i), cols = l.parts * l.width();
+    const std::int64_t h = l.head_index(n / cols, n % cols);
+    if (to_heads)
+      dst[h] = src[n];
+    else
+      dst[n] = src[h];
+  }
+};
+
+// In place on the [time, time] score matrices of every (batch, head): row t
+// becomes softmax over columns 0..t (the past and present), 0 beyond. Run
+// over batch * heads * time rows.
+template <Dtype T>
+struct CausalSoftmax {
+  T* att;
+  std::int64_t time;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto r = static_cast<std::int64_t>(i), t = r % time;
+    T* row = att + r * time;
+    float mx = static_cast<float>(row[0]);
+    for (std::int64_t j = 1; j <= t; ++j) mx = math::max(mx, static_cast<float>(row[j]));
+    float sum = 0.f;
+    for (std::int64_t j = 0; j <= t; ++j) sum += math::exp(static_cast<float>(row[j]) - mx);
+    for (std::int64_t j = 0; j < time; ++j)
+      row[j] = dtype_cast<T>(j <= t ? math::exp(static_cast<float>(row[j]) - mx) / sum : 0.f);
+  }
+};
+
+// Softmax backward, in place on the probabilities' gradient:
+// ds_j = p_j * (dp_j - sum_k p_k dp_k) * scale over the unmasked columns.
+template <Dtype T>
+struct CausalSoftmaxBackward {
+  const T* att;
+  T* datt;
+  std::int64_t time;
+  float scale;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto r = static_cast<std::int64_t>(i), t = r % time;
+    const T* p = att + r * time;
+    T* d = datt + r * time;
+    float dot = 0.f;
+    for (std::int64_t j = 0; j <= t; ++j) dot += static_cast<float>(p[j]) * static_cast<float>(d[j]);
+    for (std::int64_t j = 0; j < time; ++j)
+      d[j] = dtype_cast<T>(j <= t ? static_cast<float>(p[j]) * (static_cast<float>(d[j]) - dot) * scale : 0.f);
+  }
+};
+
+// out[i] = a[i] + b[i], in fp32 and rounded once (residual connections).
+template <Dtype T>
+struct AddElements {
+  const T* a;
+  const T* b;
+  T* out;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    out[i] = dtype_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+  }
+};
+
+// y[r, c] = table[ids[r], c]; run over rows * dim.
+template <Dtype T, class Id>
+struct EmbeddingGather {
+  const Id* ids;
+  const T* table;
+  T* y;
+  std::int64_t dim;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto n = static_cast<std::int64_t>(i);
+    y[n] = table[static_cast<std::int64_t>(ids[n / dim]) * dim + n % dim];
+  }
+};
+
+// dtable[v, c] = sum of dy[r, c] over the rows r holding id v, in row order:
+// rows[offsets[v] .. offsets[v + 1]) lists them (built on the host). One
+// index per table element, so no two threads write the same element and the
+// sum is deterministic; run over vocab * dim.
+template <Dtype T>
+struct EmbeddingScatter {
+  const std::int64_t* offsets;
+  const std::int64_t* rows;
+  const T* dy;
+  T* dtable;
+  std::int64_t dim;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto n = static_cast<std::int64_t>(i), v = n / dim, c = n % dim;
+    float acc = 0.f;
+    for (std::int64_t k = offsets[v]; k < offsets[v + 1]; ++k) acc += static_cast<float>(dy[rows[k] * dim + c]);
+    dtable[n] = dtype_cast<T>(acc);
+  }
+};
+
+// y[r, c] = x[r, c] + table[r % time, c]; run over rows * dim.
+template <Dtype T>
+struct AddPositions {
+  const T* x;
+  const T* table;
+  T* y;
+  std::int64_t time, dim;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto n = static_cast<std::int64_t>(i), r = n / dim, c = n % dim;
+    y[n] = dtype_cast<T>(static_cast<float>(x[n]) + static_cast<float>(table[(r % time) * dim + c]));
+  }
+};
+
+// dtable[t, c] = sum over the batch of dy[b * time + t, c] (0 for t >= time);
+// run over max_len * dim.
+template <Dtype T>
+struct PositionGrad {
+  const T* dy;
+  T* dtable;
+  std::int64_t batch, time, dim;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto n = static_cast<std::int64_t>(i), t = n / dim, c = n % dim;
+    float acc = 0.f;
+    if (t < time)
+      for (std::int64_t b = 0; b < batch; ++b) acc += static_cast<float>(dy[(b * time + t) * dim + c]);
+    dtable[n] = dtype_cast<T>(acc);
+  }
+};
+
+}  // namespace dtrain

@@ -1,0 +1,167 @@
+#pragma once
+// nn::CausalSelfAttention: multi-head self-attention where position t sees
+// positions 0..t, over activations [rows = B * T, dim]:
+//   q | k | v = x Wqkv^T + bqkv            (one fused projection)
+//   per (batch, head): A = softmax_causal(q k^T / sqrt(head_dim)), o = A v
+//   y = concat_heads(o) Wproj^T + bproj
+// Parameters (PyTorch/nanoGPT layout): qkv.weight [3 dim, dim], qkv.bias
+// [3 dim], proj.weight [dim, dim], proj.bias [dim].
+//
+// Kept for backward (UnitContext::saved, 4 * rows * dim + B * heads * T * T
+// elements): q, k and v in the head layout [B, heads, T, head_dim], the
+// attention probabilities and the merged heads. Everything else lives in the
+// device workspace only while the call runs. Per-head products are strided
+// batched GEMMs (cuBLAS on the GPU, OpenBLAS on the host).
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/view.hpp"
+#include "dtrain/kernels/matrix.hpp"
+#include "dtrain/kernels/sequence.hpp"
+#include "dtrain/model/param.hpp"
+#include "dtrain/model/unit.hpp"
+#include "dtrain/nn/checks.hpp"
+
+namespace dtrain::nn {
+
+struct AttentionOptions {
+  float init_std = 0.02f;  // projection weights ~ N(0, init_std); biases 0
+  bool trainable = true;
+};
+
+class CausalSelfAttention {
+ public:
+  CausalSelfAttention(std::int64_t dim, std::int64_t heads, AttentionOptions options = {})
+      : dim_(dim), heads_(heads), options_(options) {
+    if (dim < 1 || heads < 1 || dim % heads != 0)
+      throw config_error("nn::CausalSelfAttention(" + std::to_string(dim) + ", " + std::to_string(heads) +
+                             "): the width must be a positive multiple of the head count",
+                         "choose dim = heads x head_dim, e.g. 128 with 4 heads");
+  }
+
+  std::int64_t dim() const { return dim_; }
+  std::int64_t heads() const { return heads_; }
+
+  std::vector<ParamSpec> params() const {
+    const Init w = Init::normal(0.f, options_.init_std);
+    return {{"qkv.weight", {3 * dim_, dim_}, w, options_.trainable},
+            {"qkv.bias", {3 * dim_}, Init::zeros(), options_.trainable},
+            {"proj.weight", {dim_, dim_}, w, options_.trainable},
+            {"proj.bias", {dim_}, Init::zeros(), options_.trainable}};
+  }
+  std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::CausalSelfAttention", in, dim_); }
+
+  std::int64_t saved_size(SeqShape s, std::int64_t) const {
+    return 4 * s.rows() * dim_ + s.batch * heads_ * s.time * s.time;
+  }
+
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    const Parts<T> s = parts(p, x, ctx);
+    detail::check_shape("nn::CausalSelfAttention", "output", y, x.rows, dim_);
+    T* qkv = dev.template workspace<T>(static_cast<std::size_t>(4 * s.rows * dim_));
+    T* o = qkv + 3 * s.rows * dim_;
+    linear(dev, x, p[0].data, p[1].data, qkv, 3 * dim_);
+    dev.for_each(static_cast<std::size_t>(3 * s.rows * dim_), HeadPermute<T>{s.layout(3), qkv, s.q, true});
+    const std::int64_t T_ = s.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd;
+    dev.gemm_batched(false, true, T_, T_, hd, 1.f / std::sqrt(static_cast<float>(hd)), s.q, hd, th, s.k, hd, th, 0.f,
+                     s.att, T_, tt, s.bh);
+    dev.for_each(static_cast<std::size_t>(s.bh * T_), CausalSoftmax<T>{s.att, T_});
+    dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, s.bh);
+    dev.for_each(static_cast<std::size_t>(s.rows * dim_), HeadPermute<T>{s.layout(1), o, s.merged, false});
+    linear(dev, MatView<const T>{s.merged, s.rows, dim_}, p[2].data, p[3].data, y.data, dim_);
+  }
+
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
+                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+    const Parts<T> s = parts(p, x, ctx);
+    detail::check_count("nn::CausalSelfAttention", "gradients", grad.size(), 4);
+    detail::check_shape("nn::CausalSelfAttention", "output gradient", dy, x.rows, dim_);
+    const std::int64_t N = s.rows, C = dim_, T_ = s.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd;
+    // workspace: d_merged [N, C] | d_o [heads layout] | d_att | d_q d_k d_v | d_qkv [N, 3C]
+    T* ws = dev.template workspace<T>(static_cast<std::size_t>(8 * N * C + s.bh * tt));
+    T* d_merged = ws;
+    T* d_o = d_merged + N * C;
+    T* d_att = d_o + N * C;
+    T* d_q = d_att + s.bh * tt;
+    T* d_k = d_q + N * C;
+    T* d_v = d_k + N * C;
+    T* d_qkv = d_v + N * C;
+    dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[2].data, C, 0.f, d_merged, C);
+    weight_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
+    dev.for_each(static_cast<std::size_t>(N * C), HeadPermute<T>{s.layout(1), d_merged, d_o, true});
+    dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, 0.f, d_att, T_, tt, s.bh);
+    dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att, T_, tt, d_o, hd, th, 0.f, d_v, hd, th, s.bh);
+    dev.for_each(static_cast<std::size_t>(s.bh * T_),
+                 CausalSoftmaxBackward<T>{s.att, d_att, T_, 1.f / std::sqrt(static_cast<float>(hd))});
+    dev.gemm_batched(false, false, T_, hd, T_, 1.f, d_att, T_, tt, s.k, hd, th, 0.f, d_q, hd, th, s.bh);
+    dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, s.bh);
+    dev.for_each(static_cast<std::size_t>(3 * N * C), HeadPermute<T>{s.layout(3), d_q, d_qkv, false});
+    const MatView<const T> dqkv{d_qkv, N, 3 * C};
+    weight_grads(dev, x, dqkv, grad[0], grad[1]);
+    if (!dx.empty()) {
+      detail::check_shape("nn::CausalSelfAttention", "input gradient", dx, N, C);
+      dev.gemm(false, false, N, C, 3 * C, 1.f, d_qkv, 3 * C, p[0].data, C, 0.f, dx.data, C);
+    }
+  }
+
+ private:
+  // The saved activations of one call, carved out of UnitContext::saved.
+  template <class T>
+  struct Parts {
+    T* q;
+    T* k;
+    T* v;
+    T* att;
+    T* merged;
+    std::int64_t rows, batch, time, heads, head_dim, bh;
+    HeadLayout layout(std::int64_t count) const { return {batch, time, heads, head_dim, count}; }
+  };
+
+  std::int64_t head_dim() const { return dim_ / heads_; }
+
+  template <class T>
+  Parts<T> parts(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
+    detail::check_count("nn::CausalSelfAttention", "parameters", p.size(), 4);
+    detail::check_shape("nn::CausalSelfAttention", "input", x, ctx.shape.rows(), dim_);
+    if (ctx.saved.size() < saved_size(ctx.shape, dim_))
+      throw config_error("nn::CausalSelfAttention: " + std::to_string(ctx.saved.size()) +
+                             " saved elements for " + std::to_string(saved_size(ctx.shape, dim_)),
+                         "pass the unit a UnitContext whose saved view holds saved_size(shape) elements");
+    const std::int64_t n = x.rows * dim_;
+    T* q = ctx.saved.data;
+    T* att = q + 3 * n;
+    const std::int64_t bh = ctx.shape.batch * heads_;
+    return {q, q + n, q + 2 * n, att, att + bh * ctx.shape.time * ctx.shape.time, x.rows, ctx.shape.batch,
+            ctx.shape.time, heads_, head_dim(), bh};
+  }
+
+  // out[N, width] = in W^T + b, bias first so the GEMM adds to it once (as nn::Linear).
+  template <class Dev, class T>
+  static void linear(Dev& dev, MatView<const T> in, const T* w, const T* b, T* out, std::int64_t width) {
+    const MatView<T> o{out, in.rows, width};
+    dev.for_each(static_cast<std::size_t>(o.size()), BroadcastRow<T>{b, o});
+    dev.gemm(false, true, in.rows, width, in.cols, 1.f, in.data, in.cols, w, in.cols, 1.f, out, width);
+  }
+
+  // dW = d_out^T in, db = column sums of d_out (each skipped when frozen).
+  template <class Dev, class T>
+  static void weight_grads(Dev& dev, MatView<const T> in, MatView<const T> d_out, MatView<T> dw, MatView<T> db) {
+    if (!dw.empty())
+      dev.gemm(true, false, d_out.cols, in.cols, in.rows, 1.f, d_out.data, d_out.cols, in.data, in.cols, 0.f, dw.data,
+               in.cols);
+    if (!db.empty()) dev.for_each(static_cast<std::size_t>(d_out.cols), ColumnSum<T>{d_out, db.data});
+  }
+
+  std::int64_t dim_;
+  std::int64_t heads_;
+  AttentionOptions options_;
+};
+
+}  // namespace dtrain::nn

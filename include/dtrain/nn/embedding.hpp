@@ -1,0 +1,162 @@
+#pragma once
+// nn::Embedding: token ids -> vectors, the input unit of a language model.
+// It reads the batch's integer ids (int32 or int64, [B, T], batch tensor "x"
+// by default) and writes rows = B * T vectors of width `dim`:
+//   y[r] = weight[ids[r]]
+// Its gradient sums the rows of dy that share an id, per table row, in row
+// order: deterministic on every device (no atomics). The rows of each id
+// are bucketed on the host, where the batch's ids already are.
+//
+// nn::PositionalEmbedding: adds a learned vector per position t < max_len:
+//   y[b * T + t] = x[b * T + t] + weight[t]
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/tensor.hpp"
+#include "dtrain/core/view.hpp"
+#include "dtrain/kernels/sequence.hpp"
+#include "dtrain/model/param.hpp"
+#include "dtrain/model/unit.hpp"
+#include "dtrain/nn/checks.hpp"
+
+namespace dtrain::nn {
+
+struct EmbeddingOptions {
+  std::string input = "x";  // the batch tensor of ids
+  float init_std = 0.02f;   // weight ~ N(0, init_std), as GPT-2
+  bool trainable = true;
+};
+
+class Embedding {
+ public:
+  Embedding(std::int64_t vocab, std::int64_t dim, EmbeddingOptions options = {})
+      : vocab_(vocab), dim_(dim), options_(std::move(options)) {
+    if (vocab < 1 || dim < 1)
+      throw config_error("nn::Embedding(" + std::to_string(vocab) + ", " + std::to_string(dim) +
+                             "): vocabulary and width must be >= 1",
+                         "give the number of distinct ids and the vector width");
+  }
+
+  std::int64_t vocab() const { return vocab_; }
+  std::vector<ParamSpec> params() const {
+    return {{"weight", {vocab_, dim_}, Init::normal(0.f, options_.init_std), options_.trainable}};
+  }
+  // The input is ids, whatever width the caller reports.
+  std::int64_t out_features(std::int64_t) const { return dim_; }
+
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, const DeviceBatch& batch, MatView<T> y, const UnitContext<T>&) {
+    detail::check_count("nn::Embedding", "parameters", p.size(), 1);
+    const DeviceTensor& ids = checked_ids(batch, y.rows);
+    dispatch(ids, [&]<class Id>() {
+      dev.for_each(static_cast<std::size_t>(y.size()), EmbeddingGather<T, Id>{ids.data<Id>(), p[0].data, y.data, dim_});
+    });
+  }
+
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T>, UnitParams<T> grad, const DeviceBatch& batch, MatView<const T> y,
+                MatView<const T> dy, const UnitContext<T>&) {
+    if (grad[0].empty()) return;  // frozen
+    const DeviceTensor& ids = checked_ids(batch, y.rows);
+    // Bucket the rows by id on the host: offsets[v]..offsets[v+1] index the
+    // rows holding id v, in increasing row order.
+    const auto n = static_cast<std::size_t>(ids.numel());
+    std::vector<std::int64_t> index(static_cast<std::size_t>(vocab_) + 1 + n, 0);
+    std::int64_t* offsets = index.data();
+    std::int64_t* rows = index.data() + vocab_ + 1;
+    dispatch(ids, [&]<class Id>() {
+      const Id* host = ids.host_data<Id>();
+      for (std::size_t r = 0; r < n; ++r) ++offsets[static_cast<std::int64_t>(host[r]) + 1];
+      for (std::int64_t v = 0; v < vocab_; ++v) offsets[v + 1] += offsets[v];
+      std::vector<std::int64_t> next(offsets, offsets + vocab_);
+      for (std::size_t r = 0; r < n; ++r) rows[next[static_cast<std::size_t>(host[r])]++] = static_cast<std::int64_t>(r);
+    });
+    auto* on_device = dev.template workspace<std::int64_t>(index.size());
+    dev.copy_from_host(on_device, index.data(), index.size());
+    dev.for_each(static_cast<std::size_t>(vocab_ * dim_),
+                 EmbeddingScatter<T>{on_device, on_device + vocab_ + 1, dy.data, grad[0].data, dim_});
+  }
+
+ private:
+  template <class F>
+  void dispatch(const DeviceTensor& ids, F&& f) const {
+    if (ids.type == element_type::i32) return f.template operator()<std::int32_t>();
+    if (ids.type == element_type::i64) return f.template operator()<std::int64_t>();
+    throw config_error("nn::Embedding: ids '" + options_.input + "' hold " + std::string(element_name(ids.type)),
+                       "give token ids as int32 or int64");
+  }
+
+  // One id per output row, each in [0, vocab): checked on the host copy so a
+  // bad id never reaches a kernel.
+  const DeviceTensor& checked_ids(const DeviceBatch& batch, std::int64_t rows) const {
+    const DeviceTensor& ids = batch.at(options_.input);
+    if (ids.numel() != rows)
+      throw config_error("nn::Embedding: " + std::to_string(ids.numel()) + " ids " + shape_text(ids.shape) + " for " +
+                             std::to_string(rows) + " output rows",
+                         "give one id per position: ids [B, T]");
+    dispatch(ids, [&]<class Id>() {
+      const Id* host = ids.host_data<Id>();
+      for (std::int64_t r = 0; r < rows; ++r)
+        if (host[r] < 0 || static_cast<std::int64_t>(host[r]) >= vocab_)
+          throw config_error("nn::Embedding: id " + std::to_string(static_cast<std::int64_t>(host[r])) +
+                                 " at position " + std::to_string(r) + " is outside [0, " + std::to_string(vocab_) + ")",
+                             "ids index the vocabulary: check the tokenizer and the model's vocabulary size");
+    });
+    return ids;
+  }
+
+  std::int64_t vocab_;
+  std::int64_t dim_;
+  EmbeddingOptions options_;
+};
+
+class PositionalEmbedding {
+ public:
+  PositionalEmbedding(std::int64_t max_len, std::int64_t dim, float init_std = 0.02f)
+      : max_len_(max_len), dim_(dim), init_std_(init_std) {
+    if (max_len < 1 || dim < 1)
+      throw config_error("nn::PositionalEmbedding(" + std::to_string(max_len) + ", " + std::to_string(dim) +
+                             "): length and width must be >= 1",
+                         "give the longest sequence and the vector width");
+  }
+
+  std::vector<ParamSpec> params() const { return {{"weight", {max_len_, dim_}, Init::normal(0.f, init_std_)}}; }
+  std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::PositionalEmbedding", in, dim_); }
+
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    check(x, ctx);
+    detail::check_shape("nn::PositionalEmbedding", "output", y, x.rows, dim_);
+    dev.for_each(static_cast<std::size_t>(x.size()), AddPositions<T>{x.data, p[0].data, y.data, ctx.shape.time, dim_});
+  }
+
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T>, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
+                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+    check(x, ctx);
+    if (!dx.empty()) dev.copy(dx.data, dy.data, static_cast<std::size_t>(dy.size()));
+    if (!grad[0].empty())
+      dev.for_each(static_cast<std::size_t>(max_len_ * dim_),
+                   PositionGrad<T>{dy.data, grad[0].data, ctx.shape.batch, ctx.shape.time, dim_});
+  }
+
+ private:
+  template <class T>
+  void check(MatView<const T> x, const UnitContext<T>& ctx) const {
+    detail::check_shape("nn::PositionalEmbedding", "input", x, ctx.shape.rows(), dim_);
+    if (ctx.shape.time > max_len_)
+      throw config_error("nn::PositionalEmbedding: sequences of " + std::to_string(ctx.shape.time) +
+                             " positions, but the table holds " + std::to_string(max_len_),
+                         "shorten the sequences (block_size) or build the model with a longer max_len");
+  }
+
+  std::int64_t max_len_;
+  std::int64_t dim_;
+  float init_std_;
+};
+
+}  // namespace dtrain::nn

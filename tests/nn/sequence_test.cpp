@@ -1,0 +1,250 @@
+// The sequence units (embeddings, causal self-attention, GELU MLP, the
+// transformer block) and the new losses against float64 references and
+// central finite differences of them, on the host in every dtype.
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/tensor.hpp"
+#include "dtrain/device/host.hpp"
+#include "dtrain/nn/attention.hpp"
+#include "dtrain/nn/cross_entropy.hpp"
+#include "dtrain/nn/embedding.hpp"
+#include "dtrain/nn/regression_loss.hpp"
+#include "dtrain/nn/transformer.hpp"
+#include "kernels/numeric.hpp"
+#include "nn/reference.hpp"
+
+namespace t = dtrain::testing;
+using dtrain::SeqShape;
+using Params = std::vector<std::vector<double>>;
+
+namespace {
+
+std::vector<double> add(std::vector<double> a, const std::vector<double>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  return a;
+}
+
+Params slice(const Params& p, std::size_t first, std::size_t count) {
+  return {p.begin() + static_cast<std::ptrdiff_t>(first), p.begin() + static_cast<std::ptrdiff_t>(first + count)};
+}
+
+// Causal multi-head self-attention in float64, loop by loop.
+t::RefForward attention_reference(std::int64_t dim, std::int64_t heads, SeqShape s) {
+  return [=](const Params& p, const std::vector<double>& x) {
+    const std::int64_t hd = dim / heads, n = s.rows();
+    const auto qkv = t::linear_reference(dim, 3 * dim, true)(slice(p, 0, 2), x);
+    std::vector<double> merged(static_cast<std::size_t>(n * dim), 0.0);
+    const auto at = [&](std::int64_t row, std::int64_t part, std::int64_t h, std::int64_t d) {
+      return qkv[static_cast<std::size_t>(row * 3 * dim + part * dim + h * hd + d)];
+    };
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t t1 = 0; t1 < s.time; ++t1) {
+          const std::int64_t row = b * s.time + t1;
+          std::vector<double> score(static_cast<std::size_t>(t1 + 1));
+          for (std::int64_t j = 0; j <= t1; ++j) {
+            double dot = 0.0;
+            for (std::int64_t d = 0; d < hd; ++d) dot += at(row, 0, h, d) * at(b * s.time + j, 1, h, d);
+            score[static_cast<std::size_t>(j)] = dot / std::sqrt(static_cast<double>(hd));
+          }
+          const double mx = *std::max_element(score.begin(), score.end());
+          double sum = 0.0;
+          for (auto& v : score) sum += (v = std::exp(v - mx));
+          for (std::int64_t d = 0; d < hd; ++d) {
+            double o = 0.0;
+            for (std::int64_t j = 0; j <= t1; ++j) o += score[static_cast<std::size_t>(j)] / sum * at(b * s.time + j, 2, h, d);
+            merged[static_cast<std::size_t>(row * dim + h * hd + d)] = o;
+          }
+        }
+    return t::linear_reference(dim, dim, true)(slice(p, 2, 2), merged);
+  };
+}
+
+t::RefForward mlp_reference(std::int64_t dim, std::int64_t hidden) {
+  return [=](const Params& p, const std::vector<double>& x) {
+    const auto h = t::gelu_reference()({}, t::linear_reference(dim, hidden, true)(slice(p, 0, 2), x));
+    return t::linear_reference(hidden, dim, true)(slice(p, 2, 2), h);
+  };
+}
+
+t::RefForward block_reference(std::int64_t dim, std::int64_t heads, SeqShape s) {
+  return [=](const Params& p, const std::vector<double>& x) {
+    const auto r = add(x, attention_reference(dim, heads, s)(slice(p, 2, 4), t::layer_norm_reference(dim, 1e-5)(slice(p, 0, 2), x)));
+    return add(r, mlp_reference(dim, 4 * dim)(slice(p, 8, 4), t::layer_norm_reference(dim, 1e-5)(slice(p, 6, 2), r)));
+  };
+}
+
+t::RefForward positional_reference(std::int64_t dim, SeqShape s) {
+  return [=](const Params& p, std::vector<double> x) {
+    for (std::int64_t r = 0; r < s.rows(); ++r)
+      for (std::int64_t c = 0; c < dim; ++c)
+        x[static_cast<std::size_t>(r * dim + c)] += p[0][static_cast<std::size_t>((r % s.time) * dim + c)];
+    return x;
+  };
+}
+
+// Composite units round in T at every step: wider bounds for 16-bit types.
+template <class T>
+double composite(double factor) {
+  return std::is_same_v<T, float> ? 1.0 : factor;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(sequence_units)
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(causal_self_attention, T, t::dtypes) {
+  const SeqShape s{2, 5};
+  t::check_unit<T>(dtrain::nn::CausalSelfAttention(8, 2), attention_reference(8, 2, s), s.rows(), 8, true, s,
+                   composite<T>(8));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(gelu_mlp, T, t::dtypes) {
+  t::check_unit<T>(dtrain::nn::GeluMLP(6, 10), mlp_reference(6, 10), 7, 6, true, {7, 1}, composite<T>(4));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(transformer_block, T, t::dtypes) {
+  const SeqShape s{2, 4};
+  t::check_unit<T>(dtrain::nn::TransformerBlock(8, 2), block_reference(8, 2, s), s.rows(), 8, true, s,
+                   composite<T>(16));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(positional_embedding, T, t::dtypes) {
+  const SeqShape s{3, 4};
+  t::check_unit<T>(dtrain::nn::PositionalEmbedding(6, 5), positional_reference(5, s), s.rows(), 5, true, s);
+}
+
+// Embedding: y = W[ids]; dW[v] = sum of dy over the rows holding v (exact in
+// fp32 up to summation; ids repeat and some vocabulary rows are never used).
+BOOST_AUTO_TEST_CASE(embedding_gathers_and_scatters) {
+  dtrain::Host dev(1);
+  const std::int64_t vocab = 7, dim = 3, rows = 10;
+  dtrain::nn::Embedding emb(vocab, dim);
+  std::mt19937_64 rng(3);
+  const auto w = t::random_nonzero(static_cast<std::size_t>(vocab * dim), rng);
+  const auto dy = t::random_nonzero(static_cast<std::size_t>(rows * dim), rng);
+  const std::vector<std::int64_t> ids{3, 1, 3, 0, 6, 3, 1, 2, 2, 0};  // 4 and 5 unused
+  const auto wb = t::upload<float>(dev, w), dyb = t::upload<float>(dev, dy);
+  auto yb = dtrain::make_buffer<float>(dev, rows * dim), gb = dtrain::make_buffer<float>(dev, vocab * dim);
+  dtrain::DeviceBatch batch;
+  batch.set("x", dtrain::DeviceTensor{dtrain::element_type::i64, {2, 5}, reinterpret_cast<const std::byte*>(ids.data()),
+                                      reinterpret_cast<const std::byte*>(ids.data()), {}});
+  const std::vector<dtrain::MatView<const float>> pv{{wb.data(), vocab, dim}};
+  const std::vector<dtrain::MatView<float>> gv{{gb.data(), vocab, dim}};
+  const dtrain::UnitContext<float> ctx{{2, 5}, {}};
+  emb.forward<dtrain::Host, float>(dev, pv, batch, yb.view(rows, dim), ctx);
+  emb.backward<dtrain::Host, float>(dev, pv, gv, batch, std::as_const(yb).view(rows, dim),
+                                    std::as_const(dyb).view(rows, dim), ctx);
+  std::vector<double> want_y, want_g(static_cast<std::size_t>(vocab * dim), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < dim; ++c) {
+      const auto v = static_cast<std::size_t>(ids[static_cast<std::size_t>(r)]);
+      want_y.push_back(w[v * dim + static_cast<std::size_t>(c)]);
+      want_g[v * dim + static_cast<std::size_t>(c)] += dy[static_cast<std::size_t>(r * dim + c)];
+    }
+  t::expect_close(t::download<float>(dev, yb), want_y, 1e-7, "embedding forward");
+  t::expect_close(t::download<float>(dev, gb), want_g, 1e-6, "embedding gradient");
+  std::vector<std::int64_t> bad = ids;
+  bad[4] = 7;
+  batch.set("x", dtrain::DeviceTensor{dtrain::element_type::i64, {2, 5}, reinterpret_cast<const std::byte*>(bad.data()),
+                                      reinterpret_cast<const std::byte*>(bad.data()), {}});
+  const auto forward = [&] { emb.forward<dtrain::Host, float>(dev, pv, batch, yb.view(rows, dim), ctx); };
+  BOOST_CHECK_EXCEPTION(forward(), dtrain::config_error,
+                        [](const dtrain::config_error& e) {
+                          return std::string(e.what()).find("id 7 at position 4 is outside [0, 7)") != std::string::npos;
+                        });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(losses)
+
+// Token cross-entropy with an ignore index: ignored rows add nothing to the
+// loss, the gradient or the count.
+BOOST_AUTO_TEST_CASE(cross_entropy_ignores_targets) {
+  dtrain::Host dev(1);
+  const std::int64_t rows = 5, classes = 4;
+  std::mt19937_64 rng(9);
+  const auto z = t::random_nonzero(static_cast<std::size_t>(rows * classes), rng);
+  const std::vector<std::int32_t> labels{2, -100, 0, -100, 3};
+  dtrain::Batch host;
+  host.set("y", dtrain::HostTensor::of(labels, {1, rows}));
+  dtrain::nn::SoftmaxCrossEntropy loss;
+  BOOST_TEST(loss.count(host) == 3.0);
+  dtrain::Host::buffer<std::int32_t> storage;
+  const auto batch = t::label_batch(dev, labels, storage);
+  const auto zb = t::upload<float>(dev, z);
+  auto dz = dtrain::make_buffer<float>(dev, z.size());
+  const double sum = loss.forward<dtrain::Host, float>(dev, std::as_const(zb).view(rows, classes), batch);
+  loss.backward<dtrain::Host, float>(dev, std::as_const(zb).view(rows, classes), batch, dz.view(rows, classes), 0.5f);
+  std::vector<double> kept_z;
+  std::vector<std::int32_t> kept;
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (labels[static_cast<std::size_t>(r)] != -100) {
+      kept.push_back(labels[static_cast<std::size_t>(r)]);
+      kept_z.insert(kept_z.end(), z.begin() + r * classes, z.begin() + (r + 1) * classes);
+    }
+  BOOST_TEST(sum == t::cross_entropy_reference(kept_z, kept, classes), boost::test_tools::tolerance(1e-5));
+  const auto d = t::download<float>(dev, dz);
+  for (std::int64_t c = 0; c < classes; ++c) {
+    BOOST_TEST(d[static_cast<std::size_t>(classes + c)] == 0.0);
+    BOOST_TEST(d[static_cast<std::size_t>(3 * classes + c)] == 0.0);
+  }
+  const auto fd = t::finite_difference(
+      [&](const std::vector<double>& v) {
+        std::vector<double> kz;
+        for (std::int64_t r = 0; r < rows; ++r)
+          if (labels[static_cast<std::size_t>(r)] != -100) kz.insert(kz.end(), v.begin() + r * classes, v.begin() + (r + 1) * classes);
+        return 0.5 * t::cross_entropy_reference(kz, kept, classes);
+      },
+      z);
+  t::expect_close(d, fd, 1e-5, "token cross-entropy gradient");
+}
+
+// MSE and L1 (means over every element, optionally weighted per row) against
+// float64 and finite differences.
+using RegressionKinds = std::tuple<dtrain::nn::MseKind, dtrain::nn::L1Kind>;
+BOOST_AUTO_TEST_CASE_TEMPLATE(regression_losses, Kind, RegressionKinds) {
+  dtrain::Host dev(1);
+  const std::int64_t rows = 4, width = 3;
+  std::mt19937_64 rng(4);
+  const auto pred = t::random_nonzero(static_cast<std::size_t>(rows * width), rng);
+  const auto target_d = t::random_nonzero(static_cast<std::size_t>(rows * width), rng);
+  const std::vector<float> target(target_d.begin(), target_d.end()), weight{0.5f, 2.f, 1.f, 0.25f};
+  const auto f = [&](const std::vector<double>& p, bool weighted) {
+    double s = 0;
+    for (std::int64_t i = 0; i < rows * width; ++i) {
+      const double d = p[static_cast<std::size_t>(i)] - target[static_cast<std::size_t>(i)];
+      const double l = std::is_same_v<Kind, dtrain::nn::MseKind> ? d * d : std::abs(d);
+      s += weighted ? weight[static_cast<std::size_t>(i / width)] * l : l;
+    }
+    return s;
+  };
+  for (bool weighted : {false, true}) {
+    dtrain::Batch host;
+    host.set("y", dtrain::HostTensor::of(target, {rows, width}));
+    host.set("w", dtrain::HostTensor::of(weight, {rows}));
+    dtrain::nn::RegressionLoss<Kind> loss("y", weighted ? "w" : "");
+    BOOST_TEST(loss.count(host) == (weighted ? 3.75 * width : static_cast<double>(rows * width)));
+    dtrain::DeviceBatch batch;
+    for (const auto& [name, ht] : host.tensors)
+      batch.set(name, dtrain::DeviceTensor{ht.type, ht.shape, ht.bytes.data(), ht.bytes.data(), {}});
+    const auto pb = t::upload<float>(dev, pred);
+    auto db = dtrain::make_buffer<float>(dev, pred.size());
+    const double sum = loss.template forward<dtrain::Host, float>(dev, std::as_const(pb).view(rows, width), batch);
+    loss.template backward<dtrain::Host, float>(dev, std::as_const(pb).view(rows, width), batch, db.view(rows, width), 1.f);
+    BOOST_TEST(sum == f(t::round_to<float>(pred), weighted), boost::test_tools::tolerance(1e-5));
+    t::expect_close(t::download<float>(dev, db),
+                    t::finite_difference([&](const std::vector<double>& v) { return f(v, weighted); }, t::round_to<float>(pred)),
+                    1e-4, std::string(Kind::name) + " gradient");
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
