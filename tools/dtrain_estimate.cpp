@@ -10,7 +10,9 @@
 
 #include <dtrain/strategy/estimate.hpp>
 
-#include <mlp/mlp.hpp>  // train_mlp's Config: its keys' defaults
+#include <gpt/gpt.hpp>        // the examples' Configs (their keys' defaults) and models
+#include <mlp/mlp.hpp>
+#include <policy/policy.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -29,7 +31,7 @@ namespace {
 using namespace dtrain;
 
 constexpr std::string_view usage = R"(usage: dtrain-estimate --params N [options]
-       dtrain-estimate --config FILE.yaml [key=value ...] --world N [options]
+       dtrain-estimate --config FILE.yaml [--example mlp|gpt|policy] [key=value ...] --world N [options]
 
 Prints one rank's memory by category (MiB) for a model trained with dtrain,
 one row per strategy, without allocating or launching anything.
@@ -41,14 +43,18 @@ the model (one of):
                              at a time, so this sets the gathered column)
   --trainable-fraction F     the trainable share of them, 0..1 (default 1); the
                              frozen rest is a unit of its own
-  --config FILE.yaml         a train_mlp config; key=value arguments override its
-                             keys as for train_mlp. Read: hidden (a list or
-                             "256,256"), features, classes, precision,
+  --config FILE.yaml         an example's config; key=value arguments override its
+                             keys as for the example. Read: precision,
                              reduce_dtype, accumulate, batch_size, optimizer,
                              momentum, strategy (its row is marked *),
-                             shard_group, prefetch; every other key is ignored.
-                             Activations are worked out for micro-batches of
-                             batch_size rows.
+                             shard_group, prefetch, activation_checkpointing,
+                             and the model's keys (train_mlp: hidden, features,
+                             classes; train_gpt: n_layer, n_head, n_embd,
+                             block_size, data, corpus_bytes, data_seed;
+                             train_policy: hidden, horizon, image, image_size);
+                             every other key is ignored. Activations are the
+                             Trainer's buffers for one micro-batch.
+  --example mlp|gpt|policy   which example's config it is (default mlp)
 
 training (with --params; with --config use the config's keys):
   --precision fp32|bf16|fp16 compute dtype (default fp32)
@@ -105,6 +111,7 @@ struct Inputs {
   std::size_t activations = 0;
   std::string strategy = "all";
   std::string config_strategy;              // --config: the config's strategy= (marked in the table)
+  bool checkpointing = false;               // --config: activation_checkpointing=true
   bool json = false;
 };
 
@@ -144,6 +151,7 @@ std::size_t parse_count(std::string_view text) {
 constexpr std::array<std::string_view, 3> precisions = {"fp32", "bf16", "fp16"};
 constexpr std::array<std::string_view, 2> reduce_dtypes = {"fp32", "same"};
 constexpr std::array<std::string_view, 2> optimizers = {"adamw", "sgd"};
+constexpr std::array<std::string_view, 3> examples_known = {"mlp", "gpt", "policy"};
 // Flags that --config takes from the config's keys instead.
 constexpr std::array<std::string_view, 6> training_flags = {"--precision", "--reduce-dtype", "--optimizer",
                                                             "--momentum",  "--accumulate",   "--prefetch"};
@@ -169,33 +177,35 @@ std::size_t optimizer_states(const Inputs& in) {
   return in.momentum != 0 ? 1 : 0;
 }
 
-// train_mlp's keys that change memory; the model's shape goes to `c`.
-void set_key(mlp::Config& c, const std::string& key, const YAML::Node& v) {
+// The keys that change memory (every example's, then the model's own); the
+// model's shape goes to `c`.
+template <class Config>
+void set_key(Config& c, const std::string& key, const YAML::Node& v) {
   const auto as = [&]<class V>(std::type_identity<V>) {
     try {
       return v.as<V>();
     } catch (const YAML::Exception&) {
       throw usage_error{"config key '" + key + "' has a value of the wrong type",
-                        "see train_mlp --help or examples/configs/ for its form"};
+                        "see the example's --help or examples/configs/ for its form"};
     }
   };
   const auto text = [&] { return as(std::type_identity<std::string>{}); };
   const auto integer = [&] { return as(std::type_identity<std::int64_t>{}); };
-  if (key == "hidden") {
-    c.hidden.clear();
+  const auto widths = [&] {
+    std::vector<std::int64_t> out;
     if (v.IsSequence()) {
-      for (const auto& w : v) c.hidden.push_back(parse_number<std::int64_t>("hidden", w.Scalar(), 1, 1e12));
-    } else {
-      const std::string list = text();
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        c.hidden.push_back(parse_number<std::int64_t>("hidden", std::string_view(list).substr(at, comma - at), 1, 1e12));
-        at = comma + 1;
-      }
+      for (const auto& w : v) out.push_back(parse_number<std::int64_t>(key, w.Scalar(), 1, 1e12));
+      return out;
     }
-  } else if (key == "features") c.features = integer();
-  else if (key == "classes") c.classes = integer();
-  else if (key == "precision") c.precision = text();
+    const std::string list = text();
+    for (std::size_t at = 0; at <= list.size();) {
+      const std::size_t comma = std::min(list.find(',', at), list.size());
+      out.push_back(parse_number<std::int64_t>(key, std::string_view(list).substr(at, comma - at), 1, 1e12));
+      at = comma + 1;
+    }
+    return out;
+  };
+  if (key == "precision") c.precision = text();
   else if (key == "reduce_dtype") c.reduce_dtype = text();
   else if (key == "accumulate") c.accumulate = static_cast<int>(integer());
   else if (key == "batch_size") c.batch_size = integer();
@@ -204,12 +214,32 @@ void set_key(mlp::Config& c, const std::string& key, const YAML::Node& v) {
   else if (key == "strategy") c.strategy = text();
   else if (key == "shard_group") c.shard_group = static_cast<int>(integer());
   else if (key == "prefetch") c.prefetch = static_cast<int>(integer());
+  else if (key == "activation_checkpointing") c.activation_checkpointing = as(std::type_identity<bool>{});
+  else if constexpr (std::is_same_v<Config, mlp::Config>) {
+    if (key == "hidden") c.hidden = widths();
+    else if (key == "features") c.features = integer();
+    else if (key == "classes") c.classes = integer();
+  } else if constexpr (std::is_same_v<Config, gpt::Config>) {
+    if (key == "n_layer") c.n_layer = integer();
+    else if (key == "n_head") c.n_head = integer();
+    else if (key == "n_embd") c.n_embd = integer();
+    else if (key == "block_size") c.block_size = integer();
+    else if (key == "data") c.data = text();
+    else if (key == "corpus_bytes") c.corpus_bytes = integer();
+    else if (key == "data_seed") c.data_seed = as(std::type_identity<std::uint64_t>{});
+  } else {
+    if (key == "hidden") c.hidden = widths();
+    else if (key == "horizon") c.horizon = integer();
+    else if (key == "image") c.image = as(std::type_identity<bool>{});
+    else if (key == "image_size") c.image_size = integer();
+  }
 }
 
-mlp::Config read_config(const std::string& path, const std::vector<std::string>& overrides) {
+template <class Config>
+Config read_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (!std::filesystem::is_regular_file(path))
-    throw usage_error{"config file " + in_quotes(path) + " does not exist", "pass the path of a train_mlp YAML config"};
-  mlp::Config c;
+    throw usage_error{"config file " + in_quotes(path) + " does not exist", "pass the path of an example's YAML config"};
+  Config c;
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -234,6 +264,7 @@ Inputs parse(int argc, char** argv) {
   Inputs in;
   std::optional<std::size_t> params;
   std::optional<std::string> config;
+  std::string example = "mlp";
   std::optional<double> fraction;
   std::optional<std::size_t> unit_count;
   std::optional<std::size_t> activations;
@@ -261,6 +292,7 @@ Inputs parse(int argc, char** argv) {
     else if (arg == "--units") unit_count = parse_number<std::size_t>(arg, value(), 1, 1e9);
     else if (arg == "--trainable-fraction") fraction = parse_number<double>(arg, value(), 0, 1);
     else if (arg == "--config") config = value();
+    else if (arg == "--example") example = one_of(arg, value(), examples_known);
     else if (arg == "--precision") in.precision = one_of(arg, value(), precisions);
     else if (arg == "--reduce-dtype") in.reduce_dtype = one_of(arg, value(), reduce_dtypes);
     else if (arg == "--optimizer") in.optimizer = one_of(arg, value(), optimizers);
@@ -295,31 +327,68 @@ Inputs parse(int argc, char** argv) {
   } else {
     if (training_flag)
       throw usage_error{*training_flag + " is a --params flag",
-                        "with --config write the train_mlp key instead, e.g. precision=bf16"};
+                        "with --config write the example's key instead, e.g. precision=bf16"};
     if (fraction || unit_count)
       throw usage_error{std::string(fraction ? "--trainable-fraction" : "--units") + " needs --params",
-                        "the config's hidden widths give train_mlp's units, all trainable"};
-    if (!world) throw usage_error{"--config needs --world N", "pass the number of ranks train_mlp will run on"};
-    const mlp::Config c = read_config(*config, overrides);
-    in.precision = one_of("precision", c.precision, precisions);
-    in.reduce_dtype = one_of("reduce_dtype", c.reduce_dtype, reduce_dtypes);
-    in.optimizer = one_of("optimizer", c.optimizer, optimizers);
-    in.momentum = c.momentum;
-    in.accumulate = c.accumulate;
-    in.prefetch = c.prefetch;
-    in.config_strategy = c.strategy;
-    if (c.shard_group > 0) shard_group = shard_group.value_or(c.shard_group);
-    if (c.hidden.empty() || c.features < 1 || c.classes < 1 || c.batch_size < 1 || c.shard_group < 0)
-      throw usage_error{"the config's hidden, features, classes, batch_size or shard_group is out of range",
-                        "give positive sizes (shard_group 0 or more), e.g. hidden=256,256 features=32 batch_size=64"};
-    in.units = mlp_units(c.features, c.hidden, c.classes);
-    for (const auto& u : in.units) in.parameters += u.trainable;
-    in.trainable = in.parameters;
-    in.micro_batch = c.batch_size;
-    in.activations = mlp_activation_bytes(c.batch_size, c.features, c.hidden, c.classes, dtype_bytes(c.precision));
-    in.source = "train_mlp config " + *config + " (MLP " + std::to_string(c.features);
-    for (auto h : c.hidden) in.source += "-" + std::to_string(h);
-    in.source += "-" + std::to_string(c.classes) + ")";
+                        "the example's model gives the units"};
+    if (!world) throw usage_error{"--config needs --world N", "pass the number of ranks the example will run on"};
+    const auto common = [&](const examples::Common& c) {
+      in.precision = one_of("precision", c.precision, precisions);
+      in.reduce_dtype = one_of("reduce_dtype", c.reduce_dtype, reduce_dtypes);
+      in.optimizer = one_of("optimizer", c.optimizer, optimizers);
+      in.momentum = c.momentum;
+      in.accumulate = c.accumulate;
+      in.prefetch = c.prefetch;
+      in.config_strategy = c.strategy;
+      in.checkpointing = c.activation_checkpointing;
+      in.micro_batch = c.batch_size;
+      if (c.shard_group > 0) shard_group = shard_group.value_or(c.shard_group);
+      if (c.batch_size < 1 || c.shard_group < 0 || c.accumulate < 1)
+        throw usage_error{"the config's batch_size, accumulate or shard_group is out of range",
+                          "give batch_size and accumulate >= 1, shard_group >= 0"};
+    };
+    // The model's units as declared, and the Trainer's activation buffers.
+    const auto from_model = [&](auto& model, dtrain::SeqShape shape, std::int64_t in_width, std::size_t batch_bytes) {
+      in.units = declared_units(model);
+      for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
+      in.activations = model_activation_bytes(model, shape, in_width, batch_bytes, dtype_bytes(in.precision),
+                                              in.checkpointing);
+    };
+    try {
+      if (example == "mlp") {
+        const auto c = read_config<mlp::Config>(*config, overrides);
+        common(c);
+        if (c.hidden.empty() || c.features < 1 || c.classes < 1)
+          throw usage_error{"the config's hidden, features or classes is out of range",
+                            "give positive sizes, e.g. hidden=256,256 features=32"};
+        mlp::Model model(c, c.features, c.classes);
+        from_model(model, {c.batch_size, 1}, c.features, static_cast<std::size_t>(c.batch_size) * sizeof(std::int32_t));
+        in.source = "train_mlp config " + *config + " (MLP " + std::to_string(c.features);
+        for (auto h : c.hidden) in.source += "-" + std::to_string(h);
+        in.source += "-" + std::to_string(c.classes) + ")";
+      } else if (example == "gpt") {
+        const auto c = read_config<gpt::Config>(*config, overrides);
+        common(c);
+        const gpt::Corpus corpus = gpt::make_corpus(c);
+        gpt::Model model(corpus.tokenizer.vocab(), c.block_size, c.n_layer, c.n_head, c.n_embd);
+        from_model(model, {c.batch_size, c.block_size}, 0,
+                   2 * static_cast<std::size_t>(c.batch_size * c.block_size) * sizeof(std::int32_t));
+        in.micro_batch = c.batch_size * c.block_size;
+        in.source = "train_gpt config " + *config + " (GPT " + std::to_string(c.n_layer) + " x " +
+                    std::to_string(c.n_embd) + ", " + std::to_string(c.block_size) + " positions, vocabulary " +
+                    std::to_string(corpus.tokenizer.vocab()) + ")";
+      } else {
+        const auto c = read_config<policy::Config>(*config, overrides);
+        common(c);
+        policy::Model model(c);
+        from_model(model, {c.batch_size, 1}, policy::observation_dim(c),
+                   static_cast<std::size_t>(c.batch_size * policy::action_dim * c.horizon) * sizeof(float));
+        in.source = "train_policy config " + *config + " (observation " + std::to_string(policy::observation_dim(c)) +
+                    ", action chunk " + std::to_string(c.horizon) + " x " + std::to_string(policy::action_dim) + ")";
+      }
+    } catch (const dtrain::error& e) {
+      throw usage_error{e.problem(), e.fix()};
+    }
     in.world = *world;
   }
   if (activations) {
@@ -382,6 +451,7 @@ std::string describe(const Inputs& in) {
   d += ", " + in.optimizer + " (" + std::to_string(optimizer_states(in)) + " fp32 states/param)";
   d += ", world " + std::to_string(in.world) + ", group " + std::to_string(in.shard_group);
   if (in.micro_batch) d += ", micro-batch " + std::to_string(*in.micro_batch) + " rows";
+  if (in.checkpointing) d += ", activation checkpointing";
   d += ", accumulate " + std::to_string(in.accumulate) + ", prefetch " + std::to_string(in.prefetch);
   return d;
 }
@@ -389,7 +459,8 @@ std::string describe(const Inputs& in) {
 // A Markdown table (pastes into docs), columns as wide as their widest cell.
 void print_table(const Inputs& in, const std::vector<Row>& rows) {
   std::printf("dtrain-estimate: %s%s%s\n", in.source.c_str(), in.source.empty() ? "" : ": ", describe(in).c_str());
-  std::printf("activations: %s\n\n", in.micro_batch ? "the Trainer's buffers for one micro-batch of the MLP"
+  std::printf("activations: %s\n\n", in.micro_batch ? "the Trainer's buffers for one micro-batch (units' transient "
+                                                       "workspace not included)"
                                                      : "as given by --activations-bytes (default 0)");
   std::vector<std::vector<std::string>> table = {{"strategy (MiB)", "params", "grads", "optimizer state", "master",
                                                   "gathered", "activations", "total per rank"}};

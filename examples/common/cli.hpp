@@ -89,6 +89,7 @@ inline bool set_common(Common& c, const std::string& key, const YAML::Node& v) {
   else if (key == "init_from") c.init_from = as<std::string>(v, key);
   else if (key == "init_strict") c.init_strict = as<bool>(v, key);
   else if (key == "activation_checkpointing") c.activation_checkpointing = as<bool>(v, key);
+  else if (key == "dump_batches") c.dump_batches = as<std::string>(v, key);
   else if (key == "bucket_mb") c.bucket_mb = as<double>(v, key);
   else return false;
   return true;
@@ -136,6 +137,8 @@ inline constexpr const char* common_usage = R"(  strategy      ddp | fsdp-full |
   resume        latest (the newest complete checkpoint in checkpoint_dir) | a checkpoint directory
   init_from     initial weights from a safetensors file (F32/BF16/F16, "<unit>.<param>")
   init_strict   false: load the tensors that match, list the rest (default true)
+  dump_batches  a directory: each rank writes rank-<r>.safetensors holding every micro-batch
+                it trained on ("<step>.<micro>.<tensor>"), to replay the run elsewhere
 )";
 
 // Parses the command line into a Config (Common + the example's keys):

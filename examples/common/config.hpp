@@ -45,6 +45,7 @@ struct Common {
   std::string init_from;              // initial weights from a safetensors file
   bool init_strict = true;            // false: load the matching tensors, list the rest
   bool activation_checkpointing = false;  // recompute units' inner activations in backward
+  std::string dump_batches;           // a directory: every rank writes the batches it trained on
   double bucket_mb = 25;
 };
 

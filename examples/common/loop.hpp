@@ -7,6 +7,8 @@
 
 #include <dtrain/trainer.hpp>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -103,6 +105,30 @@ void save(const Common& c, dtrain::World& world, Trainer& trainer, const dtrain:
   std::printf("saved checkpoint %s\n", dir.c_str());
 }
 
+// dump_batches=DIR: the micro-batches this rank trained on, as
+// DIR/rank-<r>.safetensors with tensors "<step>.<micro>.<name>" (steps from
+// 1), so a run can be replayed by another implementation (tests/examples/
+// parity.py replays it in PyTorch).
+inline void dump_batches(const Common& c, dtrain::World& world, const std::vector<std::vector<dtrain::Batch>>& steps,
+                         std::int64_t first_step) {
+  namespace fs = std::filesystem;
+  fs::create_directories(c.dump_batches);
+  dtrain::SafetensorsWriter writer;
+  for (std::size_t s = 0; s < steps.size(); ++s)
+    for (std::size_t k = 0; k < steps[s].size(); ++k)
+      for (const auto& [name, t] : steps[s][k].tensors) {
+        const auto type = t.type == dtrain::element_type::f32    ? dtrain::safetensors_dtype::f32
+                          : t.type == dtrain::element_type::bf16 ? dtrain::safetensors_dtype::bf16
+                          : t.type == dtrain::element_type::f16  ? dtrain::safetensors_dtype::f16
+                          : t.type == dtrain::element_type::i32  ? dtrain::safetensors_dtype::i32
+                          : t.type == dtrain::element_type::i64  ? dtrain::safetensors_dtype::i64
+                                                                 : dtrain::safetensors_dtype::u8;
+        writer.add(std::to_string(first_step + static_cast<std::int64_t>(s)) + "." + std::to_string(k) + "." + name,
+                   type, t.shape, t.bytes);
+      }
+  writer.write(fs::path(c.dump_batches) / ("rank-" + std::to_string(world.rank()) + ".safetensors"));
+}
+
 template <class... Policies, class Model, class Source, class Finish>
 int run_training(const Common& c, dtrain::World& world, Model& model, const Source& data, Finish&& finish) {
   const dtrain::TrainerOptions opts = trainer_options(c);
@@ -118,15 +144,19 @@ int run_training(const Common& c, dtrain::World& world, Model& model, const Sour
     if (world.rank() == 0 && !c.metrics.empty()) {
       // A resumed run appends: the records before the restart stay.
       metrics.open(c.metrics, resumed ? std::ios::app : std::ios::trunc);
+      metrics.precision(10);
       if (!metrics)
         throw dtrain::config_error("cannot write the metrics file '" + c.metrics + "'",
                                    "check that its folder exists and is writable");
     }
     const std::string_view strategy = Trainer::strategy_kind::name;
     std::vector<dtrain::Batch> micro(static_cast<std::size_t>(c.accumulate));
+    std::vector<std::vector<dtrain::Batch>> trained;  // dump_batches only
+    const std::int64_t first_step = trainer.steps_taken() + 1;
     for (std::int64_t s = trainer.steps_taken(); s < c.steps; ++s) {
       for (auto& b : micro) b = loader.next();
       const auto st = trainer.step(micro);
+      if (!c.dump_batches.empty()) trained.push_back(micro);
       const double seconds = st.step_ms / 1000.0;
       const double sps = st.samples / seconds, tps = st.positions / seconds;
       if (c.save_every > 0 && (st.step % c.save_every == 0 || s + 1 == c.steps)) save(c, world, trainer, sampler);
@@ -150,6 +180,14 @@ int run_training(const Common& c, dtrain::World& world, Model& model, const Sour
       }
     }
     finish(trainer);
+    if (world.rank() == 0) {
+      // The process's peak resident set: what the operating system saw,
+      // beside the Trainer's own accounting above.
+      rusage usage{};
+      ::getrusage(RUSAGE_SELF, &usage);
+      std::printf("peak resident memory (rank 0): %.1f MiB\n", static_cast<double>(usage.ru_maxrss) / 1024.0);
+    }
+    if (!c.dump_batches.empty()) dump_batches(c, world, trained, first_step);
     if (!c.save_params.empty()) trainer.save_params(c.save_params);
     std::fflush(stdout);
   };

@@ -109,44 +109,6 @@ struct StepStats {
   MemoryUsage memory;          // this rank's bytes by category (Trainer::memory())
 };
 
-namespace detail {
-// A tuple element of units() is either one unit or a range of identical units
-// (std::vector<Block>&, std::span<Block>): N transformer blocks, or the
-// runtime-sized layers of an MLP. Units are numbered in order, ranges expanded.
-template <class E>
-concept unit_range = requires(E& e) {
-  std::begin(e);
-  std::end(e);
-  std::rbegin(e);
-};
-
-template <class Tuple, class F>
-void for_each_unit(Tuple&& units, F&& f) {
-  std::size_t i = 0;
-  std::apply([&](auto&... elem) {
-    ([&](auto& e) {
-      if constexpr (unit_range<std::remove_cvref_t<decltype(e)>>)
-        for (auto& u : e) f(i++, u);
-      else
-        f(i++, e);
-    }(elem), ...);
-  }, units);
-}
-
-template <class Tuple, class F>
-void for_each_unit_reverse(Tuple&& units, std::size_t count, F&& f) {
-  constexpr std::size_t n = std::tuple_size_v<std::remove_cvref_t<Tuple>>;
-  std::size_t i = count;
-  auto visit = [&](auto& e) {
-    if constexpr (unit_range<std::remove_cvref_t<decltype(e)>>)
-      for (auto it = std::rbegin(e); it != std::rend(e); ++it) f(--i, *it);
-    else
-      f(--i, e);
-  };
-  [&]<std::size_t... I>(std::index_sequence<I...>) { (visit(std::get<n - 1 - I>(units)), ...); }(
-      std::make_index_sequence<n>{});
-}
-}  // namespace detail
 
 namespace detail {
 // Everything the Trainer does, instantiated once per (model, device, strategy

@@ -4,8 +4,8 @@
 
 #include <dtrain/checkpoint/checkpoint.hpp>
 #include <dtrain/checkpoint/safetensors.hpp>
-#include <dtrain/comm/store.hpp>
 #include <launch/process.hpp>
+#include "examples/run_example.hpp"
 
 #include <signal.h>
 
@@ -18,42 +18,27 @@
 #include <vector>
 
 namespace fs = std::filesystem;
+using dtrain::test::fresh;
+using dtrain::test::last_log;
+using dtrain::test::read_file;
+using dtrain::test::scratch;
 
 namespace {
 
-int free_port() {
-  dtrain::TcpStoreServer probe(0, "127.0.0.1");
-  return probe.port();
-}
-
-fs::path scratch(const std::string& name) {
-  const fs::path dir = fs::path(DTRAIN_TEST_BINARY_DIR) / "scratch";
-  fs::create_directories(dir);
-  return dir / name;
-}
-
-// Runs train_mlp on `ranks` CPU ranks; returns its exit status.
+// Runs train_mlp on `ranks` CPU ranks over the ddp_host preset; returns its exit status.
 int train(int ranks, const std::string& args) {
-  const std::string cmd = std::string("timeout 300 ") + DTRAIN_RUN_PATH + " --nproc-per-node " +
-                          std::to_string(ranks) + " --master-port " + std::to_string(free_port()) + " " +
-                          TRAIN_MLP_PATH + " --config " + DTRAIN_SOURCE_DIR + "/examples/configs/ddp_host.yaml " +
-                          args + " > " + scratch("last.log").string() + " 2>&1";
-  const int status = std::system(cmd.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return dtrain::test::run_example(TRAIN_MLP_PATH, ranks,
+                                   "--config " + std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/ddp_host.yaml " + args);
 }
 
 std::vector<double> losses(const fs::path& metrics) {
   std::ifstream in(metrics);
-  std::vector<double> out;
   for (std::string line; std::getline(in, line);) {
-    const auto k = line.find("\"loss\": ");
-    BOOST_REQUIRE(k != std::string::npos);
-    out.push_back(std::stod(line.substr(k + 8)));
     BOOST_REQUIRE(line.find("\"grad_norm\"") != std::string::npos);
     BOOST_REQUIRE(line.find("\"samples_per_s\"") != std::string::npos);
     BOOST_REQUIRE(line.find("\"world_size\": 2") != std::string::npos);
   }
-  return out;
+  return dtrain::test::losses(metrics);
 }
 
 }  // namespace
@@ -181,38 +166,6 @@ BOOST_AUTO_TEST_CASE(unknown_strategy_and_bad_hybrid_group_are_clear_errors) {
   BOOST_TEST(text.find("does not divide the world of 2 ranks") != std::string::npos);
 }
 
-// Every host preset in examples/configs trains as its comment says to launch it.
-BOOST_AUTO_TEST_CASE(every_host_preset_trains) {
-  for (const auto& entry : fs::directory_iterator(fs::path(DTRAIN_SOURCE_DIR) / "examples/configs")) {
-    std::ifstream in(entry.path());
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (text.find("device: host") == std::string::npos) continue;
-    const auto at = text.find("--nproc-per-node ");
-    BOOST_REQUIRE_MESSAGE(at != std::string::npos, entry.path() << " does not say how to launch it");
-    const int ranks = std::stoi(text.substr(at + 17));
-    BOOST_TEST_INFO(entry.path());
-    // steps past any preset's warmup (cosine schedules need warmup <= steps)
-    BOOST_TEST(train(ranks, "--config " + entry.path().string() + " steps=25 log_every=5") == 0);
-  }
-}
-
-namespace {
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::string last_log() { return read_file(scratch("last.log")); }
-
-fs::path fresh(const std::string& name) {
-  const auto p = scratch(name);
-  fs::remove_all(p);
-  return p;
-}
-
-}  // namespace
-
 // Resuming at step 20 of 30 gives the uninterrupted run's parameters to the
 // bit (same world size); keep_last leaves the newest two checkpoints.
 BOOST_AUTO_TEST_CASE(resume_latest_continues_bit_identically) {
@@ -261,7 +214,7 @@ BOOST_AUTO_TEST_CASE(elastic_restart_after_a_killed_rank) {
   const auto dir = fresh("elastic_b"), metrics = scratch("elastic.jsonl");
   fs::remove(metrics);
   dtrain::test::Process job({DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--max-restarts", "2", "--master-port",
-                             std::to_string(free_port()), TRAIN_MLP_PATH, "--config",
+                             std::to_string(dtrain::test::free_port()), TRAIN_MLP_PATH, "--config",
                              std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/ddp_host.yaml", "steps=40",
                              "hidden=24,20", "batch_size=16", "num_workers=1", "log_every=100", "samples=2048",
                              "save_every=5", "keep_last=2", "resume=latest", "checkpoint_dir=" + dir.string(),

@@ -155,14 +155,23 @@ BOOST_AUTO_TEST_CASE(tiny_classifier_learns) {
 }
 
 BOOST_AUTO_TEST_CASE(docs_show_the_compiled_code) {
-  const std::string code = read_file(DTRAIN_SOURCE_DIR "/tests/nn/custom_model.hpp");
+  const std::string docs = read_file(DTRAIN_SOURCE_DIR "/docs/model.md");
   const std::string marker = "// [docs/model.md]\n";
-  const auto begin = code.find(marker);
-  const auto end = code.find(marker, begin + 1);
-  BOOST_TEST_REQUIRE((begin != std::string::npos && end != std::string::npos), "markers in custom_model.hpp");
-  const std::string snippet = code.substr(begin + marker.size(), end - begin - marker.size());
-  BOOST_TEST(read_file(DTRAIN_SOURCE_DIR "/docs/model.md").find(snippet) != std::string::npos,
-             "docs/model.md must contain the code between the markers of tests/nn/custom_model.hpp verbatim");
+  for (const std::string file : {"custom_model.hpp", "custom_sequence.hpp"}) {
+    const std::string code = read_file(DTRAIN_SOURCE_DIR "/tests/nn/" + file);
+    // Markers come in pairs; each pair encloses one snippet of the page.
+    int snippets = 0;
+    for (auto begin = code.find(marker); begin != std::string::npos; begin = code.find(marker, begin + 1)) {
+      const auto end = code.find(marker, begin + marker.size());
+      BOOST_TEST_REQUIRE(end != std::string::npos, file << ": a marker line without its closing one");
+      const std::string snippet = code.substr(begin + marker.size(), end - begin - marker.size());
+      BOOST_TEST(docs.find(snippet) != std::string::npos,
+                 "docs/model.md must contain snippet " << snippets + 1 << " of tests/nn/" << file << " verbatim");
+      ++snippets;
+      begin = end;
+    }
+    BOOST_TEST(snippets > 0, file << " has marked snippets");
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -12,6 +12,9 @@
 #include "dtrain/device/cuda.hpp"
 #include "dtrain/device/host.hpp"
 #include "dtrain/nn/activation.hpp"
+#include "dtrain/nn/attention.hpp"
+#include "dtrain/nn/embedding.hpp"
+#include "dtrain/nn/transformer.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
@@ -30,13 +33,13 @@ template <class T>
 constexpr double cross_device_tol = std::is_same_v<T, float> ? 1e-5 : 2 * t::roundoff<T>() + 1e-4;
 
 template <class T, class U>
-void compare_unit(U unit, std::int64_t rows, std::int64_t in, const std::string& name) {
+void compare_unit(U unit, std::int64_t rows, std::int64_t in, const std::string& name, dtrain::SeqShape shape = {}) {
   BOOST_TEST_CONTEXT(name << " " << dtrain::dtype_traits<T>::name) {
     dtrain::Host host(1);
     dtrain::Cuda cuda(0);
     const t::UnitCase c = t::make_case(unit, rows, in, 31);
-    const t::UnitResult h = t::run_unit<T>(host, unit, c);
-    const t::UnitResult g = t::run_unit<T>(cuda, unit, c);
+    const t::UnitResult h = t::run_unit<T>(host, unit, c, true, shape);
+    const t::UnitResult g = t::run_unit<T>(cuda, unit, c, true, shape);
     t::expect_close(g.y, h.y, cross_device_tol<T>, "forward");
     t::expect_close(g.dx, h.dx, cross_device_tol<T>, "input gradient");
     for (std::size_t i = 0; i < c.specs.size(); ++i)
@@ -58,6 +61,52 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(units_match_host, T, t::dtypes) {
   compare_unit<T>(dtrain::nn::LayerNorm(70), 300, 70, "LayerNorm");
   compare_unit<T>(dtrain::nn::LayerNorm(70, {.trainable = false}), 300, 70, "frozen LayerNorm");
   compare_unit<T>(FeatureGain{70}, 300, 70, "FeatureGain");
+}
+
+// The sequence units: batched attention GEMMs, the causal softmax kernel and
+// the block's residual adds, with sequences long enough for several blocks.
+BOOST_AUTO_TEST_CASE_TEMPLATE(sequence_units_match_host, T, t::dtypes) {
+  const dtrain::SeqShape s{3, 37};
+  compare_unit<T>(dtrain::nn::CausalSelfAttention(64, 4), s.rows(), 64, "CausalSelfAttention", s);
+  compare_unit<T>(dtrain::nn::GeluMLP(64, 96), s.rows(), 64, "GeluMLP", s);
+  compare_unit<T>(dtrain::nn::TransformerBlock(64, 4), s.rows(), 64, "TransformerBlock", s);
+  compare_unit<T>(dtrain::nn::PositionalEmbedding(40, 64), s.rows(), 64, "PositionalEmbedding", s);
+}
+
+// Embedding on the GPU: ids read from device memory, the gradient summed per
+// id in row order (no atomics), so both devices agree exactly.
+BOOST_AUTO_TEST_CASE(embedding_matches_host) {
+  const std::int64_t vocab = 50, dim = 48, rows = 400;
+  std::mt19937_64 rng(5);
+  const auto w = t::random_nonzero(static_cast<std::size_t>(vocab * dim), rng);
+  const auto dy = t::random_nonzero(static_cast<std::size_t>(rows * dim), rng);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
+  std::uniform_int_distribution<std::int32_t> id(0, static_cast<std::int32_t>(vocab - 1));
+  for (auto& v : ids) v = id(rng);
+  auto run = [&]<class Dev>(Dev& dev) {
+    dtrain::nn::Embedding emb(vocab, dim);
+    auto idb = dtrain::make_buffer<std::int32_t>(dev, ids.size());
+    dev.copy_from_host(idb.data(), ids.data(), ids.size());
+    const auto wb = t::upload<float>(dev, w), dyb = t::upload<float>(dev, dy);
+    auto yb = dtrain::make_buffer<float>(dev, rows * dim), gb = dtrain::make_buffer<float>(dev, vocab * dim);
+    dtrain::DeviceBatch batch;
+    batch.set("x", dtrain::DeviceTensor{dtrain::element_type::i32, {4, rows / 4},
+                                        reinterpret_cast<const std::byte*>(idb.data()),
+                                        reinterpret_cast<const std::byte*>(ids.data()), {}});
+    const std::vector<dtrain::MatView<const float>> pv{{wb.data(), vocab, dim}};
+    const std::vector<dtrain::MatView<float>> gv{{gb.data(), vocab, dim}};
+    const dtrain::UnitContext<float> ctx{{4, rows / 4}, {}};
+    emb.template forward<Dev, float>(dev, pv, batch, yb.view(rows, dim), ctx);
+    emb.template backward<Dev, float>(dev, pv, gv, batch, std::as_const(yb).view(rows, dim),
+                                      std::as_const(dyb).view(rows, dim), ctx);
+    return std::pair{t::download<float>(dev, yb), t::download<float>(dev, gb)};
+  };
+  dtrain::Host host(1);
+  dtrain::Cuda cuda(0);
+  const auto [hy, hg] = run(host);
+  const auto [gy, gg] = run(cuda);
+  t::expect_close(gy, hy, 0.0, "embedding forward");
+  t::expect_close(gg, hg, 0.0, "embedding gradient");
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(cross_entropy_matches_host, T, t::dtypes) {

@@ -20,8 +20,8 @@
 //
 // Model states (params, grads, optimizer, master) are exact for every
 // strategy; FSDP's `gathered` is an upper bound (see fsdp_gathered below);
-// activations are whatever the caller passes (mlp_activation_bytes for
-// train_mlp's model).
+// activations are whatever the caller passes (model_activation_bytes for
+// any model, mlp_activation_bytes for train_mlp's).
 
 #include <algorithm>
 #include <array>
@@ -33,6 +33,7 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/device/buffer.hpp"
+#include "dtrain/model/unit.hpp"
 #include "dtrain/policy/strategy.hpp"
 
 namespace dtrain {
@@ -261,6 +262,46 @@ inline std::size_t mlp_activation_bytes(std::int64_t rows, std::int64_t features
   for (auto h : hidden) widths.insert(widths.end(), {h, h});
   widths.push_back(classes);
   return trainer_activation_bytes(rows, widths, compute_bytes);
+}
+
+// Each unit's trainable and frozen elements as a model's units declare them.
+template <class Model>
+std::vector<UnitNumel> declared_units(Model& model) {
+  std::vector<UnitNumel> units;
+  detail::for_each_unit(model.units(), [&](std::size_t, auto& unit) {
+    UnitNumel& u = units.emplace_back();
+    for (const ParamSpec& p : unit.params()) (p.trainable ? u.trainable : u.frozen) += static_cast<std::size_t>(p.numel());
+  });
+  return units;
+}
+
+// The Trainer's activation buffers for micro-batches of `shape` through any
+// model, from what its units declare (out_features, saved_size), in bytes:
+// each unit's output (and the input when the first unit is not an input
+// unit: in_width > 0; pass 0 for a model starting with nn::Embedding), two
+// gradient buffers of the widest width, what units keep for backward (every
+// unit's, or with activation checkpointing the largest one, which the units
+// share in turn), and the batch tensors uploaded to the device
+// (`batch_bytes`: every tensor but a float x that goes to the first
+// activation). Not included: units' transient workspace (attention's
+// projections, LayerNorm's row statistics), which the device allocator
+// counts under activations too.
+template <class Model>
+std::size_t model_activation_bytes(Model& model, SeqShape shape, std::int64_t in_width, std::size_t batch_bytes,
+                                   std::size_t compute_bytes, bool checkpointing) {
+  std::vector<std::int64_t> widths{in_width};
+  std::int64_t saved_sum = 0, saved_max = 0;
+  detail::for_each_unit(model.units(), [&](std::size_t, auto& unit) {
+    const std::int64_t s = saved_size_of(unit, shape, widths.back());
+    saved_sum += s;
+    saved_max = std::max(saved_max, s);
+    widths.push_back(unit.out_features(widths.back()));
+  });
+  std::int64_t elements = 0;
+  for (std::size_t u = in_width > 0 ? 0 : 1; u < widths.size(); ++u) elements += shape.rows() * widths[u];
+  elements += 2 * shape.rows() * *std::max_element(widths.begin(), widths.end());
+  elements += checkpointing ? saved_max : saved_sum;
+  return static_cast<std::size_t>(elements) * compute_bytes + batch_bytes;
 }
 
 }  // namespace dtrain

@@ -1,0 +1,168 @@
+"""PyTorch DDP (gloo) counterpart of train_gpt's benchmark configuration.
+
+The model of examples/gpt: token embedding and a learned position embedding,
+--n-layer pre-LayerNorm blocks (LayerNorm eps 1e-5, causal multi-head
+self-attention through one fused qkv Linear(d, 3d) and a Linear(d, d)
+projection, both with bias; residual; LayerNorm, Linear(d, 4d), exact (erf)
+GELU, Linear(4d, d); residual), a final LayerNorm and an untied head
+Linear(d, vocab) without bias; cross-entropy, mean over every token; AdamW
+(weight decay 0, torch 1.13's CPU default implementation); fp32. Data: random
+token ids in [0, --vocab) (their content does not change the speed), drawn
+before the timed loop. --checkpointing recomputes each block in backward
+(torch.utils.checkpoint, non-reentrant, so every parameter gets its gradient
+under DDP), as train_gpt's activation_checkpointing=true does for its units.
+
+Timed like train_gpt's step_ms: from zero_grad through optimizer.step, per
+step on rank 0; the JSON has every step's time, the median after --warmup
+steps, tokens/s (world x batch x block / median) and rank 0's peak resident
+set (getrusage ru_maxrss), also as it stood before the model was built
+(the Python interpreter and torch's libraries).
+
+Launch one process per rank with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set,
+e.g. `dtrain-run --nproc-per-node 2 /usr/bin/python3 bench/gpt/torch_ddp_gpt.py --vocab 40`.
+Threads per rank: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (dtrain-run sets
+both to cores / ranks unless they are set).
+"""
+
+import argparse
+import json
+import math
+import os
+import resource
+import time
+
+# Debian's OpenBLAS starts one thread per core in every process unless told
+# otherwise, before torch loads it (torch.set_num_threads does not reach it).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", os.environ["OPENBLAS_NUM_THREADS"])
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+
+def peak_rss_mib():
+    """This process's peak resident set so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, heads, block):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = torch.nn.LayerNorm(d, eps=1e-5)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.ln2 = torch.nn.LayerNorm(d, eps=1e-5)
+        self.fc = torch.nn.Linear(d, 4 * d)
+        self.out = torch.nn.Linear(4 * d, d)
+        # A plain attribute, not a buffer: DDP would broadcast buffers before every forward.
+        self.future = torch.ones(block, block, dtype=torch.bool).triu(1)
+
+    def attention(self, x):
+        b, t, d = x.shape
+        width = d // self.heads
+        q, k, v = (part.view(b, t, self.heads, width).transpose(1, 2) for part in self.qkv(x).split(d, dim=2))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(width))
+        scores = scores.masked_fill(self.future[:t, :t], float("-inf"))
+        return self.proj((scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, t, d))
+
+    def forward(self, x):
+        x = x + self.attention(self.ln1(x))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))  # F.gelu: the exact erf form
+
+
+class Gpt(torch.nn.Module):
+    def __init__(self, vocab, block, n_layer, heads, d, checkpointing):
+        super().__init__()
+        self.checkpointing = checkpointing
+        self.tok = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Parameter(torch.randn(block, d) * 0.02)
+        self.blocks = torch.nn.ModuleList(Block(d, heads, block) for _ in range(n_layer))
+        self.ln_f = torch.nn.LayerNorm(d, eps=1e-5)
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx, targets):
+        x = self.tok(idx) + self.pos[:idx.shape[1]]
+        for block in self.blocks:
+            if self.checkpointing:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, required=True, help="as train_gpt prints it ('vocabulary V')")
+    parser.add_argument("--n-layer", type=int, default=4)
+    parser.add_argument("--n-embd", type=int, default=128)
+    parser.add_argument("--n-head", type=int, default=4)
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per rank")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=10, help="steps left out of the median")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
+    parser.add_argument("--batches", type=int, default=16, help="distinct random batches per rank, cycled")
+    parser.add_argument("--json", help="rank 0 writes the results here (default: stdout)")
+    args = parser.parse_args()
+    if args.steps <= args.warmup:
+        parser.error("--steps must exceed --warmup")
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    torch.manual_seed(0)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rss_before_model = peak_rss_mib()
+
+    gpt = Gpt(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd, args.checkpointing)
+    parameters = sum(p.numel() for p in gpt.parameters())
+    model = DDP(gpt)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(1 + rank)
+    shape = (args.batches, args.batch_size, args.block_size)
+    xs = torch.randint(0, args.vocab, shape, generator=gen)
+    ys = torch.randint(0, args.vocab, shape, generator=gen)
+
+    step_ms = []
+    for step in range(args.steps):
+        xb, yb = xs[step % args.batches], ys[step % args.batches]
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(xb, yb)
+        loss.backward()
+        opt.step()
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        loss.item()
+
+    dist.barrier()
+    # gloo can deadlock at exit while DDP's buffers are alive (TOOLCHAIN.md).
+    del model, opt, loss
+    dist.destroy_process_group()
+    if rank != 0:
+        return
+    timed = sorted(step_ms[args.warmup:])
+    median = timed[len(timed) // 2]
+    tokens = world * args.batch_size * args.block_size
+    result = {"implementation": f"PyTorch {torch.__version__} DDP (gloo)", "world_size": world,
+              "threads_per_rank": torch.get_num_threads(), "vocab": args.vocab, "n_layer": args.n_layer,
+              "n_embd": args.n_embd, "n_head": args.n_head, "block_size": args.block_size,
+              "batch_per_rank": args.batch_size, "parameters": parameters, "checkpointing": args.checkpointing,
+              "precision": "fp32", "steps": args.steps, "warmup": args.warmup,
+              "median_step_ms": round(median, 4), "tokens_per_s": round(tokens / median * 1e3, 1),
+              "peak_rss_mib": round(peak_rss_mib(), 1), "rss_before_model_mib": round(rss_before_model, 1),
+              "step_ms": [round(t, 4) for t in step_ms]}
+    text = json.dumps(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# GPT training benchmark: examples/gpt's train_gpt against the same model in
+# PyTorch DDP (Debian's torch 1.13, CPU, gloo), in the same run. Installs what
+# is missing (python3-torch) and builds its targets through scripts/setup.sh
+# first (--no-setup: use BUILD_DIR as it is).
+# usage: bench/run_gpt_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--json PATH] [--no-setup]
+#
+# Model: n_layer 4, n_embd 128, n_head 4, block_size 128, batch 8 sequences
+# per rank, the vocabulary of train_gpt's generated corpus (the torch side
+# trains on random token ids of the same vocabulary), AdamW (lr 1e-3, weight
+# decay 0), fp32. train_gpt (strategy ddp, num_workers=0: batches are gathered
+# between steps, outside the timed step) and bench/gpt/torch_ddp_gpt.py, at 1
+# and 2 ranks, each without and with activation checkpointing
+# (activation_checkpointing=true; torch.utils.checkpoint around each block),
+# both launched by dtrain-run; threads per rank = cores / ranks
+# (OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, the same for both sides).
+# The implementations alternate N times (default 3; the first to start swaps
+# every run): each run reports rank 0's median step after the warm-up
+# (10 steps of the default 60; --steps N) and rank 0's peak resident set
+# (getrusage ru_maxrss); the tables show the median of the N runs, the JSON
+# keeps every run, with dtrain's own memory accounting (the `memory` object
+# of train_gpt's last metrics record).
+# bench/gpt/summarize.py writes bench/results/gpt.json (or --json PATH) and
+# prints the tables. With the default 3 runs: about 4 to 6 minutes on 2 cores.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+usage="usage: bench/run_gpt_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--json PATH] [--no-setup]"
+build=build
+if [[ $# -gt 0 && $1 != --* ]]; then
+  build=$1
+  shift
+fi
+repeat=3
+steps=60
+warmup=10
+json=$repo/bench/results/gpt.json
+setup=1
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --repeat) repeat=$2; shift ;;
+    --steps) steps=$2; shift ;;
+    --json) json=$2; shift ;;
+    --no-setup) setup=0 ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+  shift
+done
+if ! [[ $repeat =~ ^[1-9][0-9]*$ && $steps =~ ^[0-9]+$ ]] || ((steps <= warmup)); then
+  echo "$usage (--repeat >= 1, --steps > $warmup)" >&2
+  exit 2
+fi
+case $build in /*) ;; *) build=$repo/$build ;; esac
+case $json in /*) ;; *) json=$PWD/$json ;; esac
+launcher=$build/tools/dtrain-run
+train_gpt=$build/examples/train_gpt
+python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
+cores=$(nproc)
+n_layer=4
+n_embd=128
+n_head=4
+block=128
+batch=8
+lr=0.001
+
+# The project's set-up installs what is missing (Debian's python3-torch for
+# the PyTorch side among it) and builds what the benchmark runs.
+if ((setup)); then
+  DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup.sh" dtrain-run train_gpt > /dev/null
+fi
+for f in "$launcher" "$train_gpt"; do
+  [[ -x $f ]] || { echo "run_gpt_bench.sh: $f is missing: build it (or drop --no-setup)" >&2; exit 1; }
+done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+logged() {  # logged LOG command...: keeps the output out of the tables, shows it on failure
+  local log=$1
+  shift
+  if ! "$@" > "$log" 2>&1; then
+    cat "$log" >&2
+    echo "run_gpt_bench.sh: failed: $*" >&2
+    exit 1
+  fi
+}
+
+launch() {  # launch RANKS LOG command...: RANKS processes, cores / RANKS threads each
+  local n=$1 log=$2
+  shift 2
+  local t=$((cores / n > 0 ? cores / n : 1))
+  logged "$log" env OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t "$launcher" --nproc-per-node "$n" "$@"
+}
+
+# The vocabulary of the generated corpus (train_gpt's first line: "vocabulary
+# V"), which the torch side needs: one step of a one-layer model.
+launch 1 "$work/vocab.log" "$train_gpt" n_layer=1 n_embd=$n_embd n_head=$n_head block_size=$block batch_size=1 \
+  steps=1 num_workers=0 eval_batches=0
+vocab=$(sed -n 's/.*vocabulary \([0-9][0-9]*\).*/\1/p' "$work/vocab.log" | head -n 1)
+if [[ -z $vocab ]]; then
+  cat "$work/vocab.log" >&2
+  echo "run_gpt_bench.sh: no 'vocabulary V' in train_gpt's output" >&2
+  exit 1
+fi
+
+# run_one IMPL RANKS AC REPEAT: one implementation (dtrain | torch) at one
+# world size, activation checkpointing AC (0 | 1).
+run_one() {
+  local impl=$1 n=$2 ac=$3 i=$4
+  local base=$work/$impl.$n.ac$ac.$i
+  if [[ $impl == torch ]]; then
+    local ckpt=()
+    ((ac)) && ckpt=(--checkpointing)
+    launch "$n" "$base.log" "$python" "$repo/bench/gpt/torch_ddp_gpt.py" --vocab "$vocab" --n-layer $n_layer \
+      --n-embd $n_embd --n-head $n_head --block-size $block --batch-size $batch --lr $lr --steps "$steps" \
+      --warmup $warmup "${ckpt[@]}" --json "$base.json"
+  else
+    local flag=false
+    ((ac)) && flag=true
+    launch "$n" "$base.log" "$train_gpt" strategy=ddp n_layer=$n_layer n_embd=$n_embd n_head=$n_head \
+      block_size=$block batch_size=$batch steps="$steps" optimizer=adamw lr=$lr weight_decay=0 precision=fp32 \
+      num_workers=0 log_every="$steps" eval_batches=0 activation_checkpointing=$flag metrics="$base.jsonl"
+  fi
+}
+
+echo "vocabulary $vocab; $steps steps per run, the first $warmup left out of the medians"
+for ((i = 1; i <= repeat; i++)); do
+  # Which implementation starts swaps every run: any drift in the machine's
+  # load spreads over both.
+  order=(dtrain torch)
+  ((i % 2 == 0)) && order=(torch dtrain)
+  for n in 1 2; do
+    for ac in 0 1; do
+      echo "run $i/$repeat: $n rank(s), $((cores / n > 0 ? cores / n : 1)) thread(s) each," \
+        "activation checkpointing $( ((ac)) && echo on || echo off): ${order[*]}"
+      for impl in "${order[@]}"; do run_one "$impl" "$n" "$ac" "$i"; done
+    done
+  done
+done
+
+mkdir -p "$(dirname "$json")"
+"$python" "$repo/bench/gpt/summarize.py" "$work" --repeat "$repeat" --cores "$cores" --steps "$steps" \
+  --warmup $warmup --vocab "$vocab" --n-layer $n_layer --n-embd $n_embd --n-head $n_head --block-size $block \
+  --batch $batch --json "$json"
