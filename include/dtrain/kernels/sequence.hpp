@@ -46,6 +46,27 @@ struct HeadPermute {
   }
 };
 
+// The same permutation one contiguous run of head_dim elements per index (a
+// row's head within one part is contiguous on both sides): run over
+// rows * parts * heads. For the host, where the per-element index arithmetic
+// of HeadPermute costs more than the copy; the GPU keeps HeadPermute, whose
+// neighbouring threads touch neighbouring elements.
+template <Dtype T>
+struct HeadPermuteRuns {
+  HeadLayout l;
+  const T* src;
+  T* dst;
+  bool to_heads;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto n = static_cast<std::int64_t>(i), per_row = l.parts * l.heads;
+    const std::int64_t row = n / per_row, col = (n % per_row) * l.head_dim;
+    const std::int64_t at_rows = row * l.parts * l.width() + col, at_heads = l.head_index(row, col);
+    const T* from = src + (to_heads ? at_rows : at_heads);
+    T* to = dst + (to_heads ? at_heads : at_rows);
+    for (std::int64_t d = 0; d < l.head_dim; ++d) to[d] = from[d];
+  }
+};
+
 // In place on the [time, time] score matrices of every (batch, head): row t
 // becomes softmax over columns 0..t (the past and present), 0 beyond. Run
 // over batch * heads * time rows.

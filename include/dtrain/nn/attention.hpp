@@ -67,13 +67,13 @@ class CausalSelfAttention {
     T* qkv = dev.template workspace<T>(static_cast<std::size_t>(4 * s.rows * dim_));
     T* o = qkv + 3 * s.rows * dim_;
     linear(dev, x, p[0].data, p[1].data, qkv, 3 * dim_);
-    dev.for_each(static_cast<std::size_t>(3 * s.rows * dim_), HeadPermute<T>{s.layout(3), qkv, s.q, true});
+    permute_heads(dev, s.layout(3), qkv, s.q, true);
     const std::int64_t T_ = s.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd;
     dev.gemm_batched(false, true, T_, T_, hd, 1.f / std::sqrt(static_cast<float>(hd)), s.q, hd, th, s.k, hd, th, 0.f,
                      s.att, T_, tt, s.bh);
     dev.for_each(static_cast<std::size_t>(s.bh * T_), CausalSoftmax<T>{s.att, T_});
     dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, s.bh);
-    dev.for_each(static_cast<std::size_t>(s.rows * dim_), HeadPermute<T>{s.layout(1), o, s.merged, false});
+    permute_heads(dev, s.layout(1), o, s.merged, false);
     linear(dev, MatView<const T>{s.merged, s.rows, dim_}, p[2].data, p[3].data, y.data, dim_);
   }
 
@@ -95,14 +95,14 @@ class CausalSelfAttention {
     T* d_qkv = d_v + N * C;
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[2].data, C, 0.f, d_merged, C);
     weight_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
-    dev.for_each(static_cast<std::size_t>(N * C), HeadPermute<T>{s.layout(1), d_merged, d_o, true});
+    permute_heads(dev, s.layout(1), d_merged, d_o, true);
     dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, 0.f, d_att, T_, tt, s.bh);
     dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att, T_, tt, d_o, hd, th, 0.f, d_v, hd, th, s.bh);
     dev.for_each(static_cast<std::size_t>(s.bh * T_),
                  CausalSoftmaxBackward<T>{s.att, d_att, T_, 1.f / std::sqrt(static_cast<float>(hd))});
     dev.gemm_batched(false, false, T_, hd, T_, 1.f, d_att, T_, tt, s.k, hd, th, 0.f, d_q, hd, th, s.bh);
     dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, s.bh);
-    dev.for_each(static_cast<std::size_t>(3 * N * C), HeadPermute<T>{s.layout(3), d_q, d_qkv, false});
+    permute_heads(dev, s.layout(3), d_q, d_qkv, false);
     const MatView<const T> dqkv{d_qkv, N, 3 * C};
     weight_grads(dev, x, dqkv, grad[0], grad[1]);
     if (!dx.empty()) {
@@ -112,6 +112,15 @@ class CausalSelfAttention {
   }
 
  private:
+  // rows <-> heads (to_heads: rows -> heads), by runs of head_dim on the host.
+  template <class Dev, class T>
+  static void permute_heads(Dev& dev, HeadLayout l, const T* src, T* dst, bool to_heads) {
+    if constexpr (Dev::host_accessible)
+      dev.for_each(static_cast<std::size_t>(l.rows() * l.parts * l.heads), HeadPermuteRuns<T>{l, src, dst, to_heads});
+    else
+      dev.for_each(static_cast<std::size_t>(l.rows() * l.parts * l.width()), HeadPermute<T>{l, src, dst, to_heads});
+  }
+
   // The saved activations of one call, carved out of UnitContext::saved.
   template <class T>
   struct Parts {
