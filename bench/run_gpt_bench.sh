@@ -74,23 +74,8 @@ done
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-
-logged() {  # logged LOG command...: keeps the output out of the tables, shows it on failure
-  local log=$1
-  shift
-  if ! "$@" > "$log" 2>&1; then
-    cat "$log" >&2
-    echo "run_gpt_bench.sh: failed: $*" >&2
-    exit 1
-  fi
-}
-
-launch() {  # launch RANKS LOG command...: RANKS processes, cores / RANKS threads each
-  local n=$1 log=$2
-  shift 2
-  local t=$((cores / n > 0 ? cores / n : 1))
-  logged "$log" env OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t "$launcher" --nproc-per-node "$n" "$@"
-}
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
 
 # The vocabulary of the generated corpus (train_gpt's first line: "vocabulary
 # V"), which the torch side needs: one step of a one-layer model.

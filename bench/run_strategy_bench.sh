@@ -62,23 +62,8 @@ DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-
-logged() {  # logged LOG command...: keeps the output out of the tables, shows it on failure
-  local log=$1
-  shift
-  if ! "$@" > "$log" 2>&1; then
-    cat "$log" >&2
-    echo "run_strategy_bench.sh: failed: $*" >&2
-    exit 1
-  fi
-}
-
-launch() {  # launch RANKS LOG command...: RANKS processes, cores / RANKS threads each
-  local n=$1 log=$2
-  shift 2
-  local t=$((cores / n > 0 ? cores / n : 1))
-  logged "$log" env OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t "$launcher" --nproc-per-node "$n" "$@"
-}
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
 
 # run_one RANKS LABEL REPEAT: one implementation at one world size. LABEL is
 # a train_mlp strategy, fsdp-hybrid-gK (shard_group=K) or torch-ddp-PRECISION.

@@ -50,22 +50,8 @@ DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-
-with_threads() {  # with_threads T command...: the same thread settings for either side
-  local t=$1
-  shift
-  OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t "$@"
-}
-
-logged() {  # logged LOG command...: keeps the output out of the tables, shows it on failure
-  local log=$1
-  shift
-  if ! "$@" > "$log" 2>&1; then
-    cat "$log" >&2
-    echo "run_training_bench.sh: failed: $*" >&2
-    exit 1
-  fi
-}
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
 
 for ((i = 1; i <= repeat; i++)); do
   echo "run $i/$repeat: (a) AdamW, $cores thread(s): dtrain, dtrain -fno-math-errno, torch..."
