@@ -7,6 +7,8 @@
 
 #include <sys/wait.h>
 
+#include <cerrno>  // program_invocation_short_name (glibc)
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -23,9 +25,10 @@ inline int free_port() {
   return probe.port();
 }
 
-// A path in the test's scratch folder.
+// A path in this test program's own scratch folder (CTest runs the example
+// tests in parallel: each keeps its logs and files apart).
 inline fs::path scratch(const std::string& name) {
-  const fs::path dir = fs::path(DTRAIN_TEST_BINARY_DIR) / "scratch";
+  const fs::path dir = fs::path(DTRAIN_TEST_BINARY_DIR) / "scratch" / program_invocation_short_name;
   fs::create_directories(dir);
   return dir / name;
 }
