@@ -138,7 +138,8 @@ inline constexpr const char* common_usage = R"(  strategy      ddp | fsdp-full |
   init_from     initial weights from a safetensors file (F32/BF16/F16, "<unit>.<param>")
   init_strict   false: load the tensors that match, list the rest (default true)
   dump_batches  a directory: each rank writes rank-<r>.safetensors holding every micro-batch
-                it trained on ("<step>.<micro>.<tensor>"), to replay the run elsewhere
+                it trained on ("<step>.<micro>.<tensor>"), to replay the run elsewhere; the
+                batches are kept in memory until the end: for short runs
 )";
 
 // Parses the command line into a Config (Common + the example's keys):

@@ -4,11 +4,11 @@
 // MemoryUsage) for a model, a strategy, a precision and a world size.
 //
 //   dtrain::EstimateInputs in;
-//   in.units = dtrain::mlp_units(32, {256, 256}, 10);
+//   in.units = dtrain::declared_units(model);   // any model, nothing allocated
 //   in.compute_bytes = 2;                        // bf16
 //   in.strategy = "fsdp-full";
 //   in.world = 8;
-//   in.activations = dtrain::mlp_activation_bytes(64, 32, {256, 256}, 10, 2);
+//   in.activations = dtrain::model_activation_bytes(model, {64, 1}, 32, 64 * 4, 2, false);
 //   dtrain::MemoryUsage m = dtrain::estimate_memory(in);
 //
 // The formulas restate, from the model's element counts alone, what each
@@ -20,8 +20,8 @@
 //
 // Model states (params, grads, optimizer, master) are exact for every
 // strategy; FSDP's `gathered` is an upper bound (see fsdp_gathered below);
-// activations are whatever the caller passes (model_activation_bytes for
-// any model, mlp_activation_bytes for train_mlp's).
+// activations are whatever the caller passes (model_activation_bytes works
+// them out for any model).
 
 #include <algorithm>
 #include <array>
@@ -214,54 +214,6 @@ inline MemoryUsage estimate_memory(const EstimateInputs& in) {
     u.grads += owned * f32 + (stage_in_r ? (m.trainable + owned) * R : 0);
   }
   return u;
-}
-
-// Parameter elements per unit of train_mlp's model (examples/mlp/mlp.hpp):
-// Linear(in, h) then a parameter-free activation per hidden width h, then
-// Linear(in, classes); every Linear has a bias and is trainable.
-inline std::vector<UnitNumel> mlp_units(std::int64_t features, const std::vector<std::int64_t>& hidden,
-                                        std::int64_t classes) {
-  std::vector<UnitNumel> units;
-  std::int64_t in = features;
-  const auto linear = [&](std::int64_t out) {
-    units.push_back({static_cast<std::size_t>(out * in + out), 0});
-    in = out;
-  };
-  for (auto h : hidden) {
-    linear(h);
-    units.push_back({});
-  }
-  linear(classes);
-  return units;
-}
-
-// The Trainer's activation memory for micro-batches of `rows` rows through
-// units whose widths are `widths` (the input width, then each unit's output
-// width): one output buffer per unit plus the input, two gradient buffers of
-// the widest width (backward alternates between them), and the int32
-// labels, all in the compute dtype but the labels. Buffers are sized once for
-// the micro-batch and reused, so this holds for every micro-batch of the same
-// size. Unit workspace (LayerNorm's row statistics) is not included.
-inline std::size_t trainer_activation_bytes(std::int64_t rows, const std::vector<std::int64_t>& widths,
-                                            std::size_t compute_bytes) {
-  std::int64_t elements = 0, widest = 0;
-  for (auto w : widths) {
-    elements += rows * w;
-    widest = std::max(widest, w);
-  }
-  elements += 2 * rows * widest;
-  return static_cast<std::size_t>(elements) * compute_bytes + static_cast<std::size_t>(rows) * sizeof(std::int32_t);
-}
-
-// trainer_activation_bytes for train_mlp's model: a Linear maps to h, its
-// activation keeps h, the head maps to classes.
-inline std::size_t mlp_activation_bytes(std::int64_t rows, std::int64_t features,
-                                        const std::vector<std::int64_t>& hidden, std::int64_t classes,
-                                        std::size_t compute_bytes) {
-  std::vector<std::int64_t> widths{features};
-  for (auto h : hidden) widths.insert(widths.end(), {h, h});
-  widths.push_back(classes);
-  return trainer_activation_bytes(rows, widths, compute_bytes);
 }
 
 // Each unit's trainable and frozen elements as a model's units declare them.
