@@ -10,7 +10,7 @@
 // median over iterations; reported, the slowest rank's median. The iteration
 // count depends only on the size, so every rank runs the same sequence.
 
-#include <dtrain/comm/gloo.hpp>
+#include <dtrain/comm/host.hpp>
 #include <dtrain/launch/init.hpp>
 
 #include <algorithm>

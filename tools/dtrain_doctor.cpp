@@ -10,7 +10,7 @@
 // prints an nccl-tests-style bandwidth table. Exit status 0: all checks
 // passed; 1: a check failed or a collective threw; 2: bad arguments.
 
-#include <dtrain/comm/gloo.hpp>
+#include <dtrain/comm/host.hpp>
 #include <dtrain/comm/nccl.hpp>
 #include <dtrain/comm/world.hpp>
 #include <dtrain/version.hpp>

@@ -481,6 +481,15 @@ void report(const dtrain::error& e) {
   write_all(2, text + "\n");
 }
 
+// This launch's id: names its ranks' shared-memory segments (DTRAIN_JOB_ID).
+std::string job_id(int restart) {
+  std::string id = std::to_string(::getpid());  // appended, not `"r" + ...`: GCC 12 warns falsely there
+  id.insert(id.begin(), 'r');
+  id += 'x';
+  id += std::to_string(restart);
+  return id;
+}
+
 int launch(const dtrain::RunOptions& opts) {
   int cpus = dtrain::usable_cpu_count();
   int nproc = 0;
@@ -508,9 +517,11 @@ int launch(const dtrain::RunOptions& opts) {
         .master_port = pick_port ? dtrain::free_tcp_port()
                                  : opts.master_port.value_or(dtrain::default_master_port),
         .cpu_count = cpus,
-        .restart_count = restart};
+        .restart_count = restart,
+        .job_id = job_id(restart)};
     Group group(opts, layout, path, inherited, signals);
     Outcome outcome = group.run();
+    dtrain::remove_job_segments(layout.job_id);
     if (outcome.signal) signals.die_by(outcome.signal);
     if (!outcome.failure) return 0;
     if (restart >= opts.max_restarts) {

@@ -1,7 +1,7 @@
 // A rank program for the multi-process collective tests: joins the job from
 // the launcher's environment, runs every collective for every dtype against
 // exactly computable expectations, and exits non-zero on the first mismatch.
-#include <dtrain/comm/gloo.hpp>
+#include <dtrain/comm/host.hpp>
 #include <dtrain/launch/init.hpp>
 
 #include <cstdio>

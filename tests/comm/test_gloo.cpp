@@ -1,7 +1,7 @@
 #define BOOST_TEST_MODULE comm_gloo
 #include <boost/test/unit_test.hpp>
 
-#include <dtrain/comm/gloo.hpp>
+#include <dtrain/comm/host.hpp>
 #include <dtrain/comm/store.hpp>
 #include <dtrain/core/dtype.hpp>
 #include <support/ranks.hpp>
@@ -64,13 +64,39 @@ void check_close(const std::vector<T>& got, const std::vector<double>& want, con
 
 const std::vector<std::size_t> sizes = {0, 1, 7, 1000, 300007};
 
+// Every reference test runs on each host transport: Gloo over TCP, shared
+// memory with its default chunk (300007 elements span several chunks), and
+// shared memory with 4 KiB chunks, so every size crosses chunk boundaries.
+struct Setup {
+  const char* name;
+  host_transport host;
+  std::size_t part_bytes;
+};
+const Setup setups[] = {{"gloo", host_transport::gloo, std::size_t{256} << 10},
+                        {"shm", host_transport::shm, std::size_t{256} << 10},
+                        {"shm", host_transport::shm, std::size_t{4} << 10}};
+
+CommOptions options_for(const Setup& s) {
+  CommOptions o;
+  o.host = s.host;
+  o.shm_part_bytes = s.part_bytes;
+  return o;
+}
+
+void check_transport(const HostCommunicator& comm, const Setup& s) {
+  require(comm.size() == 1 || comm.transport() == s.name,
+          std::string("expected transport ") + s.name + ", got " + comm.description());
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(all_reduce_matches_reference, T, Dtypes) {
+  for (const Setup& setup : setups)
   for (int n = 1; n <= 4; ++n)
     for (auto op : {reduce_op::sum, reduce_op::avg})
       run_ranks(n, [&](World& w) {
-        GlooCommunicator comm(w);
+        HostCommunicator comm(w);
+        check_transport(comm, setup);
         for (std::size_t len : sizes) {
           auto buf = as_dtype<T>(rank_input<T>(len, w.rank(), len));
           comm.all_reduce(std::span<T>(buf), op).wait();
@@ -81,16 +107,19 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(all_reduce_matches_reference, T, Dtypes) {
           }
           if (op == reduce_op::avg)
             for (auto& x : want) x /= n;
-          check_close(buf, want, "all_reduce " + std::string(reduce_op_name(op)) + " n=" + std::to_string(n));
+          check_close(buf, want, std::string(setup.name) + " all_reduce " + std::string(reduce_op_name(op)) +
+                                     " n=" + std::to_string(n));
         }
-      });
+      }, options_for(setup));
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_scatter_matches_reference, T, Dtypes) {
+  for (const Setup& setup : setups)
   for (int n = 1; n <= 4; ++n)
     for (auto op : {reduce_op::sum, reduce_op::avg})
       run_ranks(n, [&](World& w) {
-        GlooCommunicator comm(w);
+        HostCommunicator comm(w);
+        check_transport(comm, setup);
         for (std::size_t chunk : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{40001}}) {
           const std::size_t len = chunk * static_cast<std::size_t>(n);
           const auto in = as_dtype<T>(rank_input<T>(len, w.rank(), chunk));
@@ -103,15 +132,17 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_scatter_matches_reference, T, Dtypes) {
           }
           if (op == reduce_op::avg)
             for (auto& x : want) x /= n;
-          check_close(out, want, "reduce_scatter n=" + std::to_string(n));
+          check_close(out, want, std::string(setup.name) + " reduce_scatter n=" + std::to_string(n));
         }
-      });
+      }, options_for(setup));
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(all_gather_and_broadcast_are_exact, T, Dtypes) {
+  for (const Setup& setup : setups)
   for (int n = 1; n <= 4; ++n)
     run_ranks(n, [&](World& w) {
-      GlooCommunicator comm(w);
+      HostCommunicator comm(w);
+      check_transport(comm, setup);
       for (std::size_t len : {std::size_t{0}, std::size_t{3}, std::size_t{50021}}) {
         const auto mine = as_dtype<T>(random_values(len, 7 + static_cast<std::uint64_t>(w.rank())));
         std::vector<T> all(len * static_cast<std::size_t>(n));
@@ -127,9 +158,15 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(all_gather_and_broadcast_are_exact, T, Dtypes) {
           const auto want = as_dtype<T>(random_values(len, 100 + static_cast<std::uint64_t>(root)));
           require(buf == want, "broadcast mismatch from root " + std::to_string(root));
         }
+        // In place, as FSDP gathers: this rank's part already sits in its slot.
+        std::vector<T> slots(len * static_cast<std::size_t>(n));
+        std::copy(mine.begin(), mine.end(), slots.begin() + static_cast<std::ptrdiff_t>(len * static_cast<std::size_t>(w.rank())));
+        const std::span<T> own = std::span<T>(slots).subspan(len * static_cast<std::size_t>(w.rank()), len);
+        comm.all_gather(std::span<const T>(own), std::span<T>(slots)).wait();
+        require(slots == all, "in-place all_gather mismatch");
       }
       comm.barrier().wait();
-    });
+    }, options_for(setup));
 }
 
 BOOST_AUTO_TEST_CASE(many_collectives_in_flight_complete_in_order) {

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <concepts>
+#include <cstddef>
 #include <span>
 #include <string_view>
 
@@ -29,12 +30,29 @@ constexpr std::string_view reduce_op_name(reduce_op op) {
   return op == reduce_op::sum ? "sum" : "avg";
 }
 
+// How host (CPU) ranks talk. automatic: shared memory between the ranks of
+// a node, Gloo between nodes (only Gloo when nodes hold unequal numbers of
+// ranks); shm: the same, but an error when shared memory cannot be used;
+// gloo: Gloo over TCP everywhere. Env DTRAIN_HOST_TRANSPORT=auto|shm|gloo.
+enum class host_transport { automatic, shm, gloo };
+
+// How a rank waits for its peers in shared memory (env DTRAIN_SHM_WAIT):
+// spin never sleeps (lowest latency when every rank has a core), futex
+// sleeps in the kernel at once (never steals a core), automatic spins
+// briefly and then sleeps.
+enum class shm_wait { automatic, spin, futex };
+
 struct CommOptions {
   // A collective that has not completed after this long fails on every rank
   // that reached it, naming the collective, its sequence number and the ranks
   // that never arrived. Generous by default: the first step of a large job can
   // be slow. Overridable with DTRAIN_COMM_TIMEOUT_S in dtrain::init().
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  host_transport host = host_transport::automatic;
+  shm_wait wait = shm_wait::automatic;
+  // One rank's share of a shared-memory chunk (env DTRAIN_SHM_CHUNK_KIB):
+  // large enough to amortise the hand-shakes, small enough to stay in cache.
+  std::size_t shm_part_bytes = std::size_t{256} << 10;
 };
 
 template <class W>

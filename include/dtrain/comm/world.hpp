@@ -29,6 +29,10 @@ class World {
     int size = 1;
     int local_rank = 0;
     int local_size = 1;
+    // Which node this process is on, beyond its host name: the launcher's
+    // node index (GROUP_RANK, SLURM_NODEID). Two dtrain-run --nnodes 2 on
+    // one machine are two nodes; threads of one process are one node.
+    std::string node_tag;
   };
 
   // Joins the rendezvous at master_addr:master_port. Rank 0 hosts it unless a
@@ -54,6 +58,7 @@ class World {
   int size() const { return state_->layout.size; }
   int local_rank() const { return state_->layout.local_rank; }
   int local_size() const { return state_->layout.local_size; }
+  const std::string& node_tag() const { return state_->layout.node_tag; }
   const CommOptions& options() const { return state_->options; }
 
   // The rendezvous store; null for a world of one that hosts none.
@@ -172,7 +177,7 @@ inline std::vector<World> make_local_worlds(int n, CommOptions options = {}) {
   auto server = std::make_shared<TcpStoreServer>(0, "127.0.0.1");
   std::vector<World> worlds;
   worlds.reserve(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) worlds.emplace_back(World::Layout{r, n, r, n}, "127.0.0.1", server->port(), options, server);
+  for (int r = 0; r < n; ++r) worlds.emplace_back(World::Layout{r, n, r, n, {}}, "127.0.0.1", server->port(), options, server);
   return worlds;
 }
 

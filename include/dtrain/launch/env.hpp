@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@
 #include <system_error>
 #include <vector>
 
+#include "dtrain/comm/communicator.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain {
@@ -36,6 +38,12 @@ struct LaunchEnv {
   std::string source;       // "none", "torchrun" (also dtrain-run), "slurm", "openmpi"
   // DTRAIN_COMM_TIMEOUT_S: how long a collective may wait before it fails.
   std::optional<double> comm_timeout_s;
+  // This process's node index from the launcher (GROUP_RANK, SLURM_NODEID); "" if none.
+  std::string node_tag;
+  // DTRAIN_HOST_TRANSPORT, DTRAIN_SHM_WAIT, DTRAIN_SHM_CHUNK_KIB (comm/communicator.hpp).
+  std::optional<host_transport> host;
+  std::optional<shm_wait> wait;
+  std::optional<std::size_t> shm_part_bytes;
 };
 
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
@@ -263,6 +271,41 @@ inline std::optional<double> read_comm_timeout(const EnvLookup& env) {
   return seconds;
 }
 
+// One of `names` (their spelling in the error), or nullopt when unset.
+template <class E>
+std::optional<E> env_choice(const EnvLookup& env, const char* var,
+                            std::initializer_list<std::pair<std::string_view, E>> names) {
+  auto text = env(var);
+  if (!text) return std::nullopt;
+  std::string list;
+  for (const auto& [name, value] : names) {
+    if (*text == name) return value;
+    list += (list.empty() ? "" : "|") + std::string(name);
+  }
+  throw launch_error(std::string(var) + "='" + *text + "' is not one of " + list,
+                     "set " + std::string(var) + " to one of " + list + ", or unset it");
+}
+
+inline void read_comm_choices(const EnvLookup& env, LaunchEnv& e) {
+  e.host = env_choice<host_transport>(env, "DTRAIN_HOST_TRANSPORT", {{"auto", host_transport::automatic},
+                                                                     {"shm", host_transport::shm},
+                                                                     {"gloo", host_transport::gloo}});
+  e.wait = env_choice<shm_wait>(env, "DTRAIN_SHM_WAIT",
+                                {{"auto", shm_wait::automatic}, {"spin", shm_wait::spin}, {"futex", shm_wait::futex}});
+  if (auto text = env("DTRAIN_SHM_CHUNK_KIB")) {
+    auto kib = parse_integer(*text);
+    if (!kib || *kib < 4 || *kib > (1 << 20) || *kib % 4 != 0)
+      throw launch_error("DTRAIN_SHM_CHUNK_KIB='" + *text + "' is not a multiple of 4 between 4 and 1048576",
+                         "set it to e.g. 256, or unset it for the default");
+    e.shm_part_bytes = static_cast<std::size_t>(*kib) << 10;
+  }
+  for (const char* name : {"GROUP_RANK", "SLURM_NODEID"})
+    if (auto tag = env(name); tag && !tag->empty()) {
+      e.node_tag = *tag;
+      break;
+    }
+}
+
 }  // namespace detail
 
 inline LaunchEnv discover_env(const EnvLookup& env) {
@@ -281,6 +324,7 @@ inline LaunchEnv discover_env(const EnvLookup& env) {
   }
   detail::read_master(env, vars, e);
   e.comm_timeout_s = detail::read_comm_timeout(env);
+  detail::read_comm_choices(env, e);
   return e;
 }
 

@@ -21,8 +21,11 @@ struct InitOptions {
 inline World init(const LaunchEnv& env, InitOptions options = {}) {
   if (env.comm_timeout_s)
     options.comm.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(*env.comm_timeout_s * 1000.0));
-  return World(World::Layout{env.rank, env.world_size, env.local_rank, env.local_world_size}, env.master_addr,
-               env.master_port, options.comm);
+  if (env.host) options.comm.host = *env.host;
+  if (env.wait) options.comm.wait = *env.wait;
+  if (env.shm_part_bytes) options.comm.shm_part_bytes = *env.shm_part_bytes;
+  return World(World::Layout{env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_tag},
+               env.master_addr, env.master_port, options.comm);
 }
 
 inline World init(InitOptions options = {}) { return init(discover_env(), options); }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -79,7 +80,7 @@ options (torchrun's spellings with '_' are accepted too, and --flag=value):
   --version                    show the version and exit
 
 each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
-MASTER_ADDR, MASTER_PORT, DTRAIN_RUN=1, DTRAIN_RESTART_COUNT, and
+MASTER_ADDR, MASTER_PORT, DTRAIN_RUN=1, DTRAIN_RESTART_COUNT, DTRAIN_JOB_ID, and
 OMP_NUM_THREADS / OPENBLAS_NUM_THREADS = max(1, cores / nproc) unless set.
 
 exit status: 0 when every rank succeeded; the first failing rank's exit code
@@ -262,6 +263,9 @@ struct GroupLayout {
   int master_port = default_master_port;
   int cpu_count = 1;
   int restart_count = 0;
+  // Names this launch's shared-memory segments (comm/host.hpp), so that
+  // remove_job_segments() can clear what a killed rank left behind.
+  std::string job_id;
 };
 
 // The environment of local rank `local_rank`: the inherited one, with the
@@ -283,6 +287,7 @@ inline std::vector<std::string> rank_environment(const RunOptions& o, const Grou
       {"MASTER_PORT", num(g.master_port)},
       {"DTRAIN_RUN", "1"},
       {"DTRAIN_RESTART_COUNT", num(g.restart_count)},
+      {"DTRAIN_JOB_ID", g.job_id},
       {"OMP_NUM_THREADS", threads},
       {"OPENBLAS_NUM_THREADS", threads},
   };
@@ -310,6 +315,22 @@ inline std::vector<std::string> rank_environment(const RunOptions& o, const Grou
 // several ranks is interleaved by whole lines only. A line longer than
 // max_line is emitted in pieces, which bounds memory for output that never
 // ends a line (progress bars).
+// Shared-memory segments are unlinked by the ranks as soon as all of them
+// have mapped one; a rank killed during that set-up can leave a name behind.
+// The launcher removes its job's names (/dev/shm/dtrain-<job_id>-*) once the
+// ranks are gone. Returns how many it removed.
+inline int remove_job_segments(const std::string& job_id, const std::string& dir = "/dev/shm") {
+  if (job_id.empty()) return 0;
+  const std::string prefix = "dtrain-" + job_id + "-";
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && std::filesystem::remove(entry.path(), ec)) ++removed;
+  }
+  return removed;
+}
+
 class LinePrefixer {
  public:
   explicit LinePrefixer(std::string prefix, std::size_t max_line = 64 * 1024)

@@ -3,14 +3,14 @@
 // device uses, and how a collective is ordered against the device's own work.
 //
 // On the host, compute is synchronous, so a gradient slice is final when the
-// unit's backward returns and the collective can start at once on Gloo's
-// progress thread. The CUDA binding (strategy/cuda_binding.hpp) instead
+// unit's backward returns and the collective can start at once on the host
+// communicator's progress thread (shared memory within a node, Gloo across). The CUDA binding (strategy/cuda_binding.hpp) instead
 // orders NCCL on a communication stream behind an event of the compute stream.
 
 #include <memory>
 #include <span>
 
-#include "dtrain/comm/gloo.hpp"
+#include "dtrain/comm/host.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/device/host.hpp"
 
@@ -25,8 +25,8 @@ struct CommBinding {
 
 template <>
 struct CommBinding<Host> {
-  using comm_type = GlooCommunicator;
-  using work_type = GlooWork;
+  using comm_type = HostCommunicator;
+  using work_type = HostWork;
 
   static std::unique_ptr<comm_type> make(World& world, Host&) { return std::make_unique<comm_type>(world); }
 

@@ -1,0 +1,568 @@
+#pragma once
+// HostCommunicator: the collectives of CPU ranks, whichever way they reach
+// each other.
+//
+//   all ranks on one node    shared memory (comm/shm.hpp)
+//   several nodes, equal     shared memory within each node, Gloo between
+//   numbers of ranks         nodes: local rank i of every node forms one Gloo
+//                            group ("slice" i), so every link carries 1/L of
+//                            the data and all L slices cross in parallel
+//   otherwise, or forced     Gloo over TCP between all ranks
+//
+// The choice is automatic (CommOptions::host, env DTRAIN_HOST_TRANSPORT) and
+// transport() says which was made. Ranks are on one node when they share the
+// host name, the boot id and the launcher's node index (World::node_tag).
+//
+// The collectives are asynchronous: each communicator owns one progress
+// thread that runs them in the order they were issued; the caller gets a
+// HostWork to wait on and keeps computing meanwhile (DDP overlaps the
+// gradient all-reduce with backward this way). Issue order and sizes must be
+// the same on every rank, as with any collective library.
+//
+// Hierarchical all_reduce: shared-memory reduce-scatter within the node, a
+// Gloo all-reduce of each slice across nodes, shared-memory all-gather. Each
+// element is summed once (node sums in local-rank order, then Gloo's ring),
+// so every rank gets bit-identical results. Half dtypes are widened to fp32
+// first and rounded once at the end, as on the flat paths.
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "dtrain/comm/communicator.hpp"
+#include "dtrain/comm/gloo.hpp"
+#include "dtrain/comm/shm.hpp"
+#include "dtrain/comm/tracker.hpp"
+#include "dtrain/comm/world.hpp"
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
+
+namespace dtrain {
+
+namespace detail {
+
+// "host/boot-id/node-tag": equal on ranks that can share memory.
+inline std::string node_identity(const World& world) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(host) + "/" + boot + "/" + world.node_tag();
+}
+
+// Segment names start with this, so dtrain-run can remove what a rank killed
+// during set-up left behind: "/dtrain-<DTRAIN_JOB_ID>-" (dtrain-run sets the
+// id), else "/dtrain-p<pid>-".
+inline std::string shm_name_prefix() {
+  const char* job = std::getenv("DTRAIN_JOB_ID");
+  if (job && *job) return "/dtrain-" + std::string(job) + "-";
+  return "/dtrain-p" + std::to_string(::getpid()) + "-";
+}
+
+// Where the ranks are: nodes in order of their lowest rank, ranks within a
+// node in rank order.
+struct NodeMap {
+  std::vector<std::vector<int>> members;  // members[m][i]: rank of local index i on node m
+  int node = 0;                           // this rank's node
+  int local = 0;                          // this rank's local index
+  bool uniform() const {
+    return std::all_of(members.begin(), members.end(), [&](const auto& v) { return v.size() == members[0].size(); });
+  }
+};
+
+inline NodeMap map_nodes(const std::vector<std::string>& ids, int me) {
+  NodeMap map;
+  std::map<std::string, int> index;
+  for (int r = 0; r < static_cast<int>(ids.size()); ++r) {
+    auto [it, fresh] = index.try_emplace(ids[static_cast<std::size_t>(r)], static_cast<int>(map.members.size()));
+    if (fresh) map.members.emplace_back();
+    auto& node = map.members[static_cast<std::size_t>(it->second)];
+    if (r == me) {
+      map.node = it->second;
+      map.local = static_cast<int>(node.size());
+    }
+    node.push_back(r);
+  }
+  return map;
+}
+
+}  // namespace detail
+
+class HostCommunicator {
+ public:
+  // Collective over all ranks of `world`: every rank must construct it, in the
+  // same order relative to its other communicators. `force` overrides the
+  // world's CommOptions::host.
+  explicit HostCommunicator(World& world, std::optional<host_transport> force = std::nullopt)
+      : rank_(world.rank()), size_(world.size()), timeout_(world.options().timeout) {
+    const std::string prefix = world.next_prefix("host");
+    tracker_ = std::make_unique<detail::CollectiveTracker>(world.store(), prefix, rank_, size_, timeout_,
+                                                           world.rank_namer());
+    if (size_ > 1) connect(world, prefix, force.value_or(world.options().host));
+    worker_ = std::thread([this] { run(); });
+  }
+  HostCommunicator(const HostCommunicator&) = delete;
+  HostCommunicator& operator=(const HostCommunicator&) = delete;
+  ~HostCommunicator() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // "shm", "shm+gloo" (hierarchical), "gloo", or "none" (a world of one).
+  std::string_view transport() const {
+    switch (mode_) {
+      case mode::shm: return "shm";
+      case mode::hierarchical: return "shm+gloo";
+      case mode::gloo: return "gloo";
+      default: return "none";
+    }
+  }
+  // One line for logs and dtrain-doctor, e.g. "shm (4 ranks on 1 node, wait auto)".
+  const std::string& description() const { return description_; }
+
+  template <Dtype T>
+  HostWork all_reduce(std::span<T> buf, reduce_op op) {
+    return submit("all_reduce", [this, buf, op](std::uint32_t tag) {
+      if (mode_ == mode::shm) return shm_->all_reduce(buf.data(), buf.size(), op);
+      if (buf.empty()) return;
+      if (mode_ == mode::hierarchical) return hier_all_reduce(buf, op, tag);
+      float* data = widen(buf);
+      if (gloo_) gloo_->all_reduce(data, buf.size(), tag);
+      if (op == reduce_op::avg)
+        for (std::size_t i = 0; i < buf.size(); ++i) data[i] /= static_cast<float>(size_);
+      narrow(buf);
+    });
+  }
+
+  template <Dtype T>
+  HostWork reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    check_sizes("reduce_scatter", "input", in.size(), "output", out.size());
+    return submit("reduce_scatter", [this, in, out, op](std::uint32_t tag) {
+      const std::size_t c = out.size();
+      if (mode_ == mode::shm) return shm_->reduce_scatter(in.data(), out.data(), c, op);
+      if (c == 0) return;
+      if (mode_ == mode::hierarchical) return hier_reduce_scatter(in, out, op, tag);
+      float* acc = grow(wide_, in.size());
+      for (std::size_t i = 0; i < in.size(); ++i) acc[i] = static_cast<float>(in[i]);
+      if (gloo_) gloo_->reduce_scatter(acc, c, tag);
+      const float* mine = acc + static_cast<std::size_t>(rank_) * c;
+      finish_slice(mine, out, op);
+    });
+  }
+
+  template <Dtype T>
+  HostWork all_gather(std::span<const T> in, std::span<T> out) {
+    check_sizes("all_gather", "output", out.size(), "input", in.size());
+    return submit("all_gather", [this, in, out](std::uint32_t tag) {
+      if (mode_ == mode::shm) return shm_->all_gather(in.data(), out.data(), in.size());
+      if (in.empty()) return;
+      if (mode_ == mode::hierarchical) return hier_all_gather(in, out, tag);
+      // In place (FSDP writes its shard into its own slot of the gathered
+      // buffer): Gloo then takes this rank's part from the output.
+      const bool in_place = in.data() == out.data() + static_cast<std::size_t>(rank_) * in.size();
+      if (gloo_)
+        gloo_->all_gather(in_place ? nullptr : in.data(), out.data(), in.size_bytes(), tag);
+      else if (!in_place)
+        std::memmove(out.data(), in.data(), in.size_bytes());
+    });
+  }
+
+  template <Dtype T>
+  HostWork broadcast(std::span<T> buf, int root) {
+    if (root < 0 || root >= size_)
+      throw config_error("broadcast root " + std::to_string(root) + " is not a rank of this world of " +
+                             std::to_string(size_),
+                         "pass a root in [0, world size)");
+    return submit("broadcast", [this, buf, root](std::uint32_t tag) {
+      if (mode_ == mode::shm) return shm_->broadcast(buf.data(), buf.size(), root);
+      if (buf.empty()) return;
+      if (mode_ == mode::hierarchical) {
+        const auto [node, local] = where_[static_cast<std::size_t>(root)];
+        if (local == nodes_.local) cross_->broadcast(buf.data(), buf.size_bytes(), member_of_node(local, node), tag);
+        return shm_->broadcast(buf.data(), buf.size(), local);
+      }
+      if (gloo_) gloo_->broadcast(buf.data(), buf.size_bytes(), root, tag);
+    });
+  }
+
+  HostWork barrier() {
+    return submit("barrier", [this](std::uint32_t tag) {
+      if (shm_) shm_->barrier();
+      if (mode_ == mode::hierarchical) {
+        cross_->barrier(tag);
+        shm_->barrier();
+      }
+      if (gloo_) gloo_->barrier(tag);
+    });
+  }
+
+ private:
+  enum class mode { single, shm, hierarchical, gloo };
+
+  struct Task {
+    std::function<void(std::uint32_t)> run;
+    std::shared_ptr<detail::GlooWorkState> state;
+    const char* name;
+    std::uint64_t seq;
+  };
+
+  // ---- set-up -----------------------------------------------------------
+
+  void connect(World& world, const std::string& prefix, host_transport wanted) {
+    const auto& opt = world.options();
+    const auto ids = world.all_gather_values("node", detail::node_identity(world));
+    nodes_ = detail::map_nodes(ids, rank_);
+    const std::size_t node_count = nodes_.members.size();
+    const std::size_t per_node = nodes_.members[static_cast<std::size_t>(nodes_.node)].size();
+    const std::string shape = std::to_string(size_) + " ranks on " + std::to_string(node_count) +
+                              (node_count == 1 ? " node" : " nodes");
+    mode_ = mode::gloo;
+    std::string why_gloo = wanted == host_transport::gloo ? "forced" : "";
+    if (wanted != host_transport::gloo) {
+      if (node_count == 1) {
+        mode_ = mode::shm;
+      } else if (!nodes_.uniform()) {
+        why_gloo = "nodes hold unequal numbers of ranks";
+      } else if (per_node == 1) {
+        why_gloo = "one rank per node";
+      } else {
+        mode_ = mode::hierarchical;
+      }
+      if (mode_ == mode::gloo && wanted == host_transport::shm)
+        throw config_error("DTRAIN_HOST_TRANSPORT=shm, but shared memory cannot serve this job: " + why_gloo + " (" +
+                               shape + ")",
+                           "launch the same number of ranks (more than one) on every node, or use "
+                           "DTRAIN_HOST_TRANSPORT=auto to fall back to Gloo");
+    }
+    if (mode_ != mode::gloo) {
+      std::string failure = attach_shm(world, prefix, opt);
+      // Every rank must take the same path: agree on whether all attached.
+      const auto all = world.all_gather_values("shm-ok", failure.empty() ? "ok" : failure);
+      const auto bad = std::find_if(all.begin(), all.end(), [](const std::string& s) { return s != "ok"; });
+      if (bad != all.end()) {
+        const std::string who = "rank " + world.describe_rank(static_cast<int>(bad - all.begin()));
+        shm_.reset();
+        if (wanted == host_transport::shm)
+          throw comm_error(who + " could not set up shared memory: " + *bad,
+                           "fix /dev/shm on that node or use DTRAIN_HOST_TRANSPORT=auto to fall back to Gloo");
+        if (rank_ == 0)
+          std::fprintf(stderr, "dtrain: shared memory unavailable (%s: %s); host collectives use Gloo over TCP\n",
+                       who.c_str(), bad->c_str());
+        mode_ = mode::gloo;
+        why_gloo = "shared memory unavailable";
+      }
+    }
+    const std::string wait(detail::shm_wait_name(opt.wait));
+    if (mode_ == mode::shm) {
+      description_ = "shm (" + shape + ", wait " + wait + ")";
+    } else if (mode_ == mode::hierarchical) {
+      // Local index i of every node: one Gloo group per slice.
+      World slice = world.split(nodes_.local, "slice");
+      cross_ = std::make_unique<detail::GlooEngine>(slice, slice.next_prefix("gloo"));
+      where_.resize(static_cast<std::size_t>(size_));
+      for (std::size_t m = 0; m < node_count; ++m)
+        for (std::size_t i = 0; i < per_node; ++i)
+          where_[static_cast<std::size_t>(nodes_.members[m][i])] = {static_cast<int>(m), static_cast<int>(i)};
+      description_ = "shm+gloo (" + shape + ": shared memory within a node, Gloo between nodes, wait " + wait + ")";
+    } else {
+      gloo_ = std::make_unique<detail::GlooEngine>(world, prefix);
+      description_ = "gloo (" + shape + (why_gloo.empty() ? "" : ", " + why_gloo) + ")";
+    }
+  }
+
+  // Creates (local index 0) or opens this node's segment; "" on success,
+  // else why not. The creator unlinks the name once every local rank mapped it.
+  std::string attach_shm(World& world, const std::string& prefix, const CommOptions& opt) {
+    const auto& mine = nodes_.members[static_cast<std::size_t>(nodes_.node)];
+    const int local_size = static_cast<int>(mine.size());
+    detail::ShmConfig cfg;
+    cfg.part_bytes = opt.shm_part_bytes;
+    cfg.wait = opt.wait;
+    const std::size_t bytes = detail::shm_segment_bytes(local_size, cfg);
+    const std::string key = prefix + "shm/" + std::to_string(nodes_.node);
+    auto& store = *world.store();
+    std::string failure;
+    detail::ShmSegment seg;
+    try {
+      if (nodes_.local == 0) {
+        std::random_device rd;
+        char tail[32];
+        std::snprintf(tail, sizeof tail, "%08x%08x", rd(), rd());
+        const std::string name = detail::shm_name_prefix() + tail;
+        try {
+          seg = detail::ShmSegment::create(name, bytes);
+          detail::ShmEngine::format(seg, local_size, cfg);
+          store.set(key + "/name", name);
+        } catch (const error& e) {
+          store.set(key + "/name", "!" + e.problem());
+          throw;
+        }
+      } else {
+        const std::string name = store.get(key + "/name");
+        if (!name.empty() && name[0] == '!')
+          throw comm_error("this node's first rank could not create the segment: " + name.substr(1));
+        seg = detail::ShmSegment::open(name, bytes);
+      }
+    } catch (const error& e) {
+      failure = e.problem();
+    }
+    if (failure.empty()) {
+      auto namer = world.rank_namer();
+      shm_ = std::make_unique<detail::ShmEngine>(
+          std::move(seg), nodes_.local, local_size, cfg, timeout_,
+          [namer, mine](int j) { return namer(mine[static_cast<std::size_t>(j)]); });
+      if (!shm_->matches(local_size, cfg)) {
+        failure = "the segment's layout does not match this rank's (ranks run different dtrain versions)";
+        shm_.reset();
+      }
+    }
+    // Attached or not, say so; the creator then removes the name.
+    const std::string attached = key + "/attached";
+    store.add(attached, 1);
+    if (nodes_.local == 0 && shm_) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout_;
+      while (store.add(attached, 0) < local_size && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      shm_->unlink();
+    }
+    return failure;
+  }
+
+  // ---- hierarchical algorithms (worker thread) --------------------------
+
+  // Member index, in slice `local`'s Gloo group, of the rank on `node`.
+  // Groups order their members by rank, which need not be node order.
+  int member_of_node(int local, int node) const {
+    const int rank = nodes_.members[static_cast<std::size_t>(node)][static_cast<std::size_t>(local)];
+    int k = 0;
+    for (const auto& members : nodes_.members)
+      if (members[static_cast<std::size_t>(local)] < rank) ++k;
+    return k;
+  }
+  // The rank that is member k of slice `local`'s group.
+  int rank_of_member(int local, int k) const {
+    std::vector<int> ranks;
+    for (const auto& members : nodes_.members) ranks.push_back(members[static_cast<std::size_t>(local)]);
+    std::sort(ranks.begin(), ranks.end());
+    return ranks[static_cast<std::size_t>(k)];
+  }
+
+  template <class T>
+  void hier_all_reduce(std::span<T> buf, reduce_op op, std::uint32_t tag) {
+    const auto L = static_cast<std::size_t>(shm_->size());
+    const std::size_t q = (buf.size() + L - 1) / L;
+    float* wide = grow(wide_, q * L);
+    for (std::size_t i = 0; i < buf.size(); ++i) wide[i] = static_cast<float>(buf[i]);
+    std::fill(wide + buf.size(), wide + q * L, 0.f);
+    float* part = grow(part_, q);
+    shm_->reduce_scatter(wide, part, q, reduce_op::sum);
+    cross_->all_reduce(part, q, tag);
+    shm_->all_gather(part, wide, q);
+    if (op == reduce_op::avg)
+      for (std::size_t i = 0; i < buf.size(); ++i) wide[i] /= static_cast<float>(size_);
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = dtype_cast<T>(wide[i]);
+  }
+
+  // Block (i, k) of the staging buffer holds the slice of the rank that is
+  // member k of slice i's group: the node reduce-scatter hands local index i
+  // the node's sums of exactly the slices its group then reduce-scatters.
+  template <class T>
+  void hier_reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op, std::uint32_t tag) {
+    const std::size_t c = out.size();
+    const int L = shm_->size();
+    const auto M = nodes_.members.size();
+    float* staged = grow(wide_, in.size());
+    for (int i = 0; i < L; ++i)
+      for (std::size_t k = 0; k < M; ++k) {
+        const T* src = in.data() + static_cast<std::size_t>(rank_of_member(i, static_cast<int>(k))) * c;
+        float* dst = staged + (static_cast<std::size_t>(i) * M + k) * c;
+        for (std::size_t e = 0; e < c; ++e) dst[e] = static_cast<float>(src[e]);
+      }
+    float* node_sum = grow(part_, M * c);
+    shm_->reduce_scatter(staged, node_sum, M * c, reduce_op::sum);
+    cross_->reduce_scatter(node_sum, c, tag);
+    finish_slice(node_sum + static_cast<std::size_t>(member_of_node(nodes_.local, nodes_.node)) * c, out, op);
+  }
+
+  template <class T>
+  void hier_all_gather(std::span<const T> in, std::span<T> out, std::uint32_t tag) {
+    const std::size_t c = in.size();
+    const int L = shm_->size();
+    const auto M = nodes_.members.size();
+    T* slice = reinterpret_cast<T*>(grow(bytes_a_, (M * c * sizeof(T) + 7) / 8));
+    T* node = reinterpret_cast<T*>(grow(bytes_b_, (static_cast<std::size_t>(L) * M * c * sizeof(T) + 7) / 8));
+    cross_->all_gather(in.data(), slice, c * sizeof(T), tag);
+    shm_->all_gather(slice, node, M * c);
+    for (int i = 0; i < L; ++i)
+      for (std::size_t k = 0; k < M; ++k)
+        std::memcpy(out.data() + static_cast<std::size_t>(rank_of_member(i, static_cast<int>(k))) * c,
+                    node + (static_cast<std::size_t>(i) * M + k) * c, c * sizeof(T));
+  }
+
+  // ---- helpers ----------------------------------------------------------
+
+  template <class T>
+  void finish_slice(const float* sum, std::span<T> out, reduce_op op) const {
+    const float divisor = op == reduce_op::avg ? static_cast<float>(size_) : 1.f;
+    for (std::size_t i = 0; i < out.size(); ++i)
+      out[i] = dtype_cast<T>(op == reduce_op::avg ? sum[i] / divisor : sum[i]);
+  }
+
+  void check_sizes(const char* what, const char* big_name, std::size_t big, const char* small_name,
+                   std::size_t small_n) const {
+    if (big != small_n * static_cast<std::size_t>(size_))
+      throw config_error(std::string(what) + ": " + big_name + " has " + std::to_string(big) + " elements but " +
+                             small_name + " has " + std::to_string(small_n) + " and the world has " +
+                             std::to_string(size_) + " ranks",
+                         std::string(big_name) + " must hold exactly world size x " + small_name + " elements");
+  }
+
+  // Scratch lives as long as the communicator and only grows: a training
+  // step issues the same collectives every time, and fresh allocations of
+  // gradient-sized buffers cost page faults on every call.
+  template <class E>
+  static E* grow(std::vector<E>& v, std::size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  }
+  template <class T>
+  float* widen(std::span<T> buf) {
+    if constexpr (std::is_same_v<T, float>) {
+      return buf.data();
+    } else {
+      float* wide = grow(wide_, buf.size());
+      for (std::size_t i = 0; i < buf.size(); ++i) wide[i] = static_cast<float>(buf[i]);
+      return wide;
+    }
+  }
+  template <class T>
+  void narrow(std::span<T> buf) {
+    if constexpr (!std::is_same_v<T, float>)
+      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = T(wide_[i]);
+  }
+
+  // ---- progress thread --------------------------------------------------
+
+  HostWork submit(const char* name, std::function<void(std::uint32_t)> fn) {
+    auto state = std::make_shared<detail::GlooWorkState>();
+    const std::uint64_t seq = tracker_->enter();
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back({std::move(fn), state, name, seq});
+      queued_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    return HostWork(state);
+  }
+
+  void run() {
+    for (;;) {
+      Task task;
+      detail::spin_until([&] { return queued_.load(std::memory_order_acquire) > 0; });
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop requested and nothing left to run
+        task = std::move(queue_.front());
+        queue_.pop_front();
+        queued_.fetch_sub(1, std::memory_order_relaxed);
+      }
+      task.state->finish(execute(task));
+    }
+  }
+
+  std::exception_ptr execute(const Task& task) {
+    if (broken_) return broken_;
+    const char* fix =
+        "a rank is stuck, crashed or runs different code; see the other ranks' logs. "
+        "The timeout is CommOptions::timeout (env DTRAIN_COMM_TIMEOUT_S)";
+    try {
+      task.run(static_cast<std::uint32_t>(task.seq));
+      return nullptr;
+    } catch (const ::gloo::Exception& e) {
+      const std::string cause = e.what();
+      const std::string msg = tracker_->describe(task.name, task.seq, cause);
+      if (cause.find("imed out") != std::string::npos)
+        broken_ = std::make_exception_ptr(timeout_error(msg, fix));
+      else
+        broken_ = std::make_exception_ptr(gloo_error(msg, fix));
+      return broken_;
+    } catch (const detail::shm_wait_error& e) {
+      const std::string msg = tracker_->describe(task.name, task.seq, e.cause);
+      if (e.timed_out)
+        broken_ = std::make_exception_ptr(timeout_error(msg, fix));
+      else
+        broken_ = std::make_exception_ptr(comm_error(msg, fix));
+      // Peers waiting on this rank fail at once instead of at their timeout.
+      shm_.reset();
+      return broken_;
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  mode mode_ = mode::single;
+  std::string description_ = "none (a world of one rank)";
+  detail::NodeMap nodes_;
+  std::vector<std::pair<int, int>> where_;          // rank -> (node, local index); hierarchical only
+  std::unique_ptr<detail::ShmEngine> shm_;          // this node's ranks (shm, hierarchical)
+  std::unique_ptr<detail::GlooEngine> cross_;       // this rank's slice across nodes (hierarchical)
+  std::unique_ptr<detail::GlooEngine> gloo_;        // every rank (gloo)
+  std::unique_ptr<detail::CollectiveTracker> tracker_;
+  std::exception_ptr broken_;  // worker thread only: the first failure poisons the communicator
+  std::vector<float> wide_;    // worker thread only: fp32 staging
+  std::vector<float> part_;    // worker thread only: a rank's slice (hierarchical)
+  std::vector<std::uint64_t> bytes_a_, bytes_b_;  // worker thread only: gather staging (hierarchical)
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  std::atomic<std::size_t> queued_{0};
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+static_assert(Communicator<HostCommunicator>);
+
+// Host collectives over Gloo alone, whatever the node layout: the baseline
+// the shared-memory transport is measured against, and the path for setups
+// where ranks cannot share memory.
+class GlooCommunicator : public HostCommunicator {
+ public:
+  explicit GlooCommunicator(World& world) : HostCommunicator(world, host_transport::gloo) {}
+};
+
+static_assert(Communicator<GlooCommunicator>);
+
+}  // namespace dtrain
