@@ -517,7 +517,7 @@ class HostCommunicator {
         broken_ = std::make_exception_ptr(gloo_error(msg, fix));
       return broken_;
     } catch (const detail::shm_wait_error& e) {
-      const std::string msg = tracker_->describe(task.name, task.seq, e.cause);
+      const std::string msg = tracker_->describe(task.name, task.seq, e.cause, e.timed_out);
       if (e.timed_out)
         broken_ = std::make_exception_ptr(timeout_error(msg, fix));
       else

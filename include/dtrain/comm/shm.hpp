@@ -480,7 +480,7 @@ class ShmEngine {
       if (!check) continue;
       const std::uint64_t theirs = ctl_[j].signature[t & 1].load(std::memory_order_relaxed);
       if (theirs != signature_)
-        throw shm_wait_error{false, "local rank " + name_(j) + " called " + describe_sig(theirs) +
+        throw shm_wait_error{false, "rank " + name_(j) + " called " + describe_sig(theirs) +
                                         " where this rank called " + describe_sig(signature_) +
                                         " (ranks must issue the same collectives, with the same sizes, in "
                                         "the same order)"};
@@ -528,15 +528,15 @@ class ShmEngine {
   }
 
   void check_peer(ShmRankCtl& peer, int j, const char* what) {
-    if (peer.left.load()) throw shm_wait_error{false, "local rank " + name_(j) + " left the communicator (it failed "
+    if (peer.left.load()) throw shm_wait_error{false, "rank " + name_(j) + " left the communicator (it failed "
                                                       "or was destroyed) before it could " + what};
     const pid_t pid = peer.pid.load();
     if (pid > 0 && pid != self_pid_ && ::kill(pid, 0) != 0 && errno == ESRCH)
-      throw shm_wait_error{false, "local rank " + name_(j) + " (pid " + std::to_string(pid) +
+      throw shm_wait_error{false, "rank " + name_(j) + " (pid " + std::to_string(pid) +
                                       ") exited or was killed before it could " + what};
     if (std::chrono::steady_clock::now() >= deadline_)
       throw shm_wait_error{true, "timed out after " + std::to_string(timeout_.count()) +
-                                     " ms waiting in shared memory for local rank " + name_(j) + " to " + what};
+                                     " ms waiting in shared memory for rank " + name_(j) + " to " + what};
   }
 
   ShmSegment seg_;

@@ -54,12 +54,15 @@ class CollectiveTracker {
 
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  // The full diagnosis for collective `seq` named `what`, which failed with `cause`.
-  std::string describe(std::string_view what, std::uint64_t seq, std::string_view cause) {
+  // The full diagnosis for collective `seq` named `what`, which failed with
+  // `cause`. `laggards`: add which ranks never reached it, as the heartbeat
+  // last published (right for timeouts; a failure detected within
+  // milliseconds would see stale numbers, so it leaves them out).
+  std::string describe(std::string_view what, std::uint64_t seq, std::string_view cause, bool with_laggards = true) {
     std::string msg = std::string(what) + " (collective #" + std::to_string(seq) + " on rank " +
                       name_(rank_) + " of " + std::to_string(size_) + ") did not complete: " +
                       std::string(cause);
-    const std::string missing = laggards(seq);
+    const std::string missing = with_laggards ? laggards(seq) : std::string();
     if (!missing.empty()) msg += "; ranks that never reached it: " + missing;
     return msg;
   }
