@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Host collective bandwidth, dtrain's Gloo communicator against PyTorch's gloo
-# backend, 2 processes each, launched by dtrain-run. Installs what is missing
+# Host collective bandwidth: dtrain's HostCommunicator over shared memory and
+# over Gloo against PyTorch's gloo backend, 2 processes each, launched by
+# dtrain-run; then how ranks wait in shared memory (spin, futex, auto) at 2
+# and 3 ranks on this machine's cores. Installs what is missing
 # (python3-torch) and builds its targets through scripts/setup.sh first.
-# usage: bench/run_comm_bench.sh [BUILD_DIR] [--repeat N] [--max-mib N]
-# Runs the two implementations alternately N times (default 3) and keeps, per
-# row, the fastest run: on a shared machine other jobs only ever slow a run
-# down, so the best run is the least disturbed one. Writes
-# bench/results/comm_bandwidth.json (every run's times too) and prints both
-# side by side.
+# usage: bench/run_comm_bench.sh [BUILD_DIR] [--repeat N]
+# Runs the three implementations alternately N times (default 3); each run
+# reports per-row medians over its iterations (slowest rank), and the tables
+# show the median of the N runs (the JSON keeps every run). Writes
+# bench/results/comm_bandwidth.json.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,50 +23,76 @@ case $build in /*) ;; *) build=$repo/$build ;; esac
 launcher=$build/tools/dtrain-run
 bench=$build/bench/bench_comm_bandwidth
 python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
+sizes=(--min-mib 1 --max-mib 64)
 
-# The project's set-up installs what is missing (Debian's python3-torch for
-# the PyTorch side among it) and builds what the benchmark runs.
 DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup.sh" dtrain-run bench_comm_bandwidth > /dev/null
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 for ((i = 1; i <= repeat; i++)); do
-  echo "run $i/$repeat: dtrain GlooCommunicator, 2 processes..."
-  "$launcher" --nproc-per-node 2 "$bench" --json "$work/dtrain.$i.json" "$@"
-  echo "run $i/$repeat: PyTorch gloo, 2 processes..."
-  "$launcher" --nproc-per-node 2 "$python" "$repo/bench/torch_gloo_bandwidth.py" --json "$work/torch.$i.json" "$@"
+  echo "run $i/$repeat: dtrain shm, dtrain gloo, PyTorch gloo; 2 processes each..."
+  "$launcher" --nproc-per-node 2 "$bench" --transport shm --json "$work/shm.$i.json" "${sizes[@]}"
+  "$launcher" --nproc-per-node 2 "$bench" --transport gloo --json "$work/gloo.$i.json" "${sizes[@]}"
+  "$launcher" --nproc-per-node 2 "$python" "$repo/bench/torch_gloo_bandwidth.py" --json "$work/torch.$i.json" "${sizes[@]}"
+done
+for wait in spin futex auto; do
+  for n in 2 3; do
+    echo "waiting: $wait, $n processes..."
+    for ((i = 1; i <= repeat; i++)); do
+      DTRAIN_SHM_WAIT=$wait "$launcher" --nproc-per-node "$n" "$bench" --transport shm \
+        --json "$work/wait_${wait}_$n.$i.json" "${sizes[@]}"
+    done
+  done
 done
 
 mkdir -p "$repo/bench/results"
 "$python" - "$work" "$repeat" "$repo/bench/results/comm_bandwidth.json" <<'EOF'
-import json, os, platform, sys, time
+import json, os, platform, statistics, sys, time
 
 work, repeat, target = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
-def best_of(name):
+def median_of(name):
     runs = [json.load(open(os.path.join(work, f"{name}.{i}.json"))) for i in range(1, repeat + 1)]
-    best = runs[0]
-    for i, row in enumerate(best["results"]):
-        times = [run["results"][i]["time_us"] for run in runs]
+    merged = runs[0]
+    for i, row in enumerate(merged["results"]):
         if row["time_us"] is None:
             continue
+        times = [run["results"][i]["time_us"] for run in runs]
         row["runs_time_us"] = times
-        row["time_us"] = min(times)
+        row["time_us"] = statistics.median(times)
         algbw = row["bytes"] / row["time_us"] / 1e3
         row["busbw_gbps"] = round(row["busbw_gbps"] / row["algbw_gbps"] * algbw, 4)
         row["algbw_gbps"] = round(algbw, 4)
-    return best
+    if "copy_gbps_per_rank" in merged:
+        merged["runs_copy_gbps_per_rank"] = [r["copy_gbps_per_rank"] for r in runs]
+        merged["copy_gbps_per_rank"] = statistics.median(merged["runs_copy_gbps_per_rank"])
+    return merged
 
-dtrain, torch = best_of("dtrain"), best_of("torch")
+def row(result, coll, mib):
+    return next(r for r in result["results"] if r["collective"] == coll and r["bytes"] == mib << 20)
+
+shm, gloo, torch = median_of("shm"), median_of("gloo"), median_of("torch")
+waits = {f"{w}_{n}": median_of(f"wait_{w}_{n}") for w in ("spin", "futex", "auto") for n in (2, 3)}
+# A 2-rank all-reduce of S bytes must move about 4S through memory: each rank
+# reads its S-byte buffer and writes S bytes of result (the slots in between
+# are 2 x 2 x 256 KiB per rank and stay in cache). A memcpy of S bytes moves
+# 2S (read + write), so with both ranks copying at once at C bytes/s each the
+# all-reduce cannot take less than S / C: algbw <= C, and for 2 ranks busbw =
+# algbw. The bound is the measured concurrent copy bandwidth C.
+copy = shm["copy_gbps_per_rank"]
+bound = copy
+ar64 = row(shm, "all_reduce", 64)
 merged = {
     "date": time.strftime("%Y-%m-%d"),
     "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                 "kernel": platform.release(), "load_average_at_end": os.getloadavg()},
-    "method": "2 processes on one node over loopback TCP, fp32, size = larger buffer, barrier before each "
-              f"iteration, median per rank, slowest rank; best of {repeat} alternating runs; busbw as nccl-tests",
-    "dtrain": dtrain,
-    "torch": torch,
+    "method": "2 processes on one node, fp32, size = larger buffer, barrier before each iteration, median per "
+              f"rank, slowest rank; median of {repeat} alternating runs; busbw as nccl-tests",
+    "shm_bound": {"copy_gbps_per_rank": copy, "all_reduce_busbw_bound_gbps": bound,
+                  "all_reduce_64mib_busbw_gbps": ar64["busbw_gbps"],
+                  "fraction_of_bound": ar64["busbw_gbps"] / bound},
+    "dtrain_shm": shm, "dtrain_gloo": gloo, "torch": torch, "waiting": waits,
 }
 with open(target, "w") as f:
     json.dump(merged, f, indent=1)
@@ -74,18 +101,26 @@ with open(target, "w") as f:
 def key(r):
     return r["collective"], r["bytes"]
 
-theirs = {key(r): r for r in torch["results"]}
-print(f"\n{'collective':<15}{'size':>9}  {'dtrain us':>10}{'busbw GB/s':>11}  {'torch us':>10}{'busbw GB/s':>11}"
-      f"  {'dtrain/torch':>12}")
-for r in dtrain["results"]:
-    t = theirs.get(key(r), {})
+by = {name: {key(r): r for r in res["results"]} for name, res in (("gloo", gloo), ("torch", torch))}
+print(f"\n{'collective':<15}{'size':>7}  {'shm us':>8}{'busbw':>7}  {'gloo us':>8}{'busbw':>7}"
+      f"  {'torch us':>9}{'busbw':>7}  {'shm/torch':>9}")
+for r in shm["results"]:
+    g, t = by["gloo"].get(key(r), {}), by["torch"].get(key(r), {})
     size = f"{r['bytes'] >> 20} MiB"
+    gl = f"{g['time_us']:>8.0f}{g['busbw_gbps']:>7.2f}" if g.get("time_us") else f"{'n/a':>8}{'':>7}"
     if t.get("time_us"):
-        other = f"{t['time_us']:>10.0f}{t['busbw_gbps']:>11.3f}  {t['time_us'] / r['time_us']:>11.2f}x"
+        to = f"{t['time_us']:>9.0f}{t['busbw_gbps']:>7.2f}  {t['time_us'] / r['time_us']:>8.2f}x"
     else:
-        other = f"{'n/a':>10}{'':>11}  {'':>12}"
-    print(f"{r['collective']:<15}{size:>9}  {r['time_us']:>10.0f}{r['busbw_gbps']:>11.3f}  {other}")
-print("\n(dtrain/torch > 1: dtrain faster)")
+        to = f"{'n/a':>9}{'':>7}  {'':>9}"
+    print(f"{r['collective']:<15}{size:>7}  {r['time_us']:>8.0f}{r['busbw_gbps']:>7.2f}  {gl}  {to}")
+print("(busbw in GB/s; shm/torch > 1: dtrain faster)")
+print(f"\ncopy bandwidth {copy:.2f} GB/s per rank (both ranks copying) -> all_reduce busbw bound {bound:.2f} GB/s; "
+      f"64 MiB all_reduce reaches {ar64['busbw_gbps']:.2f} GB/s = {100 * ar64['busbw_gbps'] / bound:.0f}% of it")
+print(f"\nwaiting in shared memory ({os.cpu_count()} cores): all_reduce")
+print(f"{'wait':<7}{'ranks':>6}  {'1 MiB us':>9}  {'64 MiB busbw':>13}")
+for name, res in waits.items():
+    w, n = name.split("_")
+    print(f"{w:<7}{n:>6}  {row(res, 'all_reduce', 1)['time_us']:>9.0f}  {row(res, 'all_reduce', 64)['busbw_gbps']:>13.2f}")
 for r in torch["results"]:
     if r.get("unavailable"):
         print(f"torch {r['collective']}: n/a ({r['unavailable']})")

@@ -6,13 +6,16 @@
 // launchers and NCCL/Gloo read. Then it runs all_reduce (sum, avg),
 // reduce_scatter, all_gather, broadcast and barrier across every local GPU
 // through NCCL (one thread per GPU) or, with no GPU or --host, across CPU
-// ranks through Gloo (threads of this process); checks every result, and
+// ranks (threads of this process) over the host transport a job would use
+// (shared memory; DTRAIN_HOST_TRANSPORT=gloo forces Gloo), which it names;
+// checks every result, and
 // prints an nccl-tests-style bandwidth table. Exit status 0: all checks
 // passed; 1: a check failed or a collective threw; 2: bad arguments.
 
 #include <dtrain/comm/host.hpp>
 #include <dtrain/comm/nccl.hpp>
 #include <dtrain/comm/world.hpp>
+#include <dtrain/launch/env.hpp>
 #include <dtrain/version.hpp>
 
 #include <sched.h>
@@ -44,10 +47,11 @@ constexpr std::string_view usage = R"(usage: dtrain-doctor [options]
 
 Prints this node's setup (host, CUDA, GPUs, peer access, NCCL, environment),
 then runs and checks every collective across all local GPUs (NCCL, one
-thread per GPU) or, without a GPU, across CPU ranks (Gloo, threads).
+thread per GPU) or, without a GPU, across CPU ranks (threads) over the host
+transport a job would use: shared memory, or Gloo with DTRAIN_HOST_TRANSPORT=gloo.
 
 options:
-  --host             use CPU ranks (Gloo) even when GPUs are present
+  --host             use CPU ranks even when GPUs are present
   --ranks N          number of ranks (default: every GPU; 2 CPU ranks)
   --max-bytes B      largest message, with optional K/M/G suffix (default 64M)
   --iters N          timed iterations per size, median reported (default 10)
@@ -144,7 +148,8 @@ void print_host() {
 void print_environment() {
   // Always shown, "(unset)" included: a missing one is often the problem.
   constexpr const char* named[] = {"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-                                   "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+                                   "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                   "DTRAIN_HOST_TRANSPORT"};
   // Every variable with these prefixes is shown when set.
   constexpr std::string_view prefixes[] = {"NCCL_", "GLOO_", "DTRAIN_", "CUDA_", "SLURM_", "OMPI_COMM_WORLD_",
                                            "TORCHELASTIC_", "UCX_", "FI_"};
@@ -549,20 +554,37 @@ int finish(const Report& report, int n) {
   return 1;
 }
 
+// The timeout from --timeout; the host transport and shared-memory waiting
+// from DTRAIN_HOST_TRANSPORT / DTRAIN_SHM_WAIT / DTRAIN_SHM_CHUNK_KIB, as a
+// launched job reads them.
 CommOptions comm_options(const Options& opt) {
-  return CommOptions{.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(opt.timeout_s * 1000))};
+  CommOptions o{.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(opt.timeout_s * 1000))};
+  LaunchEnv env;
+  detail::read_comm_choices(
+      [](const std::string& name) -> std::optional<std::string> {
+        const char* v = std::getenv(name.c_str());
+        return v ? std::optional<std::string>(v) : std::nullopt;
+      },
+      env);
+  o.host = env.host.value_or(o.host);
+  o.wait = env.wait.value_or(o.wait);
+  o.shm_part_bytes = env.shm_part_bytes.value_or(o.shm_part_bytes);
+  return o;
 }
 
 int run_host(const Options& opt) {
   const int n = opt.ranks.value_or(2);
-  std::printf("\ncollectives     Gloo, %d CPU ranks (threads of this process), median of %d iterations after %d "
-              "warmup, slowest rank\n",
-              n, opt.iters, opt.warmup);
-  std::fflush(stdout);
   Report report;
   auto worlds = make_local_worlds(n, comm_options(opt));
   run_threads(n, report, [&](int r) {
-    GlooCommunicator comm(worlds[static_cast<std::size_t>(r)]);
+    HostCommunicator comm(worlds[static_cast<std::size_t>(r)]);
+    if (r == 0) {
+      std::printf("\nhost transport  %s\n", comm.description().c_str());
+      std::printf("collectives     %d CPU ranks (threads of this process), median of %d iterations after %d "
+                  "warmup, slowest rank\n",
+                  n, opt.iters, opt.warmup);
+      std::fflush(stdout);
+    }
     run_rank<HostBackend>(comm, report, opt);
   });
   return finish(report, n);

@@ -25,6 +25,7 @@
 // so every rank gets bit-identical results. Half dtypes are widened to fp32
 // first and rounded once at the end, as on the flat paths.
 
+#include <sched.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -307,6 +308,10 @@ class HostCommunicator {
     detail::ShmConfig cfg;
     cfg.part_bytes = opt.shm_part_bytes;
     cfg.wait = opt.wait;
+    // auto: spin long enough to cover a peer that is a step behind when every
+    // local rank has a core; barely at all when ranks outnumber the cores, where
+    // a spinning rank takes the core its peer needs (bench/run_comm_bench.sh).
+    cfg.spin = local_size <= usable_cores() ? std::chrono::microseconds(200) : std::chrono::microseconds(2);
     const std::size_t bytes = detail::shm_segment_bytes(local_size, cfg);
     const std::string key = prefix + "shm/" + std::to_string(nodes_.node);
     auto& store = *world.store();
@@ -355,6 +360,12 @@ class HostCommunicator {
       shm_->unlink();
     }
     return failure;
+  }
+
+  static int usable_cores() {
+    cpu_set_t set;
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
 
   // ---- hierarchical algorithms (worker thread) --------------------------

@@ -53,12 +53,14 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <random>
 #include <span>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dtrain/comm/communicator.hpp"
@@ -118,7 +120,7 @@ inline std::string_view shm_wait_name(shm_wait w) {
 struct ShmConfig {
   std::size_t part_bytes = std::size_t{256} << 10;  // one rank's share of a chunk
   shm_wait wait = shm_wait::automatic;
-  std::chrono::microseconds spin = std::chrono::microseconds(20);
+  std::chrono::microseconds spin = std::chrono::microseconds(200);  // auto: spin this long, then sleep
 };
 
 // The mapping of one segment. Move-only; unmaps on destruction. The name is

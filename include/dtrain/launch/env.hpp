@@ -280,7 +280,8 @@ std::optional<E> env_choice(const EnvLookup& env, const char* var,
   std::string list;
   for (const auto& [name, value] : names) {
     if (*text == name) return value;
-    list += (list.empty() ? "" : "|") + std::string(name);
+    if (!list.empty()) list += '|';
+    list += name;
   }
   throw launch_error(std::string(var) + "='" + *text + "' is not one of " + list,
                      "set " + std::string(var) + " to one of " + list + ", or unset it");
