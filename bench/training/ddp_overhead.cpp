@@ -202,12 +202,14 @@ int main(int argc, char** argv) {
     const AdamW adamw{.lr = 1e-3f, .weight_decay = 1e-2f};
     const AdamWHyper hyper{adamw.lr, adamw.beta1, adamw.beta2, adamw.eps, adamw.weight_decay};
 
-    Mlp trainer_model, hand_model;
+    Mlp trainer_model, lean_model, hand_model;
     Trainer<Mlp, Device<Host>> trainer(world, trainer_model, adamw, {.seed = seed});
+    // The same without the per-step gradient norm (TrainerOptions::grad_norm).
+    Trainer<Mlp, Device<Host>> lean(world, lean_model, adamw, {.seed = seed, .grad_norm = false});
     HandLoop hand(hand_model, hyper);
 
-    std::size_t trainer_next = 0, hand_next = 0;
-    std::vector<double> trainer_ms, hand_ms;
+    std::size_t trainer_next = 0, hand_next = 0, lean_next = 0;
+    std::vector<double> trainer_ms, hand_ms, lean_ms;
     double max_loss_diff = 0;
     std::vector<double> trainer_losses;
     auto run_trainer = [&](int steps, bool timed) {
@@ -217,6 +219,14 @@ int main(int argc, char** argv) {
         const StepStats st = trainer.step(std::span(&b, 1));
         if (timed) trainer_ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
         trainer_losses.push_back(st.loss);
+      }
+    };
+    auto run_lean = [&](int steps, bool timed) {
+      for (int s = 0; s < steps; ++s) {
+        const Batch& b = batches[lean_next++ % batches.size()];
+        const auto t0 = clock_type::now();
+        lean.step(std::span(&b, 1));
+        if (timed) lean_ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
       }
     };
     auto run_hand = [&](int steps, bool timed) {
@@ -231,9 +241,11 @@ int main(int argc, char** argv) {
       }
     };
     run_trainer(opt.warmup, false);
+    run_lean(opt.warmup, false);
     run_hand(opt.warmup, false);
     for (int r = 0; r < opt.rounds; ++r) {
       run_trainer(opt.steps, true);
+      run_lean(opt.steps, true);
       run_hand(opt.steps, true);
     }
 
@@ -246,8 +258,9 @@ int main(int argc, char** argv) {
           max_param_diff = std::max(max_param_diff, static_cast<double>(std::abs(mine[i] - hand.params()[slot.offset + i])));
       }
 
-    const double t_ms = median(trainer_ms), h_ms = median(hand_ms);
+    const double t_ms = median(trainer_ms), h_ms = median(hand_ms), l_ms = median(lean_ms);
     const double overhead = (t_ms / h_ms - 1.0) * 100.0;
+    const double lean_overhead = (l_ms / h_ms - 1.0) * 100.0;
     const int threads = trainer.device().threads();
     std::printf("\nDDP overhead at world size 1 (Host, fp32, %d thread(s), batch %lld, hidden [%lld, %lld], "
                 "median of %zu steps each)\n",
@@ -255,17 +268,21 @@ int main(int argc, char** argv) {
                 static_cast<long long>(hidden), trainer_ms.size());
     std::printf("%-34s%12s%14s\n", "loop", "step ms", "samples/s");
     std::printf("%-34s%12.3f%14.0f\n", "Trainer<DDP>, world size 1", t_ms, batch_rows / t_ms * 1e3);
+    std::printf("%-34s%12.3f%14.0f\n", "Trainer<DDP>, grad_norm = false", l_ms, batch_rows / l_ms * 1e3);
     std::printf("%-34s%12.3f%14.0f\n", "hand-written, no communication", h_ms, batch_rows / h_ms * 1e3);
-    std::printf("overhead: %+.1f%%   (same results: max |param diff| %.3g, max |loss diff| %.3g)\n", overhead,
-                max_param_diff, max_loss_diff);
+    std::printf("overhead: %+.1f%% (grad_norm = false: %+.1f%%)   (same results: max |param diff| %.3g, max |loss "
+                "diff| %.3g)\n",
+                overhead, lean_overhead, max_param_diff, max_loss_diff);
 
-    char json[512];
+    char json[1024];
     std::snprintf(json, sizeof json,
                   "{\"threads\": %d, \"batch\": %lld, \"hidden\": [%lld, %lld], \"steps_timed\": %zu, "
                   "\"trainer_step_ms\": %.4f, \"hand_step_ms\": %.4f, \"overhead_pct\": %.2f, "
+                  "\"trainer_no_grad_norm_step_ms\": %.4f, \"overhead_no_grad_norm_pct\": %.2f, "
                   "\"max_param_diff\": %.3g, \"max_loss_diff\": %.3g}\n",
                   threads, static_cast<long long>(batch_rows), static_cast<long long>(hidden),
-                  static_cast<long long>(hidden), trainer_ms.size(), t_ms, h_ms, overhead, max_param_diff,
+                  static_cast<long long>(hidden), trainer_ms.size(), t_ms, h_ms, overhead, l_ms, lean_overhead,
+                  max_param_diff,
                   max_loss_diff);
     if (!opt.json.empty()) std::ofstream(opt.json) << json;
     if (max_param_diff != 0.0) {

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -93,6 +94,11 @@ struct TrainerOptions {
   // one unit's worth of them in memory instead of every unit's, for one more
   // forward of each such unit; results are bit-identical.
   bool activation_checkpointing = false;
+  // Report StepStats::grad_norm every step. It costs a pass over the
+  // gradients (and a scalar all-reduce under sharded strategies); false skips
+  // it when nothing needs it, and grad_norm is then NaN. Clipping and fp16
+  // loss scaling compute it regardless.
+  bool grad_norm = true;
 };
 
 struct StepStats {
@@ -667,7 +673,8 @@ class TrainerCore {
   }
 
   void apply_optimizer(StepStats& stats) {
-    const double norm2 = strategy_->grad_norm_squared();
+    const bool norm_needed = options_.grad_norm || options_.clip.max_norm > 0 || Prec::loss_scaling;
+    const double norm2 = norm_needed ? strategy_->grad_norm_squared() : std::numeric_limits<double>::quiet_NaN();
     stats.grad_norm = std::sqrt(norm2) / loss_scale_;
     if constexpr (Prec::loss_scaling) {
       if (!std::isfinite(norm2)) {

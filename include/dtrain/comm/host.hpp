@@ -483,7 +483,19 @@ class HostCommunicator {
 
   // ---- progress thread --------------------------------------------------
 
-  HostWork submit(const char* name, std::function<void(std::uint32_t)> fn) {
+  // A world of one has nobody to wait for: the collective runs right here
+  // (a local copy or scaling at most), so DDP at world size 1 pays no
+  // hand-off to the progress thread.
+  template <class F>
+  HostWork submit(const char* name, F&& fn) {
+    if (size_ == 1) {
+      fn(0u);
+      return HostWork();
+    }
+    return enqueue(name, std::function<void(std::uint32_t)>(std::forward<F>(fn)));
+  }
+
+  HostWork enqueue(const char* name, std::function<void(std::uint32_t)> fn) {
     auto state = std::make_shared<detail::GlooWorkState>();
     const std::uint64_t seq = tracker_->enter();
     {
