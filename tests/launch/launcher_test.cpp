@@ -136,13 +136,14 @@ BOOST_AUTO_TEST_CASE(host_facts) {
 BOOST_AUTO_TEST_CASE(rank_environment) {
   auto o = parse({"--nnodes", "2", "--node-rank", "1", "--master-addr", "n0", "p"});
   dtrain::GroupLayout g{
-      .nproc_per_node = 3, .master_port = 777, .cpu_count = 8, .restart_count = 2};
+      .nproc_per_node = 3, .master_port = 777, .cpu_count = 8, .restart_count = 2, .job_id = "r42x2"};
   std::vector<std::string> inherited{"PATH=/bin", "RANK=99", "OMP_NUM_THREADS=5",
                                      "MASTER_ADDR=old"};
   auto env = dtrain::rank_environment(o, g, 2, inherited);
   BOOST_TEST(value_of(env, "PATH") == "/bin");
   BOOST_TEST(value_of(env, "RANK") == "5");
   BOOST_TEST(value_of(env, "WORLD_SIZE") == "6");
+  BOOST_TEST(value_of(env, "DTRAIN_JOB_ID") == "r42x2");
   BOOST_TEST(value_of(env, "LOCAL_RANK") == "2");
   BOOST_TEST(value_of(env, "LOCAL_WORLD_SIZE") == "3");
   BOOST_TEST(value_of(env, "GROUP_RANK") == "1");
