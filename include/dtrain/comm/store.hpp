@@ -165,6 +165,13 @@ class TcpStoreServer {
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   ~TcpStoreServer() {
+    // Rank 0 may finish first while other ranks still read keys it wrote (a
+    // last agreement, a final barrier): stay until every client has hung up,
+    // for at most `linger`, so that their last request does not meet a closed
+    // store ("lost the rendezvous master").
+    const auto until = detail::steady::now() + linger;
+    while (connected_.load() > 0 && detail::steady::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     stop_ = true;
     const char b = 0;
     [[maybe_unused]] auto r = ::write(wake_[1], &b, 1);
@@ -206,6 +213,7 @@ class TcpStoreServer {
       }
       for (std::size_t i = clients.size(); i-- > 0;)
         if (dead[i]) clients.erase(clients.begin() + static_cast<std::ptrdiff_t>(i));
+      connected_.store(clients.size());
     }
   }
 
@@ -255,7 +263,9 @@ class TcpStoreServer {
   detail::Fd listen_;
   int wake_[2] = {-1, -1};
   int port_ = 0;
+  static constexpr auto linger = std::chrono::seconds(30);
   std::atomic<bool> stop_{false};
+  std::atomic<std::size_t> connected_{0};
   std::map<std::string, std::string, std::less<>> map_;  // only the serve thread touches it
   std::thread thread_;
 };
