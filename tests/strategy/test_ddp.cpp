@@ -296,3 +296,21 @@ BOOST_AUTO_TEST_CASE(gradient_clipping_bounds_the_update_norm) {
             "update norm " + std::to_string(std::sqrt(sq)) + " is not lr * max_norm = " + std::to_string(want));
   });
 }
+
+// TrainerOptions::grad_norm = false skips the norm (NaN) without changing the
+// step; clipping still computes it.
+BOOST_AUTO_TEST_CASE(grad_norm_off_reports_nan_and_trains_identically) {
+  run_ranks(2, [](World& w) {
+    Net a, b, c;
+    Trainer<Net, Device<Host>> with(w, a, SGD{.lr = 0.1f}, {.seed = 9});
+    Trainer<Net, Device<Host>> without(w, b, SGD{.lr = 0.1f}, {.seed = 9, .grad_norm = false});
+    TrainerOptions clipped{.seed = 9, .grad_norm = false};
+    clipped.clip.max_norm = 1e6f;
+    Trainer<Net, Device<Host>> clipping(w, c, SGD{.lr = 0.1f}, clipped);
+    const std::vector<Batch> batch{rows_of(0, w.rank() * 8, 8)};
+    const auto sa = with.step(batch), sb = without.step(batch), sc = clipping.step(batch);
+    require(sa.grad_norm > 0 && std::isnan(sb.grad_norm), "grad_norm = false must report NaN");
+    require(sc.grad_norm == sa.grad_norm, "clipping must still compute the norm");
+    require(with.parameters() == without.parameters(), "skipping the norm must not change the step");
+  });
+}

@@ -293,6 +293,17 @@ class HostCommunicator {
       for (std::size_t m = 0; m < node_count; ++m)
         for (std::size_t i = 0; i < per_node; ++i)
           where_[static_cast<std::size_t>(nodes_.members[m][i])] = {static_cast<int>(m), static_cast<int>(i)};
+      // A slice group orders its members by rank, which need not be node
+      // order (e.g. node 0 = ranks {0, 3}, node 1 = {1, 2}).
+      slice_ranks_.assign(per_node, {});
+      member_.assign(node_count, std::vector<int>(per_node));
+      for (std::size_t i = 0; i < per_node; ++i) {
+        auto& ranks = slice_ranks_[i];
+        for (const auto& node : nodes_.members) ranks.push_back(node[i]);
+        std::sort(ranks.begin(), ranks.end());
+        for (std::size_t m = 0; m < node_count; ++m)
+          member_[m][i] = static_cast<int>(std::find(ranks.begin(), ranks.end(), nodes_.members[m][i]) - ranks.begin());
+      }
       description_ = "shm+gloo (" + shape + ": shared memory within a node, Gloo between nodes, wait " + wait + ")";
     } else {
       gloo_ = std::make_unique<detail::GlooEngine>(world, prefix);
@@ -371,20 +382,12 @@ class HostCommunicator {
   // ---- hierarchical algorithms (worker thread) --------------------------
 
   // Member index, in slice `local`'s Gloo group, of the rank on `node`.
-  // Groups order their members by rank, which need not be node order.
   int member_of_node(int local, int node) const {
-    const int rank = nodes_.members[static_cast<std::size_t>(node)][static_cast<std::size_t>(local)];
-    int k = 0;
-    for (const auto& members : nodes_.members)
-      if (members[static_cast<std::size_t>(local)] < rank) ++k;
-    return k;
+    return member_[static_cast<std::size_t>(node)][static_cast<std::size_t>(local)];
   }
   // The rank that is member k of slice `local`'s group.
   int rank_of_member(int local, int k) const {
-    std::vector<int> ranks;
-    for (const auto& members : nodes_.members) ranks.push_back(members[static_cast<std::size_t>(local)]);
-    std::sort(ranks.begin(), ranks.end());
-    return ranks[static_cast<std::size_t>(k)];
+    return slice_ranks_[static_cast<std::size_t>(local)][static_cast<std::size_t>(k)];
   }
 
   template <class T>
@@ -560,6 +563,8 @@ class HostCommunicator {
   std::string description_ = "none (a world of one rank)";
   detail::NodeMap nodes_;
   std::vector<std::pair<int, int>> where_;          // rank -> (node, local index); hierarchical only
+  std::vector<std::vector<int>> slice_ranks_;       // [local index][member]: rank (hierarchical)
+  std::vector<std::vector<int>> member_;            // [node][local index]: member index in its slice
   std::unique_ptr<detail::ShmEngine> shm_;          // this node's ranks (shm, hierarchical)
   std::unique_ptr<detail::GlooEngine> cross_;       // this rank's slice across nodes (hierarchical)
   std::unique_ptr<detail::GlooEngine> gloo_;        // every rank (gloo)

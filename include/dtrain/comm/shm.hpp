@@ -215,9 +215,13 @@ class ShmSegment {
   bool owner_ = false;
 };
 
+// The header and control blocks, rounded up to a page; the slots follow.
+inline std::size_t shm_control_bytes(int ranks) {
+  return (sizeof(ShmHeader) + static_cast<std::size_t>(ranks) * sizeof(ShmRankCtl) + 4095) / 4096 * 4096;
+}
+
 inline std::size_t shm_segment_bytes(int ranks, const ShmConfig& c) {
-  const std::size_t head = (sizeof(ShmHeader) + static_cast<std::size_t>(ranks) * sizeof(ShmRankCtl) + 4095) / 4096 * 4096;
-  return head + static_cast<std::size_t>(ranks) * 2 * static_cast<std::size_t>(ranks) * c.part_bytes;
+  return shm_control_bytes(ranks) + static_cast<std::size_t>(ranks) * 2 * static_cast<std::size_t>(ranks) * c.part_bytes;
 }
 
 // fp32 accumulation of `sources` arrays of T in the given order, rounded once
@@ -260,9 +264,7 @@ class ShmEngine {
     auto* base = seg_.data();
     header_ = reinterpret_cast<ShmHeader*>(base);
     ctl_ = reinterpret_cast<ShmRankCtl*>(base + sizeof(ShmHeader));
-    const std::size_t head =
-        (sizeof(ShmHeader) + static_cast<std::size_t>(n_) * sizeof(ShmRankCtl) + 4095) / 4096 * 4096;
-    slots_ = base + head;
+    slots_ = base + shm_control_bytes(n_);
     slot_bytes_ = static_cast<std::size_t>(n_) * cfg_.part_bytes;
     ctl_[me_].pid.store(static_cast<std::int32_t>(::getpid()));
     self_pid_ = ::getpid();
@@ -291,11 +293,6 @@ class ShmEngine {
   int rank() const { return me_; }
   int size() const { return n_; }
   void unlink() { seg_.unlink(); }
-  ShmSegment& segment() { return seg_; }
-
-  // Every rank publishes its pid before the segment name is unlinked; a
-  // peer whose pid is still 0 has not attached yet (not dead).
-  void set_deadline_from_now() { deadline_ = std::chrono::steady_clock::now() + timeout_; }
 
   // ---- collectives (blocking) -------------------------------------------
 
@@ -396,7 +393,7 @@ class ShmEngine {
 
   void begin(std::uint64_t signature) {
     signature_ = signature;
-    set_deadline_from_now();
+    deadline_ = std::chrono::steady_clock::now() + timeout_;
   }
   // Starts step t: waits until its slot (and its signature entry) is free,
   // i.e. every peer finished step t - 2.
