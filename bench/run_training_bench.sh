@@ -12,7 +12,7 @@
 #      and 2 ranks against bench/training/torch_ddp_mlp.py (PyTorch DDP, gloo),
 #      both launched by dtrain-run; threads per rank = cores / ranks.
 #  (c) bench_ddp_overhead: the Trainer at world size 1 against a hand-written
-#      loop without communication.
+#      loop without communication, at 1 thread and at every core.
 # (a) and (b) run the implementations alternately N times (default 3): each
 # run reports medians over its iterations or steps, and the tables show the
 # median of the N runs (the JSON keeps every run). Threads: OMP_NUM_THREADS
@@ -70,8 +70,12 @@ for ((i = 1; i <= repeat; i++)); do
       "$repo/bench/training/torch_ddp_mlp.py" --steps $steps --warmup $warmup --json "$work/torch_mlp.$n.$i.json"
   done
 done
-echo "(c) DDP overhead at world size 1, $cores thread(s)..."
-with_threads "$cores" "$bench/bench_ddp_overhead" --json "$work/overhead.json"
+# (c) at one thread (what each rank of a job with as many ranks as cores
+# gets) and at every core.
+for t in $( ((cores > 1)) && echo 1 "$cores" || echo 1); do
+  echo "(c) DDP overhead at world size 1, $t thread(s)..."
+  with_threads "$t" "$bench/bench_ddp_overhead" --json "$work/overhead.$t.json"
+done
 
 mkdir -p "$(dirname "$json")"
 "$python" "$repo/bench/training/summarize.py" "$work" "$repeat" "$cores" "$warmup" "$json"

@@ -3,7 +3,7 @@
 usage: summarize.py WORK_DIR REPEAT CORES WARMUP TARGET_JSON
 WORK_DIR holds, for each run i in 1..REPEAT: adamw.i.json, adamw_no_errno.i.json,
 torch_adamw.i.json, mlp.{1,2}.i.jsonl (train_mlp metrics), torch_mlp.{1,2}.i.json;
-and overhead.json (bench_ddp_overhead).
+and overhead.<threads>.json (bench_ddp_overhead).
 """
 
 import json
@@ -94,8 +94,10 @@ def print_tables(adamw, mlp, overhead, cores, warmup):
               f"{m['dtrain']['samples_per_s']:>10.0f} | {m['torch']['step_ms']:>12.3f} "
               f"{m['torch']['samples_per_s']:>10.0f} | {m['speedup']:>11.2f}x")
 
-    print(f"\n(c) DDP overhead at world size 1: Trainer {overhead['trainer_step_ms']:.3f} ms, hand-written loop "
-          f"{overhead['hand_step_ms']:.3f} ms: {overhead['overhead_pct']:+.1f}%")
+    for o in overhead:
+        print(f"\n(c) DDP overhead at world size 1, {o['threads']} thread(s): Trainer {o['trainer_step_ms']:.3f} ms "
+              f"({o['trainer_no_grad_norm_step_ms']:.3f} ms with grad_norm = false), hand-written loop "
+              f"{o['hand_step_ms']:.3f} ms: {o['overhead_pct']:+.1f}% ({o['overhead_no_grad_norm_pct']:+.1f}%)")
 
 
 def main():
@@ -111,8 +113,11 @@ def main():
 
     adamw = adamw_results(load)
     mlp = mlp_results(work, runs, cores, warmup)
-    with open(os.path.join(work, "overhead.json")) as f:
-        overhead = json.load(f)
+    overhead = []
+    for name in sorted(n for n in os.listdir(work) if n.startswith("overhead.")):
+        with open(os.path.join(work, name)) as f:
+            overhead.append(json.load(f))
+    overhead.sort(key=lambda o: o["threads"])
     merged = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": cores, "kernel": platform.release(),
