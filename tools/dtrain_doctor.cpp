@@ -56,7 +56,8 @@ options:
   --max-bytes B      largest message, with optional K/M/G suffix (default 64M)
   --iters N          timed iterations per size, median reported (default 10)
   --warmup N         untimed iterations before them (default 3)
-  --timeout S        seconds before a stuck collective fails (default 60)
+  --timeout S        seconds before a stuck collective fails (default: DTRAIN_COMM_TIMEOUT_S,
+                     else 600, as in a launched job)
   --help             this text
 
 exit status: 0 all checks passed, 1 a check failed, 2 bad arguments
@@ -68,7 +69,7 @@ struct Options {
   std::size_t max_bytes = std::size_t{64} << 20;
   int iters = 10;
   int warmup = 3;
-  double timeout_s = 60;
+  std::optional<double> timeout_s;  // --timeout
 };
 
 struct usage_error {
@@ -123,7 +124,7 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--warmup") {
       o.warmup = parse_positive(arg, value());
     } else if (arg == "--timeout") {
-      o.timeout_s = parse_positive(arg, value());
+      o.timeout_s = static_cast<double>(parse_positive(arg, value()));
     } else {
       throw usage_error{"unknown option '" + std::string(arg) + "'"};
     }
@@ -557,19 +558,33 @@ int finish(const Report& report, int n) {
 // The timeout from --timeout; the host transport and shared-memory waiting
 // from DTRAIN_HOST_TRANSPORT / DTRAIN_SHM_WAIT / DTRAIN_SHM_CHUNK_KIB, as a
 // launched job reads them.
+std::optional<std::string> getenv_lookup(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  return v ? std::optional<std::string>(v) : std::nullopt;
+}
+
+// The collective timeout in force and where it comes from: --timeout, else
+// DTRAIN_COMM_TIMEOUT_S (read as a launched job reads it), else the default.
+std::pair<double, const char*> timeout_in_force(const Options& opt) {
+  if (opt.timeout_s) return {*opt.timeout_s, "--timeout"};
+  if (const auto env = detail::read_comm_timeout(getenv_lookup)) return {*env, "DTRAIN_COMM_TIMEOUT_S"};
+  return {std::chrono::duration<double>(CommOptions{}.timeout).count(), "default"};
+}
+
 CommOptions comm_options(const Options& opt) {
-  CommOptions o{.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(opt.timeout_s * 1000))};
+  CommOptions o{.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_in_force(opt).first * 1000))};
   LaunchEnv env;
-  detail::read_comm_choices(
-      [](const std::string& name) -> std::optional<std::string> {
-        const char* v = std::getenv(name.c_str());
-        return v ? std::optional<std::string>(v) : std::nullopt;
-      },
-      env);
+  detail::read_comm_choices(getenv_lookup, env);
   o.host = env.host.value_or(o.host);
   o.wait = env.wait.value_or(o.wait);
   o.shm_part_bytes = env.shm_part_bytes.value_or(o.shm_part_bytes);
   return o;
+}
+
+void print_timeout(const Options& opt) {
+  const auto [seconds, source] = timeout_in_force(opt);
+  std::printf("\ncollective timeout  %g s (%s; a job takes timeout_s=, DTRAIN_COMM_TIMEOUT_S or CommOptions::timeout)\n",
+              seconds, source);
 }
 
 int run_host(const Options& opt) {
@@ -618,10 +633,12 @@ int main(int argc, char** argv) {
 #if DTRAIN_HAS_CUDA
     const int gpus = print_cuda();
     print_environment();
+    print_timeout(opt);
     if (gpus > 0 && !opt.host) return run_gpus(opt, gpus);
 #else
     std::printf("\nCUDA            not compiled in (dtrain built without CUDA/NCCL)\n");
     print_environment();
+    print_timeout(opt);
 #endif
     return run_host(opt);
   } catch (const usage_error& e) {

@@ -402,22 +402,40 @@ class Group {
       if (fd >= 0) ::close(fd);
   }
 
+  // Collects every rank that has ended. When several failed before one pass
+  // saw them (a rank killed by a signal, and a peer that noticed the dead
+  // rank and exited with an error), a signal death is the cause and is the
+  // failure reported; the others are listed too.
   void reap() {
+    struct Ended {
+      int rank, code;
+      pid_t pid;
+      bool signalled;
+    };
+    std::vector<Ended> failed;
     for (auto& r : ranks_) {
       int status = 0;
       if (!r.running || ::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
       r.running = false;
       for (auto& s : r.streams) drain(s);
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-      if (stopping_) continue;  // stopped by us: not the cause
-      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      std::string how = WIFEXITED(status)
-                            ? "exited with code " + std::to_string(code)
-                            : "was killed by " + signal_name(WTERMSIG(status)) + " (exit code " +
-                                  std::to_string(code) + ")";
-      say("rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") " + how);
-      fail(r.rank, code);
+      const bool signalled = !WIFEXITED(status);
+      failed.push_back({r.rank, signalled ? 128 + WTERMSIG(status) : WEXITSTATUS(status), r.pid, signalled});
     }
+    if (failed.empty() || stopping_) return;  // stopped by us: not the cause
+    std::stable_partition(failed.begin(), failed.end(), [](const Ended& e) { return e.signalled; });
+    for (const Ended& e : failed) {
+      std::string how = e.signalled ? "was killed by " + signal_name(e.code - 128) : "exited with code ";
+      if (e.signalled) {
+        how += " (exit code ";
+        how += std::to_string(e.code);
+        how += ')';
+      } else {
+        how += std::to_string(e.code);
+      }
+      say("rank " + std::to_string(e.rank) + " (pid " + std::to_string(e.pid) + ") " + how);
+    }
+    fail(failed.front().rank, failed.front().code);
   }
 
   void fail(int rank, int code) {

@@ -91,6 +91,7 @@ inline bool set_common(Common& c, const std::string& key, const YAML::Node& v) {
   else if (key == "activation_checkpointing") c.activation_checkpointing = as<bool>(v, key);
   else if (key == "dump_batches") c.dump_batches = as<std::string>(v, key);
   else if (key == "bucket_mb") c.bucket_mb = as<double>(v, key);
+  else if (key == "timeout_s") c.timeout_s = as<double>(v, key);
   else return false;
   return true;
 }
@@ -108,6 +109,8 @@ inline void validate_common(const Common& c) {
   require(c.optimizer == "adamw" || c.optimizer == "sgd", "optimizer = '" + c.optimizer + "' is unknown",
           "use adamw or sgd");
   require(c.batch_size >= 1 && c.steps >= 1, "batch_size and steps must be at least 1", "set positive values");
+  require(c.timeout_s >= 0 && c.timeout_s <= 86400 * 7, "timeout_s is out of range (0 to 604800 seconds)",
+          "set timeout_s=S, the seconds a collective may wait (e.g. 60; 0: DTRAIN_COMM_TIMEOUT_S, else 600)");
   require(c.log_every >= 1, "log_every must be at least 1", "set log_every=20");
   require(c.save_every >= 0 && c.keep_last >= 0, "save_every and keep_last must be >= 0",
           "set save_every=N to checkpoint every N steps, keep_last=K to keep the newest K");
@@ -128,6 +131,8 @@ inline constexpr const char* common_usage = R"(  strategy      ddp | fsdp-full |
   schedule      constant | cosine        warmup_steps, lr_scaling none | linear | sqrt
   activation_checkpointing  true: recompute units' inner activations in backward
   seed, num_workers, log_every, bucket_mb
+  timeout_s     seconds a collective may wait before the job fails naming the missing ranks
+                (default: DTRAIN_COMM_TIMEOUT_S, else 600)
   metrics       JSONL file written by rank 0 (one object per step)
   save_params   safetensors file written at the end (fp32, "<unit>.<param>")
   checkpoint_dir  where checkpoints go (default checkpoints), as step-<n> directories
@@ -165,20 +170,36 @@ Config parse_cli(int argc, char** argv, std::string_view program, std::string_vi
     if (arg == "--config") {
       if (i + 1 >= argc) throw dtrain::config_error("--config needs a file", "pass --config FILE.yaml");
       YAML::Node root;
+      const std::string file = argv[++i];
       try {
-        root = YAML::LoadFile(argv[++i]);
+        root = YAML::LoadFile(file);
       } catch (const YAML::Exception& e) {
-        throw dtrain::config_error(std::string("cannot read config '") + argv[i] + "': " + e.what(),
+        throw dtrain::config_error("cannot read config '" + file + "': " + e.what(),
                                    "check the path and the YAML syntax");
       }
-      for (const auto& kv : root) set(kv.first.as<std::string>(), kv.second);
+      if (!root.IsMap() && !root.IsNull())
+        throw dtrain::config_error("config '" + file + "' is not a mapping of keys to values",
+                                   "write one `key: value` per line (see examples/configs/)");
+      for (const auto& kv : root) {
+        if (!kv.first.IsScalar())
+          throw dtrain::config_error("config '" + file + "' has a key that is not a plain name",
+                                     "write one `key: value` per line (see examples/configs/)");
+        set(kv.first.as<std::string>(), kv.second);
+      }
       continue;
     }
     const auto eq = arg.find('=');
     if (eq == std::string::npos || eq == 0)
       throw dtrain::config_error("argument '" + arg + "' is neither --config FILE nor key=value",
                                  "run " + std::string(program) + " --help");
-    set(arg.substr(0, eq), YAML::Load(arg.substr(eq + 1)));
+    YAML::Node value;
+    try {
+      value = YAML::Load(arg.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      throw dtrain::config_error("argument '" + arg + "': the value is not valid YAML: " + e.what(),
+                                 "quote it, e.g. key='a: b', or write a plain value (numbers, names, 256,256)");
+    }
+    set(arg.substr(0, eq), value);
   }
   validate_common(c);
   validate_extra(c);

@@ -47,6 +47,7 @@ struct Common {
   bool activation_checkpointing = false;  // recompute units' inner activations in backward
   std::string dump_batches;           // a directory: every rank writes the batches it trained on
   double bucket_mb = 25;
+  double timeout_s = 0;               // collective timeout in seconds (0: DTRAIN_COMM_TIMEOUT_S, else 600)
 };
 
 inline dtrain::TrainerOptions trainer_options(const Common& c) {
@@ -62,6 +63,14 @@ inline dtrain::TrainerOptions trainer_options(const Common& c) {
       c.schedule, {.lr = c.lr, .warmup_steps = c.warmup_steps, .total_steps = c.schedule == "cosine" ? c.steps : 0});
   o.activation_checkpointing = c.activation_checkpointing;
   return o;
+}
+
+// Joins the job (dtrain::init) with the config's collective timeout, which
+// wins over DTRAIN_COMM_TIMEOUT_S.
+inline dtrain::World init_world(const Common& c) {
+  dtrain::LaunchEnv env = dtrain::discover_env();
+  if (c.timeout_s > 0) env.comm_timeout_s = c.timeout_s;
+  return dtrain::init(env);
 }
 
 }  // namespace examples

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   try {
     const auto cfg = examples::parse_cli<gpt::Config>(argc, argv, "train_gpt", gpt::usage, gpt::set_extra,
                                                       gpt::validate_extra);
-    auto world = dtrain::init();
+    auto world = examples::init_world(cfg);
     const gpt::Corpus corpus = gpt::make_corpus(cfg);
     if (world.rank() == 0)
       std::printf("train_gpt: %d rank(s), strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank x %lld "

@@ -61,7 +61,7 @@ dtrain::Dataset load_data(const Config& c) {
 int main(int argc, char** argv) {
   try {
     const mlp::Config cfg = mlp::load_config(argc, argv);
-    auto world = dtrain::init();
+    auto world = examples::init_world(cfg);
     const dtrain::Dataset data = mlp::load_data(cfg);
     std::int64_t classes = cfg.classes;
     if (cfg.data != "synthetic") {

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   try {
     const auto cfg = examples::parse_cli<policy::Config>(argc, argv, "train_policy", policy::usage,
                                                          policy::set_extra, policy::validate_extra);
-    auto world = dtrain::init();
+    auto world = examples::init_world(cfg);
     const policy::DataSets data = policy::make_demonstrations(cfg);
     if (world.rank() == 0)
       std::printf("train_policy: %d rank(s), strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank, %lld "

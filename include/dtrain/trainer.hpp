@@ -36,6 +36,7 @@
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/fault.hpp"
 #include "dtrain/data/loader.hpp"
 #include "dtrain/data/sampler.hpp"
 #include "dtrain/device/host.hpp"
@@ -299,6 +300,7 @@ class TrainerCore {
     } catch (const std::exception& e) {
       error = e.what();
     }
+    fault::hit(fault::point::save);
     if (options.consolidated) mine["model"] = stream_parameters(dir / checkpoint_model_name, error);
     mine["error"] = error;
     const auto all = world_.all_gather_values("checkpoint-files", mine.dump());
@@ -604,6 +606,7 @@ class TrainerCore {
       s.before_forward(u, k);
       forward(u, unit);
       s.after_forward(u, k);
+      if (u == 0) fault::hit(fault::point::forward);
     });
     const MatView<const T> logits = act(num_units_);
     const float dlogit_scale = after_forward(model_.loss.template forward<Dev, T>(dev_, logits, on_device));
@@ -627,6 +630,7 @@ class TrainerCore {
       else
         unit.template backward<Dev, T>(dev_, s.params(u), s.grads(u), act(u), act(u + 1), dy, dx);
       s.after_backward(u, k);
+      if (u + 1 == num_units_) fault::hit(fault::point::backward);
       cur = 1 - cur;
     });
   }

@@ -59,6 +59,7 @@
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/fault.hpp"
 
 namespace dtrain {
 
@@ -532,15 +533,21 @@ class HostCommunicator {
         "a rank is stuck, crashed or runs different code; see the other ranks' logs. "
         "The timeout is CommOptions::timeout (env DTRAIN_COMM_TIMEOUT_S)";
     try {
+      fault::hit(fault::point::collective);
       task.run(static_cast<std::uint32_t>(task.seq));
       return nullptr;
     } catch (const ::gloo::Exception& e) {
       const std::string cause = e.what();
-      const std::string msg = tracker_->describe(task.name, task.seq, cause);
-      if (cause.find("imed out") != std::string::npos)
+      // Which ranks lagged is known for a timeout; a connection that failed
+      // at once means a peer is gone, and the heartbeat's numbers are stale.
+      const bool timed_out = cause.find("imed out") != std::string::npos;
+      std::string msg = tracker_->describe(task.name, task.seq, cause, timed_out);
+      if (timed_out) {
         broken_ = std::make_exception_ptr(timeout_error(msg, fix));
-      else
+      } else {
+        msg += " (a peer's connection failed: that rank exited or was killed; its own log or launcher names it)";
         broken_ = std::make_exception_ptr(gloo_error(msg, fix));
+      }
       return broken_;
     } catch (const detail::shm_wait_error& e) {
       const std::string msg = tracker_->describe(task.name, task.seq, e.cause, e.timed_out);

@@ -10,6 +10,7 @@
 #include <chrono>
 
 #include "dtrain/comm/world.hpp"
+#include "dtrain/core/fault.hpp"
 #include "dtrain/launch/env.hpp"
 
 namespace dtrain {
@@ -24,6 +25,7 @@ inline World init(const LaunchEnv& env, InitOptions options = {}) {
   if (env.host) options.comm.host = *env.host;
   if (env.wait) options.comm.wait = *env.wait;
   if (env.shm_part_bytes) options.comm.shm_part_bytes = *env.shm_part_bytes;
+  fault::arm(env.rank, env.world_size);  // DTRAIN_FAULT_INJECT (core/fault.hpp), for the reliability tests
   return World(World::Layout{env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_tag},
                env.master_addr, env.master_port, options.comm);
 }

@@ -101,8 +101,11 @@ concept LrSchedule = std::copy_constructible<S> && requires(const S& s, std::int
 class Schedule {
  public:
   // Validates the schedule when it has a validate(), so a Schedule is always usable.
-  template <LrSchedule S>
-    requires(!std::same_as<std::remove_cvref_t<S>, Schedule>)
+  // The Schedule check comes first and short-circuits: checking LrSchedule
+  // <Schedule> would ask whether Schedule is copyable while that is being
+  // decided (clang rejects the recursion; GCC does not notice it).
+  template <class S>
+    requires(!std::same_as<std::remove_cvref_t<S>, Schedule> && LrSchedule<S>)
   Schedule(S schedule) : name_(name_of<S>()), fn_(validated(std::move(schedule))) {}
 
   float operator()(std::int64_t step) const { return fn_(step); }

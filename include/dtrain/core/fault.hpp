@@ -1,0 +1,140 @@
+#pragma once
+// Fault injection: the reliability harness (tests/reliability/) kills a rank
+// with SIGKILL at a chosen point of its run, so that the others' and the
+// launcher's handling of a dead rank can be tested at every stage of a step.
+//
+//   DTRAIN_FAULT_INJECT=<point>:<rank>:<n>
+//
+// makes rank <rank> kill itself with SIGKILL the <n>-th time (from 1) it
+// reaches <point>:
+//   forward     after the first unit's forward of a micro-batch
+//   backward    after the last unit's backward of a micro-batch (the first
+//               one backward reaches)
+//   collective  as a host collective starts executing on the progress thread
+//               (the peers are in it, waiting for this rank)
+//   save        during Trainer::save, after this rank's shard file is written
+//               and before the checkpoint's index (its commit) is
+// It fires only in the first attempt of a job (DTRAIN_RESTART_COUNT unset or
+// 0), so a run restarted by `dtrain-run --max-restarts` continues cleanly.
+// Before dying it prints one line to stderr with the wall-clock time, which
+// the harness uses to time how fast the job ends.
+//
+// dtrain::init() arms it (a malformed value is a launch_error there); an
+// unarmed point costs one relaxed atomic load.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain::fault {
+
+enum class point { forward, backward, collective, save };
+
+inline constexpr std::string_view point_name(point p) {
+  switch (p) {
+    case point::forward: return "forward";
+    case point::backward: return "backward";
+    case point::collective: return "collective";
+    case point::save: return "save";
+  }
+  return "?";
+}
+
+namespace detail {
+
+struct Plan {
+  point where = point::forward;
+  long long nth = 0;
+};
+
+struct State {
+  std::atomic<bool> armed{false};
+  Plan plan;
+  int rank = 0;
+  std::atomic<long long> hits{0};
+};
+
+inline State& state() {
+  static State s;
+  return s;
+}
+
+inline std::optional<long long> whole_number(std::string_view s) {
+  if (s.empty() || s.size() > 12) return std::nullopt;
+  long long v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+}  // namespace detail
+
+// Parses DTRAIN_FAULT_INJECT's value; returns the plan if it names this rank.
+inline std::optional<detail::Plan> parse(std::string_view text, int rank, int world_size) {
+  const auto bad = [&](const std::string& why) -> launch_error {
+    std::string what = "DTRAIN_FAULT_INJECT='";
+    what.append(text);
+    what += "' ";
+    what += why;
+    return launch_error(what, "write <point>:<rank>:<n> with point forward|backward|collective|save, e.g. "
+                              "DTRAIN_FAULT_INJECT=backward:1:3, or unset it");
+  };
+  const auto c1 = text.find(':');
+  const auto c2 = c1 == std::string_view::npos ? c1 : text.find(':', c1 + 1);
+  if (c2 == std::string_view::npos) throw bad("is not <point>:<rank>:<n>");
+  const std::string_view name = text.substr(0, c1);
+  detail::Plan plan;
+  bool known = false;
+  for (point p : {point::forward, point::backward, point::collective, point::save})
+    if (name == point_name(p)) plan.where = p, known = true;
+  if (!known) throw bad("names an unknown point");
+  const auto who = detail::whole_number(text.substr(c1 + 1, c2 - c1 - 1));
+  const auto nth = detail::whole_number(text.substr(c2 + 1));
+  if (!who || *who >= world_size) throw bad("names no rank of this job (world size " + std::to_string(world_size) + ")");
+  if (!nth || *nth < 1) throw bad("needs a count n >= 1");
+  plan.nth = *nth;
+  if (*who != rank) return std::nullopt;
+  return plan;
+}
+
+// Reads DTRAIN_FAULT_INJECT (and DTRAIN_RESTART_COUNT) for this rank.
+inline void arm(int rank, int world_size) {
+  const char* text = std::getenv("DTRAIN_FAULT_INJECT");
+  if (text == nullptr || *text == '\0') return;
+  const auto plan = parse(text, rank, world_size);
+  const char* restart = std::getenv("DTRAIN_RESTART_COUNT");
+  if (!plan || (restart != nullptr && std::string_view(restart) != "0")) return;
+  auto& s = detail::state();
+  s.plan = *plan;
+  s.rank = rank;
+  s.hits.store(0);
+  s.armed.store(true, std::memory_order_release);
+}
+
+// A point of the run; kills this process if the armed plan says so.
+inline void hit(point p) {
+  auto& s = detail::state();
+  if (!s.armed.load(std::memory_order_relaxed)) [[likely]]
+    return;
+  if (s.plan.where != p || s.hits.fetch_add(1) + 1 != s.plan.nth) return;
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::fprintf(stderr, "dtrain: fault injection: SIGKILL on rank %d at %s #%lld (t=%.3f)\n", s.rank,
+               point_name(p).data(), s.plan.nth, now);
+  std::fflush(stderr);
+  ::kill(::getpid(), SIGKILL);
+  ::pause();
+}
+
+}  // namespace dtrain::fault
