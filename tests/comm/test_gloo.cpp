@@ -376,3 +376,37 @@ BOOST_AUTO_TEST_CASE(store_set_get_add_and_get_timeout) {
   BOOST_TEST(!b.try_get("missing").has_value());
   BOOST_CHECK_THROW(b.get("missing"), timeout_error);
 }
+
+// A rank whose rendezvous connection closed (it exited or was killed) is
+// listed as departed by the store: a rank waiting for a key it was to set
+// fails at once, naming it, instead of at the timeout.
+BOOST_AUTO_TEST_CASE(store_waits_on_a_departed_rank_fail_at_once) {
+  for (const char* what : {"gather", "barrier"}) {
+    BOOST_TEST_CONTEXT(what) {
+      auto worlds = make_local_worlds(2, CommOptions{.timeout = std::chrono::seconds(30)});
+      worlds.pop_back();  // rank 1 leaves without arriving
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        if (std::string_view(what) == "gather")
+          worlds[0].all_gather_values("x", "v");
+        else
+          worlds[0].barrier("b");
+        BOOST_FAIL("the wait on a departed rank returned");
+      } catch (const comm_error& e) {
+        BOOST_TEST(std::string(e.what()).find("rank 1 left the job before setting rendezvous key") != std::string::npos,
+                   e.what());
+      }
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      BOOST_TEST(took < 5.0);
+    }
+  }
+}
+
+// A key the departed rank did set before leaving is still read.
+BOOST_AUTO_TEST_CASE(store_keys_set_before_leaving_are_read) {
+  auto worlds = make_local_worlds(2, CommOptions{.timeout = std::chrono::seconds(30)});
+  worlds[1].store()->set("gather/0/x/1", "from 1");
+  worlds.pop_back();
+  const int setter = 1;
+  BOOST_TEST(worlds[0].store()->get("gather/0/x/1", std::nullopt, std::span(&setter, 1)) == "from 1");
+}

@@ -29,6 +29,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -41,7 +42,11 @@ namespace dtrain {
 
 namespace detail {
 
-enum class store_cmd : std::uint8_t { set = 1, get = 2, add = 3 };
+enum class store_cmd : std::uint8_t { set = 1, get = 2, add = 3, hello = 4 };
+
+// The server's list of ranks whose every connection has closed, as
+// ",r1,r2," under this key (TcpStore::announce, TcpStore::get's setters).
+inline constexpr std::string_view departed_key = "__dtrain/departed";
 
 
 // Owns one file descriptor.
@@ -113,7 +118,7 @@ inline std::int64_t bytes_i64(std::string_view s) {
 inline std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vector<std::string_view>& args) {
   if (buf.empty()) return 0;
   cmd = static_cast<store_cmd>(buf[0]);
-  const int nargs = cmd == store_cmd::get ? 1 : 2;
+  const int nargs = cmd == store_cmd::get || cmd == store_cmd::hello ? 1 : 2;
   std::size_t pos = 1;
   args.clear();
   for (int i = 0; i < nargs; ++i) {
@@ -127,6 +132,17 @@ inline std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vect
 }
 
 inline std::string endpoint(const std::string& host, int port) { return host + ":" + std::to_string(port); }
+
+// A rank as announced: decimal digits only, at most 9 of them.
+inline std::optional<int> parse_rank(std::string_view text) {
+  if (text.empty() || text.size() > 9) return std::nullopt;
+  int v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
 
 }  // namespace detail
 
@@ -186,7 +202,18 @@ class TcpStoreServer {
   struct Client {
     detail::Fd fd;
     std::string in;
+    int rank = -1;  // announced by TcpStore::announce; -1 for anonymous clients
   };
+
+  // A client hung up: when it was the last connection of its rank, that
+  // rank has left the job, and waits for keys it was to set can fail now.
+  void departed(const Client& c) {
+    if (c.rank < 0 || --live_[c.rank] > 0) return;
+    std::string& list = map_[std::string(detail::departed_key)];
+    if (list.empty()) list = ",";
+    list += std::to_string(c.rank);
+    list += ',';
+  }
 
   void serve() {
     std::vector<Client> clients;
@@ -212,7 +239,10 @@ class TcpStoreServer {
         dead[i] = !read_and_answer(clients[i]);
       }
       for (std::size_t i = clients.size(); i-- > 0;)
-        if (dead[i]) clients.erase(clients.begin() + static_cast<std::ptrdiff_t>(i));
+        if (dead[i]) {
+          departed(clients[i]);
+          clients.erase(clients.begin() + static_cast<std::ptrdiff_t>(i));
+        }
       connected_.store(clients.size());
     }
   }
@@ -237,6 +267,14 @@ class TcpStoreServer {
           const auto it = map_.find(std::string(args[0]));
           reply.push_back(it != map_.end() ? 1 : 0);
           detail::put_str(reply, it != map_.end() ? std::string_view(it->second) : std::string_view{});
+          break;
+        }
+        case detail::store_cmd::hello: {
+          const auto rank = detail::parse_rank(args[0]);
+          if (!rank || c.rank >= 0) return false;  // malformed, or announced twice: drop it
+          c.rank = *rank;
+          ++live_[c.rank];
+          reply.push_back(1);
           break;
         }
         case detail::store_cmd::add: {
@@ -267,6 +305,7 @@ class TcpStoreServer {
   std::atomic<bool> stop_{false};
   std::atomic<std::size_t> connected_{0};
   std::map<std::string, std::string, std::less<>> map_;  // only the serve thread touches it
+  std::map<int, int> live_;                              // rank -> open connections (serve thread)
   std::thread thread_;
 };
 
@@ -305,12 +344,39 @@ class TcpStore {
     return value;
   }
 
-  // Blocks until key exists; throws timeout_error after `timeout` (the store's by default).
-  std::string get(std::string_view key, std::optional<std::chrono::milliseconds> timeout = {}) {
+  // Says which rank this connection belongs to (World does, once). When
+  // every announced connection of a rank has closed, the server lists the
+  // rank as departed, and get() calls waiting for keys it was to set fail
+  // at once instead of at the timeout.
+  void announce(int rank) {
+    std::string req(1, static_cast<char>(detail::store_cmd::hello));
+    detail::put_str(req, std::to_string(rank));
+    std::lock_guard lock(mu_);
+    send_all(req, "announce");
+    recv_exact(1, "announce");
+  }
+
+  // Blocks until key exists; throws timeout_error after `timeout` (the
+  // store's by default). `setters`: the ranks (as announced) the key waits
+  // on; if one of them has left the job and the key is still missing,
+  // throws comm_error naming it.
+  std::string get(std::string_view key, std::optional<std::chrono::milliseconds> timeout = {},
+                  std::span<const int> setters = {}) {
     const auto deadline = detail::steady::now() + timeout.value_or(timeout_);
     auto backoff = std::chrono::microseconds(200);
     for (;;) {
       if (auto v = try_get(key)) return *std::move(v);
+      if (!setters.empty()) {
+        if (const auto gone = departed_among(setters); !gone.empty()) {
+          // The server handled each rank's last request before its hang-up:
+          // the key is either there now or will never be.
+          if (auto v = try_get(key)) return *std::move(v);
+          throw comm_error("rank " + gone + " left the job before setting rendezvous key '" + std::string(key) +
+                               "' (its connection to the rendezvous closed: it exited or was killed)",
+                           "see that rank's log for why it ended; the job cannot go on without it (restart the "
+                           "job, e.g. dtrain-run --max-restarts with resume=latest)");
+        }
+      }
       if (detail::steady::now() >= deadline)
         throw timeout_error("rendezvous key '" + std::string(key) + "' was not set within " +
                                 std::to_string(timeout.value_or(timeout_).count()) + " ms",
@@ -319,6 +385,22 @@ class TcpStore {
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
     }
+  }
+
+  // Which of `ranks` the server lists as departed ("" if none, else "r" or "r1, r2").
+  std::string departed_among(std::span<const int> ranks) {
+    const auto list = try_get(detail::departed_key);
+    if (!list) return {};
+    std::string out;
+    for (int r : ranks) {
+      std::string needle = std::to_string(r);
+      needle.insert(needle.begin(), ',');
+      needle += ',';
+      if (list->find(needle) == std::string::npos) continue;
+      if (!out.empty()) out += ", ";
+      out += std::to_string(r);
+    }
+    return out;
   }
 
   std::int64_t add(std::string_view key, std::int64_t delta) {

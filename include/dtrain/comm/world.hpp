@@ -51,6 +51,8 @@ class World {
     if (layout.size > 1 || state_->server) {
       const int port = state_->server ? state_->server->port() : master_port;
       state_->store = std::make_shared<TcpStore>(master_addr, port, options.timeout);
+      // Waits for this rank's keys fail as soon as it is gone (TcpStore::announce).
+      if (layout.size > 1) state_->store->announce(layout.rank);
     }
   }
 
@@ -123,7 +125,10 @@ class World {
     const std::string base = next_prefix("gather") + std::string(key) + "/";
     store()->set(base + std::to_string(rank()), value);
     std::vector<std::string> all(static_cast<std::size_t>(size()));
-    for (int r = 0; r < size(); ++r) all[static_cast<std::size_t>(r)] = store()->get(base + std::to_string(r));
+    for (int r = 0; r < size(); ++r) {
+      const int setter = global_rank(r);
+      all[static_cast<std::size_t>(r)] = store()->get(base + std::to_string(r), std::nullopt, std::span(&setter, 1));
+    }
     return all;
   }
 
@@ -143,7 +148,7 @@ class World {
     if (size() == 1) return;
     const std::string key = next_prefix("barrier") + std::string(tag);
     if (store()->add(key, 1) == size()) store()->set(key + "/done", "1");
-    store()->get(key + "/done");
+    store()->get(key + "/done", std::nullopt, state_->global_ranks);  // the last to arrive sets it
   }
 
  private:
