@@ -177,82 +177,81 @@ std::pair<int, std::string> draw(const std::string& point) {
   return {victim, point + ":" + std::to_string(victim) + ":" + std::to_string(draw_nth(point))};
 }
 
-void fail_runs(const std::string& point) {
-  const Params& ref = reference();
-  Tally tally{"kill -9 at " + point, 0, 0, 0};
+// DTRAIN_FAULT_RUNS runs of one scenario: each draws its point (`pick`),
+// rank and occurrence, and `body(point, victim, plan)` says whether every
+// check of the run passed.
+template <class Pick, class Body>
+void repeat_runs(Tally& tally, Pick pick, Body body) {
   const int runs = env_int("DTRAIN_FAULT_RUNS", 3);
   for (int i = 0; i < runs; ++i) {
+    const std::string point = pick();
     const auto drawn = draw(point);
-    const int victim = drawn.first;
-    const std::string& plan = drawn.second;
-    BOOST_TEST_CONTEXT("DTRAIN_FAULT_INJECT=" << plan) {
+    BOOST_TEST_CONTEXT("DTRAIN_FAULT_INJECT=" << drawn.second) {
       ++tally.runs;
-      TempDir dir;
-      Process p(job(dir.path(), false, false), {{"DTRAIN_FAULT_INJECT", plan}});
-      const Finished f = p.wait(timeout_s + 60);
-      const double ended = wall_now();
-      const double took = ended - fault_time(f.err, victim);
-      tally.worst_s = std::max(tally.worst_s, took);
-      BOOST_TEST(!f.exited_with(0));
-      BOOST_TEST(took <= timeout_s + 5, "the job took " << took << " s to end after the kill");
-      const std::string named = "rank " + std::to_string(victim) + " (pid ";
-      const auto at = f.err.find(named);
-      BOOST_TEST((at != std::string::npos && f.err.find("was killed by SIGKILL", at) != std::string::npos),
-                 "the launcher did not name rank " << victim << " and SIGKILL:\n" << f.err);
-      const auto left = leftovers(dir.path(), p.pid());
-      BOOST_TEST(left.empty(), "left behind: " << (left.empty() ? "" : left.front()));
-      // A save killed before its commit leaves no complete checkpoint: the
-      // newest complete one is the save before.
-      const auto newest = newest_complete(dir.path());
-      bool as_expected = true;
-      if (point == "save") {
-        const long nth = std::stol(plan.substr(plan.rfind(':') + 1));
-        const long newest_step = newest ? std::stol(newest->filename().string().substr(5)) : 0;
-        as_expected = newest_step == (nth - 1) * save_every;
-        BOOST_TEST(as_expected, "newest complete checkpoint: step " << newest_step << ", expected step "
-                                                                     << (nth - 1) * save_every);
-      }
-      // The last completed checkpoint loads, and the run ends as if never killed.
-      const Finished again = Process(job(dir.path(), false, true)).wait(120);
-      BOOST_TEST_REQUIRE(again.exited_with(0), "resume=latest failed:\n" << again.err << again.out);
-      const std::string loaded = newest ? "resumed from " + newest->string() + " at step" : "no checkpoint in";
-      const bool resumed = again.out.find(loaded) != std::string::npos;
-      BOOST_TEST(resumed, "expected '" << loaded << "' in:\n" << again.out);
-      const bool same = read_params(dir.path() / "final.safetensors") == ref;
-      BOOST_TEST(same, "resumed parameters differ from the uninterrupted run's:\n" << again.out);
-      if (!f.exited_with(0) && took <= timeout_s + 5 && left.empty() && same && as_expected && resumed) ++tally.passed;
+      if (body(point, drawn.first, drawn.second)) ++tally.passed;
     }
   }
 }
 
-void elastic_runs(const std::string& point) {
+void fail_runs(const std::string& kind) {
   const Params& ref = reference();
-  Tally tally{"elastic restart, " + point, 0, 0, 0};
-  const int runs = env_int("DTRAIN_FAULT_RUNS", 3);
-  for (int i = 0; i < runs; ++i) {
-    const auto drawn = draw(point);
-    const int victim = drawn.first;
-    const std::string& plan = drawn.second;
-    BOOST_TEST_CONTEXT("DTRAIN_FAULT_INJECT=" << plan) {
-      ++tally.runs;
-      TempDir dir;
-      Process p(job(dir.path(), true, true), {{"DTRAIN_FAULT_INJECT", plan}});
-      const Finished f = p.wait(timeout_s + 120);
-      const double ended = wall_now();
-      fault_time(f.err, victim);
-      BOOST_TEST_REQUIRE(f.exited_with(0), "the restarted job failed:\n" << f.err);
-      BOOST_TEST(f.err.find("restarting all 2 local rank(s)") != std::string::npos, f.err);
-      const bool resumed = f.out.find("resumed from ") != std::string::npos ||
-                           f.out.find("no checkpoint in") != std::string::npos;
-      BOOST_TEST(resumed, "the restarted ranks did not go through resume=latest:\n" << f.out);
-      const auto left = leftovers(dir.path(), p.pid());
-      BOOST_TEST(left.empty(), "left behind: " << (left.empty() ? "" : left.front()));
-      const bool same = read_params(dir.path() / "final.safetensors") == ref;
-      BOOST_TEST(same, "parameters after the restart differ from the uninterrupted run's:\n" << f.out);
-      tally.worst_s = std::max(tally.worst_s, ended - fault_time(f.err, victim));
-      if (left.empty() && same && resumed) ++tally.passed;
+  Tally tally{"kill -9 at " + kind, 0, 0, 0};
+  repeat_runs(tally, [&] { return kind; }, [&](const std::string& point, int victim, const std::string& plan) {
+    TempDir dir;
+    Process p(job(dir.path(), false, false), {{"DTRAIN_FAULT_INJECT", plan}});
+    const Finished f = p.wait(timeout_s + 60);
+    const double took = wall_now() - fault_time(f.err, victim);
+    tally.worst_s = std::max(tally.worst_s, took);
+    BOOST_TEST(!f.exited_with(0));
+    BOOST_TEST(took <= timeout_s + 5, "the job took " << took << " s to end after the kill");
+    const auto at = f.err.find("rank " + std::to_string(victim) + " (pid ");
+    const bool named = at != std::string::npos && f.err.find("was killed by SIGKILL", at) != std::string::npos;
+    BOOST_TEST(named, "the launcher did not name rank " << victim << " and SIGKILL:\n" << f.err);
+    const auto left = leftovers(dir.path(), p.pid());
+    BOOST_TEST(left.empty(), "left behind: " << (left.empty() ? "" : left.front()));
+    // A save killed before its commit leaves no complete checkpoint: the
+    // newest complete one is the save before.
+    const auto newest = newest_complete(dir.path());
+    bool as_expected = true;
+    if (point == "save") {
+      const long nth = std::stol(plan.substr(plan.rfind(':') + 1));
+      const long newest_step = newest ? std::stol(newest->filename().string().substr(5)) : 0;
+      as_expected = newest_step == (nth - 1) * save_every;
+      BOOST_TEST(as_expected, "newest complete checkpoint: step " << newest_step << ", expected step "
+                                                                   << (nth - 1) * save_every);
     }
-  }
+    // The last completed checkpoint loads, and the run ends as if never killed.
+    const Finished again = Process(job(dir.path(), false, true)).wait(120);
+    BOOST_TEST_REQUIRE(again.exited_with(0), "resume=latest failed:\n" << again.err << again.out);
+    const std::string loaded = newest ? "resumed from " + newest->string() + " at step" : "no checkpoint in";
+    const bool resumed = again.out.find(loaded) != std::string::npos;
+    BOOST_TEST(resumed, "expected '" << loaded << "' in:\n" << again.out);
+    const bool same = read_params(dir.path() / "final.safetensors") == ref;
+    BOOST_TEST(same, "resumed parameters differ from the uninterrupted run's:\n" << again.out);
+    return !f.exited_with(0) && took <= timeout_s + 5 && named && left.empty() && as_expected && resumed && same;
+  });
+}
+
+void elastic_runs(const std::string& kind) {
+  const Params& ref = reference();
+  Tally tally{"elastic restart, " + kind, 0, 0, 0};
+  repeat_runs(tally, [&] { return kind; }, [&](const std::string&, int victim, const std::string& plan) {
+    TempDir dir;
+    Process p(job(dir.path(), true, true), {{"DTRAIN_FAULT_INJECT", plan}});
+    const Finished f = p.wait(timeout_s + 120);
+    tally.worst_s = std::max(tally.worst_s, wall_now() - fault_time(f.err, victim));
+    BOOST_TEST_REQUIRE(f.exited_with(0), "the restarted job failed:\n" << f.err);
+    const bool restarted = f.err.find("restarting all 2 local rank(s)") != std::string::npos;
+    BOOST_TEST(restarted, f.err);
+    const bool resumed = f.out.find("resumed from ") != std::string::npos ||
+                         f.out.find("no checkpoint in") != std::string::npos;
+    BOOST_TEST(resumed, "the restarted ranks did not go through resume=latest:\n" << f.out);
+    const auto left = leftovers(dir.path(), p.pid());
+    BOOST_TEST(left.empty(), "left behind: " << (left.empty() ? "" : left.front()));
+    const bool same = read_params(dir.path() / "final.safetensors") == ref;
+    BOOST_TEST(same, "parameters after the restart differ from the uninterrupted run's:\n" << f.out);
+    return restarted && resumed && left.empty() && same;
+  });
 }
 
 }  // namespace
@@ -268,51 +267,44 @@ BOOST_AUTO_TEST_CASE(elastic_after_kill_during_save) { elastic_runs("save"); }
 
 // Two simulated nodes: the launcher of the surviving node cannot see the
 // killed rank; its rank must notice through the transport (Gloo's closed
-// connection, or the collective timeout at worst) and the job end there too.
+// connection) or the rendezvous store (the rank listed as departed), at worst
+// at the collective timeout, and the job end there too.
 // Then a single-node run at the same world size resumes from the last
 // complete checkpoint and reproduces the uninterrupted run.
 BOOST_AUTO_TEST_CASE(kill_on_another_node) {
   const Params& ref = reference();
-  Tally tally{"kill -9, 2 nodes, " + std::string("random point"), 0, 0, 0};
-  const int runs = env_int("DTRAIN_FAULT_RUNS", 3);
+  Tally tally{"kill -9, 2 nodes, random point", 0, 0, 0};
   const char* points[] = {"forward", "backward", "collective", "save"};
-  for (int i = 0; i < runs; ++i) {
-    const std::string point = points[std::uniform_int_distribution<int>(0, 3)(rng())];
-    const auto drawn = draw(point);
-    const int victim = drawn.first;
-    const std::string& plan = drawn.second;
-    BOOST_TEST_CONTEXT("DTRAIN_FAULT_INJECT=" << plan) {
-      ++tally.runs;
-      TempDir dir;
-      const int port = [] {
-        dtrain::TcpStoreServer probe(0, "127.0.0.1");
-        return probe.port();
-      }();
-      Process n1(job(dir.path(), false, false, 1, port), {{"DTRAIN_FAULT_INJECT", plan}});
-      Process n0(job(dir.path(), false, false, 0, port), {{"DTRAIN_FAULT_INJECT", plan}});
-      const Finished f0 = n0.wait(timeout_s + 60);
-      const double end0 = wall_now();
-      const Finished f1 = n1.wait(timeout_s + 60);
-      const double end1 = wall_now();
-      const std::string err = f0.err + f1.err;
-      const double t = fault_time(err, victim);
-      const double took = std::max(end0, end1) - t;
-      tally.worst_s = std::max(tally.worst_s, took);
-      BOOST_TEST((!f0.exited_with(0) && !f1.exited_with(0)), "both nodes must fail:\n" << err);
-      BOOST_TEST(took <= timeout_s + 5, "the job took " << took << " s to end after the kill");
-      BOOST_TEST(err.find("was killed by SIGKILL") != std::string::npos, err);
-      const auto left0 = leftovers(dir.path(), n0.pid()), left1 = leftovers(dir.path(), n1.pid());
-      BOOST_TEST((left0.empty() && left1.empty()), "left behind: " << (left0.empty() ? "" : left0.front())
-                                                                   << (left1.empty() ? "" : left1.front()));
-      const Finished again = Process(job(dir.path(), false, true)).wait(120);
-      BOOST_TEST_REQUIRE(again.exited_with(0), "resume=latest failed:\n" << again.err << again.out);
-      const bool same = read_params(dir.path() / "final.safetensors") == ref;
-      BOOST_TEST(same, "resumed parameters differ from the uninterrupted run's:\n" << again.out);
-      if (!f0.exited_with(0) && !f1.exited_with(0) && took <= timeout_s + 5 && left0.empty() && left1.empty() &&
-          same)
-        ++tally.passed;
-    }
-  }
+  const auto pick = [&] { return std::string(points[std::uniform_int_distribution<int>(0, 3)(rng())]); };
+  repeat_runs(tally, pick, [&](const std::string&, int victim, const std::string& plan) {
+    TempDir dir;
+    const int port = [] {
+      dtrain::TcpStoreServer probe(0, "127.0.0.1");
+      return probe.port();
+    }();
+    Process n1(job(dir.path(), false, false, 1, port), {{"DTRAIN_FAULT_INJECT", plan}});
+    Process n0(job(dir.path(), false, false, 0, port), {{"DTRAIN_FAULT_INJECT", plan}});
+    const Finished f0 = n0.wait(timeout_s + 60);
+    const double end0 = wall_now();
+    const Finished f1 = n1.wait(timeout_s + 60);
+    const double end1 = wall_now();
+    const std::string err = f0.err + f1.err;
+    const double took = std::max(end0, end1) - fault_time(err, victim);
+    tally.worst_s = std::max(tally.worst_s, took);
+    const bool failed = !f0.exited_with(0) && !f1.exited_with(0);
+    BOOST_TEST(failed, "both nodes must fail:\n" << err);
+    BOOST_TEST(took <= timeout_s + 5, "the job took " << took << " s to end after the kill");
+    const bool named = err.find("was killed by SIGKILL") != std::string::npos;
+    BOOST_TEST(named, err);
+    const auto left0 = leftovers(dir.path(), n0.pid()), left1 = leftovers(dir.path(), n1.pid());
+    BOOST_TEST((left0.empty() && left1.empty()), "left behind: " << (left0.empty() ? "" : left0.front())
+                                                                 << (left1.empty() ? "" : left1.front()));
+    const Finished again = Process(job(dir.path(), false, true)).wait(120);
+    BOOST_TEST_REQUIRE(again.exited_with(0), "resume=latest failed:\n" << again.err << again.out);
+    const bool same = read_params(dir.path() / "final.safetensors") == ref;
+    BOOST_TEST(same, "resumed parameters differ from the uninterrupted run's:\n" << again.out);
+    return failed && took <= timeout_s + 5 && named && left0.empty() && left1.empty() && same;
+  });
 }
 
 // A malformed plan is a usage error naming the variable, not a silent no-op.
