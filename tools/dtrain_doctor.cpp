@@ -555,9 +555,6 @@ int finish(const Report& report, int n) {
   return 1;
 }
 
-// The timeout from --timeout; the host transport and shared-memory waiting
-// from DTRAIN_HOST_TRANSPORT / DTRAIN_SHM_WAIT / DTRAIN_SHM_CHUNK_KIB, as a
-// launched job reads them.
 std::optional<std::string> getenv_lookup(const std::string& name) {
   const char* v = std::getenv(name.c_str());
   return v ? std::optional<std::string>(v) : std::nullopt;
@@ -571,6 +568,9 @@ std::pair<double, const char*> timeout_in_force(const Options& opt) {
   return {std::chrono::duration<double>(CommOptions{}.timeout).count(), "default"};
 }
 
+// The timeout in force; the host transport and shared-memory waiting from
+// DTRAIN_HOST_TRANSPORT / DTRAIN_SHM_WAIT / DTRAIN_SHM_CHUNK_KIB, as a
+// launched job reads them.
 CommOptions comm_options(const Options& opt) {
   CommOptions o{.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_in_force(opt).first * 1000))};
   LaunchEnv env;

@@ -425,14 +425,10 @@ class Group {
     if (failed.empty() || stopping_) return;  // stopped by us: not the cause
     std::stable_partition(failed.begin(), failed.end(), [](const Ended& e) { return e.signalled; });
     for (const Ended& e : failed) {
-      std::string how = e.signalled ? "was killed by " + signal_name(e.code - 128) : "exited with code ";
-      if (e.signalled) {
-        how += " (exit code ";
-        how += std::to_string(e.code);
-        how += ')';
-      } else {
-        how += std::to_string(e.code);
-      }
+      std::string how = e.signalled ? "was killed by " + signal_name(e.code - 128) + " (exit code "
+                                    : std::string("exited with code ");
+      how += std::to_string(e.code);
+      if (e.signalled) how += ')';
       say("rank " + std::to_string(e.rank) + " (pid " + std::to_string(e.pid) + ") " + how);
     }
     fail(failed.front().rank, failed.front().code);

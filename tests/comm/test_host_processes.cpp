@@ -62,7 +62,8 @@ struct Ranks {
   fs::path dir;
   std::string job;
 
-  Ranks(int n, const std::string& mode, const std::string& tag) {
+  // transport: DTRAIN_HOST_TRANSPORT for every rank ("" leaves it unset: auto).
+  Ranks(int n, const std::string& mode, const std::string& tag, const std::string& transport = "") {
     job = std::to_string(::getpid());
     job.insert(job.begin(), 't');  // not `"t" + ...`: GCC 12 warns falsely (-Wrestrict) there
     job += tag;
@@ -85,6 +86,7 @@ struct Ranks {
         ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
         ::setenv("DTRAIN_COMM_TIMEOUT_S", "60", 1);
         ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+        if (!transport.empty()) ::setenv("DTRAIN_HOST_TRANSPORT", transport.c_str(), 1);
         ::execl(COMM_CHILD_PATH, COMM_CHILD_PATH, "--mode", mode.c_str(), static_cast<char*>(nullptr));
         std::_Exit(127);
       }
@@ -169,6 +171,19 @@ BOOST_AUTO_TEST_CASE(a_peer_killed_with_sigkill_fails_the_others_fast_and_leaves
   }
   BOOST_TEST((took < std::chrono::seconds(20)));  // the timeout is 60 s
   BOOST_TEST(segments("dtrain-" + ranks.job).empty());
+}
+
+// Over Gloo the survivor learns of the death from the dropped connection: it
+// says so, and does not blame ranks for "never reaching" the collective from
+// heartbeat numbers that are stale by then.
+BOOST_AUTO_TEST_CASE(a_peer_killed_over_gloo_is_reported_as_a_failed_connection) {
+  Ranks ranks(2, "die", "die_gloo", "gloo");
+  const auto codes = ranks.wait();
+  BOOST_TEST_INFO("rank 0: " << ranks.log(0));
+  BOOST_TEST(codes[1] == 128 + SIGKILL);
+  BOOST_TEST(codes[0] == 3);
+  BOOST_TEST(ranks.log(0).find("a peer's connection failed") != std::string::npos);
+  BOOST_TEST(ranks.log(0).find("never reached it") == std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(a_peer_that_throws_fails_the_others_fast) {

@@ -539,13 +539,14 @@ class HostCommunicator {
     } catch (const ::gloo::Exception& e) {
       const std::string cause = e.what();
       // Which ranks lagged is known for a timeout; a connection that failed
-      // at once means a peer is gone, and the heartbeat's numbers are stale.
+      // before it means a peer is gone, and the heartbeat's numbers are stale.
       const bool timed_out = cause.find("imed out") != std::string::npos;
       std::string msg = tracker_->describe(task.name, task.seq, cause, timed_out);
       if (timed_out) {
         broken_ = std::make_exception_ptr(timeout_error(msg, fix));
       } else {
-        msg += " (a peer's connection failed: that rank exited or was killed; its own log or launcher names it)";
+        if (dynamic_cast<const ::gloo::IoException*>(&e))
+          msg += " (a peer's connection failed: that rank exited or was killed; its own log or launcher names it)";
         broken_ = std::make_exception_ptr(gloo_error(msg, fix));
       }
       return broken_;

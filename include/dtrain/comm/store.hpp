@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/parse.hpp"
 
 namespace dtrain {
 
@@ -133,16 +135,6 @@ inline std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vect
 
 inline std::string endpoint(const std::string& host, int port) { return host + ":" + std::to_string(port); }
 
-// A rank as announced: decimal digits only, at most 9 of them.
-inline std::optional<int> parse_rank(std::string_view text) {
-  if (text.empty() || text.size() > 9) return std::nullopt;
-  int v = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + (c - '0');
-  }
-  return v;
-}
 
 }  // namespace detail
 
@@ -270,9 +262,10 @@ class TcpStoreServer {
           break;
         }
         case detail::store_cmd::hello: {
-          const auto rank = detail::parse_rank(args[0]);
-          if (!rank || c.rank >= 0) return false;  // malformed, or announced twice: drop it
-          c.rank = *rank;
+          const auto rank = detail::parse_integer(args[0]);
+          if (!rank || *rank < 0 || *rank > std::numeric_limits<int>::max() || c.rank >= 0)
+            return false;  // malformed, or announced twice: drop it
+          c.rank = static_cast<int>(*rank);
           ++live_[c.rank];
           reply.push_back(1);
           break;

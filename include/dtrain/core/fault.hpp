@@ -34,6 +34,7 @@
 #include <string_view>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/parse.hpp"
 
 namespace dtrain::fault {
 
@@ -68,16 +69,6 @@ inline State& state() {
   return s;
 }
 
-inline std::optional<long long> whole_number(std::string_view s) {
-  if (s.empty() || s.size() > 12) return std::nullopt;
-  long long v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + (c - '0');
-  }
-  return v;
-}
-
 }  // namespace detail
 
 // Parses DTRAIN_FAULT_INJECT's value; returns the plan if it names this rank.
@@ -99,9 +90,9 @@ inline std::optional<detail::Plan> parse(std::string_view text, int rank, int wo
   for (point p : {point::forward, point::backward, point::collective, point::save})
     if (name == point_name(p)) plan.where = p, known = true;
   if (!known) throw bad("names an unknown point");
-  const auto who = detail::whole_number(text.substr(c1 + 1, c2 - c1 - 1));
-  const auto nth = detail::whole_number(text.substr(c2 + 1));
-  if (!who || *who >= world_size) throw bad("names no rank of this job (world size " + std::to_string(world_size) + ")");
+  const auto who = dtrain::detail::parse_integer(text.substr(c1 + 1, c2 - c1 - 1));
+  const auto nth = dtrain::detail::parse_integer(text.substr(c2 + 1));
+  if (!who || *who < 0 || *who >= world_size) throw bad("names no rank of this job (world size " + std::to_string(world_size) + ")");
   if (!nth || *nth < 1) throw bad("needs a count n >= 1");
   plan.nth = *nth;
   if (*who != rank) return std::nullopt;

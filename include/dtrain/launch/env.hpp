@@ -28,6 +28,7 @@
 
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/parse.hpp"
 
 namespace dtrain {
 
@@ -53,24 +54,6 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 inline constexpr int default_master_port = 29500;
 
 namespace detail {
-
-// Whole-string decimal parses: "", " 3", "3x", "+3" and out-of-range values
-// are rejected rather than read as a prefix, so a typo never becomes a rank.
-inline std::optional<long long> parse_integer(std::string_view text) {
-  long long value = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc{} || ptr != end) return std::nullopt;
-  return value;
-}
-
-inline std::optional<double> parse_number(std::string_view text) {
-  double value = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc{} || ptr != end || !std::isfinite(value)) return std::nullopt;
-  return value;
-}
 
 // Reads an integer variable that must be >= 0 and fit an int.
 inline std::optional<int> env_count(const EnvLookup& env, const std::string& name,
