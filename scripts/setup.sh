@@ -8,8 +8,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DTRAIN_BUILD_DIR:-$root/build}"
 
 # python3-torch: the tests that read checkpoints with PyTorch, and the benchmarks' peer.
+# iproute2: the multi-node test's network namespaces (tests/reliability/test_netns.cpp).
 packages=(cmake g++ make pkg-config libgloo-dev librange-v3-dev libboost-test-dev libopenblas-dev
-          libyaml-cpp-dev nlohmann-json3-dev python3 python3-numpy python3-venv python3-torch)
+          libyaml-cpp-dev nlohmann-json3-dev python3 python3-numpy python3-venv python3-torch iproute2)
 [[ -n "${DTRAIN_EXTRA_PACKAGES:-}" ]] && packages+=(${DTRAIN_EXTRA_PACKAGES})
 missing=()
 for p in "${packages[@]}"; do

@@ -10,6 +10,7 @@
 #include <dtrain/trainer.hpp>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 namespace examples {
@@ -68,6 +69,9 @@ inline dtrain::TrainerOptions trainer_options(const Common& c) {
 // Joins the job (dtrain::init) with the config's collective timeout, which
 // wins over DTRAIN_COMM_TIMEOUT_S.
 inline dtrain::World init_world(const Common& c) {
+  // Log lines reach the launcher (a pipe) and any file the job is redirected
+  // to as they are printed, not when a 4 KiB buffer fills or the rank exits.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   dtrain::LaunchEnv env = dtrain::discover_env();
   if (c.timeout_s > 0) env.comm_timeout_s = c.timeout_s;
   return dtrain::init(env);

@@ -160,6 +160,14 @@ class TrainerCore {
   }
 
   // One optimizer step over exactly Accumulate<N> micro-batches.
+  //
+  // Uneven data: a rank that has run out of batches keeps calling step()
+  // with empty micro-batches (x with B = 0 rows) while any other rank has
+  // data. It runs the same collectives as the others, contributes zero
+  // gradients and a zero count to the loss normaliser, so the update is the
+  // one the remaining data alone gives. The first step in which no rank has
+  // a sample changes nothing and reports samples == 0 on every rank: the
+  // signal for all of them to stop together (docs/reliability.md, "Uneven data").
   StepStats step(std::span<const Batch> micro_batches) {
     const auto start = std::chrono::steady_clock::now();
     if (micro_batches.size() != static_cast<std::size_t>(accumulate_))
@@ -195,11 +203,11 @@ class TrainerCore {
             std::copy(three.begin(), three.end(), sums.begin());
           }
           count = sums[0], samples = sums[1], positions = sums[2];
-          if (count <= 0)
+          if (count <= 0 && samples > 0)
             throw config_error("the step's loss counts no targets on any rank (every target ignored, or zero weights)",
                                "check the batches' targets: a step needs at least one target to learn from");
         }
-        return static_cast<float>(loss_scale_ / count);
+        return count > 0 ? static_cast<float>(loss_scale_ / count) : 0.f;
       });
     strategy_->finish_gradients();
     if (accumulate_ > 1) loss = all_reduce_scalars(std::array{local_loss})[0];
@@ -208,8 +216,13 @@ class TrainerCore {
     stats.samples = static_cast<std::int64_t>(samples);
     stats.positions = static_cast<std::int64_t>(positions);
     stats.count = count;
-    stats.loss = loss / count;
-    apply_optimizer(stats);
+    if (samples > 0) {
+      stats.loss = loss / count;
+      apply_optimizer(stats);
+    } else {  // every rank has run out: nothing to learn from, no update, the step is not counted
+      stats.loss = stats.grad_norm = std::numeric_limits<double>::quiet_NaN();
+      stats.lr = current_lr();
+    }
     stats.step = step_;
     stats.loss_scale = static_cast<float>(loss_scale_);
     stats.memory = memory();
@@ -519,14 +532,19 @@ class TrainerCore {
   SeqShape check_batch(const Batch& b) const {
     const HostTensor& x = b.at("x");
     const bool floating = is_floating(x.type);
-    if (x.shape.empty() || x.shape[0] < 1 || x.numel() < 1 || (floating && x.shape.size() < 2))
+    // B = 0 is a rank with no data left (uneven data, see step()); every
+    // other extent must be positive.
+    const bool extents_ok = !x.shape.empty() && x.shape[0] >= 0 &&
+                            std::all_of(x.shape.begin() + 1, x.shape.end(), [](std::int64_t e) { return e >= 1; });
+    if (!extents_ok || (floating && x.shape.size() < 2))
       throw config_error("a micro-batch's input x is " + shape_text(x.shape) + " " + std::string(element_name(x.type)),
                          "give x as float features [B, F] or [B, T, F], or integer ids [B, T] for a model whose "
-                         "first unit is an input unit (nn::Embedding), with B >= 1");
+                         "first unit is an input unit (nn::Embedding), with B >= 0 (0: this rank has no data left)");
     if (static_cast<std::int64_t>(x.bytes.size()) != x.numel() * static_cast<std::int64_t>(element_bytes(x.type)))
       throw config_error("a micro-batch's input x " + shape_text(x.shape) + " holds " + std::to_string(x.bytes.size()) +
                              " bytes",
                          "build batch tensors with HostTensor::of(values, shape)");
+    if (x.shape[0] == 0) return {0, floating ? (x.shape.size() == 3 ? x.shape[1] : 1) : (x.shape.size() > 1 ? x.shape[1] : 1)};
     const std::int64_t width = floating ? x.shape.back() : 1;
     return {x.shape[0], x.numel() / (x.shape[0] * width)};
   }

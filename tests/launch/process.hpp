@@ -112,6 +112,7 @@ class Process {
   pid_t pid() const { return pid_; }
 
   std::string stderr_so_far() const { return read_text(err_); }
+  std::string stdout_so_far() const { return read_text(out_); }
 
   static void redirect(const std::string& path, int target) {
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);

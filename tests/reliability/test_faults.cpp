@@ -23,7 +23,6 @@
 #include <dirent.h>
 #include <signal.h>
 
-#include <dtrain/checkpoint/safetensors.hpp>
 #include <dtrain/comm/store.hpp>
 
 #include <algorithm>
@@ -38,6 +37,7 @@
 #include <vector>
 
 #include "launch/process.hpp"
+#include "reliability/jobs.hpp"
 
 namespace {
 
@@ -78,18 +78,6 @@ std::vector<std::string> job(const fs::path& dir, bool elastic, bool resume, int
                            "timeout_s=" + std::to_string(static_cast<int>(timeout_s))});
   if (resume) args.emplace_back("resume=latest");
   return args;
-}
-
-using Params = std::map<std::string, std::vector<std::byte>>;
-
-Params read_params(const fs::path& file) {
-  const auto f = dtrain::SafetensorsFile::open(file);
-  Params out;
-  for (const auto& name : f.names()) {
-    const auto t = f.tensor(name);
-    out[name].assign(t.bytes.begin(), t.bytes.end());
-  }
-  return out;
 }
 
 // The uninterrupted run every faulted run must reproduce to the bit.
@@ -144,10 +132,6 @@ double fault_time(const std::string& err, int rank) {
   const auto t = err.find("(t=", at);
   BOOST_REQUIRE(t != std::string::npos);
   return std::stod(err.substr(t + 3));
-}
-
-double wall_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 struct Tally {

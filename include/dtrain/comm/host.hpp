@@ -530,8 +530,8 @@ class HostCommunicator {
   std::exception_ptr execute(const Task& task) {
     if (broken_) return broken_;
     const char* fix =
-        "a rank is stuck, crashed or runs different code; see the other ranks' logs. "
-        "The timeout is CommOptions::timeout (env DTRAIN_COMM_TIMEOUT_S)";
+        "a rank is stuck, crashed or runs different code, or the network between nodes failed; see the other "
+        "ranks' logs. The timeout is CommOptions::timeout (timeout_s= in the examples, env DTRAIN_COMM_TIMEOUT_S)";
     try {
       fault::hit(fault::point::collective);
       task.run(static_cast<std::uint32_t>(task.seq));

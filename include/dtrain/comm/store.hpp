@@ -8,8 +8,9 @@
 //
 // Wire format, both directions: u8 command, then length-prefixed (u32 LE)
 // strings. Requests: SET key value -> ok; GET key -> found(u8) value;
-// ADD key i64 -> i64. Waiting is done by the client (poll GET with backoff) so
-// the server never blocks on one client.
+// AGE key -> found(u8) value i64 (milliseconds since the key was last set);
+// ADD key i64 -> i64; HELLO rank -> ok. Waiting is done by the client (poll
+// GET with backoff) so the server never blocks on one client.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -26,6 +27,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -44,7 +46,7 @@ namespace dtrain {
 
 namespace detail {
 
-enum class store_cmd : std::uint8_t { set = 1, get = 2, add = 3, hello = 4 };
+enum class store_cmd : std::uint8_t { set = 1, get = 2, add = 3, hello = 4, age = 5 };
 
 // The server's list of ranks whose every connection has closed, as
 // ",r1,r2," under this key (TcpStore::announce, TcpStore::get's setters).
@@ -120,7 +122,7 @@ inline std::int64_t bytes_i64(std::string_view s) {
 inline std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vector<std::string_view>& args) {
   if (buf.empty()) return 0;
   cmd = static_cast<store_cmd>(buf[0]);
-  const int nargs = cmd == store_cmd::get || cmd == store_cmd::hello ? 1 : 2;
+  const int nargs = cmd == store_cmd::get || cmd == store_cmd::hello || cmd == store_cmd::age ? 1 : 2;
   std::size_t pos = 1;
   args.clear();
   for (int i = 0; i < nargs; ++i) {
@@ -176,8 +178,11 @@ class TcpStoreServer {
     // Rank 0 may finish first while other ranks still read keys it wrote (a
     // last agreement, a final barrier): stay until every client has hung up,
     // for at most `linger`, so that their last request does not meet a closed
-    // store ("lost the rendezvous master").
-    const auto until = detail::steady::now() + linger;
+    // store ("lost the rendezvous master"). When rank 0 is failing (its
+    // World is destroyed by an exception), the others only need the store to
+    // diagnose the same failure; ranks behind a cut link would hold their
+    // connections open forever, so the wait is short.
+    const auto until = detail::steady::now() + (std::uncaught_exceptions() > 0 ? failing_linger : linger);
     while (connected_.load() > 0 && detail::steady::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     stop_ = true;
@@ -253,12 +258,21 @@ class TcpStoreServer {
       switch (cmd) {
         case detail::store_cmd::set:
           map_[std::string(args[0])] = std::string(args[1]);
+          set_at_[std::string(args[0])] = detail::steady::now();
           reply.push_back(1);
           break;
-        case detail::store_cmd::get: {
-          const auto it = map_.find(std::string(args[0]));
+        case detail::store_cmd::get:
+        case detail::store_cmd::age: {
+          const auto it = map_.find(args[0]);
           reply.push_back(it != map_.end() ? 1 : 0);
           detail::put_str(reply, it != map_.end() ? std::string_view(it->second) : std::string_view{});
+          if (cmd == detail::store_cmd::age) {
+            const auto at = set_at_.find(args[0]);
+            const auto age = at == set_at_.end() ? std::chrono::milliseconds(0)
+                                                 : std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                       detail::steady::now() - at->second);
+            reply += detail::i64_bytes(age.count());
+          }
           break;
         }
         case detail::store_cmd::hello: {
@@ -295,9 +309,11 @@ class TcpStoreServer {
   int wake_[2] = {-1, -1};
   int port_ = 0;
   static constexpr auto linger = std::chrono::seconds(30);
+  static constexpr auto failing_linger = std::chrono::seconds(3);
   std::atomic<bool> stop_{false};
   std::atomic<std::size_t> connected_{0};
   std::map<std::string, std::string, std::less<>> map_;  // only the serve thread touches it
+  std::map<std::string, detail::steady::time_point, std::less<>> set_at_;  // when SET last wrote each key
   std::map<int, int> live_;                              // rank -> open connections (serve thread)
   std::thread thread_;
 };
@@ -335,6 +351,23 @@ class TcpStore {
     std::string value = recv_exact(detail::get_u32(recv_exact(4, key).data()), key);
     if (!found) return std::nullopt;
     return value;
+  }
+
+  // A key's value and how long ago (by the server's clock) it was last set.
+  struct Aged {
+    std::string value;
+    std::chrono::milliseconds age;
+  };
+  std::optional<Aged> try_get_aged(std::string_view key) {
+    std::string req(1, static_cast<char>(detail::store_cmd::age));
+    detail::put_str(req, key);
+    std::lock_guard lock(mu_);
+    send_all(req, key);
+    const bool found = recv_exact(1, key)[0] != 0;
+    std::string value = recv_exact(detail::get_u32(recv_exact(4, key).data()), key);
+    const auto age = std::chrono::milliseconds(detail::bytes_i64(recv_exact(8, key)));
+    if (!found) return std::nullopt;
+    return Aged{std::move(value), age};
   }
 
   // Says which rank this connection belongs to (World does, once). When
@@ -462,6 +495,9 @@ class TcpStore {
   }
 
   void send_all(std::string_view data, std::string_view key) {
+    // After a failed exchange the stream may hold half a request or a late
+    // answer: nothing read from it could be trusted again.
+    if (!broken_.empty()) lost(key, broken_);
     const auto deadline = detail::steady::now() + timeout_;
     std::size_t sent = 0;
     while (sent < data.size()) {
@@ -490,6 +526,7 @@ class TcpStore {
   }
 
   [[noreturn]] void lost(std::string_view key, const std::string& why) {
+    if (broken_.empty()) broken_ = why;
     throw comm_error("lost the rendezvous master at " + detail::endpoint(host_, port_) + " while accessing '" +
                          std::string(key) + "': " + why,
                      "rank 0 hosts the rendezvous: it has probably exited or crashed; see its log");
@@ -500,6 +537,7 @@ class TcpStore {
   std::chrono::milliseconds timeout_;
   std::string local_address_;
   detail::Fd fd_;
+  std::string broken_;  // why the connection failed; under mu_
   std::mutex mu_;
 };
 

@@ -1,16 +1,21 @@
 #pragma once
 // Sequence numbers for collectives, published to the rendezvous store so that
-// a rank whose collective times out can say which ranks never reached it.
+// a rank whose collective times out can say which ranks never reached it, and
+// which ones it has stopped hearing from (a cut link, a dead node).
 //
 // Publishing every collective synchronously would put a store round trip on
 // the hot path; instead the caller only bumps an atomic and a heartbeat thread
-// publishes it every `interval` (an eighth of the timeout, at most a second).
-// A rank that arrived has therefore published long before anyone times out.
+// publishes it every `interval` (an eighth of the timeout, at most a second),
+// changed or not, over a connection of its own with a short timeout. The
+// store stamps each write, so a rank whose last write is old is silent, not
+// behind: a rank that arrived has published long before anyone times out.
 
 #include <algorithm>
 #include <atomic>
-#include <functional>
 #include <chrono>
+#include <cstdio>
+#include <exception>
+#include <functional>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -35,7 +40,10 @@ class CollectiveTracker {
         rank_(rank),
         size_(size),
         timeout_(timeout),
-        name_(name ? std::move(name) : RankNamer([](int r) { return std::to_string(r); })) {
+        name_(name ? std::move(name) : RankNamer([](int r) { return std::to_string(r); })),
+        interval_(std::clamp(timeout / 8, std::chrono::milliseconds(10), std::chrono::milliseconds(1000))),
+        probe_(std::clamp(timeout / 4, std::chrono::milliseconds(250), std::chrono::milliseconds(2000))),
+        silent_after_(std::max(3 * interval_, std::chrono::milliseconds(2000)) + probe_) {
     if (store_ && size_ > 1) heartbeat_ = std::thread([this] { run(); });
   }
   CollectiveTracker(const CollectiveTracker&) = delete;
@@ -55,58 +63,73 @@ class CollectiveTracker {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // The full diagnosis for collective `seq` named `what`, which failed with
-  // `cause`. `laggards`: add which ranks never reached it, as the heartbeat
-  // last published (right for timeouts; a failure detected within
-  // milliseconds would see stale numbers, so it leaves them out).
+  // `cause`. `laggards`: add which ranks never reached it and which ones went
+  // silent, as their heartbeats last told the store (right for timeouts; a
+  // failure detected within milliseconds would see stale numbers, so it
+  // leaves them out).
   std::string describe(std::string_view what, std::uint64_t seq, std::string_view cause, bool with_laggards = true) {
     std::string msg = std::string(what) + " (collective #" + std::to_string(seq) + " on rank " +
                       name_(rank_) + " of " + std::to_string(size_) + ") did not complete: " +
                       std::string(cause);
-    const std::string missing = with_laggards ? laggards(seq) : std::string();
-    if (!missing.empty()) msg += "; ranks that never reached it: " + missing;
+    if (with_laggards) msg += laggards(seq);
     return msg;
   }
 
  private:
   std::string key(int r) const { return prefix_ + "seq/" + std::to_string(r); }
 
-  void publish() {
-    const std::uint64_t now = entered_.load();
-    if (now != published_) {
-      store_->set(key(rank_), std::to_string(now));
-      published_ = now;
-    }
-  }
-
   void run() {
-    const auto interval = std::clamp(timeout_ / 8, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+    std::unique_ptr<TcpStore> beat;  // reconnected after a failure
     std::unique_lock lock(mu_);
     while (!stop_) {
       lock.unlock();
       try {
-        publish();
+        if (!beat) beat = std::make_unique<TcpStore>(store_->host(), store_->port(), probe_);
+        beat->set(key(rank_), std::to_string(entered_.load()));
       } catch (const std::exception&) {
-        // The store is gone (rank 0 exited): the collective's own timeout reports the failure.
+        beat.reset();  // the store is unreachable for now: the collective's own timeout reports the failure
       }
       lock.lock();
-      cv_.wait_for(lock, interval, [this] { return stop_; });
+      cv_.wait_for(lock, interval_, [this] { return stop_; });
     }
   }
 
+  static std::string seconds(std::chrono::milliseconds t) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f s", static_cast<double>(t.count()) / 1000.0);
+    return text;
+  }
+
+  // "; ranks that never reached it: ..." and/or "; ranks not heard from ...",
+  // or why it cannot be told. Bounded by `probe_` per store exchange, over a
+  // connection of its own (the heartbeat's may be stuck behind a dead link).
   std::string laggards(std::uint64_t seq) {
     if (!store_ || size_ == 1) return {};
-    std::string out;
+    std::string behind, silent;
     try {
+      TcpStore store(store_->host(), store_->port(), probe_);
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
-        const auto v = store_->try_get(key(r));
-        const std::uint64_t reached = v ? std::stoull(*v) : 0;
-        if (reached < seq)
-          out += (out.empty() ? "" : ", ") + name_(r) + " (at #" + std::to_string(reached) + ")";
+        const auto v = store.try_get_aged(key(r));
+        const std::uint64_t reached = v ? std::stoull(v->value) : 0;
+        if (v && v->age > silent_after_) {
+          silent += (silent.empty() ? "" : ", ") + name_(r) + " (last heard " + seconds(v->age) + " ago, at #" +
+                    std::to_string(reached) + ")";
+        } else if (reached < seq) {
+          behind += (behind.empty() ? "" : ", ") + name_(r) + " (at #" + std::to_string(reached) + ")";
+        }
       }
-    } catch (const std::exception& e) {
-      return "unknown (the rendezvous store is unreachable: " + std::string(e.what()) + ")";
+    } catch (const std::exception&) {
+      return "; which ranks did not arrive is unknown: the rendezvous store at " + store_->host() + ":" +
+             std::to_string(store_->port()) + " did not answer within " + seconds(probe_) +
+             " (this rank has lost its network connection to rank 0's node, or rank 0 has exited)";
     }
+    std::string out;
+    if (!behind.empty()) out += "; ranks that never reached it: " + behind;
+    if (!silent.empty())
+      out += "; ranks not heard from since: " + silent + " (their node is down or the network to it failed)";
+    if (out.empty()) out = "; every rank reached it and is alive: its data did not get through (a network failure "
+                           "between ranks?)";
     return out;
   }
 
@@ -116,8 +139,10 @@ class CollectiveTracker {
   int size_;
   std::chrono::milliseconds timeout_;
   RankNamer name_;
+  std::chrono::milliseconds interval_;      // between heartbeats
+  std::chrono::milliseconds probe_;         // bound on one store exchange of the tracker
+  std::chrono::milliseconds silent_after_;  // a heartbeat older than this: the rank is silent
   std::atomic<std::uint64_t> entered_{0};
-  std::uint64_t published_ = 0;  // heartbeat thread only
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -188,6 +188,12 @@ class Host {
             std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C, std::int64_t ldc) {
     static_assert(Dtype<T>, "gemm supports fp32, bf16 and fp16");
     if (m == 0 || n == 0) return;
+    if (k == 0) {  // an empty product (a rank's empty batch): C = beta C, whatever the BLAS does
+      for (std::int64_t r = 0; r < m; ++r)
+        for (std::int64_t col = 0; col < n; ++col)
+          C[r * ldc + col] = beta == 0.f ? T(0.f) : T(beta * static_cast<float>(C[r * ldc + col]));
+      return;
+    }
     if constexpr (std::is_same_v<T, float>) {
       detail::sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
     } else {
