@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "common/config.hpp"
@@ -29,13 +30,25 @@
 
 namespace examples {
 
+// What a key of type T takes, for messages.
+template <class T>
+constexpr const char* expected_form() {
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  else if constexpr (std::is_integral_v<T>) return "an integer";
+  else if constexpr (std::is_floating_point_v<T>) return "a number";
+  else return "a single value (not a list or a map)";
+}
+
 template <class T>
 T as(const YAML::Node& n, std::string_view key) {
   try {
     return n.as<T>();
   } catch (const YAML::Exception&) {
-    throw dtrain::config_error("config key '" + std::string(key) + "' has a value of the wrong type",
-                               "see examples/configs/ for the expected forms");
+    std::string value = n.IsScalar() ? n.Scalar() : n.IsSequence() ? "a list" : n.IsMap() ? "a map" : "nothing";
+    if (n.IsScalar()) value = "'" + value + "'";
+    throw dtrain::config_error("config key '" + std::string(key) + "' = " + value + " is not " + expected_form<T>(),
+                               "give " + std::string(key) + " " + expected_form<T>() +
+                                   " (examples/configs/ has every key in use)");
   }
 }
 
@@ -108,7 +121,10 @@ inline void validate_common(const Common& c) {
           "use fp32 or same");
   require(c.optimizer == "adamw" || c.optimizer == "sgd", "optimizer = '" + c.optimizer + "' is unknown",
           "use adamw or sgd");
-  require(c.batch_size >= 1 && c.steps >= 1, "batch_size and steps must be at least 1", "set positive values");
+  require(c.batch_size >= 1, "batch_size = " + std::to_string(c.batch_size) + " is not at least 1",
+          "set batch_size=B, the rows per rank per micro-batch");
+  require(c.steps >= 1, "steps = " + std::to_string(c.steps) + " is not at least 1",
+          "set steps=N, the optimizer steps to train");
   require(c.timeout_s >= 0 && c.timeout_s <= 86400 * 7, "timeout_s is out of range (0 to 604800 seconds)",
           "set timeout_s=S, the seconds a collective may wait (e.g. 60; 0: DTRAIN_COMM_TIMEOUT_S, else 600)");
   require(c.log_every >= 1, "log_every must be at least 1", "set log_every=20");

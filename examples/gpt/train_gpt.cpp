@@ -77,6 +77,6 @@ int main(int argc, char** argv) {
     return gpt::train_host(cfg, world, corpus);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
-    return 1;
+    return dtrain::exit_code(e);
   }
 }

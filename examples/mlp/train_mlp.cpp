@@ -85,6 +85,6 @@ int main(int argc, char** argv) {
     return mlp::train_host(cfg, world, data, classes);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_mlp: error: %s\n", e.what());
-    return 1;
+    return dtrain::exit_code(e);
   }
 }

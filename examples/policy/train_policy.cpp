@@ -71,6 +71,6 @@ int main(int argc, char** argv) {
     return policy::train_host(cfg, world, data);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_policy: error: %s\n", e.what());
-    return 1;
+    return dtrain::exit_code(e);
   }
 }

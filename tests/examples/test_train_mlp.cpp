@@ -74,7 +74,7 @@ BOOST_AUTO_TEST_CASE(one_rank_2b_and_two_ranks_b_save_the_same_params) {
 }
 
 BOOST_AUTO_TEST_CASE(bad_config_is_a_clear_error) {
-  BOOST_TEST(train(1, "precision=fp64") == 1);
+  BOOST_TEST(train(1, "precision=fp64") == 2);  // a usage error
   std::ifstream log(scratch("last.log"));
   const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   BOOST_TEST(text.find("precision = 'fp64' is unknown") != std::string::npos);
@@ -153,7 +153,7 @@ BOOST_AUTO_TEST_CASE(every_strategy_trains_across_processes_like_ddp) {
 }
 
 BOOST_AUTO_TEST_CASE(unknown_strategy_and_bad_hybrid_group_are_clear_errors) {
-  BOOST_TEST(train(1, "strategy=fsdp") == 1);
+  BOOST_TEST(train(1, "strategy=fsdp") == 2);  // a usage error
   {
     std::ifstream log(scratch("last.log"));
     const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
@@ -254,7 +254,7 @@ BOOST_AUTO_TEST_CASE(init_from_pretrained_weights) {
   writer.add("0.bias", src.tensor("0.bias").shape, b0);
   const auto partial = scratch("backbone_only.safetensors");
   writer.write(partial);
-  BOOST_TEST(train(2, "steps=2 hidden=24,20 init_from=" + partial.string()) == 1);
+  BOOST_TEST(train(2, "steps=2 hidden=24,20 init_from=" + partial.string()) == 2);  // a usage error: the file does not match the model
   BOOST_TEST(last_log().find("missing 2.weight, 2.bias, 4.weight, 4.bias;") != std::string::npos);
   BOOST_REQUIRE_EQUAL(train(2, "steps=2 hidden=24,20 strategy=fsdp-full init_strict=false init_from=" + partial.string()), 0);
   BOOST_TEST(last_log().find("loaded 2 tensor(s); left as initialised: 2.weight, 2.bias, 4.weight, 4.bias") !=

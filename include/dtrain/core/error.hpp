@@ -3,6 +3,7 @@
 // source_location captured at the throw site) and what the user can do.
 
 #include <cerrno>
+#include <exception>
 #include <source_location>
 #include <stdexcept>
 #include <string>
@@ -63,6 +64,15 @@ class launch_error : public error {
       : error(what, fix, where) {}
 };
 
+// A launch environment variable (RANK, MASTER_PORT, SLURM_*, DTRAIN_*, ...)
+// that is malformed or inconsistent with the others: a usage error.
+class env_error : public launch_error {
+ public:
+  explicit env_error(const std::string& what, const std::string& fix = {},
+                     std::source_location where = std::source_location::current())
+      : launch_error(what, fix, where) {}
+};
+
 class comm_error : public error {
  public:
   explicit comm_error(const std::string& what, const std::string& fix = {},
@@ -110,5 +120,14 @@ class timeout_error : public comm_error {
                          std::source_location where = std::source_location::current())
       : comm_error(what, fix, where) {}
 };
+
+// The exit status a program should end with for an error, the convention of
+// the examples and dtrain-run: 2 for a usage error (a config key or value,
+// the command line, a launch environment variable: nothing was run), 1 for
+// anything that failed while running (a rank, a collective, a file that turned
+// out unreadable or damaged). A rank killed by signal N shows as 128 + N.
+inline int exit_code(const std::exception& e) {
+  return dynamic_cast<const config_error*>(&e) || dynamic_cast<const env_error*>(&e) ? 2 : 1;
+}
 
 }  // namespace dtrain

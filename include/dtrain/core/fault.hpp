@@ -73,12 +73,12 @@ inline State& state() {
 
 // Parses DTRAIN_FAULT_INJECT's value; returns the plan if it names this rank.
 inline std::optional<detail::Plan> parse(std::string_view text, int rank, int world_size) {
-  const auto bad = [&](const std::string& why) -> launch_error {
+  const auto bad = [&](const std::string& why) -> env_error {
     std::string what = "DTRAIN_FAULT_INJECT='";
     what.append(text);
     what += "' ";
     what += why;
-    return launch_error(what, "write <point>:<rank>:<n> with point forward|backward|collective|save, e.g. "
+    return env_error(what, "write <point>:<rank>:<n> with point forward|backward|collective|save, e.g. "
                               "DTRAIN_FAULT_INJECT=backward:1:3, or unset it");
   };
   const auto c1 = text.find(':');

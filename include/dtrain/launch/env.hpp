@@ -61,10 +61,10 @@ inline std::optional<int> env_count(const EnvLookup& env, const std::string& nam
   auto text = env(name);
   if (!text) return std::nullopt;
   auto value = parse_integer(*text);
-  if (!value) throw launch_error(name + "='" + *text + "' is not an integer", fix);
-  if (*value < 0) throw launch_error(name + "=" + *text + " is negative", fix);
+  if (!value) throw env_error(name + "='" + *text + "' is not an integer", fix);
+  if (*value < 0) throw env_error(name + "=" + *text + " is negative", fix);
   if (*value > std::numeric_limits<int>::max())
-    throw launch_error(name + "=" + *text + " is too large", fix);
+    throw env_error(name + "=" + *text + " is too large", fix);
   return static_cast<int>(*value);
 }
 
@@ -82,13 +82,13 @@ inline std::vector<int> expand_slurm_counts(const std::string& name, const std::
                                       : std::nullopt;
       // Bounded: the list is expanded, and no cluster has a million nodes.
       if (!times || *times < 1 || *times > 1'000'000)
-        throw launch_error(name + "='" + text + "' has a malformed repeat count", fix);
+        throw env_error(name + "='" + text + "' has a malformed repeat count", fix);
       repeat = static_cast<int>(*times);
       item = item.substr(0, open);
     }
     auto count = parse_integer(item);
     if (!count || *count < 1 || *count > std::numeric_limits<int>::max())
-      throw launch_error(name + "='" + text + "' is not a list of task counts like 4(x2),3", fix);
+      throw env_error(name + "='" + text + "' is not a list of task counts like 4(x2),3", fix);
     counts.insert(counts.end(), static_cast<std::size_t>(repeat), static_cast<int>(*count));
     if (comma == std::string_view::npos) return counts;
     rest.remove_prefix(comma + 1);
@@ -108,13 +108,13 @@ inline std::string first_slurm_host(const std::string& name, const std::string& 
     auto first = list.substr(i + 1, close == std::string::npos ? 0 : close - i - 1);
     first = first.substr(0, first.find_first_of(",-"));
     if (close == std::string::npos || first.empty() || !parse_integer(first))
-      throw launch_error(name + "='" + list + "' is not a Slurm host list like gpu[01-04],cpu3",
+      throw env_error(name + "='" + list + "' is not a Slurm host list like gpu[01-04],cpu3",
                          "set MASTER_ADDR to the host name of the node that runs rank 0");
     host += first;
     i = close;
   }
   if (host.empty())
-    throw launch_error(name + " is empty",
+    throw env_error(name + " is empty",
                        "set MASTER_ADDR to the host name of the node that runs rank 0");
   return host;
 }
@@ -158,7 +158,7 @@ inline bool launched_by(const EnvLookup& env, const RankVars& v) {
 inline int required_count(const EnvLookup& env, const RankVars& v, const char* name) {
   auto value = env_count(env, name, v.fix);
   if (!value)
-    throw launch_error(std::string(name) + " is not set, although other " + v.source +
+    throw env_error(std::string(name) + " is not set, although other " + v.source +
                            " variables are: the launch environment is incomplete",
                        v.fix);
   return *value;
@@ -175,12 +175,12 @@ inline int slurm_local_size(const EnvLookup& env) {
     auto counts = expand_slurm_counts(name, *text);
     if (counts.size() == 1) return counts.front();
     if (static_cast<std::size_t>(node) >= counts.size())
-      throw launch_error("SLURM_NODEID=" + std::to_string(node) + " has no entry in " + name +
+      throw env_error("SLURM_NODEID=" + std::to_string(node) + " has no entry in " + name +
                              "='" + *text + "'",
                          slurm_vars.fix);
     return counts[static_cast<std::size_t>(node)];
   }
-  throw launch_error("SLURM_PROCID is set but none of SLURM_STEP_TASKS_PER_NODE, "
+  throw env_error("SLURM_PROCID is set but none of SLURM_STEP_TASKS_PER_NODE, "
                      "SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE is",
                      slurm_vars.fix);
 }
@@ -200,18 +200,18 @@ inline void check_ranks(const LaunchEnv& e, const RankVars& v) {
     return std::string(name) + "=" + std::to_string(value);
   };
   if (e.world_size < 1)
-    throw launch_error(show(v.size, e.world_size) + ": a job needs at least one process", v.fix);
+    throw env_error(show(v.size, e.world_size) + ": a job needs at least one process", v.fix);
   if (e.rank >= e.world_size)
-    throw launch_error(show(v.rank, e.rank) + " is not below " + show(v.size, e.world_size) +
+    throw env_error(show(v.rank, e.rank) + " is not below " + show(v.size, e.world_size) +
                            " (ranks count from 0)",
                        v.fix);
   const std::string local_size = v.local_size
                                      ? show(v.local_size, e.local_world_size)
                                      : std::to_string(e.local_world_size) + " tasks on this node";
   if (e.local_world_size < 1 || e.local_world_size > e.world_size)
-    throw launch_error(local_size + " is not between 1 and " + show(v.size, e.world_size), v.fix);
+    throw env_error(local_size + " is not between 1 and " + show(v.size, e.world_size), v.fix);
   if (e.local_rank >= e.local_world_size)
-    throw launch_error(show(v.local_rank, e.local_rank) + " is not below " + local_size +
+    throw env_error(show(v.local_rank, e.local_rank) + " is not below " + local_size +
                            " (local ranks count from 0)",
                        v.fix);
 }
@@ -228,16 +228,16 @@ inline void read_master(const EnvLookup& env, const RankVars* v, LaunchEnv& e) {
     }
   }
   if (e.world_size > 1 && e.master_addr.empty())
-    throw launch_error("a world of " + std::to_string(e.world_size) +
+    throw env_error("a world of " + std::to_string(e.world_size) +
                            " processes needs a master address, but MASTER_ADDR is not set",
                        v ? v->addr_fix : "set MASTER_ADDR");
   const std::string port_fix = "set MASTER_PORT to a free TCP port between 1 and 65535 (default " +
                                std::to_string(default_master_port) + ")";
   if (auto text = env("MASTER_PORT")) {
     auto port = parse_integer(*text);
-    if (!port) throw launch_error("MASTER_PORT='" + *text + "' is not an integer", port_fix);
+    if (!port) throw env_error("MASTER_PORT='" + *text + "' is not an integer", port_fix);
     if (*port < 1 || *port > 65535)
-      throw launch_error("MASTER_PORT=" + *text + " is outside 1..65535", port_fix);
+      throw env_error("MASTER_PORT=" + *text + " is outside 1..65535", port_fix);
     e.master_port = static_cast<int>(*port);
   } else if (!e.master_addr.empty()) {
     e.master_port = default_master_port;
@@ -249,7 +249,7 @@ inline std::optional<double> read_comm_timeout(const EnvLookup& env) {
   if (!text) return std::nullopt;
   auto seconds = parse_number(*text);
   if (!seconds || *seconds <= 0)
-    throw launch_error("DTRAIN_COMM_TIMEOUT_S='" + *text + "' is not a positive number of seconds",
+    throw env_error("DTRAIN_COMM_TIMEOUT_S='" + *text + "' is not a positive number of seconds",
                        "set it to e.g. 600 (ten minutes), or unset it for the default");
   return seconds;
 }
@@ -266,7 +266,7 @@ std::optional<E> env_choice(const EnvLookup& env, const char* var,
     if (!list.empty()) list += '|';
     list += name;
   }
-  throw launch_error(std::string(var) + "='" + *text + "' is not one of " + list,
+  throw env_error(std::string(var) + "='" + *text + "' is not one of " + list,
                      "set " + std::string(var) + " to one of " + list + ", or unset it");
 }
 
@@ -279,7 +279,7 @@ inline void read_comm_choices(const EnvLookup& env, LaunchEnv& e) {
   if (auto text = env("DTRAIN_SHM_CHUNK_KIB")) {
     auto kib = parse_integer(*text);
     if (!kib || *kib < 4 || *kib > (1 << 20) || *kib % 4 != 0)
-      throw launch_error("DTRAIN_SHM_CHUNK_KIB='" + *text + "' is not a multiple of 4 between 4 and 1048576",
+      throw env_error("DTRAIN_SHM_CHUNK_KIB='" + *text + "' is not a multiple of 4 between 4 and 1048576",
                          "set it to e.g. 256, or unset it for the default");
     e.shm_part_bytes = static_cast<std::size_t>(*kib) << 10;
   }
