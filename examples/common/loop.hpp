@@ -142,7 +142,11 @@ int run_training(const Common& c, dtrain::World& world, Model& model, const Sour
     dtrain::DataLoader loader(data, sampler, {.batch_size = c.batch_size, .num_workers = c.num_workers});
     std::ofstream metrics;
     if (world.rank() == 0 && !c.metrics.empty()) {
-      // A resumed run appends: the records before the restart stay.
+      // A resumed run appends: the records before the restart stay. Its
+      // folder is made as checkpoint_dir's is.
+      const std::filesystem::path folder = std::filesystem::path(c.metrics).parent_path();
+      std::error_code ignored;  // a failure shows as the open's below
+      if (!folder.empty()) std::filesystem::create_directories(folder, ignored);
       metrics.open(c.metrics, resumed ? std::ios::app : std::ios::trunc);
       metrics.precision(10);
       if (!metrics)
