@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The sanitizer matrix, too long for the default CI run (each build compiles
+# every test again with instrumentation):
+#   asan  the whole host test suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#         (leaks included); GPU tests are not built (DTRAIN_CUDA=OFF)
+#   tsan  the comm, store and launcher tests under ThreadSanitizer
+# Any report fails the run (halt_on_error, -fno-sanitize-recover).
+#
+#   tests/sanitize/run_sanitizers.sh [asan|tsan|all] [CTEST_ARGS...]
+#
+# Builds go to build-asan/ and build-tsan/. Installs what is missing through
+# scripts/setup.sh's package list first. On 2 cores: about 30 minutes per build.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+which=${1:-all}
+shift || true
+case $which in asan|tsan|all) ;; *) echo "usage: tests/sanitize/run_sanitizers.sh [asan|tsan|all] [CTEST_ARGS...]" >&2; exit 2 ;; esac
+
+# The packages only; the instrumented builds are configured here.
+DTRAIN_BUILD_DIR=$repo/build "$repo/scripts/setup.sh" dtrain-run > /dev/null
+
+supp=$repo/tests/sanitize
+run_matrix_entry() {  # name flags labels targets (empty: all) [ctest args]
+  local name=$1 flags=$2 labels=$3 targets=$4 build=$repo/build-$1
+  shift 4
+  cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_CUDA=OFF -DDTRAIN_BUILD_BENCH=OFF \
+    -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" -DCMAKE_EXE_LINKER_FLAGS="$flags" > /dev/null
+  cmake --build "$build" -j "$(nproc)" ${targets:+--target $targets}
+  echo "== $name: ctest ${labels:+-L $labels}"
+  ctest --test-dir "$build" --output-on-failure -j "$(nproc)" ${labels:+-L "$labels"} "$@"
+}
+
+status=0
+if [[ $which == asan || $which == all ]]; then
+  ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:abort_on_error=0:detect_odr_violation=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  LSAN_OPTIONS=suppressions=$supp/lsan.supp \
+    run_matrix_entry asan "-fsanitize=address,undefined -fno-sanitize-recover=undefined" "" "" "$@" || status=1
+fi
+if [[ $which == tsan || $which == all ]]; then
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp \
+    run_matrix_entry tsan "-fsanitize=thread" "comm|launch" \
+      "test_comm_gloo test_comm_host_processes launch_test dtrain-run" "$@" || status=1
+fi
+exit $status
