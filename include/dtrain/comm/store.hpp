@@ -36,6 +36,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -343,14 +344,9 @@ class TcpStore {
   }
 
   std::optional<std::string> try_get(std::string_view key) {
-    std::string req(1, static_cast<char>(detail::store_cmd::get));
-    detail::put_str(req, key);
-    std::lock_guard lock(mu_);
-    send_all(req, key);
-    const bool found = recv_exact(1, key)[0] != 0;
-    std::string value = recv_exact(detail::get_u32(recv_exact(4, key).data()), key);
+    auto [found, value, age] = lookup(detail::store_cmd::get, key);
     if (!found) return std::nullopt;
-    return value;
+    return std::move(value);
   }
 
   // A key's value and how long ago (by the server's clock) it was last set.
@@ -359,13 +355,7 @@ class TcpStore {
     std::chrono::milliseconds age;
   };
   std::optional<Aged> try_get_aged(std::string_view key) {
-    std::string req(1, static_cast<char>(detail::store_cmd::age));
-    detail::put_str(req, key);
-    std::lock_guard lock(mu_);
-    send_all(req, key);
-    const bool found = recv_exact(1, key)[0] != 0;
-    std::string value = recv_exact(detail::get_u32(recv_exact(4, key).data()), key);
-    const auto age = std::chrono::milliseconds(detail::bytes_i64(recv_exact(8, key)));
+    auto [found, value, age] = lookup(detail::store_cmd::age, key);
     if (!found) return std::nullopt;
     return Aged{std::move(value), age};
   }
@@ -492,6 +482,19 @@ class TcpStore {
                            std::to_string(timeout_.count()) + " ms (" + last_error + ")",
                        "check MASTER_ADDR/MASTER_PORT (or --master-addr/--master-port), that rank 0 "
                        "is running, and that no firewall blocks the port");
+  }
+
+  // GET or AGE: whether the key exists, its value, and for AGE its age.
+  std::tuple<bool, std::string, std::chrono::milliseconds> lookup(detail::store_cmd cmd, std::string_view key) {
+    std::string req(1, static_cast<char>(cmd));
+    detail::put_str(req, key);
+    std::lock_guard lock(mu_);
+    send_all(req, key);
+    const bool found = recv_exact(1, key)[0] != 0;
+    std::string value = recv_exact(detail::get_u32(recv_exact(4, key).data()), key);
+    std::chrono::milliseconds age{0};
+    if (cmd == detail::store_cmd::age) age = std::chrono::milliseconds(detail::bytes_i64(recv_exact(8, key)));
+    return {found, std::move(value), age};
   }
 
   void send_all(std::string_view data, std::string_view key) {
