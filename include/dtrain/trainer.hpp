@@ -544,9 +544,10 @@ class TrainerCore {
       throw config_error("a micro-batch's input x " + shape_text(x.shape) + " holds " + std::to_string(x.bytes.size()) +
                              " bytes",
                          "build batch tensors with HostTensor::of(values, shape)");
-    if (x.shape[0] == 0) return {0, floating ? (x.shape.size() == 3 ? x.shape[1] : 1) : (x.shape.size() > 1 ? x.shape[1] : 1)};
-    const std::int64_t width = floating ? x.shape.back() : 1;
-    return {x.shape[0], x.numel() / (x.shape[0] * width)};
+    // The sequence length: the extents between B and the feature width (ids have none).
+    std::int64_t seq = 1;
+    for (std::size_t i = 1; i + (floating ? 1 : 0) < x.shape.size(); ++i) seq *= x.shape[i];
+    return {x.shape[0], seq};
   }
 
   // Sums host scalars over ranks in one collective, in fp32 (as every

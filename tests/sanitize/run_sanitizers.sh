@@ -16,7 +16,7 @@ which=${1:-all}
 shift || true
 case $which in asan|tsan|all) ;; *) echo "usage: tests/sanitize/run_sanitizers.sh [asan|tsan|all] [CTEST_ARGS...]" >&2; exit 2 ;; esac
 
-# The packages only; the instrumented builds are configured here.
+# The packages (and the default build's dtrain-run); the instrumented builds are configured below.
 DTRAIN_BUILD_DIR=$repo/build "$repo/scripts/setup.sh" dtrain-run > /dev/null
 
 supp=$repo/tests/sanitize

@@ -13,11 +13,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <functional>
-#include <condition_variable>
-#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>

@@ -122,10 +122,11 @@ class timeout_error : public comm_error {
 };
 
 // The exit status a program should end with for an error, the convention of
-// the examples and dtrain-run: 2 for a usage error (a config key or value,
-// the command line, a launch environment variable: nothing was run), 1 for
-// anything that failed while running (a rank, a collective, a file that turned
-// out unreadable or damaged). A rank killed by signal N shows as 128 + N.
+// the examples and dtrain-run: 2 for a usage error (config_error: a config key
+// or value, the command line, a .npy data set or weights that do not fit;
+// env_error: a launch environment variable), 1 for anything that failed while
+// running (a rank, a collective, a safetensors or checkpoint file found
+// unreadable or damaged). A rank killed by signal N shows as 128 + N.
 inline int exit_code(const std::exception& e) {
   return dynamic_cast<const config_error*>(&e) || dynamic_cast<const env_error*>(&e) ? 2 : 1;
 }

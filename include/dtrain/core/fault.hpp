@@ -79,7 +79,7 @@ inline std::optional<detail::Plan> parse(std::string_view text, int rank, int wo
     what += "' ";
     what += why;
     return env_error(what, "write <point>:<rank>:<n> with point forward|backward|collective|save, e.g. "
-                              "DTRAIN_FAULT_INJECT=backward:1:3, or unset it");
+                           "DTRAIN_FAULT_INJECT=backward:1:3, or unset it");
   };
   const auto c1 = text.find(':');
   const auto c2 = c1 == std::string_view::npos ? c1 : text.find(':', c1 + 1);

@@ -109,13 +109,13 @@ inline std::string first_slurm_host(const std::string& name, const std::string& 
     first = first.substr(0, first.find_first_of(",-"));
     if (close == std::string::npos || first.empty() || !parse_integer(first))
       throw env_error(name + "='" + list + "' is not a Slurm host list like gpu[01-04],cpu3",
-                         "set MASTER_ADDR to the host name of the node that runs rank 0");
+                      "set MASTER_ADDR to the host name of the node that runs rank 0");
     host += first;
     i = close;
   }
   if (host.empty())
     throw env_error(name + " is empty",
-                       "set MASTER_ADDR to the host name of the node that runs rank 0");
+                    "set MASTER_ADDR to the host name of the node that runs rank 0");
   return host;
 }
 
@@ -159,8 +159,8 @@ inline int required_count(const EnvLookup& env, const RankVars& v, const char* n
   auto value = env_count(env, name, v.fix);
   if (!value)
     throw env_error(std::string(name) + " is not set, although other " + v.source +
-                           " variables are: the launch environment is incomplete",
-                       v.fix);
+                        " variables are: the launch environment is incomplete",
+                    v.fix);
   return *value;
 }
 
@@ -176,13 +176,13 @@ inline int slurm_local_size(const EnvLookup& env) {
     if (counts.size() == 1) return counts.front();
     if (static_cast<std::size_t>(node) >= counts.size())
       throw env_error("SLURM_NODEID=" + std::to_string(node) + " has no entry in " + name +
-                             "='" + *text + "'",
-                         slurm_vars.fix);
+                          "='" + *text + "'",
+                      slurm_vars.fix);
     return counts[static_cast<std::size_t>(node)];
   }
   throw env_error("SLURM_PROCID is set but none of SLURM_STEP_TASKS_PER_NODE, "
-                     "SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE is",
-                     slurm_vars.fix);
+                  "SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE is",
+                  slurm_vars.fix);
 }
 
 inline LaunchEnv read_ranks(const EnvLookup& env, const RankVars& v) {
@@ -203,8 +203,8 @@ inline void check_ranks(const LaunchEnv& e, const RankVars& v) {
     throw env_error(show(v.size, e.world_size) + ": a job needs at least one process", v.fix);
   if (e.rank >= e.world_size)
     throw env_error(show(v.rank, e.rank) + " is not below " + show(v.size, e.world_size) +
-                           " (ranks count from 0)",
-                       v.fix);
+                        " (ranks count from 0)",
+                    v.fix);
   const std::string local_size = v.local_size
                                      ? show(v.local_size, e.local_world_size)
                                      : std::to_string(e.local_world_size) + " tasks on this node";
@@ -212,8 +212,8 @@ inline void check_ranks(const LaunchEnv& e, const RankVars& v) {
     throw env_error(local_size + " is not between 1 and " + show(v.size, e.world_size), v.fix);
   if (e.local_rank >= e.local_world_size)
     throw env_error(show(v.local_rank, e.local_rank) + " is not below " + local_size +
-                           " (local ranks count from 0)",
-                       v.fix);
+                        " (local ranks count from 0)",
+                    v.fix);
 }
 
 inline void read_master(const EnvLookup& env, const RankVars* v, LaunchEnv& e) {
@@ -229,8 +229,8 @@ inline void read_master(const EnvLookup& env, const RankVars* v, LaunchEnv& e) {
   }
   if (e.world_size > 1 && e.master_addr.empty())
     throw env_error("a world of " + std::to_string(e.world_size) +
-                           " processes needs a master address, but MASTER_ADDR is not set",
-                       v ? v->addr_fix : "set MASTER_ADDR");
+                        " processes needs a master address, but MASTER_ADDR is not set",
+                    v ? v->addr_fix : "set MASTER_ADDR");
   const std::string port_fix = "set MASTER_PORT to a free TCP port between 1 and 65535 (default " +
                                std::to_string(default_master_port) + ")";
   if (auto text = env("MASTER_PORT")) {
@@ -250,7 +250,7 @@ inline std::optional<double> read_comm_timeout(const EnvLookup& env) {
   auto seconds = parse_number(*text);
   if (!seconds || *seconds <= 0)
     throw env_error("DTRAIN_COMM_TIMEOUT_S='" + *text + "' is not a positive number of seconds",
-                       "set it to e.g. 600 (ten minutes), or unset it for the default");
+                    "set it to e.g. 600 (ten minutes), or unset it for the default");
   return seconds;
 }
 
@@ -267,7 +267,7 @@ std::optional<E> env_choice(const EnvLookup& env, const char* var,
     list += name;
   }
   throw env_error(std::string(var) + "='" + *text + "' is not one of " + list,
-                     "set " + std::string(var) + " to one of " + list + ", or unset it");
+                  "set " + std::string(var) + " to one of " + list + ", or unset it");
 }
 
 inline void read_comm_choices(const EnvLookup& env, LaunchEnv& e) {
@@ -280,7 +280,7 @@ inline void read_comm_choices(const EnvLookup& env, LaunchEnv& e) {
     auto kib = parse_integer(*text);
     if (!kib || *kib < 4 || *kib > (1 << 20) || *kib % 4 != 0)
       throw env_error("DTRAIN_SHM_CHUNK_KIB='" + *text + "' is not a multiple of 4 between 4 and 1048576",
-                         "set it to e.g. 256, or unset it for the default");
+                      "set it to e.g. 256, or unset it for the default");
     e.shm_part_bytes = static_cast<std::size_t>(*kib) << 10;
   }
   for (const char* name : {"GROUP_RANK", "SLURM_NODEID"})
