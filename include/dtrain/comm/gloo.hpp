@@ -17,6 +17,8 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -223,6 +225,12 @@ class GlooEngine {
 
  private:
   void connect(World& world, const std::string& prefix) {
+    // Gloo writes to its sockets without MSG_NOSIGNAL: a peer that dies while
+    // this rank sends would kill it with SIGPIPE instead of failing the
+    // collective with a message naming the lost connection. Ignored unless
+    // the program set its own handler (PyTorch's processes ignore it too).
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
     // Gloo listens on the interface this rank reaches the master through,
     // unless GLOO_SOCKET_IFNAME names one (as in PyTorch).
     ::gloo::transport::tcp::attr attr;
