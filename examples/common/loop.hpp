@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/config.hpp"
+#include "common/report.hpp"
 
 namespace examples {
 
@@ -129,71 +130,81 @@ inline void dump_batches(const Common& c, dtrain::World& world, const std::vecto
   writer.write(fs::path(c.dump_batches) / ("rank-" + std::to_string(world.rank()) + ".safetensors"));
 }
 
+// Everything after the Trainer's construction: resume, the steps, the end.
+template <class Trainer, class Source, class Finish>
+void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const Source& data, Finish& finish) {
+  dtrain::DistributedSampler sampler(data.size(), world, {.shuffle = true, .seed = c.seed});
+  if (!c.init_from.empty()) init_from(c, world, trainer);
+  const bool resumed = !c.resume.empty() && resume(c, world, trainer, sampler);
+  // The loader starts where the (restored) sampler stands.
+  dtrain::DataLoader loader(data, sampler, {.batch_size = c.batch_size, .num_workers = c.num_workers});
+  std::ofstream metrics;
+  if (world.rank() == 0 && !c.metrics.empty()) {
+    // A resumed run appends: the records before the restart stay. Its
+    // folder is made as checkpoint_dir's is.
+    const std::filesystem::path folder = std::filesystem::path(c.metrics).parent_path();
+    std::error_code ignored;  // a failure shows as the open's below
+    if (!folder.empty()) std::filesystem::create_directories(folder, ignored);
+    metrics.open(c.metrics, resumed ? std::ios::app : std::ios::trunc);
+    metrics.precision(10);
+    if (!metrics)
+      throw dtrain::config_error("cannot write the metrics file '" + c.metrics + "'",
+                                 "check that its folder exists and is writable");
+  }
+  const std::string_view strategy = Trainer::strategy_kind::name;
+  std::vector<dtrain::Batch> micro(static_cast<std::size_t>(c.accumulate));
+  std::vector<std::vector<dtrain::Batch>> trained;  // dump_batches only
+  const std::int64_t first_step = trainer.steps_taken() + 1;
+  for (std::int64_t s = trainer.steps_taken(); s < c.steps; ++s) {
+    for (auto& b : micro) b = loader.next();
+    const auto st = trainer.step(micro);
+    if (!c.dump_batches.empty()) trained.push_back(micro);
+    const double seconds = st.step_ms / 1000.0;
+    const double sps = st.samples / seconds, tps = st.positions / seconds;
+    if (c.save_every > 0 && (st.step % c.save_every == 0 || s + 1 == c.steps)) save(c, world, trainer, sampler);
+    if (world.rank() != 0) continue;
+    if (metrics.is_open())
+      metrics << "{\"step\": " << st.step << ", \"loss\": " << st.loss << ", \"lr\": " << st.lr
+              << ", \"grad_norm\": " << st.grad_norm << ", \"samples_per_s\": " << sps
+              << ", \"tokens_per_s\": " << tps << ", \"step_ms\": " << st.step_ms
+              << ", \"world_size\": " << world.size() << ", \"loss_scale\": " << st.loss_scale
+              << ", \"skipped\": " << (st.skipped ? "true" : "false") << ", \"memory\": " << memory_json(st.memory)
+              << "}\n";
+    if (st.step == 1)
+      std::printf("memory per rank (%.*s, rank 0): %s\n", static_cast<int>(strategy.size()), strategy.data(),
+                  memory_text(st.memory).c_str());
+    if (st.step == 1 || st.step % c.log_every == 0 || s + 1 == c.steps) {
+      std::printf("step %5lld/%lld | loss %.4f | lr %.2e | %8.0f samples/s | step %7.2f ms | scale %g%s",
+                  static_cast<long long>(st.step), static_cast<long long>(c.steps), st.loss, st.lr, sps, st.step_ms,
+                  st.loss_scale, st.skipped ? " | skipped (inf/nan)" : "");
+      if (st.positions != st.samples) std::printf(" | %9.0f tokens/s", tps);
+      std::printf("\n");
+    }
+  }
+  finish(trainer);
+  if (world.rank() == 0) {
+    // The process's peak resident set: what the operating system saw,
+    // beside the Trainer's own accounting above.
+    rusage usage{};
+    ::getrusage(RUSAGE_SELF, &usage);
+    std::printf("peak resident memory (rank 0): %.1f MiB\n", static_cast<double>(usage.ru_maxrss) / 1024.0);
+  }
+  if (!c.dump_batches.empty()) dump_batches(c, world, trained, first_step);
+  if (!c.save_params.empty()) trainer.save_params(c.save_params);
+  std::fflush(stdout);
+}
+
 template <class... Policies, class Model, class Source, class Finish>
 int run_training(const Common& c, dtrain::World& world, Model& model, const Source& data, Finish&& finish) {
   const dtrain::TrainerOptions opts = trainer_options(c);
   auto run = [&](auto optimizer) {
-    using Trainer = dtrain::Trainer<Model, Policies...>;
-    Trainer trainer(world, model, optimizer, opts);
-    dtrain::DistributedSampler sampler(data.size(), world, {.shuffle = true, .seed = c.seed});
-    if (!c.init_from.empty()) init_from(c, world, trainer);
-    const bool resumed = !c.resume.empty() && resume(c, world, trainer, sampler);
-    // The loader starts where the (restored) sampler stands.
-    dtrain::DataLoader loader(data, sampler, {.batch_size = c.batch_size, .num_workers = c.num_workers});
-    std::ofstream metrics;
-    if (world.rank() == 0 && !c.metrics.empty()) {
-      // A resumed run appends: the records before the restart stay. Its
-      // folder is made as checkpoint_dir's is.
-      const std::filesystem::path folder = std::filesystem::path(c.metrics).parent_path();
-      std::error_code ignored;  // a failure shows as the open's below
-      if (!folder.empty()) std::filesystem::create_directories(folder, ignored);
-      metrics.open(c.metrics, resumed ? std::ios::app : std::ios::trunc);
-      metrics.precision(10);
-      if (!metrics)
-        throw dtrain::config_error("cannot write the metrics file '" + c.metrics + "'",
-                                   "check that its folder exists and is writable");
+    dtrain::Trainer<Model, Policies...> trainer(world, model, optimizer, opts);
+    try {
+      train_loop(c, world, trainer, data, finish);
+    } catch (const std::exception& e) {
+      report_failure(e);  // while the communicator stands: see common/report.hpp
+      throw;
     }
-    const std::string_view strategy = Trainer::strategy_kind::name;
-    std::vector<dtrain::Batch> micro(static_cast<std::size_t>(c.accumulate));
-    std::vector<std::vector<dtrain::Batch>> trained;  // dump_batches only
-    const std::int64_t first_step = trainer.steps_taken() + 1;
-    for (std::int64_t s = trainer.steps_taken(); s < c.steps; ++s) {
-      for (auto& b : micro) b = loader.next();
-      const auto st = trainer.step(micro);
-      if (!c.dump_batches.empty()) trained.push_back(micro);
-      const double seconds = st.step_ms / 1000.0;
-      const double sps = st.samples / seconds, tps = st.positions / seconds;
-      if (c.save_every > 0 && (st.step % c.save_every == 0 || s + 1 == c.steps)) save(c, world, trainer, sampler);
-      if (world.rank() != 0) continue;
-      if (metrics.is_open())
-        metrics << "{\"step\": " << st.step << ", \"loss\": " << st.loss << ", \"lr\": " << st.lr
-                << ", \"grad_norm\": " << st.grad_norm << ", \"samples_per_s\": " << sps
-                << ", \"tokens_per_s\": " << tps << ", \"step_ms\": " << st.step_ms
-                << ", \"world_size\": " << world.size() << ", \"loss_scale\": " << st.loss_scale
-                << ", \"skipped\": " << (st.skipped ? "true" : "false") << ", \"memory\": " << memory_json(st.memory)
-                << "}\n";
-      if (st.step == 1)
-        std::printf("memory per rank (%.*s, rank 0): %s\n", static_cast<int>(strategy.size()), strategy.data(),
-                    memory_text(st.memory).c_str());
-      if (st.step == 1 || st.step % c.log_every == 0 || s + 1 == c.steps) {
-        std::printf("step %5lld/%lld | loss %.4f | lr %.2e | %8.0f samples/s | step %7.2f ms | scale %g%s",
-                    static_cast<long long>(st.step), static_cast<long long>(c.steps), st.loss, st.lr, sps, st.step_ms,
-                    st.loss_scale, st.skipped ? " | skipped (inf/nan)" : "");
-        if (st.positions != st.samples) std::printf(" | %9.0f tokens/s", tps);
-        std::printf("\n");
-      }
-    }
-    finish(trainer);
-    if (world.rank() == 0) {
-      // The process's peak resident set: what the operating system saw,
-      // beside the Trainer's own accounting above.
-      rusage usage{};
-      ::getrusage(RUSAGE_SELF, &usage);
-      std::printf("peak resident memory (rank 0): %.1f MiB\n", static_cast<double>(usage.ru_maxrss) / 1024.0);
-    }
-    if (!c.dump_batches.empty()) dump_batches(c, world, trained, first_step);
-    if (!c.save_params.empty()) trainer.save_params(c.save_params);
-    std::fflush(stdout);
   };
   if (c.optimizer == "sgd")
     run(dtrain::SGD{.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});

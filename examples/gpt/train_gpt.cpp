@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/cli.hpp"
+#include "common/report.hpp"
 #include "gpt.hpp"
 
 namespace gpt {
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
     }
     return gpt::train_host(cfg, world, corpus);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+    examples::report_failure(e);
     return dtrain::exit_code(e);
   }
 }

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/cli.hpp"
+#include "common/report.hpp"
 
 namespace mlp {
 
@@ -84,7 +85,7 @@ int main(int argc, char** argv) {
     }
     return mlp::train_host(cfg, world, data, classes);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_mlp: error: %s\n", e.what());
+    examples::report_failure(e);
     return dtrain::exit_code(e);
   }
 }

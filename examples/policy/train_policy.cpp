@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/cli.hpp"
+#include "common/report.hpp"
 #include "policy.hpp"
 
 namespace policy {
@@ -70,7 +71,7 @@ int main(int argc, char** argv) {
     }
     return policy::train_host(cfg, world, data);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_policy: error: %s\n", e.what());
+    examples::report_failure(e);
     return dtrain::exit_code(e);
   }
 }
