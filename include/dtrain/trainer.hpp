@@ -155,7 +155,7 @@ class TrainerCore {
         comm_(binding::make(world_, dev_)),
         strategy_(make_strategy()),
         optimizer_(dev_, optimizer, strategy_->owned().size) {
-    scalar_ = make_buffer<float>(dev_, 2);
+    scalar_ = make_buffer<float>(dev_, max_scalars);
     if constexpr (Prec::loss_scaling) loss_scale_ = options_.loss_scale.initial;
   }
 
@@ -554,6 +554,7 @@ class TrainerCore {
   // rank's copy must round alike).
   template <std::size_t N>
   std::array<double, N> all_reduce_scalars(std::array<double, N> values) {
+    static_assert(N <= max_scalars, "all_reduce_scalars: raise max_scalars, the size of the staging buffer");
     std::array<float, N> f{};
     for (std::size_t i = 0; i < N; ++i) f[i] = static_cast<float>(values[i]);
     dev_.copy_from_host(scalar_.data(), f.data(), N);
@@ -937,7 +938,10 @@ class TrainerCore {
   std::unique_ptr<strategy_type> strategy_;
   FlatOptimizer<Dev> optimizer_;
 
-  buffer<float> scalar_;  // staging for the scalar all-reduces (sample count, loss)
+  // Staging for the scalar all-reduces: at most the micro-batch count,
+  // samples, positions and loss of a step in one collective.
+  static constexpr std::size_t max_scalars = 4;
+  buffer<float> scalar_;
   std::vector<std::int64_t> width_;  // width_[u]: the input width of unit u; width_.back(): the logits
   std::vector<buffer<T>> activations_;
   std::vector<buffer<T>> saved_;  // per unit, or [0] shared under activation checkpointing

@@ -51,7 +51,7 @@ IFS=, read -ra list <<< "$targets"
 for t in "${list[@]}"; do
   [[ -d $repo/tests/corpus/$t ]] || { echo "unknown target '$t' (no tests/corpus/$t)" >&2; exit 2; }
   echo "== $t: building"
-  clang++-16 -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  clang++-16 -std=c++20 -O2 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -DDTRAIN_FUZZ_TARGET="$t" -I"$repo/include" -I"$repo/tests" -I"$repo/examples" \
     "$repo/tests/fuzz/fuzz_main.cpp" -o "$work/fuzz_$t" -lyaml-cpp -lgloo -lopenblas -pthread
   scratch=$( [[ -d /dev/shm ]] && mktemp -d /dev/shm/dtrain-fuzz-XXXXXX || echo "$work/scratch_$t")

@@ -10,8 +10,9 @@
 //    the four gradients are summed in a different order).
 //  - Cutting the link mid-run (ip link set ... down) ends every rank within the
 //    collective timeout + 5 s, each with one message naming the collective,
-//    its sequence number, and the ranks it lost (or, on the side that lost
-//    the rendezvous store, that it cannot reach rank 0's node).
+//    its sequence number, and the ranks it lost (on the side that lost the
+//    rendezvous store, its Gloo peers on the other node, and that it cannot
+//    reach rank 0's node).
 //
 // Creating namespaces needs CAP_NET_ADMIN (root, or a container that allows
 // it): where `ip netns add` fails the test exits 77 and CTest reports it
@@ -27,6 +28,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -195,6 +197,10 @@ BOOST_AUTO_TEST_CASE(a_cut_link_ends_every_rank_with_the_collective_named) {
   BOOST_TEST(e0.find("ranks not heard from since: ") != std::string::npos);
   BOOST_TEST(e1.find("(collective #") != std::string::npos);
   BOOST_TEST(e1.find("the rendezvous store at " + Nodes::address(0) + ":29517 did not answer") != std::string::npos);
+  // Cut off from the store, it still names whom it lost: its Gloo peers on
+  // node 0 (ranks 0, 1), or, when a node-local wait timed out first, the
+  // local rank that never came back from Gloo (2, 3).
+  BOOST_TEST(std::regex_search(e1, std::regex(R"(over Gloo \(TCP\): [01]$|in shared memory for rank [23] )")));
   BOOST_TEST(f0.err.find("failed; exiting with code 1") != std::string::npos);
   BOOST_TEST(f1.err.find("failed; exiting with code 1") != std::string::npos);
 }

@@ -305,9 +305,13 @@ class HostCommunicator {
         for (std::size_t m = 0; m < node_count; ++m)
           member_[m][i] = static_cast<int>(std::find(ranks.begin(), ranks.end(), nodes_.members[m][i]) - ranks.begin());
       }
+      for (int r : slice_ranks_[static_cast<std::size_t>(nodes_.local)])
+        if (r != rank_) gloo_peers_.push_back(r);
       description_ = "shm+gloo (" + shape + ": shared memory within a node, Gloo between nodes, wait " + wait + ")";
     } else {
       gloo_ = std::make_unique<detail::GlooEngine>(world, prefix);
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_) gloo_peers_.push_back(r);
       description_ = "gloo (" + shape + (why_gloo.empty() ? "" : ", " + why_gloo) + ")";
     }
   }
@@ -541,7 +545,7 @@ class HostCommunicator {
       // Which ranks lagged is known for a timeout; a connection that failed
       // before it means a peer is gone, and the heartbeat's numbers are stale.
       const bool timed_out = cause.find("imed out") != std::string::npos;
-      std::string msg = tracker_->describe(task.name, task.seq, cause, timed_out);
+      std::string msg = tracker_->describe(task.name, task.seq, cause, timed_out, gloo_peers_);
       if (timed_out) {
         broken_ = std::make_exception_ptr(timeout_error(msg, fix));
       } else {
@@ -576,6 +580,7 @@ class HostCommunicator {
   std::unique_ptr<detail::ShmEngine> shm_;          // this node's ranks (shm, hierarchical)
   std::unique_ptr<detail::GlooEngine> cross_;       // this rank's slice across nodes (hierarchical)
   std::unique_ptr<detail::GlooEngine> gloo_;        // every rank (gloo)
+  std::vector<int> gloo_peers_;                     // the ranks this one exchanges with over Gloo
   std::unique_ptr<detail::CollectiveTracker> tracker_;
   std::exception_ptr broken_;  // worker thread only: the first failure poisons the communicator
   std::vector<float> wide_;    // worker thread only: fp32 staging

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -67,11 +68,15 @@ class CollectiveTracker {
   // silent, as their heartbeats last told the store (right for timeouts; a
   // failure detected within milliseconds would see stale numbers, so it
   // leaves them out).
-  std::string describe(std::string_view what, std::uint64_t seq, std::string_view cause, bool with_laggards = true) {
+  // `peers`: the ranks this one was exchanging with over TCP in the
+  // collective, named when the store cannot tell which of them lagged (this
+  // rank is cut off from rank 0's node): they are the ones it lost.
+  std::string describe(std::string_view what, std::uint64_t seq, std::string_view cause, bool with_laggards = true,
+                       std::span<const int> peers = {}) {
     std::string msg = std::string(what) + " (collective #" + std::to_string(seq) + " on rank " +
                       name_(rank_) + " of " + std::to_string(size_) + ") did not complete: " +
                       std::string(cause);
-    if (with_laggards) msg += laggards(seq);
+    if (with_laggards) msg += laggards(seq, peers);
     return msg;
   }
 
@@ -94,6 +99,15 @@ class CollectiveTracker {
     }
   }
 
+  // "0, 4, 8", or the first eight and the count.
+  std::string rank_list(std::span<const int> ranks) const {
+    constexpr std::size_t shown = 8;
+    std::string out;
+    for (std::size_t i = 0; i < std::min(ranks.size(), shown); ++i) out += (i ? ", " : "") + name_(ranks[i]);
+    if (ranks.size() > shown) out += ", ... (" + std::to_string(ranks.size()) + " ranks)";
+    return out;
+  }
+
   static std::string seconds(std::chrono::milliseconds t) {
     char text[32];
     std::snprintf(text, sizeof text, "%.1f s", static_cast<double>(t.count()) / 1000.0);
@@ -103,7 +117,7 @@ class CollectiveTracker {
   // "; ranks that never reached it: ..." and/or "; ranks not heard from ...",
   // or why it cannot be told. Bounded by `probe_` per store exchange, over a
   // connection of its own (the heartbeat's may be stuck behind a dead link).
-  std::string laggards(std::uint64_t seq) {
+  std::string laggards(std::uint64_t seq, std::span<const int> peers) {
     if (!store_ || size_ == 1) return {};
     std::string behind, silent;
     try {
@@ -120,9 +134,11 @@ class CollectiveTracker {
         }
       }
     } catch (const std::exception&) {
-      return "; which ranks did not arrive is unknown: the rendezvous store at " + store_->host() + ":" +
-             std::to_string(store_->port()) + " did not answer within " + seconds(probe_) +
-             " (this rank has lost its network connection to rank 0's node, or rank 0 has exited)";
+      std::string out = "; which ranks did not arrive is unknown: the rendezvous store at " + store_->host() + ":" +
+                        std::to_string(store_->port()) + " did not answer within " + seconds(probe_) +
+                        " (this rank has lost its network connection to rank 0's node, or rank 0 has exited)";
+      if (!peers.empty()) out += "; the ranks it was exchanging with over Gloo (TCP): " + rank_list(peers);
+      return out;
     }
     std::string out;
     if (!behind.empty()) out += "; ranks that never reached it: " + behind;
