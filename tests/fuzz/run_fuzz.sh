@@ -12,8 +12,8 @@
 # corpus tests/corpus/<target>/ (new inputs go to a scratch copy; the
 # repository's corpus holds seeds and regressions only). A crash, hang
 # (-timeout=10 s), leak or out-of-memory (-rss_limit_mb=2048) stops the
-# target and the script fails, leaving the input as crash-*/timeout-*/
-# leak-*/oom-* in the work directory it prints: add it to tests/corpus/<target>/
+# target and the script fails, leaving the input as <target>-crash-*,
+# -timeout-*, -leak-* or -oom-* in the work directory it prints: add it to tests/corpus/<target>/
 # (test_fuzz_corpus replays it in CI) and fix the parser.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -61,18 +61,18 @@ for t in "${list[@]}"; do
   start=$(date +%s)
   rc=0
   (cd "$work" && DTRAIN_FUZZ_SCRATCH="$scratch" ASAN_OPTIONS=detect_leaks=1 \
-    "./fuzz_$t" -runs="$runs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    "./fuzz_$t" -runs="$runs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$t-" \
     "corpus_$t" > "$work/$t.log" 2>&1) || rc=$?
   secs=$(($(date +%s) - start))
   rm -rf "$scratch"
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$t.log" | grep -o '[0-9]*$' || echo 0)
   corpus=$(ls "$work/corpus_$t" | wc -l)
-  findings=$(ls "$work" | grep -cE "^(crash|timeout|leak|oom|slow-unit)-" || true)
+  findings=$(ls "$work" | grep -cE "^$t-(crash|timeout|leak|oom|slow-unit)-" || true)
   tail -3 "$work/$t.log"
   rows+=("{\"target\": \"$t\", \"executions\": ${execs:-0}, \"seconds\": $secs, \"corpus\": $corpus, \"exit\": $rc, \"findings\": $findings}")
   if ((rc != 0)); then
     status=1
-    echo "$t: libFuzzer exited with $rc; see $work/$t.log and the crash-*/leak-*/timeout-* inputs in $work" >&2
+    echo "$t: libFuzzer exited with $rc; see $work/$t.log and the $t-crash-*/-leak-*/-timeout-* inputs in $work" >&2
   fi
 done
 

@@ -26,12 +26,14 @@
 
 #include <algorithm>
 #include <charconv>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <span>
@@ -40,6 +42,7 @@
 #include <string_view>
 #include <system_error>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -278,13 +281,39 @@ Json piece_json(const CheckpointPiece& p) {
 
 [[noreturn]] inline void bad_index(const std::filesystem::path& path, const std::string& problem);
 
+// An integer field of the index, range-checked. nlohmann's get<T>() converts
+// without a check: a float such as 7e90 (undefined behaviour, found by
+// fuzzing) or an integer that does not fit T; a damaged index is an error.
+template <std::integral T, class Json>
+T index_integer(const Json& v, std::string_view field, const std::filesystem::path& where) {
+  if (v.is_number_unsigned()) {
+    if (const auto u = v.template get<std::uint64_t>(); std::in_range<T>(u)) return static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    if (const auto i = v.template get<std::int64_t>(); std::in_range<T>(i)) return static_cast<T>(i);
+  }
+  std::string shown = v.dump();
+  if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+  bad_index(where, "\"" + std::string(field) + "\" is " + shown + ", where an integer from " +
+                       std::to_string(std::numeric_limits<T>::min()) + " to " +
+                       std::to_string(std::numeric_limits<T>::max()) + " belongs");
+}
+
+template <class Json>
+std::vector<std::int64_t> index_shape(const Json& v, std::string_view field, const std::filesystem::path& where) {
+  if (!v.is_array()) bad_index(where, "\"" + std::string(field) + "\" is not a list of extents");
+  std::vector<std::int64_t> shape;
+  for (const auto& d : v) shape.push_back(index_integer<std::int64_t>(d, field, where));
+  return shape;
+}
+
 template <class Json>
 CheckpointPiece piece_from_json(const Json& p, const std::filesystem::path& where) {
   const auto dtype = parse_safetensors_dtype(p.at("dtype").template get<std::string>());
   if (!dtype) bad_index(where, "a piece has the unknown dtype " + p.at("dtype").dump());
   return {p.at("file").template get<std::string>(), p.at("key").template get<std::string>(),
-          p.at("begin").template get<std::size_t>(), p.at("count").template get<std::size_t>(), *dtype,
-          p.at("crc32c").template get<std::uint32_t>()};
+          index_integer<std::size_t>(p.at("begin"), "begin", where),
+          index_integer<std::size_t>(p.at("count"), "count", where), *dtype,
+          index_integer<std::uint32_t>(p.at("crc32c"), "crc32c", where)};
 }
 
 inline std::string index_text(const CheckpointIndex& idx) {
@@ -345,37 +374,44 @@ inline CheckpointIndex parse_index(const std::filesystem::path& dir) {
   CheckpointIndex idx;
   try {
     if (j.value("format", "") != checkpoint_format) bad_index(path, "its \"format\" is not \"dtrain-checkpoint\"");
-    if (j.at("format_version").get<int>() > checkpoint_format_version)
-      bad_index(path, "format version " + std::to_string(j.at("format_version").get<int>()) +
-                          " is newer than this dtrain reads (" + std::to_string(checkpoint_format_version) + ")");
+    const auto integer = [&](const auto& v, std::string_view field) {
+      return index_integer<std::int64_t>(v, field, path);
+    };
+    if (const auto v = integer(j.at("format_version"), "format_version"); v > checkpoint_format_version)
+      bad_index(path, "format version " + std::to_string(v) + " is newer than this dtrain reads (" +
+                          std::to_string(checkpoint_format_version) + ")");
     CheckpointInfo& i = idx.info;
     i.dir = dir;
     i.dtrain_version = j.at("dtrain_version").get<std::string>();
-    i.step = j.at("step").get<std::int64_t>();
+    i.step = integer(j.at("step"), "step");
     i.loss_scale = j.at("loss_scale").get<double>();
-    i.good_steps = j.at("good_steps").get<std::int64_t>();
-    i.seed = j.at("rng").at("seed").get<std::uint64_t>();
-    i.world_size = j.at("world_size").get<int>();
+    i.good_steps = integer(j.at("good_steps"), "good_steps");
+    i.seed = index_integer<std::uint64_t>(j.at("rng").at("seed"), "seed", path);
+    i.world_size = index_integer<int>(j.at("world_size"), "world_size", path);
     i.strategy = j.at("strategy").get<std::string>();
     i.param_dtype = j.at("precision").at("param").get<std::string>();
     i.reduce_dtype = j.at("precision").at("reduce").get<std::string>();
     i.optimizer = j.at("optimizer").at("name").get<std::string>();
     i.optimizer_states = j.at("optimizer").at("states").get<std::vector<std::string>>();
     if (const auto& s = j.at("sampler"); !s.is_null())
-      i.sampler = SamplerProgress{s.at("epoch").get<std::int64_t>(),        s.at("global_position").get<std::int64_t>(),
-                                  s.at("dataset_size").get<std::int64_t>(), s.at("seed").get<std::uint64_t>(),
-                                  s.at("shuffle").get<bool>(),              s.at("drop_last").get<bool>()};
+      i.sampler = SamplerProgress{integer(s.at("epoch"), "epoch"),
+                                  integer(s.at("global_position"), "global_position"),
+                                  integer(s.at("dataset_size"), "dataset_size"),
+                                  index_integer<std::uint64_t>(s.at("seed"), "seed", path),
+                                  s.at("shuffle").get<bool>(),
+                                  s.at("drop_last").get<bool>()};
     i.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
     for (const auto& [name, t] : j.at("tensors").items()) {
       CheckpointTensor ct;
-      ct.shape = t.at("shape").get<std::vector<std::int64_t>>();
+      ct.shape = index_shape(t.at("shape"), "shape", path);
       ct.trainable = t.at("trainable").get<bool>();
       for (const auto& [kind, list] : t.at("pieces").items())
         for (const auto& p : list) ct.pieces[kind].push_back(piece_from_json(p, path));
       idx.order.push_back(name);
       idx.tensors.emplace(name, std::move(ct));
     }
-    for (const auto& [file, f] : j.at("files").items()) idx.files[file] = f.at("bytes").get<std::uint64_t>();
+    for (const auto& [file, f] : j.at("files").items())
+      idx.files[file] = index_integer<std::uint64_t>(f.at("bytes"), "bytes", path);
   } catch (const nlohmann::json::exception& e) {
     bad_index(path, std::string("a field is missing or has the wrong type: ") + e.what());
   }
