@@ -190,6 +190,7 @@ BOOST_AUTO_TEST_CASE(a_cut_link_ends_every_rank_with_the_collective_named) {
     return at == std::string::npos ? std::string() : err.substr(at, err.find('\n', at) - at);
   };
   const std::string e0 = first_error(f0.err), e1 = first_error(f1.err);
+  std::printf("node 0 reports: %s\nnode 1 reports: %s\n", e0.c_str(), e1.c_str());
   BOOST_TEST_INFO("node 0:\n" << f0.err << "\nnode 1:\n" << f1.err);
   BOOST_TEST(e0.find("did not complete") != std::string::npos);
   BOOST_TEST(e0.find("(collective #") != std::string::npos);
