@@ -184,9 +184,10 @@ inline MemoryUsage estimate_memory(const EstimateInputs& in) {
   MemoryUsage u;
   u.optimizer = in.optimizer_states * owned * f32;
   u.activations = in.activations;
-  // The Trainer's two staging floats for its scalar all-reduces, plus one
-  // for the sharded strategies' norm all-reduce over the shard group.
-  u.other = 2 * f32 + (plan.family == detail::estimate_family::replicated ? 0 : f32);
+  // The Trainer's four staging floats for its scalar all-reduces (its
+  // max_scalars; estimate_test checks the two agree), plus one for the
+  // sharded strategies' norm all-reduce over the shard group.
+  u.other = 4 * f32 + (plan.family == detail::estimate_family::replicated ? 0 : f32);
 
   if (plan.family == detail::estimate_family::fsdp) {
     // Only fp32 shards persist (the compute copy exists only while
