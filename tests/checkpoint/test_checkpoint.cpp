@@ -12,6 +12,8 @@
 
 #include <chrono>
 #include <random>
+#include <regex>
+#include <sstream>
 #include <thread>
 
 #include "save_loop_model.hpp"
@@ -279,6 +281,41 @@ BOOST_AUTO_TEST_CASE(another_optimizers_state_is_refused_unless_skipped) {
     const auto info = t.load(dir, {.optimizer_state = false});
     require(info.step == 2 && t.steps_taken() == 2, "parameters and step load without the optimizer state");
   });
+}
+
+// Every integer of the index is range-checked: a float where an integer
+// belongs, or a value its type cannot hold, is a checkpoint_error naming the
+// field, never a silent conversion (a float such as 7e90 was undefined
+// behaviour before; found by fuzzing).
+BOOST_AUTO_TEST_CASE(an_index_integer_out_of_range_is_an_error_naming_the_field) {
+  const auto good = scratch("index_integers");
+  save_two_steps(good);
+  std::stringstream text;
+  text << std::ifstream(good / "index.json").rdbuf();
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("format_version": \d+)", R"("format_version": 7e90)"},
+      {R"("step": \d+)", R"("step": 1.5)"},
+      {R"("world_size": \d+)", R"("world_size": 4294967296)"},
+      {R"("count": \d+)", R"("count": -1)"},
+  };
+  for (const auto& [pattern, bad] : cases) {
+    const std::string damaged = std::regex_replace(text.str(), std::regex(pattern), bad,
+                                                   std::regex_constants::format_first_only);
+    BOOST_REQUIRE(damaged != text.str());
+    const auto dir = scratch("index_integers_bad");
+    fs::create_directories(dir);
+    std::ofstream(dir / "index.json") << damaged;
+    const std::string field = std::string(bad).substr(0, std::string(bad).find(':'));
+    std::string message;
+    try {
+      (void)checkpoint_info(dir);
+    } catch (const checkpoint_error& e) {
+      message = e.what();
+    }
+    BOOST_TEST_INFO(bad << " -> " << message);
+    BOOST_TEST(message.find(field + " is ") != std::string::npos);
+    BOOST_TEST(message.find("where an integer from") != std::string::npos);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_directory_holding_a_checkpoint_is_never_overwritten) {
