@@ -9,8 +9,11 @@ build="${DTRAIN_BUILD_DIR:-$root/build}"
 
 # python3-torch: the tests that read checkpoints with PyTorch, and the benchmarks' peer.
 # iproute2: the multi-node test's network namespaces (tests/reliability/test_netns.cpp).
+# openmpi-bin: mpirun, one of the launchers the launcher test starts train_mlp with.
+# python3-matplotlib: scripts/plot_metrics.py. doxygen: the API reference (docs/api.md).
 packages=(cmake g++ make pkg-config libgloo-dev librange-v3-dev libboost-test-dev libopenblas-dev
-          libyaml-cpp-dev nlohmann-json3-dev python3 python3-numpy python3-venv python3-torch iproute2)
+          libyaml-cpp-dev nlohmann-json3-dev python3 python3-numpy python3-venv python3-torch iproute2
+          openmpi-bin python3-matplotlib doxygen)
 [[ -n "${DTRAIN_EXTRA_PACKAGES:-}" ]] && packages+=(${DTRAIN_EXTRA_PACKAGES})
 missing=()
 for p in "${packages[@]}"; do
