@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the main job: train_mlp with DDP
-# on every local GPU, or on 2 CPU ranks (Gloo) when there is none. Extra
+# on every local GPU, or on 2 CPU ranks (shared memory) when there is none. Extra
 # arguments are passed to train_mlp as key=value overrides (e.g. steps=100).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,6 +16,6 @@ if [[ "$gpus" -gt 0 ]] && grep -q "^DTRAIN_CUDA_ENABLED:INTERNAL=ON" "$build/CMa
   exec "$build/tools/dtrain-run" --nproc-per-node gpu \
     "$build/examples/train_mlp" --config "$root/examples/configs/ddp_gpu.yaml" "$@"
 fi
-echo "dtrain demo: no GPU found: training on 2 CPU ranks with Gloo"
+echo "dtrain demo: no GPU found: training on 2 CPU ranks (shared memory)"
 exec "$build/tools/dtrain-run" --nproc-per-node 2 \
   "$build/examples/train_mlp" --config "$root/examples/configs/ddp_host.yaml" "$@"

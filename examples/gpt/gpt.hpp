@@ -36,12 +36,13 @@ struct Config : examples::Common {
   std::int64_t eval_batches = 8;   // held-out batches per rank evaluated at the end
 };
 
+// [snippet:gpt_model]
 struct Model {
-  dtrain::nn::Embedding tok;
-  dtrain::nn::PositionalEmbedding pos;
-  std::vector<dtrain::nn::TransformerBlock> blocks;
-  dtrain::nn::LayerNorm ln_f;
-  dtrain::nn::Linear head;
+  dtrain::nn::Embedding tok;                         // unit 0
+  dtrain::nn::PositionalEmbedding pos;               // unit 1
+  std::vector<dtrain::nn::TransformerBlock> blocks;  // units 2 .. n_layer + 1
+  dtrain::nn::LayerNorm ln_f;                        // unit n_layer + 2
+  dtrain::nn::Linear head;                           // unit n_layer + 3 (no bias)
   dtrain::nn::SoftmaxCrossEntropy loss;
 
   Model(std::int64_t vocab, std::int64_t block_size, std::int64_t n_layer, std::int64_t n_head, std::int64_t n_embd)
@@ -52,6 +53,7 @@ struct Model {
         head(n_embd, vocab, {.bias = false}) {}
   auto units() { return std::tie(tok, pos, blocks, ln_f, head); }
 };
+// [/snippet:gpt_model]
 
 // English-like sentences from a small grammar with agreement and a few
 // facts to learn (what animals eat, where they live, sums of small

@@ -1,9 +1,9 @@
 #pragma once
-// The custom unit and model shown in docs/model.md. The text between the two
-// marker lines must appear verbatim in docs/model.md: custom_model_test.cpp
-// checks it, so the documented code is always code that compiles and passes.
+// The custom unit and model shown in docs/model.md. The region between the
+// snippet markers is what the page shows (test_docs checks it), so the
+// documented code is always code that compiles and passes.
 
-// [docs/model.md]
+// [snippet:model_custom_unit]
 #include <dtrain/nn/activation.hpp>
 #include <dtrain/nn/cross_entropy.hpp>
 #include <dtrain/nn/layer_norm.hpp>
@@ -62,4 +62,4 @@ struct TinyClassifier {
 };
 
 static_assert(dtrain::Model<TinyClassifier>);
-// [docs/model.md]
+// [/snippet:model_custom_unit]

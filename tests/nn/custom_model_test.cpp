@@ -1,13 +1,12 @@
 // The documented custom unit and model (custom_model.hpp = docs/model.md):
 // the unit's gradients against finite differences, the model trained by hand
-// the way a strategy drives units, and the docs kept in sync with the code.
+// the way a strategy drives units (test_docs keeps docs/model.md in sync
+// with the code).
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -32,14 +31,6 @@ namespace {
 
 namespace t = dtrain::testing;
 using dtrain::Host;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  BOOST_TEST_REQUIRE(in.good(), "cannot read " << path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // One unit's library-owned storage: parameters, gradients and their views.
 struct UnitStorage {
@@ -152,26 +143,6 @@ BOOST_AUTO_TEST_CASE(tiny_classifier_learns) {
   BOOST_TEST_INFO("initial loss " << losses.front() << ", final " << losses.back());
   BOOST_TEST(std::isfinite(losses.back()));
   BOOST_TEST(losses.back() < 0.25 * losses.front());
-}
-
-BOOST_AUTO_TEST_CASE(docs_show_the_compiled_code) {
-  const std::string docs = read_file(DTRAIN_SOURCE_DIR "/docs/model.md");
-  const std::string marker = "// [docs/model.md]\n";
-  for (const std::string file : {"custom_model.hpp", "custom_sequence.hpp"}) {
-    const std::string code = read_file(DTRAIN_SOURCE_DIR "/tests/nn/" + file);
-    // Markers come in pairs; each pair encloses one snippet of the page.
-    int snippets = 0;
-    for (auto begin = code.find(marker); begin != std::string::npos; begin = code.find(marker, begin + 1)) {
-      const auto end = code.find(marker, begin + marker.size());
-      BOOST_TEST_REQUIRE(end != std::string::npos, file << ": a marker line without its closing one");
-      const std::string snippet = code.substr(begin + marker.size(), end - begin - marker.size());
-      BOOST_TEST(docs.find(snippet) != std::string::npos,
-                 "docs/model.md must contain snippet " << snippets + 1 << " of tests/nn/" << file << " verbatim");
-      ++snippets;
-      begin = end;
-    }
-    BOOST_TEST(snippets > 0, file << " has marked snippets");
-  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

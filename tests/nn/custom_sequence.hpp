@@ -1,8 +1,8 @@
 #pragma once
-// The custom loss, sequence unit and models shown in docs/model.md. The text
-// between each pair of marker lines must appear verbatim in docs/model.md:
-// custom_model_test.cpp checks it, so the documented code is always code that
-// compiles and passes (custom_sequence_test.cpp tests and trains it).
+// The custom loss, sequence unit and models shown in docs/model.md. The
+// regions between the snippet markers are what the page shows (test_docs
+// checks it), so the documented code is always code that compiles and passes
+// (custom_sequence_test.cpp tests and trains it).
 
 #include <cstddef>
 #include <cstdint>
@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-// [docs/model.md]
+// [snippet:model_huber_loss]
 #include <dtrain/device/host.hpp>
 #include <dtrain/nn/activation.hpp>
 #include <dtrain/nn/linear.hpp>
@@ -89,9 +89,9 @@ struct TinyRegressor {
 
 static_assert(dtrain::Loss<HuberLoss, dtrain::Host, float>);
 static_assert(dtrain::Model<TinyRegressor>);
-// [docs/model.md]
+// [/snippet:model_huber_loss]
 
-// [docs/model.md]
+// [snippet:model_sequence_unit]
 #include <dtrain/nn/regression_loss.hpp>
 
 // A sequence unit over activations [rows = batch * time, width], row b * time + t:
@@ -188,4 +188,4 @@ struct RunningMeanRegressor {
 
 static_assert(dtrain::Unit<CausalMeanMix, dtrain::Host, float>);
 static_assert(dtrain::Model<RunningMeanRegressor>);
-// [docs/model.md]
+// [/snippet:model_sequence_unit]

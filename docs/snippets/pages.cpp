@@ -1,0 +1,287 @@
+// The C++ the pages under docs/ show (checkpoints, data, policies, model,
+// reliability; guide.cpp has the guide's), compiled and run by CTest as
+// doc_snippets; test_docs checks the pages against the marked regions. Declarations-only regions (the concepts' signatures) are
+// checked with static_assert against the concepts they document.
+#include <dtrain/trainer.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+void check(bool ok, const char* what) {
+  if (!ok) throw std::runtime_error(std::string("doc snippet check failed: ") + what);
+}
+
+// A model over the quick start's data (32 features, 4 classes used of 10).
+struct MyModelForData {
+  dtrain::nn::Linear fc1{32, 64};
+  dtrain::nn::GELU act;
+  dtrain::nn::Linear fc2{64, 10};
+  dtrain::nn::SoftmaxCrossEntropy loss;
+  auto units() { return std::tie(fc1, act, fc2); }
+};
+
+// ---- docs/model.md ----------------------------------------------------------
+
+// [snippet:model_unit]
+struct MyUnit {
+  std::vector<dtrain::ParamSpec> params() const;       // what parameters it has
+  std::int64_t out_features(std::int64_t in) const;    // output width for an input width
+  template <class Dev, class T>
+  void forward(Dev& dev, dtrain::UnitParams<const T> p,
+               dtrain::MatView<const T> x, dtrain::MatView<T> y);
+  template <class Dev, class T>
+  void backward(Dev& dev, dtrain::UnitParams<const T> p, dtrain::UnitParams<T> grad,
+                dtrain::MatView<const T> x, dtrain::MatView<const T> y,
+                dtrain::MatView<const T> dy, dtrain::MatView<T> dx);
+};
+static_assert(dtrain::Unit<MyUnit, dtrain::Host, float>);
+// [/snippet:model_unit]
+
+struct MyContextUnit {
+  std::vector<dtrain::ParamSpec> params() const;
+  std::int64_t out_features(std::int64_t in) const;
+  // [snippet:model_context_unit]
+  template <class Dev, class T>
+  void forward(Dev&, dtrain::UnitParams<const T> p, dtrain::MatView<const T> x, dtrain::MatView<T> y,
+               const dtrain::UnitContext<T>& ctx);
+  template <class Dev, class T>
+  void backward(Dev&, dtrain::UnitParams<const T> p, dtrain::UnitParams<T> grad, dtrain::MatView<const T> x,
+                dtrain::MatView<const T> y, dtrain::MatView<const T> dy, dtrain::MatView<T> dx,
+                const dtrain::UnitContext<T>& ctx);
+  std::int64_t saved_size(dtrain::SeqShape shape, std::int64_t in) const;   // optional
+  // [/snippet:model_context_unit]
+};
+static_assert(dtrain::Unit<MyContextUnit, dtrain::Host, float>);
+
+struct MyInputUnit {
+  std::vector<dtrain::ParamSpec> params() const;
+  std::int64_t out_features(std::int64_t in) const;
+  // [snippet:model_input_unit]
+  template <class Dev, class T>
+  void forward(Dev&, dtrain::UnitParams<const T> p, const dtrain::DeviceBatch& batch, dtrain::MatView<T> y,
+               const dtrain::UnitContext<T>& ctx);
+  template <class Dev, class T>
+  void backward(Dev&, dtrain::UnitParams<const T> p, dtrain::UnitParams<T> grad, const dtrain::DeviceBatch& batch,
+                dtrain::MatView<const T> y, dtrain::MatView<const T> dy, const dtrain::UnitContext<T>& ctx);
+  // [/snippet:model_input_unit]
+};
+static_assert(dtrain::InputUnit<MyInputUnit, dtrain::Host, float>);
+
+// [snippet:model_loss]
+struct MyLoss {
+  double count(const dtrain::Batch& batch) const;   // this micro-batch's share of the normaliser
+  template <class Dev, class T>
+  double forward(Dev& dev, dtrain::MatView<const T> logits, const dtrain::DeviceBatch& batch);
+  template <class Dev, class T>
+  void backward(Dev& dev, dtrain::MatView<const T> logits, const dtrain::DeviceBatch& batch,
+                dtrain::MatView<T> dlogits, float scale);
+};
+static_assert(dtrain::Loss<MyLoss, dtrain::Host, float>);
+// [/snippet:model_loss]
+
+// [snippet:model_model]
+struct MyModel {
+  dtrain::nn::Linear a{4, 8};                  // the units: any types satisfying dtrain::Unit
+  dtrain::nn::ReLU b;
+  dtrain::nn::Linear c{8, 3};
+  dtrain::nn::SoftmaxCrossEntropy loss;        // any type satisfying dtrain::Loss
+  auto units() { return std::tie(a, b, c); }   // references to the units, in order
+};
+static_assert(dtrain::Model<MyModel>);
+// [/snippet:model_model]
+
+void model_batch() {
+  const std::int64_t B = 2, T = 3, rows = 4, F = 2;
+  std::vector<std::int32_t> ids(B * T, 1), next_ids(B * T, 2), labels(rows, 0);
+  std::vector<float> features(rows * F, 0.5f);
+  // [snippet:model_batch]
+  dtrain::Batch b;
+  b.set("x", dtrain::HostTensor::of(ids, {B, T}));       // std::vector<std::int32_t> token ids
+  b.set("y", dtrain::HostTensor::of(next_ids, {B, T}));
+  std::span<const std::int32_t> y = b.at("y").values<std::int32_t>();   // throws if y is not int32
+
+  // The classic classification table: float x [rows, F], int32 labels y [rows].
+  auto t = dtrain::Batch::table(features, labels, rows, F);
+  // [/snippet:model_batch]
+  check(y.size() == 6 && y[0] == 2, "Batch::at().values");
+  check(t.at("x").numel() == rows * F, "Batch::table");
+}
+
+// ---- docs/policies.md -------------------------------------------------------
+
+// [snippet:policies_compose]
+using P = dtrain::policies<dtrain::Accumulate<4>, dtrain::Precision<dtrain::bf16>>;
+static_assert(std::is_same_v<P::strategy, dtrain::DDP>);      // default
+static_assert(std::is_same_v<P::param_type, dtrain::bf16>);
+static_assert(std::is_same_v<P::reduce_type, dtrain::fp32>);  // default reduce dtype
+static_assert(std::is_same_v<P::master_type, dtrain::fp32>);
+static_assert(P::accumulate == 4);
+// P::device is dtrain::Host here, dtrain::Cuda in a file nvcc compiles.
+// [/snippet:policies_compose]
+
+void policies_sharding(dtrain::World& world) {
+  using Model = MyModel;
+  Model model;
+  const int group = 1;  // ranks per shard group; this runs as a world of one rank
+  // [snippet:policies_sharding]
+  dtrain::TrainerOptions options;
+  options.sharding.shard_group = group;   // HybridShard: ranks per shard group (0, the default: LOCAL_WORLD_SIZE)
+  options.sharding.prefetch = 1;          // FSDP and ZeRO1: unit all-gathers issued ahead (FullShard holds prefetch + 1 units)
+  dtrain::Trainer<Model, dtrain::Strategy<dtrain::FSDP<dtrain::HybridShard>>, dtrain::Precision<dtrain::bf16>>
+      trainer{world, model, dtrain::AdamW{.lr = 3e-4f}, options};
+  // [/snippet:policies_sharding]
+  check(trainer.layout().units().size() == 3, "an FSDP<HybridShard> Trainer over MyModel");
+}
+
+void policies_optim() {
+  const std::int64_t step = 250;
+  // [snippet:policies_optimizers]
+  dtrain::AdamW adamw{.lr = 3e-4f, .weight_decay = 0.1f};   // beta1 0.9, beta2 0.999, eps 1e-8
+  dtrain::SGD sgd{.lr = 0.1f, .momentum = 0.9f, .nesterov = true};
+  dtrain::ClipConfig clip{.max_norm = 1.f};                 // 0 (the default) turns clipping off
+  // [/snippet:policies_optimizers]
+  adamw.validate();
+  sgd.validate();
+  clip.validate();
+  // [snippet:policies_schedules]
+  dtrain::Schedule lr = dtrain::WarmupCosineLR{.peak_lr = 3e-4f, .warmup_steps = 100, .total_steps = 5000};
+  dtrain::Schedule from_cli = dtrain::make_schedule("cosine", {.lr = 3e-4f, .warmup_steps = 100, .total_steps = 5000});
+  float rate = lr(step);
+  // [/snippet:policies_schedules]
+  check(rate == from_cli(step) && rate > 2.9e-4f && rate < 3e-4f, "the cosine schedule after warmup");
+}
+
+// ---- docs/data.md -----------------------------------------------------------
+
+void data_pages(dtrain::World& world, const dtrain::Dataset& dataset) {
+  {
+    const int rank = 0, world_size = 1;
+    const int e = 1;
+    // [snippet:data_sampler]
+    dtrain::DistributedSampler sampler{dataset.size(), rank, world_size,
+                                       {.shuffle = true, .seed = 0, .drop_last = false}};
+    dtrain::DistributedSampler sampler2{dataset.size(), world};   // anything with rank() and size()
+    sampler.set_epoch(e);            // epoch e from its start
+    sampler.indices();               // this rank's indices for the current epoch
+    auto idx = sampler.next(64);     // the next 64, moving into epoch + 1 when this one ends
+    auto st = sampler.state();       // {epoch, position}: save it...
+    sampler.load_state(st);          // ...and continue exactly there
+    // [/snippet:data_sampler]
+    check(idx.size() == 64 && st.position == 64 && sampler2.indices().size() == static_cast<std::size_t>(dataset.size()),
+          "DistributedSampler");
+  }
+  dtrain::DistributedSampler sampler{dataset.size(), world};
+  // [snippet:data_loader]
+  dtrain::DataLoader loader{dataset, sampler, {.batch_size = 32, .num_workers = 2, .prefetch = 4}};
+  dtrain::Batch b = loader.next();   // b.at("x") [B, F], b.at("y") [B], b.indices
+  // [/snippet:data_loader]
+  check(b.at("x").numel() == 32 * dataset.features, "DataLoader::next");
+
+  const std::int64_t out = 3, in = 2, n = 4;
+  std::vector<float> weights(out * in, 0.25f);
+  std::vector<std::byte> bytes(n, std::byte{7});
+  std::vector<std::int64_t> counts{1000};
+  // [snippet:data_safetensors]
+  dtrain::SafetensorsWriter w;
+  w.add("layer.weight", {out, in}, weights);              // dtype from the element type
+  w.add("raw", dtrain::safetensors_dtype::u8, {n}, bytes);
+  w.add("step_count", {1}, counts);
+  w.set_metadata("step", "1000");
+  w.write("model.safetensors");
+
+  auto f = dtrain::SafetensorsFile::open("model.safetensors");
+  auto t = f.tensor("layer.weight");                      // dtype, shape, bytes (mapped)
+  std::vector<float> v = f.read_f32("layer.weight");      // from F32, F64, F16, BF16
+  std::vector<std::int64_t> c = f.read_i64("step_count"); // from I8..I64, U8..U32
+  // [/snippet:data_safetensors]
+  check(t.shape.size() == 2 && v.size() == 6 && v[5] == 0.25f && c.at(0) == 1000, "safetensors round trip");
+}
+
+// ---- docs/checkpoints.md ----------------------------------------------------
+
+void checkpoint_page(dtrain::World& world, const dtrain::Dataset& dataset) {
+  MyModelForData model;
+  dtrain::Trainer<MyModelForData> trainer{world, model, dtrain::AdamW{.lr = 1e-3f}};
+  dtrain::DistributedSampler sampler{dataset.size(), world};
+  dtrain::DataLoader loader{dataset, sampler, {.batch_size = 32, .num_workers = 0}};
+  for (int s = 0; s < 3; ++s) {
+    const dtrain::Batch b = loader.next();
+    trainer.step(std::span(&b, 1));
+  }
+  trainer.save_params("pretrained.safetensors");
+  // [snippet:checkpoints_api]
+  trainer.save("ckpt/step-00001000", {.sampler = &sampler});   // every rank; collective
+  auto info = trainer.load("ckpt/step-00001000");             // any world size, any strategy
+  if (info.sampler) sampler.load_state(info.sampler->state_for(sampler));
+  auto report = trainer.load_params("pretrained.safetensors", {.strict = false});
+  // [/snippet:checkpoints_api]
+  check(info.step == 3 && report.missing.empty() && !report.loaded.empty(),
+        "save, load and load_params");
+}
+
+// ---- docs/reliability.md ----------------------------------------------------
+
+void uneven_data(dtrain::World& world, const dtrain::Dataset& dataset) {
+  MyModelForData model;
+  dtrain::Trainer<MyModelForData> trainer{world, model, dtrain::AdamW{.lr = 1e-3f}};
+  const std::int64_t features = dataset.features, my_batches = 3;
+  std::int64_t batches_used = 0;
+  auto batch = [&](std::int64_t s) {
+    ++batches_used;
+    const std::vector<std::int64_t> rows{2 * s, 2 * s + 1};
+    return dataset.gather(rows);
+  };
+  // [snippet:reliability_uneven]
+  const dtrain::Batch empty = dtrain::Batch::table({}, {}, 0, features);  // x [0, features], y [0]
+  for (std::int64_t s = 0;; ++s) {
+    const dtrain::Batch b = s < my_batches ? batch(s) : empty;
+    const auto stats = trainer.step(std::span(&b, 1));
+    if (stats.samples == 0) break;  // every rank has run out: the step changed nothing
+  }
+  // [/snippet:reliability_uneven]
+  check(batches_used == my_batches, "the uneven-data loop stops after the last batch");
+}
+
+// A learnable task: labels from the signs of two of 32 features.
+dtrain::Dataset make_dataset(std::int64_t rows) {
+  dtrain::Dataset d{.x = {}, .y = {}, .rows = rows, .features = 32};
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (int f = 0; f < 32; ++f) d.x.push_back(normal(gen));
+    d.y.push_back((d.x[r * 32] > 0 ? 1 : 0) + (d.x[r * 32 + 1] > 0 ? 2 : 0));
+  }
+  d.validate(10);
+  return d;
+}
+
+}  // namespace
+
+int guide_examples(dtrain::World& world, const dtrain::Dataset& dataset);  // guide.cpp
+
+// Runs every page's code once, as one process, in the folder argv[1].
+int main(int argc, char** argv) try {
+  if (argc > 1) std::filesystem::current_path(argv[1]);
+  auto world = dtrain::init();
+  const dtrain::Dataset dataset = make_dataset(2048);
+  model_batch();
+  policies_sharding(world);
+  policies_optim();
+  data_pages(world, dataset);
+  checkpoint_page(world, dataset);
+  uneven_data(world, dataset);
+  guide_examples(world, dataset);
+  std::puts("every documented snippet ran");
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "doc_snippets: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,389 @@
+// The documentation, checked like code:
+//   - every C++ block in README.md and docs/ is preceded by
+//     <!-- snippet: PATH#NAME --> and equals the region of PATH between
+//     `// [snippet:NAME]` and `// [/snippet:NAME]` (dedented); PATH is a file
+//     the build compiles (docs/snippets/*.cpp, the examples, the tests), and
+//     every region of docs/snippets is shown somewhere;
+//   - every text block preceded by <!-- output: ID --> (the error texts of
+//     docs/troubleshooting.md and docs/guide.md) is what dtrain prints in
+//     scenario ID, which this test produces for real: each line of the block
+//     must match a line of the output, where {...} stands for any text (pids,
+//     ports, paths, source lines);
+//   - the API reference (scripts/api_reference.sh) builds without a warning.
+#define BOOST_TEST_MODULE docs
+#include <boost/test/unit_test.hpp>
+
+#include "examples/run_example.hpp"
+#include "launch/process.hpp"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+using dtrain::test::Finished;
+using dtrain::test::Process;
+
+namespace {
+
+const fs::path repo = DTRAIN_SOURCE_DIR;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  BOOST_REQUIRE_MESSAGE(in, "cannot read " << p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream s(text);
+  for (std::string line; std::getline(s, line);) out.push_back(line);
+  return out;
+}
+
+std::string rtrim(std::string s) {
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.pop_back();
+  return s;
+}
+
+// A fenced block of a page, with the marker comment above it (if any).
+struct Block {
+  fs::path page;
+  int line = 0;          // the opening fence's line, from 1
+  std::string lang;      // the fence's info string
+  std::string marker;    // "snippet: ..." / "output: ...", or empty
+  std::vector<std::string> body;
+};
+
+std::string ltrim(const std::string& s) { return s.substr(std::min(s.find_first_not_of(" \t"), s.size())); }
+
+// Fences may be indented (a block inside a list item): the body loses the
+// fence's indentation.
+std::vector<Block> blocks_of(const fs::path& page) {
+  const auto lines = lines_of(slurp(page));
+  std::vector<Block> out;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    if (ltrim(lines[i]).rfind("```", 0) != 0) continue;
+    const std::size_t indent = lines[i].size() - ltrim(lines[i]).size();
+    Block b{page, static_cast<int>(i + 1), rtrim(ltrim(lines[i]).substr(3)), "", {}};
+    for (std::size_t k = i; k-- > 0;) {  // the nearest non-blank line above
+      if (rtrim(lines[k]).empty()) continue;
+      static const std::regex marker(R"(^<!--\s*(.*?)\s*-->$)");
+      std::smatch m;
+      const std::string above = rtrim(ltrim(lines[k]));
+      if (std::regex_match(above, m, marker)) b.marker = m[1];
+      break;
+    }
+    std::size_t j = i + 1;
+    for (; j < lines.size() && ltrim(lines[j]).rfind("```", 0) != 0; ++j)
+      b.body.push_back(rtrim(lines[j].substr(std::min(indent, lines[j].find_first_not_of(' ') == std::string::npos
+                                                                   ? lines[j].size()
+                                                                   : lines[j].find_first_not_of(' ')))));
+    BOOST_REQUIRE_MESSAGE(j < lines.size(), page << ":" << b.line << ": a code block that is never closed");
+    out.push_back(std::move(b));
+    i = j;
+  }
+  return out;
+}
+
+std::vector<fs::path> pages() {
+  std::vector<fs::path> out{repo / "README.md"};
+  for (const auto& e : fs::recursive_directory_iterator(repo / "docs"))
+    if (e.is_regular_file() && e.path().extension() == ".md") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The lines between `// [snippet:NAME]` and `// [/snippet:NAME]` of `file`,
+// with their common indentation removed; empty optional if absent.
+std::optional<std::vector<std::string>> region(const fs::path& file, const std::string& name) {
+  const auto lines = lines_of(slurp(file));
+  const std::string open = "// [snippet:" + name + "]", close = "// [/snippet:" + name + "]";
+  auto trimmed = [](const std::string& s) { return rtrim(ltrim(s)); };
+  auto begin = std::find_if(lines.begin(), lines.end(), [&](const std::string& l) { return trimmed(l) == open; });
+  if (begin == lines.end()) return std::nullopt;
+  auto end = std::find_if(begin + 1, lines.end(), [&](const std::string& l) { return trimmed(l) == close; });
+  if (end == lines.end()) return std::nullopt;
+  std::vector<std::string> body(begin + 1, end);
+  std::size_t indent = std::string::npos;
+  for (const auto& l : body)
+    if (!rtrim(l).empty()) indent = std::min(indent, l.find_first_not_of(' '));
+  for (auto& l : body) l = rtrim(l).empty() ? "" : rtrim(l.substr(indent));
+  return body;
+}
+
+// Every `[snippet:NAME]` region defined in `file`.
+std::set<std::string> regions_in(const fs::path& file) {
+  std::set<std::string> out;
+  static const std::regex open(R"(//\s*\[snippet:([A-Za-z0-9_]+)\])");
+  const std::string text = slurp(file);
+  for (std::sregex_iterator it(text.begin(), text.end(), open), end; it != end; ++it) out.insert((*it)[1]);
+  return out;
+}
+
+// `pattern` (a documented line, {...} = any text) against an output line.
+bool line_matches(const std::string& pattern, const std::string& line) {
+  std::string re;
+  for (std::size_t i = 0; i < pattern.size();) {
+    if (pattern.compare(i, 5, "{...}") == 0) {
+      re += ".*";
+      i += 5;
+      continue;
+    }
+    const char c = pattern[i++];
+    if (std::string("\\^$.|?*+()[]{}").find(c) != std::string::npos) re += '\\';
+    re += c;
+  }
+  return std::regex_match(rtrim(line), std::regex(re));
+}
+
+// ---- the scenarios whose output the pages quote -----------------------------
+
+std::string mlp_config() { return (repo / "examples/configs/ddp_host.yaml").string(); }
+
+std::vector<std::string> launch_mlp(const std::vector<std::string>& extra) {
+  std::vector<std::string> args{DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--master-port",
+                                std::to_string(dtrain::test::free_port()), TRAIN_MLP_PATH, "--config", mlp_config()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// The pid of the process whose parent is `parent` and whose environment holds `var`.
+pid_t child_with(pid_t parent, const std::string& var) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string stat_text;
+    std::getline(stat, stat_text);
+    const auto close = stat_text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat_text.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent) continue;
+    std::ifstream env(e.path() / "environ", std::ios::binary);
+    for (std::string entry; std::getline(env, entry, '\0');)
+      if (entry == var) return static_cast<pid_t>(std::stoi(name));
+  }
+  return 0;
+}
+
+using Scenario = std::function<std::string(const fs::path& dir)>;
+
+const std::map<std::string, Scenario>& scenarios() {
+  static const std::map<std::string, Scenario> all{
+      // A key the example does not know: a usage error, exit status 2.
+      {"unknown_key",
+       [](const fs::path&) {
+         const Finished f = dtrain::test::run({TRAIN_MLP_PATH, "stepz=3"});
+         BOOST_TEST(f.exited_with(2));
+         return f.out + f.err;
+       }},
+      // Rank 1 stops (SIGSTOP) in the middle of training: it is alive but
+      // never reaches the next all-reduce, so rank 0's times out.
+      {"collective_timeout",
+       [](const fs::path&) {
+         Process job(launch_mlp({"steps=1000000", "log_every=100000", "timeout_s=2"}));
+         pid_t rank1 = 0;
+         BOOST_REQUIRE(dtrain::test::wait_until([&] { return (rank1 = child_with(job.pid(), "RANK=1")) != 0; }));
+         std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // into the training steps
+         ::kill(rank1, SIGSTOP);
+         const Finished f = job.wait(60);
+         BOOST_TEST(f.exited_with(1));
+         return f.out + f.err;
+       }},
+      // Rank 1 is killed with SIGKILL in its third backward.
+      {"rank_killed",
+       [](const fs::path&) {
+         const Finished f =
+             dtrain::test::run(launch_mlp({"steps=20"}), {{"DTRAIN_FAULT_INJECT", std::string("backward:1:3")}});
+         BOOST_TEST(f.exited_with(137));
+         return f.out + f.err;
+       }},
+      // Another process holds the master port.
+      {"port_in_use",
+       [](const fs::path&) {
+         const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+         sockaddr_in addr{};
+         addr.sin_family = AF_INET;
+         addr.sin_addr.s_addr = htonl(INADDR_ANY);
+         addr.sin_port = 0;
+         BOOST_REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && ::listen(fd, 1) == 0);
+         socklen_t len = sizeof addr;
+         ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+         const std::string port = std::to_string(ntohs(addr.sin_port));
+         const Finished f = dtrain::test::run({DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--master-port", port,
+                                               TRAIN_MLP_PATH, "steps=2"});
+         ::close(fd);
+         BOOST_TEST(f.exited_with(1));
+         return f.out + f.err;
+       }},
+      // Two ranks started by hand with different models.
+      {"models_differ",
+       [](const fs::path&) {
+         const std::string port = std::to_string(dtrain::test::free_port());
+         std::vector<std::unique_ptr<Process>> ranks;
+         for (const char* r : {"0", "1"})
+           ranks.push_back(std::make_unique<Process>(
+               std::vector<std::string>{TRAIN_MLP_PATH, "steps=2", std::string("hidden=64,") + (r[0] == '0' ? "64" : "32")},
+               dtrain::test::EnvChanges{{"RANK", std::string(r)},
+                                        {"LOCAL_RANK", std::string(r)},
+                                        {"WORLD_SIZE", std::string("2")},
+                                        {"LOCAL_WORLD_SIZE", std::string("2")},
+                                        {"MASTER_ADDR", std::string("127.0.0.1")},
+                                        {"MASTER_PORT", port}}));
+         std::string out;
+         for (auto& r : ranks) {
+           const Finished f = r->wait(60);
+           BOOST_TEST(f.exited_with(1));
+           out += f.out + f.err;
+         }
+         return out;
+       }},
+      // A byte of the newest checkpoint's shard flipped; resume=latest skips
+      // it for the one before, an explicit resume of it fails.
+      {"corrupt_checkpoint",
+       [](const fs::path& dir) {
+         const std::string ck = (dir / "ck").string();
+         const Finished first = dtrain::test::run(launch_mlp({"steps=6", "save_every=3", "checkpoint_dir=" + ck}));
+         BOOST_REQUIRE(first.exited_with(0));
+         const fs::path shard = fs::path(ck) / "step-00000006" / "shard-00000-of-00002.safetensors";
+         {
+           std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+           f.seekg(-10, std::ios::end);
+           char c = 0;
+           f.get(c);
+           f.seekp(-10, std::ios::end);
+           f.put(static_cast<char>(c ^ 0x5a));
+         }
+         const Finished latest =
+             dtrain::test::run(launch_mlp({"steps=9", "checkpoint_dir=" + ck, "save_every=100", "resume=latest"}));
+         BOOST_TEST(latest.exited_with(0));
+         const Finished named = dtrain::test::run(
+             launch_mlp({"steps=9", "checkpoint_dir=" + ck, "resume=" + (fs::path(ck) / "step-00000006").string()}));
+         BOOST_TEST(named.exited_with(1));
+         return latest.out + latest.err + named.out + named.err;
+       }},
+      // A model too large for the memory the process may use.
+      {"host_out_of_memory",
+       [](const fs::path&) {
+         const Finished f = dtrain::test::run(
+             {"/bin/sh", "-c", std::string("ulimit -v 3000000 && exec ") + TRAIN_MLP_PATH + " steps=2 hidden=16384,16384"});
+         BOOST_TEST(f.exited_with(1));
+         return f.out + f.err;
+       }},
+  };
+  return all;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_cpp_block_is_a_region_of_a_compiled_source) {
+  std::set<std::string> shown;  // "path#name"
+  int checked = 0;
+  for (const auto& page : pages())
+    for (const Block& b : blocks_of(page)) {
+      if (b.lang != "cpp" && b.lang != "c++") continue;
+      const std::string where = fs::relative(page, repo).string() + ":" + std::to_string(b.line);
+      BOOST_TEST_CONTEXT(where) {
+        BOOST_TEST_REQUIRE(b.marker.rfind("snippet:", 0) == 0,
+                           "a C++ block needs <!-- snippet: PATH#NAME --> above it, naming the compiled source it "
+                           "comes from");
+        const std::string ref = b.marker.substr(b.marker.find_first_not_of(' ', 8));
+        const auto hash = ref.find('#');
+        BOOST_TEST_REQUIRE(hash != std::string::npos, "'" << ref << "' is not PATH#NAME");
+        const fs::path file = repo / ref.substr(0, hash);
+        BOOST_TEST_REQUIRE(fs::exists(file), file << " does not exist");
+        const auto code = region(file, ref.substr(hash + 1));
+        BOOST_TEST_REQUIRE(code.has_value(), "no region [snippet:" << ref.substr(hash + 1) << "] in " << file);
+        // The first difference, shown as both lines.
+        const auto& doc = b.body;
+        std::size_t i = 0;
+        while (i < doc.size() && i < code->size() && doc[i] == (*code)[i]) ++i;
+        BOOST_TEST((i == doc.size() && i == code->size()),
+                   "the block differs from " << ref << " at its line " << i + 1 << ":\n  page:   "
+                                             << (i < doc.size() ? doc[i] : "<end>") << "\n  source: "
+                                             << (i < code->size() ? (*code)[i] : "<end>"));
+        shown.insert(ref);
+        ++checked;
+      }
+    }
+  BOOST_TEST(checked >= 20);
+  // Every region written for the docs is shown on some page.
+  for (const auto& e : fs::directory_iterator(repo / "docs/snippets"))
+    if (e.path().extension() == ".cpp")
+      for (const auto& name : regions_in(e.path())) {
+        const std::string ref = "docs/snippets/" + e.path().filename().string() + "#" + name;
+        BOOST_TEST(shown.count(ref) == 1, ref << " is shown on no page");
+      }
+  BOOST_TEST_MESSAGE(checked << " C++ blocks match their compiled sources");
+}
+
+BOOST_AUTO_TEST_CASE(quoted_outputs_are_what_dtrain_prints) {
+  std::map<std::string, std::string> produced;  // scenario -> output, run once
+  int checked = 0;
+  for (const auto& page : pages())
+    for (const Block& b : blocks_of(page)) {
+      if (b.marker.rfind("output:", 0) != 0) continue;
+      const std::string id = b.marker.substr(b.marker.find_first_not_of(' ', 7));
+      const std::string where = fs::relative(page, repo).string() + ":" + std::to_string(b.line);
+      BOOST_TEST_CONTEXT(where << " (output: " << id << ")") {
+        const auto it = scenarios().find(id);
+        BOOST_TEST_REQUIRE(it != scenarios().end(), "no scenario '" << id << "' in tests/docs/test_docs.cpp");
+        if (!produced.count(id)) {
+          const fs::path dir = dtrain::test::fresh("scenario_" + id);
+          fs::create_directories(dir);
+          produced[id] = it->second(dir);
+        }
+        const auto out = lines_of(produced[id]);
+        for (const auto& want : b.body) {
+          if (want.empty()) continue;
+          const bool found =
+              std::any_of(out.begin(), out.end(), [&](const std::string& l) { return line_matches(want, l); });
+          BOOST_TEST(found, "dtrain does not print the documented line\n  " << want << "\nits output was:\n"
+                                                                              << produced[id]);
+        }
+        ++checked;
+      }
+    }
+  BOOST_TEST(checked >= 5);
+  for (const auto& [id, scenario] : scenarios()) BOOST_TEST(produced.count(id) == 1, "scenario " << id << " is quoted on no page");
+}
+
+BOOST_AUTO_TEST_CASE(the_api_reference_builds_without_warnings) {
+  BOOST_TEST_REQUIRE(std::system("command -v doxygen > /dev/null") == 0,
+                     "doxygen is not installed: run scripts/setup.sh (or apt-get install doxygen)");
+  const fs::path out = fs::path(DTRAIN_TEST_BINARY_DIR) / "api";
+  fs::remove_all(out);
+  fs::create_directories(out);
+  const Finished f = dtrain::test::run({(repo / "scripts/api_reference.sh").string(), out.string()});
+  BOOST_TEST(f.exited_with(0), "doxygen failed:\n" << f.out << f.err);
+  const std::string warnings = slurp(out / "warnings.log");
+  BOOST_TEST(warnings.empty(), "doxygen warned:\n" << warnings);
+  // The reference has the Trainer, its step() and the communicator.
+  const fs::path trainer = out / "html" / "classdtrain_1_1Trainer.html";
+  BOOST_TEST_REQUIRE(fs::exists(trainer));
+  BOOST_TEST(slurp(trainer).find("step") != std::string::npos);
+  BOOST_TEST(fs::exists(out / "html" / "index.html"));
+}
