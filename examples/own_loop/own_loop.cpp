@@ -112,14 +112,16 @@ std::vector<MatView<float>> unit_views(const UnitSlots& unit, float* flat) {
 // device, train_mlp's model and data.
 class Job {
  public:
+  // [snippet:job]
   Job(const mlp::Config& config, World& w)
       : c(config),
         world(w),
-        comm(world),
+        comm(world),  // collective: every rank constructs it
         model(c, c.features, c.classes),
         data(mlp::synthetic_dataset(c.samples, c.features, c.classes, c.seed)) {
     data.validate(c.classes);
   }
+  // [/snippet:job]
 
   // The model's parameters laid out in one flat buffer, every unit padded to
   // a multiple of `shards`. Ranks that built different models (or took
@@ -377,10 +379,11 @@ void train_zero1(Job& job) {
                        {.lr = job.c.lr, .step = step});
         gather();
       });
-  job.save(layout, params.data());
+  job.save(layout, params.data());  // fp32: the gathered parameters are the master weights
 }
 // [/snippet:zero1]
 
+// [snippet:train]
 void train(const mlp::Config& c, World& world) {
   Job job(c, world);
   if (world.rank() == 0)
@@ -397,9 +400,11 @@ void train(const mlp::Config& c, World& world) {
     throw;
   }
 }
+// [/snippet:train]
 
 }  // namespace own_loop
 
+// [snippet:main]
 int main(int argc, char** argv) {
   try {
     const mlp::Config c =
@@ -414,3 +419,4 @@ int main(int argc, char** argv) {
     return dtrain::exit_code(e);
   }
 }
+// [/snippet:main]
