@@ -48,7 +48,9 @@ dtrain's public pieces (no Trainer), on host ranks, in fp32:
   hidden, activation, samples, features, classes   as train_mlp
 and of the keys below: accumulate, batch_size, steps, optimizer, lr,
 weight_decay, momentum, seed, num_workers, log_every, bucket_mb, timeout_s,
-save_params. Any other key must keep its default (the loop does not do it).
+save_params. A key that would change what is trained and that the loop does
+not implement (precision, device, clip, schedule, checkpoints, ...) must keep
+its default: it is refused otherwise.
 )";
 
 bool set_extra(mlp::Config& c, const std::string& key, const YAML::Node& v) {
