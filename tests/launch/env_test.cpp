@@ -86,6 +86,17 @@ BOOST_AUTO_TEST_CASE(torchrun_variables) {
   BOOST_TEST(discover(without(torchrun, "MASTER_PORT")).master_port == 29500);
 }
 
+// torchrun's static rendezvous holds MASTER_PORT itself: dtrain takes the next.
+BOOST_AUTO_TEST_CASE(torchrun_agent_store_port) {
+  const Vars agent = with(torchrun, {{"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  BOOST_TEST(discover(agent).master_port == 1235);
+  BOOST_TEST(discover(with(torchrun, {{"TORCHELASTIC_USE_AGENT_STORE", "False"}})).master_port == 1234);
+  check_rejected(with(agent, {{"MASTER_PORT", "65535"}}), "MASTER_PORT=65535 is held by torchrun");
+  // Only torchrun's own workers: a process that mpirun or srun started keeps the port.
+  BOOST_TEST(discover(with(openmpi, {{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"MASTER_PORT", "1234"}}))
+                 .master_port == 1234);
+}
+
 BOOST_AUTO_TEST_CASE(slurm_variables) {
   auto e = discover(slurm);
   BOOST_TEST(e.source == "slurm");
@@ -108,6 +119,10 @@ BOOST_AUTO_TEST_CASE(slurm_variables) {
   BOOST_TEST(addr.master_port == 4000);
   auto old_name = with(without(slurm, "SLURM_JOB_NODELIST"), {{"SLURM_NODELIST", "cn[007-009]"}});
   BOOST_TEST(discover(old_name).master_addr == "cn007");
+  // A step on part of the allocation: rank 0 is on the step's first node.
+  auto step = with(slurm, {{"SLURM_STEP_NODELIST", "gpu[03-04,07]"}, {"SLURM_NODELIST", "gpu[01-04,07]"}});
+  BOOST_TEST(discover(step).master_addr == "gpu03");
+  BOOST_TEST(discover(with(step, {{"MASTER_ADDR", "login7"}})).master_addr == "login7");
 }
 
 BOOST_AUTO_TEST_CASE(slurm_allocation_without_a_task_is_not_a_launch) {
@@ -207,8 +222,10 @@ BOOST_AUTO_TEST_CASE(malformed_slurm_lists) {
   for (const char* bad : {"4(x", "4(x0)", "x", "4,,3", "4(x2)3"})
     check_rejected(with(slurm, {{"SLURM_TASKS_PER_NODE", bad}}), "SLURM_TASKS_PER_NODE");
   check_rejected(with(slurm, {{"SLURM_NODEID", "3"}}), "SLURM_NODEID=3");
-  for (const char* bad : {"gpu[01-", "gpu[]", "gpu[a-b]", ""})
+  for (const char* bad : {"gpu[01-", "gpu[]", "gpu[a-b]", ""}) {
     check_rejected(with(slurm, {{"SLURM_JOB_NODELIST", bad}}), "SLURM_JOB_NODELIST");
+    check_rejected(with(slurm, {{"SLURM_STEP_NODELIST", bad}}), "SLURM_STEP_NODELIST");
+  }
 }
 
 BOOST_AUTO_TEST_CASE(slurm_hostlist_first_host) {

@@ -143,7 +143,7 @@ inline constexpr RankVars openmpi_vars{
 inline constexpr RankVars slurm_vars{
     "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr,
     "these variables are set by Slurm for each task; launch with srun",
-    "export MASTER_ADDR, or run inside a Slurm job so SLURM_JOB_NODELIST is set"};
+    "export MASTER_ADDR, or start the tasks with srun, which sets SLURM_STEP_NODELIST"};
 
 // Any one of torchrun's or mpirun's variables marks a process they started.
 // Slurm sets SLURM_NTASKS in a whole allocation, also in an salloc shell that
@@ -216,11 +216,23 @@ inline void check_ranks(const LaunchEnv& e, const RankVars& v) {
                     v.fix);
 }
 
+// torchrun's static rendezvous (its default) keeps its own store listening
+// on MASTER_PORT for the whole job and tells its workers so with
+// TORCHELASTIC_USE_AGENT_STORE=True. That store speaks PyTorch's protocol,
+// not ours, so dtrain's rendezvous takes the next port, which every rank
+// works out alike. Other rendezvous backends hand workers a free port.
+inline bool torchrun_store_holds_port(const EnvLookup& env) {
+  auto flag = env("TORCHELASTIC_USE_AGENT_STORE");
+  return flag && (*flag == "True" || *flag == "true" || *flag == "1");
+}
+
 inline void read_master(const EnvLookup& env, const RankVars* v, LaunchEnv& e) {
   if (auto addr = env("MASTER_ADDR"); addr && !addr->empty()) {
     e.master_addr = *addr;
   } else if (v == &slurm_vars) {
-    for (const char* name : {"SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+    // The step's nodes first: a step may run on part of the allocation, and
+    // its rank 0 is on the step's first node, not necessarily the job's.
+    for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
       if (auto list = env(name)) {
         e.master_addr = first_slurm_host(name, *list);
         break;
@@ -241,6 +253,13 @@ inline void read_master(const EnvLookup& env, const RankVars* v, LaunchEnv& e) {
     e.master_port = static_cast<int>(*port);
   } else if (!e.master_addr.empty()) {
     e.master_port = default_master_port;
+  }
+  if (e.master_port != 0 && v == &torchrun_vars && torchrun_store_holds_port(env)) {
+    if (e.master_port == 65535)
+      throw env_error("MASTER_PORT=65535 is held by torchrun's own store, and no port above it is left for "
+                      "dtrain's rendezvous",
+                      "pass torchrun a --master_port below 65535");
+    ++e.master_port;
   }
 }
 
