@@ -93,6 +93,7 @@ inline bool set_common(Common& c, const std::string& key, const YAML::Node& v) {
   else if (key == "num_workers") c.num_workers = as<int>(v, key);
   else if (key == "log_every") c.log_every = as<std::int64_t>(v, key);
   else if (key == "metrics") c.metrics = as<std::string>(v, key);
+  else if (key == "tensorboard") c.tensorboard = as<std::string>(v, key);
   else if (key == "save_params") c.save_params = as<std::string>(v, key);
   else if (key == "checkpoint_dir") c.checkpoint_dir = as<std::string>(v, key);
   else if (key == "save_every") c.save_every = as<std::int64_t>(v, key);
@@ -150,6 +151,8 @@ inline constexpr const char* common_usage = R"(  strategy      ddp | fsdp-full |
   timeout_s     seconds a collective may wait before the job fails naming the missing ranks
                 (default: DTRAIN_COMM_TIMEOUT_S, else 600)
   metrics       JSONL file written by rank 0 (one object per step)
+  tensorboard   a folder: rank 0 writes the same values per step as TensorBoard scalars
+                (a new events file per run; view with tensorboard --logdir FOLDER)
   save_params   safetensors file written at the end (fp32, "<unit>.<param>")
   checkpoint_dir  where checkpoints go (default checkpoints), as step-<n> directories
   save_every    save a resumable checkpoint every N steps and at the end (0 = never)

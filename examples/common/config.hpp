@@ -37,6 +37,7 @@ struct Common {
   int num_workers = 2;
   std::int64_t log_every = 20;
   std::string metrics;                // JSONL path, rank 0 writes
+  std::string tensorboard;            // folder for TensorBoard events files, rank 0 writes ("": off)
   std::string save_params;            // safetensors path, written at the end
   std::string checkpoint_dir = "checkpoints";  // where save_every and resume=latest look
   std::int64_t save_every = 0;        // checkpoint every N steps and at the end (0: never)

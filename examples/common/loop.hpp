@@ -5,6 +5,7 @@
 // the progress line. The example passes `finish(trainer)` to report its own
 // evaluation at the end.
 
+#include <dtrain/metrics/tensorboard.hpp>
 #include <dtrain/trainer.hpp>
 
 #include <sys/resource.h>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +42,36 @@ inline std::string memory_json(const dtrain::MemoryUsage& m) {
          ", \"optimizer\": " + std::to_string(m.optimizer) + ", \"master\": " + std::to_string(m.master) +
          ", \"gathered\": " + std::to_string(m.gathered) + ", \"activations\": " + std::to_string(m.activations) +
          "}";
+}
+
+// tensorboard=DIR: a new events file in DIR. A folder it cannot write is a
+// usage error, as for metrics=.
+inline dtrain::TensorBoardWriter open_tensorboard(const Common& c) {
+  try {
+    return dtrain::TensorBoardWriter(c.tensorboard);
+  } catch (const dtrain::error& e) {
+    throw dtrain::config_error(e.problem(), e.fix());
+  }
+}
+
+// The metrics record's values as TensorBoard scalars (float32 there).
+inline void write_tensorboard(dtrain::TensorBoardWriter& tb, const dtrain::StepStats& st, double samples_per_s,
+                              double tokens_per_s) {
+  const auto bytes = [](std::size_t b) { return static_cast<double>(b); };
+  const dtrain::MemoryUsage& m = st.memory;
+  tb.write_scalars(st.step, {{"train/loss", st.loss},
+                             {"train/lr", st.lr},
+                             {"train/grad_norm", st.grad_norm},
+                             {"train/loss_scale", st.loss_scale},
+                             {"perf/samples_per_s", samples_per_s},
+                             {"perf/tokens_per_s", tokens_per_s},
+                             {"perf/step_ms", st.step_ms},
+                             {"memory/params_bytes", bytes(m.params)},
+                             {"memory/grads_bytes", bytes(m.grads)},
+                             {"memory/optimizer_bytes", bytes(m.optimizer)},
+                             {"memory/master_bytes", bytes(m.master)},
+                             {"memory/gathered_bytes", bytes(m.gathered)},
+                             {"memory/activations_bytes", bytes(m.activations)}});
 }
 
 // init_from=FILE: initial weights from a safetensors file (strict unless
@@ -138,6 +170,10 @@ void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const S
   const bool resumed = !c.resume.empty() && resume(c, world, trainer, sampler);
   // The loader starts where the (restored) sampler stands.
   dtrain::DataLoader loader(data, sampler, {.batch_size = c.batch_size, .num_workers = c.num_workers});
+  // The events file first: it is a new file, while opening the metrics file
+  // may truncate one, so a bad tensorboard= leaves that as it was.
+  std::optional<dtrain::TensorBoardWriter> tensorboard;
+  if (world.rank() == 0 && !c.tensorboard.empty()) tensorboard = open_tensorboard(c);
   std::ofstream metrics;
   if (world.rank() == 0 && !c.metrics.empty()) {
     // A resumed run appends: the records before the restart stay. Its
@@ -151,6 +187,10 @@ void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const S
       throw dtrain::config_error("cannot write the metrics file '" + c.metrics + "'",
                                  "check that its folder exists and is writable");
   }
+  // TensorBoard drops what earlier files in the folder hold from the run's
+  // first step on: a resumed job's killed attempt, an earlier run into the
+  // same folder. Written once both files are open.
+  if (tensorboard) tensorboard->write_session_start(trainer.steps_taken() + 1);
   const std::string_view strategy = Trainer::strategy_kind::name;
   std::vector<dtrain::Batch> micro(static_cast<std::size_t>(c.accumulate));
   std::vector<std::vector<dtrain::Batch>> trained;  // dump_batches only
@@ -170,6 +210,7 @@ void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const S
               << ", \"world_size\": " << world.size() << ", \"loss_scale\": " << st.loss_scale
               << ", \"skipped\": " << (st.skipped ? "true" : "false") << ", \"memory\": " << memory_json(st.memory)
               << "}\n";
+    if (tensorboard) write_tensorboard(*tensorboard, st, sps, tps);
     if (st.step == 1)
       std::printf("memory per rank (%.*s, rank 0): %s\n", static_cast<int>(strategy.size()), strategy.data(),
                   memory_text(st.memory).c_str());
