@@ -45,12 +45,12 @@ inline std::string memory_json(const dtrain::MemoryUsage& m) {
 }
 
 // tensorboard=DIR: a new events file in DIR. A folder it cannot write is a
-// usage error, as for metrics=.
+// usage error, as for metrics= (the writer's error, still naming where).
 inline dtrain::TensorBoardWriter open_tensorboard(const Common& c) {
   try {
     return dtrain::TensorBoardWriter(c.tensorboard);
   } catch (const dtrain::error& e) {
-    throw dtrain::config_error(e.problem(), e.fix());
+    throw dtrain::config_error(e.problem(), e.fix(), e.where());
   }
 }
 
