@@ -1,7 +1,8 @@
 #pragma once
-// Runs dtrain-run as a real process for the end-to-end tests: output goes to
-// files (no pipe to drain, no deadlock), and every wait has a timeout so a
-// broken launcher fails the test instead of hanging it.
+// Runs a launcher (dtrain-run, torchrun, mpirun) or a rank program as a real
+// process for the end-to-end tests: output goes to files (no pipe to drain,
+// no deadlock), and every wait has a timeout so a broken launcher fails the
+// test instead of hanging it.
 
 #include <fcntl.h>
 #include <sched.h>
@@ -67,17 +68,28 @@ struct Finished {
 // Environment changes for the launched process: a value sets, nullopt unsets.
 using EnvChanges = std::vector<std::pair<std::string, std::optional<std::string>>>;
 
+// Group::own starts the process in a process group of its own, so that a
+// timeout also stops what it started (a launcher's workers and helpers),
+// not only the process itself.
+enum class Group { shared, own };
+
 class Process {
  public:
   // cpu_limit > 0 restricts the process to that many of our CPUs, so a test
   // of core-count logic behaves the same on a 2-core and a 128-core machine.
-  Process(std::vector<std::string> args, const EnvChanges& env = {}, int cpu_limit = 0)
-      : out_(dir_ / "stdout"), err_(dir_ / "stderr"), start_(Clock::now()) {
+  Process(std::vector<std::string> args, const EnvChanges& env = {}, int cpu_limit = 0,
+          Group group = Group::shared)
+      : name_(fs::path(args.at(0)).filename().string()),
+        out_(dir_ / "stdout"),
+        err_(dir_ / "stderr"),
+        start_(Clock::now()),
+        group_(group) {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_ = ::fork();
     if (pid_ == 0) {
+      if (group == Group::own) ::setpgid(0, 0);
       // The test process is single-threaded, so the child may allocate. Only
       // file descriptors are redirected: flushing the test's stdio buffers
       // here would print its output twice.
@@ -97,6 +109,8 @@ class Process {
       ::_exit(121);
     }
     BOOST_REQUIRE_MESSAGE(pid_ > 0, "fork failed");
+    // Also here, so that the group exists before anyone signals it.
+    if (group == Group::own) ::setpgid(pid_, pid_);
   }
 
   Process(const Process&) = delete;
@@ -104,7 +118,7 @@ class Process {
 
   ~Process() {
     if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
+      signal_all(SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
   }
@@ -137,14 +151,15 @@ class Process {
     auto deadline = start_ + std::chrono::duration<double>(timeout_s);
     while (::waitpid(pid_, &f.status, WNOHANG) == 0) {
       if (Clock::now() > deadline) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &f.status, 0);
-        pid_ = -1;
-        BOOST_FAIL("dtrain-run did not finish within " << timeout_s << " s; stderr:\n"
-                                                       << read_text(err_));
+        stop(f.status);
+        BOOST_FAIL(name_ << " did not finish within " << timeout_s << " s and was killed; stdout:\n"
+                         << read_text(out_) << "stderr:\n"
+                         << read_text(err_));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+    // Whatever the process left running in its group goes with it.
+    if (group_ == Group::own) ::kill(-pid_, SIGKILL);
     pid_ = -1;
     f.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
     f.out = read_text(out_);
@@ -153,9 +168,29 @@ class Process {
   }
 
  private:
+  // The process, or its whole group.
+  void signal_all(int sig) const { ::kill(group_ == Group::own ? -pid_ : pid_, sig); }
+
+  // A process of its own group is asked to stop first (SIGTERM, which
+  // launchers pass on to their workers); then all of the group is killed.
+  void stop(int& status) {
+    bool reaped = false;
+    if (group_ == Group::own) {
+      ::kill(-pid_, SIGTERM);
+      const auto deadline = Clock::now() + std::chrono::seconds(5);
+      while (!(reaped = ::waitpid(pid_, &status, WNOHANG) == pid_) && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    signal_all(SIGKILL);
+    if (!reaped) ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+
+  std::string name_;
   TempDir dir_;
   std::string out_, err_;
   Clock::time_point start_;
+  Group group_;
   pid_t pid_ = -1;
 };
 
