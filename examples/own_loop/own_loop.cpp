@@ -87,6 +87,7 @@ void validate_extra(const mlp::Config& c) {
       {"prefetch", c.prefetch == d.prefetch},
       {"activation_checkpointing", c.activation_checkpointing == d.activation_checkpointing},
       {"metrics", c.metrics.empty()},
+      {"tensorboard", c.tensorboard.empty()},
       {"save_every", c.save_every == d.save_every},
       {"resume", c.resume.empty()},
       {"init_from", c.init_from.empty()},

@@ -350,7 +350,7 @@ BOOST_AUTO_TEST_CASE(quoted_outputs_are_what_dtrain_prints) {
       const std::string where = fs::relative(page, repo).string() + ":" + std::to_string(b.line);
       BOOST_TEST_CONTEXT(where << " (output: " << id << ")") {
         const auto it = scenarios().find(id);
-        BOOST_TEST_REQUIRE(it != scenarios().end(), "no scenario '" << id << "' in tests/docs/test_docs.cpp");
+        BOOST_TEST_REQUIRE((it != scenarios().end()), "no scenario '" << id << "' in tests/docs/test_docs.cpp");
         if (!produced.count(id)) {
           const fs::path dir = dtrain::test::fresh("scenario_" + id);
           fs::create_directories(dir);
