@@ -131,8 +131,14 @@ inline void validate_common(const Common& c) {
   require(c.log_every >= 1, "log_every must be at least 1", "set log_every=20");
   require(c.save_every >= 0 && c.keep_last >= 0, "save_every and keep_last must be >= 0",
           "set save_every=N to checkpoint every N steps, keep_last=K to keep the newest K");
-  require(c.resume.empty() || c.resume == "latest" || std::filesystem::exists(c.resume),
-          "resume = '" + c.resume + "' is neither latest nor an existing directory",
+  // The non-throwing exists(): a path the system refuses to look up (a name
+  // too long, a file where a folder should be) is a usage error naming the
+  // key, not an escaped std::filesystem_error (found by fuzzing).
+  std::error_code looked;
+  const bool resume_ok = c.resume.empty() || c.resume == "latest" || std::filesystem::exists(c.resume, looked);
+  require(resume_ok,
+          "resume = '" + c.resume + "' is neither latest nor an existing directory" +
+              (looked ? " (" + looked.message() + ")" : ""),
           "use resume=latest (the newest checkpoint in checkpoint_dir) or a checkpoint's path");
 }
 

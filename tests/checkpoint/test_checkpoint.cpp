@@ -10,6 +10,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 #include <regex>
@@ -568,6 +569,9 @@ BOOST_AUTO_TEST_CASE(latest_and_keep_last) {
 // A process saving checkpoints is killed with SIGKILL at 20 random moments:
 // every time, the newest complete checkpoint loads and verifies, and some
 // kills land inside a save (a step directory without an index, or a .tmp).
+// The moment is drawn within one period of the loop (step + save), measured
+// between its first two commits, so the kills cover the whole period however
+// fast the build runs (a sanitizer build runs the loop many times slower).
 BOOST_AUTO_TEST_CASE(kill_9_at_any_moment_of_a_save_leaves_a_loadable_checkpoint) {
   std::mt19937 rng(20261123);
   int mid_save = 0;
@@ -576,7 +580,13 @@ BOOST_AUTO_TEST_CASE(kill_9_at_any_moment_of_a_save_leaves_a_loadable_checkpoint
     dtrain::test::Process child({SAVE_LOOP_PATH, dir.string()});
     BOOST_REQUIRE_MESSAGE(dtrain::test::wait_until([&] { return latest_checkpoint(dir).has_value(); }, 60),
                           "the save loop never committed a checkpoint: " << child.stderr_so_far());
-    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 120000)(rng)));
+    const auto first = latest_checkpoint(dir);
+    const auto committed = std::chrono::steady_clock::now();
+    BOOST_REQUIRE_MESSAGE(dtrain::test::wait_until([&] { return latest_checkpoint(dir) != first; }, 60),
+                          "the save loop never committed a second checkpoint: " << child.stderr_so_far());
+    const auto period = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - committed);
+    std::this_thread::sleep_for(std::chrono::microseconds(
+        std::uniform_int_distribution<std::int64_t>(0, std::max<std::int64_t>(period.count(), 1))(rng)));
     ::kill(child.pid(), SIGKILL);
     const auto finished = child.wait(30);
     BOOST_REQUIRE(finished.killed_by(SIGKILL));

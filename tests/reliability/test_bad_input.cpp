@@ -134,6 +134,10 @@ BOOST_AUTO_TEST_CASE(config_keys_and_values) {
   rejects(train_mlp({"hidden=32,x"}), 2, "hidden = '32,x' is not a list of integers");
   rejects(train_mlp({"timeout_s=-1"}), 2, "timeout_s is out of range");
   rejects(train_mlp({"resume=" + in("nowhere")}), 2, "is neither latest nor an existing directory");
+  // A name the system refuses to look up (found by fuzzing: it escaped as a
+  // std::filesystem_error).
+  rejects(train_mlp({"resume=" + in(std::string(300, 'e'))}), 2,
+          "is neither latest nor an existing directory (File name too long)");
   rejects(train_mlp({"keyvalue"}), 2, "keyvalue");
 }
 
