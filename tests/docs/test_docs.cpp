@@ -256,7 +256,7 @@ const std::map<std::string, Scenario>& scenarios() {
          std::string out;
          for (auto& r : ranks) {
            const Finished f = r->wait(60);
-           BOOST_TEST(f.exited_with(1));
+           BOOST_TEST(f.exited_with(2));  // a configuration error
            out += f.out + f.err;
          }
          return out;
