@@ -4,6 +4,8 @@
 // metrics. Each region compiles here and runs once in doc_snippets.
 #include <dtrain/trainer.hpp>
 
+#include "snippets.hpp"
+
 #include <cstdio>
 #include <filesystem>
 #include <span>
@@ -13,17 +15,8 @@
 
 namespace {
 
-void check(bool ok, const char* what) {
-  if (!ok) throw std::runtime_error(std::string("guide snippet check failed: ") + what);
-}
-
-struct Net {
-  dtrain::nn::Linear fc1{32, 64};
-  dtrain::nn::GELU act;
-  dtrain::nn::Linear fc2{64, 10};
-  dtrain::nn::SoftmaxCrossEntropy loss;
-  auto units() { return std::tie(fc1, act, fc2); }
-};
+using doc::check;
+using doc::Net;
 
 // [snippet:guide_strategies]
 // One type per choice; everything else about the loop stays the same.

@@ -4,6 +4,8 @@
 // checked with static_assert against the concepts they document.
 #include <dtrain/trainer.hpp>
 
+#include "snippets.hpp"
+
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -15,18 +17,8 @@
 
 namespace {
 
-void check(bool ok, const char* what) {
-  if (!ok) throw std::runtime_error(std::string("doc snippet check failed: ") + what);
-}
-
-// A model over the quick start's data (32 features, 4 classes used of 10).
-struct MyModelForData {
-  dtrain::nn::Linear fc1{32, 64};
-  dtrain::nn::GELU act;
-  dtrain::nn::Linear fc2{64, 10};
-  dtrain::nn::SoftmaxCrossEntropy loss;
-  auto units() { return std::tie(fc1, act, fc2); }
-};
+using doc::check;
+using doc::Net;
 
 // ---- docs/model.md ----------------------------------------------------------
 
@@ -208,8 +200,8 @@ void data_pages(dtrain::World& world, const dtrain::Dataset& dataset) {
 // ---- docs/checkpoints.md ----------------------------------------------------
 
 void checkpoint_page(dtrain::World& world, const dtrain::Dataset& dataset) {
-  MyModelForData model;
-  dtrain::Trainer<MyModelForData> trainer{world, model, dtrain::AdamW{.lr = 1e-3f}};
+  Net model;
+  dtrain::Trainer<Net> trainer{world, model, dtrain::AdamW{.lr = 1e-3f}};
   dtrain::DistributedSampler sampler{dataset.size(), world};
   dtrain::DataLoader loader{dataset, sampler, {.batch_size = 32, .num_workers = 0}};
   for (int s = 0; s < 3; ++s) {
@@ -230,8 +222,8 @@ void checkpoint_page(dtrain::World& world, const dtrain::Dataset& dataset) {
 // ---- docs/reliability.md ----------------------------------------------------
 
 void uneven_data(dtrain::World& world, const dtrain::Dataset& dataset) {
-  MyModelForData model;
-  dtrain::Trainer<MyModelForData> trainer{world, model, dtrain::AdamW{.lr = 1e-3f}};
+  Net model;
+  dtrain::Trainer<Net> trainer{world, model, dtrain::AdamW{.lr = 1e-3f}};
   const std::int64_t features = dataset.features, my_batches = 3;
   std::int64_t batches_used = 0;
   auto batch = [&](std::int64_t s) {

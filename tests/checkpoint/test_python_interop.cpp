@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <strategy/common.hpp>
+#include <support/python_venv.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -106,14 +107,8 @@ BOOST_AUTO_TEST_CASE(weights_python_writes_load_into_a_trainer) {
 static bool init_unit_test() { return true; }
 
 int main(int argc, char* argv[]) {
-  if (!fs::exists(venv / "bin/python") &&
-      shell("/usr/bin/python3 -m venv --system-site-packages " + venv.string() + " > /dev/null") != 0) {
-    std::puts("cannot create a Python venv (python3-venv): test skipped (exit 77)");
-    return 77;
-  }
-  if (shell((venv / "bin/python").string() + " -c 'import safetensors' 2> /dev/null") != 0 &&
-      shell("timeout 300 " + (venv / "bin/pip").string() + " install -q safetensors > /dev/null 2>&1") != 0) {
-    std::puts("pip could not install safetensors (is PyPI reachable?): test skipped (exit 77)");
+  if (const std::string why = dtrain::testing::python_venv_with(venv, "safetensors", "safetensors", 300); !why.empty()) {
+    std::printf("%s: test skipped (exit 77)\n", why.c_str());
     return 77;
   }
   return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);

@@ -20,6 +20,7 @@
 
 #include "examples/run_example.hpp"
 #include "strategy/common.hpp"
+#include "support/python_venv.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -530,14 +531,9 @@ static bool init_unit_test() { return true; }
 int main(int argc, char* argv[]) {
   const std::string suite = argc > 1 ? argv[1] : "";
   if (suite == "tensorboard") {
-    if (!fs::exists(venv / "bin/python") &&
-        shell("/usr/bin/python3 -m venv --system-site-packages " + venv.string() + " > /dev/null") != 0) {
-      std::puts("cannot create a Python venv (python3-venv): test skipped (exit 77)");
-      return 77;
-    }
-    if (shell((venv / "bin/python").string() + " -c 'import tensorboard' 2> /dev/null") != 0 &&
-        shell("timeout 240 " + (venv / "bin/pip").string() + " install -q tensorboard > /dev/null 2>&1") != 0) {
-      std::puts("pip could not install tensorboard (is PyPI reachable?): test skipped (exit 77)");
+    if (const std::string why = dtrain::testing::python_venv_with(venv, "tensorboard", "tensorboard", 240);
+        !why.empty()) {
+      std::printf("%s: test skipped (exit 77)\n", why.c_str());
       return 77;
     }
   } else if (suite == "plots") {

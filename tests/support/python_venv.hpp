@@ -1,0 +1,33 @@
+#pragma once
+// A Python venv for tests that read dtrain's files with a PyPI package
+// (safetensors, tensorboard): Debian's /usr/bin/python3 with its system
+// packages visible (torch, numpy), the package installed with pip on first
+// use and kept for later runs.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace dtrain::testing {
+
+// "" when `venv` can import `module`, creating the venv and pip-installing
+// `package` if needed (pip gets `timeout_s`); otherwise why not, for the
+// test to print before it exits 77 (skipped).
+inline std::string python_venv_with(const std::filesystem::path& venv, const std::string& module,
+                                    const std::string& package, int timeout_s) {
+  auto shell = [](const std::string& cmd) {
+    const int status = std::system(cmd.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  };
+  if (!std::filesystem::exists(venv / "bin/python") &&
+      shell("/usr/bin/python3 -m venv --system-site-packages " + venv.string() + " > /dev/null") != 0)
+    return "cannot create a Python venv (python3-venv)";
+  if (shell((venv / "bin/python").string() + " -c 'import " + module + "' 2> /dev/null") != 0 &&
+      shell("timeout " + std::to_string(timeout_s) + " " + (venv / "bin/pip").string() + " install -q " + package +
+            " > /dev/null 2>&1") != 0)
+    return "pip could not install " + package + " (is PyPI reachable?)";
+  return "";
+}
+
+}  // namespace dtrain::testing
