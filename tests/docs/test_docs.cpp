@@ -297,6 +297,19 @@ const std::map<std::string, Scenario>& scenarios() {
   return all;
 }
 
+// GCC says __SANITIZE_ADDRESS__, clang __has_feature(address_sanitizer).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool address_sanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool address_sanitized = true;
+#else
+constexpr bool address_sanitized = false;
+#endif
+#else
+constexpr bool address_sanitized = false;
+#endif
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(every_cpp_block_is_a_region_of_a_compiled_source) {
@@ -342,6 +355,7 @@ BOOST_AUTO_TEST_CASE(every_cpp_block_is_a_region_of_a_compiled_source) {
 
 BOOST_AUTO_TEST_CASE(quoted_outputs_are_what_dtrain_prints) {
   std::map<std::string, std::string> produced;  // scenario -> output, run once
+  std::set<std::string> quoted;
   int checked = 0;
   for (const auto& page : pages())
     for (const Block& b : blocks_of(page)) {
@@ -351,6 +365,14 @@ BOOST_AUTO_TEST_CASE(quoted_outputs_are_what_dtrain_prints) {
       BOOST_TEST_CONTEXT(where << " (output: " << id << ")") {
         const auto it = scenarios().find(id);
         BOOST_TEST_REQUIRE((it != scenarios().end()), "no scenario '" << id << "' in tests/docs/test_docs.cpp");
+        quoted.insert(id);
+        if (id == "host_out_of_memory" && address_sanitized) {
+          // ASan reserves terabytes of shadow address space as the process
+          // starts, which `ulimit -v` forbids: it dies before dtrain runs.
+          BOOST_TEST_MESSAGE(where << ": not run in an AddressSanitizer build (ulimit -v leaves no room for its "
+                                      "shadow memory); the default build runs it");
+          continue;
+        }
         if (!produced.count(id)) {
           const fs::path dir = dtrain::test::fresh("scenario_" + id);
           fs::create_directories(dir);
@@ -368,7 +390,7 @@ BOOST_AUTO_TEST_CASE(quoted_outputs_are_what_dtrain_prints) {
       }
     }
   BOOST_TEST(checked >= 5);
-  for (const auto& [id, scenario] : scenarios()) BOOST_TEST(produced.count(id) == 1, "scenario " << id << " is quoted on no page");
+  for (const auto& [id, scenario] : scenarios()) BOOST_TEST(quoted.count(id) == 1, "scenario " << id << " is quoted on no page");
 }
 
 BOOST_AUTO_TEST_CASE(the_api_reference_builds_without_warnings) {
