@@ -18,7 +18,6 @@
 #include <dtrain/launch/env.hpp>
 #include <dtrain/version.hpp>
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -138,12 +137,22 @@ Options parse(int argc, char** argv) {
 void print_host() {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int usable = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : -1;
+  const int usable = dtrain::usable_cpu_count();
   std::printf("dtrain-doctor %s\n\n", dtrain::version.data());
   std::printf("host            %s\n", name);
   std::printf("cpu cores       %u online, %d usable by this process\n", std::thread::hardware_concurrency(), usable);
+  // What a CPU rank started here with this environment runs (device/host.hpp).
+  if (const char* set = std::getenv("OPENBLAS_NUM_THREADS"); set && *set) {
+    std::printf("blas threads    %s per rank (OPENBLAS_NUM_THREADS)\n", set);
+  } else {
+    try {
+      const int local = dtrain::local_world_size(dtrain::process_env);
+      std::printf("blas threads    %d per rank (%d usable cores / %d rank%s on this node)\n",
+                  dtrain::cores_per_local_rank(dtrain::process_env), usable, local, local == 1 ? "" : "s");
+    } catch (const dtrain::error& e) {
+      std::printf("blas threads    unknown: %s\n", e.what());
+    }
+  }
 }
 
 void print_environment() {

@@ -6,13 +6,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <list>
 #include <optional>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "dtrain/device/host.hpp"
+#include "dtrain/launch/env.hpp"
 #include "kernels/numeric.hpp"
 
 namespace {
@@ -182,24 +183,57 @@ BOOST_AUTO_TEST_CASE(blas_threads_follow_the_rank_share_of_cores) {
     BOOST_TEST(openblas_get_num_threads() == 3);
   }
   BOOST_CHECK_THROW(dtrain::Host(0), dtrain::config_error);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The share is of the cores this process may use (the affinity mask), as
+  // dtrain-run computes it, and the ranks on this node come from whichever
+  // launcher's variables are present.
+  const int cores = dtrain::usable_cpu_count();
+  const int half = std::max(1, cores / 2);
+  std::list<ScopedEnv> unset;  // whatever launcher runs this test
+  for (const char* name : {"OPENBLAS_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                           "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
+                           "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"})
+    unset.emplace_back(name, std::nullopt);
   {
-    ScopedEnv blas("OPENBLAS_NUM_THREADS", std::nullopt);
-    ScopedEnv local("LOCAL_WORLD_SIZE", "2");
+    ScopedEnv local("LOCAL_WORLD_SIZE", "2");  // dtrain-run, torchrun
     const dtrain::Host dev;
-    BOOST_TEST(dev.threads() == std::max(1, cores / 2));
+    BOOST_TEST(dev.threads() == half);
     BOOST_TEST(openblas_get_num_threads() == dev.threads());
   }
   {
-    ScopedEnv blas("OPENBLAS_NUM_THREADS", "5");
-    BOOST_TEST(dtrain::Host().threads() == 5);  // the user's setting wins
+    ScopedEnv local("OMPI_COMM_WORLD_LOCAL_SIZE", "2");  // mpirun
+    BOOST_TEST(dtrain::Host().threads() == half);
   }
   {
-    ScopedEnv blas("OPENBLAS_NUM_THREADS", std::nullopt);
+    // srun: this node's entry of the step's per-node task counts.
+    ScopedEnv task("SLURM_PROCID", "3"), node("SLURM_NODEID", "1"), counts("SLURM_STEP_TASKS_PER_NODE", "1,2");
+    BOOST_TEST(dtrain::Host().threads() == half);
+  }
+  {
+    // The launcher's variables in precedence order: torchrun's over mpirun's.
+    ScopedEnv local("LOCAL_WORLD_SIZE", "1"), ompi("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
+    BOOST_TEST(dtrain::Host().threads() == cores);
+  }
+  BOOST_TEST(dtrain::Host().threads() == cores);  // no launcher: one rank on the node
+  {
+    ScopedEnv blas5("OPENBLAS_NUM_THREADS", "5");
+    BOOST_TEST(dtrain::Host().threads() == 5);  // the user's setting wins
+  }
+  auto names = [](const char* text) {
+    return [text](const dtrain::error& e) { return std::string(e.what()).find(text) != std::string::npos; };
+  };
+  {
     ScopedEnv local("LOCAL_WORLD_SIZE", "two");
-    BOOST_CHECK_EXCEPTION(dtrain::Host(), dtrain::config_error, [](const dtrain::config_error& e) {
-      return std::string(e.what()).find("LOCAL_WORLD_SIZE='two'") != std::string::npos;
-    });
+    BOOST_CHECK_EXCEPTION(dtrain::Host(), dtrain::env_error, names("LOCAL_WORLD_SIZE='two' is not an integer"));
+  }
+  {
+    ScopedEnv local("OMPI_COMM_WORLD_LOCAL_SIZE", "0");
+    BOOST_CHECK_EXCEPTION(dtrain::Host(), dtrain::env_error,
+                          names("OMPI_COMM_WORLD_LOCAL_SIZE=0: a node runs at least one rank"));
+  }
+  {
+    ScopedEnv task("SLURM_PROCID", "0"), node("SLURM_NODEID", "2"), counts("SLURM_STEP_TASKS_PER_NODE", "2(x2)");
+    BOOST_CHECK_EXCEPTION(dtrain::Host(), dtrain::env_error, names("SLURM_NODEID=2 has no entry in"));
   }
 }
 

@@ -5,8 +5,9 @@
 // parameters bit-identical to dtrain-run's: the program, the data and the
 // order of every floating-point sum are the same, only who started the
 // processes differs. That includes each rank's OpenBLAS thread count, which
-// changes how a GEMM splits its sums: dtrain-run and torchrun size it
-// themselves, mpirun and srun are given it as their docs tell users to.
+// changes how a GEMM splits its sums: dtrain-run passes it, and under the
+// other launchers dtrain works out the same share from their variables
+// (nobody sets OPENBLAS_NUM_THREADS here).
 // A launcher that is not installed is reported as skipped; one that is
 // installed must work.
 #define BOOST_TEST_MODULE launchers
@@ -106,11 +107,6 @@ EnvChanges clean_env(const EnvChanges& extra = {}) {
   return env;
 }
 
-// Each of two ranks' share of the cores, as dtrain-run gives it in
-// OPENBLAS_NUM_THREADS. Under mpirun and srun nothing sizes a rank's OpenBLAS
-// pool, so it would take every core; users pass this share (docs/launcher.md).
-std::string blas_share() { return std::to_string(std::max(1, dtrain::usable_cpu_count() / 2)); }
-
 bool port_free(int port) {
   try {
     dtrain::TcpStoreServer probe(port);
@@ -187,7 +183,7 @@ Job launch(const std::string& label, std::vector<std::string> launcher) {
 }
 
 // The variables srun gives task `rank` of a 2-task step on one node, and the
-// two a batch script exports (MASTER_PORT, OPENBLAS_NUM_THREADS). The step
+// MASTER_PORT a batch script exports. The step
 // runs on part of a 2-node allocation whose first node is another host, so
 // the rendezvous works only if the step's node list is the one read.
 EnvChanges slurm_task(int rank, int port, const std::string& host) {
@@ -210,8 +206,7 @@ EnvChanges slurm_task(int rank, int port, const std::string& host) {
           {"SLURM_JOB_NODELIST", "dtrain-no-such-node," + host},
           {"SLURM_NODELIST", "dtrain-no-such-node," + host},
           {"SLURMD_NODENAME", host},
-          {"MASTER_PORT", std::to_string(port)},
-          {"OPENBLAS_NUM_THREADS", blas_share()}};
+          {"MASTER_PORT", std::to_string(port)}};
 }
 
 // srun's part done here: both tasks started at once, each waited for.
@@ -299,7 +294,10 @@ std::vector<std::string> mpirun(const std::vector<std::string>& options) {
   std::vector<std::string> cmd{find_program("mpirun")};
   // Open MPI refuses to start as root unless told that is intended (containers).
   if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
-  for (const char* a : {"--oversubscribe", "-np", "2"}) cmd.push_back(a);
+  // Open MPI binds each of 2 ranks to one core by default, so a rank would
+  // size its threads from that core alone; unbound, both see the cores
+  // dtrain-run's ranks see and take the same share.
+  for (const char* a : {"--oversubscribe", "--bind-to", "none", "-np", "2"}) cmd.push_back(a);
   cmd.insert(cmd.end(), options.begin(), options.end());
   return cmd;
 }
@@ -333,8 +331,7 @@ BOOST_AUTO_TEST_CASE(torchrun_c10d_rendezvous, *boost::unit_test::precondition(I
 
 BOOST_AUTO_TEST_CASE(mpirun_with_master_address, *boost::unit_test::precondition(Installed{"mpirun"})) {
   check_same_as_dtrain_run(launch("mpirun", mpirun({"-x", "MASTER_ADDR=127.0.0.1", "-x",
-                                                    "MASTER_PORT=" + std::to_string(free_port_pair()), "-x",
-                                                    "OPENBLAS_NUM_THREADS=" + blas_share()})));
+                                                    "MASTER_PORT=" + std::to_string(free_port_pair())})));
 }
 
 // Without -x MASTER_ADDR every rank stops at start, saying what to pass.

@@ -25,7 +25,6 @@
 // so every rank gets bit-identical results. Half dtypes are widened to fp32
 // first and rounded once at the end, as on the flat paths.
 
-#include <sched.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -60,6 +59,7 @@
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/fault.hpp"
+#include "dtrain/launch/env.hpp"
 
 namespace dtrain {
 
@@ -327,7 +327,7 @@ class HostCommunicator {
     // auto: spin long enough to cover a peer that is a step behind when every
     // local rank has a core; barely at all when ranks outnumber the cores, where
     // a spinning rank takes the core its peer needs (bench/run_comm_bench.sh).
-    cfg.spin = local_size <= usable_cores() ? std::chrono::microseconds(200) : std::chrono::microseconds(2);
+    cfg.spin = local_size <= usable_cpu_count() ? std::chrono::microseconds(200) : std::chrono::microseconds(2);
     const std::size_t bytes = detail::shm_segment_bytes(local_size, cfg);
     const std::string key = prefix + "shm/" + std::to_string(nodes_.node);
     auto& store = *world.store();
@@ -376,12 +376,6 @@ class HostCommunicator {
       shm_->unlink();
     }
     return failure;
-  }
-
-  static int usable_cores() {
-    cpu_set_t set;
-    if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
 
   // ---- hierarchical algorithms (worker thread) --------------------------

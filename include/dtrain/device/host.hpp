@@ -5,10 +5,13 @@
 //
 // OpenBLAS threads: every process starts one OpenBLAS pool with a thread per
 // core, so N ranks on one machine fight over the cores (TOOLCHAIN.md measured
-// a 3x slowdown). Host() therefore gives each rank its share of the cores,
-// hardware_concurrency / LOCAL_WORLD_SIZE, unless OPENBLAS_NUM_THREADS says
-// otherwise. The OpenBLAS thread count is process-wide: ranks running as
-// threads of one process share it.
+// a 3x slowdown). Host() therefore gives each rank its share of the cores it
+// may use, usable cores / ranks on this node (cores_per_local_rank in
+// launch/env.hpp, which reads dtrain-run's, torchrun's, mpirun's and srun's
+// variables), unless OPENBLAS_NUM_THREADS says otherwise. Under every
+// launcher a rank thus gets the same count, so a GEMM splits its sums alike
+// and runs give bit-identical results. The OpenBLAS thread count is
+// process-wide: ranks running as threads of one process share it.
 
 #include <cblas.h>
 
@@ -23,7 +26,6 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -31,6 +33,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/device/device.hpp"
+#include "dtrain/launch/env.hpp"
 
 // Declared here rather than taken from <cblas.h>: only OpenBLAS's cblas.h
 // declares them, and a system may point <cblas.h> at another vendor's header.
@@ -81,11 +84,6 @@ inline int positive_env_int(const char* name, int fallback) {
     throw config_error(std::string(name) + "='" + raw + "' is not a positive integer",
                        std::string("set ") + name + " to a positive integer or unset it");
   return value;
-}
-
-inline int cores_per_local_rank() {
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::max(1, cores / positive_env_int("LOCAL_WORLD_SIZE", 1));
 }
 
 inline int blas_int(std::int64_t v, const char* what) {
@@ -260,7 +258,7 @@ class Host {
   struct from_env {};
   // blas_env == 0: OPENBLAS_NUM_THREADS is unset, so we choose. Otherwise
   // OpenBLAS already read it when it loaded and we only report it.
-  Host(int blas_env, from_env) : threads_(blas_env != 0 ? blas_env : detail::cores_per_local_rank()) {
+  Host(int blas_env, from_env) : threads_(blas_env != 0 ? blas_env : cores_per_local_rank(process_env)) {
     if (blas_env == 0) apply_blas_threads();
   }
   void apply_blas_threads() const {

@@ -14,6 +14,9 @@
 // not the launched process. So mpirun's own variables win over Slurm's, just
 // as torchrun's do; only a process that srun started directly reads SLURM_*.
 
+#include <sched.h>
+
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -24,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "dtrain/comm/communicator.hpp"
@@ -331,14 +335,50 @@ inline LaunchEnv discover_env(const EnvLookup& env) {
   return e;
 }
 
-inline LaunchEnv discover_env() {
-  return discover_env([](const std::string& name) -> std::optional<std::string> {
-    // getenv is not thread-safe against setenv; dtrain reads the environment
-    // once at init, before it starts threads.
-    const char* value = std::getenv(name.c_str());
-    if (!value) return std::nullopt;
-    return std::string(value);
-  });
+// The process environment as an EnvLookup. getenv is not thread-safe
+// against setenv; dtrain reads the environment once at init, before it
+// starts threads.
+inline std::optional<std::string> process_env(const std::string& name) {
+  const char* value = std::getenv(name.c_str());
+  if (!value) return std::nullopt;
+  return std::string(value);
+}
+
+inline LaunchEnv discover_env() { return discover_env(process_env); }
+
+// How many ranks share this node, from whichever launcher started the
+// process, with discover_env's precedence: LOCAL_WORLD_SIZE (dtrain-run,
+// torchrun), OMPI_COMM_WORLD_LOCAL_SIZE (mpirun), this node's task count
+// (srun); 1 when no launcher's variables are present. Only the local count
+// is read and checked, so a device can size its threads before the rest of
+// the launch environment is validated.
+inline int local_world_size(const EnvLookup& env) {
+  for (const auto* v : {&detail::torchrun_vars, &detail::openmpi_vars, &detail::slurm_vars}) {
+    if (!detail::launched_by(env, *v)) continue;
+    const int n = v->local_size ? detail::env_count(env, v->local_size, v->fix).value_or(1)
+                                : detail::slurm_local_size(env);
+    if (n < 1)
+      throw env_error(std::string(v->local_size ? v->local_size : "this node's Slurm task count") + "=" +
+                          std::to_string(n) + ": a node runs at least one rank",
+                      v->fix);
+    return n;
+  }
+  return 1;
+}
+
+// Cores this process may run on: the affinity mask (taskset, Slurm and
+// container cpusets restrict it), not the machine's total.
+inline int usable_cpu_count() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// Each rank's share of the usable cores when all of this node's ranks run on
+// them: what dtrain-run passes as OPENBLAS_NUM_THREADS, and what a Host
+// device takes under any other launcher.
+inline int cores_per_local_rank(const EnvLookup& env) {
+  return std::max(1, usable_cpu_count() / local_world_size(env));
 }
 
 }  // namespace dtrain

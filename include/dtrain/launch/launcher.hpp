@@ -6,7 +6,6 @@
 
 #include <dlfcn.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -18,7 +17,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
@@ -230,14 +228,6 @@ inline int cuda_device_count() {
   int n = 0;
   if (!init || !count || init(0) != 0 || count(&n) != 0) return 0;
   return n;
-}
-
-// Cores this process may run on: the affinity mask (taskset, Slurm and
-// container cpusets restrict it), not the machine's total.
-inline int usable_cpu_count() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 // A TCP port that is free right now. Another process may take it before rank
