@@ -16,7 +16,10 @@ packages=(cmake g++ make pkg-config libgloo-dev librange-v3-dev libboost-test-de
           openmpi-bin python3-matplotlib doxygen)
 [[ -n "${DTRAIN_EXTRA_PACKAGES:-}" ]] && packages+=(${DTRAIN_EXTRA_PACKAGES})
 missing=()
-for p in "${packages[@]}"; do
+# DTRAIN_DEPS_PROVIDED=1: the libraries come from elsewhere (scripts/gpu_check.sh
+# unpacks carried .debs into a prefix on a machine that cannot download).
+[[ -n "${DTRAIN_DEPS_PROVIDED:-}" ]] && packages=()
+for p in ${packages[@]+"${packages[@]}"}; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
