@@ -17,6 +17,8 @@
 #   bench   bench/run_gpu_bench.sh: the kernels, train_mlp and the GPT example
 #           against PyTorch on the same GPU
 #   all     setup gpu test doctor bench
+#   env     print the exports (eval "$(scripts/gpu_check.sh env)") to run the
+#           built programs by hand
 #
 # Each stage's log goes to the report folder ($DTRAIN_GPU_REPORT, else $OUT
 # when set, else build-gpu/report). Environment:
@@ -155,8 +157,12 @@ run_stage() {
     test) stage test "$root/scripts/test.sh" ;;
     doctor) stage doctor "$build/tools/dtrain-doctor" ;;
     bench) stage bench "$root/bench/run_gpu_bench.sh" "$build" --json "$report/gpu_bench.json" ;;
+    env)  # eval "$(scripts/gpu_check.sh env)": the same paths in the calling shell
+      for v in CMAKE_PREFIX_PATH LD_LIBRARY_PATH LIBRARY_PATH CPLUS_INCLUDE_PATH C_INCLUDE_PATH PATH NCCL_ROOT; do
+        [[ -n ${!v:-} ]] && printf 'export %s=%q\n' "$v" "${!v}"
+      done ;;
     all) for s in setup gpu test doctor bench; do run_stage "$s"; done ;;
-    *) echo "gpu_check: unknown stage '$1': use fetch, setup, gpu, test, doctor, bench or all" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown stage '$1': use fetch, setup, gpu, test, doctor, bench, env or all" >&2; exit 2 ;;
   esac
 }
 
@@ -165,6 +171,6 @@ if [[ ${1:-} == fetch ]]; then
   exit 0
 fi
 mkdir -p "$report"
-deps_env
+deps_env > /dev/null
 (($#)) || set -- all
 for s in "$@"; do run_stage "$s"; done

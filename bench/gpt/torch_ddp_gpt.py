@@ -12,6 +12,11 @@ before the timed loop. --checkpointing recomputes each block in backward
 (torch.utils.checkpoint, non-reentrant, so every parameter gets its gradient
 under DDP), as train_gpt's activation_checkpointing=true does for its units.
 
+--device cuda: each rank on its local GPU (LOCAL_RANK) under DDP with NCCL,
+PyTorch's CUDA defaults (AdamW's foreach implementation), --precision bf16
+through torch.autocast("cuda"); the token batches are copied from host memory
+in the step and the step ends with loss.item(), which waits for the GPU.
+
 Timed like train_gpt's step_ms: from zero_grad through optimizer.step, per
 step on rank 0; the JSON has every step's time, the median after --warmup
 steps, tokens/s (world x batch x block / median) and rank 0's peak resident
@@ -108,6 +113,8 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
     parser.add_argument("--batches", type=int, default=16, help="distinct random batches per rank, cycled")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast")
     parser.add_argument("--json", help="rank 0 writes the results here (default: stdout)")
     args = parser.parse_args()
     if args.steps <= args.warmup:
@@ -115,13 +122,17 @@ def main():
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     torch.manual_seed(0)
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     rss_before_model = peak_rss_mib()
 
-    gpt = Gpt(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd, args.checkpointing)
+    gpt = Gpt(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd, args.checkpointing).to(dev)
     parameters = sum(p.numel() for p in gpt.parameters())
-    model = DDP(gpt)
+    model = DDP(gpt, device_ids=[dev.index]) if cuda else DDP(gpt)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(1 + rank)
     shape = (args.batches, args.batch_size, args.block_size)
@@ -132,10 +143,15 @@ def main():
     for step in range(args.steps):
         xb, yb = xs[step % args.batches], ys[step % args.batches]
         t0 = time.perf_counter()
+        if cuda:
+            xb, yb = xb.to(dev), yb.to(dev)
         opt.zero_grad(set_to_none=True)
-        loss = model(xb, yb)
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = model(xb, yb)
         loss.backward()
         opt.step()
+        if cuda:
+            loss.item()
         step_ms.append((time.perf_counter() - t0) * 1e3)
         loss.item()
 
@@ -148,11 +164,12 @@ def main():
     timed = sorted(step_ms[args.warmup:])
     median = timed[len(timed) // 2]
     tokens = world * args.batch_size * args.block_size
-    result = {"implementation": f"PyTorch {torch.__version__} DDP (gloo)", "world_size": world,
+    backend = f"nccl, {torch.cuda.get_device_name(dev)}" if cuda else "gloo"
+    result = {"implementation": f"PyTorch {torch.__version__} DDP ({backend})", "world_size": world,
               "threads_per_rank": torch.get_num_threads(), "vocab": args.vocab, "n_layer": args.n_layer,
               "n_embd": args.n_embd, "n_head": args.n_head, "block_size": args.block_size,
               "batch_per_rank": args.batch_size, "parameters": parameters, "checkpointing": args.checkpointing,
-              "precision": "fp32", "steps": args.steps, "warmup": args.warmup,
+              "precision": args.precision, "steps": args.steps, "warmup": args.warmup,
               "median_step_ms": round(median, 4), "tokens_per_s": round(tokens / median * 1e3, 1),
               "peak_rss_mib": round(peak_rss_mib(), 1), "rss_before_model_mib": round(rss_before_model, 1),
               "step_ms": [round(t, 4) for t in step_ms]}

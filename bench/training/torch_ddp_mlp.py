@@ -9,6 +9,12 @@ all-reduce and AdamW stay fp32; gloo has no bf16 all-reduce). Data: random
 tensors of the same shape (their content does not change the speed), each
 rank reading its own contiguous batches as a DistributedSampler would.
 
+--device cuda: each rank on its local GPU (LOCAL_RANK) under DDP with NCCL,
+the model and AdamW in PyTorch's CUDA defaults (the foreach implementation),
+bf16 through torch.autocast("cuda"); each batch is copied from host memory in
+the step, as a data loader's would be, and the step ends with loss.item(),
+which waits for the GPU (train_mlp's step also ends with the loss on the host).
+
 Timed like train_mlp's step_ms: from zero_grad through optimizer.step, per
 step on rank 0; the JSON has every step's time and the median after
 --warmup steps.
@@ -54,16 +60,22 @@ def main():
     parser.add_argument("--features", type=int, default=32)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--samples", type=int, default=16384)
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: CPU autocast")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--json", help="rank 0 writes the results here (default: stdout)")
     args = parser.parse_args()
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     torch.manual_seed(0)
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    model = DDP(build_model(args.features, [int(h) for h in args.hidden.split(",")], args.classes))
+    net = build_model(args.features, [int(h) for h in args.hidden.split(",")], args.classes).to(dev)
+    model = DDP(net, device_ids=[dev.index]) if cuda else DDP(net)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     x = torch.randn(args.samples, args.features)
     y = torch.randint(0, args.classes, (args.samples,))
@@ -75,11 +87,15 @@ def main():
         first = rank * per_rank + (step % batches_per_epoch) * args.batch_size
         xb, yb = x[first:first + args.batch_size], y[first:first + args.batch_size]
         t0 = time.perf_counter()
+        if cuda:
+            xb, yb = xb.to(dev), yb.to(dev)
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
             loss = F.cross_entropy(model(xb), yb)
         loss.backward()
         opt.step()
+        if cuda:
+            loss.item()
         step_ms.append((time.perf_counter() - t0) * 1e3)
         loss.item()
 
@@ -91,7 +107,8 @@ def main():
         return
     timed = sorted(step_ms[args.warmup:])
     median = timed[len(timed) // 2]
-    result = {"implementation": f"PyTorch {torch.__version__} DDP (gloo)", "world_size": world,
+    backend = f"nccl, {torch.cuda.get_device_name(dev)}" if cuda else "gloo"
+    result = {"implementation": f"PyTorch {torch.__version__} DDP ({backend})", "world_size": world,
               "threads_per_rank": torch.get_num_threads(), "batch_per_rank": args.batch_size,
               "hidden": [int(h) for h in args.hidden.split(",")], "precision": args.precision,
               "steps": args.steps, "warmup": args.warmup,

@@ -209,7 +209,10 @@ BOOST_AUTO_TEST_CASE(elementwise_functors_and_non_finite_match_host_bit_for_bit)
   const std::vector<bf16> h = half.device_values(dev);
   const std::vector<float> a = acc.device_values(dev);
   for (std::size_t i = 0; i < n; ++i) {
-    BOOST_TEST_REQUIRE(h[i].bits == half.host[i].bits, "bf16 at " << i);
+    // A NaN's payload is not part of the contract: x86 propagates the input's,
+    // the GPU returns its canonical NaN (seen on an H200: the NaN at 4242).
+    const bool both_nan = std::isnan(static_cast<float>(h[i])) && std::isnan(static_cast<float>(half.host[i]));
+    BOOST_TEST_REQUIRE((h[i].bits == half.host[i].bits || both_nan), "bf16 at " << i);
     BOOST_TEST_REQUIRE((a[i] == acc.host[i] || (std::isnan(a[i]) && std::isnan(acc.host[i]))), "accumulator at " << i);
   }
   BOOST_TEST(dtrain::count_non_finite(dev, std::as_const(src.device).span()) == 2u);

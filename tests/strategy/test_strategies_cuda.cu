@@ -79,8 +79,16 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_matches_host_fp32) { compare<Precision<fp32>>(
 // bf16 compute: intermediates rounded to bf16 (2^-8 relative) on both sides
 // from differently ordered fp32 sums; 4 steps of lr 0.1 stay within 1e-2.
 BOOST_AUTO_TEST_CASE(cuda_trainer_matches_host_bf16) { compare<Precision<bf16>>(1e-2); }
+// bf16 reduced in bf16 (reduce_dtype same) over 2 micro-batches.
+BOOST_AUTO_TEST_CASE(cuda_trainer_matches_host_bf16_reduce_bf16) { compare<Precision<bf16, bf16>, DDP, 2>(1e-2); }
+// fp16 with dynamic loss scaling over 4 micro-batches: both devices see the
+// same overflow-free scaled gradients, so the scale moves the same way, and
+// fp16 rounds 8x finer than bf16 (2^-11 against 2^-8).
+BOOST_AUTO_TEST_CASE(cuda_trainer_matches_host_fp16_accumulate_4) { compare<Precision<fp16>, DDP, 4>(2e-3); }
+BOOST_AUTO_TEST_CASE(cuda_trainer_matches_host_fp32_accumulate_4) { compare<Precision<fp32>, DDP, 4>(1e-4); }
 
 // The sharded strategies over the same Cuda kernels (at world size 1 every
 // shard group has one rank: gathers are casts, reductions are copies).
 BOOST_AUTO_TEST_CASE(cuda_sharded_strategies_match_host_fp32) { every_strategy<Precision<fp32>, 1e-4>(); }
 BOOST_AUTO_TEST_CASE(cuda_sharded_strategies_match_host_bf16) { every_strategy<Precision<bf16>, 1e-2>(); }
+BOOST_AUTO_TEST_CASE(cuda_sharded_strategies_match_host_fp16) { every_strategy<Precision<fp16>, 2e-3>(); }

@@ -11,7 +11,7 @@
 //
 // A mistake fails with exactly one error, a static_assert a user can search
 // for. Three rules make that hold:
-//  - each check reports only the first problem it finds (check_composition,
+//  - each check reports only the first problem it finds (composition_of,
 //    check_precision), so one mistake never trips two static_asserts;
 //  - when the composition itself is wrong (unknown type, slot given twice)
 //    every slot reads its default, so nothing downstream fails after it;
@@ -37,37 +37,28 @@ concept Policy = StrategyPolicy<P> || PrecisionPolicy<P> || AccumulatePolicy<P> 
 namespace detail {
 enum class policy_slot { strategy, precision, accumulate, device, unknown };
 
+// Variable templates, not constexpr functions: GCC 13 compiling nvcc's host
+// code rejected check_composition<Ps...>() in `policies` as "used before its
+// definition" (seen on an H200 machine, nvcc 13.0 with g++ 13.3).
 template <class P>
-constexpr policy_slot slot_of() {
-  if constexpr (is_strategy_slot<P>)
-    return policy_slot::strategy;
-  else if constexpr (is_precision_slot<P>)
-    return policy_slot::precision;
-  else if constexpr (is_accumulate_slot<P>)
-    return policy_slot::accumulate;
-  else if constexpr (is_device_slot<P>)
-    return policy_slot::device;
-  else
-    return policy_slot::unknown;
-}
+inline constexpr policy_slot slot_of = is_strategy_slot<P>     ? policy_slot::strategy
+                                       : is_precision_slot<P>  ? policy_slot::precision
+                                       : is_accumulate_slot<P> ? policy_slot::accumulate
+                                       : is_device_slot<P>     ? policy_slot::device
+                                                               : policy_slot::unknown;
 
 enum class composition_problem { none, bare_strategy_kind, unknown_type, duplicate };
 
 template <policy_slot S, class... Ps>
-inline constexpr int slot_count = ((slot_of<Ps>() == S ? 1 : 0) + ... + 0);
+inline constexpr int slot_count = ((slot_of<Ps> == S ? 1 : 0) + ... + 0);
 
 // The first problem only, so a bad composition reports exactly one static_assert.
 template <class... Ps>
-constexpr composition_problem check_composition() {
-  if constexpr ((... || is_bare_strategy_kind<Ps>))
-    return composition_problem::bare_strategy_kind;
-  else if constexpr ((... || (slot_of<Ps>() == policy_slot::unknown)))
-    return composition_problem::unknown_type;
-  else if constexpr ((... || (slot_count<slot_of<Ps>(), Ps...> > 1)))
-    return composition_problem::duplicate;
-  else
-    return composition_problem::none;
-}
+inline constexpr composition_problem composition_of =
+    (... || is_bare_strategy_kind<Ps>)                 ? composition_problem::bare_strategy_kind
+    : (... || (slot_of<Ps> == policy_slot::unknown))   ? composition_problem::unknown_type
+    : (... || (slot_count<slot_of<Ps>, Ps...> > 1))    ? composition_problem::duplicate
+                                                       : composition_problem::none;
 
 template <composition_problem Problem>
 struct composition_diagnostic {
@@ -85,13 +76,13 @@ template <policy_slot S, class Default, class... Ps>
 struct find_slot : std::type_identity<Default> {};
 template <policy_slot S, class Default, class P, class... Ps>
 struct find_slot<S, Default, P, Ps...>
-    : std::conditional_t<slot_of<P>() == S, std::type_identity<P>, find_slot<S, Default, Ps...>> {};
+    : std::conditional_t<slot_of<P> == S, std::type_identity<P>, find_slot<S, Default, Ps...>> {};
 }  // namespace detail
 
 template <class... Ps>
 struct policies {
  private:
-  static constexpr detail::composition_problem problem = detail::check_composition<Ps...>();
+  static constexpr detail::composition_problem problem = detail::composition_of<Ps...>;
 
   template <detail::policy_slot S, class Default>
   using slot_t = typename std::conditional_t<problem == detail::composition_problem::none,

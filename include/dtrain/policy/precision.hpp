@@ -24,19 +24,14 @@ namespace detail {
 enum class precision_problem { none, param_not_dtype, reduce_not_dtype, fp16_reduce_unscaled, bf16_reduce_of_fp16 };
 
 // The first problem only, so a bad Precision reports exactly one static_assert.
+// A variable template, as in policies.hpp (GCC 13 under nvcc).
 template <class Param, class Reduce>
-constexpr precision_problem check_precision() {
-  if constexpr (!Dtype<Param>)
-    return precision_problem::param_not_dtype;
-  else if constexpr (!Dtype<Reduce>)
-    return precision_problem::reduce_not_dtype;
-  else if constexpr (std::is_same_v<Reduce, fp16> && !std::is_same_v<Param, fp16>)
-    return precision_problem::fp16_reduce_unscaled;
-  else if constexpr (std::is_same_v<Reduce, bf16> && std::is_same_v<Param, fp16>)
-    return precision_problem::bf16_reduce_of_fp16;
-  else
-    return precision_problem::none;
-}
+inline constexpr precision_problem check_precision =
+    !Dtype<Param>    ? precision_problem::param_not_dtype
+    : !Dtype<Reduce> ? precision_problem::reduce_not_dtype
+    : (std::is_same_v<Reduce, fp16> && !std::is_same_v<Param, fp16>) ? precision_problem::fp16_reduce_unscaled
+    : (std::is_same_v<Reduce, bf16> && std::is_same_v<Param, fp16>)  ? precision_problem::bf16_reduce_of_fp16
+                                                                      : precision_problem::none;
 
 template <precision_problem Problem>
 struct precision_diagnostic {
@@ -62,7 +57,7 @@ struct Precision {
 
  private:
   // The check lives in another class so a failure leaves Precision usable (see policies.hpp).
-  static constexpr detail::precision_diagnostic<detail::check_precision<Param, Reduce>()> diagnostic{};
+  static constexpr detail::precision_diagnostic<detail::check_precision<Param, Reduce>> diagnostic{};
 };
 
 namespace detail {
@@ -77,7 +72,7 @@ template <class P>
 inline constexpr bool is_precision_policy = false;
 template <class Param, class Reduce>
 inline constexpr bool is_precision_policy<Precision<Param, Reduce>> =
-    check_precision<Param, Reduce>() == precision_problem::none;
+    check_precision<Param, Reduce> == precision_problem::none;
 }  // namespace detail
 
 template <class P>
