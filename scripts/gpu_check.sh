@@ -110,6 +110,9 @@ deps_env() {
   export CPLUS_INCLUDE_PATH="$prefix/usr/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
   export C_INCLUDE_PATH="$prefix/usr/include${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}"
   [[ -x $cuda_home/bin/nvcc ]] && export PATH="$cuda_home/bin:$PATH"
+  # The tests' PyTorch (tests/support/python_venv.hpp): the image's python3, not /usr/bin/python3.
+  DTRAIN_PYTHON="$(command -v python3 || true)"
+  export DTRAIN_PYTHON
   export DTRAIN_DEPS_PROVIDED=1 DTRAIN_BUILD_DIR="$build"
   export DTRAIN_CMAKE_ARGS="-DDTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CMAKE_CUDA_ARCHITECTURES:-90} ${DTRAIN_CMAKE_ARGS:-}"
 }

@@ -64,7 +64,7 @@ class Block(torch.nn.Module):
         self.fc = torch.nn.Linear(d, 4 * d)
         self.out = torch.nn.Linear(4 * d, d)
         # A plain attribute, not a buffer: DDP would broadcast buffers before every forward.
-        self.future = torch.ones(block, block, dtype=torch.bool).triu(1)
+        self.register_buffer("future", torch.ones(block, block, dtype=torch.bool).triu(1), persistent=False)
 
     def attention(self, x):
         b, t, d = x.shape

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "examples/run_example.hpp"
+#include "support/python_venv.hpp"
 
 namespace fs = std::filesystem;
 using dtrain::test::fresh;
@@ -188,7 +189,7 @@ nlohmann::json parity(const std::string& kind, int ranks, const std::string& arg
                                      " dump_batches=" + dump.string()),
                       0);
   const auto out = scratch(tag + "_parity.json");
-  const std::string cmd = "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 " + std::string(DTRAIN_SOURCE_DIR) +
+  const std::string cmd = "OPENBLAS_NUM_THREADS=1 " + dtrain::testing::test_python() + " " + std::string(DTRAIN_SOURCE_DIR) +
                           "/tests/examples/parity.py " + kind + " " + init.string() + " " + dump.string() + " " +
                           metrics.string() + " " + params.string() + " " + keys + " > " + out.string();
   BOOST_REQUIRE_EQUAL(std::system(cmd.c_str()), 0);

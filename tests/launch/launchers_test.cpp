@@ -297,6 +297,10 @@ std::vector<std::string> mpirun(const std::vector<std::string>& options) {
   // Open MPI binds each of 2 ranks to one core by default, so a rank would
   // size its threads from that core alone; unbound, both see the cores
   // dtrain-run's ranks see and take the same share.
+  // Open MPI insists on finding ssh or rsh even when every rank is local; a
+  // machine without them (the GPU check's) fails before starting a rank. The
+  // agent is never run for local ranks, so name one that exists.
+  for (const char* a : {"--mca", "plm_rsh_agent", "false"}) cmd.push_back(a);
   for (const char* a : {"--oversubscribe", "--bind-to", "none", "-np", "2"}) cmd.push_back(a);
   cmd.insert(cmd.end(), options.begin(), options.end());
   return cmd;

@@ -436,7 +436,7 @@ Png read_png(const fs::path& p) {
 
 // plot_metrics.py with `args`; its exit status, stderr in scratch("plot.err").
 int plot(const std::string& args) {
-  return shell("/usr/bin/python3 " + plot_script + " " + args + " > " + scratch("plot.out").string() + " 2> " +
+  return shell(dtrain::testing::test_python() + " " + plot_script + " " + args + " > " + scratch("plot.out").string() + " 2> " +
                scratch("plot.err").string());
 }
 
@@ -537,8 +537,9 @@ int main(int argc, char* argv[]) {
       return 77;
     }
   } else if (suite == "plots") {
-    if (shell("/usr/bin/python3 -c 'import matplotlib' 2> /dev/null") != 0) {
-      std::puts("/usr/bin/python3 has no matplotlib (apt-get install python3-matplotlib): test skipped (exit 77)");
+    if (shell(dtrain::testing::test_python() + " -c 'import matplotlib' 2> /dev/null") != 0) {
+      std::printf("%s has no matplotlib (apt-get install python3-matplotlib): test skipped (exit 77)\n",
+                  dtrain::testing::test_python().c_str());
       return 77;
     }
   } else {

@@ -11,6 +11,15 @@
 
 namespace dtrain::testing {
 
+// The Python that holds PyTorch and numpy for the tests: $DTRAIN_PYTHON, else
+// Debian's /usr/bin/python3 (python3-torch). Another python3 may come first on
+// PATH (pyenv here; on the GPU machine, the image's venv, which
+// scripts/gpu_check.sh names in DTRAIN_PYTHON).
+inline std::string test_python() {
+  const char* chosen = std::getenv("DTRAIN_PYTHON");
+  return chosen != nullptr && *chosen != '\0' ? chosen : "/usr/bin/python3";
+}
+
 // "" when `venv` can import `module`, creating the venv and pip-installing
 // `package` if needed (pip gets `timeout_s`); otherwise why not, for the
 // test to print before it exits 77 (skipped).

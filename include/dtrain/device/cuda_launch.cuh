@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 
 namespace dtrain::detail {
@@ -48,9 +49,37 @@ __global__ void __launch_bounds__(kernel_block) partial_sums_kernel(std::size_t 
   if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
 }
 
+// A functor that can also do F::vector_width consecutive elements at once
+// with wide loads and stores (AdamWStep), when its buffers allow (vector_ok).
+template <class F>
+concept VectorFunctor = requires(const F& f, std::size_t i) {
+  { F::vector_width } -> std::convertible_to<std::size_t>;
+  { f.vector_ok() } -> std::convertible_to<bool>;
+  f.apply_vector(i);
+};
+
+// The vector form of for_each_kernel: whole vectors in the grid-stride loop,
+// the last n % width elements one by one by the first block.
+template <VectorFunctor F>
+__global__ void __launch_bounds__(kernel_block) for_each_vector_kernel(std::size_t n, F f) {
+  constexpr std::size_t width = F::vector_width;
+  const std::size_t vectors = n / width;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t v = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += stride)
+    f.apply_vector(v * width);
+  if (blockIdx.x == 0 && threadIdx.x < n - vectors * width) f(vectors * width + threadIdx.x);
+}
+
 template <class F>
 cudaError_t launch_for_each(cudaStream_t stream, std::size_t n, const F& f, unsigned max_blocks) {
   if (n == 0) return cudaSuccess;
+  if constexpr (VectorFunctor<F>) {
+    if (f.vector_ok()) {
+      static_assert(F::vector_width <= kernel_block);
+      for_each_vector_kernel<<<grid_size(n / F::vector_width + 1, max_blocks), kernel_block, 0, stream>>>(n, f);
+      return cudaGetLastError();
+    }
+  }
   for_each_kernel<<<grid_size(n, max_blocks), kernel_block, 0, stream>>>(n, f);
   return cudaGetLastError();
 }
