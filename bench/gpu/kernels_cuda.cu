@@ -18,6 +18,7 @@
 #include <dtrain/kernels/elementwise.hpp>
 #include <dtrain/kernels/optimizer.hpp>
 #include <dtrain/kernels/reduce.hpp>
+#include "../size_options.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -33,35 +34,10 @@ using namespace dtrain;
 
 constexpr const char* usage = "usage: bench_gpu_kernels [--sizes-m 10,100] [--iters N] [--json PATH]";
 
-struct Options {
-  std::vector<std::size_t> sizes{10'000'000, 100'000'000};
-  int iters = 20;
-  std::string json;
-};
+using Options = bench::SizeOptions;
 
 Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (i + 1 >= argc) throw config_error(std::string("missing value after ") + argv[i], usage);
-    const std::string value = argv[++i];
-    if (arg == "--sizes-m") {
-      o.sizes.clear();
-      for (std::size_t pos = 0; pos <= value.size();) {
-        const std::size_t end = std::min(value.find(',', pos), value.size());
-        o.sizes.push_back(std::stoull(value.substr(pos, end - pos)) * 1'000'000);
-        pos = end + 1;
-      }
-    } else if (arg == "--iters") {
-      o.iters = std::stoi(value);
-    } else if (arg == "--json") {
-      o.json = value;
-    } else {
-      throw config_error("unknown option " + std::string(arg), usage);
-    }
-  }
-  if (o.iters < 1) throw config_error("--iters must be at least 1", usage);
-  return o;
+  return bench::parse_size_options(argc, argv, {{10'000'000, 100'000'000}, 20, {}}, usage);
 }
 
 // Median milliseconds of `iters` runs of `pass`, each between two events on the device's stream.
