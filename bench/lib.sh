@@ -1,5 +1,26 @@
-# Shell helpers the bench/run_*_bench.sh scripts source. They expect
-# `launcher` (dtrain-run's path) and `cores` to be set by the script.
+# Shell helpers the bench/run_*_bench.sh scripts source. bench_args needs
+# `repo`; launch needs `launcher` (dtrain-run's path) and `cores`.
+
+# bench_args JSON_NAME "$@": the arguments every such script takes,
+# [BUILD_DIR] [--repeat N] [--json PATH]. Sets build (absolute, default
+# build), repeat (default 3) and json (default bench/results/JSON_NAME).
+bench_args() {
+  local name=$1
+  shift
+  build=${1:-build}
+  shift || true
+  repeat=3
+  json=$repo/bench/results/$name
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --repeat) repeat=$2 ;;
+      --json) json=$2 ;;
+      *) echo "usage: bench/$(basename "$0") [BUILD_DIR] [--repeat N] [--json PATH]" >&2; exit 2 ;;
+    esac
+    shift 2
+  done
+  case $build in /*) ;; *) build=$repo/$build ;; esac
+}
 
 logged() {  # logged LOG command...: keeps the output out of the tables, shows it on failure
   local log=$1

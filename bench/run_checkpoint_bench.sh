@@ -10,19 +10,9 @@
 # on the same node.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-build}
-shift || true
-repeat=3
-json=$repo/bench/results/checkpoint.json
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --repeat) repeat=$2 ;;
-    --json) json=$2 ;;
-    *) echo "usage: bench/run_checkpoint_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]" >&2; exit 2 ;;
-  esac
-  shift 2
-done
-case $build in /*) ;; *) build=$repo/$build ;; esac
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
+bench_args checkpoint.json "$@"
 python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
 
 DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup.sh" dtrain-run bench_checkpoint > /dev/null

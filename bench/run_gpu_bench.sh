@@ -20,33 +20,21 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-build}
-shift || true
-repeat=3
-json=$repo/bench/results/gpu.json
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --repeat) repeat=$2 ;;
-    --json) json=$2 ;;
-    *) echo "usage: bench/run_gpu_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]" >&2; exit 2 ;;
-  esac
-  shift 2
-done
-case $build in /*) ;; *) build=$repo/$build ;; esac
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
+bench_args gpu.json "$@"
 launcher=$build/tools/dtrain-run
-python=${PYTHON:-python3}  # the one whose torch sees the GPU
+python=${DTRAIN_PYTHON:-python3}  # the one whose torch sees the GPU (as the tests name it)
 cores=$(nproc)
 
 DTRAIN_BUILD_DIR=$build "$repo/scripts/setup.sh" dtrain-run train_mlp train_gpt bench_gpu_kernels > /dev/null
 [[ -x $build/bench/gpu/bench_gpu_kernels ]] ||
   { echo "run_gpu_bench.sh: no bench_gpu_kernels in $build: configure with CUDA (DTRAIN_CUDA=ON)" >&2; exit 1; }
 "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' ||
-  { echo "run_gpu_bench.sh: $python's torch sees no GPU: set PYTHON to one that does" >&2; exit 1; }
+  { echo "run_gpu_bench.sh: $python's torch sees no GPU: set DTRAIN_PYTHON to one that does" >&2; exit 1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# shellcheck source=bench/lib.sh
-source "$repo/bench/lib.sh"
 
 echo "(a) kernels: dtrain, then PyTorch..."
 logged "$work/kernels_dtrain.log" "$build/bench/gpu/bench_gpu_kernels" --json "$work/kernels_dtrain.json"

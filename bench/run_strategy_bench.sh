@@ -31,19 +31,9 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-build}
-shift || true
-repeat=3
-json=$repo/bench/results/strategies.json
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --repeat) repeat=$2 ;;
-    --json) json=$2 ;;
-    *) echo "usage: bench/run_strategy_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]" >&2; exit 2 ;;
-  esac
-  shift 2
-done
-case $build in /*) ;; *) build=$repo/$build ;; esac
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
+bench_args strategies.json "$@"
 launcher=$build/tools/dtrain-run
 train_mlp=$build/examples/train_mlp
 python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
@@ -62,8 +52,6 @@ DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# shellcheck source=bench/lib.sh
-source "$repo/bench/lib.sh"
 
 # run_one RANKS LABEL REPEAT: one implementation at one world size. LABEL is
 # a train_mlp strategy, fsdp-hybrid-gK (shard_group=K) or torch-ddp-PRECISION.

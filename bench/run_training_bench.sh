@@ -23,19 +23,9 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-build}
-shift || true
-repeat=3
-json=$repo/bench/results/training.json
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --repeat) repeat=$2 ;;
-    --json) json=$2 ;;
-    *) echo "usage: bench/run_training_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]" >&2; exit 2 ;;
-  esac
-  shift 2
-done
-case $build in /*) ;; *) build=$repo/$build ;; esac
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
+bench_args training.json "$@"
 launcher=$build/tools/dtrain-run
 train_mlp=$build/examples/train_mlp
 bench=$build/bench/training
@@ -50,8 +40,6 @@ DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# shellcheck source=bench/lib.sh
-source "$repo/bench/lib.sh"
 
 for ((i = 1; i <= repeat; i++)); do
   echo "run $i/$repeat: (a) AdamW, $cores thread(s): dtrain, dtrain -fno-math-errno, torch..."

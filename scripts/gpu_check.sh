@@ -114,7 +114,11 @@ deps_env() {
   DTRAIN_PYTHON="$(command -v python3 || true)"
   export DTRAIN_PYTHON
   export DTRAIN_DEPS_PROVIDED=1 DTRAIN_BUILD_DIR="$build"
-  export DTRAIN_CMAKE_ARGS="-DDTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CMAKE_CUDA_ARCHITECTURES:-90} ${DTRAIN_CMAKE_ARGS:-}"
+  # Ninja where there is one: CMake's Makefiles build listed targets one after
+  # another (DTRAIN_GPU_TARGETS took over 450 s on 16 cores), Ninja together.
+  local generator=""
+  command -v ninja > /dev/null && generator="-G Ninja"
+  export DTRAIN_CMAKE_ARGS="$generator -DDTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CMAKE_CUDA_ARCHITECTURES:-90} ${DTRAIN_CMAKE_ARGS:-}"
 }
 
 probe() {
@@ -161,7 +165,7 @@ run_stage() {
     doctor) stage doctor "$build/tools/dtrain-doctor" ;;
     bench) stage bench "$root/bench/run_gpu_bench.sh" "$build" --json "$report/gpu_bench.json" ;;
     env)  # eval "$(scripts/gpu_check.sh env)": the same paths in the calling shell
-      for v in CMAKE_PREFIX_PATH LD_LIBRARY_PATH LIBRARY_PATH CPLUS_INCLUDE_PATH C_INCLUDE_PATH PATH NCCL_ROOT; do
+      for v in CMAKE_PREFIX_PATH LD_LIBRARY_PATH LIBRARY_PATH CPLUS_INCLUDE_PATH C_INCLUDE_PATH PATH NCCL_ROOT DTRAIN_PYTHON; do
         [[ -n ${!v:-} ]] && printf 'export %s=%q\n' "$v" "${!v}"
       done ;;
     all) for s in setup gpu test doctor bench; do run_stage "$s"; done ;;

@@ -73,7 +73,7 @@ def main():
         training.append({"model": label, "precision": prec, "dtrain_ms": d, "torch_ms": t, "dtrain_over_torch": d / t,
                          "dtrain_runs_ms": runs_d, "torch_runs_ms": runs_t})
 
-    with open(w(f"mlp.torch.bf16.1.json")) as f:
+    with open(w("mlp.torch.bf16.1.json")) as f:
         torch_impl = json.load(f)["implementation"]
     result = {"device": kd["device"], "torch": kt["version"], "torch_implementation": torch_impl,
               "repeat": a.repeat, "kernels": kernels, "training": training,

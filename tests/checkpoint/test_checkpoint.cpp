@@ -574,9 +574,9 @@ BOOST_AUTO_TEST_CASE(latest_and_keep_last) {
 // fast the build runs (a sanitizer build runs the loop many times slower).
 BOOST_AUTO_TEST_CASE(kill_9_at_any_moment_of_a_save_leaves_a_loadable_checkpoint) {
   std::mt19937 rng(20261123);
-  int mid_save = 0, kills = 0;
+  int mid_save = 0, i = 0;
   // 20 kills, and up to 40 more until one lands inside a save.
-  for (int i = 0; i < 60 && (i < 20 || mid_save == 0); ++i, ++kills) {
+  for (; i < 60 && (i < 20 || mid_save == 0); ++i) {
     const auto dir = scratch("killed_" + std::to_string(i));
     dtrain::test::Process child({SAVE_LOOP_PATH, dir.string()});
     BOOST_REQUIRE_MESSAGE(dtrain::test::wait_until([&] { return latest_checkpoint(dir).has_value(); }, 60),
@@ -604,7 +604,7 @@ BOOST_AUTO_TEST_CASE(kill_9_at_any_moment_of_a_save_leaves_a_loadable_checkpoint
       require(info.step >= 1, "loaded step " + std::to_string(info.step));
     });
   }
-  BOOST_TEST_MESSAGE(mid_save << " of " << kills << " kills landed inside a save");
+  BOOST_TEST_MESSAGE(mid_save << " of " << i << " kills landed inside a save");
   BOOST_TEST(mid_save >= 1);
 }
 
