@@ -4,8 +4,15 @@
 #
 #   scripts/gpu_check.sh fetch           on a Debian 12 machine with apt: download
 #                                        the Debian packages the build needs into
-#                                        .gpu-debs/ (git-ignored), to be carried
+#                                        .gpu-debs/, and doxygen with its libraries
+#                                        into .gpu-debs-docs/ (both git-ignored),
+#                                        to be carried
 #   scripts/gpu_check.sh [STAGE...]      on the GPU machine (default: all)
+#
+# A GPU run may carry 64 MiB: .gpu-debs/ (24 MB) and .gpu-debs-docs/ (59 MB)
+# travel in two runs on the same machine, the first to build, the second to
+# run the whole suite (docs/gpu.md). What the first unpacked stays for the
+# second.
 #
 # Stages, run in the order given:
 #   setup   unpack .gpu-debs/ into a prefix (dpkg -x), point CMake, the compilers
@@ -29,54 +36,101 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 debs="$root/.gpu-debs"
+docs_debs="$root/.gpu-debs-docs"
 build="${DTRAIN_BUILD_DIR:-$root/build-gpu}"
 case $build in /*) ;; *) build="$root/$build" ;; esac
 prefix="${DTRAIN_DEPS_PREFIX:-/tmp/dtrain-deps}"
+docs_prefix="$prefix-docs"
 report="${DTRAIN_GPU_REPORT:-${OUT:-$build/report}}"
 arch=x86_64-linux-gnu
 
 # What scripts/setup.sh installs with apt, less what a CUDA image has (the C
-# and C++ runtimes, Python, PyTorch, CMake) and less what only host-side
-# checks use (doxygen with LLVM is 60 MB, over what a GPU run may carry; Open
-# MPI): with their runtime libraries, as Debian 12 names them.
+# and C++ runtimes, Python, PyTorch, CMake) and less Open MPI (the image has
+# its own mpirun): with their runtime libraries, as Debian 12 names them.
 packages=(
   libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200
   librange-v3-dev nlohmann-json3-dev libyaml-cpp-dev libyaml-cpp0.7
   libboost1.74-dev libboost-test1.74-dev libboost-test1.74.0
   libopenblas-dev libopenblas-pthread-dev libopenblas0 libopenblas0-pthread libgfortran5 libquadmath0
 )
+# doxygen (test_docs builds the API reference) and every library it loads
+# but the C, C++ and zlib runtimes: it runs on these alone, through a wrapper
+# that puts them first on its own loader path only.
+docs_packages=(
+  doxygen libclang-cpp14 libclang1-14 libllvm14 libz3-4 libxml2 libicu72
+  libedit2 libbsd0 libmd0 libffi8 libtinfo6 liblzma5
+)
+
+download() {  # download DIR PACKAGE...
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  rm -f "$dir"/*.deb
+  (cd "$dir" && apt-get download "$@")
+  du -sh "$dir"
+}
 
 fetch() {
   command -v apt-get > /dev/null || { echo "gpu_check: fetch needs apt-get (Debian 12)" >&2; exit 2; }
-  mkdir -p "$debs"
-  rm -f "$debs"/*.deb
-  (cd "$debs" && apt-get download "${packages[@]}")
-  du -sh "$debs"
-  echo "gpu_check: carry .gpu-debs with the working tree, then run scripts/gpu_check.sh there"
+  download "$debs" "${packages[@]}"
+  download "$docs_debs" "${docs_packages[@]}"
+  echo "gpu_check: carry .gpu-debs to build (scripts/gpu_check.sh setup ...), then .gpu-debs-docs to run the whole suite (scripts/gpu_check.sh test)"
 }
 
-unpack_one() {  # dpkg -x where dpkg exists, else the deb's data archive by hand
+# The stamp of a folder of .debs: their names, so a new set unpacks afresh.
+debs_stamp() { (cd "$1" && ls ./*.deb | sort | sha256sum | cut -c1-16); }
+
+unpack_one() {  # unpack_one DEB INTO: dpkg -x where dpkg exists, else the deb's data archive by hand
   if command -v dpkg > /dev/null; then
-    dpkg -x "$1" "$prefix"
+    dpkg -x "$1" "$2"
   else
     local t
     t=$(mktemp -d)
-    (cd "$t" && ar x "$1" && tar -xf data.tar.* -C "$prefix")
+    (cd "$t" && ar x "$1" && tar -xf data.tar.* -C "$2")
     rm -rf "$t"
   fi
 }
 
+# doxygen from .gpu-debs-docs/, where carried (or unpacked by an earlier run
+# on this machine) and no doxygen is installed.
+docs_env() {
+  command -v doxygen > /dev/null && return 0
+  local stamp="$docs_prefix/.unpacked"
+  if compgen -G "$docs_debs/*.deb" > /dev/null; then
+    local want
+    want=$(debs_stamp "$docs_debs")
+    if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+      rm -rf "$docs_prefix"
+      mkdir -p "$docs_prefix/bin"
+      for f in "$docs_debs"/*.deb; do unpack_one "$f" "$docs_prefix"; done
+      local libs="$docs_prefix/usr/lib/$arch:$docs_prefix/lib/$arch"
+      # shellcheck disable=SC2016 # the wrapper expands $LD_LIBRARY_PATH and $@ when it runs
+      printf '#!/bin/sh\nLD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s" "$@"\n' \
+        "$libs" "$docs_prefix/usr/bin/doxygen" > "$docs_prefix/bin/doxygen"
+      chmod +x "$docs_prefix/bin/doxygen"
+      echo "$want" > "$stamp"
+    fi
+  fi
+  [[ -f $stamp ]] && export PATH="$docs_prefix/bin:$PATH"
+  return 0
+}
+
 # Unpacks once per set of .debs, then exports the paths every stage needs.
+# Without .debs, what an earlier run on this machine unpacked is used.
 deps_env() {
-  compgen -G "$debs/*.deb" > /dev/null ||
-    { echo "gpu_check: no .debs in $debs: run 'scripts/gpu_check.sh fetch' where apt works, and carry .gpu-debs" >&2; exit 2; }
-  local stamp="$prefix/.unpacked"
-  local want
-  want=$(cd "$debs" && ls ./*.deb | sort | sha256sum | cut -c1-16)
+  local stamp="$prefix/.unpacked" want
+  if compgen -G "$debs/*.deb" > /dev/null; then
+    want=$(debs_stamp "$debs")
+  elif [[ -f $stamp ]]; then
+    want=$(cat "$stamp")
+  else
+    echo "gpu_check: no .debs in $debs and none unpacked in $prefix: run 'scripts/gpu_check.sh fetch' where apt works, and carry .gpu-debs" >&2
+    exit 2
+  fi
   if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     rm -rf "$prefix"
     mkdir -p "$prefix"
-    for f in "$debs"/*.deb; do unpack_one "$f"; done
+    for f in "$debs"/*.deb; do unpack_one "$f" "$prefix"; done
     # Package configs name their files under /usr (Gloo's does, absolutely).
     grep -rl '"/usr/' "$prefix/usr" --include='*.cmake' 2> /dev/null | xargs -r sed -i "s#\"/usr/#\"$prefix/usr/#g"
     # Debian points these at the pthread OpenBLAS with update-alternatives, which dpkg -x does not run.
@@ -110,6 +164,7 @@ deps_env() {
   export CPLUS_INCLUDE_PATH="$prefix/usr/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
   export C_INCLUDE_PATH="$prefix/usr/include${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}"
   [[ -x $cuda_home/bin/nvcc ]] && export PATH="$cuda_home/bin:$PATH"
+  docs_env
   # The tests' PyTorch (tests/support/python_venv.hpp): the image's python3, not /usr/bin/python3.
   DTRAIN_PYTHON="$(command -v python3 || true)"
   export DTRAIN_PYTHON

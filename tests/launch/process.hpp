@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <filesystem>
@@ -55,6 +56,69 @@ class TempDir {
  private:
   fs::path path_;
 };
+
+// What a process that outlived its timeout is doing: for it and each of its
+// descendants, every thread's name, scheduler state, the kernel function it
+// sleeps in (wchan) and the system call it is in; then, where gdb is
+// installed, every thread's stack (of the first four processes). A hang seen once on another machine (the
+// GPU machine, CI) then says where it hangs.
+inline std::string thread_report(pid_t root) {
+  const auto first_line = [](const fs::path& p) {
+    std::string s = read_text(p);
+    if (const auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
+    return s;
+  };
+  // "PID (comm) S PPID ...": the fields after the name, which may hold spaces.
+  const auto stat_fields = [&](const fs::path& p) {
+    const std::string stat = first_line(p);
+    const auto close = stat.rfind(") ");
+    std::vector<std::string> fields;
+    if (close == std::string::npos) return fields;
+    std::istringstream in(stat.substr(close + 2));
+    for (std::string f; in >> f;) fields.push_back(f);
+    return fields;
+  };
+  std::vector<pid_t> pids{root};
+  for (std::size_t i = 0; i < pids.size() && pids.size() < 16; ++i) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/proc", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const auto f = stat_fields(e.path() / "stat");
+      if (f.size() > 1 && f[1] == std::to_string(pids[i])) pids.push_back(std::stoi(name));
+    }
+  }
+  std::ostringstream out;
+  for (pid_t pid : pids) {
+    const fs::path proc = "/proc/" + std::to_string(pid);
+    std::error_code ec;
+    out << "process " << pid << " (" << first_line(proc / "comm") << "):\n";
+    for (const auto& t : fs::directory_iterator(proc / "task", ec)) {
+      const auto f = stat_fields(t.path() / "stat");
+      std::string syscall = first_line(t.path() / "syscall");
+      syscall = syscall.substr(0, syscall.find(' '));
+      out << "  thread " << t.path().filename().string() << " " << first_line(t.path() / "comm") << ": state "
+          << (f.empty() ? "?" : f[0]) << ", wchan " << first_line(t.path() / "wchan") << ", syscall " << syscall
+          << "\n";
+    }
+    if (ec) out << "  (its threads could not be read: " << ec.message() << ")\n";
+  }
+  if (std::system("command -v gdb > /dev/null 2>&1") == 0) {
+    const fs::path log = fs::temp_directory_path() / ("dtrain-stacks-" + std::to_string(::getpid()) + ".txt");
+    std::string stacks;
+    for (std::size_t i = 0; i < pids.size() && i < 4 && stacks.size() < 12000; ++i) {
+      const std::string cmd = "timeout 30 gdb -nx -batch -p " + std::to_string(pids[i]) +
+                              " -ex 'thread apply all bt 12' > " + log.string() + " 2>&1";
+      if (std::system(cmd.c_str()) == -1) break;
+      stacks += "gdb, the stacks of process " + std::to_string(pids[i]) + ":\n" + read_text(log);
+    }
+    if (stacks.size() > 12000) stacks = stacks.substr(0, 12000) + "\n(cut at 12000 characters)\n";
+    out << stacks;
+    std::error_code ignored;
+    fs::remove(log, ignored);
+  }
+  return out.str();
+}
 
 struct Finished {
   int status = 0;
@@ -151,10 +215,12 @@ class Process {
     auto deadline = start_ + std::chrono::duration<double>(timeout_s);
     while (::waitpid(pid_, &f.status, WNOHANG) == 0) {
       if (Clock::now() > deadline) {
+        const std::string threads = thread_report(pid_);
         stop(f.status);
         BOOST_FAIL(name_ << " did not finish within " << timeout_s << " s and was killed; stdout:\n"
                          << read_text(out_) << "stderr:\n"
-                         << read_text(err_));
+                         << read_text(err_) << "where its threads were:\n"
+                         << threads);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
