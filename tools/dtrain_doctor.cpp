@@ -147,8 +147,16 @@ void print_host() {
   } else {
     try {
       const int local = dtrain::local_world_size(dtrain::process_env);
-      std::printf("blas threads    %d per rank (%d usable cores / %d rank%s on this node)\n",
-                  dtrain::cores_per_local_rank(dtrain::process_env), usable, local, local == 1 ? "" : "s");
+      const int share = dtrain::cores_per_local_rank(dtrain::process_env);
+      const int threads = dtrain::blas_threads_per_rank(dtrain::process_env);
+      if (threads < share)
+        std::printf("blas threads    %d per rank (a quarter of ulimit -v, %llu MiB, at %llu MiB per thread; the "
+                    "cores would give %d)\n",
+                    threads, static_cast<unsigned long long>(*dtrain::address_space_limit() >> 20),
+                    static_cast<unsigned long long>(dtrain::blas_thread_address_space >> 20), share);
+      else
+        std::printf("blas threads    %d per rank (%d usable cores / %d rank%s on this node)\n", threads, usable, local,
+                    local == 1 ? "" : "s");
     } catch (const dtrain::error& e) {
       std::printf("blas threads    unknown: %s\n", e.what());
     }

@@ -11,7 +11,10 @@
 // peers' echoes of it. main's handler then finds the exception reported.
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+
+#include "dtrain/core/error.hpp"
 
 #include <errno.h>  // program_invocation_short_name (glibc): the name the program was started as
 
@@ -25,6 +28,17 @@ inline void report_failure(const std::exception& e) {
   reported = now;
   std::fprintf(stderr, "%s: error: %s\n", program_invocation_short_name, e.what());
   std::fflush(stderr);
+}
+
+// The exit status for the failure that ends the program (dtrain::exit_code).
+// After a blas_pool_error a normal exit would wait forever for OpenBLAS's
+// stuck threads, so the program ends here, its output flushed.
+inline int exit_status(const std::exception& e) {
+  if (dynamic_cast<const dtrain::blas_pool_error*>(&e)) {
+    std::fflush(nullptr);
+    std::_Exit(dtrain::exit_code(e));
+  }
+  return dtrain::exit_code(e);
 }
 
 }  // namespace examples

@@ -78,6 +78,6 @@ int main(int argc, char** argv) {
     return gpt::train_host(cfg, world, corpus);
   } catch (const std::exception& e) {
     examples::report_failure(e);
-    return dtrain::exit_code(e);
+    return examples::exit_status(e);
   }
 }

@@ -86,6 +86,6 @@ int main(int argc, char** argv) {
     return mlp::train_host(cfg, world, data, classes);
   } catch (const std::exception& e) {
     examples::report_failure(e);
-    return dtrain::exit_code(e);
+    return examples::exit_status(e);
   }
 }

@@ -419,7 +419,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const std::exception& e) {
     examples::report_failure(e);
-    return dtrain::exit_code(e);
+    return examples::exit_status(e);
   }
 }
 // [/snippet:main]

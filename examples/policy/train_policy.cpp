@@ -72,6 +72,6 @@ int main(int argc, char** argv) {
     return policy::train_host(cfg, world, data);
   } catch (const std::exception& e) {
     examples::report_failure(e);
-    return dtrain::exit_code(e);
+    return examples::exit_status(e);
   }
 }

@@ -1,7 +1,11 @@
 #define BOOST_TEST_MODULE launch
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "dtrain/launch/env.hpp"
@@ -242,6 +246,27 @@ BOOST_AUTO_TEST_CASE(slurm_task_counts) {
   BOOST_TEST(expand_slurm_counts("L", "4(x2),3") == (std::vector<int>{4, 4, 3}));
   BOOST_TEST(expand_slurm_counts("L", "2") == (std::vector<int>{2}));
   BOOST_TEST(expand_slurm_counts("L", "1,2(x3)") == (std::vector<int>{1, 2, 2, 2}));
+}
+
+// OpenBLAS's pool threads at 136 MiB of address space each may take a
+// quarter of an address-space limit; never fewer than one thread.
+BOOST_AUTO_TEST_CASE(blas_threads_under_an_address_space_limit) {
+  constexpr std::uint64_t mib = std::uint64_t{1} << 20;
+  BOOST_TEST(dtrain::blas_thread_address_space == 136 * mib);
+  BOOST_TEST(dtrain::blas_threads_within(3000000ull * 1024) == 5);  // ulimit -v 3000000: 2929 MiB / 4 / 136
+  BOOST_TEST(dtrain::blas_threads_within(4 * 136 * mib) == 1);
+  BOOST_TEST(dtrain::blas_threads_within(4 * 136 * mib - 1) == 1);  // no room at all still runs one
+  BOOST_TEST(dtrain::blas_threads_within(64 * 4 * 136 * mib) == 64);
+  BOOST_TEST(dtrain::blas_threads_within(~std::uint64_t{0}) == std::numeric_limits<int>::max());
+  // The cores' share, capped by the limit; no limit leaves the share alone.
+  const auto env = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "LOCAL_WORLD_SIZE") return "1";  // one rank on this node: all usable cores
+    return std::nullopt;
+  };
+  const int share = dtrain::cores_per_local_rank(env);
+  BOOST_TEST(dtrain::blas_threads_per_rank(env, std::nullopt) == share);
+  BOOST_TEST(dtrain::blas_threads_per_rank(env, 4 * 136 * mib) == 1);
+  BOOST_TEST(dtrain::blas_threads_per_rank(env, 1024 * 4 * 136 * mib) == std::min(share, 1024));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -57,6 +57,17 @@ class config_error : public error {
       : error(what, fix, where) {}
 };
 
+// OpenBLAS's thread pool does not fit the address-space limit (device/host.hpp).
+// Some of its threads may be retrying forever for their buffers, and a
+// normal exit joins them: a program that catches this should end with
+// std::_Exit after flushing its output, as dtrain's programs do.
+class blas_pool_error : public config_error {
+ public:
+  explicit blas_pool_error(const std::string& what, const std::string& fix = {},
+                           std::source_location where = std::source_location::current())
+      : config_error(what, fix, where) {}
+};
+
 class launch_error : public error {
  public:
   explicit launch_error(const std::string& what, const std::string& fix = {},

@@ -12,6 +12,13 @@
 // launcher a rank thus gets the same count, so a GEMM splits its sums alike
 // and runs give bit-identical results. The OpenBLAS thread count is
 // process-wide: ranks running as threads of one process share it.
+//
+// Under an address-space limit (ulimit -v) each pool thread's 128 MiB buffer
+// counts against it, so the count is also capped at what a quarter of the
+// limit holds (blas_threads_per_rank). OpenBLAS starts its pool as it loads,
+// one thread per core unless OPENBLAS_NUM_THREADS says, and lowering the
+// count later ends no thread; a pool already too large for the limit is
+// reported (blas_pool_error) rather than left to hang the process at exit.
 
 #include <cblas.h>
 
@@ -152,6 +159,7 @@ class Host {
     if (threads < 1)
       throw config_error("dtrain::Host(" + std::to_string(threads) + "): the thread count must be >= 1",
                          "pass a positive thread count, or use Host() for the rank's share of the cores");
+    check_blas_pool();
     apply_blas_threads();
   }
 
@@ -258,8 +266,25 @@ class Host {
   struct from_env {};
   // blas_env == 0: OPENBLAS_NUM_THREADS is unset, so we choose. Otherwise
   // OpenBLAS already read it when it loaded and we only report it.
-  Host(int blas_env, from_env) : threads_(blas_env != 0 ? blas_env : cores_per_local_rank(process_env)) {
+  Host(int blas_env, from_env) : threads_(blas_env != 0 ? blas_env : blas_threads_per_rank(process_env)) {
+    check_blas_pool();
     if (blas_env == 0) apply_blas_threads();
+  }
+  // The pool OpenBLAS started as it loaded, against the address-space limit.
+  static void check_blas_pool() {
+    const auto limit = address_space_limit();
+    if (!limit) return;
+    const int pool = openblas_get_num_threads();
+    const int room = blas_threads_within(*limit);
+    if (pool <= room) return;
+    const auto mib = [](std::uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; };
+    throw blas_pool_error(
+        "OpenBLAS started " + std::to_string(pool) + " threads as it loaded, each reserving " +
+            mib(blas_thread_address_space) + " of address space, and the address-space limit (ulimit -v) of " +
+            mib(*limit) + " has room for " + std::to_string(room) +
+            " (a quarter of it); a pool thread that finds no room waits for it forever",
+        "set OPENBLAS_NUM_THREADS=" + std::to_string(room) +
+            " or fewer before the program starts (dtrain-run sets it for its ranks), or raise the limit");
   }
   void apply_blas_threads() const {
     // Changing the pool while another thread is inside a BLAS call is not

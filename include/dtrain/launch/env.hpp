@@ -15,9 +15,11 @@
 // as torchrun's do; only a process that srun started directly reads SLURM_*.
 
 #include <sched.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -375,10 +377,40 @@ inline int usable_cpu_count() {
 }
 
 // Each rank's share of the usable cores when all of this node's ranks run on
-// them: what dtrain-run passes as OPENBLAS_NUM_THREADS, and what a Host
-// device takes under any other launcher.
+// them.
 inline int cores_per_local_rank(const EnvLookup& env) {
   return std::max(1, usable_cpu_count() / local_world_size(env));
+}
+
+// The address space each thread of OpenBLAS's pool reserves: its 128 MiB work
+// buffer (Debian's OpenBLAS 0.3.21 on x86-64, measured) and an 8 MiB stack.
+// Under an address-space limit (ulimit -v, RLIMIT_AS) this is what counts,
+// and a pool thread that finds no room for its buffer retries forever: the
+// process then hangs when it exits and joins the pool.
+inline constexpr std::uint64_t blas_thread_address_space = std::uint64_t{136} << 20;
+
+// The process's address-space limit in bytes; nullopt when unlimited.
+inline std::optional<std::uint64_t> address_space_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  return static_cast<std::uint64_t>(limit.rlim_cur);
+}
+
+// The most BLAS threads an address-space limit has room for, when their pool
+// may take a quarter of it and the program the rest.
+inline int blas_threads_within(std::uint64_t limit_bytes) {
+  const std::uint64_t n = limit_bytes / 4 / blas_thread_address_space;
+  return static_cast<int>(std::clamp<std::uint64_t>(n, 1, std::numeric_limits<int>::max()));
+}
+
+// A rank's BLAS threads when OPENBLAS_NUM_THREADS does not say: its share of
+// the usable cores (cores_per_local_rank), no more than the address-space
+// limit has room for. What dtrain-run passes as OPENBLAS_NUM_THREADS, and
+// what a Host device takes under any other launcher.
+inline int blas_threads_per_rank(const EnvLookup& env,
+                                 std::optional<std::uint64_t> limit_bytes = address_space_limit()) {
+  const int share = cores_per_local_rank(env);
+  return limit_bytes ? std::min(share, blas_threads_within(*limit_bytes)) : share;
 }
 
 }  // namespace dtrain

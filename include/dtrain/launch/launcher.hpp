@@ -79,7 +79,8 @@ options (torchrun's spellings with '_' are accepted too, and --flag=value):
 
 each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 MASTER_ADDR, MASTER_PORT, DTRAIN_RUN=1, DTRAIN_RESTART_COUNT, DTRAIN_JOB_ID, and
-OMP_NUM_THREADS / OPENBLAS_NUM_THREADS = max(1, cores / nproc) unless set.
+OMP_NUM_THREADS / OPENBLAS_NUM_THREADS = max(1, cores / nproc) unless set
+(OPENBLAS_NUM_THREADS no more than a quarter of ulimit -v holds at 136 MiB each).
 
 exit status: 0 when every rank succeeded; the first failing rank's exit code
 (128+N if it was killed by signal N); 2 for bad options; 127 if PROGRAM cannot
@@ -266,7 +267,11 @@ inline std::vector<std::string> rank_environment(const RunOptions& o, const Grou
   auto num = [](int v) { return std::to_string(v); };
   // One BLAS/OpenMP pool per rank sized to the whole machine oversubscribes
   // the cores nproc times over (see TOOLCHAIN.md), so each rank gets its share.
-  const std::string threads = num(std::max(1, g.cpu_count / g.nproc_per_node));
+  const int share = std::max(1, g.cpu_count / g.nproc_per_node);
+  // OpenBLAS's pool threads also reserve address space each (env.hpp).
+  const auto limit = address_space_limit();
+  const std::string threads = num(share);
+  const std::string blas_threads = num(limit ? std::min(share, blas_threads_within(*limit)) : share);
   std::vector<std::pair<std::string, std::string>> set = {
       {"RANK", num(o.node_rank * g.nproc_per_node + local_rank)},
       {"WORLD_SIZE", num(o.nnodes * g.nproc_per_node)},
@@ -279,7 +284,7 @@ inline std::vector<std::string> rank_environment(const RunOptions& o, const Grou
       {"DTRAIN_RESTART_COUNT", num(g.restart_count)},
       {"DTRAIN_JOB_ID", g.job_id},
       {"OMP_NUM_THREADS", threads},
-      {"OPENBLAS_NUM_THREADS", threads},
+      {"OPENBLAS_NUM_THREADS", blas_threads},
   };
   auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
   auto user_keeps = [](const std::string& name) {
