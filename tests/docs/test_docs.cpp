@@ -311,19 +311,6 @@ const std::map<std::string, Scenario>& scenarios() {
   return all;
 }
 
-// GCC says __SANITIZE_ADDRESS__, clang __has_feature(address_sanitizer).
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool address_sanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool address_sanitized = true;
-#else
-constexpr bool address_sanitized = false;
-#endif
-#else
-constexpr bool address_sanitized = false;
-#endif
-
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(every_cpp_block_is_a_region_of_a_compiled_source) {
@@ -380,10 +367,10 @@ BOOST_AUTO_TEST_CASE(quoted_outputs_are_what_dtrain_prints) {
         const auto it = scenarios().find(id);
         BOOST_TEST_REQUIRE((it != scenarios().end()), "no scenario '" << id << "' in tests/docs/test_docs.cpp");
         quoted.insert(id);
-        if ((id == "host_out_of_memory" || id == "blas_pool_too_large") && address_sanitized) {
-          // ASan reserves terabytes of shadow address space as the process
-          // starts, which `ulimit -v` forbids: it dies before dtrain runs.
-          BOOST_TEST_MESSAGE(where << ": not run in an AddressSanitizer build (ulimit -v leaves no room for its "
+        if ((id == "host_out_of_memory" || id == "blas_pool_too_large") && dtrain::test::sanitizer_shadow) {
+          // A sanitizer reserves terabytes of shadow address space as the
+          // process starts, which `ulimit -v` forbids: it dies before dtrain runs.
+          BOOST_TEST_MESSAGE(where << ": not run in a sanitizer build (ulimit -v leaves no room for its "
                                       "shadow memory); the default build runs it");
           continue;
         }

@@ -1,7 +1,6 @@
 #define BOOST_TEST_MODULE launch
 #include <boost/test/unit_test.hpp>
 
-#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -258,15 +257,11 @@ BOOST_AUTO_TEST_CASE(blas_threads_under_an_address_space_limit) {
   BOOST_TEST(dtrain::blas_threads_within(4 * 136 * mib - 1) == 1);  // no room at all still runs one
   BOOST_TEST(dtrain::blas_threads_within(64 * 4 * 136 * mib) == 64);
   BOOST_TEST(dtrain::blas_threads_within(~std::uint64_t{0}) == std::numeric_limits<int>::max());
-  // The cores' share, capped by the limit; no limit leaves the share alone.
-  const auto env = [](const std::string& name) -> std::optional<std::string> {
-    if (name == "LOCAL_WORLD_SIZE") return "1";  // one rank on this node: all usable cores
-    return std::nullopt;
-  };
-  const int share = dtrain::cores_per_local_rank(env);
-  BOOST_TEST(dtrain::blas_threads_per_rank(env, std::nullopt) == share);
-  BOOST_TEST(dtrain::blas_threads_per_rank(env, 4 * 136 * mib) == 1);
-  BOOST_TEST(dtrain::blas_threads_per_rank(env, 1024 * 4 * 136 * mib) == std::min(share, 1024));
+  // A count capped by the limit; no limit leaves it alone.
+  BOOST_TEST(dtrain::blas_threads_capped(8, std::nullopt) == 8);
+  BOOST_TEST(dtrain::blas_threads_capped(8, 4 * 136 * mib) == 1);
+  BOOST_TEST(dtrain::blas_threads_capped(8, 3000000ull * 1024) == 5);
+  BOOST_TEST(dtrain::blas_threads_capped(8, 64 * 4 * 136 * mib) == 8);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -260,6 +260,22 @@ class Process {
   pid_t pid_ = -1;
 };
 
+// A test that runs a program under `ulimit -v` skips in an AddressSanitizer or
+// ThreadSanitizer build: both reserve terabytes of shadow address space as
+// the process starts, which the limit forbids. GCC says __SANITIZE_ADDRESS__
+// and __SANITIZE_THREAD__, clang __has_feature.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool sanitizer_shadow = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool sanitizer_shadow = true;
+#else
+inline constexpr bool sanitizer_shadow = false;
+#endif
+#else
+inline constexpr bool sanitizer_shadow = false;
+#endif
+
 inline Finished run(std::vector<std::string> args, const EnvChanges& env = {}, int cpu_limit = 0) {
   Process p(std::move(args), env, cpu_limit);
   return p.wait();

@@ -103,6 +103,28 @@ BOOST_AUTO_TEST_CASE(two_ranks_see_their_environment) {
   check_no_survivors(dir, 2);
 }
 
+// Under `ulimit -v` OpenBLAS's threads, 136 MiB of address space each, get a
+// quarter of the limit: on 16 cores (many_cores.cpp) 2 ranks' share is 8,
+// and 3000000 KiB holds 5. OpenMP's threads reserve no buffer and keep 8.
+BOOST_AUTO_TEST_CASE(blas_threads_fit_the_address_space_limit) {
+  if (dtrain::test::sanitizer_shadow) {
+    BOOST_TEST_MESSAGE("not run in a sanitizer build: ulimit -v leaves no room for its shadow memory");
+    return;
+  }
+  TempDir dir;
+  auto f = dtrain::test::run({"/bin/sh", "-c",
+                              "ulimit -v 3000000 && LD_PRELOAD=" + std::string(MANY_CORES_PATH) + " exec " + launcher +
+                                  " --nproc-per-node 2 " + child + " env " + dir.path().string()},
+                             no_thread_vars);
+  BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
+  for (int r = 0; r < 2; ++r)
+    BOOST_TEST(has_line(f.out, "[rank " + std::to_string(r) +
+                                   "] GROUP_RANK=0 DTRAIN_RUN=1 DTRAIN_RESTART_COUNT=0 "
+                                   "OMP_NUM_THREADS=8 OPENBLAS_NUM_THREADS=5"),
+               report(f));
+  check_no_survivors(dir, 2);
+}
+
 BOOST_AUTO_TEST_CASE(three_ranks_on_the_second_node) {
   TempDir dir;
   auto f = run({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "3", "--master-addr",

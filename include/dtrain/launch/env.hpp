@@ -403,14 +403,14 @@ inline int blas_threads_within(std::uint64_t limit_bytes) {
   return static_cast<int>(std::clamp<std::uint64_t>(n, 1, std::numeric_limits<int>::max()));
 }
 
-// A rank's BLAS threads when OPENBLAS_NUM_THREADS does not say: its share of
-// the usable cores (cores_per_local_rank), no more than the address-space
-// limit has room for. What dtrain-run passes as OPENBLAS_NUM_THREADS, and
-// what a Host device takes under any other launcher.
-inline int blas_threads_per_rank(const EnvLookup& env,
-                                 std::optional<std::uint64_t> limit_bytes = address_space_limit()) {
-  const int share = cores_per_local_rank(env);
-  return limit_bytes ? std::min(share, blas_threads_within(*limit_bytes)) : share;
+// `threads` BLAS threads, no more than the address-space limit has room for.
+inline int blas_threads_capped(int threads, std::optional<std::uint64_t> limit_bytes = address_space_limit()) {
+  return limit_bytes ? std::min(threads, blas_threads_within(*limit_bytes)) : threads;
 }
+
+// A rank's BLAS threads when OPENBLAS_NUM_THREADS does not say: its share of
+// the usable cores, capped as above. What a Host device takes; dtrain-run
+// passes the same cap of its ranks' share as OPENBLAS_NUM_THREADS.
+inline int blas_threads_per_rank(const EnvLookup& env) { return blas_threads_capped(cores_per_local_rank(env)); }
 
 }  // namespace dtrain

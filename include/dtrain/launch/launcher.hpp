@@ -268,10 +268,9 @@ inline std::vector<std::string> rank_environment(const RunOptions& o, const Grou
   // One BLAS/OpenMP pool per rank sized to the whole machine oversubscribes
   // the cores nproc times over (see TOOLCHAIN.md), so each rank gets its share.
   const int share = std::max(1, g.cpu_count / g.nproc_per_node);
-  // OpenBLAS's pool threads also reserve address space each (env.hpp).
-  const auto limit = address_space_limit();
   const std::string threads = num(share);
-  const std::string blas_threads = num(limit ? std::min(share, blas_threads_within(*limit)) : share);
+  // OpenBLAS's pool threads also reserve address space each (env.hpp).
+  const std::string blas_threads = num(blas_threads_capped(share));
   std::vector<std::pair<std::string, std::string>> set = {
       {"RANK", num(o.node_rank * g.nproc_per_node + local_rank)},
       {"WORLD_SIZE", num(o.nnodes * g.nproc_per_node)},
