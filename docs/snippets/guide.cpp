@@ -41,10 +41,8 @@ void strategies(dtrain::World& world, const dtrain::Dataset& data) {
   one_step<Zero1>(world, data);
   one_step<GradOp>(world, data);
   one_step<Full>(world, data);
-  dtrain::TrainerOptions one_rank_groups;
-  one_rank_groups.sharding.shard_group = 1;
   Net net;
-  Hybrid hybrid{world, net, dtrain::AdamW{.lr = 1e-3f}, one_rank_groups};
+  Hybrid hybrid{world, net, dtrain::AdamW{.lr = 1e-3f}, {}, dtrain::FsdpOptions{.shard_group = 1}};
   check(hybrid.steps_taken() == 0, "a HybridShard Trainer");
 }
 

@@ -124,11 +124,11 @@ void policies_sharding(dtrain::World& world) {
   Model model;
   const int group = 1;  // ranks per shard group; this runs as a world of one rank
   // [snippet:policies_sharding]
-  dtrain::TrainerOptions options;
-  options.sharding.shard_group = group;   // HybridShard: ranks per shard group (0, the default: LOCAL_WORLD_SIZE)
-  options.sharding.prefetch = 1;          // FSDP and ZeRO1: unit all-gathers issued ahead (FullShard holds prefetch + 1 units)
+  dtrain::FsdpOptions fsdp;
+  fsdp.shard_group = group;  // HybridShard: ranks per shard group (0, the default: LOCAL_WORLD_SIZE)
+  fsdp.prefetch = 1;         // unit all-gathers issued ahead (FullShard holds prefetch + 1 units)
   dtrain::Trainer<Model, dtrain::Strategy<dtrain::FSDP<dtrain::HybridShard>>, dtrain::Precision<dtrain::bf16>>
-      trainer{world, model, dtrain::AdamW{.lr = 3e-4f}, options};
+      trainer{world, model, dtrain::AdamW{.lr = 3e-4f}, dtrain::TrainerOptions{}, fsdp};
   // [/snippet:policies_sharding]
   check(trainer.layout().units().size() == 3, "an FSDP<HybridShard> Trainer over MyModel");
 }

@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -122,6 +123,8 @@ inline void validate_common(const Common& c) {
           "use fp32 or same");
   require(c.optimizer == "adamw" || c.optimizer == "sgd", "optimizer = '" + c.optimizer + "' is unknown",
           "use adamw or sgd");
+  require(c.accumulate >= 1, "accumulate = " + std::to_string(c.accumulate) + " is not at least 1",
+          "set accumulate=N, the micro-batches per optimizer step");
   require(c.batch_size >= 1, "batch_size = " + std::to_string(c.batch_size) + " is not at least 1",
           "set batch_size=B, the rows per rank per micro-batch");
   require(c.steps >= 1, "steps = " + std::to_string(c.steps) + " is not at least 1",
@@ -142,13 +145,21 @@ inline void validate_common(const Common& c) {
           "use resume=latest (the newest checkpoint in checkpoint_dir) or a checkpoint's path");
 }
 
-// The keys every example takes, for --help.
-inline constexpr const char* common_usage = R"(  strategy      ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid | zero1
-  shard_group   fsdp-hybrid: ranks per shard group (0 = the ranks of a node)
+// "ddp | fsdp-full | ...": dtrain::builtin_strategies' names.
+inline std::string strategy_names() {
+  return []<class... Kind>(std::type_identity<std::tuple<Kind...>>) {
+    std::string out;
+    ((out += (out.empty() ? "" : " | ") + std::string(Kind::name)), ...);
+    return out;
+  }(std::type_identity<dtrain::builtin_strategies>{});
+}
+
+// The keys every example takes after `strategy`, for --help.
+inline constexpr const char* common_usage = R"(  shard_group   fsdp-hybrid: ranks per shard group (0 = the ranks of a node)
   prefetch      fsdp-*, zero1: unit all-gathers issued ahead (default 1)
   device        host | cuda
   precision     fp32 | bf16 | fp16       reduce_dtype fp32 | same
-  accumulate    1 | 2 | 4 | 8            batch_size   per rank, per micro-batch
+  accumulate    micro-batches per step   batch_size   per rank, per micro-batch
   steps         optimizer steps          optimizer    adamw | sgd
   lr, weight_decay, momentum (sgd), clip (max grad norm, 0 = off)
   schedule      constant | cosine        warmup_steps, lr_scaling none | linear | sqrt
@@ -189,6 +200,7 @@ Config parse_cli(int argc, char** argv, std::string_view program, std::string_vi
     if (arg == "--help" || arg == "-h") {
       std::fwrite(usage.data(), 1, usage.size(), stdout);
       std::fputs("Keys every example takes:\n", stdout);
+      std::printf("  strategy      %s\n", strategy_names().c_str());
       std::fputs(common_usage, stdout);
       std::exit(0);
     }

@@ -21,7 +21,7 @@ struct Common {
   int prefetch = 1;                   // fsdp-*, zero1: unit all-gathers issued ahead
   std::string precision = "fp32";     // fp32 | bf16 | fp16
   std::string reduce_dtype = "fp32";  // fp32 | same (reduce in the compute dtype)
-  int accumulate = 1;                 // 1 | 2 | 4 | 8
+  int accumulate = 1;                 // micro-batches per optimizer step (>= 1)
   std::string device = "host";        // host | cuda
   std::int64_t batch_size = 64;       // per rank, per micro-batch
   std::int64_t steps = 300;
@@ -55,9 +55,7 @@ struct Common {
 inline dtrain::TrainerOptions trainer_options(const Common& c) {
   dtrain::TrainerOptions o;
   o.seed = c.seed;
-  o.sharding = {.shard_group = c.shard_group, .prefetch = c.prefetch};
   o.clip.max_norm = c.clip;
-  o.buckets.bucket_bytes = static_cast<std::size_t>(c.bucket_mb * (1 << 20));
   o.lr_scaling = c.lr_scaling == "linear" ? dtrain::LrScaling::linear
                  : c.lr_scaling == "sqrt" ? dtrain::LrScaling::sqrt
                                           : dtrain::LrScaling::none;

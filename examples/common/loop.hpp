@@ -21,6 +21,7 @@
 
 #include "common/config.hpp"
 #include "common/report.hpp"
+#include "common/strategies.hpp"
 
 namespace examples {
 
@@ -191,7 +192,7 @@ void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const S
   // first step on: a resumed job's killed attempt, an earlier run into the
   // same folder. Written once both files are open.
   if (tensorboard) tensorboard->write_session_start(trainer.steps_taken() + 1);
-  const std::string_view strategy = Trainer::strategy_kind::name;
+  const std::string_view strategy = trainer.strategy_name();
   std::vector<dtrain::Batch> micro(static_cast<std::size_t>(c.accumulate));
   std::vector<std::vector<dtrain::Batch>> trained;  // dump_batches only
   const std::int64_t first_step = trainer.steps_taken() + 1;
@@ -235,11 +236,14 @@ void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const S
   std::fflush(stdout);
 }
 
-template <class... Policies, class Model, class Source, class Finish>
+// The config's strategy and micro-batch count are run-time choices: one
+// TrainerCore per (model, device, precision) serves them all.
+template <class Dev, class Prec, class Model, class Source, class Finish>
 int run_training(const Common& c, dtrain::World& world, Model& model, const Source& data, Finish&& finish) {
   const dtrain::TrainerOptions opts = trainer_options(c);
   auto run = [&](auto optimizer) {
-    dtrain::Trainer<Model, Policies...> trainer(world, model, optimizer, opts);
+    dtrain::TrainerCore<Model, Dev, Prec> trainer(world, model, optimizer, opts, c.accumulate,
+                                                  strategy_for<Dev, Prec>(c));
     try {
       train_loop(c, world, trainer, data, finish);
     } catch (const std::exception& e) {

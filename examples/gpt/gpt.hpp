@@ -173,14 +173,6 @@ inline Corpus make_corpus(const Config& c) {
   return corpus;
 }
 
-template <class Dev, class Kind>
-int train_strategy(const Config& c, dtrain::World& world, const Corpus& corpus);
-
-template <class Dev>
-int dispatch(const Config& c, dtrain::World& world, const Corpus& corpus) {
-  return examples::with_strategy(c, [&]<class Kind>() { return train_strategy<Dev, Kind>(c, world, corpus); });
-}
-
 int train_host(const Config&, dtrain::World&, const Corpus&);
 int train_cuda(const Config&, dtrain::World&, const Corpus&);
 

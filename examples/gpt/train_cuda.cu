@@ -1,5 +1,5 @@
-#include "gpt.hpp"
+#include "train_impl.hpp"
 
 int gpt::train_cuda(const Config& c, dtrain::World& world, const Corpus& corpus) {
-  return dispatch<dtrain::Cuda>(c, world, corpus);
+  return train<dtrain::Cuda>(c, world, corpus);
 }

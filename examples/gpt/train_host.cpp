@@ -1,5 +1,5 @@
-#include "gpt.hpp"
+#include "train_impl.hpp"
 
 int gpt::train_host(const Config& c, dtrain::World& world, const Corpus& corpus) {
-  return dispatch<dtrain::Host>(c, world, corpus);
+  return train<dtrain::Host>(c, world, corpus);
 }

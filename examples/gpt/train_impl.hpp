@@ -1,6 +1,6 @@
 #pragma once
-// train_gpt's training function for one (device, strategy), included only by
-// the generated per-strategy translation units.
+// train_gpt's training function for one device, included by train_host.cpp
+// and train_cuda.cu.
 
 #include <cmath>
 #include <cstdio>
@@ -34,13 +34,13 @@ void evaluate(const Config& c, dtrain::World& world, const Corpus& corpus, Train
                 static_cast<long long>(c.eval_batches * c.batch_size * c.block_size * world.size()));
 }
 
-template <class Dev, class Kind>
-int train_strategy(const Config& c, dtrain::World& world, const Corpus& corpus) {
-  return examples::with_policies<Dev, Kind>(c, [&]<class... Policies>() {
+template <class Dev>
+int train(const Config& c, dtrain::World& world, const Corpus& corpus) {
+  return examples::with_precision(c, [&]<class Prec>() {
     Model model(corpus.tokenizer.vocab(), c.block_size, c.n_layer, c.n_head, c.n_embd);
     const Windows train(corpus.tokens, c.block_size, 0, corpus.split);
-    return examples::run_training<Policies...>(c, world, model, train,
-                                               [&](auto& trainer) { evaluate(c, world, corpus, trainer); });
+    return examples::run_training<Dev, Prec>(c, world, model, train,
+                                             [&](auto& trainer) { evaluate(c, world, corpus, trainer); });
   });
 }
 

@@ -86,16 +86,7 @@ inline dtrain::Dataset synthetic_dataset(std::int64_t samples, std::int64_t feat
 
 dtrain::Dataset load_data(const Config& c);  // train_mlp.cpp
 
-// Trains with strategy Kind on device Dev (train_impl.hpp; one generated
-// translation unit per pair).
-template <class Dev, class Kind>
-int train_strategy(const Config& c, dtrain::World& world, const dtrain::Dataset& data, std::int64_t classes);
-
-template <class Dev>
-int dispatch(const Config& c, dtrain::World& world, const dtrain::Dataset& data, std::int64_t classes) {
-  return examples::with_strategy(c, [&]<class Kind>() { return train_strategy<Dev, Kind>(c, world, data, classes); });
-}
-
+// Trains on the host or a GPU (train_impl.hpp; a translation unit each).
 int train_host(const Config&, dtrain::World&, const dtrain::Dataset&, std::int64_t classes);
 int train_cuda(const Config&, dtrain::World&, const dtrain::Dataset&, std::int64_t classes);
 

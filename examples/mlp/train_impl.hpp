@@ -1,6 +1,6 @@
 #pragma once
-// train_mlp's training function for one (device, strategy), included only by
-// the generated per-strategy translation units.
+// train_mlp's training function for one device, included by train_host.cpp
+// and train_cuda.cu.
 
 #include "common/dispatch.hpp"
 #include "common/loop.hpp"
@@ -8,11 +8,11 @@
 
 namespace mlp {
 
-template <class Dev, class Kind>
-int train_strategy(const Config& c, dtrain::World& world, const dtrain::Dataset& data, std::int64_t classes) {
-  return examples::with_policies<Dev, Kind>(c, [&]<class... Policies>() {
+template <class Dev>
+int train(const Config& c, dtrain::World& world, const dtrain::Dataset& data, std::int64_t classes) {
+  return examples::with_precision(c, [&]<class Prec>() {
     Model model(c, data.features, classes);
-    return examples::run_training<Policies...>(c, world, model, data, [](auto&) {});
+    return examples::run_training<Dev, Prec>(c, world, model, data, [](auto&) {});
   });
 }
 

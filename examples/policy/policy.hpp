@@ -157,14 +157,7 @@ inline DataSets make_demonstrations(const Config& c) {
   return d;
 }
 
-template <class Dev, class Kind>
-int train_strategy(const Config& c, dtrain::World& world, const DataSets& data);
-
-template <class Dev>
-int dispatch(const Config& c, dtrain::World& world, const DataSets& data) {
-  return examples::with_strategy(c, [&]<class Kind>() { return train_strategy<Dev, Kind>(c, world, data); });
-}
-
+// Trains on the host or a GPU (train_impl.hpp; a translation unit each).
 int train_host(const Config&, dtrain::World&, const DataSets&);
 int train_cuda(const Config&, dtrain::World&, const DataSets&);
 

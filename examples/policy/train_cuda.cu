@@ -1,5 +1,5 @@
-#include "policy.hpp"
+#include "train_impl.hpp"
 
 int policy::train_cuda(const Config& c, dtrain::World& world, const DataSets& data) {
-  return dispatch<dtrain::Cuda>(c, world, data);
+  return train<dtrain::Cuda>(c, world, data);
 }

@@ -1,5 +1,5 @@
-#include "policy.hpp"
+#include "train_impl.hpp"
 
 int policy::train_host(const Config& c, dtrain::World& world, const DataSets& data) {
-  return dispatch<dtrain::Host>(c, world, data);
+  return train<dtrain::Host>(c, world, data);
 }

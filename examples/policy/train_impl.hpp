@@ -1,6 +1,6 @@
 #pragma once
-// train_policy's training function for one (device, strategy), included only
-// by the generated per-strategy translation units.
+// train_policy's training function for one device, included by
+// train_host.cpp and train_cuda.cu.
 
 #include <cstdio>
 #include <vector>
@@ -32,12 +32,12 @@ void evaluate(const DataSets& data, dtrain::World& world, Trainer& trainer) {
                 mse, baseline, 100.0 * (1.0 - mse / baseline));
 }
 
-template <class Dev, class Kind>
-int train_strategy(const Config& c, dtrain::World& world, const DataSets& data) {
-  return examples::with_policies<Dev, Kind>(c, [&]<class... Policies>() {
+template <class Dev>
+int train(const Config& c, dtrain::World& world, const DataSets& data) {
+  return examples::with_precision(c, [&]<class Prec>() {
     Model model(c);
-    return examples::run_training<Policies...>(c, world, model, data.train,
-                                               [&](auto& trainer) { evaluate(data, world, trainer); });
+    return examples::run_training<Dev, Prec>(c, world, model, data.train,
+                                             [&](auto& trainer) { evaluate(data, world, trainer); });
   });
 }
 

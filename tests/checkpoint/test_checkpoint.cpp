@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "save_loop_model.hpp"
+#include "support/strategy_options.hpp"
 
 #include <filesystem>
 #include <fstream>
@@ -55,11 +56,8 @@ using Kinds = std::tuple<DDP, FSDP<FullShard>, FSDP<ShardGradOp>, FSDP<NoShard>,
 template <class Kind, class Opt, class... Ps>
 using Net = Trainer<UnevenNet, Device<Host>, Strategy<Kind>, Ps...>;
 
-TrainerOptions options_for(int n) {
-  TrainerOptions o{.seed = 11};
-  o.sharding.shard_group = n == 4 ? 2 : 0;
-  return o;
-}
+// HybridShard's group at n ranks (0: LOCAL_WORLD_SIZE).
+int group_for(int n) { return n == 4 ? 2 : 0; }
 
 // Trains `steps` steps from the start (or from `resume`), optionally saving
 // after `save_after` steps into `save_dir`; returns rank 0's parameters.
@@ -70,7 +68,8 @@ Params run(int n, Opt opt, int first_step, int last_step, const fs::path& resume
   std::mutex mu;
   run_ranks(n, [&](World& w) {
     UnevenNet net;
-    Trainer<UnevenNet, Device<Host>, Strategy<Kind>, Prec> t(w, net, opt, options_for(n));
+    Trainer<UnevenNet, Device<Host>, Strategy<Kind>, Prec> t(w, net, opt, {.seed = 11},
+                                                           kind_options<Kind>(group_for(n)));
     if (!resume.empty()) {
       const auto info = t.load(resume);
       require(info.step == first_step, "loaded step " + std::to_string(info.step));

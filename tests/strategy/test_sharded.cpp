@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "common.hpp"
+#include "support/strategy_options.hpp"
 
 #include <functional>
 #include <mutex>
@@ -42,9 +43,9 @@ double versus_ddp(int n, Opt opt, int steps, std::string& where, TrainerOptions 
   std::vector<Params> last(static_cast<std::size_t>(n));
   run_ranks(n, [&, o](World& w) mutable {
     UnevenNet a, b;
-    o.sharding.shard_group = hybrid_group(n);
     Trainer<UnevenNet, Device<Host>, Prec, Accumulate<A>> ddp(w, a, opt, o);
-    Trainer<UnevenNet, Device<Host>, Prec, Accumulate<A>, Strategy<Kind>> sharded(w, b, opt, o);
+    Trainer<UnevenNet, Device<Host>, Prec, Accumulate<A>, Strategy<Kind>> sharded(w, b, opt, o,
+                                                                                  kind_options<Kind>(hybrid_group(n)));
     for (int s = 0; s < steps; ++s) {
       const auto mb = micro_batches(s, w.rank(), sizes);
       const auto st_ddp = ddp.step(mb);
@@ -278,8 +279,7 @@ BOOST_AUTO_TEST_CASE(replicated_shards_stay_identical) {
     run_ranks(n, [&](World& w) {
       UnevenNet net;
       TrainerOptions o{.seed = 3};
-      o.sharding.shard_group = group;
-      Sharded<Kind> t(w, net, AdamW{.lr = 1e-2f}, o);
+      Sharded<Kind> t(w, net, AdamW{.lr = 1e-2f}, o, kind_options<Kind>(group));
       for (int s = 0; s < 3; ++s) t.step(micro_batches(s, w.rank(), {5}));
       const auto owned = t.strategy().owned();
       master[static_cast<std::size_t>(w.rank())].assign(owned.master, owned.master + owned.size);
@@ -307,8 +307,7 @@ BOOST_AUTO_TEST_CASE(ownership_covers_every_element_once) {
     run_ranks(n, [&](World& w) {
       UnevenNet net;
       TrainerOptions o{.seed = 3};
-      o.sharding.shard_group = group;
-      Trainer<UnevenNet, Device<Host>, Strategy<Kind>> t(w, net, SGD{.lr = 0.1f}, o);
+      Trainer<UnevenNet, Device<Host>, Strategy<Kind>> t(w, net, SGD{.lr = 0.1f}, o, kind_options<Kind>(group));
       all[static_cast<std::size_t>(w.rank())] = t.strategy().ownership();
       if (w.rank() == 0)
         for (const auto& u : t.layout().units()) sizes.emplace_back(u.train_size, u.frozen_size);
@@ -341,9 +340,9 @@ BOOST_AUTO_TEST_CASE(gathers_follow_the_mode_and_the_prefetch_bound) {
     run_ranks(2, [&](World& w) {
       UnevenNet a, b;
       TrainerOptions o{.seed = 3};
-      o.sharding.prefetch = prefetch;
-      Trainer<UnevenNet, Device<Host>, Strategy<FSDP<FullShard>>, Accumulate<2>> full(w, a, SGD{.lr = 0.1f}, o);
-      Trainer<UnevenNet, Device<Host>, Strategy<FSDP<ShardGradOp>>, Accumulate<2>> keep(w, b, SGD{.lr = 0.1f}, o);
+      const FsdpOptions f{.prefetch = prefetch};
+      Trainer<UnevenNet, Device<Host>, Strategy<FSDP<FullShard>>, Accumulate<2>> full(w, a, SGD{.lr = 0.1f}, o, f);
+      Trainer<UnevenNet, Device<Host>, Strategy<FSDP<ShardGradOp>>, Accumulate<2>> keep(w, b, SGD{.lr = 0.1f}, o, f);
       for (int s = 0; s < 2; ++s) {
         full.step(micro_batches(s, w.rank(), {3, 4}));
         keep.step(micro_batches(s, w.rank(), {3, 4}));
@@ -366,10 +365,8 @@ BOOST_AUTO_TEST_CASE(hybrid_group_that_does_not_divide_the_world_is_an_error) {
   std::vector<std::string> errors(4);
   run_ranks(4, [&](World& w) {
     UnevenNet net;
-    TrainerOptions o;
-    o.sharding.shard_group = 3;
     try {
-      Sharded<FSDP<HybridShard>> t(w, net, SGD{.lr = 0.1f}, o);
+      Sharded<FSDP<HybridShard>> t(w, net, SGD{.lr = 0.1f}, {}, FsdpOptions{.shard_group = 3});
     } catch (const config_error& e) {
       errors[static_cast<std::size_t>(w.rank())] = e.what();
     }

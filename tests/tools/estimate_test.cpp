@@ -13,6 +13,7 @@
 #include <mlp/mlp.hpp>
 #include <strategy/common.hpp>
 #include <support/ranks.hpp>
+#include <support/strategy_options.hpp>
 
 #include <array>
 #include <cmath>
@@ -117,8 +118,8 @@ void check(int n, Opt opt, std::size_t optimizer_states) {
     typename Case::Net net = Case::make();
     if (w.rank() == 0) units = declared_units(net);
     TrainerOptions o{.seed = 7};
-    o.sharding.shard_group = group;
-    Trainer<typename Case::Net, Device<Host>, Prec, Accumulate<A>, Strategy<Kind>> trainer(w, net, opt, o);
+    Trainer<typename Case::Net, Device<Host>, Prec, Accumulate<A>, Strategy<Kind>> trainer(w, net, opt, o,
+                                                                                           kind_options<Kind>(group));
     for (int step = 0; step < 2; ++step) {
       std::vector<Batch> mb;
       for (int k = 0; k < A; ++k)

@@ -120,6 +120,34 @@ template <class U, class Dev, class T>
 concept Unit = UnitDeclaration<U> &&
     (detail::plain_unit<U, Dev, T> || detail::context_unit<U, Dev, T> || InputUnit<U, Dev, T>);
 
+namespace detail {
+// How a unit is called: the one place that tells input, context and plain
+// units apart. The caller passes everything any form takes; each form uses
+// what it reads (an input unit reads the batch instead of x).
+template <class Dev, class T, class U>
+void unit_forward(U& unit, Dev& dev, UnitParams<const T> p, const DeviceBatch& batch, MatView<const T> x,
+                  MatView<T> y, const UnitContext<T>& ctx) {
+  if constexpr (InputUnit<U, Dev, T>)
+    unit.template forward<Dev, T>(dev, p, batch, y, ctx);
+  else if constexpr (context_unit<U, Dev, T>)
+    unit.template forward<Dev, T>(dev, p, x, y, ctx);
+  else
+    unit.template forward<Dev, T>(dev, p, x, y);
+}
+
+template <class Dev, class T, class U>
+void unit_backward(U& unit, Dev& dev, UnitParams<const T> p, UnitParams<T> g, const DeviceBatch& batch,
+                   MatView<const T> x, MatView<const T> y, MatView<const T> dy, MatView<T> dx,
+                   const UnitContext<T>& ctx) {
+  if constexpr (InputUnit<U, Dev, T>)
+    unit.template backward<Dev, T>(dev, p, g, batch, y, dy, ctx);
+  else if constexpr (context_unit<U, Dev, T>)
+    unit.template backward<Dev, T>(dev, p, g, x, y, dy, dx, ctx);
+  else
+    unit.template backward<Dev, T>(dev, p, g, x, y, dy, dx);
+}
+}  // namespace detail
+
 // Elements of T a unit keeps from forward for backward (0 unless it says).
 template <class U>
 std::int64_t saved_size_of(const U& u, SeqShape shape, std::int64_t in) {

@@ -9,9 +9,13 @@
 //   Strategy<FSDP<HybridShard>>   sharded within a group of ranks (a node), replicated across groups
 //   Strategy<ZeRO1>               only optimizer state and master weights sharded
 //
-// The kinds are tags; each strategy's code lives in strategy/<kind>.hpp.
+// The kinds are tags; each strategy's code lives in strategy/<kind>.hpp. The
+// list is open: any tag type with a `static constexpr std::string_view name`
+// is a kind, and Strategy<MyKind> trains with the strategy class that
+// dtrain::strategy_impl<MyKind, Dev, T, R> names (docs/strategies.md).
 
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 
 namespace dtrain {
@@ -55,31 +59,41 @@ struct FSDP {
   static constexpr std::string_view name = Mode::name;
 };
 
+// The strategies dtrain ships, in the order tools and docs list them. The
+// examples, the memory estimator and the docs read this one list.
+using builtin_strategies = std::tuple<DDP, FSDP<FullShard>, FSDP<ShardGradOp>, FSDP<NoShard>, FSDP<HybridShard>, ZeRO1>;
+
 namespace detail {
 template <class Kind>
 inline constexpr bool is_fsdp = false;
 template <class Mode>
 inline constexpr bool is_fsdp<FSDP<Mode>> = true;
 
-enum class strategy_problem { none, unknown_kind, unknown_fsdp_mode, bare_fsdp_mode };
+// A strategy kind tag: a class with `static constexpr std::string_view name`.
+template <class K>
+concept strategy_kind_tag =
+    std::is_class_v<K> && requires { requires std::is_same_v<decltype(K::name), const std::string_view>; };
+
+enum class strategy_problem { none, not_a_kind, unknown_fsdp_mode, bare_fsdp_mode };
 
 // The first problem only, so a bad Strategy reports exactly one static_assert.
 template <class Kind>
 constexpr strategy_problem check_strategy() {
-  if constexpr (std::is_same_v<Kind, DDP> || std::is_same_v<Kind, ZeRO1>)
-    return strategy_problem::none;
-  else if constexpr (is_fsdp_mode<Kind>)
+  if constexpr (is_fsdp_mode<Kind>)
     return strategy_problem::bare_fsdp_mode;
   else if constexpr (is_fsdp<Kind>)
     return is_fsdp_mode<typename Kind::mode> ? strategy_problem::none : strategy_problem::unknown_fsdp_mode;
+  else if constexpr (strategy_kind_tag<Kind>)
+    return strategy_problem::none;
   else
-    return strategy_problem::unknown_kind;
+    return strategy_problem::not_a_kind;
 }
 
 template <strategy_problem Problem>
 struct strategy_diagnostic {
-  static_assert(Problem != strategy_problem::unknown_kind,
-                "dtrain: unknown strategy: Strategy<...> takes DDP, FSDP<Mode> or ZeRO1");
+  static_assert(Problem != strategy_problem::not_a_kind,
+                "dtrain: Strategy<Kind> takes a strategy kind: DDP, FSDP<Mode>, ZeRO1, or your own tag type with "
+                "`static constexpr std::string_view name` and a dtrain::strategy_impl specialisation");
   static_assert(Problem != strategy_problem::unknown_fsdp_mode,
                 "dtrain: unknown FSDP mode: FSDP<...> takes FullShard, ShardGradOp, NoShard or HybridShard");
   static_assert(Problem != strategy_problem::bare_fsdp_mode,
@@ -89,8 +103,7 @@ struct strategy_diagnostic {
 
 // A kind (or an FSDP mode) given where a policy belongs, without Strategy<>.
 template <class P>
-inline constexpr bool is_bare_strategy_kind =
-    std::is_same_v<P, DDP> || std::is_same_v<P, ZeRO1> || is_fsdp<P> || is_fsdp_mode<P>;
+inline constexpr bool is_bare_strategy_kind = strategy_kind_tag<P> || is_fsdp<P> || is_fsdp_mode<P>;
 }  // namespace detail
 
 template <class Kind>

@@ -134,6 +134,10 @@ class FullGradients {
 
 }  // namespace detail
 
+// Strategy<DDP>'s options: the gradient buckets (PyTorch DDP's bucket_cap_mb
+// and its small first bucket).
+using DdpOptions = BucketOptions;
+
 template <class Dev, Dtype T, Dtype R>
 class DdpStrategy {
   using binding = CommBinding<Dev>;
@@ -141,9 +145,15 @@ class DdpStrategy {
   using buffer = typename Dev::template buffer<E>;
 
  public:
-  static std::size_t shard_count(const World&, const ShardingOptions&) { return 1; }
+  using options = DdpOptions;
 
-  explicit DdpStrategy(const StrategyContext<Dev>& ctx)
+  static std::size_t shard_count(const World&, const options& o) {
+    if (o.bucket_bytes == 0 || o.first_bucket_bytes == 0)
+      throw config_error("DdpOptions: a bucket of 0 bytes", "give first_bucket_bytes and bucket_bytes > 0");
+    return 1;
+  }
+
+  DdpStrategy(const StrategyContext<Dev>& ctx, const options& opts)
       : dev_(ctx.dev),
         layout_(ctx.layout),
         comm_(ctx.comm),
@@ -161,7 +171,7 @@ class DdpStrategy {
                          &grad_views_.emplace_back(), grads_.compute() + unit.train_offset);
       const_views_.push_back(detail::as_const(pv));
     }
-    reducer_ = std::make_unique<GradReducer<Dev, R>>(dev_, comm_, layout_.buckets(ctx.buckets, sizeof(R)),
+    reducer_ = std::make_unique<GradReducer<Dev, R>>(dev_, comm_, layout_.buckets(opts, sizeof(R)),
                                                      grads_.f32(), n);
     initialise_and_broadcast(ctx.seed);
   }

@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
@@ -44,11 +46,11 @@ struct UnitNumel {
   std::size_t frozen = 0;
 };
 
-// The strategy names estimate_memory knows, in the order tools print them
-// (each is the kind tag's name, as train_mlp's strategy= takes it).
-inline constexpr std::array<std::string_view, 6> estimate_strategies = {
-    DDP::name, FSDP<FullShard>::name, FSDP<ShardGradOp>::name, FSDP<NoShard>::name, FSDP<HybridShard>::name,
-    ZeRO1::name};
+// The strategy names estimate_memory knows: builtin_strategies' names, in
+// that order (each is the kind tag's name, as train_mlp's strategy= takes it).
+inline constexpr auto estimate_strategies = []<class... Kind>(std::type_identity<std::tuple<Kind...>>) {
+  return std::array<std::string_view, sizeof...(Kind)>{Kind::name...};
+}(std::type_identity<builtin_strategies>{});
 
 struct EstimateInputs {
   std::vector<UnitNumel> units;       // every unit in unit order, parameter-free ones included
@@ -63,7 +65,7 @@ struct EstimateInputs {
   std::string strategy = std::string(DDP::name);
   int world = 1;                      // ranks
   int shard_group = 0;                // fsdp-hybrid only: ranks per shard group (>= 1, divides world)
-  int prefetch = 1;                   // ShardingOptions::prefetch
+  int prefetch = 1;                   // FsdpOptions::prefetch, Zero1Options::prefetch
   std::size_t optimizer_states = 2;   // fp32 buffers per element: AdamW 2, SGD with momentum 1, plain SGD 0
   std::size_t activations = 0;        // activation bytes, worked out by the caller
 };
@@ -84,21 +86,36 @@ inline void require_estimate(bool ok, const std::string& what, const std::string
   if (!ok) throw config_error(what, fix);
 }
 
-inline EstimatePlan estimate_plan(const EstimateInputs& in) {
+// The plan of each built-in kind (a kind added to builtin_strategies without
+// one here does not compile).
+inline EstimatePlan plan_of(std::type_identity<DDP>, const EstimateInputs&) {
+  return {estimate_family::replicated, 1, false};
+}
+inline EstimatePlan plan_of(std::type_identity<ZeRO1>, const EstimateInputs& in) {
+  return {estimate_family::zero1, static_cast<std::size_t>(in.world), false};
+}
+template <class Mode>
+EstimatePlan plan_of(std::type_identity<FSDP<Mode>>, const EstimateInputs& in) {
   const auto world = static_cast<std::size_t>(in.world);
-  const std::string_view s = in.strategy;
-  if (s == DDP::name) return {estimate_family::replicated, 1, false};
-  if (s == ZeRO1::name) return {estimate_family::zero1, world, false};
-  if (s == FSDP<FullShard>::name) return {estimate_family::fsdp, world, true};
-  if (s == FSDP<ShardGradOp>::name) return {estimate_family::fsdp, world, false};
-  if (s == FSDP<NoShard>::name) return {estimate_family::fsdp, 1, false};
-  if (s == FSDP<HybridShard>::name) {
+  if constexpr (std::is_same_v<Mode, NoShard>) {
+    return {estimate_family::fsdp, 1, false};
+  } else if constexpr (std::is_same_v<Mode, HybridShard>) {
     require_estimate(in.shard_group >= 1 && in.world % in.shard_group == 0,
                      "fsdp-hybrid: a shard group of " + std::to_string(in.shard_group) +
                          " ranks does not divide the world of " + std::to_string(in.world) + " ranks",
                      "give a shard group size that divides the world size (e.g. the ranks of one node)");
     return {estimate_family::fsdp, static_cast<std::size_t>(in.shard_group), true};
+  } else {
+    return {estimate_family::fsdp, world, std::is_same_v<Mode, FullShard>};
   }
+}
+
+inline EstimatePlan estimate_plan(const EstimateInputs& in) {
+  EstimatePlan plan;
+  const bool found = [&]<class... Kind>(std::type_identity<std::tuple<Kind...>>) {
+    return ((in.strategy == Kind::name && (plan = plan_of(std::type_identity<Kind>{}, in), true)) || ...);
+  }(std::type_identity<builtin_strategies>{});
+  if (found) return plan;
   std::string known;
   for (auto name : estimate_strategies) known += (known.empty() ? "" : ", ") + std::string(name);
   throw config_error("strategy '" + in.strategy + "' is unknown", "use one of " + known);

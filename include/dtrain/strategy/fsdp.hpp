@@ -52,6 +52,16 @@
 
 namespace dtrain {
 
+// Strategy<FSDP<Mode>>'s options.
+struct FsdpOptions {
+  // HybridShard: ranks per shard group (it must divide the world size); 0
+  // takes the ranks of one node (LOCAL_WORLD_SIZE). The other modes ignore it.
+  int shard_group = 0;
+  // Unit all-gathers issued ahead of the unit that computes. FullShard and
+  // HybridShard then hold at most prefetch + 1 gathered units.
+  int prefetch = 1;
+};
+
 template <class Mode, class Dev, Dtype T, Dtype R>
 class FsdpStrategy {
   using binding = CommBinding<Dev>;
@@ -61,7 +71,10 @@ class FsdpStrategy {
   static constexpr bool reshard_after_forward = std::is_same_v<Mode, FullShard> || std::is_same_v<Mode, HybridShard>;
 
  public:
-  static std::size_t shard_count(const World& world, const ShardingOptions& options) {
+  using options = FsdpOptions;
+
+  static std::size_t shard_count(const World& world, const options& options) {
+    detail::check_prefetch("FsdpOptions", options.prefetch);
     if constexpr (std::is_same_v<Mode, NoShard>) {
       return 1;
     } else if constexpr (std::is_same_v<Mode, HybridShard>) {
@@ -69,7 +82,7 @@ class FsdpStrategy {
       if (group < 1 || world.size() % group != 0)
         throw config_error("FSDP<HybridShard>: a shard group of " + std::to_string(group) +
                                " ranks does not divide the world of " + std::to_string(world.size()) + " ranks",
-                           "set ShardingOptions::shard_group (train_mlp: shard_group=K) to a divisor of the world "
+                           "set FsdpOptions::shard_group (train_mlp: shard_group=K) to a divisor of the world "
                            "size; the default is the ranks of one node");
       return static_cast<std::size_t>(group);
     } else {
@@ -77,10 +90,10 @@ class FsdpStrategy {
     }
   }
 
-  explicit FsdpStrategy(const StrategyContext<Dev>& ctx)
+  FsdpStrategy(const StrategyContext<Dev>& ctx, const options& opts)
       : dev_(ctx.dev),
         layout_(ctx.layout),
-        prefetch_(ctx.sharding.prefetch),
+        prefetch_(opts.prefetch),
         last_micro_batch_(ctx.accumulate - 1),
         groups_(ctx.world, ctx.dev, ctx.comm, static_cast<int>(ctx.layout.shards())),
         params_(dev_, layout_, groups_, ctx.seed,

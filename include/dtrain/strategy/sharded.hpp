@@ -116,6 +116,13 @@ class ShardGroups {
 };
 
 namespace detail {
+// FsdpOptions and Zero1Options: the look-ahead of the unit all-gathers.
+inline void check_prefetch(const char* options, int prefetch) {
+  if (prefetch < 0)
+    throw config_error(std::string(options) + "::prefetch = " + std::to_string(prefetch) + " is negative",
+                       "set prefetch to 0 (no look-ahead) or more");
+}
+
 // Unit-sized scratch (gathered parameters, gradient slots) grows to the
 // largest unit it has held and never shrinks: after the first step no
 // allocation happens (cudaFree would wait for the whole GPU).

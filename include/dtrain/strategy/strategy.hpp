@@ -13,15 +13,21 @@
 //   s.finish_gradients();  norm2 = s.grad_norm_squared();   (skip / clip decided by the Trainer)
 //   optimizer over s.owned();  s.after_optimizer();
 //
-// A strategy is picked by specialising strategy_impl for its kind tag; it is
-// constructed from a StrategyContext and owns every buffer that holds
-// parameters, gradients or master weights on this rank (the optimizer state
-// follows s.owned(), see optim/flat_optimizer.hpp).
+// A strategy is picked by specialising strategy_impl for its kind tag (any
+// tag type with a `static constexpr std::string_view name`: the built-in ones
+// and a user's own plug in alike). It is constructed from a StrategyContext
+// and its own options (S::options, NoStrategyOptions when it declares none),
+// and owns every buffer that holds parameters, gradients or master weights on
+// this rank (the optimizer state follows s.owned(), see
+// optim/flat_optimizer.hpp). The Trainer reaches it through AnyStrategy
+// (strategy/any_strategy.hpp), so the training loop compiles once for every
+// strategy.
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/comm/world.hpp"
@@ -34,15 +40,21 @@
 
 namespace dtrain {
 
-// Run-time settings of the sharded strategies.
-struct ShardingOptions {
-  // FSDP<HybridShard>: ranks per shard group (it must divide the world size);
-  // 0 takes the ranks of one node (LOCAL_WORLD_SIZE).
-  int shard_group = 0;
-  // FSDP and ZeRO1: unit all-gathers issued ahead of the unit that computes.
-  // FullShard and HybridShard then hold at most prefetch + 1 gathered units.
-  int prefetch = 1;
-};
+// The options of a strategy that declares none.
+struct NoStrategyOptions {};
+
+namespace detail {
+template <class S>
+struct options_of : std::type_identity<NoStrategyOptions> {};
+template <class S>
+  requires requires { typename S::options; }
+struct options_of<S> : std::type_identity<typename S::options> {};
+}  // namespace detail
+
+// A strategy's run-time settings: S::options (FsdpOptions, DdpOptions, a
+// user strategy's own struct), given to the Trainer beside TrainerOptions.
+template <class S>
+using strategy_options_t = typename detail::options_of<S>::type;
 
 // What the optimizer updates on this rank: `size` fp32 master weights and
 // their summed gradient, and (when not null) the compute-dtype copy the
@@ -81,32 +93,37 @@ struct StrategyContext {
   typename CommBinding<Dev>::comm_type& comm;         // the whole world's communicator
   std::uint64_t seed = 0;                             // parameter initialisation
   int accumulate = 1;                                 // micro-batches per optimizer step (Accumulate<N>)
-  ShardingOptions sharding{};
-  BucketOptions buckets{};
 };
 
 namespace detail {
 template <class>
 inline constexpr bool no_strategy_impl = false;
+// What strategy_impl names when no specialisation matched: its static_assert
+// is the one diagnostic, and the Trainer compiles nothing more for it.
+struct missing_strategy {};
 }  // namespace detail
 
 // strategy_impl<Kind, Dev, T, R>::type is the strategy class for kind Kind on
 // device Dev, compute dtype T and reduce dtype R (the micro-batch count comes
 // at run time, in StrategyContext: it changes decisions, not types, so one
 // instantiation serves every Accumulate<N>). Each strategy header specialises
-// it for its kind.
+// it for its kind; so does a user's strategy, outside dtrain's headers.
 template <class Kind, class Dev, class T, class R>
 struct strategy_impl {
   static_assert(detail::no_strategy_impl<Kind>,
                 "dtrain: could not build a strategy for these parameters: include the strategy's header "
-                "(<dtrain/trainer.hpp> includes DDP, FSDP and ZeRO1) or specialise dtrain::strategy_impl");
+                "(<dtrain/trainer.hpp> includes DDP, FSDP and ZeRO1) or, for your own kind, specialise "
+                "dtrain::strategy_impl<Kind, Dev, T, R> with `using type = YourStrategy<Dev, T, R>;`");
+  using type = detail::missing_strategy;
 };
 
 // The parameter views a unit computes with and the gradient views it writes.
 template <class S, class T>
 concept TrainingStrategy = requires(S& s, const S& cs, std::size_t u, int k, std::span<float> f, std::span<T> t) {
-  // The number of equal shards each unit's segments are padded for.
-  { S::shard_count(std::declval<const World&>(), std::declval<const ShardingOptions&>()) }
+  // The number of equal shards each unit's segments are padded for (1: none).
+  // It also checks the options: a bad value throws config_error here, before
+  // anything is allocated.
+  { S::shard_count(std::declval<const World&>(), std::declval<const strategy_options_t<S>&>()) }
       -> std::convertible_to<std::size_t>;
   s.before_forward(u, k);
   s.after_forward(u, k);

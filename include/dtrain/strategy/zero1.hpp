@@ -36,6 +36,12 @@
 
 namespace dtrain {
 
+// Strategy<ZeRO1>'s options.
+struct Zero1Options {
+  // Updated-parameter all-gathers issued ahead of the unit that computes.
+  int prefetch = 1;
+};
+
 template <class Dev, Dtype T, Dtype R>
 class Zero1Strategy {
   using binding = CommBinding<Dev>;
@@ -45,14 +51,17 @@ class Zero1Strategy {
   static constexpr bool stage_in_r = !std::is_same_v<R, float>;
 
  public:
-  static std::size_t shard_count(const World& world, const ShardingOptions&) {
+  using options = Zero1Options;
+
+  static std::size_t shard_count(const World& world, const options& options) {
+    detail::check_prefetch("Zero1Options", options.prefetch);
     return static_cast<std::size_t>(world.size());
   }
 
-  explicit Zero1Strategy(const StrategyContext<Dev>& ctx)
+  Zero1Strategy(const StrategyContext<Dev>& ctx, const options& opts)
       : dev_(ctx.dev),
         layout_(ctx.layout),
-        prefetch_(ctx.sharding.prefetch),
+        prefetch_(opts.prefetch),
         last_micro_batch_(ctx.accumulate - 1),
         groups_(ctx.world, ctx.dev, ctx.comm, ctx.world.size()),
         master_(dev_, layout_, groups_, ctx.seed, memory_category::master, false),

@@ -1,4 +1,4 @@
-// expect: dtrain: unknown strategy: Strategy<...> takes DDP, FSDP<Mode> or ZeRO1
+// expect: dtrain: Strategy<Kind> takes a strategy kind: DDP, FSDP<Mode>, ZeRO1, or your own tag type
 #include <dtrain/policy/policies.hpp>
 
 using namespace dtrain;

@@ -1,0 +1,432 @@
+#pragma once
+// CheckpointIO: a trainer's checkpoint and parameter I/O. Resumable
+// checkpoints (save, load), consolidated and pretrained weights
+// (save_params, load_params) and the parameters by name, at any world size
+// and under any strategy: everything goes through the strategy's ownership
+// contract (owned(), ownership(), frozen_storage(), read_unit(),
+// after_load()) and the optimizer's state, so it is compiled once per
+// (device, compute dtype), whatever the model and strategy.
+//
+// Each operation is collective: every rank calls it with the same arguments.
+// A rank that fails tells the others (agree), so either every rank changes
+// its state or none does, and no rank is left waiting in a collective.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "dtrain/checkpoint/checkpoint.hpp"
+#include "dtrain/checkpoint/crc32c.hpp"
+#include "dtrain/checkpoint/safetensors.hpp"
+#include "dtrain/comm/world.hpp"
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/fault.hpp"
+#include "dtrain/model/layout.hpp"
+#include "dtrain/optim/flat_optimizer.hpp"
+#include "dtrain/strategy/any_strategy.hpp"
+
+namespace dtrain {
+
+template <class Dev, class T>
+class CheckpointIO {
+ public:
+  CheckpointIO(World& world, Dev& dev, const ModelLayout& layout, AnyStrategy<T>& strategy,
+               FlatOptimizer<Dev>& optimizer)
+      : world_(world), dev_(dev), layout_(layout), strategy_(strategy), optimizer_(optimizer) {}
+
+  // Every parameter as fp32 on the host, by name ("<unit>.<param>").
+  // Collective under sharded strategies: every rank must call it.
+  std::map<std::string, std::vector<float>> parameters() {
+    std::map<std::string, std::vector<float>> out;
+    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+      const auto& unit = layout_.units()[u];
+      std::vector<float> train(unit.train_size);
+      std::vector<T> frozen(unit.frozen_size);
+      strategy_.read_unit(u, train, frozen);
+      for (const auto& slot : unit.params) {
+        const auto n = static_cast<std::size_t>(slot.spec.numel());
+        std::vector<float> v(n);
+        if (slot.spec.trainable) {
+          std::copy_n(train.begin() + static_cast<std::ptrdiff_t>(slot.offset - unit.train_offset), n, v.begin());
+        } else {
+          const auto at = static_cast<std::ptrdiff_t>(slot.offset - unit.frozen_offset);
+          for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(frozen[static_cast<std::size_t>(at) + i]);
+        }
+        out.emplace(slot.name, std::move(v));
+      }
+    }
+    return out;
+  }
+
+  // Every parameter as F32 in one safetensors file (atomically), the names
+  // "<unit>.<param>" and the units' shapes: rank 0 streams it to disk while
+  // the units are gathered one by one, so no rank holds the whole model.
+  // Collective: every rank calls it; the file exists on every rank's return.
+  void save_params(const std::filesystem::path& path) {
+    std::string error;
+    stream_parameters(path, error);
+    agree(error, "could not write " + detail::quoted_path(path));
+  }
+
+  // Writes a resumable checkpoint to `dir` (a new directory, or one a save
+  // that died left without an index): every rank writes what it owns, rank 0
+  // commits the index last. Collective: every rank calls it with the same
+  // dir. A directory that holds a checkpoint is never overwritten.
+  // `info` is the trainer's non-tensor state (step, loss scale, dtypes, ...).
+  void save(const std::filesystem::path& dir, const SaveOptions& options, CheckpointInfo info) {
+    if (is_checkpoint(dir))
+      throw checkpoint_error(detail::quoted_path(dir) + " already holds a checkpoint (step " +
+                                 std::to_string(checkpoint_info(dir).step) + ")",
+                             "save to a new directory (train_mlp uses <checkpoint_dir>/step-<n>), or remove it "
+                             "first: dtrain never overwrites a complete checkpoint");
+    info.metadata = options.metadata;
+    if (options.sampler) {
+      info.sampler = SamplerProgress::of(*options.sampler);
+      world_.check_agree("the sampler position saved in " + dir.string(),
+                         std::to_string(info.sampler->epoch) + ":" + std::to_string(info.sampler->global_position));
+    }
+    if (world_.rank() == 0) {
+      std::filesystem::create_directories(dir);
+      detail::clear_partial_save(dir);
+    }
+    world_.barrier("checkpoint-dir");
+    std::string error;
+    nlohmann::json mine;
+    try {
+      const Ownership own = strategy_.ownership();
+      const bool writes = std::ranges::any_of(own.trainable, &OwnedRange::writer) ||
+                          std::ranges::any_of(own.frozen, &OwnedRange::writer);
+      mine["written"] = detail::write_rank_file(dir, world_.rank(), world_.size(), layout_, own,
+                                                writes ? host_state() : HostState<T>{}, options.consolidated);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    fault::hit(fault::point::save);
+    if (options.consolidated) mine["model"] = stream_parameters(dir / checkpoint_model_name, error);
+    mine["error"] = error;
+    const auto all = world_.all_gather_values("checkpoint-files", mine.dump());
+    std::vector<nlohmann::json> ranks;
+    for (const auto& text : all) ranks.push_back(nlohmann::json::parse(text));
+    for (std::size_t r = 0; r < ranks.size(); ++r)
+      if (const auto e = ranks[r].at("error").get<std::string>(); !e.empty())
+        throw checkpoint_error("rank " + std::to_string(r) + " could not write its part of checkpoint " +
+                                   detail::quoted_path(dir) + ": " + e,
+                               "check free disk space and permissions on every rank (all ranks write to the same "
+                               "directory: a shared file system across nodes); the previous checkpoint is untouched");
+    std::string committed;
+    if (world_.rank() == 0) {
+      try {
+        commit_index(dir, info, ranks);
+      } catch (const std::exception& e) {
+        committed = e.what();
+      }
+    }
+    const auto status = world_.all_gather_values("checkpoint-commit", committed);
+    if (!status[0].empty())
+      throw checkpoint_error("rank 0 could not commit checkpoint " + detail::quoted_path(dir) + ": " + status[0],
+                             "check free disk space and permissions; the previous checkpoint is untouched");
+  }
+
+  // Restores a checkpoint saved by any strategy at any world size: checks
+  // that it was made for this model (naming the first tensor that differs)
+  // before touching anything, reads and verifies what this rank owns, and
+  // only then replaces parameters, optimizer state, step and loss scale.
+  // Collective. Returns the checkpoint's non-tensor state for the trainer to
+  // take (step, loss scale); restore the sampler with
+  // info.sampler->state_for(sampler).
+  CheckpointInfo load(const std::filesystem::path& dir, const LoadOptions& options = {}) {
+    const CheckpointIndex index = detail::parse_index(dir);
+    check_checkpoint_model(index);
+    const auto states = optimizer_.state();
+    std::vector<std::string> names;
+    for (const auto& st : states) names.emplace_back(st.name);
+    if (options.optimizer_state && index.info.optimizer_states != names)
+      throw config_error("checkpoint " + detail::quoted_path(dir) + " holds " + index.info.optimizer +
+                             " state (" + join(index.info.optimizer_states) + ") but this trainer's optimizer keeps (" +
+                             join(names) + ")",
+                         "train with the checkpoint's optimizer, or load with LoadOptions{.optimizer_state = false} "
+                         "to keep this trainer's fresh optimizer state");
+    // Every owned element is read from the checkpoint: sized buffers, not a copy of the current state.
+    HostState<T> state = host_state(false);
+    std::string error;
+    try {
+      read_owned(index, state, options.optimizer_state);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree(error, "could not load checkpoint " + detail::quoted_path(dir));
+    put_host_state(state, options.optimizer_state);
+    return index.info;
+  }
+
+  // Parameters from a safetensors file (F32, BF16 or F16 tensors named
+  // "<unit>.<param>", or renamed through options.rename), at any world size
+  // and strategy: every rank reads only the elements it owns. Optimizer
+  // state and step are left alone. Collective.
+  LoadParamsReport load_params(const std::filesystem::path& file, const LoadParamsOptions& options = {}) {
+    const auto source = SafetensorsFile::open(file);
+    LoadParamsReport report;
+    std::map<std::string, std::string> from;  // model name -> file name
+    for (const auto& name : source.names()) {
+      const auto it = options.rename.find(name);
+      from[it == options.rename.end() ? name : it->second] = name;
+    }
+    std::map<std::string, bool> used;
+    for (const auto& unit : layout_.units())
+      for (const auto& slot : unit.params) {
+        const auto it = from.find(slot.name);
+        if (it == from.end()) {
+          report.missing.push_back(slot.name);
+          continue;
+        }
+        used[it->second] = true;
+        const auto t = source.tensor(it->second);
+        const bool floating = t.dtype == safetensors_dtype::f32 || t.dtype == safetensors_dtype::bf16 ||
+                              t.dtype == safetensors_dtype::f16;
+        if (t.shape != slot.spec.shape || !floating)
+          report.mismatched.push_back(slot.name + ": " + shape_text(t.shape) + " " +
+                                      std::string(safetensors_name(t.dtype)) + " in the file, " +
+                                      shape_text(slot.spec.shape) + " in the model");
+        else
+          report.loaded.push_back(slot.name);
+      }
+    for (const auto& name : source.names())
+      if (!used.contains(name)) report.unexpected.push_back(name);
+    if (options.strict && (!report.missing.empty() || !report.unexpected.empty() || !report.mismatched.empty()))
+      throw config_error(detail::quoted_path(file) + " does not match this model:" +
+                             (report.missing.empty() ? "" : " missing " + join(report.missing) + ";") +
+                             (report.unexpected.empty() ? "" : " unexpected " + join(report.unexpected) + ";") +
+                             (report.mismatched.empty() ? "" : " mis-shaped " + join(report.mismatched) + ";"),
+                         "map the file's names with LoadParamsOptions::rename, or load what matches with "
+                         "strict = false (train_mlp: init_strict=false)");
+    HostState<T> state = host_state();
+    std::string error;
+    try {
+      const std::map<std::string, bool> wanted = [&] {
+        std::map<std::string, bool> m;
+        for (const auto& n : report.loaded) m[n] = true;
+        return m;
+      }();
+      const Ownership own = strategy_.ownership();
+      for (bool frozen : {false, true})
+        for (const auto& p : detail::owned_pieces(layout_, frozen ? own.frozen : own.trainable, frozen, false)) {
+          if (!wanted.contains(p.slot->name)) continue;
+          const auto t = source.tensor(from.at(p.slot->name));
+          const std::size_t elem = element_size(t.dtype);
+          const auto bytes = t.bytes.subspan(p.tensor_begin * elem, p.count * elem);
+          const std::string what = "tensor '" + from.at(p.slot->name) + "' of " + detail::quoted_path(file);
+          if (frozen)
+            detail::convert_into(bytes, t.dtype, state.frozen.data() + p.local, p.count, what);
+          else
+            detail::convert_into(bytes, t.dtype, state.master.data() + p.local, p.count, what);
+        }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree(error, "could not load parameters from " + detail::quoted_path(file));
+    put_host_state(state, false);
+    return report;
+  }
+
+
+ private:
+  static std::string join(const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+    return out.empty() ? "none" : out;
+  }
+  static std::string shape_text(const std::vector<std::int64_t>& shape) { return detail::shape_string(shape); }
+
+
+  // Host buffers shaped like this rank's owned state, holding a copy of it
+  // (or left unfilled when the caller overwrites every element).
+  HostState<T> host_state(bool copy = true) {
+    HostState<T> s;
+    const OwnedFlat<T> owned = strategy_.owned();
+    s.master.resize(owned.size);
+    if (copy) dev_.copy_to_host(s.master.data(), owned.master, owned.size);
+    for (const auto& st : optimizer_.state()) {
+      auto& [name, values] = s.optimizer.emplace_back(std::string(st.name), std::vector<float>(owned.size));
+      if (copy) dev_.copy_to_host(values.data(), st.data, owned.size);
+    }
+    const std::span<T> frozen = strategy_.frozen_storage();
+    s.frozen.resize(frozen.size());
+    if (copy) dev_.copy_to_host(s.frozen.data(), frozen.data(), frozen.size());
+    return s;
+  }
+
+  void put_host_state(const HostState<T>& s, bool optimizer_state) {
+    const OwnedFlat<T> owned = strategy_.owned();
+    dev_.copy_from_host(owned.master, s.master.data(), owned.size);
+    if (optimizer_state) {
+      const auto states = optimizer_.state();
+      for (std::size_t i = 0; i < states.size(); ++i)
+        dev_.copy_from_host(states[i].data, s.optimizer[i].second.data(), owned.size);
+    }
+    const std::span<T> frozen = strategy_.frozen_storage();
+    dev_.copy_from_host(frozen.data(), s.frozen.data(), frozen.size());
+    strategy_.after_load();
+  }
+
+  // Throws on every rank when `error` (this rank's) or any other rank's is set.
+  void agree(const std::string& error, const std::string& what) {
+    const auto all = world_.all_gather_values("checkpoint-agree", error);
+    for (int r = 0; r < world_.size(); ++r)
+      if (!all[static_cast<std::size_t>(r)].empty())
+        throw checkpoint_error("rank " + std::to_string(r) + " " + what + ": " + all[static_cast<std::size_t>(r)],
+                               "nothing was changed; fix the cause named above (or load an older checkpoint)");
+  }
+  // Every parameter in F32 to `path`, gathered unit by unit; rank 0 streams
+  // the file and returns its pieces (for a checkpoint's index). Every rank
+  // takes part in every gather, even after rank 0 failed (`error` then holds
+  // why), so no rank is left waiting in a collective.
+  nlohmann::json stream_parameters(const std::filesystem::path& path, std::string& error) {
+    std::optional<SafetensorsStreamWriter> out;
+    if (world_.rank() == 0 && error.empty()) {
+      std::vector<SafetensorsEntry> entries;
+      for (const auto& unit : layout_.units())
+        for (const auto& slot : unit.params) entries.push_back({slot.name, safetensors_dtype::f32, slot.spec.shape});
+      try {
+        out.emplace(path, std::move(entries));
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    nlohmann::json pieces = nlohmann::json::object();
+    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+      const auto& unit = layout_.units()[u];
+      std::vector<float> train(unit.train_size);
+      std::vector<T> frozen(unit.frozen_size);
+      strategy_.read_unit(u, train, frozen);
+      if (!out || !error.empty()) continue;
+      try {
+        std::vector<float> widened;  // a frozen parameter in fp32
+        for (const auto& slot : unit.params) {
+          const auto n = static_cast<std::size_t>(slot.spec.numel());
+          std::span<const float> v;
+          if (slot.spec.trainable) {
+            v = std::span(train).subspan(slot.offset - unit.train_offset, n);
+          } else {
+            widened.resize(n);
+            for (std::size_t i = 0; i < n; ++i) widened[i] = static_cast<float>(frozen[slot.offset - unit.frozen_offset + i]);
+            v = widened;
+          }
+          const auto bytes = std::as_bytes(v);
+          out->write(bytes);
+          pieces[slot.name]["param"].push_back(detail::piece_json(
+              {path.filename().string(), slot.name, 0, n, safetensors_dtype::f32, crc32c(bytes)}));
+        }
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    if (!out || !error.empty()) return nlohmann::json::object();
+    try {
+      out->commit();
+      return {{"pieces", pieces}, {"file", path.filename().string()}, {"bytes", std::filesystem::file_size(path)}};
+    } catch (const std::exception& e) {
+      error = e.what();
+      return nlohmann::json::object();
+    }
+  }
+
+  // Rank 0: merges every rank's pieces into the index and commits it.
+  void commit_index(const std::filesystem::path& dir, const CheckpointInfo& info,
+                    const std::vector<nlohmann::json>& ranks) {
+    CheckpointIndex index;
+    index.info = info;
+    for (const auto& unit : layout_.units())
+      for (const auto& slot : unit.params) {
+        index.order.push_back(slot.name);
+        index.tensors[slot.name] = {slot.spec.shape, slot.spec.trainable, {}};
+      }
+    for (const auto& r : ranks) {
+      if (r.contains("written")) detail::merge_written(index, r.at("written"));
+      if (r.contains("model")) detail::merge_written(index, r.at("model"));
+    }
+    detail::sort_pieces(index);
+    const std::string text = detail::index_text(index);
+    detail::write_file_atomically(dir / checkpoint_index_name,
+                                  std::array{std::as_bytes(std::span(text.data(), text.size()))});
+  }
+
+  // The checkpoint must hold exactly this model's tensors, in this order,
+  // with the same shapes and trainability; the first difference is named.
+  void check_checkpoint_model(const CheckpointIndex& index) const {
+    std::vector<const ParamSlot*> mine;
+    for (const auto& unit : layout_.units())
+      for (const auto& slot : unit.params) mine.push_back(&slot);
+    const std::string where = "checkpoint " + detail::quoted_path(index.info.dir) + " was saved for a different model: ";
+    const char* fix = "load it into the model it was saved from (same config and code), or take only matching "
+                      "weights with load_params from a consolidated model.safetensors";
+    for (std::size_t i = 0; i < std::max(mine.size(), index.order.size()); ++i) {
+      if (i >= mine.size())
+        throw config_error(where + "it has tensor '" + index.order[i] + "' that this model lacks", fix);
+      const ParamSlot& slot = *mine[i];
+      if (i >= index.order.size() || index.order[i] != slot.name)
+        throw config_error(where + "this model's tensor '" + slot.name + "' " +
+                               (index.tensors.contains(slot.name) ? "is at another position in it"
+                                                                   : "is not in it" + std::string(i < index.order.size() ? " (it has '" + index.order[i] + "' there)" : "")),
+                           fix);
+      const CheckpointTensor& t = index.tensors.at(slot.name);
+      if (t.shape != slot.spec.shape)
+        throw config_error(where + "tensor '" + slot.name + "' is " + shape_text(t.shape) + " in the checkpoint and " +
+                               shape_text(slot.spec.shape) + " in this model",
+                           fix);
+      if (t.trainable != slot.spec.trainable)
+        throw config_error(where + "tensor '" + slot.name + "' is " + (t.trainable ? "trainable" : "frozen") +
+                               " in the checkpoint and " + (slot.spec.trainable ? "trainable" : "frozen") +
+                               " in this model",
+                           fix);
+      for (const auto& [kind, list] : t.pieces)
+        for (const auto& p : list)
+          if (p.dtype != safetensors_dtype::f32 && p.dtype != safetensors_dtype::bf16 &&
+              p.dtype != safetensors_dtype::f16)
+            throw config_error(where + "tensor '" + slot.name + "' has " + kind + " of dtype " +
+                                   std::string(safetensors_name(p.dtype)),
+                               fix);
+    }
+  }
+
+  // Fills `state` with what this rank owns, from the checkpoint's pieces.
+  void read_owned(const CheckpointIndex& index, HostState<T>& state, bool optimizer_state) {
+    detail::PieceReader reader(index.info.dir, index.files);
+    const Ownership own = strategy_.ownership();
+    auto pieces_of = [&](const std::string& tensor, const std::string& kind) -> const std::vector<CheckpointPiece>& {
+      static const std::vector<CheckpointPiece> none;
+      const auto& t = index.tensors.at(tensor);
+      const auto it = t.pieces.find(kind);
+      return it == t.pieces.end() ? none : it->second;
+    };
+    for (const auto& p : detail::owned_pieces(layout_, own.trainable, false, false)) {
+      const std::string& name = p.slot->name;
+      detail::read_elements(reader, name, "param", pieces_of(name, "param"), p.tensor_begin, p.count,
+                            state.master.data() + p.local);
+      if (optimizer_state)
+        for (auto& [kind, values] : state.optimizer)
+          detail::read_elements(reader, name, kind, pieces_of(name, kind), p.tensor_begin, p.count,
+                                values.data() + p.local);
+    }
+    for (const auto& p : detail::owned_pieces(layout_, own.frozen, true, false))
+      detail::read_elements(reader, p.slot->name, "param", pieces_of(p.slot->name, "param"), p.tensor_begin,
+                            p.count, state.frozen.data() + p.local);
+  }
+
+
+  World& world_;
+  Dev& dev_;
+  const ModelLayout& layout_;
+  AnyStrategy<T>& strategy_;
+  FlatOptimizer<Dev>& optimizer_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,57 @@
+#pragma once
+// What every Trainer takes and reports, whatever its strategy: TrainerOptions
+// (a strategy's own settings are its options struct, given beside these:
+// DdpOptions, FsdpOptions, Zero1Options) and StepStats.
+
+#include <cstdint>
+#include <optional>
+
+#include "dtrain/device/device.hpp"
+#include "dtrain/optim/config.hpp"
+#include "dtrain/optim/schedule.hpp"
+
+namespace dtrain {
+
+// Dynamic loss scaling for fp16 (PyTorch GradScaler's defaults): a step whose
+// gradients hold inf/NaN is skipped and the scale shrinks; after `window`
+// good steps in a row it grows again.
+struct LossScaleOptions {
+  float initial = 65536.f;
+  float growth = 2.f;
+  float backoff = 0.5f;
+  std::int64_t window = 2000;
+};
+
+struct TrainerOptions {
+  std::uint64_t seed = 0;                 // parameter initialisation (checked equal on every rank)
+  ClipConfig clip{};                      // max_norm 0: no clipping
+  std::optional<Schedule> schedule{};     // absent: the optimizer's constant lr
+  LrScaling lr_scaling = LrScaling::none; // scales the schedule by the world size
+  LossScaleOptions loss_scale{};
+  // Drop the activations units keep from forward for backward (saved_size)
+  // after each unit's forward and recompute them right before its backward:
+  // one unit's worth of them in memory instead of every unit's, for one more
+  // forward of each such unit; results are bit-identical.
+  bool activation_checkpointing = false;
+  // Report StepStats::grad_norm every step. It costs a pass over the
+  // gradients (and a scalar all-reduce under sharded strategies); false skips
+  // it when nothing needs it, and grad_norm is then NaN. Clipping and fp16
+  // loss scaling compute it regardless.
+  bool grad_norm = true;
+};
+
+struct StepStats {
+  std::int64_t step = 0;       // optimizer steps taken, this one included
+  double loss = 0.0;           // the step's loss: the sum over every counted target (the loss's count), all ranks, divided by their number
+  float lr = 0.f;
+  double grad_norm = 0.0;      // global L2 norm of the averaged gradient, before clipping
+  bool skipped = false;        // fp16: inf/NaN gradients, step not applied
+  float loss_scale = 1.f;
+  std::int64_t samples = 0;    // samples in the step over all ranks (rows of "x")
+  std::int64_t positions = 0;  // samples x sequence length (tokens for a language model)
+  double count = 0.0;          // the loss normaliser over all ranks (samples, or targets not ignored)
+  double step_ms = 0.0;
+  MemoryUsage memory;          // this rank's bytes by category (Trainer::memory())
+};
+
+}  // namespace dtrain
