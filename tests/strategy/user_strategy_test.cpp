@@ -11,6 +11,7 @@
 // against DDP (period 1 with plain SGD is DDP's update), and for its options'
 // validation.
 
+#define BOOST_TEST_MODULE user_strategy
 #include <boost/test/unit_test.hpp>
 
 #include <dtrain/trainer.hpp>
@@ -28,6 +29,7 @@
 namespace {
 
 using namespace dtrain;
+using dtrain::testing::run_ranks;
 
 // ---- the user's strategy -----------------------------------------------------
 
@@ -291,8 +293,9 @@ BOOST_AUTO_TEST_CASE(local_sgd_matches_its_float64_reference) {
       });
       Reference ref;
       for (int r = 0; r < world; ++r) {
-        ref.w.emplace_back(ending(initial[0], ".weight").begin(), ending(initial[0], ".weight").end());
-        ref.b.emplace_back(ending(initial[0], ".bias").begin(), ending(initial[0], ".bias").end());
+        const auto w0 = ending(initial[0], ".weight"), b0 = ending(initial[0], ".bias");
+        ref.w.emplace_back(w0.begin(), w0.end());
+        ref.b.emplace_back(b0.begin(), b0.end());
         BOOST_TEST((initial[static_cast<std::size_t>(r)] == initial[0]), "rank " << r << " started elsewhere");
       }
       for (int s = 0; s < steps; ++s) ref.step(s, world, accumulate, lr, period, s + 1);

@@ -55,7 +55,9 @@ inline constexpr int slot_count = ((slot_of<Ps> == S ? 1 : 0) + ... + 0);
 // The first problem only, so a bad composition reports exactly one static_assert.
 template <class... Ps>
 inline constexpr composition_problem composition_of =
-    (... || is_bare_strategy_kind<Ps>)                 ? composition_problem::bare_strategy_kind
+    (... || (is_bare_strategy_kind<Ps> ||
+             std::conjunction_v<std::bool_constant<slot_of<Ps> == policy_slot::unknown>, is_strategy_kind_tag<Ps>>))
+                                                       ? composition_problem::bare_strategy_kind
     : (... || (slot_of<Ps> == policy_slot::unknown))   ? composition_problem::unknown_type
     : (... || (slot_count<slot_of<Ps>, Ps...> > 1))    ? composition_problem::duplicate
                                                        : composition_problem::none;

@@ -102,8 +102,14 @@ struct strategy_diagnostic {
 };
 
 // A kind (or an FSDP mode) given where a policy belongs, without Strategy<>.
+// (A user's kind is recognised in policies.hpp, only for types no slot
+// claims: asking a class template specialisation for `name` instantiates it.)
 template <class P>
-inline constexpr bool is_bare_strategy_kind = strategy_kind_tag<P> || is_fsdp<P> || is_fsdp_mode<P>;
+inline constexpr bool is_bare_strategy_kind =
+    std::is_same_v<P, DDP> || std::is_same_v<P, ZeRO1> || is_fsdp<P> || is_fsdp_mode<P>;
+
+template <class K>
+struct is_strategy_kind_tag : std::bool_constant<strategy_kind_tag<K>> {};
 }  // namespace detail
 
 template <class Kind>
