@@ -59,7 +59,7 @@
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/fault.hpp"
-#include "dtrain/launch/env.hpp"
+#include "dtrain/core/host_env.hpp"
 
 namespace dtrain {
 

@@ -38,9 +38,9 @@
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/host_env.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/device/device.hpp"
-#include "dtrain/launch/env.hpp"
 
 // Declared here rather than taken from <cblas.h>: only OpenBLAS's cblas.h
 // declares them, and a system may point <cblas.h> at another vendor's header.
