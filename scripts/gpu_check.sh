@@ -53,7 +53,7 @@ packages=(
   libboost1.74-dev libboost-test1.74-dev libboost-test1.74.0
   libopenblas-dev libopenblas-pthread-dev libopenblas0 libopenblas0-pthread libgfortran5 libquadmath0
 )
-# doxygen (test_docs builds the API reference) and every library it loads
+# doxygen (docs_test builds the API reference) and every library it loads
 # but the C, C++ and zlib runtimes: it runs on these alone, through a wrapper
 # that puts them first on its own loader path only.
 docs_packages=(

@@ -8,7 +8,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DTRAIN_BUILD_DIR:-$root/build}"
 
 # python3-torch: the tests that read checkpoints with PyTorch, and the benchmarks' peer.
-# iproute2: the multi-node test's network namespaces (tests/reliability/test_netns.cpp).
+# iproute2: the multi-node test's network namespaces (tests/reliability/netns_test.cpp).
 # openmpi-bin: mpirun, one of the launchers the launcher test starts train_mlp with.
 # python3-matplotlib: scripts/plot_metrics.py. doxygen: the API reference (docs/api.md).
 packages=(cmake g++ make pkg-config libgloo-dev librange-v3-dev libboost-test-dev libopenblas-dev

@@ -1,6 +1,6 @@
 // The C++ the pages under docs/ show (checkpoints, data, policies, model,
 // reliability; guide.cpp has the guide's), compiled and run by CTest as
-// doc_snippets; test_docs checks the pages against the marked regions. Declarations-only regions (the concepts' signatures) are
+// doc_snippets; docs_test checks the pages against the marked regions. Declarations-only regions (the concepts' signatures) are
 // checked with static_assert against the concepts they document.
 #include <dtrain/trainer.hpp>
 

@@ -2,7 +2,7 @@
 // scratch folder): as one process it trains the MLP for 1000 steps, then
 // saves a checkpoint and the parameters; under dtrain-run it trains on every
 // rank. The regions between the `[snippet:NAME]` markers are what the pages
-// show; test_docs checks the pages against them.
+// show; docs_test checks the pages against them.
 #include <cstdio>
 #include <random>
 #include <vector>

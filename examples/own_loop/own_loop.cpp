@@ -8,7 +8,7 @@
 //
 // It does the Trainer's arithmetic in the Trainer's order, so on the same job
 // it ends with the Trainer's parameters to the bit (tests/examples/
-// test_own_loop.cpp checks it against train_mlp; docs/own_loop.md walks
+// own_loop_test.cpp checks it against train_mlp; docs/own_loop.md walks
 // through the loop). What the Trainer adds on top (other precisions, FSDP,
 // clipping, schedules, checkpoints) is left out: such keys are refused.
 

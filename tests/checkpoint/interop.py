@@ -1,4 +1,4 @@
-"""The Python side of test_python_interop: reads a dtrain checkpoint's
+"""The Python side of python_interop_test: reads a dtrain checkpoint's
 model.safetensors with safetensors (numpy, and torch when importable), and
 writes pretrained weights for dtrain to load.
 

@@ -14,7 +14,7 @@
 # (-timeout=10 s), leak or out-of-memory (-rss_limit_mb=2048) stops the
 # target and the script fails, leaving the input as <target>-crash-*,
 # -timeout-*, -leak-* or -oom-* in the work directory it prints: add it to tests/corpus/<target>/
-# (test_fuzz_corpus replays it in CI) and fix the parser.
+# (fuzz_corpus_test replays it in CI) and fix the parser.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 runs=10000000

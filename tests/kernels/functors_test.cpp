@@ -1,6 +1,7 @@
 // The kernel functors on dtrain::Host against float64 references of the same
 // formulas (PyTorch's AdamW and SGD), over random non-zero inputs and several
 // steps.
+#define BOOST_TEST_MODULE kernels
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>

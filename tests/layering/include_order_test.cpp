@@ -3,7 +3,9 @@
 // before it. The order is read from the design page itself (the backquoted
 // `core < device < ...` line), so the rule and its check cannot drift apart.
 // The umbrella header dtrain/trainer.hpp may include anything; dtrain/
-// version.hpp counts as core.
+// version.hpp counts as core. Also the tests' layout: a tests/<layer>/
+// folder for every include/dtrain/<layer>/, and one naming convention for
+// test sources (<what>_test.cpp or .cu).
 #define BOOST_TEST_MODULE include_order
 #include <boost/test/unit_test.hpp>
 
@@ -120,4 +122,28 @@ BOOST_AUTO_TEST_CASE(the_check_can_fail) {
   BOOST_TEST(bad[0].where == "dtrain/device/fake.hpp:2");
   const auto unknown = upward_includes("dtrain/core/x.hpp", "core", "#include \"dtrain/nowhere/x.hpp\"\n", order, seen);
   BOOST_TEST(unknown.size() == 1u);
+}
+
+// The test of include/dtrain/<layer>/x.hpp is found under tests/<layer>/.
+BOOST_AUTO_TEST_CASE(every_layer_has_a_test_folder) {
+  for (const auto& e : fs::directory_iterator(repo / "include/dtrain"))
+    if (e.is_directory())
+      BOOST_TEST(fs::is_directory(repo / "tests" / e.path().filename()),
+                 "include/dtrain/" << e.path().filename().string() << "/ has no tests/"
+                                   << e.path().filename().string() << "/ folder");
+}
+
+// Every source that defines test cases is named <what>_test.cpp (or .cu).
+BOOST_AUTO_TEST_CASE(test_sources_follow_one_naming_convention) {
+  int tests = 0;
+  for (const auto& e : fs::recursive_directory_iterator(repo / "tests")) {
+    const auto ext = e.path().extension();
+    if (!e.is_regular_file() || (ext != ".cpp" && ext != ".cu")) continue;
+    if (read(e.path()).find("BOOST_AUTO_TEST_CASE(") == std::string::npos) continue;
+    ++tests;
+    const std::string stem = e.path().stem().string();
+    BOOST_TEST(stem.ends_with("_test"), fs::relative(e.path(), repo).string()
+                                            << " defines test cases: name it <what>_test" << ext.string());
+  }
+  BOOST_TEST(tests > 20, "found only " << tests << " test sources");
 }

@@ -4,7 +4,7 @@
     read_events.py FOLDER
 
 Two views, both through TensorBoard's own code (the tensorboard package from
-PyPI; tests/metrics/test_metrics.cpp installs it in a venv):
+PyPI; tests/metrics/metrics_test.cpp installs it in a venv):
 
   "files":   every events file in name order, record by record
              (RawEventFileLoader, which checks both CRCs of every record and

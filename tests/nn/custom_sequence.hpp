@@ -1,6 +1,6 @@
 #pragma once
 // The custom loss, sequence unit and models shown in docs/model.md. The
-// regions between the snippet markers are what the page shows (test_docs
+// regions between the snippet markers are what the page shows (docs_test
 // checks it), so the documented code is always code that compiles and passes
 // (custom_sequence_test.cpp tests and trains it).
 

@@ -19,7 +19,7 @@
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
 #include "kernels/numeric.hpp"
-#include "nn/custom_model.hpp"
+#include "model/custom_model.hpp"
 #include "nn/reference.hpp"
 #include "nn/unit_harness.hpp"
 

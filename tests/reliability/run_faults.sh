@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The failure-injection harness at full strength: every scenario of
-# tests/reliability/test_faults.cpp (kill -9 of a random rank in forward, in
+# tests/reliability/faults_test.cpp (kill -9 of a random rank in forward, in
 # backward, inside a collective and during a checkpoint save; then the same
 # under dtrain-run --max-restarts 1 with resume=latest) RUNS times (default
 # 20), then the table docs/reliability.md shows. Installs what is missing and
@@ -26,12 +26,12 @@ while [[ $# -gt 0 ]]; do
   shift 2
 done
 case $build in /*) ;; *) build=$repo/$build ;; esac
-DTRAIN_BUILD_DIR=$build "$repo/scripts/setup.sh" test_reliability_faults train_mlp dtrain-run > /dev/null
+DTRAIN_BUILD_DIR=$build "$repo/scripts/setup.sh" reliability_faults_test train_mlp dtrain-run > /dev/null
 mkdir -p "$(dirname "$json")"
 rm -f "$json.jsonl"
 status=0
 DTRAIN_FAULT_RUNS=$runs DTRAIN_FAULT_SEED=$seed DTRAIN_FAULT_JSON=$json.jsonl \
-  "$build/tests/reliability/test_reliability_faults" --log_level=test_suite || status=$?
+  "$build/tests/reliability/reliability_faults_test" --log_level=test_suite || status=$?
 /usr/bin/python3 - "$json.jsonl" "$json" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]

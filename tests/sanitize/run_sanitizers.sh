@@ -45,6 +45,6 @@ fi
 if [[ $which == tsan || $which == all ]]; then
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp \
     run_matrix_entry tsan "-fsanitize=thread" "comm|launch" \
-      "test_comm_gloo test_comm_host_processes launch_test dtrain-run" "$@" || status=1
+      "comm_gloo_test comm_host_processes_test launch_test dtrain-run" "$@" || status=1
 fi
 exit $status

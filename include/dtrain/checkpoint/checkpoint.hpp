@@ -273,7 +273,7 @@ struct CheckpointIndex {
 
 namespace detail {
 
-template <class Json = nlohmann::json>
+template <class Json = nlohmann::ordered_json>
 Json piece_json(const CheckpointPiece& p) {
   return {{"file", p.file}, {"key", p.key}, {"begin", p.begin}, {"count", p.count},
           {"dtype", safetensors_name(p.dtype)}, {"crc32c", p.crc32c}};
@@ -420,7 +420,7 @@ inline CheckpointIndex parse_index(const std::filesystem::path& dir) {
 
 // Adds one rank's written pieces ({"file", "bytes", "pieces": tensor ->
 // kind -> [piece]}, as write_rank_file returns them) to the index.
-inline void merge_written(CheckpointIndex& index, const nlohmann::json& written) {
+inline void merge_written(CheckpointIndex& index, const nlohmann::ordered_json& written) {
   if (!written.contains("file")) return;  // this rank wrote nothing
   index.files[written.at("file").get<std::string>()] = written.at("bytes").get<std::uint64_t>();
   for (const auto& [tensor, kinds] : written.at("pieces").items())
@@ -515,10 +515,10 @@ namespace detail {
 // `params_elsewhere`, parameters go to model.safetensors instead (a
 // consolidated save) and only optimizer state is written here.
 template <Dtype T>
-nlohmann::json write_rank_file(const std::filesystem::path& dir, int rank, int world, const ModelLayout& layout,
+nlohmann::ordered_json write_rank_file(const std::filesystem::path& dir, int rank, int world, const ModelLayout& layout,
                                const Ownership& own, const HostState<T>& state, bool params_elsewhere) {
   const std::string file = shard_file_name(rank, world);
-  nlohmann::json records = nlohmann::json::object();
+  nlohmann::ordered_json records = nlohmann::ordered_json::object();
   SafetensorsWriter writer;
   auto add = [&](std::string_view kind, const OwnedPiece& p, std::span<const std::byte> bytes,
                  safetensors_dtype dtype) {
@@ -536,7 +536,7 @@ nlohmann::json write_rank_file(const std::filesystem::path& dir, int rank, int w
   if (!params_elsewhere)
     for (const auto& p : owned_pieces(layout, own.frozen, true, true))
       add("param", p, std::as_bytes(std::span(state.frozen).subspan(p.local, p.count)), dtype_of<T>());
-  nlohmann::json out = {{"pieces", records}};
+  nlohmann::ordered_json out = {{"pieces", records}};
   if (writer.size() == 0) return out;
   writer.write(dir / file);
   out["file"] = file;

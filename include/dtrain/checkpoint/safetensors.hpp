@@ -495,9 +495,9 @@ class SafetensorsFile {
       corrupt("the header length " + std::to_string(header_len) + " exceeds the " + std::to_string(all.size() - 8) +
               " bytes after it");
     const auto* text = reinterpret_cast<const char*>(all.data() + 8);
-    nlohmann::json header;
+    nlohmann::ordered_json header;
     try {
-      header = nlohmann::json::parse(text, text + header_len);
+      header = nlohmann::ordered_json::parse(text, text + header_len);
     } catch (const nlohmann::json::exception& ex) {
       corrupt(std::string("the header is not valid JSON: ") + ex.what());
     }
@@ -513,7 +513,7 @@ class SafetensorsFile {
     check_layout();
   }
 
-  void parse_metadata(const nlohmann::json& value) {
+  void parse_metadata(const nlohmann::ordered_json& value) {
     if (!value.is_object()) corrupt("__metadata__ is not an object");
     for (const auto& [k, v] : value.items()) {
       if (!v.is_string()) corrupt("__metadata__ entry '" + k + "' is not a string");
@@ -521,10 +521,10 @@ class SafetensorsFile {
     }
   }
 
-  void parse_tensor(const std::string& name, const nlohmann::json& value) {
+  void parse_tensor(const std::string& name, const nlohmann::ordered_json& value) {
     const std::string what = "tensor '" + name + "'";
     if (!value.is_object()) corrupt(what + " is not an object");
-    const auto field = [&](const char* key) -> const nlohmann::json& {
+    const auto field = [&](const char* key) -> const nlohmann::ordered_json& {
       const auto it = value.find(key);
       if (it == value.end()) corrupt(what + " has no \"" + key + "\"");
       return *it;

@@ -100,7 +100,7 @@ class CheckpointIO {
     }
     world_.barrier("checkpoint-dir");
     std::string error;
-    nlohmann::json mine;
+    nlohmann::ordered_json mine;
     try {
       const Ownership own = strategy_.ownership();
       const bool writes = std::ranges::any_of(own.trainable, &OwnedRange::writer) ||
@@ -114,8 +114,8 @@ class CheckpointIO {
     if (options.consolidated) mine["model"] = stream_parameters(dir / checkpoint_model_name, error);
     mine["error"] = error;
     const auto all = world_.all_gather_values("checkpoint-files", mine.dump());
-    std::vector<nlohmann::json> ranks;
-    for (const auto& text : all) ranks.push_back(nlohmann::json::parse(text));
+    std::vector<nlohmann::ordered_json> ranks;
+    for (const auto& text : all) ranks.push_back(nlohmann::ordered_json::parse(text));
     for (std::size_t r = 0; r < ranks.size(); ++r)
       if (const auto e = ranks[r].at("error").get<std::string>(); !e.empty())
         throw checkpoint_error("rank " + std::to_string(r) + " could not write its part of checkpoint " +
@@ -289,7 +289,7 @@ class CheckpointIO {
   // the file and returns its pieces (for a checkpoint's index). Every rank
   // takes part in every gather, even after rank 0 failed (`error` then holds
   // why), so no rank is left waiting in a collective.
-  nlohmann::json stream_parameters(const std::filesystem::path& path, std::string& error) {
+  nlohmann::ordered_json stream_parameters(const std::filesystem::path& path, std::string& error) {
     std::optional<SafetensorsStreamWriter> out;
     if (world_.rank() == 0 && error.empty()) {
       std::vector<SafetensorsEntry> entries;
@@ -301,7 +301,7 @@ class CheckpointIO {
         error = e.what();
       }
     }
-    nlohmann::json pieces = nlohmann::json::object();
+    nlohmann::ordered_json pieces = nlohmann::ordered_json::object();
     for (std::size_t u = 0; u < layout_.units().size(); ++u) {
       const auto& unit = layout_.units()[u];
       std::vector<float> train(unit.train_size);
@@ -329,19 +329,19 @@ class CheckpointIO {
         error = e.what();
       }
     }
-    if (!out || !error.empty()) return nlohmann::json::object();
+    if (!out || !error.empty()) return nlohmann::ordered_json::object();
     try {
       out->commit();
       return {{"pieces", pieces}, {"file", path.filename().string()}, {"bytes", std::filesystem::file_size(path)}};
     } catch (const std::exception& e) {
       error = e.what();
-      return nlohmann::json::object();
+      return nlohmann::ordered_json::object();
     }
   }
 
   // Rank 0: merges every rank's pieces into the index and commits it.
   void commit_index(const std::filesystem::path& dir, const CheckpointInfo& info,
-                    const std::vector<nlohmann::json>& ranks) {
+                    const std::vector<nlohmann::ordered_json>& ranks) {
     CheckpointIndex index;
     index.info = info;
     for (const auto& unit : layout_.units())

@@ -1,6 +1,6 @@
 // dtrain::Host: buffers, copies, GEMM (row-major, all transposes, all dtypes)
 // against float64, for_each/sum, the workspace and the BLAS thread sizing.
-#define BOOST_TEST_MODULE kernels
+#define BOOST_TEST_MODULE device
 #include <boost/test/unit_test.hpp>
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 #pragma once
 // The custom unit and model shown in docs/model.md. The region between the
-// snippet markers is what the page shows (test_docs checks it), so the
+// snippet markers is what the page shows (docs_test checks it), so the
 // documented code is always code that compiles and passes.
 
 // [snippet:model_custom_unit]

@@ -1,10 +1,10 @@
 // Metrics where users look, checked with the programs users read them with.
 //
-//   test_tensorboard   TensorBoardWriter's files, and train_mlp's
+//   tensorboard_test   TensorBoardWriter's files, and train_mlp's
 //                      tensorboard=DIR against its metrics= JSONL, read back
 //                      by TensorBoard itself (PyPI, in a venv under this
 //                      test's build folder; tests/metrics/read_events.py).
-//   test_plot_metrics  scripts/plot_metrics.py on a train_mlp run and on the
+//   plot_metrics_test  scripts/plot_metrics.py on a train_mlp run and on the
 //                      strategy benchmark's JSON (Debian's matplotlib).
 //
 // One program, one Boost.Test suite per CTest entry (the first argument names

@@ -13,6 +13,8 @@
 #define BOOST_TEST_MODULE docs
 #include <boost/test/unit_test.hpp>
 
+#include <dtrain/policy/strategy.hpp>
+
 #include "examples/run_example.hpp"
 #include "launch/process.hpp"
 
@@ -35,6 +37,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -313,6 +317,24 @@ const std::map<std::string, Scenario>& scenarios() {
 
 }  // namespace
 
+// The strategy table of docs/policies.md lists every built-in strategy
+// (dtrain::builtin_strategies, the one list the examples and dtrain-estimate
+// read too) by its config name.
+BOOST_AUTO_TEST_CASE(the_strategy_table_lists_every_builtin_strategy) {
+  const std::string page = slurp(repo / "docs/policies.md");
+  std::vector<std::string> names;
+  []<class... Kind>(std::type_identity<std::tuple<Kind...>>, std::vector<std::string>& out) {
+    (out.emplace_back(Kind::name), ...);
+  }(std::type_identity<dtrain::builtin_strategies>{}, names);
+  int listed = 0;
+  for (const auto& name : names) {
+    const bool row = page.find("| `" + name + "` |") != std::string::npos;
+    listed += row ? 1 : 0;
+    BOOST_TEST(row, "docs/policies.md's strategy table has no row for " << name);
+  }
+  BOOST_TEST(listed == static_cast<int>(std::tuple_size_v<dtrain::builtin_strategies>));
+}
+
 BOOST_AUTO_TEST_CASE(every_cpp_block_is_a_region_of_a_compiled_source) {
   std::set<std::string> shown;  // "path#name"
   int checked = 0;
@@ -365,7 +387,7 @@ BOOST_AUTO_TEST_CASE(quoted_outputs_are_what_dtrain_prints) {
       const std::string where = fs::relative(page, repo).string() + ":" + std::to_string(b.line);
       BOOST_TEST_CONTEXT(where << " (output: " << id << ")") {
         const auto it = scenarios().find(id);
-        BOOST_TEST_REQUIRE((it != scenarios().end()), "no scenario '" << id << "' in tests/docs/test_docs.cpp");
+        BOOST_TEST_REQUIRE((it != scenarios().end()), "no scenario '" << id << "' in tests/docs/docs_test.cpp");
         quoted.insert(id);
         if ((id == "host_out_of_memory" || id == "blas_pool_too_large") && dtrain::test::sanitizer_shadow) {
           // A sanitizer reserves terabytes of shadow address space as the

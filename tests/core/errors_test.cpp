@@ -12,8 +12,8 @@ BOOST_AUTO_TEST_CASE(errors_carry_problem_fix_and_location) {
     BOOST_TEST(e.problem() == "batch_size is 0");
     BOOST_TEST(e.fix() == "set batch_size >= 1");
     BOOST_TEST(what.find("fix: set batch_size >= 1") != std::string::npos);
-    BOOST_TEST(what.find("test_errors.cpp:") != std::string::npos);  // where it was thrown
-    BOOST_TEST(std::string(e.where().file_name()).find("test_errors.cpp") != std::string::npos);
+    BOOST_TEST(what.find("errors_test.cpp:") != std::string::npos);  // where it was thrown
+    BOOST_TEST(std::string(e.where().file_name()).find("errors_test.cpp") != std::string::npos);
   }
   BOOST_CHECK_THROW(throw dtrain::timeout_error("t"), dtrain::comm_error);
   BOOST_CHECK_THROW(throw dtrain::nccl_error(3, "n"), dtrain::comm_error);

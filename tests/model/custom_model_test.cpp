@@ -1,7 +1,8 @@
 // The documented custom unit and model (custom_model.hpp = docs/model.md):
 // the unit's gradients against finite differences, the model trained by hand
-// the way a strategy drives units (test_docs keeps docs/model.md in sync
+// the way a strategy drives units (docs_test keeps docs/model.md in sync
 // with the code).
+#define BOOST_TEST_MODULE model
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
@@ -15,7 +16,7 @@
 #include "dtrain/device/host.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "kernels/numeric.hpp"
-#include "nn/custom_model.hpp"
+#include "model/custom_model.hpp"
 #include "nn/reference.hpp"
 #include "nn/unit_harness.hpp"
 #include "support/batches.hpp"
