@@ -11,7 +11,8 @@ build="${DTRAIN_BUILD_DIR:-$root/build}"
 # iproute2: the multi-node test's network namespaces (tests/reliability/netns_test.cpp).
 # openmpi-bin: mpirun, one of the launchers the launcher test starts train_mlp with.
 # python3-matplotlib: scripts/plot_metrics.py. doxygen: the API reference (docs/api.md).
-packages=(cmake g++ make pkg-config libgloo-dev librange-v3-dev libboost-test-dev libopenblas-dev
+# ninja-build: CMake's Ninja generator schedules every target's objects together.
+packages=(cmake g++ make ninja-build pkg-config libgloo-dev librange-v3-dev libboost-test-dev libopenblas-dev
           libyaml-cpp-dev nlohmann-json3-dev python3 python3-numpy python3-venv python3-torch iproute2
           openmpi-bin python3-matplotlib doxygen)
 [[ -n "${DTRAIN_EXTRA_PACKAGES:-}" ]] && packages+=(${DTRAIN_EXTRA_PACKAGES})
@@ -37,6 +38,12 @@ fi
 
 jobs="$(nproc)"
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${DTRAIN_CMAKE_ARGS:-}
+  configure=(-DCMAKE_BUILD_TYPE=Release)
+  command -v ninja >/dev/null && configure+=(-G Ninja)
+  # ccache, where installed, makes a rebuild of unchanged translation units free.
+  if command -v ccache >/dev/null; then
+    configure+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  fi
+  cmake -S "$root" -B "$build" "${configure[@]}" ${DTRAIN_CMAKE_ARGS:-}
 fi
 cmake --build "$build" -j "$jobs" ${1:+--target "$@"}
