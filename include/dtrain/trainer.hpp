@@ -37,6 +37,8 @@
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
 #include "dtrain/nn/regression_loss.hpp"
+#include "dtrain/nn/rms_norm.hpp"
+#include "dtrain/nn/rotary_attention.hpp"
 #include "dtrain/nn/transformer.hpp"
 #include "dtrain/optim/config.hpp"
 #include "dtrain/optim/flat_optimizer.hpp"

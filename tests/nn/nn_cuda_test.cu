@@ -13,6 +13,8 @@
 #include "dtrain/device/host.hpp"
 #include "dtrain/nn/activation.hpp"
 #include "dtrain/nn/attention.hpp"
+#include "dtrain/nn/rms_norm.hpp"
+#include "dtrain/nn/rotary_attention.hpp"
 #include "dtrain/nn/embedding.hpp"
 #include "dtrain/nn/transformer.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
@@ -75,6 +77,10 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(units_match_host, T, t::dtypes) {
   compare_unit<T>(dtrain::nn::GELU{}, 300, 70, "GELU");
   compare_unit<T>(dtrain::nn::LayerNorm(70), 300, 70, "LayerNorm");
   compare_unit<T>(dtrain::nn::LayerNorm(70, {.trainable = false}), 300, 70, "frozen LayerNorm");
+  compare_unit<T>(dtrain::nn::GELUTanh{}, 300, 70, "GELUTanh");
+  compare_unit<T>(dtrain::nn::SiLU{}, 300, 70, "SiLU");
+  compare_unit<T>(dtrain::nn::SwiGLU{}, 300, 70, "SwiGLU");
+  compare_unit<T>(dtrain::nn::RMSNorm(70), 300, 70, "RMSNorm");
   compare_unit<T>(FeatureGain{70}, 300, 70, "FeatureGain");
 }
 
@@ -86,6 +92,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(sequence_units_match_host, T, t::dtypes) {
   // The composite factors of sequence_test.cpp: attention 8, MLP 4, block 16.
   compare_unit<T>(dtrain::nn::CausalSelfAttention(64, 4), s.rows(), 64, "CausalSelfAttention", s, 8, init);
   compare_unit<T>(dtrain::nn::GeluMLP(64, 96), s.rows(), 64, "GeluMLP", s, 4, init);
+  compare_unit<T>(dtrain::nn::RotaryAttention(64, 4, {.kv_heads = 2, .qkv_bias = true}), s.rows(), 64,
+                  "RotaryAttention", s, 8, init);
   compare_unit<T>(dtrain::nn::TransformerBlock(64, 4), s.rows(), 64, "TransformerBlock", s, 16, init);
   compare_unit<T>(dtrain::nn::PositionalEmbedding(40, 64), s.rows(), 64, "PositionalEmbedding", s, 1, init);
 }

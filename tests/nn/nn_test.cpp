@@ -20,6 +20,7 @@
 #include "dtrain/nn/cross_entropy.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
+#include "dtrain/nn/rms_norm.hpp"
 #include "kernels/numeric.hpp"
 #include "nn/reference.hpp"
 #include "nn/unit_harness.hpp"
@@ -40,6 +41,9 @@ static_assert(unit_for_all_dtypes<dtrain::nn::Linear, dtrain::Host>);
 static_assert(unit_for_all_dtypes<dtrain::nn::ReLU, dtrain::Host>);
 static_assert(unit_for_all_dtypes<dtrain::nn::GELU, dtrain::Host>);
 static_assert(unit_for_all_dtypes<dtrain::nn::LayerNorm, dtrain::Host>);
+static_assert(unit_for_all_dtypes<dtrain::nn::RMSNorm, dtrain::Host>);
+static_assert(unit_for_all_dtypes<dtrain::nn::GELUTanh, dtrain::Host>);
+static_assert(unit_for_all_dtypes<dtrain::nn::SwiGLU, dtrain::Host>);
 static_assert(dtrain::Loss<dtrain::nn::SoftmaxCrossEntropy, dtrain::Host, float>);
 static_assert(dtrain::Loss<dtrain::nn::SoftmaxCrossEntropy, dtrain::Host, dtrain::bf16>);
 #if DTRAIN_HAS_CUDA
@@ -47,6 +51,8 @@ static_assert(dtrain::Loss<dtrain::nn::SoftmaxCrossEntropy, dtrain::Host, dtrain
 static_assert(unit_for_all_dtypes<dtrain::nn::Linear, dtrain::Cuda>);
 static_assert(unit_for_all_dtypes<dtrain::nn::GELU, dtrain::Cuda>);
 static_assert(unit_for_all_dtypes<dtrain::nn::LayerNorm, dtrain::Cuda>);
+static_assert(unit_for_all_dtypes<dtrain::nn::RMSNorm, dtrain::Cuda>);
+static_assert(unit_for_all_dtypes<dtrain::nn::SwiGLU, dtrain::Cuda>);
 static_assert(dtrain::Loss<dtrain::nn::SoftmaxCrossEntropy, dtrain::Cuda, dtrain::fp16>);
 #endif
 
@@ -65,6 +71,37 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(linear_without_bias, T, t::dtypes) {
 BOOST_AUTO_TEST_CASE_TEMPLATE(relu, T, t::dtypes) { t::check_unit<T>(dtrain::nn::ReLU{}, t::relu_reference(), 6, 9); }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(gelu, T, t::dtypes) { t::check_unit<T>(dtrain::nn::GELU{}, t::gelu_reference(), 6, 9); }
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(gelu_tanh, T, t::dtypes) {
+  t::check_unit<T>(dtrain::nn::GELUTanh{}, t::gelu_tanh_reference(), 6, 9);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(silu, T, t::dtypes) { t::check_unit<T>(dtrain::nn::SiLU{}, t::silu_reference(), 6, 9); }
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(swiglu, T, t::dtypes) {
+  t::check_unit<T>(dtrain::nn::SwiGLU{}, t::swiglu_reference(5), 6, 10, true, {}, 2.0);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(rms_norm, T, t::dtypes) {
+  t::check_unit<T>(dtrain::nn::RMSNorm(7), t::rms_norm_reference(7, 1e-6), 6, 7);
+  t::check_unit<T>(dtrain::nn::RMSNorm(7, {.eps = 1e-5f, .trainable = false}), t::rms_norm_reference(7, 1e-5), 6, 7);
+}
+
+// Large |x| saturates the sigmoid-form activations to x or 0 (slopes 1 or
+// 0) without NaN or overflow: exp(-x) overflows to inf for x < -88.
+BOOST_AUTO_TEST_CASE(gated_activations_saturate) {
+  using dtrain::nn::detail::gelu_tanh_op;
+  using dtrain::nn::detail::silu_op;
+  for (const float x : {-200.f, -60.f, 60.f, 200.f}) {
+    BOOST_TEST_CONTEXT("x = " << x) {
+      const float y = x > 0 ? x : 0.f, slope = x > 0 ? 1.f : 0.f;
+      BOOST_TEST(std::abs(gelu_tanh_op::forward(x) - y) <= 1e-20f);
+      BOOST_TEST(std::abs(silu_op::forward(x) - y) <= 1e-20f);
+      BOOST_TEST(std::abs(gelu_tanh_op::backward(x, 0.f, 1.f) - slope) <= 1e-20f);
+      BOOST_TEST(std::abs(silu_op::backward(x, 0.f, 1.f) - slope) <= 1e-20f);
+    }
+  }
+}
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(layer_norm, T, t::dtypes) {
   t::check_unit<T>(dtrain::nn::LayerNorm(7), t::layer_norm_reference(7, 1e-5), 6, 7);
@@ -104,6 +141,9 @@ BOOST_AUTO_TEST_CASE(shape_mismatches_name_the_unit) {
                         });
   BOOST_CHECK_THROW(dtrain::nn::Linear(0, 4), dtrain::config_error);
   BOOST_CHECK_THROW(dtrain::nn::LayerNorm(7).out_features(8), dtrain::config_error);
+  BOOST_CHECK_THROW(dtrain::nn::RMSNorm(7).out_features(8), dtrain::config_error);
+  BOOST_CHECK_THROW(dtrain::nn::RMSNorm(7, {.eps = 0.f}), dtrain::config_error);
+  BOOST_CHECK_THROW(dtrain::nn::SwiGLU{}.out_features(9), dtrain::config_error);
 
   dtrain::Host dev(1);
   dtrain::nn::Linear lin(5, 4);

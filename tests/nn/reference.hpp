@@ -124,6 +124,47 @@ inline RefForward gelu_reference() {
   return elementwise_reference([](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); });
 }
 
+// GPT-2's tanh approximation, written with tanh as transformers' gelu_new does.
+inline RefForward gelu_tanh_reference() {
+  return elementwise_reference([](double v) {
+    return 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / std::acos(-1.0)) * (v + 0.044715 * v * v * v)));
+  });
+}
+
+inline RefForward silu_reference() {
+  return elementwise_reference([](double v) { return v / (1.0 + std::exp(-v)); });
+}
+
+// x [rows, 2 hidden] = gate | up  ->  silu(gate) * up.
+inline RefForward swiglu_reference(std::int64_t hidden) {
+  return [=](const std::vector<std::vector<double>>&, const std::vector<double>& x) {
+    const auto rows = static_cast<std::int64_t>(x.size()) / (2 * hidden);
+    std::vector<double> y(static_cast<std::size_t>(rows * hidden));
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < hidden; ++j) {
+        const double g = x[static_cast<std::size_t>(r * 2 * hidden + j)];
+        const double u = x[static_cast<std::size_t>(r * 2 * hidden + hidden + j)];
+        y[static_cast<std::size_t>(r * hidden + j)] = g / (1.0 + std::exp(-g)) * u;
+      }
+    return y;
+  };
+}
+
+inline RefForward rms_norm_reference(std::int64_t features, double eps) {
+  return [=](const std::vector<std::vector<double>>& p, const std::vector<double>& x) {
+    std::vector<double> y(x.size());
+    for (std::size_t r = 0; r < x.size() / static_cast<std::size_t>(features); ++r) {
+      const double* row = &x[r * static_cast<std::size_t>(features)];
+      double ms = 0.0;
+      for (std::int64_t c = 0; c < features; ++c) ms += row[c] * row[c] / static_cast<double>(features);
+      for (std::int64_t c = 0; c < features; ++c)
+        y[r * static_cast<std::size_t>(features) + static_cast<std::size_t>(c)] =
+            row[c] / std::sqrt(ms + eps) * p[0][static_cast<std::size_t>(c)];
+    }
+    return y;
+  };
+}
+
 inline RefForward layer_norm_reference(std::int64_t features, double eps) {
   return [=](const std::vector<std::vector<double>>& p, const std::vector<double>& x) {
     const auto rows = static_cast<std::int64_t>(x.size()) / features;

@@ -16,6 +16,7 @@
 #include "dtrain/nn/cross_entropy.hpp"
 #include "dtrain/nn/embedding.hpp"
 #include "dtrain/nn/regression_loss.hpp"
+#include "dtrain/nn/rotary_attention.hpp"
 #include "dtrain/nn/transformer.hpp"
 #include "kernels/numeric.hpp"
 #include "nn/reference.hpp"
@@ -67,6 +68,67 @@ t::RefForward attention_reference(std::int64_t dim, std::int64_t heads, SeqShape
   };
 }
 
+// Llama-style attention in float64: separate q/k/v projections, rotary
+// embedding (half-split pairs, angle t / theta^(2i / hd)), key/value head
+// h * kv_heads / heads for query head h, causal softmax, output projection.
+t::RefForward rotary_attention_reference(std::int64_t dim, std::int64_t heads, std::int64_t kv_heads, double theta,
+                                         bool qkv_bias, bool out_bias, SeqShape s) {
+  return [=](const Params& p, const std::vector<double>& x) {
+    const std::int64_t hd = dim / heads, kv = kv_heads * hd, half = hd / 2;
+    const auto proj = [&](std::size_t w, std::int64_t out, int b) {
+      Params wb{p[w]};
+      if (b >= 0) wb.push_back(p[static_cast<std::size_t>(b)]);
+      return t::linear_reference(dim, out, b >= 0)(wb, x);
+    };
+    auto q = proj(0, dim, qkv_bias ? 4 : -1);
+    auto k = proj(1, kv, qkv_bias ? 5 : -1);
+    const auto v = proj(2, kv, qkv_bias ? 6 : -1);
+    const auto rotate = [&](std::vector<double>& m, std::int64_t width) {
+      if (theta == 0.0) return;
+      for (std::int64_t row = 0; row < s.rows(); ++row)
+        for (std::int64_t h = 0; h < width / hd; ++h)
+          for (std::int64_t i = 0; i < half; ++i) {
+            const double angle = static_cast<double>(row % s.time) / std::pow(theta, 2.0 * i / hd);
+            double& a = m[static_cast<std::size_t>(row * width + h * hd + i)];
+            double& b = m[static_cast<std::size_t>(row * width + h * hd + i + half)];
+            const double a0 = a, b0 = b;
+            a = a0 * std::cos(angle) - b0 * std::sin(angle);
+            b = b0 * std::cos(angle) + a0 * std::sin(angle);
+          }
+    };
+    rotate(q, dim);
+    rotate(k, kv);
+    std::vector<double> merged(static_cast<std::size_t>(s.rows() * dim), 0.0);
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const std::int64_t g = h / (heads / kv_heads);
+        for (std::int64_t t1 = 0; t1 < s.time; ++t1) {
+          const std::int64_t row = b * s.time + t1;
+          std::vector<double> score(static_cast<std::size_t>(t1 + 1));
+          for (std::int64_t j = 0; j <= t1; ++j) {
+            double dot = 0.0;
+            for (std::int64_t d = 0; d < hd; ++d)
+              dot += q[static_cast<std::size_t>(row * dim + h * hd + d)] *
+                     k[static_cast<std::size_t>((b * s.time + j) * kv + g * hd + d)];
+            score[static_cast<std::size_t>(j)] = dot / std::sqrt(static_cast<double>(hd));
+          }
+          const double mx = *std::max_element(score.begin(), score.end());
+          double sum = 0.0;
+          for (auto& e : score) sum += (e = std::exp(e - mx));
+          for (std::int64_t d = 0; d < hd; ++d) {
+            double o = 0.0;
+            for (std::int64_t j = 0; j <= t1; ++j)
+              o += score[static_cast<std::size_t>(j)] / sum * v[static_cast<std::size_t>((b * s.time + j) * kv + g * hd + d)];
+            merged[static_cast<std::size_t>(row * dim + h * hd + d)] = o;
+          }
+        }
+      }
+    Params ob{p[3]};
+    if (out_bias) ob.push_back(p[qkv_bias ? 7 : 4]);
+    return t::linear_reference(dim, dim, out_bias)(ob, merged);
+  };
+}
+
 t::RefForward mlp_reference(std::int64_t dim, std::int64_t hidden) {
   return [=](const Params& p, const std::vector<double>& x) {
     const auto h = t::gelu_reference()({}, t::linear_reference(dim, hidden, true)(slice(p, 0, 2), x));
@@ -104,6 +166,36 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(causal_self_attention, T, t::dtypes) {
   const SeqShape s{2, 5};
   t::check_unit<T>(dtrain::nn::CausalSelfAttention(8, 2), attention_reference(8, 2, s), s.rows(), 8, true, s,
                    composite<T>(8));
+}
+
+// Multi-head, grouped (2 query heads per key/value head) and multi-query,
+// with and without rotation and biases. Without rotation a key bias has an
+// exact zero gradient (it adds the same q.b to every score of a row), which
+// no relative tolerance can check, so that case has an output bias only.
+BOOST_AUTO_TEST_CASE_TEMPLATE(rotary_attention, T, t::dtypes) {
+  const SeqShape s{2, 5};
+  struct Case {
+    std::int64_t kv_heads;
+    float theta;
+    bool qkv_bias, out_bias;
+  };
+  for (const Case c : {Case{4, 10000.f, false, false}, Case{2, 10000.f, true, false}, Case{1, 500.f, false, true},
+                       Case{2, 0.f, false, true}}) {
+    BOOST_TEST_CONTEXT("kv_heads " << c.kv_heads << ", theta " << c.theta << ", biases " << c.qkv_bias << c.out_bias) {
+      const dtrain::nn::RotaryAttention unit(16, 4, {.kv_heads = c.kv_heads, .rope_theta = c.theta,
+                                                     .qkv_bias = c.qkv_bias, .out_bias = c.out_bias});
+      t::check_unit<T>(unit, rotary_attention_reference(16, 4, c.kv_heads, c.theta, c.qkv_bias, c.out_bias, s),
+                       s.rows(), 16, true, s, composite<T>(16));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(rotary_attention_options_are_checked) {
+  using dtrain::nn::RotaryAttention;
+  BOOST_CHECK_THROW(RotaryAttention(16, 4, {.kv_heads = 3}), dtrain::config_error);
+  BOOST_CHECK_THROW(RotaryAttention(12, 4, {.rope_theta = 10000.f}), dtrain::config_error);  // head_dim 3 is odd
+  BOOST_CHECK_NO_THROW(RotaryAttention(12, 4, {.rope_theta = 0.f}));
+  BOOST_TEST(RotaryAttention(16, 4, {.kv_heads = 1}).params()[1].shape[0] == 4);
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(gelu_mlp, T, t::dtypes) {

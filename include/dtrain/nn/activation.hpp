@@ -1,15 +1,19 @@
 #pragma once
-// Elementwise activations: nn::ReLU and nn::GELU (the exact, erf-based form,
-// PyTorch's default), and nn::Activation<Op> for your own. An Op provides
+// Elementwise activations: nn::ReLU, nn::GELU (the exact, erf-based form,
+// PyTorch's default), nn::GELUTanh (the tanh approximation GPT-2 uses,
+// transformers' "gelu_new"), nn::SiLU, and nn::Activation<Op> for your own;
+// and nn::SwiGLU, the gate of a Llama-style MLP. An Op provides
 //   static float forward(float x);
 //   static float backward(float x, float y, float dy);   // dL/dx
 // as DTRAIN_HOST_DEVICE functions; math is in fp32 whatever the dtype.
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/kernels/math.hpp"
@@ -60,6 +64,61 @@ struct gelu_op {
   }
 };
 
+// 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), written as
+// x * sigmoid(2u) (the same function): no cancellation near 0 and no tanh
+// call, so the loop vectorises like the others.
+struct gelu_tanh_op {
+  static constexpr float sqrt_2_over_pi = 0.79788456080286536f;
+  static constexpr float cubic = 0.044715f;
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float gate(float x) {
+    const float u = sqrt_2_over_pi * (x + cubic * x * x * x);
+    return 1.f / (1.f + math::exp(-2.f * u));
+  }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float forward(float x) { return x * gate(x); }
+  // d/dx [x s(2u)] = s + x s (1 - s) 2 du/dx
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float backward(float x, float, float dy) {
+    const float s = gate(x);
+    const float du = sqrt_2_over_pi * (1.f + 3.f * cubic * x * x);
+    return dy * (s + 2.f * x * s * (1.f - s) * du);
+  }
+};
+
+// x * sigmoid(x) (PyTorch's nn.SiLU, Llama's "silu").
+struct silu_op {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float sigmoid(float x) { return 1.f / (1.f + math::exp(-x)); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float forward(float x) { return x * sigmoid(x); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float backward(float x, float, float dy) {
+    const float s = sigmoid(x);
+    return dy * (s + x * s * (1.f - s));
+  }
+};
+
+// y[r, j] = silu(x[r, j]) * x[r, hidden + j]: the gate half, then the up half.
+template <class T>
+struct SwiGluForward {
+  MatView<const T> x;
+  MatView<T> y;
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
+    const auto r = static_cast<std::int64_t>(i) / y.cols, j = static_cast<std::int64_t>(i) % y.cols;
+    const float g = static_cast<float>(x(r, j)), u = static_cast<float>(x(r, y.cols + j));
+    y(r, j) = dtype_cast<T>(silu_op::forward(g) * u);
+  }
+};
+
+template <class T>
+struct SwiGluBackward {
+  MatView<const T> x;
+  MatView<const T> dy;
+  MatView<T> dx;
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
+    const auto r = static_cast<std::int64_t>(i) / dy.cols, j = static_cast<std::int64_t>(i) % dy.cols;
+    const float g = static_cast<float>(x(r, j)), u = static_cast<float>(x(r, dy.cols + j));
+    const float d = static_cast<float>(dy(r, j));
+    dx(r, j) = dtype_cast<T>(silu_op::backward(g, 0.f, d * u));
+    dx(r, dy.cols + j) = dtype_cast<T>(d * silu_op::forward(g));
+  }
+};
+
 }  // namespace detail
 
 template <class Op>
@@ -88,5 +147,37 @@ struct Activation {
 
 using ReLU = Activation<detail::relu_op>;
 using GELU = Activation<detail::gelu_op>;
+using GELUTanh = Activation<detail::gelu_tanh_op>;
+using SiLU = Activation<detail::silu_op>;
+
+// The gated activation of a SwiGLU MLP: input [rows, 2 hidden] holding the
+// gate projection then the up projection (one fused Linear), output
+// [rows, hidden] = silu(gate) * up. Llama's MLP is
+//   Linear(dim, 2 hidden, no bias) -> SwiGLU -> Linear(hidden, dim, no bias).
+struct SwiGLU {
+  std::vector<ParamSpec> params() const { return {}; }
+  std::int64_t out_features(std::int64_t in) const {
+    if (in < 2 || in % 2 != 0)
+      throw config_error("nn::SwiGLU: the input width " + std::to_string(in) + " is not 2 x hidden",
+                         "feed it a Linear(dim, 2 * hidden) whose first half is the gate, the second the up projection");
+    return in / 2;
+  }
+
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
+    nn::detail::check_count("nn::SwiGLU", "parameters", p.size(), 0);
+    nn::detail::check_shape("nn::SwiGLU", "output", y, x.rows, out_features(x.cols));
+    dev.for_each(static_cast<std::size_t>(y.size()), detail::SwiGluForward<T>{x, y});
+  }
+
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T> x, MatView<const T>,
+                MatView<const T> dy, MatView<T> dx) {
+    if (dx.empty()) return;
+    nn::detail::check_shape("nn::SwiGLU", "output gradient", dy, x.rows, out_features(x.cols));
+    nn::detail::check_shape("nn::SwiGLU", "input gradient", dx, x.rows, x.cols);
+    dev.for_each(static_cast<std::size_t>(dy.size()), detail::SwiGluBackward<T>{x, dy, dx});
+  }
+};
 
 }  // namespace dtrain::nn

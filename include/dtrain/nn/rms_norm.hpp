@@ -1,0 +1,150 @@
+#pragma once
+// nn::RMSNorm over the last dimension, as Llama-family models use it
+// (transformers' LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * weight, no
+// centring and no bias, the weight initialised to ones. Statistics in fp32
+// whatever the dtype. Rows run one per index of for_each, as in LayerNorm.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
+#include "dtrain/core/view.hpp"
+#include "dtrain/kernels/math.hpp"
+#include "dtrain/model/param.hpp"
+#include "dtrain/model/unit.hpp"
+#include "dtrain/nn/checks.hpp"
+
+namespace dtrain::nn {
+
+namespace detail {
+
+template <class T>
+DTRAIN_HOST_DEVICE float inverse_rms(const T* row, std::int64_t n, float eps) {
+  float sq = 0.f;
+  for (std::int64_t c = 0; c < n; ++c) sq += static_cast<float>(row[c]) * static_cast<float>(row[c]);
+  return 1.f / math::sqrt(sq / static_cast<float>(n) + eps);
+}
+
+template <class T>
+struct RmsNormForward {
+  MatView<const T> x;
+  const T* weight;
+  MatView<T> y;
+  float eps;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto r = static_cast<std::int64_t>(i);
+    const float rstd = inverse_rms(&x(r, 0), x.cols, eps);
+    for (std::int64_t c = 0; c < x.cols; ++c)
+      y(r, c) = dtype_cast<T>(static_cast<float>(x(r, c)) * rstd * static_cast<float>(weight[c]));
+  }
+};
+
+// Per row, with xhat = x * rstd and g = dy * weight:
+//   dx = rstd * (g - xhat * mean(g * xhat)).
+// The row's rstd is kept for the weight gradient.
+template <class T>
+struct RmsNormBackwardInput {
+  MatView<const T> x;
+  const T* weight;
+  MatView<const T> dy;
+  MatView<T> dx;  // empty: only rstd is wanted
+  float* rstd_out;
+  float eps;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto r = static_cast<std::int64_t>(i);
+    const float rstd = inverse_rms(&x(r, 0), x.cols, eps);
+    rstd_out[r] = rstd;
+    if (dx.data == nullptr) return;
+    float mean_g_xhat = 0.f;
+    for (std::int64_t c = 0; c < x.cols; ++c)
+      mean_g_xhat += static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]) * static_cast<float>(x(r, c)) * rstd;
+    mean_g_xhat /= static_cast<float>(x.cols);
+    for (std::int64_t c = 0; c < x.cols; ++c) {
+      const float g = static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]);
+      dx(r, c) = dtype_cast<T>(rstd * (g - static_cast<float>(x(r, c)) * rstd * mean_g_xhat));
+    }
+  }
+};
+
+// Per column: dweight = sum over rows of dy * xhat.
+template <class T>
+struct RmsNormBackwardWeight {
+  MatView<const T> x;
+  MatView<const T> dy;
+  const float* rstd;
+  T* dweight;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto c = static_cast<std::int64_t>(i);
+    float dw = 0.f;
+    for (std::int64_t r = 0; r < x.rows; ++r) dw += static_cast<float>(dy(r, c)) * static_cast<float>(x(r, c)) * rstd[r];
+    dweight[c] = dtype_cast<T>(dw);
+  }
+};
+
+}  // namespace detail
+
+struct RmsNormOptions {
+  float eps = 1e-6f;      // transformers' rms_norm_eps default for Llama
+  bool trainable = true;  // false freezes the weight
+};
+
+class RMSNorm {
+ public:
+  explicit RMSNorm(std::int64_t features, RmsNormOptions options = {}) : features_(features), options_(options) {
+    if (features < 1)
+      throw config_error("nn::RMSNorm(" + std::to_string(features) + "): the feature count must be >= 1",
+                         "give the width of the rows to normalise");
+    if (!(options.eps > 0.f))
+      throw config_error("nn::RMSNorm: eps must be > 0 (got " + std::to_string(options.eps) + ")",
+                         "use the model's rms_norm_eps, e.g. 1e-6 or 1e-5");
+  }
+
+  std::int64_t features() const noexcept { return features_; }
+  float eps() const noexcept { return options_.eps; }
+
+  std::vector<ParamSpec> params() const { return {{"weight", {features_}, Init::ones(), options_.trainable}}; }
+
+  std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::RMSNorm", in, features_); }
+
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
+    check_params(p);
+    detail::check_shape("nn::RMSNorm", "input", x, x.rows, features_);
+    detail::check_shape("nn::RMSNorm", "output", y, x.rows, features_);
+    dev.for_each(static_cast<std::size_t>(x.rows), detail::RmsNormForward<T>{x, p[0].data, y, options_.eps});
+  }
+
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
+                MatView<const T> dy, MatView<T> dx) {
+    check_params(p);
+    detail::check_count("nn::RMSNorm", "gradients", grad.size(), p.size());
+    detail::check_shape("nn::RMSNorm", "input", x, x.rows, features_);
+    detail::check_shape("nn::RMSNorm", "output gradient", dy, x.rows, features_);
+    if (!dx.empty()) detail::check_shape("nn::RMSNorm", "input gradient", dx, x.rows, features_);
+    if (!grad[0].empty()) detail::check_shape("nn::RMSNorm", "weight gradient", grad[0], features_, 1);
+    if (dx.empty() && grad[0].empty()) return;
+
+    auto* rstd = dev.template workspace<float>(static_cast<std::size_t>(x.rows));
+    dev.for_each(static_cast<std::size_t>(x.rows),
+                 detail::RmsNormBackwardInput<T>{x, p[0].data, dy, dx, rstd, options_.eps});
+    if (!grad[0].empty())
+      dev.for_each(static_cast<std::size_t>(features_), detail::RmsNormBackwardWeight<T>{x, dy, rstd, grad[0].data});
+  }
+
+ private:
+  template <class T>
+  void check_params(UnitParams<T> p) const {
+    detail::check_count("nn::RMSNorm", "parameters", p.size(), 1);
+    detail::check_shape("nn::RMSNorm", "weight", p[0], features_, 1);
+  }
+
+  std::int64_t features_;
+  RmsNormOptions options_;
+};
+
+}  // namespace dtrain::nn
