@@ -36,6 +36,41 @@
 
 namespace dtrain {
 
+// Where a model's parameters come from when they are not one file named
+// like the model: the files (opened, mapped), and for each model tensor
+// ("<unit>.<param>") the file tensors whose elements, concatenated in order,
+// make its elements (several for a fused projection, e.g. Llama's gate and
+// up projections in one nn::Linear).
+struct ParamSources {
+  std::string what;  // for messages: the file or directory, quoted
+  std::vector<SafetensorsFile> files;
+  std::map<std::string, std::vector<std::pair<std::size_t, std::string>>> parts;  // model name -> (file, tensor)...
+
+  // "" when the parts make a tensor of `shape` in a float dtype; otherwise
+  // what differs, for the report.
+  std::string mismatch(const std::vector<std::pair<std::size_t, std::string>>& of,
+                       const std::vector<std::int64_t>& shape) const {
+    std::int64_t rows = 0;
+    std::string have;
+    bool ok = !shape.empty() || of.size() == 1;
+    for (const auto& [f, name] : of) {
+      const auto t = files[f].tensor(name);
+      have += (have.empty() ? "" : " + ") + detail::shape_string(t.shape) + " " + std::string(safetensors_name(t.dtype));
+      const bool floating = t.dtype == safetensors_dtype::f32 || t.dtype == safetensors_dtype::bf16 ||
+                            t.dtype == safetensors_dtype::f16;
+      if (!floating) ok = false;
+      if (of.size() == 1) {
+        ok = ok && t.shape == shape;
+      } else if (ok) {  // concatenated along the first dimension
+        ok = t.shape.size() == shape.size() && std::equal(t.shape.begin() + 1, t.shape.end(), shape.begin() + 1);
+        rows += t.shape.empty() ? 0 : t.shape[0];
+      }
+    }
+    if (of.size() > 1) ok = ok && rows == shape[0];
+    return ok ? "" : have + " in the file" + (of.size() > 1 ? "s" : "") + ", " + detail::shape_string(shape) + " in the model";
+  }
+};
+
 template <class Dev, class T>
 class CheckpointIO {
  public:
@@ -47,6 +82,15 @@ class CheckpointIO {
   // Collective under sharded strategies: every rank must call it.
   std::map<std::string, std::vector<float>> parameters() {
     std::map<std::string, std::vector<float>> out;
+    visit_parameters([&](const ParamSlot& slot, std::vector<float>&& v) { out.emplace(slot.name, std::move(v)); });
+    return out;
+  }
+
+  // Calls f(slot, values) for every parameter in layout order, as fp32 on the
+  // host, one unit gathered at a time (so no rank holds the whole model).
+  // Collective: every rank calls it, and every rank's f sees every tensor.
+  template <class F>
+  void visit_parameters(F&& f) {
     for (std::size_t u = 0; u < layout_.units().size(); ++u) {
       const auto& unit = layout_.units()[u];
       std::vector<float> train(unit.train_size);
@@ -61,11 +105,11 @@ class CheckpointIO {
           const auto at = static_cast<std::ptrdiff_t>(slot.offset - unit.frozen_offset);
           for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(frozen[static_cast<std::size_t>(at) + i]);
         }
-        out.emplace(slot.name, std::move(v));
+        f(slot, std::move(v));
       }
     }
-    return out;
   }
+
 
   // Every parameter as F32 in one safetensors file (atomically), the names
   // "<unit>.<param>" and the units' shapes: rank 0 streams it to disk while
@@ -173,36 +217,39 @@ class CheckpointIO {
   // and strategy: every rank reads only the elements it owns. Optimizer
   // state and step are left alone. Collective.
   LoadParamsReport load_params(const std::filesystem::path& file, const LoadParamsOptions& options = {}) {
-    const auto source = SafetensorsFile::open(file);
-    LoadParamsReport report;
-    std::map<std::string, std::string> from;  // model name -> file name
-    for (const auto& name : source.names()) {
+    ParamSources sources;
+    sources.what = detail::quoted_path(file);
+    sources.files.push_back(SafetensorsFile::open(file));
+    for (const auto& name : sources.files[0].names()) {
       const auto it = options.rename.find(name);
-      from[it == options.rename.end() ? name : it->second] = name;
+      sources.parts[it == options.rename.end() ? name : it->second] = {{0, name}};
     }
-    std::map<std::string, bool> used;
+    return load_params(sources, options);
+  }
+
+  // Parameters from tensors spread over several files, a model tensor made
+  // of one or more file tensors (ParamSources). The same guarantees.
+  LoadParamsReport load_params(const ParamSources& sources, const LoadParamsOptions& options = {}) {
+    LoadParamsReport report;
+    std::map<std::pair<std::size_t, std::string>, bool> used;
     for (const auto& unit : layout_.units())
       for (const auto& slot : unit.params) {
-        const auto it = from.find(slot.name);
-        if (it == from.end()) {
+        const auto it = sources.parts.find(slot.name);
+        if (it == sources.parts.end()) {
           report.missing.push_back(slot.name);
           continue;
         }
-        used[it->second] = true;
-        const auto t = source.tensor(it->second);
-        const bool floating = t.dtype == safetensors_dtype::f32 || t.dtype == safetensors_dtype::bf16 ||
-                              t.dtype == safetensors_dtype::f16;
-        if (t.shape != slot.spec.shape || !floating)
-          report.mismatched.push_back(slot.name + ": " + shape_text(t.shape) + " " +
-                                      std::string(safetensors_name(t.dtype)) + " in the file, " +
-                                      shape_text(slot.spec.shape) + " in the model");
+        for (const auto& part : it->second) used[part] = true;
+        if (const std::string why = sources.mismatch(it->second, slot.spec.shape); !why.empty())
+          report.mismatched.push_back(slot.name + ": " + why);
         else
           report.loaded.push_back(slot.name);
       }
-    for (const auto& name : source.names())
-      if (!used.contains(name)) report.unexpected.push_back(name);
+    for (std::size_t f = 0; f < sources.files.size(); ++f)
+      for (const auto& name : sources.files[f].names())
+        if (!used.contains({f, name})) report.unexpected.push_back(name);
     if (options.strict && (!report.missing.empty() || !report.unexpected.empty() || !report.mismatched.empty()))
-      throw config_error(detail::quoted_path(file) + " does not match this model:" +
+      throw config_error(sources.what + " does not match this model:" +
                              (report.missing.empty() ? "" : " missing " + join(report.missing) + ";") +
                              (report.unexpected.empty() ? "" : " unexpected " + join(report.unexpected) + ";") +
                              (report.mismatched.empty() ? "" : " mis-shaped " + join(report.mismatched) + ";"),
@@ -220,23 +267,33 @@ class CheckpointIO {
       for (bool frozen : {false, true})
         for (const auto& p : detail::owned_pieces(layout_, frozen ? own.frozen : own.trainable, frozen, false)) {
           if (!wanted.contains(p.slot->name)) continue;
-          const auto t = source.tensor(from.at(p.slot->name));
-          const std::size_t elem = element_size(t.dtype);
-          const auto bytes = t.bytes.subspan(p.tensor_begin * elem, p.count * elem);
-          const std::string what = "tensor '" + from.at(p.slot->name) + "' of " + detail::quoted_path(file);
-          if (frozen)
-            detail::convert_into(bytes, t.dtype, state.frozen.data() + p.local, p.count, what);
-          else
-            detail::convert_into(bytes, t.dtype, state.master.data() + p.local, p.count, what);
+          T* to_frozen = frozen ? state.frozen.data() + p.local : nullptr;
+          float* to_master = frozen ? nullptr : state.master.data() + p.local;
+          // The piece [tensor_begin, + count) of the model tensor, from the
+          // file tensors that cover it, in order.
+          std::size_t at = 0;
+          for (const auto& [f, name] : sources.parts.at(p.slot->name)) {
+            const auto t = sources.files[f].tensor(name);
+            const std::size_t elem = element_size(t.dtype), n = t.bytes.size() / elem;
+            const std::size_t lo = std::max(at, p.tensor_begin), hi = std::min(at + n, p.tensor_begin + p.count);
+            if (lo < hi) {
+              const auto bytes = t.bytes.subspan((lo - at) * elem, (hi - lo) * elem);
+              const std::string what = "tensor '" + name + "' of " + detail::quoted_path(sources.files[f].path());
+              if (frozen)
+                detail::convert_into(bytes, t.dtype, to_frozen + (lo - p.tensor_begin), hi - lo, what);
+              else
+                detail::convert_into(bytes, t.dtype, to_master + (lo - p.tensor_begin), hi - lo, what);
+            }
+            at += n;
+          }
         }
     } catch (const std::exception& e) {
       error = e.what();
     }
-    agree(error, "could not load parameters from " + detail::quoted_path(file));
+    agree(error, "could not load parameters from " + sources.what);
     put_host_state(state, false);
     return report;
   }
-
 
  private:
   static std::string join(const std::vector<std::string>& v) {

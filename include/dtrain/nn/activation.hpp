@@ -155,6 +155,7 @@ using SiLU = Activation<detail::silu_op>;
 // [rows, hidden] = silu(gate) * up. Llama's MLP is
 //   Linear(dim, 2 hidden, no bias) -> SwiGLU -> Linear(hidden, dim, no bias).
 struct SwiGLU {
+  static constexpr std::int64_t input_multiple = 2;  // reads gate | up
   std::vector<ParamSpec> params() const { return {}; }
   std::int64_t out_features(std::int64_t in) const {
     if (in < 2 || in % 2 != 0)

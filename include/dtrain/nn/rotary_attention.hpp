@@ -147,6 +147,7 @@ struct RotaryAttentionOptions {
   bool qkv_bias = false;      // Qwen2-style biases on q, k and v
   bool out_bias = false;
   float init_std = 0.02f;     // weights ~ N(0, init_std); biases 0
+  std::int64_t max_positions = 0;  // > 0: longer sequences are an error (max_position_embeddings)
   bool trainable = true;
 };
 
@@ -319,6 +320,11 @@ class RotaryAttention {
       throw config_error("nn::RotaryAttention: " + std::to_string(ctx.saved.size()) + " saved elements for " +
                              std::to_string(saved_size(ctx.shape, dim_)),
                          "pass the unit a UnitContext whose saved view holds saved_size(shape) elements");
+    if (options_.max_positions > 0 && ctx.shape.time > options_.max_positions)
+      throw config_error("nn::RotaryAttention: a sequence of " + std::to_string(ctx.shape.time) +
+                             " positions is longer than the model's " + std::to_string(options_.max_positions) +
+                             " (max_position_embeddings)",
+                         "cut the data into blocks of at most " + std::to_string(options_.max_positions) + " tokens");
     const detail::GqaShape g{ctx.shape.batch, ctx.shape.time, heads_, kv_heads_, head_dim(), options_.rope_theta > 0.f};
     const std::int64_t n = g.head_elems();
     T* q = ctx.saved.data;

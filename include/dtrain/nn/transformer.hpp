@@ -2,19 +2,23 @@
 // Composite units: one unit (one FSDP wrap unit, one checkpoint region) made
 // of several, with their inner activations in UnitContext::saved.
 //
-// nn::GeluMLP(dim, hidden): y = fc2(gelu(fc1(x))), dropout-free.
-//   params fc1.weight [hidden, dim], fc1.bias, fc2.weight [dim, hidden], fc2.bias
-//   saved  fc1's output and the GELU's: 2 * rows * hidden
+// nn::MLP<Act>(dim, hidden, {.bias}): y = fc2(act(fc1(x))), dropout-free.
+//   fc1 is [Act::input_multiple * hidden, dim] (2 for SwiGLU's gate|up), fc2 [dim, hidden]
+//   params fc1.weight, fc1.bias, fc2.weight, fc2.bias (no biases with .bias = false)
+//   saved  fc1's output and the activation's
+//   nn::GeluMLP = MLP<GELU> (GPT-2 with GELUTanh), MLP<SwiGLU> is Llama's.
 //
-// nn::TransformerBlock(dim, heads, mlp_ratio = 4), pre-LayerNorm (GPT-2):
+// nn::PreNormBlock<Norm, Attention, Mlp>(dim, ln1, attn, ln2, mlp):
 //   r = x + attn(ln1(x));  y = r + mlp(ln2(r))
-//   params ln1.*, attn.* (nn::CausalSelfAttention), ln2.*, mlp.* (nn::GeluMLP)
+//   params ln1.*, attn.*, ln2.*, mlp.*
 //   saved  ln1(x), attention's, r, ln2(r), the MLP's, and two [rows, dim]
 //          buffers for the gradients that flow between the parts in backward
+//   nn::TransformerBlock(dim, heads) is GPT-2's (LayerNorm, CausalSelfAttention, GeluMLP).
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
@@ -55,9 +59,32 @@ class Carve {
 };
 }  // namespace detail
 
-class GeluMLP {
+namespace detail {
+// How many times wider than its output an activation's input is (2 for a
+// gated activation that reads gate|up).
+template <class Act>
+constexpr std::int64_t input_multiple() {
+  if constexpr (requires { Act::input_multiple; })
+    return Act::input_multiple;
+  else
+    return 1;
+}
+}  // namespace detail
+
+struct MlpOptions {
+  bool bias = true;
+  bool trainable = true;
+};
+
+template <class Act>
+class MLP {
  public:
-  GeluMLP(std::int64_t dim, std::int64_t hidden) : dim_(dim), hidden_(hidden), fc1_(dim, hidden), fc2_(hidden, dim) {}
+  MLP(std::int64_t dim, std::int64_t hidden, MlpOptions options = {})
+      : dim_(dim),
+        hidden_(hidden),
+        fc1_(dim, detail::input_multiple<Act>() * hidden, {.bias = options.bias, .trainable = options.trainable}),
+        fc2_(hidden, dim, {.bias = options.bias, .trainable = options.trainable}),
+        n_params_(options.bias ? 4 : 2) {}
 
   std::vector<ParamSpec> params() const {
     std::vector<ParamSpec> out;
@@ -65,60 +92,63 @@ class GeluMLP {
     detail::append_params(out, "fc2", fc2_.params());
     return out;
   }
-  std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::GeluMLP", in, dim_); }
-  std::int64_t saved_size(SeqShape s, std::int64_t) const { return 2 * s.rows() * hidden_; }
+  std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::MLP", in, dim_); }
+  std::int64_t saved_size(SeqShape s, std::int64_t) const { return s.rows() * (wide() + hidden_); }
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     check(p, ctx);
-    const MatView<T> h{ctx.saved.data, x.rows, hidden_}, a{ctx.saved.data + x.rows * hidden_, x.rows, hidden_};
-    fc1_.forward<Dev, T>(dev, p.subspan(0, 2), x, h);
-    gelu_.forward<Dev, T>(dev, {}, h, a);
-    fc2_.forward<Dev, T>(dev, p.subspan(2, 2), a, y);
+    const MatView<T> h{ctx.saved.data, x.rows, wide()}, a{ctx.saved.data + x.rows * wide(), x.rows, hidden_};
+    fc1_.template forward<Dev, T>(dev, p.subspan(0, half()), x, h);
+    act_.template forward<Dev, T>(dev, {}, h, a);
+    fc2_.template forward<Dev, T>(dev, p.subspan(half(), half()), a, y);
   }
 
-  // The GELU's input gradient is computed in place over the upstream one:
-  // elementwise, each element reads its own gradient before writing it.
+  // The gradients between the parts live in the workspace (no part uses it).
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> y,
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
     check(p, ctx);
-    detail::check_count("nn::GeluMLP", "gradients", grad.size(), 4);
-    const MatView<T> h{ctx.saved.data, x.rows, hidden_}, a{ctx.saved.data + x.rows * hidden_, x.rows, hidden_};
-    const MatView<T> da{dev.template workspace<T>(static_cast<std::size_t>(x.rows * hidden_)), x.rows, hidden_};
-    fc2_.backward<Dev, T>(dev, p.subspan(2, 2), grad.subspan(2, 2), a, y, dy, da);
-    gelu_.backward<Dev, T>(dev, {}, {}, h, a, da, da);
-    fc1_.backward<Dev, T>(dev, p.subspan(0, 2), grad.subspan(0, 2), x, h, da, dx);
+    detail::check_count("nn::MLP", "gradients", grad.size(), n_params_);
+    const MatView<T> h{ctx.saved.data, x.rows, wide()}, a{ctx.saved.data + x.rows * wide(), x.rows, hidden_};
+    T* ws = dev.template workspace<T>(static_cast<std::size_t>(x.rows * (hidden_ + wide())));
+    const MatView<T> da{ws, x.rows, hidden_}, dh{ws + x.rows * hidden_, x.rows, wide()};
+    fc2_.template backward<Dev, T>(dev, p.subspan(half(), half()), grad.subspan(half(), half()), a, y, dy, da);
+    act_.template backward<Dev, T>(dev, {}, {}, h, a, da, dh);
+    fc1_.template backward<Dev, T>(dev, p.subspan(0, half()), grad.subspan(0, half()), x, h, dh, dx);
   }
 
  private:
+  std::int64_t wide() const { return detail::input_multiple<Act>() * hidden_; }
+  std::size_t half() const { return n_params_ / 2; }
+
   template <class T>
   void check(UnitParams<const T> p, const UnitContext<T>& ctx) const {
-    detail::check_count("nn::GeluMLP", "parameters", p.size(), 4);
+    detail::check_count("nn::MLP", "parameters", p.size(), n_params_);
     if (ctx.saved.size() < saved_size(ctx.shape, dim_))
-      throw config_error("nn::GeluMLP: " + std::to_string(ctx.saved.size()) + " saved elements for " +
+      throw config_error("nn::MLP: " + std::to_string(ctx.saved.size()) + " saved elements for " +
                              std::to_string(saved_size(ctx.shape, dim_)),
                          "pass a UnitContext whose saved view holds saved_size(shape) elements");
   }
 
   std::int64_t dim_, hidden_;
   Linear fc1_, fc2_;
-  GELU gelu_;
+  Act act_;
+  std::size_t n_params_;
 };
 
-struct TransformerBlockOptions {
-  std::int64_t mlp_ratio = 4;  // the MLP's hidden width, in multiples of dim
-  float eps = 1e-5f;           // the LayerNorms'
-};
+using GeluMLP = MLP<GELU>;
 
-class TransformerBlock {
+template <class Norm, class Attention, class Mlp>
+class PreNormBlock {
  public:
-  TransformerBlock(std::int64_t dim, std::int64_t heads, TransformerBlockOptions options = {})
-      : dim_(dim),
-        ln1_(dim, {.eps = options.eps}),
-        attn_(dim, heads),
-        ln2_(dim, {.eps = options.eps}),
-        mlp_(dim, options.mlp_ratio * dim) {}
+  PreNormBlock(std::int64_t dim, Norm ln1, Attention attn, Norm ln2, Mlp mlp)
+      : dim_(dim), ln1_(std::move(ln1)), attn_(std::move(attn)), ln2_(std::move(ln2)), mlp_(std::move(mlp)) {
+    n_[0] = ln1_.params().size();
+    n_[1] = attn_.params().size();
+    n_[2] = ln2_.params().size();
+    n_[3] = mlp_.params().size();
+  }
 
   std::vector<ParamSpec> params() const {
     std::vector<ParamSpec> out;
@@ -128,7 +158,7 @@ class TransformerBlock {
     detail::append_params(out, "mlp", mlp_.params());
     return out;
   }
-  std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::TransformerBlock", in, dim_); }
+  std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::PreNormBlock", in, dim_); }
   std::int64_t saved_size(SeqShape s, std::int64_t) const {
     return 5 * s.rows() * dim_ + attn_.saved_size(s, dim_) + mlp_.saved_size(s, dim_);
   }
@@ -136,11 +166,11 @@ class TransformerBlock {
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     const Parts<T> s = parts(p, x, ctx);
-    ln1_.forward<Dev, T>(dev, p.subspan(0, 2), x, s.h1);
-    attn_.forward<Dev, T>(dev, p.subspan(2, 4), s.h1, s.s1, {ctx.shape, s.attn});
+    ln1_.template forward<Dev, T>(dev, part(p, 0), x, s.h1);
+    attn_.template forward<Dev, T>(dev, part(p, 1), s.h1, s.s1, {ctx.shape, s.attn});
     dev.for_each(static_cast<std::size_t>(x.size()), AddElements<T>{x.data, s.s1.data, s.r.data});
-    ln2_.forward<Dev, T>(dev, p.subspan(6, 2), s.r, s.h2);
-    mlp_.forward<Dev, T>(dev, p.subspan(8, 4), s.h2, s.s1, {ctx.shape, s.mlp});
+    ln2_.template forward<Dev, T>(dev, part(p, 2), s.r, s.h2);
+    mlp_.template forward<Dev, T>(dev, part(p, 3), s.h2, s.s1, {ctx.shape, s.mlp});
     dev.for_each(static_cast<std::size_t>(x.size()), AddElements<T>{s.r.data, s.s1.data, y.data});
   }
 
@@ -149,13 +179,13 @@ class TransformerBlock {
   void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
     const Parts<T> s = parts(p, x, ctx);
-    detail::check_count("nn::TransformerBlock", "gradients", grad.size(), 12);
+    detail::check_count("nn::PreNormBlock", "gradients", grad.size(), p.size());
     const auto n = static_cast<std::size_t>(x.size());
-    mlp_.backward<Dev, T>(dev, p.subspan(8, 4), grad.subspan(8, 4), s.h2, {}, dy, s.s1, {ctx.shape, s.mlp});
-    ln2_.backward<Dev, T>(dev, p.subspan(6, 2), grad.subspan(6, 2), s.r, s.h2, s.s1, s.s2);
+    mlp_.template backward<Dev, T>(dev, part(p, 3), part(grad, 3), s.h2, {}, dy, s.s1, {ctx.shape, s.mlp});
+    ln2_.template backward<Dev, T>(dev, part(p, 2), part(grad, 2), s.r, s.h2, s.s1, s.s2);
     dev.for_each(n, AddElements<T>{s.s2.data, dy.data, s.s2.data});  // dr
-    attn_.backward<Dev, T>(dev, p.subspan(2, 4), grad.subspan(2, 4), s.h1, {}, s.s2, s.s1, {ctx.shape, s.attn});
-    ln1_.backward<Dev, T>(dev, p.subspan(0, 2), grad.subspan(0, 2), x, s.h1, s.s1, dx);
+    attn_.template backward<Dev, T>(dev, part(p, 1), part(grad, 1), s.h1, {}, s.s2, s.s1, {ctx.shape, s.attn});
+    ln1_.template backward<Dev, T>(dev, part(p, 0), part(grad, 0), x, s.h1, s.s1, dx);
     if (!dx.empty()) dev.for_each(n, AddElements<T>{dx.data, s.s2.data, dx.data});
   }
 
@@ -166,12 +196,20 @@ class TransformerBlock {
     MatView<T> attn, mlp;          // the parts' own saved activations
   };
 
+  // Part i's slice of the block's parameters (or gradients).
+  template <class P>
+  P part(P p, std::size_t i) const {
+    std::size_t first = 0;
+    for (std::size_t j = 0; j < i; ++j) first += n_[j];
+    return p.subspan(first, n_[i]);
+  }
+
   template <class T>
   Parts<T> parts(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
-    detail::check_count("nn::TransformerBlock", "parameters", p.size(), 12);
-    detail::check_shape("nn::TransformerBlock", "input", x, ctx.shape.rows(), dim_);
+    detail::check_count("nn::PreNormBlock", "parameters", p.size(), n_[0] + n_[1] + n_[2] + n_[3]);
+    detail::check_shape("nn::PreNormBlock", "input", x, ctx.shape.rows(), dim_);
     if (ctx.saved.size() < saved_size(ctx.shape, dim_))
-      throw config_error("nn::TransformerBlock: " + std::to_string(ctx.saved.size()) + " saved elements for " +
+      throw config_error("nn::PreNormBlock: " + std::to_string(ctx.saved.size()) + " saved elements for " +
                              std::to_string(saved_size(ctx.shape, dim_)),
                          "pass a UnitContext whose saved view holds saved_size(shape) elements");
     detail::Carve<T> c(ctx.saved.data);
@@ -189,10 +227,24 @@ class TransformerBlock {
   }
 
   std::int64_t dim_;
-  LayerNorm ln1_;
-  CausalSelfAttention attn_;
-  LayerNorm ln2_;
-  GeluMLP mlp_;
+  Norm ln1_;
+  Attention attn_;
+  Norm ln2_;
+  Mlp mlp_;
+  std::size_t n_[4]{};
+};
+
+struct TransformerBlockOptions {
+  std::int64_t mlp_ratio = 4;  // the MLP's hidden width, in multiples of dim
+  float eps = 1e-5f;           // the LayerNorms'
+};
+
+// GPT-2's block: LayerNorm, CausalSelfAttention (fused q|k|v), GeluMLP.
+class TransformerBlock : public PreNormBlock<LayerNorm, CausalSelfAttention, GeluMLP> {
+ public:
+  TransformerBlock(std::int64_t dim, std::int64_t heads, TransformerBlockOptions options = {})
+      : PreNormBlock(dim, LayerNorm(dim, {.eps = options.eps}), CausalSelfAttention(dim, heads), LayerNorm(dim, {.eps = options.eps}),
+                     GeluMLP(dim, options.mlp_ratio * dim)) {}
 };
 
 }  // namespace dtrain::nn

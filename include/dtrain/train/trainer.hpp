@@ -179,9 +179,32 @@ class TrainerCore {
     return totals[0] / totals[1];
   }
 
+  // The model's output for one batch (the loss's input: logits for a
+  // language model), [rows, width] row-major as fp32 on the host, forward
+  // only. The batch needs no targets. Collective like evaluate.
+  std::vector<float> logits(const Batch& batch) {
+    std::vector<float> out;
+    logits_out_ = &out;
+    try {
+      micro_step(batch, accumulate_ - 1, [](double) { return 0.f; }, false);
+    } catch (...) {
+      logits_out_ = nullptr;
+      throw;
+    }
+    logits_out_ = nullptr;
+    return out;
+  }
+
   // Every parameter as fp32 on the host, by name ("<unit>.<param>").
   // Collective under sharded strategies: every rank must call it.
   std::map<std::string, std::vector<float>> parameters() { return io_.parameters(); }
+
+  // f(slot, values) for every parameter in layout order, fp32 on the host,
+  // one unit gathered at a time. Collective; every rank's f sees all.
+  template <class F>
+  void visit_parameters(F&& f) {
+    io_.visit_parameters(std::forward<F>(f));
+  }
 
   // Every parameter as F32 in one safetensors file (atomically), the names
   // "<unit>.<param>": rank 0 streams it while the units are gathered one by
@@ -212,6 +235,12 @@ class TrainerCore {
   // and strategy. Optimizer state and step are left alone. Collective.
   LoadParamsReport load_params(const std::filesystem::path& file, const LoadParamsOptions& options = {}) {
     return io_.load_params(file, options);
+  }
+
+  // The same from several files, a model tensor made of one or more file
+  // tensors (how dtrain/hf reads a transformers checkpoint). Collective.
+  LoadParamsReport load_params(const ParamSources& sources, const LoadParamsOptions& options = {}) {
+    return io_.load_params(sources, options);
   }
 
   // This rank's memory by category, measured by the device's allocator:
@@ -407,6 +436,13 @@ class TrainerCore {
       if (u == 0) fault::hit(fault::point::forward);
     });
     const MatView<const T> logits = act(num_units_);
+    if (logits_out_ != nullptr) {
+      std::vector<T> host(static_cast<std::size_t>(logits.size()));
+      dev_.copy_to_host(host.data(), logits.data, host.size());
+      logits_out_->assign(host.size(), 0.f);
+      for (std::size_t i = 0; i < host.size(); ++i) (*logits_out_)[i] = static_cast<float>(host[i]);
+      return;
+    }
     const float dlogit_scale = after_forward(model_.loss.template forward<Dev, T>(dev_, logits, on_device));
     if (!backward) return;
     std::size_t cur = 0;
@@ -533,6 +569,7 @@ class TrainerCore {
   // samples, positions and loss of a step in one collective.
   static constexpr std::size_t max_scalars = 4;
   buffer<float> scalar_;
+  std::vector<float>* logits_out_ = nullptr;  // set while logits() runs a forward
   std::vector<std::int64_t> width_;  // width_[u]: the input width of unit u; width_.back(): the logits
   std::vector<buffer<T>> activations_;
   std::vector<buffer<T>> saved_;  // per unit, or [0] shared under activation checkpointing

@@ -1,0 +1,233 @@
+#pragma once
+// Transformers checkpoint directories: config.json plus either
+// model.safetensors or a sharded model.safetensors.index.json (its
+// weight_map names the file of every tensor).
+//
+// Loading maps the files, not reads them: Trainer::load_params(ParamSources)
+// touches only the byte ranges of the elements this rank owns, so no rank
+// holds the model. Saving writes save_pretrained's layout (F32), one unit
+// gathered at a time and at most one shard held by rank 0.
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dtrain/checkpoint/safetensors.hpp"
+#include "dtrain/checkpoint/state_io.hpp"
+#include "dtrain/comm/world.hpp"
+#include "dtrain/model/layout.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/hf/config.hpp"
+#include "dtrain/hf/llama.hpp"
+
+namespace dtrain::hf {
+
+// The sources of a model whose tensors `names` maps to transformers names,
+// from the checkpoint in `dir`.
+inline ParamSources open_checkpoint(const std::filesystem::path& dir,
+                                    const std::map<std::string, std::vector<std::string>>& names) {
+  namespace fs = std::filesystem;
+  ParamSources s;
+  s.what = "\"" + dir.string() + "\"";
+  std::map<std::string, std::size_t> file_of;  // transformers tensor -> index into s.files
+  const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    nlohmann::ordered_json j;
+    try {
+      j = nlohmann::ordered_json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw checkpoint_error("\"" + index.string() + "\" is not valid JSON: " + e.what(),
+                             "re-save the model with save_pretrained");
+    }
+    if (!j.contains("weight_map") || !j.at("weight_map").is_object())
+      throw checkpoint_error("\"" + index.string() + "\" has no weight_map", "re-save the model with save_pretrained");
+    std::map<std::string, std::size_t> opened;
+    for (const auto& [tensor, file] : j.at("weight_map").items()) {
+      if (!file.is_string()) throw checkpoint_error("\"" + index.string() + "\": weight_map[\"" + tensor + "\"] is not a file name");
+      const std::string f = file.get<std::string>();
+      if (f.find('/') != std::string::npos || f == "..")
+        throw checkpoint_error("\"" + index.string() + "\": shard \"" + f + "\" is not a file name in the directory",
+                               "re-save the model with save_pretrained");
+      auto [it, fresh] = opened.try_emplace(f, s.files.size());
+      if (fresh) s.files.push_back(SafetensorsFile::open(dir / f));
+      file_of[tensor] = it->second;
+    }
+    for (std::size_t i = 0; i < s.files.size(); ++i)
+      for (const auto& n : s.files[i].names())
+        if (!file_of.contains(n))
+          throw checkpoint_error("\"" + s.files[i].path().string() + "\" holds \"" + n + "\", which the index does not list",
+                                 "re-save the model with save_pretrained");
+  } else if (fs::exists(single)) {
+    s.files.push_back(SafetensorsFile::open(single));
+    for (const auto& n : s.files[0].names()) file_of[n] = 0;
+  } else {
+    throw checkpoint_error("\"" + dir.string() + "\" has neither model.safetensors nor model.safetensors.index.json",
+                           "give a directory written by save_pretrained(safe_serialization=True); PyTorch .bin "
+                           "checkpoints are not read");
+  }
+  for (const auto& [ours, theirs] : names) {
+    std::vector<std::pair<std::size_t, std::string>> parts;
+    for (const auto& t : theirs) {
+      const auto it = file_of.find(t);
+      if (it == file_of.end()) {
+        parts.clear();
+        break;  // reported as missing, under our name and theirs below
+      }
+      parts.emplace_back(it->second, t);
+      if (!s.files[it->second].contains(t))
+        throw checkpoint_error("the index of \"" + dir.string() + "\" puts \"" + t + "\" in \"" +
+                                   s.files[it->second].path().filename().string() + "\", which does not hold it",
+                               "re-save the model with save_pretrained");
+    }
+    if (!parts.empty()) s.parts[ours] = std::move(parts);
+  }
+  return s;
+}
+
+// Loads the transformers checkpoint in `dir` into a trainer of hf::Llama
+// (any strategy, world size and precision). Every tensor must be present
+// with the config's shape: anything missing, extra or mis-shaped is one
+// error listing all of them, and nothing is changed. Collective.
+template <class Trainer>
+LoadParamsReport load_pretrained(Trainer& trainer, const std::filesystem::path& dir, const LmConfig& config) {
+  const auto names = transformers_names(config);
+  const ParamSources sources = open_checkpoint(dir, names);
+  try {
+    return trainer.load_params(sources, {.strict = true});
+  } catch (const config_error& e) {
+    // Name the missing tensors as transformers calls them.
+    std::string missing;
+    for (const auto& [ours, theirs] : names)
+      if (!sources.parts.contains(ours))
+        for (const auto& t : theirs) missing += (missing.empty() ? "" : ", ") + t;
+    if (missing.empty()) throw;
+    throw checkpoint_error(sources.what + " lacks tensors this " + config.model_type + " config needs: " + missing,
+                           "check that config.json belongs to this checkpoint");
+  }
+}
+
+struct SavePretrainedOptions {
+  std::uint64_t max_shard_bytes = 5'000'000'000;  // transformers' default max_shard_size, 5 GB
+};
+
+// Writes the trainer's hf::Llama to `dir` as save_pretrained does: config.json
+// (torch_dtype float32), model.safetensors, or shards
+// model-0000i-of-0000N.safetensors with model.safetensors.index.json. The
+// directory must not exist (or be empty): it appears complete or not at all
+// (written as "<dir>.partial", renamed last). Collective.
+template <class Trainer>
+void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const LmConfig& config,
+                     const SavePretrainedOptions& options = {}) {
+  namespace fs = std::filesystem;
+  World& world = trainer.world();
+  const bool writer = world.rank() == 0;
+  fs::path partial = dir;
+  partial += ".partial";
+  std::string error;  // rank 0's first failure; the others only take part in the gathers
+  auto guarded = [&](auto&& f) {
+    if (!writer || !error.empty()) return;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  guarded([&] {
+    if (fs::exists(dir) && !(fs::is_directory(dir) && fs::is_empty(dir)))
+      throw checkpoint_error("\"" + dir.string() + "\" exists and is not empty; save_pretrained never overwrites",
+                             "save to a new directory");
+    fs::remove_all(partial);  // what an interrupted save of ours left
+    fs::create_directories(partial);
+  });
+  const auto theirs_of = transformers_names(config);
+
+  struct Pending {
+    std::string name;
+    std::vector<std::int64_t> shape;
+    std::vector<float> values;
+  };
+  std::vector<Pending> shard;
+  std::uint64_t shard_bytes = 0, total_bytes = 0;
+  std::vector<std::vector<std::string>> shards;  // tensor names of each written shard
+  auto flush = [&] {
+    if (shard.empty()) return;
+    SafetensorsWriter w;
+    w.set_metadata("format", "pt");
+    shards.emplace_back();
+    for (const auto& t : shard) {
+      w.add(t.name, t.shape, t.values);
+      shards.back().push_back(t.name);
+    }
+    w.write(partial / ("shard-" + std::to_string(shards.size()) + ".tmp"));
+    shard.clear();
+    shard_bytes = 0;
+  };
+  trainer.visit_parameters([&](const ParamSlot& slot, std::vector<float>&& values) {
+    guarded([&] {
+      const auto it = theirs_of.find(slot.name);
+      if (it == theirs_of.end())
+        throw config_error("save_pretrained: the model's tensor '" + slot.name + "' has no transformers name",
+                           "save an hf::Llama built from this config");
+      // A fused tensor splits back into its parts along the first dimension.
+      const std::size_t parts = it->second.size(), each = values.size() / parts;
+      std::vector<std::int64_t> shape = slot.spec.shape;
+      shape[0] /= static_cast<std::int64_t>(parts);
+      for (std::size_t k = 0; k < parts; ++k) {
+        const std::uint64_t bytes = each * sizeof(float);
+        if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) flush();
+        shard.push_back({it->second[k], shape,
+                         std::vector<float>(values.begin() + static_cast<std::ptrdiff_t>(k * each),
+                                            values.begin() + static_cast<std::ptrdiff_t>((k + 1) * each))});
+        shard_bytes += bytes;
+        total_bytes += bytes;
+      }
+    });
+  });
+  guarded([&] {
+    flush();
+    const std::size_t n = shards.size();
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    std::map<std::string, std::string> sorted;  // transformers writes the map sorted by name
+    for (std::size_t i = 0; i < n; ++i) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+      const std::string file = n == 1 ? "model.safetensors" : name;
+      fs::rename(partial / ("shard-" + std::to_string(i + 1) + ".tmp"), partial / file);
+      for (const auto& t : shards[i]) sorted[t] = file;
+    }
+    auto write_json = [&](const fs::path& path, const nlohmann::ordered_json& j) {
+      const std::string text = j.dump(2) + "\n";
+      const std::span<const std::byte> bytes = std::as_bytes(std::span(text));
+      dtrain::detail::write_file_atomically(path, std::span(&bytes, 1));
+    };
+    if (n > 1) {
+      for (const auto& [t, f] : sorted) weight_map[t] = f;
+      write_json(partial / "model.safetensors.index.json",
+                 {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}});
+    }
+    nlohmann::ordered_json cfg = config.json;
+    cfg["torch_dtype"] = "float32";
+    write_json(partial / "config.json", cfg);
+    if (fs::exists(dir)) fs::remove(dir);  // empty, checked above
+    fs::rename(partial, dir);
+    dtrain::detail::sync_directory(dir.parent_path().empty() ? fs::path(".") : dir.parent_path(), "the saved model");
+  });
+  if (writer && !error.empty()) {
+    std::error_code ignored;
+    fs::remove_all(partial, ignored);
+  }
+  const auto all = world.all_gather_values("hf-save-pretrained", error);
+  if (!all[0].empty())
+    throw checkpoint_error("save_pretrained to \"" + dir.string() + "\" failed: " + all[0],
+                           "fix the cause (space, permissions) and save again; nothing was left at that path");
+}
+
+}  // namespace dtrain::hf

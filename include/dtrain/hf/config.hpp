@@ -1,0 +1,147 @@
+#pragma once
+// A transformers config.json read into what dtrain needs to build the model
+// (hf::LmConfig), checked against what dtrain supports. Supported: the
+// Llama family, model_type "llama" (Llama 2 and 3), "mistral" (without a
+// sliding window shorter than the context) and "qwen2" (biases on q, k and
+// v). Anything else, and any option that would change the computation in a
+// way dtrain does not implement (rope_scaling, another activation, tied
+// embeddings), is a config_error naming the key and what is supported:
+// better no model than a silently different one.
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain::hf {
+
+struct LmConfig {
+  std::string model_type;  // llama | mistral | qwen2
+  std::int64_t vocab_size = 0;
+  std::int64_t hidden_size = 0;
+  std::int64_t intermediate_size = 0;
+  std::int64_t num_hidden_layers = 0;
+  std::int64_t num_attention_heads = 0;
+  std::int64_t num_key_value_heads = 0;
+  std::int64_t max_position_embeddings = 0;
+  float rms_norm_eps = 1e-6f;
+  float rope_theta = 10000.f;
+  bool qkv_bias = false;  // attention_bias (llama), always on for qwen2
+  bool out_bias = false;  // attention_bias (llama)
+  bool tie_word_embeddings = false;
+  nlohmann::ordered_json json;  // the whole file, written back on save
+
+  std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+};
+
+namespace detail {
+
+inline const char* supported_types() { return "llama, mistral, qwen2"; }
+
+// key's value from `j`, which must hold it as a number (or `fallback` when
+// absent and a fallback is given).
+template <class V>
+V number(const nlohmann::ordered_json& j, const std::string& where, const char* key, const V* fallback = nullptr) {
+  if (!j.contains(key) || j.at(key).is_null()) {
+    if (fallback != nullptr) return *fallback;
+    throw config_error(where + ": the key \"" + key + "\" is missing", "give the model's config.json as transformers wrote it");
+  }
+  if (!j.at(key).is_number())
+    throw config_error(where + ": \"" + key + "\" must be a number, not " + j.at(key).dump(),
+                       "give the model's config.json as transformers wrote it");
+  return j.at(key).get<V>();
+}
+
+inline bool flag(const nlohmann::ordered_json& j, const char* key, bool fallback) {
+  return j.contains(key) && j.at(key).is_boolean() ? j.at(key).get<bool>() : fallback;
+}
+
+}  // namespace detail
+
+// Checks and reads a parsed config; `where` names it in errors.
+inline LmConfig parse_config(const nlohmann::ordered_json& j, const std::string& where) {
+  if (!j.is_object()) throw config_error(where + ": not a JSON object", "give the model's config.json");
+  const std::string type = j.contains("model_type") && j.at("model_type").is_string() ? j.at("model_type").get<std::string>() : "";
+  if (type != "llama" && type != "mistral" && type != "qwen2")
+    throw config_error(where + ": model_type \"" + type + "\" is not supported (supported: " + detail::supported_types() + ")",
+                       "fine-tune one of the supported architectures; GPT-2 needs tied embeddings, which dtrain does not "
+                       "have yet");
+  LmConfig c;
+  c.model_type = type;
+  c.json = j;
+  c.vocab_size = detail::number<std::int64_t>(j, where, "vocab_size");
+  c.hidden_size = detail::number<std::int64_t>(j, where, "hidden_size");
+  c.intermediate_size = detail::number<std::int64_t>(j, where, "intermediate_size");
+  c.num_hidden_layers = detail::number<std::int64_t>(j, where, "num_hidden_layers");
+  c.num_attention_heads = detail::number<std::int64_t>(j, where, "num_attention_heads");
+  c.num_key_value_heads = detail::number<std::int64_t>(j, where, "num_key_value_heads", &c.num_attention_heads);
+  c.max_position_embeddings = detail::number<std::int64_t>(j, where, "max_position_embeddings");
+  const float eps = 1e-6f, theta = 10000.f;
+  c.rms_norm_eps = detail::number<float>(j, where, "rms_norm_eps", &eps);
+  c.rope_theta = detail::number<float>(j, where, "rope_theta", &theta);
+  const bool attention_bias = detail::flag(j, "attention_bias", false);
+  c.qkv_bias = type == "qwen2" || attention_bias;
+  c.out_bias = type != "qwen2" && attention_bias;
+  c.tie_word_embeddings = detail::flag(j, "tie_word_embeddings", false);  // transformers' default for all three
+
+  auto unsupported = [&](const std::string& what, const std::string& fix) {
+    throw config_error(where + ": " + what + " is not supported", fix);
+  };
+  const std::pair<const char*, std::int64_t> sizes[] = {
+      {"vocab_size", c.vocab_size},           {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads},
+      {"max_position_embeddings", c.max_position_embeddings}};
+  for (const auto& [key, value] : sizes)
+    if (value < 1)
+      throw config_error(where + ": \"" + std::string(key) + "\" is " + std::to_string(value) + "; it must be >= 1",
+                         "give the model's config.json as transformers wrote it");
+  if (c.hidden_size % c.num_attention_heads != 0 || c.num_attention_heads % c.num_key_value_heads != 0)
+    throw config_error(where + ": hidden_size " + std::to_string(c.hidden_size) + ", num_attention_heads " +
+                           std::to_string(c.num_attention_heads) + " and num_key_value_heads " +
+                           std::to_string(c.num_key_value_heads) + " do not divide",
+                       "num_attention_heads must divide hidden_size and num_key_value_heads num_attention_heads");
+  if (j.contains("head_dim") && !j.at("head_dim").is_null() &&
+      detail::number<std::int64_t>(j, where, "head_dim") != c.head_dim())
+    unsupported("head_dim " + j.at("head_dim").dump() + " other than hidden_size / num_attention_heads (" +
+                    std::to_string(c.head_dim()) + ")",
+                "use a model whose head_dim is hidden_size / num_attention_heads");
+  const std::string act = j.contains("hidden_act") && j.at("hidden_act").is_string() ? j.at("hidden_act").get<std::string>() : "silu";
+  if (act != "silu") unsupported("hidden_act \"" + act + "\"", "dtrain's Llama-family MLP is SwiGLU (hidden_act \"silu\")");
+  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
+    unsupported("rope_scaling " + j.at("rope_scaling").dump(),
+                "use a model without rope_scaling (Llama 3.1+ long-context scaling is not implemented)");
+  if (detail::flag(j, "mlp_bias", false)) unsupported("mlp_bias true", "use a model without MLP biases");
+  if (c.tie_word_embeddings)
+    unsupported("tie_word_embeddings true", "use a model with an untied output head; tied embeddings are not implemented yet");
+  if (type == "mistral" && j.contains("sliding_window") && !j.at("sliding_window").is_null() &&
+      detail::number<std::int64_t>(j, where, "sliding_window") < c.max_position_embeddings)
+    unsupported("sliding_window " + j.at("sliding_window").dump(),
+                "use a model without a sliding window (sliding_window null), or one at least max_position_embeddings");
+  if (type == "qwen2" && detail::flag(j, "use_sliding_window", false))
+    unsupported("use_sliding_window true", "use a model with use_sliding_window false");
+  return c;
+}
+
+// Reads and checks `path` (a config.json, or the directory holding one).
+inline LmConfig read_config(std::filesystem::path path) {
+  if (std::filesystem::is_directory(path)) path /= "config.json";
+  std::ifstream in(path);
+  if (!in)
+    throw config_error("cannot read the model config \"" + path.string() + "\"",
+                       "give a transformers model directory (config.json and model.safetensors) or its config.json");
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw config_error("\"" + path.string() + "\" is not valid JSON: " + e.what(), "give the model's config.json");
+  }
+  return parse_config(j, "\"" + path.string() + "\"");
+}
+
+}  // namespace dtrain::hf

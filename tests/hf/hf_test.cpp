@@ -1,0 +1,196 @@
+// dtrain/hf without Python: config.json checks, and a Llama saved in the
+// transformers layout and loaded back (sharded, across strategies and world
+// sizes) bit for bit; bad configs and checkpoints fail with one clear error.
+#define BOOST_TEST_MODULE hf
+#include <boost/test/unit_test.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <dtrain/hf/checkpoint.hpp>
+#include <dtrain/trainer.hpp>
+
+#include "support/ranks.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using dtrain::testing::require;
+using dtrain::testing::run_ranks;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+Json tiny_llama() {
+  return Json{{"model_type", "llama"},        {"vocab_size", 37},          {"hidden_size", 16},
+              {"intermediate_size", 24},      {"num_hidden_layers", 2},    {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},     {"max_position_embeddings", 8}, {"rms_norm_eps", 1e-5},
+              {"rope_theta", 10000.0},        {"hidden_act", "silu"},      {"tie_word_embeddings", false}};
+}
+
+// The config error's text, or "" when it parses.
+std::string config_error_of(const Json& j) {
+  try {
+    hf::parse_config(j, "config.json");
+  } catch (const config_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+fs::path fresh(const std::string& name) {
+  const fs::path d = fs::path(DTRAIN_TEST_BINARY_DIR) / name;
+  fs::remove_all(d);
+  return d;
+}
+
+using Params = std::map<std::string, std::vector<float>>;
+
+// Trains a Llama of `config` for two steps (so nothing is at its init), saves
+// it in the transformers layout with small shards, and returns its parameters.
+Params train_and_save(const hf::LmConfig& config, const fs::path& dir) {
+  Params out;
+  run_ranks(1, [&](World& w) {
+    hf::Llama model(config);
+    Trainer<hf::Llama> trainer(w, model, AdamW{.lr = 1e-2f}, {.seed = 3});
+    std::vector<std::int32_t> ids(2 * 6);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 7 + 3) % 37);
+    Batch b;
+    b.set("x", HostTensor::of(ids, {2, 6}));
+    std::rotate(ids.begin(), ids.begin() + 1, ids.end());
+    b.set("y", HostTensor::of(ids, {2, 6}));
+    for (int s = 0; s < 2; ++s) trainer.step(std::span(&b, 1));
+    hf::save_pretrained(trainer, dir, config, {.max_shard_bytes = 4096});
+    out = trainer.parameters();
+  });
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(config_is_read_and_checked) {
+  const hf::LmConfig c = hf::parse_config(tiny_llama(), "config.json");
+  BOOST_TEST(c.head_dim() == 4);
+  BOOST_TEST(c.num_key_value_heads == 2);
+  BOOST_TEST(!c.qkv_bias);
+  Json qwen = tiny_llama();
+  qwen["model_type"] = "qwen2";
+  BOOST_TEST(hf::parse_config(qwen, "q").qkv_bias);
+  BOOST_TEST(!hf::parse_config(qwen, "q").out_bias);
+  Json no_kv = tiny_llama();
+  no_kv.erase("num_key_value_heads");
+  BOOST_TEST(hf::parse_config(no_kv, "c").num_key_value_heads == 4);
+
+  const auto fails_with = [](Json j, const std::string& text) {
+    const std::string e = config_error_of(j);
+    BOOST_TEST(e.find(text) != std::string::npos, "'" << e << "' should mention '" << text << "'");
+  };
+  Json j = tiny_llama();
+  j["model_type"] = "gpt_neox";
+  fails_with(j, "supported: llama, mistral, qwen2");
+  j = tiny_llama();
+  j.erase("hidden_size");
+  fails_with(j, "\"hidden_size\" is missing");
+  j = tiny_llama();
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  fails_with(j, "rope_scaling");
+  j = tiny_llama();
+  j["tie_word_embeddings"] = true;
+  fails_with(j, "tie_word_embeddings");
+  j = tiny_llama();
+  j["hidden_act"] = "gelu";
+  fails_with(j, "hidden_act \"gelu\"");
+  j = tiny_llama();
+  j["num_key_value_heads"] = 3;
+  fails_with(j, "do not divide");
+  j = tiny_llama();
+  j["model_type"] = "mistral";
+  j["sliding_window"] = 4;
+  fails_with(j, "sliding_window 4");
+  j = tiny_llama();
+  j["vocab_size"] = "many";
+  fails_with(j, "must be a number");
+  BOOST_CHECK_THROW(hf::read_config(fresh("no_such_model")), config_error);
+}
+
+// Saved by dtrain in the transformers layout (sharded), loaded back at two
+// ranks under FSDP and ZeRO-1: the same parameters, bit for bit.
+BOOST_AUTO_TEST_CASE(save_pretrained_and_load_pretrained_round_trip) {
+  const hf::LmConfig config = hf::parse_config(tiny_llama(), "config.json");
+  const fs::path dir = fresh("llama_saved");
+  const Params saved = train_and_save(config, dir);
+  BOOST_TEST(fs::exists(dir / "model.safetensors.index.json"));
+  BOOST_TEST(!fs::exists(fs::path(dir.string() + ".partial")));
+  const hf::LmConfig reread = hf::read_config(dir);
+  BOOST_TEST(reread.json.at("torch_dtype") == "float32");
+  std::ifstream index(dir / "model.safetensors.index.json");
+  const Json wm = Json::parse(index).at("weight_map");
+  BOOST_TEST(wm.contains("model.layers.1.mlp.gate_proj.weight"));
+  BOOST_TEST(wm.contains("model.layers.1.mlp.up_proj.weight"));
+  BOOST_TEST(wm.contains("lm_head.weight"));
+  BOOST_TEST(wm.size() == 2u + 2u * 9u + 1u);
+
+  const auto load_at_two = [&]<class Kind>(std::type_identity<Kind>) {
+    Params loaded;
+    run_ranks(2, [&](World& w) {
+      hf::Llama model(reread);
+      Trainer<hf::Llama, Strategy<Kind>> trainer(w, model, AdamW{}, {.seed = 99});
+      const LoadParamsReport r = hf::load_pretrained(trainer, dir, reread);
+      require(r.loaded.size() == saved.size(), "every tensor loaded");
+      Params p = trainer.parameters();
+      if (w.rank() == 0) loaded = std::move(p);
+    });
+    BOOST_TEST((loaded == saved), Kind::name << ": loaded parameters differ from the saved ones");
+  };
+  load_at_two(std::type_identity<FSDP<FullShard>>{});
+  load_at_two(std::type_identity<ZeRO1>{});
+
+  // A second save never overwrites the first.
+  run_ranks(1, [&](World& w) {
+    hf::Llama model(reread);
+    Trainer<hf::Llama> trainer(w, model, AdamW{});
+    dtrain::testing::require_throws<checkpoint_error>([&] { hf::save_pretrained(trainer, dir, reread); });
+  });
+  BOOST_TEST(hf::read_config(dir).json.at("torch_dtype") == "float32");
+}
+
+// A config that does not fit the checkpoint names what is missing or
+// mis-shaped, and changes nothing; a too-long sequence is refused.
+BOOST_AUTO_TEST_CASE(mismatched_checkpoints_and_sequences_are_errors) {
+  const fs::path dir = fresh("llama_for_errors");
+  train_and_save(hf::parse_config(tiny_llama(), "config.json"), dir);
+  Json deeper = tiny_llama();
+  deeper["num_hidden_layers"] = 3;
+  Json wider = tiny_llama();
+  wider["intermediate_size"] = 32;
+  run_ranks(1, [&](World& w) {
+    const hf::LmConfig c3 = hf::parse_config(deeper, "deeper");
+    hf::Llama m3(c3);
+    Trainer<hf::Llama> t3(w, m3, AdamW{});
+    try {
+      hf::load_pretrained(t3, dir, c3);
+      require(false, "a missing layer must be an error");
+    } catch (const checkpoint_error& e) {
+      require(std::string(e.what()).find("model.layers.2.self_attn.q_proj.weight") != std::string::npos,
+              std::string("names the missing tensor: ") + e.what());
+    }
+    const hf::LmConfig cw = hf::parse_config(wider, "wider");
+    hf::Llama mw(cw);
+    Trainer<hf::Llama> tw(w, mw, AdamW{});
+    const Params before = tw.parameters();
+    try {
+      hf::load_pretrained(tw, dir, cw);
+      require(false, "a mis-shaped tensor must be an error");
+    } catch (const config_error& e) {
+      require(std::string(e.what()).find("1.mlp.fc1.weight") != std::string::npos,
+              std::string("names the mis-shaped tensor: ") + e.what());
+    }
+    require(tw.parameters() == before, "a failed load changes nothing");
+
+    std::vector<std::int32_t> ids(9, 1);
+    Batch b;
+    b.set("x", HostTensor::of(ids, {1, 9}));
+    dtrain::testing::require_throws<config_error>([&] { tw.logits(b); });
+  });
+  BOOST_CHECK_THROW(hf::open_checkpoint(fresh("empty_model"), {}), checkpoint_error);
+}

@@ -1,0 +1,166 @@
+// Parity with Hugging Face transformers (PyPI, pinned, in the build's venv):
+// tiny random Llama, Qwen2 and Mistral models written by save_pretrained
+// (one file and sharded; F32, BF16 and F16) are loaded into hf::Llama at one
+// and two ranks, under DDP, FSDP and ZeRO-1, and give transformers' logits;
+// a model dtrain fine-tuned and saved loads in transformers with dtrain's
+// logits.
+#define BOOST_TEST_NO_MAIN
+#define BOOST_TEST_ALTERNATIVE_INIT_API
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <dtrain/hf/checkpoint.hpp>
+#include <dtrain/trainer.hpp>
+
+#include "support/python_venv.hpp"
+#include "support/ranks.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using dtrain::testing::require;
+using dtrain::testing::run_ranks;
+
+namespace {
+
+// transformers 4.40.2 is the newest release that runs on Debian 12's PyTorch 1.13.
+const char* const transformers_pin = "transformers==4.40.2";
+const fs::path venv = fs::path(DTRAIN_TEST_BINARY_DIR) / "venv";
+
+struct Expected {
+  std::vector<std::int64_t> ids;
+  std::vector<float> logits;
+};
+
+// A fresh model from make_tiny_lm.py in a folder of its own.
+fs::path make_model(const std::string& name, const std::string& args) {
+  const fs::path dir = fs::path(DTRAIN_TEST_BINARY_DIR) / "models" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string cmd = (venv / "bin/python").string() + " " + DTRAIN_SOURCE_DIR + "/tests/hf/make_tiny_lm.py " +
+                          dir.string() + " " + args + " > " + (dir / "log.txt").string() + " 2>&1";
+  BOOST_TEST_REQUIRE(std::system(cmd.c_str()) == 0, "make_tiny_lm.py " << args << " failed: see " << dir / "log.txt");
+  return dir;
+}
+
+Expected expected(const fs::path& dir) {
+  const auto f = SafetensorsFile::open(dir / "expected.safetensors");
+  return {f.read_i64("ids"), f.read_f32("logits")};
+}
+
+// dtrain's logits for the expected ids on `ranks` ranks under Kind, rank 0's.
+template <class Kind>
+std::vector<float> dtrain_logits(const fs::path& dir, const Expected& e, int ranks) {
+  const hf::LmConfig config = hf::read_config(dir / "model");
+  std::vector<float> out;
+  run_ranks(ranks, [&](World& w) {
+    hf::Llama model(config);
+    Trainer<hf::Llama, Strategy<Kind>> trainer(w, model, AdamW{});
+    const LoadParamsReport r = hf::load_pretrained(trainer, dir / "model", config);
+    require(r.missing.empty() && r.unexpected.empty() && r.mismatched.empty(), "every tensor loads");
+    Batch b;
+    b.set("x", HostTensor::of(e.ids, {2, static_cast<std::int64_t>(e.ids.size()) / 2}));
+    std::vector<float> logits = trainer.logits(b);
+    if (w.rank() == 0) out = std::move(logits);
+  });
+  return out;
+}
+
+// The largest difference, relative to the largest reference logit.
+double worst(const std::vector<float>& got, const std::vector<float>& want) {
+  BOOST_TEST_REQUIRE(got.size() == want.size());
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+  }
+  return err / std::max(scale, 1.0);
+}
+
+// float32 logits agree to rounding (sums of 32-40 products in another order).
+constexpr double tolerance = 1e-5;
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(llama_grouped_query_f32_one_file) {
+  const fs::path dir = make_model("llama_gqa", "llama 2 float32 0");
+  const Expected e = expected(dir);
+  const double one = worst(dtrain_logits<DDP>(dir, e, 1), e.logits);
+  const double two = worst(dtrain_logits<FSDP<FullShard>>(dir, e, 2), e.logits);
+  std::printf("llama GQA F32: worst relative logit difference %.2e (1 rank), %.2e (FSDP, 2 ranks)\n", one, two);
+  BOOST_TEST(one <= tolerance);
+  BOOST_TEST(two <= tolerance);
+}
+
+BOOST_AUTO_TEST_CASE(qwen2_multi_query_bf16_sharded) {
+  const fs::path dir = make_model("qwen2_mqa", "qwen2 1 bfloat16 20000");
+  BOOST_TEST_REQUIRE(fs::exists(dir / "model/model.safetensors.index.json"), "the checkpoint is sharded");
+  const Expected e = expected(dir);
+  const double err = worst(dtrain_logits<ZeRO1>(dir, e, 2), e.logits);
+  std::printf("qwen2 MQA BF16 sharded: worst relative logit difference %.2e (ZeRO-1, 2 ranks)\n", err);
+  BOOST_TEST(err <= tolerance);
+}
+
+BOOST_AUTO_TEST_CASE(mistral_multi_head_f16) {
+  const fs::path dir = make_model("mistral_mha", "mistral 4 float16 0");
+  const Expected e = expected(dir);
+  const double err = worst(dtrain_logits<FSDP<ShardGradOp>>(dir, e, 2), e.logits);
+  std::printf("mistral MHA F16: worst relative logit difference %.2e (FSDP grad-op, 2 ranks)\n", err);
+  BOOST_TEST(err <= tolerance);
+}
+
+// Fine-tuned by dtrain (two AdamW steps under FSDP at two ranks), saved with
+// hf::save_pretrained, loaded by transformers: the same logits.
+BOOST_AUTO_TEST_CASE(fine_tuned_model_loads_in_transformers) {
+  const fs::path dir = make_model("llama_to_tune", "llama 2 float32 0");
+  const Expected e = expected(dir);
+  const fs::path pretrained = dir / "model", saved = fs::path(DTRAIN_TEST_BINARY_DIR) / "models" / "llama_tuned";
+  fs::remove_all(saved);
+  std::vector<float> ours;
+  run_ranks(2, [&](World& w) {
+    const auto t = static_cast<std::int64_t>(e.ids.size()) / 2;
+    std::vector<std::int64_t> next(e.ids.begin() + 1, e.ids.end());
+    next.push_back(-100);
+    Batch b;
+    b.set("x", HostTensor::of(e.ids, {2, t}));
+    b.set("y", HostTensor::of(next, {2, t}));
+    // [snippet:hf_fine_tune]
+    const hf::LmConfig config = hf::read_config(pretrained);  // its config.json, checked
+    hf::Llama model(config);
+    Trainer<hf::Llama, Strategy<FSDP<FullShard>>> trainer(w, model, AdamW{.lr = 1e-2f});
+    hf::load_pretrained(trainer, pretrained, config);         // each rank reads only what it owns
+    for (int s = 0; s < 2; ++s) trainer.step(std::span(&b, 1));
+    hf::save_pretrained(trainer, saved, config);              // what from_pretrained reads
+    // [/snippet:hf_fine_tune]
+    std::vector<float> logits = trainer.logits(b);
+    if (w.rank() == 0) ours = std::move(logits);
+  });
+  const fs::path out = saved.parent_path() / "llama_tuned_logits.safetensors";
+  const std::string cmd = (venv / "bin/python").string() + " " + DTRAIN_SOURCE_DIR + "/tests/hf/transformers_logits.py " +
+                          saved.string() + " " + (dir / "expected.safetensors").string() + " " + out.string() + " > " +
+                          (saved.parent_path() / "llama_tuned_log.txt").string() + " 2>&1";
+  BOOST_TEST_REQUIRE(std::system(cmd.c_str()) == 0, "transformers could not load the saved model");
+  const std::vector<float> theirs = SafetensorsFile::open(out).read_f32("logits");
+  const double moved = worst(ours, e.logits), err = worst(ours, theirs);
+  std::printf("fine-tuned llama: logits moved %.2e by training; transformers on dtrain's save differs by %.2e\n", moved,
+              err);
+  BOOST_TEST(moved > 1e-3, "training changed the model");
+  BOOST_TEST(err <= tolerance);
+}
+
+static bool init_unit_test() { return true; }
+
+int main(int argc, char* argv[]) {
+  if (const std::string why = dtrain::testing::python_venv_with(venv, "transformers", transformers_pin, 600);
+      !why.empty()) {
+    std::printf("%s: test skipped (exit 77)\n", why.c_str());
+    return 77;
+  }
+  return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
+}

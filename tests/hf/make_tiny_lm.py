@@ -1,0 +1,40 @@
+"""Writes a tiny random transformers causal LM and the logits transformers
+computes for random ids, for hf_transformers_test to compare dtrain against.
+
+usage: make_tiny_lm.py OUT_DIR MODEL_TYPE KV_HEADS DTYPE SHARD_BYTES
+  MODEL_TYPE: llama | qwen2 | mistral;  DTYPE: float32 | bfloat16 | float16
+  SHARD_BYTES: 0 for one model.safetensors, else save_pretrained's max_shard_size
+Writes OUT_DIR/model (the checkpoint) and OUT_DIR/expected.safetensors:
+ids int64 [2, 7] and logits float32 [14, vocab], computed in float32 from the
+weights as saved (so a 16-bit checkpoint is compared after its rounding).
+"""
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+out, model_type, kv_heads, dtype, shard = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+torch.manual_seed(1234)
+common = dict(vocab_size=61, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=kv_heads, max_position_embeddings=16, rms_norm_eps=1e-5, rope_theta=500.0,
+              tie_word_embeddings=False)
+config = {"llama": lambda: transformers.LlamaConfig(**common),
+          "qwen2": lambda: transformers.Qwen2Config(**common, use_sliding_window=False),
+          "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None)}[model_type]()
+model = transformers.AutoModelForCausalLM.from_config(config)
+with torch.no_grad():  # larger than the default init, so every weight shows in the logits
+    for p in model.parameters():
+        p.normal_(0.0, 0.2)
+model = model.to(getattr(torch, dtype))
+kwargs = {"safe_serialization": True}
+if shard:
+    kwargs["max_shard_size"] = shard
+model.save_pretrained(out + "/model", **kwargs)
+
+reloaded = transformers.AutoModelForCausalLM.from_pretrained(out + "/model", torch_dtype=torch.float32)
+reloaded.eval()
+ids = torch.randint(0, config.vocab_size, (2, 7))
+with torch.no_grad():
+    logits = reloaded(ids).logits.reshape(-1, config.vocab_size).contiguous()
+save_file({"ids": ids.contiguous(), "logits": logits}, out + "/expected.safetensors")
