@@ -164,9 +164,13 @@ inline void dump_batches(const Common& c, dtrain::World& world, const std::vecto
 }
 
 // Everything after the Trainer's construction: resume, the steps, the end.
-template <class Trainer, class Source, class Finish>
-void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const Source& data, Finish& finish) {
+// start(trainer) runs first (train_lm's pretrained weights), before
+// init_from and resume; finish(trainer) after the last step.
+template <class Trainer, class Source, class Start, class Finish>
+void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const Source& data, Start& start,
+                Finish& finish) {
   dtrain::DistributedSampler sampler(data.size(), world, {.shuffle = true, .seed = c.seed});
+  start(trainer);
   if (!c.init_from.empty()) init_from(c, world, trainer);
   const bool resumed = !c.resume.empty() && resume(c, world, trainer, sampler);
   // The loader starts where the (restored) sampler stands.
@@ -238,14 +242,15 @@ void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const S
 
 // The config's strategy and micro-batch count are run-time choices: one
 // TrainerCore per (model, device, precision) serves them all.
-template <class Dev, class Prec, class Model, class Source, class Finish>
-int run_training(const Common& c, dtrain::World& world, Model& model, const Source& data, Finish&& finish) {
+template <class Dev, class Prec, class Model, class Source, class Start, class Finish>
+int run_training(const Common& c, dtrain::World& world, Model& model, const Source& data, Start&& start,
+                 Finish&& finish) {
   const dtrain::TrainerOptions opts = trainer_options(c);
   auto run = [&](auto optimizer) {
     dtrain::TrainerCore<Model, Dev, Prec> trainer(world, model, optimizer, opts, c.accumulate,
                                                   strategy_for<Dev, Prec>(c));
     try {
-      train_loop(c, world, trainer, data, finish);
+      train_loop(c, world, trainer, data, start, finish);
     } catch (const std::exception& e) {
       report_failure(e);  // while the communicator stands: see common/report.hpp
       throw;
@@ -256,6 +261,11 @@ int run_training(const Common& c, dtrain::World& world, Model& model, const Sour
   else
     run(dtrain::AdamW{.lr = c.lr, .weight_decay = c.weight_decay});
   return 0;
+}
+
+template <class Dev, class Prec, class Model, class Source, class Finish>
+int run_training(const Common& c, dtrain::World& world, Model& model, const Source& data, Finish&& finish) {
+  return run_training<Dev, Prec>(c, world, model, data, [](auto&) {}, finish);
 }
 
 }  // namespace examples

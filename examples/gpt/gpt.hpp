@@ -22,6 +22,7 @@
 
 #include "common/config.hpp"
 #include "common/dispatch.hpp"
+#include "common/windows.hpp"
 
 namespace gpt {
 
@@ -116,35 +117,7 @@ class CharTokenizer {
   std::string chars_;
 };
 
-// Every window of block_size + 1 tokens starting in [first, last) of the
-// token stream, as a data set: sample i is the window at first + i.
-class Windows {
- public:
-  Windows(std::span<const std::int32_t> tokens, std::int64_t block, std::int64_t first, std::int64_t last)
-      : tokens_(tokens), block_(block), first_(first), count_(std::max<std::int64_t>(0, last - first - block)) {}
-
-  std::int64_t size() const { return count_; }
-
-  dtrain::Batch gather(std::span<const std::int64_t> indices) const {
-    const auto n = static_cast<std::int64_t>(indices.size());
-    std::vector<std::int32_t> x, y;
-    x.reserve(static_cast<std::size_t>(n * block_));
-    y.reserve(static_cast<std::size_t>(n * block_));
-    for (const auto i : indices) {
-      const auto at = tokens_.begin() + first_ + i;
-      x.insert(x.end(), at, at + block_);
-      y.insert(y.end(), at + 1, at + block_ + 1);
-    }
-    dtrain::Batch b;
-    b.set("x", dtrain::HostTensor::of(x, {n, block_}));
-    b.set("y", dtrain::HostTensor::of(y, {n, block_}));
-    return b;
-  }
-
- private:
-  std::span<const std::int32_t> tokens_;
-  std::int64_t block_, first_, count_;
-};
+using examples::Windows;
 
 // The text to train on: the generated corpus or a file's bytes.
 inline std::string load_text(const Config& c) {

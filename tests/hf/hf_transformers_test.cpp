@@ -8,11 +8,15 @@
 #define BOOST_TEST_ALTERNATIVE_INIT_API
 #include <boost/test/unit_test.hpp>
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -152,6 +156,55 @@ BOOST_AUTO_TEST_CASE(fine_tuned_model_loads_in_transformers) {
               err);
   BOOST_TEST(moved > 1e-3, "training changed the model");
   BOOST_TEST(err <= tolerance);
+}
+
+namespace {
+// Runs `cmd` with its output in `log`; the exit status.
+int run_logged(const std::string& cmd, const fs::path& log) {
+  const int status = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+}  // namespace
+
+// The train_lm example on two ranks: fine-tunes the tiny Llama on a token
+// stream, its loss falls, and transformers loads what it saved; an id
+// outside the vocabulary is exit status 2 naming the token.
+BOOST_AUTO_TEST_CASE(train_lm_fine_tunes_and_saves) {
+  const fs::path dir = make_model("llama_for_train_lm", "llama 2 bfloat16 20000");
+  const fs::path work = fs::path(DTRAIN_TEST_BINARY_DIR) / "train_lm";
+  fs::remove_all(work);
+  fs::create_directories(work);
+  const std::string py = (venv / "bin/python").string();
+  BOOST_TEST_REQUIRE(run_logged(py + " -c \"import numpy as np; np.save('" + (work / "tokens.npy").string() +
+                                    "', np.tile(np.arange(0, 61, 3, dtype=np.int32), 200)); np.save('" +
+                                    (work / "bad.npy").string() + "', np.array([1, 2, 61] * 400, dtype=np.int64))\"",
+                                work / "numpy.log") == 0);
+  const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " model=" +
+                          (dir / "model").string() + " block_size=16 batch_size=8 lr=3e-3 steps=30 log_every=10 ";
+  const fs::path saved = work / "tuned";
+  BOOST_TEST_REQUIRE(run_logged(run + "strategy=fsdp-full data=" + (work / "tokens.npy").string() + " save_hf=" +
+                                    saved.string(), work / "train.log") == 0,
+                     read_text(work / "train.log"));
+  const std::string log = read_text(work / "train.log");
+  BOOST_TEST(log.find("loaded 19 tensor(s)") != std::string::npos, log);
+  const auto loss_at = [&](const std::string& step) {
+    const auto at = log.find("step " + step + "/30 | loss ");
+    BOOST_TEST_REQUIRE(at != std::string::npos, log);
+    return std::stod(log.substr(at + step.size() + 15, 6));
+  };
+  BOOST_TEST(loss_at("   30") < loss_at("    1") - 0.5, log);
+  BOOST_TEST(run_logged(py + " " + DTRAIN_SOURCE_DIR + "/tests/hf/transformers_logits.py " + saved.string() + " " +
+                            (dir / "expected.safetensors").string() + " " + (work / "logits.safetensors").string(),
+                        work / "reload.log") == 0,
+             read_text(work / "reload.log"));
+
+  BOOST_TEST(run_logged(run + "data=" + (work / "bad.npy").string(), work / "bad.log") == 2);
+  const std::string bad = read_text(work / "bad.log");
+  BOOST_TEST(bad.find("token 2 is id 61, outside the model's vocabulary of 61") != std::string::npos, bad);
 }
 
 static bool init_unit_test() { return true; }

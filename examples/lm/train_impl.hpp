@@ -1,0 +1,34 @@
+#pragma once
+// train_lm's training function for one device, included by train_host.cpp
+// and train_cuda.cu.
+
+#include <cstdio>
+
+#include "common/dispatch.hpp"
+#include "common/loop.hpp"
+#include "common/windows.hpp"
+#include "lm.hpp"
+
+namespace lm {
+
+template <class Dev>
+int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& config, const Tokens& tokens) {
+  return examples::with_precision(c, [&]<class Prec>() {
+    dtrain::hf::Llama model(config);
+    const examples::Windows train(tokens.ids, c.block_size, 0, tokens.split);
+    const auto start = [&](auto& trainer) {
+      if (c.model.empty()) return;
+      const auto r = dtrain::hf::load_pretrained(trainer, c.model, config);
+      if (world.rank() == 0) std::printf("model %s: loaded %zu tensor(s)\n", c.model.c_str(), r.loaded.size());
+    };
+    const auto finish = [&](auto& trainer) {
+      examples::held_out_loss(world, tokens.ids, tokens.split, c.block_size, c.batch_size, c.eval_batches, trainer);
+      if (c.save_hf.empty()) return;
+      dtrain::hf::save_pretrained(trainer, c.save_hf, config);
+      if (world.rank() == 0) std::printf("saved the model as a transformers directory: %s\n", c.save_hf.c_str());
+    };
+    return examples::run_training<Dev, Prec>(c, world, model, train, start, finish);
+  });
+}
+
+}  // namespace lm
