@@ -36,6 +36,7 @@
 #include "dtrain/nn/any_unit.hpp"
 #include "dtrain/nn/attention.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
+#include "dtrain/nn/dropout.hpp"
 #include "dtrain/nn/embedding.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"

@@ -18,6 +18,7 @@
 #include "dtrain/nn/embedding.hpp"
 #include "dtrain/nn/transformer.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
+#include "dtrain/nn/dropout.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
 #include "kernels/numeric.hpp"
@@ -81,6 +82,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(units_match_host, T, t::dtypes) {
   compare_unit<T>(dtrain::nn::SiLU{}, 300, 70, "SiLU");
   compare_unit<T>(dtrain::nn::SwiGLU{}, 300, 70, "SwiGLU");
   compare_unit<T>(dtrain::nn::RMSNorm(70), 300, 70, "RMSNorm");
+  compare_unit<T>(dtrain::nn::Dropout(0.3f), 300, 70, "Dropout (training: the same mask)");
   compare_unit<T>(FeatureGain{70}, 300, 70, "FeatureGain");
 }
 

@@ -101,7 +101,8 @@ UnitResult run_unit(Dev& dev, U& unit, const UnitCase& c, bool want_dx = true, S
   if constexpr (detail::context_unit<U, Dev, T>) {
     if (shape.rows() != c.rows) shape = {c.rows, 1};
     buffer saved = make_buffer<T>(dev, static_cast<std::size_t>(saved_size_of(unit, shape, c.in)));
-    const UnitContext<T> ctx{shape, saved.view(1, static_cast<std::int64_t>(saved.size()))};
+    // A training call with a fixed random stream: nn::Dropout draws the same mask on every device.
+    const UnitContext<T> ctx{shape, saved.view(1, static_cast<std::int64_t>(saved.size())), true, 99};
     unit.template forward<Dev, T>(dev, pv, xv, y.view(c.rows, c.out), ctx);
     unit.template backward<Dev, T>(dev, pv, gv, xv, std::as_const(y).view(c.rows, c.out), dyv, dxv, ctx);
   } else {

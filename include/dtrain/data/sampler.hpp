@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/core/random.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain {
@@ -47,14 +48,6 @@ concept RankInfo = requires(const W& w) {
 };
 
 namespace detail {
-
-// splitmix64 (Steele, Lea, Flood 2014): a 64-bit counter passed through a
-// fixed mixing function. Tiny, fast, fully specified by these few lines.
-inline std::uint64_t splitmix64_mix(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 class SplitMix64 {
  public:

@@ -60,6 +60,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/core/random.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/model/param.hpp"
@@ -77,11 +78,26 @@ struct SeqShape {
   std::int64_t rows() const { return batch * time; }
 };
 
-// What a unit may need beyond its parameters and activations (see above).
+// What a unit may need beyond its parameters and activations (see above):
+// the sequence shape, its saved view, whether this is a training forward
+// (false for evaluate() and logits()), and its random stream. A unit that
+// draws random numbers (nn::Dropout) takes them from `stream` and the
+// element index only (detail::uniform01), so a forward recomputed under
+// activation checkpointing, and a run resumed from a checkpoint, draw the
+// same ones. The Trainer derives the stream from the seed, the rank, the
+// step, the micro-batch and the unit.
 template <class T>
 struct UnitContext {
   SeqShape shape{};
   MatView<T> saved{};
+  bool training = false;
+  std::uint64_t stream = 0;
+
+  // The context of part `i` of a composite unit: its own saved view, the
+  // same mode and a stream of its own.
+  UnitContext part(MatView<T> part_saved, std::uint64_t i) const {
+    return {shape, part_saved, training, detail::derive_stream(stream, i)};
+  }
 };
 
 template <class U>

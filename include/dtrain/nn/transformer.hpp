@@ -167,10 +167,10 @@ class PreNormBlock {
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     const Parts<T> s = parts(p, x, ctx);
     ln1_.template forward<Dev, T>(dev, part(p, 0), x, s.h1);
-    attn_.template forward<Dev, T>(dev, part(p, 1), s.h1, s.s1, {ctx.shape, s.attn});
+    attn_.template forward<Dev, T>(dev, part(p, 1), s.h1, s.s1, ctx.part(s.attn, 1));
     dev.for_each(static_cast<std::size_t>(x.size()), AddElements<T>{x.data, s.s1.data, s.r.data});
     ln2_.template forward<Dev, T>(dev, part(p, 2), s.r, s.h2);
-    mlp_.template forward<Dev, T>(dev, part(p, 3), s.h2, s.s1, {ctx.shape, s.mlp});
+    mlp_.template forward<Dev, T>(dev, part(p, 3), s.h2, s.s1, ctx.part(s.mlp, 3));
     dev.for_each(static_cast<std::size_t>(x.size()), AddElements<T>{s.r.data, s.s1.data, y.data});
   }
 
@@ -181,10 +181,10 @@ class PreNormBlock {
     const Parts<T> s = parts(p, x, ctx);
     detail::check_count("nn::PreNormBlock", "gradients", grad.size(), p.size());
     const auto n = static_cast<std::size_t>(x.size());
-    mlp_.template backward<Dev, T>(dev, part(p, 3), part(grad, 3), s.h2, {}, dy, s.s1, {ctx.shape, s.mlp});
+    mlp_.template backward<Dev, T>(dev, part(p, 3), part(grad, 3), s.h2, {}, dy, s.s1, ctx.part(s.mlp, 3));
     ln2_.template backward<Dev, T>(dev, part(p, 2), part(grad, 2), s.r, s.h2, s.s1, s.s2);
     dev.for_each(n, AddElements<T>{s.s2.data, dy.data, s.s2.data});  // dr
-    attn_.template backward<Dev, T>(dev, part(p, 1), part(grad, 1), s.h1, {}, s.s2, s.s1, {ctx.shape, s.attn});
+    attn_.template backward<Dev, T>(dev, part(p, 1), part(grad, 1), s.h1, {}, s.s2, s.s1, ctx.part(s.attn, 1));
     ln1_.template backward<Dev, T>(dev, part(p, 0), part(grad, 0), x, s.h1, s.s1, dx);
     if (!dx.empty()) dev.for_each(n, AddElements<T>{dx.data, s.s2.data, dx.data});
   }

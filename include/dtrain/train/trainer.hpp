@@ -418,9 +418,15 @@ class TrainerCore {
     const bool recompute = options_.activation_checkpointing;
     for (std::size_t u = 0; u < num_units_; ++u)
       if (saved[u] > 0) ensure(recompute ? saved_[0] : saved_[u], static_cast<std::size_t>(saved[u]));
+    // A training forward's random stream: seed, rank, step, micro-batch, unit.
+    const std::uint64_t micro_stream = detail::derive_stream(
+        detail::derive_stream(detail::derive_stream(options_.seed, static_cast<std::uint64_t>(world_.rank())),
+                              static_cast<std::uint64_t>(step_ + 1)),
+        static_cast<std::uint64_t>(k));
     auto ctx = [&](std::size_t u) {
       buffer<T>& b = recompute ? saved_[0] : saved_[u];
-      return UnitContext<T>{shape, saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{}};
+      return UnitContext<T>{shape, saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{}, backward,
+                            detail::derive_stream(micro_stream, u)};
     };
 
     const DeviceBatch on_device = upload(batch, input_unit);
