@@ -5,9 +5,12 @@
 //
 //   dtrain-estimate --params 7B --precision bf16 --world 8
 //   dtrain-estimate --config examples/configs/ddp_host.yaml precision=bf16 --world 4 --json
+//   dtrain-estimate --hf-config Meta-Llama-3-8B/config.json --precision bf16 --world 8
 //
 // Exit status: 0 printed, 2 bad input (one line naming the problem and the fix).
 
+#include <dtrain/hf/config.hpp>
+#include <dtrain/hf/llama.hpp>
 #include <dtrain/strategy/estimate.hpp>
 
 #include <gpt/gpt.hpp>        // the examples' Configs (their keys' defaults) and models
@@ -31,6 +34,7 @@ namespace {
 using namespace dtrain;
 
 constexpr std::string_view usage = R"(usage: dtrain-estimate --params N [options]
+       dtrain-estimate --hf-config config.json [options]
        dtrain-estimate --config FILE.yaml [--example mlp|gpt|policy] [key=value ...] --world N [options]
 
 Prints one rank's memory by category (MiB) for a model trained with dtrain,
@@ -38,6 +42,10 @@ one row per strategy, without allocating or launching anything.
 
 the model (one of):
   --params N                 N parameters (suffix K, M or B: 125M, 7B) in one unit
+  --hf-config FILE           a transformers config.json (llama, mistral, qwen2):
+                             the units of hf::Llama built from it (embedding,
+                             each layer, final norm, head); training flags as
+                             with --params
   --units U                  split the trainable ones into U equal units instead,
                              e.g. a transformer's layers (FSDP gathers one unit
                              at a time, so this sets the gathered column)
@@ -263,7 +271,7 @@ Config read_config(const std::string& path, const std::vector<std::string>& over
 Inputs parse(int argc, char** argv) {
   Inputs in;
   std::optional<std::size_t> params;
-  std::optional<std::string> config;
+  std::optional<std::string> config, hf_config;
   std::string example = "mlp";
   std::optional<double> fraction;
   std::optional<std::size_t> unit_count;
@@ -289,6 +297,7 @@ Inputs parse(int argc, char** argv) {
       std::fputs(usage.data(), stdout);
       std::exit(0);
     } else if (arg == "--params") params = parse_count(value());
+    else if (arg == "--hf-config") hf_config = value();
     else if (arg == "--units") unit_count = parse_number<std::size_t>(arg, value(), 1, 1e9);
     else if (arg == "--trainable-fraction") fraction = parse_number<double>(arg, value(), 0, 1);
     else if (arg == "--config") config = value();
@@ -308,10 +317,28 @@ Inputs parse(int argc, char** argv) {
     else throw usage_error{"unknown argument " + in_quotes(arg), "run dtrain-estimate --help"};
   }
 
-  if (params.has_value() == config.has_value())
-    throw usage_error{params ? "--params and --config both name a model" : "no model given",
-                      "pass either --params N or --config FILE.yaml"};
-  if (params) {
+  if (int{params.has_value()} + int{config.has_value()} + int{hf_config.has_value()} != 1)
+    throw usage_error{params || config || hf_config ? "more than one of --params, --config and --hf-config name a model"
+                                                    : "no model given",
+                      "pass one of --params N, --config FILE.yaml and --hf-config config.json"};
+  if (hf_config) {
+    if (!overrides.empty())
+      throw usage_error{"key=value " + in_quotes(overrides.front()) + " needs --config", "use the flags (see --help)"};
+    if (fraction || unit_count)
+      throw usage_error{std::string(fraction ? "--trainable-fraction" : "--units") + " needs --params",
+                        "the config's model gives the units"};
+    try {
+      const hf::LmConfig c = hf::read_config(*hf_config);
+      hf::Llama model(c);
+      in.units = declared_units(model);
+      for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
+      in.source = "transformers config " + *hf_config + " (" + c.model_type + ", " + std::to_string(c.num_hidden_layers) +
+                  " layers x " + std::to_string(c.hidden_size) + ", vocabulary " + std::to_string(c.vocab_size) + ")";
+    } catch (const dtrain::error& e) {
+      throw usage_error{e.problem(), e.fix()};
+    }
+    in.world = world.value_or(1);
+  } else if (params) {
     if (!overrides.empty())
       throw usage_error{"key=value " + in_quotes(overrides.front()) + " needs --config", "use the flags (see --help)"};
     in.parameters = *params;

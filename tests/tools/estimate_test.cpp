@@ -18,6 +18,8 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -319,6 +321,31 @@ BOOST_AUTO_TEST_CASE(cli_full_shard_holds_16_bytes_per_parameter_over_the_world)
   const double expected_mib = 16.0 * 1e6 / 4 / (1024.0 * 1024.0);
   BOOST_TEST(std::abs(model_states_mib - expected_mib) <= 0.01 * expected_mib,
              "fsdp-full model states " << model_states_mib << " MiB, expected " << expected_mib);
+}
+
+// Llama 3 8B's config.json: 8,030,261,248 parameters (the published count),
+// in 35 units (embedding, 32 layers, final norm, head); FullShard over 8
+// ranks in bf16 with AdamW holds 16 bytes per parameter / 8.
+BOOST_AUTO_TEST_CASE(cli_reads_a_transformers_config) {
+  const auto file = std::filesystem::path(DTRAIN_TEST_BINARY_DIR) / "llama3_8b_config.json";
+  std::ofstream(file) << R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "hidden_act": "silu",
+    "tie_word_embeddings": false})";
+  const auto [rc, out] = run_cli("--hf-config " + file.string() + " --world 8 --precision bf16");
+  BOOST_TEST_MESSAGE(out);
+  BOOST_REQUIRE_EQUAL(rc, 0);
+  BOOST_TEST(out.find("8,030,261,248 parameters in 35 units") != std::string::npos, out);
+  const auto cells = table_row(out, "fsdp-full");
+  BOOST_REQUIRE_EQUAL(cells.size(), 8u);
+  double model_states_mib = 0;
+  for (std::size_t c = 1; c <= 4; ++c) model_states_mib += std::stod(cells[c]);
+  const double expected_mib = 16.0 * 8030261248.0 / 8 / (1024.0 * 1024.0);
+  BOOST_TEST(std::abs(model_states_mib - expected_mib) <= 0.001 * expected_mib, model_states_mib);
+
+  const auto [bad_rc, bad] = run_cli("--hf-config " + file.string() + " --params 7B");
+  BOOST_TEST(bad_rc == 2);
+  BOOST_TEST(bad.find("more than one of --params, --config and --hf-config") != std::string::npos, bad);
 }
 
 BOOST_AUTO_TEST_CASE(cli_rejects_a_shard_group_that_does_not_divide_the_world) {
