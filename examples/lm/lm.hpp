@@ -11,10 +11,13 @@
 //          uint32 0, then the ids little-endian)
 
 #include <dtrain/data/dataset.hpp>
+#include <dtrain/data/sampler.hpp>
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/llama.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -35,7 +38,50 @@ struct Config : examples::Common {
   std::int64_t block_size = 128; // positions per sequence
   std::string save_hf;           // write the trained model here as a transformers directory
   std::int64_t eval_batches = 8; // held-out batches per rank evaluated at the end
+  std::int64_t generate = 0;     // at the end, continue the prompt by this many tokens
+  std::vector<std::int64_t> prompt;  // its ids (default: the first 8 held-out tokens)
+  std::int64_t top_k = 0;        // 0: greedy; k: sample among the k likeliest (seeded by seed)
 };
+
+// Continues `prompt` by `count` tokens with the trainer's model: greedy, or
+// sampling among the top_k likeliest with a generator every rank seeds alike
+// (so every rank produces the same text). A full forward per token: a smoke
+// check of a trained model, not a fast decoder. Collective.
+template <class Trainer>
+std::vector<std::int64_t> generate(Trainer& trainer, std::vector<std::int64_t> ids, std::int64_t count,
+                                   std::int64_t top_k, std::int64_t max_positions, std::int64_t vocab,
+                                   std::uint64_t seed) {
+  dtrain::detail::SplitMix64 rng(seed);
+  for (std::int64_t n = 0; n < count; ++n) {
+    const std::int64_t keep = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), max_positions);
+    const std::vector<std::int64_t> window(ids.end() - keep, ids.end());
+    dtrain::Batch b;
+    b.set("x", dtrain::HostTensor::of(window, {1, keep}));
+    const std::vector<float> logits = trainer.logits(b);
+    const float* last = logits.data() + (keep - 1) * vocab;
+    std::vector<std::int64_t> order(static_cast<std::size_t>(vocab));
+    for (std::int64_t v = 0; v < vocab; ++v) order[static_cast<std::size_t>(v)] = v;
+    const std::int64_t k = top_k > 0 ? std::min(top_k, vocab) : 1;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](std::int64_t a, std::int64_t c) { return last[a] > last[c] || (last[a] == last[c] && a < c); });
+    std::int64_t next = order[0];
+    if (k > 1) {  // softmax over the k likeliest
+      std::vector<double> w(static_cast<std::size_t>(k));
+      double total = 0;
+      for (std::int64_t i = 0; i < k; ++i)
+        total += w[static_cast<std::size_t>(i)] = std::exp(static_cast<double>(last[order[static_cast<std::size_t>(i)]] - last[order[0]]));
+      double u = static_cast<double>(rng.next() >> 11) * 0x1.0p-53 * total;
+      next = order[static_cast<std::size_t>(k - 1)];
+      for (std::int64_t i = 0; i < k; ++i)
+        if ((u -= w[static_cast<std::size_t>(i)]) < 0) {
+          next = order[static_cast<std::size_t>(i)];
+          break;
+        }
+    }
+    ids.push_back(next);
+  }
+  return ids;
+}
 
 struct Tokens {
   std::vector<std::int32_t> ids;

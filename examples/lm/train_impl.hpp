@@ -3,6 +3,8 @@
 // and train_cuda.cu.
 
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "common/dispatch.hpp"
 #include "common/loop.hpp"
@@ -23,6 +25,19 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
     };
     const auto finish = [&](auto& trainer) {
       examples::held_out_loss(world, tokens.ids, tokens.split, c.block_size, c.batch_size, c.eval_batches, trainer);
+      if (c.generate > 0) {
+        std::vector<std::int64_t> prompt = c.prompt;
+        if (prompt.empty())
+          prompt.assign(tokens.ids.begin() + tokens.split, tokens.ids.begin() + tokens.split + 8);
+        const auto out = generate(trainer, prompt, c.generate, c.top_k, config.max_position_embeddings,
+                                  config.vocab_size, c.seed);
+        if (world.rank() == 0) {
+          std::printf("generate (%s):", c.top_k > 0 ? ("top-" + std::to_string(c.top_k)).c_str() : "greedy");
+          for (std::size_t i = 0; i < out.size(); ++i)
+            std::printf("%s %lld", i == prompt.size() ? " |" : "", static_cast<long long>(out[i]));
+          std::printf("\n");
+        }
+      }
       if (c.save_hf.empty()) return;
       dtrain::hf::save_pretrained(trainer, c.save_hf, config);
       if (world.rank() == 0) std::printf("saved the model as a transformers directory: %s\n", c.save_hf.c_str());

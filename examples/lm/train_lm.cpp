@@ -30,6 +30,11 @@ tokens/s and the held-out loss. Its keys (YAML file and key=value overrides alik
   block_size    positions per sequence (at most max_position_embeddings)
   save_hf       at the end, write the model here as a transformers directory
   eval_batches  held-out batches per rank evaluated at the end (0 = none)
+  generate      at the end, continue a prompt by this many tokens and print
+                the ids (those after " |" are the generated ones)
+  prompt        the prompt's ids, e.g. 1,15,27 (default: the first 8
+                held-out tokens)
+  top_k         0: greedy (default); k: sample among the k likeliest, seeded by seed
 )";
 
 bool set_extra(Config& c, const std::string& key, const YAML::Node& v) {
@@ -39,6 +44,9 @@ bool set_extra(Config& c, const std::string& key, const YAML::Node& v) {
   else if (key == "block_size") c.block_size = examples::as<std::int64_t>(v, key);
   else if (key == "save_hf") c.save_hf = examples::as<std::string>(v, key);
   else if (key == "eval_batches") c.eval_batches = examples::as<std::int64_t>(v, key);
+  else if (key == "generate") c.generate = examples::as<std::int64_t>(v, key);
+  else if (key == "prompt") c.prompt = examples::int_list(v, key);
+  else if (key == "top_k") c.top_k = examples::as<std::int64_t>(v, key);
   else return false;
   return true;
 }
@@ -48,8 +56,9 @@ void validate_extra(const Config& c) {
     throw dtrain::config_error("give exactly one of model=DIR (fine-tune) and config=FILE (from scratch)",
                                "see train_lm --help");
   if (c.data.empty()) throw dtrain::config_error("data= is missing", "pass data=FILE.npy or FILE.bin of token ids");
-  if (c.block_size < 1 || c.eval_batches < 0)
-    throw dtrain::config_error("block_size must be >= 1 and eval_batches >= 0", "see train_lm --help");
+  if (c.block_size < 1 || c.eval_batches < 0 || c.generate < 0 || c.top_k < 0)
+    throw dtrain::config_error("block_size must be >= 1, and eval_batches, generate and top_k >= 0",
+                               "see train_lm --help");
 }
 
 }  // namespace
@@ -65,6 +74,11 @@ int main(int argc, char** argv) {
                                      std::to_string(config.max_position_embeddings) + " positions (max_position_embeddings)",
                                  "use block_size <= " + std::to_string(config.max_position_embeddings));
     const lm::Tokens tokens = lm::read_tokens(cfg.data, cfg.block_size, config.vocab_size);
+    for (const auto id : cfg.prompt)
+      if (id < 0 || id >= config.vocab_size)
+        throw dtrain::config_error("prompt id " + std::to_string(id) + " is outside the vocabulary of " +
+                                       std::to_string(config.vocab_size),
+                                   "give prompt ids the model's tokenizer produced");
     auto world = examples::init_world(cfg);
     if (world.rank() == 0)
       std::printf("train_lm: %d rank(s), %s, strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank x %lld "

@@ -186,11 +186,15 @@ BOOST_AUTO_TEST_CASE(train_lm_fine_tunes_and_saves) {
   const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " model=" +
                           (dir / "model").string() + " block_size=16 batch_size=8 lr=3e-3 steps=30 log_every=10 ";
   const fs::path saved = work / "tuned";
-  BOOST_TEST_REQUIRE(run_logged(run + "strategy=fsdp-full data=" + (work / "tokens.npy").string() + " save_hf=" +
+  BOOST_TEST_REQUIRE(run_logged(run + "strategy=fsdp-full generate=4 data=" + (work / "tokens.npy").string() + " save_hf=" +
                                     saved.string(), work / "train.log") == 0,
                      read_text(work / "train.log"));
   const std::string log = read_text(work / "train.log");
   BOOST_TEST(log.find("loaded 19 tensor(s)") != std::string::npos, log);
+  const auto gen = log.find("generate (greedy):");
+  BOOST_TEST_REQUIRE(gen != std::string::npos, log);
+  const std::string line = log.substr(gen, log.find('\n', gen) - gen);
+  BOOST_TEST(std::count(line.begin(), line.end(), ' ') == 1 + 8 + 1 + 4, line);  // the label, 8 prompt ids, " |", 4 new
   const auto loss_at = [&](const std::string& step) {
     const auto at = log.find("step " + step + "/30 | loss ");
     BOOST_TEST_REQUIRE(at != std::string::npos, log);
