@@ -211,6 +211,39 @@ BOOST_AUTO_TEST_CASE(train_lm_fine_tunes_and_saves) {
   BOOST_TEST(bad.find("token 2 is id 61, outside the model's vocabulary of 61") != std::string::npos, bad);
 }
 
+// scripts/tokenize_data.py writes a token stream with a tokenizer.json, and
+// train_lm trains on it; a missing tokenizer is one line and status 2.
+BOOST_AUTO_TEST_CASE(tokenize_data_feeds_train_lm) {
+  const fs::path dir = make_model("llama_for_tokens", "llama 4 float32 0");
+  const fs::path work = fs::path(DTRAIN_TEST_BINARY_DIR) / "tokenize";
+  fs::remove_all(work);
+  fs::create_directories(work);
+  const std::string py = (venv / "bin/python").string(), src = DTRAIN_SOURCE_DIR;
+  BOOST_TEST_REQUIRE(run_logged(py + " " + src + "/tests/hf/make_tokenizer.py " + work.string(), work / "make.log") == 0,
+                     read_text(work / "make.log"));
+  const std::string script = py + " " + src + "/scripts/tokenize_data.py ";
+  BOOST_TEST_REQUIRE(run_logged(script + "--tokenizer " + (work / "tokenizer.json").string() + " --out " +
+                                    (work / "text.bin").string() + " " + (work / "text.txt").string(),
+                                work / "tokenize.log") == 0,
+                     read_text(work / "tokenize.log"));
+  BOOST_TEST(read_text(work / "tokenize.log").find("6000 tokens, ids of 2 bytes") != std::string::npos,
+             read_text(work / "tokenize.log"));
+  const std::string header = read_text(work / "text.bin").substr(0, 8);
+  BOOST_TEST(header == "DTRNTOK1");
+  BOOST_TEST(fs::file_size(work / "text.bin") == 16u + 2u * 6000u);
+  BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " model=" +
+                            (dir / "model").string() + " data=" + (work / "text.bin").string() +
+                            " block_size=16 batch_size=4 steps=5",
+                        work / "train.log") == 0,
+             read_text(work / "train.log"));
+  BOOST_TEST(run_logged(script + "--tokenizer " + (work / "none.json").string() + " --out " +
+                            (work / "x.bin").string() + " " + (work / "text.txt").string(),
+                        work / "bad.log") == 2);
+  const std::string bad = read_text(work / "bad.log");
+  BOOST_TEST(bad.starts_with("tokenize_data.py: error: no tokenizer at"), bad);
+  BOOST_TEST(!fs::exists(work / "x.bin"));
+}
+
 static bool init_unit_test() { return true; }
 
 int main(int argc, char* argv[]) {
