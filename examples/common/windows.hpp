@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <dtrain/comm/world.hpp>
@@ -45,26 +46,34 @@ class Windows {
 };
 
 // The held-out loss, printed by rank 0: eval_batches batches per rank of
-// non-overlapping windows from tokens [first, end), every rank its own.
-template <class Trainer>
-void held_out_loss(dtrain::World& world, std::span<const std::int32_t> tokens, std::int64_t first, std::int64_t block,
-                   std::int64_t batch_size, std::int64_t eval_batches, Trainer& trainer) {
-  if (eval_batches < 1) return;
-  const Windows held_out(tokens, block, first, static_cast<std::int64_t>(tokens.size()));
+// `held_out`'s samples, `stride` apart (non-overlapping windows: the block
+// size), every rank its own. `unit` names what a sample holds, e.g. "64 tokens".
+template <class Source, class Trainer>
+void held_out_loss(dtrain::World& world, const Source& held_out, std::int64_t stride, std::int64_t batch_size,
+                   std::int64_t eval_batches, Trainer& trainer, const std::string& unit) {
+  if (eval_batches < 1 || held_out.size() < 1) return;
   std::vector<dtrain::Batch> batches;
-  std::int64_t next = world.rank() * block;
+  std::int64_t next = world.rank() * stride;
   for (std::int64_t k = 0; k < eval_batches; ++k) {
     std::vector<std::int64_t> idx;
     for (std::int64_t i = 0; i < batch_size; ++i) {
       idx.push_back(next % held_out.size());
-      next += world.size() * block;
+      next += world.size() * stride;
     }
     batches.push_back(held_out.gather(idx));
   }
   const double loss = trainer.evaluate(batches);
   if (world.rank() == 0)
-    std::printf("eval: held-out loss %.4f (perplexity %.2f) over %lld tokens\n", loss, std::exp(loss),
-                static_cast<long long>(eval_batches * batch_size * block * world.size()));
+    std::printf("eval: held-out loss %.4f (perplexity %.2f) over %lld samples of %s\n", loss, std::exp(loss),
+                static_cast<long long>(eval_batches * batch_size * world.size()), unit.c_str());
+}
+
+// The same over the windows of tokens [first, end).
+template <class Trainer>
+void held_out_loss(dtrain::World& world, std::span<const std::int32_t> tokens, std::int64_t first, std::int64_t block,
+                   std::int64_t batch_size, std::int64_t eval_batches, Trainer& trainer) {
+  const Windows held_out(tokens, block, first, static_cast<std::int64_t>(tokens.size()));
+  held_out_loss(world, held_out, block, batch_size, eval_batches, trainer, std::to_string(block) + " tokens");
 }
 
 }  // namespace examples

@@ -8,13 +8,16 @@
 //   batch: x int32 [B, block_size] ids, y int32 [B, block_size] the next ones
 //   data:  a token file: .npy (1-D int32/int64) or .bin (dtrain token stream:
 //          the 8 bytes "DTRNTOK1", a little-endian uint32 id width 2 or 4, a
-//          uint32 0, then the ids little-endian)
+//          uint32 0, then the ids little-endian), cut into windows; or
+//          instruction records (.jsonl), one sequence each, the loss over
+//          their completion tokens only
 
 #include <dtrain/data/dataset.hpp>
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/llama.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +25,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -83,14 +87,138 @@ std::vector<std::int64_t> generate(Trainer& trainer, std::vector<std::int64_t> i
   return ids;
 }
 
-struct Tokens {
-  std::vector<std::int32_t> ids;
-  std::int64_t split;  // ids before it train, after it evaluate (the last tenth)
+// One sequence for supervised fine-tuning: x its ids but the last, y the
+// next ids with -100 where no loss is wanted (the prompt, the padding);
+// both block_size long.
+struct Record {
+  std::vector<std::int32_t> x, y;
 };
+
+struct Tokens {
+  std::vector<std::int32_t> ids;  // a token stream, cut into windows
+  std::vector<Record> records;    // or instruction records
+  std::int64_t split = 0;         // ids (records) before it train, after it evaluate: the last tenth
+  bool sft() const { return !records.empty(); }
+};
+
+// The samples of one side of the split: windows of the stream or records.
+class Samples {
+ public:
+  Samples(const Tokens& t, std::int64_t block, bool train)
+      : t_(t),
+        windows_(t.ids, block, train ? 0 : t.split, train ? t.split : static_cast<std::int64_t>(t.ids.size())),
+        block_(block),
+        first_(train ? 0 : t.split),
+        count_(t.sft() ? (train ? t.split : static_cast<std::int64_t>(t.records.size()) - t.split) : windows_.size()) {}
+
+  std::int64_t size() const { return count_; }
+
+  dtrain::Batch gather(std::span<const std::int64_t> indices) const {
+    if (!t_.sft()) return windows_.gather(indices);
+    const auto n = static_cast<std::int64_t>(indices.size());
+    std::vector<std::int32_t> x, y;
+    for (const auto i : indices) {
+      const Record& r = t_.records[static_cast<std::size_t>(first_ + i)];
+      x.insert(x.end(), r.x.begin(), r.x.end());
+      y.insert(y.end(), r.y.begin(), r.y.end());
+    }
+    dtrain::Batch b;
+    b.set("x", dtrain::HostTensor::of(x, {n, block_}));
+    b.set("y", dtrain::HostTensor::of(y, {n, block_}));
+    return b;
+  }
+
+ private:
+  const Tokens& t_;
+  examples::Windows windows_;
+  std::int64_t block_, first_, count_;
+};
+
+namespace detail {
+
+[[noreturn]] inline void bad_record(const std::string& file, std::size_t line, const std::string& what) {
+  throw dtrain::config_error("'" + file + "' line " + std::to_string(line) + ": " + what,
+                             "give one JSON object per line: {\"input_ids\": [...], \"labels\": [...]} (-100: no "
+                             "loss) or {\"input_ids\": [...], \"prompt_length\": N}");
+}
+
+// Instruction records, one JSON object per line: input_ids with either
+// labels (transformers' convention: aligned with input_ids, -100 where no
+// loss is wanted) or prompt_length (the loss over the tokens after it).
+// Cut to block_size + 1 tokens, padded after the end (causal attention
+// never lets a real token see the padding; the padding carries no loss).
+inline std::vector<Record> read_records(const std::string& file, std::int64_t block, std::int64_t vocab) {
+  std::ifstream in(file);
+  if (!in) throw dtrain::config_error("cannot read the records file '" + file + "'", "pass data=FILE.jsonl");
+  std::vector<Record> out;
+  std::string text;
+  for (std::size_t line = 1; std::getline(in, text); ++line) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception&) {
+      bad_record(file, line, "not JSON");
+    }
+    if (!j.is_object() || !j.contains("input_ids") || !j["input_ids"].is_array())
+      bad_record(file, line, "no input_ids list");
+    std::vector<std::int64_t> ids, labels;
+    for (const auto& v : j["input_ids"]) {
+      if (!v.is_number_integer()) bad_record(file, line, "input_ids holds " + v.dump() + ", not an integer id");
+      ids.push_back(v.get<std::int64_t>());
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0 || ids[i] >= vocab)
+        bad_record(file, line, "token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
+                                   ", outside the model's vocabulary of " + std::to_string(vocab));
+    if (j.contains("labels")) {
+      if (!j["labels"].is_array() || j["labels"].size() != ids.size())
+        bad_record(file, line, "labels is not a list as long as input_ids");
+      for (const auto& v : j["labels"]) {
+        const std::int64_t l = v.is_number_integer() ? v.get<std::int64_t>() : -2;
+        if (l != -100 && (l < 0 || l >= vocab)) bad_record(file, line, "labels holds " + v.dump());
+        labels.push_back(l);
+      }
+    } else if (j.contains("prompt_length") && j["prompt_length"].is_number_integer()) {
+      const std::int64_t k = j["prompt_length"].get<std::int64_t>();
+      if (k < 0 || k > static_cast<std::int64_t>(ids.size()))
+        bad_record(file, line, "prompt_length " + std::to_string(k) + " is outside 0.." + std::to_string(ids.size()));
+      labels = ids;
+      std::fill(labels.begin(), labels.begin() + k, -100);
+    } else {
+      bad_record(file, line, "neither labels nor an integer prompt_length");
+    }
+    const std::size_t n = std::min(ids.size(), static_cast<std::size_t>(block + 1));
+    if (n < 2) bad_record(file, line, "fewer than 2 tokens");
+    Record r{std::vector<std::int32_t>(static_cast<std::size_t>(block), 0),
+             std::vector<std::int32_t>(static_cast<std::size_t>(block), -100)};
+    bool any = false;
+    for (std::size_t t = 0; t + 1 < n; ++t) {
+      r.x[t] = static_cast<std::int32_t>(ids[t]);
+      r.y[t] = static_cast<std::int32_t>(labels[t + 1]);
+      any = any || labels[t + 1] != -100;
+    }
+    if (!any) bad_record(file, line, "no token to learn within block_size + 1 = " + std::to_string(block + 1) + " tokens");
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace detail
 
 // Every id of `file`, checked against the vocabulary.
 inline Tokens read_tokens(const std::string& file, std::int64_t block_size, std::int64_t vocab) {
   Tokens t;
+  if (file.ends_with(".jsonl")) {
+    t.records = detail::read_records(file, block_size, vocab);
+    const auto n = static_cast<std::int64_t>(t.records.size());
+    t.split = n - std::max<std::int64_t>(1, n / 10);
+    if (n < 2)
+      throw dtrain::config_error("'" + file + "' has " + std::to_string(n) +
+                                     " record(s): too few for training records and a held-out tenth",
+                                 "give at least 2 records");
+    return t;
+  }
   if (file.ends_with(".npy")) {
     const auto a = dtrain::detail::read_npy(file);
     if (a.shape.size() != 1)

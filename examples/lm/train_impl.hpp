@@ -17,18 +17,26 @@ template <class Dev>
 int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& config, const Tokens& tokens) {
   return examples::with_precision(c, [&]<class Prec>() {
     dtrain::hf::Llama model(config);
-    const examples::Windows train(tokens.ids, c.block_size, 0, tokens.split);
+    const Samples train(tokens, c.block_size, true), held_out(tokens, c.block_size, false);
     const auto start = [&](auto& trainer) {
       if (c.model.empty()) return;
       const auto r = dtrain::hf::load_pretrained(trainer, c.model, config);
       if (world.rank() == 0) std::printf("model %s: loaded %zu tensor(s)\n", c.model.c_str(), r.loaded.size());
     };
     const auto finish = [&](auto& trainer) {
-      examples::held_out_loss(world, tokens.ids, tokens.split, c.block_size, c.batch_size, c.eval_batches, trainer);
+      examples::held_out_loss(world, held_out, tokens.sft() ? 1 : c.block_size, c.batch_size, c.eval_batches, trainer,
+                              tokens.sft() ? "one record" : std::to_string(c.block_size) + " tokens");
       if (c.generate > 0) {
         std::vector<std::int64_t> prompt = c.prompt;
-        if (prompt.empty())
+        if (prompt.empty() && tokens.sft()) {  // the first held-out record's prompt
+          const Record& r = tokens.records[static_cast<std::size_t>(tokens.split)];
+          for (std::size_t t = 0; t < r.x.size(); ++t) {  // up to the token that predicts the first target
+            prompt.push_back(r.x[t]);
+            if (r.y[t] != -100) break;
+          }
+        } else if (prompt.empty()) {
           prompt.assign(tokens.ids.begin() + tokens.split, tokens.ids.begin() + tokens.split + 8);
+        }
         const auto out = generate(trainer, prompt, c.generate, c.top_k, config.max_position_embeddings,
                                   config.vocab_size, c.seed);
         if (world.rank() == 0) {

@@ -26,7 +26,12 @@ tokens/s and the held-out loss. Its keys (YAML file and key=value overrides alik
                 or a sharded index) to fine-tune
   config        or a config.json to train from scratch (one of the two)
   data          the token ids: a 1-D int32/int64 .npy, or a .bin token stream
-                (header DTRNTOK1, id width 2 or 4); the last tenth is held out
+                (header DTRNTOK1, id width 2 or 4), cut into windows; or
+                instruction records, a .jsonl of {"input_ids": [...],
+                "labels": [...]} (-100: no loss) or {"input_ids": [...],
+                "prompt_length": N}, one sequence each (cut to block_size + 1,
+                padded), the loss over completion tokens only. The last
+                tenth is held out
   block_size    positions per sequence (at most max_position_embeddings)
   save_hf       at the end, write the model here as a transformers directory
   eval_batches  held-out batches per rank evaluated at the end (0 = none)
@@ -55,7 +60,8 @@ void validate_extra(const Config& c) {
   if (c.model.empty() == c.config.empty())
     throw dtrain::config_error("give exactly one of model=DIR (fine-tune) and config=FILE (from scratch)",
                                "see train_lm --help");
-  if (c.data.empty()) throw dtrain::config_error("data= is missing", "pass data=FILE.npy or FILE.bin of token ids");
+  if (c.data.empty())
+    throw dtrain::config_error("data= is missing", "pass data=FILE.npy or FILE.bin of token ids, or FILE.jsonl records");
   if (c.block_size < 1 || c.eval_batches < 0 || c.generate < 0 || c.top_k < 0)
     throw dtrain::config_error("block_size must be >= 1, and eval_batches, generate and top_k >= 0",
                                "see train_lm --help");
@@ -82,10 +88,11 @@ int main(int argc, char** argv) {
     auto world = examples::init_world(cfg);
     if (world.rank() == 0)
       std::printf("train_lm: %d rank(s), %s, strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank x %lld "
-                  "positions, %zu tokens, vocabulary %lld, %lld layers x %lld wide\n",
+                  "positions, %zu %s, vocabulary %lld, %lld layers x %lld wide\n",
                   world.size(), config.model_type.c_str(), cfg.strategy.c_str(), cfg.device.c_str(),
                   cfg.precision.c_str(), cfg.accumulate, static_cast<long long>(cfg.batch_size),
-                  static_cast<long long>(cfg.block_size), tokens.ids.size(), static_cast<long long>(config.vocab_size),
+                  static_cast<long long>(cfg.block_size), tokens.sft() ? tokens.records.size() : tokens.ids.size(),
+                  tokens.sft() ? "records" : "tokens", static_cast<long long>(config.vocab_size),
                   static_cast<long long>(config.num_hidden_layers), static_cast<long long>(config.hidden_size));
     if (cfg.device == "cuda") {
 #if DTRAIN_EXAMPLE_CUDA

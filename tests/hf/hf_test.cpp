@@ -11,7 +11,13 @@
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/trainer.hpp>
 
+#include "lm/lm.hpp"
 #include "support/ranks.hpp"
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <iterator>
 
 namespace fs = std::filesystem;
 using namespace dtrain;
@@ -193,4 +199,77 @@ BOOST_AUTO_TEST_CASE(mismatched_checkpoints_and_sequences_are_errors) {
     dtrain::testing::require_throws<config_error>([&] { tw.logits(b); });
   });
   BOOST_CHECK_THROW(hf::open_checkpoint(fresh("empty_model"), {}), checkpoint_error);
+}
+
+namespace {
+int run_logged(const std::string& cmd, const fs::path& log) {
+  const int status = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+}  // namespace
+
+// Instruction records: x the ids but the last, y the next ids with -100 on
+// the prompt and the padding (labels or prompt_length), cut to block + 1.
+BOOST_AUTO_TEST_CASE(instruction_records_mask_the_prompt) {
+  const fs::path file = fresh("records.jsonl");
+  std::ofstream(file) << R"({"input_ids": [3, 4, 5, 6], "prompt_length": 2})" << "\n\n"
+                      << R"({"input_ids": [1, 2, 3, 4, 5, 6, 7], "labels": [-100, 2, -100, 4, 5, 6, 7]})" << "\n";
+  const auto r = lm::detail::read_records(file.string(), 5, 37);
+  BOOST_TEST_REQUIRE(r.size() == 2u);
+  BOOST_TEST((r[0].x == std::vector<std::int32_t>{3, 4, 5, 0, 0}));
+  BOOST_TEST((r[0].y == std::vector<std::int32_t>{-100, 5, 6, -100, -100}));
+  BOOST_TEST((r[1].x == std::vector<std::int32_t>{1, 2, 3, 4, 5}));      // cut to 6 tokens
+  BOOST_TEST((r[1].y == std::vector<std::int32_t>{2, -100, 4, 5, 6}));
+  const auto fails_with = [&](const std::string& line, const std::string& text) {
+    std::ofstream(file) << R"({"input_ids": [1, 2], "prompt_length": 1})" << "\n" << line << "\n";
+    try {
+      lm::detail::read_records(file.string(), 5, 37);
+      BOOST_ERROR("no error for " << line);
+    } catch (const config_error& e) {
+      BOOST_TEST(std::string(e.what()).find(text) != std::string::npos, e.what());
+    }
+  };
+  fails_with(R"({"input_ids": [1, 40], "prompt_length": 1})", "line 2: token 1 is id 40");
+  fails_with(R"({"input_ids": [1, 2], "labels": [1]})", "line 2: labels is not a list as long as input_ids");
+  fails_with(R"({"input_ids": [1, 2, 3], "prompt_length": 3})", "line 2: no token to learn");
+  fails_with(R"({"input_ids": [1, 2)", "line 2: not JSON");
+  fails_with(R"({"input_ids": [1, 2]})", "neither labels nor an integer prompt_length");
+}
+
+// train_lm from a config (no checkpoint) on instruction records, 2 ranks:
+// the completion loss falls; a bad record is exit status 2 naming its line.
+BOOST_AUTO_TEST_CASE(train_lm_learns_completions_from_records) {
+  const fs::path work = fresh("train_lm_sft");
+  fs::create_directories(work);
+  Json cfg = tiny_llama();
+  cfg["max_position_embeddings"] = 16;
+  std::ofstream(work / "config.json") << cfg.dump();
+  {
+    std::ofstream out(work / "records.jsonl");
+    for (int i = 0; i < 200; ++i) {  // a fixed prompt, then k, k+1, k+2: learnable after k
+      const int k = 10 + (i * 7) % 20;
+      out << "{\"input_ids\": [5, 6, 7, " << k << ", " << k + 1 << ", " << k + 2 << "], \"prompt_length\": 3}\n";
+    }
+  }
+  const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " config=" +
+                          (work / "config.json").string() + " block_size=8 batch_size=8 lr=1e-2 steps=60 log_every=59 ";
+  BOOST_TEST_REQUIRE(run_logged(run + "data=" + (work / "records.jsonl").string(), work / "train.log") == 0,
+                     read_text(work / "train.log"));
+  const std::string log = read_text(work / "train.log");
+  const auto loss_at = [&](const std::string& step) {
+    const auto at = log.find("step " + step + "/60 | loss ");
+    BOOST_TEST_REQUIRE(at != std::string::npos, log);
+    return std::stod(log.substr(at + step.size() + 15, 6));
+  };
+  // Three targets per record: k (one of 20, ~3.0 nats at best) and two that follow from it (0 at best).
+  BOOST_TEST(loss_at("   60") < 0.6 * loss_at("    1"), log);
+  BOOST_TEST(log.find("200 records") != std::string::npos, log);
+  std::ofstream(work / "bad.jsonl") << R"({"input_ids": [5, 6], "prompt_length": 1})" << "\n"
+                                    << R"({"input_ids": [5, 99], "prompt_length": 1})" << "\n";
+  BOOST_TEST(run_logged(run + "data=" + (work / "bad.jsonl").string(), work / "bad.log") == 2);
+  BOOST_TEST(read_text(work / "bad.log").find("line 2: token 1 is id 99") != std::string::npos, read_text(work / "bad.log"));
 }
