@@ -11,17 +11,15 @@
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/trainer.hpp>
 
+#include "hf/run_logged.hpp"
 #include "lm/lm.hpp"
 #include "support/ranks.hpp"
-
-#include <sys/wait.h>
-
-#include <cstdlib>
-#include <iterator>
 
 namespace fs = std::filesystem;
 using namespace dtrain;
 using dtrain::testing::require;
+using dtrain::testing::read_text;
+using dtrain::testing::run_logged;
 using dtrain::testing::run_ranks;
 using Json = nlohmann::ordered_json;
 
@@ -201,16 +199,6 @@ BOOST_AUTO_TEST_CASE(mismatched_checkpoints_and_sequences_are_errors) {
   BOOST_CHECK_THROW(hf::open_checkpoint(fresh("empty_model"), {}), checkpoint_error);
 }
 
-namespace {
-int run_logged(const std::string& cmd, const fs::path& log) {
-  const int status = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-}  // namespace
 
 // Instruction records: x the ids but the last, y the next ids with -100 on
 // the prompt and the padding (labels or prompt_length), cut to block + 1.

@@ -8,27 +8,26 @@
 #define BOOST_TEST_ALTERNATIVE_INIT_API
 #include <boost/test/unit_test.hpp>
 
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/trainer.hpp>
 
+#include "hf/run_logged.hpp"
 #include "support/python_venv.hpp"
 #include "support/ranks.hpp"
 
 namespace fs = std::filesystem;
 using namespace dtrain;
 using dtrain::testing::require;
+using dtrain::testing::read_text;
+using dtrain::testing::run_logged;
 using dtrain::testing::run_ranks;
 
 namespace {
@@ -48,8 +47,9 @@ fs::path make_model(const std::string& name, const std::string& args) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string cmd = (venv / "bin/python").string() + " " + DTRAIN_SOURCE_DIR + "/tests/hf/make_tiny_lm.py " +
-                          dir.string() + " " + args + " > " + (dir / "log.txt").string() + " 2>&1";
-  BOOST_TEST_REQUIRE(std::system(cmd.c_str()) == 0, "make_tiny_lm.py " << args << " failed: see " << dir / "log.txt");
+                          dir.string() + " " + args;
+  BOOST_TEST_REQUIRE(run_logged(cmd, dir / "log.txt") == 0,
+                     "make_tiny_lm.py " << args << " failed: " << read_text(dir / "log.txt"));
   return dir;
 }
 
@@ -146,10 +146,12 @@ BOOST_AUTO_TEST_CASE(fine_tuned_model_loads_in_transformers) {
     if (w.rank() == 0) ours = std::move(logits);
   });
   const fs::path out = saved.parent_path() / "llama_tuned_logits.safetensors";
-  const std::string cmd = (venv / "bin/python").string() + " " + DTRAIN_SOURCE_DIR + "/tests/hf/transformers_logits.py " +
-                          saved.string() + " " + (dir / "expected.safetensors").string() + " " + out.string() + " > " +
-                          (saved.parent_path() / "llama_tuned_log.txt").string() + " 2>&1";
-  BOOST_TEST_REQUIRE(std::system(cmd.c_str()) == 0, "transformers could not load the saved model");
+  const fs::path log = saved.parent_path() / "llama_tuned_log.txt";
+  BOOST_TEST_REQUIRE(run_logged((venv / "bin/python").string() + " " + DTRAIN_SOURCE_DIR +
+                                    "/tests/hf/transformers_logits.py " + saved.string() + " " +
+                                    (dir / "expected.safetensors").string() + " " + out.string(),
+                                log) == 0,
+                     "transformers could not load the saved model: " << read_text(log));
   const std::vector<float> theirs = SafetensorsFile::open(out).read_f32("logits");
   const double moved = worst(ours, e.logits), err = worst(ours, theirs);
   std::printf("fine-tuned llama: logits moved %.2e by training; transformers on dtrain's save differs by %.2e\n", moved,
@@ -158,17 +160,6 @@ BOOST_AUTO_TEST_CASE(fine_tuned_model_loads_in_transformers) {
   BOOST_TEST(err <= tolerance);
 }
 
-namespace {
-// Runs `cmd` with its output in `log`; the exit status.
-int run_logged(const std::string& cmd, const fs::path& log) {
-  const int status = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-}  // namespace
 
 // The train_lm example on two ranks: fine-tunes the tiny Llama on a token
 // stream, its loss falls, and transformers loads what it saved; an id

@@ -148,15 +148,7 @@ class LocalSgdStrategy {
     dev_.copy_to_host(frozen.data(), frozen_.data() + unit.frozen_offset, unit.frozen_size);
   }
   // Rank 0's replica is the one saved (save right after an average).
-  Ownership ownership() const {
-    Ownership o;
-    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
-      const auto& unit = layout_.units()[u];
-      if (unit.train_size) o.trainable.push_back({u, 0, unit.train_size, unit.train_offset, rank_ == 0});
-      if (unit.frozen_size) o.frozen.push_back({u, 0, unit.frozen_size, unit.frozen_offset, rank_ == 0});
-    }
-    return o;
-  }
+  Ownership ownership() const { return replicated_ownership(layout_, rank_); }
   std::span<T> frozen_storage() { return frozen_.span(); }
   void after_load() {}
 

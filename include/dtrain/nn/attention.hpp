@@ -29,6 +29,40 @@
 
 namespace dtrain::nn {
 
+namespace detail {
+
+// rows <-> heads (to_heads: rows -> heads), by runs of head_dim on the host.
+template <class Dev, class T>
+void permute_heads(Dev& dev, HeadLayout l, const T* src, T* dst, bool to_heads) {
+  if constexpr (Dev::host_accessible)
+    dev.for_each(static_cast<std::size_t>(l.rows() * l.parts * l.heads), HeadPermuteRuns<T>{l, src, dst, to_heads});
+  else
+    dev.for_each(static_cast<std::size_t>(l.rows() * l.parts * l.width()), HeadPermute<T>{l, src, dst, to_heads});
+}
+
+// out[N, width] = in W^T (+ b): the bias first so the GEMM adds to it and the
+// output is rounded once (as nn::Linear); b may be null.
+template <class Dev, class T>
+void project(Dev& dev, MatView<const T> in, const T* w, const T* b, T* out, std::int64_t width) {
+  float beta = 0.f;
+  if (b != nullptr) {
+    dev.for_each(static_cast<std::size_t>(in.rows * width), BroadcastRow<T>{b, MatView<T>{out, in.rows, width}});
+    beta = 1.f;
+  }
+  dev.gemm(false, true, in.rows, width, in.cols, 1.f, in.data, in.cols, w, in.cols, beta, out, width);
+}
+
+// dW = d_out^T in, db = column sums of d_out (each skipped when empty: frozen or absent).
+template <class Dev, class T>
+void projection_grads(Dev& dev, MatView<const T> in, MatView<const T> d_out, MatView<T> dw, MatView<T> db) {
+  if (!dw.empty())
+    dev.gemm(true, false, d_out.cols, in.cols, in.rows, 1.f, d_out.data, d_out.cols, in.data, in.cols, 0.f, dw.data,
+             in.cols);
+  if (!db.empty()) dev.for_each(static_cast<std::size_t>(d_out.cols), ColumnSum<T>{d_out, db.data});
+}
+
+}  // namespace detail
+
 struct AttentionOptions {
   float init_std = 0.02f;  // projection weights ~ N(0, init_std); biases 0
   bool trainable = true;
@@ -66,15 +100,15 @@ class CausalSelfAttention {
     detail::check_shape("nn::CausalSelfAttention", "output", y, x.rows, dim_);
     T* qkv = dev.template workspace<T>(static_cast<std::size_t>(4 * s.rows * dim_));
     T* o = qkv + 3 * s.rows * dim_;
-    linear(dev, x, p[0].data, p[1].data, qkv, 3 * dim_);
-    permute_heads(dev, s.layout(3), qkv, s.q, true);
+    detail::project(dev, x, p[0].data, p[1].data, qkv, 3 * dim_);
+    detail::permute_heads(dev, s.layout(3), qkv, s.q, true);
     const std::int64_t T_ = s.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd;
     dev.gemm_batched(false, true, T_, T_, hd, 1.f / std::sqrt(static_cast<float>(hd)), s.q, hd, th, s.k, hd, th, 0.f,
                      s.att, T_, tt, s.bh);
     dev.for_each(static_cast<std::size_t>(s.bh * T_), CausalSoftmax<T>{s.att, T_});
     dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, s.bh);
-    permute_heads(dev, s.layout(1), o, s.merged, false);
-    linear(dev, MatView<const T>{s.merged, s.rows, dim_}, p[2].data, p[3].data, y.data, dim_);
+    detail::permute_heads(dev, s.layout(1), o, s.merged, false);
+    detail::project(dev, MatView<const T>{s.merged, s.rows, dim_}, p[2].data, p[3].data, y.data, dim_);
   }
 
   template <class Dev, class T>
@@ -94,17 +128,17 @@ class CausalSelfAttention {
     T* d_v = d_k + N * C;
     T* d_qkv = d_v + N * C;
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[2].data, C, 0.f, d_merged, C);
-    weight_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
-    permute_heads(dev, s.layout(1), d_merged, d_o, true);
+    detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
+    detail::permute_heads(dev, s.layout(1), d_merged, d_o, true);
     dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, 0.f, d_att, T_, tt, s.bh);
     dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att, T_, tt, d_o, hd, th, 0.f, d_v, hd, th, s.bh);
     dev.for_each(static_cast<std::size_t>(s.bh * T_),
                  CausalSoftmaxBackward<T>{s.att, d_att, T_, 1.f / std::sqrt(static_cast<float>(hd))});
     dev.gemm_batched(false, false, T_, hd, T_, 1.f, d_att, T_, tt, s.k, hd, th, 0.f, d_q, hd, th, s.bh);
     dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, s.bh);
-    permute_heads(dev, s.layout(3), d_q, d_qkv, false);
+    detail::permute_heads(dev, s.layout(3), d_q, d_qkv, false);
     const MatView<const T> dqkv{d_qkv, N, 3 * C};
-    weight_grads(dev, x, dqkv, grad[0], grad[1]);
+    detail::projection_grads(dev, x, dqkv, grad[0], grad[1]);
     if (!dx.empty()) {
       detail::check_shape("nn::CausalSelfAttention", "input gradient", dx, N, C);
       dev.gemm(false, false, N, C, 3 * C, 1.f, d_qkv, 3 * C, p[0].data, C, 0.f, dx.data, C);
@@ -112,15 +146,6 @@ class CausalSelfAttention {
   }
 
  private:
-  // rows <-> heads (to_heads: rows -> heads), by runs of head_dim on the host.
-  template <class Dev, class T>
-  static void permute_heads(Dev& dev, HeadLayout l, const T* src, T* dst, bool to_heads) {
-    if constexpr (Dev::host_accessible)
-      dev.for_each(static_cast<std::size_t>(l.rows() * l.parts * l.heads), HeadPermuteRuns<T>{l, src, dst, to_heads});
-    else
-      dev.for_each(static_cast<std::size_t>(l.rows() * l.parts * l.width()), HeadPermute<T>{l, src, dst, to_heads});
-  }
-
   // The saved activations of one call, carved out of UnitContext::saved.
   template <class T>
   struct Parts {
@@ -149,23 +174,6 @@ class CausalSelfAttention {
     const std::int64_t bh = ctx.shape.batch * heads_;
     return {q, q + n, q + 2 * n, att, att + bh * ctx.shape.time * ctx.shape.time, x.rows, ctx.shape.batch,
             ctx.shape.time, heads_, head_dim(), bh};
-  }
-
-  // out[N, width] = in W^T + b, bias first so the GEMM adds to it once (as nn::Linear).
-  template <class Dev, class T>
-  static void linear(Dev& dev, MatView<const T> in, const T* w, const T* b, T* out, std::int64_t width) {
-    const MatView<T> o{out, in.rows, width};
-    dev.for_each(static_cast<std::size_t>(o.size()), BroadcastRow<T>{b, o});
-    dev.gemm(false, true, in.rows, width, in.cols, 1.f, in.data, in.cols, w, in.cols, 1.f, out, width);
-  }
-
-  // dW = d_out^T in, db = column sums of d_out (each skipped when frozen).
-  template <class Dev, class T>
-  static void weight_grads(Dev& dev, MatView<const T> in, MatView<const T> d_out, MatView<T> dw, MatView<T> db) {
-    if (!dw.empty())
-      dev.gemm(true, false, d_out.cols, in.cols, in.rows, 1.f, d_out.data, d_out.cols, in.data, in.cols, 0.f, dw.data,
-               in.cols);
-    if (!db.empty()) dev.for_each(static_cast<std::size_t>(d_out.cols), ColumnSum<T>{d_out, db.data});
   }
 
   std::int64_t dim_;

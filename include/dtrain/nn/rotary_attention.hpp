@@ -33,6 +33,7 @@
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
+#include "dtrain/nn/attention.hpp"
 #include "dtrain/nn/checks.hpp"
 
 namespace dtrain::nn {
@@ -202,9 +203,9 @@ class RotaryAttention {
     T* v_rows = k_rows + N * kv;
     T* o = v_rows + N * kv;
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(o + N * dim_));
-    project(dev, x, p[0].data, bias(p, 0).data, q_rows, dim_);
-    project(dev, x, p[1].data, bias(p, 1).data, k_rows, kv);
-    project(dev, x, p[2].data, bias(p, 2).data, v_rows, kv);
+    detail::project(dev, x, p[0].data, bias(p, 0).data, q_rows, dim_);
+    detail::project(dev, x, p[1].data, bias(p, 1).data, k_rows, kv);
+    detail::project(dev, x, p[2].data, bias(p, 2).data, v_rows, kv);
     dev.for_each(static_cast<std::size_t>(3 * s.g.head_elems()),
                  detail::ToRotatedHeads<T>{s.g, q_rows, k_rows, v_rows, rope.cos_t, rope.sin_t, s.q});
     const std::int64_t T_ = s.g.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd, bh = s.g.batch * heads_;
@@ -212,8 +213,8 @@ class RotaryAttention {
                      s.att, T_, tt, bh);
     dev.for_each(static_cast<std::size_t>(bh * T_), CausalSoftmax<T>{s.att, T_});
     dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, bh);
-    permute_heads(dev, s.heads_layout(), o, s.merged, false);
-    project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
+    detail::permute_heads(dev, s.heads_layout(), o, s.merged, false);
+    detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
   }
 
   template <class Dev, class T>
@@ -238,8 +239,8 @@ class RotaryAttention {
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(dv_rows + N * kv));
 
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[3].data, C, 0.f, d_merged, C);
-    weight_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[3], bias(grad, 3));
-    permute_heads(dev, s.heads_layout(), d_merged, d_o, true);
+    detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[3], bias(grad, 3));
+    detail::permute_heads(dev, s.heads_layout(), d_merged, d_o, true);
     dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, 0.f, d_att, T_, tt, bh);
     dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att, T_, tt, d_o, hd, th, 0.f, d_v, hd, th, bh);
     dev.for_each(static_cast<std::size_t>(bh * T_),
@@ -248,9 +249,9 @@ class RotaryAttention {
     dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, bh);
     dev.for_each(static_cast<std::size_t>(N * (C + 2 * kv)),
                  detail::FromRotatedHeads<T>{s.g, d_q, rope.cos_t, rope.sin_t, dq_rows, dk_rows, dv_rows});
-    weight_grads(dev, x, MatView<const T>{dq_rows, N, C}, grad[0], bias(grad, 0));
-    weight_grads(dev, x, MatView<const T>{dk_rows, N, kv}, grad[1], bias(grad, 1));
-    weight_grads(dev, x, MatView<const T>{dv_rows, N, kv}, grad[2], bias(grad, 2));
+    detail::projection_grads(dev, x, MatView<const T>{dq_rows, N, C}, grad[0], bias(grad, 0));
+    detail::projection_grads(dev, x, MatView<const T>{dk_rows, N, kv}, grad[1], bias(grad, 1));
+    detail::projection_grads(dev, x, MatView<const T>{dv_rows, N, kv}, grad[2], bias(grad, 2));
     if (!dx.empty()) {
       detail::check_shape("nn::RotaryAttention", "input gradient", dx, N, C);
       dev.gemm(false, false, N, C, C, 1.f, dq_rows, C, p[0].data, C, 0.f, dx.data, C);
@@ -303,14 +304,6 @@ class RotaryAttention {
     return options_.out_bias ? p[options_.qkv_bias ? 7u : 4u] : MatView<T>{};
   }
 
-  template <class Dev, class T>
-  static void permute_heads(Dev& dev, HeadLayout l, const T* src, T* dst, bool to_heads) {
-    if constexpr (Dev::host_accessible)
-      dev.for_each(static_cast<std::size_t>(l.rows() * l.parts * l.heads), HeadPermuteRuns<T>{l, src, dst, to_heads});
-    else
-      dev.for_each(static_cast<std::size_t>(l.rows() * l.parts * l.width()), HeadPermute<T>{l, src, dst, to_heads});
-  }
-
   template <class T>
   Parts<T> parts(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
     const std::size_t want = 4 + (options_.qkv_bias ? 3 : 0) + (options_.out_bias ? 1 : 0);
@@ -330,25 +323,6 @@ class RotaryAttention {
     T* q = ctx.saved.data;
     T* att = q + 3 * n;
     return {q, q + n, q + 2 * n, att, att + g.batch * heads_ * g.time * g.time, g};
-  }
-
-  // out[N, width] = in W^T (+ b).
-  template <class Dev, class T>
-  static void project(Dev& dev, MatView<const T> in, const T* w, const T* b, T* out, std::int64_t width) {
-    float beta = 0.f;
-    if (b != nullptr) {
-      dev.for_each(static_cast<std::size_t>(in.rows * width), BroadcastRow<T>{b, MatView<T>{out, in.rows, width}});
-      beta = 1.f;
-    }
-    dev.gemm(false, true, in.rows, width, in.cols, 1.f, in.data, in.cols, w, in.cols, beta, out, width);
-  }
-
-  template <class Dev, class T>
-  static void weight_grads(Dev& dev, MatView<const T> in, MatView<const T> d_out, MatView<T> dw, MatView<T> db) {
-    if (!dw.empty())
-      dev.gemm(true, false, d_out.cols, in.cols, in.rows, 1.f, d_out.data, d_out.cols, in.data, in.cols, 0.f, dw.data,
-               in.cols);
-    if (!db.empty()) dev.for_each(static_cast<std::size_t>(d_out.cols), ColumnSum<T>{d_out, db.data});
   }
 
   std::int64_t dim_;

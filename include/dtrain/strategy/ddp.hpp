@@ -210,15 +210,7 @@ class DdpStrategy {
   }
 
   // Every rank holds everything; rank 0 is the replica that saves it.
-  Ownership ownership() const {
-    Ownership o;
-    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
-      const auto& unit = layout_.units()[u];
-      if (unit.train_size) o.trainable.push_back({u, 0, unit.train_size, unit.train_offset, rank_ == 0});
-      if (unit.frozen_size) o.frozen.push_back({u, 0, unit.frozen_size, unit.frozen_offset, rank_ == 0});
-    }
-    return o;
-  }
+  Ownership ownership() const { return replicated_ownership(layout_, rank_); }
 
  private:
   T* compute_params() {

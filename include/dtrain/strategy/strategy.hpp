@@ -84,6 +84,18 @@ struct Ownership {
   std::vector<OwnedRange> frozen;     // frozen parameters, in the compute dtype
 };
 
+// The ownership of a strategy whose every rank holds the whole model (DDP,
+// a user's local SGD): every range on every rank, rank 0 the one that saves.
+inline Ownership replicated_ownership(const ModelLayout& layout, int rank) {
+  Ownership o;
+  for (std::size_t u = 0; u < layout.units().size(); ++u) {
+    const auto& unit = layout.units()[u];
+    if (unit.train_size) o.trainable.push_back({u, 0, unit.train_size, unit.train_offset, rank == 0});
+    if (unit.frozen_size) o.frozen.push_back({u, 0, unit.frozen_size, unit.frozen_offset, rank == 0});
+  }
+  return o;
+}
+
 // Everything a strategy is built from.
 template <class Dev>
 struct StrategyContext {
