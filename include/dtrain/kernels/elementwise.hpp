@@ -30,6 +30,17 @@ struct AccumulateInto {
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { dst[i] += static_cast<float>(src[i]); }
 };
 
+// dst[i] = T(dst[i] + src[i]) in the compute dtype: a tied parameter's
+// gradient added into its owner's (one rounding, like any other sum in T).
+template <Dtype T>
+struct AddInto {
+  T* dst;
+  const T* src;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    dst[i] = dtype_cast<T>(static_cast<float>(dst[i]) + static_cast<float>(src[i]));
+  }
+};
+
 // data[i] *= factor, e.g. averaging or unscaling gradients in place.
 template <Dtype T>
 struct Scale {

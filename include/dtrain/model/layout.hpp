@@ -16,10 +16,19 @@
 //   full[offset + g*s, offset + (g+1)*s)   and sits at   offset / G
 // in the rank's own shard flat: all of a rank's shards form one contiguous
 // buffer (one fused optimizer pass), and shard arithmetic is one division.
+//
+// Tied parameters (ParamSpec::tied_to) take no place in either buffer: a
+// tie names the stored parameter ("owner") it shares, and is listed apart
+// (ties()), so strategies, checkpoints and the optimizer see every weight
+// exactly once. The Trainer hands the tied unit the owner's values and adds
+// the tied unit's gradient into the owner's before the owner's gradient is
+// reduced (docs/design.md, "Tied parameters").
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <stdexcept>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
@@ -35,8 +44,21 @@ struct ParamSlot {
   std::size_t offset = 0;  // in the trainable or the frozen flat buffer
 };
 
+// A parameter declared with ParamSpec::tied_to: unit `unit`'s parameter
+// number `index` (declaration order) is the stored parameter `owner`, the
+// params[owner_position] of unit owner_unit (owner_unit <= unit).
+struct TiedSlot {
+  std::string name;  // "<unit>.<param>" of the tied parameter
+  std::size_t unit = 0;
+  std::size_t index = 0;
+  std::string owner;
+  std::size_t owner_unit = 0;
+  std::size_t owner_position = 0;
+  ParamSpec spec;  // the owner's, under the tied parameter's name
+};
+
 struct UnitSlots {
-  std::vector<ParamSlot> params;   // declaration order
+  std::vector<ParamSlot> params;   // the stored parameters, declaration order (ties left out)
   std::size_t train_offset = 0;    // this unit's segment of the trainable flat buffer
   std::size_t train_size = 0;      // its parameters' elements
   std::size_t train_padded = 0;    // train_size rounded up to a multiple of the shard count
@@ -76,6 +98,10 @@ class ModelLayout {
       for (std::size_t i = 0; i < unit_params[u].size(); ++i) {
         const ParamSpec& spec = unit_params[u][i];
         validate(spec, u);
+        if (!spec.tied_to.empty()) {
+          ties_.push_back({std::to_string(u) + "." + spec.name, u, i, spec.tied_to, 0, 0, spec});
+          continue;
+        }
         ParamSlot slot{std::to_string(u) + "." + spec.name, u, i, spec, 0};
         const auto n = static_cast<std::size_t>(spec.numel());
         std::size_t& size = spec.trainable ? slots.train_size : slots.frozen_size;
@@ -90,6 +116,8 @@ class ModelLayout {
       train_numel_ += slots.train_size;
       frozen_numel_ += slots.frozen_size;
     }
+    std::reverse(ties_.begin(), ties_.end());  // unit order
+    for (TiedSlot& t : ties_) resolve(t);
   }
 
   const std::vector<UnitSlots>& units() const { return units_; }
@@ -115,8 +143,12 @@ class ModelLayout {
         line += " init=" + init_text(p.spec.init);
         lines.push_back(std::move(line));
       }
+    for (const auto& t : ties_) lines.push_back(t.name + " tied to " + t.owner);
     return lines;
   }
+
+  // The tied parameters, in unit order.
+  const std::vector<TiedSlot>& ties() const { return ties_; }
 
   // Buckets in backward order; units without trainable parameters join
   // whatever bucket is open.
@@ -156,6 +188,45 @@ class ModelLayout {
                            "every dimension must be at least 1");
   }
 
+  // Finds a tie's owner and checks that it can stand for the tied parameter.
+  void resolve(TiedSlot& t) const {
+    auto fail = [&](const std::string& why, const std::string& fix) {
+      throw config_error("parameter " + t.name + " is tied to '" + t.owner + "', " + why, fix);
+    };
+    const std::size_t dot = t.owner.find('.');
+    std::size_t owner_unit = 0;
+    try {
+      std::size_t used = 0;
+      owner_unit = std::stoul(t.owner.substr(0, dot), &used);
+      if (dot == std::string::npos || used != dot) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      fail("which is not a parameter name", "name the owner as \"<unit>.<param>\", e.g. \"0.weight\"");
+    }
+    if (owner_unit > t.unit)
+      fail("a parameter of a later unit",
+           "tie a parameter to one of its own or an earlier unit (the owner's forward must run first)");
+    const auto& owner = units_[owner_unit].params;
+    const auto it = std::find_if(owner.begin(), owner.end(), [&](const ParamSlot& p) { return p.name == t.owner; });
+    if (it == owner.end()) {
+      std::string have;
+      for (const auto& p : owner) have += (have.empty() ? "" : ", ") + p.name;
+      fail("which unit " + std::to_string(owner_unit) + " does not store (it has: " + (have.empty() ? "none" : have) + ")",
+           "name a stored parameter; a tied parameter cannot own another");
+    }
+    if (it->spec.shape != t.spec.shape)
+      fail("whose shape differs (" + shape_text(it->spec.shape) + " vs " + shape_text(t.spec.shape) + ")",
+           "tie parameters of the same shape, e.g. an output head [vocab, dim] to the embedding [vocab, dim]");
+    t.owner_unit = owner_unit;
+    t.owner_position = static_cast<std::size_t>(it - owner.begin());
+    t.spec = ParamSpec{t.spec.name, it->spec.shape, it->spec.init, it->spec.trainable, t.owner};
+  }
+
+  static std::string shape_text(const std::vector<std::int64_t>& shape) {
+    std::string s;
+    for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? "x" : "") + std::to_string(shape[d]);
+    return s;
+  }
+
   std::size_t round_up(std::size_t n) const { return (n + shards_ - 1) / shards_ * shards_; }
 
   static std::string init_text(const Init& init) {
@@ -166,6 +237,7 @@ class ModelLayout {
 
   std::size_t shards_;
   std::vector<UnitSlots> units_;
+  std::vector<TiedSlot> ties_;
   std::size_t train_total_ = 0;
   std::size_t frozen_total_ = 0;
   std::size_t train_numel_ = 0;

@@ -35,6 +35,12 @@ struct ParamSpec {
   std::vector<std::int64_t> shape;  // e.g. {out, in}
   Init init{};
   bool trainable = true;
+  // Tied weights: the layout name ("<unit>.<param>") of a parameter of this
+  // or an earlier unit that this one IS (GPT-2's output head is its token
+  // embedding). A tied parameter has no storage, initialisation or
+  // optimizer state of its own; its shape must equal the owner's, and it is
+  // trainable when the owner is. See ModelLayout::ties().
+  std::string tied_to{};
 
   std::int64_t numel() const {
     return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>{});

@@ -3,6 +3,7 @@
 // initialised like PyTorch's nn.Linear: U(-1/sqrt(in), 1/sqrt(in)).
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
@@ -17,6 +18,10 @@ namespace dtrain::nn {
 struct LinearOptions {
   bool bias = true;
   bool trainable = true;  // false freezes weight and bias
+  // Non-empty: the weight is this earlier parameter ("<unit>.<param>"), e.g.
+  // an output head tied to the token embedding "0.weight" [out, in]
+  // (ParamSpec::tied_to); the bias, if any, stays the head's own.
+  std::string tie_weight{};
 };
 
 class Linear {
@@ -34,7 +39,8 @@ class Linear {
   bool has_bias() const noexcept { return options_.bias; }
 
   std::vector<ParamSpec> params() const {
-    std::vector<ParamSpec> specs{{"weight", {out_, in_}, Init::fan_in_uniform(in_), options_.trainable}};
+    std::vector<ParamSpec> specs{
+        {"weight", {out_, in_}, Init::fan_in_uniform(in_), options_.trainable, options_.tie_weight}};
     if (options_.bias) specs.push_back({"bias", {out_}, Init::fan_in_uniform(in_), options_.trainable});
     return specs;
   }

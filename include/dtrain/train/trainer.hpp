@@ -31,6 +31,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/fault.hpp"
 #include "dtrain/core/tensor.hpp"
+#include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/optim/config.hpp"
@@ -90,6 +91,7 @@ class TrainerCore {
         io_(world_, dev_, layout_, *strategy_, optimizer_) {
     scalar_ = make_buffer<float>(dev_, max_scalars);
     if constexpr (Prec::loss_scaling) loss_scale_ = options_.loss_scale.initial;
+    plan_ties();
   }
 
   // One optimizer step over exactly Accumulate<N> micro-batches.
@@ -433,7 +435,8 @@ class TrainerCore {
     auto act = [&](std::size_t u) { return activations_[u].view(rows, width[u]); };
     AnyStrategy<T>& s = *strategy_;
     auto forward = [&](std::size_t u, auto& unit) {
-      detail::unit_forward<Dev, T>(unit, dev_, s.params(u), on_device, act(u), act(u + 1), ctx(u));
+      copy_tied_values(u);
+      detail::unit_forward<Dev, T>(unit, dev_, unit_params(u), on_device, act(u), act(u + 1), ctx(u));
     };
     detail::for_each_unit(units, [&](std::size_t u, auto& unit) {
       s.before_forward(u, k);
@@ -462,12 +465,106 @@ class TrainerCore {
       // Deterministic kernels: the recomputed activations (and output) are
       // bit-identical to the first forward's.
       if (recompute && saved[u] > 0) forward(u, unit);
-      detail::unit_backward<Dev, T>(unit, dev_, s.params(u), s.grads(u), on_device, act(u), act(u + 1), dy, dx,
+      detail::unit_backward<Dev, T>(unit, dev_, unit_params(u), unit_grads(u), on_device, act(u), act(u + 1), dy, dx,
                                     ctx(u));
+      add_tied_grads(u);
       s.after_backward(u, k);
       if (u + 1 == num_units_) fault::hit(fault::point::backward);
       cur = 1 - cur;
     });
+  }
+
+  // Tied parameters (ModelLayout::ties()): a unit with ties gets its views
+  // in declaration order, the ties' from Trainer-held buffers: `value`, the
+  // owner's values copied when the owner's unit runs forward (every
+  // strategy's views of a unit are valid then, gathered or not), and `grad`,
+  // where the tied unit's backward writes, added into the owner's gradient
+  // right after the owner's backward, before the strategy accumulates or
+  // reduces it. One stored weight, one gradient, one optimizer state.
+  struct TieBuffers {
+    buffer<T> value;
+    buffer<T> grad;  // empty when the owner is frozen
+  };
+
+  void plan_ties() {
+    const auto& ties = layout_.ties();
+    if (ties.empty()) return;
+    plan_.resize(num_units_);
+    spliced_params_.resize(num_units_);
+    spliced_grads_.resize(num_units_);
+    for (std::size_t t = 0; t < ties.size(); ++t) {
+      const TiedSlot& tie = ties[t];
+      const auto n = static_cast<std::size_t>(tie.spec.numel());
+      TieBuffers& b = tie_buffers_.emplace_back();
+      b.value = make_buffer<T>(dev_, n, memory_category::gathered);
+      if (tie.spec.trainable) b.grad = make_buffer<T>(dev_, n, memory_category::grads);
+      auto& plan = plan_[tie.unit];
+      if (plan.empty()) {  // stored positions first, then the ties slot in at their declaration index
+        const std::size_t stored = layout_.units()[tie.unit].params.size();
+        std::size_t declared = stored;
+        for (const auto& other : ties) declared += other.unit == tie.unit ? 1 : 0;
+        plan.assign(declared, 0);
+        std::vector<bool> is_tie(declared, false);
+        for (const auto& other : ties)
+          if (other.unit == tie.unit) is_tie[other.index] = true;
+        for (std::size_t i = 0, next = 0; i < declared; ++i) plan[i] = is_tie[i] ? 0 : static_cast<std::ptrdiff_t>(next++);
+      }
+      plan[tie.index] = -1 - static_cast<std::ptrdiff_t>(t);
+    }
+  }
+
+  static MatView<T> tie_view(const TiedSlot& tie, buffer<T>& b) {
+    if (b.size() == 0) return {};
+    const std::int64_t rows = tie.spec.shape[0];
+    return {b.data(), rows, tie.spec.numel() / rows};
+  }
+
+  UnitParams<const T> unit_params(std::size_t u) {
+    if (plan_.empty() || plan_[u].empty()) return strategy_->params(u);
+    const UnitParams<const T> stored = strategy_->params(u);
+    auto& out = spliced_params_[u];
+    out.clear();
+    for (const std::ptrdiff_t i : plan_[u]) {
+      if (i >= 0) {
+        out.push_back(stored[static_cast<std::size_t>(i)]);
+      } else {
+        const auto t = static_cast<std::size_t>(-1 - i);
+        out.push_back(MatView<const T>(tie_view(layout_.ties()[t], tie_buffers_[t].value)));
+      }
+    }
+    return out;
+  }
+
+  UnitParams<T> unit_grads(std::size_t u) {
+    if (plan_.empty() || plan_[u].empty()) return strategy_->grads(u);
+    const UnitParams<T> stored = strategy_->grads(u);
+    auto& out = spliced_grads_[u];
+    out.clear();
+    for (const std::ptrdiff_t i : plan_[u]) {
+      if (i >= 0) {
+        out.push_back(stored[static_cast<std::size_t>(i)]);
+      } else {
+        const auto t = static_cast<std::size_t>(-1 - i);
+        out.push_back(tie_view(layout_.ties()[t], tie_buffers_[t].grad));
+      }
+    }
+    return out;
+  }
+
+  void copy_tied_values(std::size_t u) {
+    const auto& ties = layout_.ties();
+    for (std::size_t t = 0; t < ties.size(); ++t)
+      if (ties[t].owner_unit == u)
+        dev_.copy(tie_buffers_[t].value.data(), strategy_->params(u)[ties[t].owner_position].data,
+                  tie_buffers_[t].value.size());
+  }
+
+  void add_tied_grads(std::size_t u) {
+    const auto& ties = layout_.ties();
+    for (std::size_t t = 0; t < ties.size(); ++t)
+      if (ties[t].owner_unit == u && tie_buffers_[t].grad.size() != 0)
+        dev_.for_each(tie_buffers_[t].grad.size(),
+                      AddInto<T>{strategy_->grads(u)[ties[t].owner_position].data, tie_buffers_[t].grad.data()});
   }
 
   bool first_is_input_unit() {
@@ -582,6 +679,10 @@ class TrainerCore {
   buffer<T> dgrad_[2];
   std::map<std::string, buffer<std::byte>, std::less<>> uploads_;  // the batch's tensors on the device
   std::vector<T> staging_;
+  std::vector<TieBuffers> tie_buffers_;  // one per layout_.ties()
+  std::vector<std::vector<std::ptrdiff_t>> plan_;  // per unit with ties: stored position, or -1 - tie
+  std::vector<std::vector<MatView<const T>>> spliced_params_;
+  std::vector<std::vector<MatView<T>>> spliced_grads_;
 
   double loss_scale_ = 1.0;
   std::int64_t good_steps_ = 0;
