@@ -90,6 +90,24 @@ struct MyModel {
 static_assert(dtrain::Model<MyModel>);
 // [/snippet:model_model]
 
+constexpr std::int64_t vocab = 50, dim = 8;
+// [snippet:model_tied]
+struct TinyLm {
+  dtrain::nn::Embedding tok{vocab, dim};  // unit 0: "0.weight" [vocab, dim]
+  dtrain::nn::LayerNorm ln{dim};
+  dtrain::nn::Linear head{dim, vocab, {.bias = false, .tie_weight = "0.weight"}};  // reads 0.weight
+  dtrain::nn::SoftmaxCrossEntropy loss;
+  auto units() { return std::tie(tok, ln, head); }
+};
+// [/snippet:model_tied]
+
+void model_tied(dtrain::World& world) {
+  TinyLm lm;
+  dtrain::Trainer<TinyLm> trainer{world, lm, dtrain::AdamW{}};
+  const auto params = trainer.parameters();
+  check(params.contains("0.weight") && !params.contains("2.weight"), "the tied head is stored once");
+}
+
 void model_batch() {
   const std::int64_t B = 2, T = 3, rows = 4, F = 2;
   std::vector<std::int32_t> ids(B * T, 1), next_ids(B * T, 2), labels(rows, 0);
@@ -265,6 +283,7 @@ int main(int argc, char** argv) try {
   auto world = dtrain::init();
   const dtrain::Dataset dataset = make_dataset(2048);
   model_batch();
+  model_tied(world);
   policies_sharding(world);
   policies_optim();
   data_pages(world, dataset);

@@ -223,7 +223,10 @@ class ModelLayout {
 
   static std::string shape_text(const std::vector<std::int64_t>& shape) {
     std::string s;
-    for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? "x" : "") + std::to_string(shape[d]);
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      if (d) s += 'x';
+      s += std::to_string(shape[d]);
+    }
     return s;
   }
 
