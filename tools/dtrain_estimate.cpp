@@ -10,7 +10,7 @@
 // Exit status: 0 printed, 2 bad input (one line naming the problem and the fix).
 
 #include <dtrain/hf/config.hpp>
-#include <dtrain/hf/llama.hpp>
+#include <dtrain/hf/model.hpp>
 #include <dtrain/strategy/estimate.hpp>
 
 #include <gpt/gpt.hpp>        // the examples' Configs (their keys' defaults) and models
@@ -43,7 +43,7 @@ one row per strategy, without allocating or launching anything.
 the model (one of):
   --params N                 N parameters (suffix K, M or B: 125M, 7B) in one unit
   --hf-config FILE           a transformers config.json (llama, mistral, qwen2):
-                             the units of hf::Llama built from it (embedding,
+                             the units of hf::CausalLm built from it (embedding,
                              each layer, final norm, head); training flags as
                              with --params
   --units U                  split the trainable ones into U equal units instead,
@@ -329,7 +329,7 @@ Inputs parse(int argc, char** argv) {
                         "the config's model gives the units"};
     try {
       const hf::LmConfig c = hf::read_config(*hf_config);
-      hf::Llama model(c);
+      hf::CausalLm model(c);
       in.units = declared_units(model);
       for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
       in.source = "transformers config " + *hf_config + " (" + c.model_type + ", " + std::to_string(c.num_hidden_layers) +

@@ -1,10 +1,10 @@
 #pragma once
-// The train_lm example: a Llama-family causal language model (hf::Llama)
+// The train_lm example: a Llama-family causal language model (hf::CausalLm)
 // fine-tuned from a transformers checkpoint (model=DIR) or trained from a
 // config (config=FILE), on a pre-tokenized stream of ids cut into blocks;
 // optionally written back as a transformers directory (save_hf=DIR).
 //
-//   units: as hf::Llama (embedding, blocks, RMSNorm, lm_head)
+//   units: as hf::CausalLm (embedding, blocks, RMSNorm, lm_head)
 //   batch: x int32 [B, block_size] ids, y int32 [B, block_size] the next ones
 //   data:  a token file: .npy (1-D int32/int64) or .bin (dtrain token stream:
 //          the 8 bytes "DTRNTOK1", a little-endian uint32 id width 2 or 4, a
@@ -16,7 +16,7 @@
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
-#include <dtrain/hf/llama.hpp>
+#include <dtrain/hf/model.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>

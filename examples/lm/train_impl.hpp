@@ -16,7 +16,7 @@ namespace lm {
 template <class Dev>
 int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& config, const Tokens& tokens) {
   return examples::with_precision(c, [&]<class Prec>() {
-    dtrain::hf::Llama model(config);
+    dtrain::hf::CausalLm model(config);
     const Samples train(tokens, c.block_size, true), held_out(tokens, c.block_size, false);
     const auto start = [&](auto& trainer) {
       if (c.model.empty()) return;

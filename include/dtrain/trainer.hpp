@@ -24,7 +24,7 @@
 #include "dtrain/device/host.hpp"
 #include "dtrain/hf/checkpoint.hpp"
 #include "dtrain/hf/config.hpp"
-#include "dtrain/hf/llama.hpp"
+#include "dtrain/hf/model.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/kernels/reduce.hpp"

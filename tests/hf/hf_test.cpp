@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <list>
 #include <string>
 
 #include <dtrain/hf/checkpoint.hpp>
@@ -32,6 +33,12 @@ Json tiny_llama() {
               {"rope_theta", 10000.0},        {"hidden_act", "silu"},      {"tie_word_embeddings", false}};
 }
 
+Json tiny_gpt2() {
+  return Json{{"model_type", "gpt2"}, {"vocab_size", 37}, {"n_embd", 16},  {"n_layer", 2},
+              {"n_head", 4},          {"n_positions", 8}, {"n_inner", nullptr}, {"layer_norm_epsilon", 1e-5},
+              {"activation_function", "gelu_new"}};
+}
+
 // The config error's text, or "" when it parses.
 std::string config_error_of(const Json& j) {
   try {
@@ -55,8 +62,8 @@ using Params = std::map<std::string, std::vector<float>>;
 Params train_and_save(const hf::LmConfig& config, const fs::path& dir) {
   Params out;
   run_ranks(1, [&](World& w) {
-    hf::Llama model(config);
-    Trainer<hf::Llama> trainer(w, model, AdamW{.lr = 1e-2f}, {.seed = 3});
+    hf::CausalLm model(config);
+    Trainer<hf::CausalLm> trainer(w, model, AdamW{.lr = 1e-2f}, {.seed = 3});
     std::vector<std::int32_t> ids(2 * 6);
     for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 7 + 3) % 37);
     Batch b;
@@ -91,7 +98,7 @@ BOOST_AUTO_TEST_CASE(config_is_read_and_checked) {
   };
   Json j = tiny_llama();
   j["model_type"] = "gpt_neox";
-  fails_with(j, "supported: llama, mistral, qwen2");
+  fails_with(j, "supported: gpt2, llama, mistral, qwen2");
   j = tiny_llama();
   j.erase("hidden_size");
   fails_with(j, "\"hidden_size\" is missing");
@@ -100,7 +107,7 @@ BOOST_AUTO_TEST_CASE(config_is_read_and_checked) {
   fails_with(j, "rope_scaling");
   j = tiny_llama();
   j["tie_word_embeddings"] = true;
-  fails_with(j, "tie_word_embeddings");
+  BOOST_TEST(hf::parse_config(j, "tied").tie_word_embeddings);
   j = tiny_llama();
   j["hidden_act"] = "gelu";
   fails_with(j, "hidden_act \"gelu\"");
@@ -115,6 +122,88 @@ BOOST_AUTO_TEST_CASE(config_is_read_and_checked) {
   j["vocab_size"] = "many";
   fails_with(j, "must be a number");
   BOOST_CHECK_THROW(hf::read_config(fresh("no_such_model")), config_error);
+
+  // GPT-2: its own key names, 4 x n_embd when n_inner is null, tied by default.
+  const hf::LmConfig g = hf::parse_config(tiny_gpt2(), "gpt2.json");
+  BOOST_TEST(g.gpt2());
+  BOOST_TEST(g.intermediate_size == 64);
+  BOOST_TEST(g.tie_word_embeddings);
+  BOOST_TEST(g.max_position_embeddings == 8);
+  j = tiny_gpt2();
+  j.erase("n_embd");
+  fails_with(j, "\"n_embd\" is missing");
+  j = tiny_gpt2();
+  j["activation_function"] = "relu";
+  fails_with(j, "activation_function \"relu\"");
+  j = tiny_gpt2();
+  j["scale_attn_by_inverse_layer_idx"] = true;
+  fails_with(j, "scale_attn_by_inverse_layer_idx");
+  j = tiny_gpt2();
+  j["n_head"] = 3;
+  fails_with(j, "n_embd 16, n_head 3");
+}
+
+namespace {
+
+// Loads `dir` at two ranks under Kind and checks it holds `saved`.
+template <class Kind>
+void load_at_two(const fs::path& dir, const hf::LmConfig& config, const Params& saved) {
+  Params loaded;
+  run_ranks(2, [&](World& w) {
+    hf::CausalLm model(config);
+    Trainer<hf::CausalLm, Strategy<Kind>> trainer(w, model, AdamW{}, {.seed = 99});
+    const LoadParamsReport r = hf::load_pretrained(trainer, dir, config);
+    require(r.loaded.size() == saved.size(), "every tensor loaded");
+    Params p = trainer.parameters();
+    if (w.rank() == 0) loaded = std::move(p);
+  });
+  BOOST_TEST((loaded == saved), Kind::name << ": loaded parameters differ from the saved ones");
+}
+
+}  // namespace
+
+// GPT-2 (tied head, Conv1D weights stored [in, out]) and a tied Llama: saved
+// by dtrain, loaded back at two ranks under FSDP and ZeRO-1, bit for bit; the
+// files hold transformers' names and shapes and no lm_head.weight.
+BOOST_AUTO_TEST_CASE(tied_models_round_trip) {
+  Json tied_llama = tiny_llama();
+  tied_llama["tie_word_embeddings"] = true;
+  for (const Json& j : {tiny_gpt2(), tied_llama}) {
+    const hf::LmConfig config = hf::parse_config(j, "config.json");
+    BOOST_TEST_CONTEXT(config.model_type) {
+      const fs::path dir = fresh(config.model_type + "_tied_saved");
+      const Params saved = train_and_save(config, dir);
+      BOOST_TEST(saved.size() == (config.gpt2() ? 2u + 2u * 12u + 2u : 1u + 2u * 8u + 1u));  // no head tensor
+      std::ifstream index(dir / "model.safetensors.index.json");
+      const Json wm = Json::parse(index).at("weight_map");
+      BOOST_TEST(!wm.contains("lm_head.weight"));
+      BOOST_TEST(wm.size() == saved.size() + (config.gpt2() ? 0u : 2u));  // Llama: gate|up are two
+      if (config.gpt2()) {
+        BOOST_TEST(wm.contains("transformer.h.1.attn.c_attn.weight"));
+        const auto file = SafetensorsFile::open(dir / wm.at("transformer.h.1.mlp.c_fc.weight").get<std::string>());
+        BOOST_TEST((file.tensor("transformer.h.1.mlp.c_fc.weight").shape == std::vector<std::int64_t>{16, 64}));
+      }
+      load_at_two<FSDP<FullShard>>(dir, hf::read_config(dir), saved);
+      load_at_two<ZeRO1>(dir, hf::read_config(dir), saved);
+      if (!config.gpt2()) continue;
+      // The layout of the original GPT-2 checkpoints: one file, names without
+      // "transformer.", the causal-mask buffers, and a copy of the tied head.
+      const fs::path legacy = fresh("gpt2_legacy_layout");
+      fs::create_directories(legacy);
+      fs::copy_file(dir / "config.json", legacy / "config.json");
+      SafetensorsWriter out;
+      std::list<std::vector<float>> values;  // the writer refers to them until write()
+      for (const auto& [name, file] : wm.items()) {
+        const auto f = SafetensorsFile::open(dir / file.get<std::string>());
+        const auto shape = f.tensor(name).shape;
+        out.add(name.substr(std::string("transformer.").size()), shape, values.emplace_back(f.read_f32(name)));
+        if (name == "transformer.wte.weight") out.add("lm_head.weight", shape, values.back());
+      }
+      out.add("h.0.attn.bias", {1, 1, 8, 8}, values.emplace_back(64, 1.f));
+      out.write(legacy / "model.safetensors");
+      load_at_two<FSDP<FullShard>>(legacy, hf::read_config(legacy), saved);
+    }
+  }
 }
 
 // Saved by dtrain in the transformers layout (sharded), loaded back at two
@@ -134,25 +223,13 @@ BOOST_AUTO_TEST_CASE(save_pretrained_and_load_pretrained_round_trip) {
   BOOST_TEST(wm.contains("lm_head.weight"));
   BOOST_TEST(wm.size() == 2u + 2u * 9u + 1u);
 
-  const auto load_at_two = [&]<class Kind>(std::type_identity<Kind>) {
-    Params loaded;
-    run_ranks(2, [&](World& w) {
-      hf::Llama model(reread);
-      Trainer<hf::Llama, Strategy<Kind>> trainer(w, model, AdamW{}, {.seed = 99});
-      const LoadParamsReport r = hf::load_pretrained(trainer, dir, reread);
-      require(r.loaded.size() == saved.size(), "every tensor loaded");
-      Params p = trainer.parameters();
-      if (w.rank() == 0) loaded = std::move(p);
-    });
-    BOOST_TEST((loaded == saved), Kind::name << ": loaded parameters differ from the saved ones");
-  };
-  load_at_two(std::type_identity<FSDP<FullShard>>{});
-  load_at_two(std::type_identity<ZeRO1>{});
+  load_at_two<FSDP<FullShard>>(dir, reread, saved);
+  load_at_two<ZeRO1>(dir, reread, saved);
 
   // A second save never overwrites the first.
   run_ranks(1, [&](World& w) {
-    hf::Llama model(reread);
-    Trainer<hf::Llama> trainer(w, model, AdamW{});
+    hf::CausalLm model(reread);
+    Trainer<hf::CausalLm> trainer(w, model, AdamW{});
     dtrain::testing::require_throws<checkpoint_error>([&] { hf::save_pretrained(trainer, dir, reread); });
   });
   BOOST_TEST(hf::read_config(dir).json.at("torch_dtype") == "float32");
@@ -169,8 +246,8 @@ BOOST_AUTO_TEST_CASE(mismatched_checkpoints_and_sequences_are_errors) {
   wider["intermediate_size"] = 32;
   run_ranks(1, [&](World& w) {
     const hf::LmConfig c3 = hf::parse_config(deeper, "deeper");
-    hf::Llama m3(c3);
-    Trainer<hf::Llama> t3(w, m3, AdamW{});
+    hf::CausalLm m3(c3);
+    Trainer<hf::CausalLm> t3(w, m3, AdamW{});
     try {
       hf::load_pretrained(t3, dir, c3);
       require(false, "a missing layer must be an error");
@@ -179,8 +256,8 @@ BOOST_AUTO_TEST_CASE(mismatched_checkpoints_and_sequences_are_errors) {
               std::string("names the missing tensor: ") + e.what());
     }
     const hf::LmConfig cw = hf::parse_config(wider, "wider");
-    hf::Llama mw(cw);
-    Trainer<hf::Llama> tw(w, mw, AdamW{});
+    hf::CausalLm mw(cw);
+    Trainer<hf::CausalLm> tw(w, mw, AdamW{});
     const Params before = tw.parameters();
     try {
       hf::load_pretrained(tw, dir, cw);

@@ -1,6 +1,6 @@
 // Parity with Hugging Face transformers (PyPI, pinned, in the build's venv):
 // tiny random Llama, Qwen2 and Mistral models written by save_pretrained
-// (one file and sharded; F32, BF16 and F16) are loaded into hf::Llama at one
+// (one file and sharded; F32, BF16 and F16) are loaded into hf::CausalLm at one
 // and two ranks, under DDP, FSDP and ZeRO-1, and give transformers' logits;
 // a model dtrain fine-tuned and saved loads in transformers with dtrain's
 // logits.
@@ -64,8 +64,8 @@ std::vector<float> dtrain_logits(const fs::path& dir, const Expected& e, int ran
   const hf::LmConfig config = hf::read_config(dir / "model");
   std::vector<float> out;
   run_ranks(ranks, [&](World& w) {
-    hf::Llama model(config);
-    Trainer<hf::Llama, Strategy<Kind>> trainer(w, model, AdamW{});
+    hf::CausalLm model(config);
+    Trainer<hf::CausalLm, Strategy<Kind>> trainer(w, model, AdamW{});
     const LoadParamsReport r = hf::load_pretrained(trainer, dir / "model", config);
     require(r.missing.empty() && r.unexpected.empty() && r.mismatched.empty(), "every tensor loads");
     Batch b;
@@ -119,12 +119,148 @@ BOOST_AUTO_TEST_CASE(mistral_multi_head_f16) {
   BOOST_TEST(err <= tolerance);
 }
 
+BOOST_AUTO_TEST_CASE(gpt2_tied_f32) {
+  const fs::path dir = make_model("gpt2", "gpt2 4 float32 0");
+  const Expected e = expected(dir);
+  const double one = worst(dtrain_logits<DDP>(dir, e, 1), e.logits);
+  const double two = worst(dtrain_logits<FSDP<FullShard>>(dir, e, 2), e.logits);
+  std::printf("gpt2 (tied) F32: worst relative logit difference %.2e (1 rank), %.2e (FSDP, 2 ranks)\n", one, two);
+  BOOST_TEST(one <= tolerance);
+  BOOST_TEST(two <= tolerance);
+}
+
+namespace {
+
+// transformers' tensor(s) for dtrain's tensor `ours` from the reference file
+// ("grad." or "param." + transformers' name): fused parts concatenated,
+// Conv1D weights transposed to dtrain's [out, in].
+std::vector<float> reference_of(const SafetensorsFile& ref, const std::string& kind, const hf::TransformersNames& names,
+                                const ParamSlot& slot) {
+  std::vector<float> out;
+  for (const auto& t : names.tensors.at(slot.name)) {
+    const auto part = ref.read_f32(kind + t);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  if (names.transposed.contains(slot.name)) {
+    const auto rows = static_cast<std::size_t>(slot.spec.shape[0]), cols = out.size() / rows;
+    std::vector<float> t(out.size());
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) t[r * cols + c] = out[c * rows + r];
+    out = std::move(t);
+  }
+  return out;
+}
+
+// Row r of the ids as a batch: x the ids, y the next ones (-100 at the end),
+// which is what transformers computes from labels = ids.
+Batch rows_batch(const std::vector<std::int64_t>& ids, std::int64_t first, std::int64_t rows, std::int64_t t) {
+  std::vector<std::int64_t> x(ids.begin() + first * t, ids.begin() + (first + rows) * t), y(x.size());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t i = 0; i < t; ++i) y[static_cast<std::size_t>(r * t + i)] = i + 1 < t ? x[static_cast<std::size_t>(r * t + i + 1)] : -100;
+  Batch b;
+  b.set("x", HostTensor::of(x, {rows, t}));
+  b.set("y", HostTensor::of(y, {rows, t}));
+  return b;
+}
+
+// The first step's loss and every gradient (DDP, one rank), and the
+// parameters after 20 AdamW steps at 1 and 2 ranks under DDP and fsdp-full,
+// against transformers + torch.optim.AdamW on the same batch.
+void training_parity(const std::string& name, const std::string& args) {
+  const fs::path dir = make_model(name, args);
+  const Expected e = expected(dir);
+  const fs::path ref_file = dir / "train_reference.safetensors";
+  BOOST_TEST_REQUIRE(run_logged((venv / "bin/python").string() + " " + DTRAIN_SOURCE_DIR + "/tests/hf/transformers_train.py " +
+                                    (dir / "model").string() + " " + (dir / "expected.safetensors").string() + " " +
+                                    ref_file.string() + " 20",
+                                dir / "train_log.txt") == 0,
+                     read_text(dir / "train_log.txt"));
+  const auto ref = SafetensorsFile::open(ref_file);
+  const hf::LmConfig config = hf::read_config(dir / "model");
+  const hf::TransformersNames names = hf::transformers_names(config);
+  const std::int64_t t = static_cast<std::int64_t>(e.ids.size()) / 2;
+  const AdamW adamw{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+
+  auto run = [&]<class Kind>(std::type_identity<Kind>, int ranks) {
+    double loss = 0, grad_err = 0, param_err = 0;
+    std::string grad_at, param_at;
+    run_ranks(ranks, [&](World& w) {
+      hf::CausalLm model(config);
+      Trainer<hf::CausalLm, Strategy<Kind>> trainer(w, model, adamw);
+      hf::load_pretrained(trainer, dir / "model", config);
+      const Batch b = rows_batch(e.ids, ranks == 1 ? 0 : w.rank(), ranks == 1 ? 2 : 1, t);
+      for (int s = 0; s < 20; ++s) {
+        const StepStats st = trainer.step(std::span(&b, 1));
+        if (s != 0) continue;
+        loss = st.loss;
+        if (ranks != 1) continue;
+        // One rank, DDP: the owned gradient is the whole flat, in layout order.
+        const OwnedFlat<float> owned = trainer.strategy().owned();
+        for (const auto& unit : trainer.layout().units())
+          for (const auto& slot : unit.params) {
+            const auto want = reference_of(ref, "grad.", names, slot);
+            double err = 0, scale = 0;
+            for (std::size_t i = 0; i < want.size(); ++i) {
+              err = std::max(err, std::abs(static_cast<double>(owned.grad[slot.offset + i]) - want[i]));
+              scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+            }
+            if (err / std::max(scale, 1e-30) > grad_err) grad_err = err / std::max(scale, 1e-30), grad_at = slot.name;
+          }
+      }
+      const auto params = trainer.parameters();
+      if (w.rank() != 0) return;
+      for (const auto& unit : trainer.layout().units())
+        for (const auto& slot : unit.params) {
+          const auto want = reference_of(ref, "param.", names, slot);
+          const auto& got = params.at(slot.name);
+          // GPT-2's key bias adds the same q.b_k to every score of a query,
+          // which softmax ignores: its gradient is exactly zero, computed as
+          // rounding noise (checked below) that Adam normalises into
+          // lr-sized steps of either sign, in transformers as in dtrain.
+          const bool key_bias = config.gpt2() && slot.name.ends_with("attn.qkv.bias");
+          const auto d = static_cast<std::size_t>(config.hidden_size);
+          for (std::size_t i = 0; i < want.size(); ++i) {
+            if (key_bias && i >= d && i < 2 * d) continue;
+            const double d = std::abs(static_cast<double>(got[i]) - want[i]) / std::max(1.0, std::abs(static_cast<double>(want[i])));
+            if (d > param_err) param_err = d, param_at = slot.name + "[" + std::to_string(i) + "]";
+          }
+        }
+    });
+    if (config.gpt2())
+      for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) {
+        const auto g = ref.read_f32("grad.transformer.h." + std::to_string(l) + ".attn.c_attn.bias");
+        for (auto i = config.hidden_size; i < 2 * config.hidden_size; ++i)
+          BOOST_TEST(std::abs(g[static_cast<std::size_t>(i)]) <= 1e-6, "the key bias gradient is noise: " << g[static_cast<std::size_t>(i)]);
+      }
+    const double ref_loss = ref.read_f32("loss")[0];
+    std::printf("%s %s x%d: loss %.8f vs %.8f (diff %.1e)", name.c_str(), std::string(Kind::name).c_str(), ranks, loss,
+                ref_loss, std::abs(loss - ref_loss));
+    if (ranks == 1 && std::is_same_v<Kind, DDP>) std::printf(", worst gradient %.1e (%s)", grad_err, grad_at.c_str());
+    std::printf(", parameters after 20 AdamW steps %.1e (%s)\n", param_err, param_at.c_str());
+    BOOST_TEST(std::abs(loss - ref_loss) <= 1e-6 * std::max(1.0, std::abs(ref_loss)), name << " loss");
+    if (ranks == 1 && std::is_same_v<Kind, DDP>) BOOST_TEST(grad_err <= 1e-5, name << " gradient of " << grad_at);
+    BOOST_TEST(param_err <= 3e-5, name << " " << Kind::name << " x" << ranks << " parameters at " << param_at);
+  };
+  run(std::type_identity<DDP>{}, 1);
+  run(std::type_identity<DDP>{}, 2);
+  run(std::type_identity<FSDP<FullShard>>{}, 1);
+  run(std::type_identity<FSDP<FullShard>>{}, 2);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gpt2_trains_like_transformers) { training_parity("gpt2_train", "gpt2 4 float32 0"); }
+BOOST_AUTO_TEST_CASE(tied_llama_gqa_trains_like_transformers) { training_parity("llama_tied_train", "llama_tied 2 float32 0"); }
+BOOST_AUTO_TEST_CASE(llama_mha_trains_like_transformers) { training_parity("llama_mha_train", "llama 4 float32 0"); }
+
 // Fine-tuned by dtrain (two AdamW steps under FSDP at two ranks), saved with
 // hf::save_pretrained, loaded by transformers: the same logits.
-BOOST_AUTO_TEST_CASE(fine_tuned_model_loads_in_transformers) {
-  const fs::path dir = make_model("llama_to_tune", "llama 2 float32 0");
+namespace {
+
+void fine_tuned_model_loads_in_transformers(const std::string& name, const std::string& args) {
+  const fs::path dir = make_model(name + "_to_tune", args);
   const Expected e = expected(dir);
-  const fs::path pretrained = dir / "model", saved = fs::path(DTRAIN_TEST_BINARY_DIR) / "models" / "llama_tuned";
+  const fs::path pretrained = dir / "model", saved = fs::path(DTRAIN_TEST_BINARY_DIR) / "models" / (name + "_tuned");
   fs::remove_all(saved);
   std::vector<float> ours;
   run_ranks(2, [&](World& w) {
@@ -136,8 +272,8 @@ BOOST_AUTO_TEST_CASE(fine_tuned_model_loads_in_transformers) {
     b.set("y", HostTensor::of(next, {2, t}));
     // [snippet:hf_fine_tune]
     const hf::LmConfig config = hf::read_config(pretrained);  // its config.json, checked
-    hf::Llama model(config);
-    Trainer<hf::Llama, Strategy<FSDP<FullShard>>> trainer(w, model, AdamW{.lr = 1e-2f});
+    hf::CausalLm model(config);
+    Trainer<hf::CausalLm, Strategy<FSDP<FullShard>>> trainer(w, model, AdamW{.lr = 1e-2f});
     hf::load_pretrained(trainer, pretrained, config);         // each rank reads only what it owns
     for (int s = 0; s < 2; ++s) trainer.step(std::span(&b, 1));
     hf::save_pretrained(trainer, saved, config);              // what from_pretrained reads
@@ -145,8 +281,8 @@ BOOST_AUTO_TEST_CASE(fine_tuned_model_loads_in_transformers) {
     std::vector<float> logits = trainer.logits(b);
     if (w.rank() == 0) ours = std::move(logits);
   });
-  const fs::path out = saved.parent_path() / "llama_tuned_logits.safetensors";
-  const fs::path log = saved.parent_path() / "llama_tuned_log.txt";
+  const fs::path out = saved.parent_path() / (name + "_tuned_logits.safetensors");
+  const fs::path log = saved.parent_path() / (name + "_tuned_log.txt");
   BOOST_TEST_REQUIRE(run_logged((venv / "bin/python").string() + " " + DTRAIN_SOURCE_DIR +
                                     "/tests/hf/transformers_logits.py " + saved.string() + " " +
                                     (dir / "expected.safetensors").string() + " " + out.string(),
@@ -154,12 +290,20 @@ BOOST_AUTO_TEST_CASE(fine_tuned_model_loads_in_transformers) {
                      "transformers could not load the saved model: " << read_text(log));
   const std::vector<float> theirs = SafetensorsFile::open(out).read_f32("logits");
   const double moved = worst(ours, e.logits), err = worst(ours, theirs);
-  std::printf("fine-tuned llama: logits moved %.2e by training; transformers on dtrain's save differs by %.2e\n", moved,
-              err);
+  std::printf("fine-tuned %s: logits moved %.2e by training; transformers on dtrain's save differs by %.2e\n",
+              name.c_str(), moved, err);
   BOOST_TEST(moved > 1e-3, "training changed the model");
   BOOST_TEST(err <= tolerance);
 }
 
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(fine_tuned_llama_loads_in_transformers) {
+  fine_tuned_model_loads_in_transformers("llama", "llama 2 float32 0");
+}
+BOOST_AUTO_TEST_CASE(fine_tuned_gpt2_loads_in_transformers) {
+  fine_tuned_model_loads_in_transformers("gpt2", "gpt2 4 float32 0");
+}
 
 // The train_lm example on two ranks: fine-tunes the tiny Llama on a token
 // stream, its loss falls, and transformers loads what it saved; an id

@@ -2,7 +2,9 @@
 computes for random ids, for hf_transformers_test to compare dtrain against.
 
 usage: make_tiny_lm.py OUT_DIR MODEL_TYPE KV_HEADS DTYPE SHARD_BYTES
-  MODEL_TYPE: llama | qwen2 | mistral;  DTYPE: float32 | bfloat16 | float16
+  MODEL_TYPE: gpt2 (tied head) | llama | llama_tied | qwen2 | mistral
+  KV_HEADS: the key/value heads of the Llama family (GPT-2 ignores it)
+  DTYPE: float32 | bfloat16 | float16
   SHARD_BYTES: 0 for one model.safetensors, else save_pretrained's max_shard_size
 Writes OUT_DIR/model (the checkpoint) and OUT_DIR/expected.safetensors:
 ids int64 [2, 7] and logits float32 [14, vocab], computed in float32 from the
@@ -19,7 +21,10 @@ torch.manual_seed(1234)
 common = dict(vocab_size=61, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=kv_heads, max_position_embeddings=16, rms_norm_eps=1e-5, rope_theta=500.0,
               tie_word_embeddings=False)
-config = {"llama": lambda: transformers.LlamaConfig(**common),
+config = {"gpt2": lambda: transformers.GPT2Config(vocab_size=61, n_embd=32, n_layer=2, n_head=4, n_positions=16,
+                                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+          "llama": lambda: transformers.LlamaConfig(**common),
+          "llama_tied": lambda: transformers.LlamaConfig(**dict(common, tie_word_embeddings=True)),
           "qwen2": lambda: transformers.Qwen2Config(**common, use_sliding_window=False),
           "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None)}[model_type]()
 model = transformers.AutoModelForCausalLM.from_config(config)

@@ -15,8 +15,10 @@
 #include <array>
 #include <cstddef>
 #include <filesystem>
+#include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -45,11 +47,17 @@ struct ParamSources {
   std::string what;  // for messages: the file or directory, quoted
   std::vector<SafetensorsFile> files;
   std::map<std::string, std::vector<std::pair<std::size_t, std::string>>> parts;  // model name -> (file, tensor)...
+  // Model tensors [rows, cols] whose one file tensor is stored transposed,
+  // [cols, rows] (GPT-2's Conv1D weights).
+  std::set<std::string> transposed;
+  // File tensors that are not parameters (buffers, a tied head's copy):
+  // neither loaded nor reported as unexpected.
+  std::set<std::string> ignored;
 
   // "" when the parts make a tensor of `shape` in a float dtype; otherwise
   // what differs, for the report.
   std::string mismatch(const std::vector<std::pair<std::size_t, std::string>>& of,
-                       const std::vector<std::int64_t>& shape) const {
+                       const std::vector<std::int64_t>& shape, bool transposed_shape = false) const {
     std::int64_t rows = 0;
     std::string have;
     bool ok = !shape.empty() || of.size() == 1;
@@ -59,7 +67,9 @@ struct ParamSources {
       const bool floating = t.dtype == safetensors_dtype::f32 || t.dtype == safetensors_dtype::bf16 ||
                             t.dtype == safetensors_dtype::f16;
       if (!floating) ok = false;
-      if (of.size() == 1) {
+      if (of.size() == 1 && transposed_shape) {
+        ok = ok && t.shape.size() == 2 && shape.size() == 2 && t.shape[0] == shape[1] && t.shape[1] == shape[0];
+      } else if (of.size() == 1) {
         ok = ok && t.shape == shape;
       } else if (ok) {  // concatenated along the first dimension
         ok = t.shape.size() == shape.size() && std::equal(t.shape.begin() + 1, t.shape.end(), shape.begin() + 1);
@@ -67,7 +77,8 @@ struct ParamSources {
       }
     }
     if (of.size() > 1) ok = ok && rows == shape[0];
-    return ok ? "" : have + " in the file" + (of.size() > 1 ? "s" : "") + ", " + detail::shape_string(shape) + " in the model";
+    return ok ? "" : have + " in the file" + (of.size() > 1 ? "s" : "") + ", " + detail::shape_string(shape) +
+                         (transposed_shape ? " (stored transposed)" : "") + " in the model";
   }
 };
 
@@ -240,14 +251,15 @@ class CheckpointIO {
           continue;
         }
         for (const auto& part : it->second) used[part] = true;
-        if (const std::string why = sources.mismatch(it->second, slot.spec.shape); !why.empty())
+        if (const std::string why = sources.mismatch(it->second, slot.spec.shape, sources.transposed.contains(slot.name));
+            !why.empty())
           report.mismatched.push_back(slot.name + ": " + why);
         else
           report.loaded.push_back(slot.name);
       }
     for (std::size_t f = 0; f < sources.files.size(); ++f)
       for (const auto& name : sources.files[f].names())
-        if (!used.contains({f, name})) report.unexpected.push_back(name);
+        if (!used.contains({f, name}) && !sources.ignored.contains(name)) report.unexpected.push_back(name);
     if (options.strict && (!report.missing.empty() || !report.unexpected.empty() || !report.mismatched.empty()))
       throw config_error(sources.what + " does not match this model:" +
                              (report.missing.empty() ? "" : " missing " + join(report.missing) + ";") +
@@ -272,12 +284,22 @@ class CheckpointIO {
           // The piece [tensor_begin, + count) of the model tensor, from the
           // file tensors that cover it, in order.
           std::size_t at = 0;
+          std::vector<std::byte> gathered;  // a transposed piece, element by element in model order
           for (const auto& [f, name] : sources.parts.at(p.slot->name)) {
             const auto t = sources.files[f].tensor(name);
             const std::size_t elem = element_size(t.dtype), n = t.bytes.size() / elem;
             const std::size_t lo = std::max(at, p.tensor_begin), hi = std::min(at + n, p.tensor_begin + p.count);
             if (lo < hi) {
-              const auto bytes = t.bytes.subspan((lo - at) * elem, (hi - lo) * elem);
+              std::span<const std::byte> bytes = t.bytes.subspan((lo - at) * elem, (hi - lo) * elem);
+              if (sources.transposed.contains(p.slot->name)) {
+                // Model element e = r * cols + c is file element c * rows + r.
+                const auto rows = static_cast<std::size_t>(p.slot->spec.shape[0]), cols = n / rows;
+                gathered.resize((hi - lo) * elem);
+                for (std::size_t e = lo; e < hi; ++e)
+                  std::memcpy(gathered.data() + (e - lo) * elem, t.bytes.data() + ((e % cols) * rows + e / cols) * elem,
+                              elem);
+                bytes = gathered;
+              }
               const std::string what = "tensor '" + name + "' of " + detail::quoted_path(sources.files[f].path());
               if (frozen)
                 detail::convert_into(bytes, t.dtype, to_frozen + (lo - p.tensor_begin), hi - lo, what);

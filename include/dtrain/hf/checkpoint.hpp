@@ -25,14 +25,13 @@
 #include "dtrain/model/layout.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/hf/config.hpp"
-#include "dtrain/hf/llama.hpp"
+#include "dtrain/hf/model.hpp"
 
 namespace dtrain::hf {
 
 // The sources of a model whose tensors `names` maps to transformers names,
 // from the checkpoint in `dir`.
-inline ParamSources open_checkpoint(const std::filesystem::path& dir,
-                                    const std::map<std::string, std::vector<std::string>>& names) {
+inline ParamSources open_checkpoint(const std::filesystem::path& dir, const TransformersNames& names) {
   namespace fs = std::filesystem;
   ParamSources s;
   s.what = "\"" + dir.string() + "\"";
@@ -73,10 +72,17 @@ inline ParamSources open_checkpoint(const std::filesystem::path& dir,
                            "give a directory written by save_pretrained(safe_serialization=True); PyTorch .bin "
                            "checkpoints are not read");
   }
-  for (const auto& [ours, theirs] : names) {
+  for (const auto& [file_name, f] : file_of)
+    if (names.ignored(file_name)) s.ignored.insert(file_name);
+  for (const auto& [ours, theirs] : names.tensors) {
     std::vector<std::pair<std::size_t, std::string>> parts;
-    for (const auto& t : theirs) {
-      const auto it = file_of.find(t);
+    for (std::string t : theirs) {
+      auto it = file_of.find(t);
+      const std::string& prefix = names.optional_prefix;
+      if (it == file_of.end() && !prefix.empty() && t.starts_with(prefix)) {
+        t = t.substr(prefix.size());
+        it = file_of.find(t);
+      }
       if (it == file_of.end()) {
         parts.clear();
         break;  // reported as missing, under our name and theirs below
@@ -88,11 +94,12 @@ inline ParamSources open_checkpoint(const std::filesystem::path& dir,
                                "re-save the model with save_pretrained");
     }
     if (!parts.empty()) s.parts[ours] = std::move(parts);
+    if (names.transposed.contains(ours)) s.transposed.insert(ours);
   }
   return s;
 }
 
-// Loads the transformers checkpoint in `dir` into a trainer of hf::Llama
+// Loads the transformers checkpoint in `dir` into a trainer of hf::CausalLm
 // (any strategy, world size and precision). Every tensor must be present
 // with the config's shape: anything missing, extra or mis-shaped is one
 // error listing all of them, and nothing is changed. Collective.
@@ -105,7 +112,7 @@ LoadParamsReport load_pretrained(Trainer& trainer, const std::filesystem::path& 
   } catch (const config_error& e) {
     // Name the missing tensors as transformers calls them.
     std::string missing;
-    for (const auto& [ours, theirs] : names)
+    for (const auto& [ours, theirs] : names.tensors)
       if (!sources.parts.contains(ours))
         for (const auto& t : theirs) missing += (missing.empty() ? "" : ", ") + t;
     if (missing.empty()) throw;
@@ -118,7 +125,7 @@ struct SavePretrainedOptions {
   std::uint64_t max_shard_bytes = 5'000'000'000;  // transformers' default max_shard_size, 5 GB
 };
 
-// Writes the trainer's hf::Llama to `dir` as save_pretrained does: config.json
+// Writes the trainer's hf::CausalLm to `dir` as save_pretrained does: config.json
 // (torch_dtype float32), model.safetensors, or shards
 // model-0000i-of-0000N.safetensors with model.safetensors.index.json. The
 // directory must not exist (or be empty): it appears complete or not at all
@@ -172,14 +179,22 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
   };
   trainer.visit_parameters([&](const ParamSlot& slot, std::vector<float>&& values) {
     guarded([&] {
-      const auto it = theirs_of.find(slot.name);
-      if (it == theirs_of.end())
+      const auto it = theirs_of.tensors.find(slot.name);
+      if (it == theirs_of.tensors.end())
         throw config_error("save_pretrained: the model's tensor '" + slot.name + "' has no transformers name",
-                           "save an hf::Llama built from this config");
+                           "save an hf::CausalLm built from this config");
       // A fused tensor splits back into its parts along the first dimension.
       const std::size_t parts = it->second.size(), each = values.size() / parts;
       std::vector<std::int64_t> shape = slot.spec.shape;
       shape[0] /= static_cast<std::int64_t>(parts);
+      if (theirs_of.transposed.contains(slot.name)) {  // [out, in] -> transformers' Conv1D [in, out]
+        const auto rows = static_cast<std::size_t>(slot.spec.shape[0]), cols = values.size() / rows;
+        std::vector<float> t(values.size());
+        for (std::size_t r = 0; r < rows; ++r)
+          for (std::size_t c = 0; c < cols; ++c) t[c * rows + r] = values[r * cols + c];
+        values = std::move(t);
+        std::swap(shape[0], shape[1]);  // one part: a Conv1D weight is never fused
+      }
       for (std::size_t k = 0; k < parts; ++k) {
         const std::uint64_t bytes = each * sizeof(float);
         if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) flush();

@@ -1,13 +1,18 @@
 #pragma once
 // A transformers config.json read into what dtrain needs to build the model
-// (hf::LmConfig), checked against what dtrain supports. Supported: the
+// (hf::LmConfig), checked against what dtrain supports. Supported: GPT-2
+// (model_type "gpt2": learned positions, LayerNorm, tanh GELU, output head
+// tied to the token embedding unless tie_word_embeddings is false) and the
 // Llama family, model_type "llama" (Llama 2 and 3), "mistral" (without a
 // sliding window shorter than the context) and "qwen2" (biases on q, k and
-// v). Anything else, and any option that would change the computation in a
-// way dtrain does not implement (rope_scaling, another activation, tied
-// embeddings), is a config_error naming the key and what is supported:
-// better no model than a silently different one.
+// v), tied or not. Anything else, and any option that would change the
+// computation in a way dtrain does not implement (rope_scaling, another
+// activation, GPT-2's per-layer attention scaling), is a config_error naming
+// the key and what is supported: better no model than a silently different
+// one. Dropout probabilities in a config are kept (written back on save) but
+// not applied: dtrain trains these models without dropout.
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -21,7 +26,7 @@
 namespace dtrain::hf {
 
 struct LmConfig {
-  std::string model_type;  // llama | mistral | qwen2
+  std::string model_type;  // gpt2 | llama | mistral | qwen2
   std::int64_t vocab_size = 0;
   std::int64_t hidden_size = 0;
   std::int64_t intermediate_size = 0;
@@ -29,19 +34,22 @@ struct LmConfig {
   std::int64_t num_attention_heads = 0;
   std::int64_t num_key_value_heads = 0;
   std::int64_t max_position_embeddings = 0;
-  float rms_norm_eps = 1e-6f;
+  float norm_eps = 1e-6f;     // rms_norm_eps (Llama family) or layer_norm_epsilon (GPT-2)
   float rope_theta = 10000.f;
   bool qkv_bias = false;  // attention_bias (llama), always on for qwen2
   bool out_bias = false;  // attention_bias (llama)
-  bool tie_word_embeddings = false;
+  bool tie_word_embeddings = false;  // the output head is the token embedding
   nlohmann::ordered_json json;  // the whole file, written back on save
 
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // GPT-2: learned positions, LayerNorm, tanh GELU MLP, biases everywhere.
+  // Otherwise the Llama family: rotary positions, RMSNorm, SwiGLU MLP.
+  bool gpt2() const { return model_type == "gpt2"; }
 };
 
 namespace detail {
 
-inline const char* supported_types() { return "llama, mistral, qwen2"; }
+inline const char* supported_types() { return "gpt2, llama, mistral, qwen2"; }
 
 // key's value from `j`, which must hold it as a number (or `fallback` when
 // absent and a fallback is given).
@@ -61,16 +69,69 @@ inline bool flag(const nlohmann::ordered_json& j, const char* key, bool fallback
   return j.contains(key) && j.at(key).is_boolean() ? j.at(key).get<bool>() : fallback;
 }
 
+// Every size >= 1 and the head counts dividing; `keys` name the sizes as
+// this config's file does (vocab_size, hidden_size, intermediate_size,
+// layers, heads, kv heads, positions).
+inline void check_sizes(const LmConfig& c, const std::string& where, const std::array<const char*, 7>& keys) {
+  const std::int64_t values[] = {c.vocab_size,          c.hidden_size,         c.intermediate_size,
+                                 c.num_hidden_layers,   c.num_attention_heads, c.num_key_value_heads,
+                                 c.max_position_embeddings};
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (values[i] < 1)
+      throw config_error(where + ": \"" + std::string(keys[i]) + "\" is " + std::to_string(values[i]) + "; it must be >= 1",
+                         "give the model's config.json as transformers wrote it");
+  if (c.hidden_size % c.num_attention_heads != 0 || c.num_attention_heads % c.num_key_value_heads != 0)
+    throw config_error(where + ": " + keys[1] + " " + std::to_string(c.hidden_size) + ", " + keys[4] + " " +
+                           std::to_string(c.num_attention_heads) + " and " + keys[5] + " " +
+                           std::to_string(c.num_key_value_heads) + " do not divide",
+                       std::string("the head count must divide the width (and the key/value heads the heads)"));
+}
+
+// GPT-2's config.json: n_embd, n_layer, n_head, n_positions, n_inner.
+inline LmConfig parse_gpt2(const nlohmann::ordered_json& j, const std::string& where) {
+  LmConfig c;
+  c.model_type = "gpt2";
+  c.json = j;
+  c.vocab_size = number<std::int64_t>(j, where, "vocab_size");
+  c.hidden_size = number<std::int64_t>(j, where, "n_embd");
+  const std::int64_t inner = 4 * c.hidden_size;
+  c.intermediate_size = number<std::int64_t>(j, where, "n_inner", &inner);
+  c.num_hidden_layers = number<std::int64_t>(j, where, "n_layer");
+  c.num_attention_heads = c.num_key_value_heads = number<std::int64_t>(j, where, "n_head");
+  c.max_position_embeddings = number<std::int64_t>(j, where, "n_positions");
+  const float eps = 1e-5f;
+  c.norm_eps = number<float>(j, where, "layer_norm_epsilon", &eps);
+  c.rope_theta = 0.f;  // learned positions
+  c.qkv_bias = c.out_bias = true;
+  c.tie_word_embeddings = flag(j, "tie_word_embeddings", true);  // GPT-2's default
+  check_sizes(c, where, {"vocab_size", "n_embd", "n_inner", "n_layer", "n_head", "n_head", "n_positions"});
+  auto unsupported = [&](const std::string& what, const std::string& fix) {
+    throw config_error(where + ": " + what + " is not supported", fix);
+  };
+  const std::string act = j.contains("activation_function") && j.at("activation_function").is_string()
+                              ? j.at("activation_function").get<std::string>()
+                              : "gelu_new";
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    unsupported("activation_function \"" + act + "\"", "dtrain's GPT-2 MLP uses the tanh GELU (\"gelu_new\")");
+  if (!flag(j, "scale_attn_weights", true))
+    unsupported("scale_attn_weights false", "use a model that scales attention by 1/sqrt(head_dim)");
+  if (flag(j, "scale_attn_by_inverse_layer_idx", false))
+    unsupported("scale_attn_by_inverse_layer_idx true", "use a model without per-layer attention scaling");
+  if (flag(j, "add_cross_attention", false))
+    unsupported("add_cross_attention true", "use a decoder-only GPT-2 (no cross-attention)");
+  return c;
+}
+
 }  // namespace detail
 
 // Checks and reads a parsed config; `where` names it in errors.
 inline LmConfig parse_config(const nlohmann::ordered_json& j, const std::string& where) {
   if (!j.is_object()) throw config_error(where + ": not a JSON object", "give the model's config.json");
   const std::string type = j.contains("model_type") && j.at("model_type").is_string() ? j.at("model_type").get<std::string>() : "";
-  if (type != "llama" && type != "mistral" && type != "qwen2")
+  if (type != "gpt2" && type != "llama" && type != "mistral" && type != "qwen2")
     throw config_error(where + ": model_type \"" + type + "\" is not supported (supported: " + detail::supported_types() + ")",
-                       "fine-tune one of the supported architectures; GPT-2 needs tied embeddings, which dtrain does not "
-                       "have yet");
+                       "fine-tune one of the supported architectures");
+  if (type == "gpt2") return detail::parse_gpt2(j, where);
   LmConfig c;
   c.model_type = type;
   c.json = j;
@@ -82,7 +143,7 @@ inline LmConfig parse_config(const nlohmann::ordered_json& j, const std::string&
   c.num_key_value_heads = detail::number<std::int64_t>(j, where, "num_key_value_heads", &c.num_attention_heads);
   c.max_position_embeddings = detail::number<std::int64_t>(j, where, "max_position_embeddings");
   const float eps = 1e-6f, theta = 10000.f;
-  c.rms_norm_eps = detail::number<float>(j, where, "rms_norm_eps", &eps);
+  c.norm_eps = detail::number<float>(j, where, "rms_norm_eps", &eps);
   c.rope_theta = detail::number<float>(j, where, "rope_theta", &theta);
   const bool attention_bias = detail::flag(j, "attention_bias", false);
   c.qkv_bias = type == "qwen2" || attention_bias;
@@ -92,20 +153,8 @@ inline LmConfig parse_config(const nlohmann::ordered_json& j, const std::string&
   auto unsupported = [&](const std::string& what, const std::string& fix) {
     throw config_error(where + ": " + what + " is not supported", fix);
   };
-  const std::pair<const char*, std::int64_t> sizes[] = {
-      {"vocab_size", c.vocab_size},           {"hidden_size", c.hidden_size},
-      {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
-      {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads},
-      {"max_position_embeddings", c.max_position_embeddings}};
-  for (const auto& [key, value] : sizes)
-    if (value < 1)
-      throw config_error(where + ": \"" + std::string(key) + "\" is " + std::to_string(value) + "; it must be >= 1",
-                         "give the model's config.json as transformers wrote it");
-  if (c.hidden_size % c.num_attention_heads != 0 || c.num_attention_heads % c.num_key_value_heads != 0)
-    throw config_error(where + ": hidden_size " + std::to_string(c.hidden_size) + ", num_attention_heads " +
-                           std::to_string(c.num_attention_heads) + " and num_key_value_heads " +
-                           std::to_string(c.num_key_value_heads) + " do not divide",
-                       "num_attention_heads must divide hidden_size and num_key_value_heads num_attention_heads");
+  detail::check_sizes(c, where, {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                 "num_attention_heads", "num_key_value_heads", "max_position_embeddings"});
   if (j.contains("head_dim") && !j.at("head_dim").is_null() &&
       detail::number<std::int64_t>(j, where, "head_dim") != c.head_dim())
     unsupported("head_dim " + j.at("head_dim").dump() + " other than hidden_size / num_attention_heads (" +
@@ -117,8 +166,6 @@ inline LmConfig parse_config(const nlohmann::ordered_json& j, const std::string&
     unsupported("rope_scaling " + j.at("rope_scaling").dump(),
                 "use a model without rope_scaling (Llama 3.1+ long-context scaling is not implemented)");
   if (detail::flag(j, "mlp_bias", false)) unsupported("mlp_bias true", "use a model without MLP biases");
-  if (c.tie_word_embeddings)
-    unsupported("tie_word_embeddings true", "use a model with an untied output head; tied embeddings are not implemented yet");
   if (type == "mistral" && j.contains("sliding_window") && !j.at("sliding_window").is_null() &&
       detail::number<std::int64_t>(j, where, "sliding_window") < c.max_position_embeddings)
     unsupported("sliding_window " + j.at("sliding_window").dump(),

@@ -1,10 +1,17 @@
 #pragma once
-// nn::AnyUnit: one of the ready units, chosen at run time. A
-// std::vector<AnyUnit> inside a model's units() builds a network whose layer
-// list comes from a config file, while every unit still runs through the same
-// statically typed code (std::visit dispatches once per unit call).
+// nn::OneOf<Us...>: one of several unit types, chosen at run time. A
+// std::vector<OneOf<...>> inside a model's units() builds a network whose
+// layer list comes from a config file (train_mlp's layers, the blocks of a
+// transformers model whose architecture config.json names), while every unit
+// still runs through its own statically typed code: std::visit dispatches
+// once per unit call. The alternatives may be plain or context units (not
+// input units); OneOf passes the context on to those that take it.
+//
+// nn::AnyUnit is OneOf over the ready layers Linear, ReLU, GELU, LayerNorm.
 
+#include <concepts>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -16,13 +23,14 @@
 
 namespace dtrain::nn {
 
-class AnyUnit {
+template <class... Us>
+class OneOf {
  public:
-  using variant_type = std::variant<Linear, ReLU, GELU, LayerNorm>;
+  using variant_type = std::variant<Us...>;
 
   template <class U>
-    requires std::is_constructible_v<variant_type, U&&>
-  AnyUnit(U&& unit) : unit_(std::forward<U>(unit)) {}
+    requires(std::same_as<std::remove_cvref_t<U>, Us> || ...)
+  OneOf(U&& unit) : unit_(std::forward<U>(unit)) {}
 
   std::vector<ParamSpec> params() const {
     return std::visit([](const auto& u) { return u.params(); }, unit_);
@@ -30,22 +38,36 @@ class AnyUnit {
   std::int64_t out_features(std::int64_t in) const {
     return std::visit([&](const auto& u) { return u.out_features(in); }, unit_);
   }
+  std::int64_t saved_size(SeqShape s, std::int64_t in) const {
+    return std::visit([&](const auto& u) { return saved_size_of(u, s, in); }, unit_);
+  }
 
   template <class Dev, class T>
-  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
-    std::visit([&](auto& u) { u.template forward<Dev, T>(dev, p, x, y); }, unit_);
+  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    std::visit([&]<class U>(U& u) {
+      static_assert(!InputUnit<U, Dev, T>, "nn::OneOf holds no input units: put the input unit first in units()");
+      dtrain::detail::unit_forward<Dev, T>(u, dev, p, no_batch(), x, y, ctx);
+    }, unit_);
   }
 
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> y,
-                MatView<const T> dy, MatView<T> dx) {
-    std::visit([&](auto& u) { u.template backward<Dev, T>(dev, p, grad, x, y, dy, dx); }, unit_);
+                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+    std::visit([&]<class U>(U& u) { dtrain::detail::unit_backward<Dev, T>(u, dev, p, grad, no_batch(), x, y, dy, dx, ctx); },
+               unit_);
   }
 
   const variant_type& get() const { return unit_; }
 
  private:
+  static const DeviceBatch& no_batch() {
+    static const DeviceBatch none{};
+    return none;
+  }
+
   variant_type unit_;
 };
+
+using AnyUnit = OneOf<Linear, ReLU, GELU, LayerNorm>;
 
 }  // namespace dtrain::nn
