@@ -22,6 +22,36 @@ bench_args() {
   case $build in /*) ;; *) build=$repo/$build ;; esac
 }
 
+# bench_options USAGE "$@": [BUILD_DIR] [--repeat N] [--steps N] [--json PATH]
+# [--no-setup], and any flag the script takes itself through its
+# bench_extra_option FLAG (return 0 when it took the flag). The caller sets
+# the defaults of build, repeat, steps, json and setup first; this makes
+# build and json absolute.
+bench_options() {
+  local usage=$1
+  shift
+  if [[ $# -gt 0 && $1 != --* ]]; then
+    build=$1
+    shift
+  fi
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --repeat) repeat=$2; shift ;;
+      --steps) steps=$2; shift ;;
+      --json) json=$2; shift ;;
+      --no-setup) setup=0 ;;
+      *)
+        if ! declare -F bench_extra_option > /dev/null || ! bench_extra_option "$1"; then
+          echo "$usage" >&2
+          exit 2
+        fi ;;
+    esac
+    shift
+  done
+  case $build in /*) ;; *) build=$repo/$build ;; esac
+  case $json in /*) ;; *) json=$PWD/$json ;; esac
+}
+
 logged() {  # logged LOG command...: keeps the output out of the tables, shows it on failure
   local log=$1
   shift

@@ -27,31 +27,18 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 usage="usage: bench/run_gpt_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--json PATH] [--no-setup]"
 build=build
-if [[ $# -gt 0 && $1 != --* ]]; then
-  build=$1
-  shift
-fi
 repeat=3
 steps=60
 warmup=10
 json=$repo/bench/results/gpt.json
 setup=1
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --repeat) repeat=$2; shift ;;
-    --steps) steps=$2; shift ;;
-    --json) json=$2; shift ;;
-    --no-setup) setup=0 ;;
-    *) echo "$usage" >&2; exit 2 ;;
-  esac
-  shift
-done
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
+bench_options "$usage" "$@"
 if ! [[ $repeat =~ ^[1-9][0-9]*$ && $steps =~ ^[0-9]+$ ]] || ((steps <= warmup)); then
   echo "$usage (--repeat >= 1, --steps > $warmup)" >&2
   exit 2
 fi
-case $build in /*) ;; *) build=$repo/$build ;; esac
-case $json in /*) ;; *) json=$PWD/$json ;; esac
 launcher=$build/tools/dtrain-run
 train_gpt=$build/examples/train_gpt
 python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
@@ -74,8 +61,6 @@ done
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# shellcheck source=bench/lib.sh
-source "$repo/bench/lib.sh"
 
 # The vocabulary of the generated corpus (train_gpt's first line: "vocabulary
 # V"), which the torch side needs: one step of a one-layer model.

@@ -107,6 +107,7 @@ inline bool set_common(Common& c, const std::string& key, const YAML::Node& v) {
   else if (key == "dump_batches") c.dump_batches = as<std::string>(v, key);
   else if (key == "bucket_mb") c.bucket_mb = as<double>(v, key);
   else if (key == "timeout_s") c.timeout_s = as<double>(v, key);
+  else if (key == "peak_tflops") c.peak_tflops = as<double>(v, key);
   else return false;
   return true;
 }
@@ -129,6 +130,8 @@ inline void validate_common(const Common& c) {
           "set batch_size=B, the rows per rank per micro-batch");
   require(c.steps >= 1, "steps = " + std::to_string(c.steps) + " is not at least 1",
           "set steps=N, the optimizer steps to train");
+  require(c.peak_tflops >= 0, "peak_tflops is negative",
+          "set peak_tflops=P, one rank's peak TFLOP/s in the compute dtype (e.g. 989 for an H100's bf16), or 0");
   require(c.timeout_s >= 0 && c.timeout_s <= 86400 * 7, "timeout_s is out of range (0 to 604800 seconds)",
           "set timeout_s=S, the seconds a collective may wait (e.g. 60; 0: DTRAIN_COMM_TIMEOUT_S, else 600)");
   require(c.log_every >= 1, "log_every must be at least 1", "set log_every=20");
@@ -167,6 +170,8 @@ inline constexpr const char* common_usage = R"(  shard_group   fsdp-hybrid: rank
   seed, num_workers, log_every, bucket_mb
   timeout_s     seconds a collective may wait before the job fails naming the missing ranks
                 (default: DTRAIN_COMM_TIMEOUT_S, else 600)
+  peak_tflops   one rank's peak TFLOP/s: the progress line adds the model's TFLOP/s per rank
+                (6 x parameters x tokens/s) and MFU, their share of the peak (0 = not shown)
   metrics       JSONL file written by rank 0 (one object per step)
   tensorboard   a folder: rank 0 writes the same values per step as TensorBoard scalars
                 (a new events file per run; view with tensorboard --logdir FOLDER)

@@ -50,6 +50,7 @@ struct Common {
   std::string dump_batches;           // a directory: every rank writes the batches it trained on
   double bucket_mb = 25;
   double timeout_s = 0;               // collective timeout in seconds (0: DTRAIN_COMM_TIMEOUT_S, else 600)
+  double peak_tflops = 0;             // one rank's device peak (TFLOP/s): MFU in the progress line (0: not shown)
 };
 
 inline dtrain::TrainerOptions trainer_options(const Common& c) {

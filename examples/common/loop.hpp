@@ -200,6 +200,8 @@ void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const S
   std::vector<dtrain::Batch> micro(static_cast<std::size_t>(c.accumulate));
   std::vector<std::vector<dtrain::Batch>> trained;  // dump_batches only
   const std::int64_t first_step = trainer.steps_taken() + 1;
+  // Stored parameters: a tied weight once (GPT-2's embedding is its head).
+  const std::size_t params = trainer.layout().trainable_numel() + trainer.layout().frozen_numel();
   for (std::int64_t s = trainer.steps_taken(); s < c.steps; ++s) {
     for (auto& b : micro) b = loader.next();
     const auto st = trainer.step(micro);
@@ -224,6 +226,12 @@ void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const S
                   static_cast<long long>(st.step), static_cast<long long>(c.steps), st.loss, st.lr, sps, st.step_ms,
                   st.loss_scale, st.skipped ? " | skipped (inf/nan)" : "");
       if (st.positions != st.samples) std::printf(" | %9.0f tokens/s", tps);
+      if (c.peak_tflops > 0) {
+        // The usual estimate of training FLOPs: 6 per parameter and token
+        // (2 forward, 4 backward), attention's own products left out.
+        const double tflops = 6.0 * static_cast<double>(params) * tps / world.size() / 1e12;
+        std::printf(" | %.2f TFLOP/s/rank | MFU %.1f%%", tflops, 100.0 * tflops / c.peak_tflops);
+      }
       std::printf("\n");
     }
   }

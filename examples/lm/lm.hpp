@@ -1,10 +1,10 @@
 #pragma once
-// The train_lm example: a Llama-family causal language model (hf::CausalLm)
+// The train_lm example: a GPT-2 or Llama-family causal language model (hf::CausalLm)
 // fine-tuned from a transformers checkpoint (model=DIR) or trained from a
 // config (config=FILE), on a pre-tokenized stream of ids cut into blocks;
 // optionally written back as a transformers directory (save_hf=DIR).
 //
-//   units: as hf::CausalLm (embedding, blocks, RMSNorm, lm_head)
+//   units: as hf::CausalLm (embeddings, blocks, final norm, lm_head)
 //   batch: x int32 [B, block_size] ids, y int32 [B, block_size] the next ones
 //   data:  a token file: .npy (1-D int32/int64) or .bin (dtrain token stream:
 //          the 8 bytes "DTRNTOK1", a little-endian uint32 id width 2 or 4, a
@@ -23,11 +23,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <span>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include "common/config.hpp"
 #include "common/dispatch.hpp"
@@ -46,6 +49,21 @@ struct Config : examples::Common {
   std::vector<std::int64_t> prompt;  // its ids (default: the first 8 held-out tokens)
   std::int64_t top_k = 0;        // 0: greedy; k: sample among the k likeliest (seeded by seed)
 };
+
+// This process's peak resident set so far (Linux reports ru_maxrss in KiB).
+inline double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+// The size of a model directory's safetensors files.
+inline double checkpoint_mib(const std::string& dir) {
+  double bytes = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") bytes += static_cast<double>(e.file_size());
+  return bytes / (1024.0 * 1024.0);
+}
 
 // Continues `prompt` by `count` tokens with the trainer's model: greedy, or
 // sampling among the top_k likeliest with a generator every rank seeds alike

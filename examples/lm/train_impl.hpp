@@ -20,8 +20,20 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
     const Samples train(tokens, c.block_size, true), held_out(tokens, c.block_size, false);
     const auto start = [&](auto& trainer) {
       if (c.model.empty()) return;
+      const double before = peak_rss_mib();
       const auto r = dtrain::hf::load_pretrained(trainer, c.model, config);
-      if (world.rank() == 0) std::printf("model %s: loaded %zu tensor(s)\n", c.model.c_str(), r.loaded.size());
+      // What loading cost each rank: its peak resident set before and after
+      // (each rank maps the files and reads only the elements it owns).
+      const auto all = world.all_gather_values("train-lm-load-rss", std::to_string(before) + " " + std::to_string(peak_rss_mib()));
+      if (world.rank() != 0) return;
+      std::printf("model %s: loaded %zu tensor(s), %.1f MiB of files; peak resident set per rank after loading "
+                  "(before):", c.model.c_str(), r.loaded.size(), checkpoint_mib(c.model));
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        double b = 0, a = 0;
+        std::sscanf(all[i].c_str(), "%lf %lf", &b, &a);
+        std::printf("%s rank %zu %.0f MiB (%.0f)", i ? "," : "", i, a, b);
+      }
+      std::printf("\n");
     };
     const auto finish = [&](auto& trainer) {
       examples::held_out_loss(world, held_out, tokens.sft() ? 1 : c.block_size, c.batch_size, c.eval_batches, trainer,

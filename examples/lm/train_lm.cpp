@@ -1,4 +1,4 @@
-// train_lm: fine-tunes a Llama-family transformers checkpoint (or trains one
+// train_lm: fine-tunes a GPT-2 or Llama-family transformers checkpoint (or trains one
 // from its config) on a pre-tokenized file, with dtrain on every rank it was
 // launched with, and can write the result back as a transformers directory.
 //
@@ -19,7 +19,7 @@ namespace {
 
 constexpr const char* usage = R"(usage: train_lm [--config FILE.yaml] [key=value ...]
 
-Trains a Llama-family causal language model (llama, mistral, qwen2) on a
+Trains a causal language model (gpt2, llama, mistral, qwen2) on a
 pre-tokenized file, on every rank this process was launched with, and reports
 tokens/s and the held-out loss. Its keys (YAML file and key=value overrides alike):
   model         a transformers model directory (config.json + model.safetensors

@@ -151,28 +151,38 @@ std::vector<float> reference_of(const SafetensorsFile& ref, const std::string& k
   return out;
 }
 
-// Row r of the ids as a batch: x the ids, y the next ones (-100 at the end),
-// which is what transformers computes from labels = ids.
-Batch rows_batch(const std::vector<std::int64_t>& ids, std::int64_t first, std::int64_t rows, std::int64_t t) {
-  std::vector<std::int64_t> x(ids.begin() + first * t, ids.begin() + (first + rows) * t), y(x.size());
+// Rows [first, first + rows) of the ids as a batch: x the ids, y the next
+// ones (-100 at the end), which is what transformers computes from labels =
+// ids. pad > 0: the first sequence is left-padded as transformers_train.py
+// pads it (attention_mask 0 on its first pad positions, no target up to its
+// first token).
+Batch rows_batch(const std::vector<std::int64_t>& ids, std::int64_t first, std::int64_t rows, std::int64_t t,
+                 std::int64_t pad) {
+  std::vector<std::int64_t> x(ids.begin() + first * t, ids.begin() + (first + rows) * t), y(x.size()), mask(x.size(), 1);
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t i = 0; i < t; ++i) y[static_cast<std::size_t>(r * t + i)] = i + 1 < t ? x[static_cast<std::size_t>(r * t + i + 1)] : -100;
+    for (std::int64_t i = 0; i < t; ++i) {
+      const bool padded = first + r == 0 && i < pad, no_target = first + r == 0 && i + 1 <= pad;
+      const auto at = static_cast<std::size_t>(r * t + i);
+      mask[at] = padded ? 0 : 1;
+      y[at] = i + 1 < t && !no_target ? x[at + 1] : -100;
+    }
   Batch b;
   b.set("x", HostTensor::of(x, {rows, t}));
   b.set("y", HostTensor::of(y, {rows, t}));
+  if (pad > 0) b.set("attention_mask", HostTensor::of(mask, {rows, t}));
   return b;
 }
 
 // The first step's loss and every gradient (DDP, one rank), and the
 // parameters after 20 AdamW steps at 1 and 2 ranks under DDP and fsdp-full,
 // against transformers + torch.optim.AdamW on the same batch.
-void training_parity(const std::string& name, const std::string& args) {
+void training_parity(const std::string& name, const std::string& args, std::int64_t pad = 0) {
   const fs::path dir = make_model(name, args);
   const Expected e = expected(dir);
   const fs::path ref_file = dir / "train_reference.safetensors";
   BOOST_TEST_REQUIRE(run_logged((venv / "bin/python").string() + " " + DTRAIN_SOURCE_DIR + "/tests/hf/transformers_train.py " +
                                     (dir / "model").string() + " " + (dir / "expected.safetensors").string() + " " +
-                                    ref_file.string() + " 20",
+                                    ref_file.string() + " 20 " + std::to_string(pad),
                                 dir / "train_log.txt") == 0,
                      read_text(dir / "train_log.txt"));
   const auto ref = SafetensorsFile::open(ref_file);
@@ -182,13 +192,23 @@ void training_parity(const std::string& name, const std::string& args) {
   const AdamW adamw{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
 
   auto run = [&]<class Kind>(std::type_identity<Kind>, int ranks) {
-    double loss = 0, grad_err = 0, param_err = 0;
+    double loss = 0, grad_err = 0, param_err = 0, logit_err = 0;
     std::string grad_at, param_at;
     run_ranks(ranks, [&](World& w) {
       hf::CausalLm model(config);
       Trainer<hf::CausalLm, Strategy<Kind>> trainer(w, model, adamw);
       hf::load_pretrained(trainer, dir / "model", config);
-      const Batch b = rows_batch(e.ids, ranks == 1 ? 0 : w.rank(), ranks == 1 ? 2 : 1, t);
+      const Batch b = rows_batch(e.ids, ranks == 1 ? 0 : w.rank(), ranks == 1 ? 2 : 1, t, pad);
+      if (ranks == 1) {  // the logits of the tokens (padding positions compute nothing anyone reads)
+        const std::vector<float> got = trainer.logits(b), want = ref.read_f32("logits");
+        const auto v = static_cast<std::size_t>(config.vocab_size);
+        double err = 0, scale = 0;
+        for (std::size_t i = static_cast<std::size_t>(pad) * v; i < want.size(); ++i) {
+          err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
+          scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+        }
+        logit_err = err / std::max(scale, 1.0);
+      }
       for (int s = 0; s < 20; ++s) {
         const StepStats st = trainer.step(std::span(&b, 1));
         if (s != 0) continue;
@@ -235,9 +255,11 @@ void training_parity(const std::string& name, const std::string& args) {
     const double ref_loss = ref.read_f32("loss")[0];
     std::printf("%s %s x%d: loss %.8f vs %.8f (diff %.1e)", name.c_str(), std::string(Kind::name).c_str(), ranks, loss,
                 ref_loss, std::abs(loss - ref_loss));
+    if (ranks == 1) std::printf(", logits %.1e", logit_err);
     if (ranks == 1 && std::is_same_v<Kind, DDP>) std::printf(", worst gradient %.1e (%s)", grad_err, grad_at.c_str());
     std::printf(", parameters after 20 AdamW steps %.1e (%s)\n", param_err, param_at.c_str());
     BOOST_TEST(std::abs(loss - ref_loss) <= 1e-6 * std::max(1.0, std::abs(ref_loss)), name << " loss");
+    if (ranks == 1) BOOST_TEST(logit_err <= tolerance, name << " logits");
     if (ranks == 1 && std::is_same_v<Kind, DDP>) BOOST_TEST(grad_err <= 1e-5, name << " gradient of " << grad_at);
     BOOST_TEST(param_err <= 3e-5, name << " " << Kind::name << " x" << ranks << " parameters at " << param_at);
   };
@@ -252,6 +274,9 @@ void training_parity(const std::string& name, const std::string& args) {
 BOOST_AUTO_TEST_CASE(gpt2_trains_like_transformers) { training_parity("gpt2_train", "gpt2 4 float32 0"); }
 BOOST_AUTO_TEST_CASE(tied_llama_gqa_trains_like_transformers) { training_parity("llama_tied_train", "llama_tied 2 float32 0"); }
 BOOST_AUTO_TEST_CASE(llama_mha_trains_like_transformers) { training_parity("llama_mha_train", "llama 4 float32 0"); }
+// Left padding through attention_mask.
+BOOST_AUTO_TEST_CASE(padded_gpt2_trains_like_transformers) { training_parity("gpt2_padded", "gpt2 4 float32 0", 3); }
+BOOST_AUTO_TEST_CASE(padded_llama_trains_like_transformers) { training_parity("llama_padded", "llama 2 float32 0", 3); }
 
 // Fine-tuned by dtrain (two AdamW steps under FSDP at two ranks), saved with
 // hf::save_pretrained, loaded by transformers: the same logits.
@@ -318,14 +343,19 @@ BOOST_AUTO_TEST_CASE(train_lm_fine_tunes_and_saves) {
                                     "', np.tile(np.arange(0, 61, 3, dtype=np.int32), 200)); np.save('" +
                                     (work / "bad.npy").string() + "', np.array([1, 2, 61] * 400, dtype=np.int64))\"",
                                 work / "numpy.log") == 0);
-  const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " model=" +
-                          (dir / "model").string() + " block_size=16 batch_size=8 lr=3e-3 steps=30 log_every=10 ";
+  // The host preset, shortened: a constant rate, no warm-up, 30 steps.
+  const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " --config " +
+                          DTRAIN_SOURCE_DIR + "/examples/configs/lm_finetune_host.yaml model=" + (dir / "model").string() +
+                          " block_size=16 batch_size=8 lr=3e-3 schedule=constant warmup_steps=0 clip=0 steps=30 "
+                          "log_every=10 peak_tflops=0.5 ";
   const fs::path saved = work / "tuned";
   BOOST_TEST_REQUIRE(run_logged(run + "strategy=fsdp-full generate=4 data=" + (work / "tokens.npy").string() + " save_hf=" +
                                     saved.string(), work / "train.log") == 0,
                      read_text(work / "train.log"));
   const std::string log = read_text(work / "train.log");
   BOOST_TEST(log.find("loaded 19 tensor(s)") != std::string::npos, log);
+  BOOST_TEST(log.find("peak resident set per rank after loading (before): rank 0 ") != std::string::npos, log);
+  BOOST_TEST(log.find(" TFLOP/s/rank | MFU ") != std::string::npos, log);
   const auto gen = log.find("generate (greedy):");
   BOOST_TEST_REQUIRE(gen != std::string::npos, log);
   const std::string line = log.substr(gen, log.find('\n', gen) - gen);

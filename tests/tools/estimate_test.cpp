@@ -97,6 +97,25 @@ struct UnevenCase {
   static std::optional<std::size_t> activations(std::size_t) { return std::nullopt; }
 };
 
+// A weight used by two units (tied parameters): Linear 7->7, ReLU, the same
+// weight again with its own bias, ReLU, Linear 7->5. The Trainer's tie
+// buffers (the owner's values, the tied gradient) count as gathered and grads.
+struct TiedCase {
+  static constexpr const char* name = "tied";
+  struct Net {
+    nn::Linear in{7, 7};
+    nn::ReLU r1;
+    nn::Linear mid{7, 7, {.tie_weight = "0.weight"}};
+    nn::ReLU r2;
+    nn::Linear head{7, 5};
+    nn::SoftmaxCrossEntropy loss;
+    auto units() { return std::tie(in, r1, mid, r2, head); }
+  };
+  static constexpr std::int64_t features = 7, classes = 5, rows = 6;
+  static Net make() { return {}; }
+  static std::optional<std::size_t> activations(std::size_t) { return std::nullopt; }
+};
+
 // HybridShard's group for n ranks: replicated singles at 2, one group at 3,
 // two groups of two at 4.
 int hybrid_group(int n) { return n == 4 ? 2 : n == 3 ? 3 : 1; }
@@ -186,7 +205,7 @@ void check_strategy() {
         check_optimizers<Case, Kind, Precision<bf16, bf16>, 1>(n),
         check_optimizers<Case, Kind, Precision<bf16, bf16>, 2>(n)),
        ...);
-    }(static_cast<std::tuple<MlpCase, UnevenCase>*>(nullptr));
+    }(static_cast<std::tuple<MlpCase, UnevenCase, TiedCase>*>(nullptr));
   }
 }
 

@@ -69,25 +69,36 @@ struct HeadPermuteRuns {
 
 // In place on the [time, time] score matrices of every (batch, head): row t
 // becomes softmax over columns 0..t (the past and present), 0 beyond. Run
-// over batch * heads * time rows.
-template <Dtype T>
+// over batch * heads * time rows. With a key mask ([batch, time], 0 = a
+// padding position) the columns it zeroes are left out as well; a row left
+// with no column (a padding query before the first token) becomes all 0.
+template <Dtype T, class M = std::int32_t>
 struct CausalSoftmax {
   T* att;
   std::int64_t time;
+  const M* key_mask = nullptr;  // on the device, or null: no padding
+  std::int64_t heads = 1;       // rows of one sequence = heads * time
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
     T* row = att + r * time;
-    float mx = static_cast<float>(row[0]);
-    for (std::int64_t j = 1; j <= t; ++j) mx = math::max(mx, static_cast<float>(row[j]));
+    const M* keep = key_mask != nullptr ? key_mask + r / (heads * time) * time : nullptr;
+    float mx = -3.0e38f;
+    bool any = false;
+    for (std::int64_t j = 0; j <= t; ++j)
+      if (keep == nullptr || keep[j] != 0) mx = math::max(mx, static_cast<float>(row[j])), any = true;
     float sum = 0.f;
-    for (std::int64_t j = 0; j <= t; ++j) sum += math::exp(static_cast<float>(row[j]) - mx);
-    for (std::int64_t j = 0; j < time; ++j)
-      row[j] = dtype_cast<T>(j <= t ? math::exp(static_cast<float>(row[j]) - mx) / sum : 0.f);
+    for (std::int64_t j = 0; j <= t; ++j)
+      if (keep == nullptr || keep[j] != 0) sum += math::exp(static_cast<float>(row[j]) - mx);
+    for (std::int64_t j = 0; j < time; ++j) {
+      const bool on = any && j <= t && (keep == nullptr || keep[j] != 0);
+      row[j] = dtype_cast<T>(on ? math::exp(static_cast<float>(row[j]) - mx) / sum : 0.f);
+    }
   }
 };
 
 // Softmax backward, in place on the probabilities' gradient:
-// ds_j = p_j * (dp_j - sum_k p_k dp_k) * scale over the unmasked columns.
+// ds_j = p_j * (dp_j - sum_k p_k dp_k) * scale over the unmasked columns
+// (a padded key has p_j = 0, so its ds_j is 0 without reading the mask).
 template <Dtype T>
 struct CausalSoftmaxBackward {
   const T* att;

@@ -85,18 +85,21 @@ struct SeqShape {
 // element index only (detail::uniform01), so a forward recomputed under
 // activation checkpointing, and a run resumed from a checkpoint, draw the
 // same ones. The Trainer derives the stream from the seed, the rank, the
-// step, the micro-batch and the unit.
+// step, the micro-batch and the unit. `batch` is the micro-batch's tensors
+// on the device (null outside the Trainer), for a unit that reads more than
+// its input: attention reads "attention_mask" there.
 template <class T>
 struct UnitContext {
   SeqShape shape{};
   MatView<T> saved{};
   bool training = false;
   std::uint64_t stream = 0;
+  const DeviceBatch* batch = nullptr;
 
   // The context of part `i` of a composite unit: its own saved view, the
-  // same mode and a stream of its own.
+  // same mode and batch, and a stream of its own.
   UnitContext part(MatView<T> part_saved, std::uint64_t i) const {
-    return {shape, part_saved, training, detail::derive_stream(stream, i)};
+    return {shape, part_saved, training, detail::derive_stream(stream, i), batch};
   }
 };
 

@@ -4,6 +4,11 @@
 //   q | k | v = x Wqkv^T + bqkv            (one fused projection)
 //   per (batch, head): A = softmax_causal(q k^T / sqrt(head_dim)), o = A v
 //   y = concat_heads(o) Wproj^T + bproj
+// Padding: when the batch holds "attention_mask" [B, T] (int32 or int64, 1
+// for a token, 0 for padding, transformers' convention) no position attends
+// to a padded one; a padded position that precedes every token attends to
+// nothing (its output is the projection's bias). Give such positions no
+// target (-100), as transformers' collators do.
 // Parameters (PyTorch/nanoGPT layout): qkv.weight [3 dim, dim], qkv.bias
 // [3 dim], proj.weight [dim, dim], proj.bias [dim].
 //
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/sequence.hpp"
@@ -38,6 +44,26 @@ void permute_heads(Dev& dev, HeadLayout l, const T* src, T* dst, bool to_heads) 
     dev.for_each(static_cast<std::size_t>(l.rows() * l.parts * l.heads), HeadPermuteRuns<T>{l, src, dst, to_heads});
   else
     dev.for_each(static_cast<std::size_t>(l.rows() * l.parts * l.width()), HeadPermute<T>{l, src, dst, to_heads});
+}
+
+// Attention scores [B * heads, T, T] to probabilities, in place: causal, and
+// without the keys the batch's "attention_mask" marks as padding (if any).
+template <class Dev, class T>
+void attention_softmax(Dev& dev, const char* unit, T* att, std::int64_t heads, const UnitContext<T>& ctx) {
+  const std::int64_t time = ctx.shape.time;
+  const auto rows = static_cast<std::size_t>(ctx.shape.batch * heads * time);
+  const DeviceTensor* mask = ctx.batch != nullptr ? ctx.batch->find("attention_mask") : nullptr;
+  if (mask == nullptr) return dev.for_each(rows, CausalSoftmax<T>{att, time});
+  if (mask->shape != std::vector<std::int64_t>{ctx.shape.batch, time})
+    throw config_error(std::string(unit) + ": the batch's attention_mask is " + shape_text(mask->shape) + " for " +
+                           std::to_string(ctx.shape.batch) + " sequences of " + std::to_string(time),
+                       "give attention_mask [B, T] like the ids: 1 for a token, 0 for padding");
+  if (mask->type == element_type::i32)
+    return dev.for_each(rows, CausalSoftmax<T, std::int32_t>{att, time, mask->data<std::int32_t>(), heads});
+  if (mask->type == element_type::i64)
+    return dev.for_each(rows, CausalSoftmax<T, std::int64_t>{att, time, mask->data<std::int64_t>(), heads});
+  throw config_error(std::string(unit) + ": the batch's attention_mask holds " + std::string(element_name(mask->type)),
+                     "give attention_mask as int32 or int64 (1: token, 0: padding)");
 }
 
 // out[N, width] = in W^T (+ b): the bias first so the GEMM adds to it and the
@@ -105,7 +131,7 @@ class CausalSelfAttention {
     const std::int64_t T_ = s.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd;
     dev.gemm_batched(false, true, T_, T_, hd, 1.f / std::sqrt(static_cast<float>(hd)), s.q, hd, th, s.k, hd, th, 0.f,
                      s.att, T_, tt, s.bh);
-    dev.for_each(static_cast<std::size_t>(s.bh * T_), CausalSoftmax<T>{s.att, T_});
+    detail::attention_softmax(dev, "nn::CausalSelfAttention", s.att, heads_, ctx);
     dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, s.bh);
     detail::permute_heads(dev, s.layout(1), o, s.merged, false);
     detail::project(dev, MatView<const T>{s.merged, s.rows, dim_}, p[2].data, p[3].data, y.data, dim_);

@@ -11,7 +11,10 @@
 // Parameters (transformers' names and shapes): q.weight [heads hd, dim],
 // k.weight [kv_heads hd, dim], v.weight [kv_heads hd, dim], o.weight
 // [dim, heads hd], then q/k/v.bias with qkv_bias (Qwen2) and o.bias with
-// out_bias.
+// out_bias. Padding: the batch's "attention_mask" as for
+// nn::CausalSelfAttention (positions stay 0..T-1, as transformers numbers
+// them in a forward pass; rotary scores depend only on t - j, so left
+// padding does not change what the tokens compute).
 //
 // Kept for backward (UnitContext::saved): the rotated q, the key and value
 // heads repeated to `heads` (so every product is one strided batched GEMM,
@@ -211,7 +214,7 @@ class RotaryAttention {
     const std::int64_t T_ = s.g.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd, bh = s.g.batch * heads_;
     dev.gemm_batched(false, true, T_, T_, hd, 1.f / std::sqrt(static_cast<float>(hd)), s.q, hd, th, s.k, hd, th, 0.f,
                      s.att, T_, tt, bh);
-    dev.for_each(static_cast<std::size_t>(bh * T_), CausalSoftmax<T>{s.att, T_});
+    detail::attention_softmax(dev, "nn::RotaryAttention", s.att, heads_, ctx);
     dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, bh);
     detail::permute_heads(dev, s.heads_layout(), o, s.merged, false);
     detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);

@@ -44,6 +44,11 @@ namespace dtrain {
 struct UnitNumel {
   std::size_t trainable = 0;
   std::size_t frozen = 0;
+  // Tied parameters (ParamSpec::tied_to): no storage of their own, but the
+  // Trainer keeps the owner's values (gathered) and, when trainable, the
+  // tied unit's gradient (grads) beside it, in the compute dtype.
+  std::size_t tied_trainable = 0;
+  std::size_t tied_frozen = 0;
 };
 
 // The strategy names estimate_memory knows: builtin_strategies' names, in
@@ -183,21 +188,14 @@ inline std::size_t fsdp_gathered(const PaddedModel& m, const EstimatePlan& plan,
   return params + grads + unit_grad;
 }
 
-}  // namespace detail
-
-// This rank's bytes by category (what Trainer::memory() reports after a
-// step). Throws config_error for an unknown strategy or impossible sizes.
-inline MemoryUsage estimate_memory(const EstimateInputs& in) {
-  detail::validate_estimate(in);
-  const detail::EstimatePlan plan = detail::estimate_plan(in);
-  const detail::PaddedModel m = detail::padded_model(in.units, plan.shards);
+// What the strategy and optimizer allocate (estimate_memory without ties).
+inline MemoryUsage strategy_memory(const EstimateInputs& in, const EstimatePlan& plan, const PaddedModel& m) {
   constexpr std::size_t f32 = 4;
   const std::size_t T = in.compute_bytes, R = in.reduce_bytes, G = plan.shards;
   const bool compute_fp32 = T == f32;
   // What each rank owns and the optimizer updates: the whole trainable flat
   // (G = 1) or its shard of every padded unit.
   const std::size_t owned = m.trainable / G;
-
   MemoryUsage u;
   u.optimizer = in.optimizer_states * owned * f32;
   u.activations = in.activations;
@@ -234,13 +232,39 @@ inline MemoryUsage estimate_memory(const EstimateInputs& in) {
   return u;
 }
 
+}  // namespace detail
+
+// This rank's bytes by category (what Trainer::memory() reports after a
+// step). Throws config_error for an unknown strategy or impossible sizes.
+inline MemoryUsage estimate_memory(const EstimateInputs& in) {
+  detail::validate_estimate(in);
+  const detail::EstimatePlan plan = detail::estimate_plan(in);
+  const detail::PaddedModel m = detail::padded_model(in.units, plan.shards);
+  MemoryUsage u = detail::strategy_memory(in, plan, m);
+  const std::size_t T = in.compute_bytes;
+  std::size_t tied_trainable = 0, tied_frozen = 0;
+  for (const UnitNumel& unit : in.units) {
+    tied_trainable += unit.tied_trainable;
+    tied_frozen += unit.tied_frozen;
+  }
+  u.gathered += (tied_trainable + tied_frozen) * T;
+  u.grads += tied_trainable * T;
+  return u;
+}
+
 // Each unit's trainable and frozen elements as a model's units declare them.
 template <class Model>
 std::vector<UnitNumel> declared_units(Model& model) {
   std::vector<UnitNumel> units;
   detail::for_each_unit(model.units(), [&](std::size_t, auto& unit) {
     UnitNumel& u = units.emplace_back();
-    for (const ParamSpec& p : unit.params()) (p.trainable ? u.trainable : u.frozen) += static_cast<std::size_t>(p.numel());
+    for (const ParamSpec& p : unit.params()) {
+      const auto n = static_cast<std::size_t>(p.numel());
+      if (p.tied_to.empty())
+        (p.trainable ? u.trainable : u.frozen) += n;
+      else  // the owner's trainability decides; a tie to a frozen owner is rare and reads as trainable here
+        (p.trainable ? u.tied_trainable : u.tied_frozen) += n;
+    }
   });
   return units;
 }

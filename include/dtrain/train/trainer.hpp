@@ -425,13 +425,13 @@ class TrainerCore {
         detail::derive_stream(detail::derive_stream(options_.seed, static_cast<std::uint64_t>(world_.rank())),
                               static_cast<std::uint64_t>(step_ + 1)),
         static_cast<std::uint64_t>(k));
+    const DeviceBatch on_device = upload(batch, input_unit);
     auto ctx = [&](std::size_t u) {
       buffer<T>& b = recompute ? saved_[0] : saved_[u];
       return UnitContext<T>{shape, saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{}, backward,
-                            detail::derive_stream(micro_stream, u)};
+                            detail::derive_stream(micro_stream, u), &on_device};
     };
 
-    const DeviceBatch on_device = upload(batch, input_unit);
     auto act = [&](std::size_t u) { return activations_[u].view(rows, width[u]); };
     AnyStrategy<T>& s = *strategy_;
     auto forward = [&](std::size_t u, auto& unit) {

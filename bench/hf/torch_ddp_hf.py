@@ -1,0 +1,67 @@
+"""transformers + PyTorch DDP (gloo, CPU) counterpart of train_lm in the
+Hugging Face benchmark (bench/run_hf_bench.sh).
+
+usage: torch_ddp_hf.py --model-dir DIR --block-size T --batch-size B --steps N --warmup W --json OUT
+
+Builds AutoModelForCausalLM.from_config from DIR/config.json (random
+weights, fp32, train mode; the configs the benchmark writes have no
+dropout), wraps it in DistributedDataParallel over gloo, and trains on random
+token ids drawn before the timed loop (labels = ids, so the model's own
+shifted cross-entropy) with torch.optim.AdamW (lr 1e-3, weight decay 0).
+Each step is timed from zero_grad through optimizer.step on rank 0; the
+JSON has every step's milliseconds, the median after the warm-up, tokens/s
+(world x B x T / median) and rank 0's peak resident set. Launch one process
+per rank with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set (dtrain-run does).
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", os.environ["OPENBLAS_NUM_THREADS"])
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import transformers  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model-dir", required=True)
+parser.add_argument("--block-size", type=int, required=True)
+parser.add_argument("--batch-size", type=int, required=True)
+parser.add_argument("--steps", type=int, required=True)
+parser.add_argument("--warmup", type=int, required=True)
+parser.add_argument("--json", required=True)
+args = parser.parse_args()
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(1 + rank)
+config = transformers.AutoConfig.from_pretrained(args.model_dir)
+model = transformers.AutoModelForCausalLM.from_config(config)
+model.train()
+ddp = DDP(model) if world > 1 else model
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+batches = [torch.randint(0, config.vocab_size, (args.batch_size, args.block_size)) for _ in range(4)]
+times = []
+for step in range(args.steps):
+    ids = batches[step % len(batches)]
+    start = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    loss = ddp(ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    times.append((time.perf_counter() - start) * 1000.0)
+if rank == 0:
+    median = statistics.median(times[args.warmup:])
+    with open(args.json, "w") as f:
+        json.dump({"step_ms": times, "median_ms": median,
+                   "tokens_per_s": world * args.batch_size * args.block_size / (median / 1000.0),
+                   "parameters": sum(p.numel() for p in model.parameters()),
+                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}, f)
+dist.destroy_process_group()
