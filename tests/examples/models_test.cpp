@@ -159,13 +159,28 @@ BOOST_AUTO_TEST_CASE(every_host_preset_trains) {
     const std::string path = program == "train_gpt" ? TRAIN_GPT_PATH
                              : program == "train_policy" ? TRAIN_POLICY_PATH
                              : program == "train_mlp"    ? TRAIN_MLP_PATH
+                             : program == "train_lm"     ? TRAIN_LM_PATH
                                                          : "";
     BOOST_TEST_INFO(entry.path() << " (" << program << ")");
     BOOST_REQUIRE(!path.empty());
     // steps past any preset's warmup (cosine schedules need warmup <= steps);
     // the GPT presets on a corpus and model small enough for CI
-    const std::string small = program == "train_gpt" ? " n_layer=1 n_embd=32 corpus_bytes=20000 eval_batches=1 steps=101"
-                                                     : " steps=101";
+    std::string small = program == "train_gpt" ? " n_layer=1 n_embd=32 corpus_bytes=20000 eval_batches=1 steps=101"
+                                               : " steps=101";
+    if (program == "train_lm") {  // the model and data a fine-tuning preset leaves to the user: a tiny GPT-2, a token stream
+      const fs::path config = scratch("lm_preset_config.json"), tokens = scratch("lm_preset_tokens.bin");
+      std::ofstream(config) << R"({"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 1, "n_head": 2,
+                                   "n_positions": 64})";
+      std::ofstream out(tokens, std::ios::binary);
+      const std::uint32_t header[2] = {4, 0};
+      out.write("DTRNTOK1", 8).write(reinterpret_cast<const char*>(header), sizeof header);
+      for (std::uint32_t i = 0; i < 4000; ++i) {
+        const std::uint32_t id = (i * 7) % 64;
+        out.write(reinterpret_cast<const char*>(&id), sizeof id);
+      }
+      out.close();
+      small += " config=" + config.string() + " data=" + tokens.string() + " block_size=16 batch_size=4 eval_batches=1";
+    }
     BOOST_TEST(dtrain::test::run_example(path, ranks, "--config " + entry.path().string() + small + " log_every=50") ==
                0);
   }

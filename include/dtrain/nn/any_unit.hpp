@@ -57,6 +57,18 @@ class OneOf {
                unit_);
   }
 
+  // Without a context, as a hand-written loop calls plain units: rows are
+  // taken as sequences of length 1, with nothing saved and no batch.
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
+    forward<Dev, T>(dev, p, x, y, UnitContext<T>{.shape = {x.rows, 1}});
+  }
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> y,
+                MatView<const T> dy, MatView<T> dx) {
+    backward<Dev, T>(dev, p, grad, x, y, dy, dx, UnitContext<T>{.shape = {x.rows, 1}});
+  }
+
   const variant_type& get() const { return unit_; }
 
  private:
