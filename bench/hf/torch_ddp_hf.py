@@ -45,6 +45,9 @@ torch.manual_seed(1 + rank)
 config = transformers.AutoConfig.from_pretrained(args.model_dir)
 model = transformers.AutoModelForCausalLM.from_config(config)
 model.train()
+# GPT-2's causal-mask buffers are bool, which gloo cannot broadcast; every
+# buffer is a constant of the config, so DDP leaves them alone.
+DDP._set_params_and_buffers_to_ignore_for_model(model, [name for name, _ in model.named_buffers()])
 ddp = DDP(model) if world > 1 else model
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
 batches = [torch.randint(0, config.vocab_size, (args.batch_size, args.block_size)) for _ in range(4)]

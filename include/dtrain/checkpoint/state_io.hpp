@@ -211,7 +211,7 @@ class CheckpointIO {
                          "train with the checkpoint's optimizer, or load with LoadOptions{.optimizer_state = false} "
                          "to keep this trainer's fresh optimizer state");
     // Every owned element is read from the checkpoint: sized buffers, not a copy of the current state.
-    HostState<T> state = host_state(false);
+    HostState<T> state = host_state(false, options.optimizer_state);
     std::string error;
     try {
       read_owned(index, state, options.optimizer_state);
@@ -267,7 +267,8 @@ class CheckpointIO {
                              (report.mismatched.empty() ? "" : " mis-shaped " + join(report.mismatched) + ";"),
                          "map the file's names with LoadParamsOptions::rename, or load what matches with "
                          "strict = false (train_mlp: init_strict=false)");
-    HostState<T> state = host_state();
+    // Parameters only: the optimizer state is left as it is, so no copy of it.
+    HostState<T> state = host_state(true, false);
     std::string error;
     try {
       const std::map<std::string, bool> wanted = [&] {
@@ -327,16 +328,18 @@ class CheckpointIO {
 
 
   // Host buffers shaped like this rank's owned state, holding a copy of it
-  // (or left unfilled when the caller overwrites every element).
-  HostState<T> host_state(bool copy = true) {
+  // (or left unfilled when the caller overwrites every element); without
+  // the optimizer state when the caller neither reads nor replaces it.
+  HostState<T> host_state(bool copy = true, bool optimizer_state = true) {
     HostState<T> s;
     const OwnedFlat<T> owned = strategy_.owned();
     s.master.resize(owned.size);
     if (copy) dev_.copy_to_host(s.master.data(), owned.master, owned.size);
-    for (const auto& st : optimizer_.state()) {
-      auto& [name, values] = s.optimizer.emplace_back(std::string(st.name), std::vector<float>(owned.size));
-      if (copy) dev_.copy_to_host(values.data(), st.data, owned.size);
-    }
+    if (optimizer_state)
+      for (const auto& st : optimizer_.state()) {
+        auto& [name, values] = s.optimizer.emplace_back(std::string(st.name), std::vector<float>(owned.size));
+        if (copy) dev_.copy_to_host(values.data(), st.data, owned.size);
+      }
     const std::span<T> frozen = strategy_.frozen_storage();
     s.frozen.resize(frozen.size());
     if (copy) dev_.copy_to_host(s.frozen.data(), frozen.data(), frozen.size());
