@@ -132,6 +132,9 @@ def main():
 
     gpt = Gpt(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd, args.checkpointing).to(dev)
     parameters = sum(p.numel() for p in gpt.parameters())
+    # The causal mask is a bool buffer, which gloo cannot broadcast; it is a
+    # constant of the shape, so DDP leaves every buffer alone.
+    DDP._set_params_and_buffers_to_ignore_for_model(gpt, [name for name, _ in gpt.named_buffers()])
     model = DDP(gpt, device_ids=[dev.index]) if cuda else DDP(gpt)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(1 + rank)
