@@ -213,3 +213,59 @@ BOOST_AUTO_TEST_CASE(a_bad_tie_is_a_config_error_naming_it) {
   const std::string name = error_of("weight");
   BOOST_TEST(name.find("not a parameter name") != std::string::npos, name);
 }
+
+namespace {
+
+// A unit that declares two tied parameters around a stored one (0.weight
+// [7, 7], its own [3], 0.bias [7]) and checks that it is handed them in that
+// order; forward passes x through, backward writes zero gradients.
+struct TwoTies {
+  std::vector<ParamSpec> params() const {
+    return {{"w", {width, width}, Init::zeros(), true, "0.weight"},
+            {"own", {3}, Init::ones()},
+            {"b", {width}, Init::zeros(), true, "0.bias"}};
+  }
+  std::int64_t out_features(std::int64_t in) const { return in; }
+  template <class T>
+  static void check(UnitParams<const T> p) {
+    require(p.size() == 3 && p[0].rows == width && p[0].cols == width && p[1].rows == 3 && p[2].rows == width &&
+                p[2].cols == 1,
+            "TwoTies got its parameters in another order");
+  }
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
+    check(p);
+    dev.copy(y.data, x.data, static_cast<std::size_t>(x.size()));
+  }
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> g, MatView<const T>, MatView<const T>,
+                MatView<const T> dy, MatView<T> dx) {
+    check(p);
+    for (const auto& v : g)
+      if (!v.empty()) std::fill_n(v.data, v.size(), T{});  // host memory: the test runs on Host
+    dev.copy(dx.data, dy.data, static_cast<std::size_t>(dy.size()));
+  }
+};
+
+struct TwoTiesNet {
+  nn::Linear in{features, width};
+  TwoTies two;
+  nn::Linear head{width, classes};
+  nn::SoftmaxCrossEntropy loss;
+  auto units() { return std::tie(in, two, head); }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(several_ties_in_one_unit_keep_declaration_order) {
+  run_ranks(1, [](World& w) {
+    TwoTiesNet net;
+    Trainer<TwoTiesNet, Device<Host>> t(w, net, SGD{.lr = 0.1f});
+    BOOST_TEST(t.layout().ties().size() == 2u);
+    t.step(micro_batches(0, 0, {4}));
+    const auto p = t.parameters();
+    BOOST_TEST(p.contains("1.own"));
+    BOOST_TEST(!p.contains("1.w"));
+    BOOST_TEST(!p.contains("1.b"));
+  });
+}

@@ -492,6 +492,9 @@ class TrainerCore {
     plan_.resize(num_units_);
     spliced_params_.resize(num_units_);
     spliced_grads_.resize(num_units_);
+    // A unit's plan, by declaration index: the tie's -1 - t, or (numbered
+    // below) the position among the strategy's stored views.
+    constexpr std::ptrdiff_t stored = std::numeric_limits<std::ptrdiff_t>::max();
     for (std::size_t t = 0; t < ties.size(); ++t) {
       const TiedSlot& tie = ties[t];
       const auto n = static_cast<std::size_t>(tie.spec.numel());
@@ -499,17 +502,14 @@ class TrainerCore {
       b.value = make_buffer<T>(dev_, n, memory_category::gathered);
       if (tie.spec.trainable) b.grad = make_buffer<T>(dev_, n, memory_category::grads);
       auto& plan = plan_[tie.unit];
-      if (plan.empty()) {  // stored positions first, then the ties slot in at their declaration index
-        const std::size_t stored = layout_.units()[tie.unit].params.size();
-        std::size_t declared = stored;
-        for (const auto& other : ties) declared += other.unit == tie.unit ? 1 : 0;
-        plan.assign(declared, 0);
-        std::vector<bool> is_tie(declared, false);
-        for (const auto& other : ties)
-          if (other.unit == tie.unit) is_tie[other.index] = true;
-        for (std::size_t i = 0, next = 0; i < declared; ++i) plan[i] = is_tie[i] ? 0 : static_cast<std::ptrdiff_t>(next++);
-      }
-      plan[tie.index] = -1 - static_cast<std::ptrdiff_t>(t);
+      if (plan.empty()) plan.assign(layout_.units()[tie.unit].params.size(), stored);
+      plan.push_back(stored);  // one more declared parameter
+    }
+    for (std::size_t t = 0; t < ties.size(); ++t) plan_[ties[t].unit][ties[t].index] = -1 - static_cast<std::ptrdiff_t>(t);
+    for (auto& plan : plan_) {
+      std::ptrdiff_t next = 0;
+      for (auto& i : plan)
+        if (i == stored) i = next++;
     }
   }
 
@@ -519,36 +519,29 @@ class TrainerCore {
     return {b.data(), rows, tie.spec.numel() / rows};
   }
 
+  // Unit u's views in declaration order: the strategy's stored ones, with
+  // each tie's view (tie_of(t)) at its index; the stored ones themselves for
+  // a unit without ties.
+  template <class E, class TieOf>
+  std::span<const MatView<E>> spliced(std::size_t u, std::span<const MatView<E>> stored,
+                                      std::vector<std::vector<MatView<E>>>& out, TieOf tie_of) {
+    if (plan_.empty() || plan_[u].empty()) return stored;
+    auto& views = out[u];
+    views.clear();
+    for (const std::ptrdiff_t i : plan_[u])
+      views.push_back(i >= 0 ? stored[static_cast<std::size_t>(i)] : tie_of(static_cast<std::size_t>(-1 - i)));
+    return views;
+  }
+
   UnitParams<const T> unit_params(std::size_t u) {
-    if (plan_.empty() || plan_[u].empty()) return strategy_->params(u);
-    const UnitParams<const T> stored = strategy_->params(u);
-    auto& out = spliced_params_[u];
-    out.clear();
-    for (const std::ptrdiff_t i : plan_[u]) {
-      if (i >= 0) {
-        out.push_back(stored[static_cast<std::size_t>(i)]);
-      } else {
-        const auto t = static_cast<std::size_t>(-1 - i);
-        out.push_back(MatView<const T>(tie_view(layout_.ties()[t], tie_buffers_[t].value)));
-      }
-    }
-    return out;
+    return spliced<const T>(u, strategy_->params(u), spliced_params_, [&](std::size_t t) {
+      return MatView<const T>(tie_view(layout_.ties()[t], tie_buffers_[t].value));
+    });
   }
 
   UnitParams<T> unit_grads(std::size_t u) {
-    if (plan_.empty() || plan_[u].empty()) return strategy_->grads(u);
-    const UnitParams<T> stored = strategy_->grads(u);
-    auto& out = spliced_grads_[u];
-    out.clear();
-    for (const std::ptrdiff_t i : plan_[u]) {
-      if (i >= 0) {
-        out.push_back(stored[static_cast<std::size_t>(i)]);
-      } else {
-        const auto t = static_cast<std::size_t>(-1 - i);
-        out.push_back(tie_view(layout_.ties()[t], tie_buffers_[t].grad));
-      }
-    }
-    return out;
+    return spliced<T>(u, strategy_->grads(u), spliced_grads_,
+                      [&](std::size_t t) { return tie_view(layout_.ties()[t], tie_buffers_[t].grad); });
   }
 
   void copy_tied_values(std::size_t u) {
