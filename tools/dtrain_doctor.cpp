@@ -15,6 +15,7 @@
 #include <dtrain/comm/host.hpp>
 #include <dtrain/comm/nccl.hpp>
 #include <dtrain/comm/world.hpp>
+#include <dtrain/device/host_isa.hpp>
 #include <dtrain/launch/env.hpp>
 #include <dtrain/version.hpp>
 
@@ -160,6 +161,15 @@ void print_host() {
     } catch (const dtrain::error& e) {
       std::printf("blas threads    unknown: %s\n", e.what());
     }
+  }
+  // The vector level of the host's kernels (device/host_isa.hpp).
+  try {
+    const dtrain::host_isa isa = dtrain::current_host_isa();
+    const dtrain::host_isa widest = dtrain::detail::widest_host_isa();
+    std::printf("host kernels    %s%s\n", dtrain::host_isa_name(isa),
+                isa == widest ? " (the widest this CPU has)" : " (pinned by DTRAIN_HOST_ISA)");
+  } catch (const dtrain::error& e) {
+    std::printf("host kernels    %s\n", e.what());
   }
 }
 

@@ -183,6 +183,44 @@ inline RefForward layer_norm_reference(std::int64_t features, double eps) {
   };
 }
 
+using Params = std::vector<std::vector<double>>;
+
+inline Params slice(const Params& p, std::size_t first, std::size_t count) {
+  return {p.begin() + static_cast<std::ptrdiff_t>(first), p.begin() + static_cast<std::ptrdiff_t>(first + count)};
+}
+
+// Causal multi-head self-attention in float64, loop by loop.
+inline RefForward attention_reference(std::int64_t dim, std::int64_t heads, SeqShape s) {
+  return [=](const Params& p, const std::vector<double>& x) {
+    const std::int64_t hd = dim / heads, n = s.rows();
+    const auto qkv = linear_reference(dim, 3 * dim, true)(slice(p, 0, 2), x);
+    std::vector<double> merged(static_cast<std::size_t>(n * dim), 0.0);
+    const auto at = [&](std::int64_t row, std::int64_t part, std::int64_t h, std::int64_t d) {
+      return qkv[static_cast<std::size_t>(row * 3 * dim + part * dim + h * hd + d)];
+    };
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t t1 = 0; t1 < s.time; ++t1) {
+          const std::int64_t row = b * s.time + t1;
+          std::vector<double> score(static_cast<std::size_t>(t1 + 1));
+          for (std::int64_t j = 0; j <= t1; ++j) {
+            double dot = 0.0;
+            for (std::int64_t d = 0; d < hd; ++d) dot += at(row, 0, h, d) * at(b * s.time + j, 1, h, d);
+            score[static_cast<std::size_t>(j)] = dot / std::sqrt(static_cast<double>(hd));
+          }
+          const double mx = *std::max_element(score.begin(), score.end());
+          double sum = 0.0;
+          for (auto& v : score) sum += (v = std::exp(v - mx));
+          for (std::int64_t d = 0; d < hd; ++d) {
+            double o = 0.0;
+            for (std::int64_t j = 0; j <= t1; ++j) o += score[static_cast<std::size_t>(j)] / sum * at(b * s.time + j, 2, h, d);
+            merged[static_cast<std::size_t>(row * dim + h * hd + d)] = o;
+          }
+        }
+    return linear_reference(dim, dim, true)(slice(p, 2, 2), merged);
+  };
+}
+
 // Sum over rows of logsumexp(z) - z[label].
 inline double cross_entropy_reference(const std::vector<double>& z, const std::vector<std::int32_t>& labels,
                                       std::int64_t classes) {

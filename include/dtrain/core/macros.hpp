@@ -19,6 +19,14 @@
 #define DTRAIN_ALWAYS_INLINE inline
 #endif
 
+// A loop driver whose callees must all be inlined into it (Host's functor
+// loops, compiled once per instruction level: device/host_isa.hpp).
+#if defined(__GNUC__)
+#define DTRAIN_FLATTEN __attribute__((flatten))
+#else
+#define DTRAIN_FLATTEN
+#endif
+
 // DTRAIN_HAS_CUDA is set by the dtrain::dtrain CMake target when the CUDA
 // toolkit and NCCL were found; code that needs the CUDA runtime (host API only)
 // is guarded by it. Kernels additionally need __CUDACC__ (nvcc).

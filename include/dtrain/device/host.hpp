@@ -1,7 +1,8 @@
 #pragma once
 // dtrain::Host: the CPU device. Buffers are 64-byte aligned heap memory,
 // GEMMs go to OpenBLAS, and for_each splits a large range over the rank's
-// threads (see for_each).
+// threads (see for_each) and runs each part with the widest vector
+// instructions the processor has (host_isa.hpp).
 //
 // OpenBLAS threads: every process starts one OpenBLAS pool with a thread per
 // core, so N ranks on one machine fight over the cores (TOOLCHAIN.md measured
@@ -41,6 +42,7 @@
 #include "dtrain/core/host_env.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/device/device.hpp"
+#include "dtrain/device/host_isa.hpp"
 
 // Declared here rather than taken from <cblas.h>: only OpenBLAS's cblas.h
 // declares them, and a system may point <cblas.h> at another vendor's header.
@@ -136,7 +138,7 @@ void parallel_for(std::size_t n, std::size_t parts, const F& f) {
   const std::size_t chunk = ((n + parts - 1) / parts + line - 1) / line * line;
   auto run = [&f](std::size_t begin, std::size_t end) {
     F local = f;
-    for (std::size_t i = begin; i < end; ++i) local(i);
+    run_range(local, begin, end);
   };
   std::vector<std::jthread> workers;
   workers.reserve(parts - 1);
@@ -239,7 +241,7 @@ class Host {
       detail::parallel_for(n, parts, f);
       return;
     }
-    for (std::size_t i = 0; i < n; ++i) f(i);
+    detail::run_range(f, 0, n);
   }
 
   template <class F>

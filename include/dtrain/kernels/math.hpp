@@ -50,7 +50,8 @@ DTRAIN_ALWAYS_INLINE float exp_host(float x) {
 // full relative accuracy near 0; beyond, Abramowitz & Stegun 7.1.26,
 // 1 - t(a1 + t(a2 + ...)) e^{-x^2} with t = 1 / (1 + p|x|), absolute error
 // below 1.5e-7 (about 2 ulp of values above 0.5).
-DTRAIN_ALWAYS_INLINE float erf_host(float x) {
+// erf_from_exp takes exp(-x^2) from the caller, who may have it already.
+DTRAIN_ALWAYS_INLINE float erf_from_exp(float x, float exp_neg_x2) {
   const float a = x < 0.f ? -x : x;
   const float x2 = x * x;
   float s = -1.f / 1320.f;
@@ -66,10 +67,12 @@ DTRAIN_ALWAYS_INLINE float erf_host(float x) {
   q = q * t + 1.421413741f;
   q = q * t - 0.284496736f;
   q = q * t + 0.254829592f;
-  const float tail = 1.f - q * t * exp_host(-(a < 10.f ? x2 : 100.f));
+  const float tail = 1.f - q * t * exp_neg_x2;
   const float signed_tail = x < 0.f ? -tail : tail;
   return a < 0.5f ? series : (x == x ? signed_tail : x);
 }
+
+DTRAIN_ALWAYS_INLINE float erf_host(float x) { return erf_from_exp(x, exp_host(-(x * x < 100.f ? x * x : 100.f))); }
 }  // namespace host_impl
 
 DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float exp(float x) {
@@ -104,7 +107,52 @@ DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float erf(float x) {
 #endif
 }
 
-DTRAIN_HOST_DEVICE inline float max(float a, float b) { return a < b ? b : a; }
+// erf(x) when the caller has exp(-x^2) already (GELU's derivative needs it
+// for the density): the host saves its one exp call; the GPU ignores it.
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float erf_given_exp(float x, [[maybe_unused]] float exp_neg_x2) {
+#if defined(__CUDA_ARCH__)
+  return ::erff(x);
+#else
+  return host_impl::erf_from_exp(x, exp_neg_x2);
+#endif
+}
+
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float max(float a, float b) { return a < b ? b : a; }
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE std::int64_t min_i64(std::int64_t a, std::int64_t b) { return b < a ? b : a; }
+
+// Row reductions. A loop `s += f(j)` is a chain the compiler may not reorder
+// (float addition is not associative), so it runs one element at a time and
+// any exp inside it stays scalar. These keep `lanes` partial results,
+// element j going to lane j % lanes, and combine the lanes pairwise at the
+// end: a fixed order, the same on every device and at every vector width, in
+// which the loop over the lanes is a plain map the compiler vectorises.
+inline constexpr int lanes = 16;
+
+template <class F>
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float lane_sum(std::int64_t n, F f) {
+  float acc[lanes] = {};
+  std::int64_t j = 0;
+  for (; j + lanes <= n; j += lanes)
+    for (int k = 0; k < lanes; ++k) acc[k] += f(j + k);
+  for (int k = 0; j + k < n; ++k) acc[k] += f(j + k);
+  for (int w = lanes / 2; w >= 1; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+// The largest f(j), or `lowest` for an empty range.
+template <class F>
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float lane_max(std::int64_t n, float lowest, F f) {
+  float acc[lanes];
+  for (int k = 0; k < lanes; ++k) acc[k] = lowest;
+  std::int64_t j = 0;
+  for (; j + lanes <= n; j += lanes)
+    for (int k = 0; k < lanes; ++k) acc[k] = max(acc[k], f(j + k));
+  for (int k = 0; j + k < n; ++k) acc[k] = max(acc[k], f(j + k));
+  for (int w = lanes / 2; w >= 1; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] = max(acc[k], acc[k + w]);
+  return acc[0];
+}
 
 // By the exponent bits, so it behaves the same with fast-math flags.
 DTRAIN_HOST_DEVICE inline bool is_finite(float x) {
@@ -113,4 +161,43 @@ DTRAIN_HOST_DEVICE inline bool is_finite(float x) {
 
 DTRAIN_HOST_DEVICE inline float quiet_nan() { return detail::bits_float(0x7fc00000u); }
 
+// Column sums of a [rows, *] operand: out(c, sum over r of f(r, c)) for the
+// `width` columns from c0, each summed down the rows in row order (the same
+// order as one column per GPU thread). A full group of W columns keeps W
+// sums side by side, so each row's W elements are one vector operation; the
+// host runs columns in groups of math::lanes (column_group), the GPU one per
+// thread.
+template <int W, class F, class Out>
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void column_sums(std::int64_t rows, std::int64_t c0, std::int64_t width, F f,
+                                                        Out out) {
+  if (width == W) {
+    float acc[W] = {};
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (int k = 0; k < W; ++k) acc[k] += f(r, c0 + k);
+    for (int k = 0; k < W; ++k) out(c0 + k, acc[k]);
+    return;
+  }
+  for (std::int64_t k = 0; k < width; ++k) {
+    float acc = 0.f;
+    for (std::int64_t r = 0; r < rows; ++r) acc += f(r, c0 + k);
+    out(c0 + k, acc);
+  }
+}
+
 }  // namespace dtrain::math
+
+namespace dtrain {
+
+// Columns per for_each index for column reductions (math::column_sums):
+// math::lanes on the host, 1 on a GPU, whose threads each take a column.
+template <class Dev>
+constexpr std::int64_t column_group() {
+  return Dev::host_accessible ? math::lanes : 1;
+}
+
+// for_each indices covering `cols` columns in groups of `group`.
+inline std::size_t column_groups(std::int64_t cols, std::int64_t group) {
+  return static_cast<std::size_t>((cols + group - 1) / group);
+}
+
+}  // namespace dtrain

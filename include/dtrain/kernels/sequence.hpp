@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
@@ -72,6 +73,9 @@ struct HeadPermuteRuns {
 // over batch * heads * time rows. With a key mask ([batch, time], 0 = a
 // padding position) the columns it zeroes are left out as well; a row left
 // with no column (a padding query before the first token) becomes all 0.
+// The reductions run over whole groups of math::lanes columns where the row
+// has them (columns past t count as left out), so they vectorise without a
+// scalar tail.
 template <Dtype T, class M = std::int32_t>
 struct CausalSoftmax {
   T* att;
@@ -81,17 +85,34 @@ struct CausalSoftmax {
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
     T* row = att + r * time;
-    const M* keep = key_mask != nullptr ? key_mask + r / (heads * time) * time : nullptr;
-    float mx = -3.0e38f;
-    bool any = false;
-    for (std::int64_t j = 0; j <= t; ++j)
-      if (keep == nullptr || keep[j] != 0) mx = math::max(mx, static_cast<float>(row[j])), any = true;
+    if (key_mask == nullptr) return softmax_row(row, t, [t](std::int64_t j) { return j <= t; });
+    const M* keep = key_mask + r / (heads * time) * time;
+    softmax_row(row, t, [t, keep](std::int64_t j) { return j <= t && keep[j] != 0; });
+  }
+
+ private:
+  // Softmax of row over the columns on(j) keeps (all of them at or before t).
+  template <class On>
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void softmax_row(T* row, std::int64_t t, On on) const {
+    const std::int64_t span = math::min_i64(time, (t + math::lanes) / math::lanes * math::lanes);
+    constexpr float lowest = -3.0e38f;
+    const float mx =
+        math::lane_max(span, lowest, [&](std::int64_t j) { return on(j) ? static_cast<float>(row[j]) : lowest; });
+    const auto e = [&](std::int64_t j) { return on(j) ? math::exp(static_cast<float>(row[j]) - mx) : 0.f; };
     float sum = 0.f;
-    for (std::int64_t j = 0; j <= t; ++j)
-      if (keep == nullptr || keep[j] != 0) sum += math::exp(static_cast<float>(row[j]) - mx);
+    if constexpr (std::is_same_v<T, float>)  // fp32 keeps the exponentials in the row: one exp per column
+      sum = math::lane_sum(span, [&](std::int64_t j) { return row[j] = e(j); });
+    else  // half types round once: the exponentials are recomputed in fp32 below
+      sum = math::lane_sum(span, e);
+    // no column kept (a padding query before the first token): all 0
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
     for (std::int64_t j = 0; j < time; ++j) {
-      const bool on = any && j <= t && (keep == nullptr || keep[j] != 0);
-      row[j] = dtype_cast<T>(on ? math::exp(static_cast<float>(row[j]) - mx) / sum : 0.f);
+      float p = 0.f;
+      if constexpr (std::is_same_v<T, float>)
+        p = j < span ? row[j] * inv : 0.f;
+      else
+        p = j < span ? e(j) * inv : 0.f;
+      row[j] = dtype_cast<T>(p);
     }
   }
 };
@@ -109,8 +130,10 @@ struct CausalSoftmaxBackward {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
     const T* p = att + r * time;
     T* d = datt + r * time;
-    float dot = 0.f;
-    for (std::int64_t j = 0; j <= t; ++j) dot += static_cast<float>(p[j]) * static_cast<float>(d[j]);
+    // p is 0 past t, so whole lane groups up to `span` add nothing more
+    const std::int64_t span = math::min_i64(time, (t + math::lanes) / math::lanes * math::lanes);
+    const float dot =
+        math::lane_sum(span, [&](std::int64_t j) { return static_cast<float>(p[j]) * static_cast<float>(d[j]); });
     for (std::int64_t j = 0; j < time; ++j)
       d[j] = dtype_cast<T>(j <= t ? static_cast<float>(p[j]) * (static_cast<float>(d[j]) - dot) * scale : 0.f);
   }

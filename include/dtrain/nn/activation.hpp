@@ -58,8 +58,10 @@ struct gelu_op {
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float forward(float x) { return 0.5f * x * (1.f + math::erf(x * inv_sqrt2)); }
   // d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float backward(float x, float, float dy) {
-    const float cdf = 0.5f * (1.f + math::erf(x * inv_sqrt2));
-    const float pdf = inv_sqrt_2pi * math::exp(-0.5f * x * x);
+    const float z = x * inv_sqrt2;
+    const float e = math::exp(-(z * z));  // exp(-x^2 / 2): the density's, and erf's tail
+    const float cdf = 0.5f * (1.f + math::erf_given_exp(z, e));
+    const float pdf = inv_sqrt_2pi * e;
     return dy * (cdf + x * pdf);
   }
 };

@@ -13,10 +13,14 @@
 // [3 dim], proj.weight [dim, dim], proj.bias [dim].
 //
 // Kept for backward (UnitContext::saved, 4 * rows * dim + B * heads * T * T
-// elements): q, k and v in the head layout [B, heads, T, head_dim], the
-// attention probabilities and the merged heads. Everything else lives in the
-// device workspace only while the call runs. Per-head products are strided
-// batched GEMMs (cuBLAS on the GPU, OpenBLAS on the host).
+// elements): q, k and v, the attention probabilities and the merged heads.
+// Everything else lives in the device workspace only while the call runs.
+// Per-head products are strided batched GEMMs (cuBLAS on the GPU, OpenBLAS
+// on the host). On the GPU q, k and v are permuted into the head layout
+// [B, heads, T, head_dim], so one batched GEMM covers every (batch, head); on
+// the host, where a permutation costs as much as a small GEMM, they stay in
+// the projection's rows [B * T, 3 dim] and each head is read in place (a
+// leading dimension of 3 dim), one batched GEMM over the heads per sequence.
 
 #include <cmath>
 #include <cstddef>
@@ -72,7 +76,7 @@ template <class Dev, class T>
 void project(Dev& dev, MatView<const T> in, const T* w, const T* b, T* out, std::int64_t width) {
   float beta = 0.f;
   if (b != nullptr) {
-    dev.for_each(static_cast<std::size_t>(in.rows * width), BroadcastRow<T>{b, MatView<T>{out, in.rows, width}});
+    broadcast_row(dev, b, MatView<T>{out, in.rows, width});
     beta = 1.f;
   }
   dev.gemm(false, true, in.rows, width, in.cols, 1.f, in.data, in.cols, w, in.cols, beta, out, width);
@@ -84,7 +88,7 @@ void projection_grads(Dev& dev, MatView<const T> in, MatView<const T> d_out, Mat
   if (!dw.empty())
     dev.gemm(true, false, d_out.cols, in.cols, in.rows, 1.f, d_out.data, d_out.cols, in.data, in.cols, 0.f, dw.data,
              in.cols);
-  if (!db.empty()) dev.for_each(static_cast<std::size_t>(d_out.cols), ColumnSum<T>{d_out, db.data});
+  if (!db.empty()) column_sum(dev, d_out, db.data);
 }
 
 }  // namespace detail
@@ -124,16 +128,32 @@ class CausalSelfAttention {
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     const Parts<T> s = parts(p, x, ctx);
     detail::check_shape("nn::CausalSelfAttention", "output", y, x.rows, dim_);
-    T* qkv = dev.template workspace<T>(static_cast<std::size_t>(4 * s.rows * dim_));
-    T* o = qkv + 3 * s.rows * dim_;
-    detail::project(dev, x, p[0].data, p[1].data, qkv, 3 * dim_);
-    detail::permute_heads(dev, s.layout(3), qkv, s.q, true);
     const std::int64_t T_ = s.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd;
-    dev.gemm_batched(false, true, T_, T_, hd, 1.f / std::sqrt(static_cast<float>(hd)), s.q, hd, th, s.k, hd, th, 0.f,
-                     s.att, T_, tt, s.bh);
-    detail::attention_softmax(dev, "nn::CausalSelfAttention", s.att, heads_, ctx);
-    dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, s.bh);
-    detail::permute_heads(dev, s.layout(1), o, s.merged, false);
+    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    if constexpr (Dev::host_accessible) {
+      // q | k | v stay in the projection's rows: each (batch, head) is a
+      // [time, head_dim] block with leading dimension 3 dim, read in place
+      const std::int64_t C = dim_, ld = 3 * C;
+      detail::project(dev, x, p[0].data, p[1].data, s.q, 3 * C);
+      for (std::int64_t b = 0; b < s.batch; ++b) {
+        const T* q = s.q + b * T_ * ld;
+        dev.gemm_batched(false, true, T_, T_, hd, scale, q, ld, hd, q + C, ld, hd, 0.f, s.att + b * heads_ * tt, T_, tt,
+                         heads_);
+      }
+      detail::attention_softmax(dev, "nn::CausalSelfAttention", s.att, heads_, ctx);
+      for (std::int64_t b = 0; b < s.batch; ++b)
+        dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att + b * heads_ * tt, T_, tt, s.q + b * T_ * ld + 2 * C, ld,
+                         hd, 0.f, s.merged + b * T_ * C, C, hd, heads_);
+    } else {
+      T* qkv = dev.template workspace<T>(static_cast<std::size_t>(4 * s.rows * dim_));
+      T* o = qkv + 3 * s.rows * dim_;
+      detail::project(dev, x, p[0].data, p[1].data, qkv, 3 * dim_);
+      detail::permute_heads(dev, s.layout(3), qkv, s.q, true);
+      dev.gemm_batched(false, true, T_, T_, hd, scale, s.q, hd, th, s.k, hd, th, 0.f, s.att, T_, tt, s.bh);
+      detail::attention_softmax(dev, "nn::CausalSelfAttention", s.att, heads_, ctx);
+      dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, s.bh);
+      detail::permute_heads(dev, s.layout(1), o, s.merged, false);
+    }
     detail::project(dev, MatView<const T>{s.merged, s.rows, dim_}, p[2].data, p[3].data, y.data, dim_);
   }
 
@@ -144,25 +164,47 @@ class CausalSelfAttention {
     detail::check_count("nn::CausalSelfAttention", "gradients", grad.size(), 4);
     detail::check_shape("nn::CausalSelfAttention", "output gradient", dy, x.rows, dim_);
     const std::int64_t N = s.rows, C = dim_, T_ = s.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd;
-    // workspace: d_merged [N, C] | d_o [heads layout] | d_att | d_q d_k d_v | d_qkv [N, 3C]
-    T* ws = dev.template workspace<T>(static_cast<std::size_t>(8 * N * C + s.bh * tt));
+    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    // workspace: d_merged [N, C] | d_att | d_qkv [N, 3C] | (GPU) d_o, d_q d_k d_v in the head layout
+    T* ws = dev.template workspace<T>(static_cast<std::size_t>((Dev::host_accessible ? 4 : 8) * N * C + s.bh * tt));
     T* d_merged = ws;
-    T* d_o = d_merged + N * C;
-    T* d_att = d_o + N * C;
-    T* d_q = d_att + s.bh * tt;
-    T* d_k = d_q + N * C;
-    T* d_v = d_k + N * C;
-    T* d_qkv = d_v + N * C;
+    T* d_att = d_merged + N * C;
+    T* d_qkv = d_att + s.bh * tt;
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[2].data, C, 0.f, d_merged, C);
     detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
-    detail::permute_heads(dev, s.layout(1), d_merged, d_o, true);
-    dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, 0.f, d_att, T_, tt, s.bh);
-    dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att, T_, tt, d_o, hd, th, 0.f, d_v, hd, th, s.bh);
-    dev.for_each(static_cast<std::size_t>(s.bh * T_),
-                 CausalSoftmaxBackward<T>{s.att, d_att, T_, 1.f / std::sqrt(static_cast<float>(hd))});
-    dev.gemm_batched(false, false, T_, hd, T_, 1.f, d_att, T_, tt, s.k, hd, th, 0.f, d_q, hd, th, s.bh);
-    dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, s.bh);
-    detail::permute_heads(dev, s.layout(3), d_q, d_qkv, false);
+    if constexpr (Dev::host_accessible) {
+      // the saved q | k | v and d_merged, d_qkv are read and written in their
+      // rows, as in forward
+      const std::int64_t ld = 3 * C;
+      for (std::int64_t b = 0; b < s.batch; ++b) {
+        const T* qkv = s.q + b * T_ * ld;
+        const T* d_o = d_merged + b * T_ * C;
+        T* da = d_att + b * heads_ * tt;
+        dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, C, hd, qkv + 2 * C, ld, hd, 0.f, da, T_, tt, heads_);
+        dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att + b * heads_ * tt, T_, tt, d_o, C, hd, 0.f,
+                         d_qkv + b * T_ * ld + 2 * C, ld, hd, heads_);
+      }
+      dev.for_each(static_cast<std::size_t>(s.bh * T_), CausalSoftmaxBackward<T>{s.att, d_att, T_, scale});
+      for (std::int64_t b = 0; b < s.batch; ++b) {
+        const T* qkv = s.q + b * T_ * ld;
+        const T* da = d_att + b * heads_ * tt;
+        T* dq = d_qkv + b * T_ * ld;
+        dev.gemm_batched(false, false, T_, hd, T_, 1.f, da, T_, tt, qkv + C, ld, hd, 0.f, dq, ld, hd, heads_);
+        dev.gemm_batched(true, false, T_, hd, T_, 1.f, da, T_, tt, qkv, ld, hd, 0.f, dq + C, ld, hd, heads_);
+      }
+    } else {
+      T* d_o = d_qkv + 3 * N * C;
+      T* d_q = d_o + N * C;
+      T* d_k = d_q + N * C;
+      T* d_v = d_k + N * C;
+      detail::permute_heads(dev, s.layout(1), d_merged, d_o, true);
+      dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, 0.f, d_att, T_, tt, s.bh);
+      dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att, T_, tt, d_o, hd, th, 0.f, d_v, hd, th, s.bh);
+      dev.for_each(static_cast<std::size_t>(s.bh * T_), CausalSoftmaxBackward<T>{s.att, d_att, T_, scale});
+      dev.gemm_batched(false, false, T_, hd, T_, 1.f, d_att, T_, tt, s.k, hd, th, 0.f, d_q, hd, th, s.bh);
+      dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, s.bh);
+      detail::permute_heads(dev, s.layout(3), d_q, d_qkv, false);
+    }
     const MatView<const T> dqkv{d_qkv, N, 3 * C};
     detail::projection_grads(dev, x, dqkv, grad[0], grad[1]);
     if (!dx.empty()) {

@@ -43,10 +43,8 @@ struct softmax_row {
 
 template <class T>
 DTRAIN_HOST_DEVICE softmax_row softmax_stats(const T* z, std::int64_t n) {
-  float mx = static_cast<float>(z[0]);
-  for (std::int64_t c = 1; c < n; ++c) mx = math::max(mx, static_cast<float>(z[c]));
-  float s = 0.f;
-  for (std::int64_t c = 0; c < n; ++c) s += math::exp(static_cast<float>(z[c]) - mx);
+  const float mx = math::lane_max(n, static_cast<float>(z[0]), [&](std::int64_t c) { return static_cast<float>(z[c]); });
+  const float s = math::lane_sum(n, [&](std::int64_t c) { return math::exp(static_cast<float>(z[c]) - mx); });
   return {mx, s};
 }
 

@@ -5,8 +5,10 @@
 // passes over the row (mean, then the centred sum of squares), which stays
 // accurate when the mean is large against the spread.
 //
-// Rows run one per index of for_each: simple and correct, and fine for the
-// widths of small models; a block-per-row kernel is the optimisation.
+// Rows run one per index of for_each (the row sums in math::lanes partial
+// sums, which the host vectorises), the parameter gradients a group of
+// columns per index (math::column_sums): fine for the widths of small
+// models; on the GPU a block-per-row kernel is the optimisation.
 
 #include <cstddef>
 #include <cstdint>
@@ -32,14 +34,11 @@ struct row_moments {
 
 template <class T>
 DTRAIN_HOST_DEVICE row_moments moments(const T* row, std::int64_t n, float eps) {
-  float sum = 0.f;
-  for (std::int64_t c = 0; c < n; ++c) sum += static_cast<float>(row[c]);
-  const float mean = sum / static_cast<float>(n);
-  float sq = 0.f;
-  for (std::int64_t c = 0; c < n; ++c) {
+  const float mean = math::lane_sum(n, [&](std::int64_t c) { return static_cast<float>(row[c]); }) / static_cast<float>(n);
+  const float sq = math::lane_sum(n, [&](std::int64_t c) {
     const float d = static_cast<float>(row[c]) - mean;
-    sq += d * d;
-  }
+    return d * d;
+  });
   return {mean, 1.f / math::sqrt(sq / static_cast<float>(n) + eps)};
 }
 
@@ -76,14 +75,11 @@ struct LayerNormBackwardInput {
     const row_moments mo = moments(&x(r, 0), x.cols, eps);
     moments_out[r] = mo;
     if (dx.data == nullptr) return;
-    float mean_g = 0.f, mean_g_xhat = 0.f;
-    for (std::int64_t c = 0; c < x.cols; ++c) {
-      const float g = static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]);
-      mean_g += g;
-      mean_g_xhat += g * (static_cast<float>(x(r, c)) - mo.mean) * mo.rstd;
-    }
-    mean_g /= static_cast<float>(x.cols);
-    mean_g_xhat /= static_cast<float>(x.cols);
+    const auto g = [&](std::int64_t c) { return static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]); };
+    const float mean_g = math::lane_sum(x.cols, g) / static_cast<float>(x.cols);
+    const float mean_g_xhat = math::lane_sum(x.cols, [&](std::int64_t c) {
+      return g(c) * (static_cast<float>(x(r, c)) - mo.mean) * mo.rstd;
+    }) / static_cast<float>(x.cols);
     for (std::int64_t c = 0; c < x.cols; ++c) {
       const float g = static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]);
       const float xhat = (static_cast<float>(x(r, c)) - mo.mean) * mo.rstd;
@@ -92,7 +88,8 @@ struct LayerNormBackwardInput {
   }
 };
 
-// Per column: dweight = sum over rows of dy * xhat, dbias = sum of dy.
+// Per group of columns (math::column_sums): dweight = sum over rows of
+// dy * xhat, dbias = sum of dy.
 template <class T>
 struct LayerNormBackwardParams {
   MatView<const T> x;
@@ -100,16 +97,22 @@ struct LayerNormBackwardParams {
   const row_moments* moments;
   T* dweight;
   T* dbias;
+  std::int64_t group = 1;
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
-    const auto c = static_cast<std::int64_t>(i);
-    float dw = 0.f, db = 0.f;
-    for (std::int64_t r = 0; r < x.rows; ++r) {
-      const float g = static_cast<float>(dy(r, c));
-      dw += g * (static_cast<float>(x(r, c)) - moments[r].mean) * moments[r].rstd;
-      db += g;
+    const std::int64_t c0 = static_cast<std::int64_t>(i) * group, width = math::min_i64(group, x.cols - c0);
+    const auto dw = [this](std::int64_t r, std::int64_t c) {
+      return static_cast<float>(dy(r, c)) * (static_cast<float>(x(r, c)) - moments[r].mean) * moments[r].rstd;
+    };
+    const auto db = [this](std::int64_t r, std::int64_t c) { return static_cast<float>(dy(r, c)); };
+    const auto put_dw = [this](std::int64_t c, float v) { dweight[c] = dtype_cast<T>(v); };
+    const auto put_db = [this](std::int64_t c, float v) { dbias[c] = dtype_cast<T>(v); };
+    if (group == math::lanes) {
+      if (dweight != nullptr) math::column_sums<math::lanes>(x.rows, c0, width, dw, put_dw);
+      if (dbias != nullptr) math::column_sums<math::lanes>(x.rows, c0, width, db, put_db);
+    } else {
+      if (dweight != nullptr) math::column_sums<1>(x.rows, c0, width, dw, put_dw);
+      if (dbias != nullptr) math::column_sums<1>(x.rows, c0, width, db, put_db);
     }
-    if (dweight != nullptr) dweight[c] = dtype_cast<T>(dw);
-    if (dbias != nullptr) dbias[c] = dtype_cast<T>(db);
   }
 };
 
@@ -165,8 +168,8 @@ class LayerNorm {
     dev.for_each(static_cast<std::size_t>(x.rows),
                  detail::LayerNormBackwardInput<T>{x, p[0].data, dy, dx, mo, options_.eps});
     if (param_grads)
-      dev.for_each(static_cast<std::size_t>(features_),
-                   detail::LayerNormBackwardParams<T>{x, dy, mo, grad[0].data, grad[1].data});
+      dev.for_each(column_groups(features_, column_group<Dev>()),
+                   detail::LayerNormBackwardParams<T>{x, dy, mo, grad[0].data, grad[1].data, column_group<Dev>()});
   }
 
  private:

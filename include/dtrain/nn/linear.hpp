@@ -59,7 +59,7 @@ class Linear {
     detail::check_shape("nn::Linear", "output", y, x.rows, out_);
     float beta = 0.f;
     if (options_.bias) {
-      dev.for_each(static_cast<std::size_t>(y.size()), BroadcastRow<T>{p[1].data, y});
+      broadcast_row(dev, p[1].data, y);
       beta = 1.f;
     }
     dev.gemm(false, true, x.rows, out_, in_, 1.f, x.data, in_, p[0].data, in_, beta, y.data, out_);
@@ -82,7 +82,7 @@ class Linear {
     }
     if (options_.bias && !grad[1].empty()) {
       detail::check_shape("nn::Linear", "bias gradient", grad[1], out_, 1);
-      dev.for_each(static_cast<std::size_t>(out_), ColumnSum<T>{dy, grad[1].data});
+      column_sum(dev, dy, grad[1].data);
     }
   }
 

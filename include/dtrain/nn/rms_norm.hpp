@@ -2,7 +2,7 @@
 // nn::RMSNorm over the last dimension, as Llama-family models use it
 // (transformers' LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * weight, no
 // centring and no bias, the weight initialised to ones. Statistics in fp32
-// whatever the dtype. Rows run one per index of for_each, as in LayerNorm.
+// whatever the dtype. Rows and columns run through for_each as in LayerNorm.
 
 #include <cstddef>
 #include <cstdint>
@@ -24,8 +24,7 @@ namespace detail {
 
 template <class T>
 DTRAIN_HOST_DEVICE float inverse_rms(const T* row, std::int64_t n, float eps) {
-  float sq = 0.f;
-  for (std::int64_t c = 0; c < n; ++c) sq += static_cast<float>(row[c]) * static_cast<float>(row[c]);
+  const float sq = math::lane_sum(n, [&](std::int64_t c) { return static_cast<float>(row[c]) * static_cast<float>(row[c]); });
   return 1.f / math::sqrt(sq / static_cast<float>(n) + eps);
 }
 
@@ -59,10 +58,9 @@ struct RmsNormBackwardInput {
     const float rstd = inverse_rms(&x(r, 0), x.cols, eps);
     rstd_out[r] = rstd;
     if (dx.data == nullptr) return;
-    float mean_g_xhat = 0.f;
-    for (std::int64_t c = 0; c < x.cols; ++c)
-      mean_g_xhat += static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]) * static_cast<float>(x(r, c)) * rstd;
-    mean_g_xhat /= static_cast<float>(x.cols);
+    const float mean_g_xhat = math::lane_sum(x.cols, [&](std::int64_t c) {
+      return static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]) * static_cast<float>(x(r, c)) * rstd;
+    }) / static_cast<float>(x.cols);
     for (std::int64_t c = 0; c < x.cols; ++c) {
       const float g = static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]);
       dx(r, c) = dtype_cast<T>(rstd * (g - static_cast<float>(x(r, c)) * rstd * mean_g_xhat));
@@ -70,18 +68,24 @@ struct RmsNormBackwardInput {
   }
 };
 
-// Per column: dweight = sum over rows of dy * xhat.
+// Per group of columns (math::column_sums): dweight = sum over rows of dy * xhat.
 template <class T>
 struct RmsNormBackwardWeight {
   MatView<const T> x;
   MatView<const T> dy;
   const float* rstd;
   T* dweight;
+  std::int64_t group = 1;
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
-    const auto c = static_cast<std::int64_t>(i);
-    float dw = 0.f;
-    for (std::int64_t r = 0; r < x.rows; ++r) dw += static_cast<float>(dy(r, c)) * static_cast<float>(x(r, c)) * rstd[r];
-    dweight[c] = dtype_cast<T>(dw);
+    const std::int64_t c0 = static_cast<std::int64_t>(i) * group, width = math::min_i64(group, x.cols - c0);
+    const auto dw = [this](std::int64_t r, std::int64_t c) {
+      return static_cast<float>(dy(r, c)) * static_cast<float>(x(r, c)) * rstd[r];
+    };
+    const auto put = [this](std::int64_t c, float v) { dweight[c] = dtype_cast<T>(v); };
+    if (group == math::lanes)
+      math::column_sums<math::lanes>(x.rows, c0, width, dw, put);
+    else
+      math::column_sums<1>(x.rows, c0, width, dw, put);
   }
 };
 
@@ -133,7 +137,8 @@ class RMSNorm {
     dev.for_each(static_cast<std::size_t>(x.rows),
                  detail::RmsNormBackwardInput<T>{x, p[0].data, dy, dx, rstd, options_.eps});
     if (!grad[0].empty())
-      dev.for_each(static_cast<std::size_t>(features_), detail::RmsNormBackwardWeight<T>{x, dy, rstd, grad[0].data});
+      dev.for_each(column_groups(features_, column_group<Dev>()),
+                   detail::RmsNormBackwardWeight<T>{x, dy, rstd, grad[0].data, column_group<Dev>()});
   }
 
  private:

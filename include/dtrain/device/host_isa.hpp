@@ -1,0 +1,144 @@
+#pragma once
+// The vector instructions the host's functor loops run with, chosen at run
+// time. dtrain is header-only and compiled with the user's flags, which for a
+// portable binary means x86-64's baseline (SSE2, four floats per
+// instruction, no fused multiply-add). Host::for_each therefore compiles
+// every functor loop three times, for the baseline, for AVX2 + FMA and for
+// AVX-512, and runs the widest the processor has: the same source, vectorised
+// by the compiler at each width, with no flag the user must know.
+//
+// Results: a functor computes the same thing at every level, but fused
+// multiply-adds round once where the baseline rounds twice, so results differ
+// between levels by rounding, as they do between the host and the GPU. On
+// one machine the level is fixed, so runs stay bit-reproducible. To compare
+// runs across machines bit for bit, pin the level everywhere with
+// DTRAIN_HOST_ISA=baseline (or avx2, avx512: a level the processor lacks is
+// an error, not a silent fallback).
+//
+// Off x86-64, or with a compiler other than GCC and Clang, there is one level
+// (the compiler's own) and DTRAIN_HOST_ISA accepts only "baseline".
+
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__CUDA_ARCH__)
+#define DTRAIN_HOST_ISA_DISPATCH 1
+#else
+#define DTRAIN_HOST_ISA_DISPATCH 0
+#endif
+
+namespace dtrain {
+
+enum class host_isa { baseline, avx2, avx512 };
+
+inline const char* host_isa_name(host_isa isa) {
+  switch (isa) {
+    case host_isa::avx2: return "avx2";
+    case host_isa::avx512: return "avx512";
+    default: return "baseline";
+  }
+}
+
+namespace detail {
+
+// The widest level this processor runs (AVX2 needs FMA as well; AVX-512
+// needs the F, VL, BW and DQ subsets GCC uses for float and integer lanes).
+inline host_isa widest_host_isa() {
+#if DTRAIN_HOST_ISA_DISPATCH
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  return avx512 ? host_isa::avx512 : (avx2 ? host_isa::avx2 : host_isa::baseline);
+#else
+  return host_isa::baseline;
+#endif
+}
+
+// DTRAIN_HOST_ISA, or the widest level when unset.
+inline host_isa host_isa_from_env() {
+  const host_isa widest = widest_host_isa();
+  const char* raw = std::getenv("DTRAIN_HOST_ISA");
+  if (raw == nullptr || *raw == '\0') return widest;
+  const std::string_view s(raw);
+  host_isa want = host_isa::baseline;
+  if (s == "avx2")
+    want = host_isa::avx2;
+  else if (s == "avx512")
+    want = host_isa::avx512;
+  else if (s != "baseline")
+    throw config_error("DTRAIN_HOST_ISA='" + std::string(s) + "' is not a host instruction level",
+                       "set DTRAIN_HOST_ISA to baseline, avx2 or avx512, or unset it (the widest this CPU has)");
+  if (static_cast<int>(want) > static_cast<int>(widest))
+    throw config_error("DTRAIN_HOST_ISA=" + std::string(s) + ": this processor's widest level is " +
+                           host_isa_name(widest),
+                       std::string("set DTRAIN_HOST_ISA=") + host_isa_name(widest) + " or lower, or unset it");
+  return want;
+}
+
+inline host_isa& host_isa_slot() {
+  static host_isa isa = host_isa_from_env();
+  return isa;
+}
+
+}  // namespace detail
+
+// The level Host's functor loops run with in this process.
+inline host_isa current_host_isa() { return detail::host_isa_slot(); }
+
+// Pins the level for the rest of the process (tests compare the levels);
+// a level the processor lacks is a config_error.
+inline void set_host_isa(host_isa isa) {
+  const host_isa widest = detail::widest_host_isa();
+  if (static_cast<int>(isa) > static_cast<int>(widest))
+    throw config_error(std::string("set_host_isa(") + host_isa_name(isa) + "): this processor's widest level is " +
+                           host_isa_name(widest),
+                       "ask for a level up to widest_host_isa()");
+  detail::host_isa_slot() = isa;
+}
+
+namespace detail {
+
+// f(i) for i in [begin, end) on the calling thread, compiled for each level.
+// The functor's call operator carries no target of its own; `flatten` has the
+// compiler inline it (and what it calls) into each copy, so its loops are
+// vectorised for that copy's level even where the size heuristics would
+// leave a large operator out of line, compiled for the baseline.
+template <class F>
+DTRAIN_FLATTEN void run_range_baseline(F& f, std::size_t begin, std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) f(i);
+}
+
+#if DTRAIN_HOST_ISA_DISPATCH
+template <class F>
+__attribute__((flatten, target("avx2,fma"))) void run_range_avx2(F& f, std::size_t begin, std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) f(i);
+}
+
+template <class F>
+__attribute__((flatten, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void run_range_avx512(F& f, std::size_t begin,
+                                                                                            std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) f(i);
+}
+#endif
+
+template <class F>
+void run_range(F& f, std::size_t begin, std::size_t end) {
+#if DTRAIN_HOST_ISA_DISPATCH
+  switch (current_host_isa()) {
+    case host_isa::avx512: return run_range_avx512(f, begin, end);
+    case host_isa::avx2: return run_range_avx2(f, begin, end);
+    default: break;
+  }
+#endif
+  run_range_baseline(f, begin, end);
+}
+
+}  // namespace detail
+
+}  // namespace dtrain
