@@ -46,6 +46,8 @@
 #include "dtrain/nn/transformer.hpp"
 #include "dtrain/optim/config.hpp"
 #include "dtrain/optim/flat_optimizer.hpp"
+#include "dtrain/optim/lion.hpp"
+#include "dtrain/optim/param_groups.hpp"
 #include "dtrain/optim/schedule.hpp"
 #include "dtrain/policy/policies.hpp"
 #include "dtrain/strategy/any_strategy.hpp"

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <numbers>
 #include <random>
+#include <string>
 
 #include "dtrain/optim/schedule.hpp"
 #include "optim/expect_config_error.hpp"
@@ -139,15 +140,54 @@ BOOST_AUTO_TEST_CASE(make_schedule_by_name) {
   BOOST_TEST(cosine.name() == "cosine");
   BOOST_TEST(cosine(35) == 8.55017856687341e-4, tt::tolerance(rel));
 
-  expect_config_error([] { dtrain::make_schedule("cosin", {.lr = 1e-3f, .total_steps = 10}); }, "'cosin'");
+  const Schedule linear = dtrain::make_schedule("linear", {.lr = 1e-3f, .warmup_steps = 10, .total_steps = 110});
+  BOOST_TEST(linear.name() == "linear");
+  BOOST_TEST(linear(60) == 5e-4, tt::tolerance(rel));
+  const Schedule isqrt = dtrain::make_schedule("inverse_sqrt", {.lr = 1e-3f, .warmup_steps = 16});
+  BOOST_TEST(isqrt.name() == "inverse_sqrt");
+  BOOST_TEST(isqrt(64) == 5e-4, tt::tolerance(rel));
+
   try {
-    dtrain::make_schedule("linear", {.lr = 1e-3f, .total_steps = 10});
+    dtrain::make_schedule("cosin", {.lr = 1e-3f, .total_steps = 10});
     BOOST_FAIL("no config_error");
   } catch (const dtrain::config_error& e) {
-    BOOST_TEST(e.fix() == "use one of: constant, cosine");
+    BOOST_TEST(std::string(e.what()).find("'cosin'") != std::string::npos);
+    BOOST_TEST(e.fix() == "use one of: constant, cosine, linear, inverse_sqrt");
   }
+  expect_config_error([] { dtrain::make_schedule("inverse_sqrt", {.lr = 1e-3f, .min_lr = 1e-5f}); }, "min_lr");
+  expect_config_error([] { dtrain::make_schedule("linear", {.lr = 1e-3f, .warmup_steps = 20, .total_steps = 10}); },
+                      "LinearLR.warmup_steps");
   expect_config_error([] { dtrain::make_schedule("constant", {.lr = 1e-3f, .warmup_steps = 10}); }, "warmup_steps");
   expect_config_error([] { dtrain::make_schedule("cosine", {.lr = 0.f, .total_steps = 10}); }, "peak_lr");
+}
+
+// LinearLR and InverseSqrtLR against float64 formulas on random settings
+// (rel as above).
+BOOST_AUTO_TEST_CASE(linear_and_inverse_sqrt_match_a_float64_reference_on_random_settings) {
+  std::mt19937_64 rng(29);
+  std::uniform_real_distribution<double> unit(0.05, 1.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    const auto total = static_cast<std::int64_t>(10 + rng() % 5000);
+    const auto warmup = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(total / 2 + 1));
+    const float peak = static_cast<float>(unit(rng) * 1e-2), min_lr = static_cast<float>(unit(rng) * peak * 0.5);
+    const float start = static_cast<float>(unit(rng) * 0.5);
+    const dtrain::LinearLR lin{.peak_lr = peak, .warmup_steps = warmup, .total_steps = total, .min_lr = min_lr,
+                               .warmup_start = start};
+    const dtrain::InverseSqrtLR inv{.peak_lr = peak, .warmup_steps = warmup, .warmup_start = start};
+    lin.validate();
+    inv.validate();
+    for (int k = 0; k < 20; ++k) {
+      const auto step = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(total + 20));
+      const double p = peak, w = static_cast<double>(warmup), st = static_cast<double>(step);
+      const double warm = step < warmup ? p * (start + (1 - start) * st / w) : 0;
+      const double lin_ref = step < warmup ? warm
+                             : step >= total ? static_cast<double>(min_lr)
+                                             : min_lr + (p - min_lr) * (total - st) / (total - w);
+      const double inv_ref = step < warmup ? warm : p * std::sqrt(std::max(w, 1.0) / std::max(st, 1.0));
+      BOOST_TEST(lin(step) == lin_ref, tt::tolerance(rel));
+      BOOST_TEST(inv(step) == inv_ref, tt::tolerance(rel));
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(lr_scaling_rules) {

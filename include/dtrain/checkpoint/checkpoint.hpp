@@ -118,6 +118,15 @@ struct CheckpointInfo {
   std::string param_dtype, reduce_dtype;
   std::string optimizer;            // "adamw", "sgd"
   std::vector<std::string> optimizer_states;  // state names, in FlatOptimizer::state() order
+  // The parameter groups the run trained with: the default group first. A
+  // resumed run applies its own settings; these are for comparing.
+  struct Group {
+    std::string name;
+    float lr = 0.f;
+    float weight_decay = 0.f;
+    std::vector<std::string> params;
+  };
+  std::vector<Group> param_groups;  // empty for checkpoints written before groups existed
   std::string dtrain_version;
   std::filesystem::path dir;
 };
@@ -330,6 +339,10 @@ inline std::string index_text(const CheckpointIndex& idx) {
   j["strategy"] = i.strategy;
   j["precision"] = {{"param", i.param_dtype}, {"reduce", i.reduce_dtype}};
   j["optimizer"] = {{"name", i.optimizer}, {"states", i.optimizer_states}};
+  auto groups = nlohmann::ordered_json::array();
+  for (const auto& g : i.param_groups)
+    groups.push_back({{"name", g.name}, {"lr", g.lr}, {"weight_decay", g.weight_decay}, {"params", g.params}});
+  j["optimizer"]["param_groups"] = std::move(groups);
   if (i.sampler)
     j["sampler"] = {{"epoch", i.sampler->epoch},         {"global_position", i.sampler->global_position},
                     {"dataset_size", i.sampler->dataset_size}, {"seed", i.sampler->seed},
@@ -393,6 +406,10 @@ inline CheckpointIndex parse_index(const std::filesystem::path& dir) {
     i.reduce_dtype = j.at("precision").at("reduce").get<std::string>();
     i.optimizer = j.at("optimizer").at("name").get<std::string>();
     i.optimizer_states = j.at("optimizer").at("states").get<std::vector<std::string>>();
+    if (const auto& o = j.at("optimizer"); o.contains("param_groups"))
+      for (const auto& g : o.at("param_groups"))
+        i.param_groups.push_back({g.at("name").get<std::string>(), g.at("lr").get<float>(),
+                                  g.at("weight_decay").get<float>(), g.at("params").get<std::vector<std::string>>()});
     if (const auto& s = j.at("sampler"); !s.is_null())
       i.sampler = SamplerProgress{integer(s.at("epoch"), "epoch"),
                                   integer(s.at("global_position"), "global_position"),

@@ -37,6 +37,48 @@ struct AdamWHyper {
   float weight_decay = 1e-2f;  // decoupled: param *= 1 - lr * weight_decay
 };
 
+// AdamW's per-step scalars for one set of hyperparameters, computed in
+// double on the host and rounded to float as PyTorch does. `step` counts
+// optimizer steps from 1 (bias correction).
+struct AdamWCoefficients {
+  float step_size = 0.f;
+  float bias_correction2_sqrt = 1.f;
+  float decay = 1.f;
+  float beta1_weight = 0.1f;
+  float beta2 = 0.999f;
+  float beta2_weight = 0.001f;
+  float eps = 1e-8f;
+};
+
+inline AdamWCoefficients adamw_coefficients(const AdamWHyper& h, std::int64_t step) {
+  if (step < 1)
+    throw config_error("AdamW: step = " + std::to_string(step) + " must count from 1",
+                       "pass the number of optimizer steps taken, this one included (bias correction)");
+  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(step));
+  return {static_cast<float>(h.lr / bias_correction1),
+          static_cast<float>(std::sqrt(bias_correction2)),
+          static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay),
+          static_cast<float>(1.0 - static_cast<double>(h.beta1)),
+          h.beta2,
+          static_cast<float>(1.0 - static_cast<double>(h.beta2)),
+          h.eps};
+}
+
+// a + w * (b - a), evaluated from the nearer end so it is exact at w = 1
+// (PyTorch updates the first moment with lerp).
+DTRAIN_HOST_DEVICE inline float optimizer_lerp(float a, float b, float w) {
+  return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.f - w);
+}
+
+// One element of AdamW: p, m, v in place from the (scaled) gradient g.
+DTRAIN_HOST_DEVICE inline void adamw_update(float& p, float g, float& m, float& v, const AdamWCoefficients& c) {
+  m = optimizer_lerp(m, g, c.beta1_weight);
+  v = v * c.beta2 + c.beta2_weight * g * g;
+  const float denom = math::sqrt(v) / c.bias_correction2_sqrt + c.eps;
+  p = p * c.decay - c.step_size * m / denom;
+}
+
 template <Dtype T = float>
 class AdamWStep {
  public:
@@ -50,88 +92,21 @@ class AdamWStep {
 
   // `step` counts optimizer steps from 1 (bias correction).
   AdamWStep(const Buffers& b, const AdamWHyper& h, std::int64_t step, float grad_scale = 1.f)
-      : b_(b),
-        grad_scale_(grad_scale),
-        decay_(static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay)),
-        beta1_weight_(static_cast<float>(1.0 - static_cast<double>(h.beta1))),
-        beta2_(h.beta2),
-        beta2_weight_(static_cast<float>(1.0 - static_cast<double>(h.beta2))),
-        eps_(h.eps) {
-    if (step < 1)
-      throw config_error("AdamWStep: step = " + std::to_string(step) + " must count from 1",
-                         "pass the number of optimizer steps taken, this one included (bias correction)");
-    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(step));
-    const double bias_correction2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(step));
-    step_size_ = static_cast<float>(h.lr / bias_correction1);
-    bias_correction2_sqrt_ = static_cast<float>(std::sqrt(bias_correction2));
-  }
+      : b_(b), grad_scale_(grad_scale), c_(adamw_coefficients(h, step)) {}
 
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     float p = b_.param[i], m = b_.exp_avg[i], v = b_.exp_avg_sq[i];
-    update(p, b_.grad[i], m, v);
+    adamw_update(p, b_.grad[i] * grad_scale_, m, v, c_);
     b_.exp_avg[i] = m;
     b_.exp_avg_sq[i] = v;
     b_.param[i] = p;
     if (b_.param_out != nullptr) b_.param_out[i] = dtype_cast<T>(p);
   }
 
-#if defined(__CUDACC__)
-  // Cuda::for_each's vector path: elements [first, first + 4) with one 16-byte
-  // load or store per buffer, when vector_ok(). The pass is memory-bound and
-  // moves 28 bytes per element; wider accesses keep more bytes in flight per
-  // thread (scalar accesses reached 87% of the H200's copy bandwidth at 100M
-  // parameters, docs/performance.md). Same arithmetic as operator().
-  static constexpr std::size_t vector_width = 4;
-  bool vector_ok() const noexcept {
-    const auto aligned = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
-    return aligned(b_.param) && aligned(b_.grad) && aligned(b_.exp_avg) && aligned(b_.exp_avg_sq);
-  }
-  __device__ void apply_vector(std::size_t first) const {
-    float4 p = *reinterpret_cast<const float4*>(b_.param + first);
-    const float4 g = *reinterpret_cast<const float4*>(b_.grad + first);
-    float4 m = *reinterpret_cast<const float4*>(b_.exp_avg + first);
-    float4 v = *reinterpret_cast<const float4*>(b_.exp_avg_sq + first);
-    update(p.x, g.x, m.x, v.x);
-    update(p.y, g.y, m.y, v.y);
-    update(p.z, g.z, m.z, v.z);
-    update(p.w, g.w, m.w, v.w);
-    *reinterpret_cast<float4*>(b_.exp_avg + first) = m;
-    *reinterpret_cast<float4*>(b_.exp_avg_sq + first) = v;
-    *reinterpret_cast<float4*>(b_.param + first) = p;
-    if (b_.param_out != nullptr) {
-      b_.param_out[first] = dtype_cast<T>(p.x);
-      b_.param_out[first + 1] = dtype_cast<T>(p.y);
-      b_.param_out[first + 2] = dtype_cast<T>(p.z);
-      b_.param_out[first + 3] = dtype_cast<T>(p.w);
-    }
-  }
-#endif
-
  private:
-  // One element's update: p, m, v in place from the gradient g.
-  DTRAIN_HOST_DEVICE void update(float& p, float grad, float& m, float& v) const {
-    const float g = grad * grad_scale_;
-    m = lerp(m, g, beta1_weight_);
-    v = v * beta2_ + beta2_weight_ * g * g;
-    const float denom = math::sqrt(v) / bias_correction2_sqrt_ + eps_;
-    p = p * decay_ - step_size_ * m / denom;
-  }
-
-  // a + w * (b - a), evaluated from the nearer end so it is exact at w = 1
-  // (PyTorch updates the first moment with lerp).
-  DTRAIN_HOST_DEVICE static float lerp(float a, float b, float w) {
-    return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.f - w);
-  }
-
   Buffers b_;
   float grad_scale_;
-  float decay_;
-  float beta1_weight_;
-  float beta2_;
-  float beta2_weight_;
-  float eps_;
-  float step_size_ = 0.f;
-  float bias_correction2_sqrt_ = 1.f;
+  AdamWCoefficients c_;
 };
 
 struct SgdHyper {
@@ -139,8 +114,19 @@ struct SgdHyper {
   float momentum = 0.f;
   float weight_decay = 0.f;  // coupled (L2): added to the gradient, as in torch.optim.SGD
   bool nesterov = false;
-
 };
+
+// One element of SGD: p (and the momentum buffer `buf` when momentum > 0)
+// in place from the scaled gradient. A zero buffer makes step 1 give buf =
+// grad, exactly PyTorch's first-step clone, so no "first step" flag is needed.
+DTRAIN_HOST_DEVICE inline void sgd_update(float& p, float d, float& buf, const SgdHyper& h) {
+  if (h.weight_decay != 0.f) d = d + h.weight_decay * p;
+  if (h.momentum != 0.f) {
+    buf = buf * h.momentum + d;
+    d = h.nesterov ? d + h.momentum * buf : buf;
+  }
+  p = p - h.lr * d;
+}
 
 template <Dtype T = float>
 class SgdStep {
@@ -152,22 +138,12 @@ class SgdStep {
     T* param_out = nullptr;           // when set, receives T(updated param)
   };
 
-  SgdStep(const Buffers& b, const SgdHyper& h, float grad_scale = 1.f)
-      : b_(b), grad_scale_(grad_scale), lr_(h.lr), momentum_(h.momentum), weight_decay_(h.weight_decay),
-        nesterov_(h.nesterov) {}
+  SgdStep(const Buffers& b, const SgdHyper& h, float grad_scale = 1.f) : b_(b), grad_scale_(grad_scale), h_(h) {}
 
-  // A zero momentum buffer makes step 1 give buf = grad, which is exactly
-  // PyTorch's first-step clone, so no "first step" flag is needed.
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
-    float p = b_.param[i];
-    float d = b_.grad[i] * grad_scale_;
-    if (weight_decay_ != 0.f) d = d + weight_decay_ * p;
-    if (momentum_ != 0.f) {
-      const float buf = b_.momentum_buffer[i] * momentum_ + d;
-      b_.momentum_buffer[i] = buf;
-      d = nesterov_ ? d + momentum_ * buf : buf;
-    }
-    p = p - lr_ * d;
+    float p = b_.param[i], buf = h_.momentum != 0.f ? b_.momentum_buffer[i] : 0.f;
+    sgd_update(p, b_.grad[i] * grad_scale_, buf, h_);
+    if (h_.momentum != 0.f) b_.momentum_buffer[i] = buf;
     b_.param[i] = p;
     if (b_.param_out != nullptr) b_.param_out[i] = dtype_cast<T>(p);
   }
@@ -175,10 +151,101 @@ class SgdStep {
  private:
   Buffers b_;
   float grad_scale_;
-  float lr_;
-  float momentum_;
-  float weight_decay_;
-  bool nesterov_;
+  SgdHyper h_;
+};
+
+// The most parameter groups one optimizer pass tells apart (their ids are
+// one byte per element; 16 keeps the functor's table small enough to pass
+// by value to a CUDA kernel).
+inline constexpr std::size_t max_param_groups = 16;
+
+// Any optimizer rule (optim/optimizer.hpp's concept) over a flat buffer
+// whose elements belong to parameter groups: element i is updated with the
+// coefficients of group[i] (group 0 everywhere when `group` is null). The
+// rule's state is up to Rule::max_states fp32 buffers, `states` of them in
+// use. One pass: the gradient is read once, master weights and state updated
+// in place, T(param) written to param_out when it is set. Grouped = false
+// reads no ids: every element takes table[0], and the host loop vectorises.
+template <class Rule, Dtype T = float, bool Grouped = false>
+class GroupedStep {
+ public:
+  using coefficients = typename Rule::coefficients;
+  static constexpr std::size_t slots = Rule::max_states > 0 ? Rule::max_states : 1;
+
+  struct Buffers {
+    float* param;
+    const float* grad;
+    float* state[slots];
+    T* param_out = nullptr;
+    const std::uint8_t* group = nullptr;
+  };
+
+  GroupedStep(const Buffers& b, const coefficients* table, std::size_t groups, std::size_t states, float grad_scale)
+      : b_(b), states_(states), grad_scale_(grad_scale) {
+    if (Grouped && b.group == nullptr)
+      throw config_error("a grouped optimizer pass got no group ids", "pass Buffers::group, one id per element");
+    if (groups < 1 || groups > max_param_groups)
+      throw config_error("an optimizer pass got " + std::to_string(groups) + " parameter groups",
+                         "use 1 to " + std::to_string(max_param_groups) + " groups");
+    if (states > Rule::max_states)
+      throw config_error("an optimizer rule asked for " + std::to_string(states) + " state buffers, more than its "
+                             "max_states = " + std::to_string(Rule::max_states),
+                         "raise the rule's max_states");
+    for (std::size_t g = 0; g < groups; ++g) table_[g] = table[g];
+  }
+
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const coefficients& c = table_[Grouped ? b_.group[i] : 0];
+    float p = b_.param[i];
+    float s[slots];
+    for (std::size_t k = 0; k < slots; ++k) s[k] = k < states_ ? b_.state[k][i] : 0.f;
+    Rule::update(p, b_.grad[i] * grad_scale_, s, c);
+    for (std::size_t k = 0; k < slots; ++k)
+      if (k < states_) b_.state[k][i] = s[k];
+    b_.param[i] = p;
+    if (b_.param_out != nullptr) b_.param_out[i] = dtype_cast<T>(p);
+  }
+
+#if defined(__CUDACC__)
+  // Cuda::for_each's vector path: elements [first, first + 4) with one
+  // 16-byte load or store per fp32 buffer, when vector_ok(). The pass is
+  // memory-bound (AdamW moves 28 bytes per element); wider accesses keep
+  // more bytes in flight per thread. Same arithmetic as operator().
+  static constexpr std::size_t vector_width = 4;
+  bool vector_ok() const noexcept {
+    const auto aligned = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
+    bool ok = aligned(b_.param) && aligned(b_.grad);
+    for (std::size_t k = 0; k < states_; ++k) ok = ok && aligned(b_.state[k]);
+    return ok;
+  }
+  __device__ void apply_vector(std::size_t first) const {
+    float4 p = *reinterpret_cast<const float4*>(b_.param + first);
+    const float4 g = *reinterpret_cast<const float4*>(b_.grad + first);
+    float4 s[slots];
+    for (std::size_t k = 0; k < slots; ++k)
+      s[k] = k < states_ ? *reinterpret_cast<const float4*>(b_.state[k] + first) : float4{0.f, 0.f, 0.f, 0.f};
+    float* pl[4] = {&p.x, &p.y, &p.z, &p.w};
+    const float gl[4] = {g.x, g.y, g.z, g.w};
+    for (int l = 0; l < 4; ++l) {
+      float sl[slots];
+      for (std::size_t k = 0; k < slots; ++k) sl[k] = (&s[k].x)[l];
+      const std::size_t gi = Grouped ? b_.group[first + l] : 0;
+      Rule::update(*pl[l], gl[l] * grad_scale_, sl, table_[gi]);
+      for (std::size_t k = 0; k < slots; ++k) (&s[k].x)[l] = sl[k];
+    }
+    for (std::size_t k = 0; k < slots; ++k)
+      if (k < states_) *reinterpret_cast<float4*>(b_.state[k] + first) = s[k];
+    *reinterpret_cast<float4*>(b_.param + first) = p;
+    if (b_.param_out != nullptr)
+      for (int l = 0; l < 4; ++l) b_.param_out[first + l] = dtype_cast<T>(*pl[l]);
+  }
+#endif
+
+ private:
+  Buffers b_;
+  std::size_t states_;
+  float grad_scale_;
+  coefficients table_[max_param_groups];
 };
 
 }  // namespace dtrain

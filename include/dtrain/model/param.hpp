@@ -41,6 +41,10 @@ struct ParamSpec {
   // optimizer state of its own; its shape must equal the owner's, and it is
   // trainable when the owner is. See ModelLayout::ties().
   std::string tied_to{};
+  // What kind of parameter this is, for parameter groups to select by
+  // ("tag:bias"): dtrain's units tag biases "bias", normalisation gains and
+  // shifts "norm" and embedding tables "embedding".
+  std::vector<std::string> tags{};
 
   std::int64_t numel() const {
     return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>{});

@@ -114,9 +114,9 @@ class CausalSelfAttention {
   std::vector<ParamSpec> params() const {
     const Init w = Init::normal(0.f, options_.init_std);
     return {{"qkv.weight", {3 * dim_, dim_}, w, options_.trainable},
-            {"qkv.bias", {3 * dim_}, Init::zeros(), options_.trainable},
+            {"qkv.bias", {3 * dim_}, Init::zeros(), options_.trainable, {}, {"bias"}},
             {"proj.weight", {dim_, dim_}, w, options_.trainable},
-            {"proj.bias", {dim_}, Init::zeros(), options_.trainable}};
+            {"proj.bias", {dim_}, Init::zeros(), options_.trainable, {}, {"bias"}}};
   }
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::CausalSelfAttention", in, dim_); }
 

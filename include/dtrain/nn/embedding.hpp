@@ -43,7 +43,7 @@ class Embedding {
 
   std::int64_t vocab() const { return vocab_; }
   std::vector<ParamSpec> params() const {
-    return {{"weight", {vocab_, dim_}, Init::normal(0.f, options_.init_std), options_.trainable}};
+    return {{"weight", {vocab_, dim_}, Init::normal(0.f, options_.init_std), options_.trainable, {}, {"embedding"}}};
   }
   // The input is ids, whatever width the caller reports.
   std::int64_t out_features(std::int64_t) const { return dim_; }
@@ -124,7 +124,7 @@ class PositionalEmbedding {
                          "give the longest sequence and the vector width");
   }
 
-  std::vector<ParamSpec> params() const { return {{"weight", {max_len_, dim_}, Init::normal(0.f, init_std_)}}; }
+  std::vector<ParamSpec> params() const { return {{"weight", {max_len_, dim_}, Init::normal(0.f, init_std_), true, {}, {"embedding"}}}; }
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::PositionalEmbedding", in, dim_); }
 
   template <class Dev, class T>

@@ -134,8 +134,8 @@ class LayerNorm {
   std::int64_t features() const noexcept { return features_; }
 
   std::vector<ParamSpec> params() const {
-    return {{"weight", {features_}, Init::ones(), options_.trainable},
-            {"bias", {features_}, Init::zeros(), options_.trainable}};
+    return {{"weight", {features_}, Init::ones(), options_.trainable, {}, {"norm"}},
+            {"bias", {features_}, Init::zeros(), options_.trainable, {}, {"norm", "bias"}}};
   }
 
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::LayerNorm", in, features_); }

@@ -41,7 +41,7 @@ class Linear {
   std::vector<ParamSpec> params() const {
     std::vector<ParamSpec> specs{
         {"weight", {out_, in_}, Init::fan_in_uniform(in_), options_.trainable, options_.tie_weight}};
-    if (options_.bias) specs.push_back({"bias", {out_}, Init::fan_in_uniform(in_), options_.trainable});
+    if (options_.bias) specs.push_back({"bias", {out_}, Init::fan_in_uniform(in_), options_.trainable, {}, {"bias"}});
     return specs;
   }
 

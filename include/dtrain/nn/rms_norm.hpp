@@ -110,7 +110,7 @@ class RMSNorm {
   std::int64_t features() const noexcept { return features_; }
   float eps() const noexcept { return options_.eps; }
 
-  std::vector<ParamSpec> params() const { return {{"weight", {features_}, Init::ones(), options_.trainable}}; }
+  std::vector<ParamSpec> params() const { return {{"weight", {features_}, Init::ones(), options_.trainable, {}, {"norm"}}}; }
 
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::RMSNorm", in, features_); }
 

@@ -184,11 +184,11 @@ class RotaryAttention {
                              {"v.weight", {kv, dim_}, w, options_.trainable},
                              {"o.weight", {dim_, dim_}, w, options_.trainable}};
     if (options_.qkv_bias) {
-      p.push_back({"q.bias", {dim_}, Init::zeros(), options_.trainable});
-      p.push_back({"k.bias", {kv}, Init::zeros(), options_.trainable});
-      p.push_back({"v.bias", {kv}, Init::zeros(), options_.trainable});
+      p.push_back({"q.bias", {dim_}, Init::zeros(), options_.trainable, {}, {"bias"}});
+      p.push_back({"k.bias", {kv}, Init::zeros(), options_.trainable, {}, {"bias"}});
+      p.push_back({"v.bias", {kv}, Init::zeros(), options_.trainable, {}, {"bias"}});
     }
-    if (options_.out_bias) p.push_back({"o.bias", {dim_}, Init::zeros(), options_.trainable});
+    if (options_.out_bias) p.push_back({"o.bias", {dim_}, Init::zeros(), options_.trainable, {}, {"bias"}});
     return p;
   }
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::RotaryAttention", in, dim_); }

@@ -6,17 +6,22 @@
 //   dtrain::FlatOptimizer<dtrain::Host> opt(dev, dtrain::AdamW{.lr = 1e-3f}, owned_size);
 //   opt.step(master, grad, param_out_or_null, {.lr = lr, .step = 1, .grad_scale = 1.f});
 //
-// Public so a hand-written loop can pair it with ShardedParams/ShardReducer.
+// Any type modelling dtrain::Optimizer (optim/config.hpp) goes in; the type
+// is erased here, so a Trainer compiles once whatever optimizer it is given.
+// Elements can belong to parameter groups (param_groups.hpp), each with its
+// own rate factor and weight decay. Public so a hand-written loop can pair
+// it with ShardedParams/ShardReducer.
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "dtrain/core/dtype.hpp"
+#include "dtrain/core/error.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/optim/config.hpp"
@@ -25,9 +30,9 @@ namespace dtrain {
 
 // What changes from one step to the next.
 struct OptimizerStep {
-  float lr = 0.f;
-  std::int64_t step = 1;    // optimizer steps taken, this one included (AdamW bias correction)
-  float grad_scale = 1.f;   // multiplies every gradient as it is read: 1/loss_scale x clip coefficient
+  float lr = 0.f;            // the default group's rate; group k runs at lr x its factor
+  std::int64_t step = 1;     // optimizer steps taken, this one included (AdamW bias correction)
+  float grad_scale = 1.f;    // multiplies every gradient as it is read: 1/loss_scale x clip coefficient
 };
 
 // A named view of one optimizer-state buffer (for checkpoints).
@@ -36,67 +41,134 @@ struct OptimizerStateView {
   float* data;
 };
 
+// One group's settings as the pass applies them.
+struct GroupRate {
+  float lr_factor = 1.f;     // the group's lr over the optimizer's
+  float weight_decay = 0.f;
+};
+
 template <class Dev>
 class FlatOptimizer {
  public:
-  using config_type = std::variant<AdamW, SGD>;
-
   // Validates the config and allocates zeroed state for `size` elements.
-  template <OptimizerConfig Opt>
-  FlatOptimizer(Dev& dev, Opt config, std::size_t size) : dev_(dev), config_(config), size_(size) {
+  // `element_groups`, when not empty, gives every element's group (an index
+  // into `groups`, which then has one entry per group; empty: one group
+  // with the optimizer's weight_decay).
+  template <Optimizer Opt>
+  FlatOptimizer(Dev& dev, Opt config, std::size_t size, std::vector<GroupRate> groups = {},
+                const std::vector<std::uint8_t>& element_groups = {})
+      : dev_(dev), size_(size), name_(Opt::name), base_lr_(config.lr) {
     config.validate();
-    const std::size_t buffers = std::visit([](const auto& c) { return state_buffers(c); }, config_);
-    if (buffers >= 1) state1_ = make_buffer<float>(dev_, size, zero_init, memory_category::optimizer);
-    if (buffers >= 2) state2_ = make_buffer<float>(dev_, size, zero_init, memory_category::optimizer);
+    if (groups.empty()) groups.push_back({1.f, config.weight_decay});
+    if (groups.size() > max_param_groups)
+      throw config_error(std::to_string(groups.size()) + " parameter groups", "use at most " +
+                                                                                   std::to_string(max_param_groups));
+    if (!element_groups.empty() && element_groups.size() != size)
+      throw config_error("FlatOptimizer: " + std::to_string(element_groups.size()) + " group ids for " +
+                             std::to_string(size) + " elements",
+                         "give one group id per element of the flat, or none");
+    for (const auto id : element_groups)
+      if (id >= groups.size())
+        throw config_error("FlatOptimizer: group id " + std::to_string(id) + " with " +
+                               std::to_string(groups.size()) + " groups",
+                           "ids index the groups given");
+    groups_ = std::move(groups);
+    for (const std::string_view n : config.state_names()) {
+      state_names_.emplace_back(n);
+      states_.push_back(make_buffer<float>(dev_, size, zero_init, memory_category::optimizer));
+    }
+    if (state_names_.size() > Opt::max_states)
+      throw config_error(std::string(Opt::name) + " names " + std::to_string(state_names_.size()) +
+                             " state buffers but declares max_states = " + std::to_string(Opt::max_states),
+                         "make state_names() and max_states agree");
+    if (groups_.size() > 1 && size > 0) {
+      ids_ = make_buffer<std::uint8_t>(dev_, size, memory_category::optimizer);
+      dev_.copy_from_host(ids_.data(), element_groups.empty() ? std::vector<std::uint8_t>(size).data()
+                                                              : element_groups.data(), size);
+    }
+    impl_ = std::make_unique<Model<Opt>>(std::move(config));
   }
 
-  const config_type& config() const { return config_; }
+  std::string_view name() const { return name_; }
   std::size_t size() const { return size_; }
-  float base_lr() const {
-    return std::visit([](const auto& c) { return c.lr; }, config_);
-  }
+  float base_lr() const { return base_lr_; }
+  const std::vector<GroupRate>& groups() const { return groups_; }
 
   // One pass over the flat: reads the gradient once, updates master weights
   // and state, and writes T(param) into param_out when it is not null.
   template <Dtype T>
   void step(float* master, const float* grad, T* param_out, const OptimizerStep& s) {
     if (size_ == 0) return;
-    std::visit([&](const auto& c) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(c)>, AdamW>) {
-        const AdamWHyper h{s.lr, c.beta1, c.beta2, c.eps, c.weight_decay};
-        dev_.for_each(size_, AdamWStep<T>({master, grad, state1_.data(), state2_.data(), param_out}, h, s.step,
-                                          s.grad_scale));
-      } else {
-        const SgdHyper h{s.lr, c.momentum, c.weight_decay, c.nesterov};
-        dev_.for_each(size_, SgdStep<T>({master, grad, state1_.data(), param_out}, h, s.grad_scale));
-      }
-    }, config_);
+    impl_->step(*this, Pass<T>{master, grad, param_out, s});
   }
 
   // The state buffers, each `size()` elements, in the flat's order.
   std::vector<OptimizerStateView> state() {
     std::vector<OptimizerStateView> out;
-    std::visit([&](const auto& c) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(c)>, AdamW>) {
-        out.push_back({"exp_avg", state1_.data()});
-        out.push_back({"exp_avg_sq", state2_.data()});
-      } else if (c.momentum != 0.f) {
-        out.push_back({"momentum_buffer", state1_.data()});
-      }
-    }, config_);
+    for (std::size_t k = 0; k < states_.size(); ++k) out.push_back({state_names_[k], states_[k].data()});
     return out;
   }
 
-  // fp32 state buffers a config needs per element: AdamW 2, SGD 1 with momentum.
-  static std::size_t state_buffers(const AdamW&) { return 2; }
-  static std::size_t state_buffers(const SGD& c) { return c.momentum != 0.f ? 1 : 0; }
+  // fp32 state buffers a config keeps per element (AdamW 2, SGD 1 with momentum).
+  template <Optimizer Opt>
+  static std::size_t state_buffers(const Opt& c) {
+    return c.state_names().size();
+  }
 
  private:
+  template <class T>
+  struct Pass {
+    float* master;
+    const float* grad;
+    T* param_out;
+    OptimizerStep s;
+  };
+
+  struct Concept {
+    virtual ~Concept() = default;
+    virtual void step(FlatOptimizer&, const Pass<float>&) const = 0;
+    virtual void step(FlatOptimizer&, const Pass<bf16>&) const = 0;
+    virtual void step(FlatOptimizer&, const Pass<fp16>&) const = 0;
+  };
+
+  template <class Opt>
+  struct Model final : Concept {
+    explicit Model(Opt c) : config(std::move(c)) {}
+    void step(FlatOptimizer& o, const Pass<float>& p) const override { o.run(config, p); }
+    void step(FlatOptimizer& o, const Pass<bf16>& p) const override { o.run(config, p); }
+    void step(FlatOptimizer& o, const Pass<fp16>& p) const override { o.run(config, p); }
+    Opt config;
+  };
+
+  template <class Opt, class T>
+  void run(const Opt& config, const Pass<T>& p) {
+    using C = typename Opt::coefficients;
+    C table[max_param_groups];
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      table[g] = config.coefficients_for({static_cast<float>(static_cast<double>(p.s.lr) * groups_[g].lr_factor),
+                                          groups_[g].weight_decay, p.s.step});
+    const auto launch = [&]<bool Grouped>() {
+      typename GroupedStep<Opt, T, Grouped>::Buffers b{};
+      b.param = p.master;
+      b.grad = p.grad;
+      for (std::size_t k = 0; k < states_.size(); ++k) b.state[k] = states_[k].data();
+      b.param_out = p.param_out;
+      b.group = Grouped ? ids_.data() : nullptr;
+      dev_.for_each(size_, GroupedStep<Opt, T, Grouped>(b, table, groups_.size(), states_.size(), p.s.grad_scale));
+    };
+    if (groups_.size() > 1) launch.template operator()<true>();
+    else launch.template operator()<false>();
+  }
+
   Dev& dev_;
-  config_type config_;
   std::size_t size_;
-  typename Dev::template buffer<float> state1_;  // AdamW exp_avg / SGD momentum
-  typename Dev::template buffer<float> state2_;  // AdamW exp_avg_sq
+  std::string_view name_;
+  float base_lr_;
+  std::vector<GroupRate> groups_;
+  std::vector<std::string> state_names_;  // the config's, copied: OptimizerStateView points here
+  std::vector<typename Dev::template buffer<float>> states_;
+  typename Dev::template buffer<std::uint8_t> ids_;
+  std::unique_ptr<Concept> impl_;
 };
 
 }  // namespace dtrain

@@ -10,6 +10,7 @@
 // is the one used when no schedule is given. To adapt a rate tuned at one
 // batch size to a larger effective batch, scale it first with scale_lr().
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
@@ -30,6 +31,24 @@ inline void check_step(std::int64_t step) {
   if (step < 0)
     throw error("LR schedule evaluated at step " + std::to_string(step),
                 "schedules count optimizer steps from 0; pass the number of steps taken so far");
+}
+// The checks of a schedule that warms up to peak_lr and decays to min_lr at
+// total_steps.
+inline void check_decay_schedule(std::string_view schedule, float peak_lr, std::int64_t warmup_steps,
+                                 std::int64_t total_steps, float min_lr, float warmup_start) {
+  const std::string s(schedule);
+  check_field(s, "peak_lr", peak_lr, positive);
+  check_field(s, "warmup_steps", warmup_steps, step_count);
+  check_field(s, "total_steps", total_steps, positive_step_count);
+  check_field(s, "min_lr", min_lr, non_negative);
+  check_field(s, "warmup_start", warmup_start, fraction);
+  if (warmup_steps > total_steps)
+    throw config_error(s + ".warmup_steps = " + std::to_string(warmup_steps) + " exceeds total_steps = " +
+                           std::to_string(total_steps),
+                       "warmup must end by total_steps: lower .warmup_steps or raise .total_steps");
+  if (min_lr > peak_lr)
+    throw config_error(s + ".min_lr = " + number_text(min_lr) + " exceeds peak_lr = " + number_text(peak_lr),
+                       "set .min_lr <= .peak_lr (often peak_lr / 10, or 0)");
 }
 }  // namespace detail
 
@@ -75,19 +94,64 @@ struct WarmupCosineLR {
   }
 
   void validate() const {
-    detail::check_field("WarmupCosineLR", "peak_lr", peak_lr, detail::positive);
-    detail::check_field("WarmupCosineLR", "warmup_steps", warmup_steps, detail::step_count);
-    detail::check_field("WarmupCosineLR", "total_steps", total_steps, detail::positive_step_count);
-    detail::check_field("WarmupCosineLR", "min_lr", min_lr, detail::non_negative);
-    detail::check_field("WarmupCosineLR", "warmup_start", warmup_start, detail::fraction);
-    if (warmup_steps > total_steps)
-      throw config_error("WarmupCosineLR.warmup_steps = " + std::to_string(warmup_steps) +
-                             " exceeds total_steps = " + std::to_string(total_steps),
-                         "warmup must end by total_steps: lower .warmup_steps or raise .total_steps");
-    if (min_lr > peak_lr)
-      throw config_error("WarmupCosineLR.min_lr = " + detail::number_text(min_lr) + " exceeds peak_lr = " +
-                             detail::number_text(peak_lr),
-                         "set .min_lr <= .peak_lr (often peak_lr / 10, or 0)");
+    detail::check_decay_schedule("WarmupCosineLR", peak_lr, warmup_steps, total_steps, min_lr, warmup_start);
+  }
+
+};
+
+// Linear warmup as WarmupCosineLR's, then a straight line from peak_lr down
+// to min_lr at total_steps, and min_lr after (Hugging Face's
+// get_linear_schedule_with_warmup with min_lr 0).
+struct LinearLR {
+  static constexpr std::string_view name = "linear";
+
+  float peak_lr = 0.f;            // required
+  std::int64_t warmup_steps = 0;  // 0: start at peak_lr
+  std::int64_t total_steps = 0;   // required; warmup_steps <= total_steps
+  float min_lr = 0.f;
+  float warmup_start = 0.f;  // fraction of peak_lr at step 0
+
+  float operator()(std::int64_t step) const {
+    detail::check_step(step);
+    const double peak = peak_lr;
+    if (step < warmup_steps) {
+      const double t = static_cast<double>(step) / static_cast<double>(warmup_steps);
+      return static_cast<float>(peak * (warmup_start + (1.0 - warmup_start) * t));
+    }
+    if (step >= total_steps) return min_lr;
+    const double left =
+        static_cast<double>(total_steps - step) / static_cast<double>(total_steps - warmup_steps);
+    return static_cast<float>(min_lr + (peak - min_lr) * left);
+  }
+
+  void validate() const { detail::check_decay_schedule("LinearLR", peak_lr, warmup_steps, total_steps, min_lr, warmup_start); }
+};
+
+// Linear warmup to peak_lr at warmup_steps, then peak_lr x sqrt(warmup_steps
+// / step): the original Transformer's schedule, which needs no run length
+// (fairseq's inverse_sqrt). Without warmup the decay counts from step 1.
+struct InverseSqrtLR {
+  static constexpr std::string_view name = "inverse_sqrt";
+
+  float peak_lr = 0.f;            // required
+  std::int64_t warmup_steps = 0;  // the step the decay starts from (0: decays from step 1)
+  float warmup_start = 0.f;       // fraction of peak_lr at step 0
+
+  float operator()(std::int64_t step) const {
+    detail::check_step(step);
+    const double peak = peak_lr;
+    if (step < warmup_steps) {
+      const double t = static_cast<double>(step) / static_cast<double>(warmup_steps);
+      return static_cast<float>(peak * (warmup_start + (1.0 - warmup_start) * t));
+    }
+    const double pivot = static_cast<double>(std::max<std::int64_t>(warmup_steps, 1));
+    return static_cast<float>(peak * std::sqrt(pivot / static_cast<double>(std::max<std::int64_t>(step, 1))));
+  }
+
+  void validate() const {
+    detail::check_field("InverseSqrtLR", "peak_lr", peak_lr, detail::positive);
+    detail::check_field("InverseSqrtLR", "warmup_steps", warmup_steps, detail::step_count);
+    detail::check_field("InverseSqrtLR", "warmup_start", warmup_start, detail::fraction);
   }
 };
 
@@ -133,20 +197,22 @@ class Schedule {
 
 // The settings of a schedule chosen by name at run time.
 struct ScheduleParams {
-  float lr = 0.f;  // constant: the rate; cosine: the peak
+  float lr = 0.f;  // constant: the rate; the others: the peak
   std::int64_t warmup_steps = 0;
-  std::int64_t total_steps = 0;  // cosine only; a constant schedule ignores the run length
+  std::int64_t total_steps = 0;  // cosine and linear; the others ignore the run length
   float min_lr = 0.f;
   float warmup_start = 0.f;
 };
 
-// name: "constant" (ConstantLR) or "cosine" (WarmupCosineLR).
+// name: "constant" (ConstantLR), "cosine" (WarmupCosineLR), "linear"
+// (LinearLR) or "inverse_sqrt" (InverseSqrtLR). A schedule of your own is a
+// callable from the step to the rate: Schedule([](std::int64_t step) { ... }).
 inline Schedule make_schedule(std::string_view name, const ScheduleParams& p) {
   if (name == ConstantLR::name) {
     // Refused rather than dropped: a user who asked for warmup expects it.
     if (p.warmup_steps != 0 || p.min_lr != 0.f || p.warmup_start != 0.f)
       throw config_error("LR schedule 'constant' takes no warmup_steps, min_lr or warmup_start",
-                         "use 'cosine' for warmup and decay, or leave those settings at 0");
+                         "use 'cosine', 'linear' or 'inverse_sqrt' for warmup and decay, or leave those settings at 0");
     return ConstantLR{.lr = p.lr};
   }
   if (name == WarmupCosineLR::name)
@@ -155,8 +221,20 @@ inline Schedule make_schedule(std::string_view name, const ScheduleParams& p) {
                           .total_steps = p.total_steps,
                           .min_lr = p.min_lr,
                           .warmup_start = p.warmup_start};
+  if (name == LinearLR::name)
+    return LinearLR{.peak_lr = p.lr,
+                    .warmup_steps = p.warmup_steps,
+                    .total_steps = p.total_steps,
+                    .min_lr = p.min_lr,
+                    .warmup_start = p.warmup_start};
+  if (name == InverseSqrtLR::name) {
+    if (p.min_lr != 0.f)
+      throw config_error("LR schedule 'inverse_sqrt' takes no min_lr: it decays without end",
+                         "leave min_lr at 0, or use 'cosine' or 'linear'");
+    return InverseSqrtLR{.peak_lr = p.lr, .warmup_steps = p.warmup_steps, .warmup_start = p.warmup_start};
+  }
   throw config_error("unknown LR schedule '" + std::string(name) + "'",
-                     "use one of: " + std::string(ConstantLR::name) + ", " + std::string(WarmupCosineLR::name));
+                     "use one of: constant, cosine, linear, inverse_sqrt");
 }
 
 // How a learning rate tuned at one batch size follows a larger effective

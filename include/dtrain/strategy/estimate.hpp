@@ -72,6 +72,7 @@ struct EstimateInputs {
   int shard_group = 0;                // fsdp-hybrid only: ranks per shard group (>= 1, divides world)
   int prefetch = 1;                   // FsdpOptions::prefetch, Zero1Options::prefetch
   std::size_t optimizer_states = 2;   // fp32 buffers per element: AdamW 2, SGD with momentum 1, plain SGD 0
+  bool param_groups = false;          // more than one parameter group: a group id byte per owned element
   std::size_t activations = 0;        // activation bytes, worked out by the caller
 };
 
@@ -197,7 +198,7 @@ inline MemoryUsage strategy_memory(const EstimateInputs& in, const EstimatePlan&
   // (G = 1) or its shard of every padded unit.
   const std::size_t owned = m.trainable / G;
   MemoryUsage u;
-  u.optimizer = in.optimizer_states * owned * f32;
+  u.optimizer = in.optimizer_states * owned * f32 + (in.param_groups ? owned : 0);
   u.activations = in.activations;
   // The Trainer's four staging floats for its scalar all-reduces (its
   // max_scalars; estimate_test checks the two agree), plus one for the

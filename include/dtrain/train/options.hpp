@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "dtrain/device/device.hpp"
 #include "dtrain/optim/config.hpp"
+#include "dtrain/optim/param_groups.hpp"
 #include "dtrain/optim/schedule.hpp"
 
 namespace dtrain {
@@ -38,6 +40,9 @@ struct TrainerOptions {
   // it when nothing needs it, and grad_norm is then NaN. Clipping and fp16
   // loss scaling compute it regardless.
   bool grad_norm = true;
+  // Parameters with their own lr and weight decay (optim/param_groups.hpp);
+  // {no_decay_group()} is the usual recipe. Empty: one group.
+  std::vector<ParamGroup> param_groups{};
 };
 
 struct StepStats {

@@ -21,7 +21,6 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "dtrain/checkpoint/checkpoint.hpp"
@@ -32,6 +31,7 @@
 #include "dtrain/core/fault.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/kernels/elementwise.hpp"
+#include "dtrain/launch/env.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/optim/config.hpp"
@@ -75,7 +75,7 @@ class TrainerCore {
  public:
   // `accumulate`: micro-batches per optimizer step (>= 1). `strategy`: see
   // strategy_factory (strategy/any_strategy.hpp).
-  template <OptimizerConfig Opt>
+  template <Optimizer Opt>
   TrainerCore(World& world, M& model, Opt optimizer, TrainerOptions options, int accumulate,
               StrategyFactory<Dev, T> strategy)
       : accumulate_(checked_accumulate(accumulate)),
@@ -87,7 +87,8 @@ class TrainerCore {
         num_units_(layout_.units().size()),
         comm_(binding::make(world_, dev_)),
         strategy_(make_strategy(strategy)),
-        optimizer_(dev_, optimizer, strategy_->owned().size),
+        groups_(plan_groups(layout_, options_.param_groups, optimizer.lr, optimizer.weight_decay)),
+        optimizer_(make_optimizer(std::move(optimizer))),
         io_(world_, dev_, layout_, *strategy_, optimizer_) {
     scalar_ = make_buffer<float>(dev_, max_scalars);
     if constexpr (Prec::loss_scaling) loss_scale_ = options_.loss_scale.initial;
@@ -265,6 +266,9 @@ class TrainerCore {
   std::string_view strategy_name() const { return strategy_->name(); }
   int micro_batches() const { return accumulate_; }
   FlatOptimizer<Dev>& optimizer() { return optimizer_; }
+  // The parameter groups as resolved against the model: groups()[0] is the
+  // default group, then TrainerOptions::param_groups in order.
+  const std::vector<GroupSettings>& param_groups() const { return groups_.groups; }
   std::int64_t steps_taken() const { return step_; }
 
  private:
@@ -273,6 +277,19 @@ class TrainerCore {
     optimizer.validate();
     options.clip.validate();
     return options;
+  }
+
+  // The optimizer over the strategy's owned flat, with every element's
+  // parameter group when there is more than one.
+  template <class Opt>
+  FlatOptimizer<Dev> make_optimizer(Opt optimizer) {
+    const std::size_t size = strategy_->owned().size;
+    std::vector<GroupRate> rates;
+    for (const GroupSettings& g : groups_.groups)
+      rates.push_back({static_cast<float>(static_cast<double>(g.lr) / optimizer.lr), g.weight_decay});
+    std::vector<std::uint8_t> ids;
+    if (groups_.size() > 1) ids = element_groups(layout_, groups_, strategy_->ownership().trainable, size);
+    return FlatOptimizer<Dev>(dev_, std::move(optimizer), size, std::move(rates), ids);
   }
 
   static int checked_accumulate(int accumulate) {
@@ -290,6 +307,7 @@ class TrainerCore {
   }
 
   static Dev make_device(World& world) {
+    check_launch_device<Dev>();  // a host trainer under dtrain-run --nproc-per-node gpu
     if constexpr (requires { Dev(world.local_rank()); } && !std::is_same_v<Dev, Host>)
       return Dev(world.local_rank());
     else
@@ -639,8 +657,9 @@ class TrainerCore {
     info.strategy = std::string(strategy_->name());
     info.param_dtype = std::string(dtype_traits<T>::safetensors_name);
     info.reduce_dtype = std::string(dtype_traits<R>::safetensors_name);
-    info.optimizer = std::visit([](const auto& c) { return std::string(c.name); }, optimizer_.config());
+    info.optimizer = std::string(optimizer_.name());
     for (const auto& st : optimizer_.state()) info.optimizer_states.emplace_back(st.name);
+    for (const GroupSettings& g : groups_.groups) info.param_groups.push_back({g.name, g.lr, g.weight_decay, g.params});
     return info;
   }
 
@@ -658,6 +677,7 @@ class TrainerCore {
   std::size_t num_units_;
   std::unique_ptr<typename binding::comm_type> comm_;  // the whole world's (scalars; strategies build on it)
   std::unique_ptr<AnyStrategy<T>> strategy_;
+  GroupPlan groups_;
   FlatOptimizer<Dev> optimizer_;
   CheckpointIO<Dev, T> io_;  // checkpoints and parameter files, through strategy_ and optimizer_
 
@@ -705,7 +725,7 @@ class Trainer : public TrainerCore<M, typename policies<Policies...>::device, ty
   using strategy_options = strategy_options_t<strategy_type>;
   static constexpr int accumulate = P::accumulate;
 
-  template <OptimizerConfig Opt>
+  template <Optimizer Opt>
   Trainer(World& world, M& model, Opt optimizer, TrainerOptions options = {}, strategy_options strategy = {})
       : Core(world, model, std::move(optimizer), std::move(options), accumulate,
              strategy_factory<strategy_kind, typename P::device, T, R>(std::move(strategy))) {}

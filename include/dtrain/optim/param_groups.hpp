@@ -1,0 +1,171 @@
+#pragma once
+// Parameter groups: parameters that share a learning rate and weight decay
+// different from the optimizer's, as torch.optim's param_groups. The usual
+// one leaves biases and norm gains out of weight decay:
+//
+//   dtrain::TrainerOptions o;
+//   o.param_groups = {dtrain::no_decay_group()};            // tag:bias, tag:norm -> weight_decay 0
+//   o.param_groups.push_back({.name = "head", .params = {"11.*"}, .lr = 1e-4f});
+//
+// A parameter belongs to the first group that selects it, else to the
+// default group (the optimizer's own lr and weight_decay). A group's lr is
+// its rate where the schedule is at the optimizer's lr: the schedule scales
+// every group alike, as PyTorch's schedulers do.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/kernels/optimizer.hpp"
+#include "dtrain/model/layout.hpp"
+#include "dtrain/optim/config.hpp"
+
+namespace dtrain {
+
+struct ParamGroup {
+  std::string name;
+  // Selectors, any of which selects a parameter: a glob over the layout name
+  // "<unit>.<param>" (`*` any run of characters, `?` one: "*.bias",
+  // "3.attn.*"), or "tag:NAME" for the tags units give their parameters
+  // (dtrain's own: bias, norm, embedding).
+  std::vector<std::string> params{};
+  // A predicate over the parameter, for what names and tags cannot say
+  // (e.g. every 1-D parameter of a user's units).
+  std::function<bool(const ParamSlot&)> where{};
+  std::optional<float> lr{};            // absent: the optimizer's lr
+  std::optional<float> weight_decay{};  // absent: the optimizer's weight_decay
+};
+
+// Biases and normalisation gains without weight decay: what GPT-2, Llama and
+// BERT recipes do.
+inline ParamGroup no_decay_group() {
+  return {.name = "no_decay", .params = {"tag:bias", "tag:norm"}, .weight_decay = 0.f};
+}
+
+// A group as resolved against a model: its absolute settings and members.
+struct GroupSettings {
+  std::string name;
+  float lr = 0.f;            // at the optimizer's base rate
+  float weight_decay = 0.f;
+  std::vector<std::string> params;  // layout names, layout order
+};
+
+namespace detail {
+// Glob match with `*` and `?` (iterative, backtracking to the last star).
+inline bool glob_match(std::string_view pattern, std::string_view text) {
+  std::size_t p = 0, t = 0, star = std::string_view::npos, resume = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+      ++p, ++t;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = t;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      t = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+inline bool selects(const ParamGroup& g, const ParamSlot& slot) {
+  if (g.where && g.where(slot)) return true;
+  for (const std::string& sel : g.params) {
+    if (sel.starts_with("tag:")) {
+      const std::string_view tag = std::string_view(sel).substr(4);
+      for (const std::string& t : slot.spec.tags)
+        if (t == tag) return true;
+    } else if (glob_match(sel, slot.name)) {
+      return true;
+    }
+  }
+  return false;
+}
+}  // namespace detail
+
+// Which group each stored parameter is in. groups[0] is the default group;
+// group_of[u][i] the group of units()[u].params[i].
+struct GroupPlan {
+  std::vector<GroupSettings> groups;
+  std::vector<std::vector<std::uint8_t>> group_of;
+
+  std::size_t size() const { return groups.size(); }
+};
+
+// Resolves `groups` against `layout` with the optimizer's defaults. A group
+// that selects no trainable parameter is an error (a typo in a pattern would
+// otherwise change nothing, silently).
+inline GroupPlan plan_groups(const ModelLayout& layout, const std::vector<ParamGroup>& groups, float lr,
+                             float weight_decay) {
+  if (groups.size() + 1 > max_param_groups)
+    throw config_error(std::to_string(groups.size()) + " parameter groups are more than the " +
+                           std::to_string(max_param_groups - 1) + " an optimizer takes beside its default group",
+                       "merge groups that share lr and weight_decay");
+  GroupPlan plan;
+  plan.groups.push_back({"default", lr, weight_decay, {}});
+  for (const ParamGroup& g : groups) {
+    if (g.name.empty() || g.name == "default")
+      throw config_error("a parameter group is named '" + g.name + "'",
+                         "give every group a name of its own ('default' is the optimizer's)");
+    for (const GroupSettings& seen : plan.groups)
+      if (seen.name == g.name)
+        throw config_error("two parameter groups are named '" + g.name + "'", "give every group a name of its own");
+    if (g.params.empty() && !g.where)
+      throw config_error("parameter group '" + g.name + "' selects nothing",
+                         "give it .params (globs over \"<unit>.<param>\", or \"tag:NAME\") or a .where predicate");
+    const float glr = g.lr.value_or(lr), gwd = g.weight_decay.value_or(weight_decay);
+    detail::check_field("ParamGroup '" + g.name + "'", "lr", glr, detail::positive);
+    detail::check_field("ParamGroup '" + g.name + "'", "weight_decay", gwd, detail::non_negative);
+    plan.groups.push_back({g.name, glr, gwd, {}});
+  }
+  plan.group_of.resize(layout.units().size());
+  for (std::size_t u = 0; u < layout.units().size(); ++u) {
+    const auto& params = layout.units()[u].params;
+    plan.group_of[u].assign(params.size(), 0);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].spec.trainable) continue;
+      for (std::size_t k = 0; k < groups.size(); ++k)
+        if (detail::selects(groups[k], params[i])) {
+          plan.group_of[u][i] = static_cast<std::uint8_t>(k + 1);
+          break;
+        }
+      plan.groups[plan.group_of[u][i]].params.push_back(params[i].name);
+    }
+  }
+  for (std::size_t k = 1; k < plan.groups.size(); ++k)
+    if (plan.groups[k].params.empty())
+      throw config_error("parameter group '" + plan.groups[k].name + "' selects no trainable parameter",
+                         "check its patterns against the layout names (\"<unit>.<param>\", e.g. \"0.bias\"; "
+                         "Trainer::layout() lists them) and its tags (bias, norm, embedding)");
+  return plan;
+}
+
+// The group id of every element of a strategy's owned flat, from its
+// ownership ranges (padding takes the default group).
+template <class Range>
+std::vector<std::uint8_t> element_groups(const ModelLayout& layout, const GroupPlan& plan,
+                                         const std::vector<Range>& owned, std::size_t size) {
+  std::vector<std::uint8_t> ids(size, 0);
+  for (const Range& r : owned) {
+    const UnitSlots& unit = layout.units()[r.unit];
+    for (std::size_t i = 0; i < unit.params.size(); ++i) {
+      const ParamSlot& slot = unit.params[i];
+      if (!slot.spec.trainable) continue;
+      const std::size_t first = slot.offset - unit.train_offset, last = first + static_cast<std::size_t>(slot.spec.numel());
+      const std::size_t lo = std::max(first, r.begin), hi = std::min(last, r.begin + r.count);
+      for (std::size_t e = lo; e < hi; ++e) ids[r.offset + (e - r.begin)] = plan.group_of[r.unit][i];
+    }
+  }
+  return ids;
+}
+
+}  // namespace dtrain
