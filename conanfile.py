@@ -21,7 +21,7 @@ from conan import ConanFile
 from conan.errors import ConanException, ConanInvalidConfiguration
 from conan.tools.build import check_min_cppstd
 from conan.tools.cmake import CMake, CMakeDeps, CMakeToolchain, cmake_layout
-from conan.tools.files import load
+from conan.tools.files import copy, load
 from conan.tools.system.package_manager import Apt
 
 required_conan_version = ">=2.0.5"
@@ -39,6 +39,7 @@ def _cuda_roots():
 
 class DtrainConan(ConanFile):
     name = "dtrain"
+    license = "Apache-2.0"
     description = "Header-only C++20 multi-GPU and multi-process training (DDP over NCCL or Gloo)"
     topics = ("deep-learning", "distributed-training", "cuda", "nccl", "gloo", "header-only")
     package_type = "header-library"
@@ -48,7 +49,7 @@ class DtrainConan(ConanFile):
     # Header-only: one package for every configuration; with_cuda only checks the
     # system, since the consumer's find_package(dtrain) decides (DTRAIN_CUDA).
     implements = ["auto_header_only"]
-    exports_sources = "CMakeLists.txt", "cmake/*", "include/*"
+    exports_sources = "CMakeLists.txt", "LICENSE", "cmake/*", "include/*"
     no_copy_source = True
 
     def set_version(self):
@@ -115,6 +116,7 @@ class DtrainConan(ConanFile):
         cmake.build()
 
     def package(self):
+        copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
         CMake(self).install()
 
     def package_info(self):

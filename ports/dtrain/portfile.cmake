@@ -37,6 +37,7 @@ if("tools" IN_LIST FEATURES)
 endif()
 
 file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/usage" DESTINATION "${CURRENT_PACKAGES_DIR}/share/${PORT}")
-# dtrain ships no license file yet; vcpkg requires share/dtrain/copyright.
-file(WRITE "${CURRENT_PACKAGES_DIR}/share/${PORT}/copyright"
-     "dtrain ${VERSION}: the dtrain repository does not state a license for this version.\n")
+# vcpkg wants the licence as share/dtrain/copyright; the copy CMake installs
+# to share/doc/dtrain would be a second one.
+file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/share/doc")
+vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/LICENSE")

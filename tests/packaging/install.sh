@@ -7,7 +7,7 @@ build=$1 prefix=$2 config_dir=$3
 
 rm -rf "$prefix"
 cmake --install "$build" --prefix "$prefix"
-for f in include/dtrain/trainer.hpp include/dtrain/version.hpp \
+for f in include/dtrain/trainer.hpp include/dtrain/version.hpp share/doc/dtrain/LICENSE \
          "$config_dir/dtrain-config.cmake" "$config_dir/dtrain-config-version.cmake" \
          "$config_dir/dtrainTargets.cmake" "$config_dir/DtrainDependencies.cmake" "$config_dir/FindNCCL.cmake"; do
   [[ -f "$prefix/$f" ]] || { echo "install.sh: $prefix/$f is missing after the install" >&2; exit 1; }

@@ -36,6 +36,15 @@ export CONAN_HOME=$work/home
 # conan create writes test_package/build next to the recipe: work on a copy.
 rm -rf "$work/src"
 mkdir -p "$work/src"
-cp -R "$src/conanfile.py" "$src/CMakeLists.txt" "$src/cmake" "$src/include" "$src/test_package" "$work/src/"
+cp -R "$src/conanfile.py" "$src/CMakeLists.txt" "$src/LICENSE" "$src/cmake" "$src/include" "$src/test_package" \
+      "$work/src/"
 profile=$src/tests/packaging/debian12.profile
-"$conan" create "$work/src" -pr:h "$profile" -pr:b "$profile" --build=missing --no-remote "$@"
+"$conan" create "$work/src" -pr:h "$profile" -pr:b "$profile" --build=missing --no-remote --format=json "$@" \
+  > "$work/graph.json"
+# The package carries the licence where Conan looks for it (licenses/).
+package=$("$venv/bin/python" -c '
+import json, sys
+nodes = json.load(open(sys.argv[1]))["graph"]["nodes"].values()
+print(next(n["package_folder"] for n in nodes if (n.get("ref") or "").startswith("dtrain/")))' "$work/graph.json")
+[[ -f "$package/licenses/LICENSE" ]] || { echo "run_conan.sh: $package/licenses/LICENSE is missing" >&2; exit 1; }
+echo "run_conan.sh: dtrain packaged in $package, with licenses/LICENSE"
