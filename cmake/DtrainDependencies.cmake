@@ -11,8 +11,8 @@ if(NOT TARGET gloo)
   set_target_properties(gloo PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${Gloo_INCLUDE_DIRS}"
                                         INTERFACE_LINK_LIBRARIES "${Gloo_LIBRARIES}")
 endif()
-# dtrain::Host sizes BLAS threads with openblas_set_num_threads (see
-# TOOLCHAIN.md: one OpenBLAS pool per rank oversubscribes the cores).
+# dtrain::Host sizes BLAS threads with openblas_set_num_threads: an OpenBLAS
+# pool per rank, each with a thread per core, would oversubscribe the cores.
 if(NOT DEFINED BLA_VENDOR)
   set(BLA_VENDOR OpenBLAS)
 endif()

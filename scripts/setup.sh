@@ -10,7 +10,7 @@ build="${DTRAIN_BUILD_DIR:-$root/build}"
 # python3-torch: the tests that read checkpoints with PyTorch, and the benchmarks' peer.
 # iproute2: the multi-node test's network namespaces (tests/reliability/netns_test.cpp).
 # openmpi-bin: mpirun, one of the launchers the launcher test starts train_mlp with.
-# python3-matplotlib: scripts/plot_metrics.py. doxygen: the API reference (docs/api.md).
+# python3-matplotlib: scripts/plot_metrics.py. doxygen: the API reference (scripts/api_reference.sh).
 # ninja-build: CMake's Ninja generator schedules every target's objects together.
 packages=(cmake g++ make ninja-build pkg-config libgloo-dev librange-v3-dev libboost-test-dev libopenblas-dev
           libyaml-cpp-dev nlohmann-json3-dev python3 python3-numpy python3-venv python3-torch iproute2

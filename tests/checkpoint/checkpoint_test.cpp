@@ -1,7 +1,7 @@
-// Checkpoints (DESIGN.md property 5): saved at N ranks under any strategy,
-// loaded at M ranks under any strategy, training continues as if never
-// interrupted; verification, model checks and pretrained weights. Ranks are
-// threads of this process over real Gloo communicators, files are real.
+// Checkpoints: saved at N ranks under any strategy, loaded at M ranks under
+// any strategy, training continues as if never interrupted; verification,
+// model checks and pretrained weights. Ranks are threads of this process over
+// real Gloo communicators, files are real.
 #define BOOST_TEST_MODULE checkpoint
 #include <boost/test/unit_test.hpp>
 
@@ -112,7 +112,7 @@ BOOST_AUTO_TEST_CASE(resume_at_the_same_world_size_is_bit_identical) {
   });
 }
 
-// Property 5: saved at N ranks under strategy A, loaded at M ranks under
+// Saved at N ranks under strategy A, loaded at M ranks under
 // strategy B, training continues as the uninterrupted run at M ranks under B
 // does (the same rows each step; fp32 sums in another order: 1e-5). Every
 // (strategy, N, M) saves once and loads under a strategy that rotates with

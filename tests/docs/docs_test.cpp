@@ -9,6 +9,10 @@
 //     scenario ID, which this test produces for real: each line of the block
 //     must match a line of the output, where {...} stands for any text (pids,
 //     ports, paths, source lines);
+//   - every relative link of README.md and docs/ points to a file of the
+//     repository and, with #id, to a heading of that page;
+//   - no file of the repository cites notes it does not hold (the DESIGN,
+//     TOOLCHAIN and STYLE .md files, or a shared/ folder outside it);
 //   - the API reference (scripts/api_reference.sh) builds without a warning.
 #define BOOST_TEST_MODULE docs
 #include <boost/test/unit_test.hpp>
@@ -24,6 +28,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -39,6 +44,7 @@
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -315,6 +321,45 @@ const std::map<std::string, Scenario>& scenarios() {
   return all;
 }
 
+
+// The id GitHub gives a heading: lower case, spaces to '-', ASCII
+// punctuation but '-' and '_' dropped (no page has a non-ASCII heading).
+std::string heading_id(const std::string& heading) {
+  std::string id;
+  for (const unsigned char c : heading) {
+    if (c == ' ') id += '-';
+    else if (std::isalnum(c) || c == '-' || c == '_' || c >= 0x80) id += static_cast<char>(std::tolower(c));
+  }
+  return id;
+}
+
+// A page's lines outside its fenced code blocks, with their numbers (from 1).
+std::vector<std::pair<int, std::string>> prose_lines(const fs::path& page) {
+  std::vector<std::pair<int, std::string>> out;
+  bool fenced = false;
+  int number = 0;
+  for (const auto& line : lines_of(slurp(page))) {
+    ++number;
+    if (ltrim(line).rfind("```", 0) == 0) fenced = !fenced;
+    else if (!fenced) out.emplace_back(number, line);
+  }
+  return out;
+}
+
+// The ids of a page's headings; a repeated heading gets -1, -2, ... as on GitHub.
+std::set<std::string> heading_ids(const fs::path& page) {
+  static const std::regex heading(R"(^#{1,6}\s+(.*?)\s*#*\s*$)");
+  std::set<std::string> out;
+  std::map<std::string, int> seen;
+  for (const auto& [number, line] : prose_lines(page)) {
+    std::smatch m;
+    if (!std::regex_match(line, m, heading)) continue;
+    const std::string id = heading_id(m[1]);
+    const int n = seen[id]++;
+    out.insert(n == 0 ? id : id + "-" + std::to_string(n));
+  }
+  return out;
+}
 }  // namespace
 
 // The strategy table of docs/policies.md lists every built-in strategy
@@ -333,6 +378,70 @@ BOOST_AUTO_TEST_CASE(the_strategy_table_lists_every_builtin_strategy) {
     BOOST_TEST(row, "docs/policies.md's strategy table has no row for " << name);
   }
   BOOST_TEST(listed == static_cast<int>(std::tuple_size_v<dtrain::builtin_strategies>));
+}
+
+// Links are checked outside code blocks and code spans: [text](target) whose
+// target has no scheme (http:, mailto:) is a path from the page's folder,
+// with an optional #id of a heading of the target page (or of this page).
+BOOST_AUTO_TEST_CASE(every_relative_link_points_to_a_file_and_heading_that_exist) {
+  static const std::regex link(R"(\]\(([^)\s]+)(\s+"[^"]*")?\))");
+  static const std::regex code_span("`[^`]*`");
+  static const std::regex scheme("^[A-Za-z][A-Za-z0-9+.-]*:");
+  int checked = 0;
+  for (const auto& page : pages())
+    for (const auto& [number, raw] : prose_lines(page)) {
+      const std::string line = std::regex_replace(raw, code_span, "");
+      for (std::sregex_iterator it(line.begin(), line.end(), link), end; it != end; ++it) {
+        const std::string target = (*it)[1];
+        if (std::regex_search(target, scheme)) continue;
+        const auto hash = target.find('#');
+        const std::string path = target.substr(0, hash);
+        const fs::path file = path.empty() ? page : (page.parent_path() / path).lexically_normal();
+        BOOST_TEST_CONTEXT(fs::relative(page, repo).string() << ":" << number << ": " << target) {
+          ++checked;
+          BOOST_TEST(fs::exists(file), "the link points to " << file << ", which does not exist");
+          if (hash != std::string::npos && file.extension() == ".md" && fs::is_regular_file(file)) {
+            const std::string id = target.substr(hash + 1);
+            BOOST_TEST(heading_ids(file).count(id) == 1, fs::relative(file, repo).string() << " has no heading #" << id);
+          }
+        }
+      }
+    }
+  BOOST_TEST(checked >= 100);
+  BOOST_TEST_MESSAGE(checked << " relative links point to existing files and headings");
+}
+
+// The repository's text files cite only what the repository holds. The
+// names are assembled here so that this file does not contain them.
+BOOST_AUTO_TEST_CASE(no_file_cites_notes_the_repository_does_not_hold) {
+  const std::vector<std::string> absent{std::string("DESIGN") + ".md", std::string("TOOLCHAIN") + ".md",
+                                        std::string("STYLE") + ".md", std::string("../") + "shared/"};
+  const std::set<std::string> text{".md", ".hpp", ".cpp", ".h", ".cu", ".cuh", ".py", ".sh", ".cmake",
+                                   ".txt", ".in", ".yaml", ".supp"};
+  std::vector<fs::path> files{repo / "README.md", repo / "CHANGELOG.md", repo / "CMakeLists.txt", repo / "conanfile.py"};
+  for (const char* root : {"docs", "include", "examples", "tests", "scripts", "tools", "cmake", "bench", "ports", "test_package"}) {
+    if (!fs::is_directory(repo / root)) continue;
+    for (auto it = fs::recursive_directory_iterator(repo / root); it != fs::recursive_directory_iterator(); ++it) {
+      const auto& name = it->path().filename().string();
+      // Fuzz inputs are arbitrary bytes; results are data.
+      if (it->is_directory() && (name == "corpus" || name == "results" || name == "build")) it.disable_recursion_pending();
+      else if (it->is_regular_file() && text.count(it->path().extension().string())) files.push_back(it->path());
+    }
+  }
+  int checked = 0;
+  for (const auto& file : files) {
+    if (!fs::is_regular_file(file)) continue;
+    ++checked;
+    int number = 0;
+    for (const auto& line : lines_of(slurp(file))) {
+      ++number;
+      for (const auto& name : absent)
+        BOOST_TEST(line.find(name) == std::string::npos,
+                   fs::relative(file, repo).string() << ":" << number << " cites " << name
+                                                    << ", which the repository does not hold: state the fact instead");
+    }
+  }
+  BOOST_TEST(checked >= 100);
 }
 
 BOOST_AUTO_TEST_CASE(every_cpp_block_is_a_region_of_a_compiled_source) {

@@ -1,8 +1,8 @@
 // train_gpt and train_policy end to end, as real processes launched by
 // dtrain-run: they learn, every host preset trains, checkpoints resume to the
-// bit, activation checkpointing changes memory and nothing else, and
-// (DESIGN property 8) their losses and parameters match the same models in
-// PyTorch from the same initial weights (tests/examples/parity.py).
+// bit, activation checkpointing changes memory and nothing else, and their
+// losses and parameters match the same models in PyTorch from the same
+// initial weights (tests/examples/parity.py).
 #define BOOST_TEST_MODULE example_models
 #include <boost/test/unit_test.hpp>
 
@@ -186,7 +186,7 @@ BOOST_AUTO_TEST_CASE(every_host_preset_trains) {
   }
 }
 
-// DESIGN property 8. Initial weights from a one-step run, then 20 steps with
+// Parity with PyTorch. Initial weights from a one-step run, then 20 steps with
 // init_from, metrics, save_params and dump_batches; parity.py replays the
 // dumped batches through the PyTorch model in float64.
 namespace {

@@ -1,4 +1,4 @@
-"""DESIGN property 8: train_gpt and train_policy give PyTorch's losses and
+"""train_gpt and train_policy give PyTorch's losses and
 parameters from the same initial weights. The C++ side (models_test) runs the
 example with init_from=INIT, metrics=..., save_params=... and
 dump_batches=DIR; this script replays the same micro-batches through the same

@@ -1,7 +1,7 @@
 #pragma once
 // The inputs the fuzz harnesses feed to dtrain's parsers, shared by the
 // libFuzzer entry point (fuzz_main.cpp, built by tests/fuzz/run_fuzz.sh with
-// clang) and the corpus regression test (test_corpus.cpp, in the normal
+// clang) and the corpus regression test (corpus_test.cpp, in the normal
 // build, which replays every file under tests/corpus/<target>/).
 //
 // A parser may reject its input only with a dtrain::error (a message naming

@@ -1,4 +1,5 @@
-// DDP correctness properties (DESIGN.md §4: 1, 2, 3, 6, 7) on the host path,
+// DDP's correctness on the host path (N ranks equal one rank with all rows,
+// replicas stay identical, accumulation, frozen parameters, mixed precision),
 // with ranks as threads of this process over real Gloo communicators.
 #define BOOST_TEST_MODULE strategy_ddp
 #include <boost/test/unit_test.hpp>
@@ -61,7 +62,7 @@ std::vector<Params> train_ranks(int n, std::int64_t per_rank, int steps, Opt opt
 
 }  // namespace
 
-// Property 1 and 2: N ranks x B equals one rank x N*B, and replicas are identical.
+// N ranks x B equals one rank x N*B, and replicas are identical.
 BOOST_AUTO_TEST_CASE(n_ranks_times_b_equals_one_rank_times_nb) {
   for (int n : {2, 3}) {
     const auto sgd = SGD{.lr = 0.1f, .momentum = 0.9f};
@@ -79,7 +80,7 @@ BOOST_AUTO_TEST_CASE(n_ranks_times_b_equals_one_rank_times_nb) {
   }
 }
 
-// Property 1 against an independent float64 implementation of the same model
+// One rank against an independent float64 implementation of the same model
 // and optimizer (Linear-ReLU-Linear, softmax cross-entropy, SGD + momentum).
 BOOST_AUTO_TEST_CASE(one_rank_matches_float64_reference) {
   struct Small {
@@ -153,7 +154,7 @@ BOOST_AUTO_TEST_CASE(one_rank_matches_float64_reference) {
   });
 }
 
-// Property 3: Accumulate<A> with unequal micro-batches equals one batch of all rows.
+// Accumulate<A> with unequal micro-batches equals one batch of all rows.
 BOOST_AUTO_TEST_CASE(accumulation_equals_the_whole_batch) {
   const std::vector<std::int64_t> sizes{5, 3, 8, 2};
   for (int n : {1, 2}) {
@@ -180,7 +181,7 @@ BOOST_AUTO_TEST_CASE(accumulation_equals_the_whole_batch) {
   }
 }
 
-// Property 6: frozen parameters get no update, no gradient memory, no communication.
+// Frozen parameters get no update, no gradient memory, no communication.
 BOOST_AUTO_TEST_CASE(frozen_parameters_are_untouched) {
   run_ranks(2, [](World& w) {
     Net net;
@@ -201,7 +202,7 @@ BOOST_AUTO_TEST_CASE(frozen_parameters_are_untouched) {
   });
 }
 
-// Property 7: fp16 overflow skips the step, lowers the scale, and leaves the
+// fp16 overflow skips the step, lowers the scale, and leaves the
 // parameters alone; good steps raise the scale again after the window.
 BOOST_AUTO_TEST_CASE(fp16_overflow_skips_the_step_and_lowers_the_scale) {
   run_ranks(2, [](World& w) {
@@ -223,7 +224,7 @@ BOOST_AUTO_TEST_CASE(fp16_overflow_skips_the_step_and_lowers_the_scale) {
   });
 }
 
-// Property 7: reduction happens in the reduce dtype (bf16 here): the result
+// Reduction happens in the reduce dtype (bf16 here): the result
 // is the fp32 sum of each rank's bf16-rounded gradient, rounded once to bf16.
 BOOST_AUTO_TEST_CASE(grad_reducer_reduces_in_the_reduce_dtype) {
   const std::size_t n = 1000;

@@ -1,6 +1,7 @@
-// DESIGN.md property 4 (every FSDP variant and ZeRO1 match DDP step by step)
-// and properties 2, 3, 6, 7 under sharding, on the host path with ranks as
-// threads of this process over real Gloo communicators.
+// Every FSDP variant and ZeRO1 match DDP step by step; under sharding,
+// replicas stay identical, accumulation equals the whole batch, frozen
+// parameters stay frozen and an fp16 overflow skips the step. On the host
+// path, with ranks as threads of this process over real Gloo communicators.
 #define BOOST_TEST_MODULE strategy_sharded
 #include <boost/test/unit_test.hpp>
 
@@ -64,7 +65,7 @@ double versus_ddp(int n, Opt opt, int steps, std::string& where, TrainerOptions 
 }
 
 template <class Kind>
-void property_4_fp32() {
+void matches_ddp_fp32() {
   for (int n : {1, 2, 3, 4})
     for (bool adam : {false, true}) {
       std::string where;
@@ -87,11 +88,11 @@ void property_4_fp32() {
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(fsdp_full_shard_matches_ddp) { property_4_fp32<FSDP<FullShard>>(); }
-BOOST_AUTO_TEST_CASE(fsdp_shard_grad_op_matches_ddp) { property_4_fp32<FSDP<ShardGradOp>>(); }
-BOOST_AUTO_TEST_CASE(fsdp_no_shard_matches_ddp) { property_4_fp32<FSDP<NoShard>>(); }
-BOOST_AUTO_TEST_CASE(fsdp_hybrid_shard_matches_ddp) { property_4_fp32<FSDP<HybridShard>>(); }
-BOOST_AUTO_TEST_CASE(zero1_matches_ddp) { property_4_fp32<ZeRO1>(); }
+BOOST_AUTO_TEST_CASE(fsdp_full_shard_matches_ddp) { matches_ddp_fp32<FSDP<FullShard>>(); }
+BOOST_AUTO_TEST_CASE(fsdp_shard_grad_op_matches_ddp) { matches_ddp_fp32<FSDP<ShardGradOp>>(); }
+BOOST_AUTO_TEST_CASE(fsdp_no_shard_matches_ddp) { matches_ddp_fp32<FSDP<NoShard>>(); }
+BOOST_AUTO_TEST_CASE(fsdp_hybrid_shard_matches_ddp) { matches_ddp_fp32<FSDP<HybridShard>>(); }
+BOOST_AUTO_TEST_CASE(zero1_matches_ddp) { matches_ddp_fp32<ZeRO1>(); }
 
 
 namespace {
@@ -111,9 +112,9 @@ using Sharded = Trainer<UnevenNet, Device<Host>, Strategy<Kind>, Ps...>;
 
 }  // namespace
 
-// Property 4 in mixed precision. With the fp32 reduce dtype every strategy
-// reduces the same fp32 values as DDP: measured bit-identical, asserted to
-// 1e-5. With the reduce dtype equal to a 16-bit compute dtype and Accumulate<4>,
+// Sharded strategies match DDP in mixed precision. With the fp32 reduce
+// dtype every strategy reduces the same fp32 values as DDP: measured
+// bit-identical, asserted to 1e-5. With the reduce dtype equal to a 16-bit compute dtype and Accumulate<4>,
 // sharded strategies round each micro-batch's reduced gradient (DDP rounds the
 // accumulated sum once per step): 3 AdamW steps at lr 1e-2 then differ by up
 // to 2.8e-3 relative in bf16 (stated tolerance 5e-3) and 6.4e-6 in fp16
@@ -150,7 +151,7 @@ BOOST_AUTO_TEST_CASE(clipping_under_sharding_matches_ddp) {
   });
 }
 
-// Property 7 under sharding: an fp16 overflow skips the step on every rank,
+// Under sharding, an fp16 overflow skips the step on every rank,
 // leaves the parameters alone and halves the scale.
 BOOST_AUTO_TEST_CASE(fp16_overflow_skips_under_sharding) {
   for_each_strategy([]<class Kind>(std::type_identity<Kind>) {
@@ -171,7 +172,7 @@ BOOST_AUTO_TEST_CASE(fp16_overflow_skips_under_sharding) {
   });
 }
 
-// Property 3 under every strategy: Accumulate<4> with micro-batches of 5, 3,
+// Under every strategy, Accumulate<4> with micro-batches of 5, 3,
 // 8 and 2 rows equals one batch of 18.
 BOOST_AUTO_TEST_CASE(accumulation_equals_the_whole_batch_under_sharding) {
   for_each_strategy([]<class Kind>(std::type_identity<Kind>) {
@@ -193,7 +194,7 @@ BOOST_AUTO_TEST_CASE(accumulation_equals_the_whole_batch_under_sharding) {
   });
 }
 
-// Property 6 under sharding: frozen parameters never change and get no
+// Under sharding, frozen parameters never change and get no
 // gradient or optimizer memory (the gradient and state shards cover the
 // trainable segments only).
 BOOST_AUTO_TEST_CASE(frozen_parameters_under_sharding) {
@@ -270,7 +271,7 @@ BOOST_AUTO_TEST_CASE(ranks_that_run_out_of_data_join_with_empty_batches) {
   for_each_strategy([&]<class Kind>(std::type_identity<Kind> k) { check(k, has_data); });
 }
 
-// Property 2 for the replicated sharded modes: ranks holding the same shard
+// In the replicated sharded modes, ranks holding the same shard
 // hold bit-identical master weights after every step.
 BOOST_AUTO_TEST_CASE(replicated_shards_stay_identical) {
   auto check = []<class Kind>(std::type_identity<Kind>, int n, int group) {

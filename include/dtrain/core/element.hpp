@@ -1,7 +1,7 @@
 #pragma once
-// Element types of the tensors a batch carries (data/batch.hpp) and units and
-// losses read on the device (core/tensor.hpp): the compute dtypes and the
-// integer types of token ids and masks.
+// Element types of the tensors a Batch carries and units and losses read on
+// the device (both in core/tensor.hpp): the compute dtypes and the integer
+// types of token ids and masks.
 
 #include <cstddef>
 #include <cstdint>

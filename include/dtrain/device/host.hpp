@@ -5,8 +5,8 @@
 // instructions the processor has (host_isa.hpp).
 //
 // OpenBLAS threads: every process starts one OpenBLAS pool with a thread per
-// core, so N ranks on one machine fight over the cores (TOOLCHAIN.md measured
-// a 3x slowdown). Host() therefore gives each rank its share of the cores it
+// core, so N ranks on one machine fight over the cores (3x slower when it
+// was measured). Host() therefore gives each rank its share of the cores it
 // may use, usable cores / ranks on this node (cores_per_local_rank in
 // launch/env.hpp, which reads dtrain-run's, torchrun's, mpirun's and srun's
 // variables), unless OPENBLAS_NUM_THREADS says otherwise. Under every

@@ -266,7 +266,7 @@ inline std::vector<std::string> rank_environment(const RunOptions& o, const Grou
                                                  std::span<const std::string> inherited) {
   auto num = [](int v) { return std::to_string(v); };
   // One BLAS/OpenMP pool per rank sized to the whole machine oversubscribes
-  // the cores nproc times over (see TOOLCHAIN.md), so each rank gets its share.
+  // the cores nproc times over, so each rank gets its share.
   const int share = std::max(1, g.cpu_count / g.nproc_per_node);
   const std::string threads = num(share);
   // OpenBLAS's pool threads also reserve address space each (env.hpp).
