@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -181,13 +182,17 @@ struct Stream {
   int fd = -1;      // read end of the rank's pipe; -1 once closed
   int target = 1;   // dtrain-run's own stdout or stderr
   dtrain::LinePrefixer lines;
+  int log = -1;     // the rank's log file under --tee, written as it comes; -1 for none
 };
 
 struct Rank {
   int rank = 0;
   pid_t pid = -1;
   bool running = false;
-  std::vector<Stream> streams;  // stdout, stderr; none without --prefix
+  // The streams dtrain-run copies: those it prefixes or tees. A stream that
+  // goes only to a log file (--redirects) or unprefixed to the console is
+  // the rank's own file descriptor, with nothing to copy.
+  std::vector<Stream> streams;
 };
 
 struct Failure {
@@ -267,17 +272,50 @@ class Group {
     auto envp = c_strings(env);
     auto argv = c_strings(args);
 
+    // Per stream (stdout, stderr): `pipes` when dtrain-run copies it (to
+    // prefix or tee it), `logs` when it goes to a log file. The child's end
+    // is the pipe's write end, else the log file, else dtrain-run's own.
     // exec_status reports an exec failure's errno; a successful exec closes
     // it (O_CLOEXEC) and the parent reads end-of-file.
-    std::array<int, 2> out{-1, -1}, err{-1, -1}, exec_status{-1, -1};
-    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    bool piped = !opts_.prefix || (::pipe2(out.data(), O_CLOEXEC) == 0 &&
-                                   ::pipe2(err.data(), O_CLOEXEC) == 0);
-    if (devnull < 0 || !piped || ::pipe2(exec_status.data(), O_CLOEXEC) != 0) {
-      std::string reason = std::strerror(errno);
-      close_all({devnull, out[0], out[1], err[0], err[1], exec_status[0], exec_status[1]});
-      throw dtrain::launch_error("could not start rank " + std::to_string(r.rank) + ": " + reason);
+    std::array<std::array<int, 2>, 2> pipes{{{-1, -1}, {-1, -1}}};
+    std::array<int, 2> logs{-1, -1}, exec_status{-1, -1};
+    std::array<dtrain::StreamRoute, 2> routes;
+    const auto close_everything = [&] {
+      close_all({pipes[0][0], pipes[0][1], pipes[1][0], pipes[1][1], logs[0], logs[1], exec_status[0],
+                 exec_status[1]});
+    };
+    const std::string failed_start = "could not start rank " + std::to_string(r.rank) + ": ";
+    for (int k = 0; k < 2; ++k) {
+      const int stream = k == 0 ? dtrain::StdStreams::out : dtrain::StdStreams::err;
+      routes[k] = dtrain::stream_route(opts_, local, stream);
+      if (routes[k].file) {
+        const auto file = dtrain::rank_log_file(layout_.log_dir, layout_.restart_count, local, stream);
+        std::error_code ec;
+        std::filesystem::create_directories(file.parent_path(), ec);
+        logs[k] = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (logs[k] < 0) {
+          std::string reason = std::strerror(errno);
+          close_everything();
+          throw dtrain::launch_error(failed_start + "cannot write " + file.string() + ": " + reason);
+        }
+      }
+      const bool copied = routes[k].console && (opts_.prefix || routes[k].file);
+      if (copied && ::pipe2(pipes[k].data(), O_CLOEXEC) != 0) {
+        std::string reason = std::strerror(errno);
+        close_everything();
+        throw dtrain::launch_error(failed_start + reason);
+      }
     }
+    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (devnull < 0 || ::pipe2(exec_status.data(), O_CLOEXEC) != 0) {
+      std::string reason = std::strerror(errno);
+      close_all({devnull});
+      close_everything();
+      throw dtrain::launch_error(failed_start + reason);
+    }
+    std::array<int, 2> child_fds{};
+    for (int k = 0; k < 2; ++k)
+      child_fds[k] = pipes[k][1] >= 0 ? pipes[k][1] : routes[k].console ? -1 : logs[k];
 
     // Signals stay blocked across fork so no handler of ours runs in the
     // child before it has restored the inherited dispositions.
@@ -287,25 +325,29 @@ class Group {
     pid_t launcher = ::getpid();
     pid_t pid = ::fork();
     if (pid == 0)
-      exec_rank(launcher, devnull, out[1], err[1], exec_status[1], argv.data(), envp.data());
+      exec_rank(launcher, devnull, child_fds[0], child_fds[1], exec_status[1], argv.data(), envp.data());
     int fork_errno = errno;
     ::sigprocmask(SIG_SETMASK, &old, nullptr);
-    close_all({devnull, out[1], err[1], exec_status[1]});
+    close_all({devnull, pipes[0][1], pipes[1][1], exec_status[1]});
+    pipes[0][1] = pipes[1][1] = exec_status[1] = -1;
     if (pid < 0) {
-      close_all({out[0], err[0], exec_status[0]});
-      throw dtrain::launch_error("could not start rank " + std::to_string(r.rank) +
-                                 ": fork: " + std::strerror(fork_errno));
+      close_everything();
+      throw dtrain::launch_error(failed_start + "fork: " + std::strerror(fork_errno));
     }
     // Also set here: whichever of parent and child runs first, the group
     // exists before dtrain-run may signal it.
     ::setpgid(pid, pid);
     r.pid = pid;
     r.running = true;
-    if (opts_.prefix) {
-      std::string prefix = "[rank " + std::to_string(r.rank) + "] ";
-      r.streams.push_back({out[0], 1, dtrain::LinePrefixer(prefix)});
-      r.streams.push_back({err[0], 2, dtrain::LinePrefixer(prefix)});
-      for (auto& s : r.streams) ::fcntl(s.fd, F_SETFL, O_NONBLOCK);
+    const std::string prefix = opts_.prefix ? "[rank " + std::to_string(r.rank) + "] " : "";
+    for (int k = 0; k < 2; ++k) {
+      if (pipes[k][0] >= 0) {
+        // The stream keeps a teed log file; a redirected one is the child's now.
+        r.streams.push_back({pipes[k][0], k + 1, dtrain::LinePrefixer(prefix), logs[k]});
+        ::fcntl(pipes[k][0], F_SETFL, O_NONBLOCK);
+      } else {
+        close_all({logs[k]});
+      }
     }
     int child_errno = 0;
     ssize_t n;
@@ -372,6 +414,7 @@ class Group {
     char buf[64 * 1024];
     ssize_t n = ::read(s.fd, buf, sizeof(buf));
     if (n > 0) {
+      if (s.log >= 0) write_all(s.log, {buf, static_cast<std::size_t>(n)});
       write_all(s.target, s.lines.feed({buf, static_cast<std::size_t>(n)}));
       return true;
     }
@@ -394,7 +437,8 @@ class Group {
 
   static void close_stream(Stream& s) {
     if (s.fd >= 0) ::close(s.fd);
-    s.fd = -1;
+    if (s.log >= 0) ::close(s.log);
+    s.fd = s.log = -1;
   }
 
   static void close_all(std::initializer_list<int> fds) {
@@ -509,7 +553,8 @@ int launch(const dtrain::RunOptions& opts) {
   int nproc = 0;
   std::string path;
   try {
-    bool need_gpus = opts.nproc.kind != dtrain::NprocSpec::Kind::count;
+    bool need_gpus = opts.nproc.kind == dtrain::NprocSpec::Kind::gpu ||
+                     opts.nproc.kind == dtrain::NprocSpec::Kind::automatic;
     nproc = dtrain::resolve_nproc(opts.nproc, need_gpus ? dtrain::cuda_device_count() : 0, cpus);
   } catch (const dtrain::launch_error& e) {
     report(e);
@@ -520,6 +565,18 @@ int launch(const dtrain::RunOptions& opts) {
   } catch (const dtrain::launch_error& e) {
     report(e);
     return 127;
+  }
+  std::string log_dir;
+  if (dtrain::logs_to_files(opts)) {
+    try {
+      log_dir = dtrain::make_log_run_dir(opts).string();
+    } catch (const dtrain::launch_error& e) {
+      report(e);
+      return 2;
+    }
+    say("rank logs (--redirects/--tee) go to " + log_dir + "/attempt_K/LOCAL_RANK/");
+  } else if (opts.log_dir) {
+    say("--log-dir without --redirects or --tee writes no logs (as torchrun); add --tee 3 to copy them there");
   }
   std::vector<std::string> inherited;
   for (char** e = environ; *e; ++e) inherited.emplace_back(*e);
@@ -532,7 +589,8 @@ int launch(const dtrain::RunOptions& opts) {
                                  : opts.master_port.value_or(dtrain::default_master_port),
         .cpu_count = cpus,
         .restart_count = restart,
-        .job_id = job_id(restart)};
+        .job_id = job_id(restart),
+        .log_dir = log_dir};
     Group group(opts, layout, path, inherited, signals);
     Outcome outcome = group.run();
     dtrain::remove_job_segments(layout.job_id);

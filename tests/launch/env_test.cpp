@@ -264,4 +264,36 @@ BOOST_AUTO_TEST_CASE(blas_threads_under_an_address_space_limit) {
   BOOST_TEST(dtrain::blas_threads_capped(8, 64 * 4 * 136 * mib) == 8);
 }
 
+// Two devices that differ only where check_launch_device looks.
+struct HostLike {
+  static constexpr const char* name = "host";
+  static constexpr bool host_accessible = true;
+};
+struct GpuLike {
+  static constexpr const char* name = "cuda";
+  static constexpr bool host_accessible = false;
+};
+
+// Only a host trainer in a rank that dtrain-run started for a GPU is refused.
+BOOST_AUTO_TEST_CASE(launch_device_check) {
+  const auto lookup = [](const Vars& vars) {
+    return [vars](const std::string& name) -> std::optional<std::string> {
+      auto it = vars.find(name);
+      if (it == vars.end()) return std::nullopt;
+      return it->second;
+    };
+  };
+  const Vars gpu{{"DTRAIN_LAUNCH_DEVICE", "gpu"}};
+  BOOST_CHECK_EXCEPTION(dtrain::check_launch_device<HostLike>(lookup(gpu)), dtrain::config_error,
+                        [](const dtrain::config_error& e) {
+                          return e.problem().find("--nproc-per-node gpu") != std::string::npos &&
+                                 e.problem().find("runs on the CPU") != std::string::npos &&
+                                 e.fix().find("--nproc-per-node N") != std::string::npos &&
+                                 e.fix().find("device=cuda") != std::string::npos;
+                        });
+  BOOST_CHECK_NO_THROW(dtrain::check_launch_device<GpuLike>(lookup(gpu)));
+  BOOST_CHECK_NO_THROW(dtrain::check_launch_device<HostLike>(lookup({})));
+  BOOST_CHECK_NO_THROW(dtrain::check_launch_device<HostLike>(lookup({{"DTRAIN_LAUNCH_DEVICE", "cpu"}})));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

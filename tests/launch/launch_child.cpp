@@ -86,6 +86,8 @@ int print_env() {
               var("GROUP_RANK").c_str(), var("DTRAIN_RUN").c_str(),
               var("DTRAIN_RESTART_COUNT").c_str(), var("OMP_NUM_THREADS").c_str(),
               var("OPENBLAS_NUM_THREADS").c_str());
+  std::printf("TORCHELASTIC_RUN_ID=%s DTRAIN_LAUNCH_DEVICE=%s\n", var("TORCHELASTIC_RUN_ID").c_str(),
+              var("DTRAIN_LAUNCH_DEVICE").c_str());
   std::fprintf(stderr, "to stderr from %d\n", e.rank);
   std::printf("unfinished line from %d", e.rank);
   return 0;

@@ -99,14 +99,91 @@ BOOST_AUTO_TEST_CASE(bad_flags) {
   check_rejected({"--grace-period", "soon", "p"}, "--grace-period soon");
   check_rejected({"--prefix=yes", "p"}, "takes no value");
   check_rejected({"--nproc-per-node", "2"}, "no PROGRAM");
+  // torchrun's flags that have no meaning here say what to do instead.
+  check_rejected({"--nnodes", "1:2", "p"}, "--nnodes 1:2: elastic MIN:MAX node counts are not supported");
+  check_rejected({"--nnodes", "2:x", "p"}, "--nnodes 2:x");
+  check_rejected({"-m", "pkg.train"}, "dtrain-run runs programs, not Python modules");
+  check_rejected({"--module", "pkg.train"}, "dtrain-run runs programs, not Python modules");
+  check_rejected({"--run_path", "t.py"}, "not Python files");
+  check_rejected({"--rdzv_backend", "etcd", "p"}, "--rdzv-backend etcd is not supported");
+  check_rejected({"--rdzv_conf", "timeout=9", "p"}, "--rdzv-conf is not supported");
+  check_rejected({"--local_ranks_filter", "0", "p"}, "--local-ranks-filter is not supported");
+  check_rejected({"--rdzv-endpoint", ":29400", "p"}, "names no host");
+  check_rejected({"--rdzv-endpoint", "h:x", "p"}, "port");
+  check_rejected({"--rdzv-endpoint", "h", "p"}, "has no port");  // static needs one
+  check_rejected({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "--nnodes", "2", "p"}, "needs --node-rank");
+  check_rejected({"--standalone", "--nnodes", "2", "p"}, "--standalone runs one node");
+  check_rejected({"--standalone=1", "p"}, "takes no value");
+  check_rejected({"--redirects", "4", "p"}, "--redirects 4");
+  check_rejected({"--tee", "0:1,x", "p"}, "--tee 0:1,x");
+  check_rejected({"--log-dir=", "p"}, "--log-dir is empty");
+  check_rejected({"--monitor-interval", "-1", "p"}, "--monitor-interval -1");
+  check_rejected({"--start-method", "thread", "p"}, "--start-method thread");
 }
 
 BOOST_AUTO_TEST_CASE(usage_documents_every_flag) {
   auto usage = dtrain::run_usage();
   for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
                            "--master-port", "--max-restarts", "--prefix", "--no-prefix",
-                           "--grace-period", "--help", "--version", "29500", "127.0.0.1"})
+                           "--grace-period", "--help", "--version", "29500", "127.0.0.1",
+                           "--standalone", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--log-dir",
+                           "--redirects", "--tee", "--no-python", "--monitor-interval", "--start-method",
+                           "-m/--module", "--run-path", "TORCHELASTIC_RUN_ID", "DTRAIN_LAUNCH_DEVICE"})
     BOOST_TEST(usage.find(flag) != std::string::npos, flag);
+}
+
+// torchrun's flags, as its users write them, mean what they mean there.
+BOOST_AUTO_TEST_CASE(torchrun_flags) {
+  auto standalone = parse({"--standalone", "--nproc_per_node", "2", "--master_port", "1234", "--rdzv_id", "x",
+                           "--no_python", "p"});
+  BOOST_TEST(standalone.nnodes == 1);
+  BOOST_TEST(standalone.effective_master_addr() == "127.0.0.1");
+  BOOST_TEST(*standalone.master_port == 0);  // 0: a free port, whatever else was asked
+  BOOST_TEST(standalone.rdzv_id.size() == 32u);
+  BOOST_TEST(parse({"--standalone", "p"}).rdzv_id != standalone.rdzv_id);
+
+  auto c10d = parse({"--rdzv_backend=c10d", "--rdzv_endpoint", "node0:4321", "--rdzv_id", "job1", "--nnodes",
+                     "2:2", "--node_rank", "1", "p"});
+  BOOST_TEST(c10d.nnodes == 2);
+  BOOST_TEST(c10d.effective_master_addr() == "node0");
+  BOOST_TEST(*c10d.master_port == 4321);
+  BOOST_TEST(c10d.rdzv_id == "job1");
+  // torchrun's c10d port when the endpoint has none; brackets around IPv6.
+  BOOST_TEST(*parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h", "p"}).master_port == 29400);
+  auto v6 = parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]:77", "p"});
+  BOOST_TEST(v6.effective_master_addr() == "::1");
+  BOOST_TEST(*v6.master_port == 77);
+  // static with an endpoint: it replaces --master-addr/--master-port, as in torchrun.
+  auto fixed = parse({"--master-addr", "a", "--master-port", "1", "--rdzv-endpoint", "b:2", "p"});
+  BOOST_TEST(fixed.effective_master_addr() == "b");
+  BOOST_TEST(*fixed.master_port == 2);
+
+  auto logs = parse({"--log_dir", "L", "-r", "3", "--tee=0:1,2:2", "--monitor_interval", "0.5",
+                     "--start_method", "spawn", "p"});
+  BOOST_TEST(*logs.log_dir == "L");
+  BOOST_TEST(logs.redirects.of(5) == 3);
+  BOOST_TEST(logs.tee.of(0) == 1);
+  BOOST_TEST(logs.tee.of(1) == 0);
+  BOOST_TEST(logs.tee.of(2) == 2);
+  BOOST_TEST((parse({"--nproc-per-node", "cpu", "p"}).nproc.kind == dtrain::NprocSpec::Kind::cpu));
+}
+
+// --tee is --redirects plus the console; either alone leaves the console.
+BOOST_AUTO_TEST_CASE(stream_routes) {
+  using S = dtrain::StdStreams;
+  auto o = parse({"--redirects", "0:3,1:1", "--tee", "1:2", "p"});
+  auto route = [&](int local, int stream) {
+    auto r = dtrain::stream_route(o, local, stream);
+    return std::string(r.file ? "file" : "") + (r.console ? "console" : "");
+  };
+  BOOST_TEST(route(0, S::out) == "file");
+  BOOST_TEST(route(0, S::err) == "file");
+  BOOST_TEST(route(1, S::out) == "file");
+  BOOST_TEST(route(1, S::err) == "fileconsole");
+  BOOST_TEST(route(2, S::out) == "console");
+  BOOST_TEST(dtrain::logs_to_files(o));
+  BOOST_TEST(!dtrain::logs_to_files(parse({"--log-dir", "L", "--redirects", "0", "--tee", "0:0", "p"})));
+  BOOST_TEST(dtrain::rank_log_file("R", 2, 1, S::err).string() == "R/attempt_2/1/stderr.log");
 }
 
 BOOST_AUTO_TEST_CASE(nproc_resolution) {
@@ -116,6 +193,12 @@ BOOST_AUTO_TEST_CASE(nproc_resolution) {
   BOOST_CHECK_THROW(dtrain::resolve_nproc({K::gpu, 0}, 0, 64), dtrain::launch_error);
   BOOST_TEST(dtrain::resolve_nproc({K::automatic, 0}, 2, 64) == 2);
   BOOST_TEST(dtrain::resolve_nproc({K::automatic, 0}, 0, 6) == 6);
+  BOOST_TEST(dtrain::resolve_nproc({K::cpu, 0}, 8, 6) == 6);
+  // No GPU: the fix names the CPU alternative.
+  BOOST_CHECK_EXCEPTION(dtrain::resolve_nproc({K::gpu, 0}, 0, 64), dtrain::launch_error,
+                        [](const dtrain::launch_error& e) {
+                          return e.fix().find("--nproc-per-node N") != std::string::npos;
+                        });
 }
 
 BOOST_AUTO_TEST_CASE(host_facts) {
@@ -136,7 +219,7 @@ BOOST_AUTO_TEST_CASE(host_facts) {
 BOOST_AUTO_TEST_CASE(rank_environment) {
   auto o = parse({"--nnodes", "2", "--node-rank", "1", "--master-addr", "n0", "p"});
   dtrain::GroupLayout g{
-      .nproc_per_node = 3, .master_port = 777, .cpu_count = 8, .restart_count = 2, .job_id = "r42x2"};
+      .nproc_per_node = 3, .master_port = 777, .cpu_count = 8, .restart_count = 2, .job_id = "r42x2", .log_dir = ""};
   std::vector<std::string> inherited{"PATH=/bin", "RANK=99", "OMP_NUM_THREADS=5",
                                      "MASTER_ADDR=old"};
   auto env = dtrain::rank_environment(o, g, 2, inherited);
@@ -154,9 +237,30 @@ BOOST_AUTO_TEST_CASE(rank_environment) {
   BOOST_TEST(value_of(env, "OMP_NUM_THREADS") == "5");       // the user's choice stays
   BOOST_TEST(value_of(env, "OPENBLAS_NUM_THREADS") == "2");  // 8 cores / 3 ranks
 
+  BOOST_TEST(value_of(env, "TORCHELASTIC_RUN_ID") == "none");  // torchrun's default
+
   g.cpu_count = 2;
   auto crowded = dtrain::rank_environment(o, g, 0, {});
   BOOST_TEST(value_of(crowded, "OMP_NUM_THREADS") == "1");  // never 0
+}
+
+// DTRAIN_LAUNCH_DEVICE says "gpu" only for --nproc-per-node gpu; what the
+// launcher's own launcher set (torchrun's agent store, a gpu launch) is
+// dropped, as it is not true of this launch.
+BOOST_AUTO_TEST_CASE(launch_device_and_run_id) {
+  dtrain::GroupLayout g{.nproc_per_node = 2, .master_port = 777, .cpu_count = 8, .restart_count = 0, .job_id = "j", .log_dir = ""};
+  std::vector<std::string> inherited{"DTRAIN_LAUNCH_DEVICE=gpu", "TORCHELASTIC_USE_AGENT_STORE=True",
+                                     "TORCHELASTIC_RUN_ID=outer"};
+  auto gpu = dtrain::rank_environment(parse({"--nproc-per-node", "gpu", "--rdzv-id", "job1", "p"}), g, 0, inherited);
+  BOOST_TEST(value_of(gpu, "DTRAIN_LAUNCH_DEVICE") == "gpu");
+  BOOST_TEST(value_of(gpu, "TORCHELASTIC_RUN_ID") == "job1");
+  for (const auto& o : {parse({"--nproc-per-node", "2", "p"}), parse({"--nproc-per-node", "auto", "p"})}) {
+    auto env = dtrain::rank_environment(o, g, 1, inherited);
+    for (const auto& entry : env) {
+      BOOST_TEST(entry.rfind("DTRAIN_LAUNCH_DEVICE=", 0) != 0u, entry);
+      BOOST_TEST(entry.rfind("TORCHELASTIC_USE_AGENT_STORE=", 0) != 0u, entry);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -176,9 +176,9 @@ std::vector<std::string> train_mlp(const std::string& label) {
 }
 
 // `launcher` (its command line) starting the job.
-Job launch(const std::string& label, std::vector<std::string> launcher) {
+Job launch(const std::string& label, std::vector<std::string> launcher, const EnvChanges& extra = {}) {
   for (auto& a : train_mlp(label)) launcher.push_back(std::move(a));
-  Process p(std::move(launcher), clean_env(), 0, Group::own);
+  Process p(std::move(launcher), clean_env(extra), 0, Group::own);
   return {label, scratch_file(label, ".safetensors"), scratch_file(label, ".jsonl"), p.wait(run_limit_s)};
 }
 
@@ -366,4 +366,52 @@ BOOST_AUTO_TEST_CASE(srun_task_without_a_node_list_says_what_to_set) {
   BOOST_TEST(job.output().find("MASTER_ADDR is not set") != std::string::npos, job.output());
   BOOST_TEST(job.output().find("start the tasks with srun, which sets SLURM_STEP_NODELIST") != std::string::npos,
              job.output());
+}
+
+// The torchrun command lines above (and README's), with dtrain-run in
+// torchrun's place and nothing else changed: dtrain-run takes torchrun's
+// flags, so a torchrun user's script only swaps the program name.
+BOOST_AUTO_TEST_CASE(dtrain_run_takes_torchruns_command_lines) {
+  const EnvChanges tmp{{"TMPDIR", scratch().path().string()}};  // where --tee's logs go without --log_dir
+  const Job as_static = launch("dtrain-run as torchrun",
+                               {DTRAIN_RUN_PATH, "--nproc_per_node", "2", "--master_port",
+                                std::to_string(free_port_pair()), "--redirects", "1", "--tee", "1",
+                                "--monitor_interval", "1", "--no_python"},
+                               tmp);
+  check_same_as_dtrain_run(as_static);
+  // --tee 1 copied rank 0's stdout to its log file.
+  const std::string said = "rank logs (--redirects/--tee) go to ";
+  const auto at = as_static.end.err.find(said);
+  BOOST_REQUIRE_MESSAGE(at != std::string::npos, as_static.output());
+  const std::string run_dir = as_static.end.err.substr(at + said.size(), as_static.end.err.find("/attempt_K", at) - at - said.size());
+  const std::string log = dtrain::test::read_text(fs::path(run_dir) / "attempt_0" / "0" / "stdout.log");
+  BOOST_TEST(log.find("train_mlp: 2 rank(s)") != std::string::npos, run_dir << ":\n" << log);
+
+  check_same_as_dtrain_run(launch("dtrain-run as torchrun c10d",
+                                  {DTRAIN_RUN_PATH, "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+                                   "--rdzv_endpoint", "127.0.0.1:" + std::to_string(free_port_pair()),
+                                   "--redirects", "1", "--tee", "1", "--monitor_interval", "1", "--no_python"},
+                                  tmp));
+  check_same_as_dtrain_run(
+      launch("dtrain-run --standalone", {DTRAIN_RUN_PATH, "--standalone", "--nproc_per_node", "2", "--no_python"}));
+}
+
+// A program whose trainer runs on the CPU, started for GPUs: every rank stops
+// at start, naming both fixes. Without a GPU dtrain-run refuses `gpu` before
+// starting anything (run_test.cpp), so the rank is given dtrain-run's
+// variable directly.
+BOOST_AUTO_TEST_CASE(a_host_trainer_started_for_gpus_says_what_to_do) {
+  const bool gpus = dtrain::cuda_device_count() > 0;
+  const std::string label = "host trainer for gpus";
+  const Job job = gpus ? launch(label, {DTRAIN_RUN_PATH, "--nproc_per_node", "gpu", "--no_python"})
+                       : Job{label, scratch_file(label, ".safetensors"), scratch_file(label, ".jsonl"),
+                             Process(train_mlp(label), clean_env({{"DTRAIN_LAUNCH_DEVICE", "gpu"}}), 0, Group::own)
+                                 .wait(run_limit_s)};
+  BOOST_TEST(job.end.exited_with(2), job.output());  // a configuration error
+  BOOST_TEST(job.output().find("train_mlp: error: dtrain-run --nproc-per-node gpu started this rank for a GPU, "
+                               "but its trainer runs on the CPU (device host)\n"
+                               "  fix: run the program's CUDA variant (in the examples: device=cuda), or launch "
+                               "with --nproc-per-node N for N CPU ranks") != std::string::npos,
+             job.output());
+  BOOST_TEST(!fs::exists(job.params));
 }

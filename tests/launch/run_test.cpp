@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 #include <sstream>
 #include <string>
@@ -16,6 +17,7 @@
 
 namespace {
 
+namespace fs = std::filesystem;
 using dtrain::test::EnvChanges;
 using dtrain::test::Finished;
 using dtrain::test::TempDir;
@@ -288,6 +290,167 @@ BOOST_AUTO_TEST_CASE(missing_program_exits_127) {
   auto f = dtrain::test::run({launcher, "/nonexistent/dtrain-program"});
   BOOST_TEST(f.exited_with(127), report(f));
   BOOST_TEST(contains(f.err, "/nonexistent/dtrain-program"), report(f));
+}
+
+// The README's and docs/launcher.md's torchrun command lines, with dtrain-run
+// in torchrun's place and every flag in torchrun's own spelling.
+BOOST_AUTO_TEST_CASE(torchrun_spellings_standalone) {
+  TempDir dir;
+  auto f = run({"--standalone", "--nproc_per_node", "2", "--no_python"}, {"env", dir.path()});
+  BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
+  std::set<int> ports;
+  for (int r = 0; r < 2; ++r) ports.insert(check_rank_line(f, r, 2, r, 2, "127.0.0.1"));
+  BOOST_TEST(ports.size() == 1u, "ranks disagree on MASTER_PORT");
+  // A run id of its own, as torchrun's --standalone makes one.
+  std::string id;
+  for (const auto& line : lines(f.out))
+    if (line.rfind("[rank 1] TORCHELASTIC_RUN_ID=", 0) == 0) id = line.substr(29, line.find(' ', 29) - 29);
+  BOOST_TEST(id.size() == 32u, report(f));
+  BOOST_TEST(has_line(f.out, "[rank 0] TORCHELASTIC_RUN_ID=" + id + " DTRAIN_LAUNCH_DEVICE=<unset>"), report(f));
+  check_no_survivors(dir, 2);
+}
+
+BOOST_AUTO_TEST_CASE(torchrun_spellings_c10d_and_master_flags) {
+  const std::string port = std::to_string(dtrain::free_tcp_port());
+  const std::vector<std::vector<std::string>> launches = {
+      {"--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:" + port, "--rdzv_id", "job1", "--nnodes", "1",
+       "--nproc_per_node", "2", "--no_python"},
+      {"--master_addr", "127.0.0.1", "--master_port", port, "--node_rank", "0", "--nnodes", "1:1",
+       "--nproc_per_node", "2", "--max_restarts", "0", "--monitor_interval", "1", "--start_method", "spawn",
+       "--no_python"}};
+  for (const auto& flags : launches) {
+    TempDir dir;
+    auto f = run(flags, {"env", dir.path()});
+    BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
+    for (int r = 0; r < 2; ++r) BOOST_TEST(check_rank_line(f, r, 2, r, 2, "127.0.0.1") == std::stoi(port));
+    const std::string id = flags.front() == "--rdzv_backend" ? "job1" : "none";
+    BOOST_TEST(has_line(f.out, "[rank 1] TORCHELASTIC_RUN_ID=" + id + " DTRAIN_LAUNCH_DEVICE=<unset>"),
+               report(f));
+    check_no_survivors(dir, 2);
+  }
+}
+
+// This run's log folder under `root`: exactly one, RDZVID_XXXXXX.
+fs::path only_run_dir(const fs::path& root, const std::string& rdzv_id) {
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.path().filename().string().rfind(rdzv_id + "_", 0) == 0) found.push_back(e.path());
+  BOOST_REQUIRE_EQUAL(found.size(), 1u);
+  return found.front();
+}
+
+// --redirects 3: both streams go to each rank's files, none to the console.
+BOOST_AUTO_TEST_CASE(torchrun_spellings_log_dir_and_redirects) {
+  TempDir dir;
+  const std::string logs = dir / "logs";
+  auto f = run({"--log_dir", logs, "--redirects", "3", "--rdzv_id", "job2", "--nproc_per_node", "2", "--no_python"},
+               {"env", dir.path()});
+  BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
+  BOOST_TEST(!contains(f.out, "[rank"), report(f));
+  BOOST_TEST(!contains(f.err, "[rank"), report(f));
+  const fs::path run_dir = only_run_dir(logs, "job2");
+  BOOST_TEST(contains(f.err, "dtrain-run: rank logs (--redirects/--tee) go to " + run_dir.string()), report(f));
+  for (int r = 0; r < 2; ++r) {
+    const std::string R = std::to_string(r);
+    const std::string out = dtrain::test::read_text(run_dir / "attempt_0" / R / "stdout.log");
+    const std::string err = dtrain::test::read_text(run_dir / "attempt_0" / R / "stderr.log");
+    BOOST_TEST(contains(out, "rank=" + R + " world=2 local=" + R + " local_world=2 addr=127.0.0.1"), out);
+    BOOST_TEST(contains(out, "TORCHELASTIC_RUN_ID=job2"), out);
+    BOOST_TEST(contains(out, "unfinished line from " + R), out);  // raw: no prefix in the file
+    BOOST_TEST(err == "to stderr from " + R + "\n");
+  }
+  check_no_survivors(dir, 2);
+}
+
+// --tee 3 (no --log-dir: a folder under TMPDIR) keeps the console's lines
+// and copies them; a per-rank map sends rank 1's stderr to its file only.
+BOOST_AUTO_TEST_CASE(torchrun_spellings_tee) {
+  TempDir dir;
+  EnvChanges env = no_thread_vars;
+  env.emplace_back("TMPDIR", dir.path().string());
+  auto f = run({"--tee", "3", "--nproc_per_node", "2", "--no_python"}, {"env", dir.path()}, env);
+  BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
+  const fs::path run_dir = only_run_dir(dir.path() / "dtrain-run", "none");
+  for (int r = 0; r < 2; ++r) {
+    const std::string R = std::to_string(r);
+    check_rank_line(f, r, 2, r, 2, "127.0.0.1");
+    BOOST_TEST(has_line(f.err, "[rank " + R + "] to stderr from " + R), report(f));
+    BOOST_TEST(contains(dtrain::test::read_text(run_dir / "attempt_0" / R / "stdout.log"), "rank=" + R + " world=2"));
+    BOOST_TEST(dtrain::test::read_text(run_dir / "attempt_0" / R / "stderr.log") == "to stderr from " + R + "\n");
+  }
+
+  TempDir logs;
+  auto mapped = run({"--log-dir", logs.path().string(), "-r", "1:2", "--nproc-per-node", "2"}, {"env", dir.path()});
+  BOOST_REQUIRE_MESSAGE(mapped.exited_with(0), report(mapped));
+  BOOST_TEST(has_line(mapped.err, "[rank 0] to stderr from 0"), report(mapped));
+  BOOST_TEST(!contains(mapped.err, "to stderr from 1"), report(mapped));
+  BOOST_TEST(has_line(mapped.out, "[rank 1] unfinished line from 1"), report(mapped));
+  const fs::path mapped_dir = only_run_dir(logs.path(), "none");
+  BOOST_TEST(dtrain::test::read_text(mapped_dir / "attempt_0/1/stderr.log") == "to stderr from 1\n");
+  BOOST_TEST(!fs::exists(mapped_dir / "attempt_0/0"));
+}
+
+// Each restart logs to a folder of its own, as torchrun's attempt_N; a log
+// folder that cannot be made stops dtrain-run before any rank starts.
+BOOST_AUTO_TEST_CASE(log_folders_per_restart) {
+  TempDir dir;
+  auto f = run({"--log-dir", dir / "logs", "--redirects", "1", "--nproc-per-node", "2", "--max-restarts", "1"},
+               {"fail-once", dir.path(), "5"});
+  BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
+  const fs::path run_dir = only_run_dir(dir / "logs", "none");
+  BOOST_TEST(fs::exists(run_dir / "attempt_0/0/stdout.log"));
+  BOOST_TEST(dtrain::test::read_text(run_dir / "attempt_1/1/stdout.log") == "restart=1\n");
+  BOOST_TEST(!contains(f.out, "restart=1"), report(f));  // redirected, not on the console
+
+  auto bad = run({"--log-dir", "/proc/dtrain-no-such-dir", "--tee", "3"}, {"env", dir.path()});
+  BOOST_TEST(bad.exited_with(2), report(bad));
+  BOOST_TEST(contains(bad.err, "dtrain-run: error: cannot make a log folder in /proc/dtrain-no-such-dir"), report(bad));
+  BOOST_TEST(dtrain::test::recorded_pids(dir).size() == 4u);  // the 2 + 2 of the first run only
+}
+
+// Each flag torchrun has but dtrain-run cannot honour: exit 2 before any
+// rank starts, with the problem on one line and the fix on the next.
+BOOST_AUTO_TEST_CASE(torchrun_flags_without_a_meaning_here) {
+  TempDir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--nnodes", "1:2", "--nproc_per_node", "2"},
+       "--nnodes 1:2: elastic MIN:MAX node counts are not supported\n"
+       "  fix: pass a fixed --nnodes N, and restart the job (or use --max-restarts K) when a node fails"},
+      {{"-m", "train"},
+       "-m runs a Python module, but dtrain-run runs programs, not Python modules\n"
+       "  fix: name the program: dtrain-run [options] python3 -m MODULE [ARGS...]"},
+      {{"--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1:2379"},
+       "--rdzv-backend etcd is not supported: dtrain's ranks meet at rank 0's TCP store\n"
+       "  fix: use --rdzv-backend c10d --rdzv-endpoint HOST:PORT"},
+      {{"--rdzv_conf", "join_timeout=5"}, "torchrun's --rdzv-conf is not supported by dtrain-run"},
+  };
+  for (const auto& [flags, message] : refused) {
+    auto f = run(flags, {"env", dir.path()});
+    BOOST_TEST(f.exited_with(2), flags.front() << ": " << report(f));
+    BOOST_TEST(contains(f.err, "dtrain-run: error: " + message), report(f));
+  }
+  // Without a GPU, `gpu` names the CPU alternative.
+  if (dtrain::cuda_device_count() == 0) {
+    auto f = run({"--nproc_per_node", "gpu", "--no_python"}, {"env", dir.path()});
+    BOOST_TEST(f.exited_with(2), report(f));
+    BOOST_TEST(contains(f.err, "dtrain-run: error: --nproc-per-node gpu, but no CUDA device is visible\n"
+                               "  fix: pass --nproc-per-node N to run N ranks on the CPU"),
+               report(f));
+  }
+  BOOST_TEST(dtrain::test::recorded_pids(dir).empty());
+}
+
+// With GPUs, every rank hears that it was started for one.
+BOOST_AUTO_TEST_CASE(nproc_gpu_marks_the_ranks) {
+  const int gpus = dtrain::cuda_device_count();
+  if (gpus == 0) {
+    BOOST_TEST_MESSAGE("no CUDA device: --nproc-per-node gpu is refused (checked above)");
+    return;
+  }
+  TempDir dir;
+  auto f = run({"--nproc_per_node", "gpu"}, {"env", dir.path()});
+  BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
+  BOOST_TEST(has_line(f.out, "[rank 0] TORCHELASTIC_RUN_ID=none DTRAIN_LAUNCH_DEVICE=gpu"), report(f));
 }
 
 BOOST_AUTO_TEST_CASE(help_and_version) {

@@ -244,5 +244,26 @@ inline LaunchEnv discover_env(const EnvLookup& env) {
 
 inline LaunchEnv discover_env() { return discover_env(process_env); }
 
+// dtrain-run --nproc-per-node gpu sets this to "gpu" in every rank.
+inline constexpr const char* launch_device_variable = "DTRAIN_LAUNCH_DEVICE";
+
+// A rank started for a GPU whose trainer runs on the host would train anyway,
+// on a share of the CPU cores, as many CPU ranks as there are GPUs: slowly
+// and not what was asked for. It stops at start instead.
+inline void check_launch_device(bool on_host, std::string_view device, const EnvLookup& env = process_env) {
+  if (!on_host) return;
+  auto asked = env(launch_device_variable);
+  if (!asked || *asked != "gpu") return;
+  throw config_error("dtrain-run --nproc-per-node gpu started this rank for a GPU, but its trainer runs on the "
+                         "CPU (device " + std::string(device) + ")",
+                     "run the program's CUDA variant (in the examples: device=cuda), or launch with "
+                     "--nproc-per-node N for N CPU ranks");
+}
+
+template <class Dev>
+void check_launch_device(const EnvLookup& env = process_env) {
+  check_launch_device(Dev::host_accessible, Dev::name, env);
+}
+
 
 }  // namespace dtrain
