@@ -4,18 +4,33 @@
 # ranks under DDP and FSDP FullShard, sharded and consolidated, against
 # torch.save / torch.load of the same state in the same run. Installs what is
 # missing (python3-torch) and builds its targets through scripts/setup.sh.
-# usage: bench/run_checkpoint_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]
+# usage: bench/run_checkpoint_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--no-setup] [--smoke]
 # Times are medians of N repetitions (default 3) within each run; the page
 # cache is warm for loads (the files were just written), as after a restart
-# on the same node.
+# on the same node. --no-setup: use BUILD_DIR as it is. --smoke
+# (bench/lib.sh): a 2-layer stack 256 wide, one repetition, the JSON in a
+# temporary folder.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
+usage="usage: bench/run_checkpoint_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--no-setup] [--smoke]"
+build=build
+repeat=3
+json=$repo/bench/results/checkpoint.json
+setup=1
 # shellcheck source=bench/lib.sh
 source "$repo/bench/lib.sh"
-bench_args checkpoint.json "$@"
+bench_options "$usage" "$@"
 python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
+hidden=2048  # 6 Linear layers 2048 wide: 25M parameters
+layers=6
+if ((smoke)); then
+  hidden=256
+  layers=2
+fi
 
-DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup.sh" dtrain-run bench_checkpoint > /dev/null
+bench_build python3-torch dtrain-run bench_checkpoint
+bench_need "$build/tools/dtrain-run" "$build/bench/checkpoint/bench_checkpoint"
+bench_need_torch "$python"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-checkpoint-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -24,14 +39,16 @@ for n in 1 2 3; do
   for s in ddp fsdp-full; do
     echo "dtrain: $s at $n rank(s)..." >&2
     "$build/tools/dtrain-run" --nproc-per-node "$n" "$build/bench/checkpoint/bench_checkpoint" \
-      --dir "$work" --strategy "$s" --repeat "$repeat" --json "$work/$s.$n.json" > "$work/log" 2>&1 ||
+      --dir "$work" --strategy "$s" --hidden $hidden --layers $layers --repeat "$repeat" \
+      --json "$work/$s.$n.json" > "$work/log" 2>&1 ||
       { cat "$work/log" >&2; exit 1; }
     results+=("$work/$s.$n.json")
   done
 done
 echo "torch.save / torch.load..." >&2
-OMP_NUM_THREADS=$(nproc) "$python" "$repo/bench/checkpoint/torch_checkpoint.py" --dir "$work" --repeat "$repeat" \
-  > "$work/torch.json"
+OMP_NUM_THREADS=$(nproc) "$python" "$repo/bench/checkpoint/torch_checkpoint.py" --dir "$work" --hidden $hidden \
+  --layers $layers --repeat "$repeat" > "$work/torch.json"
+mkdir -p "$(dirname "$json")"
 "$python" - "$json" "$work/torch.json" "${results[@]}" <<'PY'
 import json, sys, platform, os
 out, torch_file, files = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -52,3 +69,4 @@ print(f"| torch.save (+fsync) / torch.load | 1 | {torch['save_s']:.2f} ({torch['
 json.dump({"machine": {"nproc": os.cpu_count(), "platform": platform.platform()}, "dtrain": rows, "torch": torch},
           open(out, "w"), indent=1)
 PY
+bench_check_json

@@ -4,28 +4,34 @@
 # dtrain-run; then how ranks wait in shared memory (spin, futex, auto) at 2
 # and 3 ranks on this machine's cores. Installs what is missing
 # (python3-torch) and builds its targets through scripts/setup.sh first.
-# usage: bench/run_comm_bench.sh [BUILD_DIR] [--repeat N]
+# usage: bench/run_comm_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--no-setup] [--smoke]
 # Runs the three implementations alternately N times (default 3); each run
 # reports per-row medians over its iterations (slowest rank), and the tables
 # show the median of the N runs (the JSON keeps every run). Writes
-# bench/results/comm_bandwidth.json.
+# bench/results/comm_bandwidth.json (or --json PATH). --no-setup: use
+# BUILD_DIR as it is. --smoke (bench/lib.sh): 1 and 4 MiB messages, one
+# run, the JSON in a temporary folder.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-build}
-shift || true
+usage="usage: bench/run_comm_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--no-setup] [--smoke]"
+build=build
 repeat=3
-if [[ ${1:-} == --repeat ]]; then
-  repeat=$2
-  shift 2
-fi
-case $build in /*) ;; *) build=$repo/$build ;; esac
+json=$repo/bench/results/comm_bandwidth.json
+setup=1
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
+bench_options "$usage" "$@"
 launcher=$build/tools/dtrain-run
 bench=$build/bench/bench_comm_bandwidth
 python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
-sizes=(--min-mib 1 --max-mib 64)
+max_mib=64
+((smoke)) && max_mib=4
+sizes=(--min-mib 1 --max-mib "$max_mib")
 
-DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup.sh" dtrain-run bench_comm_bandwidth > /dev/null
+bench_build python3-torch dtrain-run bench_comm_bandwidth
+bench_need "$launcher" "$bench"
+bench_need_torch "$python"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -46,11 +52,11 @@ for wait in spin futex auto; do
   done
 done
 
-mkdir -p "$repo/bench/results"
-"$python" - "$work" "$repeat" "$repo/bench/results/comm_bandwidth.json" <<'EOF'
+mkdir -p "$(dirname "$json")"
+"$python" - "$work" "$repeat" "$json" "$max_mib" <<'EOF'
 import json, os, platform, statistics, sys, time
 
-work, repeat, target = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+work, repeat, target, big = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 
 def median_of(name):
     runs = [json.load(open(os.path.join(work, f"{name}.{i}.json"))) for i in range(1, repeat + 1)]
@@ -82,7 +88,7 @@ waits = {f"{w}_{n}": median_of(f"wait_{w}_{n}") for w in ("spin", "futex", "auto
 # algbw. The bound is the measured concurrent copy bandwidth C.
 copy = shm["copy_gbps_per_rank"]
 bound = copy
-ar64 = row(shm, "all_reduce", 64)
+ar_big = row(shm, "all_reduce", big)
 merged = {
     "date": time.strftime("%Y-%m-%d"),
     "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
@@ -90,8 +96,8 @@ merged = {
     "method": "2 processes on one node, fp32, size = larger buffer, barrier before each iteration, median per "
               f"rank, slowest rank; median of {repeat} alternating runs; busbw as nccl-tests",
     "shm_bound": {"copy_gbps_per_rank": copy, "all_reduce_busbw_bound_gbps": bound,
-                  "all_reduce_64mib_busbw_gbps": ar64["busbw_gbps"],
-                  "fraction_of_bound": ar64["busbw_gbps"] / bound},
+                  f"all_reduce_{big}mib_busbw_gbps": ar_big["busbw_gbps"],
+                  "fraction_of_bound": ar_big["busbw_gbps"] / bound},
     "dtrain_shm": shm, "dtrain_gloo": gloo, "torch": torch, "waiting": waits,
 }
 with open(target, "w") as f:
@@ -115,15 +121,17 @@ for r in shm["results"]:
     print(f"{r['collective']:<15}{size:>7}  {r['time_us']:>8.0f}{r['busbw_gbps']:>7.2f}  {gl}  {to}")
 print("(busbw in GB/s; shm/torch > 1: dtrain faster)")
 print(f"\ncopy bandwidth {copy:.2f} GB/s per rank (both ranks copying) -> all_reduce busbw bound {bound:.2f} GB/s; "
-      f"64 MiB all_reduce reaches {ar64['busbw_gbps']:.2f} GB/s = {100 * ar64['busbw_gbps'] / bound:.0f}% of it")
+      f"{big} MiB all_reduce reaches {ar_big['busbw_gbps']:.2f} GB/s = {100 * ar_big['busbw_gbps'] / bound:.0f}% of it")
 print(f"\nwaiting in shared memory ({os.cpu_count()} cores): all_reduce")
-print(f"{'wait':<7}{'ranks':>6}  {'1 MiB us':>9}  {'64 MiB busbw':>13}")
+print(f"{'wait':<7}{'ranks':>6}  {'1 MiB us':>9}  {f'{big} MiB busbw':>13}")
 for name, res in waits.items():
     w, n = name.split("_")
-    print(f"{w:<7}{n:>6}  {row(res, 'all_reduce', 1)['time_us']:>9.0f}  {row(res, 'all_reduce', 64)['busbw_gbps']:>13.2f}")
+    print(f"{w:<7}{n:>6}  {row(res, 'all_reduce', 1)['time_us']:>9.0f}  {row(res, 'all_reduce', big)['busbw_gbps']:>13.2f}")
 for r in torch["results"]:
     if r.get("unavailable"):
         print(f"torch {r['collective']}: n/a ({r['unavailable']})")
         break
-print(f"written: {os.path.relpath(target)}")
+shown = os.path.relpath(target)
+print(f"written: {target if shown.startswith('..') else shown}")
 EOF
+bench_check_json

@@ -3,7 +3,7 @@
 # PyTorch DDP (Debian's torch 1.13, CPU, gloo), in the same run. Installs what
 # is missing (python3-torch) and builds its targets through scripts/setup.sh
 # first (--no-setup: use BUILD_DIR as it is).
-# usage: bench/run_gpt_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--json PATH] [--no-setup]
+# usage: bench/run_gpt_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--json PATH] [--no-setup] [--smoke]
 #
 # Model: n_layer 4, n_embd 128, n_head 4, block_size 128, batch 8 sequences
 # per rank, the vocabulary of train_gpt's generated corpus (the torch side
@@ -22,10 +22,12 @@
 # of train_gpt's last metrics record).
 # bench/gpt/summarize.py writes bench/results/gpt.json (or --json PATH) and
 # prints the tables. With the default 3 runs: about 4 to 6 minutes on 2 cores.
+# --smoke (bench/lib.sh): one run of a 1-layer model 32 wide, block 32,
+# batch 2, 3 steps; the JSON goes to a temporary folder.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-usage="usage: bench/run_gpt_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--json PATH] [--no-setup]"
+usage="usage: bench/run_gpt_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--json PATH] [--no-setup] [--smoke]"
 build=build
 repeat=3
 steps=60
@@ -35,29 +37,35 @@ setup=1
 # shellcheck source=bench/lib.sh
 source "$repo/bench/lib.sh"
 bench_options "$usage" "$@"
-if ! [[ $repeat =~ ^[1-9][0-9]*$ && $steps =~ ^[0-9]+$ ]] || ((steps <= warmup)); then
-  echo "$usage (--repeat >= 1, --steps > $warmup)" >&2
-  exit 2
-fi
-launcher=$build/tools/dtrain-run
-train_gpt=$build/examples/train_gpt
-python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
-cores=$(nproc)
 n_layer=4
 n_embd=128
 n_head=4
 block=128
 batch=8
 lr=0.001
+if ((smoke)); then
+  steps=3
+  warmup=1
+  n_layer=1
+  n_embd=32
+  n_head=2
+  block=32
+  batch=2
+fi
+if ((steps <= warmup)); then
+  echo "$usage (--steps > $warmup)" >&2
+  exit 2
+fi
+launcher=$build/tools/dtrain-run
+train_gpt=$build/examples/train_gpt
+python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
+cores=$(nproc)
 
 # The project's set-up installs what is missing (Debian's python3-torch for
 # the PyTorch side among it) and builds what the benchmark runs.
-if ((setup)); then
-  DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup.sh" dtrain-run train_gpt > /dev/null
-fi
-for f in "$launcher" "$train_gpt"; do
-  [[ -x $f ]] || { echo "run_gpt_bench.sh: $f is missing: build it (or drop --no-setup)" >&2; exit 1; }
-done
+bench_build python3-torch dtrain-run train_gpt
+bench_need "$launcher" "$train_gpt"
+bench_need_torch "$python"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -112,3 +120,4 @@ mkdir -p "$(dirname "$json")"
 "$python" "$repo/bench/gpt/summarize.py" "$work" --repeat "$repeat" --cores "$cores" --steps "$steps" \
   --warmup $warmup --vocab "$vocab" --n-layer $n_layer --n-embd $n_embd --n-head $n_head --block-size $block \
   --batch $batch --json "$json"
+bench_check_json

@@ -5,7 +5,7 @@
 # is missing (python3-torch; transformers 4.40.2 into a venv beside the
 # build) and builds its targets through scripts/setup.sh first (--no-setup:
 # use BUILD_DIR as it is).
-# usage: bench/run_hf_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--smoke] [--json PATH] [--no-setup]
+# usage: bench/run_hf_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--json PATH] [--no-setup] [--smoke]
 #
 # Models (config.json written here, no dropout, fp32, AdamW lr 1e-3 weight
 # decay 0): gpt2-124m (n_embd 768, 12 layers, 12 heads, vocabulary 50257,
@@ -16,34 +16,28 @@
 # rank 0's median step after the warm-up (2 steps of the default 8); the
 # table shows the median of N runs (default 1; the side that starts swaps
 # every run) and the ratio of tokens/s, dtrain over PyTorch.
-# --smoke: both models shrunk to 2 layers of width 64 and vocabulary 512,
-# 3 steps, one run: checks that the benchmark works in a few seconds.
+# --smoke (bench/lib.sh): both models shrunk to 2 layers of width 64 and
+# vocabulary 512, 3 steps, one run, the JSON in a temporary folder.
 # Writes bench/results/hf.json (or --json PATH). About 6 minutes on 2 cores.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-usage="usage: bench/run_hf_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--smoke] [--json PATH] [--no-setup]"
+usage="usage: bench/run_hf_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--json PATH] [--no-setup] [--smoke]"
 build=build
 repeat=1
 steps=8
 warmup=2
-smoke=0
 json=$repo/bench/results/hf.json
 setup=1
 # shellcheck source=bench/lib.sh
 source "$repo/bench/lib.sh"
-bench_extra_option() {  # --smoke
-  [[ $1 == --smoke ]] || return 1
-  smoke=1
-}
 bench_options "$usage" "$@"
 if ((smoke)); then
   steps=3
   warmup=1
-  repeat=1
 fi
-if ! [[ $repeat =~ ^[1-9][0-9]*$ && $steps =~ ^[0-9]+$ ]] || ((steps <= warmup)); then
-  echo "$usage (--repeat >= 1, --steps > $warmup)" >&2
+if ((steps <= warmup)); then
+  echo "$usage (--steps > $warmup)" >&2
   exit 2
 fi
 launcher=$build/tools/dtrain-run
@@ -53,20 +47,17 @@ ranks=2
 block=128
 batch=4
 
-if ((setup)); then
-  DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES="python3-torch python3-venv" "$repo/scripts/setup.sh" dtrain-run train_lm > /dev/null
-fi
-for f in "$launcher" "$train_lm"; do
-  [[ -x $f ]] || { echo "run_hf_bench.sh: $f is missing: build it (or drop --no-setup)" >&2; exit 1; }
-done
-# transformers for the PyTorch side, in the venv the hf tests use.
+bench_build "python3-torch python3-venv" dtrain-run train_lm
+bench_need "$launcher" "$train_lm"
+bench_need_torch /usr/bin/python3
+# transformers for the PyTorch side, in the venv the hf tests use (a smoke
+# run without PyPI is skipped, as hf_transformers_test is).
 venv=$build/tests/hf/venv
 if ! "$venv/bin/python" -c "import transformers" 2> /dev/null; then
-  [[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv --system-site-packages "$venv"
-  "$venv/bin/pip" install -q transformers==4.40.2 || {
-    echo "run_hf_bench.sh: pip could not install transformers==4.40.2 into $venv (is PyPI reachable?)" >&2
-    exit 1
-  }
+  [[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv --system-site-packages "$venv" ||
+    bench_skip "cannot create a Python venv in $venv (python3-venv)"
+  timeout 300 "$venv/bin/pip" install -q transformers==4.40.2 ||
+    bench_skip "pip could not install transformers==4.40.2 into $venv (is PyPI reachable?)"
 fi
 python=$venv/bin/python
 
@@ -129,3 +120,4 @@ launch $ranks "$work/load.log" "$train_lm" model="$work/gpt2-124m-saved" data="$
 mkdir -p "$(dirname "$json")"
 "$python" "$repo/bench/hf/summarize.py" "$work" --models "$(IFS=,; echo "${models[*]}")" --repeat "$repeat" \
   --warmup $warmup --ranks $ranks --threads $((cores / ranks > 0 ? cores / ranks : 1)) --json "$json"
+bench_check_json

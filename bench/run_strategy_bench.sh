@@ -4,7 +4,7 @@
 # and PyTorch DDP (Debian's torch 1.13, gloo) of the same model in the same
 # run. Installs what is missing (python3-torch) and builds its targets
 # through scripts/setup.sh first.
-# usage: bench/run_strategy_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]
+# usage: bench/run_strategy_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--no-setup] [--smoke]
 #
 # Model: 256 features, hidden [1024, 1024, 1024], GELU, 10 classes (2,372,618
 # parameters: model states of 36-54 MiB per unsharded rank dominate the
@@ -27,13 +27,20 @@
 # records what stops it. bench/strategies/summarize.py prints the tables
 # (median of the repeats) and writes bench/results/strategies.json (or
 # --json PATH) with every run. About 7 minutes on 2 cores (load average 2-3) with the
-# default 3 repeats.
+# default 3 repeats. --no-setup: use BUILD_DIR as it is. --smoke
+# (bench/lib.sh): a 32-64-64-10 MLP, batch 8, 4 steps, one repeat, the JSON
+# in a temporary folder.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
+usage="usage: bench/run_strategy_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--no-setup] [--smoke]"
+build=build
+repeat=3
+json=$repo/bench/results/strategies.json
+setup=1
 # shellcheck source=bench/lib.sh
 source "$repo/bench/lib.sh"
-bench_args strategies.json "$@"
+bench_options "$usage" "$@"
 launcher=$build/tools/dtrain-run
 train_mlp=$build/examples/train_mlp
 python=/usr/bin/python3  # Debian's torch lives there; another python3 may come first on PATH
@@ -45,10 +52,20 @@ hidden=1024,1024,1024
 classes=10
 batch=64
 samples=16384
+if ((smoke)); then
+  steps=4
+  warmup=1
+  features=32
+  hidden=64,64
+  batch=8
+  samples=256
+fi
 
 # The project's set-up installs what is missing (Debian's python3-torch for
 # the PyTorch side among it) and builds what the benchmark runs.
-DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup.sh" dtrain-run train_mlp > /dev/null
+bench_build python3-torch dtrain-run train_mlp
+bench_need "$launcher" "$train_mlp"
+bench_need_torch "$python"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -100,3 +117,4 @@ launch 2 "$work/fsdp_probe.log" timeout 300 "$python" "$repo/bench/strategies/to
 mkdir -p "$(dirname "$json")"
 "$python" "$repo/bench/strategies/summarize.py" "$work" --repeat "$repeat" --cores "$cores" --steps $steps \
   --warmup $warmup --features $features --hidden $hidden --classes $classes --batch $batch --json "$json"
+bench_check_json

@@ -2,7 +2,7 @@
 # Training benchmarks, dtrain against PyTorch (Debian's torch 1.13, CPU) in
 # the same run. Installs what is missing (python3-torch) and builds its
 # targets through scripts/setup.sh first.
-# usage: bench/run_training_bench.sh [BUILD_DIR] [--repeat N] [--json PATH]
+# usage: bench/run_training_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--no-setup] [--smoke]
 #
 #  (a) AdamW over one flat fp32 buffer of 10M and 50M elements: bench_adamw
 #      (AdamWStep<float> through Host::for_each, and the copy bandwidth),
@@ -19,13 +19,20 @@
 # and OPENBLAS_NUM_THREADS are set to the same value for both sides.
 # bench/training/summarize.py writes bench/results/training.json (or --json
 # PATH) and prints the tables. With the default 3 runs: about 1.5 minutes on
-# 2 idle cores, 3.5 on busy ones.
+# 2 idle cores, 3.5 on busy ones. --no-setup: use BUILD_DIR as it is.
+# --smoke (bench/lib.sh): AdamW over 1M elements, 5 MLP steps, a short (c),
+# one run, the JSON in a temporary folder.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
+usage="usage: bench/run_training_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--no-setup] [--smoke]"
+build=build
+repeat=3
+json=$repo/bench/results/training.json
+setup=1
 # shellcheck source=bench/lib.sh
 source "$repo/bench/lib.sh"
-bench_args training.json "$@"
+bench_options "$usage" "$@"
 launcher=$build/tools/dtrain-run
 train_mlp=$build/examples/train_mlp
 bench=$build/bench/training
@@ -33,19 +40,32 @@ python=/usr/bin/python3  # Debian's torch lives there; another python3 may come 
 cores=$(nproc)
 steps=300
 warmup=20
+adamw=()     # the benches' own defaults: 10M and 50M elements
+torch_adamw=(--iters 9)
+overhead=()
+if ((smoke)); then
+  steps=5
+  warmup=1
+  adamw=(--sizes-m 1 --iters 2)
+  torch_adamw=(--sizes-m 1 --iters 2)
+  overhead=(--rounds 1 --steps 5 --warmup 1)
+fi
 
 # The project's set-up installs what is missing (Debian's python3-torch for
 # the PyTorch side among it) and builds what the benchmark runs.
-DTRAIN_BUILD_DIR=$build DTRAIN_EXTRA_PACKAGES=python3-torch "$repo/scripts/setup.sh" dtrain-run train_mlp bench_adamw bench_adamw_no_errno bench_ddp_overhead > /dev/null
+bench_build python3-torch dtrain-run train_mlp bench_adamw bench_adamw_no_errno bench_ddp_overhead
+bench_need "$launcher" "$train_mlp" "$bench/bench_adamw" "$bench/bench_adamw_no_errno" "$bench/bench_ddp_overhead"
+bench_need_torch "$python"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 for ((i = 1; i <= repeat; i++)); do
   echo "run $i/$repeat: (a) AdamW, $cores thread(s): dtrain, dtrain -fno-math-errno, torch..."
-  with_threads "$cores" "$bench/bench_adamw" --json "$work/adamw.$i.json"
-  with_threads "$cores" "$bench/bench_adamw_no_errno" --json "$work/adamw_no_errno.$i.json"
-  with_threads "$cores" "$python" "$repo/bench/training/torch_adamw.py" --iters 9 --json "$work/torch_adamw.$i.json"
+  with_threads "$cores" "$bench/bench_adamw" "${adamw[@]}" --json "$work/adamw.$i.json"
+  with_threads "$cores" "$bench/bench_adamw_no_errno" "${adamw[@]}" --json "$work/adamw_no_errno.$i.json"
+  with_threads "$cores" "$python" "$repo/bench/training/torch_adamw.py" "${torch_adamw[@]}" \
+    --json "$work/torch_adamw.$i.json"
   for n in 1 2; do
     t=$((cores / n > 0 ? cores / n : 1))
     echo "run $i/$repeat: (b) MLP at $n rank(s), $t thread(s) each: train_mlp, torch DDP..."
@@ -62,8 +82,9 @@ done
 # gets) and at every core.
 for t in $( ((cores > 1)) && echo 1 "$cores" || echo 1); do
   echo "(c) DDP overhead at world size 1, $t thread(s)..."
-  with_threads "$t" "$bench/bench_ddp_overhead" --json "$work/overhead.$t.json"
+  with_threads "$t" "$bench/bench_ddp_overhead" "${overhead[@]}" --json "$work/overhead.$t.json"
 done
 
 mkdir -p "$(dirname "$json")"
 "$python" "$repo/bench/training/summarize.py" "$work" "$repeat" "$cores" "$warmup" "$json"
+bench_check_json

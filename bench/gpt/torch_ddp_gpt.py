@@ -63,7 +63,8 @@ class Block(torch.nn.Module):
         self.ln2 = torch.nn.LayerNorm(d, eps=1e-5)
         self.fc = torch.nn.Linear(d, 4 * d)
         self.out = torch.nn.Linear(4 * d, d)
-        # A plain attribute, not a buffer: DDP would broadcast buffers before every forward.
+        # A buffer so that .to(device) moves it, left out of the state dict; main() tells DDP to leave it
+        # alone (gloo cannot broadcast bool, and a constant mask needs no broadcast before each forward).
         self.register_buffer("future", torch.ones(block, block, dtype=torch.bool).triu(1), persistent=False)
 
     def attention(self, x):
@@ -159,7 +160,8 @@ def main():
         loss.item()
 
     dist.barrier()
-    # gloo can deadlock at exit while DDP's buffers are alive (TOOLCHAIN.md).
+    # Drop DDP and the optimizer before the process group goes: a gloo group torn down while DDP
+    # still holds its buffers can hang the process at exit.
     del model, opt, loss
     dist.destroy_process_group()
     if rank != 0:

@@ -33,6 +33,9 @@ def main():
     parser.add_argument("--gpt-warmup", type=int, required=True)
     parser.add_argument("--vocab", type=int, required=True)
     parser.add_argument("--json", required=True)
+    parser.add_argument("--mlp-config", default="hidden 1024,1024,1024, GELU, batch 256, AdamW, 300 steps, warm-up 20")
+    parser.add_argument("--gpt-config", default="6 layers, d 384, 6 heads, block 256, batch 16, AdamW, 60 steps, "
+                                                "warm-up 10")
     a = parser.parse_args()
     w = lambda name: os.path.join(a.work, name)  # noqa: E731
 
@@ -77,9 +80,7 @@ def main():
         torch_impl = json.load(f)["implementation"]
     result = {"device": kd["device"], "torch": kt["version"], "torch_implementation": torch_impl,
               "repeat": a.repeat, "kernels": kernels, "training": training,
-              "configs": {"train_mlp": "hidden 1024,1024,1024, GELU, batch 256, AdamW, 300 steps, warm-up 20",
-                          "train_gpt": f"6 layers, d 384, 6 heads, block 256, batch 16, vocab {a.vocab}, AdamW, "
-                                       "60 steps, warm-up 10"}}
+              "configs": {"train_mlp": a.mlp_config, "train_gpt": f"{a.gpt_config}, vocab {a.vocab}"}}
     with open(a.json, "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")

@@ -208,7 +208,8 @@ def main():
         print(f"- {s['stage']}: " + ("ok" if s["ok"] else s["error"]))
     for mode, t in probe["timings"].items():
         print(f"- {mode}: {t['median_step_ms']:.2f} ms per step, {t['samples_per_s']:,.0f} samples/s")
-    print(f"\nwritten: {os.path.relpath(args.json)}")
+    shown = os.path.relpath(args.json)
+    print(f"\nwritten: {args.json if shown.startswith('..') else shown}")
 
 
 if __name__ == "__main__":

@@ -134,7 +134,8 @@ def main():
         json.dump(merged, f, indent=1)
         f.write("\n")
     print_tables(adamw, mlp, overhead, cores, warmup)
-    print(f"\nwritten: {os.path.relpath(target)}")
+    shown = os.path.relpath(target)
+    print(f"\nwritten: {target if shown.startswith('..') else shown}")
 
 
 if __name__ == "__main__":

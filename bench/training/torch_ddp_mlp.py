@@ -100,7 +100,8 @@ def main():
         loss.item()
 
     dist.barrier()
-    # gloo can deadlock at exit while DDP's buffers are alive (TOOLCHAIN.md).
+    # Drop DDP and the optimizer before the process group goes: a gloo group torn down while DDP
+    # still holds its buffers can hang the process at exit.
     del model, opt, loss
     dist.destroy_process_group()
     if rank != 0:
