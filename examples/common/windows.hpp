@@ -62,7 +62,7 @@ void held_out_loss(dtrain::World& world, const Source& held_out, std::int64_t st
     }
     batches.push_back(held_out.gather(idx));
   }
-  const double loss = trainer.evaluate(batches);
+  const double loss = trainer.evaluate(batches).loss;
   if (world.rank() == 0)
     std::printf("eval: held-out loss %.4f (perplexity %.2f) over %lld samples of %s\n", loss, std::exp(loss),
                 static_cast<long long>(eval_batches * batch_size * world.size()), unit.c_str());

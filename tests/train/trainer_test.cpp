@@ -7,7 +7,10 @@
 
 #include <dtrain/trainer.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 #include <tuple>
 #include <type_traits>
 
@@ -66,5 +69,58 @@ BOOST_AUTO_TEST_CASE(bad_run_time_arguments_are_config_errors) {
                           config_error, [](const config_error& e) {
                             return std::string(e.what()).find("FsdpOptions::prefetch = -1") != std::string::npos;
                           });
+  });
+}
+
+// evaluate with metrics at 2 ranks (rank 0 four batches, rank 1 one),
+// against float64 sums over predict()'s outputs of every
+// batch at 1 rank: loss (softmax cross-entropy), accuracy and a user metric.
+// Tolerance 1e-5 relative: fp32 outputs, sums in fp32 over ranks.
+BOOST_AUTO_TEST_CASE(evaluate_gives_metrics_over_every_rank_and_predict_the_outputs) {
+  std::vector<Batch> all;
+  for (int b = 0; b < 5; ++b) all.push_back(rows_of(b, 0, 3 + b));
+  double ref_loss = 0, ref_count = 0, ref_correct = 0, ref_user = 0;
+  run_ranks(1, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet> t(w, net, AdamW{}, {.seed = 4});
+    for (const Batch& b : all) {
+      const std::vector<float> out = t.predict(b);
+      const auto y = b.at("y").values<std::int32_t>();
+      require(out.size() == y.size() * classes, "predict: [rows, classes]");
+      for (std::size_t r = 0; r < y.size(); ++r) {
+        const float* row = out.data() + r * classes;
+        double mx = row[0];
+        std::size_t best = 0;
+        for (std::size_t c = 1; c < classes; ++c)
+          if (row[c] > row[best]) best = c;
+        mx = row[best];
+        double z = 0;
+        for (std::size_t c = 0; c < classes; ++c) z += std::exp(row[c] - mx);
+        ref_loss += std::log(z) + mx - row[y[r]];
+        ref_count += 1;
+        ref_correct += best == static_cast<std::size_t>(y[r]) ? 1 : 0;
+        ref_user += row[0];
+      }
+    }
+  });
+  const Metric first_logit = [](const EvalBatch& e, MetricSums& s) {
+    for (std::int64_t r = 0; r < e.rows; ++r) s.add("first_logit", e.row(r)[0]);
+  };
+  run_ranks(2, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet, Strategy<FSDP<FullShard>>> t(w, net, AdamW{}, {.seed = 4});
+    std::vector<Batch> mine;
+    for (std::size_t b = 0; b < all.size(); ++b)
+      if ((b < 4) == (w.rank() == 0)) mine.push_back(all[b]);
+    const std::vector<Metric> metrics{metrics::accuracy(), first_logit};
+    const EvalResult r = t.evaluate(mine, metrics);
+    const auto close = [](double a, double b) { return std::abs(a - b) <= 1e-5 * std::max(1.0, std::abs(b)); };
+    require(close(r.loss, ref_loss / ref_count), "loss " + std::to_string(r.loss));
+    require(r.count == ref_count, "count");
+    require(close(r.metrics.at("accuracy"), ref_correct / ref_count), "accuracy");
+    require(close(r.metrics.at("first_logit"), ref_user / ref_count), "user metric");
+    require(close(r.perplexity(), std::exp(ref_loss / ref_count)), "perplexity");
+    std::vector<Batch> none;
+    require_throws<config_error>([&] { t.evaluate(none); });
   });
 }

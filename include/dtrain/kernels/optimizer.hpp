@@ -159,7 +159,7 @@ class SgdStep {
 // by value to a CUDA kernel).
 inline constexpr std::size_t max_param_groups = 16;
 
-// Any optimizer rule (optim/optimizer.hpp's concept) over a flat buffer
+// Any optimizer rule (the Optimizer concept, optim/config.hpp) over a flat buffer
 // whose elements belong to parameter groups: element i is updated with the
 // coefficients of group[i] (group 0 everywhere when `group` is null). The
 // rule's state is up to Rule::max_states fp32 buffers, `states` of them in

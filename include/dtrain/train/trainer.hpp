@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -40,6 +41,7 @@
 #include "dtrain/strategy/any_strategy.hpp"
 #include "dtrain/strategy/comm_binding.hpp"
 #include "dtrain/strategy/strategy.hpp"
+#include "dtrain/train/evaluation.hpp"
 #include "dtrain/train/options.hpp"
 #if DTRAIN_HAS_CUDA
 #include "dtrain/strategy/cuda_binding.hpp"
@@ -166,37 +168,76 @@ class TrainerCore {
     return stats;
   }
 
-  // The mean loss over `batches` (their summed losses over every rank,
-  // divided by the loss's count), forward only: no gradient, no update.
-  // Collective: every rank calls it with its own batches.
-  double evaluate(std::span<const Batch> batches) {
+  // Forward only over `batches` (no gradient, no update): the mean loss
+  // (their summed losses over every rank, divided by the loss's count) and
+  // each metric's value. A metric sees every batch with the model's output
+  // (EvalBatch) and adds named sums to MetricSums; evaluate sums them over
+  // ranks, so EvalResult::metrics holds sum / count over all the data.
+  // Collective: every rank calls it with its own batches (possibly none).
+  EvalResult evaluate(std::span<const Batch> batches, std::span<const Metric> metrics = {}) {
     double sum = 0, count = 0;
-    for (const Batch& b : batches) {
-      count += model_.loss.count(b);
-      micro_step(b, accumulate_ - 1, [&](double loss) { return sum += loss, 0.f; }, false);
+    MetricSums sums;
+    // Sharded strategies gather parameters in every forward: every rank runs
+    // as many forwards as the rank with the most batches, the others on
+    // empty batches (0 rows, shaped like a real one) that count nothing.
+    const std::vector<Batch> padding = evaluation_padding(batches);
+    for (const Batch& b : padding) {
+      double ignored = 0;
+      run_forward(b, nullptr, [&](double loss) { return ignored += loss, 0.f; });
     }
-    const auto totals = all_reduce_scalars(std::array{sum, count});
-    if (totals[1] <= 0)
+    for (const Batch& b : batches) {
+      const double c = model_.loss.count(b);
+      double batch_loss = 0;
+      std::vector<float> outputs;
+      run_forward(b, metrics.empty() ? nullptr : &outputs, [&](double loss) { return batch_loss = loss, 0.f; });
+      sum += batch_loss;
+      count += c;
+      if (metrics.empty()) continue;
+      const std::int64_t width = width_.back();
+      const EvalBatch eb{b, outputs, width > 0 ? static_cast<std::int64_t>(outputs.size()) / width : 0, width,
+                         batch_loss, c};
+      for (const Metric& m : metrics) m(eb, sums);
+    }
+    // The metrics' names over all ranks (a rank without batches has none),
+    // then every sum and count in one all-reduce.
+    std::vector<std::string> names;
+    if (!metrics.empty()) {
+      for (const std::string& joined : world_.all_gather_values("eval-metric-names", sums.joined_names()))
+        for (std::string& n : MetricSums::split_names(joined))
+          if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(std::move(n));
+      std::sort(names.begin(), names.end());
+    }
+    std::vector<double> values{sum, count};
+    for (const std::string& n : names) {
+      const auto [s_, c_] = sums.get(n);
+      values.push_back(s_);
+      values.push_back(c_);
+    }
+    values = all_reduce_values(std::move(values));
+    if (values[1] <= 0)
       throw config_error("Trainer::evaluate: the batches count no targets on any rank",
                          "evaluate on batches with targets");
-    return totals[0] / totals[1];
+    EvalResult r;
+    r.loss = values[0] / values[1];
+    r.count = values[1];
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const double c = values[3 + 2 * i];
+      r.metrics[names[i]] = c > 0 ? values[2 + 2 * i] / c : std::numeric_limits<double>::quiet_NaN();
+    }
+    return r;
   }
 
   // The model's output for one batch (the loss's input: logits for a
   // language model), [rows, width] row-major as fp32 on the host, forward
-  // only. The batch needs no targets. Collective like evaluate.
-  std::vector<float> logits(const Batch& batch) {
+  // only: no gradient, no loss, no optimizer. The batch needs no targets.
+  // Collective like evaluate.
+  std::vector<float> predict(const Batch& batch) {
     std::vector<float> out;
-    logits_out_ = &out;
-    try {
-      micro_step(batch, accumulate_ - 1, [](double) { return 0.f; }, false);
-    } catch (...) {
-      logits_out_ = nullptr;
-      throw;
-    }
-    logits_out_ = nullptr;
+    run_forward(batch, &out, nullptr);
     return out;
   }
+  // The same, under its earlier name.
+  std::vector<float> logits(const Batch& batch) { return predict(batch); }
 
   // Every parameter as fp32 on the host, by name ("<unit>.<param>").
   // Collective under sharded strategies: every rank must call it.
@@ -382,6 +423,85 @@ class TrainerCore {
     return {x.shape[0], seq};
   }
 
+  // The empty batches this rank adds to its evaluation so that every rank
+  // runs the same number of forwards: each 0 rows of a batch of this rank,
+  // or of the description rank 0 (or the first rank with batches) gives.
+  std::vector<Batch> evaluation_padding(std::span<const Batch> batches) {
+    const auto empty_like = [](const Batch& b) {
+      Batch out;
+      for (const auto& [name, t] : b.tensors) {
+        std::vector<std::int64_t> shape = t.shape;
+        if (!shape.empty()) shape[0] = 0;
+        out.set(name, HostTensor{t.type, std::move(shape), {}});
+      }
+      return out;
+    };
+    // "count|name type d0 d1 ...;..." of this rank's first batch.
+    std::string mine = std::to_string(batches.size()) + "|";
+    if (!batches.empty())
+      for (const auto& [name, t] : batches[0].tensors) {
+        mine += name + " " + std::to_string(static_cast<int>(t.type));
+        for (const auto d : t.shape) mine += " " + std::to_string(d);
+        mine += ";";
+      }
+    const std::vector<std::string> all = world_.all_gather_values("eval-batches", mine);
+    std::size_t most = 0;
+    std::string model;
+    for (const std::string& a : all) {
+      const std::size_t n = std::stoull(a.substr(0, a.find('|')));
+      most = std::max(most, n);
+      if (model.empty() && n > 0) model = a.substr(a.find('|') + 1);
+    }
+    if (most == batches.size()) return {};
+    Batch shape;
+    if (!batches.empty()) {
+      shape = empty_like(batches[0]);
+    } else {
+      for (std::size_t a = 0, b; (b = model.find(';', a)) != std::string::npos; a = b + 1) {
+        std::istringstream in(model.substr(a, b - a));
+        std::string name;
+        int type = 0;
+        in >> name >> type;
+        std::vector<std::int64_t> dims;
+        for (std::int64_t d; in >> d;) dims.push_back(d);
+        if (!dims.empty()) dims[0] = 0;
+        shape.set(name, HostTensor{static_cast<element_type>(type), std::move(dims), {}});
+      }
+    }
+    return std::vector<Batch>(most - batches.size(), shape);
+  }
+
+  // A forward of one batch: its output copied to *outputs when that is set,
+  // then the loss (given to on_loss) unless on_loss is null.
+  template <class OnLoss>
+  void run_forward(const Batch& batch, std::vector<float>* outputs, OnLoss&& on_loss) {
+    logits_out_ = outputs;
+    logits_only_ = std::is_null_pointer_v<std::remove_cvref_t<OnLoss>>;
+    const auto reset = [&] { logits_out_ = nullptr, logits_only_ = false; };
+    try {
+      if constexpr (std::is_null_pointer_v<std::remove_cvref_t<OnLoss>>)
+        micro_step(batch, accumulate_ - 1, [](double) { return 0.f; }, false);
+      else
+        micro_step(batch, accumulate_ - 1, on_loss, false);
+    } catch (...) {
+      reset();
+      throw;
+    }
+    reset();
+  }
+
+  // Sums any number of host values over ranks (evaluations: not per step).
+  std::vector<double> all_reduce_values(std::vector<double> values) {
+    std::vector<float> f(values.begin(), values.end());
+    buffer<float> staging = make_buffer<float>(dev_, f.size());
+    dev_.copy_from_host(staging.data(), f.data(), f.size());
+    auto w = binding::all_reduce(*comm_, dev_, staging.span(), reduce_op::sum);
+    binding::join(w, dev_);
+    dev_.copy_to_host(f.data(), staging.data(), f.size());
+    for (std::size_t i = 0; i < f.size(); ++i) values[i] = f[i];
+    return values;
+  }
+
   // Sums host scalars over ranks in one collective, in fp32 (as every
   // rank's copy must round alike).
   template <std::size_t N>
@@ -468,8 +588,8 @@ class TrainerCore {
       dev_.copy_to_host(host.data(), logits.data, host.size());
       logits_out_->assign(host.size(), 0.f);
       for (std::size_t i = 0; i < host.size(); ++i) (*logits_out_)[i] = static_cast<float>(host[i]);
-      return;
     }
+    if (logits_only_) return;
     const float dlogit_scale = after_forward(model_.loss.template forward<Dev, T>(dev_, logits, on_device));
     if (!backward) return;
     std::size_t cur = 0;
@@ -685,7 +805,8 @@ class TrainerCore {
   // samples, positions and loss of a step in one collective.
   static constexpr std::size_t max_scalars = 4;
   buffer<float> scalar_;
-  std::vector<float>* logits_out_ = nullptr;  // set while logits() runs a forward
+  std::vector<float>* logits_out_ = nullptr;  // set while a forward copies the output out (run_forward)
+  bool logits_only_ = false;                  // predict(): no loss after the output
   std::vector<std::int64_t> width_;  // width_[u]: the input width of unit u; width_.back(): the logits
   std::vector<buffer<T>> activations_;
   std::vector<buffer<T>> saved_;  // per unit, or [0] shared under activation checkpointing

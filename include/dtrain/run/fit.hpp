@@ -1,0 +1,441 @@
+#pragma once
+// dtrain::fit: the training loop most programs need, around any Trainer.
+// It keeps the data order, checkpoints every save_every steps (keeping the
+// newest keep_last), resumes from the newest complete checkpoint, evaluates
+// every eval_every steps with the user's metrics, stops early when the
+// monitored value stops improving, writes metrics as JSON lines and
+// TensorBoard scalars, and prints a progress line with samples or tokens
+// per second and memory. Callbacks see every step, evaluation and save.
+//
+//   dtrain::FitOptions fit{.steps = 1000, .batch_size = 32, .save_every = 200, .resume = "latest",
+//                          .eval_every = 200, .metrics = {dtrain::metrics::accuracy()}};
+//   dtrain::fit(trainer, train_set, &held_out, fit);
+//
+// Every rank calls fit with the same options. A program run again with
+// resume = "latest" continues where the last run stopped; one that already
+// reached `steps` trains nothing and returns.
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dtrain/checkpoint/checkpoint.hpp"
+#include "dtrain/comm/world.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/data/loader.hpp"
+#include "dtrain/data/sampler.hpp"
+#include "dtrain/metrics/tensorboard.hpp"
+#include "dtrain/train/evaluation.hpp"
+#include "dtrain/train/options.hpp"
+
+namespace dtrain {
+
+struct FitOptions {
+  std::int64_t steps = 0;        // optimizer steps in all (a resumed run continues to it); required
+  std::int64_t batch_size = 32;  // rows per rank per micro-batch
+  int num_workers = 2;           // data loader threads per rank
+  bool shuffle = true;
+  std::uint64_t seed = 0;        // the sampler's shuffle
+
+  // Checkpoints: <checkpoint_dir>/step-<n>, resumable at any world size and strategy.
+  std::filesystem::path checkpoint_dir = "checkpoints";
+  std::int64_t save_every = 0;   // every N steps and at the end (0: only at the end, if save_final)
+  bool save_final = true;        // a checkpoint after the last step
+  int keep_last = 0;             // keep the newest K checkpoints (0: all)
+  bool consolidated = false;     // checkpoints also hold model.safetensors (fp32, readable by Python)
+  std::string resume{};          // "latest" (the newest complete checkpoint, if any) | a checkpoint | "": none
+
+  // Evaluation over the eval source: every eval_every steps and at the end.
+  std::int64_t eval_every = 0;   // 0: at the end only
+  std::int64_t eval_batches = 0; // batches per rank per evaluation (0: the whole source, split over ranks)
+  std::vector<Metric> metrics{}; // see train/evaluation.hpp: metrics::accuracy(), your own
+
+  // Early stop: after `patience` evaluations in a row without the monitored
+  // value improving by more than min_delta, training stops (0: never).
+  std::string monitor = "loss";  // "loss" (the evaluation loss) or a metric's name
+  bool maximize = false;         // true for metrics where larger is better (accuracy)
+  int patience = 0;
+  double min_delta = 0;
+
+  // Reporting (rank 0).
+  std::int64_t log_every = 20;   // a progress line every N steps (and the first and last)
+  bool progress = true;          // print progress lines
+  std::filesystem::path metrics_file{};     // JSON lines: one object per step and per evaluation
+  std::filesystem::path tensorboard_dir{};  // TensorBoard scalars (a new events file per run)
+  double peak_tflops = 0;        // one rank's peak: the progress line adds TFLOP/s and MFU (0: not shown)
+  std::filesystem::path save_params{};      // every parameter as fp32 safetensors at the end
+
+  void validate() const;
+};
+
+// What callbacks can do to the run. A stop request takes effect after the
+// next evaluation or progress point (every log_every steps), where the
+// ranks compare requests: all stop if any asked.
+class FitControl {
+ public:
+  void request_stop() { stop_ = true; }
+  bool stop_requested() const { return stop_; }
+
+ private:
+  bool stop_ = false;
+};
+
+struct FitCallbacks {
+  std::function<void(const StepStats&, FitControl&)> on_step{};
+  std::function<void(std::int64_t step, const EvalResult&, FitControl&)> on_eval{};
+  std::function<void(const std::filesystem::path& checkpoint)> on_save{};
+};
+
+struct FitResult {
+  std::int64_t first_step = 0;     // the step the run started from (0, or the resumed checkpoint's)
+  std::int64_t steps = 0;          // optimizer steps taken, in all
+  bool stopped_early = false;
+  std::optional<std::filesystem::path> resumed_from;
+  std::optional<std::filesystem::path> last_checkpoint;
+  std::optional<EvalResult> last_eval;
+  std::optional<double> best;      // the best monitored value (early stop)
+};
+
+// An eval source for fit when there is none.
+struct NoEvalSource {
+  std::int64_t size() const { return 0; }
+  Batch gather(std::span<const std::int64_t>) const { return {}; }
+};
+
+inline void FitOptions::validate() const {
+  const auto require = [](bool ok, const std::string& what, const std::string& fix) {
+    if (!ok) throw config_error("FitOptions: " + what, fix);
+  };
+  require(steps >= 1, "steps = " + std::to_string(steps) + " is not at least 1", "set .steps to the steps to train");
+  require(batch_size >= 1, "batch_size = " + std::to_string(batch_size) + " is not at least 1",
+          "set .batch_size, the rows per rank per micro-batch");
+  require(num_workers >= 0, "num_workers is negative", "set .num_workers >= 0 (0: gather on the training thread)");
+  require(save_every >= 0 && keep_last >= 0, "save_every and keep_last must be >= 0",
+          "set .save_every = N to checkpoint every N steps, .keep_last = K to keep the newest K");
+  require(eval_every >= 0 && eval_batches >= 0, "eval_every and eval_batches must be >= 0",
+          "set .eval_every = N to evaluate every N steps, .eval_batches = B per rank (0: the whole source)");
+  require(patience >= 0 && min_delta >= 0, "patience and min_delta must be >= 0",
+          "set .patience = K evaluations without improvement before stopping (0: never)");
+  require(log_every >= 1, "log_every must be at least 1", "set .log_every = 20");
+  require(peak_tflops >= 0, "peak_tflops is negative", "set .peak_tflops to one rank's peak TFLOP/s, or 0");
+  std::error_code looked;
+  require(resume.empty() || resume == "latest" || std::filesystem::exists(resume, looked),
+          "resume = '" + resume + "' is neither latest nor an existing directory" +
+              (looked ? " (" + looked.message() + ")" : ""),
+          "use resume = \"latest\" (the newest checkpoint in checkpoint_dir) or a checkpoint's path");
+}
+
+namespace detail {
+
+inline std::string mib_text(std::size_t bytes) {
+  char t[32];
+  std::snprintf(t, sizeof t, "%.2f", static_cast<double>(bytes) / (1 << 20));
+  return t;
+}
+
+// "params 1.2 | grads ... MiB" for the first progress line.
+inline std::string memory_text(const MemoryUsage& m) {
+  return "params " + mib_text(m.params) + " | grads " + mib_text(m.grads) + " | optimizer " + mib_text(m.optimizer) +
+         " | master " + mib_text(m.master) + " | gathered " + mib_text(m.gathered) + " | activations " +
+         mib_text(m.activations) + " | total " + mib_text(m.total()) + " MiB";
+}
+
+inline std::string memory_json(const MemoryUsage& m) {
+  return "{\"params\": " + std::to_string(m.params) + ", \"grads\": " + std::to_string(m.grads) +
+         ", \"optimizer\": " + std::to_string(m.optimizer) + ", \"master\": " + std::to_string(m.master) +
+         ", \"gathered\": " + std::to_string(m.gathered) + ", \"activations\": " + std::to_string(m.activations) + "}";
+}
+
+inline std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";  // JSON has no NaN or infinity
+  char t[40];
+  std::snprintf(t, sizeof t, "%.10g", v);
+  return t;
+}
+
+// Where fit writes what it measures, on rank 0: progress lines, the metrics
+// file, TensorBoard.
+class FitReporter {
+ public:
+  FitReporter(const FitOptions& o, bool rank0, bool resumed, std::int64_t first_step) : o_(o), rank0_(rank0) {
+    if (!rank0_) return;
+    // The events file first: it is a new file, while opening the metrics
+    // file may truncate one, so a bad tensorboard_dir leaves that as it was.
+    if (!o.tensorboard_dir.empty()) {
+      try {
+        tensorboard_.emplace(o.tensorboard_dir);
+      } catch (const error& e) {
+        throw config_error(e.problem(), e.fix(), e.where());
+      }
+    }
+    if (!o.metrics_file.empty()) {
+      std::error_code ignored;  // a failure shows as the open's below
+      if (o.metrics_file.has_parent_path()) std::filesystem::create_directories(o.metrics_file.parent_path(), ignored);
+      // A resumed run appends: the records before the restart stay.
+      metrics_.open(o.metrics_file, resumed ? std::ios::app : std::ios::trunc);
+      if (!metrics_)
+        throw config_error("cannot write the metrics file '" + o.metrics_file.string() + "'",
+                           "check that its folder exists and is writable");
+    }
+    // TensorBoard drops what earlier files in the folder hold from this
+    // step on: a killed attempt's, an earlier run's into the same folder.
+    if (tensorboard_) tensorboard_->write_session_start(first_step + 1);
+  }
+
+  void step(const StepStats& st, int world_size, std::string_view strategy, std::size_t params, bool last) {
+    if (!rank0_) return;
+    const double seconds = st.step_ms / 1000.0;
+    const double sps = st.samples / seconds, tps = st.positions / seconds;
+    if (metrics_.is_open()) {
+      metrics_ << "{\"step\": " << st.step << ", \"loss\": " << json_number(st.loss) << ", \"lr\": " << json_number(st.lr)
+               << ", \"grad_norm\": " << json_number(st.grad_norm) << ", \"samples_per_s\": " << json_number(sps)
+               << ", \"tokens_per_s\": " << json_number(tps) << ", \"step_ms\": " << json_number(st.step_ms)
+               << ", \"world_size\": " << world_size << ", \"loss_scale\": " << json_number(st.loss_scale)
+               << ", \"skipped\": " << (st.skipped ? "true" : "false") << ", \"memory\": " << memory_json(st.memory)
+               << "}\n";
+      metrics_.flush();
+    }
+    if (tensorboard_) {
+      const MemoryUsage& m = st.memory;
+      const auto b = [](std::size_t v) { return static_cast<double>(v); };
+      tensorboard_->write_scalars(st.step, {{"train/loss", st.loss},
+                                            {"train/lr", st.lr},
+                                            {"train/grad_norm", st.grad_norm},
+                                            {"train/loss_scale", st.loss_scale},
+                                            {"perf/samples_per_s", sps},
+                                            {"perf/tokens_per_s", tps},
+                                            {"perf/step_ms", st.step_ms},
+                                            {"memory/params_bytes", b(m.params)},
+                                            {"memory/grads_bytes", b(m.grads)},
+                                            {"memory/optimizer_bytes", b(m.optimizer)},
+                                            {"memory/master_bytes", b(m.master)},
+                                            {"memory/gathered_bytes", b(m.gathered)},
+                                            {"memory/activations_bytes", b(m.activations)}});
+    }
+    if (!o_.progress) return;
+    if (!shown_memory_) {
+      shown_memory_ = true;
+      std::printf("memory per rank (%.*s, rank 0): %s\n", static_cast<int>(strategy.size()), strategy.data(),
+                  memory_text(st.memory).c_str());
+    }
+    if (st.step != 1 && st.step % o_.log_every != 0 && !last) return;
+    std::printf("step %5lld/%lld | loss %.4f | lr %.2e | %8.0f samples/s | step %7.2f ms | scale %g%s",
+                static_cast<long long>(st.step), static_cast<long long>(o_.steps), st.loss, st.lr, sps, st.step_ms,
+                st.loss_scale, st.skipped ? " | skipped (inf/nan)" : "");
+    if (st.positions != st.samples) std::printf(" | %9.0f tokens/s", tps);
+    if (o_.peak_tflops > 0) {
+      // The usual estimate of training FLOPs: 6 per parameter and token (2
+      // forward, 4 backward), attention's own products left out.
+      const double tflops = 6.0 * static_cast<double>(params) * tps / world_size / 1e12;
+      std::printf(" | %.2f TFLOP/s/rank | MFU %.1f%%", tflops, 100.0 * tflops / o_.peak_tflops);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+
+  void eval(std::int64_t step, const EvalResult& r) {
+    if (!rank0_) return;
+    if (metrics_.is_open()) {
+      metrics_ << "{\"step\": " << step << ", \"eval/loss\": " << json_number(r.loss)
+               << ", \"eval/perplexity\": " << json_number(r.perplexity());
+      for (const auto& [name, v] : r.metrics) metrics_ << ", \"eval/" << name << "\": " << json_number(v);
+      metrics_ << "}\n";
+      metrics_.flush();
+    }
+    if (tensorboard_) {
+      std::vector<std::string> tags;  // the scalars' tags point here
+      for (const auto& [name, v] : r.metrics) tags.push_back("eval/" + name);
+      std::vector<TensorBoardScalar> scalars{{"eval/loss", r.loss}, {"eval/perplexity", r.perplexity()}};
+      std::size_t k = 0;
+      for (const auto& [name, v] : r.metrics) scalars.push_back({tags[k++], v});
+      tensorboard_->write_scalars(step, scalars);
+    }
+    if (!o_.progress) return;
+    std::printf("eval  %5lld | loss %.4f | perplexity %.2f", static_cast<long long>(step), r.loss, r.perplexity());
+    for (const auto& [name, v] : r.metrics) std::printf(" | %s %.4f", name.c_str(), v);
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+
+  void line(const std::string& text) {
+    if (!rank0_ || !o_.progress) return;
+    std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  const FitOptions& o_;
+  bool rank0_;
+  bool shown_memory_ = false;
+  std::ofstream metrics_;
+  std::optional<TensorBoardWriter> tensorboard_;
+};
+
+// True when any rank's flag is set (a store round trip: used at progress
+// points, not every step).
+inline bool any_rank(World& world, std::string_view what, bool mine) {
+  for (const std::string& v : world.all_gather_values(what, mine ? "1" : "0"))
+    if (v == "1") return true;
+  return false;
+}
+
+}  // namespace detail
+
+// Trains `trainer` on `train` until options.steps, evaluating on *eval (may
+// be null). Collective: every rank calls it with the same options.
+template <class Trainer, BatchSource Train, BatchSource Eval = NoEvalSource>
+FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitOptions& options,
+              const FitCallbacks& callbacks = {}) {
+  options.validate();
+  World& world = trainer.world();
+  const bool rank0 = world.rank() == 0;
+  FitResult result;
+  DistributedSampler sampler(static_cast<std::int64_t>(train.size()), world,
+                             {.shuffle = options.shuffle, .seed = options.seed});
+
+  // Resume. With "latest", a checkpoint that fails verification is reported
+  // and the one before it tried: a damaged newest checkpoint costs the steps
+  // since the previous one, not the run.
+  std::vector<std::filesystem::path> candidates;
+  if (options.resume == "latest") {
+    candidates = list_checkpoints(options.checkpoint_dir);
+    std::ranges::reverse(candidates);
+  } else if (!options.resume.empty()) {
+    candidates.emplace_back(options.resume);
+  }
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    try {
+      const CheckpointInfo info = trainer.load(candidates[i]);
+      if (info.sampler) sampler.load_state(info.sampler->state_for(sampler));
+      result.resumed_from = candidates[i];
+      if (rank0 && options.progress)
+        std::printf("resumed from %s at step %lld (saved by %d rank(s), strategy %s)\n", candidates[i].c_str(),
+                    static_cast<long long>(info.step), info.world_size, info.strategy.c_str());
+      break;
+    } catch (const checkpoint_error& e) {
+      if (i + 1 == candidates.size()) throw;
+      if (rank0) std::printf("resume: skipping %s: %s\n", candidates[i].c_str(), e.what());
+    }
+  }
+  if (options.resume == "latest" && candidates.empty() && rank0 && options.progress)
+    std::printf("resume=latest: no checkpoint in %s yet: starting from step 0\n", options.checkpoint_dir.c_str());
+  result.first_step = trainer.steps_taken();
+
+  detail::FitReporter report(options, rank0, result.resumed_from.has_value(), result.first_step);
+  // The loader starts where the (restored) sampler stands.
+  DataLoader loader(train, sampler, {.batch_size = options.batch_size, .num_workers = options.num_workers});
+  const std::size_t params = trainer.layout().trainable_numel() + trainer.layout().frozen_numel();
+  FitControl control;
+
+  const auto save = [&] {
+    const auto dir = checkpoint_path(options.checkpoint_dir, trainer.steps_taken());
+    if (is_checkpoint(dir)) return;  // a run before a restart saved this step already
+    trainer.save(dir, {.consolidated = options.consolidated, .sampler = &sampler});
+    result.last_checkpoint = dir;
+    if (rank0 && options.keep_last > 0) prune_checkpoints(options.checkpoint_dir, options.keep_last);
+    report.line("saved checkpoint " + dir.string());
+    if (callbacks.on_save) callbacks.on_save(dir);
+  };
+
+  // The evaluation batches of this rank: rows rank, rank + world, ... of
+  // the source, batch_size at a time (every rank its own; ranks may hold
+  // unequal numbers, which evaluate allows).
+  int bad_evals = 0;
+  const auto evaluate = [&] {
+    if (eval == nullptr || eval->size() < 1) return;
+    std::vector<Batch> batches;
+    std::vector<std::int64_t> idx;
+    for (std::int64_t r = world.rank(); r < static_cast<std::int64_t>(eval->size()); r += world.size()) {
+      idx.push_back(r);
+      if (static_cast<std::int64_t>(idx.size()) == options.batch_size) {
+        batches.push_back(eval->gather(idx));
+        idx.clear();
+        if (options.eval_batches > 0 && static_cast<std::int64_t>(batches.size()) == options.eval_batches) break;
+      }
+    }
+    if (!idx.empty() && (options.eval_batches == 0 || static_cast<std::int64_t>(batches.size()) < options.eval_batches))
+      batches.push_back(eval->gather(idx));
+    const EvalResult r = trainer.evaluate(batches, options.metrics);
+    result.last_eval = r;
+    report.eval(trainer.steps_taken(), r);
+    if (callbacks.on_eval) callbacks.on_eval(trainer.steps_taken(), r, control);
+    if (options.patience == 0) return;
+    double value = r.loss;
+    if (options.monitor != "loss") {
+      const auto it = r.metrics.find(options.monitor);
+      if (it == r.metrics.end())
+        throw config_error("FitOptions.monitor = '" + options.monitor + "' is not among the evaluation's values",
+                           "monitor \"loss\" or the name a metric adds (e.g. \"accuracy\")");
+      value = it->second;
+    }
+    const bool better = !result.best || (options.maximize ? value > *result.best + options.min_delta
+                                                          : value < *result.best - options.min_delta);
+    if (better) {
+      result.best = value;
+      bad_evals = 0;
+    } else if (++bad_evals >= options.patience) {
+      result.stopped_early = true;
+      report.line("early stop: " + options.monitor + " has not improved for " + std::to_string(bad_evals) +
+                  " evaluation(s)");
+      control.request_stop();  // agreed: every rank has the same evaluation
+    }
+  };
+
+  std::vector<Batch> micro(static_cast<std::size_t>(trainer.micro_batches()));
+  while (trainer.steps_taken() < options.steps) {
+    for (auto& b : micro) b = loader.next();
+    const StepStats st = trainer.step(micro);
+    const bool last = st.step >= options.steps;
+    report.step(st, world.size(), trainer.strategy_name(), params, last);
+    if (callbacks.on_step) callbacks.on_step(st, control);
+    if (options.save_every > 0 && st.step % options.save_every == 0 && !last) save();
+    // Stop requests (early stop, callbacks: perhaps from one rank only) are
+    // compared after an evaluation and at progress points, and all ranks
+    // stop if any asked.
+    bool check = !last && st.step % options.log_every == 0;
+    if (options.eval_every > 0 && st.step % options.eval_every == 0 && !last) {
+      evaluate();
+      check = true;
+    }
+    const bool stop = check && detail::any_rank(world, "fit-stop", control.stop_requested());
+    if (stop) {
+      result.stopped_early = true;
+      break;
+    }
+  }
+  result.steps = trainer.steps_taken();
+  if (result.steps > result.first_step || !result.last_eval) evaluate();
+  if ((options.save_final || options.save_every > 0) && result.steps > result.first_step) save();
+  if (result.steps == result.first_step) report.line("already at step " + std::to_string(result.steps) + " of " +
+                                                     std::to_string(options.steps) + ": nothing to train");
+  if (!options.save_params.empty()) trainer.save_params(options.save_params);
+  if (rank0 && options.progress) {
+    // The process's peak resident set: what the operating system saw,
+    // beside the Trainer's own accounting.
+    rusage usage{};
+    ::getrusage(RUSAGE_SELF, &usage);
+    std::printf("peak resident memory (rank 0): %.1f MiB\n", static_cast<double>(usage.ru_maxrss) / 1024.0);
+    std::fflush(stdout);
+  }
+  return result;
+}
+
+// The same without evaluation.
+template <class Trainer, BatchSource Train>
+FitResult fit(Trainer& trainer, const Train& train, const FitOptions& options, const FitCallbacks& callbacks = {}) {
+  return fit(trainer, train, static_cast<const NoEvalSource*>(nullptr), options, callbacks);
+}
+
+}  // namespace dtrain
