@@ -2,6 +2,7 @@
 // batch sizes and learning-rate scaling, mixed precision, accumulation,
 // activation checkpointing, resuming and fine-tuning, data loading and
 // metrics. Each region compiles here and runs once in doc_snippets.
+#include <dtrain/run/fit.hpp>
 #include <dtrain/trainer.hpp>
 
 #include "snippets.hpp"
@@ -137,9 +138,44 @@ void data_loading(dtrain::World& world, const dtrain::Dataset& data) {
   check(b.at("x").numel() == 64 * data.features, "DataLoader with workers and a transform");
 }
 
+// [snippet:guide_fit]
+// A model of your own: units in order, and a loss.
+struct Classifier {
+  dtrain::nn::Linear in{32, 128};
+  dtrain::nn::LayerNorm norm{128};
+  dtrain::nn::GELU act;
+  dtrain::nn::Linear out{128, 10};
+  dtrain::nn::SoftmaxCrossEntropy loss;
+  auto units() { return std::tie(in, norm, act, out); }
+};
+
+dtrain::FitResult train_classifier(dtrain::World& world, const dtrain::Dataset& data, const dtrain::Dataset& val) {
+  Classifier model;
+  dtrain::Trainer<Classifier, dtrain::Strategy<dtrain::FSDP<dtrain::FullShard>>> trainer{
+      world, model, dtrain::AdamW{.lr = 1e-3f, .weight_decay = 0.05f},
+      {.schedule = dtrain::LinearLR{.peak_lr = 1e-3f, .warmup_steps = 20, .total_steps = 200},
+       .param_groups = {dtrain::no_decay_group()}}};
+  dtrain::FitCallbacks callbacks;
+  callbacks.on_eval = [&](std::int64_t step, const dtrain::EvalResult& r, dtrain::FitControl&) {
+    if (world.rank() == 0) std::printf("step %lld: held-out accuracy %.3f\n", (long long)step, r.metrics.at("accuracy"));
+  };
+  return dtrain::fit(trainer, data, &val,
+                     {.steps = 200, .batch_size = 32, .checkpoint_dir = "runs/classifier", .save_every = 50,
+                      .keep_last = 2, .resume = "latest", .eval_every = 50, .metrics = {dtrain::metrics::accuracy()},
+                      .monitor = "accuracy", .maximize = true, .patience = 3,
+                      .metrics_file = "runs/classifier/metrics.jsonl", .tensorboard_dir = "runs/classifier/tb"},
+                     callbacks);
+}
+// [/snippet:guide_fit]
+
 }  // namespace
 
 int guide_examples(dtrain::World& world, const dtrain::Dataset& data) {
+  std::filesystem::remove_all("runs");
+  const dtrain::FitResult first = train_classifier(world, data, data);
+  check(first.steps == 200 || first.stopped_early, "fit trains");
+  const dtrain::FitResult again = train_classifier(world, data, data);
+  check(again.first_step == first.steps, "fit run again resumes where the first run stopped");
   strategies(world, data);
   batch_and_lr(world);
   precision_and_accumulation(world, data);
