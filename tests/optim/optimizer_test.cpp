@@ -26,6 +26,7 @@ using namespace dtrain;
 using namespace dtrain::testing;
 
 namespace user {
+// [snippet:user_optimizer]
 // A user's optimizer, outside dtrain: sign descent with decoupled decay and
 // no state (max_states 0), modelling dtrain::Optimizer and nothing else.
 struct SignDescent {
@@ -45,7 +46,8 @@ struct SignDescent {
     p = p * c.decay - c.lr * (g > 0.f ? 1.f : g < 0.f ? -1.f : 0.f);
   }
 };
-static_assert(Optimizer<SignDescent>);
+static_assert(dtrain::Optimizer<SignDescent>);
+// [/snippet:user_optimizer]
 }  // namespace user
 
 static_assert(Optimizer<AdamW> && Optimizer<SGD> && Optimizer<Lion>);
