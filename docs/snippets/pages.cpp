@@ -276,6 +276,7 @@ dtrain::Dataset make_dataset(std::int64_t rows) {
 }  // namespace
 
 int guide_examples(dtrain::World& world, const dtrain::Dataset& dataset);  // guide.cpp
+int migrating_example(int steps, const dtrain::Dataset& train_set, const dtrain::Dataset& val_set);  // migrating.cpp
 
 // Runs every page's code once, as one process, in the folder argv[1].
 int main(int argc, char** argv) try {
@@ -290,6 +291,7 @@ int main(int argc, char** argv) try {
   checkpoint_page(world, dataset);
   uneven_data(world, dataset);
   guide_examples(world, dataset);
+  migrating_example(12, dataset, make_dataset(256));
   std::puts("every documented snippet ran");
   return 0;
 } catch (const std::exception& e) {
