@@ -1,21 +1,15 @@
 #pragma once
-// Command lines of the examples: `--config FILE.yaml` and `key=value`
-// overrides, both through one setter per key, the common keys here and each
-// example's own beside them. g++ only: yaml-cpp and range-v3 do not go
-// through nvcc.
+// Command lines of the examples: dtrain::ConfigReader (the library's config
+// reader) with the keys every example takes, declared here, and each
+// example's own beside them. g++ only: yaml-cpp does not go through nvcc.
 //
-//   auto c = examples::parse_cli<gpt::Config>(argc, argv, "train_gpt", gpt::usage,
-//                                             [](gpt::Config& c, const std::string& key, const YAML::Node& v) {
-//                                               if (key == "n_layer") return c.n_layer = examples::as<int>(v, key), true;
-//                                               return false;
-//                                             });
+//   auto c = examples::parse_cli<gpt::Config>(argc, argv, "train_gpt", gpt::about,
+//                                             [](dtrain::ConfigReader& r, gpt::Config& c) {
+//                                               r.add("n_layer", c.n_layer, "transformer blocks");
+//                                             },
+//                                             [](const gpt::Config&) {});
 
-#include <yaml-cpp/yaml.h>
-
-#include <range/v3/algorithm/all_of.hpp>
-#include <range/v3/range/conversion.hpp>
-#include <range/v3/view/split.hpp>
-#include <range/v3/view/transform.hpp>
+#include <dtrain/run/config.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -31,85 +25,60 @@
 
 namespace examples {
 
-// What a key of type T takes, for messages.
-template <class T>
-constexpr const char* expected_form() {
-  if constexpr (std::is_same_v<T, bool>) return "true or false";
-  else if constexpr (std::is_integral_v<T>) return "an integer";
-  else if constexpr (std::is_floating_point_v<T>) return "a number";
-  else return "a single value (not a list or a map)";
-}
-
-template <class T>
-T as(const YAML::Node& n, std::string_view key) {
-  try {
-    return n.as<T>();
-  } catch (const YAML::Exception&) {
-    std::string value = n.IsScalar() ? n.Scalar() : n.IsSequence() ? "a list" : n.IsMap() ? "a map" : "nothing";
-    if (n.IsScalar()) value = "'" + value + "'";
-    throw dtrain::config_error("config key '" + std::string(key) + "' = " + value + " is not " + expected_form<T>(),
-                               "give " + std::string(key) + " " + expected_form<T>() +
-                                   " (examples/configs/ has every key in use)");
-  }
-}
-
-// A list of integers, as a YAML sequence or "256,256".
-inline std::vector<std::int64_t> int_list(const YAML::Node& v, std::string_view key) {
-  if (v.IsSequence()) {
-    std::vector<std::int64_t> out;
-    for (const auto& w : v) out.push_back(as<std::int64_t>(w, key));
+// "ddp | fsdp-full | ...": dtrain::builtin_strategies' names.
+inline std::string strategy_names() {
+  return []<class... Kind>(std::type_identity<std::tuple<Kind...>>) {
+    std::string out;
+    ((out += (out.empty() ? "" : " | ") + std::string(Kind::name)), ...);
     return out;
-  }
-  const std::string text = as<std::string>(v, key);
-  const auto to_int = [&](auto&& part) {
-    const std::string s = part | ranges::to<std::string>();
-    if (s.empty() || !ranges::all_of(s, [](char ch) { return ch >= '0' && ch <= '9'; }))
-      throw dtrain::config_error(std::string(key) + " = '" + text + "' is not a list of integers",
-                                 "write e.g. " + std::string(key) + "=256,256");
-    return static_cast<std::int64_t>(std::stoll(s));
-  };
-  return text | ranges::views::split(',') | ranges::views::transform(to_int) | ranges::to<std::vector<std::int64_t>>();
+  }(std::type_identity<dtrain::builtin_strategies>{});
 }
 
-// Sets a key every example takes; false for any other key.
-inline bool set_common(Common& c, const std::string& key, const YAML::Node& v) {
-  if (key == "strategy") c.strategy = as<std::string>(v, key);
-  else if (key == "shard_group") c.shard_group = as<int>(v, key);
-  else if (key == "prefetch") c.prefetch = as<int>(v, key);
-  else if (key == "precision") c.precision = as<std::string>(v, key);
-  else if (key == "reduce_dtype") c.reduce_dtype = as<std::string>(v, key);
-  else if (key == "accumulate") c.accumulate = as<int>(v, key);
-  else if (key == "device") c.device = as<std::string>(v, key);
-  else if (key == "batch_size") c.batch_size = as<std::int64_t>(v, key);
-  else if (key == "steps") c.steps = as<std::int64_t>(v, key);
-  else if (key == "optimizer") c.optimizer = as<std::string>(v, key);
-  else if (key == "lr") c.lr = as<float>(v, key);
-  else if (key == "weight_decay") c.weight_decay = as<float>(v, key);
-  else if (key == "momentum") c.momentum = as<float>(v, key);
-  else if (key == "schedule") c.schedule = as<std::string>(v, key);
-  else if (key == "warmup_steps") c.warmup_steps = as<std::int64_t>(v, key);
-  else if (key == "lr_scaling") c.lr_scaling = as<std::string>(v, key);
-  else if (key == "clip") c.clip = as<float>(v, key);
-  else if (key == "seed") c.seed = as<std::uint64_t>(v, key);
-  else if (key == "num_workers") c.num_workers = as<int>(v, key);
-  else if (key == "log_every") c.log_every = as<std::int64_t>(v, key);
-  else if (key == "metrics") c.metrics = as<std::string>(v, key);
-  else if (key == "tensorboard") c.tensorboard = as<std::string>(v, key);
-  else if (key == "save_params") c.save_params = as<std::string>(v, key);
-  else if (key == "checkpoint_dir") c.checkpoint_dir = as<std::string>(v, key);
-  else if (key == "save_every") c.save_every = as<std::int64_t>(v, key);
-  else if (key == "keep_last") c.keep_last = as<int>(v, key);
-  else if (key == "consolidated") c.consolidated = as<bool>(v, key);
-  else if (key == "resume") c.resume = as<std::string>(v, key);
-  else if (key == "init_from") c.init_from = as<std::string>(v, key);
-  else if (key == "init_strict") c.init_strict = as<bool>(v, key);
-  else if (key == "activation_checkpointing") c.activation_checkpointing = as<bool>(v, key);
-  else if (key == "dump_batches") c.dump_batches = as<std::string>(v, key);
-  else if (key == "bucket_mb") c.bucket_mb = as<double>(v, key);
-  else if (key == "timeout_s") c.timeout_s = as<double>(v, key);
-  else if (key == "peak_tflops") c.peak_tflops = as<double>(v, key);
-  else return false;
-  return true;
+// Declares the keys every example takes.
+inline void declare_common(dtrain::ConfigReader& r, Common& c) {
+  r.add("strategy", c.strategy, strategy_names());
+  r.add("shard_group", c.shard_group, "fsdp-hybrid: ranks per shard group (0 = the ranks of a node)");
+  r.add("prefetch", c.prefetch, "fsdp-*, zero1: unit all-gathers issued ahead");
+  r.add("device", c.device, "host | cuda");
+  r.add("precision", c.precision, "fp32 | bf16 | fp16");
+  r.add("reduce_dtype", c.reduce_dtype, "fp32 | same (reduce in the compute dtype)");
+  r.add("accumulate", c.accumulate, "micro-batches per optimizer step");
+  r.add("batch_size", c.batch_size, "rows per rank per micro-batch");
+  r.add("steps", c.steps, "optimizer steps");
+  r.add("optimizer", c.optimizer, "adamw | sgd | lion");
+  r.add("lr", c.lr, "learning rate (the schedule's peak)");
+  r.add("weight_decay", c.weight_decay, "weight decay");
+  r.add("momentum", c.momentum, "sgd's momentum");
+  r.add("no_decay", c.no_decay, "true: no weight decay on biases and norms; false: decay every parameter");
+  r.add("schedule", c.schedule, "constant | cosine | linear | inverse_sqrt");
+  r.add("warmup_steps", c.warmup_steps, "steps of linear warmup");
+  r.add("lr_scaling", c.lr_scaling, "none | linear | sqrt: scale lr with the world size");
+  r.add("clip", c.clip, "max gradient norm (0 = off)");
+  r.add("seed", c.seed, "initialisation and shuffle seed");
+  r.add("num_workers", c.num_workers, "data loader threads per rank");
+  r.add("log_every", c.log_every, "a progress line every N steps");
+  r.add("metrics", c.metrics, "JSONL file written by rank 0 (one object per step)");
+  r.add("tensorboard", c.tensorboard,
+        "a folder: rank 0 writes the same values as TensorBoard scalars (view with tensorboard --logdir)");
+  r.add("save_params", c.save_params, "safetensors file written at the end (fp32, \"<unit>.<param>\")");
+  r.add("checkpoint_dir", c.checkpoint_dir, "where checkpoints go, as step-<n> directories");
+  r.add("save_every", c.save_every, "save a resumable checkpoint every N steps and at the end (0 = never)");
+  r.add("keep_last", c.keep_last, "keep only the newest K checkpoints (0 = all)");
+  r.add("consolidated", c.consolidated, "checkpoints also hold model.safetensors (fp32, readable by Python)");
+  r.add("resume", c.resume, "latest (the newest complete checkpoint in checkpoint_dir) | a checkpoint directory");
+  r.add("init_from", c.init_from, "initial weights from a safetensors file (F32/BF16/F16, \"<unit>.<param>\")");
+  r.add("init_strict", c.init_strict, "false: load the tensors that match, list the rest");
+  r.add("activation_checkpointing", c.activation_checkpointing,
+        "true: recompute units' inner activations in backward");
+  r.add("dump_batches", c.dump_batches,
+        "a directory: each rank writes rank-<r>.safetensors with every micro-batch it trained on "
+        "(\"<step>.<micro>.<tensor>\"), kept in memory until the end: for short runs");
+  r.add("bucket_mb", c.bucket_mb, "ddp: gradient bucket size in MiB");
+  r.add("timeout_s", c.timeout_s,
+        "seconds a collective may wait before the job fails naming the missing ranks "
+        "(0: DTRAIN_COMM_TIMEOUT_S, else 600)");
+  r.add("peak_tflops", c.peak_tflops,
+        "one rank's peak TFLOP/s: the progress line adds TFLOP/s per rank and MFU (0 = not shown)");
 }
 
 inline void validate_common(const Common& c) {
@@ -122,8 +91,8 @@ inline void validate_common(const Common& c) {
   require(c.device == "host" || c.device == "cuda", "device = '" + c.device + "' is unknown", "use host or cuda");
   require(c.reduce_dtype == "fp32" || c.reduce_dtype == "same", "reduce_dtype = '" + c.reduce_dtype + "' is unknown",
           "use fp32 or same");
-  require(c.optimizer == "adamw" || c.optimizer == "sgd", "optimizer = '" + c.optimizer + "' is unknown",
-          "use adamw or sgd");
+  require(c.optimizer == "adamw" || c.optimizer == "sgd" || c.optimizer == "lion",
+          "optimizer = '" + c.optimizer + "' is unknown", "use adamw, sgd or lion");
   require(c.accumulate >= 1, "accumulate = " + std::to_string(c.accumulate) + " is not at least 1",
           "set accumulate=N, the micro-batches per optimizer step");
   require(c.batch_size >= 1, "batch_size = " + std::to_string(c.batch_size) + " is not at least 1",
@@ -148,101 +117,19 @@ inline void validate_common(const Common& c) {
           "use resume=latest (the newest checkpoint in checkpoint_dir) or a checkpoint's path");
 }
 
-// "ddp | fsdp-full | ...": dtrain::builtin_strategies' names.
-inline std::string strategy_names() {
-  return []<class... Kind>(std::type_identity<std::tuple<Kind...>>) {
-    std::string out;
-    ((out += (out.empty() ? "" : " | ") + std::string(Kind::name)), ...);
-    return out;
-  }(std::type_identity<dtrain::builtin_strategies>{});
-}
-
-// The keys every example takes after `strategy`, for --help.
-inline constexpr const char* common_usage = R"(  shard_group   fsdp-hybrid: ranks per shard group (0 = the ranks of a node)
-  prefetch      fsdp-*, zero1: unit all-gathers issued ahead (default 1)
-  device        host | cuda
-  precision     fp32 | bf16 | fp16       reduce_dtype fp32 | same
-  accumulate    micro-batches per step   batch_size   per rank, per micro-batch
-  steps         optimizer steps          optimizer    adamw | sgd
-  lr, weight_decay, momentum (sgd), clip (max grad norm, 0 = off)
-  schedule      constant | cosine        warmup_steps, lr_scaling none | linear | sqrt
-  activation_checkpointing  true: recompute units' inner activations in backward
-  seed, num_workers, log_every, bucket_mb
-  timeout_s     seconds a collective may wait before the job fails naming the missing ranks
-                (default: DTRAIN_COMM_TIMEOUT_S, else 600)
-  peak_tflops   one rank's peak TFLOP/s: the progress line adds the model's TFLOP/s per rank
-                (6 x parameters x tokens/s) and MFU, their share of the peak (0 = not shown)
-  metrics       JSONL file written by rank 0 (one object per step)
-  tensorboard   a folder: rank 0 writes the same values per step as TensorBoard scalars
-                (a new events file per run; view with tensorboard --logdir FOLDER)
-  save_params   safetensors file written at the end (fp32, "<unit>.<param>")
-  checkpoint_dir  where checkpoints go (default checkpoints), as step-<n> directories
-  save_every    save a resumable checkpoint every N steps and at the end (0 = never)
-  keep_last     keep only the newest K checkpoints (0 = all)
-  consolidated  true: checkpoints also hold model.safetensors (fp32, readable by Python)
-  resume        latest (the newest complete checkpoint in checkpoint_dir) | a checkpoint directory
-  init_from     initial weights from a safetensors file (F32/BF16/F16, "<unit>.<param>")
-  init_strict   false: load the tensors that match, list the rest (default true)
-  dump_batches  a directory: each rank writes rank-<r>.safetensors holding every micro-batch
-                it trained on ("<step>.<micro>.<tensor>"), to replay the run elsewhere; the
-                batches are kept in memory until the end: for short runs
-)";
-
 // Parses the command line into a Config (Common + the example's keys):
-// `set_extra(config, key, value)` sets the example's own keys and returns
-// false for a key it does not know; `validate_extra(config)` checks them.
-template <class Config, class SetExtra, class ValidateExtra>
-Config parse_cli(int argc, char** argv, std::string_view program, std::string_view usage, SetExtra&& set_extra,
-                 ValidateExtra&& validate_extra) {
+// `declare_extra(reader, config)` declares the example's own keys,
+// `validate_extra(config)` checks them. --help prints every key and exits.
+template <class Config, class DeclareExtra, class ValidateExtra>
+Config parse_cli(int argc, char** argv, std::string_view program, std::string_view about,
+                 DeclareExtra&& declare_extra, ValidateExtra&& validate_extra) {
   Config c;
-  auto set = [&](const std::string& key, const YAML::Node& v) {
-    if (!set_common(c, key, v) && !set_extra(c, key, v))
-      throw dtrain::config_error("unknown config key '" + key + "'",
-                                 "run " + std::string(program) + " --help for the list of keys");
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fwrite(usage.data(), 1, usage.size(), stdout);
-      std::fputs("Keys every example takes:\n", stdout);
-      std::printf("  strategy      %s\n", strategy_names().c_str());
-      std::fputs(common_usage, stdout);
-      std::exit(0);
-    }
-    if (arg == "--config") {
-      if (i + 1 >= argc) throw dtrain::config_error("--config needs a file", "pass --config FILE.yaml");
-      YAML::Node root;
-      const std::string file = argv[++i];
-      try {
-        root = YAML::LoadFile(file);
-      } catch (const YAML::Exception& e) {
-        throw dtrain::config_error("cannot read config '" + file + "': " + e.what(),
-                                   "check the path and the YAML syntax");
-      }
-      if (!root.IsMap() && !root.IsNull())
-        throw dtrain::config_error("config '" + file + "' is not a mapping of keys to values",
-                                   "write one `key: value` per line (see examples/configs/)");
-      for (const auto& kv : root) {
-        if (!kv.first.IsScalar())
-          throw dtrain::config_error("config '" + file + "' has a key that is not a plain name",
-                                     "write one `key: value` per line (see examples/configs/)");
-        set(kv.first.as<std::string>(), kv.second);
-      }
-      continue;
-    }
-    const auto eq = arg.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw dtrain::config_error("argument '" + arg + "' is neither --config FILE nor key=value",
-                                 "run " + std::string(program) + " --help");
-    YAML::Node value;
-    try {
-      value = YAML::Load(arg.substr(eq + 1));
-    } catch (const YAML::Exception& e) {
-      throw dtrain::config_error("argument '" + arg + "': the value is not valid YAML: " + e.what(),
-                                 "quote it, e.g. key='a: b', or write a plain value (numbers, names, 256,256)");
-    }
-    set(arg.substr(0, eq), value);
-  }
+  dtrain::ConfigReader reader{std::string(program), std::string(about)};
+  reader.section("Keys of " + std::string(program));
+  declare_extra(reader, c);
+  reader.section("Keys every example takes");
+  declare_common(reader, c);
+  if (!reader.parse(argc, argv)) std::exit(0);
   validate_common(c);
   validate_extra(c);
   return c;

@@ -25,11 +25,12 @@ struct Common {
   std::string device = "host";        // host | cuda
   std::int64_t batch_size = 64;       // per rank, per micro-batch
   std::int64_t steps = 300;
-  std::string optimizer = "adamw";    // adamw | sgd
+  std::string optimizer = "adamw";    // adamw | sgd | lion
   float lr = 1e-3f;
   float weight_decay = 0.f;
   float momentum = 0.9f;              // sgd only
-  std::string schedule = "constant";  // constant | cosine
+  bool no_decay = true;               // no weight decay on biases and norms (dtrain::no_decay_group())
+  std::string schedule = "constant";  // constant | cosine | linear | inverse_sqrt
   std::int64_t warmup_steps = 0;
   std::string lr_scaling = "none";    // none | linear | sqrt
   float clip = 0.f;                   // max grad norm, 0 = off
@@ -60,8 +61,10 @@ inline dtrain::TrainerOptions trainer_options(const Common& c) {
   o.lr_scaling = c.lr_scaling == "linear" ? dtrain::LrScaling::linear
                  : c.lr_scaling == "sqrt" ? dtrain::LrScaling::sqrt
                                           : dtrain::LrScaling::none;
-  o.schedule = dtrain::make_schedule(
-      c.schedule, {.lr = c.lr, .warmup_steps = c.warmup_steps, .total_steps = c.schedule == "cosine" ? c.steps : 0});
+  const bool has_end = c.schedule == "cosine" || c.schedule == "linear";
+  o.schedule = dtrain::make_schedule(c.schedule,
+                                     {.lr = c.lr, .warmup_steps = c.warmup_steps, .total_steps = has_end ? c.steps : 0});
+  if (c.no_decay && c.weight_decay > 0) o.param_groups = {dtrain::no_decay_group()};
   o.activation_checkpointing = c.activation_checkpointing;
   return o;
 }

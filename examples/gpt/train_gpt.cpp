@@ -17,29 +17,21 @@
 namespace gpt {
 namespace {
 
-constexpr const char* usage = R"(usage: train_gpt [--config FILE.yaml] [key=value ...]
-
-Trains a small GPT (token + position embeddings, n_layer pre-LayerNorm
+constexpr const char* usage = R"(Trains a small GPT (token + position embeddings, n_layer pre-LayerNorm
 transformer blocks, an untied head) on the characters of a text, on every
 rank this process was launched with, and reports tokens/s and the held-out
-loss. Its keys (YAML file and key=value overrides alike):
-  data          generated | a text file (trained on its first nine tenths)
-  corpus_bytes, data_seed   size and seed of the generated corpus
-  block_size    positions per sequence        n_layer, n_head, n_embd
-  eval_batches  held-out batches per rank evaluated at the end (0 = none)
+loss.
 )";
 
-bool set_extra(Config& c, const std::string& key, const YAML::Node& v) {
-  if (key == "data") c.data = examples::as<std::string>(v, key);
-  else if (key == "corpus_bytes") c.corpus_bytes = examples::as<std::int64_t>(v, key);
-  else if (key == "data_seed") c.data_seed = examples::as<std::uint64_t>(v, key);
-  else if (key == "block_size") c.block_size = examples::as<std::int64_t>(v, key);
-  else if (key == "n_layer") c.n_layer = examples::as<std::int64_t>(v, key);
-  else if (key == "n_head") c.n_head = examples::as<std::int64_t>(v, key);
-  else if (key == "n_embd") c.n_embd = examples::as<std::int64_t>(v, key);
-  else if (key == "eval_batches") c.eval_batches = examples::as<std::int64_t>(v, key);
-  else return false;
-  return true;
+void declare_extra(dtrain::ConfigReader& r, Config& c) {
+  r.add("data", c.data, "generated | a text file (trained on its first nine tenths)");
+  r.add("corpus_bytes", c.corpus_bytes, "size of the generated corpus");
+  r.add("data_seed", c.data_seed, "seed of the generated corpus");
+  r.add("block_size", c.block_size, "positions per sequence");
+  r.add("n_layer", c.n_layer, "transformer blocks");
+  r.add("n_head", c.n_head, "attention heads");
+  r.add("n_embd", c.n_embd, "model width");
+  r.add("eval_batches", c.eval_batches, "held-out batches per rank evaluated at the end (0 = none)");
 }
 
 void validate_extra(const Config& c) {
@@ -57,7 +49,7 @@ void validate_extra(const Config& c) {
 
 int main(int argc, char** argv) {
   try {
-    const auto cfg = examples::parse_cli<gpt::Config>(argc, argv, "train_gpt", gpt::usage, gpt::set_extra,
+    const auto cfg = examples::parse_cli<gpt::Config>(argc, argv, "train_gpt", gpt::usage, gpt::declare_extra,
                                                       gpt::validate_extra);
     auto world = examples::init_world(cfg);
     const gpt::Corpus corpus = gpt::make_corpus(cfg);

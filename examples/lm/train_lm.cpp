@@ -17,43 +17,26 @@
 namespace lm {
 namespace {
 
-constexpr const char* usage = R"(usage: train_lm [--config FILE.yaml] [key=value ...]
-
-Trains a causal language model (gpt2, llama, mistral, qwen2) on a
+constexpr const char* usage = R"(Trains a causal language model (gpt2, llama, mistral, qwen2) on a
 pre-tokenized file, on every rank this process was launched with, and reports
-tokens/s and the held-out loss. Its keys (YAML file and key=value overrides alike):
-  model         a transformers model directory (config.json + model.safetensors
-                or a sharded index) to fine-tune
-  config        or a config.json to train from scratch (one of the two)
-  data          the token ids: a 1-D int32/int64 .npy, or a .bin token stream
-                (header DTRNTOK1, id width 2 or 4), cut into windows; or
-                instruction records, a .jsonl of {"input_ids": [...],
-                "labels": [...]} (-100: no loss) or {"input_ids": [...],
-                "prompt_length": N}, one sequence each (cut to block_size + 1,
-                padded), the loss over completion tokens only. The last
-                tenth is held out
-  block_size    positions per sequence (at most max_position_embeddings)
-  save_hf       at the end, write the model here as a transformers directory
-  eval_batches  held-out batches per rank evaluated at the end (0 = none)
-  generate      at the end, continue a prompt by this many tokens and print
-                the ids (those after " |" are the generated ones)
-  prompt        the prompt's ids, e.g. 1,15,27 (default: the first 8
-                held-out tokens)
-  top_k         0: greedy (default); k: sample among the k likeliest, seeded by seed
+tokens/s and the held-out loss. data: the token ids, a 1-D int32/int64 .npy
+or a .bin token stream (header DTRNTOK1, id width 2 or 4), cut into windows;
+or instruction records, a .jsonl of {"input_ids": [...], "labels": [...]}
+(-100: no loss) or {"input_ids": [...], "prompt_length": N}, one sequence
+each (cut to block_size + 1, padded), the loss over completion tokens only.
+The last tenth is held out.
 )";
 
-bool set_extra(Config& c, const std::string& key, const YAML::Node& v) {
-  if (key == "model") c.model = examples::as<std::string>(v, key);
-  else if (key == "config") c.config = examples::as<std::string>(v, key);
-  else if (key == "data") c.data = examples::as<std::string>(v, key);
-  else if (key == "block_size") c.block_size = examples::as<std::int64_t>(v, key);
-  else if (key == "save_hf") c.save_hf = examples::as<std::string>(v, key);
-  else if (key == "eval_batches") c.eval_batches = examples::as<std::int64_t>(v, key);
-  else if (key == "generate") c.generate = examples::as<std::int64_t>(v, key);
-  else if (key == "prompt") c.prompt = examples::int_list(v, key);
-  else if (key == "top_k") c.top_k = examples::as<std::int64_t>(v, key);
-  else return false;
-  return true;
+void declare_extra(dtrain::ConfigReader& r, Config& c) {
+  r.add("model", c.model, "a transformers model directory (config.json + model.safetensors or a sharded index) to fine-tune");
+  r.add("config", c.config, "or a config.json to train from scratch (one of the two)");
+  r.add("data", c.data, "the token ids (see above)");
+  r.add("block_size", c.block_size, "positions per sequence (at most max_position_embeddings)");
+  r.add("save_hf", c.save_hf, "at the end, write the model here as a transformers directory");
+  r.add("eval_batches", c.eval_batches, "held-out batches per rank evaluated at the end (0 = none)");
+  r.add("generate", c.generate, "at the end, continue a prompt by this many tokens and print the ids (those after \" |\" are generated)");
+  r.add("prompt", c.prompt, "the prompt's ids, e.g. 1,15,27 (default: the first 8 held-out tokens)");
+  r.add("top_k", c.top_k, "0: greedy; k: sample among the k likeliest, seeded by seed");
 }
 
 void validate_extra(const Config& c) {
@@ -72,7 +55,7 @@ void validate_extra(const Config& c) {
 
 int main(int argc, char** argv) {
   try {
-    const auto cfg = examples::parse_cli<lm::Config>(argc, argv, "train_lm", lm::usage, lm::set_extra,
+    const auto cfg = examples::parse_cli<lm::Config>(argc, argv, "train_lm", lm::usage, lm::declare_extra,
                                                      lm::validate_extra);
     const dtrain::hf::LmConfig config = dtrain::hf::read_config(cfg.model.empty() ? cfg.config : cfg.model);
     if (cfg.block_size > config.max_position_embeddings)

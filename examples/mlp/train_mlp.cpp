@@ -18,24 +18,16 @@ namespace mlp {
 
 namespace {
 
-constexpr const char* usage = R"(usage: train_mlp [--config FILE.yaml] [key=value ...]
-
-Trains an MLP classifier on every rank this process was launched with.
-Its keys (YAML file and key=value overrides alike):
-  hidden        widths, e.g. [256, 256] or 256,256      activation gelu | relu
-  data          synthetic | FILE.safetensors (tensors x, y) | X.npy,Y.npy
-  samples, features, classes   size of the synthetic task
+constexpr const char* usage = R"(Trains an MLP classifier on every rank this process was launched with.
 )";
 
-bool set_extra(Config& c, const std::string& key, const YAML::Node& v) {
-  if (key == "hidden") c.hidden = examples::int_list(v, key);
-  else if (key == "activation") c.activation = examples::as<std::string>(v, key);
-  else if (key == "data") c.data = examples::as<std::string>(v, key);
-  else if (key == "samples") c.samples = examples::as<std::int64_t>(v, key);
-  else if (key == "features") c.features = examples::as<std::int64_t>(v, key);
-  else if (key == "classes") c.classes = examples::as<std::int64_t>(v, key);
-  else return false;
-  return true;
+void declare_extra(dtrain::ConfigReader& r, Config& c) {
+  r.add("hidden", c.hidden, "hidden widths, e.g. [256, 256] or 256,256");
+  r.add("activation", c.activation, "gelu | relu");
+  r.add("data", c.data, "synthetic | FILE.safetensors (tensors x, y) | X.npy,Y.npy");
+  r.add("samples", c.samples, "rows of the synthetic task");
+  r.add("features", c.features, "features of the synthetic task");
+  r.add("classes", c.classes, "classes of the synthetic task");
 }
 
 void validate_extra(const Config& c) {
@@ -47,7 +39,7 @@ void validate_extra(const Config& c) {
 }  // namespace
 
 Config load_config(int argc, char** argv) {
-  return examples::parse_cli<Config>(argc, argv, "train_mlp", usage, set_extra, validate_extra);
+  return examples::parse_cli<Config>(argc, argv, "train_mlp", usage, declare_extra, validate_extra);
 }
 
 dtrain::Dataset load_data(const Config& c) {

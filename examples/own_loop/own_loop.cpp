@@ -40,27 +40,21 @@ namespace own_loop {
 
 using namespace dtrain;
 
-constexpr const char* usage = R"(usage: own_loop [--config FILE.yaml] [key=value ...]
-
-Trains train_mlp's MLP on its synthetic data with a hand-written loop over
-dtrain's public pieces (no Trainer), on host ranks, in fp32:
-  strategy      ddp | zero1
-  hidden, activation, samples, features, classes   as train_mlp
-and of the keys below: accumulate, batch_size, steps, optimizer, lr,
-weight_decay, momentum, seed, num_workers, log_every, bucket_mb, timeout_s,
-save_params. A key that would change what is trained and that the loop does
-not implement (precision, device, clip, schedule, checkpoints, ...) must keep
-its default: it is refused otherwise.
+constexpr const char* usage = R"(Trains train_mlp's MLP on its synthetic data with a hand-written loop over
+dtrain's public pieces (no Trainer), on host ranks, in fp32. strategy is ddp
+or zero1. Of the keys every example takes it implements accumulate,
+batch_size, steps, optimizer, lr, weight_decay, momentum, seed, num_workers,
+log_every, bucket_mb, timeout_s, save_params; a key that would change what is
+trained and that the loop does not implement (precision, device, clip,
+schedule, checkpoints, ...) must keep its default: it is refused otherwise.
 )";
 
-bool set_extra(mlp::Config& c, const std::string& key, const YAML::Node& v) {
-  if (key == "hidden") c.hidden = examples::int_list(v, key);
-  else if (key == "activation") c.activation = examples::as<std::string>(v, key);
-  else if (key == "samples") c.samples = examples::as<std::int64_t>(v, key);
-  else if (key == "features") c.features = examples::as<std::int64_t>(v, key);
-  else if (key == "classes") c.classes = examples::as<std::int64_t>(v, key);
-  else return false;
-  return true;
+void declare_extra(dtrain::ConfigReader& r, mlp::Config& c) {
+  r.add("hidden", c.hidden, "hidden widths, e.g. 256,256");
+  r.add("activation", c.activation, "gelu | relu");
+  r.add("samples", c.samples, "rows of the synthetic task");
+  r.add("features", c.features, "features");
+  r.add("classes", c.classes, "classes");
 }
 
 // A key this loop does not implement must keep its default: accepting it
@@ -75,6 +69,12 @@ void validate_extra(const mlp::Config& c) {
   if (c.accumulate < 1)
     throw config_error("accumulate = " + std::to_string(c.accumulate) + " is not at least 1",
                        "set accumulate=N, the micro-batches per optimizer step");
+  if (c.optimizer == "lion")
+    throw config_error("optimizer = lion is not implemented by own_loop's hand-written loop",
+                       "use adamw or sgd, or train with train_mlp (the Trainer)");
+  if (c.no_decay && c.weight_decay > 0)
+    throw config_error("no_decay = true (biases and norms without weight decay) is not implemented by own_loop",
+                       "pass no_decay=false (own_loop decays every parameter), or train with train_mlp");
   const mlp::Config d;
   const std::pair<const char*, bool> kept[] = {
       {"device", c.device == d.device},
@@ -411,7 +411,7 @@ void train(const mlp::Config& c, World& world) {
 int main(int argc, char** argv) {
   try {
     const mlp::Config c =
-        examples::parse_cli<mlp::Config>(argc, argv, "own_loop", own_loop::usage, own_loop::set_extra,
+        examples::parse_cli<mlp::Config>(argc, argv, "own_loop", own_loop::usage, own_loop::declare_extra,
                                          own_loop::validate_extra);
     dtrain::World world = examples::init_world(c);
     own_loop::train(c, world);

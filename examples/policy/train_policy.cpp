@@ -16,28 +16,20 @@
 namespace policy {
 namespace {
 
-constexpr const char* usage = R"(usage: train_policy [--config FILE.yaml] [key=value ...]
-
-Behaviour cloning: a two-link arm reaching goals under an expert controller;
+constexpr const char* usage = R"(Behaviour cloning: a two-link arm reaching goals under an expert controller;
 the policy maps the observation (joints, velocities, goal; with image=true
 also the goal drawn on a grid) to the expert's next `horizon` torques, with a
 mean-squared-error loss, and reports the held-out action MSE at the end.
-Its keys (YAML file and key=value overrides alike):
-  hidden        widths, e.g. [256, 256] or 256,256     horizon  actions per chunk
-  image         true | false            image_size  grid side
-  episodes, episode_length, data_seed   the generated demonstrations
 )";
 
-bool set_extra(Config& c, const std::string& key, const YAML::Node& v) {
-  if (key == "hidden") c.hidden = examples::int_list(v, key);
-  else if (key == "horizon") c.horizon = examples::as<std::int64_t>(v, key);
-  else if (key == "image") c.image = examples::as<bool>(v, key);
-  else if (key == "image_size") c.image_size = examples::as<std::int64_t>(v, key);
-  else if (key == "episodes") c.episodes = examples::as<std::int64_t>(v, key);
-  else if (key == "episode_length") c.episode_length = examples::as<std::int64_t>(v, key);
-  else if (key == "data_seed") c.data_seed = examples::as<std::uint64_t>(v, key);
-  else return false;
-  return true;
+void declare_extra(dtrain::ConfigReader& r, Config& c) {
+  r.add("hidden", c.hidden, "hidden widths, e.g. [256, 256] or 256,256");
+  r.add("horizon", c.horizon, "actions per chunk");
+  r.add("image", c.image, "also the goal drawn on a grid");
+  r.add("image_size", c.image_size, "grid side");
+  r.add("episodes", c.episodes, "generated demonstrations");
+  r.add("episode_length", c.episode_length, "steps per demonstration");
+  r.add("data_seed", c.data_seed, "seed of the demonstrations");
 }
 
 void validate_extra(const Config& c) {
@@ -52,7 +44,7 @@ void validate_extra(const Config& c) {
 int main(int argc, char** argv) {
   try {
     const auto cfg = examples::parse_cli<policy::Config>(argc, argv, "train_policy", policy::usage,
-                                                         policy::set_extra, policy::validate_extra);
+                                                         policy::declare_extra, policy::validate_extra);
     auto world = examples::init_world(cfg);
     const policy::DataSets data = policy::make_demonstrations(cfg);
     if (world.rank() == 0)

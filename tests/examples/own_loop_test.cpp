@@ -34,7 +34,8 @@ namespace {
 // 500x600 layer) and ZeRO-1 pads a unit (the head's 2505 parameters over 2
 // ranks), with every key either program reads set explicitly.
 const std::string job =
-    " hidden=600,500 samples=2048 features=12 classes=5 batch_size=24 lr=0.005 weight_decay=0.01 momentum=0.9"
+    " hidden=600,500 samples=2048 features=12 classes=5 batch_size=24 lr=0.005 weight_decay=0.01 no_decay=false"
+    " momentum=0.9"
     " seed=7 num_workers=1 log_every=1000 ";
 
 struct Difference {

@@ -6,7 +6,7 @@ model written in PyTorch, in float64, and prints how far dtrain's per-step
 losses and final parameters are from it:
 
   parity.py gpt|policy INIT DUMP_DIR METRICS PARAMS key=value...
-      keys: lr, weight_decay, n_head (gpt), accumulate
+      keys: lr, weight_decay, no_decay (default true), n_head (gpt), accumulate
   prints {"steps": n, "loss_rel": [...], "param_abs": max, "param_rel": max,
           "worst": name, "compared": tensors, "excluded": [...]}
 
@@ -159,8 +159,16 @@ def main():
     torch.set_default_dtype(torch.float64)
     weights = read_safetensors(init)
     model = Gpt(weights, int(keys["n_head"])) if kind == "gpt" else Policy(weights)
-    opt = torch.optim.AdamW(model.parameters(), lr=float(keys["lr"]), betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=float(keys.get("weight_decay", "0")))
+    # The examples' default no_decay=true: no weight decay on biases and
+    # norms, which in these models are exactly the 1-D parameters.
+    wd = float(keys.get("weight_decay", "0"))
+    tensors = list(model.parameters())
+    if keys.get("no_decay", "true") == "true":
+        groups = [{"params": [p for p in tensors if p.dim() >= 2], "weight_decay": wd},
+                  {"params": [p for p in tensors if p.dim() < 2], "weight_decay": 0.0}]
+    else:
+        groups = [{"params": tensors, "weight_decay": wd}]
+    opt = torch.optim.AdamW(groups, lr=float(keys["lr"]), betas=(0.9, 0.999), eps=1e-8)
     steps, ranks = global_batches(dump_dir)
     want = [json.loads(line)["loss"] for line in open(metrics)]
     if len(want) != len(steps):

@@ -92,7 +92,7 @@ inline void config(std::span<const unsigned char> data, const fs::path& scratch)
   try {
     (void)examples::parse_cli<examples::Common>(
         static_cast<int>(argv.size()), argv.data(), "train", "usage\n",
-        [](examples::Common&, const std::string&, const YAML::Node&) { return false; }, [](const examples::Common&) {});
+        [](dtrain::ConfigReader&, examples::Common&) {}, [](const examples::Common&) {});
   } catch (const dtrain::error&) {
   }
 }

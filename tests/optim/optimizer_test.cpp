@@ -162,11 +162,13 @@ TrainerOptions grouped(std::vector<ParamGroup> groups) {
 
 // UnevenNet's biases and LayerNorm go to no_decay; the frozen layer to no group.
 BOOST_AUTO_TEST_CASE(groups_resolve_by_tag_glob_and_predicate) {
-  run_ranks(1, [](World& w) {
+  std::size_t groups = 0;
+  run_ranks(1, [&](World& w) {
     UnevenNet net;
     Trainer<UnevenNet> t(w, net, AdamW{.lr = 1e-3f, .weight_decay = 0.1f},
                          grouped({no_decay_group(), {.name = "head", .params = {"7.*"}, .lr = 5e-4f}}));
     const auto& g = t.param_groups();
+    groups = g.size();
     require(g.size() == 3, "three groups");
     require(g[0].name == "default" && g[0].params == std::vector<std::string>{"0.weight", "5.weight"},
             "default group: the two trainable weights that are not the head's");
@@ -185,6 +187,7 @@ BOOST_AUTO_TEST_CASE(groups_resolve_by_tag_glob_and_predicate) {
     require_throws<config_error>(
         [&] { Trainer<UnevenNet>(w, net, AdamW{}, grouped({{.name = "neg", .params = {"*"}, .lr = -1.f}})); });
   });
+  BOOST_TEST(groups == 3u);
 }
 
 // One AdamW step with weight decay 0.5 on everything, and the same with
@@ -261,6 +264,7 @@ BOOST_AUTO_TEST_CASE(a_users_optimizer_trains_through_the_trainer) {
 BOOST_AUTO_TEST_CASE(checkpoints_record_the_groups) {
   const auto dir = std::filesystem::temp_directory_path() / ("dtrain_groups_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
+  std::size_t recorded = 0;
   run_ranks(2, [&](World& w) {
     UnevenNet a, b;
     Trainer<UnevenNet, Strategy<ZeRO1>> t(w, a, Lion{.lr = 1e-3f, .weight_decay = 0.2f}, grouped({no_decay_group()}));
@@ -268,6 +272,7 @@ BOOST_AUTO_TEST_CASE(checkpoints_record_the_groups) {
     t.save(dir / "step-1");
     Trainer<UnevenNet> r(w, b, Lion{.lr = 1e-3f, .weight_decay = 0.2f}, grouped({no_decay_group()}));
     const CheckpointInfo info = r.load(dir / "step-1");
+    if (w.rank() == 0) recorded = info.param_groups.size();
     require(info.optimizer == "lion" && info.optimizer_states == std::vector<std::string>{"exp_avg"}, "lion state");
     require(info.param_groups.size() == 2 && info.param_groups[1].name == "no_decay" &&
                 info.param_groups[1].weight_decay == 0.f && info.param_groups[0].weight_decay == 0.2f &&
@@ -276,4 +281,5 @@ BOOST_AUTO_TEST_CASE(checkpoints_record_the_groups) {
     require(t.parameters() == r.parameters(), "the resumed parameters");
   });
   std::filesystem::remove_all(dir);
+  BOOST_TEST(recorded == 2u);
 }

@@ -131,7 +131,7 @@ BOOST_AUTO_TEST_CASE(config_keys_and_values) {
   rejects(train_mlp({"batch_size=0"}), 2, "batch_size = 0 is not at least 1");
   rejects(train_mlp({"precision=fp64"}), 2, "precision = 'fp64' is unknown");
   rejects(train_mlp({"strategy=fsdp"}), 2, "strategy = 'fsdp' is unknown");
-  rejects(train_mlp({"hidden=32,x"}), 2, "hidden = '32,x' is not a list of integers");
+  rejects(train_mlp({"hidden=32,x"}), 2, "config key 'hidden' = '32,x' is not a list of integers");
   rejects(train_mlp({"timeout_s=-1"}), 2, "timeout_s is out of range");
   rejects(train_mlp({"resume=" + in("nowhere")}), 2, "is neither latest nor an existing directory");
   // A name the system refuses to look up (found by fuzzing: it escaped as a

@@ -152,10 +152,12 @@ BOOST_AUTO_TEST_CASE(early_stop_and_stop_requests_from_one_rank) {
   FitOptions o{.steps = 50, .batch_size = 8, .checkpoint_dir = tmp.path / "c", .eval_every = 2,
                .metrics = {metrics::accuracy()}, .monitor = "accuracy", .maximize = true, .patience = 2,
                .min_delta = 2.0, .progress = false};
+  std::int64_t stopped_at = 0, asked_at = 0;
   run_ranks(2, [&](World& w) {
     UnevenNet net;
     Net t(w, net, AdamW{.lr = 1e-2f});
     const FitResult r = fit(t, train, &held_out, o);
+    if (w.rank() == 0) stopped_at = r.steps;
     require(r.stopped_early && r.steps == 6, "early stop after 3 evaluations: " + std::to_string(r.steps));
     require(r.last_checkpoint == checkpoint_path(o.checkpoint_dir, 6), "the stopped run is saved");
   });
@@ -170,13 +172,17 @@ BOOST_AUTO_TEST_CASE(early_stop_and_stop_requests_from_one_rank) {
       if (w.rank() == 1 && st.step == 3) c.request_stop();
     };
     const FitResult r = fit(t, train, p, cb);
+    if (w.rank() == 0) asked_at = r.steps;
     require(r.stopped_early && r.steps == 4, "both ranks stop at step 4: " + std::to_string(r.steps));
     require(!r.last_checkpoint, "save_final = false");
   });
+  BOOST_TEST(stopped_at == 6);
+  BOOST_TEST(asked_at == 4);
 }
 
 BOOST_AUTO_TEST_CASE(bad_options_are_config_errors) {
   const Dataset train = make_data(6);
+  int caught = 0;
   const auto expect = [&](FitOptions o, const std::string& what) {
     run_ranks(1, [&](World& w) {
       UnevenNet net;
@@ -186,6 +192,7 @@ BOOST_AUTO_TEST_CASE(bad_options_are_config_errors) {
         require(false, "no error for " + what);
       } catch (const config_error& e) {
         require(std::string(e.what()).find(what) != std::string::npos, std::string("message: ") + e.what());
+        ++caught;
       }
     });
   };
@@ -200,5 +207,7 @@ BOOST_AUTO_TEST_CASE(bad_options_are_config_errors) {
     require_throws<config_error>([&] {
       fit(t, train, &held_out, {.steps = 1, .save_final = false, .monitor = "f1", .patience = 1, .progress = false});
     });
+    ++caught;
   });
+  BOOST_TEST(caught == 5);
 }

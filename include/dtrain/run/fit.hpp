@@ -26,6 +26,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -93,6 +94,9 @@ class FitControl {
 };
 
 struct FitCallbacks {
+  // The micro-batches of the step about to run (e.g. to record what a rank
+  // trained on), before on_step.
+  std::function<void(std::int64_t step, std::span<const Batch> micro_batches)> on_batches{};
   std::function<void(const StepStats&, FitControl&)> on_step{};
   std::function<void(std::int64_t step, const EvalResult&, FitControl&)> on_eval{};
   std::function<void(const std::filesystem::path& checkpoint)> on_save{};
@@ -396,6 +400,7 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
   std::vector<Batch> micro(static_cast<std::size_t>(trainer.micro_batches()));
   while (trainer.steps_taken() < options.steps) {
     for (auto& b : micro) b = loader.next();
+    if (callbacks.on_batches) callbacks.on_batches(trainer.steps_taken() + 1, micro);
     const StepStats st = trainer.step(micro);
     const bool last = st.step >= options.steps;
     report.step(st, world.size(), trainer.strategy_name(), params, last);

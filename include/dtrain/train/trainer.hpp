@@ -436,14 +436,17 @@ class TrainerCore {
       }
       return out;
     };
-    // "count|name type d0 d1 ...;..." of this rank's first batch.
-    std::string mine = std::to_string(batches.size()) + "|";
+    // "count|name type d0 d1 ...;..." of this rank's first batch (a stream:
+    // GCC 12 at -O3 warns, falsely, on these string concatenations).
+    std::ostringstream text;
+    text << batches.size() << '|';
     if (!batches.empty())
       for (const auto& [name, t] : batches[0].tensors) {
-        mine += name + " " + std::to_string(static_cast<int>(t.type));
-        for (const auto d : t.shape) mine += " " + std::to_string(d);
-        mine += ";";
+        text << name << ' ' << static_cast<int>(t.type);
+        for (const auto d : t.shape) text << ' ' << d;
+        text << ';';
       }
+    const std::string mine = text.str();
     const std::vector<std::string> all = world_.all_gather_values("eval-batches", mine);
     std::size_t most = 0;
     std::string model;
