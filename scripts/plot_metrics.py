@@ -62,6 +62,10 @@ def read_run(path):
             raise InputError(f"{path} line {number} is not JSON ({e.msg}): is it a metrics= file?")
         if not isinstance(record, dict):
             raise InputError(f"{path} line {number} is not a JSON object: is it a metrics= file?")
+        if "eval/loss" in record:
+            continue  # an evaluation's record (dtrain::fit's eval_every): not a step
+        if record.get("loss", 0) is None:
+            continue  # a step no rank had data for: nothing to plot
         for key in ("step", "loss", "samples_per_s"):
             if not isinstance(record.get(key), (int, float)):
                 raise InputError(f"{path} line {number} has no number '{key}': is it a metrics= file?")
