@@ -159,17 +159,19 @@ class SgdStep {
 // by value to a CUDA kernel).
 inline constexpr std::size_t max_param_groups = 16;
 
-// Any optimizer rule (the Optimizer concept, optim/config.hpp) over a flat buffer
-// whose elements belong to parameter groups: element i is updated with the
-// coefficients of group[i] (group 0 everywhere when `group` is null). The
-// rule's state is up to Rule::max_states fp32 buffers, `states` of them in
-// use. One pass: the gradient is read once, master weights and state updated
-// in place, T(param) written to param_out when it is set. Grouped = false
-// reads no ids: every element takes table[0], and the host loop vectorises.
-template <class Rule, Dtype T = float, bool Grouped = false>
+// Any optimizer rule (the Optimizer concept, optim/config.hpp) over a flat
+// buffer whose elements belong to parameter groups: element i is updated
+// with the coefficients of group[i]. The rule's state is `States` fp32
+// buffers (at most Rule::max_states). One pass: the gradient is read once,
+// master weights and state updated in place, T(param) written to param_out
+// when it is set. Grouped = false reads no ids (every element takes
+// table[0]). Both choices are compile-time so that the host loop has no
+// branch left and vectorises as the hand-written AdamWStep does.
+template <class Rule, Dtype T = float, bool Grouped = false, std::size_t States = Rule::max_states>
 class GroupedStep {
  public:
   using coefficients = typename Rule::coefficients;
+  static_assert(States <= Rule::max_states, "GroupedStep: more state buffers than the rule's max_states");
   static constexpr std::size_t slots = Rule::max_states > 0 ? Rule::max_states : 1;
 
   struct Buffers {
@@ -180,28 +182,23 @@ class GroupedStep {
     const std::uint8_t* group = nullptr;
   };
 
-  GroupedStep(const Buffers& b, const coefficients* table, std::size_t groups, std::size_t states, float grad_scale)
-      : b_(b), states_(states), grad_scale_(grad_scale) {
+  GroupedStep(const Buffers& b, const coefficients* table, std::size_t groups, float grad_scale)
+      : b_(b), grad_scale_(grad_scale) {
     if (Grouped && b.group == nullptr)
       throw config_error("a grouped optimizer pass got no group ids", "pass Buffers::group, one id per element");
     if (groups < 1 || groups > max_param_groups)
       throw config_error("an optimizer pass got " + std::to_string(groups) + " parameter groups",
                          "use 1 to " + std::to_string(max_param_groups) + " groups");
-    if (states > Rule::max_states)
-      throw config_error("an optimizer rule asked for " + std::to_string(states) + " state buffers, more than its "
-                             "max_states = " + std::to_string(Rule::max_states),
-                         "raise the rule's max_states");
     for (std::size_t g = 0; g < groups; ++g) table_[g] = table[g];
   }
 
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const coefficients& c = table_[Grouped ? b_.group[i] : 0];
     float p = b_.param[i];
-    float s[slots];
-    for (std::size_t k = 0; k < slots; ++k) s[k] = k < states_ ? b_.state[k][i] : 0.f;
+    float s[slots] = {};
+    for (std::size_t k = 0; k < States; ++k) s[k] = b_.state[k][i];
     Rule::update(p, b_.grad[i] * grad_scale_, s, c);
-    for (std::size_t k = 0; k < slots; ++k)
-      if (k < states_) b_.state[k][i] = s[k];
+    for (std::size_t k = 0; k < States; ++k) b_.state[k][i] = s[k];
     b_.param[i] = p;
     if (b_.param_out != nullptr) b_.param_out[i] = dtype_cast<T>(p);
   }
@@ -215,26 +212,24 @@ class GroupedStep {
   bool vector_ok() const noexcept {
     const auto aligned = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
     bool ok = aligned(b_.param) && aligned(b_.grad);
-    for (std::size_t k = 0; k < states_; ++k) ok = ok && aligned(b_.state[k]);
+    for (std::size_t k = 0; k < States; ++k) ok = ok && aligned(b_.state[k]);
     return ok;
   }
   __device__ void apply_vector(std::size_t first) const {
     float4 p = *reinterpret_cast<const float4*>(b_.param + first);
     const float4 g = *reinterpret_cast<const float4*>(b_.grad + first);
-    float4 s[slots];
-    for (std::size_t k = 0; k < slots; ++k)
-      s[k] = k < states_ ? *reinterpret_cast<const float4*>(b_.state[k] + first) : float4{0.f, 0.f, 0.f, 0.f};
+    float4 s[slots] = {};
+    for (std::size_t k = 0; k < States; ++k) s[k] = *reinterpret_cast<const float4*>(b_.state[k] + first);
     float* pl[4] = {&p.x, &p.y, &p.z, &p.w};
     const float gl[4] = {g.x, g.y, g.z, g.w};
     for (int l = 0; l < 4; ++l) {
-      float sl[slots];
-      for (std::size_t k = 0; k < slots; ++k) sl[k] = (&s[k].x)[l];
+      float sl[slots] = {};
+      for (std::size_t k = 0; k < States; ++k) sl[k] = (&s[k].x)[l];
       const std::size_t gi = Grouped ? b_.group[first + l] : 0;
       Rule::update(*pl[l], gl[l] * grad_scale_, sl, table_[gi]);
-      for (std::size_t k = 0; k < slots; ++k) (&s[k].x)[l] = sl[k];
+      for (std::size_t k = 0; k < States; ++k) (&s[k].x)[l] = sl[k];
     }
-    for (std::size_t k = 0; k < slots; ++k)
-      if (k < states_) *reinterpret_cast<float4*>(b_.state[k] + first) = s[k];
+    for (std::size_t k = 0; k < States; ++k) *reinterpret_cast<float4*>(b_.state[k] + first) = s[k];
     *reinterpret_cast<float4*>(b_.param + first) = p;
     if (b_.param_out != nullptr)
       for (int l = 0; l < 4; ++l) b_.param_out[first + l] = dtype_cast<T>(*pl[l]);
@@ -243,7 +238,6 @@ class GroupedStep {
 
  private:
   Buffers b_;
-  std::size_t states_;
   float grad_scale_;
   coefficients table_[max_param_groups];
 };

@@ -82,9 +82,21 @@ class FlatOptimizer {
                              " state buffers but declares max_states = " + std::to_string(Opt::max_states),
                          "make state_names() and max_states agree");
     if (groups_.size() > 1 && size > 0) {
-      ids_ = make_buffer<std::uint8_t>(dev_, size, memory_category::optimizer);
-      dev_.copy_from_host(ids_.data(), element_groups.empty() ? std::vector<std::uint8_t>(size).data()
-                                                              : element_groups.data(), size);
+      const std::vector<std::uint8_t> ids = element_groups.empty() ? std::vector<std::uint8_t>(size) : element_groups;
+      if constexpr (Dev::host_accessible) {
+        // On the host, runs of one group each: every run's pass is the
+        // one-group loop, which vectorises (a per-element table lookup
+        // does not).
+        for (std::size_t i = 0; i < size;) {
+          std::size_t j = i;
+          while (j < size && ids[j] == ids[i]) ++j;
+          runs_.push_back({i, j - i, ids[i]});
+          i = j;
+        }
+      } else {
+        ids_ = make_buffer<std::uint8_t>(dev_, size, memory_category::optimizer);
+        dev_.copy_from_host(ids_.data(), ids.data(), size);
+      }
     }
     impl_ = std::make_unique<Model<Opt>>(std::move(config));
   }
@@ -147,17 +159,42 @@ class FlatOptimizer {
     for (std::size_t g = 0; g < groups_.size(); ++g)
       table[g] = config.coefficients_for({static_cast<float>(static_cast<double>(p.s.lr) * groups_[g].lr_factor),
                                           groups_[g].weight_decay, p.s.step});
-    const auto launch = [&]<bool Grouped>() {
-      typename GroupedStep<Opt, T, Grouped>::Buffers b{};
+    // The group ids and the state count become template arguments (see
+    // GroupedStep): one instantiation per case, none with a branch inside.
+    const auto launch = [&]<bool Grouped, std::size_t States>() {
+      typename GroupedStep<Opt, T, Grouped, States>::Buffers b{};
       b.param = p.master;
       b.grad = p.grad;
-      for (std::size_t k = 0; k < states_.size(); ++k) b.state[k] = states_[k].data();
+      for (std::size_t k = 0; k < States; ++k) b.state[k] = states_[k].data();
       b.param_out = p.param_out;
       b.group = Grouped ? ids_.data() : nullptr;
-      dev_.for_each(size_, GroupedStep<Opt, T, Grouped>(b, table, groups_.size(), states_.size(), p.s.grad_scale));
+      dev_.for_each(size_, GroupedStep<Opt, T, Grouped, States>(b, table, groups_.size(), p.s.grad_scale));
     };
-    if (groups_.size() > 1) launch.template operator()<true>();
-    else launch.template operator()<false>();
+    const auto with_states = [&]<bool Grouped>() {
+      [&]<std::size_t... K>(std::index_sequence<K...>) {
+        ((states_.size() == K && (launch.template operator()<Grouped, K>(), true)) || ...);
+      }(std::make_index_sequence<Opt::max_states + 1>{});
+    };
+    if constexpr (Dev::host_accessible) {
+      if (!runs_.empty()) {
+        for (const Run& r : runs_) {
+          const auto run_pass = [&]<std::size_t States>() {
+            typename GroupedStep<Opt, T, false, States>::Buffers b{};
+            b.param = p.master + r.offset;
+            b.grad = p.grad + r.offset;
+            for (std::size_t k = 0; k < States; ++k) b.state[k] = states_[k].data() + r.offset;
+            b.param_out = p.param_out != nullptr ? p.param_out + r.offset : nullptr;
+            dev_.for_each(r.count, GroupedStep<Opt, T, false, States>(b, &table[r.group], 1, p.s.grad_scale));
+          };
+          [&]<std::size_t... K>(std::index_sequence<K...>) {
+            ((states_.size() == K && (run_pass.template operator()<K>(), true)) || ...);
+          }(std::make_index_sequence<Opt::max_states + 1>{});
+        }
+        return;
+      }
+    }
+    if (groups_.size() > 1) with_states.template operator()<true>();
+    else with_states.template operator()<false>();
   }
 
   Dev& dev_;
@@ -167,7 +204,12 @@ class FlatOptimizer {
   std::vector<GroupRate> groups_;
   std::vector<std::string> state_names_;  // the config's, copied: OptimizerStateView points here
   std::vector<typename Dev::template buffer<float>> states_;
-  typename Dev::template buffer<std::uint8_t> ids_;
+  typename Dev::template buffer<std::uint8_t> ids_;  // device: each element's group
+  struct Run {
+    std::size_t offset, count;
+    std::uint8_t group;
+  };
+  std::vector<Run> runs_;  // host: the elements' groups as runs
   std::unique_ptr<Concept> impl_;
 };
 
