@@ -4,8 +4,9 @@
 # targets through scripts/setup.sh first.
 # usage: bench/run_training_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--no-setup] [--smoke]
 #
-#  (a) AdamW over one flat fp32 buffer of 10M and 50M elements: bench_adamw
-#      (AdamWStep<float> through Host::for_each, and the copy bandwidth),
+#  (a) AdamW over one flat fp32 buffer of 10M and 100M elements: bench_adamw
+#      (AdamWStep<float> through Host::for_each, a pass with its memory traffic
+#      and no arithmetic as the reference, and memcpy for information),
 #      bench_adamw_no_errno (the same source built with -fno-math-errno) and
 #      bench/training/torch_adamw.py, one process using every core.
 #  (b) train_mlp (hidden [256, 256], GELU, batch 64 per rank, AdamW, fp32) at 1
@@ -40,7 +41,7 @@ python=/usr/bin/python3  # Debian's torch lives there; another python3 may come 
 cores=$(nproc)
 steps=300
 warmup=20
-adamw=()     # the benches' own defaults: 10M and 50M elements
+adamw=()     # the benches' own defaults: 10M and 100M elements
 torch_adamw=(--iters 9)
 overhead=()
 if ((smoke)); then

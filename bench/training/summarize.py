@@ -35,21 +35,25 @@ def adamw_results(load):
         row = {"elements": n}
         for name, run_list in sides.items():
             row[name] = summary(times(run_list), 28 * n)
-        # Both dtrain builds measure the copy the same way: pool their runs.
-        row["copy"] = summary(times(sides["dtrain"] + sides["dtrain_no_errno"], "copy_ms"), 16 * n)
+        # Both dtrain builds measure the references the same way: pool their runs.
+        pooled = sides["dtrain"] + sides["dtrain_no_errno"]
+        row["stream"] = summary(times(pooled, "stream_ms"), 28 * n)
+        row["copy"] = summary(times(pooled, "copy_ms"), 16 * n)
         for variant in ("single-tensor", "foreach"):
             row["torch_" + variant] = summary(times(torch_runs, variant=variant), 28 * n)
         rows.append(row)
-    # The copy bandwidth AdamW is held against: the best measured at any size
-    # (a copy that stays in cache pays write-allocate reads it is not credited
-    # for, so its figure is the lower one).
-    copy_gbps = max(r["copy"]["gbps"] for r in rows)
+    # Each size's reference is the pass with AdamW's own traffic (4 streams
+    # read, 3 written) through the same threads at the same size: the share
+    # says how close to memory-bound AdamW runs, and cannot pass 100% by
+    # accounting (memcpy's figure, kept for information, misses the
+    # write-allocate reads its destination costs).
     for r in rows:
         best_torch = min(r["torch_single-tensor"]["ms"], r["torch_foreach"]["ms"])
+        for name in list(sides) + ["torch_single-tensor", "torch_foreach"]:
+            r[name]["vs_stream"] = round(r["stream"]["ms"] / r[name]["ms"], 3)
         for name in sides:
-            r[name]["vs_copy"] = round(r[name]["gbps"] / copy_gbps, 3)
             r[name]["speedup_vs_torch"] = round(best_torch / r[name]["ms"], 3)
-    return {"copy_reference_gbps": copy_gbps, "torch": torch_runs[0]["implementation"], "results": rows}
+    return {"torch": torch_runs[0]["implementation"], "results": rows}
 
 
 def mlp_results(work, runs, cores, warmup):
@@ -75,14 +79,15 @@ def print_tables(adamw, mlp, overhead, cores, warmup):
     print(f"\n(a) AdamW over one flat fp32 buffer, one process, {cores} thread(s); GB/s = 28 bytes per element / time")
     kinds = ("dtrain", "dtrain_no_errno", "torch_single-tensor", "torch_foreach")
     print(f"{'elements':>9} | {'dtrain':>15} | {'dtrain no-errno':>15} | {'torch 1-tensor':>15} | "
-          f"{'torch foreach':>15} | {'copy GB/s':>9}")
+          f"{'torch foreach':>15} | {'stream GB/s':>11} | {'copy GB/s':>9}")
     print(f"{'':>9} | " + " | ".join(f"{'ms':>7} {'GB/s':>7}" for _ in kinds) + " |")
     for r in adamw["results"]:
         cells = " | ".join(f"{r[k]['ms']:>7.1f} {r[k]['gbps']:>7.2f}" for k in kinds)
-        print(f"{r['elements'] // 1_000_000:>8}M | {cells} | {r['copy']['gbps']:>9.2f}")
-    print(f"copy bandwidth (memcpy, bytes read + written, best size): {adamw['copy_reference_gbps']:.2f} GB/s")
+        print(f"{r['elements'] // 1_000_000:>8}M | {cells} | {r['stream']['gbps']:>11.2f} | {r['copy']['gbps']:>9.2f}")
+    print("stream: AdamW's own traffic (read param, grad, m, v; write param, m, v) with one add each, same threads "
+          "and size; copy: memcpy, bytes read + written, for information")
     for name, label in (("dtrain", "dtrain (default flags):"), ("dtrain_no_errno", "dtrain (-fno-math-errno):")):
-        print(f"{label:<26}" + "; ".join(f"{r['elements'] // 1_000_000}M {r[name]['vs_copy']:.0%} of copy, "
+        print(f"{label:<26}" + "; ".join(f"{r['elements'] // 1_000_000}M {r[name]['vs_stream']:.0%} of stream, "
                                          f"{r[name]['speedup_vs_torch']:.2f}x torch's faster variant"
                                          for r in adamw["results"]))
 

@@ -44,7 +44,7 @@ def measure(n, foreach, iters):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes-m", default="10,50", help="sizes in millions of elements")
+    parser.add_argument("--sizes-m", default="10,100", help="sizes in millions of elements")
     parser.add_argument("--iters", type=int, default=15)
     parser.add_argument("--json", help="write the results here (default: stdout)")
     args = parser.parse_args()

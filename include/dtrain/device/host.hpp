@@ -129,17 +129,12 @@ inline constexpr std::size_t for_each_grain = std::size_t{1} << 15;
 // f(i) for i in [0, n) on `parts` threads, the calling thread included, each
 // over one contiguous range. Ranges start at multiples of 64 elements, so two
 // threads never write into the same cache line of a 64-byte aligned buffer.
-// Each thread runs its own copy of f: its members then stay in registers
-// instead of being reloaded after every store the compiler cannot rule out
-// as aliasing them.
+// Each thread runs its own copy of f (run_range makes it).
 template <class F>
 void parallel_for(std::size_t n, std::size_t parts, const F& f) {
   constexpr std::size_t line = 64;
   const std::size_t chunk = ((n + parts - 1) / parts + line - 1) / line * line;
-  auto run = [&f](std::size_t begin, std::size_t end) {
-    F local = f;
-    run_range(local, begin, end);
-  };
+  auto run = [&f](std::size_t begin, std::size_t end) { run_range(f, begin, end); };
   std::vector<std::jthread> workers;
   workers.reserve(parts - 1);
   for (std::size_t begin = chunk; begin < n; begin += chunk) workers.emplace_back(run, begin, std::min(n, begin + chunk));

@@ -13,6 +13,7 @@
 // `grad_scale` multiplies every gradient as it is read: 1/loss_scale for fp16
 // loss scaling times the gradient-clipping coefficient.
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +38,29 @@ struct AdamWHyper {
   float weight_decay = 1e-2f;  // decoupled: param *= 1 - lr * weight_decay
 };
 
+// PyTorch updates the first moment with lerp(m, g, w) = m + w * (g - m),
+// evaluated from the nearer end so it is exact at w = 1: for w >= 0.5 it is
+// g - (g - m) * (1 - w). Both forms are base + k * (g - m) with (base, k) =
+// (m, w) or (g, -(1 - w)) (negation is exact, so the second is bit for bit
+// the same). Which one is fixed per step, so the pass picks a loaded value
+// by a bit mask: a branch with arithmetic in it, or a select on a bool, keeps
+// GCC from vectorising the loop (without -fno-trapping-math).
+struct MomentLerp {
+  std::uint32_t take_moment = ~0u;  // base = m (all ones: w < 0.5) or g (zero), as a bit mask
+  float k = 0.1f;
+
+  static MomentLerp of(float w) { return w < 0.5f ? MomentLerp{~0u, w} : MomentLerp{0u, -(1.f - w)}; }
+  DTRAIN_HOST_DEVICE float operator()(float m, float g) const {
+#if defined(__CUDA_ARCH__)
+    const float base = take_moment ? m : g;
+#else
+    const float base = std::bit_cast<float>((std::bit_cast<std::uint32_t>(m) & take_moment) |
+                                            (std::bit_cast<std::uint32_t>(g) & ~take_moment));
+#endif
+    return base + k * (g - m);
+  }
+};
+
 // AdamW's per-step scalars for one set of hyperparameters, computed in
 // double on the host and rounded to float as PyTorch does. `step` counts
 // optimizer steps from 1 (bias correction).
@@ -44,7 +68,7 @@ struct AdamWCoefficients {
   float step_size = 0.f;
   float bias_correction2_sqrt = 1.f;
   float decay = 1.f;
-  float beta1_weight = 0.1f;
+  MomentLerp moment = MomentLerp::of(0.1f);  // the first moment's lerp by 1 - beta1
   float beta2 = 0.999f;
   float beta2_weight = 0.001f;
   float eps = 1e-8f;
@@ -59,21 +83,15 @@ inline AdamWCoefficients adamw_coefficients(const AdamWHyper& h, std::int64_t st
   return {static_cast<float>(h.lr / bias_correction1),
           static_cast<float>(std::sqrt(bias_correction2)),
           static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay),
-          static_cast<float>(1.0 - static_cast<double>(h.beta1)),
+          MomentLerp::of(static_cast<float>(1.0 - static_cast<double>(h.beta1))),
           h.beta2,
           static_cast<float>(1.0 - static_cast<double>(h.beta2)),
           h.eps};
 }
 
-// a + w * (b - a), evaluated from the nearer end so it is exact at w = 1
-// (PyTorch updates the first moment with lerp).
-DTRAIN_HOST_DEVICE inline float optimizer_lerp(float a, float b, float w) {
-  return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.f - w);
-}
-
 // One element of AdamW: p, m, v in place from the (scaled) gradient g.
 DTRAIN_HOST_DEVICE inline void adamw_update(float& p, float g, float& m, float& v, const AdamWCoefficients& c) {
-  m = optimizer_lerp(m, g, c.beta1_weight);
+  m = c.moment(m, g);
   v = v * c.beta2 + c.beta2_weight * g * g;
   const float denom = math::sqrt(v) / c.bias_correction2_sqrt + c.eps;
   p = p * c.decay - c.step_size * m / denom;
