@@ -14,8 +14,9 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -85,9 +86,11 @@ struct ParamSources {
 template <class Dev, class T>
 class CheckpointIO {
  public:
+  // `optimizer_state` gives the optimizer's state buffers, laid out like the
+  // strategy's owned flat (on the host when owned().on_host says so).
   CheckpointIO(World& world, Dev& dev, const ModelLayout& layout, AnyStrategy<T>& strategy,
-               FlatOptimizer<Dev>& optimizer)
-      : world_(world), dev_(dev), layout_(layout), strategy_(strategy), optimizer_(optimizer) {}
+               std::function<std::vector<OptimizerStateView>()> optimizer_state)
+      : world_(world), dev_(dev), layout_(layout), strategy_(strategy), optimizer_state_(std::move(optimizer_state)) {}
 
   // Every parameter as fp32 on the host, by name ("<unit>.<param>").
   // Collective under sharded strategies: every rank must call it.
@@ -201,7 +204,7 @@ class CheckpointIO {
   CheckpointInfo load(const std::filesystem::path& dir, const LoadOptions& options = {}) {
     const CheckpointIndex index = detail::parse_index(dir);
     check_checkpoint_model(index);
-    const auto states = optimizer_.state();
+    const auto states = optimizer_state_();
     std::vector<std::string> names;
     for (const auto& st : states) names.emplace_back(st.name);
     if (options.optimizer_state && index.info.optimizer_states != names)
@@ -334,11 +337,11 @@ class CheckpointIO {
     HostState<T> s;
     const OwnedFlat<T> owned = strategy_.owned();
     s.master.resize(owned.size);
-    if (copy) dev_.copy_to_host(s.master.data(), owned.master, owned.size);
+    if (copy) copy_owned(s.master.data(), owned.master, owned.size, owned.on_host);
     if (optimizer_state)
-      for (const auto& st : optimizer_.state()) {
+      for (const auto& st : optimizer_state_()) {
         auto& [name, values] = s.optimizer.emplace_back(std::string(st.name), std::vector<float>(owned.size));
-        if (copy) dev_.copy_to_host(values.data(), st.data, owned.size);
+        if (copy) copy_owned(values.data(), st.data, owned.size, owned.on_host);
       }
     const std::span<T> frozen = strategy_.frozen_storage();
     s.frozen.resize(frozen.size());
@@ -348,11 +351,14 @@ class CheckpointIO {
 
   void put_host_state(const HostState<T>& s, bool optimizer_state) {
     const OwnedFlat<T> owned = strategy_.owned();
-    dev_.copy_from_host(owned.master, s.master.data(), owned.size);
+    if (owned.on_host) std::copy_n(s.master.data(), owned.size, owned.master);
+    else dev_.copy_from_host(owned.master, s.master.data(), owned.size);
     if (optimizer_state) {
-      const auto states = optimizer_.state();
-      for (std::size_t i = 0; i < states.size(); ++i)
-        dev_.copy_from_host(states[i].data, s.optimizer[i].second.data(), owned.size);
+      const auto states = optimizer_state_();
+      for (std::size_t i = 0; i < states.size(); ++i) {
+        if (owned.on_host) std::copy_n(s.optimizer[i].second.data(), owned.size, states[i].data);
+        else dev_.copy_from_host(states[i].data, s.optimizer[i].second.data(), owned.size);
+      }
     }
     const std::span<T> frozen = strategy_.frozen_storage();
     dev_.copy_from_host(frozen.data(), s.frozen.data(), frozen.size());
@@ -507,8 +513,15 @@ class CheckpointIO {
   World& world_;
   Dev& dev_;
   const ModelLayout& layout_;
+  // Owned state (master weights, optimizer state) into host memory, from
+  // the compute device or, offloaded, from the host.
+  void copy_owned(float* dst, const float* src, std::size_t n, bool on_host) {
+    if (on_host) std::copy_n(src, n, dst);
+    else dev_.copy_to_host(dst, src, n);
+  }
+
   AnyStrategy<T>& strategy_;
-  FlatOptimizer<Dev>& optimizer_;
+  std::function<std::vector<OptimizerStateView>()> optimizer_state_;
 };
 
 }  // namespace dtrain

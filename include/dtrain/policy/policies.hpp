@@ -1,13 +1,14 @@
 #pragma once
 // Composition of policies: policies<Ps...> takes Strategy<...>, Precision<...>,
-// Accumulate<N> and Device<...> in any order, each at most once, and fills the
-// missing slots with defaults:
+// Accumulate<N>, Device<...> and Offload<...> in any order, each at most once,
+// and fills the missing slots with defaults:
 //
 //   using P = dtrain::policies<dtrain::Accumulate<4>, dtrain::Precision<dtrain::bf16>>;
 //   P::strategy     DDP          (the kind inside Strategy<...>: DDP, FSDP<Mode>, ZeRO1)
 //   P::precision    Precision<bf16>, with P::param_type, P::reduce_type, P::master_type
 //   P::accumulate   4            (micro-batches per optimizer step)
 //   P::device       Host, or Cuda when nvcc compiles the translation unit
+//   P::offload      offload_kind::none, optimizer (Offload<OptimizerState>) or params (Offload<ParamShards>)
 //
 // A mistake fails with exactly one error, a static_assert a user can search
 // for. Three rules make that hold:
@@ -26,16 +27,17 @@
 
 #include "dtrain/policy/accumulate.hpp"
 #include "dtrain/policy/device.hpp"
+#include "dtrain/policy/offload.hpp"
 #include "dtrain/policy/precision.hpp"
 #include "dtrain/policy/strategy.hpp"
 
 namespace dtrain {
 
 template <class P>
-concept Policy = StrategyPolicy<P> || PrecisionPolicy<P> || AccumulatePolicy<P> || DevicePolicy<P>;
+concept Policy = StrategyPolicy<P> || PrecisionPolicy<P> || AccumulatePolicy<P> || DevicePolicy<P> || OffloadPolicy<P>;
 
 namespace detail {
-enum class policy_slot { strategy, precision, accumulate, device, unknown };
+enum class policy_slot { strategy, precision, accumulate, device, offload, unknown };
 
 // Variable templates, not constexpr functions: GCC 13 compiling nvcc's host
 // code rejected check_composition<Ps...>() in `policies` as "used before its
@@ -45,6 +47,7 @@ inline constexpr policy_slot slot_of = is_strategy_slot<P>     ? policy_slot::st
                                        : is_precision_slot<P>  ? policy_slot::precision
                                        : is_accumulate_slot<P> ? policy_slot::accumulate
                                        : is_device_slot<P>     ? policy_slot::device
+                                       : is_offload_slot<P>    ? policy_slot::offload
                                                                : policy_slot::unknown;
 
 enum class composition_problem { none, bare_strategy_kind, unknown_type, duplicate };
@@ -68,9 +71,11 @@ struct composition_diagnostic {
                 "dtrain: a strategy kind is not a policy by itself: wrap it, as in Strategy<FSDP<FullShard>>, "
                 "Strategy<DDP> or Strategy<ZeRO1>");
   static_assert(Problem != composition_problem::unknown_type,
-                "dtrain: unknown policy type: expected Strategy<...>, Precision<...>, Accumulate<N> or Device<...>");
+                "dtrain: unknown policy type: expected Strategy<...>, Precision<...>, Accumulate<N>, Device<...> or "
+                "Offload<...>");
   static_assert(Problem != composition_problem::duplicate,
-                "dtrain: policy given twice: each of Strategy, Precision, Accumulate, Device may appear at most once");
+                "dtrain: policy given twice: each of Strategy, Precision, Accumulate, Device, Offload may appear at "
+                "most once");
 };
 
 // The first of Ps in slot S, or Default.
@@ -102,6 +107,9 @@ struct policies {
   using master_type = typename precision::master_type;
   static constexpr int accumulate = slot_t<detail::policy_slot::accumulate, Accumulate<1>>::micro_batches;
   using device = typename slot_t<detail::policy_slot::device, Device<detail::default_device>>::kind;
+  using offload_policy = slot_t<detail::policy_slot::offload, Offload<NoOffload>>;
+  static constexpr offload_kind offload =
+      OffloadPolicy<offload_policy> ? offload_policy::kind : offload_kind::none;
 
  private:
   static constexpr detail::composition_diagnostic<problem> diagnostic{};

@@ -102,6 +102,8 @@ struct StrategyFactory {
   std::string_view name;
   std::function<std::size_t(const World&)> shard_count;
   std::function<std::unique_ptr<AnyStrategy<T>>(const StrategyContext<Dev>&)> make;
+  // The most the strategy can offload (its max_offload; none when undeclared).
+  offload_kind max_offload = offload_kind::none;
 };
 
 namespace detail {
@@ -139,7 +141,8 @@ StrategyFactory<Dev, T> strategy_factory(
             [options](const World& world) { return static_cast<std::size_t>(S::shard_count(world, options)); },
             [options](const StrategyContext<Dev>& ctx) -> std::unique_ptr<AnyStrategy<T>> {
               return std::make_unique<StrategyModel<S, T>>(Kind::name, ctx, options);
-            }};
+            },
+            strategy_max_offload<S>()};
   }
 }
 

@@ -14,7 +14,13 @@
 // The Trainer folds the loss normaliser (global sample count) and the loss
 // scale into dlogits, so the summed gradient is exactly the gradient of the
 // mean loss over all samples of all ranks and micro-batches.
+//
+// Offload<OptimizerState> (strategy/offload.hpp): the fp32 master weights and
+// the optimizer state live on the host, the compute-dtype parameters (fp32
+// too) on the device; the all-reduced gradient goes down once it is final,
+// and the updated parameters go up after the host's optimizer pass.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <memory>
@@ -146,6 +152,7 @@ class DdpStrategy {
 
  public:
   using options = DdpOptions;
+  static constexpr offload_kind max_offload = offload_kind::optimizer;
 
   static std::size_t shard_count(const World&, const options& o) {
     if (o.bucket_bytes == 0 || o.first_bucket_bytes == 0)
@@ -159,11 +166,21 @@ class DdpStrategy {
         comm_(ctx.comm),
         rank_(ctx.world.rank()),
         last_micro_batch_(ctx.accumulate - 1),
+        offload_(ctx.offload),
         grads_(dev_, layout_, ctx.accumulate) {
     const std::size_t n = layout_.trainable_flat_size();
-    // With fp32 compute the master weights are the parameters.
-    master_ = make_buffer<float>(dev_, n, std::is_same_v<T, float> ? memory_category::params : memory_category::master);
-    if constexpr (!std::is_same_v<T, float>) params_ = make_buffer<T>(dev_, n, memory_category::params);
+    if (offload_) {
+      // The master weights, a compute-dtype copy for the upload and the
+      // gradient live on the host; the device keeps the parameters.
+      host_master_ = offload_->template allocate<float>(n, memory_category::master);
+      host_params_ = offload_->template allocate<T>(n, memory_category::params);
+      host_grad_ = offload_->template allocate<float>(n, memory_category::grads, true);
+      params_ = make_buffer<T>(dev_, n, memory_category::params);
+    } else {
+      // With fp32 compute the master weights are the parameters.
+      master_ = make_buffer<float>(dev_, n, std::is_same_v<T, float> ? memory_category::params : memory_category::master);
+      if constexpr (!std::is_same_v<T, float>) params_ = make_buffer<T>(dev_, n, memory_category::params);
+    }
     frozen_ = make_buffer<T>(dev_, layout_.frozen_flat_size(), memory_category::params);
     for (const auto& unit : layout_.units()) {
       auto& pv = views_.emplace_back();
@@ -186,26 +203,47 @@ class DdpStrategy {
   UnitParams<const T> params(std::size_t u) const { return const_views_[u]; }
   UnitParams<T> grads(std::size_t u) const { return grad_views_[u]; }
 
-  void finish_gradients() { reducer_->finish(); }
+  void finish_gradients() {
+    reducer_->finish();
+    if (offload_) {
+      offload_->to_host(host_grad_.data(), grads_.f32(), layout_.trainable_flat_size());
+      offload_->wait_to_host();
+    }
+  }
   double grad_norm_squared() {
     const std::size_t n = layout_.trainable_flat_size();
+    if (n && offload_) return offload_->host().sum(n, SquaredNorm<float>{host_grad_.data()});
     return n ? dev_.sum(n, SquaredNorm<float>{grads_.f32()}) : 0.0;
   }
   OwnedFlat<T> owned() {
+    const std::size_t n = layout_.trainable_flat_size();
+    if (offload_) return {host_master_.data(), host_grad_.data(), host_params_.data(), n, true};
     T* out = nullptr;
     if constexpr (!std::is_same_v<T, float>) out = params_.data();
-    return {master_.data(), grads_.f32(), out, layout_.trainable_flat_size()};
+    return {master_.data(), grads_.f32(), out, n};
   }
-  void after_optimizer() {}
+  void after_optimizer() {
+    if (offload_) offload_->to_device(params_.data(), host_params_.data(), layout_.trainable_flat_size());
+  }
   std::span<T> frozen_storage() { return frozen_.span(); }
   void after_load() {
+    const std::size_t n = layout_.trainable_flat_size();
+    if (offload_) {
+      offload_->wait_to_host();  // no upload still reads host_params_
+      if (n) offload_->host().for_each(n, Cast<float, T>{host_master_.data(), host_params_.data()});
+      offload_->to_device(params_.data(), host_params_.data(), n);
+      return;
+    }
     if constexpr (!std::is_same_v<T, float>)
       dev_.for_each(master_.size(), Cast<float, T>{master_.data(), params_.data()});
   }
 
   void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) {
     const auto& unit = layout_.units()[u];
-    dev_.copy_to_host(train.data(), master_.data() + unit.train_offset, unit.train_size);
+    if (offload_)
+      std::copy_n(host_master_.data() + unit.train_offset, unit.train_size, train.data());
+    else
+      dev_.copy_to_host(train.data(), master_.data() + unit.train_offset, unit.train_size);
     dev_.copy_to_host(frozen.data(), frozen_.data() + unit.frozen_offset, unit.frozen_size);
   }
 
@@ -214,8 +252,10 @@ class DdpStrategy {
 
  private:
   T* compute_params() {
-    if constexpr (std::is_same_v<T, float>) return master_.data();
-    else return params_.data();
+    if constexpr (std::is_same_v<T, float>) {
+      if (!offload_) return master_.data();
+    }
+    return params_.data();
   }
 
   // Every rank initialises from the seed, then rank 0's values are broadcast:
@@ -227,12 +267,21 @@ class DdpStrategy {
                        std::span(frozen).subspan(unit.frozen_offset, unit.frozen_padded));
     std::vector<T> frozen_t(frozen.size());
     for (std::size_t i = 0; i < frozen.size(); ++i) frozen_t[i] = dtype_cast<T>(frozen[i]);
-    dev_.copy_from_host(master_.data(), train.data(), train.size());
+    // Offloaded, the broadcast goes through a transient device buffer.
+    buffer<float> staging;
+    if (offload_) staging = make_buffer<float>(dev_, train.size());
+    buffer<float>& master = offload_ ? staging : master_;
+    dev_.copy_from_host(master.data(), train.data(), train.size());
     dev_.copy_from_host(frozen_.data(), frozen_t.data(), frozen_t.size());
-    auto w1 = binding::broadcast(comm_, dev_, master_.span(), 0);
+    auto w1 = binding::broadcast(comm_, dev_, master.span(), 0);
     auto w2 = binding::broadcast(comm_, dev_, frozen_.span(), 0);
     binding::join(w1, dev_);
     binding::join(w2, dev_);
+    if (offload_) {
+      dev_.copy_to_host(host_master_.data(), staging.data(), train.size());
+      after_load();
+      return;
+    }
     if constexpr (!std::is_same_v<T, float>)
       dev_.for_each(master_.size(), Cast<float, T>{master_.data(), params_.data()});
   }
@@ -242,9 +291,13 @@ class DdpStrategy {
   typename binding::comm_type& comm_;
   int rank_;
   int last_micro_batch_;
+  OffloadArena<Dev>* offload_;
   detail::FullGradients<Dev, T> grads_;
-  buffer<float> master_;  // fp32 master weights (the parameters themselves when T is fp32)
-  buffer<T> params_;      // compute-dtype copy (T != fp32 only)
+  buffer<float> master_;  // fp32 master weights (the parameters themselves when T is fp32); not offloaded
+  buffer<T> params_;      // compute-dtype copy (T != fp32, or offloaded)
+  OffloadBuffer<float> host_master_;  // offloaded: the master weights
+  OffloadBuffer<T> host_params_;      // offloaded: the optimizer's compute-dtype output, uploaded
+  OffloadBuffer<float> host_grad_;    // offloaded: the all-reduced fp32 gradient
   buffer<T> frozen_;      // frozen parameters, compute dtype
   std::unique_ptr<GradReducer<Dev, R>> reducer_;
   std::vector<std::vector<MatView<T>>> views_;

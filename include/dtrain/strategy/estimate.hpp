@@ -19,9 +19,10 @@
 // either side if the two are computed independently.
 //
 // Model states (params, grads, optimizer, master) are exact for every
-// strategy; FSDP's `gathered` is an upper bound (see fsdp_gathered below);
-// activations are whatever the caller passes (model_activation_bytes works
-// them out for any model).
+// strategy, on the device and, with an offload (EstimateInputs::offload), in
+// host memory (estimate_memory_split); FSDP's `gathered` is an upper bound
+// (see fsdp_gathered below); activations are whatever the caller passes
+// (model_activation_bytes works them out for any model).
 
 #include <algorithm>
 #include <array>
@@ -36,6 +37,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/model/unit.hpp"
+#include "dtrain/policy/offload.hpp"
 #include "dtrain/policy/strategy.hpp"
 
 namespace dtrain {
@@ -72,8 +74,15 @@ struct EstimateInputs {
   int shard_group = 0;                // fsdp-hybrid only: ranks per shard group (>= 1, divides world)
   int prefetch = 1;                   // FsdpOptions::prefetch, Zero1Options::prefetch
   std::size_t optimizer_states = 2;   // fp32 buffers per element: AdamW 2, SGD with momentum 1, plain SGD 0
-  bool param_groups = false;          // more than one parameter group: a group id byte per owned element
+  bool param_groups = false;          // more than one parameter group: a group id byte per owned element on a GPU
   std::size_t activations = 0;        // activation bytes, worked out by the caller
+  offload_kind offload = offload_kind::none;  // Offload<...> / TrainerOptions::offload
+};
+
+// One rank's bytes on the compute device and, offloaded, in host memory.
+struct MemorySplit {
+  MemoryUsage device;
+  MemoryUsage host;
 };
 
 namespace detail {
@@ -233,15 +242,60 @@ inline MemoryUsage strategy_memory(const EstimateInputs& in, const EstimatePlan&
   return u;
 }
 
+// The same with the optimizer state (and, for FSDP's ParamShards, the
+// parameter shards) offloaded to the host (strategy/offload.hpp): the fp32
+// master and gradient shards, the optimizer state and a compute-dtype copy of
+// the shard move to the host; what the device keeps for compute and
+// communication stays. The host optimizer runs group by group over runs of
+// the flat, so parameter groups cost no table there.
+inline MemorySplit offloaded_memory(const EstimateInputs& in, const EstimatePlan& plan, const PaddedModel& m) {
+  constexpr std::size_t f32 = 4;
+  const std::size_t T = in.compute_bytes, R = in.reduce_bytes, G = plan.shards;
+  const std::size_t owned = m.trainable / G;
+  const bool stage_in_r = R != f32;
+  MemorySplit s;
+  MemoryUsage& d = s.device;
+  MemoryUsage& h = s.host;
+  d.activations = in.activations;
+  d.other = 4 * f32 + (plan.family == estimate_family::replicated ? 0 : f32);
+  h.master = owned * f32;
+  h.params = owned * T;
+  h.optimizer = in.optimizer_states * owned * f32;
+  h.grads = owned * f32;
+  if (plan.family == estimate_family::fsdp) {
+    d.params = (in.offload == offload_kind::params ? 0 : owned * T) + m.frozen / G * T;
+    d.gathered = fsdp_gathered(m, plan, in);
+    // Reduced shards are staged on the host in R when they need a cast or a sum.
+    h.grads += stage_in_r || in.accumulate > 1 ? owned * R : 0;
+    return s;
+  }
+  d.params = (m.trainable + m.frozen) * T;
+  const bool separate_accumulator = in.accumulate > 1 || T != f32;
+  d.grads = m.trainable * T + (separate_accumulator ? m.trainable * f32 : 0) + (stage_in_r ? m.trainable * R : 0);
+  if (plan.family == estimate_family::zero1) {
+    d.grads += owned * R;  // where each reduced shard lands before it goes down
+    h.grads += stage_in_r ? owned * R : 0;
+  }
+  return s;
+}
+
 }  // namespace detail
 
-// This rank's bytes by category (what Trainer::memory() reports after a
-// step). Throws config_error for an unknown strategy or impossible sizes.
-inline MemoryUsage estimate_memory(const EstimateInputs& in) {
+// This rank's bytes by category on the compute device and, with an offload,
+// in host memory (Trainer::memory() and Trainer::host_memory() after a step).
+// Throws config_error for an unknown strategy, impossible sizes, or an
+// offload the strategy cannot do.
+inline MemorySplit estimate_memory_split(const EstimateInputs& in) {
   detail::validate_estimate(in);
   const detail::EstimatePlan plan = detail::estimate_plan(in);
+  detail::require_estimate(in.offload != offload_kind::params || plan.family == detail::estimate_family::fsdp,
+                           "offload 'params' with strategy '" + in.strategy + "', which offloads at most 'optimizer'",
+                           "offload parameter shards with an FSDP mode, or offload only the optimizer state");
   const detail::PaddedModel m = detail::padded_model(in.units, plan.shards);
-  MemoryUsage u = detail::strategy_memory(in, plan, m);
+  MemorySplit split;
+  if (in.offload == offload_kind::none) split.device = detail::strategy_memory(in, plan, m);
+  else split = detail::offloaded_memory(in, plan, m);
+  MemoryUsage& u = split.device;
   const std::size_t T = in.compute_bytes;
   std::size_t tied_trainable = 0, tied_frozen = 0;
   for (const UnitNumel& unit : in.units) {
@@ -250,8 +304,12 @@ inline MemoryUsage estimate_memory(const EstimateInputs& in) {
   }
   u.gathered += (tied_trainable + tied_frozen) * T;
   u.grads += tied_trainable * T;
-  return u;
+  return split;
 }
+
+// This rank's bytes by category on the compute device (what Trainer::memory()
+// reports after a step); estimate_memory_split adds the host part.
+inline MemoryUsage estimate_memory(const EstimateInputs& in) { return estimate_memory_split(in).device; }
 
 // Each unit's trainable and frozen elements as a model's units declare them.
 template <class Model>

@@ -27,6 +27,13 @@
 // the optimizer updates the rank's shards only. No compute-dtype shard is
 // kept: the next gather casts the updated master shard.
 //
+// Offload (strategy/offload.hpp): the fp32 master and gradient shards and the
+// optimizer state live on the host; each unit's reduced gradient shard goes
+// down as its reduction completes. Offload<OptimizerState> keeps a
+// compute-dtype shard on the device, uploaded after each update, that gathers
+// copy from; Offload<ParamShards> keeps it on the host too and uploads a
+// unit's shard just before its gather (inside the prefetch look-ahead).
+//
 // The four modes are two choices (docs/design.md):
 //   FullShard     G = world     reshard after forward
 //   ShardGradOp   G = world     keep from forward to the end of backward
@@ -72,6 +79,7 @@ class FsdpStrategy {
 
  public:
   using options = FsdpOptions;
+  static constexpr offload_kind max_offload = offload_kind::params;
 
   static std::size_t shard_count(const World& world, const options& options) {
     detail::check_prefetch("FsdpOptions", options.prefetch);
@@ -96,10 +104,16 @@ class FsdpStrategy {
         prefetch_(opts.prefetch),
         last_micro_batch_(ctx.accumulate - 1),
         groups_(ctx.world, ctx.dev, ctx.comm, static_cast<int>(ctx.layout.shards())),
+        offload_(ctx.offload),
         params_(dev_, layout_, groups_, ctx.seed,
-                std::is_same_v<T, float> ? memory_category::params : memory_category::master, true),
-        grad_shard_(make_buffer<float>(dev_, params_.size(), zero_init, memory_category::grads)),
-        reducer_(dev_, layout_, groups_, grad_shard_.data()),
+                std::is_same_v<T, float> ? memory_category::params : memory_category::master, true, ctx.offload,
+                ctx.offload && ctx.offload->params() ? ShardedParams<Dev, T>::shard_source::host_shard
+                                                     : ShardedParams<Dev, T>::shard_source::device_shard),
+        grad_shard_(offload_ ? buffer<float>{}
+                             : make_buffer<float>(dev_, params_.size(), zero_init, memory_category::grads)),
+        host_grad_(offload_ ? offload_->template allocate<float>(params_.size(), memory_category::grads, true)
+                            : OffloadBuffer<float>{}),
+        reducer_(dev_, layout_, groups_, grad_data(), ctx.offload, ctx.accumulate),
         units_(layout_.units().size()) {
     std::size_t params_units = 0;
     for (const auto& unit : layout_.units()) {
@@ -145,14 +159,22 @@ class FsdpStrategy {
   void finish_gradients() { reducer_.drain(); }
 
   double grad_norm_squared() {
-    const double local = params_.size() ? dev_.sum(params_.size(), SquaredNorm<float>{grad_shard_.data()}) : 0.0;
+    const std::size_t n = params_.size();
+    double local = 0.0;
+    if (n && offload_) local = offload_->host().sum(n, SquaredNorm<float>{host_grad_.data()});
+    else if (n) local = dev_.sum(n, SquaredNorm<float>{grad_shard_.data()});
     return groups_.sum_over_shard(local);
   }
 
-  OwnedFlat<T> owned() { return {params_.master(), grad_shard_.data(), nullptr, params_.size()}; }
-  void after_optimizer() {}  // the next gather casts the updated master shards
+  OwnedFlat<T> owned() {
+    return {params_.master(), grad_data(), params_.param_out(), params_.size(), offload_ != nullptr};
+  }
+  // Not offloaded, the next gather casts the updated master shards;
+  // offloaded, the updated compute-dtype shards go up (or wait for their gather).
+  void after_optimizer() { params_.after_update(); }
   std::span<T> frozen_storage() { return {params_.frozen(), layout_.frozen_flat_size() / layout_.shards()}; }
-  void after_load() {}  // between steps nothing is gathered: the next gathers cast what was loaded
+  // Between steps nothing is gathered: the next gathers read what was loaded.
+  void after_load() { params_.after_load(); }
 
   void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) { params_.read_unit(u, train, frozen); }
 
@@ -251,13 +273,17 @@ class FsdpStrategy {
     st.slot = -1;
   }
 
+  float* grad_data() { return offload_ ? host_grad_.data() : grad_shard_.data(); }
+
   Dev& dev_;
   const ModelLayout& layout_;
   int prefetch_;
   int last_micro_batch_;
   ShardGroups<Dev> groups_;
+  OffloadArena<Dev>* offload_;
   ShardedParams<Dev, T> params_;
-  buffer<float> grad_shard_;  // fp32 gradient shards, the optimizer's gradient
+  buffer<float> grad_shard_;          // fp32 gradient shards, the optimizer's gradient
+  OffloadBuffer<float> host_grad_;    // the same on the host, offloaded
   ShardReducer<Dev, R> reducer_;
   std::vector<UnitState> units_;
   std::vector<Slot> slots_;

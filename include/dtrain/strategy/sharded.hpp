@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -36,6 +37,7 @@
 #include "dtrain/model/init.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/strategy/comm_binding.hpp"
+#include "dtrain/strategy/offload.hpp"
 
 namespace dtrain {
 
@@ -151,14 +153,35 @@ class ShardedParams {
     }
   };
 
+  // Where a gather takes this rank's compute-dtype shard from.
+  enum class shard_source {
+    master,         // cast from the fp32 master shard on the device (no offload)
+    device_shard,   // a persistent compute-dtype shard on the device, uploaded after each update
+    host_shard,     // uploaded from the host just before the gather (Offload<ParamShards>, ZeRO1)
+  };
+
   // Initialises this rank's shards from the seed, one unit at a time.
   // `master_category`: params when the fp32 shard is the only copy of the
-  // parameters at rest (FSDP with fp32 compute), else master.
+  // parameters at rest (FSDP with fp32 compute), else master. With an
+  // offload arena the fp32 shards and the compute-dtype shards the optimizer
+  // writes live on the host; `source` says where gathers read.
   ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed,
-                memory_category master_category, bool shard_frozen)
-      : dev_(dev), layout_(layout), groups_(groups), shard_frozen_(shard_frozen) {
+                memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload = nullptr,
+                shard_source source = shard_source::master)
+      : dev_(dev), layout_(layout), groups_(groups), shard_frozen_(shard_frozen), offload_(offload),
+        source_(offload ? source : shard_source::master) {
+    if (offload && source == shard_source::master)
+      throw error("ShardedParams: an offloaded master shard cannot be cast on the device",
+                  "pass shard_source::device_shard or host_shard with an offload arena");
     const std::size_t G = layout.shards();
-    master_ = make_buffer<float>(dev, layout.trainable_flat_size() / G, master_category);
+    const std::size_t n = layout.trainable_flat_size() / G;
+    if (offload_) {
+      host_master_ = offload_->template allocate<float>(n, memory_category::master);
+      host_shard_ = offload_->template allocate<T>(n, memory_category::params);
+      if (source_ == shard_source::device_shard) device_shard_ = make_buffer<T>(dev, n, memory_category::params);
+    } else {
+      master_ = make_buffer<float>(dev, n, master_category);
+    }
     if (shard_frozen) frozen_ = make_buffer<T>(dev, layout.frozen_flat_size() / G, memory_category::params);
     const std::size_t g = static_cast<std::size_t>(groups.rank());
     std::vector<float> train, frozen;
@@ -168,30 +191,55 @@ class ShardedParams {
       frozen.resize(unit.frozen_padded);
       init_unit_values(unit, seed, train, frozen);
       const std::size_t s = unit.train_padded / G;
-      dev.copy_from_host(master_.data() + unit.train_offset / G, train.data() + g * s, s);
+      if (offload_) {
+        if (s) std::memcpy(host_master_.data() + unit.train_offset / G, train.data() + g * s, s * sizeof(float));
+      } else {
+        dev.copy_from_host(master_.data() + unit.train_offset / G, train.data() + g * s, s);
+      }
       if (!shard_frozen) continue;
       const std::size_t f = unit.frozen_padded / G;
       frozen_t.resize(f);
       for (std::size_t i = 0; i < f; ++i) frozen_t[i] = dtype_cast<T>(frozen[g * f + i]);
       dev.copy_from_host(frozen_.data() + unit.frozen_offset / G, frozen_t.data(), f);
     }
+    if (offload_) after_load();
   }
 
-  float* master() { return master_.data(); }
-  std::size_t size() const { return master_.size(); }
+  float* master() { return offload_ ? host_master_.data() : master_.data(); }
+  std::size_t size() const { return layout_.trainable_flat_size() / layout_.shards(); }
   T* frozen() { return frozen_.data(); }
+  bool offloaded() const { return offload_ != nullptr; }
+  // Offloaded: the host compute-dtype shards the optimizer pass writes.
+  T* param_out() { return offload_ ? host_shard_.data() : nullptr; }
+
+  // The optimizer updated master() (and param_out()).
+  void after_update() {
+    if (source_ == shard_source::device_shard) offload_->to_device(device_shard_.data(), host_shard_.data(), size());
+  }
+  // master() was overwritten (a checkpoint or pretrained weights loaded).
+  void after_load() {
+    if (!offload_) return;
+    offload_->wait_to_host();  // no upload still reads the host shards
+    if (const std::size_t n = size()) offload_->host().for_each(n, Cast<float, T>{host_master_.data(), host_shard_.data()});
+    after_update();
+  }
 
   // Starts gathering unit u: its trainable segment into train_dst and, when
   // frozen parameters are sharded, its frozen segment into frozen_dst (each
-  // the padded size). This rank's shard is cast into its own slot of the
-  // destination, so the all-gather runs in place and no compute-dtype shard
-  // is kept between gathers.
+  // the padded size). This rank's shard goes into its own slot of the
+  // destination (cast from the master shard, copied from the device shard,
+  // or uploaded from the host), so the all-gather runs in place.
   Gather gather(std::size_t u, T* train_dst, T* frozen_dst) {
     const auto& unit = layout_.units()[u];
     const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
     Gather out;
     if (const std::size_t s = unit.train_padded / G) {
-      dev_.for_each(s, Cast<float, T>{master_.data() + unit.train_offset / G, train_dst + g * s});
+      const std::size_t at = unit.train_offset / G;
+      switch (source_) {
+        case shard_source::master: dev_.for_each(s, Cast<float, T>{master_.data() + at, train_dst + g * s}); break;
+        case shard_source::device_shard: dev_.copy(train_dst + g * s, device_shard_.data() + at, s); break;
+        case shard_source::host_shard: offload_->to_device(train_dst + g * s, host_shard_.data() + at, s); break;
+      }
       out.train = all_gather(train_dst, s, unit.train_padded);
     }
     if (const std::size_t f = unit.frozen_padded / G; shard_frozen_ && f) {
@@ -208,7 +256,10 @@ class ShardedParams {
     const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
     if (const std::size_t s = unit.train_padded / G) {
       auto full = make_buffer<float>(dev_, unit.train_padded);
-      dev_.copy(full.data() + g * s, master_.data() + unit.train_offset / G, s);
+      if (offload_)
+        offload_->to_device(full.data() + g * s, host_master_.data() + unit.train_offset / G, s);
+      else
+        dev_.copy(full.data() + g * s, master_.data() + unit.train_offset / G, s);
       auto w = all_gather(full.data(), s, unit.train_padded);
       binding::join(w, dev_);
       dev_.copy_to_host(train.data(), full.data(), unit.train_size);
@@ -235,8 +286,13 @@ class ShardedParams {
   const ModelLayout& layout_;
   ShardGroups<Dev>& groups_;
   bool shard_frozen_;
-  buffer<float> master_;  // this rank's fp32 shards of every unit, one flat (padding zero)
+  OffloadArena<Dev>* offload_;
+  shard_source source_;
+  buffer<float> master_;  // this rank's fp32 shards of every unit, one flat (padding zero); not offloaded
   buffer<T> frozen_;      // this rank's frozen shards (FSDP), compute dtype
+  OffloadBuffer<float> host_master_;  // offloaded: the fp32 shards
+  OffloadBuffer<T> host_shard_;       // offloaded: their compute-dtype copy (the optimizer's param_out)
+  buffer<T> device_shard_;            // shard_source::device_shard: that copy on the device
 };
 
 // Reduces unit gradients into the rank's fp32 gradient shard, in the reduce
@@ -258,8 +314,17 @@ class ShardReducer {
   // Slots (unit-sized gradient buffers) in flight at most.
   static constexpr std::size_t max_in_flight = 2;
 
-  ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard)
-      : dev_(dev), layout_(layout), groups_(groups), grad_shard_(grad_shard) {}
+  // `grad_shard`: the fp32 gradient shards, on the device, or on the host
+  // when `offload` is given: each reduced shard then travels to the host as
+  // its reduction completes and is written or added there (through a host
+  // staging copy in R, unless R is fp32 and nothing accumulates).
+  ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard,
+               OffloadArena<Dev>* offload = nullptr, int accumulate = 1)
+      : dev_(dev), layout_(layout), groups_(groups), grad_shard_(grad_shard), offload_(offload) {
+    if (offload_ && (!std::is_same_v<R, float> || accumulate > 1))
+      host_staging_ = offload_->template allocate<R>(layout.trainable_flat_size() / layout.shards(),
+                                                     memory_category::grads);
+  }
 
   // A buffer of unit u's padded size for its full gradient; waits for an
   // earlier reduction to free one when max_in_flight are busy.
@@ -381,20 +446,43 @@ class ShardReducer {
     const auto& unit = layout_.units()[p.unit];
     const std::size_t s = unit.train_padded / layout_.shards();
     float* dst = grad_shard_ + unit.train_offset / layout_.shards();
-    if (p.k == 0)
+    if (offload_) {
+      finish_on_host(p, s, dst);
+    } else if (p.k == 0) {
       dev_.for_each(s, Cast<R, float>{p.shard, dst});
-    else
+    } else {
       dev_.for_each(s, AccumulateInto<R>{dst, p.shard});
+    }
     if (p.slot >= 0) {
       slots_[static_cast<std::size_t>(p.slot)].busy = false;
       slots_[static_cast<std::size_t>(p.slot)].unit = -1;
     }
   }
 
+  // The same arithmetic on the host: the shard comes down first.
+  void finish_on_host(const Pending& p, std::size_t s, float* dst) {
+    if constexpr (std::is_same_v<R, float>) {
+      if (p.k == 0 && host_staging_.size() == 0) {
+        offload_->to_host(dst, p.shard, s);
+        offload_->wait_to_host();
+        return;
+      }
+    }
+    R* staged = host_staging_.data() + (dst - grad_shard_);
+    offload_->to_host(staged, p.shard, s);
+    offload_->wait_to_host();
+    if (p.k == 0)
+      offload_->host().for_each(s, Cast<R, float>{staged, dst});
+    else
+      offload_->host().for_each(s, AccumulateInto<R>{dst, staged});
+  }
+
   Dev& dev_;
   const ModelLayout& layout_;
   ShardGroups<Dev>& groups_;
   float* grad_shard_;
+  OffloadArena<Dev>* offload_;
+  OffloadBuffer<R> host_staging_;  // offloaded, R != fp32 or accumulating: reduced shards on the host
   std::vector<Slot> slots_;
   std::deque<Pending> pending_;
 };

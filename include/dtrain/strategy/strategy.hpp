@@ -37,6 +37,7 @@
 #include "dtrain/model/layout.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/strategy/comm_binding.hpp"
+#include "dtrain/strategy/offload.hpp"
 
 namespace dtrain {
 
@@ -59,12 +60,15 @@ using strategy_options_t = typename detail::options_of<S>::type;
 // What the optimizer updates on this rank: `size` fp32 master weights and
 // their summed gradient, and (when not null) the compute-dtype copy the
 // optimizer pass writes. Padding elements are zero in all of them.
+// `on_host`: the three live in host memory (offloaded: the optimizer runs
+// on the offload arena's Host, and checkpoints read them directly).
 template <class T>
 struct OwnedFlat {
   float* master = nullptr;
   const float* grad = nullptr;
   T* param_out = nullptr;
   std::size_t size = 0;
+  bool on_host = false;
 };
 
 // A run of a unit's flat segment held on this rank: elements
@@ -105,6 +109,9 @@ struct StrategyContext {
   typename CommBinding<Dev>::comm_type& comm;         // the whole world's communicator
   std::uint64_t seed = 0;                             // parameter initialisation
   int accumulate = 1;                                 // micro-batches per optimizer step (Accumulate<N>)
+  // Offload<...>: where the offloaded states go (null: nothing offloaded).
+  // Only strategies declaring max_offload get one (strategy/offload.hpp).
+  OffloadArena<Dev>* offload = nullptr;
 };
 
 namespace detail {

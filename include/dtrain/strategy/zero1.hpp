@@ -16,6 +16,10 @@
 //              marked stale for the next forward's gather
 // Compared with DDP the same bytes cross the network (reduce-scatter +
 // all-gather = all-reduce) and the optimizer state shrinks to 1/W.
+// Offload<OptimizerState> (strategy/offload.hpp): master and gradient shards
+// and the optimizer state on the host; each reduced shard goes down as its
+// reduce-scatter completes, and a unit's updated compute-dtype shard goes up
+// into its slot just before the unit's all-gather.
 
 #include <algorithm>
 #include <cstddef>
@@ -52,6 +56,7 @@ class Zero1Strategy {
 
  public:
   using options = Zero1Options;
+  static constexpr offload_kind max_offload = offload_kind::optimizer;
 
   static std::size_t shard_count(const World& world, const options& options) {
     detail::check_prefetch("Zero1Options", options.prefetch);
@@ -64,20 +69,24 @@ class Zero1Strategy {
         prefetch_(opts.prefetch),
         last_micro_batch_(ctx.accumulate - 1),
         groups_(ctx.world, ctx.dev, ctx.comm, ctx.world.size()),
-        master_(dev_, layout_, groups_, ctx.seed, memory_category::master, false),
+        offload_(ctx.offload),
+        master_(dev_, layout_, groups_, ctx.seed, memory_category::master, false, ctx.offload,
+                ShardedParams<Dev, T>::shard_source::host_shard),
         grads_(dev_, layout_, ctx.accumulate),
-        grad_shard_(make_buffer<float>(dev_, master_.size(), zero_init, memory_category::grads)),
-        reducer_(dev_, layout_, groups_, grad_shard_.data()),
+        grad_shard_(offload_ ? buffer<float>{}
+                             : make_buffer<float>(dev_, master_.size(), zero_init, memory_category::grads)),
+        host_grad_(offload_ ? offload_->template allocate<float>(master_.size(), memory_category::grads, true)
+                            : OffloadBuffer<float>{}),
+        reducer_(dev_, layout_, groups_, grad_data(), ctx.offload),
         stale_(layout_.units().size()),
         gathering_(layout_.units().size()),
         gathers_(layout_.units().size()) {
     mark_stale();
     params_ = make_buffer<T>(dev_, layout_.trainable_flat_size(), memory_category::params);
     frozen_ = make_buffer<T>(dev_, layout_.frozen_flat_size(), memory_category::params);
-    if constexpr (stage_in_r) {
-      staging_ = make_buffer<R>(dev_, layout_.trainable_flat_size(), zero_init, memory_category::grads);
-      shard_r_ = make_buffer<R>(dev_, master_.size(), memory_category::grads);
-    }
+    if constexpr (stage_in_r) staging_ = make_buffer<R>(dev_, layout_.trainable_flat_size(), zero_init, memory_category::grads);
+    // Offloaded, the reduced shards land on the device before going down.
+    if (stage_in_r || offload_) shard_r_ = make_buffer<R>(dev_, master_.size(), memory_category::grads);
     init_frozen(ctx.seed);
     for (const auto& unit : layout_.units()) {
       auto& pv = views_.emplace_back();
@@ -108,6 +117,8 @@ class Zero1Strategy {
     if constexpr (stage_in_r) {
       dev_.for_each(unit.train_size, Cast<float, R>{full, staging_.data() + unit.train_offset});
       reducer_.submit(u, 0, staging_.data() + unit.train_offset, shard_r_.data() + at);
+    } else if (offload_) {
+      reducer_.submit(u, 0, full, shard_r_.data() + at);
     } else {
       reducer_.submit(u, 0, full, grad_shard_.data() + at);
     }
@@ -118,15 +129,26 @@ class Zero1Strategy {
   void finish_gradients() { reducer_.drain(); }
 
   double grad_norm_squared() {
-    const double local = master_.size() ? dev_.sum(master_.size(), SquaredNorm<float>{grad_shard_.data()}) : 0.0;
+    const std::size_t n = master_.size();
+    double local = 0.0;
+    if (n && offload_) local = offload_->host().sum(n, SquaredNorm<float>{host_grad_.data()});
+    else if (n) local = dev_.sum(n, SquaredNorm<float>{grad_shard_.data()});
     return groups_.sum_over_shard(local);
   }
 
-  OwnedFlat<T> owned() { return {master_.master(), grad_shard_.data(), nullptr, master_.size()}; }
+  OwnedFlat<T> owned() {
+    return {master_.master(), grad_data(), master_.param_out(), master_.size(), offload_ != nullptr};
+  }
   const ShardGroups<Dev>& groups() const { return groups_; }
-  void after_optimizer() { mark_stale(); }
+  void after_optimizer() {
+    master_.after_update();
+    mark_stale();
+  }
   std::span<T> frozen_storage() { return frozen_.span(); }
-  void after_load() { mark_stale(); }
+  void after_load() {
+    master_.after_load();
+    mark_stale();
+  }
 
   void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) {
     const auto& unit = layout_.units()[u];
@@ -177,19 +199,23 @@ class Zero1Strategy {
     }
   }
 
+  float* grad_data() { return offload_ ? host_grad_.data() : grad_shard_.data(); }
+
   Dev& dev_;
   const ModelLayout& layout_;
   int prefetch_;
   int last_micro_batch_;
   ShardGroups<Dev> groups_;
+  OffloadArena<Dev>* offload_;
   ShardedParams<Dev, T> master_;        // this rank's fp32 master shards
   detail::FullGradients<Dev, T> grads_;
   buffer<float> grad_shard_;            // the rank's reduced fp32 gradient shards
+  OffloadBuffer<float> host_grad_;      // the same on the host, offloaded
   ShardReducer<Dev, R> reducer_;
   buffer<T> params_;                    // replicated compute-dtype parameters (padded per unit)
   buffer<T> frozen_;                    // replicated frozen parameters
   buffer<R> staging_;                   // R != fp32: the accumulated gradient cast for the reduce-scatter
-  buffer<R> shard_r_;                   // R != fp32: reduced shards before the fp32 cast
+  buffer<R> shard_r_;                   // R != fp32 or offloaded: reduced shards before the fp32 cast
   std::vector<bool> stale_;             // the unit's parameters predate the last update
   std::vector<bool> gathering_;         // its gather is in flight
   std::vector<typename ShardedParams<Dev, T>::Gather> gathers_;

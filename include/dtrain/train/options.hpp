@@ -11,6 +11,7 @@
 #include "dtrain/optim/config.hpp"
 #include "dtrain/optim/param_groups.hpp"
 #include "dtrain/optim/schedule.hpp"
+#include "dtrain/policy/offload.hpp"
 
 namespace dtrain {
 
@@ -43,6 +44,9 @@ struct TrainerOptions {
   // Parameters with their own lr and weight decay (optim/param_groups.hpp);
   // {no_decay_group()} is the usual recipe. Empty: one group.
   std::vector<ParamGroup> param_groups{};
+  // Model states kept in host memory (policy/offload.hpp): what Offload<...>
+  // sets in a Trainer's policies, or a program chooses at run time.
+  offload_kind offload = offload_kind::none;
 };
 
 struct StepStats {
@@ -56,7 +60,8 @@ struct StepStats {
   std::int64_t positions = 0;  // samples x sequence length (tokens for a language model)
   double count = 0.0;          // the loss normaliser over all ranks (samples, or targets not ignored)
   double step_ms = 0.0;
-  MemoryUsage memory;          // this rank's bytes by category (Trainer::memory())
+  MemoryUsage memory;          // this rank's bytes by category on the compute device (Trainer::memory())
+  MemoryUsage host_memory;     // offloaded states in host memory (Trainer::host_memory()); zero without offload
 };
 
 }  // namespace dtrain

@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <string>
@@ -40,11 +41,13 @@
 #include "dtrain/policy/policies.hpp"
 #include "dtrain/strategy/any_strategy.hpp"
 #include "dtrain/strategy/comm_binding.hpp"
+#include "dtrain/strategy/offload.hpp"
 #include "dtrain/strategy/strategy.hpp"
 #include "dtrain/train/evaluation.hpp"
 #include "dtrain/train/options.hpp"
 #if DTRAIN_HAS_CUDA
 #include "dtrain/strategy/cuda_binding.hpp"
+#include "dtrain/strategy/cuda_offload.hpp"
 #endif
 
 namespace dtrain {
@@ -88,10 +91,11 @@ class TrainerCore {
         layout_(declared_params(model), checked_factory(strategy).shard_count(world)),
         num_units_(layout_.units().size()),
         comm_(binding::make(world_, dev_)),
+        offload_(make_offload(strategy)),
         strategy_(make_strategy(strategy)),
         groups_(plan_groups(layout_, options_.param_groups, optimizer.lr, optimizer.weight_decay)),
-        optimizer_(make_optimizer(std::move(optimizer))),
-        io_(world_, dev_, layout_, *strategy_, optimizer_) {
+        io_(world_, dev_, layout_, *strategy_, [this] { return optimizer_state(); }) {
+    make_optimizer(std::move(optimizer));
     scalar_ = make_buffer<float>(dev_, max_scalars);
     if constexpr (Prec::loss_scaling) loss_scale_ = options_.loss_scale.initial;
     plan_ties();
@@ -164,6 +168,7 @@ class TrainerCore {
     stats.step = step_;
     stats.loss_scale = static_cast<float>(loss_scale_);
     stats.memory = memory();
+    stats.host_memory = host_memory();
     stats.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     return stats;
   }
@@ -297,6 +302,11 @@ class TrainerCore {
     m.activations = peak.activations;
     return m;
   }
+  // The offloaded states' host memory by category (zero without offload):
+  // what Offload<...> moved off the compute device, counted apart from it.
+  MemoryUsage host_memory() const { return offload_ ? offload_->memory() : MemoryUsage{}; }
+  // What is offloaded (TrainerOptions::offload).
+  offload_kind offload() const { return options_.offload; }
 
   Dev& device() { return dev_; }
   const ModelLayout& layout() const { return layout_; }
@@ -306,7 +316,11 @@ class TrainerCore {
   AnyStrategy<T>& strategy() { return *strategy_; }
   std::string_view strategy_name() const { return strategy_->name(); }
   int micro_batches() const { return accumulate_; }
-  FlatOptimizer<Dev>& optimizer() { return optimizer_; }
+  // The optimizer's state buffers (on the host when offloaded).
+  std::vector<OptimizerStateView> optimizer_state() {
+    return host_optimizer_ ? host_optimizer_->state() : optimizer_->state();
+  }
+  std::string_view optimizer_name() const { return host_optimizer_ ? host_optimizer_->name() : optimizer_->name(); }
   // The parameter groups as resolved against the model: groups()[0] is the
   // default group, then TrainerOptions::param_groups in order.
   const std::vector<GroupSettings>& param_groups() const { return groups_.groups; }
@@ -321,16 +335,39 @@ class TrainerCore {
   }
 
   // The optimizer over the strategy's owned flat, with every element's
-  // parameter group when there is more than one.
+  // parameter group when there is more than one: on the compute device, or
+  // on the offload arena's host when the strategy keeps the flat there.
   template <class Opt>
-  FlatOptimizer<Dev> make_optimizer(Opt optimizer) {
-    const std::size_t size = strategy_->owned().size;
+  void make_optimizer(Opt optimizer) {
+    const OwnedFlat<T> owned = strategy_->owned();
     std::vector<GroupRate> rates;
     for (const GroupSettings& g : groups_.groups)
       rates.push_back({static_cast<float>(static_cast<double>(g.lr) / optimizer.lr), g.weight_decay});
     std::vector<std::uint8_t> ids;
-    if (groups_.size() > 1) ids = element_groups(layout_, groups_, strategy_->ownership().trainable, size);
-    return FlatOptimizer<Dev>(dev_, std::move(optimizer), size, std::move(rates), ids);
+    if (groups_.size() > 1) ids = element_groups(layout_, groups_, strategy_->ownership().trainable, owned.size);
+    if (owned.on_host)
+      host_optimizer_.emplace(offload_->host(), std::move(optimizer), owned.size, std::move(rates), ids);
+    else
+      optimizer_.emplace(dev_, std::move(optimizer), owned.size, std::move(rates), ids);
+  }
+
+  // The arena for TrainerOptions::offload, checked against what the
+  // strategy can offload.
+  std::unique_ptr<OffloadArena<Dev>> make_offload(const StrategyFactory<Dev, T>& factory) {
+    const offload_kind want = options_.offload;
+    if (want == offload_kind::none) return nullptr;
+    if (static_cast<int>(want) > static_cast<int>(factory.max_offload)) {
+      const std::string have = factory.max_offload == offload_kind::none
+                                   ? std::string("offloads nothing")
+                                   : "offloads at most '" + std::string(offload_name(factory.max_offload)) + "'";
+      throw config_error("offload '" + std::string(offload_name(want)) + "' with strategy '" +
+                             std::string(factory.name) + "', which " + have,
+                         want == offload_kind::params
+                             ? "offload parameter shards with a strategy that shards parameters (fsdp-full, "
+                               "fsdp-grad-op, fsdp-no-shard, fsdp-hybrid), or offload only the optimizer state"
+                             : "use a strategy that declares max_offload (ddp, zero1 and the fsdp modes do)");
+    }
+    return std::make_unique<OffloadArena<Dev>>(dev_, want);
   }
 
   static int checked_accumulate(int accumulate) {
@@ -369,7 +406,8 @@ class TrainerCore {
                                              .layout = layout_,
                                              .comm = *comm_,
                                              .seed = options_.seed,
-                                             .accumulate = accumulate_});
+                                             .accumulate = accumulate_,
+                                             .offload = offload_.get()});
   }
 
   // Fails on every rank, naming the first parameter where a rank's model
@@ -764,8 +802,9 @@ class TrainerCore {
     stats.lr = current_lr();
     ++step_;
     const OwnedFlat<T> owned = strategy_->owned();
-    optimizer_.step(owned.master, owned.grad, owned.param_out,
-                    {stats.lr, step_, static_cast<float>(coef / loss_scale_)});
+    const OptimizerStep s{stats.lr, step_, static_cast<float>(coef / loss_scale_)};
+    if (host_optimizer_) host_optimizer_->step(owned.master, owned.grad, owned.param_out, s);
+    else optimizer_->step(owned.master, owned.grad, owned.param_out, s);
     strategy_->after_optimizer();
   }
 
@@ -780,14 +819,15 @@ class TrainerCore {
     info.strategy = std::string(strategy_->name());
     info.param_dtype = std::string(dtype_traits<T>::safetensors_name);
     info.reduce_dtype = std::string(dtype_traits<R>::safetensors_name);
-    info.optimizer = std::string(optimizer_.name());
-    for (const auto& st : optimizer_.state()) info.optimizer_states.emplace_back(st.name);
+    info.optimizer = std::string(optimizer_name());
+    for (const auto& st : optimizer_state()) info.optimizer_states.emplace_back(st.name);
     for (const GroupSettings& g : groups_.groups) info.param_groups.push_back({g.name, g.lr, g.weight_decay, g.params});
     return info;
   }
 
   float current_lr() const {
-    const float base = options_.schedule ? (*options_.schedule)(step_) : optimizer_.base_lr();
+    const float base =
+        options_.schedule ? (*options_.schedule)(step_) : (host_optimizer_ ? host_optimizer_->base_lr() : optimizer_->base_lr());
     return scale_lr(base, options_.lr_scaling, world_.size());
   }
 
@@ -799,10 +839,12 @@ class TrainerCore {
   ModelLayout layout_;
   std::size_t num_units_;
   std::unique_ptr<typename binding::comm_type> comm_;  // the whole world's (scalars; strategies build on it)
+  std::unique_ptr<OffloadArena<Dev>> offload_;  // TrainerOptions::offload: the host side (outlives its buffers)
   std::unique_ptr<AnyStrategy<T>> strategy_;
   GroupPlan groups_;
-  FlatOptimizer<Dev> optimizer_;
-  CheckpointIO<Dev, T> io_;  // checkpoints and parameter files, through strategy_ and optimizer_
+  CheckpointIO<Dev, T> io_;  // checkpoints and parameter files, through strategy_ and optimizer_state()
+  std::optional<FlatOptimizer<Dev>> optimizer_;    // on the compute device
+  std::optional<FlatOptimizer<Host>> host_optimizer_;  // offloaded: on offload_'s host
 
   // Staging for the scalar all-reduces: at most the micro-batch count,
   // samples, positions and loss of a step in one collective.
@@ -851,11 +893,29 @@ class Trainer : public TrainerCore<M, typename policies<Policies...>::device, ty
 
   template <Optimizer Opt>
   Trainer(World& world, M& model, Opt optimizer, TrainerOptions options = {}, strategy_options strategy = {})
-      : Core(world, model, std::move(optimizer), std::move(options), accumulate,
+      : Core(world, model, std::move(optimizer), with_offload(std::move(options)), accumulate,
              strategy_factory<strategy_kind, typename P::device, T, R>(std::move(strategy))) {}
 
   // The strategy object itself, with its own accessors.
   strategy_type& strategy() { return static_cast<StrategyModel<strategy_type, T>&>(Core::strategy()).impl(); }
+
+ private:
+  static constexpr detail::offload_strategy_diagnostic<
+      std::is_same_v<strategy_type, detail::missing_strategy> ? offload_kind::none : P::offload,
+      strategy_max_offload<strategy_type>()>
+      offload_check{};
+
+  // Offload<...> in the policies sets TrainerOptions::offload.
+  static TrainerOptions with_offload(TrainerOptions options) {
+    if constexpr (P::offload != offload_kind::none) {
+      if (options.offload != offload_kind::none && options.offload != P::offload)
+        throw config_error("TrainerOptions::offload = '" + std::string(offload_name(options.offload)) +
+                               "' but the policies say Offload<" + std::string(offload_name(P::offload)) + ">",
+                           "set the offload in one place: the Offload<...> policy or TrainerOptions::offload");
+      options.offload = P::offload;
+    }
+    return options;
+  }
 };
 
 }  // namespace dtrain

@@ -1,4 +1,4 @@
-// expect: dtrain: policy given twice: each of Strategy, Precision, Accumulate, Device may appear at most once
+// expect: dtrain: policy given twice: each of Strategy, Precision, Accumulate, Device, Offload may appear at most once
 #include <dtrain/policy/policies.hpp>
 
 using namespace dtrain;

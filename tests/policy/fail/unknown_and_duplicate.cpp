@@ -1,4 +1,4 @@
-// expect: dtrain: unknown policy type: expected Strategy<...>, Precision<...>, Accumulate<N> or Device<...>
+// expect: dtrain: unknown policy type: expected Strategy<...>, Precision<...>, Accumulate<N>, Device<...> or Offload<...>
 #include <dtrain/policy/policies.hpp>
 
 using namespace dtrain;

@@ -1,0 +1,181 @@
+#pragma once
+// Offloaded model states: the host memory they live in and the copies between
+// it and the compute device (the Offload policy, policy/offload.hpp).
+//
+//   OffloadArena<Dev> arena(dev, offload_kind::optimizer);
+//   auto master = arena.allocate<float>(n, memory_category::master);   // host, pinned on a GPU
+//   arena.to_host(grad_host, grad_dev, n);  arena.wait_to_host();      // D2H, after the queued device work
+//   arena.to_device(param_dev, param_host, n);                         // H2D, before later device work
+//   arena.host().for_each(n, AdamW pass...)                            // the optimizer, on the host
+//
+// The arena owns a Host device of its own: its allocator counts the
+// offloaded bytes by category (Trainer::host_memory()), apart from the
+// compute device's, and its for_each runs the optimizer over the rank's cores
+// with the vectorised host kernels. With a Host compute device the offloaded
+// states are still separate buffers and every copy is really made, so the
+// whole offload path runs, and is tested, without a GPU; on a GPU the copies
+// go through OffloadCopies<Cuda> (strategy/cuda_offload.hpp): a copy stream
+// of its own, ordered against the compute stream by events, so a unit's
+// gradient shard travels to the host while backward goes on.
+//
+// How each strategy uses it:
+//   DDP        master, optimizer state and an fp32 gradient copy on the host;
+//              after the all-reduce the gradient goes D2H; after the update
+//              the compute-dtype parameters go H2D
+//   ZeRO1      the master and gradient shards on the host; each unit's
+//              reduced shard goes D2H as its reduce-scatter completes; the
+//              updated compute-dtype shard goes H2D into its slot of the
+//              replicated parameters just before the unit's all-gather
+//   FSDP       as ZeRO1 for gradients; the compute-dtype shards stay on the
+//              device (optimizer offload, uploaded after the update) or live
+//              on the host and are uploaded unit by unit just before their
+//              gather (ParamShards), within the prefetch look-ahead
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/device/buffer.hpp"
+#include "dtrain/device/host.hpp"
+#include "dtrain/policy/offload.hpp"
+
+namespace dtrain {
+
+namespace detail {
+template <class>
+inline constexpr bool no_offload_copies = false;
+}  // namespace detail
+
+// The copies between a compute device and offloaded host memory. This
+// primary template serves devices whose memory the host reads directly
+// (Host): plain copies, done when they return. A GPU specialises it
+// (strategy/cuda_offload.hpp).
+template <class Dev>
+class OffloadCopies {
+  static_assert(Dev::host_accessible || detail::no_offload_copies<Dev>,
+                "dtrain: no OffloadCopies for this device: include <dtrain/strategy/cuda_offload.hpp> "
+                "(<dtrain/trainer.hpp> does when CUDA is found) or specialise dtrain::OffloadCopies<Dev>");
+
+ public:
+  explicit OffloadCopies(Dev&) {}
+
+  // D2H after the device work queued so far; complete after wait_to_host().
+  template <class E>
+  void to_host(E* host_dst, const E* dev_src, std::size_t n) {
+    if (n) std::memcpy(static_cast<void*>(host_dst), dev_src, n * sizeof(E));
+  }
+  void wait_to_host() {}
+  // H2D, ordered before the device work queued after it. The host source
+  // must stay unchanged until the next wait_to_host().
+  template <class E>
+  void to_device(E* dev_dst, const E* host_src, std::size_t n) {
+    if (n) std::memcpy(static_cast<void*>(dev_dst), host_src, n * sizeof(E));
+  }
+  // Pages the device copies from or to (a GPU pins them; nothing here).
+  void pin(void*, std::size_t) {}
+  void unpin(void*) noexcept {}
+};
+
+// A host buffer of offloaded state: allocated through the arena's Host
+// device (counted by category in its statistics) and, on a GPU, pinned for
+// asynchronous copies for as long as it lives.
+template <class E>
+class OffloadBuffer {
+ public:
+  OffloadBuffer() = default;
+  OffloadBuffer(Host::buffer<E> data, std::shared_ptr<void> pin) : data_(std::move(data)), pin_(std::move(pin)) {}
+
+  E* data() noexcept { return data_.data(); }
+  const E* data() const noexcept { return data_.data(); }
+  std::size_t size() const noexcept { return data_.size(); }
+  std::span<E> span() noexcept { return data_.span(); }
+
+ private:
+  Host::buffer<E> data_;
+  std::shared_ptr<void> pin_;  // declared after data_: unpinned before the memory is freed
+};
+
+template <class Dev>
+class OffloadArena {
+ public:
+  OffloadArena(Dev& dev, offload_kind kind) : kind_(kind), copies_(dev) {
+    if (kind == offload_kind::none)
+      throw error("OffloadArena without an offload", "construct one only when something is offloaded");
+  }
+  OffloadArena(const OffloadArena&) = delete;
+  OffloadArena& operator=(const OffloadArena&) = delete;
+
+  offload_kind kind() const { return kind_; }
+  // The compute-dtype parameter shards live here too (Offload<ParamShards>).
+  bool params() const { return kind_ == offload_kind::params; }
+  // The host the offloaded states live on and the optimizer runs on.
+  Host& host() { return host_; }
+  MemoryUsage memory() const { return host_.memory_by_category(); }
+
+  // n elements of host memory for `category`, zero-filled when asked; a
+  // failure names the bytes and the category.
+  template <class E>
+  OffloadBuffer<E> allocate(std::size_t n, memory_category category, bool zero = false) {
+    if (n == 0) return {};
+    Host::buffer<E> b;
+    try {
+      b = zero ? make_buffer<E>(host_, n, zero_init, category) : make_buffer<E>(host_, n, category);
+    } catch (const error&) {
+      throw error("offload: allocating " + std::to_string(n * sizeof(E)) + " bytes of host memory for " +
+                      category_name(category) + " failed (out of memory)",
+                  "free host memory, use more ranks (sharded strategies split the states), or offload less "
+                  "(Offload<OptimizerState> keeps the parameter shards on the device)");
+    }
+    E* p = b.data();
+    copies_.pin(p, n * sizeof(E));
+    OffloadCopies<Dev>* copies = &copies_;
+    return {std::move(b), std::shared_ptr<void>(p, [copies](void* q) { copies->unpin(q); })};
+  }
+
+  template <class E>
+  void to_host(E* host_dst, const E* dev_src, std::size_t n) { copies_.to_host(host_dst, dev_src, n); }
+  void wait_to_host() { copies_.wait_to_host(); }
+  template <class E>
+  void to_device(E* dev_dst, const E* host_src, std::size_t n) { copies_.to_device(dev_dst, host_src, n); }
+
+  static const char* category_name(memory_category c) {
+    switch (c) {
+      case memory_category::params: return "parameters";
+      case memory_category::grads: return "gradients";
+      case memory_category::optimizer: return "optimizer state";
+      case memory_category::master: return "master weights";
+      default: return "offload staging";
+    }
+  }
+
+ private:
+  offload_kind kind_;
+  Host host_;
+  OffloadCopies<Dev> copies_;
+};
+
+// What a strategy class says it can offload: `static constexpr offload_kind
+// max_offload` (none when it does not declare it). params includes optimizer.
+template <class S>
+constexpr offload_kind strategy_max_offload() {
+  if constexpr (requires { S::max_offload; }) return S::max_offload;
+  else return offload_kind::none;
+}
+
+namespace detail {
+// Trainer<..., Offload<What>> with a strategy that cannot offload that much.
+template <offload_kind Want, offload_kind Max>
+struct offload_strategy_diagnostic {
+  static_assert(!(Want == offload_kind::params && Max == offload_kind::optimizer),
+                "dtrain: Offload<ParamShards> needs a strategy that shards parameters (Strategy<FSDP<...>>); DDP "
+                "and ZeRO1 keep the whole model on every device: use Offload<OptimizerState> with them");
+  static_assert(!(Want != offload_kind::none && Max == offload_kind::none),
+                "dtrain: this strategy cannot offload: its class declares no `static constexpr offload_kind "
+                "max_offload` (strategy/offload.hpp says what offloading asks of a strategy)");
+};
+}  // namespace detail
+
+}  // namespace dtrain
