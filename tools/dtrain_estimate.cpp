@@ -79,6 +79,12 @@ both:
                              world (default: the whole world, one node)
   --strategy NAME|all        ddp, fsdp-full, fsdp-grad-op, fsdp-no-shard,
                              fsdp-hybrid, zero1, or all (default)
+  --offload none|optimizer|params|all
+                             model states in host memory (default none): the
+                             table adds an offload column and the host bytes;
+                             all gives every combination a strategy supports
+  --state-on-disk            with an offload: the optimizer state in files
+                             (offload=nvme:DIR); the JSON's "disk" holds it
   --activations-bytes B      activation bytes per rank (default 0 with --params,
                              the MLP's with --config)
   --json                     the same as JSON, in bytes
@@ -118,6 +124,8 @@ struct Inputs {
   std::optional<std::int64_t> micro_batch;  // rows, when activations were worked out
   std::size_t activations = 0;
   std::string strategy = "all";
+  std::string offload = "none";             // none | optimizer | params | all
+  bool state_on_disk = false;               // --state-on-disk
   std::string config_strategy;              // --config: the config's strategy= (marked in the table)
   bool checkpointing = false;               // --config: activation_checkpointing=true
   bool json = false;
@@ -157,6 +165,7 @@ std::size_t parse_count(std::string_view text) {
 }
 
 constexpr std::array<std::string_view, 3> precisions = {"fp32", "bf16", "fp16"};
+constexpr std::array<std::string_view, 4> offloads = {"none", "optimizer", "params", "all"};
 constexpr std::array<std::string_view, 2> reduce_dtypes = {"fp32", "same"};
 constexpr std::array<std::string_view, 2> optimizers = {"adamw", "sgd"};
 constexpr std::array<std::string_view, 3> examples_known = {"mlp", "gpt", "policy"};
@@ -311,6 +320,8 @@ Inputs parse(int argc, char** argv) {
     else if (arg == "--world") world = parse_number<int>(arg, value(), 1, 1e7);
     else if (arg == "--shard-group") shard_group = parse_number<int>(arg, value(), 1, 1e7);
     else if (arg == "--strategy") in.strategy = value();
+    else if (arg == "--offload") in.offload = one_of(arg, value(), offloads);
+    else if (arg == "--state-on-disk") in.state_on_disk = true;
     else if (arg == "--activations-bytes") activations = parse_number<std::size_t>(arg, value(), 0, 1e18);
     else if (arg == "--json") in.json = true;
     else if (!arg.starts_with("-") && arg.find('=') != std::string::npos && arg.find('=') != 0) overrides.push_back(arg);
@@ -433,7 +444,10 @@ Inputs parse(int argc, char** argv) {
 
 struct Row {
   std::string_view strategy;
-  MemoryUsage memory;
+  offload_kind offload = offload_kind::none;
+  MemoryUsage memory;  // on the compute device
+  MemoryUsage host;    // offloaded, in host memory
+  std::size_t disk = 0;  // optimizer state in files
 };
 
 std::vector<Row> estimate(const Inputs& in) {
@@ -447,14 +461,25 @@ std::vector<Row> estimate(const Inputs& in) {
   e.prefetch = in.prefetch;
   e.optimizer_states = optimizer_states(in);
   e.activations = in.activations;
+  std::vector<offload_kind> offloads;
+  if (in.offload == "all") offloads = {offload_kind::none, offload_kind::optimizer, offload_kind::params};
+  else offloads = {parse_offload(in.offload)};
   std::vector<Row> rows;
   for (auto name : estimate_strategies) {
     if (in.strategy != "all" && in.strategy != name) continue;
     e.strategy = std::string(name);
-    try {
-      rows.push_back({name, estimate_memory(e)});
-    } catch (const dtrain::error& err) {
-      throw usage_error{err.problem(), err.fix()};
+    const bool shards_params = name.starts_with("fsdp");
+    for (const offload_kind k : offloads) {
+      // params with a replicating strategy: skipped under "all", an error when asked for.
+      if (k == offload_kind::params && !shards_params && (in.offload == "all" || in.strategy == "all")) continue;
+      e.offload = k;
+      e.state_on_disk = in.state_on_disk && k != offload_kind::none;
+      try {
+        const MemorySplit m = estimate_memory_split(e);
+        rows.push_back({name, k, m.device, m.host, m.disk});
+      } catch (const dtrain::error& err) {
+        throw usage_error{err.problem(), err.fix()};
+      }
     }
   }
   return rows;
@@ -489,16 +514,27 @@ void print_table(const Inputs& in, const std::vector<Row>& rows) {
   std::printf("activations: %s\n\n", in.micro_batch ? "the Trainer's buffers for one micro-batch (units' transient "
                                                        "workspace not included)"
                                                      : "as given by --activations-bytes (default 0)");
+  // With an offload the columns are the device's, then the offloaded host bytes.
+  const bool offloading = in.offload != "none";
   std::vector<std::vector<std::string>> table = {{"strategy (MiB)", "params", "grads", "optimizer state", "master",
                                                   "gathered", "activations", "total per rank"}};
+  if (offloading) {
+    table[0].insert(table[0].begin() + 1, "offload");
+    table[0].back() = "device total";
+    table[0].push_back("host (offloaded)");
+  }
+  const auto mib = [](std::size_t bytes) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%.2f", static_cast<double>(bytes) / (1024.0 * 1024.0));
+    return std::string(t);
+  };
   for (const Row& r : rows) {
     const MemoryUsage& m = r.memory;
     auto& line = table.emplace_back(1, std::string(r.strategy) + (r.strategy == in.config_strategy ? " *" : ""));
-    for (std::size_t bytes : {m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.total()}) {
-      char mib[32];
-      std::snprintf(mib, sizeof mib, "%.2f", static_cast<double>(bytes) / (1024.0 * 1024.0));
-      line.emplace_back(mib);
-    }
+    if (offloading) line.emplace_back(offload_name(r.offload));
+    for (std::size_t bytes : {m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.total()})
+      line.push_back(mib(bytes));
+    if (offloading) line.push_back(mib(r.host.total()));
   }
   std::vector<std::size_t> width(table[0].size());
   for (const auto& line : table)
@@ -545,10 +581,14 @@ void print_json(const Inputs& in, const std::vector<Row>& rows) {
               in.prefetch, in.config_strategy.empty() ? "null" : json_string(in.config_strategy).c_str());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const MemoryUsage& m = rows[i].memory;
-    std::printf("%s\n    {\"strategy\": %s, \"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"master\": %zu, "
-                "\"gathered\": %zu, \"activations\": %zu, \"other\": %zu, \"total\": %zu}",
-                i ? "," : "", json_string(rows[i].strategy).c_str(), m.params, m.grads, m.optimizer, m.master,
-                m.gathered, m.activations, m.other, m.total());
+    const MemoryUsage& h = rows[i].host;
+    std::printf("%s\n    {\"strategy\": %s, \"offload\": %s, \"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
+                "\"master\": %zu, \"gathered\": %zu, \"activations\": %zu, \"other\": %zu, \"total\": %zu, "
+                "\"host\": {\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"master\": %zu, \"total\": %zu}, "
+                "\"disk\": %zu}",
+                i ? "," : "", json_string(rows[i].strategy).c_str(), json_string(offload_name(rows[i].offload)).c_str(),
+                m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.other, m.total(), h.params,
+                h.grads, h.optimizer, h.master, h.total(), rows[i].disk);
   }
   std::printf("\n  ]\n}\n");
 }

@@ -151,6 +151,28 @@ void policies_sharding(dtrain::World& world) {
   check(trainer.layout().units().size() == 3, "an FSDP<HybridShard> Trainer over MyModel");
 }
 
+void offload_page(dtrain::World& world) {
+  using Model = MyModel;
+  Model model, other;
+  // [snippet:offload_policy]
+  // The master weights, AdamW's moments and the fp32 gradient shards live in
+  // host memory; the parameter shards too with Offload<dtrain::ParamShards>.
+  dtrain::Trainer<Model, dtrain::Strategy<dtrain::FSDP<dtrain::FullShard>>, dtrain::Precision<dtrain::bf16>,
+                  dtrain::Offload<dtrain::OptimizerState>>
+      trainer{world, model, dtrain::AdamW{.lr = 3e-4f}};
+  dtrain::MemoryUsage on_device = trainer.memory();      // what stays on the compute device
+  dtrain::MemoryUsage in_host = trainer.host_memory();   // what was offloaded
+  // [/snippet:offload_policy]
+  check(on_device.master == 0 && on_device.optimizer == 0 && in_host.optimizer > 0, "the optimizer state offloaded");
+  // [snippet:offload_runtime]
+  dtrain::TrainerOptions options;
+  options.offload = dtrain::parse_offload("params");  // none | optimizer | params, e.g. from a config file
+  dtrain::Trainer<Model, dtrain::Strategy<dtrain::FSDP<dtrain::FullShard>>> chosen{world, other, dtrain::AdamW{},
+                                                                                  options};
+  // [/snippet:offload_runtime]
+  check(chosen.offload() == dtrain::offload_kind::params && chosen.memory().params == 0, "the parameter shards offloaded");
+}
+
 void policies_optim() {
   const std::int64_t step = 250;
   // [snippet:policies_optimizers]
@@ -287,6 +309,7 @@ int main(int argc, char** argv) try {
   model_tied(world);
   policies_sharding(world);
   policies_optim();
+  offload_page(world);
   data_pages(world, dataset);
   checkpoint_page(world, dataset);
   uneven_data(world, dataset);

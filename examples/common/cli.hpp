@@ -39,6 +39,9 @@ inline void declare_common(dtrain::ConfigReader& r, Common& c) {
   r.add("strategy", c.strategy, strategy_names());
   r.add("shard_group", c.shard_group, "fsdp-hybrid: ranks per shard group (0 = the ranks of a node)");
   r.add("prefetch", c.prefetch, "fsdp-*, zero1: unit all-gathers issued ahead");
+  r.add("offload", c.offload,
+        "none | optimizer (master weights, optimizer state, fp32 gradients in host memory; any strategy) | params "
+        "(the parameter shards too; fsdp-*) | nvme:DIR (as optimizer, the optimizer state in files in DIR)");
   r.add("device", c.device, "host | cuda");
   r.add("precision", c.precision, "fp32 | bf16 | fp16");
   r.add("reduce_dtype", c.reduce_dtype, "fp32 | same (reduce in the compute dtype)");

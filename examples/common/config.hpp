@@ -19,6 +19,7 @@ struct Common {
   std::string strategy = "ddp";       // ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid | zero1
   int shard_group = 0;                // fsdp-hybrid: ranks per shard group (0: the ranks of a node)
   int prefetch = 1;                   // fsdp-*, zero1: unit all-gathers issued ahead
+  std::string offload = "none";       // none | optimizer | params | nvme:DIR: model states off the device
   std::string precision = "fp32";     // fp32 | bf16 | fp16
   std::string reduce_dtype = "fp32";  // fp32 | same (reduce in the compute dtype)
   int accumulate = 1;                 // micro-batches per optimizer step (>= 1)
@@ -56,6 +57,15 @@ struct Common {
 
 inline dtrain::TrainerOptions trainer_options(const Common& c) {
   dtrain::TrainerOptions o;
+  // offload=nvme:DIR: the optimizer state offloaded, in files in DIR.
+  if (c.offload.starts_with("nvme:")) {
+    o.offload = dtrain::offload_kind::optimizer;
+    o.offload_dir = c.offload.substr(5);
+    if (o.offload_dir.empty())
+      throw dtrain::config_error("offload=nvme: names no directory", "write offload=nvme:DIR, DIR on a local disk");
+  } else {
+    o.offload = dtrain::parse_offload(c.offload);
+  }
   o.seed = c.seed;
   o.clip.max_norm = c.clip;
   o.lr_scaling = c.lr_scaling == "linear" ? dtrain::LrScaling::linear

@@ -264,3 +264,96 @@ BOOST_AUTO_TEST_CASE(memory_split_equals_the_estimate) {
   memory_cases<FSDP<HybridShard>>();
   memory_cases<ZeRO1>();
 }
+
+namespace {
+std::filesystem::path fresh_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+}  // namespace
+
+// offload_dir: the optimizer state in files on a local disk, the same
+// arithmetic: bit-identical to host memory and to no offload; the files are
+// unlinked from the start (the directory stays empty), the bytes are those
+// the estimate predicts, and a checkpoint saved so loads without it.
+BOOST_AUTO_TEST_CASE(optimizer_state_on_disk_is_bit_identical) {
+  const auto dir = fresh_dir("dtrain_offload_state");
+  const auto ckpt = std::filesystem::temp_directory_path() / ("dtrain_offload_disk_ckpt_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(ckpt);
+  std::mutex mu;
+  std::string failure;
+  run_ranks(ranks, [&](World& w) {
+    UnevenNet a, b;
+    TrainerOptions on_disk = options_with(offload_kind::params);
+    on_disk.offload_dir = dir;
+    Trainer<UnevenNet, Device<Host>, Accumulate<2>, Strategy<FSDP<FullShard>>> plain(
+        w, a, adamw, options_with(offload_kind::none), kind_options<FSDP<FullShard>>(1));
+    Trainer<UnevenNet, Device<Host>, Accumulate<2>, Strategy<FSDP<FullShard>>> disk(w, b, adamw, on_disk,
+                                                                                  kind_options<FSDP<FullShard>>(1));
+    for (int s = 0; s < 3; ++s) {
+      const auto mb = micro_batches(s, w.rank(), sizes_for(2));
+      plain.step(mb);
+      disk.step(mb);
+      if (disk.parameters() != plain.parameters()) {
+        std::lock_guard lock(mu);
+        failure = "parameters differ after step " + std::to_string(s);
+      }
+    }
+    EstimateInputs in;
+    in.units = declared_units(b);
+    in.accumulate = 2;
+    in.strategy = "fsdp-full";
+    in.world = ranks;
+    in.offload = offload_kind::params;
+    in.state_on_disk = true;
+    const MemorySplit e = estimate_memory_split(in);
+    if (disk.offload_disk_bytes() != e.disk || disk.host_memory().optimizer != 0 || e.disk == 0) {
+      std::lock_guard lock(mu);
+      failure += " disk bytes " + std::to_string(disk.offload_disk_bytes()) + ", estimated " + std::to_string(e.disk);
+    }
+    disk.save(ckpt);
+  });
+  BOOST_TEST(failure.empty(), failure);
+  BOOST_TEST(std::filesystem::is_empty(dir), "the state files are unlinked from the start");
+  // Loaded without the disk: the same parameters as the run that saved it.
+  run_ranks(1, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet, Device<Host>, Strategy<DDP>> t(w, net, adamw, options_with(offload_kind::none));
+    t.load(ckpt);
+    BOOST_TEST(t.steps_taken() == 3);
+  });
+  std::filesystem::remove_all(ckpt);
+  std::filesystem::remove_all(dir);
+}
+
+// A missing directory, or one with too little space, fails before step 1
+// with one line naming the directory, the bytes and the fix.
+BOOST_AUTO_TEST_CASE(a_bad_offload_directory_is_a_clear_error) {
+  run_ranks(1, [](World& w) {
+    UnevenNet net;
+    TrainerOptions o = options_with(offload_kind::optimizer);
+    o.offload_dir = "/nonexistent/dtrain-offload";
+    const auto missing = [&] { Trainer<UnevenNet, Device<Host>> t(w, net, adamw, o); };
+    BOOST_CHECK_EXCEPTION(missing(), config_error, [](const config_error& e) {
+      const std::string m = e.what();
+      return m.find("offload directory '/nonexistent/dtrain-offload' does not exist") != std::string::npos &&
+             m.find("offload=nvme:DIR") != std::string::npos;
+    });
+    TrainerOptions not_offloaded;
+    not_offloaded.offload_dir = "/tmp";
+    const auto without = [&] { Trainer<UnevenNet, Device<Host>> t(w, net, adamw, not_offloaded); };
+    BOOST_CHECK_EXCEPTION(without(), config_error, [](const config_error& e) {
+      return std::string(e.what()).find("but nothing is offloaded") != std::string::npos;
+    });
+  });
+  Host host(1);
+  OffloadArena<Host> arena(host, offload_kind::optimizer);
+  arena.use_state_dir(std::filesystem::temp_directory_path());
+  const std::size_t too_much = std::numeric_limits<std::size_t>::max() / 2;
+  BOOST_CHECK_EXCEPTION(arena.check_state_space(too_much), config_error, [&](const config_error& e) {
+    const std::string m = e.what();
+    return m.find("bytes free, and this rank's optimizer state needs " + std::to_string(too_much)) != std::string::npos;
+  });
+}

@@ -1,6 +1,7 @@
 // The Trainer on Device<Cuda> (cuBLAS, kernels, NCCL at world size 1)
 // against the same Trainer on Device<Host>, for every strategy, precision and
-// accumulation. Exits 77 without a GPU.
+// accumulation; and with offloaded states (pinned host memory, the copy
+// stream) against the same GPU run without. Exits 77 without a GPU.
 #include <support/gpu_main.hpp>
 
 #include <dtrain/trainer.hpp>
@@ -34,10 +35,11 @@ Batch batch(int step, std::int64_t rows) {
 }
 
 template <class Dev, class Kind, class Prec, int A>
-std::map<std::string, std::vector<float>> train(World& w) {
+std::map<std::string, std::vector<float>> train(World& w, offload_kind offload = offload_kind::none) {
   Net net;
-  Trainer<Net, Device<Dev>, Strategy<Kind>, Prec, Accumulate<A>> t(w, net, SGD{.lr = 0.1f, .momentum = 0.9f},
-                                                                   {.seed = 4});
+  TrainerOptions o{.seed = 4};
+  o.offload = offload;
+  Trainer<Net, Device<Dev>, Strategy<Kind>, Prec, Accumulate<A>> t(w, net, SGD{.lr = 0.1f, .momentum = 0.9f}, o);
   for (int s = 0; s < 4; ++s) {
     std::vector<Batch> micro;
     for (int k = 0; k < A; ++k) micro.push_back(batch(s * A + k, 16 - 3 * k));  // uneven micro-batches
@@ -57,6 +59,24 @@ void compare(double tol) {
     for (std::size_t i = 0; i < h.size(); ++i) {
       BOOST_TEST_INFO(name << "[" << i << "]");
       BOOST_TEST(std::abs(h[i] - g[i]) <= tol * std::max(1.f, std::abs(h[i])));
+    }
+  }
+  }
+}
+
+// The host's optimizer pass rounds like the GPU's up to fused multiply-adds,
+// so offloaded and device-resident runs agree to a few ulps per step.
+template <class Prec, class Kind, int A>
+void compare_offload(offload_kind offload, double tol) {
+  BOOST_TEST_CONTEXT(Kind::name << " offload=" << offload_name(offload) << " Accumulate<" << A << ">") {
+  auto worlds = make_local_worlds(1);
+  const auto plain = train<Cuda, Kind, Prec, A>(worlds[0]);
+  const auto off = train<Cuda, Kind, Prec, A>(worlds[0], offload);
+  for (const auto& [name, p] : plain) {
+    const auto& o = off.at(name);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      BOOST_TEST_INFO(name << "[" << i << "]");
+      BOOST_TEST(std::abs(p[i] - o[i]) <= tol * std::max(1.f, std::abs(p[i])));
     }
   }
   }
@@ -92,3 +112,12 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_matches_host_fp32_accumulate_4) { compare<Prec
 BOOST_AUTO_TEST_CASE(cuda_sharded_strategies_match_host_fp32) { every_strategy<Precision<fp32>, 1e-4>(); }
 BOOST_AUTO_TEST_CASE(cuda_sharded_strategies_match_host_bf16) { every_strategy<Precision<bf16>, 1e-2>(); }
 BOOST_AUTO_TEST_CASE(cuda_sharded_strategies_match_host_fp16) { every_strategy<Precision<fp16>, 2e-3>(); }
+
+// Offloaded states on the GPU path: every strategy with its largest offload.
+BOOST_AUTO_TEST_CASE(cuda_offload_matches_the_device_resident_run) {
+  compare_offload<Precision<fp32>, DDP, 2>(offload_kind::optimizer, 1e-5);
+  compare_offload<Precision<bf16>, FSDP<FullShard>, 1>(offload_kind::params, 1e-2);
+  compare_offload<Precision<fp32>, FSDP<ShardGradOp>, 2>(offload_kind::optimizer, 1e-5);
+  compare_offload<Precision<bf16>, FSDP<HybridShard>, 1>(offload_kind::params, 1e-2);
+  compare_offload<Precision<bf16>, ZeRO1, 2>(offload_kind::optimizer, 1e-2);
+}

@@ -386,4 +386,23 @@ BOOST_AUTO_TEST_CASE(cli_reads_a_train_mlp_config_with_overrides) {
   BOOST_TEST(missing_rc == 2);
   BOOST_TEST(missing.find("does not exist") != std::string::npos, missing);
 }
+
+// --offload all: every strategy with each offload it supports (params only
+// for the FSDP modes); the offloaded row moves FullShard's 16 bytes per
+// parameter / 4 to the device's 2 / 4 and the host's 18 / 4.
+BOOST_AUTO_TEST_CASE(cli_offload_splits_device_and_host) {
+  const auto [rc, out] = run_cli("--params 1000000 --world 4 --precision bf16 --offload all --json");
+  BOOST_TEST_MESSAGE(out);
+  BOOST_REQUIRE_EQUAL(rc, 0);
+  BOOST_TEST(std::count(out.begin(), out.end(), '{') == 2 + 16 * 2, "16 rows with a host object each: " << out);
+  const std::string full_optimizer = "\"strategy\": \"fsdp-full\", \"offload\": \"optimizer\", \"params\": 500000, "
+                                     "\"grads\": 0, \"optimizer\": 0, \"master\": 0";
+  BOOST_TEST(out.find(full_optimizer) != std::string::npos, out);
+  BOOST_TEST(out.find("\"host\": {\"params\": 500000, \"grads\": 1000000, \"optimizer\": 2000000, \"master\": "
+                      "1000000, \"total\": 4500000}") != std::string::npos,
+             out);
+  const auto [bad_rc, bad] = run_cli("--params 1000000 --strategy ddp --offload params");
+  BOOST_TEST(bad_rc == 2);
+  BOOST_TEST(bad.find("offload 'params' with strategy 'ddp'") != std::string::npos, bad);
+}
 #endif

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -47,6 +48,15 @@ struct GroupRate {
   float weight_decay = 0.f;
 };
 
+// Where state buffers come from when not from the device's allocator: n
+// zero-filled floats the optimizer's device can address, and a token that
+// keeps them alive (the offload arena's files on a local disk use it).
+struct StateStorage {
+  float* data = nullptr;
+  std::shared_ptr<void> owner;
+};
+using StateAllocator = std::function<StateStorage(std::size_t n)>;
+
 template <class Dev>
 class FlatOptimizer {
  public:
@@ -54,9 +64,11 @@ class FlatOptimizer {
   // `element_groups`, when not empty, gives every element's group (an index
   // into `groups`, which then has one entry per group; empty: one group
   // with the optimizer's weight_decay).
+  // `state_allocator`, when set, provides the state buffers instead of the
+  // device's allocator.
   template <Optimizer Opt>
   FlatOptimizer(Dev& dev, Opt config, std::size_t size, std::vector<GroupRate> groups = {},
-                const std::vector<std::uint8_t>& element_groups = {})
+                const std::vector<std::uint8_t>& element_groups = {}, const StateAllocator& state_allocator = {})
       : dev_(dev), size_(size), name_(Opt::name), base_lr_(config.lr) {
     config.validate();
     if (groups.empty()) groups.push_back({1.f, config.weight_decay});
@@ -75,7 +87,14 @@ class FlatOptimizer {
     groups_ = std::move(groups);
     for (const std::string_view n : config.state_names()) {
       state_names_.emplace_back(n);
-      states_.push_back(make_buffer<float>(dev_, size, zero_init, memory_category::optimizer));
+      if (state_allocator) {
+        StateStorage st = state_allocator(size);
+        state_ptrs_.push_back(st.data);
+        state_owners_.push_back(std::move(st.owner));
+      } else {
+        states_.push_back(make_buffer<float>(dev_, size, zero_init, memory_category::optimizer));
+        state_ptrs_.push_back(states_.back().data());
+      }
     }
     if (state_names_.size() > Opt::max_states)
       throw config_error(std::string(Opt::name) + " names " + std::to_string(state_names_.size()) +
@@ -117,7 +136,7 @@ class FlatOptimizer {
   // The state buffers, each `size()` elements, in the flat's order.
   std::vector<OptimizerStateView> state() {
     std::vector<OptimizerStateView> out;
-    for (std::size_t k = 0; k < states_.size(); ++k) out.push_back({state_names_[k], states_[k].data()});
+    for (std::size_t k = 0; k < state_ptrs_.size(); ++k) out.push_back({state_names_[k], state_ptrs_[k]});
     return out;
   }
 
@@ -165,14 +184,14 @@ class FlatOptimizer {
       typename GroupedStep<Opt, T, Grouped, States>::Buffers b{};
       b.param = p.master;
       b.grad = p.grad;
-      for (std::size_t k = 0; k < States; ++k) b.state[k] = states_[k].data();
+      for (std::size_t k = 0; k < States; ++k) b.state[k] = state_ptrs_[k];
       b.param_out = p.param_out;
       b.group = Grouped ? ids_.data() : nullptr;
       dev_.for_each(size_, GroupedStep<Opt, T, Grouped, States>(b, table, groups_.size(), p.s.grad_scale));
     };
     const auto with_states = [&]<bool Grouped>() {
       [&]<std::size_t... K>(std::index_sequence<K...>) {
-        ((states_.size() == K && (launch.template operator()<Grouped, K>(), true)) || ...);
+        ((state_ptrs_.size() == K && (launch.template operator()<Grouped, K>(), true)) || ...);
       }(std::make_index_sequence<Opt::max_states + 1>{});
     };
     if constexpr (Dev::host_accessible) {
@@ -182,12 +201,12 @@ class FlatOptimizer {
             typename GroupedStep<Opt, T, false, States>::Buffers b{};
             b.param = p.master + r.offset;
             b.grad = p.grad + r.offset;
-            for (std::size_t k = 0; k < States; ++k) b.state[k] = states_[k].data() + r.offset;
+            for (std::size_t k = 0; k < States; ++k) b.state[k] = state_ptrs_[k] + r.offset;
             b.param_out = p.param_out != nullptr ? p.param_out + r.offset : nullptr;
             dev_.for_each(r.count, GroupedStep<Opt, T, false, States>(b, &table[r.group], 1, p.s.grad_scale));
           };
           [&]<std::size_t... K>(std::index_sequence<K...>) {
-            ((states_.size() == K && (run_pass.template operator()<K>(), true)) || ...);
+            ((state_ptrs_.size() == K && (run_pass.template operator()<K>(), true)) || ...);
           }(std::make_index_sequence<Opt::max_states + 1>{});
         }
         return;
@@ -203,7 +222,9 @@ class FlatOptimizer {
   float base_lr_;
   std::vector<GroupRate> groups_;
   std::vector<std::string> state_names_;  // the config's, copied: OptimizerStateView points here
-  std::vector<typename Dev::template buffer<float>> states_;
+  std::vector<typename Dev::template buffer<float>> states_;  // from the device's allocator
+  std::vector<std::shared_ptr<void>> state_owners_;          // from a StateAllocator
+  std::vector<float*> state_ptrs_;                           // each state buffer, whichever holds it
   typename Dev::template buffer<std::uint8_t> ids_;  // device: each element's group
   struct Run {
     std::size_t offset, count;

@@ -207,8 +207,9 @@ class FitReporter {
                << ", \"grad_norm\": " << json_number(st.grad_norm) << ", \"samples_per_s\": " << json_number(sps)
                << ", \"tokens_per_s\": " << json_number(tps) << ", \"step_ms\": " << json_number(st.step_ms)
                << ", \"world_size\": " << world_size << ", \"loss_scale\": " << json_number(st.loss_scale)
-               << ", \"skipped\": " << (st.skipped ? "true" : "false") << ", \"memory\": " << memory_json(st.memory)
-               << "}\n";
+               << ", \"skipped\": " << (st.skipped ? "true" : "false") << ", \"memory\": " << memory_json(st.memory);
+      if (st.host_memory.total() != 0) metrics_ << ", \"host_memory\": " << memory_json(st.host_memory);
+      metrics_ << "}\n";
       metrics_.flush();
     }
     if (tensorboard_) {
@@ -227,12 +228,19 @@ class FitReporter {
                                             {"memory/master_bytes", b(m.master)},
                                             {"memory/gathered_bytes", b(m.gathered)},
                                             {"memory/activations_bytes", b(m.activations)}});
+      if (const MemoryUsage& h = st.host_memory; h.total() != 0)
+        tensorboard_->write_scalars(st.step, {{"host_memory/params_bytes", b(h.params)},
+                                              {"host_memory/grads_bytes", b(h.grads)},
+                                              {"host_memory/optimizer_bytes", b(h.optimizer)},
+                                              {"host_memory/master_bytes", b(h.master)}});
     }
     if (!o_.progress) return;
     if (!shown_memory_) {
       shown_memory_ = true;
       std::printf("memory per rank (%.*s, rank 0): %s\n", static_cast<int>(strategy.size()), strategy.data(),
                   memory_text(st.memory).c_str());
+      if (st.host_memory.total() != 0)
+        std::printf("offloaded to host memory (rank 0): %s\n", memory_text(st.host_memory).c_str());
     }
     if (st.step != 1 && st.step % o_.log_every != 0 && !last) return;
     std::printf("step %5lld/%lld | loss %.4f | lr %.2e | %8.0f samples/s | step %7.2f ms | scale %g%s",

@@ -77,12 +77,14 @@ struct EstimateInputs {
   bool param_groups = false;          // more than one parameter group: a group id byte per owned element on a GPU
   std::size_t activations = 0;        // activation bytes, worked out by the caller
   offload_kind offload = offload_kind::none;  // Offload<...> / TrainerOptions::offload
+  bool state_on_disk = false;                 // TrainerOptions::offload_dir: the optimizer state in files
 };
 
 // One rank's bytes on the compute device and, offloaded, in host memory.
 struct MemorySplit {
   MemoryUsage device;
   MemoryUsage host;
+  std::size_t disk = 0;  // optimizer state in files (offload to a local disk)
 };
 
 namespace detail {
@@ -260,7 +262,7 @@ inline MemorySplit offloaded_memory(const EstimateInputs& in, const EstimatePlan
   d.other = 4 * f32 + (plan.family == estimate_family::replicated ? 0 : f32);
   h.master = owned * f32;
   h.params = owned * T;
-  h.optimizer = in.optimizer_states * owned * f32;
+  (in.state_on_disk ? s.disk : h.optimizer) = in.optimizer_states * owned * f32;
   h.grads = owned * f32;
   if (plan.family == estimate_family::fsdp) {
     d.params = (in.offload == offload_kind::params ? 0 : owned * T) + m.frozen / G * T;
@@ -288,6 +290,8 @@ inline MemorySplit offloaded_memory(const EstimateInputs& in, const EstimatePlan
 inline MemorySplit estimate_memory_split(const EstimateInputs& in) {
   detail::validate_estimate(in);
   const detail::EstimatePlan plan = detail::estimate_plan(in);
+  detail::require_estimate(!in.state_on_disk || in.offload != offload_kind::none,
+                           "optimizer state on disk without an offload", "offload the optimizer state (or params) too");
   detail::require_estimate(in.offload != offload_kind::params || plan.family == detail::estimate_family::fsdp,
                            "offload 'params' with strategy '" + in.strategy + "', which offloads at most 'optimizer'",
                            "offload parameter shards with an FSDP mode, or offload only the optimizer state");

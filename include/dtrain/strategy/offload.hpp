@@ -31,15 +31,26 @@
 //              on the host and are uploaded unit by unit just before their
 //              gather (ParamShards), within the prefetch look-ahead
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/device/host.hpp"
+#include "dtrain/optim/flat_optimizer.hpp"
 #include "dtrain/policy/offload.hpp"
 
 namespace dtrain {
@@ -135,6 +146,101 @@ class OffloadArena {
     return {std::move(b), std::shared_ptr<void>(p, [copies](void* q) { copies->unpin(q); })};
   }
 
+  // ---- optimizer state in files on a local disk (offload=nvme:DIR) ----
+  //
+  // Each state buffer is a file in `dir`, reserved in full up front
+  // (posix_fallocate: a disk that fills later cannot fault the mapping) and
+  // unlinked at once (nothing is left behind, even after a kill), then
+  // mapped. The optimizer pass reads it in order: the kernel reads ahead
+  // (MADV_SEQUENTIAL); after each pass the written pages are sent to the disk
+  // (sync_file_range, write-behind) and the previous pass's clean pages are
+  // dropped from memory, so the state's footprint in RAM stays bounded.
+
+  // Checks `dir` (exists, a directory, writable) and keeps the state there.
+  void use_state_dir(const std::filesystem::path& dir) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+      throw config_error("offload directory '" + dir.string() + "' does not exist or is not a directory",
+                         "create it on a local NVMe disk, or fix offload=nvme:DIR");
+    if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      throw config_error("offload directory '" + dir.string() + "' is not writable (" + std::strerror(errno) + ")",
+                         "choose a directory this user can write, on a local disk");
+    state_dir_ = dir;
+  }
+  bool state_on_disk() const { return !state_dir_.empty(); }
+  const std::filesystem::path& state_dir() const { return state_dir_; }
+  // Bytes of optimizer state held in files.
+  std::size_t disk_bytes() const { return disk_bytes_; }
+
+  // Fails before anything is written when `dir` lacks `bytes` of free space.
+  void check_state_space(std::size_t bytes) const {
+    struct statvfs fs {};
+    if (::statvfs(state_dir_.c_str(), &fs) != 0) return;  // the allocation below reports it
+    const auto free_bytes = static_cast<std::size_t>(fs.f_bavail) * static_cast<std::size_t>(fs.f_frsize);
+    if (free_bytes < bytes)
+      throw config_error("offload directory '" + state_dir_.string() + "' has " + std::to_string(free_bytes) +
+                             " bytes free, and this rank's optimizer state needs " + std::to_string(bytes),
+                         "free space there, point offload=nvme:DIR at a larger local disk, or use more ranks with a "
+                         "sharded strategy");
+  }
+
+  // n zero floats in a file of state_dir(), mapped (see above).
+  StateStorage allocate_state_file(std::size_t n) {
+    const std::size_t bytes = n * sizeof(float);
+    std::string name = (state_dir_ / "dtrain-optimizer-state-XXXXXX").string();
+    const int fd = ::mkstemp(name.data());
+    if (fd < 0)
+      throw config_error("offload: cannot create a file in '" + state_dir_.string() + "' (" + std::strerror(errno) + ")",
+                         "check that the directory is writable and not full");
+    ::unlink(name.c_str());
+    if (bytes == 0) {
+      ::close(fd);
+      return {};
+    }
+    if (const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0) {
+      ::close(fd);
+      throw config_error("offload: reserving " + std::to_string(bytes) + " bytes of optimizer state in '" +
+                             state_dir_.string() + "' failed (" + std::strerror(rc) + ")",
+                         "free space there or point offload=nvme:DIR at a larger local disk");
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      ::close(fd);
+      throw error("offload: mapping " + std::to_string(bytes) + " bytes of optimizer state failed (" +
+                      std::strerror(e) + ")",
+                  "raise the limits on mapped memory (ulimit -v) or offload to host memory instead");
+    }
+    ::madvise(p, bytes, MADV_SEQUENTIAL);
+    disk_bytes_ += bytes;
+    files_.push_back({fd, p, bytes});
+    auto* files = &files_;
+    std::size_t* counted = &disk_bytes_;
+    return {static_cast<float*>(p), std::shared_ptr<void>(p, [files, counted, bytes](void* q) {
+              ::munmap(q, bytes);
+              *counted -= bytes;
+              for (auto it = files->begin(); it != files->end(); ++it)
+                if (it->map == q) {
+                  ::close(it->fd);
+                  files->erase(it);
+                  break;
+                }
+            })};
+  }
+
+  // After an optimizer pass over file-backed state: start writing what it
+  // changed (write-behind), and drop from memory what earlier passes wrote
+  // and the disk has since taken.
+  void after_state_pass() {
+    for (const StateFile& f : files_) {
+      ::madvise(f.map, f.bytes, MADV_DONTNEED);  // unmapped from this process; the page cache keeps dirty data
+      ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);  // clean pages leave memory
+#if defined(__linux__)
+      ::sync_file_range(f.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+#endif
+    }
+  }
+
   template <class E>
   void to_host(E* host_dst, const E* dev_src, std::size_t n) { copies_.to_host(host_dst, dev_src, n); }
   void wait_to_host() { copies_.wait_to_host(); }
@@ -152,9 +258,18 @@ class OffloadArena {
   }
 
  private:
+  struct StateFile {
+    int fd;
+    void* map;
+    std::size_t bytes;
+  };
+
   offload_kind kind_;
   Host host_;
   OffloadCopies<Dev> copies_;
+  std::filesystem::path state_dir_;
+  std::vector<StateFile> files_;
+  std::size_t disk_bytes_ = 0;
 };
 
 // What a strategy class says it can offload: `static constexpr offload_kind

@@ -4,6 +4,7 @@
 // DdpOptions, FsdpOptions, Zero1Options) and StepStats.
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <vector>
 
@@ -47,6 +48,9 @@ struct TrainerOptions {
   // Model states kept in host memory (policy/offload.hpp): what Offload<...>
   // sets in a Trainer's policies, or a program chooses at run time.
   offload_kind offload = offload_kind::none;
+  // With an offload: keep the optimizer state in files in this directory (a
+  // local NVMe disk) instead of host memory. Empty: host memory.
+  std::filesystem::path offload_dir{};
 };
 
 struct StepStats {

@@ -307,6 +307,8 @@ class TrainerCore {
   MemoryUsage host_memory() const { return offload_ ? offload_->memory() : MemoryUsage{}; }
   // What is offloaded (TrainerOptions::offload).
   offload_kind offload() const { return options_.offload; }
+  // Bytes of optimizer state in files (TrainerOptions::offload_dir), else 0.
+  std::size_t offload_disk_bytes() const { return offload_ ? offload_->disk_bytes() : 0; }
 
   Dev& device() { return dev_; }
   const ModelLayout& layout() const { return layout_; }
@@ -345,7 +347,11 @@ class TrainerCore {
       rates.push_back({static_cast<float>(static_cast<double>(g.lr) / optimizer.lr), g.weight_decay});
     std::vector<std::uint8_t> ids;
     if (groups_.size() > 1) ids = element_groups(layout_, groups_, strategy_->ownership().trainable, owned.size);
-    if (owned.on_host)
+    if (owned.on_host && offload_->state_on_disk()) {
+      offload_->check_state_space(optimizer.state_names().size() * owned.size * sizeof(float));
+      host_optimizer_.emplace(offload_->host(), std::move(optimizer), owned.size, std::move(rates), ids,
+                              [this](std::size_t n) { return offload_->allocate_state_file(n); });
+    } else if (owned.on_host)
       host_optimizer_.emplace(offload_->host(), std::move(optimizer), owned.size, std::move(rates), ids);
     else
       optimizer_.emplace(dev_, std::move(optimizer), owned.size, std::move(rates), ids);
@@ -355,6 +361,10 @@ class TrainerCore {
   // strategy can offload.
   std::unique_ptr<OffloadArena<Dev>> make_offload(const StrategyFactory<Dev, T>& factory) {
     const offload_kind want = options_.offload;
+    if (want == offload_kind::none && !options_.offload_dir.empty())
+      throw config_error("TrainerOptions::offload_dir is set ('" + options_.offload_dir.string() +
+                             "') but nothing is offloaded",
+                         "set TrainerOptions::offload (optimizer or params) too, or clear offload_dir");
     if (want == offload_kind::none) return nullptr;
     if (static_cast<int>(want) > static_cast<int>(factory.max_offload)) {
       const std::string have = factory.max_offload == offload_kind::none
@@ -367,7 +377,9 @@ class TrainerCore {
                                "fsdp-grad-op, fsdp-no-shard, fsdp-hybrid), or offload only the optimizer state"
                              : "use a strategy that declares max_offload (ddp, zero1 and the fsdp modes do)");
     }
-    return std::make_unique<OffloadArena<Dev>>(dev_, want);
+    auto arena = std::make_unique<OffloadArena<Dev>>(dev_, want);
+    if (!options_.offload_dir.empty()) arena->use_state_dir(options_.offload_dir);
+    return arena;
   }
 
   static int checked_accumulate(int accumulate) {
@@ -803,8 +815,12 @@ class TrainerCore {
     ++step_;
     const OwnedFlat<T> owned = strategy_->owned();
     const OptimizerStep s{stats.lr, step_, static_cast<float>(coef / loss_scale_)};
-    if (host_optimizer_) host_optimizer_->step(owned.master, owned.grad, owned.param_out, s);
-    else optimizer_->step(owned.master, owned.grad, owned.param_out, s);
+    if (host_optimizer_) {
+      host_optimizer_->step(owned.master, owned.grad, owned.param_out, s);
+      if (offload_->state_on_disk()) offload_->after_state_pass();
+    } else {
+      optimizer_->step(owned.master, owned.grad, owned.param_out, s);
+    }
     strategy_->after_optimizer();
   }
 
