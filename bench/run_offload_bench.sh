@@ -12,6 +12,10 @@
 # cross PCIe on a stream of their own. PyTorch's FSDP CPUOffload needs CUDA,
 # so this host benchmark has no PyTorch side (the training benchmark compares
 # the host AdamW with torch.optim.AdamW).
+# Then (b): the optimizer state on disk (offload=nvme:DIR): bench_state_disk
+# times AdamW over 50M elements with its moments in files in the work folder
+# (each pass reading them from the disk and writing them back) against the
+# state in memory, beside dd's direct-I/O write and read of 1 GiB there.
 # usage: bench/run_offload_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--json PATH] [--no-setup] [--smoke]
 # Model: n_layer 4, n_embd 128, n_head 4, block 128, batch 8 per rank, AdamW,
 # fp32; 40 steps (--steps), 10 of warm-up; N runs (default 3) alternate the
@@ -53,8 +57,14 @@ estimate=$build/tools/dtrain-estimate
 cores=$(nproc)
 ranks=2
 
-bench_build "" dtrain-run train_gpt dtrain-estimate
-bench_need "$launcher" "$train_gpt" "$estimate"
+state_elements_m=50
+dd_count=64  # x 16 MiB
+if ((smoke)); then
+  state_elements_m=2
+  dd_count=4
+fi
+bench_build "" dtrain-run train_gpt dtrain-estimate bench_state_disk
+bench_need "$launcher" "$train_gpt" "$estimate" "$build/bench/offload/bench_state_disk"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-offload-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -81,9 +91,18 @@ for c in "${cases[@]}"; do
     > "$work/estimate.$s.$o.json"
 done
 
+# (b) the state on disk, and the disk's own direct-I/O figures.
+mkdir -p "$work/state"
+echo "optimizer state on disk: $state_elements_m M elements..." >&2
+with_threads "$cores" "$build/bench/offload/bench_state_disk" --dir "$work/state" --elements-m $state_elements_m \
+  --iters "$((smoke ? 1 : 5))" --json "$work/state_disk.json"
+dd if=/dev/zero of="$work/state/dd.bin" bs=16M count=$dd_count oflag=direct conv=fdatasync 2> "$work/dd_write.txt"
+dd if="$work/state/dd.bin" of=/dev/null bs=16M iflag=direct 2> "$work/dd_read.txt"
+rm -f "$work/state/dd.bin"
+
 mkdir -p "$(dirname "$json")"
 /usr/bin/python3 - "$work" "$repeat" "$warmup" "$json" "$cores" "${cases[@]}" <<'PY'
-import json, os, platform, sys, time
+import json, os, platform, re, sys, time
 work, repeat, warmup, out, cores = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 cases = sys.argv[6:]
 median = lambda v: sorted(v)[len(v) // 2]
@@ -118,8 +137,21 @@ for r in rows:
     print(f"| {r['strategy']} | {r['offload']} | {r['step_ms']:.2f} | {r['overhead_vs_none']:+.1%} | "
           f"{mib(r['device_model_states']):.2f} | {mib(r['host_model_states']):.2f} | "
           f"{'yes' if r['estimate_exact'] else 'NO'} |")
+def dd_mb_per_s(name):
+    text = open(os.path.join(work, name)).read()
+    m = re.search(r"(\d+) bytes .* copied, ([0-9.]+) s", text)
+    return round(int(m.group(1)) / float(m.group(2)) / 1e6, 1)
+disk = json.load(open(os.path.join(work, "state_disk.json")))
+disk["dd_direct_write_mb_per_s"] = dd_mb_per_s("dd_write.txt")
+disk["dd_direct_read_mb_per_s"] = dd_mb_per_s("dd_read.txt")
+disk["share_of_dd"] = round(disk["state_disk_mb_per_s"] / ((disk["dd_direct_write_mb_per_s"] + disk["dd_direct_read_mb_per_s"]) / 2), 3)
+print(f"\n(b) AdamW over {disk['elements'] // 1_000_000}M elements, state in memory {disk['memory_pass_ms']:.1f} ms, "
+      f"on disk {disk['disk_pass_ms']:.1f} ms per pass: {disk['state_disk_mb_per_s']:.0f} MB/s of state read + written; "
+      f"dd direct write {disk['dd_direct_write_mb_per_s']:.0f} MB/s, read {disk['dd_direct_read_mb_per_s']:.0f} MB/s "
+      f"({disk['share_of_dd']:.0%} of their mean)")
 result = {"benchmark": "offload", "machine": platform.machine(), "cores": cores, "ranks": 2,
-          "date": time.strftime("%Y-%m-%d"), "repeat": repeat, "warmup_steps": warmup, "results": rows}
+          "date": time.strftime("%Y-%m-%d"), "repeat": repeat, "warmup_steps": warmup, "results": rows,
+          "state_on_disk": disk}
 with open(out, "w") as f:
     json.dump(result, f, indent=1)
 bad = [r for r in rows if not r["estimate_exact"]]
