@@ -45,7 +45,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr std::array handled_signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE};
+constexpr std::array handled_signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD, SIGPIPE};
+
+// What a rank exits with after saving a checkpoint on a preemption notice
+// (dtrain::preempted_exit_code, run/preemption.hpp): the job should be
+// requeued, not restarted here, so dtrain-run exits with it too.
+constexpr int preempted_exit_code = 75;
 
 int signal_pipe[2] = {-1, -1};
 
@@ -83,8 +88,8 @@ std::string signal_name(int sig) {
   return "signal " + std::to_string(sig);
 }
 
-// Installs the launcher's handlers (SIGINT, SIGTERM, SIGHUP and SIGQUIT are
-// forwarded to the ranks; SIGCHLD wakes the loop) and remembers what it inherited, which
+// Installs the launcher's handlers (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
+// and SIGUSR2 are forwarded to the ranks; SIGCHLD wakes the loop) and remembers what it inherited, which
 // each rank gets back before exec (an ignored SIGPIPE or a blocked signal
 // would otherwise leak into the program through exec).
 class LauncherSignals {
@@ -202,7 +207,8 @@ struct Failure {
 
 struct Outcome {
   std::optional<Failure> failure;
-  int signal = 0;  // a signal dtrain-run received and forwarded
+  int signal = 0;     // a signal dtrain-run received and forwarded (not a notice)
+  int preempted = 0;  // ranks that exited with preempted_exit_code
 };
 
 // One start of all local ranks, run until every one of them has been reaped.
@@ -463,6 +469,10 @@ class Group {
       r.running = false;
       for (auto& s : r.streams) drain(s);
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == preempted_exit_code) {
+        ++outcome_.preempted;  // saved and asked for a requeue: not a failure; the others follow
+        continue;
+      }
       const bool signalled = !WIFEXITED(status);
       failed.push_back({r.rank, signalled ? 128 + WTERMSIG(status) : WEXITSTATUS(status), r.pid, signalled});
     }
@@ -484,6 +494,14 @@ class Group {
   }
 
   void on_launcher_signal(int sig) {
+    // A notice (Slurm's --signal=USR1@T): passed on; the ranks save and exit
+    // with preempted_exit_code on their own, nothing is stopped here.
+    if (sig == SIGUSR1 || sig == SIGUSR2) {
+      say("received " + signal_name(sig) + "; forwarding it to the ranks");
+      for (auto& r : ranks_)
+        if (r.running) ::kill(-r.pid, sig);
+      return;
+    }
     if (outcome_.signal != 0) {
       say("received " + signal_name(sig) + " again; killing rank(s) " + running_ranks() + " now");
       kill_now();
@@ -594,6 +612,11 @@ int launch(const dtrain::RunOptions& opts) {
     Group group(opts, layout, path, inherited, signals);
     Outcome outcome = group.run();
     dtrain::remove_job_segments(layout.job_id);
+    if (outcome.preempted > 0 && !outcome.failure) {
+      say(std::to_string(outcome.preempted) + " rank(s) saved a checkpoint on a preemption notice; exiting with code " +
+          std::to_string(preempted_exit_code) + " (requeue the job; resume=latest continues it)");
+      return preempted_exit_code;
+    }
     if (outcome.signal) signals.die_by(outcome.signal);
     if (!outcome.failure) return 0;
     if (restart >= opts.max_restarts) {

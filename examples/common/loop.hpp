@@ -83,9 +83,11 @@ inline void dump_batches(const Common& c, dtrain::World& world, const std::vecto
 // Everything after the Trainer's construction. start(trainer) runs first
 // (train_lm's pretrained weights), before init_from and fit; finish(trainer)
 // after the last step.
+// Returns main's exit code: 75 after a preemption (the checkpoint is saved;
+// dtrain-run and the requeue recipes pass it on), else 0.
 template <class Trainer, class Source, class Start, class Finish>
-void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const Source& data, Start& start,
-                Finish& finish) {
+int train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const Source& data, Start& start,
+               Finish& finish) {
   start(trainer);
   if (!c.init_from.empty()) init_from(c, world, trainer);
   dtrain::FitOptions options = fit_options(c);
@@ -99,11 +101,13 @@ void train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const S
       if (trained.empty()) first_step = step;
       trained.emplace_back(micro.begin(), micro.end());
     };
-  dtrain::fit(trainer, data, options, callbacks);
+  const dtrain::FitResult result = dtrain::fit(trainer, data, options, callbacks);
+  if (result.preempted) return result.exit_code();  // the rest after the requeued run's last step
   finish(trainer);
   if (!c.dump_batches.empty()) dump_batches(c, world, trained, first_step);
   if (!save_params.empty()) trainer.save_params(save_params);
   std::fflush(stdout);
+  return 0;
 }
 
 // The config's strategy and micro-batch count are run-time choices: one
@@ -116,19 +120,15 @@ int run_training(const Common& c, dtrain::World& world, Model& model, const Sour
     dtrain::TrainerCore<Model, Dev, Prec> trainer(world, model, optimizer, opts, c.accumulate,
                                                   strategy_for<Dev, Prec>(c));
     try {
-      train_loop(c, world, trainer, data, start, finish);
+      return train_loop(c, world, trainer, data, start, finish);
     } catch (const std::exception& e) {
       report_failure(e);  // while the communicator stands: see common/report.hpp
       throw;
     }
   };
-  if (c.optimizer == "sgd")
-    run(dtrain::SGD{.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});
-  else if (c.optimizer == "lion")
-    run(dtrain::Lion{.lr = c.lr, .weight_decay = c.weight_decay});
-  else
-    run(dtrain::AdamW{.lr = c.lr, .weight_decay = c.weight_decay});
-  return 0;
+  if (c.optimizer == "sgd") return run(dtrain::SGD{.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});
+  if (c.optimizer == "lion") return run(dtrain::Lion{.lr = c.lr, .weight_decay = c.weight_decay});
+  return run(dtrain::AdamW{.lr = c.lr, .weight_decay = c.weight_decay});
 }
 
 template <class Dev, class Prec, class Model, class Source, class Finish>

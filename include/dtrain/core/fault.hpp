@@ -3,10 +3,11 @@
 // with SIGKILL at a chosen point of its run, so that the others' and the
 // launcher's handling of a dead rank can be tested at every stage of a step.
 //
-//   DTRAIN_FAULT_INJECT=<point>:<rank>:<n>
+//   DTRAIN_FAULT_INJECT=<point>:<rank>:<n>[:<signal>]
 //
 // makes rank <rank> kill itself with SIGKILL the <n>-th time (from 1) it
-// reaches <point>:
+// reaches <point>, or, with a signal named (TERM, USR1, USR2, INT), send
+// itself that signal instead (the preemption notice a scheduler gives):
 //   forward     after the first unit's forward of a micro-batch
 //   backward    after the last unit's backward of a micro-batch (the first
 //               one backward reaches)
@@ -55,7 +56,18 @@ namespace detail {
 struct Plan {
   point where = point::forward;
   long long nth = 0;
+  int signal = SIGKILL;
 };
+
+inline const char* signal_text(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGINT: return "SIGINT";
+    default: return "SIGKILL";
+  }
+}
 
 struct State {
   std::atomic<bool> armed{false};
@@ -78,14 +90,26 @@ inline std::optional<detail::Plan> parse(std::string_view text, int rank, int wo
     what.append(text);
     what += "' ";
     what += why;
-    return env_error(what, "write <point>:<rank>:<n> with point forward|backward|collective|save, e.g. "
-                           "DTRAIN_FAULT_INJECT=backward:1:3, or unset it");
+    return env_error(what, "write <point>:<rank>:<n>[:<signal>] with point forward|backward|collective|save and "
+                           "signal KILL (the default), TERM, USR1, USR2 or INT, e.g. DTRAIN_FAULT_INJECT=backward:1:3, "
+                           "or unset it");
   };
   const auto c1 = text.find(':');
   const auto c2 = c1 == std::string_view::npos ? c1 : text.find(':', c1 + 1);
   if (c2 == std::string_view::npos) throw bad("is not <point>:<rank>:<n>");
-  const std::string_view name = text.substr(0, c1);
+  const auto c3 = text.find(':', c2 + 1);
   detail::Plan plan;
+  if (c3 != std::string_view::npos) {
+    const std::string_view sig = text.substr(c3 + 1);
+    if (sig == "KILL") plan.signal = SIGKILL;
+    else if (sig == "TERM") plan.signal = SIGTERM;
+    else if (sig == "USR1") plan.signal = SIGUSR1;
+    else if (sig == "USR2") plan.signal = SIGUSR2;
+    else if (sig == "INT") plan.signal = SIGINT;
+    else throw bad("names an unknown signal");
+    text = text.substr(0, c3);
+  }
+  const std::string_view name = text.substr(0, c1);
   bool known = false;
   for (point p : {point::forward, point::backward, point::collective, point::save})
     if (name == point_name(p)) plan.where = p, known = true;
@@ -121,11 +145,11 @@ inline void hit(point p) {
   if (s.plan.where != p || s.hits.fetch_add(1) + 1 != s.plan.nth) return;
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  std::fprintf(stderr, "dtrain: fault injection: SIGKILL on rank %d at %s #%lld (t=%.3f)\n", s.rank,
-               point_name(p).data(), s.plan.nth, now);
+  std::fprintf(stderr, "dtrain: fault injection: %s on rank %d at %s #%lld (t=%.3f)\n",
+               detail::signal_text(s.plan.signal), s.rank, point_name(p).data(), s.plan.nth, now);
   std::fflush(stderr);
-  ::kill(::getpid(), SIGKILL);
-  ::pause();
+  ::kill(::getpid(), s.plan.signal);
+  if (s.plan.signal == SIGKILL) ::pause();
 }
 
 }  // namespace dtrain::fault

@@ -138,8 +138,11 @@ OMP_NUM_THREADS / OPENBLAS_NUM_THREADS = max(1, cores / nproc) unless set
 
 exit status: 0 when every rank succeeded; the first failing rank's exit code
 (128+N if it was killed by signal N); 2 for bad options; 127 if PROGRAM cannot
-be found. SIGINT/SIGTERM/SIGHUP/SIGQUIT are forwarded to every rank (a second
-one kills them at once) and dtrain-run then ends by the same signal.
+be found; 75 when the ranks saved a checkpoint on a preemption notice and
+exited with 75 (requeue the job; it is not restarted here). SIGINT/SIGTERM/
+SIGHUP/SIGQUIT are forwarded to every rank (a second one kills them at once)
+and dtrain-run then ends by the same signal, or with 75 as above; SIGUSR1 and
+SIGUSR2 (Slurm's --signal=USR1@T notice) are forwarded and stop nothing.
 )";
 }
 

@@ -14,7 +14,13 @@
 // Every rank calls fit with the same options. A program run again with
 // resume = "latest" continues where the last run stopped; one that already
 // reached `steps` trains nothing and returns.
+//
+// Preemption (run/preemption.hpp): on SIGTERM or SIGUSR1 (preempt_signals)
+// to any rank, every rank finishes the step in flight and the next, agreed
+// through that step's all-reduce, saves a checkpoint and returns with
+// FitResult::preempted; return result.exit_code() from main (75, "requeue").
 
+#include <signal.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -38,6 +44,7 @@
 #include "dtrain/data/loader.hpp"
 #include "dtrain/data/sampler.hpp"
 #include "dtrain/metrics/tensorboard.hpp"
+#include "dtrain/run/preemption.hpp"
 #include "dtrain/train/evaluation.hpp"
 #include "dtrain/train/options.hpp"
 
@@ -78,6 +85,11 @@ struct FitOptions {
   double peak_tflops = 0;        // one rank's peak: the progress line adds TFLOP/s and MFU (0: not shown)
   std::filesystem::path save_params{};      // every parameter as fp32 safetensors at the end
 
+  // Preemption notice: on any of these signals (to any rank) every rank
+  // finishes its step, saves a checkpoint and fit returns preempted (empty:
+  // the signals keep their own handling).
+  std::vector<int> preempt_signals{SIGTERM, SIGUSR1};
+
   void validate() const;
 };
 
@@ -110,6 +122,11 @@ struct FitResult {
   std::optional<std::filesystem::path> last_checkpoint;
   std::optional<EvalResult> last_eval;
   std::optional<double> best;      // the best monitored value (early stop)
+  bool preempted = false;          // a preemption signal stopped the run after a checkpoint
+  int preempt_signal = 0;          // the signal this rank saw first (0: another rank's)
+
+  // What main returns: preempted_exit_code (75) after a preemption, else 0.
+  int exit_code() const { return preempted ? preempted_exit_code : 0; }
 };
 
 // An eval source for fit when there is none.
@@ -406,13 +423,26 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
   };
 
   std::vector<Batch> micro(static_cast<std::size_t>(trainer.micro_batches()));
+  std::optional<PreemptionWatch> watch;
+  if (!options.preempt_signals.empty()) watch.emplace(options.preempt_signals);
   while (trainer.steps_taken() < options.steps) {
     for (auto& b : micro) b = loader.next();
     if (callbacks.on_batches) callbacks.on_batches(trainer.steps_taken() + 1, micro);
+    if (watch) trainer.request_stop(watch->signalled() != 0);
     const StepStats st = trainer.step(micro);
     const bool last = st.step >= options.steps;
     report.step(st, world.size(), trainer.strategy_name(), params, last);
     if (callbacks.on_step) callbacks.on_step(st, control);
+    if (st.stop_requested) {
+      // Every rank saw the same request in this step's all-reduce.
+      result.preempted = true;
+      result.preempt_signal = watch ? watch->signalled() : 0;
+      report.line("preempted" + (result.preempt_signal ? " (" + signal_name(result.preempt_signal) + ")" : std::string()) +
+                  " after step " + std::to_string(st.step) + ": saving a checkpoint and exiting with code " +
+                  std::to_string(preempted_exit_code) + " (requeue; resume=latest continues from it)");
+      save();
+      break;
+    }
     if (options.save_every > 0 && st.step % options.save_every == 0 && !last) save();
     // Stop requests (early stop, callbacks: perhaps from one rank only) are
     // compared after an evaluation and at progress points, and all ranks
@@ -429,6 +459,10 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
     }
   }
   result.steps = trainer.steps_taken();
+  if (result.preempted) {
+    std::fflush(stdout);
+    return result;
+  }
   if (result.steps > result.first_step || !result.last_eval) evaluate();
   if ((options.save_final || options.save_every > 0) && result.steps > result.first_step) save();
   if (result.steps == result.first_step) report.line("already at step " + std::to_string(result.steps) + " of " +

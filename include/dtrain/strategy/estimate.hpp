@@ -211,10 +211,10 @@ inline MemoryUsage strategy_memory(const EstimateInputs& in, const EstimatePlan&
   MemoryUsage u;
   u.optimizer = in.optimizer_states * owned * f32 + (in.param_groups ? owned : 0);
   u.activations = in.activations;
-  // The Trainer's four staging floats for its scalar all-reduces (its
+  // The Trainer's five staging floats for its scalar all-reduces (its
   // max_scalars; estimate_test checks the two agree), plus one for the
   // sharded strategies' norm all-reduce over the shard group.
-  u.other = 4 * f32 + (plan.family == detail::estimate_family::replicated ? 0 : f32);
+  u.other = 5 * f32 + (plan.family == detail::estimate_family::replicated ? 0 : f32);
 
   if (plan.family == detail::estimate_family::fsdp) {
     // Only fp32 shards persist (the compute copy exists only while
@@ -259,7 +259,7 @@ inline MemorySplit offloaded_memory(const EstimateInputs& in, const EstimatePlan
   MemoryUsage& d = s.device;
   MemoryUsage& h = s.host;
   d.activations = in.activations;
-  d.other = 4 * f32 + (plan.family == estimate_family::replicated ? 0 : f32);
+  d.other = 5 * f32 + (plan.family == estimate_family::replicated ? 0 : f32);
   h.master = owned * f32;
   h.params = owned * T;
   (in.state_on_disk ? s.disk : h.optimizer) = in.optimizer_states * owned * f32;

@@ -63,6 +63,7 @@ struct StepStats {
   std::int64_t samples = 0;    // samples in the step over all ranks (rows of "x")
   std::int64_t positions = 0;  // samples x sequence length (tokens for a language model)
   double count = 0.0;          // the loss normaliser over all ranks (samples, or targets not ignored)
+  bool stop_requested = false; // some rank called Trainer::request_stop before this step (the same on every rank)
   double step_ms = 0.0;
   MemoryUsage memory;          // this rank's bytes by category on the compute device (Trainer::memory())
   MemoryUsage host_memory;     // offloaded states in host memory (Trainer::host_memory()); zero without offload

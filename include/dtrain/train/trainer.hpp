@@ -132,19 +132,24 @@ class TrainerCore {
     // thread and a point where the ranks wait for each other (one fewer took
     // a 2-rank step on 2 cores from 6.0 to 5.3 ms, docs/performance.md).
     double count = 0, samples = 0, positions = 0, local_loss = 0, loss = 0;
+    bool stop_agreed = false;
     for (int k = 0; k < accumulate_; ++k)
       micro_step(micro_batches[static_cast<std::size_t>(k)], k, [&](double micro_loss) {
         local_loss += micro_loss;
         if (k == 0) {
-          std::array<double, 4> sums{};
+          // The stop request (preemption) rides along: every rank learns in
+          // this step whether any rank asked, at no extra collective.
+          const double stop = stop_request_ ? 1.0 : 0.0;
+          std::array<double, 5> sums{};
           if (accumulate_ == 1) {
-            sums = all_reduce_scalars(std::array{local_count, local_samples, local_positions, local_loss});
-            loss = sums[3];
+            sums = all_reduce_scalars(std::array{local_count, local_samples, local_positions, stop, local_loss});
+            loss = sums[4];
           } else {
-            const auto three = all_reduce_scalars(std::array{local_count, local_samples, local_positions});
-            std::copy(three.begin(), three.end(), sums.begin());
+            const auto four = all_reduce_scalars(std::array{local_count, local_samples, local_positions, stop});
+            std::copy(four.begin(), four.end(), sums.begin());
           }
           count = sums[0], samples = sums[1], positions = sums[2];
+          stop_agreed = sums[3] > 0;
           if (count <= 0 && samples > 0)
             throw config_error("the step's loss counts no targets on any rank (every target ignored, or zero weights)",
                                "check the batches' targets: a step needs at least one target to learn from");
@@ -166,6 +171,7 @@ class TrainerCore {
       stats.lr = current_lr();
     }
     stats.step = step_;
+    stats.stop_requested = stop_agreed;
     stats.loss_scale = static_cast<float>(loss_scale_);
     stats.memory = memory();
     stats.host_memory = host_memory();
@@ -305,6 +311,10 @@ class TrainerCore {
   // The offloaded states' host memory by category (zero without offload):
   // what Offload<...> moved off the compute device, counted apart from it.
   MemoryUsage host_memory() const { return offload_ ? offload_->memory() : MemoryUsage{}; }
+  // Asks every rank to stop: the next step's StepStats::stop_requested is
+  // true on every rank if any rank asked before it (dtrain::fit's preemption).
+  void request_stop(bool stop = true) { stop_request_ = stop; }
+
   // What is offloaded (TrainerOptions::offload).
   offload_kind offload() const { return options_.offload; }
   // Bytes of optimizer state in files (TrainerOptions::offload_dir), else 0.
@@ -864,7 +874,7 @@ class TrainerCore {
 
   // Staging for the scalar all-reduces: at most the micro-batch count,
   // samples, positions and loss of a step in one collective.
-  static constexpr std::size_t max_scalars = 4;
+  static constexpr std::size_t max_scalars = 5;
   buffer<float> scalar_;
   std::vector<float>* logits_out_ = nullptr;  // set while a forward copies the output out (run_forward)
   bool logits_only_ = false;                  // predict(): no loss after the output
@@ -880,6 +890,7 @@ class TrainerCore {
   std::vector<std::vector<MatView<T>>> spliced_grads_;
 
   double loss_scale_ = 1.0;
+  bool stop_request_ = false;
   std::int64_t good_steps_ = 0;
   std::int64_t step_ = 0;
 };

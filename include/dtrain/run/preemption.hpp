@@ -1,0 +1,94 @@
+#pragma once
+// Preemption: schedulers give notice before they take a node away (Slurm's
+// `--signal=USR1@90` and then SIGTERM, Kubernetes' SIGTERM and grace period,
+// spot instances' two-minute warning). PreemptionWatch turns those signals
+// into a flag; dtrain::fit passes it into the next step's scalar all-reduce
+// (TrainerCore::request_stop), so every rank learns in the same step that
+// some rank was told to go, finishes that step, saves a checkpoint and
+// returns with FitResult::preempted. A program then exits with
+// preempted_exit_code, which dtrain-run passes on and the docs' sbatch and
+// Kubernetes recipes treat as "requeue"; resumed with resume=latest, the run
+// continues bit-identically.
+//
+//   dtrain::PreemptionWatch watch({SIGTERM, SIGUSR1});
+//   ... watch.signalled() ...   // the first signal seen, 0 if none
+//
+// The handler only stores the signal number (async-signal-safe); the
+// previous handlers come back when the last watch is destroyed.
+
+#include <signal.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain {
+
+// sysexits' EX_TEMPFAIL: "try again later". What a preempted rank exits
+// with, and dtrain-run with it.
+inline constexpr int preempted_exit_code = 75;
+
+namespace detail {
+inline volatile sig_atomic_t preemption_signal = 0;
+extern "C" inline void note_preemption(int sig) {
+  if (preemption_signal == 0) preemption_signal = sig;
+}
+
+// The handlers are process-wide: the first watch installs them, the last one
+// gone restores what was there (ranks run as threads of one process share them).
+struct PreemptionHandlers {
+  std::mutex mu;
+  int watches = 0;
+  std::vector<int> signals;
+  std::vector<struct sigaction> previous;
+};
+inline PreemptionHandlers& preemption_handlers() {
+  static PreemptionHandlers h;
+  return h;
+}
+}  // namespace detail
+
+class PreemptionWatch {
+ public:
+  explicit PreemptionWatch(const std::vector<int>& signals) {
+    auto& h = detail::preemption_handlers();
+    std::lock_guard lock(h.mu);
+    if (h.watches++ != 0) return;
+    detail::preemption_signal = 0;
+    h.signals = signals;
+    h.previous.assign(signals.size(), {});
+    for (std::size_t i = 0; i < signals.size(); ++i) {
+      struct sigaction sa {};
+      sa.sa_handler = detail::note_preemption;
+      sigemptyset(&sa.sa_mask);
+      sa.sa_flags = SA_RESTART;
+      ::sigaction(signals[i], &sa, &h.previous[i]);
+    }
+  }
+  PreemptionWatch(const PreemptionWatch&) = delete;
+  PreemptionWatch& operator=(const PreemptionWatch&) = delete;
+  ~PreemptionWatch() {
+    auto& h = detail::preemption_handlers();
+    std::lock_guard lock(h.mu);
+    if (--h.watches != 0) return;
+    for (std::size_t i = 0; i < h.signals.size(); ++i) ::sigaction(h.signals[i], &h.previous[i], nullptr);
+  }
+
+  // The first watched signal received since the first watch began, 0 if none.
+  int signalled() const { return detail::preemption_signal; }
+};
+
+inline std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGINT: return "SIGINT";
+    case SIGHUP: return "SIGHUP";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+}  // namespace dtrain
