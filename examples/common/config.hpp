@@ -46,6 +46,8 @@ struct Common {
   int keep_last = 0;                  // keep the newest K checkpoints (0: all)
   bool consolidated = false;          // checkpoints also hold model.safetensors (fp32, Python-readable)
   std::string resume;                 // latest | a checkpoint directory ("" : start fresh)
+  std::string on_save_error = "stop"; // stop | continue: what a failed save does
+  std::string on_nonfinite = "stop";  // stop | skip: what a step with an inf/NaN loss or gradient does
   std::string init_from;              // initial weights from a safetensors file
   bool init_strict = true;            // false: load the matching tensors, list the rest
   bool activation_checkpointing = false;  // recompute units' inner activations in backward
@@ -68,6 +70,7 @@ inline dtrain::TrainerOptions trainer_options(const Common& c) {
   }
   o.seed = c.seed;
   o.clip.max_norm = c.clip;
+  o.on_nonfinite = c.on_nonfinite == "skip" ? dtrain::nonfinite_policy::skip : dtrain::nonfinite_policy::stop;
   o.lr_scaling = c.lr_scaling == "linear" ? dtrain::LrScaling::linear
                  : c.lr_scaling == "sqrt" ? dtrain::LrScaling::sqrt
                                           : dtrain::LrScaling::none;

@@ -31,6 +31,7 @@ inline dtrain::FitOptions fit_options(const Common& c) {
           .keep_last = c.keep_last,
           .consolidated = c.consolidated,
           .resume = c.resume,
+          .on_save_error = c.on_save_error,
           .log_every = c.log_every,
           .metrics_file = c.metrics,
           .tensorboard_dir = c.tensorboard,

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -177,9 +178,51 @@ struct HostState {
   std::vector<float> master;                                     // owned().size
   std::vector<std::pair<std::string, std::vector<float>>> optimizer;  // per state: name, owned().size values
   std::vector<T> frozen;                                         // the strategy's frozen storage
+
+  std::size_t bytes() const {
+    std::size_t n = master.size() * sizeof(float) + frozen.size() * sizeof(T);
+    for (const auto& st : optimizer) n += st.second.size() * sizeof(float);
+    return n;
+  }
 };
 
 namespace detail {
+
+// Throws naming the first owned element (parameter or optimizer state) that
+// is inf or NaN: a checkpoint never holds them.
+template <class T>
+void require_finite(const HostState<T>& s, const Ownership& own, const ModelLayout& layout) {
+  const auto check = [&](const std::vector<float>& values, const std::string& what) {
+    for (const OwnedRange& r : own.trainable)
+      for (std::size_t i = 0; i < r.count; ++i) {
+        const float v = values[r.offset + i];
+        if (std::isfinite(v)) continue;
+        const auto& unit = layout.units()[r.unit];
+        const std::size_t at = unit.train_offset + r.begin + i;
+        std::string name = "unit " + std::to_string(r.unit);
+        for (const auto& slot : unit.params)
+          if (slot.spec.trainable && slot.offset <= at && at < slot.offset + static_cast<std::size_t>(slot.spec.numel()))
+            name = slot.name;
+        throw checkpoint_error("refusing to save: " + what + " of " + name + " holds " + std::to_string(v),
+                               "a checkpoint never holds inf or NaN; find the step that produced it (the metrics' "
+                               "loss and grad_norm) and resume from an earlier checkpoint, or train with "
+                               "on_nonfinite = stop or skip so it cannot reach the parameters");
+      }
+  };
+  if (!s.master.empty()) check(s.master, "the parameter");
+  for (const auto& [name, values] : s.optimizer)
+    if (!values.empty()) check(values, "the optimizer state '" + name + "'");
+}
+
+// " (this rank writes N bytes; F bytes are free in DIR)": what a failed
+// write's message adds, so a full disk names itself.
+inline std::string space_note(const std::filesystem::path& dir, std::size_t bytes) {
+  std::error_code ec;
+  const auto space = std::filesystem::space(dir, ec);
+  std::string note = " (this rank writes " + std::to_string(bytes) + " bytes";
+  if (!ec) note += "; " + std::to_string(space.available) + " bytes are free in " + dir.string();
+  return note + ")";
+}
 
 inline std::string piece_key(std::string_view kind, std::string_view tensor, std::size_t first) {
   return std::string(kind) + "/" + std::string(tensor) + "/" + std::to_string(first);

@@ -158,15 +158,21 @@ class CheckpointIO {
     }
     world_.barrier("checkpoint-dir");
     std::string error;
+    std::size_t bytes = 0;  // what this rank writes
     nlohmann::ordered_json mine;
     try {
       const Ownership own = strategy_.ownership();
       const bool writes = std::ranges::any_of(own.trainable, &OwnedRange::writer) ||
                           std::ranges::any_of(own.frozen, &OwnedRange::writer);
-      mine["written"] = detail::write_rank_file(dir, world_.rank(), world_.size(), layout_, own,
-                                                writes ? host_state() : HostState<T>{}, options.consolidated);
+      HostState<T> state = writes ? host_state() : HostState<T>{};
+      // A checkpoint never holds inf or NaN: resuming from it would only
+      // reproduce the failure (and keep_last could have pruned the good ones).
+      detail::require_finite(state, own, layout_);
+      bytes = state.bytes();
+      mine["written"] = detail::write_rank_file(dir, world_.rank(), world_.size(), layout_, own, std::move(state),
+                                                options.consolidated);
     } catch (const std::exception& e) {
-      error = e.what();
+      error = e.what() + detail::space_note(dir, bytes);
     }
     fault::hit(fault::point::save);
     if (options.consolidated) mine["model"] = stream_parameters(dir / checkpoint_model_name, error);
@@ -175,11 +181,20 @@ class CheckpointIO {
     std::vector<nlohmann::ordered_json> ranks;
     for (const auto& text : all) ranks.push_back(nlohmann::ordered_json::parse(text));
     for (std::size_t r = 0; r < ranks.size(); ++r)
-      if (const auto e = ranks[r].at("error").get<std::string>(); !e.empty())
+      if (const auto e = ranks[r].at("error").get<std::string>(); !e.empty()) {
+        // Every rank is done with the directory: the partial save goes, so a
+        // full disk is not left fuller; the previous checkpoint is untouched.
+        world_.barrier("checkpoint-failed");
+        if (world_.rank() == 0) {
+          std::error_code ignored;
+          std::filesystem::remove_all(dir, ignored);
+        }
         throw checkpoint_error("rank " + std::to_string(r) + " could not write its part of checkpoint " +
                                    detail::quoted_path(dir) + ": " + e,
                                "check free disk space and permissions on every rank (all ranks write to the same "
-                               "directory: a shared file system across nodes); the previous checkpoint is untouched");
+                               "directory: a shared file system across nodes); the partial files were removed and "
+                               "the previous checkpoint is untouched");
+      }
     std::string committed;
     if (world_.rank() == 0) {
       try {

@@ -105,6 +105,16 @@ class checkpoint_error : public error {
       : error(what, fix, where) {}
 };
 
+// A step whose loss or gradient norm is not finite, under
+// TrainerOptions::on_nonfinite = stop: names the step and the first unit
+// with a non-finite gradient.
+class nonfinite_error : public error {
+ public:
+  explicit nonfinite_error(const std::string& what, const std::string& fix = {},
+                           std::source_location where = std::source_location::current())
+      : error(what, fix, where) {}
+};
+
 class nccl_error : public comm_error {
  public:
   nccl_error(int status, const std::string& what, const std::string& fix = {},

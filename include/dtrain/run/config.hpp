@@ -243,6 +243,7 @@ inline void declare_fit_keys(ConfigReader& c, FitOptions& o) {
   c.add("keep_last", o.keep_last, "keep only the newest K checkpoints (0: all)");
   c.add("consolidated", o.consolidated, "checkpoints also hold model.safetensors (fp32, readable by Python)");
   c.add("resume", o.resume, "latest (the newest complete checkpoint, if any) | a checkpoint folder | empty: none");
+  c.add("on_save_error", o.on_save_error, "stop | continue: what a failed save (full disk) does");
   c.add("eval_every", o.eval_every, "evaluate every N steps and at the end (0: at the end)");
   c.add("eval_batches", o.eval_batches, "batches per rank per evaluation (0: the whole evaluation set)");
   c.add("monitor", o.monitor, "early stop watches this: loss or a metric's name");

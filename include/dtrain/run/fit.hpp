@@ -64,6 +64,10 @@ struct FitOptions {
   int keep_last = 0;             // keep the newest K checkpoints (0: all)
   bool consolidated = false;     // checkpoints also hold model.safetensors (fp32, readable by Python)
   std::string resume{};          // "latest" (the newest complete checkpoint, if any) | a checkpoint | "": none
+  // A save that fails (a full disk, a file-size limit, an I/O error) fails
+  // on every rank, removes its partial files and leaves the previous
+  // checkpoint as it was; "stop" rethrows it, "continue" reports it and trains on.
+  std::string on_save_error = "stop";
 
   // Evaluation over the eval source: every eval_every steps and at the end.
   std::int64_t eval_every = 0;   // 0: at the end only
@@ -122,6 +126,7 @@ struct FitResult {
   std::optional<std::filesystem::path> last_checkpoint;
   std::optional<EvalResult> last_eval;
   std::optional<double> best;      // the best monitored value (early stop)
+  int failed_saves = 0;            // saves that failed under on_save_error = "continue"
   bool preempted = false;          // a preemption signal stopped the run after a checkpoint
   int preempt_signal = 0;          // the signal this rank saw first (0: another rank's)
 
@@ -150,6 +155,9 @@ inline void FitOptions::validate() const {
   require(patience >= 0 && min_delta >= 0, "patience and min_delta must be >= 0",
           "set .patience = K evaluations without improvement before stopping (0: never)");
   require(log_every >= 1, "log_every must be at least 1", "set .log_every = 20");
+  require(on_save_error == "stop" || on_save_error == "continue",
+          "on_save_error = '" + on_save_error + "' is neither stop nor continue",
+          "set .on_save_error = \"stop\" (the default) or \"continue\"");
   require(peak_tflops >= 0, "peak_tflops is negative", "set .peak_tflops to one rank's peak TFLOP/s, or 0");
   std::error_code looked;
   require(resume.empty() || resume == "latest" || std::filesystem::exists(resume, looked),
@@ -371,7 +379,16 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
   const auto save = [&] {
     const auto dir = checkpoint_path(options.checkpoint_dir, trainer.steps_taken());
     if (is_checkpoint(dir)) return;  // a run before a restart saved this step already
-    trainer.save(dir, {.consolidated = options.consolidated, .sampler = &sampler});
+    try {
+      trainer.save(dir, {.consolidated = options.consolidated, .sampler = &sampler});
+    } catch (const checkpoint_error& e) {
+      // The same error on every rank (the save agrees on it), so all decide alike.
+      if (options.on_save_error != "continue") throw;
+      ++result.failed_saves;
+      report.line("checkpoint at step " + std::to_string(trainer.steps_taken()) + " failed, training on "
+                  "(on_save_error=continue): " + e.what());
+      return;
+    }
     result.last_checkpoint = dir;
     if (rank0 && options.keep_last > 0) prune_checkpoints(options.checkpoint_dir, options.keep_last);
     report.line("saved checkpoint " + dir.string());

@@ -26,6 +26,15 @@ struct LossScaleOptions {
   std::int64_t window = 2000;
 };
 
+// What a step with a non-finite loss or gradient norm does (fp16's loss
+// scaling skips such steps on its own and lowers the scale, whatever this
+// says). The norm is looked at when it is computed (grad_norm, clipping);
+// otherwise the loss alone.
+enum class nonfinite_policy {
+  stop,  // throw nonfinite_error naming the step and the first unit with a non-finite gradient (default)
+  skip,  // leave the parameters as they were (StepStats::skipped) and go on
+};
+
 struct TrainerOptions {
   std::uint64_t seed = 0;                 // parameter initialisation (checked equal on every rank)
   ClipConfig clip{};                      // max_norm 0: no clipping
@@ -47,6 +56,7 @@ struct TrainerOptions {
   std::vector<ParamGroup> param_groups{};
   // Model states kept in host memory (policy/offload.hpp): what Offload<...>
   // sets in a Trainer's policies, or a program chooses at run time.
+  nonfinite_policy on_nonfinite = nonfinite_policy::stop;
   offload_kind offload = offload_kind::none;
   // With an offload: keep the optimizer state in files in this directory (a
   // local NVMe disk) instead of host memory. Empty: host memory.
@@ -58,7 +68,7 @@ struct StepStats {
   double loss = 0.0;           // the step's loss: the sum over every counted target (the loss's count), all ranks, divided by their number
   float lr = 0.f;
   double grad_norm = 0.0;      // global L2 norm of the averaged gradient, before clipping
-  bool skipped = false;        // fp16: inf/NaN gradients, step not applied
+  bool skipped = false;        // inf/NaN loss or gradients: step not applied (fp16, or on_nonfinite = skip)
   float loss_scale = 1.f;
   std::int64_t samples = 0;    // samples in the step over all ranks (rows of "x")
   std::int64_t positions = 0;  // samples x sequence length (tokens for a language model)

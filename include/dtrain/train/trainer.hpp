@@ -806,6 +806,20 @@ class TrainerCore {
     const bool norm_needed = options_.grad_norm || options_.clip.max_norm > 0 || Prec::loss_scaling;
     const double norm2 = norm_needed ? strategy_->grad_norm_squared() : std::numeric_limits<double>::quiet_NaN();
     stats.grad_norm = std::sqrt(norm2) / loss_scale_;
+    // The loss and the norm are the same on every rank: all decide alike.
+    if (!Prec::loss_scaling && (!std::isfinite(stats.loss) || (norm_needed && !std::isfinite(norm2)))) {
+      if (options_.on_nonfinite == nonfinite_policy::skip) {
+        stats.skipped = true;
+        stats.lr = current_lr();
+        return;
+      }
+      throw nonfinite_error("step " + std::to_string(step_ + 1) + " has a non-finite " +
+                                (std::isfinite(stats.loss) ? "gradient norm" : "loss") + " (loss " +
+                                std::to_string(stats.loss) + "); " + first_nonfinite_unit(),
+                            "look for a bad batch or a too high learning rate, then resume from the last "
+                            "checkpoint; TrainerOptions::on_nonfinite = skip (the examples' on_nonfinite=skip) "
+                            "skips such steps instead");
+    }
     if constexpr (Prec::loss_scaling) {
       if (!std::isfinite(norm2)) {
         stats.skipped = true;
@@ -832,6 +846,47 @@ class TrainerCore {
       optimizer_->step(owned.master, owned.grad, owned.param_out, s);
     }
     strategy_->after_optimizer();
+  }
+
+  // Where the gradient first holds inf or NaN, over every rank's owned
+  // elements in layout order: "the first non-finite gradient is in unit U
+  // (<param>)". Collective.
+  std::string first_nonfinite_unit() {
+    const OwnedFlat<T> owned = strategy_->owned();
+    std::vector<float> grad(owned.size);
+    if (owned.on_host) std::copy_n(owned.grad, owned.size, grad.data());
+    else if (owned.size) dev_.copy_to_host(grad.data(), owned.grad, owned.size);
+    // Ordered by unit, then by position in the unit (the flat itself holds
+    // the units in reverse order).
+    constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+    std::size_t first = none;
+    std::string name;
+    for (const OwnedRange& r : strategy_->ownership().trainable) {
+      const auto& unit = layout_.units()[r.unit];
+      for (std::size_t i = 0; i < r.count; ++i)
+        if (!std::isfinite(grad[r.offset + i])) {
+          const std::size_t at = unit.train_offset + r.begin + i;
+          const std::size_t key = (r.unit << 40) + r.begin + i;
+          if (key < first) {
+            first = key;
+            name.clear();
+            for (const auto& slot : unit.params)
+              if (slot.spec.trainable && slot.offset <= at && at < slot.offset + static_cast<std::size_t>(slot.spec.numel()))
+                name = slot.name;
+          }
+          break;
+        }
+    }
+    const auto all = world_.all_gather_values("nonfinite-unit", std::to_string(first) + " " + name);
+    std::size_t best = none;
+    std::string best_name;
+    for (const std::string& v : all) {
+      const auto space = v.find(' ');
+      const std::size_t key = std::stoull(v.substr(0, space));
+      if (key < best) best = key, best_name = v.substr(space + 1);
+    }
+    if (best == none) return "every gradient element is finite (the loss is not)";
+    return "the first non-finite gradient is in " + best_name;
   }
 
   // The non-tensor state of this trainer, as a checkpoint records it.

@@ -1,0 +1,219 @@
+// What long runs meet, at 2 ranks: a NaN in one rank's batch at a chosen
+// step (on_nonfinite = stop names the step and the first unit with a
+// non-finite gradient; skip leaves the parameters as they were), a
+// checkpoint that would hold a NaN (refused), and a save that hits a
+// file-size limit (ulimit -f: every rank fails with one message naming the
+// file, the bytes and the free space; the partial files go, the previous
+// checkpoint stays loadable; fit's on_save_error = continue trains on).
+#define BOOST_TEST_MODULE robust
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/run/fit.hpp>
+#include <dtrain/trainer.hpp>
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "strategy/common.hpp"
+#include "support/ranks.hpp"
+
+using namespace dtrain;
+using namespace dtrain::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("dtrain_robust_" + std::to_string(::getpid()));
+  TempDir() { fs::remove_all(path); }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// Rank `rank`'s micro-batch of `step`, with x[0] = NaN on rank `bad_rank` at `bad_step`.
+Batch batch_of(int step, int rank, int bad_step, int bad_rank) {
+  Batch b = micro_batches(step, rank, {6})[0];
+  if (step == bad_step && rank == bad_rank) {
+    auto& x = b.at("x");
+    float* v = reinterpret_cast<float*>(x.bytes.data());
+    v[0] = std::numeric_limits<float>::quiet_NaN();
+  }
+  return b;
+}
+
+TrainerOptions with(nonfinite_policy p) {
+  TrainerOptions o{.seed = 3};
+  o.on_nonfinite = p;
+  return o;
+}
+
+}  // namespace
+
+// stop: every rank throws at the step with the NaN, naming it and the first
+// unit whose gradient is not finite (the first Linear's weight: x feeds it).
+BOOST_AUTO_TEST_CASE(nonfinite_stop_names_the_step_and_the_unit) {
+  std::mutex mu;
+  std::vector<std::string> messages;
+  run_ranks(2, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet, Strategy<FSDP<FullShard>>> t(w, net, AdamW{.lr = 1e-2f}, with(nonfinite_policy::stop));
+    try {
+      for (int s = 0; s < 5; ++s) t.step(std::vector<Batch>{batch_of(s, w.rank(), 3, 1)});
+    } catch (const nonfinite_error& e) {
+      std::lock_guard lock(mu);
+      messages.push_back(e.what());
+    }
+  });
+  BOOST_REQUIRE_EQUAL(messages.size(), 2u);
+  for (const auto& m : messages) {
+    BOOST_TEST(m.find("step 4 has a non-finite") != std::string::npos, m);  // 0-based batch 3 is step 4
+    BOOST_TEST(m.find("the first non-finite gradient is in 0.weight") != std::string::npos, m);
+    BOOST_TEST(m.find("on_nonfinite = skip") != std::string::npos, m);
+  }
+}
+
+// skip: the step with the NaN changes nothing (StepStats::skipped on every
+// rank), the others train; the parameters equal a run that never saw that
+// step's batches... except for the step counter, so compare step by step.
+BOOST_AUTO_TEST_CASE(nonfinite_skip_leaves_the_parameters) {
+  std::mutex mu;
+  std::string failure;
+  run_ranks(2, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet, Strategy<DDP>> t(w, net, AdamW{.lr = 1e-2f}, with(nonfinite_policy::skip));
+    Params before;
+    for (int s = 0; s < 5; ++s) {
+      if (s == 3) before = t.parameters();
+      const StepStats st = t.step(std::vector<Batch>{batch_of(s, w.rank(), 3, 0)});
+      std::lock_guard lock(mu);
+      if ((s == 3) != st.skipped) failure += "step " + std::to_string(s) + " skipped=" + std::to_string(st.skipped) + "; ";
+      if (s == 3 && t.parameters() != before) failure += "the skipped step changed the parameters; ";
+    }
+    for (const auto& [name, v] : t.parameters())
+      for (float x : v)
+        if (!std::isfinite(x)) {
+          std::lock_guard lock(mu);
+          failure += name + " is not finite; ";
+          break;
+        }
+  });
+  BOOST_TEST(failure.empty(), failure);
+}
+
+// A NaN that reached the parameters (here loaded from a file) is never saved.
+BOOST_AUTO_TEST_CASE(a_checkpoint_never_holds_nan) {
+  TempDir tmp;
+  fs::create_directories(tmp.path);
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet, Strategy<FSDP<FullShard>>> t(w, net, AdamW{.lr = 1e-2f});
+    t.step(std::vector<Batch>{batch_of(0, w.rank(), -1, -1)});
+    t.save_params(tmp.path / "p.safetensors");
+    if (w.rank() == 0) {
+      auto f = SafetensorsFile::open(tmp.path / "p.safetensors");
+      SafetensorsWriter out;
+      std::vector<std::vector<float>> kept;  // the writer reads them when it writes
+      kept.reserve(f.names().size());
+      for (const auto& name : f.names()) {
+        const auto tensor = f.tensor(name);
+        std::vector<float>& v = kept.emplace_back(tensor.bytes.size() / sizeof(float));
+        std::memcpy(v.data(), tensor.bytes.data(), tensor.bytes.size());
+        if (name == "5.weight") v[7] = std::numeric_limits<float>::infinity();
+        out.add(name, tensor.shape, v);
+      }
+      out.write(tmp.path / "bad.safetensors");
+    }
+    w.barrier("bad-file");
+    t.load_params(tmp.path / "bad.safetensors");
+    const Params loaded = t.parameters();
+    require(std::isinf(loaded.at("5.weight")[7]), "the inf was loaded");
+    try {
+      t.save(tmp.path / "ck");
+    } catch (const checkpoint_error& e) {
+      errors[static_cast<std::size_t>(w.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    BOOST_TEST(e.find("refusing to save: the parameter of 5.weight holds inf") != std::string::npos, e);
+  }
+  BOOST_TEST(!fs::exists(tmp.path / "ck"), "the refused save left files behind");
+}
+
+// A file-size limit (ulimit -f) during a save: every rank fails with one
+// message naming the file, the bytes and the free space; the partial save is
+// removed; the previous checkpoint loads; fit with on_save_error = continue
+// reports the failed saves and finishes.
+BOOST_AUTO_TEST_CASE(a_save_that_hits_a_file_size_limit) {
+  TempDir tmp;
+  rlimit old{};
+  ::getrlimit(RLIMIT_FSIZE, &old);
+  const auto previous = ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet, Strategy<FSDP<FullShard>>> t(w, net, AdamW{.lr = 1e-2f});
+    t.step(std::vector<Batch>{batch_of(0, w.rank(), -1, -1)});
+    t.save(tmp.path / "good");
+    t.step(std::vector<Batch>{batch_of(1, w.rank(), -1, -1)});
+    w.barrier("limit");
+    if (w.rank() == 0) {
+      rlimit small = old;
+      small.rlim_cur = 2048;  // bytes: less than a shard file
+      ::setrlimit(RLIMIT_FSIZE, &small);
+    }
+    w.barrier("limited");
+    try {
+      t.save(tmp.path / "full");
+    } catch (const checkpoint_error& e) {
+      errors[static_cast<std::size_t>(w.rank())] = e.what();
+    }
+    w.barrier("saved");
+    if (w.rank() == 0) ::setrlimit(RLIMIT_FSIZE, &old);
+    w.barrier("restored");
+    const CheckpointInfo info = t.load(tmp.path / "good");
+    require(info.step == 1, "the previous checkpoint loads");
+  });
+  for (const auto& e : errors) {
+    BOOST_TEST(e.find("could not write its part of checkpoint") != std::string::npos, e);
+    BOOST_TEST(e.find("File too large") != std::string::npos, e);
+    BOOST_TEST(e.find("bytes are free in") != std::string::npos, e);
+    BOOST_TEST(e.find("the partial files were removed") != std::string::npos, e);
+  }
+  BOOST_TEST(!fs::exists(tmp.path / "full"), "the failed save left files behind");
+
+  // fit: every save fails under the limit; with continue the run finishes.
+  Dataset data;
+  data.rows = 32;
+  data.features = features;
+  for (std::int64_t r = 0; r < data.rows; ++r) {
+    for (double v : random_values(features, static_cast<std::uint64_t>(r + 1))) data.x.push_back(static_cast<float>(v));
+    data.y.push_back(static_cast<std::int32_t>(r % classes));
+  }
+  std::vector<FitResult> results(2);
+  rlimit small = old;
+  small.rlim_cur = 2048;
+  ::setrlimit(RLIMIT_FSIZE, &small);
+  run_ranks(2, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet, Strategy<DDP>> t(w, net, AdamW{.lr = 1e-2f});
+    results[static_cast<std::size_t>(w.rank())] =
+        fit(t, data, FitOptions{.steps = 4, .batch_size = 4, .checkpoint_dir = tmp.path / "fit", .save_every = 2,
+                                .on_save_error = "continue", .progress = false});
+  });
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, previous);
+  for (const FitResult& r : results) {
+    BOOST_TEST(r.steps == 4);
+    BOOST_TEST(r.failed_saves == 2, "saves at steps 2 and 4 fail: " << r.failed_saves);
+  }
+  BOOST_TEST(list_checkpoints(tmp.path / "fit").empty());
+}
