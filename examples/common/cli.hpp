@@ -70,6 +70,8 @@ inline void declare_common(dtrain::ConfigReader& r, Common& c) {
   r.add("consolidated", c.consolidated, "checkpoints also hold model.safetensors (fp32, readable by Python)");
   r.add("resume", c.resume, "latest (the newest complete checkpoint in checkpoint_dir) | a checkpoint directory");
   r.add("on_save_error", c.on_save_error, "stop | continue: a failed save (full disk) stops the run, or is reported");
+  r.add("straggler_factor", c.straggler_factor,
+        "progress lines name a rank that computes this many times the median rank's time (0: off)");
   r.add("on_nonfinite", c.on_nonfinite, "stop | skip: a step with an inf/NaN loss or gradient stops the run, or is skipped");
   r.add("init_from", c.init_from, "initial weights from a safetensors file (F32/BF16/F16, \"<unit>.<param>\")");
   r.add("init_strict", c.init_strict, "false: load the tensors that match, list the rest");

@@ -47,6 +47,7 @@ struct Common {
   bool consolidated = false;          // checkpoints also hold model.safetensors (fp32, Python-readable)
   std::string resume;                 // latest | a checkpoint directory ("" : start fresh)
   std::string on_save_error = "stop"; // stop | continue: what a failed save does
+  double straggler_factor = 1.5;      // progress lines name a rank computing this many times the median's (0: off)
   std::string on_nonfinite = "stop";  // stop | skip: what a step with an inf/NaN loss or gradient does
   std::string init_from;              // initial weights from a safetensors file
   bool init_strict = true;            // false: load the matching tensors, list the rest

@@ -36,7 +36,8 @@ inline dtrain::FitOptions fit_options(const Common& c) {
           .metrics_file = c.metrics,
           .tensorboard_dir = c.tensorboard,
           .peak_tflops = c.peak_tflops,
-          .save_params = c.save_params};
+          .save_params = c.save_params,
+          .straggler_factor = c.straggler_factor};
 }
 
 // init_from=FILE: initial weights from a safetensors file (strict unless

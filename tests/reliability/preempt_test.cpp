@@ -164,3 +164,27 @@ BOOST_AUTO_TEST_CASE(usr1_to_one_rank) { rank_notice("USR1"); }
 BOOST_AUTO_TEST_CASE(term_to_one_rank) { rank_notice("TERM"); }
 BOOST_AUTO_TEST_CASE(usr1_to_the_launcher) { launcher_notice(SIGUSR1, "SIGUSR1"); }
 BOOST_AUTO_TEST_CASE(term_to_the_launcher) { launcher_notice(SIGTERM, "SIGTERM"); }
+
+// A rank slowed down (DTRAIN_FAULT_DELAY: 30 ms in every forward) is found:
+// the metrics records at progress points carry every rank's step and wait
+// times, name it as the slowest with its lag, and the progress line names it.
+BOOST_AUTO_TEST_CASE(a_slow_rank_is_named) {
+  TempDir dir;
+  std::vector<std::string> args{DTRAIN_RUN_PATH, "--nproc-per-node", "2", TRAIN_MLP_PATH, "steps=6", "hidden=32,32",
+                                "samples=512", "features=16", "classes=4", "batch_size=16", "num_workers=0",
+                                "log_every=2", "metrics=" + (dir.path() / "m.jsonl").string(),
+                                "checkpoint_dir=" + (dir.path() / "ck").string()};
+  const Finished f = Process(args, {{"DTRAIN_FAULT_DELAY", "1:30"}}).wait(120);
+  BOOST_REQUIRE_MESSAGE(f.exited_with(0), f.err);
+  BOOST_TEST(f.out.find("slow: rank 1 computes") != std::string::npos, f.out);
+  std::ifstream in(dir.path() / "m.jsonl");
+  int named = 0, records = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"slowest_rank\"") == std::string::npos) continue;
+    ++records;
+    const auto lag = number_after(line, R"("slowest_lag": ([0-9]+))");
+    if (line.find("\"slowest_rank\": 1,") != std::string::npos && lag && *lag >= 2) ++named;
+  }
+  BOOST_TEST(records == 4, "records at steps 1, 2, 4, 6: " << records);
+  BOOST_TEST(named == records, "rank 1 named as the slowest, at least 2x the median, in " << named << " of " << records);
+}

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -110,6 +111,16 @@ constexpr std::uint8_t ring_slot_prefix = 0x7d;
 
 }  // namespace detail
 
+namespace detail {
+// Nanoseconds the calling thread (a rank's training thread) has spent
+// blocked in HostWork::wait: the time it waited for its peers and the
+// network (dtrain::fit's straggler report reads it).
+inline thread_local std::uint64_t collective_wait_ns = 0;
+}  // namespace detail
+
+// The calling thread's time blocked waiting for host collectives, in ns.
+inline std::uint64_t collective_wait_ns() { return detail::collective_wait_ns; }
+
 // Completion handle of a host collective. wait() blocks until the collective
 // finished and rethrows its error (comm_error, timeout_error).
 class HostWork {
@@ -120,10 +131,17 @@ class HostWork {
   void wait() const {
     if (!state_) return;
     const auto finished = [&] { return state_->done.load(std::memory_order_acquire); };
+    if (finished()) {
+      if (state_->error) std::rethrow_exception(state_->error);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
     if (!detail::spin_until(finished)) {
       std::unique_lock lock(state_->mu);
       state_->cv.wait(lock, finished);
     }
+    detail::collective_wait_ns += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
     if (state_->error) std::rethrow_exception(state_->error);
   }
   bool done() const { return !state_ || state_->done.load(std::memory_order_acquire); }

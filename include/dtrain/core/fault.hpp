@@ -20,6 +20,10 @@
 // Before dying it prints one line to stderr with the wall-clock time, which
 // the harness uses to time how fast the job ends.
 //
+// DTRAIN_FAULT_DELAY=<rank>:<ms> makes rank <rank> sleep <ms> milliseconds
+// each time it reaches `forward` (every micro-batch, every attempt): a slow
+// rank, for the straggler report to find.
+//
 // dtrain::init() arms it (a malformed value is a launch_error there); an
 // unarmed point costs one relaxed atomic load.
 
@@ -33,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/parse.hpp"
@@ -71,9 +76,11 @@ inline const char* signal_text(int sig) {
 
 struct State {
   std::atomic<bool> armed{false};
+  bool has_plan = false;
   Plan plan;
   int rank = 0;
   std::atomic<long long> hits{0};
+  long long delay_ms = 0;  // DTRAIN_FAULT_DELAY for this rank
 };
 
 inline State& state() {
@@ -123,15 +130,33 @@ inline std::optional<detail::Plan> parse(std::string_view text, int rank, int wo
   return plan;
 }
 
-// Reads DTRAIN_FAULT_INJECT (and DTRAIN_RESTART_COUNT) for this rank.
+// Reads DTRAIN_FAULT_DELAY's value; the delay in ms if it names this rank.
+inline long long parse_delay(std::string_view text, int rank, int world_size) {
+  const auto colon = text.find(':');
+  const auto who = colon == std::string_view::npos ? std::nullopt : dtrain::detail::parse_integer(text.substr(0, colon));
+  const auto ms = colon == std::string_view::npos ? std::nullopt : dtrain::detail::parse_integer(text.substr(colon + 1));
+  if (!who || !ms || *who < 0 || *who >= world_size || *ms < 0)
+    throw env_error("DTRAIN_FAULT_DELAY='" + std::string(text) + "' is not <rank>:<ms> for a rank of this job (world size " +
+                        std::to_string(world_size) + ")",
+                    "write DTRAIN_FAULT_DELAY=1:20 (rank 1 sleeps 20 ms in every forward), or unset it");
+  return *who == rank ? *ms : 0;
+}
+
+// Reads DTRAIN_FAULT_INJECT (and DTRAIN_RESTART_COUNT) and DTRAIN_FAULT_DELAY for this rank.
 inline void arm(int rank, int world_size) {
+  auto& s = detail::state();
+  if (const char* delay = std::getenv("DTRAIN_FAULT_DELAY"); delay != nullptr && *delay != '\0') {
+    s.delay_ms = parse_delay(delay, rank, world_size);
+    s.rank = rank;
+    if (s.delay_ms > 0) s.armed.store(true, std::memory_order_release);
+  }
   const char* text = std::getenv("DTRAIN_FAULT_INJECT");
   if (text == nullptr || *text == '\0') return;
   const auto plan = parse(text, rank, world_size);
   const char* restart = std::getenv("DTRAIN_RESTART_COUNT");
   if (!plan || (restart != nullptr && std::string_view(restart) != "0")) return;
-  auto& s = detail::state();
   s.plan = *plan;
+  s.has_plan = true;
   s.rank = rank;
   s.hits.store(0);
   s.armed.store(true, std::memory_order_release);
@@ -142,7 +167,8 @@ inline void hit(point p) {
   auto& s = detail::state();
   if (!s.armed.load(std::memory_order_relaxed)) [[likely]]
     return;
-  if (s.plan.where != p || s.hits.fetch_add(1) + 1 != s.plan.nth) return;
+  if (p == point::forward && s.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(s.delay_ms));
+  if (!s.has_plan || s.plan.where != p || s.hits.fetch_add(1) + 1 != s.plan.nth) return;
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::fprintf(stderr, "dtrain: fault injection: %s on rank %d at %s #%lld (t=%.3f)\n",

@@ -13,6 +13,8 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -212,6 +214,16 @@ typename Dev::template buffer<T> make_buffer(Dev& dev, std::size_t n, zero_init_
                                              memory_category category = memory_category::other) {
   return typename Dev::template buffer<T>(dev.allocator(category), n, z);
 }
+
+// Memory that lives outside a device's allocator: n zero-filled floats the
+// device can address, and a token that keeps them alive. FlatOptimizer takes
+// its state buffers from a StateAllocator when given one (the offload arena's
+// files on a local disk: strategy/offload.hpp).
+struct StateStorage {
+  float* data = nullptr;
+  std::shared_ptr<void> owner;
+};
+using StateAllocator = std::function<StateStorage(std::size_t n)>;
 
 namespace detail {
 

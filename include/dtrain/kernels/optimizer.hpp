@@ -214,9 +214,9 @@ class GroupedStep {
     const coefficients& c = table_[Grouped ? b_.group[i] : 0];
     float p = b_.param[i];
     float s[slots] = {};
-    for (std::size_t k = 0; k < States; ++k) s[k] = b_.state[k][i];
+    for (std::size_t k = 0; k != States; ++k) s[k] = b_.state[k][i];
     Rule::update(p, b_.grad[i] * grad_scale_, s, c);
-    for (std::size_t k = 0; k < States; ++k) b_.state[k][i] = s[k];
+    for (std::size_t k = 0; k != States; ++k) b_.state[k][i] = s[k];
     b_.param[i] = p;
     if (b_.param_out != nullptr) b_.param_out[i] = dtype_cast<T>(p);
   }
@@ -230,24 +230,24 @@ class GroupedStep {
   bool vector_ok() const noexcept {
     const auto aligned = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
     bool ok = aligned(b_.param) && aligned(b_.grad);
-    for (std::size_t k = 0; k < States; ++k) ok = ok && aligned(b_.state[k]);
+    for (std::size_t k = 0; k != States; ++k) ok = ok && aligned(b_.state[k]);
     return ok;
   }
   __device__ void apply_vector(std::size_t first) const {
     float4 p = *reinterpret_cast<const float4*>(b_.param + first);
     const float4 g = *reinterpret_cast<const float4*>(b_.grad + first);
     float4 s[slots] = {};
-    for (std::size_t k = 0; k < States; ++k) s[k] = *reinterpret_cast<const float4*>(b_.state[k] + first);
+    for (std::size_t k = 0; k != States; ++k) s[k] = *reinterpret_cast<const float4*>(b_.state[k] + first);
     float* pl[4] = {&p.x, &p.y, &p.z, &p.w};
     const float gl[4] = {g.x, g.y, g.z, g.w};
     for (int l = 0; l < 4; ++l) {
       float sl[slots] = {};
-      for (std::size_t k = 0; k < States; ++k) sl[k] = (&s[k].x)[l];
+      for (std::size_t k = 0; k != States; ++k) sl[k] = (&s[k].x)[l];
       const std::size_t gi = Grouped ? b_.group[first + l] : 0;
       Rule::update(*pl[l], gl[l] * grad_scale_, sl, table_[gi]);
-      for (std::size_t k = 0; k < States; ++k) (&s[k].x)[l] = sl[k];
+      for (std::size_t k = 0; k != States; ++k) (&s[k].x)[l] = sl[k];
     }
-    for (std::size_t k = 0; k < States; ++k) *reinterpret_cast<float4*>(b_.state[k] + first) = s[k];
+    for (std::size_t k = 0; k != States; ++k) *reinterpret_cast<float4*>(b_.state[k] + first) = s[k];
     *reinterpret_cast<float4*>(b_.param + first) = p;
     if (b_.param_out != nullptr)
       for (int l = 0; l < 4; ++l) b_.param_out[first + l] = dtype_cast<T>(*pl[l]);

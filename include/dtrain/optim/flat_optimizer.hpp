@@ -48,14 +48,6 @@ struct GroupRate {
   float weight_decay = 0.f;
 };
 
-// Where state buffers come from when not from the device's allocator: n
-// zero-filled floats the optimizer's device can address, and a token that
-// keeps them alive (the offload arena's files on a local disk use it).
-struct StateStorage {
-  float* data = nullptr;
-  std::shared_ptr<void> owner;
-};
-using StateAllocator = std::function<StateStorage(std::size_t n)>;
 
 template <class Dev>
 class FlatOptimizer {
@@ -184,7 +176,7 @@ class FlatOptimizer {
       typename GroupedStep<Opt, T, Grouped, States>::Buffers b{};
       b.param = p.master;
       b.grad = p.grad;
-      for (std::size_t k = 0; k < States; ++k) b.state[k] = state_ptrs_[k];
+      for (std::size_t k = 0; k != States; ++k) b.state[k] = state_ptrs_[k];
       b.param_out = p.param_out;
       b.group = Grouped ? ids_.data() : nullptr;
       dev_.for_each(size_, GroupedStep<Opt, T, Grouped, States>(b, table, groups_.size(), p.s.grad_scale));
@@ -201,7 +193,7 @@ class FlatOptimizer {
             typename GroupedStep<Opt, T, false, States>::Buffers b{};
             b.param = p.master + r.offset;
             b.grad = p.grad + r.offset;
-            for (std::size_t k = 0; k < States; ++k) b.state[k] = state_ptrs_[k] + r.offset;
+            for (std::size_t k = 0; k != States; ++k) b.state[k] = state_ptrs_[k] + r.offset;
             b.param_out = p.param_out != nullptr ? p.param_out + r.offset : nullptr;
             dev_.for_each(r.count, GroupedStep<Opt, T, false, States>(b, &table[r.group], 1, p.s.grad_scale));
           };

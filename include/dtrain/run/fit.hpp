@@ -94,6 +94,12 @@ struct FitOptions {
   // the signals keep their own handling).
   std::vector<int> preempt_signals{SIGTERM, SIGUSR1};
 
+  // Stragglers: at every progress point the ranks' step times and the time
+  // each waited in collectives are compared; the rank that computed longest
+  // (step minus wait) is reported, and named in the progress line when it
+  // took this many times the median rank's (0: no comparison).
+  double straggler_factor = 1.5;
+
   void validate() const;
 };
 
@@ -155,6 +161,9 @@ inline void FitOptions::validate() const {
   require(patience >= 0 && min_delta >= 0, "patience and min_delta must be >= 0",
           "set .patience = K evaluations without improvement before stopping (0: never)");
   require(log_every >= 1, "log_every must be at least 1", "set .log_every = 20");
+  require(straggler_factor == 0 || straggler_factor >= 1,
+          "straggler_factor = " + std::to_string(straggler_factor) + " is neither 0 nor at least 1",
+          "set .straggler_factor = 1.5 (name a rank computing 1.5x as long as the median) or 0 (off)");
   require(on_save_error == "stop" || on_save_error == "continue",
           "on_save_error = '" + on_save_error + "' is neither stop nor continue",
           "set .on_save_error = \"stop\" (the default) or \"continue\"");
@@ -172,6 +181,35 @@ inline std::string mib_text(std::size_t bytes) {
   char t[32];
   std::snprintf(t, sizeof t, "%.2f", static_cast<double>(bytes) / (1 << 20));
   return t;
+}
+
+// Every rank's step time and time waiting in collectives at one step, and
+// the rank that computed longest (step minus wait) against the median rank.
+struct Stragglers {
+  std::vector<double> step_ms, wait_ms;
+  int slowest = 0;
+  double lag = 1;  // the slowest rank's compute time over the median rank's
+};
+
+// Collective (through the store): every rank calls it at the same steps.
+inline Stragglers compare_ranks(World& world, const StepStats& st) {
+  Stragglers s;
+  char mine[64];
+  std::snprintf(mine, sizeof mine, "%.6f %.6f", st.step_ms, st.wait_ms);
+  std::vector<double> busy;
+  for (const std::string& v : world.all_gather_values("straggler-times", mine)) {
+    double step = 0, wait = 0;
+    std::sscanf(v.c_str(), "%lf %lf", &step, &wait);
+    s.step_ms.push_back(step);
+    s.wait_ms.push_back(wait);
+    busy.push_back(std::max(0.0, step - wait));
+  }
+  s.slowest = static_cast<int>(std::max_element(busy.begin(), busy.end()) - busy.begin());
+  std::vector<double> sorted = busy;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[(sorted.size() - 1) / 2];
+  s.lag = median > 0 ? busy[static_cast<std::size_t>(s.slowest)] / median : 1.0;
+  return s;
 }
 
 // "params 1.2 | grads ... MiB" for the first progress line.
@@ -223,7 +261,8 @@ class FitReporter {
     if (tensorboard_) tensorboard_->write_session_start(first_step + 1);
   }
 
-  void step(const StepStats& st, int world_size, std::string_view strategy, std::size_t params, bool last) {
+  void step(const StepStats& st, int world_size, std::string_view strategy, std::size_t params, bool last,
+            const Stragglers* lag = nullptr) {
     if (!rank0_) return;
     const double seconds = st.step_ms / 1000.0;
     const double sps = st.samples / seconds, tps = st.positions / seconds;
@@ -234,6 +273,15 @@ class FitReporter {
                << ", \"world_size\": " << world_size << ", \"loss_scale\": " << json_number(st.loss_scale)
                << ", \"skipped\": " << (st.skipped ? "true" : "false") << ", \"memory\": " << memory_json(st.memory);
       if (st.host_memory.total() != 0) metrics_ << ", \"host_memory\": " << memory_json(st.host_memory);
+      if (lag) {
+        const auto list = [](const std::vector<double>& v) {
+          std::string out = "[";
+          for (std::size_t i = 0; i < v.size(); ++i) out.append(i ? ", " : "").append(json_number(v[i]));
+          return out + "]";
+        };
+        metrics_ << ", \"rank_step_ms\": " << list(lag->step_ms) << ", \"rank_wait_ms\": " << list(lag->wait_ms)
+                 << ", \"slowest_rank\": " << lag->slowest << ", \"slowest_lag\": " << json_number(lag->lag);
+      }
       metrics_ << "}\n";
       metrics_.flush();
     }
@@ -278,6 +326,8 @@ class FitReporter {
       const double tflops = 6.0 * static_cast<double>(params) * tps / world_size / 1e12;
       std::printf(" | %.2f TFLOP/s/rank | MFU %.1f%%", tflops, 100.0 * tflops / o_.peak_tflops);
     }
+    if (lag && lag->lag >= o_.straggler_factor)
+      std::printf(" | slow: rank %d computes %.1fx the median rank's time", lag->slowest, lag->lag);
     std::printf("\n");
     std::fflush(stdout);
   }
@@ -448,7 +498,10 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
     if (watch) trainer.request_stop(watch->signalled() != 0);
     const StepStats st = trainer.step(micro);
     const bool last = st.step >= options.steps;
-    report.step(st, world.size(), trainer.strategy_name(), params, last);
+    std::optional<detail::Stragglers> lag;
+    if (options.straggler_factor > 0 && world.size() > 1 && (st.step == 1 || st.step % options.log_every == 0 || last))
+      lag = detail::compare_ranks(world, st);
+    report.step(st, world.size(), trainer.strategy_name(), params, last, lag ? &*lag : nullptr);
     if (callbacks.on_step) callbacks.on_step(st, control);
     if (st.stop_requested) {
       // Every rank saw the same request in this step's all-reduce.

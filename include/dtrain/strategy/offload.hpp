@@ -50,7 +50,6 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/device/host.hpp"
-#include "dtrain/optim/flat_optimizer.hpp"
 #include "dtrain/policy/offload.hpp"
 
 namespace dtrain {

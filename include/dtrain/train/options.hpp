@@ -75,6 +75,7 @@ struct StepStats {
   double count = 0.0;          // the loss normaliser over all ranks (samples, or targets not ignored)
   bool stop_requested = false; // some rank called Trainer::request_stop before this step (the same on every rank)
   double step_ms = 0.0;
+  double wait_ms = 0.0;        // of step_ms, this rank's time blocked waiting for host collectives (its peers)
   MemoryUsage memory;          // this rank's bytes by category on the compute device (Trainer::memory())
   MemoryUsage host_memory;     // offloaded states in host memory (Trainer::host_memory()); zero without offload
 };

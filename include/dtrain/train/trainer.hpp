@@ -112,6 +112,7 @@ class TrainerCore {
   // signal for all of them to stop together (docs/reliability.md, "Uneven data").
   StepStats step(std::span<const Batch> micro_batches) {
     const auto start = std::chrono::steady_clock::now();
+    const std::uint64_t waited_before = collective_wait_ns();
     if (micro_batches.size() != static_cast<std::size_t>(accumulate_))
       throw config_error("Trainer::step got " + std::to_string(micro_batches.size()) + " micro-batches but the "
                              "policy is Accumulate<" + std::to_string(accumulate_) + ">",
@@ -176,6 +177,7 @@ class TrainerCore {
     stats.memory = memory();
     stats.host_memory = host_memory();
     stats.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    stats.wait_ms = static_cast<double>(collective_wait_ns() - waited_before) / 1e6;
     return stats;
   }
 
