@@ -72,7 +72,9 @@ inline void declare_common(dtrain::ConfigReader& r, Common& c) {
   r.add("on_save_error", c.on_save_error, "stop | continue: a failed save (full disk) stops the run, or is reported");
   r.add("straggler_factor", c.straggler_factor,
         "progress lines name a rank that computes this many times the median rank's time (0: off)");
-  r.add("on_nonfinite", c.on_nonfinite, "stop | skip: a step with an inf/NaN loss or gradient stops the run, or is skipped");
+  r.add("on_nonfinite", c.on_nonfinite,
+        "stop | skip | rollback: a step with an inf/NaN loss or gradient stops the run, is skipped, or rolls back "
+        "to the newest checkpoint and skips that step's batches");
   r.add("init_from", c.init_from, "initial weights from a safetensors file (F32/BF16/F16, \"<unit>.<param>\")");
   r.add("init_strict", c.init_strict, "false: load the tensors that match, list the rest");
   r.add("activation_checkpointing", c.activation_checkpointing,
@@ -113,8 +115,8 @@ inline void validate_common(const Common& c) {
   require(c.log_every >= 1, "log_every must be at least 1", "set log_every=20");
   require(c.on_save_error == "stop" || c.on_save_error == "continue",
           "on_save_error = '" + c.on_save_error + "' is unknown", "use stop or continue");
-  require(c.on_nonfinite == "stop" || c.on_nonfinite == "skip", "on_nonfinite = '" + c.on_nonfinite + "' is unknown",
-          "use stop or skip");
+  require(c.on_nonfinite == "stop" || c.on_nonfinite == "skip" || c.on_nonfinite == "rollback",
+          "on_nonfinite = '" + c.on_nonfinite + "' is unknown", "use stop, skip or rollback");
   require(c.save_every >= 0 && c.keep_last >= 0, "save_every and keep_last must be >= 0",
           "set save_every=N to checkpoint every N steps, keep_last=K to keep the newest K");
   // The non-throwing exists(): a path the system refuses to look up (a name

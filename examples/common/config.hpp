@@ -48,7 +48,7 @@ struct Common {
   std::string resume;                 // latest | a checkpoint directory ("" : start fresh)
   std::string on_save_error = "stop"; // stop | continue: what a failed save does
   double straggler_factor = 1.5;      // progress lines name a rank computing this many times the median's (0: off)
-  std::string on_nonfinite = "stop";  // stop | skip: what a step with an inf/NaN loss or gradient does
+  std::string on_nonfinite = "stop";  // stop | skip | rollback: what a step with an inf/NaN loss or gradient does
   std::string init_from;              // initial weights from a safetensors file
   bool init_strict = true;            // false: load the matching tensors, list the rest
   bool activation_checkpointing = false;  // recompute units' inner activations in backward
@@ -71,6 +71,7 @@ inline dtrain::TrainerOptions trainer_options(const Common& c) {
   }
   o.seed = c.seed;
   o.clip.max_norm = c.clip;
+  // rollback: the Trainer stops on the step, fit rolls back (examples/common/loop.hpp).
   o.on_nonfinite = c.on_nonfinite == "skip" ? dtrain::nonfinite_policy::skip : dtrain::nonfinite_policy::stop;
   o.lr_scaling = c.lr_scaling == "linear" ? dtrain::LrScaling::linear
                  : c.lr_scaling == "sqrt" ? dtrain::LrScaling::sqrt

@@ -32,6 +32,7 @@ inline dtrain::FitOptions fit_options(const Common& c) {
           .consolidated = c.consolidated,
           .resume = c.resume,
           .on_save_error = c.on_save_error,
+          .on_nonfinite = c.on_nonfinite == "rollback" ? "rollback" : "stop",
           .log_every = c.log_every,
           .metrics_file = c.metrics,
           .tensorboard_dir = c.tensorboard,

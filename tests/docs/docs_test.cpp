@@ -203,6 +203,30 @@ using Scenario = std::function<std::string(const fs::path& dir)>;
 
 const std::map<std::string, Scenario>& scenarios() {
   static const std::map<std::string, Scenario> all{
+      // Parameter shards offloaded under a strategy that replicates them.
+      {"offload_params_with_ddp",
+       [](const fs::path&) {
+         const Finished f = dtrain::test::run(launch_mlp({"steps=2", "strategy=ddp", "offload=params"}));
+         BOOST_TEST(f.exited_with(2));
+         return f.out + f.err;
+       }},
+      // The optimizer state sent to a directory that does not exist.
+      {"offload_dir_missing",
+       [](const fs::path&) {
+         const Finished f = dtrain::test::run(launch_mlp({"steps=2", "offload=nvme:/nonexistent/dtrain-state"}));
+         BOOST_TEST(f.exited_with(2));
+         return f.out + f.err;
+       }},
+      // Rank 1 gets SIGUSR1 (a scheduler's notice) in its 5th forward: every
+      // rank saves after the agreed step and the job exits with 75.
+      {"preempted",
+       [](const fs::path& dir) {
+         const Finished f = dtrain::test::run(
+             launch_mlp({"steps=50", "log_every=1000", "checkpoint_dir=" + (dir / "ck").string()}),
+             {{"DTRAIN_FAULT_INJECT", std::string("forward:1:5:USR1")}});
+         BOOST_TEST(f.exited_with(75));
+         return f.out + f.err;
+       }},
       // A key the example does not know: a usage error, exit status 2.
       {"unknown_key",
        [](const fs::path&) {

@@ -1,6 +1,7 @@
 // What long runs meet, at 2 ranks: a NaN in one rank's batch at a chosen
 // step (on_nonfinite = stop names the step and the first unit with a
-// non-finite gradient; skip leaves the parameters as they were), a
+// non-finite gradient; skip leaves the parameters as they were; fit's
+// rollback goes back to the last checkpoint and skips the batches), a
 // checkpoint that would hold a NaN (refused), and a save that hits a
 // file-size limit (ulimit -f: every rank fails with one message naming the
 // file, the bytes and the free space; the partial files go, the previous
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -216,4 +218,61 @@ BOOST_AUTO_TEST_CASE(a_save_that_hits_a_file_size_limit) {
     BOOST_TEST(r.failed_saves == 2, "saves at steps 2 and 4 fail: " << r.failed_saves);
   }
   BOOST_TEST(list_checkpoints(tmp.path / "fit").empty());
+}
+
+// fit's on_nonfinite = "rollback": a NaN in one training row stops the step
+// it lands in; fit loads the newest checkpoint, replays the steps since it on
+// the same batches, skips that step's batches and finishes, every parameter
+// finite; the metrics record the rollback. With "stop" the error ends fit.
+BOOST_AUTO_TEST_CASE(fit_rolls_back_past_a_nonfinite_step) {
+  TempDir tmp;
+  Dataset data;
+  data.rows = 96;
+  data.features = features;
+  for (std::int64_t r = 0; r < data.rows; ++r) {
+    for (double v : random_values(features, static_cast<std::uint64_t>(r + 11))) data.x.push_back(static_cast<float>(v));
+    data.y.push_back(static_cast<std::int32_t>(r % classes));
+  }
+  data.x[70 * features + 2] = std::numeric_limits<float>::quiet_NaN();  // row 70, drawn within the first epoch
+  const FitOptions base{.steps = 10, .batch_size = 4, .shuffle = false, .checkpoint_dir = tmp.path / "ck",
+                        .save_every = 2, .progress = false};
+  std::vector<std::string> stopped(2);
+  run_ranks(2, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet, Strategy<FSDP<FullShard>>> t(w, net, AdamW{.lr = 1e-2f});
+    try {
+      fit(t, data, base);
+    } catch (const nonfinite_error& e) {
+      stopped[static_cast<std::size_t>(w.rank())] = e.what();
+    }
+  });
+  for (const auto& e : stopped) BOOST_TEST(e.find("non-finite") != std::string::npos, "fit did not stop: " << e);
+  fs::remove_all(tmp.path);
+
+  FitOptions o = base;
+  o.on_nonfinite = "rollback";
+  o.metrics_file = tmp.path / "m.jsonl";
+  std::vector<FitResult> results(2);
+  std::string failure;
+  std::mutex mu;
+  run_ranks(2, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet, Strategy<FSDP<FullShard>>> t(w, net, AdamW{.lr = 1e-2f});
+    results[static_cast<std::size_t>(w.rank())] = fit(t, data, o);
+    for (const auto& [name, v] : t.parameters())
+      for (float x : v)
+        if (!std::isfinite(x)) {
+          std::lock_guard lock(mu);
+          failure = name + " is not finite";
+        }
+  });
+  BOOST_TEST(failure.empty(), failure);
+  for (const FitResult& r : results) {
+    BOOST_TEST(r.steps == 10);
+    BOOST_TEST(r.skipped_steps.size() == 1u);
+  }
+  std::ifstream in(tmp.path / "m.jsonl");
+  bool recorded = false;
+  for (std::string line; std::getline(in, line);) recorded = recorded || line.find("\"rollback_to\"") != std::string::npos;
+  BOOST_TEST(recorded, "the metrics file records the rollback");
 }

@@ -244,6 +244,7 @@ inline void declare_fit_keys(ConfigReader& c, FitOptions& o) {
   c.add("consolidated", o.consolidated, "checkpoints also hold model.safetensors (fp32, readable by Python)");
   c.add("resume", o.resume, "latest (the newest complete checkpoint, if any) | a checkpoint folder | empty: none");
   c.add("on_save_error", o.on_save_error, "stop | continue: what a failed save (full disk) does");
+  c.add("on_nonfinite", o.on_nonfinite, "stop | rollback: what a step with an inf/NaN loss or gradient does");
   c.add("straggler_factor", o.straggler_factor, "name a rank computing this many times the median's (0: off)");
   c.add("eval_every", o.eval_every, "evaluate every N steps and at the end (0: at the end)");
   c.add("eval_batches", o.eval_batches, "batches per rank per evaluation (0: the whole evaluation set)");

@@ -68,6 +68,13 @@ struct FitOptions {
   // on every rank, removes its partial files and leaves the previous
   // checkpoint as it was; "stop" rethrows it, "continue" reports it and trains on.
   std::string on_save_error = "stop";
+  // A step with a non-finite loss or gradient (the Trainer's on_nonfinite =
+  // stop throws nonfinite_error): "stop" lets the error end the run;
+  // "rollback" loads the newest checkpoint in checkpoint_dir, replays the
+  // steps since it on the same batches and skips the batches of the failed
+  // step (at most max_rollbacks times in a run).
+  std::string on_nonfinite = "stop";
+  int max_rollbacks = 3;
 
   // Evaluation over the eval source: every eval_every steps and at the end.
   std::int64_t eval_every = 0;   // 0: at the end only
@@ -94,10 +101,11 @@ struct FitOptions {
   // the signals keep their own handling).
   std::vector<int> preempt_signals{SIGTERM, SIGUSR1};
 
-  // Stragglers: at every progress point the ranks' step times and the time
-  // each waited in collectives are compared; the rank that computed longest
-  // (step minus wait) is reported, and named in the progress line when it
-  // took this many times the median rank's (0: no comparison).
+  // Stragglers: at every progress point after step 1 the ranks' step times
+  // and the time each waited in collectives are compared; the rank that
+  // computed longest (step minus wait) is reported, and named in the
+  // progress line when it took this many times the median rank's, a tenth of
+  // the step or more (0: no comparison).
   double straggler_factor = 1.5;
 
   void validate() const;
@@ -133,6 +141,7 @@ struct FitResult {
   std::optional<EvalResult> last_eval;
   std::optional<double> best;      // the best monitored value (early stop)
   int failed_saves = 0;            // saves that failed under on_save_error = "continue"
+  std::vector<std::int64_t> skipped_steps;  // on_nonfinite = "rollback": steps whose batches were skipped
   bool preempted = false;          // a preemption signal stopped the run after a checkpoint
   int preempt_signal = 0;          // the signal this rank saw first (0: another rank's)
 
@@ -164,6 +173,10 @@ inline void FitOptions::validate() const {
   require(straggler_factor == 0 || straggler_factor >= 1,
           "straggler_factor = " + std::to_string(straggler_factor) + " is neither 0 nor at least 1",
           "set .straggler_factor = 1.5 (name a rank computing 1.5x as long as the median) or 0 (off)");
+  require(on_nonfinite == "stop" || on_nonfinite == "rollback",
+          "on_nonfinite = '" + on_nonfinite + "' is neither stop nor rollback",
+          "set .on_nonfinite = \"stop\" (the default) or \"rollback\"");
+  require(max_rollbacks >= 0, "max_rollbacks is negative", "set .max_rollbacks = 3");
   require(on_save_error == "stop" || on_save_error == "continue",
           "on_save_error = '" + on_save_error + "' is neither stop nor continue",
           "set .on_save_error = \"stop\" (the default) or \"continue\"");
@@ -188,7 +201,8 @@ inline std::string mib_text(std::size_t bytes) {
 struct Stragglers {
   std::vector<double> step_ms, wait_ms;
   int slowest = 0;
-  double lag = 1;  // the slowest rank's compute time over the median rank's
+  double lag = 1;        // the slowest rank's compute time over the median rank's
+  double excess_ms = 0;  // the slowest rank's compute time minus the median rank's
 };
 
 // Collective (through the store): every rank calls it at the same steps.
@@ -209,6 +223,7 @@ inline Stragglers compare_ranks(World& world, const StepStats& st) {
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[(sorted.size() - 1) / 2];
   s.lag = median > 0 ? busy[static_cast<std::size_t>(s.slowest)] / median : 1.0;
+  s.excess_ms = busy[static_cast<std::size_t>(s.slowest)] - median;
   return s;
 }
 
@@ -326,10 +341,24 @@ class FitReporter {
       const double tflops = 6.0 * static_cast<double>(params) * tps / world_size / 1e12;
       std::printf(" | %.2f TFLOP/s/rank | MFU %.1f%%", tflops, 100.0 * tflops / o_.peak_tflops);
     }
-    if (lag && lag->lag >= o_.straggler_factor)
+    // Named when it computes straggler_factor x the median's and that costs
+    // the step at least a tenth of its time (sub-millisecond noise is not news).
+    if (lag && lag->lag >= o_.straggler_factor && lag->excess_ms >= 0.1 * st.step_ms)
       std::printf(" | slow: rank %d computes %.1fx the median rank's time", lag->slowest, lag->lag);
     std::printf("\n");
     std::fflush(stdout);
+  }
+
+  // A rollback: the failed step, where training resumes, and why.
+  void rollback(std::int64_t failed, std::int64_t resumed, const std::filesystem::path& from, const std::string& why) {
+    if (!rank0_) return;
+    if (metrics_.is_open()) {
+      metrics_ << "{\"step\": " << failed << ", \"rollback_to\": " << resumed << ", \"skipped_step\": " << failed
+               << "}\n";
+      metrics_.flush();
+    }
+    line("non-finite step " + std::to_string(failed) + ": rolled back to " + from.string() + " (step " +
+         std::to_string(resumed) + "); its batches will be skipped. " + why);
   }
 
   void eval(std::int64_t step, const EvalResult& r) {
@@ -422,7 +451,8 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
 
   detail::FitReporter report(options, rank0, result.resumed_from.has_value(), result.first_step);
   // The loader starts where the (restored) sampler stands.
-  DataLoader loader(train, sampler, {.batch_size = options.batch_size, .num_workers = options.num_workers});
+  std::optional<DataLoader> loader;
+  loader.emplace(train, sampler, LoaderOptions{.batch_size = options.batch_size, .num_workers = options.num_workers});
   const std::size_t params = trainer.layout().trainable_numel() + trainer.layout().frozen_numel();
   FitControl control;
 
@@ -492,14 +522,45 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
   std::vector<Batch> micro(static_cast<std::size_t>(trainer.micro_batches()));
   std::optional<PreemptionWatch> watch;
   if (!options.preempt_signals.empty()) watch.emplace(options.preempt_signals);
+  // on_nonfinite = "rollback": the steps whose batches are skipped (their
+  // numbers as the failed run counted them), and which of them this replay
+  // has skipped already.
+  std::vector<std::int64_t> skip;
+  std::vector<bool> skipped_now;
+  int rollbacks = 0;
   while (trainer.steps_taken() < options.steps) {
-    for (auto& b : micro) b = loader.next();
-    if (callbacks.on_batches) callbacks.on_batches(trainer.steps_taken() + 1, micro);
+    for (auto& b : micro) b = loader->next();
+    const std::int64_t next = trainer.steps_taken() + 1;
+    if (const auto it = std::ranges::find(skip, next); it != skip.end() && !skipped_now[it - skip.begin()]) {
+      skipped_now[it - skip.begin()] = true;
+      report.line("skipping the batches of step " + std::to_string(next) + " (a non-finite step before the rollback)");
+      continue;  // the next draw trains step `next`
+    }
+    if (callbacks.on_batches) callbacks.on_batches(next, micro);
     if (watch) trainer.request_stop(watch->signalled() != 0);
-    const StepStats st = trainer.step(micro);
+    StepStats st;
+    try {
+      st = trainer.step(micro);
+    } catch (const nonfinite_error& e) {
+      // Every rank throws in the same step (the loss and norm are agreed).
+      if (options.on_nonfinite != "rollback" || rollbacks >= options.max_rollbacks) throw;
+      const auto saved = list_checkpoints(options.checkpoint_dir);
+      if (saved.empty()) throw;
+      ++rollbacks;
+      skip.push_back(next);
+      skipped_now.assign(skip.size(), false);
+      result.skipped_steps.push_back(next);
+      loader.reset();  // no worker reads the sampler while it is rewound
+      const CheckpointInfo info = trainer.load(saved.back());
+      if (info.sampler) sampler.load_state(info.sampler->state_for(sampler));
+      loader.emplace(train, sampler, LoaderOptions{.batch_size = options.batch_size, .num_workers = options.num_workers});
+      report.rollback(next, trainer.steps_taken(), saved.back(), e.what());
+      continue;
+    }
     const bool last = st.step >= options.steps;
     std::optional<detail::Stragglers> lag;
-    if (options.straggler_factor > 0 && world.size() > 1 && (st.step == 1 || st.step % options.log_every == 0 || last))
+    // Not at step 1: one-time costs (first touches, allocations) differ by rank.
+    if (options.straggler_factor > 0 && world.size() > 1 && st.step > 1 && (st.step % options.log_every == 0 || last))
       lag = detail::compare_ranks(world, st);
     report.step(st, world.size(), trainer.strategy_name(), params, last, lag ? &*lag : nullptr);
     if (callbacks.on_step) callbacks.on_step(st, control);
