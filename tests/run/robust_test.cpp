@@ -51,6 +51,18 @@ Batch batch_of(int step, int rank, int bad_step, int bad_rank) {
   return b;
 }
 
+// `rows` rows of random non-zero features (row r seeded with r + seed), labels r mod classes.
+Dataset random_dataset(std::int64_t rows, std::uint64_t seed) {
+  Dataset d;
+  d.rows = rows;
+  d.features = features;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (double v : random_values(features, static_cast<std::uint64_t>(r) + seed)) d.x.push_back(static_cast<float>(v));
+    d.y.push_back(static_cast<std::int32_t>(r % classes));
+  }
+  return d;
+}
+
 TrainerOptions with(nonfinite_policy p) {
   TrainerOptions o{.seed = 3};
   o.on_nonfinite = p;
@@ -193,13 +205,7 @@ BOOST_AUTO_TEST_CASE(a_save_that_hits_a_file_size_limit) {
   BOOST_TEST(!fs::exists(tmp.path / "full"), "the failed save left files behind");
 
   // fit: every save fails under the limit; with continue the run finishes.
-  Dataset data;
-  data.rows = 32;
-  data.features = features;
-  for (std::int64_t r = 0; r < data.rows; ++r) {
-    for (double v : random_values(features, static_cast<std::uint64_t>(r + 1))) data.x.push_back(static_cast<float>(v));
-    data.y.push_back(static_cast<std::int32_t>(r % classes));
-  }
+  const Dataset data = random_dataset(32, 1);
   std::vector<FitResult> results(2);
   rlimit small = old;
   small.rlim_cur = 2048;
@@ -226,13 +232,7 @@ BOOST_AUTO_TEST_CASE(a_save_that_hits_a_file_size_limit) {
 // finite; the metrics record the rollback. With "stop" the error ends fit.
 BOOST_AUTO_TEST_CASE(fit_rolls_back_past_a_nonfinite_step) {
   TempDir tmp;
-  Dataset data;
-  data.rows = 96;
-  data.features = features;
-  for (std::int64_t r = 0; r < data.rows; ++r) {
-    for (double v : random_values(features, static_cast<std::uint64_t>(r + 11))) data.x.push_back(static_cast<float>(v));
-    data.y.push_back(static_cast<std::int32_t>(r % classes));
-  }
+  Dataset data = random_dataset(96, 11);
   data.x[70 * features + 2] = std::numeric_limits<float>::quiet_NaN();  // row 70, drawn within the first epoch
   const FitOptions base{.steps = 10, .batch_size = 4, .shuffle = false, .checkpoint_dir = tmp.path / "ck",
                         .save_every = 2, .progress = false};
