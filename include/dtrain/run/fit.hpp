@@ -105,7 +105,7 @@ struct FitOptions {
   // and the time each waited in collectives are compared; the rank that
   // computed longest (step minus wait) is reported, and named in the
   // progress line when it took this many times the median rank's, a tenth of
-  // the step or more (0: no comparison).
+  // the step and a millisecond or more (0: no comparison).
   double straggler_factor = 1.5;
 
   void validate() const;
@@ -342,8 +342,9 @@ class FitReporter {
       std::printf(" | %.2f TFLOP/s/rank | MFU %.1f%%", tflops, 100.0 * tflops / o_.peak_tflops);
     }
     // Named when it computes straggler_factor x the median's and that costs
-    // the step at least a tenth of its time (sub-millisecond noise is not news).
-    if (lag && lag->lag >= o_.straggler_factor && lag->excess_ms >= 0.1 * st.step_ms)
+    // the step a tenth of its time and a millisecond or more (noise on short
+    // steps is not news).
+    if (lag && lag->lag >= o_.straggler_factor && lag->excess_ms >= std::max(1.0, 0.1 * st.step_ms))
       std::printf(" | slow: rank %d computes %.1fx the median rank's time", lag->slowest, lag->lag);
     std::printf("\n");
     std::fflush(stdout);
@@ -415,6 +416,10 @@ template <class Trainer, BatchSource Train, BatchSource Eval = NoEvalSource>
 FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitOptions& options,
               const FitCallbacks& callbacks = {}) {
   options.validate();
+  // From the start (a notice while the checkpoint loads stops after the
+  // first step) to the return (one after the last step is noted, not fatal).
+  std::optional<PreemptionWatch> watch;
+  if (!options.preempt_signals.empty()) watch.emplace(options.preempt_signals);
   World& world = trainer.world();
   const bool rank0 = world.rank() == 0;
   FitResult result;
@@ -520,8 +525,6 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
   };
 
   std::vector<Batch> micro(static_cast<std::size_t>(trainer.micro_batches()));
-  std::optional<PreemptionWatch> watch;
-  if (!options.preempt_signals.empty()) watch.emplace(options.preempt_signals);
   // on_nonfinite = "rollback": the steps whose batches are skipped (their
   // numbers as the failed run counted them), and which of them this replay
   // has skipped already.
