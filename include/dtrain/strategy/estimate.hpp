@@ -183,9 +183,9 @@ inline PaddedModel padded_model(const std::vector<UnitNumel>& units, std::size_t
 // once, in a buffer of that unit's padded size; the resharding modes
 // (FullShard, HybridShard) hold at most prefetch + 1 units, but a buffer is
 // reused by other units and grows to the largest it held, so each is counted
-// at the largest unit: an upper bound. Gradients: the reducer keeps up to two
-// slots in flight (full padded gradient + its shard, in R), how many depends
-// on when collectives finish, so both are counted at the largest unit; plus
+// at the largest unit: an upper bound. Gradients: the reducer's two slots
+// (full padded gradient + its shard, in R) take turns, one per unit with
+// trainable parameters at most, each counted at the largest unit; plus
 // a unit gradient in T when T != R (backward writes T, the reducer reads R).
 inline std::size_t fsdp_gathered(const PaddedModel& m, const EstimatePlan& plan, const EstimateInputs& in) {
   const std::size_t T = in.compute_bytes, R = in.reduce_bytes;

@@ -17,6 +17,7 @@
 // holds elements [g*s, (g+1)*s) of a unit's padded segment, s = padded / G,
 // stored at offset / G of its shard flat.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -321,18 +322,26 @@ class ShardReducer {
   ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard,
                OffloadArena<Dev>* offload = nullptr, int accumulate = 1)
       : dev_(dev), layout_(layout), groups_(groups), grad_shard_(grad_shard), offload_(offload) {
+    const auto trainable_units = static_cast<std::size_t>(
+        std::ranges::count_if(layout.units(), [](const auto& unit) { return unit.train_size > 0; }));
+    slot_count_ = std::clamp<std::size_t>(trainable_units, 1, max_in_flight);
     if (offload_ && (!std::is_same_v<R, float> || accumulate > 1))
       host_staging_ = offload_->template allocate<R>(layout.trainable_flat_size() / layout.shards(),
                                                      memory_category::grads);
   }
 
-  // A buffer of unit u's padded size for its full gradient; waits for an
-  // earlier reduction to free one when max_in_flight are busy.
+  // A buffer of unit u's padded size for its full gradient; waits for the
+  // reduction that last used it. Slots take turns (reductions finish in the
+  // order they started, so the turn's slot is the first to come free): which
+  // units share a slot, and so how far each grows, does not depend on when
+  // collectives finish, and the reported memory is the same run to run.
   R* input(std::size_t u) {
     advance(false);
-    while (free_slot() < 0) advance_head();
+    const std::size_t i = turn_ % slot_count_;
+    if (slots_.size() <= i) slots_.resize(i + 1);
+    while (slots_[i].busy) advance_head();
     const auto& unit = layout_.units()[u];
-    Slot& slot = slots_[static_cast<std::size_t>(free_slot())];
+    Slot& slot = slots_[i];
     detail::grow_unit_buffer<Dev, R>(dev_, slot.input, unit.train_padded);
     detail::grow_unit_buffer<Dev, R>(dev_, slot.output, unit.train_padded / layout_.shards());
     slot.unit = static_cast<std::ptrdiff_t>(u);
@@ -342,10 +351,11 @@ class ShardReducer {
   // Starts reducing micro-batch k's gradient of unit u, written into input(u).
   void submit(std::size_t u, int k) {
     const auto& unit = layout_.units()[u];
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
+    const std::size_t i = turn_ % slot_count_;
+    if (i < slots_.size() && slots_[i].unit == static_cast<std::ptrdiff_t>(u) && !slots_[i].busy) {
       Slot& slot = slots_[i];
-      if (slot.unit != static_cast<std::ptrdiff_t>(u) || slot.busy) continue;
       slot.busy = true;
+      ++turn_;
       dev_.zero(slot.input.data() + unit.train_size, unit.train_padded - unit.train_size);  // padding
       start({u, k, static_cast<std::ptrdiff_t>(i), slot.input.data(), slot.output.data()});
       return;
@@ -388,16 +398,6 @@ class ShardReducer {
     work_type work{};
     bool replicated = false;  // the replica all-reduce was issued
   };
-
-  std::ptrdiff_t free_slot() {
-    for (std::size_t i = 0; i < slots_.size(); ++i)
-      if (!slots_[i].busy) return static_cast<std::ptrdiff_t>(i);
-    if (slots_.size() < max_in_flight) {
-      slots_.emplace_back();
-      return static_cast<std::ptrdiff_t>(slots_.size() - 1);
-    }
-    return -1;
-  }
 
   void start(Pending p) {
     const auto& unit = layout_.units()[p.unit];
@@ -484,6 +484,8 @@ class ShardReducer {
   OffloadArena<Dev>* offload_;
   OffloadBuffer<R> host_staging_;  // offloaded, R != fp32 or accumulating: reduced shards on the host
   std::vector<Slot> slots_;
+  std::size_t slot_count_ = 1;  // slots taking turns: max_in_flight, or fewer units with gradients
+  std::size_t turn_ = 0;        // slot submissions so far
   std::deque<Pending> pending_;
 };
 
