@@ -81,13 +81,6 @@ std::string seconds(double s) {
 
 void say(const std::string& message) { write_all(2, "dtrain-run: " + message + "\n"); }
 
-std::string signal_name(int sig) {
-#if defined(__GLIBC__)
-  if (const char* abbrev = sigabbrev_np(sig)) return std::string("SIG") + abbrev;
-#endif
-  return "signal " + std::to_string(sig);
-}
-
 // Installs the launcher's handlers (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
 // and SIGUSR2 are forwarded to the ranks; SIGCHLD wakes the loop) and remembers what it inherited, which
 // each rank gets back before exec (an ignored SIGPIPE or a blocked signal
@@ -479,7 +472,7 @@ class Group {
     if (failed.empty() || stopping_) return;  // stopped by us: not the cause
     std::stable_partition(failed.begin(), failed.end(), [](const Ended& e) { return e.signalled; });
     for (const Ended& e : failed) {
-      std::string how = e.signalled ? "was killed by " + signal_name(e.code - 128) + " (exit code "
+      std::string how = e.signalled ? "was killed by " + dtrain::signal_name(e.code - 128) + " (exit code "
                                     : std::string("exited with code ");
       how += std::to_string(e.code);
       if (e.signalled) how += ')';
@@ -497,18 +490,18 @@ class Group {
     // A notice (Slurm's --signal=USR1@T): passed on; the ranks save and exit
     // with preempted_exit_code on their own, nothing is stopped here.
     if (sig == SIGUSR1 || sig == SIGUSR2) {
-      say("received " + signal_name(sig) + "; forwarding it to the ranks");
+      say("received " + dtrain::signal_name(sig) + "; forwarding it to the ranks");
       for (auto& r : ranks_)
         if (r.running) ::kill(-r.pid, sig);
       return;
     }
     if (outcome_.signal != 0) {
-      say("received " + signal_name(sig) + " again; killing rank(s) " + running_ranks() + " now");
+      say("received " + dtrain::signal_name(sig) + " again; killing rank(s) " + running_ranks() + " now");
       kill_now();
       return;
     }
     outcome_.signal = sig;
-    say("received " + signal_name(sig) + "; forwarding it to the ranks");
+    say("received " + dtrain::signal_name(sig) + "; forwarding it to the ranks");
     stop(sig);
   }
 

@@ -7,7 +7,10 @@
 // This header is free of yaml-cpp: nvcc compiles the CUDA training code that
 // includes it (examples/common/cli.hpp parses, in g++-only files).
 
+#include <dtrain/run/preemption.hpp>
 #include <dtrain/trainer.hpp>
+
+#include <signal.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -87,6 +90,12 @@ inline dtrain::TrainerOptions trainer_options(const Common& c) {
 // Joins the job (dtrain::init) with the config's collective timeout, which
 // wins over DTRAIN_COMM_TIMEOUT_S.
 inline dtrain::World init_world(const Common& c) {
+  // [snippet:preemption_start_up]
+  // Preemption notices from here on are kept for dtrain::fit (which stops
+  // after its first step, saves and returns preempted) instead of ending
+  // the rank while it starts up: loading data, building the model.
+  static const dtrain::PreemptionWatch start_up({SIGTERM, SIGUSR1});  // the signals fit watches
+  // [/snippet:preemption_start_up]
   // Log lines reach the launcher (a pipe) and any file the job is redirected
   // to as they are printed, not when a 4 KiB buffer fills or the rank exits.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

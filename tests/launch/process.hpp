@@ -127,6 +127,12 @@ struct Finished {
 
   bool exited_with(int code) const { return WIFEXITED(status) && WEXITSTATUS(status) == code; }
   bool killed_by(int sig) const { return WIFSIGNALED(status) && WTERMSIG(status) == sig; }
+  // "exit 1", "killed by signal 15": for messages.
+  std::string describe() const {
+    if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+    if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+    return "status " + std::to_string(status);
+  }
 };
 
 // Environment changes for the launched process: a value sets, nullopt unsets.

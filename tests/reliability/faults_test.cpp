@@ -47,21 +47,6 @@ namespace fs = std::filesystem;
 constexpr double timeout_s = 10;  // the collective timeout the runs are given (timeout_s=)
 constexpr int steps = 8, save_every = 2;
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-
-std::mt19937_64& rng() {
-  static std::mt19937_64 g([] {
-    const char* v = std::getenv("DTRAIN_FAULT_SEED");
-    const unsigned long long seed = v && *v ? std::strtoull(v, nullptr, 10) : std::random_device{}();
-    std::printf("fault injection seed: %llu (DTRAIN_FAULT_SEED=%llu reproduces this draw)\n", seed, seed);
-    return seed;
-  }());
-  return g;
-}
-
 // train_mlp at 2 ranks; `node` (0 or 1) makes it one of two simulated
 // nodes of one rank each (two dtrain-run --nnodes 2 on this machine, Gloo
 // between them) rendezvousing on `port`.

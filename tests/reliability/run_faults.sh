@@ -2,9 +2,12 @@
 # The failure-injection harness at full strength: every scenario of
 # tests/reliability/faults_test.cpp (kill -9 of a random rank in forward, in
 # backward, inside a collective and during a checkpoint save; then the same
-# under dtrain-run --max-restarts 1 with resume=latest) RUNS times (default
-# 20), then the table docs/reliability.md shows. Installs what is missing and
-# builds its targets through scripts/setup.sh first.
+# under dtrain-run --max-restarts 1 with resume=latest) and of
+# preempt_test.cpp (preemption notices to one rank or to dtrain-run) RUNS
+# times (default 20), then the table docs/reliability.md shows. The JSON
+# keeps the soak's summary (run_soak.sh --record) beside the scenarios.
+# Installs what is missing and builds its targets through scripts/setup.sh
+# first.
 #
 #   tests/reliability/run_faults.sh [BUILD_DIR] [--runs N] [--seed S] [--json PATH]
 #
@@ -26,19 +29,30 @@ while [[ $# -gt 0 ]]; do
   shift 2
 done
 case $build in /*) ;; *) build=$repo/$build ;; esac
-DTRAIN_BUILD_DIR=$build "$repo/scripts/setup.sh" reliability_faults_test train_mlp dtrain-run > /dev/null
+DTRAIN_BUILD_DIR=$build "$repo/scripts/setup.sh" reliability_faults_test reliability_preempt_test train_mlp dtrain-run \
+  > /dev/null
 mkdir -p "$(dirname "$json")"
 rm -f "$json.jsonl"
 status=0
 DTRAIN_FAULT_RUNS=$runs DTRAIN_FAULT_SEED=$seed DTRAIN_FAULT_JSON=$json.jsonl \
   "$build/tests/reliability/reliability_faults_test" --log_level=test_suite || status=$?
+DTRAIN_FAULT_RUNS=$runs DTRAIN_FAULT_SEED=$seed DTRAIN_FAULT_JSON=$json.jsonl \
+  "$build/tests/reliability/reliability_preempt_test" --log_level=test_suite || status=$?
 /usr/bin/python3 - "$json.jsonl" "$json" <<'PY'
-import json, sys
+import json, os, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-json.dump({"scenarios": rows}, open(sys.argv[2], "w"), indent=1)
+out = {"scenarios": rows}
+if os.path.exists(sys.argv[2]):
+    old = json.load(open(sys.argv[2]))
+    if "soak" in old:
+        out["soak"] = old["soak"]
+with open(sys.argv[2], "w") as f:
+    json.dump(out, f, indent=1)
+    f.write("\n")
 print(f"\n| scenario | runs | passed | worst time to exit (s) |\n|---|---:|---:|---:|")
 for r in rows:
-    print(f"| {r['scenario']} | {r['runs']} | {r['passed']} | {r['worst_exit_s']:.2f} |")
+    worst = f"{r['worst_exit_s']:.2f}" if "worst_exit_s" in r else "-"
+    print(f"| {r['scenario']} | {r['runs']} | {r['passed']} | {worst} |")
 print(f"\ncollective timeout {rows[0]['timeout_s'] if rows else '?'} s; written: {sys.argv[2]}")
 PY
 rm -f "$json.jsonl"

@@ -51,18 +51,6 @@ Batch batch_of(int step, int rank, int bad_step, int bad_rank) {
   return b;
 }
 
-// `rows` rows of random non-zero features (row r seeded with r + seed), labels r mod classes.
-Dataset random_dataset(std::int64_t rows, std::uint64_t seed) {
-  Dataset d;
-  d.rows = rows;
-  d.features = features;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (double v : random_values(features, static_cast<std::uint64_t>(r) + seed)) d.x.push_back(static_cast<float>(v));
-    d.y.push_back(static_cast<std::int32_t>(r % classes));
-  }
-  return d;
-}
-
 TrainerOptions with(nonfinite_policy p) {
   TrainerOptions o{.seed = 3};
   o.on_nonfinite = p;
@@ -275,4 +263,42 @@ BOOST_AUTO_TEST_CASE(fit_rolls_back_past_a_nonfinite_step) {
   bool recorded = false;
   for (std::string line; std::getline(in, line);) recorded = recorded || line.find("\"rollback_to\"") != std::string::npos;
   BOOST_TEST(recorded, "the metrics file records the rollback");
+}
+
+// A preemption notice that arrives before fit (while the program starts up)
+// and is kept by a watch held from the top of main: fit finds it, trains one
+// step, saves and returns preempted; without that watch fit's own watch
+// starts clean. A second fit resumes from the saved step.
+BOOST_AUTO_TEST_CASE(a_notice_kept_from_start_up_stops_fit_after_one_step) {
+  TempDir tmp;
+  const Dataset data = random_dataset(32, 3);
+  const FitOptions o{.steps = 6, .batch_size = 4, .checkpoint_dir = tmp.path / "ck", .resume = "latest",
+                     .progress = false};
+  std::vector<FitResult> results(2);
+  {
+    const PreemptionWatch start_up({SIGTERM, SIGUSR1});
+    ::raise(SIGUSR1);
+    require(start_up.signalled() == SIGUSR1, "the watch kept the notice");
+    run_ranks(2, [&](World& w) {
+      UnevenNet net;
+      Trainer<UnevenNet, Strategy<DDP>> t(w, net, AdamW{.lr = 1e-2f});
+      results[static_cast<std::size_t>(w.rank())] = fit(t, data, o);
+    });
+  }
+  for (const FitResult& r : results) {
+    BOOST_TEST(r.preempted);
+    BOOST_TEST(r.steps == 1);
+    BOOST_TEST(r.exit_code() == preempted_exit_code);
+  }
+  BOOST_TEST(list_checkpoints(o.checkpoint_dir).size() == 1u);
+  run_ranks(2, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet, Strategy<DDP>> t(w, net, AdamW{.lr = 1e-2f});
+    results[static_cast<std::size_t>(w.rank())] = fit(t, data, o);
+  });
+  for (const FitResult& r : results) {
+    BOOST_TEST(!r.preempted);
+    BOOST_TEST(r.first_step == 1);
+    BOOST_TEST(r.steps == 6);
+  }
 }

@@ -58,6 +58,19 @@ inline std::vector<Batch> micro_batches(int step, int rank, const std::vector<st
   return out;
 }
 
+// A dataset for UnevenNet: `rows` rows of random non-zero features (row r
+// seeded with r + seed), labels r mod classes.
+inline Dataset random_dataset(std::int64_t rows, std::uint64_t seed) {
+  Dataset d;
+  d.rows = rows;
+  d.features = features;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (double v : random_values(features, static_cast<std::uint64_t>(r) + seed)) d.x.push_back(static_cast<float>(v));
+    d.y.push_back(static_cast<std::int32_t>(r % classes));
+  }
+  return d;
+}
+
 // Largest |a - b| / max(1, |b|) over every parameter; throws on a different set.
 inline double max_rel_diff(const Params& a, const Params& b, std::string* where = nullptr) {
   require(a.size() == b.size(), "different parameter sets");

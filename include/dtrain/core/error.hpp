@@ -2,6 +2,9 @@
 // Error types. Every dtrain exception says what failed, where (a
 // source_location captured at the throw site) and what the user can do.
 
+#include <signal.h>
+#include <string.h>  // sigabbrev_np
+
 #include <cerrno>
 #include <exception>
 #include <source_location>
@@ -150,6 +153,25 @@ class timeout_error : public comm_error {
 // unreadable or damaged). A rank killed by signal N shows as 128 + N.
 inline int exit_code(const std::exception& e) {
   return dynamic_cast<const config_error*>(&e) || dynamic_cast<const env_error*>(&e) ? 2 : 1;
+}
+
+// "SIGTERM", "SIGKILL", ...: how messages name a signal ("signal N" for one
+// without a name).
+inline std::string signal_name(int sig) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 32)
+  if (const char* abbrev = ::sigabbrev_np(sig)) return std::string("SIG") + abbrev;
+#else
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGKILL: return "SIGKILL";
+    case SIGINT: return "SIGINT";
+    case SIGHUP: return "SIGHUP";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    default: break;
+  }
+#endif
+  return "signal " + std::to_string(sig);
 }
 
 }  // namespace dtrain

@@ -64,16 +64,6 @@ struct Plan {
   int signal = SIGKILL;
 };
 
-inline const char* signal_text(int sig) {
-  switch (sig) {
-    case SIGTERM: return "SIGTERM";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGINT: return "SIGINT";
-    default: return "SIGKILL";
-  }
-}
-
 struct State {
   std::atomic<bool> armed{false};
   bool has_plan = false;
@@ -172,7 +162,7 @@ inline void hit(point p) {
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::fprintf(stderr, "dtrain: fault injection: %s on rank %d at %s #%lld (t=%.3f)\n",
-               detail::signal_text(s.plan.signal), s.rank, point_name(p).data(), s.plan.nth, now);
+               signal_name(s.plan.signal).c_str(), s.rank, point_name(p).data(), s.plan.nth, now);
   std::fflush(stderr);
   ::kill(::getpid(), s.plan.signal);
   if (s.plan.signal == SIGKILL) ::pause();

@@ -562,8 +562,12 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
     }
     const bool last = st.step >= options.steps;
     std::optional<detail::Stragglers> lag;
-    // Not at step 1: one-time costs (first touches, allocations) differ by rank.
-    if (options.straggler_factor > 0 && world.size() > 1 && st.step > 1 && (st.step % options.log_every == 0 || last))
+    // Not at step 1: one-time costs (first touches, allocations) differ by
+    // rank; and only where a progress line or the metrics file shows it
+    // (the options are the same on every rank, so all compare or none).
+    const bool shown = options.progress || !options.metrics_file.empty();
+    if (shown && options.straggler_factor > 0 && world.size() > 1 && st.step > 1 &&
+        (st.step % options.log_every == 0 || last))
       lag = detail::compare_ranks(world, st);
     report.step(st, world.size(), trainer.strategy_name(), params, last, lag ? &*lag : nullptr);
     if (callbacks.on_step) callbacks.on_step(st, control);

@@ -80,15 +80,4 @@ class PreemptionWatch {
   int signalled() const { return detail::preemption_signal; }
 };
 
-inline std::string signal_name(int sig) {
-  switch (sig) {
-    case SIGTERM: return "SIGTERM";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGINT: return "SIGINT";
-    case SIGHUP: return "SIGHUP";
-    default: return "signal " + std::to_string(sig);
-  }
-}
-
 }  // namespace dtrain

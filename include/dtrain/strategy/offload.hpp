@@ -118,7 +118,6 @@ class OffloadArena {
   OffloadArena(const OffloadArena&) = delete;
   OffloadArena& operator=(const OffloadArena&) = delete;
 
-  offload_kind kind() const { return kind_; }
   // The compute-dtype parameter shards live here too (Offload<ParamShards>).
   bool params() const { return kind_ == offload_kind::params; }
   // The host the offloaded states live on and the optimizer runs on.
