@@ -88,13 +88,20 @@ cleanup() {
 trap cleanup EXIT
 
 save_every=20
-steps=240  # ~1 s on 2 cores without faults: a notice within a second ends most attempts early
+steps=240
 common=(hidden=64,64 samples=4096 features=16 classes=4 batch_size=16 num_workers=0 log_every=1
         save_every=$save_every keep_last=2 timeout_s=20 on_save_error=continue)
 
-# The uninterrupted run every job must equal.
+# The uninterrupted run every job must equal. Its wall time (start-up
+# included) scales the moments the faults are drawn at, so they land inside
+# a job on a quiet machine and a loaded one alike.
+started=$(date +%s%N)
 "$launcher" --nproc-per-node "$ranks" "$train" steps=$steps "${common[@]}" checkpoint_dir="$work/ref" \
   save_params="$work/ref.safetensors" > "$work/ref.log" 2>&1 || { cat "$work/ref.log" >&2; exit 1; }
+job_ms=$((($(date +%s%N) - started) / 1000000))
+echo "soak: an uninterrupted job takes $job_ms ms"
+# A moment within the first `percent` % of a job's wall time, in seconds.
+moment() { local ms=$((1 + RANDOM % (job_ms * $1 / 100 + 1))); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }
 
 # Fills the checkpoint disk but 8 KiB (less than a shard file).
 fill_disk() {
@@ -141,13 +148,13 @@ while ((SECONDS < deadline)); do
       # Freed at a moment drawn apart from the notice's: a notice that
       # comes first meets the full disk, its checkpoint fails, and the
       # requeue goes back to the last one that was written.
-      free_at=0.$((1 + RANDOM % 9))
+      free_at=$(moment 80)
       (sleep "$free_at"; rm -f "$disk/ballast") &
       freer=$!
     fi
     if [[ $kind != none ]]; then
       # A kill attempt restarts its ranks first: its notice comes later.
-      if [[ $kind == kill ]]; then sleep "$((1 + RANDOM % 2)).$((RANDOM % 10))"; else sleep "0.$((1 + RANDOM % 9))"; fi
+      if [[ $kind == kill ]]; then sleep "$(moment 80)"; sleep "$(moment 100)"; else sleep "$(moment 80)"; fi
       signals=(USR1 TERM)
       kill -"${signals[$((RANDOM % 2))]}" "$pid" 2> /dev/null
     fi
@@ -233,7 +240,7 @@ for job, attempts in by_job.items():
             else:
                 cause = None
             chain.append((r, m if m is not None else r, cause, where))
-        if kind in faults and status != 0:
+        if kind in faults:
             faults[kind] += 1
     for (r, m, cause, where), (r_next, _, _, where_next) in zip(chain, chain[1:]):
         lost[cause].append(max(0, m - r_next))
@@ -243,7 +250,7 @@ for job, attempts in by_job.items():
 result = {
     "seed": int(seed), "seconds": int(seconds), "ranks": int(ranks), "jobs": int(jobs),
     "steps_per_job": int(os.environ["SOAK_STEPS"]), "save_every": save_every,
-    "attempts": len(records), "fault_attempts": faults,
+    "attempts": len(records), "attempts_by_fault": faults,
     "disk_faults": "tmpfs filled and freed" if disk_faults == "1" else "left out: no mount namespace",
     "recoveries": {c: len(v) for c, v in lost.items()},
     "steps_lost_max": {c: max(v, default=0) for c, v in lost.items()},
