@@ -227,6 +227,19 @@ const std::map<std::string, Scenario>& scenarios() {
          BOOST_TEST(f.exited_with(75));
          return f.out + f.err;
        }},
+      // The checkpoint at step 2 meets a file-size limit (ulimit -f, as a
+      // full disk would): every rank fails with the bytes and the free space.
+      {"save_file_too_large",
+       [](const fs::path& dir) {
+         std::vector<std::string> args{"/bin/sh", "-c", "ulimit -f 8; trap '' XFSZ; exec \"$@\"", "sh"};
+         for (auto& a : launch_mlp({"steps=4", "save_every=2", "log_every=1000",
+                                    "checkpoint_dir=" + (dir / "ck").string()}))
+           args.push_back(std::move(a));
+         const Finished f = dtrain::test::run(args);
+         BOOST_TEST(f.exited_with(1));
+         BOOST_TEST(!fs::exists(dir / "ck" / "step-00000002"), "the failed save left its files");
+         return f.out + f.err;
+       }},
       // A key the example does not know: a usage error, exit status 2.
       {"unknown_key",
        [](const fs::path&) {

@@ -171,6 +171,8 @@ class CheckpointIO {
       bytes = state.bytes();
       mine["written"] = detail::write_rank_file(dir, world_.rank(), world_.size(), layout_, own, std::move(state),
                                                 options.consolidated);
+    } catch (const dtrain::error& e) {
+      error = e.problem() + detail::space_note(dir, bytes);  // the fix below covers the write's own
     } catch (const std::exception& e) {
       error = e.what() + detail::space_note(dir, bytes);
     }
