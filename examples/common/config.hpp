@@ -93,8 +93,10 @@ inline dtrain::World init_world(const Common& c) {
   // [snippet:preemption_start_up]
   // Preemption notices from here on are kept for dtrain::fit (which stops
   // after its first step, saves and returns preempted) instead of ending
-  // the rank while it starts up: loading data, building the model.
-  static const dtrain::PreemptionWatch start_up({SIGTERM, SIGUSR1});  // the signals fit watches
+  // the rank while it starts up: loading data, building the model. Never
+  // destroyed, so a notice that comes as the program exits, its work done,
+  // does not end it by the signal either. The signals are the ones fit watches.
+  [[maybe_unused]] static const auto* start_up = new dtrain::PreemptionWatch({SIGTERM, SIGUSR1});
   // [/snippet:preemption_start_up]
   // Log lines reach the launcher (a pipe) and any file the job is redirected
   // to as they are printed, not when a 4 KiB buffer fills or the rank exits.

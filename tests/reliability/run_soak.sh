@@ -211,10 +211,11 @@ def segments(attempt):
             seg[1] = max(seg[1] or 0, int(m.group(1)))
     return segs
 
-# A launch ends by the injected kill, or by its attempt's end: 75 is a
-# preemption (on a disk attempt, the disk's cost: saves failed until it was
-# freed), 128 + N a notice outside the run loop, 0 the job done. A launch
-# that never got to resume trained nothing and is left out.
+# A launch ends by the injected kill, or by its attempt's end: on a disk
+# attempt, whatever ended it, the disk's cost (saves failed until it was
+# freed); else 75 is a preemption, 128 + N a notice outside the run loop, 0
+# the job done. A launch that never got to resume trained nothing and is
+# left out.
 causes = ("kill", "preempt", "disk", "notice outside the loop")
 lost = {c: [] for c in causes}
 faults = {"kill": 0, "preempt": 0, "disk": 0}
@@ -233,8 +234,10 @@ for job, attempts in by_job.items():
                 continue
             if killed:
                 cause = "kill"
+            elif kind == "disk" and status != 0:
+                cause = "disk"
             elif status == 75:
-                cause = "disk" if kind == "disk" else "preempt"
+                cause = "preempt"
             elif status >= 128:
                 cause = "notice outside the loop"
             else:
