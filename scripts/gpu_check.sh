@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU check in one command, for a GPU machine that cannot download
-# anything (docs/gpu.md):
+# anything (docs/dev/gpu_check.md):
 #
 #   scripts/gpu_check.sh fetch           on a Debian 12 machine with apt: download
 #                                        the Debian packages the build needs into
@@ -9,30 +9,44 @@
 #                                        to be carried
 #   scripts/gpu_check.sh [STAGE...]      on the GPU machine (default: all)
 #
-# A GPU run may carry 64 MiB: .gpu-debs/ (24 MB) and .gpu-debs-docs/ (59 MB)
-# travel in two runs on the same machine, the first to build, the second to
-# run the whole suite (docs/gpu.md). What the first unpacked stays for the
-# second.
+# A GPU run may carry 64 MiB: .gpu-debs/ (24 MB) travels with the check;
+# .gpu-debs-docs/ (59 MB) only for the optional whole-suite stage `test`.
 #
 # Stages, run in the order given:
-#   setup   unpack .gpu-debs/ into a prefix (dpkg -x), point CMake, the compilers
-#           and the loader at it, then configure and build with scripts/setup.sh
-#           (CUDA on, Hopper by default); DTRAIN_GPU_TARGETS limits the targets
-#   gpu     the GPU tests alone (ctest -L gpu): none may be skipped
-#   test    the whole CTest suite through scripts/test.sh
-#   doctor  dtrain-doctor on every local GPU (the NCCL table)
-#   bench   bench/run_gpu_bench.sh: the kernels, train_mlp and the GPT example
-#           against PyTorch on the same GPU
-#   all     setup gpu test doctor bench
-#   env     print the exports (eval "$(scripts/gpu_check.sh env)") to run the
-#           built programs by hand
+#   setup     print what the machine has, unpack .gpu-debs/ into a prefix
+#             (dpkg -x), point CMake, the compilers and the loader at it and
+#             configure (CUDA on, the GPU in the machine, else Hopper)
+#   build     build only what the GPU check runs (the GPU tests, train_lm,
+#             dtrain-run, dtrain-doctor): $DTRAIN_GPU_TARGETS overrides
+#   gpu       every GPU test (ctest -L gpu), JUnit into the report: none may
+#             be skipped
+#   sanitize  compute-sanitizer memcheck and racecheck over the kernels' test
+#             and the sharded strategies at world size 2 on the GPU
+#   doctor    dtrain-doctor on every local GPU (NCCL at every world size the
+#             machine has)
+#   report    gpu_check.json from what the stages left: device, driver, CUDA,
+#             commit, each test's result and seconds, sanitizer errors, the
+#             stages' times (scripts/gpu_report.py); into the report folder
+#             and, with DTRAIN_GPU_RECORD=1, bench/results/gpu_check.json
+#   all       setup build gpu sanitize doctor report
+#   bench     bench/run_gpu_bench.sh: kernels, train_mlp and train_gpt against
+#             PyTorch on the same GPU (not in all: its own run)
+#   test      the whole CTest suite through scripts/test.sh (not in all)
+#   env       print the exports (eval "$(scripts/gpu_check.sh env)") to run the
+#             built programs by hand
 #
-# Each stage's log goes to the report folder ($DTRAIN_GPU_REPORT, else $OUT
-# when set, else build-gpu/report). Environment:
+# Each stage's log goes to the report folder ($DTRAIN_GPU_REPORT, else
+# build-gpu/report; `setup` starts it afresh), copied into $OUT at the end of
+# each call when $OUT is set (the device tool's output folder). A failing
+# stage is recorded and the next ones still run, so one call shows
+# everything; the script's exit status is the first failure's. Environment:
+#   DTRAIN_COMMIT        the commit under test (the GPU machine gets a copy of
+#                        the work tree without .git): recorded in the report
 #   DTRAIN_BUILD_DIR     build folder (default build-gpu)
 #   DTRAIN_DEPS_PREFIX   where the .debs are unpacked (default /tmp/dtrain-deps)
 #   DTRAIN_CMAKE_ARGS    extra configure arguments (e.g. -DDTRAIN_WARNINGS_AS_ERRORS=OFF)
-#   CMAKE_CUDA_ARCHITECTURES  default 90 (H100, H200)
+#   DTRAIN_GPU_TARGETS   the targets `build` builds
+#   CMAKE_CUDA_ARCHITECTURES  default: the machine's GPU (native), else 90
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 debs="$root/.gpu-debs"
@@ -41,13 +55,16 @@ build="${DTRAIN_BUILD_DIR:-$root/build-gpu}"
 case $build in /*) ;; *) build="$root/$build" ;; esac
 prefix="${DTRAIN_DEPS_PREFIX:-/tmp/dtrain-deps}"
 docs_prefix="$prefix-docs"
-report="${DTRAIN_GPU_REPORT:-${OUT:-$build/report}}"
+# The report folder outlives a call (a check may span two calls on one
+# machine: build, then run); each call copies it into $OUT when set.
+report="${DTRAIN_GPU_REPORT:-$build/report}"
 arch=x86_64-linux-gnu
 
 # What scripts/setup.sh installs with apt, less what a CUDA image has (the C
 # and C++ runtimes, Python, PyTorch, CMake) and less Open MPI (the image has
 # its own mpirun): with their runtime libraries, as Debian 12 names them.
 packages=(
+  ninja-build
   libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200
   librange-v3-dev nlohmann-json3-dev libyaml-cpp-dev libyaml-cpp0.7
   libboost1.74-dev libboost-test1.74-dev libboost-test1.74.0
@@ -74,7 +91,7 @@ fetch() {
   command -v apt-get > /dev/null || { echo "gpu_check: fetch needs apt-get (Debian 12)" >&2; exit 2; }
   download "$debs" "${packages[@]}"
   download "$docs_debs" "${docs_packages[@]}"
-  echo "gpu_check: carry .gpu-debs to build (scripts/gpu_check.sh setup ...), then .gpu-debs-docs to run the whole suite (scripts/gpu_check.sh test)"
+  echo "gpu_check: carry .gpu-debs for the check (scripts/gpu_check.sh), .gpu-debs-docs only for the whole suite (scripts/gpu_check.sh test)"
 }
 
 # The stamp of a folder of .debs: their names, so a new set unpacks afresh.
@@ -169,25 +186,55 @@ deps_env() {
   DTRAIN_PYTHON="$(command -v python3 || true)"
   export DTRAIN_PYTHON
   export DTRAIN_DEPS_PROVIDED=1 DTRAIN_BUILD_DIR="$build"
-  # Ninja where there is one: CMake's Makefiles build listed targets one after
-  # another (DTRAIN_GPU_TARGETS took over 450 s on 16 cores), Ninja together.
+  # Ninja (carried): CMake's Makefiles build listed targets one after another
+  # (the GPU targets took over 450 s on 16 cores), Ninja together.
+  [[ -x $prefix/usr/bin/ninja ]] && export PATH="$PATH:$prefix/usr/bin"
   local generator=""
   command -v ninja > /dev/null && generator="-G Ninja"
-  export DTRAIN_CMAKE_ARGS="$generator -DDTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CMAKE_CUDA_ARCHITECTURES:-90} ${DTRAIN_CMAKE_ARGS:-}"
+  local arch_flag=${CMAKE_CUDA_ARCHITECTURES:-}
+  if [[ -z $arch_flag ]]; then
+    arch_flag=90
+    nvidia-smi -L > /dev/null 2>&1 && arch_flag=native
+  fi
+  export DTRAIN_CMAKE_ARGS="$generator -DDTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$arch_flag ${DTRAIN_CMAKE_ARGS:-}"
 }
 
 probe() {
   echo "== machine"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   nproc
-  for t in nvcc g++ cmake ninja python3 dpkg doxygen mpirun ip; do
-    printf '%-8s %s\n' "$t" "$(command -v $t || echo missing)"
+  for t in nvcc g++ cmake ninja python3 dpkg doxygen mpirun ip compute-sanitizer; do
+    printf '%-18s %s\n' "$t" "$(command -v $t || echo missing)"
   done
   nvcc --version | tail -2
   g++ --version | head -1
   cmake --version | head -1
   python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))' || true
   echo "NCCL_ROOT=${NCCL_ROOT:-} (nccl.h: $(ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h 2> /dev/null | tr '\n' ' '))"
+  # The same facts, one per line, for the record (scripts/gpu_report.py).
+  {
+    echo "device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1)"
+    echo "driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2> /dev/null | head -1)"
+    echo "cuda=$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+    echo "commit=$(commit_under_test)"
+    echo "cpus=$(nproc)"
+    echo "compiler=$(g++ --version | head -1)"
+    echo "cmake=$(cmake --version | head -1)"
+    echo "torch=$(python3 -c 'import torch; print(torch.__version__)' 2> /dev/null)"
+    echo "nccl=${NCCL_ROOT:-$(ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h 2> /dev/null | head -1)}"
+  } > "$report/probe.env"
+}
+
+commit_under_test() {
+  if [[ -n ${DTRAIN_COMMIT:-} ]]; then
+    echo "$DTRAIN_COMMIT"
+  elif git -C "$root" rev-parse HEAD > /dev/null 2>&1; then
+    local dirty=""
+    [[ -n $(git -C "$root" status --porcelain --untracked-files=no) ]] && dirty=+dirty
+    echo "$(git -C "$root" rev-parse HEAD)$dirty"
+  else
+    echo unknown
+  fi
 }
 
 stage() {  # stage NAME COMMAND...: runs it with its output in the report folder too
@@ -195,36 +242,86 @@ stage() {  # stage NAME COMMAND...: runs it with its output in the report folder
   shift
   echo "=== gpu_check: $name"
   local start=$SECONDS rc=0
-  "$@" 2>&1 | tee "$report/$name.log" || rc=$?
+  "$@" > >(tee "$report/$name.log") 2>&1 || rc=$?
   echo "=== gpu_check: $name exited $rc after $((SECONDS - start)) s"
-  return "$rc"
+  echo "$name $((SECONDS - start)) $rc" >> "$report/stages.tsv"
+  ((rc == 0)) || ((status)) || status=$rc
+  return 0
+}
+
+# What the check builds: every GPU test and what they launch.
+gpu_targets=(kernels_cuda_test nn_cuda_test comm_nccl_test strategies_cuda_test hf_cuda_test train_lm dtrain-run
+             dtrain-doctor)
+
+configure() {
+  # Without Ninja, a fresh folder; an existing one is reconfigured as it is.
+  DTRAIN_CONFIGURE_ONLY=1 "$root/scripts/setup.sh"
+}
+
+build() {
+  # shellcheck disable=SC2086
+  cmake --build "$build" -j "$(nproc)" --target ${DTRAIN_GPU_TARGETS:-${gpu_targets[*]}}
 }
 
 gpu_tests() {
   # --no-tests=error and the skip check: a GPU test that skips here is a failure.
-  ctest --test-dir "$build" -L gpu --output-on-failure --no-tests=error -j 4 | tee "$report/gpu_ctest.txt"
+  ctest --test-dir "$build" -L gpu --output-on-failure --no-tests=error -j 4 \
+    --output-junit "$report/gpu_junit.xml" | tee "$report/gpu_ctest.txt"
+  local rc=${PIPESTATUS[0]}
   if grep -q "Not Run\|Skipped" "$report/gpu_ctest.txt"; then
     echo "gpu_check: a GPU test was skipped on a GPU machine" >&2
     return 1
+  fi
+  return "$rc"
+}
+
+# compute-sanitizer TOOL PROGRAM [ARGS...], its log sanitize_TOOL_NAME.log.
+sanitize_one() {
+  local tool=$1 name=$2
+  shift 2
+  local log="$report/sanitize_${tool}_${name}.log" rc=0
+  compute-sanitizer --tool "$tool" --error-exitcode 99 "$@" > "$log" 2>&1 || rc=$?
+  echo "=== gpu_check: exit $rc" >> "$log"
+  tail -3 "$log"
+  return "$rc"
+}
+
+sanitize() {
+  command -v compute-sanitizer > /dev/null || { echo "gpu_check: no compute-sanitizer on PATH (the CUDA toolkit's bin)" >&2; return 1; }
+  local rc=0 t=$build/tests
+  for tool in memcheck racecheck; do
+    sanitize_one "$tool" kernels_cuda_test "$t/kernels/kernels_cuda_test" || rc=1
+    sanitize_one "$tool" strategies_world_2 "$t/strategy/strategies_cuda_test" --run_test=on_gpu_bf16/world_2_one_gpu || rc=1
+  done
+  return "$rc"
+}
+
+report() {
+  python3 "$root/scripts/gpu_report.py" write "$report" "$report/gpu_check.json"
+  if [[ ${DTRAIN_GPU_RECORD:-} == 1 ]]; then
+    cp "$report/gpu_check.json" "$root/bench/results/gpu_check.json"
   fi
 }
 
 run_stage() {
   case $1 in
     setup)
+      rm -f "$report"/*
       stage probe probe
-      # shellcheck disable=SC2086
-      stage build "$root/scripts/setup.sh" ${DTRAIN_GPU_TARGETS:-} ;;
+      stage configure configure ;;
+    build) stage build build ;;
     gpu) stage gpu gpu_tests ;;
-    test) stage test "$root/scripts/test.sh" ;;
+    sanitize) stage sanitize sanitize ;;
     doctor) stage doctor "$build/tools/dtrain-doctor" ;;
+    report) report ;;
+    test) stage test "$root/scripts/test.sh" ;;
     bench) stage bench "$root/bench/run_gpu_bench.sh" "$build" --json "$report/gpu_bench.json" ;;
     env)  # eval "$(scripts/gpu_check.sh env)": the same paths in the calling shell
       for v in CMAKE_PREFIX_PATH LD_LIBRARY_PATH LIBRARY_PATH CPLUS_INCLUDE_PATH C_INCLUDE_PATH PATH NCCL_ROOT DTRAIN_PYTHON; do
         [[ -n ${!v:-} ]] && printf 'export %s=%q\n' "$v" "${!v}"
       done ;;
-    all) for s in setup gpu test doctor bench; do run_stage "$s"; done ;;
-    *) echo "gpu_check: unknown stage '$1': use fetch, setup, gpu, test, doctor, bench, env or all" >&2; exit 2 ;;
+    all) for s in setup build gpu sanitize doctor report; do run_stage "$s"; done ;;
+    *) echo "gpu_check: unknown stage '$1': use fetch, setup, build, gpu, sanitize, doctor, report, all, bench, test or env" >&2; exit 2 ;;
   esac
 }
 
@@ -234,5 +331,8 @@ if [[ ${1:-} == fetch ]]; then
 fi
 mkdir -p "$report"
 deps_env > /dev/null
+status=0
 (($#)) || set -- all
 for s in "$@"; do run_stage "$s"; done
+[[ -n ${OUT:-} && -d ${OUT:-} ]] && cp -r "$report"/. "$OUT"/
+exit "$status"

@@ -46,4 +46,6 @@ if [[ ! -f "$build/CMakeCache.txt" ]]; then
   fi
   cmake -S "$root" -B "$build" "${configure[@]}" ${DTRAIN_CMAKE_ARGS:-}
 fi
+# DTRAIN_CONFIGURE_ONLY=1: configure, build nothing (scripts/gpu_check.sh builds its own targets).
+[[ -n "${DTRAIN_CONFIGURE_ONLY:-}" ]] && exit 0
 cmake --build "$build" -j "$jobs" ${1:+--target "$@"}

@@ -1,13 +1,17 @@
 // dtrain's GPU kernels against the GPU's own copy bandwidth, measured in the
-// same process: AdamWStep<float> (the fused optimizer pass, one kernel over
-// one flat buffer), the fp32 -> bf16 parameter cast, the fp16 gradient
-// unscale (Scale) with its non-finite count, and the squared gradient norm.
+// same process: the optimizer pass the Trainer runs (FlatOptimizer<Cuda>'s
+// GroupedStep over one flat buffer: AdamW with one parameter group, with two,
+// and with two writing the bf16 compute copy), the fp32 -> bf16 parameter
+// cast, the fp16 gradient unscale (Scale) with its non-finite count, and the
+// squared gradient norm.
 // bench/gpu/torch_kernels_cuda.py times PyTorch's counterparts the same way
 // and bench/run_gpu_bench.sh runs both and prints the table.
 //
 // Bytes are counted as each pass needs them (read + written, as STREAM does):
 //   copy        4 read + 4 written per element (cudaMemcpyAsync, device to device)
 //   adamw       param, grad, m, v read, param, m, v written: 28 per element
+//   adamw_groups  the same plus each element's group id read: 29
+//   adamw_bf16    adamw_groups plus the bf16 parameter written: 31
 //   cast        4 read + 2 written
 //   unscale     fp16 gradient read and written (4), then read again to count
 //               non-finite values (2): 6 per element, two kernels
@@ -18,6 +22,7 @@
 #include <dtrain/kernels/elementwise.hpp>
 #include <dtrain/kernels/optimizer.hpp>
 #include <dtrain/kernels/reduce.hpp>
+#include <dtrain/optim/flat_optimizer.hpp>
 #include "../size_options.hpp"
 
 #include <algorithm>
@@ -93,12 +98,19 @@ int main(int argc, char** argv) try {
     const double fn = static_cast<double>(n);
 
     rows.push_back({"copy", n, median_ms(dev, o.iters, [&] { dev.copy(m.data(), grad.data(), n); }), 8 * fn});
+    // The Trainer's pass: FlatOptimizer over the owned flat (GroupedStep),
+    // with the element group ids a no-decay group brings.
+    std::vector<std::uint8_t> ids(n);
+    for (std::size_t i = 0; i < n; ++i) ids[i] = i % 4096 < 64 ? 1 : 0;  // a bias-sized run per 4096
+    const AdamW adamw{.lr = 1e-4f, .weight_decay = 0.1f};
+    FlatOptimizer<Cuda> one(dev, adamw, n), two(dev, adamw, n, {{1.f, 0.1f}, {1.f, 0.f}}, ids);
     std::int64_t step = 0;
-    const AdamWHyper hyper{.lr = 1e-4f};
-    rows.push_back({"adamw", n, median_ms(dev, o.iters, [&] {
-                      dev.for_each(n, AdamWStep<float>({param.data(), grad.data(), m.data(), v.data()}, hyper, ++step));
-                    }),
-                    28 * fn});
+    const auto pass = [&](FlatOptimizer<Cuda>& opt, auto* out) {
+      return [&, out] { opt.step(param.data(), grad.data(), out, {.lr = 1e-4f, .step = ++step, .grad_scale = 1.f}); };
+    };
+    rows.push_back({"adamw", n, median_ms(dev, o.iters, pass(one, static_cast<float*>(nullptr))), 28 * fn});
+    rows.push_back({"adamw_groups", n, median_ms(dev, o.iters, pass(two, static_cast<float*>(nullptr))), 29 * fn});
+    rows.push_back({"adamw_bf16", n, median_ms(dev, o.iters, pass(two, half.data())), 31 * fn});
     rows.push_back({"cast_bf16", n,
                     median_ms(dev, o.iters, [&] { dev.for_each(n, Cast<float, bf16>{param.data(), half.data()}); }),
                     6 * fn});
@@ -115,6 +127,8 @@ int main(int argc, char** argv) try {
     if (bad != 0 || !(norm > 0)) throw config_error("benchmark data went non-finite", "report this as a dtrain bug");
   }
 
+  int driver = 0;
+  cuda_check(cudaDriverGetVersion(&driver), "cudaDriverGetVersion");
   std::printf("GPU kernels on %s (%d SMs), median of %d runs each\n", prop.name, prop.multiProcessorCount, o.iters);
   std::printf("%-14s %12s %10s %10s %14s\n", "pass", "elements", "ms", "GB/s", "of copy bw");
   double copy_gbps = 0;
@@ -125,8 +139,8 @@ int main(int argc, char** argv) try {
   }
   if (!o.json.empty()) {
     std::ofstream out(o.json);
-    out << "{\"implementation\": \"dtrain\", \"device\": \"" << prop.name << "\", \"iters\": " << o.iters
-        << ", \"rows\": [";
+    out << "{\"implementation\": \"dtrain\", \"device\": \"" << prop.name << "\", \"cuda_driver\": " << driver
+        << ", \"iters\": " << o.iters << ", \"rows\": [";
     for (std::size_t i = 0; i < rows.size(); ++i)
       out << (i ? ", " : "") << "{\"pass\": \"" << rows[i].pass << "\", \"elements\": " << rows[i].n
           << ", \"ms\": " << rows[i].ms << ", \"bytes\": " << rows[i].bytes << ", \"gbps\": " << rows[i].gbps()

@@ -6,6 +6,9 @@ counted as bench/gpu/kernels_cuda.cu counts them:
   copy          dst.copy_(src), fp32
   adamw         torch.optim.AdamW(fused=True).step() on one fp32 parameter
                 (PyTorch's fastest AdamW: one fused multi-tensor kernel)
+  adamw_groups  the same over two parameter groups (1/64 of the elements
+                without weight decay, as biases and norms), counted with
+                dtrain's 29 bytes per element (its group id)
   cast_bf16     dst_bf16.copy_(param_fp32)
   unscale_fp16  torch._amp_foreach_non_finite_check_and_unscale_ on an fp16
                 gradient (what GradScaler.unscale_ runs: one pass that scales
@@ -57,6 +60,14 @@ def main():
 
         rows.append(("copy", n, median_ms(args.iters, lambda: dst.copy_(grad)), 8 * n))
         rows.append(("adamw", n, median_ms(args.iters, opt.step), 28 * n))
+        small = n // 64
+        w = torch.nn.Parameter(values[small:].clone())
+        b = torch.nn.Parameter(values[:small].clone())
+        w.grad, b.grad = grad[small:].clone(), grad[:small].clone()
+        grouped = torch.optim.AdamW([{"params": [w], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0}],
+                                    lr=1e-4, fused=True)
+        rows.append(("adamw_groups", n, median_ms(args.iters, grouped.step), 29 * n))
+        del grouped, w, b
         rows.append(("cast_bf16", n, median_ms(args.iters, lambda: half.copy_(param.detach())), 6 * n))
         rows.append(("unscale_fp16", n,
                      median_ms(args.iters,

@@ -1,7 +1,7 @@
 """The training reference for hf_transformers_test: transformers + PyTorch's
 AdamW on one batch, in float32.
 
-usage: transformers_train.py MODEL_DIR IDS_FILE OUT_FILE STEPS [PAD]
+usage: transformers_train.py MODEL_DIR IDS_FILE OUT_FILE STEPS [PAD [DEVICE]]
 Loads MODEL_DIR with AutoModelForCausalLM (train mode; the tiny models have
 no dropout), takes ids [B, T] from IDS_FILE as both input and labels (the
 model shifts them: position t predicts t + 1), and writes to OUT_FILE:
@@ -13,7 +13,8 @@ model shifts them: position t predicts t + 1), and writes to OUT_FILE:
 Names are named_parameters()': a tied head appears once, as the embedding.
 PAD > 0 left-pads the first sequence: attention_mask 0 on its first PAD
 positions, and labels -100 there and on its first token (whose prediction
-would come from a padding position).
+would come from a padding position). DEVICE (default cpu) is where it trains:
+cuda for the GPU test, with TF32 off so float32 stays float32.
 """
 import sys
 
@@ -23,9 +24,12 @@ from safetensors.torch import load_file, save_file
 
 model_dir, ids_file, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 pad = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+device = sys.argv[6] if len(sys.argv) > 6 else "cpu"
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).to(device)
 model.train()
-ids = load_file(ids_file)["ids"]
+ids = load_file(ids_file)["ids"].to(device)
 mask = torch.ones_like(ids)
 labels = ids.clone()
 if pad:
@@ -38,11 +42,11 @@ for step in range(steps):
     output = model(ids, attention_mask=mask, labels=labels)
     output.loss.backward()
     if step == 0:
-        result["logits"] = output.logits.detach().reshape(-1, model.config.vocab_size).clone().contiguous()
-        result["loss"] = output.loss.detach().reshape(1).clone()
+        result["logits"] = output.logits.detach().reshape(-1, model.config.vocab_size).clone().cpu().contiguous()
+        result["loss"] = output.loss.detach().reshape(1).clone().cpu()
         for name, p in model.named_parameters():
-            result["grad." + name] = p.grad.detach().clone().contiguous()
+            result["grad." + name] = p.grad.detach().clone().cpu().contiguous()
     optimizer.step()
 for name, p in model.named_parameters():
-    result["param." + name] = p.detach().clone().contiguous()
+    result["param." + name] = p.detach().clone().cpu().contiguous()
 save_file(result, out)

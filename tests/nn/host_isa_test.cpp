@@ -53,26 +53,6 @@ void at_every_level(F check) {
   dtrain::set_host_isa(before);
 }
 
-// Softmax of each row of random scores [rows = heads * time, time] over its
-// causal, unpadded columns, in float64.
-std::vector<double> masked_softmax_reference(const std::vector<double>& att, std::int64_t time, std::int64_t heads,
-                                             const std::vector<std::int32_t>& mask) {
-  std::vector<double> out(att.size(), 0.0);
-  const auto rows = static_cast<std::int64_t>(att.size()) / time;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t tq = r % time, seq = r / (heads * time);
-    const auto on = [&](std::int64_t j) { return j <= tq && (mask.empty() || mask[static_cast<std::size_t>(seq * time + j)] != 0); };
-    double mx = -1e300, sum = 0.0;
-    for (std::int64_t j = 0; j < time; ++j)
-      if (on(j)) mx = std::max(mx, att[static_cast<std::size_t>(r * time + j)]);
-    for (std::int64_t j = 0; j < time; ++j)
-      if (on(j)) sum += std::exp(att[static_cast<std::size_t>(r * time + j)] - mx);
-    for (std::int64_t j = 0; j < time; ++j)
-      if (on(j)) out[static_cast<std::size_t>(r * time + j)] = std::exp(att[static_cast<std::size_t>(r * time + j)] - mx) / sum;
-  }
-  return out;
-}
-
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(host_levels)
@@ -132,7 +112,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(causal_softmax_with_and_without_padding, T, t::dty
           dev.for_each(rows, dtrain::CausalSoftmax<T>{att.data(), time});
         std::vector<double> got(att.size());
         for (std::size_t i = 0; i < att.size(); ++i) got[i] = static_cast<double>(static_cast<float>(att[i]));
-        t::expect_close(got, masked_softmax_reference(scores, time, heads, padded ? mask : std::vector<std::int32_t>{}),
+        t::expect_close(got, t::masked_softmax_reference(scores, time, heads, padded ? mask : std::vector<std::int32_t>{}),
                         t::forward_tol<T>, "probabilities");
       }
     }

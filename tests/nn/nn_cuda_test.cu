@@ -21,9 +21,11 @@
 #include "dtrain/nn/dropout.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
+#include "dtrain/kernels/sequence.hpp"
 #include "kernels/numeric.hpp"
 #include "model/custom_model.hpp"
 #include "nn/reference.hpp"
+#include "nn/sequence_reference.hpp"
 #include "nn/unit_harness.hpp"
 
 namespace {
@@ -171,6 +173,80 @@ BOOST_AUTO_TEST_CASE(out_of_range_label_throws_before_any_kernel) {
   BOOST_CHECK_EXCEPTION(forward(), dtrain::config_error, names_row_1);
   BOOST_CHECK_EXCEPTION(backward(), dtrain::config_error, names_row_1);
   for (double v : t::download<float>(cuda, dz)) BOOST_TEST(v == 7.0);
+}
+
+// Every unit on the GPU against the float64 references and finite
+// differences the host is held to (nn_test, sequence_test), with the host's
+// tolerances: the GPU computes the same functors, only its sums run in
+// another order and its multiply-adds fuse.
+BOOST_AUTO_TEST_CASE_TEMPLATE(units_match_float64_on_the_gpu, T, t::dtypes) {
+  dtrain::Cuda dev(0);
+  t::check_unit_on<T>(dev, dtrain::nn::Linear(5, 4), t::linear_reference(5, 4, true), 6, 5);
+  t::check_unit_on<T>(dev, dtrain::nn::Linear(5, 3, {.bias = false}), t::linear_reference(5, 3, false), 6, 5);
+  t::check_unit_on<T>(dev, dtrain::nn::ReLU{}, t::relu_reference(), 6, 9);
+  t::check_unit_on<T>(dev, dtrain::nn::GELU{}, t::gelu_reference(), 6, 9);
+  t::check_unit_on<T>(dev, dtrain::nn::GELUTanh{}, t::gelu_tanh_reference(), 6, 9);
+  t::check_unit_on<T>(dev, dtrain::nn::SiLU{}, t::silu_reference(), 6, 9);
+  t::check_unit_on<T>(dev, dtrain::nn::SwiGLU{}, t::swiglu_reference(5), 6, 10, true, {}, 2.0);
+  for (const std::int64_t width : {std::int64_t{7}, std::int64_t{37}, std::int64_t{48}}) {
+    BOOST_TEST_CONTEXT("width " << width) {
+      t::check_unit_on<T>(dev, dtrain::nn::LayerNorm(width), t::layer_norm_reference(width, 1e-5), 19, width);
+      t::check_unit_on<T>(dev, dtrain::nn::RMSNorm(width), t::rms_norm_reference(width, 1e-6), 19, width);
+      t::check_unit_on<T>(dev, dtrain::nn::Linear(9, width), t::linear_reference(9, width, true), 21, 9);
+    }
+  }
+  t::check_unit_on<T>(dev, dtrain::nn::RMSNorm(7, {.eps = 1e-5f, .trainable = false}), t::rms_norm_reference(7, 1e-5), 6, 7);
+  t::check_unit_on<T>(dev, dtrain::nn::LayerNorm(7, {.trainable = false}), t::layer_norm_reference(7, 1e-5), 6, 7);
+  const dtrain::SeqShape s{2, 5};
+  t::check_unit_on<T>(dev, dtrain::nn::CausalSelfAttention(8, 2), t::attention_reference(8, 2, s), s.rows(), 8, true, s,
+                      t::composite<T>(8));
+  struct Rotary {
+    std::int64_t kv_heads;
+    float theta;
+    bool qkv_bias, out_bias;
+  };
+  for (const Rotary c : {Rotary{4, 10000.f, false, false}, Rotary{2, 10000.f, true, false}, Rotary{1, 500.f, false, true}}) {
+    BOOST_TEST_CONTEXT("rotary: kv_heads " << c.kv_heads << ", theta " << c.theta) {
+      const dtrain::nn::RotaryAttention unit(16, 4, {.kv_heads = c.kv_heads, .rope_theta = c.theta,
+                                                     .qkv_bias = c.qkv_bias, .out_bias = c.out_bias});
+      t::check_unit_on<T>(dev, unit, t::rotary_attention_reference(16, 4, c.kv_heads, c.theta, c.qkv_bias, c.out_bias, s),
+                          s.rows(), 16, true, s, t::composite<T>(16));
+    }
+  }
+  t::check_unit_on<T>(dev, dtrain::nn::GeluMLP(6, 10), t::mlp_reference(6, 10), 7, 6, true, {7, 1}, t::composite<T>(4));
+  const dtrain::SeqShape b{2, 4};
+  t::check_unit_on<T>(dev, dtrain::nn::TransformerBlock(8, 2), t::block_reference(8, 2, b), b.rows(), 8, true, b,
+                      t::composite<T>(16));
+  const dtrain::SeqShape p{3, 4};
+  t::check_unit_on<T>(dev, dtrain::nn::PositionalEmbedding(6, 5), t::positional_reference(5, p), p.rows(), 5, true, p);
+}
+
+// The causal softmax kernel with and without a padding mask (left padding
+// and a hole), against float64, at a length whose rows end inside, at and
+// past a warp's lanes.
+BOOST_AUTO_TEST_CASE_TEMPLATE(causal_softmax_with_and_without_padding, T, t::dtypes) {
+  const std::int64_t time = 37, heads = 2, batch = 2;
+  std::mt19937_64 rng(11);
+  const std::vector<double> scores = t::round_to<T>(t::random_nonzero(batch * heads * time * time, rng, 4.0));
+  std::vector<std::int32_t> mask(static_cast<std::size_t>(batch * time), 1);
+  for (std::int64_t j = 0; j < 5; ++j) mask[static_cast<std::size_t>(j)] = 0;
+  for (std::int64_t j = 20; j < 23; ++j) mask[static_cast<std::size_t>(time + j)] = 0;
+  dtrain::Cuda dev(0);
+  auto mask_d = dtrain::make_buffer<std::int32_t>(dev, mask.size());
+  dev.copy_from_host(mask_d.data(), mask.data(), mask.size());
+  for (const bool padded : {false, true}) {
+    BOOST_TEST_CONTEXT((padded ? "padded" : "causal only")) {
+      auto att = t::upload<T>(dev, scores);
+      const auto rows = static_cast<std::size_t>(batch * heads * time);
+      if (padded)
+        dev.for_each(rows, dtrain::CausalSoftmax<T, std::int32_t>{att.data(), time, mask_d.data(), heads});
+      else
+        dev.for_each(rows, dtrain::CausalSoftmax<T>{att.data(), time});
+      t::expect_close(t::download<T>(dev, att),
+                      t::masked_softmax_reference(scores, time, heads, padded ? mask : std::vector<std::int32_t>{}),
+                      t::forward_tol<T>, "probabilities");
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -72,14 +72,13 @@ constexpr double forward_tol = std::is_same_v<T, float> ? 1e-5 : roundoff<T>() +
 template <class T>
 constexpr double backward_tol = std::is_same_v<T, float> ? 1e-4 : roundoff<T>() + 1e-4;
 
-// Runs `unit` on the host in dtype T on a random case and checks its forward
+// Runs `unit` on `dev` in dtype T on a random case and checks its forward
 // against `ref` and every gradient against finite differences of `ref`.
 // `scale` widens the tolerances for composite units, whose result passes
 // through several roundings in T (1 for a single operation).
-template <class T, class U>
-void check_unit(U unit, const RefForward& ref, std::int64_t rows, std::int64_t in, bool want_dx = true,
-                SeqShape shape = {}, double scale = 1.0) {
-  Host dev(1);
+template <class T, class Dev, class U>
+void check_unit_on(Dev& dev, U unit, const RefForward& ref, std::int64_t rows, std::int64_t in, bool want_dx = true,
+                   SeqShape shape = {}, double scale = 1.0) {
   const UnitCase c = rounded<T>(make_case(unit, rows, in, 42));
   const UnitResult r = run_unit<T>(dev, unit, c, want_dx, shape);
   expect_close(r.y, ref(c.params, c.x), scale * forward_tol<T>, "forward");
@@ -91,6 +90,14 @@ void check_unit(U unit, const RefForward& ref, std::int64_t rows, std::int64_t i
     else
       BOOST_TEST(r.grads[i].empty(), c.specs[i].name + " is frozen and has no gradient");
   }
+}
+
+// The same on the host.
+template <class T, class U>
+void check_unit(U unit, const RefForward& ref, std::int64_t rows, std::int64_t in, bool want_dx = true,
+                SeqShape shape = {}, double scale = 1.0) {
+  Host dev(1);
+  check_unit_on<T>(dev, std::move(unit), ref, rows, in, want_dx, shape, scale);
 }
 
 inline RefForward linear_reference(std::int64_t in, std::int64_t out, bool bias) {
@@ -233,6 +240,27 @@ inline double cross_entropy_reference(const std::vector<double>& z, const std::v
     total += mx + std::log(s) - row[labels[r]];
   }
   return total;
+}
+
+// Softmax of each row of scores [rows = batch * heads * time, time] over its
+// causal columns that `mask` ([batch, time], 0 = padding; empty: none)
+// keeps, in float64; masked columns are 0.
+inline std::vector<double> masked_softmax_reference(const std::vector<double>& att, std::int64_t time,
+                                                    std::int64_t heads, const std::vector<std::int32_t>& mask) {
+  std::vector<double> out(att.size(), 0.0);
+  const auto rows = static_cast<std::int64_t>(att.size()) / time;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t tq = r % time, seq = r / (heads * time);
+    const auto on = [&](std::int64_t j) { return j <= tq && (mask.empty() || mask[static_cast<std::size_t>(seq * time + j)] != 0); };
+    double mx = -1e300, sum = 0.0;
+    for (std::int64_t j = 0; j < time; ++j)
+      if (on(j)) mx = std::max(mx, att[static_cast<std::size_t>(r * time + j)]);
+    for (std::int64_t j = 0; j < time; ++j)
+      if (on(j)) sum += std::exp(att[static_cast<std::size_t>(r * time + j)] - mx);
+    for (std::int64_t j = 0; j < time; ++j)
+      if (on(j)) out[static_cast<std::size_t>(r * time + j)] = std::exp(att[static_cast<std::size_t>(r * time + j)] - mx) / sum;
+  }
+  return out;
 }
 
 }  // namespace dtrain::testing

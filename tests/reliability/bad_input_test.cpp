@@ -191,6 +191,7 @@ BOOST_AUTO_TEST_CASE(launch_environment) {
   rejects(mlp, 2, "DTRAIN_HOST_TRANSPORT='bogus' is not one of auto|shm|gloo", {{"DTRAIN_HOST_TRANSPORT", "bogus"}});
   rejects(mlp, 2, "DTRAIN_COMM_TIMEOUT_S='abc' is not a positive number", {{"DTRAIN_COMM_TIMEOUT_S", "abc"}});
   rejects(mlp, 2, "DTRAIN_SHM_WAIT='zz' is not one of", {{"DTRAIN_SHM_WAIT", "zz"}});
+  rejects(mlp, 2, "DTRAIN_GPU_TRANSPORT='mpi' is not one of nccl|host", {{"DTRAIN_GPU_TRANSPORT", "mpi"}});
   rejects(mlp, 2, "DTRAIN_SHM_CHUNK_KIB='3' is not a multiple of 4", {{"DTRAIN_SHM_CHUNK_KIB", "3"}});
   rejects(mlp, 2, "DTRAIN_FAULT_INJECT='backwards:0:1' names an unknown point", {{"DTRAIN_FAULT_INJECT", "backwards:0:1"}});
   // Through the launcher: the ranks' usage error is the job's exit status.

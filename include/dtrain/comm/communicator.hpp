@@ -42,6 +42,16 @@ enum class host_transport { automatic, shm, gloo };
 // briefly and then sleeps.
 enum class shm_wait { automatic, spin, futex };
 
+// How the ranks of a Cuda trainer exchange gradients and parameters. nccl:
+// NCCL, one GPU per rank (the default, and the only choice for speed). host:
+// each collective copies its device buffer to the host, runs on the host
+// communicator above and copies the result back, synchronously: slow, but it
+// lets several ranks share one GPU (rank r uses GPU r % visible GPUs), which
+// is how a one-GPU machine checks the sharded strategies on the GPU and how
+// the results on a GPU are compared bit for bit with the host's reductions.
+// Env DTRAIN_GPU_TRANSPORT=nccl|host.
+enum class gpu_transport { nccl, host };
+
 struct CommOptions {
   // A collective that has not completed after this long fails on every rank
   // that reached it, naming the collective, its sequence number and the ranks
@@ -53,6 +63,7 @@ struct CommOptions {
   // One rank's share of a shared-memory chunk (env DTRAIN_SHM_CHUNK_KIB):
   // large enough to amortise the hand-shakes, small enough to stay in cache.
   std::size_t shm_part_bytes = std::size_t{256} << 10;
+  gpu_transport gpu = gpu_transport::nccl;
 };
 
 template <class W>

@@ -45,8 +45,10 @@ struct LaunchEnv {
   std::optional<double> comm_timeout_s;
   // This process's node index from the launcher (GROUP_RANK, SLURM_NODEID); "" if none.
   std::string node_tag;
-  // DTRAIN_HOST_TRANSPORT, DTRAIN_SHM_WAIT, DTRAIN_SHM_CHUNK_KIB (comm/communicator.hpp).
+  // DTRAIN_HOST_TRANSPORT, DTRAIN_SHM_WAIT, DTRAIN_SHM_CHUNK_KIB, DTRAIN_GPU_TRANSPORT
+  // (comm/communicator.hpp).
   std::optional<host_transport> host;
+  std::optional<gpu_transport> gpu;
   std::optional<shm_wait> wait;
   std::optional<std::size_t> shm_part_bytes;
 };
@@ -203,6 +205,8 @@ inline void read_comm_choices(const EnvLookup& env, LaunchEnv& e) {
   e.host = env_choice<host_transport>(env, "DTRAIN_HOST_TRANSPORT", {{"auto", host_transport::automatic},
                                                                      {"shm", host_transport::shm},
                                                                      {"gloo", host_transport::gloo}});
+  e.gpu = env_choice<gpu_transport>(env, "DTRAIN_GPU_TRANSPORT", {{"nccl", gpu_transport::nccl},
+                                                                  {"host", gpu_transport::host}});
   e.wait = env_choice<shm_wait>(env, "DTRAIN_SHM_WAIT",
                                 {{"auto", shm_wait::automatic}, {"spin", shm_wait::spin}, {"futex", shm_wait::futex}});
   if (auto text = env("DTRAIN_SHM_CHUNK_KIB")) {

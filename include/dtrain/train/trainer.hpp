@@ -410,7 +410,9 @@ class TrainerCore {
 
   static Dev make_device(World& world) {
     check_launch_device<Dev>();  // a host trainer under dtrain-run --nproc-per-node gpu
-    if constexpr (requires { Dev(world.local_rank()); } && !std::is_same_v<Dev, Host>)
+    if constexpr (requires { binding::device_for(world); })
+      return Dev(binding::device_for(world));
+    else if constexpr (requires { Dev(world.local_rank()); } && !std::is_same_v<Dev, Host>)
       return Dev(world.local_rank());
     else
       return Dev();

@@ -1,0 +1,98 @@
+// hf::CausalLm on the GPU against transformers + PyTorch on the same GPU
+// (float32, TF32 off): GPT-2 (tied head) and Llama (grouped-query, tied,
+// left-padded through attention_mask), logits, the first step's loss and
+// gradients, and the parameters after 20 AdamW steps at one and two ranks
+// (two ranks share the GPU over the host transport); and train_lm end to end
+// on the GPU in bf16, saved and loaded back by transformers. Exits 77 without
+// a GPU, or when the tests' Python (DTRAIN_PYTHON) has no CUDA PyTorch or no
+// transformers.
+#include <string>
+
+#include "support/python_venv.hpp"
+
+namespace {
+std::string missing_python() {
+  const std::string check = dtrain::testing::test_python() +
+                            " -c 'import torch, transformers, safetensors; assert torch.cuda.is_available()'"
+                            " > /dev/null 2>&1";
+  return std::system(check.c_str()) == 0
+             ? ""
+             : dtrain::testing::test_python() + " lacks PyTorch with CUDA, transformers or safetensors (DTRAIN_PYTHON "
+                                                "names the Python to use)";
+}
+}  // namespace
+#define DTRAIN_GPU_TEST_NEEDS missing_python
+#include "support/gpu_main.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include <dtrain/hf/checkpoint.hpp>
+#include <dtrain/trainer.hpp>
+
+#include "hf/parity.hpp"
+#include "hf/run_logged.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using dtrain::testing::read_text;
+using dtrain::testing::run_logged;
+
+namespace {
+
+// Both sides in float32 on one GPU, summing in their own orders: the host
+// test's bounds for logits and gradients; parameters after 20 AdamW steps
+// 1e-4 (Adam divides by the root of the second moment, so a gradient that
+// differs by rounding where it is tiny moves its step by more than rounding).
+dtrain::testing::ParityRun on_the_gpu() {
+  return {.python = dtrain::testing::test_python(), .torch_device = "cuda", .parameters = 1e-4};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gpt2_trains_like_transformers_on_the_gpu) {
+  dtrain::testing::training_parity<Cuda>(on_the_gpu(), "gpt2_gpu", "gpt2 4 float32 0");
+}
+BOOST_AUTO_TEST_CASE(tied_llama_gqa_trains_like_transformers_on_the_gpu) {
+  dtrain::testing::training_parity<Cuda>(on_the_gpu(), "llama_tied_gpu", "llama_tied 2 float32 0");
+}
+BOOST_AUTO_TEST_CASE(padded_llama_trains_like_transformers_on_the_gpu) {
+  dtrain::testing::training_parity<Cuda>(on_the_gpu(), "llama_padded_gpu", "llama 2 float32 0", 3);
+}
+BOOST_AUTO_TEST_CASE(padded_gpt2_trains_like_transformers_on_the_gpu) {
+  dtrain::testing::training_parity<Cuda>(on_the_gpu(), "gpt2_padded_gpu", "gpt2 4 float32 0", 3);
+}
+
+// train_lm on every local GPU (dtrain-run --nproc-per-node gpu), bf16
+// compute with fp32 master weights, fsdp-full: the loss falls and
+// transformers loads what it saved.
+BOOST_AUTO_TEST_CASE(train_lm_bf16_on_the_gpu) {
+  const std::string py = dtrain::testing::test_python();
+  const fs::path dir = dtrain::testing::make_model(py, "llama_for_train_lm_gpu", "llama 2 bfloat16 0");
+  const fs::path work = fs::path(DTRAIN_TEST_BINARY_DIR) / "train_lm_gpu";
+  fs::remove_all(work);
+  fs::create_directories(work);
+  BOOST_TEST_REQUIRE(run_logged(py + " -c \"import numpy as np; np.save('" + (work / "tokens.npy").string() +
+                                    "', np.tile(np.arange(0, 61, 3, dtype=np.int32), 200))\"",
+                                work / "numpy.log") == 0,
+                     read_text(work / "numpy.log"));
+  const fs::path saved = work / "tuned";
+  const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node gpu " + TRAIN_LM_PATH + " --config " +
+                          DTRAIN_SOURCE_DIR + "/examples/configs/lm_finetune_gpu.yaml model=" +
+                          (dir / "model").string() + " data=" + (work / "tokens.npy").string() +
+                          " block_size=16 batch_size=8 accumulate=1 lr=3e-3 schedule=constant warmup_steps=0 clip=0 "
+                          "steps=30 log_every=10 eval_batches=2 save_hf=" + saved.string();
+  BOOST_TEST_REQUIRE(run_logged(run, work / "train.log") == 0, read_text(work / "train.log"));
+  const std::string log = read_text(work / "train.log");
+  const auto loss_at = [&](const std::string& step) {
+    const auto at = log.find("step " + step + "/30 | loss ");
+    BOOST_TEST_REQUIRE(at != std::string::npos, log);
+    return std::stod(log.substr(at + step.size() + 15, 6));
+  };
+  BOOST_TEST(loss_at("   30") < loss_at("    1") - 0.5, log);
+  BOOST_TEST(run_logged(py + " " + DTRAIN_SOURCE_DIR + "/tests/hf/transformers_logits.py " + saved.string() + " " +
+                            (dir / "expected.safetensors").string() + " " + (work / "logits.safetensors").string(),
+                        work / "reload.log") == 0,
+             read_text(work / "reload.log"));
+}
