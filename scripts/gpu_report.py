@@ -91,9 +91,9 @@ def write(report, out):
     sanitize = sanitizer_runs(report)
     count = lambda r: sum(1 for t in tests if t["result"] == r)  # noqa: E731
     record = {
-        "device": probe.get("device", "unknown"),
-        "driver": probe.get("driver", "unknown"),
-        "cuda": probe.get("cuda", "unknown"),
+        "device": probe.get("device") or "unknown",
+        "driver": probe.get("driver") or "unknown",
+        "cuda": probe.get("cuda") or "unknown",
         "commit": probe.get("commit", "unknown"),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {k: probe[k] for k in ("cpus", "compiler", "cmake", "torch", "nccl") if k in probe},
@@ -131,6 +131,9 @@ def check(path):
         if r.get(key, 0):
             problems.append(f"{key} = {r[key]}")
     problems += [f"{t['name']} {t['result']}" for t in r.get("tests", []) if t["result"] != "passed"]
+    problems += [f"stage {s['stage']} exited {s['exit']}" for s in r.get("stages", []) if s["exit"] != 0]
+    if not r.get("sanitizer"):
+        problems.append("no compute-sanitizer run")
     with open(os.path.join(ROOT, "docs", "gpu.md")) as f:
         if r.get("commit", "unknown") not in f.read():
             problems.append(f"docs/gpu.md does not name the commit it proves ({r.get('commit')})")

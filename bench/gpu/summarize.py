@@ -36,20 +36,7 @@ def dtrain_median(path, warmup):
     return statistics.median(steps)
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("work")
-    parser.add_argument("--repeat", type=int, required=True)
-    parser.add_argument("--mlp-warmup", type=int, required=True)
-    parser.add_argument("--gpt-warmup", type=int, required=True)
-    parser.add_argument("--vocab", type=int, required=True)
-    parser.add_argument("--json", required=True)
-    parser.add_argument("--mlp-config", default="hidden 1024,1024,1024, GELU, batch 256, AdamW, 300 steps, warm-up 20")
-    parser.add_argument("--gpt-config", default="6 layers, d 384, 6 heads, block 256, batch 16, AdamW, 60 steps, "
-                                                "warm-up 10")
-    a = parser.parse_args()
-    w = lambda name: os.path.join(a.work, name)  # noqa: E731
-
+def kernels_part(w):
     with open(w("kernels_dtrain.json")) as f:
         kd = json.load(f)
     with open(w("kernels_torch.json")) as f:
@@ -76,13 +63,18 @@ def main():
             row.update({"torch_ms": rt["ms"], "torch_gbps": rt["gbps"], "torch_share_of_copy": st,
                         "dtrain_over_torch_time": ratio})
         kernels.append(row)
+    return kd, kt, kernels
 
-    training = []
+
+def training_rows(w, a, keys):
     cases = [("train_mlp", "mlp", "bf16", a.mlp_warmup), ("train_mlp", "mlp", "fp32", a.mlp_warmup),
              ("train_gpt", "gpt", "bf16", a.gpt_warmup)]
+    rows = []
     print(f"\n(b, c) step time at world size 1, median of {a.repeat} runs (each run: its median step)")
     print(f"{'model':<10} {'precision':<9} | {'dtrain ms':>9} | {'torch ms':>9} | {'dtrain/torch':>12}")
     for label, key, prec, warmup in cases:
+        if key not in keys:
+            continue
         runs_d = [dtrain_median(w(f"{key}.dtrain.{prec}.{i}.jsonl"), warmup) for i in range(1, a.repeat + 1)]
         runs_t = []
         for i in range(1, a.repeat + 1):
@@ -90,16 +82,107 @@ def main():
                 runs_t.append(json.load(f)["median_step_ms"])
         d, t = statistics.median(runs_d), statistics.median(runs_t)
         print(f"{label:<10} {prec:<9} | {d:>9.3f} | {t:>9.3f} | {d / t:>11.2f}x")
-        training.append({"model": label, "precision": prec, "dtrain_ms": d, "torch_ms": t, "dtrain_over_torch": d / t,
-                         "dtrain_runs_ms": runs_d, "torch_runs_ms": runs_t})
+        rows.append({"model": label, "precision": prec, "dtrain_ms": d, "torch_ms": t, "dtrain_over_torch": d / t,
+                     "dtrain_runs_ms": runs_d, "torch_runs_ms": runs_t})
+    return rows
 
-    with open(w("mlp.torch.bf16.1.json")) as f:
-        torch_impl = json.load(f)["implementation"]
-    result = {"device": kd["device"], "cuda_driver": kd.get("cuda_driver"), "commit": commit(),
-              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-              "torch": kt["version"], "torch_implementation": torch_impl,
-              "repeat": a.repeat, "kernels": kernels, "training": training,
-              "configs": {"train_mlp": a.mlp_config, "train_gpt": f"{a.gpt_config}, vocab {a.vocab}"}}
+
+def lm_rows(w, a):
+    """GPT-2 124M and the Llama-shaped model: step times, tokens/s, MFU, ratios to PyTorch eager and compile."""
+    cases = [("gpt2", "GPT-2 124M, DDP", "gpt2-124m"), ("llama", "Llama 1.1B, FSDP full shard", "llama-1b"),
+             ("llama_ckpt", "Llama 1.1B, FSDP full shard, activation checkpointing", "llama-1b")]
+    rows = []
+    print(f"\n(d) language models through hf::CausalLm at world size 1, bf16, median of {a.repeat} runs")
+    print(f"{'model':<52} | {'dtrain ms':>9} | {'eager ms':>9} | {'compile ms':>10} | {'tokens/s':>9} | {'MFU':>6}"
+          f" | {'/eager':>6} | {'/compile':>8}")
+    shapes = {}
+    for d in os.listdir(a.work):
+        if os.path.exists(w(f"{d}/shape.json")):
+            with open(w(f"{d}/shape.json")) as f:
+                shapes[d.split("-")[0]] = json.load(f)
+    for key, label, _ in cases:
+        if not os.path.exists(w(f"lm.{key}.dtrain.1.jsonl")):
+            continue
+        shape = shapes["gpt2" if key == "gpt2" else "llama"]
+        records = [load_jsonl(w(f"lm.{key}.dtrain.{i}.jsonl")) for i in range(1, a.repeat + 1)]
+        runs_d = [statistics.median([r["step_ms"] for r in rec][a.lm_warmup:]) for rec in records]
+        last = records[0][-1]
+        tokens_per_step = last["tokens_per_s"] * last["step_ms"] / 1000
+        seq = round(last["tokens_per_s"] / last["samples_per_s"])  # the block
+        runs_t = []
+        for i in range(1, a.repeat + 1):
+            with open(w(f"lm.{key}.torch.{i}.json")) as f:
+                runs_t.append(json.load(f)["median_step_ms"])
+        d, t = statistics.median(runs_d), statistics.median(runs_t)
+        tokens_per_s = tokens_per_step / (d / 1000)
+        flops_per_token = 6 * shape["params"] + 12 * shape["layers"] * shape["width"] * seq
+        mfu = tokens_per_s * flops_per_token / (a.peak_tflops * 1e12)
+        row = {"model": label, "dtrain_ms": d, "torch_eager_ms": t, "tokens_per_s": tokens_per_s, "mfu": mfu,
+               "ratio_eager": d / t, "dtrain_runs_ms": runs_d, "torch_runs_ms": runs_t,
+               "params": shape["params"], "flops_per_token": flops_per_token,
+               "dtrain_memory": last.get("memory")}
+        compile_ms = None
+        if key == "gpt2" and os.path.exists(w("lm.gpt2.compile.json")):
+            with open(w("lm.gpt2.compile.json")) as f:
+                compile_ms = json.load(f)["median_step_ms"]
+            row.update({"torch_compile_ms": compile_ms, "ratio_compile": d / compile_ms})
+        rows.append(row)
+        c = f"{compile_ms:>10.2f}" if compile_ms else f"{'-':>10}"
+        rc = f"{d / compile_ms:>7.2f}x" if compile_ms else f"{'-':>8}"
+        print(f"{label:<52} | {d:>9.2f} | {t:>9.2f} | {c} | {tokens_per_s:>9.0f} | {100 * mfu:>5.1f}% |"
+              f" {d / t:>5.2f}x | {rc}")
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("work")
+    parser.add_argument("--repeat", type=int, required=True)
+    parser.add_argument("--mlp-warmup", type=int, required=True)
+    parser.add_argument("--gpt-warmup", type=int, required=True)
+    parser.add_argument("--lm-warmup", type=int, default=10)
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--vocab", type=int, required=True)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--mlp-config", default="hidden 1024,1024,1024, GELU, batch 256, AdamW, 300 steps, warm-up 20")
+    parser.add_argument("--gpt-config", default="6 layers, d 384, 6 heads, block 256, batch 16, AdamW, 60 steps, "
+                                                "warm-up 10")
+    parser.add_argument("--lm-config", default="")
+    a = parser.parse_args()
+    w = lambda name: os.path.join(a.work, name)  # noqa: E731
+
+    # The parts this run measured replace theirs in the file; the others stay as they were.
+    result = {}
+    if os.path.exists(a.json):
+        with open(a.json) as f:
+            result = json.load(f)
+    stamp = {"commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+    import torch  # the side's version and the GPU, as PyTorch names it
+    result.update({"device": torch.cuda.get_device_name(0), "torch": torch.__version__})
+    result.setdefault("configs", {})
+    if os.path.exists(w("kernels_dtrain.json")):
+        kd, kt, kernels = kernels_part(w)
+        result.update({"kernels": kernels, "kernels_run": dict(stamp, cuda_driver=kd.get("cuda_driver"),
+                                                               repeat=kd["iters"])})
+    keys = {k for k in ("mlp", "gpt") if os.path.exists(w(f"{k}.dtrain.bf16.1.jsonl"))}
+    if keys:
+        rows = training_rows(w, a, keys)
+        kept = [r for r in result.get("training", []) if r["model"] != "train_mlp" or "mlp" not in keys]
+        kept = [r for r in kept if r["model"] != "train_gpt" or "gpt" not in keys]
+        result["training"] = kept + [dict(r, **stamp) for r in rows]
+        with open(w(f"{sorted(keys)[0]}.torch.bf16.1.json")) as f:
+            result["torch_implementation"] = json.load(f).get("implementation", result.get("torch_implementation"))
+        if "mlp" in keys:
+            result["configs"]["train_mlp"] = a.mlp_config
+        if "gpt" in keys:
+            result["configs"]["train_gpt"] = f"{a.gpt_config}, vocab {a.vocab}"
+    lm = lm_rows(w, a)
+    if lm:
+        result["language_models"] = [dict(r, **stamp) for r in lm]
+        result["configs"]["language_models"] = a.lm_config
+        with open(w("lm.gpt2.torch.1.json")) as f:
+            result["lm_torch_implementation"] = json.load(f)["implementation"]
+    result["repeat"] = a.repeat
     with open(a.json, "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
