@@ -21,13 +21,17 @@
 #      batch 8) under FSDP full shard with activation checkpointing off and
 #      on; tokens/s and MFU (6N + 12 layers d T FLOPs per token over the
 #      GPU's bf16 dense peak).
+#  (e) the attention alone: bench_gpu_attention (cuDNN's fused attention as
+#      dtrain calls it) against bench/gpu/torch_attention_cuda.py (SDPA's
+#      flash backend), forward + backward, bf16, causal, T = 1024 and 4096,
+#      12 heads of 64 and 8 of 128, TFLOP/s.
 # (b), (c) and (d) alternate the implementations N times (default 3; torch.compile
 # once); each run reports rank 0's median step after the warm-up, the tables
 # the median of the N runs. bench/gpu/summarize.py prints the tables and
 # writes the JSON (default bench/results/gpu.json), keeping the parts this
 # run did not measure from the file as it was (each part records its own
-# commit and date). DTRAIN_GPU_BENCH_PARTS=kernels,mlp,gpt,lm (the default:
-# all) picks parts, so that a short GPU loan can run them one call each.
+# commit and date). DTRAIN_GPU_BENCH_PARTS=kernels,mlp,gpt,lm,attention (the
+# default: all) picks parts, so that a short GPU loan can run them one call each.
 # dtrain's new GPU paths (docs/gpu.md, "Kernel paths") are taken from the
 # environment as set, so the same script measures them on and off.
 # --no-setup: use BUILD_DIR as it is.
@@ -88,7 +92,7 @@ if ((smoke)); then
   lm_llama=(llama-tiny 64 4)
 fi
 gpt=("n_layer=$gpt_layers" "n_embd=$gpt_embd" "n_head=$gpt_heads" "block_size=$gpt_block" "batch_size=$gpt_batch")
-parts=",${DTRAIN_GPU_BENCH_PARTS:-kernels,mlp,gpt,lm},"
+parts=",${DTRAIN_GPU_BENCH_PARTS:-kernels,mlp,gpt,lm,attention},"
 part() { [[ $parts == *",$1,"* ]]; }
 
 # No GPU here (or no torch that sees one): a smoke run is skipped (77) before
@@ -96,7 +100,7 @@ part() { [[ $parts == *",$1,"* ]]; }
 if ! "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
   bench_skip "no GPU that $python's torch sees (DTRAIN_PYTHON names the python to use)"
 fi
-bench_build "" dtrain-run train_mlp train_gpt train_lm bench_gpu_kernels
+bench_build "" dtrain-run train_mlp train_gpt train_lm bench_gpu_kernels bench_gpu_attention
 [[ -x $build/bench/gpu/bench_gpu_kernels ]] ||
   bench_skip "no bench_gpu_kernels in $build: configure with CUDA (DTRAIN_CUDA=ON)"
 bench_need "$launcher" "$build/examples/train_mlp" "$build/examples/train_gpt" "$build/examples/train_lm"
@@ -110,6 +114,21 @@ if part kernels; then
     --json "$work/kernels_dtrain.json"
   logged "$work/kernels_torch.log" "$python" "$repo/bench/gpu/torch_kernels_cuda.py" "${kernels[@]}" \
     --json "$work/kernels_torch.json"
+fi
+
+attention=(--time 1024,4096)
+((smoke)) && attention=(--time 128 --batch-tokens 512 --iters 2)
+if part attention; then
+  echo "(e) the attention alone: dtrain (cuDNN), then PyTorch (SDPA flash)..."
+  [[ -x $build/bench/gpu/bench_gpu_attention ]] ||
+    { echo "run_gpu_bench.sh: no bench_gpu_attention in $build: configure with DTRAIN_CUDNN=ON" >&2; exit 1; }
+  for shape in "12 64" "8 128"; do
+    set -- $shape
+    logged "$work/attention_dtrain.$1.log" "$build/bench/gpu/bench_gpu_attention" "${attention[@]}" --heads "$1" \
+      --head-dim "$2" --json "$work/attention_dtrain.$1x$2.json"
+    logged "$work/attention_torch.$1.log" "$python" "$repo/bench/gpu/torch_attention_cuda.py" "${attention[@]}" \
+      --heads "$1" --head-dim "$2" --json "$work/attention_torch.$1x$2.json"
+  done
 fi
 
 vocab=0

@@ -38,6 +38,23 @@ if(NOT DTRAIN_CUDA STREQUAL "OFF")
   endif()
 endif()
 
+# cuDNN 9 and the cudnn-frontend headers, for fused attention on GPUs
+# (DTRAIN_ATTENTION=cudnn): ON, OFF or AUTO (when found, with CUDA).
+if(NOT DEFINED DTRAIN_CUDNN)
+  set(DTRAIN_CUDNN AUTO)
+endif()
+set(DTRAIN_WITH_CUDNN OFF)
+if(DTRAIN_WITH_CUDA AND NOT DTRAIN_CUDNN STREQUAL "OFF")
+  if(DTRAIN_CUDNN STREQUAL "ON")
+    find_package(CUDNN REQUIRED)
+  else()
+    find_package(CUDNN QUIET)
+  endif()
+  if(CUDNN_FOUND)
+    set(DTRAIN_WITH_CUDNN ON)
+  endif()
+endif()
+
 function(dtrain_link_dependencies target)
   # Gloo's Debian package exports a bare `gloo` target.
   target_link_libraries(${target} INTERFACE Threads::Threads range-v3::range-v3 gloo BLAS::BLAS

@@ -20,6 +20,9 @@
 #             dtrain-run, dtrain-doctor): $DTRAIN_GPU_TARGETS overrides
 #   gpu       every GPU test (ctest -L gpu), JUnit into the report: none may
 #             be skipped
+#   paths     the GPU tests again with every new GPU path on
+#             (DTRAIN_ROW_KERNELS=lanes DTRAIN_ATTENTION=cudnn DTRAIN_ELEMENTWISE=wide): what a path
+#             needs before it may become the default (docs/gpu.md)
 #   sanitize  compute-sanitizer memcheck and racecheck over the kernels' test
 #             and the sharded strategies at world size 2 on the GPU
 #   doctor    dtrain-doctor on every local GPU (NCCL at every world size the
@@ -28,7 +31,7 @@
 #             commit, each test's result and seconds, sanitizer errors, the
 #             stages' times (scripts/gpu_report.py); into the report folder
 #             and, with DTRAIN_GPU_RECORD=1, bench/results/gpu_check.json
-#   all       setup build gpu sanitize doctor report
+#   all       setup build gpu paths sanitize doctor report
 #   bench     bench/run_gpu_bench.sh: kernels, train_mlp and train_gpt against
 #             PyTorch on the same GPU (not in all: its own run)
 #   test      the whole CTest suite through scripts/test.sh (not in all)
@@ -87,10 +90,23 @@ download() {  # download DIR PACKAGE...
   du -sh "$dir"
 }
 
+# The cudnn-frontend headers (what scripts/setup.sh takes from PyPI), as a tarball among the .debs.
+cudnn_frontend="nvidia-cudnn-frontend==1.32.0"
+
 fetch() {
   command -v apt-get > /dev/null || { echo "gpu_check: fetch needs apt-get (Debian 12)" >&2; exit 2; }
   download "$debs" "${packages[@]}"
   download "$docs_debs" "${docs_packages[@]}"
+  local tmp
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps "$cudnn_frontend" -d "$tmp"
+  python3 - "$tmp" <<'PY'
+import glob, sys, zipfile
+with zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0]) as z:
+    z.extractall(sys.argv[1] + "/x", [n for n in z.namelist() if n.startswith("include/")])
+PY
+  tar -czf "$debs/cudnn-frontend.tgz" -C "$tmp/x" include
+  rm -rf "$tmp"
   echo "gpu_check: carry .gpu-debs for the check (scripts/gpu_check.sh), .gpu-debs-docs only for the whole suite (scripts/gpu_check.sh test)"
 }
 
@@ -173,9 +189,26 @@ deps_env() {
       export NCCL_ROOT="$prefix/nccl"
     fi
   fi
+  # cuDNN: the frontend's headers carried; cuDNN itself beside the toolkit, else
+  # PyTorch's nvidia-cudnn wheel (its headers to build, its library to load).
+  if [[ -f $debs/cudnn-frontend.tgz ]]; then
+    mkdir -p "$prefix/cudnn-frontend"
+    tar -xzf "$debs/cudnn-frontend.tgz" -C "$prefix/cudnn-frontend"
+  fi
+  [[ -f $prefix/cudnn-frontend/include/cudnn_frontend.h ]] && export CUDNN_FRONTEND_ROOT="$prefix/cudnn-frontend"
+  local cudnn_lib=""
+  if [[ ! -e $cuda_home/include/cudnn.h && ! -e /usr/include/cudnn.h && -z ${CUDNN_ROOT:-} ]]; then
+    local cw
+    cw=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2> /dev/null || true)
+    if [[ -n $cw && -e $cw/include/cudnn.h ]]; then
+      export CUDNN_ROOT="$cw"
+      cudnn_lib="$cw/lib"
+    fi
+  fi
   export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   local libs="$prefix/usr/lib/$arch:$prefix/usr/lib:$prefix/usr/lib/$arch/openblas-pthread"
   [[ -n ${NCCL_ROOT:-} ]] && libs="$libs:$NCCL_ROOT/lib"
+  [[ -n $cudnn_lib ]] && libs="$libs:$cudnn_lib"
   export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export LIBRARY_PATH="$libs${LIBRARY_PATH:+:$LIBRARY_PATH}"
   export CPLUS_INCLUDE_PATH="$prefix/usr/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
@@ -196,7 +229,7 @@ deps_env() {
     arch_flag=90
     nvidia-smi -L > /dev/null 2>&1 && arch_flag=native
   fi
-  export DTRAIN_CMAKE_ARGS="$generator -DDTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$arch_flag ${DTRAIN_CMAKE_ARGS:-}"
+  export DTRAIN_CMAKE_ARGS="$generator -DDTRAIN_CUDA=ON -DDTRAIN_CUDNN=ON -DCMAKE_CUDA_ARCHITECTURES=$arch_flag ${DTRAIN_CMAKE_ARGS:-}"
 }
 
 probe() {
@@ -263,17 +296,24 @@ build() {
   cmake --build "$build" -j "$(nproc)" --target ${DTRAIN_GPU_TARGETS:-${gpu_targets[*]}}
 }
 
+# gpu_tests NAME: the GPU tests, JUnit into NAME_junit.xml (the environment
+# chooses the GPU paths). --no-tests=error and the skip check: a GPU test
+# that skips here is a failure.
 gpu_tests() {
-  # --no-tests=error and the skip check: a GPU test that skips here is a failure.
+  local name=$1
   ctest --test-dir "$build" -L gpu --output-on-failure --no-tests=error -j 4 \
-    --output-junit "$report/gpu_junit.xml" | tee "$report/gpu_ctest.txt"
+    --output-junit "$report/${name}_junit.xml" | tee "$report/${name}_ctest.txt"
   local rc=${PIPESTATUS[0]}
-  if grep -q "Not Run\|Skipped" "$report/gpu_ctest.txt"; then
+  if grep -q "Not Run\|Skipped" "$report/${name}_ctest.txt"; then
     echo "gpu_check: a GPU test was skipped on a GPU machine" >&2
     return 1
   fi
   return "$rc"
 }
+
+# Every new GPU path on (CudaPaths, docs/gpu.md "Kernel paths").
+new_paths=(DTRAIN_ROW_KERNELS=lanes DTRAIN_ATTENTION=cudnn DTRAIN_ELEMENTWISE=wide)
+with_new_paths() { (export "${new_paths[@]}" && gpu_tests paths); }
 
 # compute-sanitizer TOOL PROGRAM [ARGS...], its log sanitize_TOOL_NAME.log.
 sanitize_one() {
@@ -310,7 +350,8 @@ run_stage() {
       stage probe probe
       stage configure configure ;;
     build) stage build build ;;
-    gpu) stage gpu gpu_tests ;;
+    gpu) stage gpu gpu_tests gpu ;;
+    paths) stage paths with_new_paths ;;
     sanitize) stage sanitize sanitize ;;
     doctor) stage doctor "$build/tools/dtrain-doctor" ;;
     report) report ;;
@@ -320,8 +361,8 @@ run_stage() {
       for v in CMAKE_PREFIX_PATH LD_LIBRARY_PATH LIBRARY_PATH CPLUS_INCLUDE_PATH C_INCLUDE_PATH PATH NCCL_ROOT DTRAIN_PYTHON; do
         [[ -n ${!v:-} ]] && printf 'export %s=%q\n' "$v" "${!v}"
       done ;;
-    all) for s in setup build gpu sanitize doctor report; do run_stage "$s"; done ;;
-    *) echo "gpu_check: unknown stage '$1': use fetch, setup, build, gpu, sanitize, doctor, report, all, bench, test or env" >&2; exit 2 ;;
+    all) for s in setup build gpu paths sanitize doctor report; do run_stage "$s"; done ;;
+    *) echo "gpu_check: unknown stage '$1': use fetch, setup, build, gpu, paths, sanitize, doctor, report, all, bench, test or env" >&2; exit 2 ;;
   esac
 }
 

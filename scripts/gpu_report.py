@@ -86,8 +86,12 @@ def write(report, out):
             for line in f:
                 name, seconds, rc = line.split()
                 stages.append({"stage": name, "seconds": int(seconds), "exit": int(rc)})
-    junit = os.path.join(report, "gpu_junit.xml")
-    tests = junit_tests(junit) if os.path.exists(junit) else []
+    tests = []
+    # gpu: the default paths; paths: every new GPU path on (named so in the record)
+    for name, suffix in (("gpu", ""), ("paths", " [new paths]")):
+        junit = os.path.join(report, f"{name}_junit.xml")
+        if os.path.exists(junit):
+            tests += [dict(t, name=t["name"] + suffix) for t in junit_tests(junit)]
     sanitize = sanitizer_runs(report)
     count = lambda r: sum(1 for t in tests if t["result"] == r)  # noqa: E731
     record = {

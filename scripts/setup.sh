@@ -36,6 +36,28 @@ if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
 
+# The cudnn-frontend headers (header-only, from PyPI, pinned) for fused
+# attention on GPUs, once, into the build folder where CMake looks
+# (cmake/FindCUDNN.cmake); cuDNN itself comes with the CUDA toolkit. Without
+# PyPI the build goes on without fused attention, and says so.
+cudnn_frontend="nvidia-cudnn-frontend==1.32.0"
+fe_dir="$build/deps/cudnn-frontend"
+if command -v nvcc >/dev/null && [[ ! -f "$fe_dir/include/cudnn_frontend.h" ]] && [[ -z "${DTRAIN_DEPS_PROVIDED:-}" ]]; then
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps "$cudnn_frontend" -d "$tmp" >/dev/null 2>&1; then
+    mkdir -p "$fe_dir"
+    python3 - "$tmp" "$fe_dir" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("include/")])
+PY
+  else
+    echo "dtrain: could not download $cudnn_frontend from PyPI: building without cuDNN fused attention"
+  fi
+  rm -rf "$tmp"
+fi
+
 jobs="$(nproc)"
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
   configure=(-DCMAKE_BUILD_TYPE=Release)

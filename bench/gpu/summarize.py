@@ -134,6 +134,29 @@ def lm_rows(w, a):
     return rows
 
 
+def attention_rows(w):
+    """The attention alone: dtrain's cuDNN path and PyTorch's flash SDPA, TFLOP/s."""
+    rows = []
+    for shape in ("12x64", "8x128"):
+        if not os.path.exists(w(f"attention_dtrain.{shape}.json")):
+            continue
+        with open(w(f"attention_dtrain.{shape}.json")) as f:
+            d = json.load(f)["rows"]
+        with open(w(f"attention_torch.{shape}.json")) as f:
+            t = json.load(f)["rows"]
+        for rd, rt in zip(d, t):
+            rows.append({"time": rd["time"], "batch": rd["batch"], "heads": rd["heads"], "head_dim": rd["head_dim"],
+                         "dtrain_tflops": rd["tflops"], "torch_tflops": rt["tflops"],
+                         "dtrain_over_torch_time": rd["ms"] / rt["ms"]})
+    if rows:
+        print("\n(e) attention forward + backward, bf16, causal: TFLOP/s")
+        print(f"{'T':>6} {'heads x d':>10} | {'dtrain':>8} | {'torch':>8} | {'dtrain/torch time':>17}")
+        for r in rows:
+            print(f"{r['time']:>6} {str(r['heads']) + ' x ' + str(r['head_dim']):>10} | {r['dtrain_tflops']:>8.1f} |"
+                  f" {r['torch_tflops']:>8.1f} | {r['dtrain_over_torch_time']:>16.2f}x")
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("work")
@@ -182,6 +205,9 @@ def main():
         result["configs"]["language_models"] = a.lm_config
         with open(w("lm.gpt2.torch.1.json")) as f:
             result["lm_torch_implementation"] = json.load(f)["implementation"]
+    attention = attention_rows(w)
+    if attention:
+        result["attention"] = [dict(r, **stamp) for r in attention]
     result["repeat"] = a.repeat
     with open(a.json, "w") as f:
         json.dump(result, f, indent=1)

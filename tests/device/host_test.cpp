@@ -14,6 +14,9 @@
 
 #include "dtrain/device/host.hpp"
 #include "dtrain/launch/env.hpp"
+#if DTRAIN_HAS_CUDA
+#include "dtrain/device/cuda.hpp"
+#endif
 #include "kernels/numeric.hpp"
 
 namespace {
@@ -236,5 +239,29 @@ BOOST_AUTO_TEST_CASE(blas_threads_follow_the_rank_share_of_cores) {
     BOOST_CHECK_EXCEPTION(dtrain::Host(), dtrain::env_error, names("SLURM_NODEID=2 has no entry in"));
   }
 }
+
+#if DTRAIN_HAS_CUDA
+// The GPU's kernel-path switches (docs/gpu.md, "Kernel paths") are read from
+// the environment on the host, before any GPU is touched: the old paths by
+// default, each new one by name, anything else an error naming the choices.
+BOOST_AUTO_TEST_CASE(gpu_kernel_paths_come_from_the_environment) {
+  const dtrain::CudaPaths defaults = dtrain::CudaPaths::from_env();
+  BOOST_TEST((defaults.rows == dtrain::row_kernels::thread));
+  BOOST_TEST((defaults.attention == dtrain::attention_kernels::reference));
+  BOOST_TEST((defaults.elementwise == dtrain::elementwise_kernels::scalar));
+  {
+    ScopedEnv rows("DTRAIN_ROW_KERNELS", "lanes"), attention("DTRAIN_ATTENTION", "cudnn"),
+        wide("DTRAIN_ELEMENTWISE", "wide");
+    const dtrain::CudaPaths p = dtrain::CudaPaths::from_env();
+    BOOST_TEST((p.rows == dtrain::row_kernels::lanes));
+    BOOST_TEST((p.attention == dtrain::attention_kernels::cudnn));
+    BOOST_TEST((p.elementwise == dtrain::elementwise_kernels::wide));
+  }
+  ScopedEnv bad("DTRAIN_ATTENTION", "flash");
+  BOOST_CHECK_EXCEPTION(dtrain::CudaPaths::from_env(), dtrain::config_error, [](const dtrain::config_error& e) {
+    return std::string(e.what()).find("DTRAIN_ATTENTION='flash' is not one of reference|cudnn") != std::string::npos;
+  });
+}
+#endif
 
 BOOST_AUTO_TEST_SUITE_END()

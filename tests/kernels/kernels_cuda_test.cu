@@ -219,6 +219,22 @@ BOOST_AUTO_TEST_CASE(elementwise_functors_and_non_finite_match_host_bit_for_bit)
     BOOST_TEST_REQUIRE((h[i].bits == half.host[i].bits || both_nan), "bf16 at " << i);
     BOOST_TEST_REQUIRE((a[i] == acc.host[i] || (std::isnan(a[i]) && std::isnan(acc.host[i]))), "accumulator at " << i);
   }
+  // The cast with DTRAIN_ELEMENTWISE=wide: aligned, the 4-wide path with a
+  // tail; one element in (off 8-byte alignment), the scalar one. The bits
+  // are the host's either way.
+  Cuda wide(0);
+  wide.set_paths({.elementwise = dtrain::elementwise_kernels::wide});
+  for (const std::size_t o : {std::size_t{0}, std::size_t{1}}) {
+    auto cast = Mirror<bf16>(wide, std::vector<bf16>(n));
+    auto from = Mirror<float>(wide, src.host);
+    host.for_each(n - o, dtrain::Cast<float, bf16>{from.host.data() + o, cast.host.data() + o});
+    wide.for_each(n - o, dtrain::Cast<float, bf16>{from.device.data() + o, cast.device.data() + o});
+    const std::vector<bf16> got = cast.device_values(wide);
+    for (std::size_t i = o; i < n; ++i) {
+      const bool both_nan = std::isnan(static_cast<float>(got[i])) && std::isnan(static_cast<float>(cast.host[i]));
+      BOOST_TEST_REQUIRE((got[i].bits == cast.host[i].bits || both_nan), "wide cast (offset " << o << ") at " << i);
+    }
+  }
   BOOST_TEST(dtrain::count_non_finite(dev, std::as_const(src.device).span()) == 2u);
   BOOST_TEST(!std::isfinite(dtrain::squared_norm(dev, std::as_const(half.device).span())));
 }

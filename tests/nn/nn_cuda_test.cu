@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dtrain/device/cuda.hpp"
@@ -248,5 +249,166 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(causal_softmax_with_and_without_padding, T, t::dty
     }
   }
 }
+
+// The new GPU paths (docs/gpu.md, "Kernel paths"), each against the path it
+// would replace, on one GPU.
+namespace {
+
+dtrain::Cuda device_with(dtrain::CudaPaths paths) {
+  dtrain::Cuda dev(0);
+  dev.set_paths(paths);
+  return dev;
+}
+
+constexpr dtrain::CudaPaths reference_paths{};
+constexpr dtrain::CudaPaths lane_rows{.rows = dtrain::row_kernels::lanes};
+constexpr dtrain::CudaPaths wide_elementwise{.elementwise = dtrain::elementwise_kernels::wide};
+constexpr dtrain::CudaPaths cudnn_attention{.attention = dtrain::attention_kernels::cudnn};
+
+// `path` against the reference paths: the same bits.
+template <class T, class U>
+void same_bits_with(const dtrain::CudaPaths& path, U unit, std::int64_t rows, std::int64_t in, const std::string& name,
+                    dtrain::SeqShape shape = {}) {
+  BOOST_TEST_CONTEXT(name << " " << dtrain::dtype_traits<T>::name) {
+    auto thread = device_with(reference_paths);
+    auto lanes = device_with(path);
+    const t::UnitCase c = t::make_case(unit, rows, in, 17);
+    const t::UnitResult a = t::run_unit<T>(thread, unit, c, true, shape);
+    const t::UnitResult b = t::run_unit<T>(lanes, unit, c, true, shape);
+    t::expect_close(b.y, a.y, 0.0, "forward");
+    t::expect_close(b.dx, a.dx, 0.0, "input gradient");
+    for (std::size_t i = 0; i < c.specs.size(); ++i)
+      t::expect_close(b.grads[i], a.grads[i], 0.0, c.specs[i].name + " gradient");
+  }
+}
+
+}  // namespace
+
+// DTRAIN_ROW_KERNELS=lanes: a group of math::lanes threads per row gives the
+// one-thread-per-row kernels' bits exactly (the same lane order and tree),
+// at widths inside, at and past the lanes and at a GPT-2 width.
+BOOST_AUTO_TEST_CASE_TEMPLATE(lane_rows_give_the_same_bits, T, t::dtypes) {
+  for (const std::int64_t w : {std::int64_t{7}, std::int64_t{16}, std::int64_t{37}, std::int64_t{768}}) {
+    same_bits_with<T>(lane_rows, dtrain::nn::LayerNorm(w), 301, w, "LayerNorm " + std::to_string(w));
+    same_bits_with<T>(lane_rows, dtrain::nn::RMSNorm(w), 301, w, "RMSNorm " + std::to_string(w));
+  }
+  const dtrain::SeqShape s{3, 37};
+  same_bits_with<T>(lane_rows, dtrain::nn::CausalSelfAttention(64, 4), s.rows(), 64, "CausalSelfAttention", s);
+  same_bits_with<T>(lane_rows, dtrain::nn::RotaryAttention(64, 4, {.kv_heads = 2}), s.rows(), 64, "RotaryAttention", s);
+  same_bits_with<T>(lane_rows, dtrain::nn::TransformerBlock(64, 4), s.rows(), 64, "TransformerBlock", s);
+
+  // cross-entropy over a vocabulary-sized row: the gradient bit for bit, the
+  // loss (a double sum over rows in another order) to double rounding
+  const std::int64_t rows = 97, classes = 50257;
+  std::mt19937_64 rng(8);
+  const std::vector<double> z = t::round_to<T>(t::random_nonzero(static_cast<std::size_t>(rows * classes), rng, 4.0));
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+  std::uniform_int_distribution<std::int32_t> label(0, classes - 1);
+  for (auto& l : labels) l = label(rng);
+  labels[5] = -100;
+  auto thread = device_with(reference_paths);
+  auto lanes = device_with(lane_rows);
+  const auto a = t::run_loss<T>(thread, z, labels, classes, 0.01f);
+  const auto b = t::run_loss<T>(lanes, z, labels, classes, 0.01f);
+  BOOST_TEST(b.loss == a.loss, boost::test_tools::tolerance(1e-12));
+  t::expect_close(b.dlogits, a.dlogits, 0.0, "cross-entropy dlogits");
+
+  // the padded causal softmax
+  const std::int64_t time = 37, heads = 2, batch = 2;
+  const std::vector<double> scores = t::round_to<T>(t::random_nonzero(batch * heads * time * time, rng, 4.0));
+  std::vector<std::int32_t> mask(static_cast<std::size_t>(batch * time), 1);
+  for (std::int64_t j = 0; j < 5; ++j) mask[static_cast<std::size_t>(j)] = 0;
+  auto softmax = [&](dtrain::Cuda& dev) {
+    auto m = dtrain::make_buffer<std::int32_t>(dev, mask.size());
+    dev.copy_from_host(m.data(), mask.data(), mask.size());
+    auto att = t::upload<T>(dev, scores);
+    dev.for_each(static_cast<std::size_t>(batch * heads * time),
+                 dtrain::CausalSoftmax<T, std::int32_t>{att.data(), time, m.data(), heads});
+    return t::download<T>(dev, att);
+  };
+  t::expect_close(softmax(lanes), softmax(thread), 0.0, "padded causal softmax");
+}
+
+// DTRAIN_ELEMENTWISE=wide: four elements per access, the same bits; sizes
+// with a tail (the last n % 4 one by one).
+BOOST_AUTO_TEST_CASE_TEMPLATE(wide_elementwise_gives_the_same_bits, T, t::dtypes) {
+  same_bits_with<T>(wide_elementwise, dtrain::nn::GELU{}, 301, 70, "GELU");
+  same_bits_with<T>(wide_elementwise, dtrain::nn::GELUTanh{}, 301, 70, "GELUTanh");
+  same_bits_with<T>(wide_elementwise, dtrain::nn::SiLU{}, 301, 70, "SiLU");
+  same_bits_with<T>(wide_elementwise, dtrain::nn::ReLU{}, 301, 70, "ReLU");
+  const dtrain::SeqShape s{3, 37};
+  same_bits_with<T>(wide_elementwise, dtrain::nn::TransformerBlock(64, 4), s.rows(), 64, "TransformerBlock", s);
+}
+
+#if DTRAIN_HAS_CUDNN
+namespace {
+
+// cuDNN's fused attention against the reference path on the same GPU, with
+// and without padding (left padding and a hole; the padded positions get no
+// upstream gradient, as in training, where they have no target; the outputs
+// of queries before the first token, which attend to nothing, are not
+// compared). Bounds: the cross-device bound of a composite of 8 roundings;
+// cuDNN also rounds the probabilities to T before multiplying by v.
+template <class T, class U>
+void fused_matches_reference(U unit, dtrain::SeqShape s, std::int64_t dim, const std::string& name, bool padded) {
+  BOOST_TEST_CONTEXT(name << " " << dtrain::dtype_traits<T>::name << (padded ? " padded" : "")) {
+    auto ref = device_with(reference_paths);
+    auto fused = device_with(cudnn_attention);
+    BOOST_TEST_REQUIRE(dtrain::saved_size_of<T>(unit, fused, s, dim) < dtrain::saved_size_of(unit, s, dim),
+                       "cuDNN takes the problem (the fused path keeps less than the reference)");
+    t::UnitCase c = t::make_case(unit, s.rows(), dim, 23);
+    for (auto& p : c.params)
+      for (auto& v : p) v /= std::sqrt(static_cast<double>(dim));  // initialisation scale: O(1) scores
+    std::vector<std::int32_t> mask(static_cast<std::size_t>(s.rows()), 1);
+    if (padded) {
+      for (std::int64_t j = 0; j < 3; ++j) mask[static_cast<std::size_t>(j)] = 0;               // left padding
+      for (std::int64_t j = 9; j < 11; ++j) mask[static_cast<std::size_t>(s.time + j)] = 0;    // a hole
+      for (std::size_t r = 0; r < mask.size(); ++r)
+        if (mask[r] == 0)
+          for (std::int64_t k = 0; k < dim; ++k) c.dy[r * static_cast<std::size_t>(dim) + static_cast<std::size_t>(k)] = 0;
+    }
+    auto run = [&](dtrain::Cuda& dev) {
+      auto m = dtrain::make_buffer<std::int32_t>(dev, mask.size());
+      dev.copy_from_host(m.data(), mask.data(), mask.size());
+      dtrain::DeviceBatch batch;
+      if (padded)
+        batch.set("attention_mask", dtrain::DeviceTensor{dtrain::element_type::i32, {s.batch, s.time},
+                                                         reinterpret_cast<const std::byte*>(m.data()),
+                                                         reinterpret_cast<const std::byte*>(mask.data()), {}});
+      t::UnitResult r = t::run_unit<T>(dev, unit, c, true, s, &batch);
+      for (std::int64_t j = 0; padded && j < 3; ++j)  // queries with nothing to attend to
+        for (std::int64_t k = 0; k < dim; ++k) r.y[static_cast<std::size_t>(j * dim + k)] = 0;
+      return r;
+    };
+    const t::UnitResult a = run(ref), b = run(fused);
+    const double tol = cross_device_tol<T>(8);
+    t::expect_close(b.y, a.y, tol, "forward");
+    t::expect_close(b.dx, a.dx, tol, "input gradient");
+    for (std::size_t i = 0; i < c.specs.size(); ++i) t::expect_close(b.grads[i], a.grads[i], tol, c.specs[i].name);
+  }
+}
+
+}  // namespace
+
+using half_types = std::tuple<dtrain::bf16, dtrain::fp16>;
+
+// DTRAIN_ATTENTION=cudnn: head dims 64 and 128, multi-head and grouped-query,
+// GPT-2's fused q|k|v and Llama's separate projections with rotary positions.
+BOOST_AUTO_TEST_CASE_TEMPLATE(cudnn_attention_matches_the_reference, T, half_types) {
+  for (const bool padded : {false, true}) {
+    fused_matches_reference<T>(dtrain::nn::CausalSelfAttention(768, 12), {2, 64}, 768, "GPT-2 attention, hd 64", padded);
+    fused_matches_reference<T>(dtrain::nn::CausalSelfAttention(512, 4), {2, 48}, 512, "attention, hd 128", padded);
+    fused_matches_reference<T>(dtrain::nn::RotaryAttention(512, 8, {.kv_heads = 2}), {2, 64}, 512,
+                               "Llama attention, GQA 8/2, hd 64", padded);
+    fused_matches_reference<T>(dtrain::nn::RotaryAttention(1024, 8, {.kv_heads = 1, .qkv_bias = true}), {1, 80},
+                               1024, "Qwen2-style attention, MQA, hd 128, biases", padded);
+  }
+}
+#else
+BOOST_AUTO_TEST_CASE(cudnn_attention_is_built) {
+  BOOST_FAIL("this CUDA build has no cuDNN fused attention (DTRAIN_HAS_CUDNN): configure with DTRAIN_CUDNN=ON "
+             "(cuDNN 9 and the cudnn-frontend headers, scripts/setup.sh) so the GPU check covers it");
+}
+#endif
 
 BOOST_AUTO_TEST_SUITE_END()

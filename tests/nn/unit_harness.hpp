@@ -79,8 +79,10 @@ MatView<T> param_view(T* data, const ParamSpec& s) {
 
 // `shape`: the sequence shape (rows = batch * time) a context unit sees; its
 // saved activations get a buffer of the size it asks for.
+// `batch` (optional): what the unit finds as the batch (an attention_mask).
 template <class T, class Dev, class U>
-UnitResult run_unit(Dev& dev, U& unit, const UnitCase& c, bool want_dx = true, SeqShape shape = {}) {
+UnitResult run_unit(Dev& dev, U& unit, const UnitCase& c, bool want_dx = true, SeqShape shape = {},
+                    const DeviceBatch* batch = nullptr) {
   using buffer = typename Dev::template buffer<T>;
   std::vector<buffer> params, grads;
   std::vector<MatView<const T>> pv;
@@ -100,9 +102,9 @@ UnitResult run_unit(Dev& dev, U& unit, const UnitCase& c, bool want_dx = true, S
   const MatView<T> dxv = want_dx ? dx.view(c.rows, c.in) : MatView<T>{};
   if constexpr (detail::context_unit<U, Dev, T>) {
     if (shape.rows() != c.rows) shape = {c.rows, 1};
-    buffer saved = make_buffer<T>(dev, static_cast<std::size_t>(saved_size_of(unit, shape, c.in)));
+    buffer saved = make_buffer<T>(dev, static_cast<std::size_t>(saved_size_of<T>(unit, dev, shape, c.in)));
     // A training call with a fixed random stream: nn::Dropout draws the same mask on every device.
-    const UnitContext<T> ctx{shape, saved.view(1, static_cast<std::int64_t>(saved.size())), true, 99};
+    const UnitContext<T> ctx{shape, saved.view(1, static_cast<std::int64_t>(saved.size())), true, 99, batch};
     unit.template forward<Dev, T>(dev, pv, xv, y.view(c.rows, c.out), ctx);
     unit.template backward<Dev, T>(dev, pv, gv, xv, std::as_const(y).view(c.rows, c.out), dyv, dxv, ctx);
   } else {

@@ -23,11 +23,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <memory>
 #include <source_location>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <typeindex>
+#include <typeinfo>
+#include <utility>
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
@@ -99,11 +104,77 @@ consteval cudaDataType cuda_data_type() {
 template <class>
 inline constexpr bool always_false = false;
 
+}  // namespace detail
+
+// Where dtrain has more than one GPU kernel for a job, which one runs. A new
+// path is off by default until a run on a GPU has proven it (docs/gpu.md,
+// "Kernel paths"); each has an environment switch, read when a Cuda device
+// is created, and a setter for programs and tests.
+//   rows: the row functors (LayerNorm, RMSNorm, the causal softmax,
+//         cross-entropy) one thread per row (`thread`), or a group of
+//         math::lanes threads per row (`lanes`, the same bits).
+//         DTRAIN_ROW_KERNELS=thread|lanes.
+//   attention: the attention units' GEMMs and causal softmax (`reference`),
+//         or cuDNN's fused flash attention in bf16 and fp16 (`cudnn`, in
+//         builds with cuDNN: DTRAIN_HAS_CUDNN; device/fused_attention.hpp).
+//         DTRAIN_ATTENTION=reference|cudnn.
+//   elementwise: the newer four-element forms of elementwise functors (the
+//         parameter cast, the activations, the residual adds: one 8- or
+//         16-byte access per buffer for four elements, the same arithmetic)
+//         off (`scalar`) or on (`wide`). DTRAIN_ELEMENTWISE=scalar|wide.
+enum class row_kernels { thread, lanes };
+enum class attention_kernels { reference, cudnn };
+enum class elementwise_kernels { scalar, wide };
+
+namespace detail {
+// The value of switch `var`, one of `names`, or `fallback` when unset.
+template <class E, std::size_t N>
+E env_switch(const char* var, const std::pair<std::string_view, E> (&names)[N], E fallback) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return fallback;
+  std::string list;
+  for (const auto& [name, value] : names) {
+    if (name == v) return value;
+    if (!list.empty()) list += '|';
+    list += name;
+  }
+  throw config_error(std::string(var) + "='" + v + "' is not one of " + list,
+                     "set " + std::string(var) + " to one of " + list + ", or unset it");
+}
+}  // namespace detail
+
+struct CudaPaths {
+  row_kernels rows = row_kernels::thread;
+  attention_kernels attention = attention_kernels::reference;
+  elementwise_kernels elementwise = elementwise_kernels::scalar;
+
+  // The defaults, overridden by the environment.
+  static CudaPaths from_env() {
+    CudaPaths p;
+    p.rows = detail::env_switch("DTRAIN_ROW_KERNELS",
+                                {std::pair{std::string_view("thread"), row_kernels::thread},
+                                 std::pair{std::string_view("lanes"), row_kernels::lanes}},
+                                p.rows);
+    p.attention = detail::env_switch("DTRAIN_ATTENTION",
+                                     {std::pair{std::string_view("reference"), attention_kernels::reference},
+                                      std::pair{std::string_view("cudnn"), attention_kernels::cudnn}},
+                                     p.attention);
+    p.elementwise = detail::env_switch("DTRAIN_ELEMENTWISE",
+                                       {std::pair{std::string_view("scalar"), elementwise_kernels::scalar},
+                                        std::pair{std::string_view("wide"), elementwise_kernels::wide}},
+                                       p.elementwise);
+    return p;
+  }
+};
+
+namespace detail {
+
 // What a Cuda device and all its buffers share. Buffers hold it too, so a
 // buffer that outlives its Cuda object still frees on the right device.
 class cuda_state {
  public:
-  cuda_state(int device, cudaStream_t stream) : device_(device), stream_(stream), owns_stream_(stream == nullptr) {
+  cuda_state(int device, cudaStream_t stream)
+      : device_(device), stream_(stream), owns_stream_(stream == nullptr), paths_(CudaPaths::from_env()) {
     int count = 0;
     cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
     if (device < 0 || device >= count)
@@ -139,11 +210,41 @@ class cuda_state {
   double* partials() const noexcept { return partials_; }
   double* host_partials() const noexcept { return host_partials_; }
   device_memory& stats() noexcept { return stats_; }
+  CudaPaths& paths() noexcept { return paths_; }
+  // Per-device state of a library part (cuDNN's handle and graphs): one X
+  // per device (the Cuda objects sharing this state), made on first use
+  // from this state, destroyed before the stream.
+  template <class X, class Make>
+  X& extension(Make make) {
+    std::shared_ptr<void>& slot = extensions_[std::type_index(typeid(X))];
+    if (!slot) slot = make();
+    return *static_cast<X*>(slot.get());
+  }
+  // Device memory beside the units' workspace (a library's scratch, e.g.
+  // cuDNN's), grown to the largest request and counted as activations.
+  std::byte* extra_workspace(std::size_t bytes) {
+    if (bytes <= extra_bytes_) return extra_;
+    if (extra_ != nullptr) {
+      cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      cudaFree(extra_);
+      stats_.on_release(memory_category::activations, extra_bytes_);
+      extra_ = nullptr;
+      extra_bytes_ = 0;
+    }
+    void* p = nullptr;
+    cuda_check(cudaMalloc(&p, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes of library workspace)");
+    stats_.on_allocate(memory_category::activations, bytes);
+    extra_ = static_cast<std::byte*>(p);
+    extra_bytes_ = bytes;
+    return extra_;
+  }
 
  private:
   // Destructors never throw: errors while tearing down (e.g. the driver
   // already unloading at process exit) are ignored.
   void release() noexcept {
+    extensions_.clear();
+    if (extra_ != nullptr) cudaFree(extra_);
     if (host_partials_ != nullptr) cudaFreeHost(host_partials_);
     if (partials_ != nullptr) cudaFree(partials_);
     if (blas_ != nullptr) cublasDestroy(blas_);
@@ -158,6 +259,10 @@ class cuda_state {
   double* partials_ = nullptr;
   double* host_partials_ = nullptr;
   device_memory stats_;
+  CudaPaths paths_;
+  std::map<std::type_index, std::shared_ptr<void>> extensions_;
+  std::byte* extra_ = nullptr;
+  std::size_t extra_bytes_ = 0;
 };
 
 class CudaAllocator {
@@ -222,6 +327,16 @@ class Cuda {
 
   void synchronize() { cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
 
+  // The kernel paths this device runs (CudaPaths), changeable before use.
+  const CudaPaths& paths() const noexcept { return state_->paths(); }
+  void set_paths(const CudaPaths& p) noexcept { state_->paths() = p; }
+  // See detail::cuda_state::extension / extra_workspace.
+  template <class X>
+  X& extension() {
+    return state_->extension<X>([this] { return std::make_shared<X>(*state_); });
+  }
+  std::byte* extra_workspace(std::size_t bytes) { return state_->extra_workspace(bytes); }
+
   template <class T>
   void copy_to_host(T* dst, const T* src, std::size_t n) {
     copy_kind(dst, src, n, cudaMemcpyDeviceToHost);
@@ -285,7 +400,14 @@ class Cuda {
 #if defined(__CUDACC__)
     static_assert(std::is_trivially_copyable_v<F>, "a functor passed to a kernel must be trivially copyable");
     // A few resident blocks per SM keep the GPU busy; the grid-stride loop does the rest.
-    cuda_check(detail::launch_for_each(stream(), n, f, static_cast<unsigned>(state_->sm_count()) * 8u),
+    const unsigned max_blocks = static_cast<unsigned>(state_->sm_count()) * 8u;
+    if constexpr (detail::LaneRowFunctor<F>) {
+      if (paths().rows == row_kernels::lanes) {
+        cuda_check(detail::launch_lane_rows(stream(), n, f, max_blocks), "for_each (lane rows) kernel launch");
+        return;
+      }
+    }
+    cuda_check(detail::launch_for_each(stream(), n, f, max_blocks, paths().elementwise == elementwise_kernels::wide),
                "for_each kernel launch");
 #else
     static_assert(detail::always_false<F>,
@@ -299,8 +421,17 @@ class Cuda {
     static_assert(std::is_trivially_copyable_v<F>, "a functor passed to a kernel must be trivially copyable");
     static_assert(detail::cuda_state::max_partials == detail::max_partial_sums);
     if (n == 0) return 0.0;
-    cuda_check(detail::launch_partial_sums(stream(), n, f, state_->partials()), "sum kernel launch");
-    const unsigned blocks = detail::grid_size(n, detail::max_partial_sums);
+    unsigned blocks = 0;
+    if constexpr (detail::LaneRowFunctor<F>) {
+      if (paths().rows == row_kernels::lanes) {
+        cuda_check(detail::launch_lane_row_sums(stream(), n, f, state_->partials()), "sum (lane rows) kernel launch");
+        blocks = detail::grid_size(n * F::row_lanes, detail::max_partial_sums);
+      }
+    }
+    if (blocks == 0) {
+      cuda_check(detail::launch_partial_sums(stream(), n, f, state_->partials()), "sum kernel launch");
+      blocks = detail::grid_size(n, detail::max_partial_sums);
+    }
     cuda_check(cudaMemcpyAsync(state_->host_partials(), state_->partials(), blocks * sizeof(double),
                                cudaMemcpyDeviceToHost, stream()),
                "cudaMemcpyAsync(sum partials)");

@@ -199,6 +199,34 @@ DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float lane_max(std::int64_t n, float low
   return acc[0];
 }
 
+// How the work of one row is spread over threads. A row functor (LayerNorm,
+// RMSNorm, the causal softmax, cross-entropy) writes its row once, as
+// `row(i, lanes)`, with its reductions as lanes.sum / lanes.max and its
+// element loops as lanes.each, and declares `row_lanes = math::lanes`:
+//   SerialRow   every lane in this thread: the host, and the GPU's one
+//               thread per row (operator()(i) = row(i, SerialRow{}));
+//   LaneGroup   (device/cuda_launch.cuh) row_lanes threads of a warp, one per
+//               lane, each summing its own lane's elements in the same order
+//               and combining the lanes in the same pairwise tree, so both
+//               forms give the same bits. lanes.each gives element j to lane
+//               j % lanes, the thread that summed it, so a row may be written
+//               in one loop and read back in the next.
+struct SerialRow {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE bool leader() const { return true; }
+  template <class F>
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float sum(std::int64_t n, F f) const {
+    return lane_sum(n, f);
+  }
+  template <class F>
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float max(std::int64_t n, float lowest, F f) const {
+    return lane_max(n, lowest, f);
+  }
+  template <class F>
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void each(std::int64_t n, F f) const {
+    for (std::int64_t j = 0; j < n; ++j) f(j);
+  }
+};
+
 // By the exponent bits, so it behaves the same with fast-math flags.
 DTRAIN_HOST_DEVICE inline bool is_finite(float x) {
   return (detail::float_bits(x) & 0x7f800000u) != 0x7f800000u;

@@ -11,6 +11,7 @@
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
+#include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/math.hpp"
 
 namespace dtrain {
@@ -78,42 +79,44 @@ struct HeadPermuteRuns {
 // scalar tail.
 template <Dtype T, class M = std::int32_t>
 struct CausalSoftmax {
+  static constexpr unsigned row_lanes = math::lanes;  // a row functor (math::SerialRow)
   T* att;
   std::int64_t time;
   const M* key_mask = nullptr;  // on the device, or null: no padding
   std::int64_t heads = 1;       // rows of one sequence = heads * time
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  template <class Row>
+  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
     T* row = att + r * time;
-    if (key_mask == nullptr) return softmax_row(row, t, [t](std::int64_t j) { return j <= t; });
+    if (key_mask == nullptr) return softmax_row(row, t, [t](std::int64_t j) { return j <= t; }, lanes);
     const M* keep = key_mask + r / (heads * time) * time;
-    softmax_row(row, t, [t, keep](std::int64_t j) { return j <= t && keep[j] != 0; });
+    softmax_row(row, t, [t, keep](std::int64_t j) { return j <= t && keep[j] != 0; }, lanes);
   }
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 
  private:
   // Softmax of row over the columns on(j) keeps (all of them at or before t).
-  template <class On>
-  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void softmax_row(T* row, std::int64_t t, On on) const {
+  template <class On, class Row>
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void softmax_row(T* row, std::int64_t t, On on, const Row& lanes) const {
     const std::int64_t span = math::min_i64(time, (t + math::lanes) / math::lanes * math::lanes);
     constexpr float lowest = -3.0e38f;
-    const float mx =
-        math::lane_max(span, lowest, [&](std::int64_t j) { return on(j) ? static_cast<float>(row[j]) : lowest; });
+    const float mx = lanes.max(span, lowest, [&](std::int64_t j) { return on(j) ? static_cast<float>(row[j]) : lowest; });
     const auto e = [&](std::int64_t j) { return on(j) ? math::exp(static_cast<float>(row[j]) - mx) : 0.f; };
     float sum = 0.f;
     if constexpr (std::is_same_v<T, float>)  // fp32 keeps the exponentials in the row: one exp per column
-      sum = math::lane_sum(span, [&](std::int64_t j) { return row[j] = e(j); });
+      sum = lanes.sum(span, [&](std::int64_t j) { return row[j] = e(j); });
     else  // half types round once: the exponentials are recomputed in fp32 below
-      sum = math::lane_sum(span, e);
+      sum = lanes.sum(span, e);
     // no column kept (a padding query before the first token): all 0
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    for (std::int64_t j = 0; j < time; ++j) {
+    lanes.each(time, [&](std::int64_t j) {
       float p = 0.f;
       if constexpr (std::is_same_v<T, float>)
         p = j < span ? row[j] * inv : 0.f;
       else
         p = j < span ? e(j) * inv : 0.f;
       row[j] = dtype_cast<T>(p);
-    }
+    });
   }
 };
 
@@ -122,21 +125,25 @@ struct CausalSoftmax {
 // (a padded key has p_j = 0, so its ds_j is 0 without reading the mask).
 template <Dtype T>
 struct CausalSoftmaxBackward {
+  static constexpr unsigned row_lanes = math::lanes;
   const T* att;
   T* datt;
   std::int64_t time;
   float scale;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  template <class Row>
+  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
     const T* p = att + r * time;
     T* d = datt + r * time;
     // p is 0 past t, so whole lane groups up to `span` add nothing more
     const std::int64_t span = math::min_i64(time, (t + math::lanes) / math::lanes * math::lanes);
     const float dot =
-        math::lane_sum(span, [&](std::int64_t j) { return static_cast<float>(p[j]) * static_cast<float>(d[j]); });
-    for (std::int64_t j = 0; j < time; ++j)
+        lanes.sum(span, [&](std::int64_t j) { return static_cast<float>(p[j]) * static_cast<float>(d[j]); });
+    lanes.each(time, [&](std::int64_t j) {
       d[j] = dtype_cast<T>(j <= t ? static_cast<float>(p[j]) * (static_cast<float>(d[j]) - dot) * scale : 0.f);
+    });
   }
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 // out[i] = a[i] + b[i], in fp32 and rounded once (residual connections).
@@ -148,6 +155,20 @@ struct AddElements {
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     out[i] = dtype_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
   }
+#if defined(__CUDACC__)
+  // Four elements per access (DTRAIN_ELEMENTWISE=wide), the same sums.
+  static constexpr std::size_t vector_width = 4;
+  static constexpr bool wide_path = true;
+  bool vector_ok() const noexcept {
+    return aligned_for_vec4(a, sizeof(T)) && aligned_for_vec4(b, sizeof(T)) && aligned_for_vec4(out, sizeof(T));
+  }
+  __device__ void apply_vector(std::size_t first) const {
+    const Vec4<T> x = *reinterpret_cast<const Vec4<T>*>(a + first), y = *reinterpret_cast<const Vec4<T>*>(b + first);
+    Vec4<T> r;
+    for (int l = 0; l < 4; ++l) r.v[l] = dtype_cast<T>(static_cast<float>(x.v[l]) + static_cast<float>(y.v[l]));
+    *reinterpret_cast<Vec4<T>*>(out + first) = r;
+  }
+#endif
 };
 
 // y[r, c] = table[ids[r], c]; run over rows * dim.

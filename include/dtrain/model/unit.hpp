@@ -176,6 +176,19 @@ std::int64_t saved_size_of(const U& u, SeqShape shape, std::int64_t in) {
     return 0;
 }
 
+// The same for a call in T on `dev`, for units whose needs depend on the
+// kernels the device runs (the attention units keep less under fused
+// attention); they declare
+//   template <class Dev, class T> std::int64_t saved_size_on(Dev&, SeqShape, std::int64_t in) const;
+// and saved_size(shape, in) stays their largest need (what an estimate uses).
+template <class T, class U, class Dev>
+std::int64_t saved_size_of(const U& u, Dev& dev, SeqShape shape, std::int64_t in) {
+  if constexpr (requires { { u.template saved_size_on<Dev, T>(dev, shape, in) } -> std::convertible_to<std::int64_t>; })
+    return u.template saved_size_on<Dev, T>(dev, shape, in);
+  else
+    return saved_size_of(u, shape, in);
+}
+
 namespace detail {
 // A tuple element of units() is either one unit or a range of identical units
 // (std::vector<Block>&, std::span<Block>): N transformer blocks, or the

@@ -41,6 +41,10 @@ class OneOf {
   std::int64_t saved_size(SeqShape s, std::int64_t in) const {
     return std::visit([&](const auto& u) { return saved_size_of(u, s, in); }, unit_);
   }
+  template <class Dev, class T>
+  std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t in) const {
+    return std::visit([&](const auto& u) { return saved_size_of<T>(u, dev, s, in); }, unit_);
+  }
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {

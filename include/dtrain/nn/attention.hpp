@@ -15,6 +15,10 @@
 // Kept for backward (UnitContext::saved, 4 * rows * dim + B * heads * T * T
 // elements): q, k and v, the attention probabilities and the merged heads.
 // Everything else lives in the device workspace only while the call runs.
+// On a GPU with DTRAIN_ATTENTION=cudnn, in bf16 or fp16, the attention is
+// cuDNN's fused flash attention instead (device/fused_attention.hpp): no
+// [T, T] matrix is formed, and what is kept is the projection's q | k | v
+// rows, the merged heads and the softmax statistics (saved_size_on).
 // Per-head products are strided batched GEMMs (cuBLAS on the GPU, OpenBLAS
 // on the host). On the GPU q, k and v are permuted into the head layout
 // [B, heads, T, head_dim], so one batched GEMM covers every (batch, head); on
@@ -26,11 +30,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
+#include "dtrain/device/fused_attention.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
@@ -50,24 +56,80 @@ void permute_heads(Dev& dev, HeadLayout l, const T* src, T* dst, bool to_heads) 
     dev.for_each(static_cast<std::size_t>(l.rows() * l.parts * l.width()), HeadPermute<T>{l, src, dst, to_heads});
 }
 
+// The batch's "attention_mask" [B, T] (int32 or int64), checked, or null.
+template <class T>
+const DeviceTensor* attention_mask(const char* unit, const UnitContext<T>& ctx) {
+  const DeviceTensor* mask = ctx.batch != nullptr ? ctx.batch->find("attention_mask") : nullptr;
+  if (mask == nullptr) return nullptr;
+  if (mask->shape != std::vector<std::int64_t>{ctx.shape.batch, ctx.shape.time})
+    throw config_error(std::string(unit) + ": the batch's attention_mask is " + shape_text(mask->shape) + " for " +
+                           std::to_string(ctx.shape.batch) + " sequences of " + std::to_string(ctx.shape.time),
+                       "give attention_mask [B, T] like the ids: 1 for a token, 0 for padding");
+  if (mask->type != element_type::i32 && mask->type != element_type::i64)
+    throw config_error(std::string(unit) + ": the batch's attention_mask holds " + std::string(element_name(mask->type)),
+                       "give attention_mask as int32 or int64 (1: token, 0: padding)");
+  return mask;
+}
+
 // Attention scores [B * heads, T, T] to probabilities, in place: causal, and
 // without the keys the batch's "attention_mask" marks as padding (if any).
 template <class Dev, class T>
 void attention_softmax(Dev& dev, const char* unit, T* att, std::int64_t heads, const UnitContext<T>& ctx) {
   const std::int64_t time = ctx.shape.time;
   const auto rows = static_cast<std::size_t>(ctx.shape.batch * heads * time);
-  const DeviceTensor* mask = ctx.batch != nullptr ? ctx.batch->find("attention_mask") : nullptr;
+  const DeviceTensor* mask = attention_mask(unit, ctx);
   if (mask == nullptr) return dev.for_each(rows, CausalSoftmax<T>{att, time});
-  if (mask->shape != std::vector<std::int64_t>{ctx.shape.batch, time})
-    throw config_error(std::string(unit) + ": the batch's attention_mask is " + shape_text(mask->shape) + " for " +
-                           std::to_string(ctx.shape.batch) + " sequences of " + std::to_string(time),
-                       "give attention_mask [B, T] like the ids: 1 for a token, 0 for padding");
   if (mask->type == element_type::i32)
     return dev.for_each(rows, CausalSoftmax<T, std::int32_t>{att, time, mask->data<std::int32_t>(), heads});
-  if (mask->type == element_type::i64)
-    return dev.for_each(rows, CausalSoftmax<T, std::int64_t>{att, time, mask->data<std::int64_t>(), heads});
-  throw config_error(std::string(unit) + ": the batch's attention_mask holds " + std::string(element_name(mask->type)),
-                     "give attention_mask as int32 or int64 (1: token, 0: padding)");
+  dev.for_each(rows, CausalSoftmax<T, std::int64_t>{att, time, mask->data<std::int64_t>(), heads});
+}
+
+// The fused path's padding: an additive bias per key, 0 for a token and a
+// large negative number for padding (finite, so a query with every key
+// masked, a padding position before the first token, stays finite; nothing
+// reads its output and no other query attends to it).
+template <class T, class M>
+struct KeyBias {
+  const M* mask;
+  T* bias;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { bias[i] = dtype_cast<T>(mask[i] != 0 ? 0.f : -30000.f); }
+};
+
+// The bias for the batch's attention_mask written to `out` ([B, T]), or
+// null without a mask.
+template <class Dev, class T>
+const T* key_bias(Dev& dev, const char* unit, const UnitContext<T>& ctx, T* out) {
+  const DeviceTensor* mask = attention_mask(unit, ctx);
+  if (mask == nullptr) return nullptr;
+  const auto n = static_cast<std::size_t>(ctx.shape.batch * ctx.shape.time);
+  if (mask->type == element_type::i32)
+    dev.for_each(n, KeyBias<T, std::int32_t>{mask->data<std::int32_t>(), out});
+  else
+    dev.for_each(n, KeyBias<T, std::int64_t>{mask->data<std::int64_t>(), out});
+  return out;
+}
+
+// Whether a unit's attention on `shape` runs fused (device/fused_attention.hpp):
+// only if cuDNN serves it with and without a padding bias, since the saved
+// buffer is sized before the batch shows whether it has padding.
+template <class Dev, class T>
+bool fused_attention(Dev& dev, FusedAttentionShape s) {
+  // 16-byte aligned rows and heads, as cuDNN's kernels load them
+  constexpr std::int64_t per16 = 16 / static_cast<std::int64_t>(sizeof(T));
+  for (const AttentionStrides& t : {s.q, s.k, s.v, s.o})
+    if (t.row % per16 != 0 || t.head % per16 != 0) return false;
+  s.key_bias = false;
+  if (!use_fused_attention<Dev, T>(dev, s)) return false;
+  s.key_bias = true;
+  return use_fused_attention<Dev, T>(dev, s);
+}
+
+// `offset` elements of T rounded up to a 16-byte boundary (the fused path's
+// softmax statistics, floats, follow the unit's other saved activations).
+template <class T>
+std::int64_t float_aligned(std::int64_t offset) {
+  const auto per = static_cast<std::int64_t>(16 / sizeof(T));
+  return (offset + per - 1) / per * per;
 }
 
 // out[N, width] = in W^T (+ b): the bias first so the GEMM adds to it and the
@@ -123,9 +185,15 @@ class CausalSelfAttention {
   std::int64_t saved_size(SeqShape s, std::int64_t) const {
     return 4 * s.rows() * dim_ + s.batch * heads_ * s.time * s.time;
   }
+  template <class Dev, class T>
+  std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t in) const {
+    if (!detail::fused_attention<Dev, T>(dev, fused_shape(s))) return saved_size(s, in);
+    return detail::float_aligned<T>(4 * s.rows() * dim_) + attention_stats_size<T>(s.batch, heads_, s.time);
+  }
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    if (detail::fused_attention<Dev, T>(dev, fused_shape(ctx.shape))) return fused_forward(dev, p, x, y, ctx);
     const Parts<T> s = parts(p, x, ctx);
     detail::check_shape("nn::CausalSelfAttention", "output", y, x.rows, dim_);
     const std::int64_t T_ = s.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd;
@@ -160,6 +228,7 @@ class CausalSelfAttention {
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+    if (detail::fused_attention<Dev, T>(dev, fused_shape(ctx.shape))) return fused_backward(dev, p, grad, x, dy, dx, ctx);
     const Parts<T> s = parts(p, x, ctx);
     detail::check_count("nn::CausalSelfAttention", "gradients", grad.size(), 4);
     detail::check_shape("nn::CausalSelfAttention", "output gradient", dy, x.rows, dim_);
@@ -214,6 +283,77 @@ class CausalSelfAttention {
   }
 
  private:
+  // The fused path: q | k | v stay in the projection's rows [N, 3 dim], the
+  // attention writes the merged heads [N, dim] directly; kept: those two and
+  // the statistics (float-aligned after them).
+  FusedAttentionShape fused_shape(SeqShape s) const {
+    const std::int64_t C = dim_, hd = head_dim();
+    const AttentionStrides qkv{s.time * 3 * C, hd, 3 * C}, o{s.time * C, hd, C};
+    return {s.batch, heads_, heads_, s.time, hd, qkv, qkv, qkv, o, false};
+  }
+
+  template <class T>
+  struct Fused {
+    T* qkv;
+    T* merged;
+    float* stats;
+  };
+
+  template <class Dev, class T>
+  Fused<T> fused_parts(Dev& dev, UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
+    detail::check_count("nn::CausalSelfAttention", "parameters", p.size(), 4);
+    detail::check_shape("nn::CausalSelfAttention", "input", x, ctx.shape.rows(), dim_);
+    const std::int64_t want = saved_size_on<Dev, T>(dev, ctx.shape, dim_);
+    if (ctx.saved.size() < want)
+      throw config_error("nn::CausalSelfAttention: " + std::to_string(ctx.saved.size()) + " saved elements for " +
+                             std::to_string(want),
+                         "size the saved view with saved_size_of<T>(unit, device, shape, in)");
+    const std::int64_t n = x.rows * dim_;
+    return {ctx.saved.data, ctx.saved.data + 3 * n,
+            reinterpret_cast<float*>(ctx.saved.data + detail::float_aligned<T>(4 * n))};
+  }
+
+  template <class Dev, class T>
+  void fused_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    const Fused<T> s = fused_parts(dev, p, x, ctx);
+    detail::check_shape("nn::CausalSelfAttention", "output", y, x.rows, dim_);
+    const std::int64_t C = dim_;
+    T* bias_ws = dev.template workspace<T>(static_cast<std::size_t>(ctx.shape.batch * ctx.shape.time));
+    const T* bias = detail::key_bias(dev, "nn::CausalSelfAttention", ctx, bias_ws);
+    detail::project(dev, x, p[0].data, p[1].data, s.qkv, 3 * C);
+    FusedAttentionShape shape = fused_shape(ctx.shape);
+    shape.key_bias = bias != nullptr;
+    fused_attention_forward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.qkv, s.qkv + C,
+                                    s.qkv + 2 * C, bias, s.merged, s.stats);
+    detail::project(dev, MatView<const T>{s.merged, x.rows, C}, p[2].data, p[3].data, y.data, C);
+  }
+
+  template <class Dev, class T>
+  void fused_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> dy,
+                      MatView<T> dx, const UnitContext<T>& ctx) {
+    const Fused<T> s = fused_parts(dev, p, x, ctx);
+    detail::check_count("nn::CausalSelfAttention", "gradients", grad.size(), 4);
+    detail::check_shape("nn::CausalSelfAttention", "output gradient", dy, x.rows, dim_);
+    const std::int64_t N = x.rows, C = dim_, bt = ctx.shape.batch * ctx.shape.time;
+    // workspace: key bias [B, T] | d_merged [N, C] | d_qkv [N, 3C]
+    T* bias_ws = dev.template workspace<T>(static_cast<std::size_t>(bt + 4 * N * C));
+    T* d_merged = bias_ws + bt;
+    T* d_qkv = d_merged + N * C;
+    const T* bias = detail::key_bias(dev, "nn::CausalSelfAttention", ctx, bias_ws);
+    dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[2].data, C, 0.f, d_merged, C);
+    detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
+    FusedAttentionShape shape = fused_shape(ctx.shape);
+    shape.key_bias = bias != nullptr;
+    fused_attention_backward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.qkv, s.qkv + C,
+                                     s.qkv + 2 * C, s.merged, d_merged, s.stats, bias, d_qkv, d_qkv + C, d_qkv + 2 * C);
+    const MatView<const T> dqkv{d_qkv, N, 3 * C};
+    detail::projection_grads(dev, x, dqkv, grad[0], grad[1]);
+    if (!dx.empty()) {
+      detail::check_shape("nn::CausalSelfAttention", "input gradient", dx, N, C);
+      dev.gemm(false, false, N, C, 3 * C, 1.f, d_qkv, 3 * C, p[0].data, C, 0.f, dx.data, C);
+    }
+  }
+
   // The saved activations of one call, carved out of UnitContext::saved.
   template <class T>
   struct Parts {

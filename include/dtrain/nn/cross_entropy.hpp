@@ -41,47 +41,55 @@ struct softmax_row {
   float sum_exp;  // sum of exp(z - max)
 };
 
-template <class T>
-DTRAIN_HOST_DEVICE softmax_row softmax_stats(const T* z, std::int64_t n) {
-  const float mx = math::lane_max(n, static_cast<float>(z[0]), [&](std::int64_t c) { return static_cast<float>(z[c]); });
-  const float s = math::lane_sum(n, [&](std::int64_t c) { return math::exp(static_cast<float>(z[c]) - mx); });
+template <class T, class Row>
+DTRAIN_HOST_DEVICE softmax_row softmax_stats(const T* z, std::int64_t n, const Row& lanes) {
+  const float mx = lanes.max(n, static_cast<float>(z[0]), [&](std::int64_t c) { return static_cast<float>(z[c]); });
+  const float s = lanes.sum(n, [&](std::int64_t c) { return math::exp(static_cast<float>(z[c]) - mx); });
   return {mx, s};
 }
 
+// Row functors (math::SerialRow): a row in one thread, or on the GPU on a
+// group of threads.
 template <class T, class Label>
 struct CrossEntropyRowLoss {
+  static constexpr unsigned row_lanes = math::lanes;
   MatView<const T> logits;
   const Label* labels;
   Label ignore;
-  DTRAIN_HOST_DEVICE double operator()(std::size_t i) const {
+  template <class Row>
+  DTRAIN_HOST_DEVICE double row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
     const Label label = labels[r];
     if (label == ignore) return 0.0;
-    const softmax_row s = softmax_stats(&logits(r, 0), logits.cols);
+    const softmax_row s = softmax_stats(&logits(r, 0), logits.cols, lanes);
     return static_cast<double>(s.max + math::log(s.sum_exp) - static_cast<float>(logits(r, label)));
   }
+  DTRAIN_HOST_DEVICE double operator()(std::size_t i) const { return row(i, math::SerialRow{}); }
 };
 
 template <class T, class Label>
 struct CrossEntropyRowGrad {
+  static constexpr unsigned row_lanes = math::lanes;
   MatView<const T> logits;
   const Label* labels;
   Label ignore;
   MatView<T> dlogits;
   float scale;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  template <class Row>
+  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
     const Label label = labels[r];
     if (label == ignore) {
-      for (std::int64_t c = 0; c < logits.cols; ++c) dlogits(r, c) = dtype_cast<T>(0.f);
+      lanes.each(logits.cols, [&](std::int64_t c) { dlogits(r, c) = dtype_cast<T>(0.f); });
       return;
     }
-    const softmax_row s = softmax_stats(&logits(r, 0), logits.cols);
-    for (std::int64_t c = 0; c < logits.cols; ++c) {
+    const softmax_row s = softmax_stats(&logits(r, 0), logits.cols, lanes);
+    lanes.each(logits.cols, [&](std::int64_t c) {
       const float p = math::exp(static_cast<float>(logits(r, c)) - s.max) / s.sum_exp;
       dlogits(r, c) = dtype_cast<T>((p - (c == label ? 1.f : 0.f)) * scale);
-    }
+    });
   }
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 }  // namespace detail

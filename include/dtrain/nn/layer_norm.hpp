@@ -6,9 +6,9 @@
 // accurate when the mean is large against the spread.
 //
 // Rows run one per index of for_each (the row sums in math::lanes partial
-// sums, which the host vectorises), the parameter gradients a group of
-// columns per index (math::column_sums): fine for the widths of small
-// models; on the GPU a block-per-row kernel is the optimisation.
+// sums, which the host vectorises; on the GPU one thread per row, or with
+// DTRAIN_ROW_KERNELS=lanes math::lanes threads per row, the same bits), the
+// parameter gradients a group of columns per index (math::column_sums).
 
 #include <cstddef>
 #include <cstdint>
@@ -32,31 +32,36 @@ struct row_moments {
   float rstd;  // 1 / sqrt(var + eps)
 };
 
-template <class T>
-DTRAIN_HOST_DEVICE row_moments moments(const T* row, std::int64_t n, float eps) {
-  const float mean = math::lane_sum(n, [&](std::int64_t c) { return static_cast<float>(row[c]); }) / static_cast<float>(n);
-  const float sq = math::lane_sum(n, [&](std::int64_t c) {
+template <class T, class Row>
+DTRAIN_HOST_DEVICE row_moments moments(const T* row, std::int64_t n, float eps, const Row& lanes) {
+  const float mean = lanes.sum(n, [&](std::int64_t c) { return static_cast<float>(row[c]); }) / static_cast<float>(n);
+  const float sq = lanes.sum(n, [&](std::int64_t c) {
     const float d = static_cast<float>(row[c]) - mean;
     return d * d;
   });
   return {mean, 1.f / math::sqrt(sq / static_cast<float>(n) + eps)};
 }
 
+// The row functors below run a row in one thread (operator()) or, on the
+// GPU, on a group of threads (row with a LaneGroup): math::SerialRow.
 template <class T>
 struct LayerNormForward {
+  static constexpr unsigned row_lanes = math::lanes;
   MatView<const T> x;
   const T* weight;
   const T* bias;
   MatView<T> y;
   float eps;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  template <class Row>
+  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
-    const row_moments mo = moments(&x(r, 0), x.cols, eps);
-    for (std::int64_t c = 0; c < x.cols; ++c) {
+    const row_moments mo = moments(&x(r, 0), x.cols, eps, lanes);
+    lanes.each(x.cols, [&](std::int64_t c) {
       const float xhat = (static_cast<float>(x(r, c)) - mo.mean) * mo.rstd;
       y(r, c) = dtype_cast<T>(xhat * static_cast<float>(weight[c]) + static_cast<float>(bias[c]));
-    }
+    });
   }
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 // Per row: recomputes the moments (kept in `moments_out` for the parameter
@@ -64,28 +69,31 @@ struct LayerNormForward {
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * weight.
 template <class T>
 struct LayerNormBackwardInput {
+  static constexpr unsigned row_lanes = math::lanes;
   MatView<const T> x;
   const T* weight;
   MatView<const T> dy;
   MatView<T> dx;  // empty: only the moments are wanted
   row_moments* moments_out;
   float eps;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  template <class Row>
+  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
-    const row_moments mo = moments(&x(r, 0), x.cols, eps);
-    moments_out[r] = mo;
+    const row_moments mo = moments(&x(r, 0), x.cols, eps, lanes);
+    if (lanes.leader()) moments_out[r] = mo;
     if (dx.data == nullptr) return;
     const auto g = [&](std::int64_t c) { return static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]); };
-    const float mean_g = math::lane_sum(x.cols, g) / static_cast<float>(x.cols);
-    const float mean_g_xhat = math::lane_sum(x.cols, [&](std::int64_t c) {
+    const float mean_g = lanes.sum(x.cols, g) / static_cast<float>(x.cols);
+    const float mean_g_xhat = lanes.sum(x.cols, [&](std::int64_t c) {
       return g(c) * (static_cast<float>(x(r, c)) - mo.mean) * mo.rstd;
     }) / static_cast<float>(x.cols);
-    for (std::int64_t c = 0; c < x.cols; ++c) {
+    lanes.each(x.cols, [&](std::int64_t c) {
       const float g = static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]);
       const float xhat = (static_cast<float>(x(r, c)) - mo.mean) * mo.rstd;
       dx(r, c) = dtype_cast<T>(mo.rstd * (g - mean_g - xhat * mean_g_xhat));
-    }
+    });
   }
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 // Per group of columns (math::column_sums): dweight = sum over rows of

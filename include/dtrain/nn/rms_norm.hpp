@@ -22,24 +22,29 @@ namespace dtrain::nn {
 
 namespace detail {
 
-template <class T>
-DTRAIN_HOST_DEVICE float inverse_rms(const T* row, std::int64_t n, float eps) {
-  const float sq = math::lane_sum(n, [&](std::int64_t c) { return static_cast<float>(row[c]) * static_cast<float>(row[c]); });
+template <class T, class Row>
+DTRAIN_HOST_DEVICE float inverse_rms(const T* row, std::int64_t n, float eps, const Row& lanes) {
+  const float sq = lanes.sum(n, [&](std::int64_t c) { return static_cast<float>(row[c]) * static_cast<float>(row[c]); });
   return 1.f / math::sqrt(sq / static_cast<float>(n) + eps);
 }
 
+// Row functors as LayerNorm's (math::SerialRow).
 template <class T>
 struct RmsNormForward {
+  static constexpr unsigned row_lanes = math::lanes;
   MatView<const T> x;
   const T* weight;
   MatView<T> y;
   float eps;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  template <class Row>
+  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
-    const float rstd = inverse_rms(&x(r, 0), x.cols, eps);
-    for (std::int64_t c = 0; c < x.cols; ++c)
+    const float rstd = inverse_rms(&x(r, 0), x.cols, eps, lanes);
+    lanes.each(x.cols, [&](std::int64_t c) {
       y(r, c) = dtype_cast<T>(static_cast<float>(x(r, c)) * rstd * static_cast<float>(weight[c]));
+    });
   }
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 // Per row, with xhat = x * rstd and g = dy * weight:
@@ -47,25 +52,28 @@ struct RmsNormForward {
 // The row's rstd is kept for the weight gradient.
 template <class T>
 struct RmsNormBackwardInput {
+  static constexpr unsigned row_lanes = math::lanes;
   MatView<const T> x;
   const T* weight;
   MatView<const T> dy;
   MatView<T> dx;  // empty: only rstd is wanted
   float* rstd_out;
   float eps;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  template <class Row>
+  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
-    const float rstd = inverse_rms(&x(r, 0), x.cols, eps);
-    rstd_out[r] = rstd;
+    const float rstd = inverse_rms(&x(r, 0), x.cols, eps, lanes);
+    if (lanes.leader()) rstd_out[r] = rstd;
     if (dx.data == nullptr) return;
-    const float mean_g_xhat = math::lane_sum(x.cols, [&](std::int64_t c) {
+    const float mean_g_xhat = lanes.sum(x.cols, [&](std::int64_t c) {
       return static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]) * static_cast<float>(x(r, c)) * rstd;
     }) / static_cast<float>(x.cols);
-    for (std::int64_t c = 0; c < x.cols; ++c) {
+    lanes.each(x.cols, [&](std::int64_t c) {
       const float g = static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]);
       dx(r, c) = dtype_cast<T>(rstd * (g - static_cast<float>(x(r, c)) * rstd * mean_g_xhat));
-    }
+    });
   }
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 // Per group of columns (math::column_sums): dweight = sum over rows of dy * xhat.

@@ -21,6 +21,10 @@
 // as transformers' repeat_kv), the probabilities and the merged heads:
 // 4 * rows * heads * hd + B * heads * T * T elements. The repeated key and
 // value gradients are summed back per group, in a fixed order (no atomics).
+// On a GPU with DTRAIN_ATTENTION=cudnn, in bf16 or fp16, cuDNN's fused
+// attention takes grouped key/value heads as they are, in the projections'
+// rows (device/fused_attention.hpp): kept are the rotated q, k and v rows,
+// the merged heads and the softmax statistics (saved_size_on).
 
 #include <cmath>
 #include <cstddef>
@@ -32,6 +36,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
+#include "dtrain/device/fused_attention.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
@@ -59,6 +64,42 @@ struct RopeTable {
     const double angle = static_cast<double>(static_cast<float>(t) * inv_freq);
     cos_out[n] = static_cast<float>(::cos(angle));
     sin_out[n] = static_cast<float>(::sin(angle));
+  }
+};
+
+// The rotation of one pair (a, b) = (x[d], x[d + half]) by an angle with
+// cosine c and sine sn, and its transpose (which undoes it: the gradient).
+//   rotate:   a' = a c - b sn,   b' = b c + a sn
+//   unrotate: a = a' c + b' sn,  b = b' c - a' sn
+struct RotatedPair {
+  float a, b;
+};
+DTRAIN_HOST_DEVICE inline RotatedPair rotate_pair(float a, float b, float c, float sn) {
+  return {a * c - b * sn, b * c + a * sn};
+}
+DTRAIN_HOST_DEVICE inline RotatedPair unrotate_pair(float a, float b, float c, float sn) {
+  return {a * c + b * sn, b * c - a * sn};
+}
+
+// The fused path's rotation, in place on projection rows [B*T, heads hd]:
+// one index per (row, head, pair), rotating (or with `inverse` unrotating)
+// elements d and d + hd/2 of the head by position t's angles.
+template <class T>
+struct RotatePairs {
+  T* rows;
+  std::int64_t heads, head_dim, time;
+  const float* cos_t;
+  const float* sin_t;
+  bool inverse;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::int64_t half = head_dim / 2, n = static_cast<std::int64_t>(i);
+    const std::int64_t f = n % half, h = (n / half) % heads, row = n / (half * heads), t = row % time;
+    T* head = rows + row * heads * head_dim + h * head_dim;
+    const float c = cos_t[t * half + f], sn = sin_t[t * half + f];
+    const float a = static_cast<float>(head[f]), b = static_cast<float>(head[f + half]);
+    const RotatedPair r = inverse ? unrotate_pair(a, b, c, sn) : rotate_pair(a, b, c, sn);
+    head[f] = dtype_cast<T>(r.a);
+    head[f + half] = dtype_cast<T>(r.b);
   }
 };
 
@@ -94,8 +135,9 @@ struct ToRotatedHeads {
     float out = static_cast<float>(row[d]);
     if (s.rope && part < 2) {
       const std::int64_t half = s.head_dim / 2, f = d % half;
-      const float c = cos_t[t * half + f], sn = sin_t[t * half + f];
-      out = d < half ? out * c - static_cast<float>(row[d + half]) * sn : out * c + static_cast<float>(row[d - half]) * sn;
+      const RotatedPair r = rotate_pair(static_cast<float>(row[f]), static_cast<float>(row[f + half]),
+                                        cos_t[t * half + f], sin_t[t * half + f]);
+      out = d < half ? r.a : r.b;
     }
     q[n] = dtype_cast<T>(out);
   }
@@ -116,10 +158,9 @@ struct FromRotatedHeads {
   DTRAIN_HOST_DEVICE float unrotate(const T* head_row, std::int64_t t, std::int64_t d) const {
     if (!s.rope) return static_cast<float>(head_row[d]);
     const std::int64_t half = s.head_dim / 2, f = d % half;
-    const float c = cos_t[t * half + f], sn = sin_t[t * half + f];
-    // forward: a' = a c - b s, b' = b c + a s  =>  da = da' c + db' s, db = db' c - da' s
-    return d < half ? static_cast<float>(head_row[d]) * c + static_cast<float>(head_row[d + half]) * sn
-                    : static_cast<float>(head_row[d]) * c - static_cast<float>(head_row[d - half]) * sn;
+    const RotatedPair r = unrotate_pair(static_cast<float>(head_row[f]), static_cast<float>(head_row[f + half]),
+                                        cos_t[t * half + f], sin_t[t * half + f]);
+    return d < half ? r.a : r.b;
   }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto n = static_cast<std::int64_t>(i);
@@ -194,9 +235,16 @@ class RotaryAttention {
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::RotaryAttention", in, dim_); }
 
   std::int64_t saved_size(SeqShape s, std::int64_t) const { return 4 * s.rows() * dim_ + s.batch * heads_ * s.time * s.time; }
+  template <class Dev, class T>
+  std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t in) const {
+    if (!detail::fused_attention<Dev, T>(dev, fused_shape(s))) return saved_size(s, in);
+    const std::int64_t kv = kv_heads_ * head_dim();
+    return detail::float_aligned<T>(s.rows() * (2 * dim_ + 2 * kv)) + attention_stats_size<T>(s.batch, heads_, s.time);
+  }
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    if (detail::fused_attention<Dev, T>(dev, fused_shape(ctx.shape))) return fused_forward(dev, p, x, y, ctx);
     const Parts<T> s = parts(p, x, ctx);
     detail::check_shape("nn::RotaryAttention", "output", y, x.rows, dim_);
     const std::int64_t N = x.rows, kv = kv_heads_ * head_dim();
@@ -223,6 +271,7 @@ class RotaryAttention {
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+    if (detail::fused_attention<Dev, T>(dev, fused_shape(ctx.shape))) return fused_backward(dev, p, grad, x, dy, dx, ctx);
     const Parts<T> s = parts(p, x, ctx);
     detail::check_count("nn::RotaryAttention", "gradients", grad.size(), p.size());
     detail::check_shape("nn::RotaryAttention", "output gradient", dy, x.rows, dim_);
@@ -252,6 +301,21 @@ class RotaryAttention {
     dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, bh);
     dev.for_each(static_cast<std::size_t>(N * (C + 2 * kv)),
                  detail::FromRotatedHeads<T>{s.g, d_q, rope.cos_t, rope.sin_t, dq_rows, dk_rows, dv_rows});
+    projections_backward(dev, p, grad, x, dq_rows, dk_rows, dv_rows, dx);
+  }
+
+ private:
+  struct Rope {
+    const float* cos_t;
+    const float* sin_t;
+  };
+
+  // From the gradients of the q, k, v projections' outputs (rows): their
+  // parameters' gradients and the input's.
+  template <class Dev, class T>
+  void projections_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, const T* dq_rows,
+                            const T* dk_rows, const T* dv_rows, MatView<T> dx) const {
+    const std::int64_t N = x.rows, C = dim_, kv = kv_heads_ * head_dim();
     detail::projection_grads(dev, x, MatView<const T>{dq_rows, N, C}, grad[0], bias(grad, 0));
     detail::projection_grads(dev, x, MatView<const T>{dk_rows, N, kv}, grad[1], bias(grad, 1));
     detail::projection_grads(dev, x, MatView<const T>{dv_rows, N, kv}, grad[2], bias(grad, 2));
@@ -263,7 +327,94 @@ class RotaryAttention {
     }
   }
 
- private:
+  // The fused path (device/fused_attention.hpp): q [N, dim] and k, v
+  // [N, kv_heads hd] in the projections' rows, rotated in place; the
+  // attention writes the merged heads [N, dim]. Kept: q, k, v, merged, and
+  // the statistics (16-byte aligned after them).
+  FusedAttentionShape fused_shape(SeqShape s) const {
+    const std::int64_t hd = head_dim(), kv = kv_heads_ * hd;
+    const AttentionStrides q{s.time * dim_, hd, dim_}, k{s.time * kv, hd, kv};
+    return {s.batch, heads_, kv_heads_, s.time, hd, q, k, k, q, false};
+  }
+
+  template <class T>
+  struct Fused {
+    T* q;
+    T* k;
+    T* v;
+    T* merged;
+    float* stats;
+    detail::GqaShape g;
+  };
+
+  template <class Dev, class T>
+  Fused<T> fused_parts(Dev& dev, UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
+    check_call(p, x, ctx, saved_size_on<Dev, T>(dev, ctx.shape, dim_));
+    const std::int64_t N = x.rows, kv = kv_heads_ * head_dim();
+    T* q = ctx.saved.data;
+    T* k = q + N * dim_;
+    T* v = k + N * kv;
+    T* merged = v + N * kv;
+    return {q, k, v, merged, reinterpret_cast<float*>(q + detail::float_aligned<T>(N * (2 * dim_ + 2 * kv))),
+            call_shape(ctx)};
+  }
+
+  // Rotates (or unrotates) q's and k's rows in place.
+  template <class Dev, class T>
+  void rotate_rows(Dev& dev, const detail::GqaShape& g, const Rope& rope, T* q, T* k, bool inverse) const {
+    if (!g.rope) return;
+    const std::int64_t half = g.head_dim / 2;
+    dev.for_each(static_cast<std::size_t>(g.rows() * g.heads * half),
+                 detail::RotatePairs<T>{q, g.heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse});
+    dev.for_each(static_cast<std::size_t>(g.rows() * g.kv_heads * half),
+                 detail::RotatePairs<T>{k, g.kv_heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse});
+  }
+
+  template <class Dev, class T>
+  void fused_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    const Fused<T> s = fused_parts(dev, p, x, ctx);
+    detail::check_shape("nn::RotaryAttention", "output", y, x.rows, dim_);
+    const std::int64_t N = x.rows, kv = kv_heads_ * head_dim(), bt = ctx.shape.batch * ctx.shape.time;
+    // workspace: key bias [B, T] | rope cos, sin
+    T* bias_ws = dev.template workspace<T>(static_cast<std::size_t>(bt) + rope_elems<T>(s.g));
+    const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(bias_ws + bt));
+    const T* kb = detail::key_bias(dev, "nn::RotaryAttention", ctx, bias_ws);
+    detail::project(dev, x, p[0].data, bias(p, 0).data, s.q, dim_);
+    detail::project(dev, x, p[1].data, bias(p, 1).data, s.k, kv);
+    detail::project(dev, x, p[2].data, bias(p, 2).data, s.v, kv);
+    rotate_rows(dev, s.g, rope, s.q, s.k, false);
+    FusedAttentionShape shape = fused_shape(ctx.shape);
+    shape.key_bias = kb != nullptr;
+    fused_attention_forward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.q, s.k, s.v, kb,
+                                    s.merged, s.stats);
+    detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
+  }
+
+  template <class Dev, class T>
+  void fused_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> dy,
+                      MatView<T> dx, const UnitContext<T>& ctx) {
+    const Fused<T> s = fused_parts(dev, p, x, ctx);
+    detail::check_count("nn::RotaryAttention", "gradients", grad.size(), p.size());
+    detail::check_shape("nn::RotaryAttention", "output gradient", dy, x.rows, dim_);
+    const std::int64_t N = x.rows, C = dim_, kv = kv_heads_ * head_dim(), bt = ctx.shape.batch * ctx.shape.time;
+    // workspace: key bias [B, T] | d_merged [N, C] | dq [N, C] | dk, dv [N, kv] | rope
+    T* bias_ws = dev.template workspace<T>(static_cast<std::size_t>(bt + N * (2 * C + 2 * kv)) + rope_elems<T>(s.g));
+    T* d_merged = bias_ws + bt;
+    T* dq = d_merged + N * C;
+    T* dk = dq + N * C;
+    T* dv = dk + N * kv;
+    const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(dv + N * kv));
+    const T* kb = detail::key_bias(dev, "nn::RotaryAttention", ctx, bias_ws);
+    dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[3].data, C, 0.f, d_merged, C);
+    detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[3], bias(grad, 3));
+    FusedAttentionShape shape = fused_shape(ctx.shape);
+    shape.key_bias = kb != nullptr;
+    fused_attention_backward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.q, s.k, s.v,
+                                     s.merged, d_merged, s.stats, kb, dq, dk, dv);
+    rotate_rows(dev, s.g, rope, dq, dk, true);  // the gradients of the projections' (unrotated) outputs
+    projections_backward(dev, p, grad, x, dq, dk, dv, dx);
+  }
+
   template <class T>
   struct Parts {
     T* q;  // rotated queries, then k and v repeated to `heads`, in the head layout
@@ -273,11 +424,6 @@ class RotaryAttention {
     T* merged;
     detail::GqaShape g;
     HeadLayout heads_layout() const { return {g.batch, g.time, g.heads, g.head_dim, 1}; }
-  };
-
-  struct Rope {
-    const float* cos_t;
-    const float* sin_t;
   };
 
   // Workspace elements of T that hold the two [time, head_dim / 2] float tables.
@@ -307,21 +453,32 @@ class RotaryAttention {
     return options_.out_bias ? p[options_.qkv_bias ? 7u : 4u] : MatView<T>{};
   }
 
+  // The checks every call makes; `want`: the saved elements the path needs.
   template <class T>
-  Parts<T> parts(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
-    const std::size_t want = 4 + (options_.qkv_bias ? 3 : 0) + (options_.out_bias ? 1 : 0);
-    detail::check_count("nn::RotaryAttention", "parameters", p.size(), want);
+  void check_call(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx, std::int64_t want) const {
+    const std::size_t params = 4 + (options_.qkv_bias ? 3 : 0) + (options_.out_bias ? 1 : 0);
+    detail::check_count("nn::RotaryAttention", "parameters", p.size(), params);
     detail::check_shape("nn::RotaryAttention", "input", x, ctx.shape.rows(), dim_);
-    if (ctx.saved.size() < saved_size(ctx.shape, dim_))
+    if (ctx.saved.size() < want)
       throw config_error("nn::RotaryAttention: " + std::to_string(ctx.saved.size()) + " saved elements for " +
-                             std::to_string(saved_size(ctx.shape, dim_)),
-                         "pass the unit a UnitContext whose saved view holds saved_size(shape) elements");
+                             std::to_string(want),
+                         "size the saved view with saved_size_of<T>(unit, device, shape, in)");
     if (options_.max_positions > 0 && ctx.shape.time > options_.max_positions)
       throw config_error("nn::RotaryAttention: a sequence of " + std::to_string(ctx.shape.time) +
                              " positions is longer than the model's " + std::to_string(options_.max_positions) +
                              " (max_position_embeddings)",
                          "cut the data into blocks of at most " + std::to_string(options_.max_positions) + " tokens");
-    const detail::GqaShape g{ctx.shape.batch, ctx.shape.time, heads_, kv_heads_, head_dim(), options_.rope_theta > 0.f};
+  }
+
+  template <class T>
+  detail::GqaShape call_shape(const UnitContext<T>& ctx) const {
+    return {ctx.shape.batch, ctx.shape.time, heads_, kv_heads_, head_dim(), options_.rope_theta > 0.f};
+  }
+
+  template <class T>
+  Parts<T> parts(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
+    check_call(p, x, ctx, saved_size(ctx.shape, dim_));
+    const detail::GqaShape g = call_shape(ctx);
     const std::int64_t n = g.head_elems();
     T* q = ctx.saved.data;
     T* att = q + 3 * n;

@@ -162,10 +162,14 @@ class PreNormBlock {
   std::int64_t saved_size(SeqShape s, std::int64_t) const {
     return 5 * s.rows() * dim_ + attn_.saved_size(s, dim_) + mlp_.saved_size(s, dim_);
   }
+  template <class Dev, class T>
+  std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t) const {
+    return 5 * s.rows() * dim_ + saved_size_of<T>(attn_, dev, s, dim_) + saved_size_of<T>(mlp_, dev, s, dim_);
+  }
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
-    const Parts<T> s = parts(p, x, ctx);
+    const Parts<T> s = parts(dev, p, x, ctx);
     ln1_.template forward<Dev, T>(dev, part(p, 0), x, s.h1);
     attn_.template forward<Dev, T>(dev, part(p, 1), s.h1, s.s1, ctx.part(s.attn, 1));
     dev.for_each(static_cast<std::size_t>(x.size()), AddElements<T>{x.data, s.s1.data, s.r.data});
@@ -178,7 +182,7 @@ class PreNormBlock {
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
-    const Parts<T> s = parts(p, x, ctx);
+    const Parts<T> s = parts(dev, p, x, ctx);
     detail::check_count("nn::PreNormBlock", "gradients", grad.size(), p.size());
     const auto n = static_cast<std::size_t>(x.size());
     mlp_.template backward<Dev, T>(dev, part(p, 3), part(grad, 3), s.h2, {}, dy, s.s1, ctx.part(s.mlp, 3));
@@ -204,16 +208,18 @@ class PreNormBlock {
     return p.subspan(first, n_[i]);
   }
 
-  template <class T>
-  Parts<T> parts(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
+  template <class Dev, class T>
+  Parts<T> parts(Dev& dev, UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
     detail::check_count("nn::PreNormBlock", "parameters", p.size(), n_[0] + n_[1] + n_[2] + n_[3]);
     detail::check_shape("nn::PreNormBlock", "input", x, ctx.shape.rows(), dim_);
-    if (ctx.saved.size() < saved_size(ctx.shape, dim_))
+    const std::int64_t want = saved_size_on<Dev, T>(dev, ctx.shape, dim_);
+    if (ctx.saved.size() < want)
       throw config_error("nn::PreNormBlock: " + std::to_string(ctx.saved.size()) + " saved elements for " +
-                             std::to_string(saved_size(ctx.shape, dim_)),
+                             std::to_string(want),
                          "pass a UnitContext whose saved view holds saved_size(shape) elements");
     detail::Carve<T> c(ctx.saved.data);
-    const std::int64_t n = x.rows * dim_, na = attn_.saved_size(ctx.shape, dim_), nm = mlp_.saved_size(ctx.shape, dim_);
+    const std::int64_t n = x.rows * dim_, na = saved_size_of<T>(attn_, dev, ctx.shape, dim_),
+                       nm = saved_size_of<T>(mlp_, dev, ctx.shape, dim_);
     auto mat = [&](std::int64_t size, std::int64_t cols) { return MatView<T>{c.take(size), size / cols, cols}; };
     Parts<T> s;
     s.h1 = mat(n, dim_);

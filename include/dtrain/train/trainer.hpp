@@ -621,7 +621,7 @@ class TrainerCore {
     // What units keep from forward for backward: a buffer each, or with
     // activation checkpointing one buffer every unit takes in turn.
     std::vector<std::int64_t> saved(num_units_);
-    detail::for_each_unit(units, [&](std::size_t u, auto& unit) { saved[u] = saved_size_of(unit, shape, width[u]); });
+    detail::for_each_unit(units, [&](std::size_t u, auto& unit) { saved[u] = saved_size_of<T>(unit, dev_, shape, width[u]); });
     const bool recompute = options_.activation_checkpointing;
     for (std::size_t u = 0; u < num_units_; ++u)
       if (saved[u] > 0) ensure(recompute ? saved_[0] : saved_[u], static_cast<std::size_t>(saved[u]));
