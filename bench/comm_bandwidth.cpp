@@ -172,17 +172,12 @@ int main(int argc, char** argv) {
           {"broadcast", bytes, iters, time_collective(comm, iters, [&] { return comm.broadcast(whole, 0); })});
     }
     // The slowest rank's median: gather every rank's medians through the store.
-    std::string mine = std::to_string(-copy) + " ";
-    for (const Row& r : rows) mine += std::to_string(r.time_us) + " ";
-    const auto all = world.all_gather_values("bench_times", mine);
-    for (const std::string& text : all) {
-      std::size_t pos = 0;
-      copy = std::min(copy, -std::stod(text, &pos));
-      for (Row& r : rows) {
-        std::size_t used = 0;
-        r.time_us = std::max(r.time_us, std::stod(text.substr(pos), &used));
-        pos += used;
-      }
+    // (the copy bandwidth first, then each row's time)
+    std::vector<double> mine{copy};
+    for (const Row& r : rows) mine.push_back(r.time_us);
+    for (const std::vector<double>& theirs : world.all_gather("bench_times", mine)) {
+      copy = std::min(copy, theirs[0]);
+      for (std::size_t i = 0; i < rows.size(); ++i) rows[i].time_us = std::max(rows[i].time_us, theirs[i + 1]);
     }
     comm.barrier().wait();
     if (comm.rank() != 0) return 0;

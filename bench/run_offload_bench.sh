@@ -7,7 +7,7 @@
 # `host_memory` objects of train_gpt's last metrics record) beside
 # dtrain-estimate's prediction for the same settings.
 # On a Host device the offloaded states are separate buffers and every copy
-# between them and the compute buffers is made (strategy/offload.hpp), so the
+# between them and the compute buffers is made (offload/arena.hpp), so the
 # overhead is the copies' and the extra passes' cost; on a GPU the copies
 # cross PCIe on a stream of their own. PyTorch's FSDP CPUOffload needs CUDA,
 # so this host benchmark has no PyTorch side (the training benchmark compares

@@ -1,6 +1,6 @@
 // dtrain-estimate: how much memory one rank needs, by category, for a model
 // under every strategy, before anything is launched or allocated. The
-// numbers come from estimate_memory (<dtrain/strategy/estimate.hpp>), which
+// numbers come from estimate_memory (<dtrain/train/estimate.hpp>), which
 // tests/tools/estimate_test.cpp checks against the Trainer's measurement.
 //
 //   dtrain-estimate --params 7B --precision bf16 --world 8
@@ -11,7 +11,7 @@
 
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/model.hpp>
-#include <dtrain/strategy/estimate.hpp>
+#include <dtrain/train/estimate.hpp>
 
 #include <gpt/gpt.hpp>        // the examples' Configs (their keys' defaults) and models
 #include <mlp/mlp.hpp>

@@ -1,6 +1,6 @@
 // dtrain-run: starts one process per local rank and supervises the group.
 // Options, rank environments and output prefixing are decided in
-// <dtrain/launch/launcher.hpp>; this file owns the processes.
+// <launcher/launcher.hpp>; this file owns the processes.
 //
 // Process model (why it is built this way):
 //  - Each rank runs in its own process group. A terminal's Ctrl-C then reaches
@@ -38,7 +38,7 @@
 #include <string_view>
 #include <vector>
 
-#include "dtrain/launch/launcher.hpp"
+#include "launcher/launcher.hpp"
 #include "dtrain/version.hpp"
 
 namespace {

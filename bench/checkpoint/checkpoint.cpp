@@ -3,6 +3,7 @@
 // then per repetition a sharded save, a consolidated save and a load of each.
 // Launched by dtrain-run; rank 0 writes one JSON object to --json.
 //   bench_checkpoint --dir D --json OUT [--strategy ddp|fsdp-full] [--hidden 2048] [--layers 6] [--repeat 3]
+#include <array>
 #include <dtrain/trainer.hpp>
 
 #include <algorithm>
@@ -62,13 +63,12 @@ int run(dtrain::World& world, const std::filesystem::path& dir, const std::strin
     }
   }
   // every rank's bytes, gathered to rank 0
-  const auto all = world.all_gather_values("bench-bytes", std::to_string(shard_bytes) + " " + std::to_string(full_shard_bytes));
+  const auto all = world.all_gather("bench-bytes", std::array{shard_bytes, full_shard_bytes});
   if (world.rank() == 0) {
     std::string per_rank = "[", per_rank_full = "[";
     for (std::size_t i = 0; i < all.size(); ++i) {
-      const auto space = all[i].find(' ');
-      per_rank += (i ? ", " : "") + all[i].substr(0, space);
-      per_rank_full += (i ? ", " : "") + all[i].substr(space + 1);
+      per_rank += (i ? ", " : "") + std::to_string(all[i][0]);
+      per_rank_full += (i ? ", " : "") + std::to_string(all[i][1]);
     }
     std::FILE* out = std::fopen(json.c_str(), "w");
     if (!out) throw dtrain::config_error("cannot write " + json, "check the path");

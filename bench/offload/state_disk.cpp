@@ -1,5 +1,5 @@
 // The optimizer pass with its state in files on a disk (offload=nvme:DIR,
-// strategy/offload.hpp) against the same pass with the state in memory, in
+// offload/arena.hpp) against the same pass with the state in memory, in
 // one process: AdamW over n fp32 elements whose two moments live in files in
 // --dir, every pass made to read them from the disk and write them back
 // (after_state_pass(true): the writes finished and the page cache dropped),
@@ -10,7 +10,7 @@
 #include <dtrain/device/host.hpp>
 #include <dtrain/model/init.hpp>
 #include <dtrain/optim/flat_optimizer.hpp>
-#include <dtrain/strategy/offload.hpp>
+#include <dtrain/offload/arena.hpp>
 
 #include <algorithm>
 #include <chrono>

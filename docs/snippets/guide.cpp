@@ -54,7 +54,7 @@ void batch_and_lr(dtrain::World& world) {
   const std::int64_t global = per_rank * world.size();              // rows per micro-batch over all ranks
   const std::int64_t effective = global * accumulate;               // rows per optimizer step
   // The learning rate was tuned at 32 rows per step on one device:
-  const float lr = dtrain::scale_lr(3e-4f, dtrain::LrScaling::sqrt, static_cast<int>(effective / per_rank));
+  const float lr = dtrain::scale_lr(3e-4f, dtrain::lr_scaling_rule::sqrt, static_cast<int>(effective / per_rank));
   // [/snippet:guide_batch]
   check(effective == 128 * world.size() && lr > 3e-4f, "scale_lr");
 }

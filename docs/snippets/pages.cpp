@@ -178,7 +178,7 @@ void policies_optim() {
   // [snippet:policies_optimizers]
   dtrain::AdamW adamw{.lr = 3e-4f, .weight_decay = 0.1f};   // beta1 0.9, beta2 0.999, eps 1e-8
   dtrain::SGD sgd{.lr = 0.1f, .momentum = 0.9f, .nesterov = true};
-  dtrain::ClipConfig clip{.max_norm = 1.f};                 // 0 (the default) turns clipping off
+  dtrain::ClipOptions clip{.max_norm = 1.f};                 // 0 (the default) turns clipping off
   // [/snippet:policies_optimizers]
   adamw.validate();
   sgd.validate();
@@ -224,7 +224,7 @@ void data_pages(dtrain::World& world, const dtrain::Dataset& dataset) {
   // [snippet:data_safetensors]
   dtrain::SafetensorsWriter w;
   w.add("layer.weight", {out, in}, weights);              // dtype from the element type
-  w.add("raw", dtrain::safetensors_dtype::u8, {n}, bytes);
+  w.add("raw", dtrain::element_type::u8, {n}, bytes);
   w.add("step_count", {1}, counts);
   w.set_metadata("step", "1000");
   w.write("model.safetensors");

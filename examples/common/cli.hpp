@@ -69,12 +69,14 @@ inline void declare_common(dtrain::ConfigReader& r, Common& c) {
   r.add("keep_last", c.keep_last, "keep only the newest K checkpoints (0 = all)");
   r.add("consolidated", c.consolidated, "checkpoints also hold model.safetensors (fp32, readable by Python)");
   r.add("resume", c.resume, "latest (the newest complete checkpoint in checkpoint_dir) | a checkpoint directory");
-  r.add("on_save_error", c.on_save_error, "stop | continue: a failed save (full disk) stops the run, or is reported");
+  r.add("on_save_error", c.on_save_error, "a failed save (full disk) stops the run, or is reported",
+        dtrain::save_error_policy_names);
   r.add("straggler_factor", c.straggler_factor,
         "progress lines name a rank that computes this many times the median rank's time (0: off)");
   r.add("on_nonfinite", c.on_nonfinite,
-        "stop | skip | rollback: a step with an inf/NaN loss or gradient stops the run, is skipped, or rolls back "
-        "to the newest checkpoint and skips that step's batches");
+        "a step with an inf/NaN loss or gradient stops the run, is skipped, or rolls back to the newest checkpoint "
+        "and skips that step's batches",
+        dtrain::nonfinite_policy_names);
   r.add("init_from", c.init_from, "initial weights from a safetensors file (F32/BF16/F16, \"<unit>.<param>\")");
   r.add("init_strict", c.init_strict, "false: load the tensors that match, list the rest");
   r.add("activation_checkpointing", c.activation_checkpointing,
@@ -113,10 +115,6 @@ inline void validate_common(const Common& c) {
   require(c.timeout_s >= 0 && c.timeout_s <= 86400 * 7, "timeout_s is out of range (0 to 604800 seconds)",
           "set timeout_s=S, the seconds a collective may wait (e.g. 60; 0: DTRAIN_COMM_TIMEOUT_S, else 600)");
   require(c.log_every >= 1, "log_every must be at least 1", "set log_every=20");
-  require(c.on_save_error == "stop" || c.on_save_error == "continue",
-          "on_save_error = '" + c.on_save_error + "' is unknown", "use stop or continue");
-  require(c.on_nonfinite == "stop" || c.on_nonfinite == "skip" || c.on_nonfinite == "rollback",
-          "on_nonfinite = '" + c.on_nonfinite + "' is unknown", "use stop, skip or rollback");
   require(c.save_every >= 0 && c.keep_last >= 0, "save_every and keep_last must be >= 0",
           "set save_every=N to checkpoint every N steps, keep_last=K to keep the newest K");
   // The non-throwing exists(): a path the system refuses to look up (a name

@@ -49,9 +49,9 @@ struct Common {
   int keep_last = 0;                  // keep the newest K checkpoints (0: all)
   bool consolidated = false;          // checkpoints also hold model.safetensors (fp32, Python-readable)
   std::string resume;                 // latest | a checkpoint directory ("" : start fresh)
-  std::string on_save_error = "stop"; // stop | continue: what a failed save does
+  dtrain::save_error_policy on_save_error = dtrain::save_error_policy::stop;  // what a failed save does
   double straggler_factor = 1.5;      // progress lines name a rank computing this many times the median's (0: off)
-  std::string on_nonfinite = "stop";  // stop | skip | rollback: what a step with an inf/NaN loss or gradient does
+  dtrain::nonfinite_policy on_nonfinite = dtrain::nonfinite_policy::stop;  // a step with an inf/NaN loss or gradient
   std::string init_from;              // initial weights from a safetensors file
   bool init_strict = true;            // false: load the matching tensors, list the rest
   bool activation_checkpointing = false;  // recompute units' inner activations in backward
@@ -75,10 +75,11 @@ inline dtrain::TrainerOptions trainer_options(const Common& c) {
   o.seed = c.seed;
   o.clip.max_norm = c.clip;
   // rollback: the Trainer stops on the step, fit rolls back (examples/common/loop.hpp).
-  o.on_nonfinite = c.on_nonfinite == "skip" ? dtrain::nonfinite_policy::skip : dtrain::nonfinite_policy::stop;
-  o.lr_scaling = c.lr_scaling == "linear" ? dtrain::LrScaling::linear
-                 : c.lr_scaling == "sqrt" ? dtrain::LrScaling::sqrt
-                                          : dtrain::LrScaling::none;
+  o.on_nonfinite = c.on_nonfinite == dtrain::nonfinite_policy::skip ? dtrain::nonfinite_policy::skip
+                                                                     : dtrain::nonfinite_policy::stop;
+  o.lr_scaling = c.lr_scaling == "linear" ? dtrain::lr_scaling_rule::linear
+                 : c.lr_scaling == "sqrt" ? dtrain::lr_scaling_rule::sqrt
+                                          : dtrain::lr_scaling_rule::none;
   const bool has_end = c.schedule == "cosine" || c.schedule == "linear";
   o.schedule = dtrain::make_schedule(c.schedule,
                                      {.lr = c.lr, .warmup_steps = c.warmup_steps, .total_steps = has_end ? c.steps : 0});

@@ -32,7 +32,8 @@ inline dtrain::FitOptions fit_options(const Common& c) {
           .consolidated = c.consolidated,
           .resume = c.resume,
           .on_save_error = c.on_save_error,
-          .on_nonfinite = c.on_nonfinite == "rollback" ? "rollback" : "stop",
+          .on_nonfinite = c.on_nonfinite == dtrain::nonfinite_policy::rollback ? dtrain::nonfinite_policy::rollback
+                                                                              : dtrain::nonfinite_policy::stop,
           .log_every = c.log_every,
           .metrics_file = c.metrics,
           .tensorboard_dir = c.tensorboard,
@@ -71,12 +72,12 @@ inline void dump_batches(const Common& c, dtrain::World& world, const std::vecto
   for (std::size_t s = 0; s < steps.size(); ++s)
     for (std::size_t k = 0; k < steps[s].size(); ++k)
       for (const auto& [name, t] : steps[s][k].tensors) {
-        const auto type = t.type == dtrain::element_type::f32    ? dtrain::safetensors_dtype::f32
-                          : t.type == dtrain::element_type::bf16 ? dtrain::safetensors_dtype::bf16
-                          : t.type == dtrain::element_type::f16  ? dtrain::safetensors_dtype::f16
-                          : t.type == dtrain::element_type::i32  ? dtrain::safetensors_dtype::i32
-                          : t.type == dtrain::element_type::i64  ? dtrain::safetensors_dtype::i64
-                                                                 : dtrain::safetensors_dtype::u8;
+        const auto type = t.type == dtrain::element_type::f32    ? dtrain::element_type::f32
+                          : t.type == dtrain::element_type::bf16 ? dtrain::element_type::bf16
+                          : t.type == dtrain::element_type::f16  ? dtrain::element_type::f16
+                          : t.type == dtrain::element_type::i32  ? dtrain::element_type::i32
+                          : t.type == dtrain::element_type::i64  ? dtrain::element_type::i64
+                                                                 : dtrain::element_type::u8;
         writer.add(std::to_string(first_step + static_cast<std::int64_t>(s)) + "." + std::to_string(k) + "." + name,
                    type, t.shape, t.bytes);
       }

@@ -2,6 +2,7 @@
 // train_lm's training function for one device, included by train_host.cpp
 // and train_cuda.cu.
 
+#include <array>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -24,15 +25,11 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
       const auto r = dtrain::hf::load_pretrained(trainer, c.model, config);
       // What loading cost each rank: its peak resident set before and after
       // (each rank maps the files and reads only the elements it owns).
-      const auto all = world.all_gather_values("train-lm-load-rss", std::to_string(before) + " " + std::to_string(peak_rss_mib()));
+      const auto all = world.all_gather("train-lm-load-rss", std::array{before, peak_rss_mib()});
       if (world.rank() != 0) return;
       std::printf("model %s: loaded %zu tensor(s), %.1f MiB of files; peak resident set per rank after loading "
                   "(before):", c.model.c_str(), r.loaded.size(), checkpoint_mib(c.model));
-      for (std::size_t i = 0; i < all.size(); ++i) {
-        double b = 0, a = 0;
-        std::sscanf(all[i].c_str(), "%lf %lf", &b, &a);
-        std::printf("%s rank %zu %.0f MiB (%.0f)", i ? "," : "", i, a, b);
-      }
+      for (std::size_t i = 0; i < all.size(); ++i) std::printf("%s rank %zu %.0f MiB (%.0f)", i ? "," : "", i, all[i][1], all[i][0]);
       std::printf("\n");
     };
     const auto finish = [&](auto& trainer) {

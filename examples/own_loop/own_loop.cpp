@@ -14,7 +14,7 @@
 
 #include "mlp/mlp.hpp"
 
-#include <dtrain/checkpoint/safetensors.hpp>
+#include <dtrain/io/safetensors.hpp>
 #include <dtrain/comm/host.hpp>
 #include <dtrain/data/loader.hpp>
 #include <dtrain/data/sampler.hpp>
@@ -134,9 +134,8 @@ class Job {
     std::vector<std::vector<ParamSpec>> units;
     for (const auto& layer : model.layers) units.push_back(layer.params());
     ModelLayout layout(units, shards);
-    std::string signature = "seed " + std::to_string(c.seed);
-    for (const auto& line : layout.signature()) signature += "; " + line;
-    world.check_agree("the model", signature);
+    world.agree("the seed", c.seed);
+    world.agree("the model's parameters", layout.signature());  // names the first parameter that differs
     return layout;
   }
   // [/snippet:layout]

@@ -13,7 +13,7 @@
 // drives any of them through the TrainingStrategy hooks.
 
 #include "dtrain/checkpoint/checkpoint.hpp"
-#include "dtrain/checkpoint/safetensors.hpp"
+#include "dtrain/io/safetensors.hpp"
 #include "dtrain/checkpoint/state_io.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
@@ -51,7 +51,7 @@
 #include "dtrain/optim/schedule.hpp"
 #include "dtrain/policy/policies.hpp"
 #include "dtrain/strategy/any_strategy.hpp"
-#include "dtrain/strategy/comm_binding.hpp"
+#include "dtrain/comm/binding.hpp"
 #include "dtrain/strategy/ddp.hpp"
 #include "dtrain/strategy/fsdp.hpp"
 #include "dtrain/strategy/strategy.hpp"
@@ -60,5 +60,5 @@
 #include "dtrain/train/trainer.hpp"
 #include "dtrain/version.hpp"
 #if DTRAIN_HAS_CUDA
-#include "dtrain/strategy/cuda_binding.hpp"
+#include "dtrain/comm/cuda_binding.hpp"
 #endif

@@ -360,7 +360,7 @@ BOOST_AUTO_TEST_CASE(consolidated_save_writes_a_plain_model_file) {
   for (const auto& [name, values] : want) {
     const auto t = file.tensor(name);
     BOOST_TEST_INFO(name);
-    BOOST_TEST((t.dtype == safetensors_dtype::f32));
+    BOOST_TEST((t.dtype == element_type::f32));
     BOOST_TEST((file.read_f32(name) == values));
   }
   BOOST_TEST((file.tensor("5.weight").shape == std::vector<std::int64_t>{17, 16}));
@@ -405,7 +405,7 @@ namespace {
 
 // A pretrained file: the backbone of UnevenNet (units 0-3) in `dtype`, its
 // names optionally prefixed, plus a tensor the model lacks.
-fs::path pretrained_file(const std::string& name, safetensors_dtype dtype, const std::string& prefix,
+fs::path pretrained_file(const std::string& name, element_type dtype, const std::string& prefix,
                          Params& values) {
   Params all;
   run_ranks(1, [&](World& w) {
@@ -422,13 +422,13 @@ fs::path pretrained_file(const std::string& name, safetensors_dtype dtype, const
     std::vector<std::int64_t> shape = std::string(n).ends_with("bias") || std::string(n).starts_with("1.")
                                           ? std::vector<std::int64_t>{static_cast<std::int64_t>(v.size())}
                                           : std::vector<std::int64_t>{n[0] == '0' ? 15 : 16, n[0] == '0' ? 7 : 15};
-    if (dtype == safetensors_dtype::f32) {
+    if (dtype == element_type::f32) {
       writer.add(prefix + n, shape, v);
     } else {
       auto& h = halves.emplace_back(v.size());
       for (std::size_t i = 0; i < v.size(); ++i) {
-        h[i] = dtype == safetensors_dtype::bf16 ? bf16(v[i]).bits : fp16(v[i]).bits;
-        v[i] = dtype == safetensors_dtype::bf16 ? static_cast<float>(bf16(v[i])) : static_cast<float>(fp16(v[i]));
+        h[i] = dtype == element_type::bf16 ? bf16(v[i]).bits : fp16(v[i]).bits;
+        v[i] = dtype == element_type::bf16 ? static_cast<float>(bf16(v[i])) : static_cast<float>(fp16(v[i]));
       }
       writer.add(prefix + n, dtype, shape, std::as_bytes(std::span(h)));
     }
@@ -447,7 +447,7 @@ fs::path pretrained_file(const std::string& name, safetensors_dtype dtype, const
 // at any world size and strategy, from F32, BF16 or F16, through a name map.
 BOOST_AUTO_TEST_CASE(load_params_strict_and_non_strict) {
   Params backbone;
-  const auto f32 = pretrained_file("backbone", safetensors_dtype::f32, "", backbone);
+  const auto f32 = pretrained_file("backbone", element_type::f32, "", backbone);
   std::string strict_error;
   run_ranks(2, [&](World& w) {
     UnevenNet net;
@@ -462,7 +462,7 @@ BOOST_AUTO_TEST_CASE(load_params_strict_and_non_strict) {
   BOOST_TEST(strict_error.find("missing 5.weight, 5.bias, 7.weight, 7.bias;") != std::string::npos);
   BOOST_TEST(strict_error.find("unexpected 9.weight;") != std::string::npos);
 
-  for (const auto dtype : {safetensors_dtype::f32, safetensors_dtype::bf16, safetensors_dtype::f16}) {
+  for (const auto dtype : {element_type::f32, element_type::bf16, element_type::f16}) {
     Params want;
     const auto file = pretrained_file("prefixed", dtype, "backbone.", want);
     LoadParamsOptions o{.strict = false};

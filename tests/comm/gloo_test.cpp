@@ -333,19 +333,41 @@ BOOST_AUTO_TEST_CASE(a_group_timeout_names_global_ranks) {
   BOOST_TEST(message.find("ranks that never reached it: 1 (global 3) (at #1)") != std::string::npos);
 }
 
-BOOST_AUTO_TEST_CASE(check_agree_names_the_disagreeing_rank) {
+namespace {
+// A typed message with named fields (core/wire.hpp).
+struct LayerShape {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  bool trainable = true;
+  static constexpr auto wire_fields() {
+    return std::tuple{field("name", &LayerShape::name), field("shape", &LayerShape::shape),
+                      field("trainable", &LayerShape::trainable)};
+  }
+};
+}  // namespace
+
+// World::agree names the first rank that differs from rank 0 and the field.
+BOOST_AUTO_TEST_CASE(agree_names_the_disagreeing_rank_and_field) {
   std::vector<std::string> errors(3);
   run_ranks(3, [&](World& w) {
     try {
-      w.check_agree("model signature", w.rank() == 2 ? "linear[7x15]" : "linear[7x16]");
+      const std::vector<LayerShape> model{{"l1", {7, 15}, true}, {"l2", {15, w.rank() == 2 ? 17 : 16}, true}};
+      w.agree("the model", model);
     } catch (const config_error& e) {
       errors[static_cast<std::size_t>(w.rank())] = e.what();
     }
   });
-  for (const auto& e : errors) {
-    BOOST_TEST(e.find("rank 2 has 'linear[7x15]'") != std::string::npos);
-    BOOST_TEST(e.find("rank 0 has 'linear[7x16]'") != std::string::npos);
-  }
+  for (const auto& e : errors)
+    BOOST_TEST(e.find("ranks disagree on the model: rank 2 has [1].shape[1] = 17 where rank 0 has 16") !=
+                   std::string::npos,
+               e);
+  // the same values everywhere: no error; all_gather gives every rank's
+  run_ranks(3, [&](World& w) {
+    w.agree("the seed", std::uint64_t{42});
+    const std::vector<LayerShape> all = w.all_gather("mine", LayerShape{"r" + std::to_string(w.rank()), {w.rank()}, false});
+    require(all.size() == 3 && all[2].name == "r2" && all[2].shape == std::vector<std::int64_t>{2} && !all[1].trainable,
+            "all_gather returns every rank's value in rank order");
+  });
 }
 
 BOOST_AUTO_TEST_CASE(store_port_in_use_and_unreachable_master_are_clear_errors) {
@@ -388,7 +410,7 @@ BOOST_AUTO_TEST_CASE(store_waits_on_a_departed_rank_fail_at_once) {
       const auto start = std::chrono::steady_clock::now();
       try {
         if (std::string_view(what) == "gather")
-          worlds[0].all_gather_values("x", "v");
+          worlds[0].all_gather("x", std::string("v"));
         else
           worlds[0].barrier("b");
         BOOST_FAIL("the wait on a departed rank returned");

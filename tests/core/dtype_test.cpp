@@ -2,6 +2,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <dtrain/core/dtype.hpp>
+#include <dtrain/core/element.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -127,6 +128,6 @@ BOOST_AUTO_TEST_CASE(matches_cuda_host_conversions) {
 BOOST_AUTO_TEST_CASE(dtype_cast_and_traits) {
   BOOST_TEST(static_cast<float>(dtype_cast<bf16>(1.0f + 0x1p-9f)) == 1.0f);  // below half a bf16 ulp
   BOOST_TEST(static_cast<float>(dtype_cast<fp16>(dtype_cast<bf16>(3.0f))) == 3.0f);
-  static_assert(dtype_traits<bf16>::id == dtype_id::bf16 && dtype_size(dtype_id::f16) == 2);
+  static_assert(dtype_traits<bf16>::id == element_type::bf16 && element_bytes(element_type::f16) == 2);
   static_assert(HalfDtype<fp16> && !HalfDtype<float> && Dtype<float>);
 }

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/checkpoint/safetensors.hpp"
+#include "dtrain/io/safetensors.hpp"
 #include "dtrain/data/dataset.hpp"
 #include "fixture_values.hpp"
 

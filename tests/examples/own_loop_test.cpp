@@ -11,7 +11,7 @@
 #define BOOST_TEST_MODULE example_own_loop
 #include <boost/test/unit_test.hpp>
 
-#include <dtrain/checkpoint/safetensors.hpp>
+#include <dtrain/io/safetensors.hpp>
 #include "examples/run_example.hpp"
 
 #include <algorithm>
@@ -58,8 +58,8 @@ Difference compare(const fs::path& a, const fs::path& b) {
   for (const auto& name : fa.names()) {
     const auto ta = fa.tensor(name), tb = fb.tensor(name);
     BOOST_TEST_INFO("tensor " << name);
-    BOOST_REQUIRE(ta.dtype == dtrain::safetensors_dtype::f32);
-    BOOST_REQUIRE(tb.dtype == dtrain::safetensors_dtype::f32);
+    BOOST_REQUIRE(ta.dtype == dtrain::element_type::f32);
+    BOOST_REQUIRE(tb.dtype == dtrain::element_type::f32);
     BOOST_REQUIRE(ta.shape == tb.shape);
     const auto va = fa.read_f32(name), vb = fb.read_f32(name);
     for (std::size_t i = 0; i < va.size(); ++i) {

@@ -3,7 +3,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <dtrain/checkpoint/checkpoint.hpp>
-#include <dtrain/checkpoint/safetensors.hpp>
+#include <dtrain/io/safetensors.hpp>
 #include <launch/process.hpp>
 #include "examples/run_example.hpp"
 
@@ -96,8 +96,8 @@ BOOST_AUTO_TEST_CASE(trains_on_a_users_safetensors_dataset) {
   }
   const auto file = scratch("user_data.safetensors");
   dtrain::SafetensorsWriter w;
-  w.add("x", dtrain::safetensors_dtype::f32, {n, f}, std::as_bytes(std::span(x)));
-  w.add("y", dtrain::safetensors_dtype::i32, {n}, std::as_bytes(std::span(y)));
+  w.add("x", dtrain::element_type::f32, {n, f}, std::as_bytes(std::span(x)));
+  w.add("y", dtrain::element_type::i32, {n}, std::as_bytes(std::span(y)));
   w.write(file);
   const auto metrics = scratch("user_metrics.jsonl");
   BOOST_REQUIRE_EQUAL(train(2, "steps=60 batch_size=16 hidden=16 data=" + file.string() + " metrics=" + metrics.string()), 0);

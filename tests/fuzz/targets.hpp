@@ -18,7 +18,7 @@
 //                     line is "yaml", the rest as a --config YAML file
 
 #include <dtrain/checkpoint/checkpoint.hpp>
-#include <dtrain/checkpoint/safetensors.hpp>
+#include <dtrain/io/safetensors.hpp>
 
 #include <algorithm>
 #include <cstdio>

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/launch/launcher.hpp"
+#include "launcher/launcher.hpp"
 
 namespace {
 

@@ -13,9 +13,9 @@
 #define BOOST_TEST_MODULE launchers
 #include <boost/test/unit_test.hpp>
 
-#include <dtrain/checkpoint/safetensors.hpp>
+#include <dtrain/io/safetensors.hpp>
 #include <dtrain/comm/store.hpp>
-#include <dtrain/launch/launcher.hpp>
+#include <launcher/launcher.hpp>
 #include <launch/process.hpp>
 
 #include <netdb.h>

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/launch/launcher.hpp"
+#include "launcher/launcher.hpp"
 #include "launch/process.hpp"
 
 namespace {

@@ -48,8 +48,8 @@ UnitStorage allocate_unit(Host& dev, const U& unit, std::mt19937_64& rng) {
     auto& p = s.params.emplace_back(dtrain::make_buffer<float>(dev, n));
     std::uniform_real_distribution<float> uniform(spec.init.a, spec.init.b);
     for (float& v : p.span())
-      v = spec.init.kind == dtrain::InitKind::uniform ? uniform(rng)
-          : spec.init.kind == dtrain::InitKind::ones  ? 1.f
+      v = spec.init.kind == dtrain::init_kind::uniform ? uniform(rng)
+          : spec.init.kind == dtrain::init_kind::ones  ? 1.f
                                                       : 0.f;
     auto& g = s.grads.emplace_back(dtrain::make_buffer<float>(dev, n));
     s.pv.push_back(t::param_view<const float>(p.data(), spec));

@@ -123,12 +123,12 @@ BOOST_AUTO_TEST_CASE(declared_parameters_follow_pytorch) {
   BOOST_TEST(lin[1].name == "bias");
   BOOST_TEST((lin[1].shape == std::vector<std::int64_t>{3}));
   for (const auto& p : lin) {
-    BOOST_TEST((p.init.kind == dtrain::InitKind::uniform && p.init.a == -0.25f && p.init.b == 0.25f));
+    BOOST_TEST((p.init.kind == dtrain::init_kind::uniform && p.init.a == -0.25f && p.init.b == 0.25f));
     BOOST_TEST(p.trainable);
   }
   const auto ln = dtrain::nn::LayerNorm(8).params();
   BOOST_TEST_REQUIRE(ln.size() == 2u);
-  BOOST_TEST((ln[0].init.kind == dtrain::InitKind::ones && ln[1].init.kind == dtrain::InitKind::zeros));
+  BOOST_TEST((ln[0].init.kind == dtrain::init_kind::ones && ln[1].init.kind == dtrain::init_kind::zeros));
   BOOST_TEST(dtrain::nn::GELU{}.params().empty());
   BOOST_TEST(dtrain::nn::Linear(5, 4, {.trainable = false}).params()[1].trainable == false);
 }

@@ -11,7 +11,7 @@
 
 namespace {
 using dtrain::AdamW;
-using dtrain::ClipConfig;
+using dtrain::ClipOptions;
 using dtrain::SGD;
 
 constexpr float not_a_number = std::numeric_limits<float>::quiet_NaN();
@@ -37,7 +37,7 @@ static_assert(dtrain::OptimizerConfig<SGD>);
 static_assert(!dtrain::Optimizer<NamedConfig>);
 static_assert(!dtrain::OptimizerConfig<NoName>);
 static_assert(!dtrain::OptimizerConfig<NoValidate>);
-static_assert(!dtrain::OptimizerConfig<ClipConfig>);  // settings, not an optimizer
+static_assert(!dtrain::OptimizerConfig<ClipOptions>);  // settings, not an optimizer
 static_assert(!dtrain::OptimizerConfig<int>);
 }  // namespace
 
@@ -56,9 +56,9 @@ BOOST_AUTO_TEST_CASE(defaults_are_pytorchs_and_valid) {
   BOOST_TEST(!sgd.nesterov);
   sgd.validate();
 
-  BOOST_TEST(!ClipConfig{}.enabled());
-  BOOST_TEST(ClipConfig{.max_norm = 1.f}.enabled());
-  ClipConfig{}.validate();
+  BOOST_TEST(!ClipOptions{}.enabled());
+  BOOST_TEST(ClipOptions{.max_norm = 1.f}.enabled());
+  ClipOptions{}.validate();
 }
 
 BOOST_AUTO_TEST_CASE(designated_initialisers_keep_the_other_defaults) {
@@ -91,8 +91,8 @@ BOOST_AUTO_TEST_CASE(sgd_rejects_each_bad_field) {
   expect_config_error([] { SGD{.momentum = -0.9f}.validate(); }, "SGD.momentum");
   expect_config_error([] { SGD{.weight_decay = -1e-4f}.validate(); }, "SGD.weight_decay");
   expect_config_error([] { SGD{.nesterov = true}.validate(); }, "SGD.nesterov");
-  expect_config_error([] { ClipConfig{.max_norm = -1.f}.validate(); }, "ClipConfig.max_norm");
-  expect_config_error([] { ClipConfig{.max_norm = not_a_number}.validate(); }, "ClipConfig.max_norm");
+  expect_config_error([] { ClipOptions{.max_norm = -1.f}.validate(); }, "ClipOptions.max_norm");
+  expect_config_error([] { ClipOptions{.max_norm = not_a_number}.validate(); }, "ClipOptions.max_norm");
 }
 
 BOOST_AUTO_TEST_CASE(errors_show_the_value_and_a_fix) {

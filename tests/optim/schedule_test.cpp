@@ -11,7 +11,7 @@
 
 namespace tt = boost::test_tools;
 using dtrain::ConstantLR;
-using dtrain::LrScaling;
+using dtrain::lr_scaling_rule;
 using dtrain::Schedule;
 using dtrain::WarmupCosineLR;
 
@@ -191,10 +191,10 @@ BOOST_AUTO_TEST_CASE(linear_and_inverse_sqrt_match_a_float64_reference_on_random
 }
 
 BOOST_AUTO_TEST_CASE(lr_scaling_rules) {
-  BOOST_TEST(dtrain::scale_lr(3e-4f, LrScaling::none, 8) == 3e-4f);
-  BOOST_TEST(dtrain::scale_lr(3e-4f, LrScaling::linear, 8) == 2.4e-3, tt::tolerance(rel));
-  BOOST_TEST(dtrain::scale_lr(3e-4f, LrScaling::sqrt, 8) == 8.48528137423857e-4, tt::tolerance(rel));
-  for (LrScaling rule : {LrScaling::none, LrScaling::linear, LrScaling::sqrt})
+  BOOST_TEST(dtrain::scale_lr(3e-4f, lr_scaling_rule::none, 8) == 3e-4f);
+  BOOST_TEST(dtrain::scale_lr(3e-4f, lr_scaling_rule::linear, 8) == 2.4e-3, tt::tolerance(rel));
+  BOOST_TEST(dtrain::scale_lr(3e-4f, lr_scaling_rule::sqrt, 8) == 8.48528137423857e-4, tt::tolerance(rel));
+  for (lr_scaling_rule rule : {lr_scaling_rule::none, lr_scaling_rule::linear, lr_scaling_rule::sqrt})
     BOOST_TEST(dtrain::scale_lr(0.1f, rule, 1) == 0.1f);  // one rank is the tuned setting
-  expect_config_error([] { dtrain::scale_lr(1e-3f, LrScaling::linear, 0); }, "batch multiplier 0");
+  expect_config_error([] { dtrain::scale_lr(1e-3f, lr_scaling_rule::linear, 0); }, "batch multiplier 0");
 }

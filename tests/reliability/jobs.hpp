@@ -4,7 +4,7 @@
 // the library stamps its fault-injection lines with, the run count and the
 // seeded random draws of the fault harnesses.
 
-#include <dtrain/checkpoint/safetensors.hpp>
+#include <dtrain/io/safetensors.hpp>
 
 #include <chrono>
 #include <cstddef>

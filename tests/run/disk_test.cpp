@@ -164,7 +164,7 @@ BOOST_AUTO_TEST_CASE(fit_through_a_disk_that_fills_and_is_freed) {
   DiskDir dir("fit");
   const Dataset data = random_dataset(64, 5);
   const FitOptions o{.steps = 8, .batch_size = 4, .checkpoint_dir = dir.path / "ck", .save_every = 2,
-                     .keep_last = 1, .on_save_error = "continue", .progress = false};
+                     .keep_last = 1, .on_save_error = dtrain::save_error_policy::keep_going, .progress = false};
   std::vector<FitResult> results(2);
   std::vector<std::string> while_full;  // the checkpoints rank 0 saw while the disk was full
   run_ranks(2, [&](World& w) {

@@ -203,7 +203,7 @@ BOOST_AUTO_TEST_CASE(a_save_that_hits_a_file_size_limit) {
     Trainer<UnevenNet, Strategy<DDP>> t(w, net, AdamW{.lr = 1e-2f});
     results[static_cast<std::size_t>(w.rank())] =
         fit(t, data, FitOptions{.steps = 4, .batch_size = 4, .checkpoint_dir = tmp.path / "fit", .save_every = 2,
-                                .on_save_error = "continue", .progress = false});
+                                .on_save_error = dtrain::save_error_policy::keep_going, .progress = false});
   });
   ::setrlimit(RLIMIT_FSIZE, &old);
   ::signal(SIGXFSZ, previous);
@@ -238,7 +238,7 @@ BOOST_AUTO_TEST_CASE(fit_rolls_back_past_a_nonfinite_step) {
   fs::remove_all(tmp.path);
 
   FitOptions o = base;
-  o.on_nonfinite = "rollback";
+  o.on_nonfinite = dtrain::nonfinite_policy::rollback;
   o.metrics_file = tmp.path / "m.jsonl";
   std::vector<FitResult> results(2);
   std::string failure;

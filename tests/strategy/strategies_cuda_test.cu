@@ -10,7 +10,7 @@
 // Exits 77 without a GPU.
 #include <support/gpu_main.hpp>
 
-#include <dtrain/strategy/estimate.hpp>
+#include <dtrain/train/estimate.hpp>
 
 #include <cmath>
 #include <tuple>

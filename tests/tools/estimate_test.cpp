@@ -1,4 +1,4 @@
-// dtrain-estimate's memory model (strategy/estimate.hpp) against what the
+// dtrain-estimate's memory model (train/estimate.hpp) against what the
 // Trainer's allocator measures: train_mlp's model and an uneven one (shapes no
 // world size divides, a frozen layer, a LayerNorm) trained for two steps by
 // real Trainers, ranks as threads over Gloo, for every strategy, world sizes
@@ -7,7 +7,7 @@
 #define BOOST_TEST_MODULE tools_estimate
 #include <boost/test/unit_test.hpp>
 
-#include <dtrain/strategy/estimate.hpp>
+#include <dtrain/train/estimate.hpp>
 #include <dtrain/trainer.hpp>
 #include <gpt/gpt.hpp>
 #include <mlp/mlp.hpp>

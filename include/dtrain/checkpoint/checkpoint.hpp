@@ -48,8 +48,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dtrain/checkpoint/crc32c.hpp"
-#include "dtrain/checkpoint/safetensors.hpp"
+#include "dtrain/io/crc32c.hpp"
+#include "dtrain/io/safetensors.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/data/sampler.hpp"
@@ -263,26 +263,21 @@ inline std::vector<OwnedPiece> owned_pieces(const ModelLayout& layout, std::span
   return out;
 }
 
-template <class T>
-constexpr safetensors_dtype dtype_of() {
-  return *safetensors_dtype_of<T>;
-}
-
 // Converts `count` elements of dtype `from` (F32, BF16, F16) into T.
 template <Dtype T>
-void convert_into(std::span<const std::byte> src, safetensors_dtype from, T* dst, std::size_t count,
+void convert_into(std::span<const std::byte> src, element_type from, T* dst, std::size_t count,
                   const std::string& what) {
   const auto decode = [&](std::size_t i) -> float {
     switch (from) {
-      case safetensors_dtype::f32: return load_element<float>(src, i);
-      case safetensors_dtype::bf16: return bf16_bits_to_float(load_element<std::uint16_t>(src, i));
-      case safetensors_dtype::f16: return fp16_bits_to_float(load_element<std::uint16_t>(src, i));
+      case element_type::f32: return load_element<float>(src, i);
+      case element_type::bf16: return bf16_bits_to_float(load_element<std::uint16_t>(src, i));
+      case element_type::f16: return fp16_bits_to_float(load_element<std::uint16_t>(src, i));
       default: break;
     }
     throw checkpoint_error(what + " has dtype " + std::string(safetensors_name(from)),
                            "parameters load from F32, BF16 or F16");
   };
-  if (from == dtype_of<T>()) {
+  if (from == element_type_of<T>()) {
     std::memcpy(dst, src.data(), count * sizeof(T));
     return;
   }
@@ -300,7 +295,7 @@ struct CheckpointPiece {
   std::string key;
   std::size_t begin = 0;   // first element of the flattened tensor
   std::size_t count = 0;
-  safetensors_dtype dtype = safetensors_dtype::f32;
+  element_type dtype = element_type::f32;
   std::uint32_t crc32c = 0;
 };
 
@@ -360,7 +355,7 @@ std::vector<std::int64_t> index_shape(const Json& v, std::string_view field, con
 
 template <class Json>
 CheckpointPiece piece_from_json(const Json& p, const std::filesystem::path& where) {
-  const auto dtype = parse_safetensors_dtype(p.at("dtype").template get<std::string>());
+  const auto dtype = parse_element_type(p.at("dtype").template get<std::string>());
   if (!dtype) bad_index(where, "a piece has the unknown dtype " + p.at("dtype").dump());
   return {p.at("file").template get<std::string>(), p.at("key").template get<std::string>(),
           index_integer<std::size_t>(p.at("begin"), "begin", where),
@@ -581,7 +576,7 @@ nlohmann::ordered_json write_rank_file(const std::filesystem::path& dir, int ran
   nlohmann::ordered_json records = nlohmann::ordered_json::object();
   SafetensorsWriter writer;
   auto add = [&](std::string_view kind, const OwnedPiece& p, std::span<const std::byte> bytes,
-                 safetensors_dtype dtype) {
+                 element_type dtype) {
     const std::string key = piece_key(kind, p.slot->name, p.tensor_begin);
     writer.add(key, dtype, {static_cast<std::int64_t>(p.count)}, bytes);
     records[p.slot->name][std::string(kind)].push_back(
@@ -589,13 +584,13 @@ nlohmann::ordered_json write_rank_file(const std::filesystem::path& dir, int ran
   };
   for (const auto& p : owned_pieces(layout, own.trainable, false, true)) {
     if (!params_elsewhere)
-      add("param", p, std::as_bytes(std::span(state.master).subspan(p.local, p.count)), safetensors_dtype::f32);
+      add("param", p, std::as_bytes(std::span(state.master).subspan(p.local, p.count)), element_type::f32);
     for (const auto& [name, values] : state.optimizer)
-      add(name, p, std::as_bytes(std::span(values).subspan(p.local, p.count)), safetensors_dtype::f32);
+      add(name, p, std::as_bytes(std::span(values).subspan(p.local, p.count)), element_type::f32);
   }
   if (!params_elsewhere)
     for (const auto& p : owned_pieces(layout, own.frozen, true, true))
-      add("param", p, std::as_bytes(std::span(state.frozen).subspan(p.local, p.count)), dtype_of<T>());
+      add("param", p, std::as_bytes(std::span(state.frozen).subspan(p.local, p.count)), element_type_of<T>());
   nlohmann::ordered_json out = {{"pieces", records}};
   if (writer.size() == 0) return out;
   writer.write(dir / file);
@@ -694,7 +689,7 @@ void read_elements(PieceReader& reader, const std::string& tensor, const std::st
                              "the index is incomplete; load an older checkpoint");
     const std::size_t n = std::min(end, it->begin + it->count) - at;
     const auto bytes = reader.bytes(tensor, kind, *it);
-    const std::size_t elem = element_size(it->dtype);
+    const std::size_t elem = element_bytes(it->dtype);
     convert_into(bytes.subspan((at - it->begin) * elem, n * elem), it->dtype, dst + (at - begin), n,
                  "piece '" + it->key + "'");
     at += n;

@@ -22,13 +22,14 @@
 #include <set>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <variant>
 #include <vector>
 
 #include "dtrain/checkpoint/checkpoint.hpp"
-#include "dtrain/checkpoint/crc32c.hpp"
-#include "dtrain/checkpoint/safetensors.hpp"
+#include "dtrain/io/crc32c.hpp"
+#include "dtrain/io/safetensors.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
@@ -38,6 +39,27 @@
 #include "dtrain/strategy/any_strategy.hpp"
 
 namespace dtrain {
+
+namespace detail {
+
+// What ranks tell each other while saving (World::all_gather): a rank's
+// failure ("" if none), and the index entries (JSON) of the files it wrote.
+struct RankSave {
+  std::string error, written, model;
+  static constexpr auto wire_fields() {
+    return std::tuple{field("error", &RankSave::error), field("written", &RankSave::written),
+                      field("model", &RankSave::model)};
+  }
+};
+
+struct SamplerPosition {
+  std::int64_t epoch = 0, position = 0;
+  static constexpr auto wire_fields() {
+    return std::tuple{field("epoch", &SamplerPosition::epoch), field("position", &SamplerPosition::position)};
+  }
+};
+
+}  // namespace detail
 
 // Where a model's parameters come from when they are not one file named
 // like the model: the files (opened, mapped), and for each model tensor
@@ -64,9 +86,9 @@ struct ParamSources {
     bool ok = !shape.empty() || of.size() == 1;
     for (const auto& [f, name] : of) {
       const auto t = files[f].tensor(name);
-      have += (have.empty() ? "" : " + ") + detail::shape_string(t.shape) + " " + std::string(safetensors_name(t.dtype));
-      const bool floating = t.dtype == safetensors_dtype::f32 || t.dtype == safetensors_dtype::bf16 ||
-                            t.dtype == safetensors_dtype::f16;
+      have += (have.empty() ? "" : " + ") + shape_text(t.shape) + " " + std::string(safetensors_name(t.dtype));
+      const bool floating = t.dtype == element_type::f32 || t.dtype == element_type::bf16 ||
+                            t.dtype == element_type::f16;
       if (!floating) ok = false;
       if (of.size() == 1 && transposed_shape) {
         ok = ok && t.shape.size() == 2 && shape.size() == 2 && t.shape[0] == shape[1] && t.shape[1] == shape[0];
@@ -78,7 +100,7 @@ struct ParamSources {
       }
     }
     if (of.size() > 1) ok = ok && rows == shape[0];
-    return ok ? "" : have + " in the file" + (of.size() > 1 ? "s" : "") + ", " + detail::shape_string(shape) +
+    return ok ? "" : have + " in the file" + (of.size() > 1 ? "s" : "") + ", " + shape_text(shape) +
                          (transposed_shape ? " (stored transposed)" : "") + " in the model";
   }
 };
@@ -149,8 +171,8 @@ class CheckpointIO {
     info.metadata = options.metadata;
     if (options.sampler) {
       info.sampler = SamplerProgress::of(*options.sampler);
-      world_.check_agree("the sampler position saved in " + dir.string(),
-                         std::to_string(info.sampler->epoch) + ":" + std::to_string(info.sampler->global_position));
+      world_.agree("the sampler position saved in " + dir.string(),
+                   detail::SamplerPosition{info.sampler->epoch, info.sampler->global_position});
     }
     if (world_.rank() == 0) {
       std::filesystem::create_directories(dir);
@@ -159,7 +181,7 @@ class CheckpointIO {
     world_.barrier("checkpoint-dir");
     std::string error;
     std::size_t bytes = 0;  // what this rank writes
-    nlohmann::ordered_json mine;
+    detail::RankSave mine;
     try {
       const Ownership own = strategy_.ownership();
       const bool writes = std::ranges::any_of(own.trainable, &OwnedRange::writer) ||
@@ -169,21 +191,20 @@ class CheckpointIO {
       // reproduce the failure (and keep_last could have pruned the good ones).
       detail::require_finite(state, own, layout_);
       bytes = state.bytes();
-      mine["written"] = detail::write_rank_file(dir, world_.rank(), world_.size(), layout_, own, std::move(state),
-                                                options.consolidated);
+      mine.written = detail::write_rank_file(dir, world_.rank(), world_.size(), layout_, own, std::move(state),
+                                             options.consolidated)
+                         .dump();
     } catch (const dtrain::error& e) {
       error = e.problem() + detail::space_note(dir, bytes);  // the fix below covers the write's own
     } catch (const std::exception& e) {
       error = e.what() + detail::space_note(dir, bytes);
     }
     fault::hit(fault::point::save);
-    if (options.consolidated) mine["model"] = stream_parameters(dir / checkpoint_model_name, error);
-    mine["error"] = error;
-    const auto all = world_.all_gather_values("checkpoint-files", mine.dump());
-    std::vector<nlohmann::ordered_json> ranks;
-    for (const auto& text : all) ranks.push_back(nlohmann::ordered_json::parse(text));
+    if (options.consolidated) mine.model = stream_parameters(dir / checkpoint_model_name, error).dump();
+    mine.error = error;
+    const std::vector<detail::RankSave> ranks = world_.all_gather("checkpoint-files", mine);
     for (std::size_t r = 0; r < ranks.size(); ++r)
-      if (const auto e = ranks[r].at("error").get<std::string>(); !e.empty()) {
+      if (const std::string& e = ranks[r].error; !e.empty()) {
         // Every rank is done with the directory: the partial save goes, so a
         // full disk is not left fuller; the previous checkpoint is untouched.
         world_.barrier("checkpoint-failed");
@@ -205,7 +226,7 @@ class CheckpointIO {
         committed = e.what();
       }
     }
-    const auto status = world_.all_gather_values("checkpoint-commit", committed);
+    const auto status = world_.all_gather("checkpoint-commit", committed);
     if (!status[0].empty())
       throw checkpoint_error("rank 0 could not commit checkpoint " + detail::quoted_path(dir) + ": " + status[0],
                              "check free disk space and permissions; the previous checkpoint is untouched");
@@ -308,7 +329,7 @@ class CheckpointIO {
           std::vector<std::byte> gathered;  // a transposed piece, element by element in model order
           for (const auto& [f, name] : sources.parts.at(p.slot->name)) {
             const auto t = sources.files[f].tensor(name);
-            const std::size_t elem = element_size(t.dtype), n = t.bytes.size() / elem;
+            const std::size_t elem = element_bytes(t.dtype), n = t.bytes.size() / elem;
             const std::size_t lo = std::max(at, p.tensor_begin), hi = std::min(at + n, p.tensor_begin + p.count);
             if (lo < hi) {
               std::span<const std::byte> bytes = t.bytes.subspan((lo - at) * elem, (hi - lo) * elem);
@@ -344,8 +365,6 @@ class CheckpointIO {
     for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
     return out.empty() ? "none" : out;
   }
-  static std::string shape_text(const std::vector<std::int64_t>& shape) { return detail::shape_string(shape); }
-
 
   // Host buffers shaped like this rank's owned state, holding a copy of it
   // (or left unfilled when the caller overwrites every element); without
@@ -384,7 +403,7 @@ class CheckpointIO {
 
   // Throws on every rank when `error` (this rank's) or any other rank's is set.
   void agree(const std::string& error, const std::string& what) {
-    const auto all = world_.all_gather_values("checkpoint-agree", error);
+    const auto all = world_.all_gather("checkpoint-agree", error);
     for (int r = 0; r < world_.size(); ++r)
       if (!all[static_cast<std::size_t>(r)].empty())
         throw checkpoint_error("rank " + std::to_string(r) + " " + what + ": " + all[static_cast<std::size_t>(r)],
@@ -399,7 +418,7 @@ class CheckpointIO {
     if (world_.rank() == 0 && error.empty()) {
       std::vector<SafetensorsEntry> entries;
       for (const auto& unit : layout_.units())
-        for (const auto& slot : unit.params) entries.push_back({slot.name, safetensors_dtype::f32, slot.spec.shape});
+        for (const auto& slot : unit.params) entries.push_back({slot.name, element_type::f32, slot.spec.shape});
       try {
         out.emplace(path, std::move(entries));
       } catch (const std::exception& e) {
@@ -428,7 +447,7 @@ class CheckpointIO {
           const auto bytes = std::as_bytes(v);
           out->write(bytes);
           pieces[slot.name]["param"].push_back(detail::piece_json(
-              {path.filename().string(), slot.name, 0, n, safetensors_dtype::f32, crc32c(bytes)}));
+              {path.filename().string(), slot.name, 0, n, element_type::f32, crc32c(bytes)}));
         }
       } catch (const std::exception& e) {
         error = e.what();
@@ -446,7 +465,7 @@ class CheckpointIO {
 
   // Rank 0: merges every rank's pieces into the index and commits it.
   void commit_index(const std::filesystem::path& dir, const CheckpointInfo& info,
-                    const std::vector<nlohmann::ordered_json>& ranks) {
+                    const std::vector<detail::RankSave>& ranks) {
     CheckpointIndex index;
     index.info = info;
     for (const auto& unit : layout_.units())
@@ -454,10 +473,9 @@ class CheckpointIO {
         index.order.push_back(slot.name);
         index.tensors[slot.name] = {slot.spec.shape, slot.spec.trainable, {}};
       }
-    for (const auto& r : ranks) {
-      if (r.contains("written")) detail::merge_written(index, r.at("written"));
-      if (r.contains("model")) detail::merge_written(index, r.at("model"));
-    }
+    for (const auto& r : ranks)
+      for (const std::string* part : {&r.written, &r.model})
+        if (!part->empty()) detail::merge_written(index, nlohmann::ordered_json::parse(*part));
     detail::sort_pieces(index);
     const std::string text = detail::index_text(index);
     detail::write_file_atomically(dir / checkpoint_index_name,
@@ -494,8 +512,8 @@ class CheckpointIO {
                            fix);
       for (const auto& [kind, list] : t.pieces)
         for (const auto& p : list)
-          if (p.dtype != safetensors_dtype::f32 && p.dtype != safetensors_dtype::bf16 &&
-              p.dtype != safetensors_dtype::f16)
+          if (p.dtype != element_type::f32 && p.dtype != element_type::bf16 &&
+              p.dtype != element_type::f16)
             throw config_error(where + "tensor '" + slot.name + "' has " + kind + " of dtype " +
                                    std::string(safetensors_name(p.dtype)),
                                fix);

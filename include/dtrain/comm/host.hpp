@@ -241,7 +241,7 @@ class HostCommunicator {
 
   void connect(World& world, const std::string& prefix, host_transport wanted) {
     const auto& opt = world.options();
-    const auto ids = world.all_gather_values("node", detail::node_identity(world));
+    const auto ids = world.all_gather("node", detail::node_identity(world));
     nodes_ = detail::map_nodes(ids, rank_);
     const std::size_t node_count = nodes_.members.size();
     const std::size_t per_node = nodes_.members[static_cast<std::size_t>(nodes_.node)].size();
@@ -268,8 +268,8 @@ class HostCommunicator {
     if (mode_ != mode::gloo) {
       std::string failure = attach_shm(world, prefix, opt);
       // Every rank must take the same path: agree on whether all attached.
-      const auto all = world.all_gather_values("shm-ok", failure.empty() ? "ok" : failure);
-      const auto bad = std::find_if(all.begin(), all.end(), [](const std::string& s) { return s != "ok"; });
+      const auto all = world.all_gather("shm-ok", failure);  // "" where a rank attached
+      const auto bad = std::find_if(all.begin(), all.end(), [](const std::string& s) { return !s.empty(); });
       if (bad != all.end()) {
         const std::string who = "rank " + world.describe_rank(static_cast<int>(bad - all.begin()));
         shm_.reset();
@@ -321,7 +321,7 @@ class HostCommunicator {
   std::string attach_shm(World& world, const std::string& prefix, const CommOptions& opt) {
     const auto& mine = nodes_.members[static_cast<std::size_t>(nodes_.node)];
     const int local_size = static_cast<int>(mine.size());
-    detail::ShmConfig cfg;
+    detail::ShmOptions cfg;
     cfg.part_bytes = opt.shm_part_bytes;
     cfg.wait = opt.wait;
     // auto: spin long enough to cover a peer that is a step behind when every

@@ -114,7 +114,7 @@ inline std::string_view shm_wait_name(shm_wait w) {
   return w == shm_wait::spin ? "spin" : w == shm_wait::futex ? "futex" : "auto";
 }
 
-struct ShmConfig {
+struct ShmOptions {
   std::size_t part_bytes = std::size_t{256} << 10;  // one rank's share of a chunk
   shm_wait wait = shm_wait::automatic;
   std::chrono::microseconds spin = std::chrono::microseconds(200);  // auto: spin this long, then sleep
@@ -217,7 +217,7 @@ inline std::size_t shm_control_bytes(int ranks) {
   return (sizeof(ShmHeader) + static_cast<std::size_t>(ranks) * sizeof(ShmRankCtl) + 4095) / 4096 * 4096;
 }
 
-inline std::size_t shm_segment_bytes(int ranks, const ShmConfig& c) {
+inline std::size_t shm_segment_bytes(int ranks, const ShmOptions& c) {
   return shm_control_bytes(ranks) + static_cast<std::size_t>(ranks) * 2 * static_cast<std::size_t>(ranks) * c.part_bytes;
 }
 
@@ -255,7 +255,7 @@ class ShmEngine {
   // `segment` is mapped; rank `me` of `ranks`; `pids[r]` the process of rank
   // r (this process for ranks that are threads of it); `name(r)` how errors
   // call local rank r.
-  ShmEngine(ShmSegment segment, int me, int ranks, ShmConfig config, std::chrono::milliseconds timeout,
+  ShmEngine(ShmSegment segment, int me, int ranks, ShmOptions config, std::chrono::milliseconds timeout,
             std::function<std::string(int)> name)
       : seg_(std::move(segment)), me_(me), n_(ranks), cfg_(config), timeout_(timeout), name_(std::move(name)) {
     auto* base = seg_.data();
@@ -267,7 +267,7 @@ class ShmEngine {
     self_pid_ = ::getpid();
   }
   // The creator writes the header before publishing the name.
-  static void format(ShmSegment& seg, int ranks, const ShmConfig& c) {
+  static void format(ShmSegment& seg, int ranks, const ShmOptions& c) {
     auto* h = new (seg.data()) ShmHeader{};
     h->magic = shm_magic;
     h->ranks = static_cast<std::uint32_t>(ranks);
@@ -276,7 +276,7 @@ class ShmEngine {
     auto* ctl = reinterpret_cast<ShmRankCtl*>(seg.data() + sizeof(ShmHeader));
     for (int r = 0; r < ranks; ++r) new (&ctl[r]) ShmRankCtl{};
   }
-  bool matches(int ranks, const ShmConfig& c) const {
+  bool matches(int ranks, const ShmOptions& c) const {
     return header_->magic == shm_magic && header_->ranks == static_cast<std::uint32_t>(ranks) &&
            header_->part_bytes == c.part_bytes;
   }
@@ -353,7 +353,7 @@ class ShmEngine {
   }
 
   void barrier() {
-    begin(sig(5, dtype_id::f32, 0, 0));
+    begin(sig(5, element_type::f32, 0, 0));
     const std::uint64_t t = next_step();
     ctl_[me_].ready_out.store(t, std::memory_order_release);
     notify();
@@ -362,17 +362,20 @@ class ShmEngine {
   }
 
  private:
-  static std::uint64_t sig(std::uint64_t op, dtype_id dt, std::size_t count, std::uint64_t root) {
+  static std::uint64_t sig(std::uint64_t op, element_type dt, std::size_t count, std::uint64_t root) {
     return (op << 56) ^ (static_cast<std::uint64_t>(dt) << 48) ^ (root << 40) ^ static_cast<std::uint64_t>(count);
   }
   static std::string describe_sig(std::uint64_t s) {
     static constexpr const char* ops[] = {"?", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
-    static constexpr const char* dts[] = {"fp32", "bf16", "fp16"};
     const auto op = s >> 56;
-    const auto dt = (s >> 48) & 0xff;
+    const auto dt = static_cast<element_type>((s >> 48) & 0xff);
+    const std::string_view dt_name = dt == element_type::f32    ? dtype_traits<float>::name
+                                     : dt == element_type::bf16 ? dtype_traits<bf16>::name
+                                     : dt == element_type::f16  ? dtype_traits<fp16>::name
+                                                                : "?";
     std::string out = op < 6 ? ops[op] : "?";
     if (op == 5) return out;
-    out += " of " + std::to_string(s & ((std::uint64_t{1} << 40) - 1)) + " " + (dt < 3 ? dts[dt] : "?");
+    out += " of " + std::to_string(s & ((std::uint64_t{1} << 40) - 1)) + " " + std::string(dt_name);
     if (op == 4) out += " from root " + std::to_string((s >> 40) & 0xff);
     return out;
   }
@@ -538,7 +541,7 @@ class ShmEngine {
   ShmSegment seg_;
   int me_;
   int n_;
-  ShmConfig cfg_;
+  ShmOptions cfg_;
   std::chrono::milliseconds timeout_;
   std::function<std::string(int)> name_;
   ShmHeader* header_ = nullptr;

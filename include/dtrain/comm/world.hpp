@@ -19,6 +19,7 @@
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/comm/store.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/wire.hpp"
 
 namespace dtrain {
 
@@ -100,14 +101,14 @@ class World {
                              "\"): the color must be >= 0",
                          "give every rank a non-negative group number");
     const std::string base = next_prefix("split");
-    const auto colors = all_gather_values(std::string(name) + "/color", std::to_string(color));
+    const auto colors = all_gather(std::string(name) + "/color", color);
     World sub(*this);
     sub.state_ = std::make_shared<State>(*state_);
     auto& st = *sub.state_;
     st.global_ranks.clear();
     int my_index = 0;
     for (int r = 0; r < size(); ++r) {
-      if (colors[static_cast<std::size_t>(r)] != std::to_string(color)) continue;
+      if (colors[static_cast<std::size_t>(r)] != color) continue;
       if (r == rank()) my_index = static_cast<int>(st.global_ranks.size());
       st.global_ranks.push_back(global_rank(r));
     }
@@ -119,28 +120,38 @@ class World {
     return sub;
   }
 
-  // Every rank contributes `value`; every rank gets all values by rank.
-  std::vector<std::string> all_gather_values(std::string_view key, std::string_view value) {
-    if (size() == 1) return {std::string(value)};
+  // Every rank contributes `mine`; every rank gets all values by rank. Any
+  // WireValue (core/wire.hpp): a trivially copyable value, a string, a
+  // vector, or a struct with wire_fields(). Collective; `key` labels it in
+  // errors (a rank that never arrives is named by the store).
+  template <WireValue T>
+  std::vector<T> all_gather(std::string_view key, const T& mine) {
+    if (size() == 1) return {mine};
     const std::string base = next_prefix("gather") + std::string(key) + "/";
-    store()->set(base + std::to_string(rank()), value);
-    std::vector<std::string> all(static_cast<std::size_t>(size()));
+    store()->set(base + std::to_string(rank()), wire::encode(mine));
+    std::vector<T> all(static_cast<std::size_t>(size()));
     for (int r = 0; r < size(); ++r) {
       const int setter = global_rank(r);
-      all[static_cast<std::size_t>(r)] = store()->get(base + std::to_string(r), std::nullopt, std::span(&setter, 1));
+      all[static_cast<std::size_t>(r)] =
+          wire::decode<T>(store()->get(base + std::to_string(r), std::nullopt, std::span(&setter, 1)));
     }
     return all;
   }
 
-  // Fails on every rank, naming the first rank that disagrees with rank 0,
-  // when ranks hold different `value`s (a model signature, a config hash).
-  void check_agree(std::string_view what, std::string_view value) {
-    const auto all = all_gather_values(what, value);
+  // Fails on every rank, naming the first rank that differs from rank 0 and
+  // where (the field, or the element of a list), when ranks hold different
+  // values of `what`: a model signature, the seed, a sampler position.
+  template <WireValue T>
+  void agree(std::string_view what, const T& mine,
+             std::string_view fix = "every rank must run the same program with the same configuration") {
+    const std::vector<T> all = all_gather(what, mine);
     for (int r = 1; r < size(); ++r)
-      if (all[static_cast<std::size_t>(r)] != all[0])
-        throw config_error("ranks disagree on " + std::string(what) + ": rank " + std::to_string(r) + " has '" +
-                               all[static_cast<std::size_t>(r)] + "' but rank 0 has '" + all[0] + "'",
-                           "every rank must run the same program with the same configuration");
+      if (const auto d = wire::first_difference(all[0], all[static_cast<std::size_t>(r)])) {
+        std::string msg = "ranks disagree on " + std::string(what) + ": rank " + describe_rank(r) + " has ";
+        if (!d->where.empty()) msg += d->where + " = ";
+        msg += d->b + " where rank 0 has " + d->a;
+        throw config_error(msg, std::string(fix));
+      }
   }
 
   // A store-based barrier, for bootstrap (communicators have their own).

@@ -112,27 +112,33 @@ using fp32 = float;
 
 static_assert(sizeof(bf16) == 2 && sizeof(fp16) == 2);
 
-enum class dtype_id : std::uint8_t { f32, bf16, f16 };
+// The element types dtrain knows, one enum for tensors in memory, in
+// batches and in files: the compute dtypes (f32, bf16, f16), the integers of
+// ids and masks, and the rest of what safetensors files hold (read, never
+// computed in). Names, sizes and the C++ types are core/element.hpp's.
+enum class element_type : std::uint8_t {
+  boolean, u8, i8, f8_e5m2, f8_e4m3, i16, u16, f16, bf16, i32, u32, f32, f64, i64, u64
+};
 
 template <class T>
 struct dtype_traits;
 template <>
 struct dtype_traits<float> {
-  static constexpr dtype_id id = dtype_id::f32;
+  static constexpr element_type id = element_type::f32;
   static constexpr std::string_view name = "fp32";
   static constexpr std::string_view safetensors_name = "F32";
   static constexpr double epsilon = 0x1p-23;  // spacing of values just above 1
 };
 template <>
 struct dtype_traits<bf16> {
-  static constexpr dtype_id id = dtype_id::bf16;
+  static constexpr element_type id = element_type::bf16;
   static constexpr std::string_view name = "bf16";
   static constexpr std::string_view safetensors_name = "BF16";
   static constexpr double epsilon = 0x1p-7;
 };
 template <>
 struct dtype_traits<fp16> {
-  static constexpr dtype_id id = dtype_id::f16;
+  static constexpr element_type id = element_type::f16;
   static constexpr std::string_view name = "fp16";
   static constexpr std::string_view safetensors_name = "F16";
   static constexpr double epsilon = 0x1p-10;
@@ -152,16 +158,5 @@ DTRAIN_HOST_DEVICE inline To dtype_cast(From v) {
   else
     return To(static_cast<float>(v));
 }
-
-constexpr std::string_view dtype_name(dtype_id id) {
-  switch (id) {
-    case dtype_id::f32: return "fp32";
-    case dtype_id::bf16: return "bf16";
-    case dtype_id::f16: return "fp16";
-  }
-  return "?";
-}
-
-constexpr std::size_t dtype_size(dtype_id id) { return id == dtype_id::f32 ? 4 : 2; }
 
 }  // namespace dtrain

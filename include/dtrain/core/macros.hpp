@@ -33,3 +33,34 @@
 #if !defined(DTRAIN_HAS_CUDA)
 #define DTRAIN_HAS_CUDA 0
 #endif
+
+// Separate compilation (CMake option DTRAIN_SEPARATE_COMPILATION, target
+// dtrain::runtime), the Asio way: dtrain's non-template code lives in .ipp
+// files beside the headers. Header-only (the default) includes them with
+// every definition inline. With DTRAIN_SEPARATE_COMPILATION=1 the headers
+// only declare that code, and the runtime library compiles it once (its one
+// source defines DTRAIN_RUNTIME_SOURCE), along with the built-in strategies,
+// checkpoint I/O and optimizers for the built-in devices and dtypes, which
+// user translation units then take as `extern template`s instead of
+// instantiating and optimising them again.
+#if !defined(DTRAIN_SEPARATE_COMPILATION)
+#define DTRAIN_SEPARATE_COMPILATION 0
+#endif
+#if DTRAIN_SEPARATE_COMPILATION
+#define DTRAIN_DECL
+#else
+#define DTRAIN_DECL inline
+#endif
+// Whether this translation unit compiles the .ipp definitions: every one
+// header-only, only the runtime library's with separate compilation.
+#if !DTRAIN_SEPARATE_COMPILATION || defined(DTRAIN_RUNTIME_SOURCE)
+#define DTRAIN_DEFINE_IMPL 1
+#else
+#define DTRAIN_DEFINE_IMPL 0
+#endif
+// Whether the built-in instantiations come from the runtime library.
+#if DTRAIN_SEPARATE_COMPILATION && !defined(DTRAIN_RUNTIME_SOURCE)
+#define DTRAIN_EXTERN_INSTANCES 1
+#else
+#define DTRAIN_EXTERN_INSTANCES 0
+#endif

@@ -218,7 +218,7 @@ typename Dev::template buffer<T> make_buffer(Dev& dev, std::size_t n, zero_init_
 // Memory that lives outside a device's allocator: n zero-filled floats the
 // device can address, and a token that keeps them alive. FlatOptimizer takes
 // its state buffers from a StateAllocator when given one (the offload arena's
-// files on a local disk: strategy/offload.hpp).
+// files on a local disk: offload/arena.hpp).
 struct StateStorage {
   float* data = nullptr;
   std::shared_ptr<void> owner;

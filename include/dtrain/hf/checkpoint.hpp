@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dtrain/checkpoint/safetensors.hpp"
+#include "dtrain/io/safetensors.hpp"
 #include "dtrain/checkpoint/state_io.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/model/layout.hpp"
@@ -239,7 +239,7 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
     std::error_code ignored;
     fs::remove_all(partial, ignored);
   }
-  const auto all = world.all_gather_values("hf-save-pretrained", error);
+  const auto all = world.all_gather("hf-save-pretrained", error);
   if (!all[0].empty())
     throw checkpoint_error("save_pretrained to \"" + dir.string() + "\" failed: " + all[0],
                            "fix the cause (space, permissions) and save again; nothing was left at that path");

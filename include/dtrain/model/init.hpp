@@ -35,19 +35,19 @@ class SplitMix64 {
 inline void init_values(std::span<float> out, const Init& init, std::uint64_t seed) {
   SplitMix64 rng(seed);
   switch (init.kind) {
-    case InitKind::zeros:
+    case init_kind::zeros:
       for (auto& x : out) x = 0.f;
       break;
-    case InitKind::ones:
+    case init_kind::ones:
       for (auto& x : out) x = 1.f;
       break;
-    case InitKind::constant:
+    case init_kind::constant:
       for (auto& x : out) x = init.a;
       break;
-    case InitKind::uniform:
+    case init_kind::uniform:
       for (auto& x : out) x = static_cast<float>(init.a + (init.b - init.a) * rng.uniform());
       break;
-    case InitKind::normal:
+    case init_kind::normal:
       for (auto& x : out) {
         const double u1 = 1.0 - rng.uniform();  // (0, 1]: log is finite
         const double u2 = rng.uniform();

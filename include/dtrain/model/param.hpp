@@ -11,18 +11,19 @@
 
 namespace dtrain {
 
-enum class InitKind { zeros, ones, constant, uniform, normal };
+enum class init_kind { zeros, ones, constant, uniform, normal };
+using InitKind [[deprecated("dtrain::InitKind is now dtrain::init_kind")]] = init_kind;
 
 struct Init {
-  InitKind kind = InitKind::zeros;
+  init_kind kind = init_kind::zeros;
   float a = 0.f;  // constant value / uniform low / normal mean
   float b = 0.f;  // uniform high / normal stddev
 
-  static Init zeros() { return {InitKind::zeros, 0.f, 0.f}; }
-  static Init ones() { return {InitKind::ones, 0.f, 0.f}; }
-  static Init constant(float v) { return {InitKind::constant, v, 0.f}; }
-  static Init uniform(float lo, float hi) { return {InitKind::uniform, lo, hi}; }
-  static Init normal(float mean, float stddev) { return {InitKind::normal, mean, stddev}; }
+  static Init zeros() { return {init_kind::zeros, 0.f, 0.f}; }
+  static Init ones() { return {init_kind::ones, 0.f, 0.f}; }
+  static Init constant(float v) { return {init_kind::constant, v, 0.f}; }
+  static Init uniform(float lo, float hi) { return {init_kind::uniform, lo, hi}; }
+  static Init normal(float mean, float stddev) { return {init_kind::normal, mean, stddev}; }
   // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
   static Init fan_in_uniform(std::int64_t fan_in) {
     const float bound = 1.f / std::sqrt(static_cast<float>(fan_in));

@@ -130,12 +130,13 @@ struct SGD {
 
 // Clip the global gradient norm (over all ranks' shards) to max_norm before
 // the optimizer step.
-struct ClipConfig {
+struct ClipOptions {
   float max_norm = 0.f;  // 0 = off
 
   bool enabled() const { return max_norm > 0.f; }
-  void validate() const { detail::check_field("ClipConfig", "max_norm", max_norm, detail::non_negative); }
+  void validate() const { detail::check_field("ClipOptions", "max_norm", max_norm, detail::non_negative); }
 };
+using ClipConfig [[deprecated("dtrain::ClipConfig is now dtrain::ClipOptions")]] = ClipOptions;
 
 // An optimizer: an element-wise rule over fp32 master weights, a gradient
 // and up to max_states fp32 state buffers per element. dtrain runs it in one

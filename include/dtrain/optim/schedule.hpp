@@ -239,16 +239,17 @@ inline Schedule make_schedule(std::string_view name, const ScheduleParams& p) {
 
 // How a learning rate tuned at one batch size follows a larger effective
 // batch: linear (Goyal et al., for SGD) or square root (common for Adam).
-enum class LrScaling { none, linear, sqrt };
+enum class lr_scaling_rule { none, linear, sqrt };
+using LrScaling [[deprecated("dtrain::LrScaling is now dtrain::lr_scaling_rule")]] = lr_scaling_rule;
 
 // batch_multiplier: the effective batch over the batch lr was tuned at,
 // usually the world size (times Accumulate<N> if tuned without accumulation).
-inline float scale_lr(float lr, LrScaling rule, int batch_multiplier) {
+inline float scale_lr(float lr, lr_scaling_rule rule, int batch_multiplier) {
   if (batch_multiplier < 1)
     throw config_error("scale_lr: batch multiplier " + std::to_string(batch_multiplier) + " must be >= 1",
                        "pass the effective batch size over the batch size lr was tuned at, e.g. the world size");
-  if (rule == LrScaling::linear) return static_cast<float>(static_cast<double>(lr) * batch_multiplier);
-  if (rule == LrScaling::sqrt) return static_cast<float>(lr * std::sqrt(static_cast<double>(batch_multiplier)));
+  if (rule == lr_scaling_rule::linear) return static_cast<float>(static_cast<double>(lr) * batch_multiplier);
+  if (rule == lr_scaling_rule::sqrt) return static_cast<float>(lr * std::sqrt(static_cast<double>(batch_multiplier)));
   return lr;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // The Offload slot: which model states live in host memory instead of on the
-// compute device (strategy/offload.hpp does the work).
+// compute device (offload/arena.hpp does the work).
 //
 //   Offload<OptimizerState>   fp32 master weights, optimizer state and the fp32
 //                             gradient shard on the host; the optimizer pass

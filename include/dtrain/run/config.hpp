@@ -50,12 +50,31 @@ class ConfigReader {
   // (a YAML list or "256,256") or std::vector<std::string>.
   template <class T>
   ConfigReader& add(std::string key, T& target, std::string help) {
-    if (key.empty() || key.find('=') != std::string::npos)
-      throw config_error("ConfigReader: the key '" + key + "' is empty or holds '='", "declare a plain name");
-    for (const Key& k : keys_)
-      if (k.name == key) throw config_error("ConfigReader: the key '" + key + "' is declared twice", "declare it once");
-    keys_.push_back({key, std::move(help), form<T>(), show(target),
-                     [this, key, &target](const YAML::Node& v) { target = as<T>(v, key); }});
+    add_key(key, std::move(help), form<T>(), show(target), [key, &target](const YAML::Node& v) { target = as<T>(v, key); });
+    return *this;
+  }
+
+  // Declares `key` bound to an enum, written as one of `names`.
+  template <class E, std::size_t N>
+    requires std::is_enum_v<E>
+  ConfigReader& add(std::string key, E& target, std::string help, const std::pair<std::string_view, E> (&names)[N]) {
+    std::string form, shown;
+    for (const auto& [name, value] : names) {
+      if (!form.empty()) form += " | ";
+      form += name;
+      if (value == target) shown = name;
+    }
+    add_key(key, std::move(help), form, shown, [key, &target, &names, form](const YAML::Node& v) {
+      if (v.IsScalar())
+        for (const auto& [name, value] : names)
+          if (v.Scalar() == name) {
+            target = value;
+            return;
+          }
+      throw config_error("config key '" + key + "' = " + (v.IsScalar() ? "'" + v.Scalar() + "'" : "a list or map") +
+                             " is not one of " + form,
+                         "give " + key + " one of " + form);
+    });
     return *this;
   }
 
@@ -155,6 +174,15 @@ class ConfigReader {
     }
   }
 
+  void add_key(const std::string& key, std::string help, std::string form, std::string shown,
+               std::function<void(const YAML::Node&)> set) {
+    if (key.empty() || key.find('=') != std::string::npos)
+      throw config_error("ConfigReader: the key '" + key + "' is empty or holds '='", "declare a plain name");
+    for (const Key& k : keys_)
+      if (k.name == key) throw config_error("ConfigReader: the key '" + key + "' is declared twice", "declare it once");
+    keys_.push_back({key, std::move(help), std::move(form), std::move(shown), std::move(set)});
+  }
+
   template <class T>
   static std::string form() {
     if constexpr (std::is_same_v<T, bool>) return "true | false";
@@ -243,8 +271,9 @@ inline void declare_fit_keys(ConfigReader& c, FitOptions& o) {
   c.add("keep_last", o.keep_last, "keep only the newest K checkpoints (0: all)");
   c.add("consolidated", o.consolidated, "checkpoints also hold model.safetensors (fp32, readable by Python)");
   c.add("resume", o.resume, "latest (the newest complete checkpoint, if any) | a checkpoint folder | empty: none");
-  c.add("on_save_error", o.on_save_error, "stop | continue: what a failed save (full disk) does");
-  c.add("on_nonfinite", o.on_nonfinite, "stop | rollback: what a step with an inf/NaN loss or gradient does");
+  c.add("on_save_error", o.on_save_error, "what a failed save (full disk) does", save_error_policy_names);
+  c.add("on_nonfinite", o.on_nonfinite, "what a step with an inf/NaN loss or gradient does (skip is the Trainer's)",
+        nonfinite_policy_names);
   c.add("straggler_factor", o.straggler_factor, "name a rank computing this many times the median's (0: off)");
   c.add("eval_every", o.eval_every, "evaluate every N steps and at the end (0: at the end)");
   c.add("eval_batches", o.eval_batches, "batches per rank per evaluation (0: the whole evaluation set)");

@@ -34,6 +34,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -45,7 +46,7 @@
 #include "dtrain/data/sampler.hpp"
 #include "dtrain/metrics/tensorboard.hpp"
 #include "dtrain/run/preemption.hpp"
-#include "dtrain/train/evaluation.hpp"
+#include "dtrain/metrics/metric.hpp"
 #include "dtrain/train/options.hpp"
 
 namespace dtrain {
@@ -66,20 +67,20 @@ struct FitOptions {
   std::string resume{};          // "latest" (the newest complete checkpoint, if any) | a checkpoint | "": none
   // A save that fails (a full disk, a file-size limit, an I/O error) fails
   // on every rank, removes its partial files and leaves the previous
-  // checkpoint as it was; "stop" rethrows it, "continue" reports it and trains on.
-  std::string on_save_error = "stop";
+  // checkpoint as it was; stop rethrows it, keep_going reports it and trains on.
+  save_error_policy on_save_error = save_error_policy::stop;
   // A step with a non-finite loss or gradient (the Trainer's on_nonfinite =
-  // stop throws nonfinite_error): "stop" lets the error end the run;
-  // "rollback" loads the newest checkpoint in checkpoint_dir, replays the
-  // steps since it on the same batches and skips the batches of the failed
-  // step (at most max_rollbacks times in a run).
-  std::string on_nonfinite = "stop";
+  // stop throws nonfinite_error): stop lets the error end the run; rollback
+  // loads the newest checkpoint in checkpoint_dir, replays the steps since it
+  // on the same batches and skips the batches of the failed step (at most
+  // max_rollbacks times in a run). (skip is the Trainer's own choice.)
+  nonfinite_policy on_nonfinite = nonfinite_policy::stop;
   int max_rollbacks = 3;
 
   // Evaluation over the eval source: every eval_every steps and at the end.
   std::int64_t eval_every = 0;   // 0: at the end only
   std::int64_t eval_batches = 0; // batches per rank per evaluation (0: the whole source, split over ranks)
-  std::vector<Metric> metrics{}; // see train/evaluation.hpp: metrics::accuracy(), your own
+  std::vector<Metric> metrics{}; // see metrics/metric.hpp: metrics::accuracy(), your own
 
   // Early stop: after `patience` evaluations in a row without the monitored
   // value improving by more than min_delta, training stops (0: never).
@@ -140,8 +141,8 @@ struct FitResult {
   std::optional<std::filesystem::path> last_checkpoint;
   std::optional<EvalResult> last_eval;
   std::optional<double> best;      // the best monitored value (early stop)
-  int failed_saves = 0;            // saves that failed under on_save_error = "continue"
-  std::vector<std::int64_t> skipped_steps;  // on_nonfinite = "rollback": steps whose batches were skipped
+  int failed_saves = 0;            // saves that failed under on_save_error = keep_going
+  std::vector<std::int64_t> skipped_steps;  // on_nonfinite = rollback: steps whose batches were skipped
   bool preempted = false;          // a preemption signal stopped the run after a checkpoint
   int preempt_signal = 0;          // the signal this rank saw first (0: another rank's)
 
@@ -173,13 +174,9 @@ inline void FitOptions::validate() const {
   require(straggler_factor == 0 || straggler_factor >= 1,
           "straggler_factor = " + std::to_string(straggler_factor) + " is neither 0 nor at least 1",
           "set .straggler_factor = 1.5 (name a rank computing 1.5x as long as the median) or 0 (off)");
-  require(on_nonfinite == "stop" || on_nonfinite == "rollback",
-          "on_nonfinite = '" + on_nonfinite + "' is neither stop nor rollback",
-          "set .on_nonfinite = \"stop\" (the default) or \"rollback\"");
+  require(on_nonfinite != nonfinite_policy::skip, "FitOptions::on_nonfinite = skip",
+          "skipping is the Trainer's: set TrainerOptions::on_nonfinite = skip; fit's choices are stop and rollback");
   require(max_rollbacks >= 0, "max_rollbacks is negative", "set .max_rollbacks = 3");
-  require(on_save_error == "stop" || on_save_error == "continue",
-          "on_save_error = '" + on_save_error + "' is neither stop nor continue",
-          "set .on_save_error = \"stop\" (the default) or \"continue\"");
   require(peak_tflops >= 0, "peak_tflops is negative", "set .peak_tflops to one rank's peak TFLOP/s, or 0");
   std::error_code looked;
   require(resume.empty() || resume == "latest" || std::filesystem::exists(resume, looked),
@@ -206,17 +203,20 @@ struct Stragglers {
 };
 
 // Collective (through the store): every rank calls it at the same steps.
+struct RankTimes {
+  double step_ms = 0, wait_ms = 0;
+  static constexpr auto wire_fields() {
+    return std::tuple{field("step_ms", &RankTimes::step_ms), field("wait_ms", &RankTimes::wait_ms)};
+  }
+};
+
 inline Stragglers compare_ranks(World& world, const StepStats& st) {
   Stragglers s;
-  char mine[64];
-  std::snprintf(mine, sizeof mine, "%.6f %.6f", st.step_ms, st.wait_ms);
   std::vector<double> busy;
-  for (const std::string& v : world.all_gather_values("straggler-times", mine)) {
-    double step = 0, wait = 0;
-    std::sscanf(v.c_str(), "%lf %lf", &step, &wait);
-    s.step_ms.push_back(step);
-    s.wait_ms.push_back(wait);
-    busy.push_back(std::max(0.0, step - wait));
+  for (const RankTimes& t : world.all_gather("straggler-times", RankTimes{st.step_ms, st.wait_ms})) {
+    s.step_ms.push_back(t.step_ms);
+    s.wait_ms.push_back(t.wait_ms);
+    busy.push_back(std::max(0.0, t.step_ms - t.wait_ms));
   }
   s.slowest = static_cast<int>(std::max_element(busy.begin(), busy.end()) - busy.begin());
   std::vector<double> sorted = busy;
@@ -403,9 +403,8 @@ class FitReporter {
 // True when any rank's flag is set (a store round trip: used at progress
 // points, not every step).
 inline bool any_rank(World& world, std::string_view what, bool mine) {
-  for (const std::string& v : world.all_gather_values(what, mine ? "1" : "0"))
-    if (v == "1") return true;
-  return false;
+  const std::vector<bool> all = world.all_gather(what, mine);
+  return std::find(all.begin(), all.end(), true) != all.end();
 }
 
 }  // namespace detail
@@ -468,7 +467,7 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
       trainer.save(dir, {.consolidated = options.consolidated, .sampler = &sampler});
     } catch (const checkpoint_error& e) {
       // The same error on every rank (the save agrees on it), so all decide alike.
-      if (options.on_save_error != "continue") throw;
+      if (options.on_save_error != save_error_policy::keep_going) throw;
       ++result.failed_saves;
       report.line("checkpoint at step " + std::to_string(trainer.steps_taken()) + " failed, training on "
                   "(on_save_error=continue): " + e.what());
@@ -525,7 +524,7 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
   };
 
   std::vector<Batch> micro(static_cast<std::size_t>(trainer.micro_batches()));
-  // on_nonfinite = "rollback": the steps whose batches are skipped (their
+  // on_nonfinite = rollback: the steps whose batches are skipped (their
   // numbers as the failed run counted them), and which of them this replay
   // has skipped already.
   std::vector<std::int64_t> skip;
@@ -546,7 +545,7 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
       st = trainer.step(micro);
     } catch (const nonfinite_error& e) {
       // Every rank throws in the same step (the loss and norm are agreed).
-      if (options.on_nonfinite != "rollback" || rollbacks >= options.max_rollbacks) throw;
+      if (options.on_nonfinite != nonfinite_policy::rollback || rollbacks >= options.max_rollbacks) throw;
       const auto saved = list_checkpoints(options.checkpoint_dir);
       if (saved.empty()) throw;
       ++rollbacks;

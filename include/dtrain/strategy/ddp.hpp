@@ -15,7 +15,7 @@
 // scale into dlogits, so the summed gradient is exactly the gradient of the
 // mean loss over all samples of all ranks and micro-batches.
 //
-// Offload<OptimizerState> (strategy/offload.hpp): the fp32 master weights and
+// Offload<OptimizerState> (offload/arena.hpp): the fp32 master weights and
 // the optimizer state live on the host, the compute-dtype parameters (fp32
 // too) on the device; the all-reduced gradient goes down once it is final,
 // and the updated parameters go up after the host's optimizer pass.
@@ -34,7 +34,7 @@
 #include "dtrain/model/init.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/policy/strategy.hpp"
-#include "dtrain/strategy/comm_binding.hpp"
+#include "dtrain/comm/binding.hpp"
 #include "dtrain/strategy/strategy.hpp"
 
 namespace dtrain {

@@ -27,7 +27,7 @@
 // the optimizer updates the rank's shards only. No compute-dtype shard is
 // kept: the next gather casts the updated master shard.
 //
-// Offload (strategy/offload.hpp): the fp32 master and gradient shards and the
+// Offload (offload/arena.hpp): the fp32 master and gradient shards and the
 // optimizer state live on the host; each unit's reduced gradient shard goes
 // down as its reduction completes. Offload<OptimizerState> keeps a
 // compute-dtype shard on the device, uploaded after each update, that gathers
@@ -53,7 +53,7 @@
 #include "dtrain/kernels/reduce.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/policy/strategy.hpp"
-#include "dtrain/strategy/comm_binding.hpp"
+#include "dtrain/comm/binding.hpp"
 #include "dtrain/strategy/sharded.hpp"
 #include "dtrain/strategy/strategy.hpp"
 

@@ -37,8 +37,8 @@
 #include "dtrain/kernels/reduce.hpp"
 #include "dtrain/model/init.hpp"
 #include "dtrain/model/layout.hpp"
-#include "dtrain/strategy/comm_binding.hpp"
-#include "dtrain/strategy/offload.hpp"
+#include "dtrain/comm/binding.hpp"
+#include "dtrain/offload/arena.hpp"
 
 namespace dtrain {
 

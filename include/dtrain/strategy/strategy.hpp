@@ -36,8 +36,8 @@
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/model/unit.hpp"
-#include "dtrain/strategy/comm_binding.hpp"
-#include "dtrain/strategy/offload.hpp"
+#include "dtrain/comm/binding.hpp"
+#include "dtrain/offload/arena.hpp"
 
 namespace dtrain {
 
@@ -110,7 +110,7 @@ struct StrategyContext {
   std::uint64_t seed = 0;                             // parameter initialisation
   int accumulate = 1;                                 // micro-batches per optimizer step (Accumulate<N>)
   // Offload<...>: where the offloaded states go (null: nothing offloaded).
-  // Only strategies declaring max_offload get one (strategy/offload.hpp).
+  // Only strategies declaring max_offload get one (offload/arena.hpp).
   OffloadArena<Dev>* offload = nullptr;
 };
 

@@ -16,7 +16,7 @@
 //              marked stale for the next forward's gather
 // Compared with DDP the same bytes cross the network (reduce-scatter +
 // all-gather = all-reduce) and the optimizer state shrinks to 1/W.
-// Offload<OptimizerState> (strategy/offload.hpp): master and gradient shards
+// Offload<OptimizerState> (offload/arena.hpp): master and gradient shards
 // and the optimizer state on the host; each reduced shard goes down as its
 // reduce-scatter completes, and a unit's updated compute-dtype shard goes up
 // into its slot just before the unit's all-gather.
@@ -33,7 +33,7 @@
 #include "dtrain/model/init.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/policy/strategy.hpp"
-#include "dtrain/strategy/comm_binding.hpp"
+#include "dtrain/comm/binding.hpp"
 #include "dtrain/strategy/ddp.hpp"
 #include "dtrain/strategy/sharded.hpp"
 #include "dtrain/strategy/strategy.hpp"

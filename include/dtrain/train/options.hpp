@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dtrain/device/device.hpp"
@@ -29,17 +31,31 @@ struct LossScaleOptions {
 // What a step with a non-finite loss or gradient norm does (fp16's loss
 // scaling skips such steps on its own and lowers the scale, whatever this
 // says). The norm is looked at when it is computed (grad_norm, clipping);
-// otherwise the loss alone.
+// otherwise the loss alone. The Trainer stops or skips; dtrain::fit
+// (FitOptions::on_nonfinite) stops or rolls back to the last checkpoint.
 enum class nonfinite_policy {
-  stop,  // throw nonfinite_error naming the step and the first unit with a non-finite gradient (default)
-  skip,  // leave the parameters as they were (StepStats::skipped) and go on
+  stop,      // throw nonfinite_error naming the step and the first unit with a non-finite gradient (default)
+  skip,      // the Trainer's: leave the parameters as they were (StepStats::skipped) and go on
+  rollback,  // fit's: reload the newest checkpoint and skip the failed step's batches
 };
+
+// What dtrain::fit does when a checkpoint cannot be written (a full disk).
+enum class save_error_policy {
+  stop,        // throw checkpoint_error (default); the previous checkpoint is untouched
+  keep_going,  // report it, count it (FitResult::failed_saves) and train on
+};
+
+// The names configs use for these (ConfigReader, the examples' keys).
+inline constexpr std::pair<std::string_view, nonfinite_policy> nonfinite_policy_names[] = {
+    {"stop", nonfinite_policy::stop}, {"skip", nonfinite_policy::skip}, {"rollback", nonfinite_policy::rollback}};
+inline constexpr std::pair<std::string_view, save_error_policy> save_error_policy_names[] = {
+    {"stop", save_error_policy::stop}, {"continue", save_error_policy::keep_going}};
 
 struct TrainerOptions {
   std::uint64_t seed = 0;                 // parameter initialisation (checked equal on every rank)
-  ClipConfig clip{};                      // max_norm 0: no clipping
+  ClipOptions clip{};                      // max_norm 0: no clipping
   std::optional<Schedule> schedule{};     // absent: the optimizer's constant lr
-  LrScaling lr_scaling = LrScaling::none; // scales the schedule by the world size
+  lr_scaling_rule lr_scaling = lr_scaling_rule::none; // scales the schedule by the world size
   LossScaleOptions loss_scale{};
   // Drop the activations units keep from forward for backward (saved_size)
   // after each unit's forward and recompute them right before its backward:

@@ -245,7 +245,7 @@ inline MemoryUsage strategy_memory(const EstimateInputs& in, const EstimatePlan&
 }
 
 // The same with the optimizer state (and, for FSDP's ParamShards, the
-// parameter shards) offloaded to the host (strategy/offload.hpp): the fp32
+// parameter shards) offloaded to the host (offload/arena.hpp): the fp32
 // master and gradient shards, the optimizer state and a compute-dtype copy of
 // the shard move to the host; what the device keeps for compute and
 // communication stays. The host optimizer runs group by group over runs of

@@ -11,8 +11,8 @@
 // SafetensorsWriter writes it atomically; SafetensorsFile maps a file and
 // checks everything the format promises before handing out a byte, so a
 // truncated or damaged checkpoint fails with a message instead of loading
-// garbage. Also here: load_safetensors_dataset, the dataset loader for this
-// format (it cannot live in data/, which sits below this layer).
+// garbage. (load_safetensors_dataset, the dataset loader for this format, is
+// data/'s.)
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -41,82 +41,26 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/core/dtype.hpp"
+#include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
-#include "dtrain/data/dataset.hpp"
+#include "dtrain/io/files.hpp"
 
 namespace dtrain {
 
-// Every dtype the format names (sub-byte float formats excepted).
-enum class safetensors_dtype : std::uint8_t {
-  boolean, u8, i8, f8_e5m2, f8_e4m3, i16, u16, f16, bf16, i32, u32, f32, f64, i64, u64
-};
+// The format's dtype names are element_type's file names (core/element.hpp).
+constexpr std::string_view safetensors_name(element_type d) { return detail::element_info(d).file_name; }
 
-namespace detail {
-struct SafetensorsDtypeInfo {
-  safetensors_dtype id;
-  std::string_view name;
-  std::size_t size;
-};
-inline constexpr std::array<SafetensorsDtypeInfo, 15> safetensors_dtypes{{
-    {safetensors_dtype::boolean, "BOOL", 1}, {safetensors_dtype::u8, "U8", 1},
-    {safetensors_dtype::i8, "I8", 1},        {safetensors_dtype::f8_e5m2, "F8_E5M2", 1},
-    {safetensors_dtype::f8_e4m3, "F8_E4M3", 1}, {safetensors_dtype::i16, "I16", 2},
-    {safetensors_dtype::u16, "U16", 2},      {safetensors_dtype::f16, "F16", 2},
-    {safetensors_dtype::bf16, "BF16", 2},    {safetensors_dtype::i32, "I32", 4},
-    {safetensors_dtype::u32, "U32", 4},      {safetensors_dtype::f32, "F32", 4},
-    {safetensors_dtype::f64, "F64", 8},      {safetensors_dtype::i64, "I64", 8},
-    {safetensors_dtype::u64, "U64", 8},
-}};
-static_assert(
-    [] {
-      for (std::size_t i = 0; i < safetensors_dtypes.size(); ++i)
-        if (static_cast<std::size_t>(safetensors_dtypes[i].id) != i) return false;
-      return true;
-    }(),
-    "safetensors_dtypes must list the enum in order: dtype_info() indexes it");
-constexpr const SafetensorsDtypeInfo& dtype_info(safetensors_dtype d) {
-  return safetensors_dtypes[static_cast<std::size_t>(d)];
-}
-}  // namespace detail
-
-constexpr std::string_view safetensors_name(safetensors_dtype d) { return detail::dtype_info(d).name; }
-constexpr std::size_t element_size(safetensors_dtype d) { return detail::dtype_info(d).size; }
-
-constexpr std::optional<safetensors_dtype> parse_safetensors_dtype(std::string_view name) {
-  for (const auto& info : detail::safetensors_dtypes)
-    if (info.name == name) return info.id;
+constexpr std::optional<element_type> parse_element_type(std::string_view name) {
+  for (const auto& info : detail::element_infos)
+    if (info.file_name == name) return info.type;
   return std::nullopt;
 }
 
-constexpr safetensors_dtype to_safetensors_dtype(dtype_id id) {
-  switch (id) {
-    case dtype_id::f32: return safetensors_dtype::f32;
-    case dtype_id::bf16: return safetensors_dtype::bf16;
-    case dtype_id::f16: return safetensors_dtype::f16;
-  }
-  return safetensors_dtype::f32;
-}
-
-// The file dtype of a C++ element type.
-template <class T>
-inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of = std::nullopt;
-template <Dtype T>
-inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<T> = to_safetensors_dtype(dtype_traits<T>::id);
-template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<double> = safetensors_dtype::f64;
-template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<bool> = safetensors_dtype::boolean;
-template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::int8_t> = safetensors_dtype::i8;
-template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::uint8_t> = safetensors_dtype::u8;
-template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::int16_t> = safetensors_dtype::i16;
-template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::uint16_t> = safetensors_dtype::u16;
-template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::int32_t> = safetensors_dtype::i32;
-template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::uint32_t> = safetensors_dtype::u32;
-template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::int64_t> = safetensors_dtype::i64;
-template <> inline constexpr std::optional<safetensors_dtype> safetensors_dtype_of<std::uint64_t> = safetensors_dtype::u64;
 
 // A tensor's entry in a safetensors header.
 struct SafetensorsEntry {
   std::string name;
-  safetensors_dtype dtype;
+  element_type dtype;
   std::vector<std::int64_t> shape;
 };
 
@@ -136,79 +80,6 @@ inline std::optional<std::uint64_t> shape_bytes(std::span<const std::int64_t> sh
   return n;
 }
 
-inline void write_all(int fd, std::span<const std::byte> bytes, const std::filesystem::path& tmp) {
-  while (!bytes.empty()) {
-    const ::ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw checkpoint_error("writing " + quoted_path(tmp) + " failed: " + errno_text(),
-                             "check free disk space and quotas");
-    bytes = bytes.subspan(static_cast<std::size_t>(n));
-  }
-}
-
-// fsyncs a directory, so that a rename or a removal inside it survives a crash.
-inline void sync_directory(std::filesystem::path dir, const std::string& what) {
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  const bool synced = dfd >= 0 && ::fsync(dfd) == 0;
-  if (dfd >= 0) ::close(dfd);
-  if (!synced)
-    throw checkpoint_error(what + " but could not fsync its directory " + quoted_path(dir) + ": " + errno_text(),
-                           "the file is complete, but a crash now could lose it; check the file system");
-}
-
-// A file written so that readers see either the old file at `path` or the
-// complete new one: bytes go to path.tmp; commit() fsyncs it, renames it
-// over path and fsyncs the directory (making the rename itself durable).
-// Destroyed without commit() (an error, an exception), path.tmp is removed
-// and an existing file at `path` is untouched.
-class AtomicFile {
- public:
-  explicit AtomicFile(std::filesystem::path path) : path_(std::move(path)), tmp_(path_) {
-    tmp_ += ".tmp";
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      throw checkpoint_error("cannot create " + quoted_path(tmp_) + ": " + errno_text(),
-                             "check that the directory exists and is writable");
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-
-  void write(std::span<const std::byte> bytes) { write_all(fd_, bytes, tmp_); }
-
-  void commit() {
-    if (::fsync(fd_) != 0)
-      throw checkpoint_error("fsync of " + quoted_path(tmp_) + " failed: " + errno_text(),
-                             "check the file system's health and free space");
-    const int closing = std::exchange(fd_, -1);
-    if (::close(closing) != 0)
-      throw checkpoint_error("closing " + quoted_path(tmp_) + " failed: " + errno_text(),
-                             "check the file system's health and free space");
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-      throw checkpoint_error("renaming " + quoted_path(tmp_) + " to " + quoted_path(path_) + " failed: " + errno_text(),
-                             "check the permissions of the target directory");
-    committed_ = true;
-    sync_directory(path_.parent_path(), "wrote " + quoted_path(path_));
-  }
-
- private:
-  std::filesystem::path path_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
-inline void write_file_atomically(const std::filesystem::path& path,
-                                  std::span<const std::span<const std::byte>> pieces) {
-  AtomicFile file(path);
-  for (const auto piece : pieces) file.write(piece);
-  file.commit();
-}
-
 // The 8-byte length and the JSON header (padded with spaces so the data
 // section starts 8-byte aligned) for tensors laid out back to back in
 // `entries` order.
@@ -219,9 +90,9 @@ inline std::string encode_safetensors_header(std::span<const SafetensorsEntry> e
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
   for (const auto& e : entries) {
-    const auto bytes = shape_bytes(e.shape, element_size(e.dtype));
+    const auto bytes = shape_bytes(e.shape, element_bytes(e.dtype));
     if (!bytes)
-      throw checkpoint_error("safetensors tensor '" + e.name + "' has an invalid shape " + shape_string(e.shape),
+      throw checkpoint_error("safetensors tensor '" + e.name + "' has an invalid shape " + shape_text(e.shape),
                              "give every dimension a non-negative size");
     header[e.name] = {{"dtype", safetensors_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + *bytes}}};
     offset += *bytes;
@@ -293,15 +164,15 @@ class SafetensorsWriter {
  public:
   // Adds a tensor. The bytes are referenced, not copied (checkpoints are
   // large): they must stay valid until write() returns.
-  void add(std::string name, safetensors_dtype dtype, std::vector<std::int64_t> shape,
+  void add(std::string name, element_type dtype, std::vector<std::int64_t> shape,
            std::span<const std::byte> bytes) {
     if (name.empty() || name == "__metadata__")
       throw checkpoint_error("safetensors tensor name '" + name + "' is reserved or empty", "rename the tensor");
     if (std::ranges::any_of(tensors_, [&](const Entry& e) { return e.name == name; }))
       throw checkpoint_error("safetensors tensor '" + name + "' was added twice", "give every tensor a unique name");
-    const auto expected = detail::shape_bytes(shape, element_size(dtype));
+    const auto expected = detail::shape_bytes(shape, element_bytes(dtype));
     if (!expected || *expected != bytes.size())
-      throw checkpoint_error("safetensors tensor '" + name + "' of shape " + detail::shape_string(shape) + " and dtype " +
+      throw checkpoint_error("safetensors tensor '" + name + "' of shape " + shape_text(shape) + " and dtype " +
                                  std::string(safetensors_name(dtype)) + " was given " + std::to_string(bytes.size()) +
                                  " bytes",
                              "pass exactly product(shape) * element size bytes");
@@ -312,10 +183,10 @@ class SafetensorsWriter {
   // refused at compile time, since the writer keeps only a view.
   template <std::ranges::contiguous_range R>
     requires(std::ranges::borrowed_range<R> || std::is_lvalue_reference_v<R>) &&
-            (safetensors_dtype_of<std::remove_cv_t<std::ranges::range_value_t<R>>>.has_value())
+            is_element<std::remove_cv_t<std::ranges::range_value_t<R>>>
   void add(std::string name, std::vector<std::int64_t> shape, R&& values) {
     using T = std::remove_cv_t<std::ranges::range_value_t<R>>;
-    add(std::move(name), *safetensors_dtype_of<T>, std::move(shape),
+    add(std::move(name), element_type_of<T>(), std::move(shape),
         std::as_bytes(std::span<const T>(std::ranges::data(values), std::ranges::size(values))));
   }
 
@@ -328,7 +199,7 @@ class SafetensorsWriter {
     // starts aligned to its element size (what safetensors' own writer does).
     std::vector<const Entry*> order;
     for (const auto& t : tensors_) order.push_back(&t);
-    std::ranges::stable_sort(order, std::greater<>{}, [](const Entry* e) { return element_size(e->dtype); });
+    std::ranges::stable_sort(order, std::greater<>{}, [](const Entry* e) { return element_bytes(e->dtype); });
     std::vector<SafetensorsEntry> entries;
     for (const Entry* e : order) entries.push_back({e->name, e->dtype, e->shape});
     const std::string header = detail::encode_safetensors_header(entries, metadata_, path);
@@ -341,7 +212,7 @@ class SafetensorsWriter {
  private:
   struct Entry {
     std::string name;
-    safetensors_dtype dtype;
+    element_type dtype;
     std::vector<std::int64_t> shape;
     std::span<const std::byte> bytes;
   };
@@ -369,7 +240,7 @@ class SafetensorsStreamWriter {
                                  " than the " + std::to_string(entries_.size()) + " declared",
                              "write each declared tensor once, in declaration order");
     const auto& e = entries_[next_];
-    const auto expected = *detail::shape_bytes(e.shape, element_size(e.dtype));
+    const auto expected = *detail::shape_bytes(e.shape, element_bytes(e.dtype));
     if (bytes.size() != expected)
       throw checkpoint_error("SafetensorsStreamWriter: tensor '" + e.name + "' was given " + std::to_string(bytes.size()) +
                                  " bytes, not " + std::to_string(expected),
@@ -397,11 +268,11 @@ class SafetensorsStreamWriter {
 // One tensor of an open file; `bytes` points into the file's mapping and is
 // valid while the SafetensorsFile lives. Not necessarily aligned.
 struct SafetensorsTensor {
-  safetensors_dtype dtype;
+  element_type dtype;
   std::vector<std::int64_t> shape;
   std::span<const std::byte> bytes;
 
-  std::int64_t numel() const { return static_cast<std::int64_t>(bytes.size() / element_size(dtype)); }
+  std::int64_t numel() const { return static_cast<std::int64_t>(bytes.size() / element_bytes(dtype)); }
 };
 
 class SafetensorsFile {
@@ -433,11 +304,11 @@ class SafetensorsFile {
   std::vector<float> read_f32(std::string_view name) const {
     const auto t = tensor(name);
     switch (t.dtype) {
-      case safetensors_dtype::f32: return detail::decode_to_float<float>(t.bytes, [](float v) { return v; });
-      case safetensors_dtype::f64:
+      case element_type::f32: return detail::decode_to_float<float>(t.bytes, [](float v) { return v; });
+      case element_type::f64:
         return detail::decode_to_float<double>(t.bytes, [](double v) { return static_cast<float>(v); });
-      case safetensors_dtype::f16: return detail::decode_to_float<std::uint16_t>(t.bytes, detail::fp16_bits_to_float);
-      case safetensors_dtype::bf16: return detail::decode_to_float<std::uint16_t>(t.bytes, detail::bf16_bits_to_float);
+      case element_type::f16: return detail::decode_to_float<std::uint16_t>(t.bytes, detail::fp16_bits_to_float);
+      case element_type::bf16: return detail::decode_to_float<std::uint16_t>(t.bytes, detail::bf16_bits_to_float);
       default: throw conversion_error(name, t.dtype, "read_f32 converts F32, F64, F16 and BF16");
     }
   }
@@ -447,20 +318,20 @@ class SafetensorsFile {
   std::vector<std::int64_t> read_i64(std::string_view name) const {
     const auto t = tensor(name);
     switch (t.dtype) {
-      case safetensors_dtype::i8: return widen<std::int8_t>(t.bytes);
-      case safetensors_dtype::i16: return widen<std::int16_t>(t.bytes);
-      case safetensors_dtype::i32: return widen<std::int32_t>(t.bytes);
-      case safetensors_dtype::i64: return widen<std::int64_t>(t.bytes);
-      case safetensors_dtype::u8: return widen<std::uint8_t>(t.bytes);
-      case safetensors_dtype::u16: return widen<std::uint16_t>(t.bytes);
-      case safetensors_dtype::u32: return widen<std::uint32_t>(t.bytes);
+      case element_type::i8: return widen<std::int8_t>(t.bytes);
+      case element_type::i16: return widen<std::int16_t>(t.bytes);
+      case element_type::i32: return widen<std::int32_t>(t.bytes);
+      case element_type::i64: return widen<std::int64_t>(t.bytes);
+      case element_type::u8: return widen<std::uint8_t>(t.bytes);
+      case element_type::u16: return widen<std::uint16_t>(t.bytes);
+      case element_type::u32: return widen<std::uint32_t>(t.bytes);
       default: throw conversion_error(name, t.dtype, "read_i64 converts I8, I16, I32, I64, U8, U16 and U32");
     }
   }
 
  private:
   struct Entry {
-    safetensors_dtype dtype;
+    element_type dtype;
     std::vector<std::int64_t> shape;
     std::size_t begin;
     std::size_t end;
@@ -475,7 +346,7 @@ class SafetensorsFile {
     return out;
   }
 
-  checkpoint_error conversion_error(std::string_view name, safetensors_dtype dtype, const char* supported) const {
+  checkpoint_error conversion_error(std::string_view name, element_type dtype, const char* supported) const {
     return checkpoint_error("tensor '" + std::string(name) + "' in " + detail::quoted_path(path_) + " has dtype " +
                                 std::string(safetensors_name(dtype)) + "; " + supported,
                             "read it with tensor(name) and convert it yourself");
@@ -530,7 +401,7 @@ class SafetensorsFile {
       return *it;
     };
     const auto& dtype_json = field("dtype");
-    const auto dtype = dtype_json.is_string() ? parse_safetensors_dtype(dtype_json.get<std::string>()) : std::nullopt;
+    const auto dtype = dtype_json.is_string() ? parse_element_type(dtype_json.get<std::string>()) : std::nullopt;
     if (!dtype) corrupt(what + " has unknown dtype " + dtype_json.dump());
     const auto& shape_json = field("shape");
     if (!shape_json.is_array()) corrupt(what + " has a shape that is not an array");
@@ -548,9 +419,9 @@ class SafetensorsFile {
     if (begin > end || end > data_.size())
       corrupt(what + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
               "] outside the " + std::to_string(data_.size()) + "-byte data section");
-    const auto expected = detail::shape_bytes(shape, element_size(*dtype));
+    const auto expected = detail::shape_bytes(shape, element_bytes(*dtype));
     if (!expected || *expected != end - begin)
-      corrupt(what + " of shape " + detail::shape_string(shape) + " and dtype " +
+      corrupt(what + " of shape " + shape_text(shape) + " and dtype " +
               std::string(safetensors_name(*dtype)) + " spans " + std::to_string(end - begin) + " bytes, expected " +
               (expected ? std::to_string(*expected) : std::string("an overflowing count")));
     tensors_.emplace(name, Entry{*dtype, std::move(shape), static_cast<std::size_t>(begin),
@@ -587,33 +458,5 @@ class SafetensorsFile {
   std::vector<std::string> names_;
   std::map<std::string, std::string> metadata_;
 };
-
-// A dataset stored as safetensors: "x" [rows, features] in F32, F64, F16 or
-// BF16 (converted to float) and "y" [rows] in I32 or I64. Throws
-// checkpoint_error for a damaged file and config_error for missing tensors,
-// wrong shapes or dtypes.
-inline Dataset load_safetensors_dataset(const std::filesystem::path& path) {
-  const auto file = SafetensorsFile::open(path);
-  const auto source = detail::quoted_path(path);
-  if (!file.contains("x") || !file.contains("y"))
-    throw config_error(source + " lacks tensor 'x' or 'y'",
-                       "store features as 'x' [rows, features] and labels as 'y' [rows]");
-  const auto x = file.tensor("x");
-  const auto y = file.tensor("y");
-  const bool float_x = x.dtype == safetensors_dtype::f32 || x.dtype == safetensors_dtype::f64 ||
-                       x.dtype == safetensors_dtype::f16 || x.dtype == safetensors_dtype::bf16;
-  if (!float_x)
-    throw config_error(source + ": features 'x' have dtype " + std::string(safetensors_name(x.dtype)),
-                       "store x as F32, F64, F16 or BF16");
-  std::vector<std::int32_t> labels;
-  if (y.dtype == safetensors_dtype::i32)
-    labels = detail::narrow_labels<std::int32_t>(y.bytes, source);
-  else if (y.dtype == safetensors_dtype::i64)
-    labels = detail::narrow_labels<std::int64_t>(y.bytes, source);
-  else
-    throw config_error(source + ": labels 'y' have dtype " + std::string(safetensors_name(y.dtype)),
-                       "store y as I32 or I64 class indices");
-  return detail::assemble_dataset(file.read_f32("x"), x.shape, std::move(labels), y.shape, source);
-}
 
 }  // namespace dtrain

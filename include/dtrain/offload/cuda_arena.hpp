@@ -1,6 +1,6 @@
 #pragma once
 // OffloadCopies<Cuda>: the copies between a GPU and offloaded host memory
-// (strategy/offload.hpp), on a copy stream of their own.
+// (offload/arena.hpp), on a copy stream of their own.
 //
 //   compute stream:  bwd(unit 5) ─rec(e)─ bwd(unit 4) ─ ...        ─wait(u)─ gather(unit 0)
 //   copy stream:            wait(e) ─ D2H(grad shard 5) ─ ... ─ H2D(param shard 0) ─rec(u)
@@ -20,7 +20,7 @@
 #include <cstddef>
 
 #include "dtrain/device/cuda.hpp"
-#include "dtrain/strategy/offload.hpp"
+#include "dtrain/offload/arena.hpp"
 
 namespace dtrain {
 

@@ -1,3 +1,4 @@
+#define BOOST_TEST_MODULE io
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
@@ -8,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/checkpoint/safetensors.hpp"
-#include "fixture_values.hpp"
+#include "dtrain/io/safetensors.hpp"
+#include "data/fixture_values.hpp"
 
-using dtrain::safetensors_dtype;
+using dtrain::element_type;
 using dtrain::SafetensorsFile;
 using dtrain::SafetensorsWriter;
 using namespace dtrain_test;
@@ -97,16 +98,16 @@ BOOST_AUTO_TEST_CASE(round_trip_keeps_every_tensor_aligned) {
   const auto data_start = reinterpret_cast<std::uintptr_t>(f.tensor("step").bytes.data());
   for (const auto& name : f.names()) {
     const auto t = f.tensor(name);
-    BOOST_TEST((reinterpret_cast<std::uintptr_t>(t.bytes.data()) - data_start) % dtrain::element_size(t.dtype) == 0u,
+    BOOST_TEST((reinterpret_cast<std::uintptr_t>(t.bytes.data()) - data_start) % dtrain::element_bytes(t.dtype) == 0u,
                name);
   }
 
   const auto tw = f.tensor("w");
-  BOOST_TEST((tw.dtype == safetensors_dtype::f32));
+  BOOST_TEST((tw.dtype == element_type::f32));
   BOOST_TEST(tw.shape == (std::vector<std::int64_t>{3, 4}), boost::test_tools::per_element());
   BOOST_TEST(tw.numel() == 12);
   BOOST_TEST(f.read_f32("w") == w, boost::test_tools::per_element());
-  BOOST_TEST((f.tensor("h").dtype == safetensors_dtype::bf16));
+  BOOST_TEST((f.tensor("h").dtype == element_type::bf16));
   BOOST_TEST(to_u8(f.tensor("h").bytes) == to_u8(std::as_bytes(std::span(h))), boost::test_tools::per_element());
   BOOST_TEST(f.read_i64("step") == step, boost::test_tools::per_element());
   BOOST_TEST(f.tensor("step").shape.empty());

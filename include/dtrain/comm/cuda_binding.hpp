@@ -26,7 +26,7 @@
 #include "dtrain/comm/nccl.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/device/cuda.hpp"
-#include "dtrain/strategy/comm_binding.hpp"
+#include "dtrain/comm/binding.hpp"
 
 namespace dtrain {
 

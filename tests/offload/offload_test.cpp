@@ -1,4 +1,4 @@
-// Offload (policy/offload.hpp, strategy/offload.hpp) on the host path: the
+// Offload (policy/offload.hpp, offload/arena.hpp) on the host path: the
 // offloaded states live in the arena's own host memory and every copy between
 // it and the compute device is made, so this is the code a GPU runs, with
 // memcpy for cudaMemcpyAsync. For every strategy x {optimizer, param shards}
@@ -9,10 +9,10 @@
 #define BOOST_TEST_MODULE strategy_offload
 #include <boost/test/unit_test.hpp>
 
-#include "common.hpp"
+#include "strategy/common.hpp"
 #include "support/strategy_options.hpp"
 
-#include <dtrain/strategy/estimate.hpp>
+#include <dtrain/train/estimate.hpp>
 
 #include <filesystem>
 #include <mutex>

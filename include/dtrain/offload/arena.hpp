@@ -14,7 +14,7 @@
 // with the vectorised host kernels. With a Host compute device the offloaded
 // states are still separate buffers and every copy is really made, so the
 // whole offload path runs, and is tested, without a GPU; on a GPU the copies
-// go through OffloadCopies<Cuda> (strategy/cuda_offload.hpp): a copy stream
+// go through OffloadCopies<Cuda> (offload/cuda_arena.hpp): a copy stream
 // of its own, ordered against the compute stream by events, so a unit's
 // gradient shard travels to the host while backward goes on.
 //
@@ -62,11 +62,11 @@ inline constexpr bool no_offload_copies = false;
 // The copies between a compute device and offloaded host memory. This
 // primary template serves devices whose memory the host reads directly
 // (Host): plain copies, done when they return. A GPU specialises it
-// (strategy/cuda_offload.hpp).
+// (offload/cuda_arena.hpp).
 template <class Dev>
 class OffloadCopies {
   static_assert(Dev::host_accessible || detail::no_offload_copies<Dev>,
-                "dtrain: no OffloadCopies for this device: include <dtrain/strategy/cuda_offload.hpp> "
+                "dtrain: no OffloadCopies for this device: include <dtrain/offload/cuda_arena.hpp> "
                 "(<dtrain/trainer.hpp> does when CUDA is found) or specialise dtrain::OffloadCopies<Dev>");
 
  public:
@@ -290,7 +290,7 @@ struct offload_strategy_diagnostic {
                 "and ZeRO1 keep the whole model on every device: use Offload<OptimizerState> with them");
   static_assert(!(Want != offload_kind::none && Max == offload_kind::none),
                 "dtrain: this strategy cannot offload: its class declares no `static constexpr offload_kind "
-                "max_offload` (strategy/offload.hpp says what offloading asks of a strategy)");
+                "max_offload` (offload/arena.hpp says what offloading asks of a strategy)");
 };
 }  // namespace detail
 

@@ -43,9 +43,8 @@ struct EvalBatch {
 class MetricSums {
  public:
   void add(std::string_view name, double sum, double count = 1) {
-    if (name.empty() || name.find('\n') != std::string_view::npos)
-      throw config_error("a metric added a sum named '" + std::string(name) + "'",
-                         "name metric sums with a non-empty single-line name");
+    if (name.empty())
+      throw config_error("a metric added a sum with an empty name", "name every metric sum");
     auto& e = sums_[std::string(name)];
     e.first += sum;
     e.second += count;
@@ -54,15 +53,9 @@ class MetricSums {
     const auto it = sums_.find(name);
     return it == sums_.end() ? std::pair{0.0, 0.0} : it->second;
   }
-  std::string joined_names() const {
-    std::string out;
-    for (const auto& [n, v] : sums_) out += n + "\n";
-    return out;
-  }
-  static std::vector<std::string> split_names(const std::string& joined) {
+  std::vector<std::string> names() const {
     std::vector<std::string> out;
-    for (std::size_t a = 0, b; (b = joined.find('\n', a)) != std::string::npos; a = b + 1)
-      out.push_back(joined.substr(a, b - a));
+    for (const auto& [n, v] : sums_) out.push_back(n);
     return out;
   }
 

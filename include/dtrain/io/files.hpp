@@ -1,0 +1,121 @@
+#pragma once
+// Files as dtrain reads and writes them: paths quoted for messages, little-
+// endian arrays read from bytes that may be unaligned, and files written
+// atomically (a reader sees the old file or the complete new one, never a
+// part) with the directory synced so the rename survives a crash.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain::detail {
+
+// 'path', for messages. Built by appending: GCC 12 reports a bogus
+// -Wrestrict for "'" + p.string() + "'" at -O2 (GCC bug 105329).
+inline std::string quoted_path(const std::filesystem::path& p) {
+  std::string s(1, '\'');
+  s += p.native();
+  s += '\'';
+  return s;
+}
+
+// Element i of a little-endian array of T in bytes that may be unaligned
+// (safetensors and .npy only promise byte alignment).
+template <class T>
+T load_element(std::span<const std::byte> bytes, std::size_t i) {
+  T v;
+  std::memcpy(&v, bytes.data() + i * sizeof(T), sizeof(T));
+  return v;
+}
+
+template <class T, class Decode>
+std::vector<float> decode_to_float(std::span<const std::byte> bytes, Decode decode) {
+  std::vector<float> out(bytes.size() / sizeof(T));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = decode(load_element<T>(bytes, i));
+  return out;
+}
+
+inline void write_all(int fd, std::span<const std::byte> bytes, const std::filesystem::path& tmp) {
+  while (!bytes.empty()) {
+    const ::ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw checkpoint_error("writing " + quoted_path(tmp) + " failed: " + errno_text(),
+                             "check free disk space and quotas");
+    bytes = bytes.subspan(static_cast<std::size_t>(n));
+  }
+}
+
+// fsyncs a directory, so that a rename or a removal inside it survives a crash.
+inline void sync_directory(std::filesystem::path dir, const std::string& what) {
+  if (dir.empty()) dir = ".";
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const bool synced = dfd >= 0 && ::fsync(dfd) == 0;
+  if (dfd >= 0) ::close(dfd);
+  if (!synced)
+    throw checkpoint_error(what + " but could not fsync its directory " + quoted_path(dir) + ": " + errno_text(),
+                           "the file is complete, but a crash now could lose it; check the file system");
+}
+
+// A file written so that readers see either the old file at `path` or the
+// complete new one: bytes go to path.tmp; commit() fsyncs it, renames it
+// over path and fsyncs the directory (making the rename itself durable).
+// Destroyed without commit() (an error, an exception), path.tmp is removed
+// and an existing file at `path` is untouched.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path path) : path_(std::move(path)), tmp_(path_) {
+    tmp_ += ".tmp";
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw checkpoint_error("cannot create " + quoted_path(tmp_) + ": " + errno_text(),
+                             "check that the directory exists and is writable");
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+
+  void write(std::span<const std::byte> bytes) { write_all(fd_, bytes, tmp_); }
+
+  void commit() {
+    if (::fsync(fd_) != 0)
+      throw checkpoint_error("fsync of " + quoted_path(tmp_) + " failed: " + errno_text(),
+                             "check the file system's health and free space");
+    const int closing = std::exchange(fd_, -1);
+    if (::close(closing) != 0)
+      throw checkpoint_error("closing " + quoted_path(tmp_) + " failed: " + errno_text(),
+                             "check the file system's health and free space");
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+      throw checkpoint_error("renaming " + quoted_path(tmp_) + " to " + quoted_path(path_) + " failed: " + errno_text(),
+                             "check the permissions of the target directory");
+    committed_ = true;
+    sync_directory(path_.parent_path(), "wrote " + quoted_path(path_));
+  }
+
+ private:
+  std::filesystem::path path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+inline void write_file_atomically(const std::filesystem::path& path,
+                                  std::span<const std::span<const std::byte>> pieces) {
+  AtomicFile file(path);
+  for (const auto piece : pieces) file.write(piece);
+  file.commit();
+}
+
+}  // namespace dtrain::detail
