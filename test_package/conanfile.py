@@ -33,4 +33,5 @@ class DtrainTestConan(ConanFile):
 
     def test(self):
         if can_run(self):
-            self.run(os.path.join(self.cpp.build.bindir, "test_package"), env="conanrun")
+            for exe in ("test_package", "test_package_separate"):  # header-only, then dtrain::runtime
+                self.run(os.path.join(self.cpp.build.bindir, exe), env="conanrun")

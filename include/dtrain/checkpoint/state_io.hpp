@@ -192,15 +192,14 @@ class CheckpointIO {
       detail::require_finite(state, own, layout_);
       bytes = state.bytes();
       mine.written = detail::write_rank_file(dir, world_.rank(), world_.size(), layout_, own, std::move(state),
-                                             options.consolidated)
-                         .dump();
+                                             options.consolidated);
     } catch (const dtrain::error& e) {
       error = e.problem() + detail::space_note(dir, bytes);  // the fix below covers the write's own
     } catch (const std::exception& e) {
       error = e.what() + detail::space_note(dir, bytes);
     }
     fault::hit(fault::point::save);
-    if (options.consolidated) mine.model = stream_parameters(dir / checkpoint_model_name, error).dump();
+    if (options.consolidated) mine.model = stream_parameters(dir / checkpoint_model_name, error);
     mine.error = error;
     const std::vector<detail::RankSave> ranks = world_.all_gather("checkpoint-files", mine);
     for (std::size_t r = 0; r < ranks.size(); ++r)
@@ -410,10 +409,11 @@ class CheckpointIO {
                                "nothing was changed; fix the cause named above (or load an older checkpoint)");
   }
   // Every parameter in F32 to `path`, gathered unit by unit; rank 0 streams
-  // the file and returns its pieces (for a checkpoint's index). Every rank
+  // the file and returns its pieces as written_text (for a checkpoint's
+  // index; empty when it failed). Every rank
   // takes part in every gather, even after rank 0 failed (`error` then holds
   // why), so no rank is left waiting in a collective.
-  nlohmann::ordered_json stream_parameters(const std::filesystem::path& path, std::string& error) {
+  std::string stream_parameters(const std::filesystem::path& path, std::string& error) {
     std::optional<SafetensorsStreamWriter> out;
     if (world_.rank() == 0 && error.empty()) {
       std::vector<SafetensorsEntry> entries;
@@ -425,7 +425,7 @@ class CheckpointIO {
         error = e.what();
       }
     }
-    nlohmann::ordered_json pieces = nlohmann::ordered_json::object();
+    detail::WrittenPieces written;
     for (std::size_t u = 0; u < layout_.units().size(); ++u) {
       const auto& unit = layout_.units()[u];
       std::vector<float> train(unit.train_size);
@@ -446,20 +446,22 @@ class CheckpointIO {
           }
           const auto bytes = std::as_bytes(v);
           out->write(bytes);
-          pieces[slot.name]["param"].push_back(detail::piece_json(
-              {path.filename().string(), slot.name, 0, n, element_type::f32, crc32c(bytes)}));
+          written.pieces.push_back(
+              {slot.name, "param", {path.filename().string(), slot.name, 0, n, element_type::f32, crc32c(bytes)}});
         }
       } catch (const std::exception& e) {
         error = e.what();
       }
     }
-    if (!out || !error.empty()) return nlohmann::ordered_json::object();
+    if (!out || !error.empty()) return {};
     try {
       out->commit();
-      return {{"pieces", pieces}, {"file", path.filename().string()}, {"bytes", std::filesystem::file_size(path)}};
+      written.file = path.filename().string();
+      written.bytes = std::filesystem::file_size(path);
+      return detail::written_text(written);
     } catch (const std::exception& e) {
       error = e.what();
-      return nlohmann::ordered_json::object();
+      return {};
     }
   }
 
@@ -475,7 +477,7 @@ class CheckpointIO {
       }
     for (const auto& r : ranks)
       for (const std::string* part : {&r.written, &r.model})
-        if (!part->empty()) detail::merge_written(index, nlohmann::ordered_json::parse(*part));
+        if (!part->empty()) detail::merge_written(index, *part);
     detail::sort_pieces(index);
     const std::string text = detail::index_text(index);
     detail::write_file_atomically(dir / checkpoint_index_name,

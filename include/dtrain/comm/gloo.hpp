@@ -36,6 +36,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/comm/tracker.hpp"
 #include "dtrain/comm/world.hpp"
@@ -70,14 +71,7 @@ struct GlooWorkState {
   std::atomic<bool> done{false};
   std::exception_ptr error;  // written before `done` is set
 
-  void finish(std::exception_ptr e) {
-    {
-      std::lock_guard lock(mu);
-      error = std::move(e);
-      done.store(true, std::memory_order_release);
-    }
-    cv.notify_all();
-  }
+  DTRAIN_DECL void finish(std::exception_ptr e);
 };
 
 // Gloo's rendezvous talks to our TCP store under the communicator's prefix.
@@ -85,26 +79,17 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
  public:
   GlooStoreAdapter(std::shared_ptr<TcpStore> store, std::string prefix)
       : store_(std::move(store)), prefix_(std::move(prefix)) {}
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_->set(prefix_ + key, std::string_view(data.data(), data.size()));
-  }
-  std::vector<char> get(const std::string& key) override {
-    const std::string v = store_->get(prefix_ + key);
-    return {v.begin(), v.end()};
-  }
+  DTRAIN_DECL void set(const std::string& key, const std::vector<char>& data) override;
+  DTRAIN_DECL std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override { wait(keys, store_->timeout()); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    for (const auto& k : keys) store_->get(prefix_ + k, timeout);
-  }
+  DTRAIN_DECL void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
  private:
   std::shared_ptr<TcpStore> store_;
   std::string prefix_;
 };
 
-inline void add_into(float* acc, const float* x, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
-}
+DTRAIN_DECL void add_into(float* acc, const float* x, std::size_t n);
 
 // Slot prefix for dtrain's own ring algorithms; Gloo's built-in ones use low values.
 constexpr std::uint8_t ring_slot_prefix = 0x7d;
@@ -128,22 +113,7 @@ class HostWork {
   HostWork() = default;
   explicit HostWork(std::shared_ptr<detail::GlooWorkState> s) : state_(std::move(s)) {}
 
-  void wait() const {
-    if (!state_) return;
-    const auto finished = [&] { return state_->done.load(std::memory_order_acquire); };
-    if (finished()) {
-      if (state_->error) std::rethrow_exception(state_->error);
-      return;
-    }
-    const auto start = std::chrono::steady_clock::now();
-    if (!detail::spin_until(finished)) {
-      std::unique_lock lock(state_->mu);
-      state_->cv.wait(lock, finished);
-    }
-    detail::collective_wait_ns += static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
-    if (state_->error) std::rethrow_exception(state_->error);
-  }
+  DTRAIN_DECL void wait() const;
   bool done() const { return !state_ || state_->done.load(std::memory_order_acquire); }
 
  private:
@@ -157,123 +127,29 @@ namespace detail {
 // or raw bytes (gathers, broadcasts). Errors are ::gloo::Exception.
 class GlooEngine {
  public:
-  GlooEngine(World& world, const std::string& prefix)
-      : rank_(world.rank()), size_(world.size()), timeout_(world.options().timeout) {
-    if (size_ > 1) connect(world, prefix);
-  }
+  DTRAIN_DECL GlooEngine(World& world, const std::string& prefix);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  void all_reduce(float* data, std::size_t n, std::uint32_t tag) {
-    if (size_ == 1 || n == 0) return;
-    ::gloo::AllreduceOptions opts(context_);
-    opts.setOutput(data, n);
-    opts.setReduceFunction([](void* c, const void* a, const void* b, std::size_t k) {
-      auto* out = static_cast<float*>(c);
-      const auto* x = static_cast<const float*>(a);
-      const auto* y = static_cast<const float*>(b);
-      for (std::size_t i = 0; i < k; ++i) out[i] = x[i] + y[i];
-    });
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
-    ::gloo::allreduce(opts);
-  }
+  DTRAIN_DECL void all_reduce(float* data, std::size_t n, std::uint32_t tag);
 
   // Ring reduce-scatter of W chunks of c floats: after W-1 steps chunk r on
   // rank r holds the sum over ranks. At step s rank r forwards its running
   // sum of chunk (r-s-1) to the right and adds the left neighbour's running
   // sum of chunk (r-s-2) into its own.
-  void reduce_scatter(float* acc, std::size_t c, std::uint32_t tag) {
-    if (size_ == 1 || c == 0) return;
-    const int w = size_;
-    const std::size_t bytes = c * sizeof(float);
-    if (incoming_.size() < c) incoming_.resize(c);
-    float* incoming = incoming_.data();
-    auto send_buf = context_->createUnboundBuffer(acc, bytes * static_cast<std::size_t>(w));
-    auto recv_buf = context_->createUnboundBuffer(incoming, bytes);
-    const std::uint64_t slot = ::gloo::Slot::build(ring_slot_prefix, tag);
-    const int right = (rank_ + 1) % w;
-    const int left = (rank_ - 1 + w) % w;
-    for (int s = 0; s < w - 1; ++s) {
-      const auto send_idx = static_cast<std::size_t>((rank_ - s - 1 + 2 * w) % w);
-      const auto recv_idx = static_cast<std::size_t>((rank_ - s - 2 + 2 * w) % w);
-      send_buf->send(right, slot, send_idx * bytes, bytes);
-      recv_buf->recv(left, slot, 0, bytes);
-      recv_buf->waitRecv(timeout_);
-      add_into(acc + recv_idx * c, incoming, c);
-      send_buf->waitSend(timeout_);
-    }
-  }
+  DTRAIN_DECL void reduce_scatter(float* acc, std::size_t c, std::uint32_t tag);
 
   // out: size() blocks of `bytes`; in: this rank's block, or null when it
   // already sits in its place in out.
-  void all_gather(const void* in, void* out, std::size_t bytes, std::uint32_t tag) {
-    auto* o = static_cast<std::uint8_t*>(out);
-    if (bytes == 0) return;
-    if (size_ == 1) {
-      if (in) std::memmove(o, in, bytes);
-      return;
-    }
-    ::gloo::AllgatherOptions opts(context_);
-    if (in) opts.setInput(static_cast<std::uint8_t*>(const_cast<void*>(in)), bytes);
-    opts.setOutput(o, bytes * static_cast<std::size_t>(size_));
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
-    ::gloo::allgather(opts);
-  }
+  DTRAIN_DECL void all_gather(const void* in, void* out, std::size_t bytes, std::uint32_t tag);
 
-  void broadcast(void* data, std::size_t bytes, int root, std::uint32_t tag) {
-    if (bytes == 0 || size_ == 1) return;
-    ::gloo::BroadcastOptions opts(context_);
-    opts.setOutput(static_cast<std::uint8_t*>(data), bytes);
-    opts.setRoot(root);
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
-    ::gloo::broadcast(opts);
-  }
+  DTRAIN_DECL void broadcast(void* data, std::size_t bytes, int root, std::uint32_t tag);
 
-  void barrier(std::uint32_t tag) {
-    if (size_ == 1) return;
-    ::gloo::BarrierOptions opts(context_);
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
-    ::gloo::barrier(opts);
-  }
+  DTRAIN_DECL void barrier(std::uint32_t tag);
 
  private:
-  void connect(World& world, const std::string& prefix) {
-    // Gloo writes to its sockets without MSG_NOSIGNAL: a peer that dies while
-    // this rank sends would kill it with SIGPIPE instead of failing the
-    // collective with a message naming the lost connection. Ignored unless
-    // the program set its own handler (PyTorch's processes ignore it too).
-    struct sigaction current {};
-    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
-    // Gloo listens on the interface this rank reaches the master through,
-    // unless GLOO_SOCKET_IFNAME names one (as in PyTorch).
-    ::gloo::transport::tcp::attr attr;
-    if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface && *iface)
-      attr.iface = iface;
-    else
-      attr.hostname = world.store()->local_address();
-    auto device = ::gloo::transport::tcp::CreateDevice(attr);
-    auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
-    ctx->setTimeout(timeout_);
-    GlooStoreAdapter store(world.store(), prefix + "mesh/");
-    try {
-      ctx->connectFullMesh(store, device);
-    } catch (const timeout_error& e) {
-      throw timeout_error("rank " + std::to_string(world.global_rank()) +
-                              " could not connect its Gloo communicator: " + e.problem(),
-                          "some rank never created its communicator (crashed earlier, or runs a "
-                          "different program); check every rank's log");
-    } catch (const ::gloo::Exception& e) {
-      throw gloo_error(std::string("Gloo could not connect rank ") + std::to_string(world.global_rank()) + ": " +
-                           e.what(),
-                       "check that ranks can reach each other over TCP (firewall, GLOO_SOCKET_IFNAME)");
-    }
-    context_ = std::move(ctx);
-  }
+  DTRAIN_DECL void connect(World& world, const std::string& prefix);
 
   int rank_;
   int size_;
@@ -285,3 +161,7 @@ class GlooEngine {
 }  // namespace detail
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/comm/gloo.ipp"
+#endif

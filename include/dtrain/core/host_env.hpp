@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/parse.hpp"
 
@@ -44,31 +45,7 @@ inline std::optional<int> env_count(const EnvLookup& env, const std::string& nam
 }
 
 // Slurm compresses per-node task counts: "4(x2),3" means nodes with 4, 4 and 3.
-inline std::vector<int> expand_slurm_counts(const std::string& name, const std::string& text) {
-  const std::string fix = "this variable is set by Slurm; unset it or run the program with srun";
-  std::vector<int> counts;
-  std::string_view rest = text;
-  while (true) {
-    auto comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    int repeat = 1;
-    if (auto open = item.find("(x"); open != std::string_view::npos) {
-      auto times = item.back() == ')' ? parse_integer(item.substr(open + 2, item.size() - open - 3))
-                                      : std::nullopt;
-      // Bounded: the list is expanded, and no cluster has a million nodes.
-      if (!times || *times < 1 || *times > 1'000'000)
-        throw env_error(name + "='" + text + "' has a malformed repeat count", fix);
-      repeat = static_cast<int>(*times);
-      item = item.substr(0, open);
-    }
-    auto count = parse_integer(item);
-    if (!count || *count < 1 || *count > std::numeric_limits<int>::max())
-      throw env_error(name + "='" + text + "' is not a list of task counts like 4(x2),3", fix);
-    counts.insert(counts.end(), static_cast<std::size_t>(repeat), static_cast<int>(*count));
-    if (comma == std::string_view::npos) return counts;
-    rest.remove_prefix(comma + 1);
-  }
-}
+DTRAIN_DECL std::vector<int> expand_slurm_counts(const std::string& name, const std::string& text);
 
 // One launcher's four rank variables, and how to fix them when they are wrong.
 struct RankVars {
@@ -99,44 +76,18 @@ inline constexpr RankVars slurm_vars{
 // Any one of torchrun's or mpirun's variables marks a process they started.
 // Slurm sets SLURM_NTASKS in a whole allocation, also in an salloc shell that
 // runs no task, so only SLURM_PROCID marks a task that srun started.
-inline bool launched_by(const EnvLookup& env, const RankVars& v) {
-  if (&v == &slurm_vars) return env(v.rank).has_value();
-  for (const char* name : {v.rank, v.size, v.local_rank, v.local_size})
-    if (env(name)) return true;
-  return false;
-}
+DTRAIN_DECL bool launched_by(const EnvLookup& env, const RankVars& v);
 
 // Tasks on this node: Slurm gives per-node counts; the step's own layout
 // (srun) is preferred over the allocation's, which a step may use only part of.
-inline int slurm_local_size(const EnvLookup& env) {
-  auto node = env_count(env, "SLURM_NODEID", slurm_vars.fix).value_or(0);
-  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-                           "SLURM_NTASKS_PER_NODE"}) {
-    auto text = env(name);
-    if (!text) continue;
-    auto counts = expand_slurm_counts(name, *text);
-    if (counts.size() == 1) return counts.front();
-    if (static_cast<std::size_t>(node) >= counts.size())
-      throw env_error("SLURM_NODEID=" + std::to_string(node) + " has no entry in " + name +
-                          "='" + *text + "'",
-                      slurm_vars.fix);
-    return counts[static_cast<std::size_t>(node)];
-  }
-  throw env_error("SLURM_PROCID is set but none of SLURM_STEP_TASKS_PER_NODE, "
-                  "SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE is",
-                  slurm_vars.fix);
-}
+DTRAIN_DECL int slurm_local_size(const EnvLookup& env);
 
 }  // namespace detail
 
 // The process environment as an EnvLookup. getenv is not thread-safe
 // against setenv; dtrain reads the environment once at init, before it
 // starts threads.
-inline std::optional<std::string> process_env(const std::string& name) {
-  const char* value = std::getenv(name.c_str());
-  if (!value) return std::nullopt;
-  return std::string(value);
-}
+DTRAIN_DECL std::optional<std::string> process_env(const std::string& name);
 
 // How many ranks share this node, from whichever launcher started the
 // process, with discover_env's precedence: LOCAL_WORLD_SIZE (dtrain-run,
@@ -144,33 +95,15 @@ inline std::optional<std::string> process_env(const std::string& name) {
 // (srun); 1 when no launcher's variables are present. Only the local count
 // is read and checked, so a device can size its threads before the rest of
 // the launch environment is validated.
-inline int local_world_size(const EnvLookup& env) {
-  for (const auto* v : {&detail::torchrun_vars, &detail::openmpi_vars, &detail::slurm_vars}) {
-    if (!detail::launched_by(env, *v)) continue;
-    const int n = v->local_size ? detail::env_count(env, v->local_size, v->fix).value_or(1)
-                                : detail::slurm_local_size(env);
-    if (n < 1)
-      throw env_error(std::string(v->local_size ? v->local_size : "this node's Slurm task count") + "=" +
-                          std::to_string(n) + ": a node runs at least one rank",
-                      v->fix);
-    return n;
-  }
-  return 1;
-}
+DTRAIN_DECL int local_world_size(const EnvLookup& env);
 
 // Cores this process may run on: the affinity mask (taskset, Slurm and
 // container cpusets restrict it), not the machine's total.
-inline int usable_cpu_count() {
-  cpu_set_t set;
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
+DTRAIN_DECL int usable_cpu_count();
 
 // Each rank's share of the usable cores when all of this node's ranks run on
 // them.
-inline int cores_per_local_rank(const EnvLookup& env) {
-  return std::max(1, usable_cpu_count() / local_world_size(env));
-}
+DTRAIN_DECL int cores_per_local_rank(const EnvLookup& env);
 
 // The address space each thread of OpenBLAS's pool reserves: its 128 MiB work
 // buffer (Debian's OpenBLAS 0.3.21 on x86-64, measured) and an 8 MiB stack.
@@ -180,23 +113,14 @@ inline int cores_per_local_rank(const EnvLookup& env) {
 inline constexpr std::uint64_t blas_thread_address_space = std::uint64_t{136} << 20;
 
 // The process's address-space limit in bytes; nullopt when unlimited.
-inline std::optional<std::uint64_t> address_space_limit() {
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
-  return static_cast<std::uint64_t>(limit.rlim_cur);
-}
+DTRAIN_DECL std::optional<std::uint64_t> address_space_limit();
 
 // The most BLAS threads an address-space limit has room for, when their pool
 // may take a quarter of it and the program the rest.
-inline int blas_threads_within(std::uint64_t limit_bytes) {
-  const std::uint64_t n = limit_bytes / 4 / blas_thread_address_space;
-  return static_cast<int>(std::clamp<std::uint64_t>(n, 1, std::numeric_limits<int>::max()));
-}
+DTRAIN_DECL int blas_threads_within(std::uint64_t limit_bytes);
 
 // `threads` BLAS threads, no more than the address-space limit has room for.
-inline int blas_threads_capped(int threads, std::optional<std::uint64_t> limit_bytes = address_space_limit()) {
-  return limit_bytes ? std::min(threads, blas_threads_within(*limit_bytes)) : threads;
-}
+DTRAIN_DECL int blas_threads_capped(int threads, std::optional<std::uint64_t> limit_bytes = address_space_limit());
 
 // A rank's BLAS threads when OPENBLAS_NUM_THREADS does not say: its share of
 // the usable cores, capped as above. What a Host device takes; dtrain-run
@@ -204,3 +128,7 @@ inline int blas_threads_capped(int threads, std::optional<std::uint64_t> limit_b
 inline int blas_threads_per_rank(const EnvLookup& env) { return blas_threads_capped(cores_per_local_rank(env)); }
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/core/host_env.ipp"
+#endif

@@ -16,18 +16,14 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain::detail {
 
 // 'path', for messages. Built by appending: GCC 12 reports a bogus
 // -Wrestrict for "'" + p.string() + "'" at -O2 (GCC bug 105329).
-inline std::string quoted_path(const std::filesystem::path& p) {
-  std::string s(1, '\'');
-  s += p.native();
-  s += '\'';
-  return s;
-}
+DTRAIN_DECL std::string quoted_path(const std::filesystem::path& p);
 
 // Element i of a little-endian array of T in bytes that may be unaligned
 // (safetensors and .npy only promise byte alignment).
@@ -45,27 +41,10 @@ std::vector<float> decode_to_float(std::span<const std::byte> bytes, Decode deco
   return out;
 }
 
-inline void write_all(int fd, std::span<const std::byte> bytes, const std::filesystem::path& tmp) {
-  while (!bytes.empty()) {
-    const ::ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw checkpoint_error("writing " + quoted_path(tmp) + " failed: " + errno_text(),
-                             "check free disk space and quotas");
-    bytes = bytes.subspan(static_cast<std::size_t>(n));
-  }
-}
+DTRAIN_DECL void write_all(int fd, std::span<const std::byte> bytes, const std::filesystem::path& tmp);
 
 // fsyncs a directory, so that a rename or a removal inside it survives a crash.
-inline void sync_directory(std::filesystem::path dir, const std::string& what) {
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  const bool synced = dfd >= 0 && ::fsync(dfd) == 0;
-  if (dfd >= 0) ::close(dfd);
-  if (!synced)
-    throw checkpoint_error(what + " but could not fsync its directory " + quoted_path(dir) + ": " + errno_text(),
-                           "the file is complete, but a crash now could lose it; check the file system");
-}
+DTRAIN_DECL void sync_directory(std::filesystem::path dir, const std::string& what);
 
 // A file written so that readers see either the old file at `path` or the
 // complete new one: bytes go to path.tmp; commit() fsyncs it, renames it
@@ -83,27 +62,11 @@ class AtomicFile {
   }
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
+  DTRAIN_DECL ~AtomicFile();
 
   void write(std::span<const std::byte> bytes) { write_all(fd_, bytes, tmp_); }
 
-  void commit() {
-    if (::fsync(fd_) != 0)
-      throw checkpoint_error("fsync of " + quoted_path(tmp_) + " failed: " + errno_text(),
-                             "check the file system's health and free space");
-    const int closing = std::exchange(fd_, -1);
-    if (::close(closing) != 0)
-      throw checkpoint_error("closing " + quoted_path(tmp_) + " failed: " + errno_text(),
-                             "check the file system's health and free space");
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-      throw checkpoint_error("renaming " + quoted_path(tmp_) + " to " + quoted_path(path_) + " failed: " + errno_text(),
-                             "check the permissions of the target directory");
-    committed_ = true;
-    sync_directory(path_.parent_path(), "wrote " + quoted_path(path_));
-  }
+  DTRAIN_DECL void commit();
 
  private:
   std::filesystem::path path_, tmp_;
@@ -119,3 +82,7 @@ inline void write_file_atomically(const std::filesystem::path& path,
 }
 
 }  // namespace dtrain::detail
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/io/files.ipp"
+#endif

@@ -49,6 +49,7 @@
 #include <system_error>
 #include <utility>
 
+#include "dtrain/core/macros.hpp"
 #include "dtrain/io/crc32c.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/io/files.hpp"
@@ -66,40 +67,20 @@ namespace detail {
 
 // The low `n` bytes of `v`, least significant first: protobuf's fixed-width
 // fields and TFRecord's length and checksums.
-inline void append_little_endian(std::string& out, std::uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
+DTRAIN_DECL void append_little_endian(std::string& out, std::uint64_t v, int n);
 
 // Protobuf's wire format, the subset Event needs. A key is
 // (field number << 3) | wire type.
 class ProtoBuffer {
  public:
-  void varint(std::uint64_t v) {
-    for (; v >= 0x80; v >>= 7) bytes_.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    bytes_.push_back(static_cast<char>(v));
-  }
-  void key(int field, int wire_type) {
-    varint(static_cast<std::uint64_t>(field) << 3 | static_cast<std::uint64_t>(wire_type));
-  }
+  DTRAIN_DECL void varint(std::uint64_t v);
+  DTRAIN_DECL void key(int field, int wire_type);
 
   // int64 is a varint of the two's complement: a negative step takes 10 bytes.
-  void int64_field(int field, std::int64_t v) {
-    key(field, 0);
-    varint(static_cast<std::uint64_t>(v));
-  }
-  void double_field(int field, double v) {
-    key(field, 1);
-    append_little_endian(bytes_, std::bit_cast<std::uint64_t>(v), 8);
-  }
-  void float_field(int field, float v) {
-    key(field, 5);
-    append_little_endian(bytes_, std::bit_cast<std::uint32_t>(v), 4);
-  }
-  void bytes_field(int field, std::string_view v) {
-    key(field, 2);
-    varint(v.size());
-    bytes_.append(v);
-  }
+  DTRAIN_DECL void int64_field(int field, std::int64_t v);
+  DTRAIN_DECL void double_field(int field, double v);
+  DTRAIN_DECL void float_field(int field, float v);
+  DTRAIN_DECL void bytes_field(int field, std::string_view v);
 
   const std::string& bytes() const { return bytes_; }
 
@@ -109,36 +90,16 @@ class ProtoBuffer {
 
 // A value as TensorBoard stores it: the nearest float32, and beyond float's
 // range an infinity of the same sign (where a plain conversion is undefined).
-inline float to_float32(double v) {
-  constexpr double max = std::numeric_limits<float>::max();
-  if (v > max) return std::numeric_limits<float>::infinity();
-  if (v < -max) return -std::numeric_limits<float>::infinity();
-  return static_cast<float>(v);
-}
+DTRAIN_DECL float to_float32(double v);
 
-inline std::uint32_t masked_crc32c(std::string_view bytes) {
-  const std::uint32_t c = crc32c(std::as_bytes(std::span(bytes.data(), bytes.size())));
-  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
-}
+DTRAIN_DECL std::uint32_t masked_crc32c(std::string_view bytes);
 
 // Appends `payload` to `out` as one TFRecord.
-inline void append_tfrecord(std::string& out, std::string_view payload) {
-  const std::size_t length_at = out.size();
-  append_little_endian(out, payload.size(), 8);
-  append_little_endian(out, masked_crc32c(std::string_view(out).substr(length_at, 8)), 4);
-  out.append(payload);
-  append_little_endian(out, masked_crc32c(payload), 4);
-}
+DTRAIN_DECL void append_tfrecord(std::string& out, std::string_view payload);
 
-inline double unix_seconds_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+DTRAIN_DECL double unix_seconds_now();
 
-inline std::string host_name() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "localhost";
-  return host;
-}
+DTRAIN_DECL std::string host_name();
 
 }  // namespace detail
 
@@ -201,74 +162,26 @@ class TensorBoardWriter {
   ~TensorBoardWriter() { close(); }
 
   // One Event at `step` holding every value (stored as float32).
-  void write_scalars(std::int64_t step, std::span<const TensorBoardScalar> values) {
-    detail::ProtoBuffer summary;
-    for (const auto& v : values) {
-      if (v.tag.empty())
-        throw error("TensorBoard scalar with an empty tag at step " + std::to_string(step) + " for " +
-                        detail::quoted_path(path_),
-                    "name every scalar, e.g. \"train/loss\"");
-      detail::ProtoBuffer value;
-      value.bytes_field(1, v.tag);                        // Value.tag
-      value.float_field(2, detail::to_float32(v.value));  // Value.simple_value
-      summary.bytes_field(1, value.bytes());              // Summary.value
-    }
-    detail::ProtoBuffer event = stamped(step);
-    event.bytes_field(5, summary.bytes());  // Event.summary
-    write_event(event);
-  }
-  void write_scalars(std::int64_t step, std::initializer_list<TensorBoardScalar> values) {
-    write_scalars(step, std::span(values.begin(), values.size()));
-  }
-  void write_scalar(std::string_view tag, double value, std::int64_t step) {
-    write_scalars(step, {{tag, value}});
-  }
+  DTRAIN_DECL void write_scalars(std::int64_t step, std::span<const TensorBoardScalar> values);
+  DTRAIN_DECL void write_scalars(std::int64_t step, std::initializer_list<TensorBoardScalar> values);
+  DTRAIN_DECL void write_scalar(std::string_view tag, double value, std::int64_t step);
 
   // Marks that a run (re)starts at `step`. TensorBoard then drops the values
   // at `step` and after that earlier files in the folder hold: a job resumed
   // from a checkpoint repeats the steps its killed attempt took after that
   // checkpoint, and only the repeat should show.
-  void write_session_start(std::int64_t step) {
-    detail::ProtoBuffer session;
-    session.int64_field(1, 1);  // SessionLog.status = START
-    detail::ProtoBuffer event = stamped(step);
-    event.bytes_field(7, session.bytes());  // Event.session_log
-    write_event(event);
-  }
+  DTRAIN_DECL void write_session_start(std::int64_t step);
 
   const std::filesystem::path& path() const noexcept { return path_; }
 
  private:
-  static detail::ProtoBuffer stamped(std::int64_t step) {
-    detail::ProtoBuffer event;
-    event.double_field(1, detail::unix_seconds_now());  // Event.wall_time
-    event.int64_field(2, step);                         // Event.step
-    return event;
-  }
+  DTRAIN_DECL static detail::ProtoBuffer stamped(std::int64_t step);
 
   // The event as one TFRecord. A failed write is cut off again, so the file
   // stays a sequence of whole records that TensorBoard reads to the end.
-  void write_event(const detail::ProtoBuffer& event) {
-    std::string record;
-    detail::append_tfrecord(record, event.bytes());
-    std::string_view rest = record;
-    while (!rest.empty()) {
-      const ::ssize_t n = ::write(fd_, rest.data(), rest.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        std::string why = n < 0 ? detail::errno_text() : "nothing written";
-        if (::ftruncate(fd_, static_cast<::off_t>(size_)) != 0) why += "; it may now end in a partial record";
-        throw error("writing the TensorBoard events file " + detail::quoted_path(path_) + " failed: " + why,
-                    "check free disk space and quotas");
-      }
-      rest.remove_prefix(static_cast<std::size_t>(n));
-    }
-    size_ += record.size();
-  }
+  DTRAIN_DECL void write_event(const detail::ProtoBuffer& event);
 
-  void close() noexcept {
-    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-  }
+  DTRAIN_DECL void close() noexcept;
 
   std::filesystem::path path_;
   int fd_ = -1;
@@ -276,3 +189,7 @@ class TensorBoardWriter {
 };
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/metrics/tensorboard.ipp"
+#endif

@@ -23,9 +23,12 @@
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/device/buffer.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/optim/config.hpp"
+#include "dtrain/optim/lion.hpp"
 
 namespace dtrain {
 
@@ -157,9 +160,11 @@ class FlatOptimizer {
   template <class Opt>
   struct Model final : Concept {
     explicit Model(Opt c) : config(std::move(c)) {}
-    void step(FlatOptimizer& o, const Pass<float>& p) const override { o.run(config, p); }
-    void step(FlatOptimizer& o, const Pass<bf16>& p) const override { o.run(config, p); }
-    void step(FlatOptimizer& o, const Pass<fp16>& p) const override { o.run(config, p); }
+    // Defined below the class: the built-in optimizers' passes then come
+    // from dtrain::runtime under separate compilation (extern template).
+    void step(FlatOptimizer& o, const Pass<float>& p) const override;
+    void step(FlatOptimizer& o, const Pass<bf16>& p) const override;
+    void step(FlatOptimizer& o, const Pass<fp16>& p) const override;
     Opt config;
   };
 
@@ -225,5 +230,34 @@ class FlatOptimizer {
   std::vector<Run> runs_;  // host: the elements' groups as runs
   std::unique_ptr<Concept> impl_;
 };
+
+template <class Dev>
+template <class Opt>
+void FlatOptimizer<Dev>::Model<Opt>::step(FlatOptimizer& o, const Pass<float>& p) const {
+  o.run(config, p);
+}
+template <class Dev>
+template <class Opt>
+void FlatOptimizer<Dev>::Model<Opt>::step(FlatOptimizer& o, const Pass<bf16>& p) const {
+  o.run(config, p);
+}
+template <class Dev>
+template <class Opt>
+void FlatOptimizer<Dev>::Model<Opt>::step(FlatOptimizer& o, const Pass<fp16>& p) const {
+  o.run(config, p);
+}
+
+// The built-in optimizers' host passes (every precision, every ISA level):
+// compiled once into dtrain::runtime under separate compilation.
+#define DTRAIN_FLAT_OPTIMIZER_INSTANCES(EXTERN)                 \
+  EXTERN template struct FlatOptimizer<Host>::Model<AdamW>; \
+  EXTERN template struct FlatOptimizer<Host>::Model<SGD>;   \
+  EXTERN template struct FlatOptimizer<Host>::Model<Lion>;
+#if DTRAIN_EXTERN_INSTANCES
+DTRAIN_FLAT_OPTIMIZER_INSTANCES(extern)
+#elif defined(DTRAIN_RUNTIME_SOURCE)
+DTRAIN_FLAT_OPTIMIZER_INSTANCES()
+#endif
+#undef DTRAIN_FLAT_OPTIMIZER_INSTANCES
 
 }  // namespace dtrain

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain {
@@ -44,10 +45,7 @@ struct PreemptionHandlers {
   std::vector<int> signals;
   std::vector<struct sigaction> previous;
 };
-inline PreemptionHandlers& preemption_handlers() {
-  static PreemptionHandlers h;
-  return h;
-}
+DTRAIN_DECL PreemptionHandlers& preemption_handlers();
 }  // namespace detail
 
 class PreemptionWatch {
@@ -69,15 +67,14 @@ class PreemptionWatch {
   }
   PreemptionWatch(const PreemptionWatch&) = delete;
   PreemptionWatch& operator=(const PreemptionWatch&) = delete;
-  ~PreemptionWatch() {
-    auto& h = detail::preemption_handlers();
-    std::lock_guard lock(h.mu);
-    if (--h.watches != 0) return;
-    for (std::size_t i = 0; i < h.signals.size(); ++i) ::sigaction(h.signals[i], &h.previous[i], nullptr);
-  }
+  DTRAIN_DECL ~PreemptionWatch();
 
   // The first watched signal received since the first watch began, 0 if none.
   int signalled() const { return detail::preemption_signal; }
 };
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/run/preemption.ipp"
+#endif

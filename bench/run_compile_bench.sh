@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Compile-time benchmark: how long a user's program takes to compile, and
+# the compiler's peak memory, in both of dtrain's compilation modes
+# (docs/building.md):
+#   (a) the README's quick start (docs/snippets/quickstart.cpp), one
+#       translation unit, with g++ and with nvcc (as a .cu), header-only
+#       (dtrain::dtrain) and separately compiled (dtrain::runtime, whose one
+#       source is timed too: a project compiles it once);
+#   (b) each example's largest translation units (its host training loop,
+#       train_host.cpp, and with CUDA its train_cuda.cu), with the commands
+#       the build runs, in both modes.
+# Flags: the quick start as a Release build compiles it (-O3 -DNDEBUG,
+# C++20; nvcc: the build's CUDA architectures); the examples' own commands.
+# Seconds are wall-clock medians of --repeat runs (default 3 for (a), one
+# for (b)), peak memory the compiler's maximum resident set (GNU time).
+# --before REF also times (a) header-only at git revision REF (a worktree in
+# a temporary folder), the "before" the JSON records. --examples none|host|all
+# chooses (b)'s translation units (default all).
+# usage: bench/run_compile_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--before REF] [--examples W] [--no-setup] [--smoke]
+# --smoke: (a) with g++ only, front end only (-fsyntax-only), once per mode, no (b); the JSON in a
+# temporary folder (CTest's bench_smoke_compile).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+usage="usage: bench/run_compile_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--before REF] [--examples none|host|all] [--no-setup] [--smoke]"
+build=build
+repeat=3
+json=$repo/bench/results/compile.json
+setup=1
+before=""
+examples=all
+args=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --before) [[ $# -ge 2 ]] || { echo "$usage" >&2; exit 2; }; before=$2; shift 2 ;;
+    --examples) [[ $# -ge 2 && $2 =~ ^(none|host|all)$ ]] || { echo "$usage" >&2; exit 2; }; examples=$2; shift 2 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
+bench_options "$usage" "${args[@]}"
+((setup)) && bench_build ""
+[[ -f $build/CMakeCache.txt ]] || { echo "run_compile_bench: no configured build in $build" >&2; exit 2; }
+opt="-O3 -DNDEBUG"
+if ((smoke)); then
+  opt="-fsyntax-only"
+  examples=none
+fi
+
+cuda=0
+grep -q '^DTRAIN_CUDA_ENABLED:INTERNAL=ON' "$build/CMakeCache.txt" && cuda=1
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+nvcc=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")
+defs=()
+incs=(-I"$repo/include")
+if ((cuda)); then
+  defs+=(-DDTRAIN_HAS_CUDA=1)
+  cuda_root=$(dirname "$(dirname "${nvcc:-/usr/local/cuda/bin/nvcc}")")
+  incs+=(-isystem "$cuda_root/include")
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-compile-bench.XXXXXX")
+trap 'rm -rf -- "$work"' EXIT
+rows=$work/rows.jsonl
+: > "$rows"
+
+# measure KIND NAME COMPILER MODE RUNS command...: appends one JSON row.
+measure() {
+  local kind=$1 name=$2 compiler=$3 mode=$4 runs=$5
+  shift 5
+  local secs=() mems=() i
+  for ((i = 0; i < runs; i++)); do
+    if ! /usr/bin/time -f '%e %M' -o "$work/time" "$@" > "$work/log" 2>&1; then
+      echo "run_compile_bench: $name ($compiler, $mode) failed to compile:" >&2
+      tail -30 "$work/log" >&2
+      exit 1
+    fi
+    read -r s m < "$work/time"
+    secs+=("$s")
+    mems+=("$m")
+  done
+  python3 - "$kind" "$name" "$compiler" "$mode" "${secs[*]}" "${mems[*]}" >> "$rows" <<'EOF'
+import json, statistics, sys
+kind, name, compiler, mode, secs, mems = sys.argv[1:]
+secs = [float(s) for s in secs.split()]
+mems = [int(m) for m in mems.split()]
+print(json.dumps({"kind": kind, "name": name, "compiler": compiler, "mode": mode,
+                  "seconds": round(statistics.median(secs), 2), "runs": secs,
+                  "peak_mib": round(max(mems) / 1024)}))
+EOF
+  printf '  %-34s %-5s %-12s %7.1f s  %6d MiB\n' "$name" "$compiler" "$mode" \
+    "$(tail -1 "$rows" | python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')" \
+    "$(tail -1 "$rows" | python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_mib"])')"
+}
+
+# quickstart ROOT KIND: (a) for the sources at ROOT.
+quickstart() {
+  local root=$1 kind=$2 modes=("${@:3}") mode sep
+  local src=$root/docs/snippets/quickstart.cpp
+  for mode in "${modes[@]}"; do
+    sep=()
+    [[ $mode == separate ]] && sep=(-DDTRAIN_SEPARATE_COMPILATION=1)
+    measure "$kind" quickstart g++ "$mode" "$repeat" \
+      "$cxx" -std=c++20 $opt "${defs[@]}" "${sep[@]}" -I"$root/include" "${incs[@]:1}" -c "$src" -o "$work/q.o"
+    if ((cuda && !smoke)); then
+      measure "$kind" quickstart nvcc "$mode" "$repeat" \
+        "$nvcc" -std=c++20 $opt -arch="sm_${archs%%;*}" --expt-relaxed-constexpr "${defs[@]}" "${sep[@]}" \
+        -I"$root/include" "${incs[@]:1}" -x cu -c "$src" -o "$work/q.o"
+    fi
+  done
+  if [[ " ${modes[*]} " == *" separate "* ]]; then
+    measure "$kind" runtime_library g++ separate 1 \
+      "$cxx" -std=c++20 $opt -fno-math-errno -fno-trapping-math "${defs[@]}" -DDTRAIN_SEPARATE_COMPILATION=1 \
+      -I"$root/include" "${incs[@]:1}" -c "$root/cmake/dtrain_runtime.cpp" -o "$work/r.o"
+  fi
+}
+
+echo "(a) the quick start, one translation unit ($opt; $(nproc) cores)"
+quickstart "$repo" after header-only separate
+if [[ -n $before ]]; then
+  echo "(a) at $before, header-only"
+  git -C "$repo" worktree add --detach "$work/before" "$before" > /dev/null 2>&1
+  quickstart "$work/before" before header-only
+  git -C "$repo" worktree remove --force "$work/before"
+fi
+
+if [[ $examples != none ]]; then
+  command -v ninja > /dev/null || { echo "run_compile_bench: (b) reads the build's commands from ninja" >&2; exit 2; }
+  echo "(b) each example's largest translation units, as the build compiles them"
+  for ex in mlp gpt policy lm; do
+    for tu in train_host.cpp train_cuda.cu; do
+      [[ $tu == train_cuda.cu && ($cuda == 0 || $examples == host) ]] && continue
+      cmd=$(ninja -C "$build" -t commands "train_$ex" | grep -F "examples/$ex/$tu" | head -1 |
+            sed -e 's/^ccache //' -e 's/ -MD -MT [^ ]* -MF [^ ]*//' -e 's/ -M[DT]\{1,2\} [^ ]*//g' \
+                -e 's/ -Xcompiler=-MD[^ ]*//' -e "s| -o [^ ]*| -o $work/e.o|")
+      [[ -n $cmd ]] || { echo "run_compile_bench: no command for examples/$ex/$tu in $build" >&2; exit 1; }
+      compiler=g++
+      [[ $tu == *.cu ]] && compiler=nvcc
+      for mode in separate header-only; do
+        c=$cmd
+        [[ $mode == header-only ]] && c=${c//-DDTRAIN_SEPARATE_COMPILATION=1/}
+        [[ $mode == separate && $c != *-DDTRAIN_SEPARATE_COMPILATION=1* ]] && continue
+        (cd "$build" && eval "measure example train_$ex/$tu $compiler $mode 1 $c")
+      done
+    done
+  done
+fi
+
+mkdir -p "$(dirname "$json")"
+python3 - "$rows" "$json" "$repo" "$before" "$opt" "$smoke" <<'EOF'
+import datetime, json, os, platform, subprocess, sys
+rows_path, out, repo, before, opt, smoke = sys.argv[1:]
+rows = [json.loads(l) for l in open(rows_path)]
+commit = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
+def pick(kind, compiler, mode):
+    return next((r["seconds"] for r in rows if r["kind"] == kind and r["name"] == "quickstart"
+                 and r["compiler"] == compiler and r["mode"] == mode), None)
+goals = {"quickstart g++ separate": 15, "quickstart nvcc separate": 30,
+         "quickstart g++ header-only": 20, "quickstart nvcc header-only": 35}
+met = {}
+for k, limit in ({} if smoke == "1" else goals).items():
+    _, compiler, mode = k.split()
+    s = pick("after", compiler, mode)
+    if s is not None:
+        met[k] = {"seconds": s, "goal": limit, "met": s <= limit}
+doc = {"benchmark": "compile", "date": datetime.date.today().isoformat(), "commit": commit,
+       "before": before or None, "machine": {"cpu": cpu, "cores": os.cpu_count()},
+       "flags": opt, "smoke": smoke == "1", "rows": rows, "goals": met}
+with open(out, "w") as f:
+    json.dump(doc, f, indent=1)
+    f.write("\n")
+print("goals:", ", ".join(f"{k} {v['seconds']} s (<= {v['goal']}: {'met' if v['met'] else 'NOT met'})"
+                           for k, v in met.items()))
+print("wrote", out)
+EOF
+bench_check_json

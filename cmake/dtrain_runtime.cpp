@@ -1,0 +1,38 @@
+// The one translation unit of dtrain::runtime, the separate-compilation mode
+// (docs/building.md): it compiles every definition the headers leave to
+// their .ipp files, once, for programs built with
+// DTRAIN_SEPARATE_COMPILATION=1. dtrain's build compiles it into the
+// dtrain_runtime library; an installed package compiles it in the project
+// that links dtrain::runtime. CMake checks that it includes every header
+// that has an .ipp.
+#define DTRAIN_RUNTIME_SOURCE
+#if !defined(DTRAIN_SEPARATE_COMPILATION)
+#define DTRAIN_SEPARATE_COMPILATION 1
+#endif
+#if !DTRAIN_SEPARATE_COMPILATION
+#error "dtrain_runtime.cpp is compiled only with DTRAIN_SEPARATE_COMPILATION=1 (link dtrain::runtime)"
+#endif
+
+#include <dtrain/checkpoint/checkpoint.hpp>
+#include <dtrain/comm/gloo.hpp>
+#include <dtrain/comm/host.hpp>
+#include <dtrain/comm/shm.hpp>
+#include <dtrain/comm/store.hpp>
+#include <dtrain/comm/tracker.hpp>
+#include <dtrain/comm/world.hpp>
+#include <dtrain/core/fault.hpp>
+#include <dtrain/core/host_env.hpp>
+#include <dtrain/data/dataset.hpp>
+#include <dtrain/data/loader.hpp>
+#include <dtrain/data/sampler.hpp>
+#include <dtrain/io/crc32c.hpp>
+#include <dtrain/io/files.hpp>
+#include <dtrain/io/npy.hpp>
+#include <dtrain/io/safetensors.hpp>
+#include <dtrain/launch/env.hpp>
+#include <dtrain/launch/init.hpp>
+#include <dtrain/metrics/tensorboard.hpp>
+#include <dtrain/model/layout.hpp>
+#include <dtrain/run/fit.hpp>
+#include <dtrain/run/preemption.hpp>
+#include <dtrain/trainer.hpp>

@@ -1,0 +1,383 @@
+// The definitions store.hpp declares with DTRAIN_DECL: included at the
+// end of the header when DTRAIN_DEFINE_IMPL (core/macros.hpp), so they are
+// compiled into every user translation unit (header-only) or once, into
+// dtrain::runtime (separate compilation).
+#pragma once
+
+#include "dtrain/comm/store.hpp"
+
+namespace dtrain {
+
+namespace detail {
+
+DTRAIN_DECL auto Fd::reset() -> void {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+DTRAIN_DECL bool wait_fd(int fd, short events, steady::time_point deadline) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+DTRAIN_DECL void put_u32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+DTRAIN_DECL std::uint32_t get_u32(const char* p) {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+DTRAIN_DECL void put_str(std::string& out, std::string_view s) {
+  put_u32(out, static_cast<std::uint32_t>(s.size()));
+  out.append(s);
+}
+
+DTRAIN_DECL std::string i64_bytes(std::int64_t v) {
+  std::string s(8, '\0');
+  std::memcpy(s.data(), &v, 8);
+  return s;
+}
+
+DTRAIN_DECL std::int64_t bytes_i64(std::string_view s) {
+  std::int64_t v = 0;
+  std::memcpy(&v, s.data(), std::min<std::size_t>(8, s.size()));
+  return v;
+}
+
+DTRAIN_DECL std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vector<std::string_view>& args) {
+  if (buf.empty()) return 0;
+  cmd = static_cast<store_cmd>(buf[0]);
+  const int nargs = cmd == store_cmd::get || cmd == store_cmd::hello || cmd == store_cmd::age ? 1 : 2;
+  std::size_t pos = 1;
+  args.clear();
+  for (int i = 0; i < nargs; ++i) {
+    if (buf.size() < pos + 4) return 0;
+    const std::uint32_t len = get_u32(buf.data() + pos);
+    if (buf.size() < pos + 4 + len) return 0;
+    args.emplace_back(buf.data() + pos + 4, len);
+    pos += 4 + len;
+  }
+  return pos;
+}
+}  // namespace detail
+}  // namespace dtrain
+
+namespace dtrain {
+
+DTRAIN_DECL TcpStoreServer::~TcpStoreServer() {
+  // Rank 0 may finish first while other ranks still read keys it wrote (a
+  // last agreement, a final barrier): stay until every client has hung up,
+  // for at most `linger`, so that their last request does not meet a closed
+  // store ("lost the rendezvous master"). When rank 0 is failing (its
+  // World is destroyed by an exception), the others only need the store to
+  // diagnose the same failure; ranks behind a cut link would hold their
+  // connections open forever, so the wait is short.
+  const auto until = detail::steady::now() + (std::uncaught_exceptions() > 0 ? failing_linger : linger);
+  while (connected_.load() > 0 && detail::steady::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  stop_ = true;
+  const char b = 0;
+  [[maybe_unused]] auto r = ::write(wake_[1], &b, 1);
+  if (thread_.joinable()) thread_.join();
+  ::close(wake_[0]);
+  ::close(wake_[1]);
+}
+
+DTRAIN_DECL auto TcpStoreServer::departed(const Client& c) -> void {
+  if (c.rank < 0 || --live_[c.rank] > 0) return;
+  std::string& list = map_[std::string(detail::departed_key)];
+  if (list.empty()) list = ",";
+  list += std::to_string(c.rank);
+  list += ',';
+}
+
+DTRAIN_DECL auto TcpStoreServer::serve() -> void {
+  std::vector<Client> clients;
+  std::vector<pollfd> fds;
+  while (!stop_) {
+    fds.assign({{listen_.get(), POLLIN, 0}, {wake_[0], POLLIN, 0}});
+    for (auto& c : clients) fds.push_back({c.fd.get(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[0].revents & POLLIN) {
+      const int c = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) {
+        const int one = 1;
+        ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        clients.push_back({detail::Fd{c}, {}});
+      }
+    }
+    std::vector<bool> dead(clients.size(), false);
+    for (std::size_t i = 0; i < fds.size() - 2; ++i) {
+      if (!(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      dead[i] = !read_and_answer(clients[i]);
+    }
+    for (std::size_t i = clients.size(); i-- > 0;)
+      if (dead[i]) {
+        departed(clients[i]);
+        clients.erase(clients.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+    connected_.store(clients.size());
+  }
+}
+
+DTRAIN_DECL auto TcpStoreServer::read_and_answer(Client& c) -> bool {
+  char buf[65536];
+  const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
+  if (n <= 0) return n < 0 && (errno == EINTR || errno == EAGAIN);
+  c.in.append(buf, static_cast<std::size_t>(n));
+  detail::store_cmd cmd{};
+  std::vector<std::string_view> args;
+  std::size_t used = 0;
+  std::string reply;
+  while (std::size_t k = detail::parse_request(std::string_view(c.in).substr(used), cmd, args)) {
+    used += k;
+    switch (cmd) {
+      case detail::store_cmd::set:
+        map_[std::string(args[0])] = std::string(args[1]);
+        set_at_[std::string(args[0])] = detail::steady::now();
+        reply.push_back(1);
+        break;
+      case detail::store_cmd::get:
+      case detail::store_cmd::age: {
+        const auto it = map_.find(args[0]);
+        reply.push_back(it != map_.end() ? 1 : 0);
+        detail::put_str(reply, it != map_.end() ? std::string_view(it->second) : std::string_view{});
+        if (cmd == detail::store_cmd::age) {
+          const auto at = set_at_.find(args[0]);
+          const auto age = at == set_at_.end() ? std::chrono::milliseconds(0)
+                                               : std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                     detail::steady::now() - at->second);
+          reply += detail::i64_bytes(age.count());
+        }
+        break;
+      }
+      case detail::store_cmd::hello: {
+        const auto rank = detail::parse_integer(args[0]);
+        if (!rank || *rank < 0 || *rank > std::numeric_limits<int>::max() || c.rank >= 0)
+          return false;  // malformed, or announced twice: drop it
+        c.rank = static_cast<int>(*rank);
+        ++live_[c.rank];
+        reply.push_back(1);
+        break;
+      }
+      case detail::store_cmd::add: {
+        auto& v = map_[std::string(args[0])];
+        const std::int64_t now = (v.empty() ? 0 : detail::bytes_i64(v)) + detail::bytes_i64(args[1]);
+        v = detail::i64_bytes(now);
+        detail::put_str(reply, v);
+        break;
+      }
+      default:
+        return false;  // not a dtrain client: drop it
+    }
+  }
+  c.in.erase(0, used);
+  std::size_t sent = 0;
+  while (sent < reply.size()) {
+    const ssize_t w = ::send(c.fd.get(), reply.data() + sent, reply.size() - sent, MSG_NOSIGNAL);
+    if (w <= 0) return false;
+    sent += static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+DTRAIN_DECL TcpStore::TcpStore(std::string host, int port, std::chrono::milliseconds timeout) : host_(std::move(host)), port_(port), timeout_(timeout) {
+  connect();
+}
+
+DTRAIN_DECL auto TcpStore::set(std::string_view key, std::string_view value) -> void {
+  std::string req(1, static_cast<char>(detail::store_cmd::set));
+  detail::put_str(req, key);
+  detail::put_str(req, value);
+  std::lock_guard lock(mu_);
+  send_all(req, key);
+  recv_exact(1, key);
+}
+
+DTRAIN_DECL auto TcpStore::try_get(std::string_view key) -> std::optional<std::string> {
+  auto [found, value, age] = lookup(detail::store_cmd::get, key);
+  if (!found) return std::nullopt;
+  return std::move(value);
+}
+
+DTRAIN_DECL auto TcpStore::try_get_aged(std::string_view key) -> std::optional<Aged> {
+  auto [found, value, age] = lookup(detail::store_cmd::age, key);
+  if (!found) return std::nullopt;
+  return Aged{std::move(value), age};
+}
+
+DTRAIN_DECL auto TcpStore::announce(int rank) -> void {
+  std::string req(1, static_cast<char>(detail::store_cmd::hello));
+  detail::put_str(req, std::to_string(rank));
+  std::lock_guard lock(mu_);
+  send_all(req, "announce");
+  recv_exact(1, "announce");
+}
+
+DTRAIN_DECL auto TcpStore::get(std::string_view key, std::optional<std::chrono::milliseconds> timeout, std::span<const int> setters) -> std::string {
+  const auto deadline = detail::steady::now() + timeout.value_or(timeout_);
+  auto backoff = std::chrono::microseconds(200);
+  for (;;) {
+    if (auto v = try_get(key)) return *std::move(v);
+    if (!setters.empty()) {
+      if (const auto gone = departed_among(setters); !gone.empty()) {
+        // The server handled each rank's last request before its hang-up:
+        // the key is either there now or will never be.
+        if (auto v = try_get(key)) return *std::move(v);
+        throw comm_error("rank " + gone + " left the job before setting rendezvous key '" + std::string(key) +
+                             "' (its connection to the rendezvous closed: it exited or was killed)",
+                         "see that rank's log for why it ended; the job cannot go on without it (restart the "
+                         "job, e.g. dtrain-run --max-restarts with resume=latest)");
+      }
+    }
+    if (detail::steady::now() >= deadline)
+      throw timeout_error("rendezvous key '" + std::string(key) + "' was not set within " +
+                              std::to_string(timeout.value_or(timeout_).count()) + " ms",
+                          "a rank did not reach this point: check that every rank runs the same "
+                          "program and that none of them failed (see its log)");
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
+  }
+}
+
+DTRAIN_DECL auto TcpStore::departed_among(std::span<const int> ranks) -> std::string {
+  const auto list = try_get(detail::departed_key);
+  if (!list) return {};
+  std::string out;
+  for (int r : ranks) {
+    std::string needle = std::to_string(r);
+    needle.insert(needle.begin(), ',');
+    needle += ',';
+    if (list->find(needle) == std::string::npos) continue;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(r);
+  }
+  return out;
+}
+
+DTRAIN_DECL auto TcpStore::add(std::string_view key, std::int64_t delta) -> std::int64_t {
+  std::string req(1, static_cast<char>(detail::store_cmd::add));
+  detail::put_str(req, key);
+  detail::put_str(req, detail::i64_bytes(delta));
+  std::lock_guard lock(mu_);
+  send_all(req, key);
+  return detail::bytes_i64(recv_exact(detail::get_u32(recv_exact(4, key).data()), key));
+}
+
+DTRAIN_DECL auto TcpStore::connect() -> void {
+  const auto deadline = detail::steady::now() + timeout_;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  std::string last_error = "no attempt made";
+  auto backoff = std::chrono::milliseconds(10);
+  do {
+    addrinfo* res = nullptr;
+    const int rc = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
+    if (rc != 0) {
+      last_error = std::string("cannot resolve host: ") + ::gai_strerror(rc);
+    } else {
+      for (addrinfo* a = res; a; a = a->ai_next) {
+        detail::Fd fd{::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol)};
+        if (fd.get() < 0) continue;
+        int r = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
+        if (r != 0 && errno == EINPROGRESS) {
+          if (detail::wait_fd(fd.get(), POLLOUT, std::min(deadline, detail::steady::now() + std::chrono::seconds(2)))) {
+            int err = 0;
+            socklen_t len = sizeof err;
+            ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+            errno = err;
+            r = err == 0 ? 0 : -1;
+          } else {
+            errno = ETIMEDOUT;
+          }
+        }
+        if (r == 0) {
+          ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+          const int one = 1;
+          ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          sockaddr_in local{};
+          socklen_t len = sizeof local;
+          ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len);
+          char text[INET_ADDRSTRLEN] = {};
+          ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
+          local_address_ = text;
+          fd_ = std::move(fd);
+          ::freeaddrinfo(res);
+          return;
+        }
+        last_error = detail::errno_text();
+      }
+      ::freeaddrinfo(res);
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+  } while (detail::steady::now() < deadline);
+  throw launch_error("cannot reach the rendezvous master at " + detail::endpoint(host_, port_) + " within " +
+                         std::to_string(timeout_.count()) + " ms (" + last_error + ")",
+                     "check MASTER_ADDR/MASTER_PORT (or --master-addr/--master-port), that rank 0 "
+                     "is running, and that no firewall blocks the port");
+}
+
+DTRAIN_DECL auto TcpStore::lookup(detail::store_cmd cmd, std::string_view key) -> std::tuple<bool, std::string, std::chrono::milliseconds> {
+  std::string req(1, static_cast<char>(cmd));
+  detail::put_str(req, key);
+  std::lock_guard lock(mu_);
+  send_all(req, key);
+  const bool found = recv_exact(1, key)[0] != 0;
+  std::string value = recv_exact(detail::get_u32(recv_exact(4, key).data()), key);
+  std::chrono::milliseconds age{0};
+  if (cmd == detail::store_cmd::age) age = std::chrono::milliseconds(detail::bytes_i64(recv_exact(8, key)));
+  return {found, std::move(value), age};
+}
+
+DTRAIN_DECL auto TcpStore::send_all(std::string_view data, std::string_view key) -> void {
+  // After a failed exchange the stream may hold half a request or a late
+  // answer: nothing read from it could be trusted again.
+  if (!broken_.empty()) lost(key, broken_);
+  const auto deadline = detail::steady::now() + timeout_;
+  std::size_t sent = 0;
+  while (sent < data.size()) {
+    if (!detail::wait_fd(fd_.get(), POLLOUT, deadline)) lost(key, "send timed out");
+    const ssize_t w = ::send(fd_.get(), data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (w <= 0) lost(key, detail::errno_text());
+    sent += static_cast<std::size_t>(w);
+  }
+}
+
+DTRAIN_DECL auto TcpStore::recv_exact(std::size_t n, std::string_view key) -> std::string {
+  const auto deadline = detail::steady::now() + timeout_;
+  std::string out(n, '\0');
+  std::size_t got = 0;
+  while (got < n) {
+    if (!detail::wait_fd(fd_.get(), POLLIN, deadline)) lost(key, "no answer");
+    const ssize_t r = ::recv(fd_.get(), out.data() + got, n - got, 0);
+    if (r == 0) lost(key, "connection closed");
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      lost(key, detail::errno_text());
+    }
+    got += static_cast<std::size_t>(r);
+  }
+  return out;
+}
+
+DTRAIN_DECL auto TcpStore::lost(std::string_view key, const std::string& why) -> void {
+  if (broken_.empty()) broken_ = why;
+  throw comm_error("lost the rendezvous master at " + detail::endpoint(host_, port_) + " while accessing '" +
+                       std::string(key) + "': " + why,
+                   "rank 0 hosts the rendezvous: it has probably exited or crashed; see its log");
+}
+}  // namespace dtrain

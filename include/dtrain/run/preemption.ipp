@@ -1,0 +1,28 @@
+// The definitions preemption.hpp declares with DTRAIN_DECL: included at the
+// end of the header when DTRAIN_DEFINE_IMPL (core/macros.hpp), so they are
+// compiled into every user translation unit (header-only) or once, into
+// dtrain::runtime (separate compilation).
+#pragma once
+
+#include "dtrain/run/preemption.hpp"
+
+namespace dtrain {
+
+namespace detail {
+
+DTRAIN_DECL PreemptionHandlers& preemption_handlers() {
+  static PreemptionHandlers h;
+  return h;
+}
+}  // namespace detail
+}  // namespace dtrain
+
+namespace dtrain {
+
+DTRAIN_DECL PreemptionWatch::~PreemptionWatch() {
+  auto& h = detail::preemption_handlers();
+  std::lock_guard lock(h.mu);
+  if (--h.watches != 0) return;
+  for (std::size_t i = 0; i < h.signals.size(); ++i) ::sigaction(h.signals[i], &h.previous[i], nullptr);
+}
+}  // namespace dtrain
