@@ -52,6 +52,7 @@ grep -q '^DTRAIN_CUDA_ENABLED:INTERNAL=ON' "$build/CMakeCache.txt" && cuda=1
 cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
 nvcc=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
 archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")
+[[ -n $archs ]] || archs=90
 defs=()
 incs=(-I"$repo/include")
 if ((cuda)); then

@@ -12,7 +12,6 @@
 #if !DTRAIN_SEPARATE_COMPILATION
 #error "dtrain_runtime.cpp is compiled only with DTRAIN_SEPARATE_COMPILATION=1 (link dtrain::runtime)"
 #endif
-
 #include <dtrain/checkpoint/checkpoint.hpp>
 #include <dtrain/comm/gloo.hpp>
 #include <dtrain/comm/host.hpp>
@@ -22,9 +21,12 @@
 #include <dtrain/comm/world.hpp>
 #include <dtrain/core/fault.hpp>
 #include <dtrain/core/host_env.hpp>
+#include <dtrain/core/tensor.hpp>
 #include <dtrain/data/dataset.hpp>
 #include <dtrain/data/loader.hpp>
 #include <dtrain/data/sampler.hpp>
+#include <dtrain/hf/checkpoint.hpp>
+#include <dtrain/hf/config.hpp>
 #include <dtrain/io/crc32c.hpp>
 #include <dtrain/io/files.hpp>
 #include <dtrain/io/npy.hpp>
@@ -33,6 +35,7 @@
 #include <dtrain/launch/init.hpp>
 #include <dtrain/metrics/tensorboard.hpp>
 #include <dtrain/model/layout.hpp>
+#include <dtrain/optim/param_groups.hpp>
 #include <dtrain/run/fit.hpp>
 #include <dtrain/run/preemption.hpp>
 #include <dtrain/trainer.hpp>

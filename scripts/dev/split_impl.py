@@ -4,7 +4,12 @@ the non-template classes in a dtrain header into the header's .ipp file
 (the Asio layout: the header declares them with DTRAIN_DECL, the .ipp
 defines them, included at the header's end when DTRAIN_DEFINE_IMPL).
 
-  scripts/dev/split_impl.py include/dtrain/comm/host.hpp [Class ...]
+  scripts/dev/split_impl.py include/dtrain/comm/host.hpp [Class ...] [--all-free] [--templates]
+
+With --templates, the members of class templates move out of the class
+into the header itself, right after it (so that `extern template` can keep
+them out of user translation units for the instantiations dtrain::runtime
+compiles).
 
 Only what it is sure of moves: a definition in a class at namespace scope
 whose signature ends with '{' on its own lines and whose body closes at the
@@ -18,7 +23,6 @@ import re
 import sys
 from pathlib import Path
 
-SPEC_DROP_OUT = ("static ", "virtual ", "explicit ", "inline ")
 
 
 def match_paren(s, i):
@@ -77,7 +81,7 @@ def strip_default(param):
     return param.rstrip()
 
 
-def parse_signature(sig, cls):
+def parse_signature(sig, cls, qual=None, tmpl=None):
     """(decl_text, out_of_class_head) or None. sig is the signature text up
     to but excluding the final '{'."""
     s = " ".join(sig.split())
@@ -116,9 +120,8 @@ def parse_signature(sig, cls):
     is_ctor = name == cls or name == "~" + cls
     specs = prefix
     ret = prefix
-    for sp in SPEC_DROP_OUT:
-        ret = ret.replace(sp, "")
-    ret = ret.strip()
+    ret = re.sub(r"\b(static|virtual|explicit|inline)\b", "", ret)
+    ret = " ".join(ret.split())
     if prefix.startswith("auto") and "->" not in tail:
         return None
     if not is_ctor and not ret:
@@ -137,12 +140,16 @@ def parse_signature(sig, cls):
         attrs, specs = ma.group(1).strip() + " ", ma.group(2).strip()
         ret = re.sub(r"\[\[[^\]]*\]\]\s*", "", ret).strip()
     decl = (attrs + "DTRAIN_DECL " + (specs + " " if specs else "") + name + "(" + params + ")" + (" " + quals if quals else "") + ";")
+    q = qual or cls
+    lead = (tmpl + "\n") if tmpl else "DTRAIN_DECL "
+    if tmpl:
+        decl = decl.replace("DTRAIN_DECL ", "", 1)
     if is_ctor:
-        head = "DTRAIN_DECL " + cls + "::" + name + "(" + out_params + ")" + (" " + out_quals if out_quals else "")
+        head = lead + q + "::" + name + "(" + out_params + ")" + (" " + out_quals if out_quals else "")
         if init:
             head += " " + init
     else:
-        head = ("DTRAIN_DECL auto " + cls + "::" + name + "(" + out_params + ")" + (" " + out_quals if out_quals else "") +
+        head = (lead + "auto " + q + "::" + name + "(" + out_params + ")" + (" " + out_quals if out_quals else "") +
                 " -> " + ret)
     return decl, head
 
@@ -161,7 +168,7 @@ def continues(lines, i):
     return not (prev.endswith(";") or prev.endswith("}") or prev.endswith("{") or prev.endswith(":"))
 
 
-def process(path, classes, all_free, free_names):
+def process(path, classes, all_free, free_names, templates=False):
     text = Path(path).read_text()
     lines = text.split("\n")
     out = []
@@ -172,6 +179,8 @@ def process(path, classes, all_free, free_names):
     cls_indent = None
     moved = []
     pp = 0
+    after = []
+    cls_tmpl = cls_qual = None
     while i < len(lines):
         line = lines[i]
         if re.match(r"^\s*#\s*if", line):
@@ -194,15 +203,37 @@ def process(path, classes, all_free, free_names):
             i += 1
             continue
         mc = re.match(r"^(class|struct) (\w+)(?: final)?(?: : [^{]*)? \{$", line)
-        if mc and cls is None and not (i > 0 and lines[i - 1].startswith("template")):
+        if mc and cls is None:
+            tmpl = qual = None
+            if i > 0 and lines[i - 1].startswith("template <"):
+                if not templates:
+                    out.append(line)
+                    i += 1
+                    continue
+                params = lines[i - 1][len("template <"):].rstrip()
+                if not params.endswith(">"):
+                    out.append(line)
+                    i += 1
+                    continue
+                params = params[:-1]
+                parts = [strip_default(x.strip()) for x in split_params(params)]
+                names = [x.split()[-1].lstrip(".") for x in parts]
+                tmpl = "template <" + ", ".join(parts) + ">"
+                qual = mc.group(2) + "<" + ", ".join(names) + ">"
             if not classes or mc.group(2) in classes:
                 cls = mc.group(2)
+                cls_tmpl, cls_qual = tmpl, qual
+                after = []
             out.append(line)
             i += 1
             continue
         if cls is not None and line == "};":
             cls = None
             out.append(line)
+            if after:
+                out.append("")
+                out.extend(after[:-1])
+                after = []
             i += 1
             continue
         if cls is not None and re.match(r"^  [A-Za-z~\[]", line) and not line.startswith("  template") \
@@ -229,12 +260,16 @@ def process(path, classes, all_free, free_names):
                     k += 1
                 if k < len(lines) and lines[k] == "  }" and k > j + 1:
                     sig = "\n".join(sig_lines).rstrip()[:-1]
-                    parsed = parse_signature(sig, cls)
+                    parsed = parse_signature(sig, cls, cls_qual, cls_tmpl)
                     if parsed:
                         decl, head = parsed
                         out.append("  " + decl)
                         body = [l[2:] if l.startswith("  ") else l for l in lines[j + 1 : k]]
-                        impl.append((list(ns), head + " {\n" + "\n".join(body) + "\n}\n"))
+                        text = head + " {\n" + "\n".join(body) + "\n}"
+                        if cls_tmpl:
+                            after.extend(text.split("\n") + [""])
+                        else:
+                            impl.append((list(ns), text + "\n"))
                         moved.append(cls + "::" + re.search(r"(~?\w+)\s*\(", " ".join(sig.split())).group(1))
                         i = k + 1
                         continue
@@ -264,7 +299,8 @@ def process(path, classes, all_free, free_names):
         out.append(line)
         i += 1
     if not impl:
-        print(path, ": nothing moved")
+        Path(path).write_text("\n".join(out))
+        print(path, ": moved", len(moved), "(templates, in the header):", ", ".join(moved))
         return
     ipp = Path(path).with_suffix(".ipp")
     header_name = Path(path).name
@@ -304,13 +340,17 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     all_free = "--all-free" in args
     free_names = []
+    templates = False
     rest = []
     it = iter(args)
     for a in it:
         if a == "--all-free":
             continue
+        if a == "--templates":
+            templates = True
+            continue
         if a == "--free":
             free_names.append(next(it))
             continue
         rest.append(a)
-    process(rest[0], set(rest[1:]), all_free, free_names)
+    process(rest[0], set(rest[1:]), all_free, free_names, templates)

@@ -27,6 +27,8 @@
 #include <variant>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/checkpoint/checkpoint.hpp"
 #include "dtrain/io/crc32c.hpp"
 #include "dtrain/io/safetensors.hpp"
@@ -116,11 +118,7 @@ class CheckpointIO {
 
   // Every parameter as fp32 on the host, by name ("<unit>.<param>").
   // Collective under sharded strategies: every rank must call it.
-  std::map<std::string, std::vector<float>> parameters() {
-    std::map<std::string, std::vector<float>> out;
-    visit_parameters([&](const ParamSlot& slot, std::vector<float>&& v) { out.emplace(slot.name, std::move(v)); });
-    return out;
-  }
+  std::map<std::string, std::vector<float>> parameters();
 
   // Calls f(slot, values) for every parameter in layout order, as fp32 on the
   // host, one unit gathered at a time (so no rank holds the whole model).
@@ -151,85 +149,14 @@ class CheckpointIO {
   // "<unit>.<param>" and the units' shapes: rank 0 streams it to disk while
   // the units are gathered one by one, so no rank holds the whole model.
   // Collective: every rank calls it; the file exists on every rank's return.
-  void save_params(const std::filesystem::path& path) {
-    std::string error;
-    stream_parameters(path, error);
-    agree(error, "could not write " + detail::quoted_path(path));
-  }
+  void save_params(const std::filesystem::path& path);
 
   // Writes a resumable checkpoint to `dir` (a new directory, or one a save
   // that died left without an index): every rank writes what it owns, rank 0
   // commits the index last. Collective: every rank calls it with the same
   // dir. A directory that holds a checkpoint is never overwritten.
   // `info` is the trainer's non-tensor state (step, loss scale, dtypes, ...).
-  void save(const std::filesystem::path& dir, const SaveOptions& options, CheckpointInfo info) {
-    if (is_checkpoint(dir))
-      throw checkpoint_error(detail::quoted_path(dir) + " already holds a checkpoint (step " +
-                                 std::to_string(checkpoint_info(dir).step) + ")",
-                             "save to a new directory (train_mlp uses <checkpoint_dir>/step-<n>), or remove it "
-                             "first: dtrain never overwrites a complete checkpoint");
-    info.metadata = options.metadata;
-    if (options.sampler) {
-      info.sampler = SamplerProgress::of(*options.sampler);
-      world_.agree("the sampler position saved in " + dir.string(),
-                   detail::SamplerPosition{info.sampler->epoch, info.sampler->global_position});
-    }
-    if (world_.rank() == 0) {
-      std::filesystem::create_directories(dir);
-      detail::clear_partial_save(dir);
-    }
-    world_.barrier("checkpoint-dir");
-    std::string error;
-    std::size_t bytes = 0;  // what this rank writes
-    detail::RankSave mine;
-    try {
-      const Ownership own = strategy_.ownership();
-      const bool writes = std::ranges::any_of(own.trainable, &OwnedRange::writer) ||
-                          std::ranges::any_of(own.frozen, &OwnedRange::writer);
-      HostState<T> state = writes ? host_state() : HostState<T>{};
-      // A checkpoint never holds inf or NaN: resuming from it would only
-      // reproduce the failure (and keep_last could have pruned the good ones).
-      detail::require_finite(state, own, layout_);
-      bytes = state.bytes();
-      mine.written = detail::write_rank_file(dir, world_.rank(), world_.size(), layout_, own, std::move(state),
-                                             options.consolidated);
-    } catch (const dtrain::error& e) {
-      error = e.problem() + detail::space_note(dir, bytes);  // the fix below covers the write's own
-    } catch (const std::exception& e) {
-      error = e.what() + detail::space_note(dir, bytes);
-    }
-    fault::hit(fault::point::save);
-    if (options.consolidated) mine.model = stream_parameters(dir / checkpoint_model_name, error);
-    mine.error = error;
-    const std::vector<detail::RankSave> ranks = world_.all_gather("checkpoint-files", mine);
-    for (std::size_t r = 0; r < ranks.size(); ++r)
-      if (const std::string& e = ranks[r].error; !e.empty()) {
-        // Every rank is done with the directory: the partial save goes, so a
-        // full disk is not left fuller; the previous checkpoint is untouched.
-        world_.barrier("checkpoint-failed");
-        if (world_.rank() == 0) {
-          std::error_code ignored;
-          std::filesystem::remove_all(dir, ignored);
-        }
-        throw checkpoint_error("rank " + std::to_string(r) + " could not write its part of checkpoint " +
-                                   detail::quoted_path(dir) + ": " + e,
-                               "check free disk space and permissions on every rank (all ranks write to the same "
-                               "directory: a shared file system across nodes); the partial files were removed and "
-                               "the previous checkpoint is untouched");
-      }
-    std::string committed;
-    if (world_.rank() == 0) {
-      try {
-        commit_index(dir, info, ranks);
-      } catch (const std::exception& e) {
-        committed = e.what();
-      }
-    }
-    const auto status = world_.all_gather("checkpoint-commit", committed);
-    if (!status[0].empty())
-      throw checkpoint_error("rank 0 could not commit checkpoint " + detail::quoted_path(dir) + ": " + status[0],
-                             "check free disk space and permissions; the previous checkpoint is untouched");
-  }
+  void save(const std::filesystem::path& dir, const SaveOptions& options, CheckpointInfo info);
 
   // Restores a checkpoint saved by any strategy at any world size: checks
   // that it was made for this model (naming the first tensor that differs)
@@ -238,313 +165,46 @@ class CheckpointIO {
   // Collective. Returns the checkpoint's non-tensor state for the trainer to
   // take (step, loss scale); restore the sampler with
   // info.sampler->state_for(sampler).
-  CheckpointInfo load(const std::filesystem::path& dir, const LoadOptions& options = {}) {
-    const CheckpointIndex index = detail::parse_index(dir);
-    check_checkpoint_model(index);
-    const auto states = optimizer_state_();
-    std::vector<std::string> names;
-    for (const auto& st : states) names.emplace_back(st.name);
-    if (options.optimizer_state && index.info.optimizer_states != names)
-      throw config_error("checkpoint " + detail::quoted_path(dir) + " holds " + index.info.optimizer +
-                             " state (" + join(index.info.optimizer_states) + ") but this trainer's optimizer keeps (" +
-                             join(names) + ")",
-                         "train with the checkpoint's optimizer, or load with LoadOptions{.optimizer_state = false} "
-                         "to keep this trainer's fresh optimizer state");
-    // Every owned element is read from the checkpoint: sized buffers, not a copy of the current state.
-    HostState<T> state = host_state(false, options.optimizer_state);
-    std::string error;
-    try {
-      read_owned(index, state, options.optimizer_state);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    agree(error, "could not load checkpoint " + detail::quoted_path(dir));
-    put_host_state(state, options.optimizer_state);
-    return index.info;
-  }
+  CheckpointInfo load(const std::filesystem::path& dir, const LoadOptions& options = {});
 
   // Parameters from a safetensors file (F32, BF16 or F16 tensors named
   // "<unit>.<param>", or renamed through options.rename), at any world size
   // and strategy: every rank reads only the elements it owns. Optimizer
   // state and step are left alone. Collective.
-  LoadParamsReport load_params(const std::filesystem::path& file, const LoadParamsOptions& options = {}) {
-    ParamSources sources;
-    sources.what = detail::quoted_path(file);
-    sources.files.push_back(SafetensorsFile::open(file));
-    for (const auto& name : sources.files[0].names()) {
-      const auto it = options.rename.find(name);
-      sources.parts[it == options.rename.end() ? name : it->second] = {{0, name}};
-    }
-    return load_params(sources, options);
-  }
+  LoadParamsReport load_params(const std::filesystem::path& file, const LoadParamsOptions& options = {});
 
   // Parameters from tensors spread over several files, a model tensor made
   // of one or more file tensors (ParamSources). The same guarantees.
-  LoadParamsReport load_params(const ParamSources& sources, const LoadParamsOptions& options = {}) {
-    LoadParamsReport report;
-    std::map<std::pair<std::size_t, std::string>, bool> used;
-    for (const auto& unit : layout_.units())
-      for (const auto& slot : unit.params) {
-        const auto it = sources.parts.find(slot.name);
-        if (it == sources.parts.end()) {
-          report.missing.push_back(slot.name);
-          continue;
-        }
-        for (const auto& part : it->second) used[part] = true;
-        if (const std::string why = sources.mismatch(it->second, slot.spec.shape, sources.transposed.contains(slot.name));
-            !why.empty())
-          report.mismatched.push_back(slot.name + ": " + why);
-        else
-          report.loaded.push_back(slot.name);
-      }
-    for (std::size_t f = 0; f < sources.files.size(); ++f)
-      for (const auto& name : sources.files[f].names())
-        if (!used.contains({f, name}) && !sources.ignored.contains(name)) report.unexpected.push_back(name);
-    if (options.strict && (!report.missing.empty() || !report.unexpected.empty() || !report.mismatched.empty()))
-      throw config_error(sources.what + " does not match this model:" +
-                             (report.missing.empty() ? "" : " missing " + join(report.missing) + ";") +
-                             (report.unexpected.empty() ? "" : " unexpected " + join(report.unexpected) + ";") +
-                             (report.mismatched.empty() ? "" : " mis-shaped " + join(report.mismatched) + ";"),
-                         "map the file's names with LoadParamsOptions::rename, or load what matches with "
-                         "strict = false (train_mlp: init_strict=false)");
-    // Parameters only: the optimizer state is left as it is, so no copy of it.
-    HostState<T> state = host_state(true, false);
-    std::string error;
-    try {
-      const std::map<std::string, bool> wanted = [&] {
-        std::map<std::string, bool> m;
-        for (const auto& n : report.loaded) m[n] = true;
-        return m;
-      }();
-      const Ownership own = strategy_.ownership();
-      for (bool frozen : {false, true})
-        for (const auto& p : detail::owned_pieces(layout_, frozen ? own.frozen : own.trainable, frozen, false)) {
-          if (!wanted.contains(p.slot->name)) continue;
-          T* to_frozen = frozen ? state.frozen.data() + p.local : nullptr;
-          float* to_master = frozen ? nullptr : state.master.data() + p.local;
-          // The piece [tensor_begin, + count) of the model tensor, from the
-          // file tensors that cover it, in order.
-          std::size_t at = 0;
-          std::vector<std::byte> gathered;  // a transposed piece, element by element in model order
-          for (const auto& [f, name] : sources.parts.at(p.slot->name)) {
-            const auto t = sources.files[f].tensor(name);
-            const std::size_t elem = element_bytes(t.dtype), n = t.bytes.size() / elem;
-            const std::size_t lo = std::max(at, p.tensor_begin), hi = std::min(at + n, p.tensor_begin + p.count);
-            if (lo < hi) {
-              std::span<const std::byte> bytes = t.bytes.subspan((lo - at) * elem, (hi - lo) * elem);
-              if (sources.transposed.contains(p.slot->name)) {
-                // Model element e = r * cols + c is file element c * rows + r.
-                const auto rows = static_cast<std::size_t>(p.slot->spec.shape[0]), cols = n / rows;
-                gathered.resize((hi - lo) * elem);
-                for (std::size_t e = lo; e < hi; ++e)
-                  std::memcpy(gathered.data() + (e - lo) * elem, t.bytes.data() + ((e % cols) * rows + e / cols) * elem,
-                              elem);
-                bytes = gathered;
-              }
-              const std::string what = "tensor '" + name + "' of " + detail::quoted_path(sources.files[f].path());
-              if (frozen)
-                detail::convert_into(bytes, t.dtype, to_frozen + (lo - p.tensor_begin), hi - lo, what);
-              else
-                detail::convert_into(bytes, t.dtype, to_master + (lo - p.tensor_begin), hi - lo, what);
-            }
-            at += n;
-          }
-        }
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    agree(error, "could not load parameters from " + sources.what);
-    put_host_state(state, false);
-    return report;
-  }
+  LoadParamsReport load_params(const ParamSources& sources, const LoadParamsOptions& options = {});
 
  private:
-  static std::string join(const std::vector<std::string>& v) {
-    std::string out;
-    for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
-    return out.empty() ? "none" : out;
-  }
+  static std::string join(const std::vector<std::string>& v);
 
   // Host buffers shaped like this rank's owned state, holding a copy of it
   // (or left unfilled when the caller overwrites every element); without
   // the optimizer state when the caller neither reads nor replaces it.
-  HostState<T> host_state(bool copy = true, bool optimizer_state = true) {
-    HostState<T> s;
-    const OwnedFlat<T> owned = strategy_.owned();
-    s.master.resize(owned.size);
-    if (copy) copy_owned(s.master.data(), owned.master, owned.size, owned.on_host);
-    if (optimizer_state)
-      for (const auto& st : optimizer_state_()) {
-        auto& [name, values] = s.optimizer.emplace_back(std::string(st.name), std::vector<float>(owned.size));
-        if (copy) copy_owned(values.data(), st.data, owned.size, owned.on_host);
-      }
-    const std::span<T> frozen = strategy_.frozen_storage();
-    s.frozen.resize(frozen.size());
-    if (copy) dev_.copy_to_host(s.frozen.data(), frozen.data(), frozen.size());
-    return s;
-  }
+  HostState<T> host_state(bool copy = true, bool optimizer_state = true);
 
-  void put_host_state(const HostState<T>& s, bool optimizer_state) {
-    const OwnedFlat<T> owned = strategy_.owned();
-    if (owned.on_host) std::copy_n(s.master.data(), owned.size, owned.master);
-    else dev_.copy_from_host(owned.master, s.master.data(), owned.size);
-    if (optimizer_state) {
-      const auto states = optimizer_state_();
-      for (std::size_t i = 0; i < states.size(); ++i) {
-        if (owned.on_host) std::copy_n(s.optimizer[i].second.data(), owned.size, states[i].data);
-        else dev_.copy_from_host(states[i].data, s.optimizer[i].second.data(), owned.size);
-      }
-    }
-    const std::span<T> frozen = strategy_.frozen_storage();
-    dev_.copy_from_host(frozen.data(), s.frozen.data(), frozen.size());
-    strategy_.after_load();
-  }
+  void put_host_state(const HostState<T>& s, bool optimizer_state);
 
   // Throws on every rank when `error` (this rank's) or any other rank's is set.
-  void agree(const std::string& error, const std::string& what) {
-    const auto all = world_.all_gather("checkpoint-agree", error);
-    for (int r = 0; r < world_.size(); ++r)
-      if (!all[static_cast<std::size_t>(r)].empty())
-        throw checkpoint_error("rank " + std::to_string(r) + " " + what + ": " + all[static_cast<std::size_t>(r)],
-                               "nothing was changed; fix the cause named above (or load an older checkpoint)");
-  }
+  void agree(const std::string& error, const std::string& what);
   // Every parameter in F32 to `path`, gathered unit by unit; rank 0 streams
   // the file and returns its pieces as written_text (for a checkpoint's
   // index; empty when it failed). Every rank
   // takes part in every gather, even after rank 0 failed (`error` then holds
   // why), so no rank is left waiting in a collective.
-  std::string stream_parameters(const std::filesystem::path& path, std::string& error) {
-    std::optional<SafetensorsStreamWriter> out;
-    if (world_.rank() == 0 && error.empty()) {
-      std::vector<SafetensorsEntry> entries;
-      for (const auto& unit : layout_.units())
-        for (const auto& slot : unit.params) entries.push_back({slot.name, element_type::f32, slot.spec.shape});
-      try {
-        out.emplace(path, std::move(entries));
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    }
-    detail::WrittenPieces written;
-    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
-      const auto& unit = layout_.units()[u];
-      std::vector<float> train(unit.train_size);
-      std::vector<T> frozen(unit.frozen_size);
-      strategy_.read_unit(u, train, frozen);
-      if (!out || !error.empty()) continue;
-      try {
-        std::vector<float> widened;  // a frozen parameter in fp32
-        for (const auto& slot : unit.params) {
-          const auto n = static_cast<std::size_t>(slot.spec.numel());
-          std::span<const float> v;
-          if (slot.spec.trainable) {
-            v = std::span(train).subspan(slot.offset - unit.train_offset, n);
-          } else {
-            widened.resize(n);
-            for (std::size_t i = 0; i < n; ++i) widened[i] = static_cast<float>(frozen[slot.offset - unit.frozen_offset + i]);
-            v = widened;
-          }
-          const auto bytes = std::as_bytes(v);
-          out->write(bytes);
-          written.pieces.push_back(
-              {slot.name, "param", {path.filename().string(), slot.name, 0, n, element_type::f32, crc32c(bytes)}});
-        }
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    }
-    if (!out || !error.empty()) return {};
-    try {
-      out->commit();
-      written.file = path.filename().string();
-      written.bytes = std::filesystem::file_size(path);
-      return detail::written_text(written);
-    } catch (const std::exception& e) {
-      error = e.what();
-      return {};
-    }
-  }
+  std::string stream_parameters(const std::filesystem::path& path, std::string& error);
 
   // Rank 0: merges every rank's pieces into the index and commits it.
-  void commit_index(const std::filesystem::path& dir, const CheckpointInfo& info,
-                    const std::vector<detail::RankSave>& ranks) {
-    CheckpointIndex index;
-    index.info = info;
-    for (const auto& unit : layout_.units())
-      for (const auto& slot : unit.params) {
-        index.order.push_back(slot.name);
-        index.tensors[slot.name] = {slot.spec.shape, slot.spec.trainable, {}};
-      }
-    for (const auto& r : ranks)
-      for (const std::string* part : {&r.written, &r.model})
-        if (!part->empty()) detail::merge_written(index, *part);
-    detail::sort_pieces(index);
-    const std::string text = detail::index_text(index);
-    detail::write_file_atomically(dir / checkpoint_index_name,
-                                  std::array{std::as_bytes(std::span(text.data(), text.size()))});
-  }
+  void commit_index(const std::filesystem::path& dir, const CheckpointInfo& info, const std::vector<detail::RankSave>& ranks);
 
   // The checkpoint must hold exactly this model's tensors, in this order,
   // with the same shapes and trainability; the first difference is named.
-  void check_checkpoint_model(const CheckpointIndex& index) const {
-    std::vector<const ParamSlot*> mine;
-    for (const auto& unit : layout_.units())
-      for (const auto& slot : unit.params) mine.push_back(&slot);
-    const std::string where = "checkpoint " + detail::quoted_path(index.info.dir) + " was saved for a different model: ";
-    const char* fix = "load it into the model it was saved from (same config and code), or take only matching "
-                      "weights with load_params from a consolidated model.safetensors";
-    for (std::size_t i = 0; i < std::max(mine.size(), index.order.size()); ++i) {
-      if (i >= mine.size())
-        throw config_error(where + "it has tensor '" + index.order[i] + "' that this model lacks", fix);
-      const ParamSlot& slot = *mine[i];
-      if (i >= index.order.size() || index.order[i] != slot.name)
-        throw config_error(where + "this model's tensor '" + slot.name + "' " +
-                               (index.tensors.contains(slot.name) ? "is at another position in it"
-                                                                   : "is not in it" + std::string(i < index.order.size() ? " (it has '" + index.order[i] + "' there)" : "")),
-                           fix);
-      const CheckpointTensor& t = index.tensors.at(slot.name);
-      if (t.shape != slot.spec.shape)
-        throw config_error(where + "tensor '" + slot.name + "' is " + shape_text(t.shape) + " in the checkpoint and " +
-                               shape_text(slot.spec.shape) + " in this model",
-                           fix);
-      if (t.trainable != slot.spec.trainable)
-        throw config_error(where + "tensor '" + slot.name + "' is " + (t.trainable ? "trainable" : "frozen") +
-                               " in the checkpoint and " + (slot.spec.trainable ? "trainable" : "frozen") +
-                               " in this model",
-                           fix);
-      for (const auto& [kind, list] : t.pieces)
-        for (const auto& p : list)
-          if (p.dtype != element_type::f32 && p.dtype != element_type::bf16 &&
-              p.dtype != element_type::f16)
-            throw config_error(where + "tensor '" + slot.name + "' has " + kind + " of dtype " +
-                                   std::string(safetensors_name(p.dtype)),
-                               fix);
-    }
-  }
+  void check_checkpoint_model(const CheckpointIndex& index) const;
 
   // Fills `state` with what this rank owns, from the checkpoint's pieces.
-  void read_owned(const CheckpointIndex& index, HostState<T>& state, bool optimizer_state) {
-    detail::PieceReader reader(index.info.dir, index.files);
-    const Ownership own = strategy_.ownership();
-    auto pieces_of = [&](const std::string& tensor, const std::string& kind) -> const std::vector<CheckpointPiece>& {
-      static const std::vector<CheckpointPiece> none;
-      const auto& t = index.tensors.at(tensor);
-      const auto it = t.pieces.find(kind);
-      return it == t.pieces.end() ? none : it->second;
-    };
-    for (const auto& p : detail::owned_pieces(layout_, own.trainable, false, false)) {
-      const std::string& name = p.slot->name;
-      detail::read_elements(reader, name, "param", pieces_of(name, "param"), p.tensor_begin, p.count,
-                            state.master.data() + p.local);
-      if (optimizer_state)
-        for (auto& [kind, values] : state.optimizer)
-          detail::read_elements(reader, name, kind, pieces_of(name, kind), p.tensor_begin, p.count,
-                                values.data() + p.local);
-    }
-    for (const auto& p : detail::owned_pieces(layout_, own.frozen, true, false))
-      detail::read_elements(reader, p.slot->name, "param", pieces_of(p.slot->name, "param"), p.tensor_begin,
-                            p.count, state.frozen.data() + p.local);
-  }
+  void read_owned(const CheckpointIndex& index, HostState<T>& state, bool optimizer_state);
 
 
   World& world_;
@@ -552,13 +212,404 @@ class CheckpointIO {
   const ModelLayout& layout_;
   // Owned state (master weights, optimizer state) into host memory, from
   // the compute device or, offloaded, from the host.
-  void copy_owned(float* dst, const float* src, std::size_t n, bool on_host) {
-    if (on_host) std::copy_n(src, n, dst);
-    else dev_.copy_to_host(dst, src, n);
-  }
+  void copy_owned(float* dst, const float* src, std::size_t n, bool on_host);
 
   AnyStrategy<T>& strategy_;
   std::function<std::vector<OptimizerStateView>()> optimizer_state_;
 };
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::parameters() -> std::map<std::string, std::vector<float>> {
+  std::map<std::string, std::vector<float>> out;
+  visit_parameters([&](const ParamSlot& slot, std::vector<float>&& v) { out.emplace(slot.name, std::move(v)); });
+  return out;
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::save_params(const std::filesystem::path& path) -> void {
+  std::string error;
+  stream_parameters(path, error);
+  agree(error, "could not write " + detail::quoted_path(path));
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::save(const std::filesystem::path& dir, const SaveOptions& options, CheckpointInfo info) -> void {
+  if (is_checkpoint(dir))
+    throw checkpoint_error(detail::quoted_path(dir) + " already holds a checkpoint (step " +
+                               std::to_string(checkpoint_info(dir).step) + ")",
+                           "save to a new directory (train_mlp uses <checkpoint_dir>/step-<n>), or remove it "
+                           "first: dtrain never overwrites a complete checkpoint");
+  info.metadata = options.metadata;
+  if (options.sampler) {
+    info.sampler = SamplerProgress::of(*options.sampler);
+    world_.agree("the sampler position saved in " + dir.string(),
+                 detail::SamplerPosition{info.sampler->epoch, info.sampler->global_position});
+  }
+  if (world_.rank() == 0) {
+    std::filesystem::create_directories(dir);
+    detail::clear_partial_save(dir);
+  }
+  world_.barrier("checkpoint-dir");
+  std::string error;
+  std::size_t bytes = 0;  // what this rank writes
+  detail::RankSave mine;
+  try {
+    const Ownership own = strategy_.ownership();
+    const bool writes = std::ranges::any_of(own.trainable, &OwnedRange::writer) ||
+                        std::ranges::any_of(own.frozen, &OwnedRange::writer);
+    HostState<T> state = writes ? host_state() : HostState<T>{};
+    // A checkpoint never holds inf or NaN: resuming from it would only
+    // reproduce the failure (and keep_last could have pruned the good ones).
+    detail::require_finite(state, own, layout_);
+    bytes = state.bytes();
+    mine.written = detail::write_rank_file(dir, world_.rank(), world_.size(), layout_, own, std::move(state),
+                                           options.consolidated);
+  } catch (const dtrain::error& e) {
+    error = e.problem() + detail::space_note(dir, bytes);  // the fix below covers the write's own
+  } catch (const std::exception& e) {
+    error = e.what() + detail::space_note(dir, bytes);
+  }
+  fault::hit(fault::point::save);
+  if (options.consolidated) mine.model = stream_parameters(dir / checkpoint_model_name, error);
+  mine.error = error;
+  const std::vector<detail::RankSave> ranks = world_.all_gather("checkpoint-files", mine);
+  for (std::size_t r = 0; r < ranks.size(); ++r)
+    if (const std::string& e = ranks[r].error; !e.empty()) {
+      // Every rank is done with the directory: the partial save goes, so a
+      // full disk is not left fuller; the previous checkpoint is untouched.
+      world_.barrier("checkpoint-failed");
+      if (world_.rank() == 0) {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+      }
+      throw checkpoint_error("rank " + std::to_string(r) + " could not write its part of checkpoint " +
+                                 detail::quoted_path(dir) + ": " + e,
+                             "check free disk space and permissions on every rank (all ranks write to the same "
+                             "directory: a shared file system across nodes); the partial files were removed and "
+                             "the previous checkpoint is untouched");
+    }
+  std::string committed;
+  if (world_.rank() == 0) {
+    try {
+      commit_index(dir, info, ranks);
+    } catch (const std::exception& e) {
+      committed = e.what();
+    }
+  }
+  const auto status = world_.all_gather("checkpoint-commit", committed);
+  if (!status[0].empty())
+    throw checkpoint_error("rank 0 could not commit checkpoint " + detail::quoted_path(dir) + ": " + status[0],
+                           "check free disk space and permissions; the previous checkpoint is untouched");
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::load(const std::filesystem::path& dir, const LoadOptions& options) -> CheckpointInfo {
+  const CheckpointIndex index = detail::parse_index(dir);
+  check_checkpoint_model(index);
+  const auto states = optimizer_state_();
+  std::vector<std::string> names;
+  for (const auto& st : states) names.emplace_back(st.name);
+  if (options.optimizer_state && index.info.optimizer_states != names)
+    throw config_error("checkpoint " + detail::quoted_path(dir) + " holds " + index.info.optimizer +
+                           " state (" + join(index.info.optimizer_states) + ") but this trainer's optimizer keeps (" +
+                           join(names) + ")",
+                       "train with the checkpoint's optimizer, or load with LoadOptions{.optimizer_state = false} "
+                       "to keep this trainer's fresh optimizer state");
+  // Every owned element is read from the checkpoint: sized buffers, not a copy of the current state.
+  HostState<T> state = host_state(false, options.optimizer_state);
+  std::string error;
+  try {
+    read_owned(index, state, options.optimizer_state);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(error, "could not load checkpoint " + detail::quoted_path(dir));
+  put_host_state(state, options.optimizer_state);
+  return index.info;
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::load_params(const std::filesystem::path& file, const LoadParamsOptions& options) -> LoadParamsReport {
+  ParamSources sources;
+  sources.what = detail::quoted_path(file);
+  sources.files.push_back(SafetensorsFile::open(file));
+  for (const auto& name : sources.files[0].names()) {
+    const auto it = options.rename.find(name);
+    sources.parts[it == options.rename.end() ? name : it->second] = {{0, name}};
+  }
+  return load_params(sources, options);
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::load_params(const ParamSources& sources, const LoadParamsOptions& options) -> LoadParamsReport {
+  LoadParamsReport report;
+  std::map<std::pair<std::size_t, std::string>, bool> used;
+  for (const auto& unit : layout_.units())
+    for (const auto& slot : unit.params) {
+      const auto it = sources.parts.find(slot.name);
+      if (it == sources.parts.end()) {
+        report.missing.push_back(slot.name);
+        continue;
+      }
+      for (const auto& part : it->second) used[part] = true;
+      if (const std::string why = sources.mismatch(it->second, slot.spec.shape, sources.transposed.contains(slot.name));
+          !why.empty())
+        report.mismatched.push_back(slot.name + ": " + why);
+      else
+        report.loaded.push_back(slot.name);
+    }
+  for (std::size_t f = 0; f < sources.files.size(); ++f)
+    for (const auto& name : sources.files[f].names())
+      if (!used.contains({f, name}) && !sources.ignored.contains(name)) report.unexpected.push_back(name);
+  if (options.strict && (!report.missing.empty() || !report.unexpected.empty() || !report.mismatched.empty()))
+    throw config_error(sources.what + " does not match this model:" +
+                           (report.missing.empty() ? "" : " missing " + join(report.missing) + ";") +
+                           (report.unexpected.empty() ? "" : " unexpected " + join(report.unexpected) + ";") +
+                           (report.mismatched.empty() ? "" : " mis-shaped " + join(report.mismatched) + ";"),
+                       "map the file's names with LoadParamsOptions::rename, or load what matches with "
+                       "strict = false (train_mlp: init_strict=false)");
+  // Parameters only: the optimizer state is left as it is, so no copy of it.
+  HostState<T> state = host_state(true, false);
+  std::string error;
+  try {
+    const std::map<std::string, bool> wanted = [&] {
+      std::map<std::string, bool> m;
+      for (const auto& n : report.loaded) m[n] = true;
+      return m;
+    }();
+    const Ownership own = strategy_.ownership();
+    for (bool frozen : {false, true})
+      for (const auto& p : detail::owned_pieces(layout_, frozen ? own.frozen : own.trainable, frozen, false)) {
+        if (!wanted.contains(p.slot->name)) continue;
+        T* to_frozen = frozen ? state.frozen.data() + p.local : nullptr;
+        float* to_master = frozen ? nullptr : state.master.data() + p.local;
+        // The piece [tensor_begin, + count) of the model tensor, from the
+        // file tensors that cover it, in order.
+        std::size_t at = 0;
+        std::vector<std::byte> gathered;  // a transposed piece, element by element in model order
+        for (const auto& [f, name] : sources.parts.at(p.slot->name)) {
+          const auto t = sources.files[f].tensor(name);
+          const std::size_t elem = element_bytes(t.dtype), n = t.bytes.size() / elem;
+          const std::size_t lo = std::max(at, p.tensor_begin), hi = std::min(at + n, p.tensor_begin + p.count);
+          if (lo < hi) {
+            std::span<const std::byte> bytes = t.bytes.subspan((lo - at) * elem, (hi - lo) * elem);
+            if (sources.transposed.contains(p.slot->name)) {
+              // Model element e = r * cols + c is file element c * rows + r.
+              const auto rows = static_cast<std::size_t>(p.slot->spec.shape[0]), cols = n / rows;
+              gathered.resize((hi - lo) * elem);
+              for (std::size_t e = lo; e < hi; ++e)
+                std::memcpy(gathered.data() + (e - lo) * elem, t.bytes.data() + ((e % cols) * rows + e / cols) * elem,
+                            elem);
+              bytes = gathered;
+            }
+            const std::string what = "tensor '" + name + "' of " + detail::quoted_path(sources.files[f].path());
+            if (frozen)
+              detail::convert_into(bytes, t.dtype, to_frozen + (lo - p.tensor_begin), hi - lo, what);
+            else
+              detail::convert_into(bytes, t.dtype, to_master + (lo - p.tensor_begin), hi - lo, what);
+          }
+          at += n;
+        }
+      }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(error, "could not load parameters from " + sources.what);
+  put_host_state(state, false);
+  return report;
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::join(const std::vector<std::string>& v) -> std::string {
+  std::string out;
+  for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+  return out.empty() ? "none" : out;
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::host_state(bool copy, bool optimizer_state) -> HostState<T> {
+  HostState<T> s;
+  const OwnedFlat<T> owned = strategy_.owned();
+  s.master.resize(owned.size);
+  if (copy) copy_owned(s.master.data(), owned.master, owned.size, owned.on_host);
+  if (optimizer_state)
+    for (const auto& st : optimizer_state_()) {
+      auto& [name, values] = s.optimizer.emplace_back(std::string(st.name), std::vector<float>(owned.size));
+      if (copy) copy_owned(values.data(), st.data, owned.size, owned.on_host);
+    }
+  const std::span<T> frozen = strategy_.frozen_storage();
+  s.frozen.resize(frozen.size());
+  if (copy) dev_.copy_to_host(s.frozen.data(), frozen.data(), frozen.size());
+  return s;
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::put_host_state(const HostState<T>& s, bool optimizer_state) -> void {
+  const OwnedFlat<T> owned = strategy_.owned();
+  if (owned.on_host) std::copy_n(s.master.data(), owned.size, owned.master);
+  else dev_.copy_from_host(owned.master, s.master.data(), owned.size);
+  if (optimizer_state) {
+    const auto states = optimizer_state_();
+    for (std::size_t i = 0; i < states.size(); ++i) {
+      if (owned.on_host) std::copy_n(s.optimizer[i].second.data(), owned.size, states[i].data);
+      else dev_.copy_from_host(states[i].data, s.optimizer[i].second.data(), owned.size);
+    }
+  }
+  const std::span<T> frozen = strategy_.frozen_storage();
+  dev_.copy_from_host(frozen.data(), s.frozen.data(), frozen.size());
+  strategy_.after_load();
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::agree(const std::string& error, const std::string& what) -> void {
+  const auto all = world_.all_gather("checkpoint-agree", error);
+  for (int r = 0; r < world_.size(); ++r)
+    if (!all[static_cast<std::size_t>(r)].empty())
+      throw checkpoint_error("rank " + std::to_string(r) + " " + what + ": " + all[static_cast<std::size_t>(r)],
+                             "nothing was changed; fix the cause named above (or load an older checkpoint)");
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::stream_parameters(const std::filesystem::path& path, std::string& error) -> std::string {
+  std::optional<SafetensorsStreamWriter> out;
+  if (world_.rank() == 0 && error.empty()) {
+    std::vector<SafetensorsEntry> entries;
+    for (const auto& unit : layout_.units())
+      for (const auto& slot : unit.params) entries.push_back({slot.name, element_type::f32, slot.spec.shape});
+    try {
+      out.emplace(path, std::move(entries));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  detail::WrittenPieces written;
+  for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+    const auto& unit = layout_.units()[u];
+    std::vector<float> train(unit.train_size);
+    std::vector<T> frozen(unit.frozen_size);
+    strategy_.read_unit(u, train, frozen);
+    if (!out || !error.empty()) continue;
+    try {
+      std::vector<float> widened;  // a frozen parameter in fp32
+      for (const auto& slot : unit.params) {
+        const auto n = static_cast<std::size_t>(slot.spec.numel());
+        std::span<const float> v;
+        if (slot.spec.trainable) {
+          v = std::span(train).subspan(slot.offset - unit.train_offset, n);
+        } else {
+          widened.resize(n);
+          for (std::size_t i = 0; i < n; ++i) widened[i] = static_cast<float>(frozen[slot.offset - unit.frozen_offset + i]);
+          v = widened;
+        }
+        const auto bytes = std::as_bytes(v);
+        out->write(bytes);
+        written.pieces.push_back(
+            {slot.name, "param", {path.filename().string(), slot.name, 0, n, element_type::f32, crc32c(bytes)}});
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (!out || !error.empty()) return {};
+  try {
+    out->commit();
+    written.file = path.filename().string();
+    written.bytes = std::filesystem::file_size(path);
+    return detail::written_text(written);
+  } catch (const std::exception& e) {
+    error = e.what();
+    return {};
+  }
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::commit_index(const std::filesystem::path& dir, const CheckpointInfo& info, const std::vector<detail::RankSave>& ranks) -> void {
+  CheckpointIndex index;
+  index.info = info;
+  for (const auto& unit : layout_.units())
+    for (const auto& slot : unit.params) {
+      index.order.push_back(slot.name);
+      index.tensors[slot.name] = {slot.spec.shape, slot.spec.trainable, {}};
+    }
+  for (const auto& r : ranks)
+    for (const std::string* part : {&r.written, &r.model})
+      if (!part->empty()) detail::merge_written(index, *part);
+  detail::sort_pieces(index);
+  const std::string text = detail::index_text(index);
+  detail::write_file_atomically(dir / checkpoint_index_name,
+                                std::array{std::as_bytes(std::span(text.data(), text.size()))});
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::check_checkpoint_model(const CheckpointIndex& index) const -> void {
+  std::vector<const ParamSlot*> mine;
+  for (const auto& unit : layout_.units())
+    for (const auto& slot : unit.params) mine.push_back(&slot);
+  const std::string where = "checkpoint " + detail::quoted_path(index.info.dir) + " was saved for a different model: ";
+  const char* fix = "load it into the model it was saved from (same config and code), or take only matching "
+                    "weights with load_params from a consolidated model.safetensors";
+  for (std::size_t i = 0; i < std::max(mine.size(), index.order.size()); ++i) {
+    if (i >= mine.size())
+      throw config_error(where + "it has tensor '" + index.order[i] + "' that this model lacks", fix);
+    const ParamSlot& slot = *mine[i];
+    if (i >= index.order.size() || index.order[i] != slot.name)
+      throw config_error(where + "this model's tensor '" + slot.name + "' " +
+                             (index.tensors.contains(slot.name) ? "is at another position in it"
+                                                                 : "is not in it" + std::string(i < index.order.size() ? " (it has '" + index.order[i] + "' there)" : "")),
+                         fix);
+    const CheckpointTensor& t = index.tensors.at(slot.name);
+    if (t.shape != slot.spec.shape)
+      throw config_error(where + "tensor '" + slot.name + "' is " + shape_text(t.shape) + " in the checkpoint and " +
+                             shape_text(slot.spec.shape) + " in this model",
+                         fix);
+    if (t.trainable != slot.spec.trainable)
+      throw config_error(where + "tensor '" + slot.name + "' is " + (t.trainable ? "trainable" : "frozen") +
+                             " in the checkpoint and " + (slot.spec.trainable ? "trainable" : "frozen") +
+                             " in this model",
+                         fix);
+    for (const auto& [kind, list] : t.pieces)
+      for (const auto& p : list)
+        if (p.dtype != element_type::f32 && p.dtype != element_type::bf16 &&
+            p.dtype != element_type::f16)
+          throw config_error(where + "tensor '" + slot.name + "' has " + kind + " of dtype " +
+                                 std::string(safetensors_name(p.dtype)),
+                             fix);
+  }
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::read_owned(const CheckpointIndex& index, HostState<T>& state, bool optimizer_state) -> void {
+  detail::PieceReader reader(index.info.dir, index.files);
+  const Ownership own = strategy_.ownership();
+  auto pieces_of = [&](const std::string& tensor, const std::string& kind) -> const std::vector<CheckpointPiece>& {
+    static const std::vector<CheckpointPiece> none;
+    const auto& t = index.tensors.at(tensor);
+    const auto it = t.pieces.find(kind);
+    return it == t.pieces.end() ? none : it->second;
+  };
+  for (const auto& p : detail::owned_pieces(layout_, own.trainable, false, false)) {
+    const std::string& name = p.slot->name;
+    detail::read_elements(reader, name, "param", pieces_of(name, "param"), p.tensor_begin, p.count,
+                          state.master.data() + p.local);
+    if (optimizer_state)
+      for (auto& [kind, values] : state.optimizer)
+        detail::read_elements(reader, name, kind, pieces_of(name, kind), p.tensor_begin, p.count,
+                              values.data() + p.local);
+  }
+  for (const auto& p : detail::owned_pieces(layout_, own.frozen, true, false))
+    detail::read_elements(reader, p.slot->name, "param", pieces_of(p.slot->name, "param"), p.tensor_begin,
+                          p.count, state.frozen.data() + p.local);
+}
+
+template <class Dev, class T>
+auto CheckpointIO<Dev, T>::copy_owned(float* dst, const float* src, std::size_t n, bool on_host) -> void {
+  if (on_host) std::copy_n(src, n, dst);
+  else dev_.copy_to_host(dst, src, n);
+}
+
+// Compiled once, in dtrain::runtime, under separate compilation.
+#define DTRAIN_CHECKPOINT_IO_INSTANCES(T) DTRAIN_INSTANTIATE(class CheckpointIO<Host, T>)
+DTRAIN_FOR_EACH_DTYPE(DTRAIN_CHECKPOINT_IO_INSTANCES)
+#undef DTRAIN_CHECKPOINT_IO_INSTANCES
 
 }  // namespace dtrain

@@ -64,3 +64,22 @@
 #else
 #define DTRAIN_EXTERN_INSTANCES 0
 #endif
+
+// DTRAIN_INSTANTIATE(class X<Host, float>): an explicit instantiation of a
+// built-in template that dtrain::runtime compiles: `extern template` in a
+// user translation unit under separate compilation (so it neither
+// instantiates nor optimises it), `template` in the runtime's source, and
+// nothing header-only. Written at the end of the template's header.
+#if DTRAIN_EXTERN_INSTANCES
+#define DTRAIN_INSTANTIATE(...) extern template __VA_ARGS__;
+#elif DTRAIN_SEPARATE_COMPILATION && defined(DTRAIN_RUNTIME_SOURCE)
+#define DTRAIN_INSTANTIATE(...) template __VA_ARGS__;
+#else
+#define DTRAIN_INSTANTIATE(...)
+#endif
+
+// The (parameter, reduce) type pairs of the built-in precisions, for the
+// instantiations above: X(param, reduce) once per pair.
+#define DTRAIN_FOR_EACH_PRECISION(X) X(float, float) X(bf16, float) X(bf16, bf16) X(fp16, float) X(fp16, fp16)
+// The parameter types alone.
+#define DTRAIN_FOR_EACH_DTYPE(X) X(float) X(bf16) X(fp16)

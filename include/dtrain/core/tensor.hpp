@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
 
@@ -62,9 +63,7 @@ struct HostTensor {
     return of(std::span<const E>(values), std::move(shape));
   }
 
-  std::int64_t numel() const {
-    return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>{});
-  }
+  DTRAIN_DECL std::int64_t numel() const;
   std::int64_t dim(std::size_t i) const { return i < shape.size() ? shape[i] : 1; }
 
   template <class E>
@@ -96,40 +95,19 @@ struct Batch {
 
   // The classic classification table: float features x [rows, features] and
   // int32 class labels y [rows].
-  static Batch table(std::span<const float> x, std::span<const std::int32_t> y, std::int64_t rows,
-                     std::int64_t features) {
-    Batch b;
-    b.set("x", HostTensor::of(x, {rows, features}));
-    b.set("y", HostTensor::of(y, {rows}));
-    return b;
-  }
+  DTRAIN_DECL static Batch table(std::span<const float> x, std::span<const std::int32_t> y, std::int64_t rows, std::int64_t features);
 
   void set(std::string name, HostTensor t) { tensors.insert_or_assign(std::move(name), std::move(t)); }
   bool contains(std::string_view name) const { return tensors.find(name) != tensors.end(); }
 
-  const HostTensor& at(std::string_view name) const {
-    const auto it = tensors.find(name);
-    if (it == tensors.end()) throw missing(name);
-    return it->second;
-  }
-  HostTensor& at(std::string_view name) {
-    const auto it = tensors.find(name);
-    if (it == tensors.end()) throw missing(name);
-    return it->second;
-  }
+  DTRAIN_DECL const HostTensor& at(std::string_view name) const;
+  DTRAIN_DECL HostTensor& at(std::string_view name);
 
   // Samples in the batch: the leading dimension of "x".
   std::int64_t rows() const { return at("x").dim(0); }
 
  private:
-  config_error missing(std::string_view name) const {
-    std::string have;
-    for (const auto& [n, t] : tensors) have += (have.empty() ? "" : ", ") + n + " " + shape_text(t.shape);
-    return config_error("the batch has no tensor '" + std::string(name) + "' (it has: " +
-                            (have.empty() ? "nothing" : have) + ")",
-                        "put the model's input in \"x\" and the loss's target in \"y\" (Batch::set), or name the "
-                        "tensors the unit or loss reads");
-  }
+  DTRAIN_DECL config_error missing(std::string_view name) const;
 };
 
 struct DeviceTensor {
@@ -139,11 +117,7 @@ struct DeviceTensor {
   const std::byte* host = nullptr;    // the batch's host copy
   std::string name;
 
-  std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
-  }
+  DTRAIN_DECL std::int64_t numel() const;
   std::int64_t dim(std::size_t i) const { return i < shape.size() ? shape[i] : 1; }
 
   template <class E>
@@ -172,27 +146,17 @@ struct DeviceTensor {
 
 class DeviceBatch {
  public:
-  void set(std::string name, DeviceTensor t) {
-    t.name = name;
-    tensors_.insert_or_assign(std::move(name), std::move(t));
-  }
+  DTRAIN_DECL void set(std::string name, DeviceTensor t);
   bool contains(std::string_view name) const { return tensors_.find(name) != tensors_.end(); }
-  const DeviceTensor& at(std::string_view name) const {
-    const auto it = tensors_.find(name);
-    if (it != tensors_.end()) return it->second;
-    std::string have;
-    for (const auto& [n, t] : tensors_) have += (have.empty() ? "" : ", ") + n;
-    throw config_error("the batch has no tensor '" + std::string(name) + "' (it has: " +
-                           (have.empty() ? "nothing" : have) + ")",
-                       "give every micro-batch the tensors its model's input unit and loss read");
-  }
-  const DeviceTensor* find(std::string_view name) const {
-    const auto it = tensors_.find(name);
-    return it == tensors_.end() ? nullptr : &it->second;
-  }
+  DTRAIN_DECL const DeviceTensor& at(std::string_view name) const;
+  DTRAIN_DECL const DeviceTensor* find(std::string_view name) const;
 
  private:
   std::map<std::string, DeviceTensor, std::less<>> tensors_;
 };
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/core/tensor.ipp"
+#endif

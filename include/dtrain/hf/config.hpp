@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain::hf {
@@ -65,130 +66,26 @@ V number(const nlohmann::ordered_json& j, const std::string& where, const char* 
   return j.at(key).get<V>();
 }
 
-inline bool flag(const nlohmann::ordered_json& j, const char* key, bool fallback) {
-  return j.contains(key) && j.at(key).is_boolean() ? j.at(key).get<bool>() : fallback;
-}
+DTRAIN_DECL bool flag(const nlohmann::ordered_json& j, const char* key, bool fallback);
 
 // Every size >= 1 and the head counts dividing; `keys` name the sizes as
 // this config's file does (vocab_size, hidden_size, intermediate_size,
 // layers, heads, kv heads, positions).
-inline void check_sizes(const LmConfig& c, const std::string& where, const std::array<const char*, 7>& keys) {
-  const std::int64_t values[] = {c.vocab_size,          c.hidden_size,         c.intermediate_size,
-                                 c.num_hidden_layers,   c.num_attention_heads, c.num_key_value_heads,
-                                 c.max_position_embeddings};
-  for (std::size_t i = 0; i < keys.size(); ++i)
-    if (values[i] < 1)
-      throw config_error(where + ": \"" + std::string(keys[i]) + "\" is " + std::to_string(values[i]) + "; it must be >= 1",
-                         "give the model's config.json as transformers wrote it");
-  if (c.hidden_size % c.num_attention_heads != 0 || c.num_attention_heads % c.num_key_value_heads != 0)
-    throw config_error(where + ": " + keys[1] + " " + std::to_string(c.hidden_size) + ", " + keys[4] + " " +
-                           std::to_string(c.num_attention_heads) + " and " + keys[5] + " " +
-                           std::to_string(c.num_key_value_heads) + " do not divide",
-                       std::string("the head count must divide the width (and the key/value heads the heads)"));
-}
+DTRAIN_DECL void check_sizes(const LmConfig& c, const std::string& where, const std::array<const char*, 7>& keys);
 
 // GPT-2's config.json: n_embd, n_layer, n_head, n_positions, n_inner.
-inline LmConfig parse_gpt2(const nlohmann::ordered_json& j, const std::string& where) {
-  LmConfig c;
-  c.model_type = "gpt2";
-  c.json = j;
-  c.vocab_size = number<std::int64_t>(j, where, "vocab_size");
-  c.hidden_size = number<std::int64_t>(j, where, "n_embd");
-  const std::int64_t inner = 4 * c.hidden_size;
-  c.intermediate_size = number<std::int64_t>(j, where, "n_inner", &inner);
-  c.num_hidden_layers = number<std::int64_t>(j, where, "n_layer");
-  c.num_attention_heads = c.num_key_value_heads = number<std::int64_t>(j, where, "n_head");
-  c.max_position_embeddings = number<std::int64_t>(j, where, "n_positions");
-  const float eps = 1e-5f;
-  c.norm_eps = number<float>(j, where, "layer_norm_epsilon", &eps);
-  c.rope_theta = 0.f;  // learned positions
-  c.qkv_bias = c.out_bias = true;
-  c.tie_word_embeddings = flag(j, "tie_word_embeddings", true);  // GPT-2's default
-  check_sizes(c, where, {"vocab_size", "n_embd", "n_inner", "n_layer", "n_head", "n_head", "n_positions"});
-  auto unsupported = [&](const std::string& what, const std::string& fix) {
-    throw config_error(where + ": " + what + " is not supported", fix);
-  };
-  const std::string act = j.contains("activation_function") && j.at("activation_function").is_string()
-                              ? j.at("activation_function").get<std::string>()
-                              : "gelu_new";
-  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-    unsupported("activation_function \"" + act + "\"", "dtrain's GPT-2 MLP uses the tanh GELU (\"gelu_new\")");
-  if (!flag(j, "scale_attn_weights", true))
-    unsupported("scale_attn_weights false", "use a model that scales attention by 1/sqrt(head_dim)");
-  if (flag(j, "scale_attn_by_inverse_layer_idx", false))
-    unsupported("scale_attn_by_inverse_layer_idx true", "use a model without per-layer attention scaling");
-  if (flag(j, "add_cross_attention", false))
-    unsupported("add_cross_attention true", "use a decoder-only GPT-2 (no cross-attention)");
-  return c;
-}
+DTRAIN_DECL LmConfig parse_gpt2(const nlohmann::ordered_json& j, const std::string& where);
 
 }  // namespace detail
 
 // Checks and reads a parsed config; `where` names it in errors.
-inline LmConfig parse_config(const nlohmann::ordered_json& j, const std::string& where) {
-  if (!j.is_object()) throw config_error(where + ": not a JSON object", "give the model's config.json");
-  const std::string type = j.contains("model_type") && j.at("model_type").is_string() ? j.at("model_type").get<std::string>() : "";
-  if (type != "gpt2" && type != "llama" && type != "mistral" && type != "qwen2")
-    throw config_error(where + ": model_type \"" + type + "\" is not supported (supported: " + detail::supported_types() + ")",
-                       "fine-tune one of the supported architectures");
-  if (type == "gpt2") return detail::parse_gpt2(j, where);
-  LmConfig c;
-  c.model_type = type;
-  c.json = j;
-  c.vocab_size = detail::number<std::int64_t>(j, where, "vocab_size");
-  c.hidden_size = detail::number<std::int64_t>(j, where, "hidden_size");
-  c.intermediate_size = detail::number<std::int64_t>(j, where, "intermediate_size");
-  c.num_hidden_layers = detail::number<std::int64_t>(j, where, "num_hidden_layers");
-  c.num_attention_heads = detail::number<std::int64_t>(j, where, "num_attention_heads");
-  c.num_key_value_heads = detail::number<std::int64_t>(j, where, "num_key_value_heads", &c.num_attention_heads);
-  c.max_position_embeddings = detail::number<std::int64_t>(j, where, "max_position_embeddings");
-  const float eps = 1e-6f, theta = 10000.f;
-  c.norm_eps = detail::number<float>(j, where, "rms_norm_eps", &eps);
-  c.rope_theta = detail::number<float>(j, where, "rope_theta", &theta);
-  const bool attention_bias = detail::flag(j, "attention_bias", false);
-  c.qkv_bias = type == "qwen2" || attention_bias;
-  c.out_bias = type != "qwen2" && attention_bias;
-  c.tie_word_embeddings = detail::flag(j, "tie_word_embeddings", false);  // transformers' default for all three
-
-  auto unsupported = [&](const std::string& what, const std::string& fix) {
-    throw config_error(where + ": " + what + " is not supported", fix);
-  };
-  detail::check_sizes(c, where, {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                 "num_attention_heads", "num_key_value_heads", "max_position_embeddings"});
-  if (j.contains("head_dim") && !j.at("head_dim").is_null() &&
-      detail::number<std::int64_t>(j, where, "head_dim") != c.head_dim())
-    unsupported("head_dim " + j.at("head_dim").dump() + " other than hidden_size / num_attention_heads (" +
-                    std::to_string(c.head_dim()) + ")",
-                "use a model whose head_dim is hidden_size / num_attention_heads");
-  const std::string act = j.contains("hidden_act") && j.at("hidden_act").is_string() ? j.at("hidden_act").get<std::string>() : "silu";
-  if (act != "silu") unsupported("hidden_act \"" + act + "\"", "dtrain's Llama-family MLP is SwiGLU (hidden_act \"silu\")");
-  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
-    unsupported("rope_scaling " + j.at("rope_scaling").dump(),
-                "use a model without rope_scaling (Llama 3.1+ long-context scaling is not implemented)");
-  if (detail::flag(j, "mlp_bias", false)) unsupported("mlp_bias true", "use a model without MLP biases");
-  if (type == "mistral" && j.contains("sliding_window") && !j.at("sliding_window").is_null() &&
-      detail::number<std::int64_t>(j, where, "sliding_window") < c.max_position_embeddings)
-    unsupported("sliding_window " + j.at("sliding_window").dump(),
-                "use a model without a sliding window (sliding_window null), or one at least max_position_embeddings");
-  if (type == "qwen2" && detail::flag(j, "use_sliding_window", false))
-    unsupported("use_sliding_window true", "use a model with use_sliding_window false");
-  return c;
-}
+DTRAIN_DECL LmConfig parse_config(const nlohmann::ordered_json& j, const std::string& where);
 
 // Reads and checks `path` (a config.json, or the directory holding one).
-inline LmConfig read_config(std::filesystem::path path) {
-  if (std::filesystem::is_directory(path)) path /= "config.json";
-  std::ifstream in(path);
-  if (!in)
-    throw config_error("cannot read the model config \"" + path.string() + "\"",
-                       "give a transformers model directory (config.json and model.safetensors) or its config.json");
-  nlohmann::ordered_json j;
-  try {
-    j = nlohmann::ordered_json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw config_error("\"" + path.string() + "\" is not valid JSON: " + e.what(), "give the model's config.json");
-  }
-  return parse_config(j, "\"" + path.string() + "\"");
-}
+DTRAIN_DECL LmConfig read_config(std::filesystem::path path);
 
 }  // namespace dtrain::hf
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/hf/config.ipp"
+#endif

@@ -88,38 +88,7 @@ struct BucketOptions {
 
 class ModelLayout {
  public:
-  explicit ModelLayout(const std::vector<std::vector<ParamSpec>>& unit_params, std::size_t shards = 1)
-      : shards_(shards) {
-    if (shards < 1) throw config_error("ModelLayout: the shard count must be >= 1");
-    units_.resize(unit_params.size());
-    for (std::size_t u = unit_params.size(); u-- > 0;) {
-      UnitSlots& slots = units_[u];
-      slots.train_offset = train_total_;
-      slots.frozen_offset = frozen_total_;
-      for (std::size_t i = 0; i < unit_params[u].size(); ++i) {
-        const ParamSpec& spec = unit_params[u][i];
-        validate(spec, u);
-        if (!spec.tied_to.empty()) {
-          ties_.push_back({std::to_string(u) + "." + spec.name, u, i, spec.tied_to, 0, 0, spec});
-          continue;
-        }
-        ParamSlot slot{std::to_string(u) + "." + spec.name, u, i, spec, 0};
-        const auto n = static_cast<std::size_t>(spec.numel());
-        std::size_t& size = spec.trainable ? slots.train_size : slots.frozen_size;
-        slot.offset = (spec.trainable ? slots.train_offset : slots.frozen_offset) + size;
-        size += n;
-        slots.params.push_back(std::move(slot));
-      }
-      slots.train_padded = round_up(slots.train_size);
-      slots.frozen_padded = round_up(slots.frozen_size);
-      train_total_ += slots.train_padded;
-      frozen_total_ += slots.frozen_padded;
-      train_numel_ += slots.train_size;
-      frozen_numel_ += slots.frozen_size;
-    }
-    std::reverse(ties_.begin(), ties_.end());  // unit order
-    for (TiedSlot& t : ties_) resolve(t);
-  }
+  DTRAIN_DECL explicit ModelLayout(const std::vector<std::vector<ParamSpec>>& unit_params, std::size_t shards = 1);
 
   const std::vector<UnitSlots>& units() const { return units_; }
   std::size_t shards() const { return shards_; }

@@ -47,6 +47,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/device/host.hpp"
@@ -111,10 +112,7 @@ class OffloadBuffer {
 template <class Dev>
 class OffloadArena {
  public:
-  OffloadArena(Dev& dev, offload_kind kind) : kind_(kind), copies_(dev) {
-    if (kind == offload_kind::none)
-      throw error("OffloadArena without an offload", "construct one only when something is offloaded");
-  }
+  OffloadArena(Dev& dev, offload_kind kind);
   OffloadArena(const OffloadArena&) = delete;
   OffloadArena& operator=(const OffloadArena&) = delete;
 
@@ -155,92 +153,24 @@ class OffloadArena {
   // dropped from memory, so the state's footprint in RAM stays bounded.
 
   // Checks `dir` (exists, a directory, writable) and keeps the state there.
-  void use_state_dir(const std::filesystem::path& dir) {
-    std::error_code ec;
-    if (!std::filesystem::is_directory(dir, ec))
-      throw config_error("offload directory '" + dir.string() + "' does not exist or is not a directory",
-                         "create it on a local NVMe disk, or fix offload=nvme:DIR");
-    if (::access(dir.c_str(), W_OK | X_OK) != 0)
-      throw config_error("offload directory '" + dir.string() + "' is not writable (" + std::strerror(errno) + ")",
-                         "choose a directory this user can write, on a local disk");
-    state_dir_ = dir;
-  }
+  void use_state_dir(const std::filesystem::path& dir);
   bool state_on_disk() const { return !state_dir_.empty(); }
   const std::filesystem::path& state_dir() const { return state_dir_; }
   // Bytes of optimizer state held in files.
   std::size_t disk_bytes() const { return disk_bytes_; }
 
   // Fails before anything is written when `dir` lacks `bytes` of free space.
-  void check_state_space(std::size_t bytes) const {
-    struct statvfs fs {};
-    if (::statvfs(state_dir_.c_str(), &fs) != 0) return;  // the allocation below reports it
-    const auto free_bytes = static_cast<std::size_t>(fs.f_bavail) * static_cast<std::size_t>(fs.f_frsize);
-    if (free_bytes < bytes)
-      throw config_error("offload directory '" + state_dir_.string() + "' has " + std::to_string(free_bytes) +
-                             " bytes free, and this rank's optimizer state needs " + std::to_string(bytes),
-                         "free space there, point offload=nvme:DIR at a larger local disk, or use more ranks with a "
-                         "sharded strategy");
-  }
+  void check_state_space(std::size_t bytes) const;
 
   // n zero floats in a file of state_dir(), mapped (see above).
-  StateStorage allocate_state_file(std::size_t n) {
-    const std::size_t bytes = n * sizeof(float);
-    std::string name = (state_dir_ / "dtrain-optimizer-state-XXXXXX").string();
-    const int fd = ::mkstemp(name.data());
-    if (fd < 0)
-      throw config_error("offload: cannot create a file in '" + state_dir_.string() + "' (" + std::strerror(errno) + ")",
-                         "check that the directory is writable and not full");
-    ::unlink(name.c_str());
-    if (bytes == 0) {
-      ::close(fd);
-      return {};
-    }
-    if (const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0) {
-      ::close(fd);
-      throw config_error("offload: reserving " + std::to_string(bytes) + " bytes of optimizer state in '" +
-                             state_dir_.string() + "' failed (" + std::strerror(rc) + ")",
-                         "free space there or point offload=nvme:DIR at a larger local disk");
-    }
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      const int e = errno;
-      ::close(fd);
-      throw error("offload: mapping " + std::to_string(bytes) + " bytes of optimizer state failed (" +
-                      std::strerror(e) + ")",
-                  "raise the limits on mapped memory (ulimit -v) or offload to host memory instead");
-    }
-    ::madvise(p, bytes, MADV_SEQUENTIAL);
-    disk_bytes_ += bytes;
-    files_.push_back({fd, p, bytes});
-    auto* files = &files_;
-    std::size_t* counted = &disk_bytes_;
-    return {static_cast<float*>(p), std::shared_ptr<void>(p, [files, counted, bytes](void* q) {
-              ::munmap(q, bytes);
-              *counted -= bytes;
-              for (auto it = files->begin(); it != files->end(); ++it)
-                if (it->map == q) {
-                  ::close(it->fd);
-                  files->erase(it);
-                  break;
-                }
-            })};
-  }
+  StateStorage allocate_state_file(std::size_t n);
 
   // After an optimizer pass over file-backed state: start writing what it
   // changed (write-behind), and drop from memory what earlier passes wrote
   // and the disk has since taken. `wait`: finish the writes first and drop
   // everything, so the next pass reads all of the state from the disk
   // (what a state larger than the memory meets; the benchmark measures it).
-  void after_state_pass(bool wait = false) {
-    for (const StateFile& f : files_) {
-      if (wait) ::fdatasync(f.fd);
-      ::madvise(f.map, f.bytes, MADV_DONTNEED);  // unmapped from this process; the page cache keeps dirty data
-      ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);  // clean pages leave memory
-#if defined(__linux__)
-      ::sync_file_range(f.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-#endif
-    }
-  }
+  void after_state_pass(bool wait = false);
 
   template <class E>
   void to_host(E* host_dst, const E* dev_src, std::size_t n) { copies_.to_host(host_dst, dev_src, n); }
@@ -248,15 +178,7 @@ class OffloadArena {
   template <class E>
   void to_device(E* dev_dst, const E* host_src, std::size_t n) { copies_.to_device(dev_dst, host_src, n); }
 
-  static const char* category_name(memory_category c) {
-    switch (c) {
-      case memory_category::params: return "parameters";
-      case memory_category::grads: return "gradients";
-      case memory_category::optimizer: return "optimizer state";
-      case memory_category::master: return "master weights";
-      default: return "offload staging";
-    }
-  }
+  static const char* category_name(memory_category c);
 
  private:
   struct StateFile {
@@ -272,6 +194,103 @@ class OffloadArena {
   std::vector<StateFile> files_;
   std::size_t disk_bytes_ = 0;
 };
+
+template <class Dev>
+OffloadArena<Dev>::OffloadArena(Dev& dev, offload_kind kind) : kind_(kind), copies_(dev) {
+  if (kind == offload_kind::none)
+    throw error("OffloadArena without an offload", "construct one only when something is offloaded");
+}
+
+template <class Dev>
+auto OffloadArena<Dev>::use_state_dir(const std::filesystem::path& dir) -> void {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw config_error("offload directory '" + dir.string() + "' does not exist or is not a directory",
+                       "create it on a local NVMe disk, or fix offload=nvme:DIR");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw config_error("offload directory '" + dir.string() + "' is not writable (" + std::strerror(errno) + ")",
+                       "choose a directory this user can write, on a local disk");
+  state_dir_ = dir;
+}
+
+template <class Dev>
+auto OffloadArena<Dev>::check_state_space(std::size_t bytes) const -> void {
+  struct statvfs fs {};
+  if (::statvfs(state_dir_.c_str(), &fs) != 0) return;  // the allocation below reports it
+  const auto free_bytes = static_cast<std::size_t>(fs.f_bavail) * static_cast<std::size_t>(fs.f_frsize);
+  if (free_bytes < bytes)
+    throw config_error("offload directory '" + state_dir_.string() + "' has " + std::to_string(free_bytes) +
+                           " bytes free, and this rank's optimizer state needs " + std::to_string(bytes),
+                       "free space there, point offload=nvme:DIR at a larger local disk, or use more ranks with a "
+                       "sharded strategy");
+}
+
+template <class Dev>
+auto OffloadArena<Dev>::allocate_state_file(std::size_t n) -> StateStorage {
+  const std::size_t bytes = n * sizeof(float);
+  std::string name = (state_dir_ / "dtrain-optimizer-state-XXXXXX").string();
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0)
+    throw config_error("offload: cannot create a file in '" + state_dir_.string() + "' (" + std::strerror(errno) + ")",
+                       "check that the directory is writable and not full");
+  ::unlink(name.c_str());
+  if (bytes == 0) {
+    ::close(fd);
+    return {};
+  }
+  if (const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0) {
+    ::close(fd);
+    throw config_error("offload: reserving " + std::to_string(bytes) + " bytes of optimizer state in '" +
+                           state_dir_.string() + "' failed (" + std::strerror(rc) + ")",
+                       "free space there or point offload=nvme:DIR at a larger local disk");
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int e = errno;
+    ::close(fd);
+    throw error("offload: mapping " + std::to_string(bytes) + " bytes of optimizer state failed (" +
+                    std::strerror(e) + ")",
+                "raise the limits on mapped memory (ulimit -v) or offload to host memory instead");
+  }
+  ::madvise(p, bytes, MADV_SEQUENTIAL);
+  disk_bytes_ += bytes;
+  files_.push_back({fd, p, bytes});
+  auto* files = &files_;
+  std::size_t* counted = &disk_bytes_;
+  return {static_cast<float*>(p), std::shared_ptr<void>(p, [files, counted, bytes](void* q) {
+            ::munmap(q, bytes);
+            *counted -= bytes;
+            for (auto it = files->begin(); it != files->end(); ++it)
+              if (it->map == q) {
+                ::close(it->fd);
+                files->erase(it);
+                break;
+              }
+          })};
+}
+
+template <class Dev>
+auto OffloadArena<Dev>::after_state_pass(bool wait) -> void {
+  for (const StateFile& f : files_) {
+    if (wait) ::fdatasync(f.fd);
+    ::madvise(f.map, f.bytes, MADV_DONTNEED);  // unmapped from this process; the page cache keeps dirty data
+    ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);  // clean pages leave memory
+#if defined(__linux__)
+    ::sync_file_range(f.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+#endif
+  }
+}
+
+template <class Dev>
+auto OffloadArena<Dev>::category_name(memory_category c) -> const char* {
+  switch (c) {
+    case memory_category::params: return "parameters";
+    case memory_category::grads: return "gradients";
+    case memory_category::optimizer: return "optimizer state";
+    case memory_category::master: return "master weights";
+    default: return "offload staging";
+  }
+}
 
 // What a strategy class says it can offload: `static constexpr offload_kind
 // max_offload` (none when it does not declare it). params includes optimizer.
@@ -293,5 +312,8 @@ struct offload_strategy_diagnostic {
                 "max_offload` (offload/arena.hpp says what offloading asks of a strategy)");
 };
 }  // namespace detail
+
+// Compiled once, in dtrain::runtime, under separate compilation.
+DTRAIN_INSTANTIATE(class OffloadArena<Host>)
 
 }  // namespace dtrain

@@ -63,57 +63,8 @@ class FlatOptimizer {
   // device's allocator.
   template <Optimizer Opt>
   FlatOptimizer(Dev& dev, Opt config, std::size_t size, std::vector<GroupRate> groups = {},
-                const std::vector<std::uint8_t>& element_groups = {}, const StateAllocator& state_allocator = {})
-      : dev_(dev), size_(size), name_(Opt::name), base_lr_(config.lr) {
-    config.validate();
-    if (groups.empty()) groups.push_back({1.f, config.weight_decay});
-    if (groups.size() > max_param_groups)
-      throw config_error(std::to_string(groups.size()) + " parameter groups", "use at most " +
-                                                                                   std::to_string(max_param_groups));
-    if (!element_groups.empty() && element_groups.size() != size)
-      throw config_error("FlatOptimizer: " + std::to_string(element_groups.size()) + " group ids for " +
-                             std::to_string(size) + " elements",
-                         "give one group id per element of the flat, or none");
-    for (const auto id : element_groups)
-      if (id >= groups.size())
-        throw config_error("FlatOptimizer: group id " + std::to_string(id) + " with " +
-                               std::to_string(groups.size()) + " groups",
-                           "ids index the groups given");
-    groups_ = std::move(groups);
-    for (const std::string_view n : config.state_names()) {
-      state_names_.emplace_back(n);
-      if (state_allocator) {
-        StateStorage st = state_allocator(size);
-        state_ptrs_.push_back(st.data);
-        state_owners_.push_back(std::move(st.owner));
-      } else {
-        states_.push_back(make_buffer<float>(dev_, size, zero_init, memory_category::optimizer));
-        state_ptrs_.push_back(states_.back().data());
-      }
-    }
-    if (state_names_.size() > Opt::max_states)
-      throw config_error(std::string(Opt::name) + " names " + std::to_string(state_names_.size()) +
-                             " state buffers but declares max_states = " + std::to_string(Opt::max_states),
-                         "make state_names() and max_states agree");
-    if (groups_.size() > 1 && size > 0) {
-      const std::vector<std::uint8_t> ids = element_groups.empty() ? std::vector<std::uint8_t>(size) : element_groups;
-      if constexpr (Dev::host_accessible) {
-        // On the host, runs of one group each: every run's pass is the
-        // one-group loop, which vectorises (a per-element table lookup
-        // does not).
-        for (std::size_t i = 0; i < size;) {
-          std::size_t j = i;
-          while (j < size && ids[j] == ids[i]) ++j;
-          runs_.push_back({i, j - i, ids[i]});
-          i = j;
-        }
-      } else {
-        ids_ = make_buffer<std::uint8_t>(dev_, size, memory_category::optimizer);
-        dev_.copy_from_host(ids_.data(), ids.data(), size);
-      }
-    }
-    impl_ = std::make_unique<Model<Opt>>(std::move(config));
-  }
+                const std::vector<std::uint8_t>& element_groups = {}, const StateAllocator& state_allocator = {});
+
 
   std::string_view name() const { return name_; }
   std::size_t size() const { return size_; }
@@ -232,6 +183,62 @@ class FlatOptimizer {
 };
 
 template <class Dev>
+template <Optimizer Opt>
+FlatOptimizer<Dev>::FlatOptimizer(Dev& dev, Opt config, std::size_t size, std::vector<GroupRate> groups,
+                                  const std::vector<std::uint8_t>& element_groups,
+                                  const StateAllocator& state_allocator)
+    : dev_(dev), size_(size), name_(Opt::name), base_lr_(config.lr) {
+  config.validate();
+  if (groups.empty()) groups.push_back({1.f, config.weight_decay});
+  if (groups.size() > max_param_groups)
+    throw config_error(std::to_string(groups.size()) + " parameter groups", "use at most " +
+                                                                                 std::to_string(max_param_groups));
+  if (!element_groups.empty() && element_groups.size() != size)
+    throw config_error("FlatOptimizer: " + std::to_string(element_groups.size()) + " group ids for " +
+                           std::to_string(size) + " elements",
+                       "give one group id per element of the flat, or none");
+  for (const auto id : element_groups)
+    if (id >= groups.size())
+      throw config_error("FlatOptimizer: group id " + std::to_string(id) + " with " +
+                             std::to_string(groups.size()) + " groups",
+                         "ids index the groups given");
+  groups_ = std::move(groups);
+  for (const std::string_view n : config.state_names()) {
+    state_names_.emplace_back(n);
+    if (state_allocator) {
+      StateStorage st = state_allocator(size);
+      state_ptrs_.push_back(st.data);
+      state_owners_.push_back(std::move(st.owner));
+    } else {
+      states_.push_back(make_buffer<float>(dev_, size, zero_init, memory_category::optimizer));
+      state_ptrs_.push_back(states_.back().data());
+    }
+  }
+  if (state_names_.size() > Opt::max_states)
+    throw config_error(std::string(Opt::name) + " names " + std::to_string(state_names_.size()) +
+                           " state buffers but declares max_states = " + std::to_string(Opt::max_states),
+                       "make state_names() and max_states agree");
+  if (groups_.size() > 1 && size > 0) {
+    const std::vector<std::uint8_t> ids = element_groups.empty() ? std::vector<std::uint8_t>(size) : element_groups;
+    if constexpr (Dev::host_accessible) {
+      // On the host, runs of one group each: every run's pass is the
+      // one-group loop, which vectorises (a per-element table lookup
+      // does not).
+      for (std::size_t i = 0; i < size;) {
+        std::size_t j = i;
+        while (j < size && ids[j] == ids[i]) ++j;
+        runs_.push_back({i, j - i, ids[i]});
+        i = j;
+      }
+    } else {
+      ids_ = make_buffer<std::uint8_t>(dev_, size, memory_category::optimizer);
+      dev_.copy_from_host(ids_.data(), ids.data(), size);
+    }
+  }
+  impl_ = std::make_unique<Model<Opt>>(std::move(config));
+}
+
+template <class Dev>
 template <class Opt>
 void FlatOptimizer<Dev>::Model<Opt>::step(FlatOptimizer& o, const Pass<float>& p) const {
   o.run(config, p);
@@ -249,15 +256,13 @@ void FlatOptimizer<Dev>::Model<Opt>::step(FlatOptimizer& o, const Pass<fp16>& p)
 
 // The built-in optimizers' host passes (every precision, every ISA level):
 // compiled once into dtrain::runtime under separate compilation.
-#define DTRAIN_FLAT_OPTIMIZER_INSTANCES(EXTERN)                 \
-  EXTERN template struct FlatOptimizer<Host>::Model<AdamW>; \
-  EXTERN template struct FlatOptimizer<Host>::Model<SGD>;   \
-  EXTERN template struct FlatOptimizer<Host>::Model<Lion>;
-#if DTRAIN_EXTERN_INSTANCES
-DTRAIN_FLAT_OPTIMIZER_INSTANCES(extern)
-#elif defined(DTRAIN_RUNTIME_SOURCE)
-DTRAIN_FLAT_OPTIMIZER_INSTANCES()
-#endif
+#define DTRAIN_FLAT_OPTIMIZER_INSTANCES(Opt)                                                               \
+  DTRAIN_INSTANTIATE(struct FlatOptimizer<Host>::Model<Opt>)                                             \
+  DTRAIN_INSTANTIATE(FlatOptimizer<Host>::FlatOptimizer(Host&, Opt, std::size_t, std::vector<GroupRate>, \
+                                                        const std::vector<std::uint8_t>&, const StateAllocator&))
+DTRAIN_FLAT_OPTIMIZER_INSTANCES(AdamW)
+DTRAIN_FLAT_OPTIMIZER_INSTANCES(SGD)
+DTRAIN_FLAT_OPTIMIZER_INSTANCES(Lion)
 #undef DTRAIN_FLAT_OPTIMIZER_INSTANCES
 
 }  // namespace dtrain

@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/model/layout.hpp"
@@ -44,9 +45,7 @@ struct ParamGroup {
 
 // Biases and normalisation gains without weight decay: what GPT-2, Llama and
 // BERT recipes do.
-inline ParamGroup no_decay_group() {
-  return {.name = "no_decay", .params = {"tag:bias", "tag:norm"}, .weight_decay = 0.f};
-}
+DTRAIN_DECL ParamGroup no_decay_group();
 
 // A group as resolved against a model: its absolute settings and members.
 struct GroupSettings {
@@ -58,38 +57,9 @@ struct GroupSettings {
 
 namespace detail {
 // Glob match with `*` and `?` (iterative, backtracking to the last star).
-inline bool glob_match(std::string_view pattern, std::string_view text) {
-  std::size_t p = 0, t = 0, star = std::string_view::npos, resume = 0;
-  while (t < text.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
-      ++p, ++t;
-    } else if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      resume = t;
-    } else if (star != std::string_view::npos) {
-      p = star + 1;
-      t = ++resume;
-    } else {
-      return false;
-    }
-  }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
-}
+DTRAIN_DECL bool glob_match(std::string_view pattern, std::string_view text);
 
-inline bool selects(const ParamGroup& g, const ParamSlot& slot) {
-  if (g.where && g.where(slot)) return true;
-  for (const std::string& sel : g.params) {
-    if (sel.starts_with("tag:")) {
-      const std::string_view tag = std::string_view(sel).substr(4);
-      for (const std::string& t : slot.spec.tags)
-        if (t == tag) return true;
-    } else if (glob_match(sel, slot.name)) {
-      return true;
-    }
-  }
-  return false;
-}
+DTRAIN_DECL bool selects(const ParamGroup& g, const ParamSlot& slot);
 }  // namespace detail
 
 // Which group each stored parameter is in. groups[0] is the default group;
@@ -169,3 +139,7 @@ std::vector<std::uint8_t> element_groups(const ModelLayout& layout, const GroupP
 }
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/optim/param_groups.ipp"
+#endif

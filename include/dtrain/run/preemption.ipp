@@ -26,3 +26,22 @@ DTRAIN_DECL PreemptionWatch::~PreemptionWatch() {
   for (std::size_t i = 0; i < h.signals.size(); ++i) ::sigaction(h.signals[i], &h.previous[i], nullptr);
 }
 }  // namespace dtrain
+
+namespace dtrain {
+
+DTRAIN_DECL PreemptionWatch::PreemptionWatch(const std::vector<int>& signals) {
+  auto& h = detail::preemption_handlers();
+  std::lock_guard lock(h.mu);
+  if (h.watches++ != 0) return;
+  detail::preemption_signal = 0;
+  h.signals = signals;
+  h.previous.assign(signals.size(), {});
+  for (std::size_t i = 0; i < signals.size(); ++i) {
+    struct sigaction sa {};
+    sa.sa_handler = detail::note_preemption;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(signals[i], &sa, &h.previous[i]);
+  }
+}
+}  // namespace dtrain

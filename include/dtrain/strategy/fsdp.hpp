@@ -47,6 +47,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/kernels/elementwise.hpp"
@@ -81,22 +83,7 @@ class FsdpStrategy {
   using options = FsdpOptions;
   static constexpr offload_kind max_offload = offload_kind::params;
 
-  static std::size_t shard_count(const World& world, const options& options) {
-    detail::check_prefetch("FsdpOptions", options.prefetch);
-    if constexpr (std::is_same_v<Mode, NoShard>) {
-      return 1;
-    } else if constexpr (std::is_same_v<Mode, HybridShard>) {
-      const int group = options.shard_group > 0 ? options.shard_group : world.local_size();
-      if (group < 1 || world.size() % group != 0)
-        throw config_error("FSDP<HybridShard>: a shard group of " + std::to_string(group) +
-                               " ranks does not divide the world of " + std::to_string(world.size()) + " ranks",
-                           "set FsdpOptions::shard_group (train_mlp: shard_group=K) to a divisor of the world "
-                           "size; the default is the ranks of one node");
-      return static_cast<std::size_t>(group);
-    } else {
-      return static_cast<std::size_t>(world.size());
-    }
-  }
+  static std::size_t shard_count(const World& world, const options& options);
 
   FsdpStrategy(const StrategyContext<Dev>& ctx, const options& opts)
       : dev_(ctx.dev),
@@ -128,47 +115,17 @@ class FsdpStrategy {
   }
 
   void before_forward(std::size_t u, int k) { use(u, false, k); }
-  void after_forward(std::size_t u, int) {
-    if (reshard_after_forward && u != last_params_unit_) release(u);
-  }
-  void before_backward(std::size_t u, int k) {
-    use(u, true, k);
-    const auto& unit = layout_.units()[u];
-    if (!unit.has_params()) return;
-    T* grad = nullptr;  // frozen-only units get empty gradient views
-    if (unit.train_size) {
-      if constexpr (std::is_same_v<T, R>) grad = reducer_.input(u);
-      else grad = unit_grad_.data();
-    }
-    UnitState& st = units_[u];
-    Slot& slot = slots_[static_cast<std::size_t>(st.slot)];
-    detail::unit_views(unit, slot.train.data(), slot.frozen.data(), st.views, &st.grad_views, grad);
-  }
-  void after_backward(std::size_t u, int k) {
-    const auto& unit = layout_.units()[u];
-    if (unit.train_size) {
-      if constexpr (!std::is_same_v<T, R>)
-        dev_.for_each(unit.train_size, Cast<T, R>{unit_grad_.data(), reducer_.input(u)});
-      reducer_.submit(u, k);
-    }
-    if (unit.has_params() && (reshard_after_forward || k == last_micro_batch_)) release(u);
-  }
+  void after_forward(std::size_t u, int);
+  void before_backward(std::size_t u, int k);
+  void after_backward(std::size_t u, int k);
   UnitParams<const T> params(std::size_t u) const { return units_[u].const_views; }
   UnitParams<T> grads(std::size_t u) const { return units_[u].grad_views; }
 
   void finish_gradients() { reducer_.drain(); }
 
-  double grad_norm_squared() {
-    const std::size_t n = params_.size();
-    double local = 0.0;
-    if (n && offload_) local = offload_->host().sum(n, SquaredNorm<float>{host_grad_.data()});
-    else if (n) local = dev_.sum(n, SquaredNorm<float>{grad_shard_.data()});
-    return groups_.sum_over_shard(local);
-  }
+  double grad_norm_squared();
 
-  OwnedFlat<T> owned() {
-    return {params_.master(), grad_data(), params_.param_out(), params_.size(), offload_ != nullptr};
-  }
+  OwnedFlat<T> owned();
   // Not offloaded, the next gather casts the updated master shards;
   // offloaded, the updated compute-dtype shards go up (or wait for their gather).
   void after_optimizer() { params_.after_update(); }
@@ -180,19 +137,7 @@ class FsdpStrategy {
 
   // This rank's shard of every unit; copy 0 of each shard (the first shard
   // group) writes it.
-  Ownership ownership() const {
-    Ownership o;
-    const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
-    const bool writer = groups_.replica_index() == 0;
-    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
-      const auto& unit = layout_.units()[u];
-      if (const auto r = shard_range(unit.train_size, unit.train_padded / G, g); r.second)
-        o.trainable.push_back({u, r.first, r.second, unit.train_offset / G, writer});
-      if (const auto r = shard_range(unit.frozen_size, unit.frozen_padded / G, g); r.second)
-        o.frozen.push_back({u, r.first, r.second, unit.frozen_offset / G, writer});
-    }
-    return o;
-  }
+  Ownership ownership() const;
 
   const ShardGroups<Dev>& groups() const { return groups_; }
   // Gathered units alive at once at most so far (the buffers never shrink).
@@ -216,62 +161,17 @@ class FsdpStrategy {
   };
 
   // [first, first + count): the real (unpadded) part of shard g of a segment.
-  static std::pair<std::size_t, std::size_t> shard_range(std::size_t size, std::size_t s, std::size_t g) {
-    const std::size_t first = std::min(size, g * s);
-    return {first, std::min(size, first + s) - first};
-  }
+  static std::pair<std::size_t, std::size_t> shard_range(std::size_t size, std::size_t s, std::size_t g);
 
   // Unit u is about to compute: its parameters gathered, the next uses
   // prefetched, its gather joined.
-  void use(std::size_t u, bool backward, int k) {
-    if (!layout_.units()[u].has_params()) return;
-    if (units_[u].slot < 0 && !issue_gather(u))
-      throw error("FSDP: no gathered buffer free for unit " + std::to_string(u) + " (internal limit " +
-                      std::to_string(live_limit_) + ")",
-                  "report this as a dtrain bug");
-    detail::look_ahead(layout_, detail::use_position(layout_.units().size(), u, backward), k < last_micro_batch_, prefetch_,
-                       [&](std::size_t v) { return units_[v].slot < 0; },
-                       [&](std::size_t v) { return issue_gather(v); });
-    if (units_[u].gathering) {
-      units_[u].gather.join(dev_);
-      units_[u].gathering = false;
-    }
-  }
+  void use(std::size_t u, bool backward, int k);
 
-  bool issue_gather(std::size_t u) {
-    const std::ptrdiff_t i = acquire();
-    if (i < 0) return false;
-    Slot& slot = slots_[static_cast<std::size_t>(i)];
-    const auto& unit = layout_.units()[u];
-    detail::grow_unit_buffer<Dev, T>(dev_, slot.train, unit.train_padded);
-    detail::grow_unit_buffer<Dev, T>(dev_, slot.frozen, unit.frozen_padded);
-    UnitState& st = units_[u];
-    st.slot = i;
-    st.gather = params_.gather(u, slot.train.data(), slot.frozen.data());
-    st.gathering = true;
-    ++gathers_issued_;
-    detail::unit_views(unit, slot.train.data(), slot.frozen.data(), st.views);
-    st.const_views = detail::as_const(st.views);
-    return true;
-  }
+  bool issue_gather(std::size_t u);
 
-  std::ptrdiff_t acquire() {
-    for (std::size_t i = 0; i < slots_.size(); ++i)
-      if (!slots_[i].busy) {
-        slots_[i].busy = true;
-        return static_cast<std::ptrdiff_t>(i);
-      }
-    if (slots_.size() >= live_limit_) return -1;
-    slots_.emplace_back().busy = true;
-    return static_cast<std::ptrdiff_t>(slots_.size() - 1);
-  }
+  std::ptrdiff_t acquire();
 
-  void release(std::size_t u) {
-    UnitState& st = units_[u];
-    if (st.slot < 0) return;
-    slots_[static_cast<std::size_t>(st.slot)].busy = false;
-    st.slot = -1;
-  }
+  void release(std::size_t u);
 
   float* grad_data() { return offload_ ? host_grad_.data() : grad_shard_.data(); }
 
@@ -294,9 +194,156 @@ class FsdpStrategy {
   buffer<T> unit_grad_;  // T != R: what backward writes before the cast into the reducer
 };
 
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::shard_count(const World& world, const options& options) -> std::size_t {
+  detail::check_prefetch("FsdpOptions", options.prefetch);
+  if constexpr (std::is_same_v<Mode, NoShard>) {
+    return 1;
+  } else if constexpr (std::is_same_v<Mode, HybridShard>) {
+    const int group = options.shard_group > 0 ? options.shard_group : world.local_size();
+    if (group < 1 || world.size() % group != 0)
+      throw config_error("FSDP<HybridShard>: a shard group of " + std::to_string(group) +
+                             " ranks does not divide the world of " + std::to_string(world.size()) + " ranks",
+                         "set FsdpOptions::shard_group (train_mlp: shard_group=K) to a divisor of the world "
+                         "size; the default is the ranks of one node");
+    return static_cast<std::size_t>(group);
+  } else {
+    return static_cast<std::size_t>(world.size());
+  }
+}
+
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::after_forward(std::size_t u, int) -> void {
+  if (reshard_after_forward && u != last_params_unit_) release(u);
+}
+
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::before_backward(std::size_t u, int k) -> void {
+  use(u, true, k);
+  const auto& unit = layout_.units()[u];
+  if (!unit.has_params()) return;
+  T* grad = nullptr;  // frozen-only units get empty gradient views
+  if (unit.train_size) {
+    if constexpr (std::is_same_v<T, R>) grad = reducer_.input(u);
+    else grad = unit_grad_.data();
+  }
+  UnitState& st = units_[u];
+  Slot& slot = slots_[static_cast<std::size_t>(st.slot)];
+  detail::unit_views(unit, slot.train.data(), slot.frozen.data(), st.views, &st.grad_views, grad);
+}
+
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::after_backward(std::size_t u, int k) -> void {
+  const auto& unit = layout_.units()[u];
+  if (unit.train_size) {
+    if constexpr (!std::is_same_v<T, R>)
+      dev_.for_each(unit.train_size, Cast<T, R>{unit_grad_.data(), reducer_.input(u)});
+    reducer_.submit(u, k);
+  }
+  if (unit.has_params() && (reshard_after_forward || k == last_micro_batch_)) release(u);
+}
+
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::grad_norm_squared() -> double {
+  const std::size_t n = params_.size();
+  double local = 0.0;
+  if (n && offload_) local = offload_->host().sum(n, SquaredNorm<float>{host_grad_.data()});
+  else if (n) local = dev_.sum(n, SquaredNorm<float>{grad_shard_.data()});
+  return groups_.sum_over_shard(local);
+}
+
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::owned() -> OwnedFlat<T> {
+  return {params_.master(), grad_data(), params_.param_out(), params_.size(), offload_ != nullptr};
+}
+
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::ownership() const -> Ownership {
+  Ownership o;
+  const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
+  const bool writer = groups_.replica_index() == 0;
+  for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+    const auto& unit = layout_.units()[u];
+    if (const auto r = shard_range(unit.train_size, unit.train_padded / G, g); r.second)
+      o.trainable.push_back({u, r.first, r.second, unit.train_offset / G, writer});
+    if (const auto r = shard_range(unit.frozen_size, unit.frozen_padded / G, g); r.second)
+      o.frozen.push_back({u, r.first, r.second, unit.frozen_offset / G, writer});
+  }
+  return o;
+}
+
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::shard_range(std::size_t size, std::size_t s, std::size_t g) -> std::pair<std::size_t, std::size_t> {
+  const std::size_t first = std::min(size, g * s);
+  return {first, std::min(size, first + s) - first};
+}
+
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::use(std::size_t u, bool backward, int k) -> void {
+  if (!layout_.units()[u].has_params()) return;
+  if (units_[u].slot < 0 && !issue_gather(u))
+    throw error("FSDP: no gathered buffer free for unit " + std::to_string(u) + " (internal limit " +
+                    std::to_string(live_limit_) + ")",
+                "report this as a dtrain bug");
+  detail::look_ahead(layout_, detail::use_position(layout_.units().size(), u, backward), k < last_micro_batch_, prefetch_,
+                     [&](std::size_t v) { return units_[v].slot < 0; },
+                     [&](std::size_t v) { return issue_gather(v); });
+  if (units_[u].gathering) {
+    units_[u].gather.join(dev_);
+    units_[u].gathering = false;
+  }
+}
+
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::issue_gather(std::size_t u) -> bool {
+  const std::ptrdiff_t i = acquire();
+  if (i < 0) return false;
+  Slot& slot = slots_[static_cast<std::size_t>(i)];
+  const auto& unit = layout_.units()[u];
+  detail::grow_unit_buffer<Dev, T>(dev_, slot.train, unit.train_padded);
+  detail::grow_unit_buffer<Dev, T>(dev_, slot.frozen, unit.frozen_padded);
+  UnitState& st = units_[u];
+  st.slot = i;
+  st.gather = params_.gather(u, slot.train.data(), slot.frozen.data());
+  st.gathering = true;
+  ++gathers_issued_;
+  detail::unit_views(unit, slot.train.data(), slot.frozen.data(), st.views);
+  st.const_views = detail::as_const(st.views);
+  return true;
+}
+
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::acquire() -> std::ptrdiff_t {
+  for (std::size_t i = 0; i < slots_.size(); ++i)
+    if (!slots_[i].busy) {
+      slots_[i].busy = true;
+      return static_cast<std::ptrdiff_t>(i);
+    }
+  if (slots_.size() >= live_limit_) return -1;
+  slots_.emplace_back().busy = true;
+  return static_cast<std::ptrdiff_t>(slots_.size() - 1);
+}
+
+template <class Mode, class Dev, Dtype T, Dtype R>
+auto FsdpStrategy<Mode, Dev, T, R>::release(std::size_t u) -> void {
+  UnitState& st = units_[u];
+  if (st.slot < 0) return;
+  slots_[static_cast<std::size_t>(st.slot)].busy = false;
+  st.slot = -1;
+}
+
 template <class Mode, class Dev, class T, class R>
 struct strategy_impl<FSDP<Mode>, Dev, T, R> {
   using type = FsdpStrategy<Mode, Dev, T, R>;
 };
+
+// Compiled once, in dtrain::runtime, under separate compilation.
+#define DTRAIN_FSDP_INSTANCES(T, R)                                  \
+  DTRAIN_INSTANTIATE(class FsdpStrategy<FullShard, Host, T, R>)   \
+  DTRAIN_INSTANTIATE(class FsdpStrategy<ShardGradOp, Host, T, R>) \
+  DTRAIN_INSTANTIATE(class FsdpStrategy<NoShard, Host, T, R>)     \
+  DTRAIN_INSTANTIATE(class FsdpStrategy<HybridShard, Host, T, R>)
+DTRAIN_FOR_EACH_PRECISION(DTRAIN_FSDP_INSTANCES)
+#undef DTRAIN_FSDP_INSTANCES
 
 }  // namespace dtrain

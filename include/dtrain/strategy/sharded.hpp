@@ -29,6 +29,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
@@ -54,33 +56,7 @@ class ShardGroups {
   using comm_type = typename binding::comm_type;
 
   // Collective over `world`: every rank constructs it with the same group size.
-  ShardGroups(World& world, Dev& dev, comm_type& world_comm, int group_size)
-      : dev_(dev),
-        size_(group_size),
-        rank_(world.rank() % std::max(group_size, 1)),
-        replicas_(world.size() / std::max(group_size, 1)),
-        replica_index_(world.rank() / std::max(group_size, 1)) {
-    if (group_size < 1 || world.size() % group_size != 0)
-      throw config_error("a shard group of " + std::to_string(group_size) + " ranks does not divide the world of " +
-                             std::to_string(world.size()) + " ranks",
-                         "choose a shard group size that divides the world size (HybridShard's shard_group; "
-                         "the default, the ranks of one node, needs the same number of ranks on every node)");
-    if (size_ > 1 && size_ == world.size()) {
-      shard_ = &world_comm;
-    } else if (size_ > 1) {
-      shard_world_.emplace(world.split(world.rank() / size_, "shard"));
-      owned_shard_ = binding::make(*shard_world_, dev);
-      shard_ = owned_shard_.get();
-    }
-    scalar_ = make_buffer<float>(dev, 1);
-    if (replicas_ > 1 && replicas_ == world.size()) {
-      replica_ = &world_comm;
-    } else if (replicas_ > 1) {
-      replica_world_.emplace(world.split(rank_, "replica"));
-      owned_replica_ = binding::make(*replica_world_, dev);
-      replica_ = owned_replica_.get();
-    }
-  }
+  ShardGroups(World& world, Dev& dev, comm_type& world_comm, int group_size);
 
   int size() const { return size_; }          // G: ranks that split each unit
   int rank() const { return rank_; }          // g: this rank's shard index
@@ -94,16 +70,7 @@ class ShardGroups {
   // `local` summed over the shard group, in fp32, identically on every rank
   // (replicas hold equal shards, so a sum over the shard group covers the
   // model once): the squared gradient norm of a sharded model.
-  double sum_over_shard(double local) {
-    if (!shard_) return local;
-    const float f = static_cast<float>(local);
-    dev_.copy_from_host(scalar_.data(), &f, 1);
-    auto w = binding::all_reduce(*shard_, dev_, scalar_.span(), reduce_op::sum);
-    binding::join(w, dev_);
-    float total = 0.f;
-    dev_.copy_to_host(&total, scalar_.data(), 1);
-    return total;
-  }
+  double sum_over_shard(double local);
 
  private:
   Dev& dev_;
@@ -117,6 +84,42 @@ class ShardGroups {
   comm_type* replica_ = nullptr;
   typename Dev::template buffer<float> scalar_;
 };
+
+template <class Dev>
+ShardGroups<Dev>::ShardGroups(World& world, Dev& dev, comm_type& world_comm, int group_size) : dev_(dev), size_(group_size), rank_(world.rank() % std::max(group_size, 1)), replicas_(world.size() / std::max(group_size, 1)), replica_index_(world.rank() / std::max(group_size, 1)) {
+  if (group_size < 1 || world.size() % group_size != 0)
+    throw config_error("a shard group of " + std::to_string(group_size) + " ranks does not divide the world of " +
+                           std::to_string(world.size()) + " ranks",
+                       "choose a shard group size that divides the world size (HybridShard's shard_group; "
+                       "the default, the ranks of one node, needs the same number of ranks on every node)");
+  if (size_ > 1 && size_ == world.size()) {
+    shard_ = &world_comm;
+  } else if (size_ > 1) {
+    shard_world_.emplace(world.split(world.rank() / size_, "shard"));
+    owned_shard_ = binding::make(*shard_world_, dev);
+    shard_ = owned_shard_.get();
+  }
+  scalar_ = make_buffer<float>(dev, 1);
+  if (replicas_ > 1 && replicas_ == world.size()) {
+    replica_ = &world_comm;
+  } else if (replicas_ > 1) {
+    replica_world_.emplace(world.split(rank_, "replica"));
+    owned_replica_ = binding::make(*replica_world_, dev);
+    replica_ = owned_replica_.get();
+  }
+}
+
+template <class Dev>
+auto ShardGroups<Dev>::sum_over_shard(double local) -> double {
+  if (!shard_) return local;
+  const float f = static_cast<float>(local);
+  dev_.copy_from_host(scalar_.data(), &f, 1);
+  auto w = binding::all_reduce(*shard_, dev_, scalar_.span(), reduce_op::sum);
+  binding::join(w, dev_);
+  float total = 0.f;
+  dev_.copy_to_host(&total, scalar_.data(), 1);
+  return total;
+}
 
 namespace detail {
 // FsdpOptions and Zero1Options: the look-ahead of the unit all-gathers.
@@ -166,45 +169,7 @@ class ShardedParams {
   // parameters at rest (FSDP with fp32 compute), else master. With an
   // offload arena the fp32 shards and the compute-dtype shards the optimizer
   // writes live on the host; `source` says where gathers read.
-  ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed,
-                memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload = nullptr,
-                shard_source source = shard_source::master)
-      : dev_(dev), layout_(layout), groups_(groups), shard_frozen_(shard_frozen), offload_(offload),
-        source_(offload ? source : shard_source::master) {
-    if (offload && source == shard_source::master)
-      throw error("ShardedParams: an offloaded master shard cannot be cast on the device",
-                  "pass shard_source::device_shard or host_shard with an offload arena");
-    const std::size_t G = layout.shards();
-    const std::size_t n = layout.trainable_flat_size() / G;
-    if (offload_) {
-      host_master_ = offload_->template allocate<float>(n, memory_category::master);
-      host_shard_ = offload_->template allocate<T>(n, memory_category::params);
-      if (source_ == shard_source::device_shard) device_shard_ = make_buffer<T>(dev, n, memory_category::params);
-    } else {
-      master_ = make_buffer<float>(dev, n, master_category);
-    }
-    if (shard_frozen) frozen_ = make_buffer<T>(dev, layout.frozen_flat_size() / G, memory_category::params);
-    const std::size_t g = static_cast<std::size_t>(groups.rank());
-    std::vector<float> train, frozen;
-    std::vector<T> frozen_t;
-    for (const auto& unit : layout.units()) {
-      train.resize(unit.train_padded);
-      frozen.resize(unit.frozen_padded);
-      init_unit_values(unit, seed, train, frozen);
-      const std::size_t s = unit.train_padded / G;
-      if (offload_) {
-        if (s) std::memcpy(host_master_.data() + unit.train_offset / G, train.data() + g * s, s * sizeof(float));
-      } else {
-        dev.copy_from_host(master_.data() + unit.train_offset / G, train.data() + g * s, s);
-      }
-      if (!shard_frozen) continue;
-      const std::size_t f = unit.frozen_padded / G;
-      frozen_t.resize(f);
-      for (std::size_t i = 0; i < f; ++i) frozen_t[i] = dtype_cast<T>(frozen[g * f + i]);
-      dev.copy_from_host(frozen_.data() + unit.frozen_offset / G, frozen_t.data(), f);
-    }
-    if (offload_) after_load();
-  }
+  ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed, memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload = nullptr, shard_source source = shard_source::master);
 
   float* master() { return offload_ ? host_master_.data() : master_.data(); }
   std::size_t size() const { return layout_.trainable_flat_size() / layout_.shards(); }
@@ -214,65 +179,20 @@ class ShardedParams {
   T* param_out() { return offload_ ? host_shard_.data() : nullptr; }
 
   // The optimizer updated master() (and param_out()).
-  void after_update() {
-    if (source_ == shard_source::device_shard) offload_->to_device(device_shard_.data(), host_shard_.data(), size());
-  }
+  void after_update();
   // master() was overwritten (a checkpoint or pretrained weights loaded).
-  void after_load() {
-    if (!offload_) return;
-    offload_->wait_to_host();  // no upload still reads the host shards
-    if (const std::size_t n = size()) offload_->host().for_each(n, Cast<float, T>{host_master_.data(), host_shard_.data()});
-    after_update();
-  }
+  void after_load();
 
   // Starts gathering unit u: its trainable segment into train_dst and, when
   // frozen parameters are sharded, its frozen segment into frozen_dst (each
   // the padded size). This rank's shard goes into its own slot of the
   // destination (cast from the master shard, copied from the device shard,
   // or uploaded from the host), so the all-gather runs in place.
-  Gather gather(std::size_t u, T* train_dst, T* frozen_dst) {
-    const auto& unit = layout_.units()[u];
-    const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
-    Gather out;
-    if (const std::size_t s = unit.train_padded / G) {
-      const std::size_t at = unit.train_offset / G;
-      switch (source_) {
-        case shard_source::master: dev_.for_each(s, Cast<float, T>{master_.data() + at, train_dst + g * s}); break;
-        case shard_source::device_shard: dev_.copy(train_dst + g * s, device_shard_.data() + at, s); break;
-        case shard_source::host_shard: offload_->to_device(train_dst + g * s, host_shard_.data() + at, s); break;
-      }
-      out.train = all_gather(train_dst, s, unit.train_padded);
-    }
-    if (const std::size_t f = unit.frozen_padded / G; shard_frozen_ && f) {
-      dev_.copy(frozen_dst + g * f, frozen_.data() + unit.frozen_offset / G, f);
-      out.frozen = all_gather(frozen_dst, f, unit.frozen_padded);
-    }
-    return out;
-  }
+  Gather gather(std::size_t u, T* train_dst, T* frozen_dst);
 
   // Unit u's full values on the host: trainable in fp32 (from the master
   // shards), frozen in T when sharded. Collective over the shard group.
-  void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) {
-    const auto& unit = layout_.units()[u];
-    const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
-    if (const std::size_t s = unit.train_padded / G) {
-      auto full = make_buffer<float>(dev_, unit.train_padded);
-      if (offload_)
-        offload_->to_device(full.data() + g * s, host_master_.data() + unit.train_offset / G, s);
-      else
-        dev_.copy(full.data() + g * s, master_.data() + unit.train_offset / G, s);
-      auto w = all_gather(full.data(), s, unit.train_padded);
-      binding::join(w, dev_);
-      dev_.copy_to_host(train.data(), full.data(), unit.train_size);
-    }
-    if (const std::size_t f = unit.frozen_padded / G; shard_frozen_ && f) {
-      auto full = make_buffer<T>(dev_, unit.frozen_padded);
-      dev_.copy(full.data() + g * f, frozen_.data() + unit.frozen_offset / G, f);
-      auto w = all_gather(full.data(), f, unit.frozen_padded);
-      binding::join(w, dev_);
-      dev_.copy_to_host(frozen.data(), full.data(), unit.frozen_size);
-    }
-  }
+  void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen);
 
  private:
   // In-place all-gather of `full` (n elements) whose slice g*s..(g+1)*s is ours.
@@ -295,6 +215,100 @@ class ShardedParams {
   OffloadBuffer<T> host_shard_;       // offloaded: their compute-dtype copy (the optimizer's param_out)
   buffer<T> device_shard_;            // shard_source::device_shard: that copy on the device
 };
+
+template <class Dev, Dtype T>
+ShardedParams<Dev, T>::ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed, memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload, shard_source source) : dev_(dev), layout_(layout), groups_(groups), shard_frozen_(shard_frozen), offload_(offload), source_(offload ? source : shard_source::master) {
+  if (offload && source == shard_source::master)
+    throw error("ShardedParams: an offloaded master shard cannot be cast on the device",
+                "pass shard_source::device_shard or host_shard with an offload arena");
+  const std::size_t G = layout.shards();
+  const std::size_t n = layout.trainable_flat_size() / G;
+  if (offload_) {
+    host_master_ = offload_->template allocate<float>(n, memory_category::master);
+    host_shard_ = offload_->template allocate<T>(n, memory_category::params);
+    if (source_ == shard_source::device_shard) device_shard_ = make_buffer<T>(dev, n, memory_category::params);
+  } else {
+    master_ = make_buffer<float>(dev, n, master_category);
+  }
+  if (shard_frozen) frozen_ = make_buffer<T>(dev, layout.frozen_flat_size() / G, memory_category::params);
+  const std::size_t g = static_cast<std::size_t>(groups.rank());
+  std::vector<float> train, frozen;
+  std::vector<T> frozen_t;
+  for (const auto& unit : layout.units()) {
+    train.resize(unit.train_padded);
+    frozen.resize(unit.frozen_padded);
+    init_unit_values(unit, seed, train, frozen);
+    const std::size_t s = unit.train_padded / G;
+    if (offload_) {
+      if (s) std::memcpy(host_master_.data() + unit.train_offset / G, train.data() + g * s, s * sizeof(float));
+    } else {
+      dev.copy_from_host(master_.data() + unit.train_offset / G, train.data() + g * s, s);
+    }
+    if (!shard_frozen) continue;
+    const std::size_t f = unit.frozen_padded / G;
+    frozen_t.resize(f);
+    for (std::size_t i = 0; i < f; ++i) frozen_t[i] = dtype_cast<T>(frozen[g * f + i]);
+    dev.copy_from_host(frozen_.data() + unit.frozen_offset / G, frozen_t.data(), f);
+  }
+  if (offload_) after_load();
+}
+
+template <class Dev, Dtype T>
+auto ShardedParams<Dev, T>::after_update() -> void {
+  if (source_ == shard_source::device_shard) offload_->to_device(device_shard_.data(), host_shard_.data(), size());
+}
+
+template <class Dev, Dtype T>
+auto ShardedParams<Dev, T>::after_load() -> void {
+  if (!offload_) return;
+  offload_->wait_to_host();  // no upload still reads the host shards
+  if (const std::size_t n = size()) offload_->host().for_each(n, Cast<float, T>{host_master_.data(), host_shard_.data()});
+  after_update();
+}
+
+template <class Dev, Dtype T>
+auto ShardedParams<Dev, T>::gather(std::size_t u, T* train_dst, T* frozen_dst) -> Gather {
+  const auto& unit = layout_.units()[u];
+  const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
+  Gather out;
+  if (const std::size_t s = unit.train_padded / G) {
+    const std::size_t at = unit.train_offset / G;
+    switch (source_) {
+      case shard_source::master: dev_.for_each(s, Cast<float, T>{master_.data() + at, train_dst + g * s}); break;
+      case shard_source::device_shard: dev_.copy(train_dst + g * s, device_shard_.data() + at, s); break;
+      case shard_source::host_shard: offload_->to_device(train_dst + g * s, host_shard_.data() + at, s); break;
+    }
+    out.train = all_gather(train_dst, s, unit.train_padded);
+  }
+  if (const std::size_t f = unit.frozen_padded / G; shard_frozen_ && f) {
+    dev_.copy(frozen_dst + g * f, frozen_.data() + unit.frozen_offset / G, f);
+    out.frozen = all_gather(frozen_dst, f, unit.frozen_padded);
+  }
+  return out;
+}
+
+template <class Dev, Dtype T>
+auto ShardedParams<Dev, T>::read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) -> void {
+  const auto& unit = layout_.units()[u];
+  const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
+  if (const std::size_t s = unit.train_padded / G) {
+    auto full = make_buffer<float>(dev_, unit.train_padded);
+    if (offload_)
+      offload_->to_device(full.data() + g * s, host_master_.data() + unit.train_offset / G, s);
+    else
+      dev_.copy(full.data() + g * s, master_.data() + unit.train_offset / G, s);
+    auto w = all_gather(full.data(), s, unit.train_padded);
+    binding::join(w, dev_);
+    dev_.copy_to_host(train.data(), full.data(), unit.train_size);
+  }
+  if (const std::size_t f = unit.frozen_padded / G; shard_frozen_ && f) {
+    auto full = make_buffer<T>(dev_, unit.frozen_padded);
+    dev_.copy(full.data() + g * f, frozen_.data() + unit.frozen_offset / G, f);
+    auto w = all_gather(full.data(), f, unit.frozen_padded);
+    binding::join(w, dev_);
+    dev_.copy_to_host(frozen.data(), full.data(), unit.frozen_size);
+  }
+}
 
 // Reduces unit gradients into the rank's fp32 gradient shard, in the reduce
 // dtype R, as a FIFO pipeline:
@@ -319,68 +333,28 @@ class ShardReducer {
   // when `offload` is given: each reduced shard then travels to the host as
   // its reduction completes and is written or added there (through a host
   // staging copy in R, unless R is fp32 and nothing accumulates).
-  ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard,
-               OffloadArena<Dev>* offload = nullptr, int accumulate = 1)
-      : dev_(dev), layout_(layout), groups_(groups), grad_shard_(grad_shard), offload_(offload) {
-    const auto trainable_units = static_cast<std::size_t>(
-        std::ranges::count_if(layout.units(), [](const auto& unit) { return unit.train_size > 0; }));
-    slot_count_ = std::clamp<std::size_t>(trainable_units, 1, max_in_flight);
-    if (offload_ && (!std::is_same_v<R, float> || accumulate > 1))
-      host_staging_ = offload_->template allocate<R>(layout.trainable_flat_size() / layout.shards(),
-                                                     memory_category::grads);
-  }
+  ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard, OffloadArena<Dev>* offload = nullptr, int accumulate = 1);
 
   // A buffer of unit u's padded size for its full gradient; waits for the
   // reduction that last used it. Slots take turns (reductions finish in the
   // order they started, so the turn's slot is the first to come free): which
   // units share a slot, and so how far each grows, does not depend on when
   // collectives finish, and the reported memory is the same run to run.
-  R* input(std::size_t u) {
-    advance(false);
-    const std::size_t i = turn_ % slot_count_;
-    if (slots_.size() <= i) slots_.resize(i + 1);
-    while (slots_[i].busy) advance_head();
-    const auto& unit = layout_.units()[u];
-    Slot& slot = slots_[i];
-    detail::grow_unit_buffer<Dev, R>(dev_, slot.input, unit.train_padded);
-    detail::grow_unit_buffer<Dev, R>(dev_, slot.output, unit.train_padded / layout_.shards());
-    slot.unit = static_cast<std::ptrdiff_t>(u);
-    return slot.input.data();
-  }
+  R* input(std::size_t u);
 
   // Starts reducing micro-batch k's gradient of unit u, written into input(u).
-  void submit(std::size_t u, int k) {
-    const auto& unit = layout_.units()[u];
-    const std::size_t i = turn_ % slot_count_;
-    if (i < slots_.size() && slots_[i].unit == static_cast<std::ptrdiff_t>(u) && !slots_[i].busy) {
-      Slot& slot = slots_[i];
-      slot.busy = true;
-      ++turn_;
-      dev_.zero(slot.input.data() + unit.train_size, unit.train_padded - unit.train_size);  // padding
-      start({u, k, static_cast<std::ptrdiff_t>(i), slot.input.data(), slot.output.data()});
-      return;
-    }
-    throw error("ShardReducer::submit(" + std::to_string(u) + ") without input(" + std::to_string(u) + ")",
-                "call input(u), write the unit's gradient there, then submit(u, k)");
-  }
+  void submit(std::size_t u, int k);
 
   // Starts reducing micro-batch k's gradient of unit u from `full`, the
   // unit's padded gradient (padding zero) in a buffer the caller leaves
   // untouched until drain(); the reduced shard lands in `shard` (the unit's
   // shard size) on its way to the fp32 gradient shard. No slot is used.
-  void submit(std::size_t u, int k, const R* full, R* shard) {
-    if (groups_.size() == 1 && groups_.replica())
-      throw error("ShardReducer: an external gradient cannot be all-reduced in place",
-                  "use input(u) for replicated shards");
-    start({u, k, -1, full, shard});
-  }
+  void submit(std::size_t u, int k, const R* full, R* shard);
 
   // Moves finished reductions along without blocking.
   void poll() { advance(false); }
   // Completes every reduction: the fp32 gradient shard is final.
-  void drain() {
-    while (!pending_.empty()) advance_head();
-  }
+  void drain();
 
  private:
   struct Slot {
@@ -399,83 +373,20 @@ class ShardReducer {
     bool replicated = false;  // the replica all-reduce was issued
   };
 
-  void start(Pending p) {
-    const auto& unit = layout_.units()[p.unit];
-    const std::size_t s = unit.train_padded / layout_.shards();
-    if (groups_.shard())
-      p.work = binding::reduce_scatter(*groups_.shard(), dev_, std::span<const R>(p.input, unit.train_padded),
-                                       std::span<R>(p.shard, s), reduce_op::sum);
-    else
-      p.shard = const_cast<R*>(p.input);  // a group of one: the gradient is the shard
-    pending_.push_back(p);
-    advance(false);
-  }
+  void start(Pending p);
 
   // Issues replica all-reduces in FIFO order as far as their reduce-scatters
   // allow, then finishes from the head while that needs no waiting. With
   // `block`, finishes the head whatever it takes.
-  void advance(bool block) {
-    if (groups_.replica())
-      for (Pending& p : pending_) {
-        if (p.replicated) continue;
-        if (!binding::ready(p.work) && !(block && &p == &pending_.front())) break;
-        replicate(p);
-      }
-    while (!pending_.empty()) {
-      Pending& p = pending_.front();
-      // Not yet replicated: its reduce-scatter finished after the loop above
-      // looked, and the all-reduce must still be issued (in order) first.
-      if (groups_.replica() && !p.replicated) return;
-      if (!block && !binding::done(p.work)) return;
-      finish(p);
-      pending_.pop_front();
-      block = false;
-    }
-  }
+  void advance(bool block);
   void advance_head() { advance(true); }
 
-  void replicate(Pending& p) {
-    const std::size_t s = layout_.units()[p.unit].train_padded / layout_.shards();
-    if (groups_.shard()) binding::then(p.work, *groups_.replica());
-    p.work = binding::all_reduce(*groups_.replica(), dev_, std::span<R>(p.shard, s), reduce_op::sum);
-    p.replicated = true;
-  }
+  void replicate(Pending& p);
 
-  void finish(Pending& p) {
-    binding::join(p.work, dev_);
-    const auto& unit = layout_.units()[p.unit];
-    const std::size_t s = unit.train_padded / layout_.shards();
-    float* dst = grad_shard_ + unit.train_offset / layout_.shards();
-    if (offload_) {
-      finish_on_host(p, s, dst);
-    } else if (p.k == 0) {
-      dev_.for_each(s, Cast<R, float>{p.shard, dst});
-    } else {
-      dev_.for_each(s, AccumulateInto<R>{dst, p.shard});
-    }
-    if (p.slot >= 0) {
-      slots_[static_cast<std::size_t>(p.slot)].busy = false;
-      slots_[static_cast<std::size_t>(p.slot)].unit = -1;
-    }
-  }
+  void finish(Pending& p);
 
   // The same arithmetic on the host: the shard comes down first.
-  void finish_on_host(const Pending& p, std::size_t s, float* dst) {
-    if constexpr (std::is_same_v<R, float>) {
-      if (p.k == 0 && host_staging_.size() == 0) {
-        offload_->to_host(dst, p.shard, s);
-        offload_->wait_to_host();
-        return;
-      }
-    }
-    R* staged = host_staging_.data() + (dst - grad_shard_);
-    offload_->to_host(staged, p.shard, s);
-    offload_->wait_to_host();
-    if (p.k == 0)
-      offload_->host().for_each(s, Cast<R, float>{staged, dst});
-    else
-      offload_->host().for_each(s, AccumulateInto<R>{dst, staged});
-  }
+  void finish_on_host(const Pending& p, std::size_t s, float* dst);
 
   Dev& dev_;
   const ModelLayout& layout_;
@@ -488,6 +399,137 @@ class ShardReducer {
   std::size_t turn_ = 0;        // slot submissions so far
   std::deque<Pending> pending_;
 };
+
+template <class Dev, Dtype R>
+ShardReducer<Dev, R>::ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard, OffloadArena<Dev>* offload, int accumulate) : dev_(dev), layout_(layout), groups_(groups), grad_shard_(grad_shard), offload_(offload) {
+  const auto trainable_units = static_cast<std::size_t>(
+      std::ranges::count_if(layout.units(), [](const auto& unit) { return unit.train_size > 0; }));
+  slot_count_ = std::clamp<std::size_t>(trainable_units, 1, max_in_flight);
+  if (offload_ && (!std::is_same_v<R, float> || accumulate > 1))
+    host_staging_ = offload_->template allocate<R>(layout.trainable_flat_size() / layout.shards(),
+                                                   memory_category::grads);
+}
+
+template <class Dev, Dtype R>
+auto ShardReducer<Dev, R>::input(std::size_t u) -> R* {
+  advance(false);
+  const std::size_t i = turn_ % slot_count_;
+  if (slots_.size() <= i) slots_.resize(i + 1);
+  while (slots_[i].busy) advance_head();
+  const auto& unit = layout_.units()[u];
+  Slot& slot = slots_[i];
+  detail::grow_unit_buffer<Dev, R>(dev_, slot.input, unit.train_padded);
+  detail::grow_unit_buffer<Dev, R>(dev_, slot.output, unit.train_padded / layout_.shards());
+  slot.unit = static_cast<std::ptrdiff_t>(u);
+  return slot.input.data();
+}
+
+template <class Dev, Dtype R>
+auto ShardReducer<Dev, R>::submit(std::size_t u, int k) -> void {
+  const auto& unit = layout_.units()[u];
+  const std::size_t i = turn_ % slot_count_;
+  if (i < slots_.size() && slots_[i].unit == static_cast<std::ptrdiff_t>(u) && !slots_[i].busy) {
+    Slot& slot = slots_[i];
+    slot.busy = true;
+    ++turn_;
+    dev_.zero(slot.input.data() + unit.train_size, unit.train_padded - unit.train_size);  // padding
+    start({u, k, static_cast<std::ptrdiff_t>(i), slot.input.data(), slot.output.data()});
+    return;
+  }
+  throw error("ShardReducer::submit(" + std::to_string(u) + ") without input(" + std::to_string(u) + ")",
+              "call input(u), write the unit's gradient there, then submit(u, k)");
+}
+
+template <class Dev, Dtype R>
+auto ShardReducer<Dev, R>::submit(std::size_t u, int k, const R* full, R* shard) -> void {
+  if (groups_.size() == 1 && groups_.replica())
+    throw error("ShardReducer: an external gradient cannot be all-reduced in place",
+                "use input(u) for replicated shards");
+  start({u, k, -1, full, shard});
+}
+
+template <class Dev, Dtype R>
+auto ShardReducer<Dev, R>::drain() -> void {
+  while (!pending_.empty()) advance_head();
+}
+
+template <class Dev, Dtype R>
+auto ShardReducer<Dev, R>::start(Pending p) -> void {
+  const auto& unit = layout_.units()[p.unit];
+  const std::size_t s = unit.train_padded / layout_.shards();
+  if (groups_.shard())
+    p.work = binding::reduce_scatter(*groups_.shard(), dev_, std::span<const R>(p.input, unit.train_padded),
+                                     std::span<R>(p.shard, s), reduce_op::sum);
+  else
+    p.shard = const_cast<R*>(p.input);  // a group of one: the gradient is the shard
+  pending_.push_back(p);
+  advance(false);
+}
+
+template <class Dev, Dtype R>
+auto ShardReducer<Dev, R>::advance(bool block) -> void {
+  if (groups_.replica())
+    for (Pending& p : pending_) {
+      if (p.replicated) continue;
+      if (!binding::ready(p.work) && !(block && &p == &pending_.front())) break;
+      replicate(p);
+    }
+  while (!pending_.empty()) {
+    Pending& p = pending_.front();
+    // Not yet replicated: its reduce-scatter finished after the loop above
+    // looked, and the all-reduce must still be issued (in order) first.
+    if (groups_.replica() && !p.replicated) return;
+    if (!block && !binding::done(p.work)) return;
+    finish(p);
+    pending_.pop_front();
+    block = false;
+  }
+}
+
+template <class Dev, Dtype R>
+auto ShardReducer<Dev, R>::replicate(Pending& p) -> void {
+  const std::size_t s = layout_.units()[p.unit].train_padded / layout_.shards();
+  if (groups_.shard()) binding::then(p.work, *groups_.replica());
+  p.work = binding::all_reduce(*groups_.replica(), dev_, std::span<R>(p.shard, s), reduce_op::sum);
+  p.replicated = true;
+}
+
+template <class Dev, Dtype R>
+auto ShardReducer<Dev, R>::finish(Pending& p) -> void {
+  binding::join(p.work, dev_);
+  const auto& unit = layout_.units()[p.unit];
+  const std::size_t s = unit.train_padded / layout_.shards();
+  float* dst = grad_shard_ + unit.train_offset / layout_.shards();
+  if (offload_) {
+    finish_on_host(p, s, dst);
+  } else if (p.k == 0) {
+    dev_.for_each(s, Cast<R, float>{p.shard, dst});
+  } else {
+    dev_.for_each(s, AccumulateInto<R>{dst, p.shard});
+  }
+  if (p.slot >= 0) {
+    slots_[static_cast<std::size_t>(p.slot)].busy = false;
+    slots_[static_cast<std::size_t>(p.slot)].unit = -1;
+  }
+}
+
+template <class Dev, Dtype R>
+auto ShardReducer<Dev, R>::finish_on_host(const Pending& p, std::size_t s, float* dst) -> void {
+  if constexpr (std::is_same_v<R, float>) {
+    if (p.k == 0 && host_staging_.size() == 0) {
+      offload_->to_host(dst, p.shard, s);
+      offload_->wait_to_host();
+      return;
+    }
+  }
+  R* staged = host_staging_.data() + (dst - grad_shard_);
+  offload_->to_host(staged, p.shard, s);
+  offload_->wait_to_host();
+  if (p.k == 0)
+    offload_->host().for_each(s, Cast<R, float>{staged, dst});
+  else
+    offload_->host().for_each(s, AccumulateInto<R>{dst, staged});
+}
 
 namespace detail {
 
@@ -516,5 +558,12 @@ void look_ahead(const ModelLayout& layout, std::size_t pos, bool wrap, int depth
 }
 
 }  // namespace detail
+
+// Compiled once, in dtrain::runtime, under separate compilation.
+DTRAIN_INSTANTIATE(class ShardGroups<Host>)
+#define DTRAIN_SHARDED_INSTANCES(T) \
+  DTRAIN_INSTANTIATE(class ShardedParams<Host, T>) DTRAIN_INSTANTIATE(class ShardReducer<Host, T>)
+DTRAIN_FOR_EACH_DTYPE(DTRAIN_SHARDED_INSTANCES)
+#undef DTRAIN_SHARDED_INSTANCES
 
 }  // namespace dtrain

@@ -27,6 +27,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/reduce.hpp"
@@ -58,10 +60,7 @@ class Zero1Strategy {
   using options = Zero1Options;
   static constexpr offload_kind max_offload = offload_kind::optimizer;
 
-  static std::size_t shard_count(const World& world, const options& options) {
-    detail::check_prefetch("Zero1Options", options.prefetch);
-    return static_cast<std::size_t>(world.size());
-  }
+  static std::size_t shard_count(const World& world, const options& options);
 
   Zero1Strategy(const StrategyContext<Dev>& ctx, const options& opts)
       : dev_(ctx.dev),
@@ -96,108 +95,36 @@ class Zero1Strategy {
     }
   }
 
-  void before_forward(std::size_t u, int) {
-    if (layout_.units()[u].train_size == 0) return;
-    if (stale_[u]) gather(u);
-    detail::look_ahead(layout_, u, false, prefetch_, [&](std::size_t v) { return bool(stale_[v]); },
-                       [&](std::size_t v) { return gather(v), true; });
-    if (gathering_[u]) {
-      gathers_[u].join(dev_);
-      gathering_[u] = false;
-    }
-  }
+  void before_forward(std::size_t u, int);
   void after_forward(std::size_t, int) {}
   void before_backward(std::size_t, int) {}
-  void after_backward(std::size_t u, int k) {
-    grads_.accumulate(u, k);
-    const auto& unit = layout_.units()[u];
-    if (k != last_micro_batch_ || unit.train_size == 0) return;
-    const float* full = grads_.f32() + unit.train_offset;
-    const std::size_t at = unit.train_offset / layout_.shards();
-    if constexpr (stage_in_r) {
-      dev_.for_each(unit.train_size, Cast<float, R>{full, staging_.data() + unit.train_offset});
-      reducer_.submit(u, 0, staging_.data() + unit.train_offset, shard_r_.data() + at);
-    } else if (offload_) {
-      reducer_.submit(u, 0, full, shard_r_.data() + at);
-    } else {
-      reducer_.submit(u, 0, full, grad_shard_.data() + at);
-    }
-  }
+  void after_backward(std::size_t u, int k);
   UnitParams<const T> params(std::size_t u) const { return const_views_[u]; }
   UnitParams<T> grads(std::size_t u) const { return grad_views_[u]; }
 
   void finish_gradients() { reducer_.drain(); }
 
-  double grad_norm_squared() {
-    const std::size_t n = master_.size();
-    double local = 0.0;
-    if (n && offload_) local = offload_->host().sum(n, SquaredNorm<float>{host_grad_.data()});
-    else if (n) local = dev_.sum(n, SquaredNorm<float>{grad_shard_.data()});
-    return groups_.sum_over_shard(local);
-  }
+  double grad_norm_squared();
 
-  OwnedFlat<T> owned() {
-    return {master_.master(), grad_data(), master_.param_out(), master_.size(), offload_ != nullptr};
-  }
+  OwnedFlat<T> owned();
   const ShardGroups<Dev>& groups() const { return groups_; }
-  void after_optimizer() {
-    master_.after_update();
-    mark_stale();
-  }
+  void after_optimizer();
   std::span<T> frozen_storage() { return frozen_.span(); }
-  void after_load() {
-    master_.after_load();
-    mark_stale();
-  }
+  void after_load();
 
-  void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) {
-    const auto& unit = layout_.units()[u];
-    master_.read_unit(u, train, {});
-    dev_.copy_to_host(frozen.data(), frozen_.data() + unit.frozen_offset, unit.frozen_size);
-  }
+  void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen);
 
   // This rank's master/optimizer shard of every unit (it writes them); the
   // frozen parameters are replicated and rank 0 writes them.
-  Ownership ownership() const {
-    Ownership o;
-    const std::size_t W = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
-    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
-      const auto& unit = layout_.units()[u];
-      const std::size_t s = unit.train_padded / W;
-      const std::size_t first = std::min(unit.train_size, g * s);
-      if (const std::size_t count = std::min(unit.train_size, first + s) - first)
-        o.trainable.push_back({u, first, count, unit.train_offset / W, true});
-      if (unit.frozen_size) o.frozen.push_back({u, 0, unit.frozen_size, unit.frozen_offset, g == 0});
-    }
-    return o;
-  }
+  Ownership ownership() const;
 
  private:
-  void gather(std::size_t u) {
-    const auto& unit = layout_.units()[u];
-    gathers_[u] = master_.gather(u, params_.data() + unit.train_offset, nullptr);
-    stale_[u] = false;
-    gathering_[u] = true;
-  }
+  void gather(std::size_t u);
 
-  void mark_stale() {
-    for (std::size_t u = 0; u < stale_.size(); ++u) stale_[u] = layout_.units()[u].train_size != 0;
-  }
+  void mark_stale();
 
   // Frozen parameters are replicated; every rank computes them from the seed.
-  void init_frozen(std::uint64_t seed) {
-    std::vector<float> train, frozen;
-    std::vector<T> frozen_t;
-    for (const auto& unit : layout_.units()) {
-      if (unit.frozen_size == 0) continue;
-      train.resize(unit.train_padded);
-      frozen.resize(unit.frozen_padded);
-      init_unit_values(unit, seed, train, frozen);
-      frozen_t.resize(unit.frozen_padded);
-      for (std::size_t i = 0; i < frozen.size(); ++i) frozen_t[i] = dtype_cast<T>(frozen[i]);
-      dev_.copy_from_host(frozen_.data() + unit.frozen_offset, frozen_t.data(), frozen_t.size());
-    }
-  }
+  void init_frozen(std::uint64_t seed);
 
   float* grad_data() { return offload_ ? host_grad_.data() : grad_shard_.data(); }
 
@@ -224,9 +151,125 @@ class Zero1Strategy {
   std::vector<std::vector<MatView<const T>>> const_views_;
 };
 
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::shard_count(const World& world, const options& options) -> std::size_t {
+  detail::check_prefetch("Zero1Options", options.prefetch);
+  return static_cast<std::size_t>(world.size());
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::before_forward(std::size_t u, int) -> void {
+  if (layout_.units()[u].train_size == 0) return;
+  if (stale_[u]) gather(u);
+  detail::look_ahead(layout_, u, false, prefetch_, [&](std::size_t v) { return bool(stale_[v]); },
+                     [&](std::size_t v) { return gather(v), true; });
+  if (gathering_[u]) {
+    gathers_[u].join(dev_);
+    gathering_[u] = false;
+  }
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::after_backward(std::size_t u, int k) -> void {
+  grads_.accumulate(u, k);
+  const auto& unit = layout_.units()[u];
+  if (k != last_micro_batch_ || unit.train_size == 0) return;
+  const float* full = grads_.f32() + unit.train_offset;
+  const std::size_t at = unit.train_offset / layout_.shards();
+  if constexpr (stage_in_r) {
+    dev_.for_each(unit.train_size, Cast<float, R>{full, staging_.data() + unit.train_offset});
+    reducer_.submit(u, 0, staging_.data() + unit.train_offset, shard_r_.data() + at);
+  } else if (offload_) {
+    reducer_.submit(u, 0, full, shard_r_.data() + at);
+  } else {
+    reducer_.submit(u, 0, full, grad_shard_.data() + at);
+  }
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::grad_norm_squared() -> double {
+  const std::size_t n = master_.size();
+  double local = 0.0;
+  if (n && offload_) local = offload_->host().sum(n, SquaredNorm<float>{host_grad_.data()});
+  else if (n) local = dev_.sum(n, SquaredNorm<float>{grad_shard_.data()});
+  return groups_.sum_over_shard(local);
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::owned() -> OwnedFlat<T> {
+  return {master_.master(), grad_data(), master_.param_out(), master_.size(), offload_ != nullptr};
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::after_optimizer() -> void {
+  master_.after_update();
+  mark_stale();
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::after_load() -> void {
+  master_.after_load();
+  mark_stale();
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) -> void {
+  const auto& unit = layout_.units()[u];
+  master_.read_unit(u, train, {});
+  dev_.copy_to_host(frozen.data(), frozen_.data() + unit.frozen_offset, unit.frozen_size);
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::ownership() const -> Ownership {
+  Ownership o;
+  const std::size_t W = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
+  for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+    const auto& unit = layout_.units()[u];
+    const std::size_t s = unit.train_padded / W;
+    const std::size_t first = std::min(unit.train_size, g * s);
+    if (const std::size_t count = std::min(unit.train_size, first + s) - first)
+      o.trainable.push_back({u, first, count, unit.train_offset / W, true});
+    if (unit.frozen_size) o.frozen.push_back({u, 0, unit.frozen_size, unit.frozen_offset, g == 0});
+  }
+  return o;
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::gather(std::size_t u) -> void {
+  const auto& unit = layout_.units()[u];
+  gathers_[u] = master_.gather(u, params_.data() + unit.train_offset, nullptr);
+  stale_[u] = false;
+  gathering_[u] = true;
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::mark_stale() -> void {
+  for (std::size_t u = 0; u < stale_.size(); ++u) stale_[u] = layout_.units()[u].train_size != 0;
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto Zero1Strategy<Dev, T, R>::init_frozen(std::uint64_t seed) -> void {
+  std::vector<float> train, frozen;
+  std::vector<T> frozen_t;
+  for (const auto& unit : layout_.units()) {
+    if (unit.frozen_size == 0) continue;
+    train.resize(unit.train_padded);
+    frozen.resize(unit.frozen_padded);
+    init_unit_values(unit, seed, train, frozen);
+    frozen_t.resize(unit.frozen_padded);
+    for (std::size_t i = 0; i < frozen.size(); ++i) frozen_t[i] = dtype_cast<T>(frozen[i]);
+    dev_.copy_from_host(frozen_.data() + unit.frozen_offset, frozen_t.data(), frozen_t.size());
+  }
+}
+
 template <class Dev, class T, class R>
 struct strategy_impl<ZeRO1, Dev, T, R> {
   using type = Zero1Strategy<Dev, T, R>;
 };
+
+// Compiled once, in dtrain::runtime, under separate compilation.
+#define DTRAIN_ZERO1_INSTANCES(T, R) DTRAIN_INSTANTIATE(class Zero1Strategy<Host, T, R>)
+DTRAIN_FOR_EACH_PRECISION(DTRAIN_ZERO1_INSTANCES)
+#undef DTRAIN_ZERO1_INSTANCES
 
 }  // namespace dtrain

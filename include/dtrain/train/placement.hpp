@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/core/macros.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/offload/arena.hpp"
@@ -31,29 +33,7 @@ class OptimizerPlacement {
   // The arena for TrainerOptions::offload (null without one), checked
   // against what the strategy can offload. Made before the strategy, which
   // keeps its owned flat in it.
-  static std::unique_ptr<OffloadArena<Dev>> make_arena(Dev& dev, const TrainerOptions& options,
-                                                      const StrategyFactory<Dev, T>& factory) {
-    const offload_kind want = options.offload;
-    if (want == offload_kind::none && !options.offload_dir.empty())
-      throw config_error("TrainerOptions::offload_dir is set ('" + options.offload_dir.string() +
-                             "') but nothing is offloaded",
-                         "set TrainerOptions::offload (optimizer or params) too, or clear offload_dir");
-    if (want == offload_kind::none) return nullptr;
-    if (static_cast<int>(want) > static_cast<int>(factory.max_offload)) {
-      const std::string have = factory.max_offload == offload_kind::none
-                                   ? std::string("offloads nothing")
-                                   : "offloads at most '" + std::string(offload_name(factory.max_offload)) + "'";
-      throw config_error("offload '" + std::string(offload_name(want)) + "' with strategy '" +
-                             std::string(factory.name) + "', which " + have,
-                         want == offload_kind::params
-                             ? "offload parameter shards with a strategy that shards parameters (fsdp-full, "
-                               "fsdp-grad-op, fsdp-no-shard, fsdp-hybrid), or offload only the optimizer state"
-                             : "use a strategy that declares max_offload (ddp, zero1 and the fsdp modes do)");
-    }
-    auto arena = std::make_unique<OffloadArena<Dev>>(dev, want);
-    if (!options.offload_dir.empty()) arena->use_state_dir(options.offload_dir);
-    return arena;
-  }
+  static std::unique_ptr<OffloadArena<Dev>> make_arena(Dev& dev, const TrainerOptions& options, const StrategyFactory<Dev, T>& factory);
 
   // The optimizer over the strategy's owned flat, with every element's
   // parameter group when there is more than one.
@@ -80,15 +60,7 @@ class OptimizerPlacement {
 
   // One pass over the owned flat: master weights and state updated, the
   // compute-dtype copy written.
-  void step(const OptimizerStep& s) {
-    const OwnedFlat<T> owned = strategy_.owned();
-    if (host_) {
-      host_->step(owned.master, owned.grad, owned.param_out, s);
-      if (arena_->state_on_disk()) arena_->after_state_pass();
-    } else {
-      device_->step(owned.master, owned.grad, owned.param_out, s);
-    }
-  }
+  void step(const OptimizerStep& s);
 
   // The state buffers (on the host when offloaded), for checkpoints.
   std::vector<OptimizerStateView> state() { return host_ ? host_->state() : device_->state(); }
@@ -101,5 +73,45 @@ class OptimizerPlacement {
   std::optional<FlatOptimizer<Dev>> device_;  // on the compute device
   std::optional<FlatOptimizer<Host>> host_;   // offloaded: on the arena's host
 };
+
+template <class Dev, class T>
+auto OptimizerPlacement<Dev, T>::make_arena(Dev& dev, const TrainerOptions& options, const StrategyFactory<Dev, T>& factory) -> std::unique_ptr<OffloadArena<Dev>> {
+  const offload_kind want = options.offload;
+  if (want == offload_kind::none && !options.offload_dir.empty())
+    throw config_error("TrainerOptions::offload_dir is set ('" + options.offload_dir.string() +
+                           "') but nothing is offloaded",
+                       "set TrainerOptions::offload (optimizer or params) too, or clear offload_dir");
+  if (want == offload_kind::none) return nullptr;
+  if (static_cast<int>(want) > static_cast<int>(factory.max_offload)) {
+    const std::string have = factory.max_offload == offload_kind::none
+                                 ? std::string("offloads nothing")
+                                 : "offloads at most '" + std::string(offload_name(factory.max_offload)) + "'";
+    throw config_error("offload '" + std::string(offload_name(want)) + "' with strategy '" +
+                           std::string(factory.name) + "', which " + have,
+                       want == offload_kind::params
+                           ? "offload parameter shards with a strategy that shards parameters (fsdp-full, "
+                             "fsdp-grad-op, fsdp-no-shard, fsdp-hybrid), or offload only the optimizer state"
+                           : "use a strategy that declares max_offload (ddp, zero1 and the fsdp modes do)");
+  }
+  auto arena = std::make_unique<OffloadArena<Dev>>(dev, want);
+  if (!options.offload_dir.empty()) arena->use_state_dir(options.offload_dir);
+  return arena;
+}
+
+template <class Dev, class T>
+auto OptimizerPlacement<Dev, T>::step(const OptimizerStep& s) -> void {
+  const OwnedFlat<T> owned = strategy_.owned();
+  if (host_) {
+    host_->step(owned.master, owned.grad, owned.param_out, s);
+    if (arena_->state_on_disk()) arena_->after_state_pass();
+  } else {
+    device_->step(owned.master, owned.grad, owned.param_out, s);
+  }
+}
+
+// Compiled once, in dtrain::runtime, under separate compilation.
+#define DTRAIN_PLACEMENT_INSTANCES(T) DTRAIN_INSTANTIATE(class OptimizerPlacement<Host, T>)
+DTRAIN_FOR_EACH_DTYPE(DTRAIN_PLACEMENT_INSTANCES)
+#undef DTRAIN_PLACEMENT_INSTANCES
 
 }  // namespace dtrain

@@ -1,0 +1,78 @@
+// The definitions checkpoint.hpp declares with DTRAIN_DECL: included at the
+// end of the header when DTRAIN_DEFINE_IMPL (core/macros.hpp), so they are
+// compiled into every user translation unit (header-only) or once, into
+// dtrain::runtime (separate compilation).
+#pragma once
+
+#include "dtrain/hf/checkpoint.hpp"
+
+namespace dtrain::hf {
+
+DTRAIN_DECL ParamSources open_checkpoint(const std::filesystem::path& dir, const TransformersNames& names) {
+  namespace fs = std::filesystem;
+  ParamSources s;
+  s.what = "\"" + dir.string() + "\"";
+  std::map<std::string, std::size_t> file_of;  // transformers tensor -> index into s.files
+  const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    nlohmann::ordered_json j;
+    try {
+      j = nlohmann::ordered_json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw checkpoint_error("\"" + index.string() + "\" is not valid JSON: " + e.what(),
+                             "re-save the model with save_pretrained");
+    }
+    if (!j.contains("weight_map") || !j.at("weight_map").is_object())
+      throw checkpoint_error("\"" + index.string() + "\" has no weight_map", "re-save the model with save_pretrained");
+    std::map<std::string, std::size_t> opened;
+    for (const auto& [tensor, file] : j.at("weight_map").items()) {
+      if (!file.is_string()) throw checkpoint_error("\"" + index.string() + "\": weight_map[\"" + tensor + "\"] is not a file name");
+      const std::string f = file.get<std::string>();
+      if (f.find('/') != std::string::npos || f == "..")
+        throw checkpoint_error("\"" + index.string() + "\": shard \"" + f + "\" is not a file name in the directory",
+                               "re-save the model with save_pretrained");
+      auto [it, fresh] = opened.try_emplace(f, s.files.size());
+      if (fresh) s.files.push_back(SafetensorsFile::open(dir / f));
+      file_of[tensor] = it->second;
+    }
+    for (std::size_t i = 0; i < s.files.size(); ++i)
+      for (const auto& n : s.files[i].names())
+        if (!file_of.contains(n))
+          throw checkpoint_error("\"" + s.files[i].path().string() + "\" holds \"" + n + "\", which the index does not list",
+                                 "re-save the model with save_pretrained");
+  } else if (fs::exists(single)) {
+    s.files.push_back(SafetensorsFile::open(single));
+    for (const auto& n : s.files[0].names()) file_of[n] = 0;
+  } else {
+    throw checkpoint_error("\"" + dir.string() + "\" has neither model.safetensors nor model.safetensors.index.json",
+                           "give a directory written by save_pretrained(safe_serialization=True); PyTorch .bin "
+                           "checkpoints are not read");
+  }
+  for (const auto& [file_name, f] : file_of)
+    if (names.ignored(file_name)) s.ignored.insert(file_name);
+  for (const auto& [ours, theirs] : names.tensors) {
+    std::vector<std::pair<std::size_t, std::string>> parts;
+    for (std::string t : theirs) {
+      auto it = file_of.find(t);
+      const std::string& prefix = names.optional_prefix;
+      if (it == file_of.end() && !prefix.empty() && t.starts_with(prefix)) {
+        t = t.substr(prefix.size());
+        it = file_of.find(t);
+      }
+      if (it == file_of.end()) {
+        parts.clear();
+        break;  // reported as missing, under our name and theirs below
+      }
+      parts.emplace_back(it->second, t);
+      if (!s.files[it->second].contains(t))
+        throw checkpoint_error("the index of \"" + dir.string() + "\" puts \"" + t + "\" in \"" +
+                                   s.files[it->second].path().filename().string() + "\", which does not hold it",
+                               "re-save the model with save_pretrained");
+    }
+    if (!parts.empty()) s.parts[ours] = std::move(parts);
+    if (names.transposed.contains(ours)) s.transposed.insert(ours);
+  }
+  return s;
+}
+}  // namespace dtrain::hf
