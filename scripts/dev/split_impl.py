@@ -25,14 +25,29 @@ from pathlib import Path
 
 
 
+def top_level(s):
+    """(index, char) of s's characters outside brackets and template angles."""
+    depth = angle = 0
+    for i, c in enumerate(s):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "<":
+            angle += 1
+        elif c == ">":
+            angle = max(0, angle - 1)
+        elif depth == 0 and angle == 0:
+            yield i, c
+
+
 def match_paren(s, i):
     """Index of the ')' matching s[i] == '('."""
     depth = 0
     for j in range(i, len(s)):
-        c = s[j]
-        if c in "([{<" and c != "<":
+        if s[j] in "([{":
             depth += 1
-        elif c in ")]}":
+        elif s[j] in ")]}":
             depth -= 1
             if depth == 0:
                 return j
@@ -40,40 +55,14 @@ def match_paren(s, i):
 
 
 def split_params(p):
-    out, depth, cur = [], 0, ""
-    angle = 0
-    for c in p:
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == "<":
-            angle += 1
-        elif c == ">":
-            angle = max(0, angle - 1)
-        if c == "," and depth == 0 and angle == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += c
-    if cur.strip():
-        out.append(cur)
-    return out
+    cuts = [i for i, c in top_level(p) if c == ","]
+    parts = [p[a + 1 : b] for a, b in zip([-1] + cuts, cuts + [len(p)])]
+    return [x for x in parts if x.strip()]
 
 
 def strip_default(param):
-    depth = 0
-    angle = 0
-    for i, c in enumerate(param):
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == "<":
-            angle += 1
-        elif c == ">":
-            angle = max(0, angle - 1)
-        elif c == "=" and depth == 0 and angle == 0:
+    for i, c in top_level(param):
+        if c == "=":
             prev = param[i - 1] if i else ""
             nxt = param[i + 1] if i + 1 < len(param) else ""
             if prev not in "=!<>" and nxt != "=":
