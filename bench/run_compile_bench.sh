@@ -4,8 +4,9 @@
 # (docs/building.md):
 #   (a) the README's quick start (docs/snippets/quickstart.cpp), one
 #       translation unit, with g++ and with nvcc (as a .cu), header-only
-#       (dtrain::dtrain) and separately compiled (dtrain::runtime, whose one
-#       source is timed too: a project compiles it once);
+#       (dtrain::dtrain) and separately compiled (dtrain::runtime, whose
+#       sources are timed too, dtrain_runtime.cpp and with CUDA its nvcc part
+#       dtrain_runtime_cuda.cu: a project compiles them once);
 #   (b) each example's largest translation units (its host training loop,
 #       train_host.cpp, and with CUDA its train_cuda.cu), with the commands
 #       the build runs, in both modes.
@@ -104,6 +105,8 @@ quickstart() {
     measure "$kind" quickstart g++ "$mode" "$repeat" \
       "$cxx" -std=c++20 $opt "${defs[@]}" "${sep[@]}" -I"$root/include" "${incs[@]:1}" -c "$src" -o "$work/q.o"
     if ((cuda && !smoke)); then
+      # nvcc against dtrain::runtime also takes the Cuda templates from its CUDA part.
+      [[ $mode == separate ]] && sep+=(-DDTRAIN_RUNTIME_CUDA=1)
       measure "$kind" quickstart nvcc "$mode" "$repeat" \
         "$nvcc" -std=c++20 $opt -arch="sm_${archs%%;*}" --expt-relaxed-constexpr "${defs[@]}" "${sep[@]}" \
         -I"$root/include" "${incs[@]:1}" -x cu -c "$src" -o "$work/q.o"
@@ -113,6 +116,12 @@ quickstart() {
     measure "$kind" runtime_library g++ separate 1 \
       "$cxx" -std=c++20 $opt -fno-math-errno -fno-trapping-math "${defs[@]}" -DDTRAIN_SEPARATE_COMPILATION=1 \
       -I"$root/include" "${incs[@]:1}" -c "$root/cmake/dtrain_runtime.cpp" -o "$work/r.o"
+    if ((cuda && !smoke)) && [[ -f $root/cmake/dtrain_runtime_cuda.cu ]]; then
+      measure "$kind" runtime_library_cuda nvcc separate 1 \
+        "$nvcc" -std=c++20 $opt -arch="sm_${archs%%;*}" --expt-relaxed-constexpr \
+        -Xcompiler=-fno-math-errno,-fno-trapping-math "${defs[@]}" -DDTRAIN_SEPARATE_COMPILATION=1 \
+        -I"$root/include" "${incs[@]:1}" -x cu -c "$root/cmake/dtrain_runtime_cuda.cu" -o "$work/rc.o"
+    fi
   fi
 }
 

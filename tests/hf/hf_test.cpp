@@ -215,7 +215,7 @@ BOOST_AUTO_TEST_CASE(save_pretrained_and_load_pretrained_round_trip) {
   BOOST_TEST(fs::exists(dir / "model.safetensors.index.json"));
   BOOST_TEST(!fs::exists(fs::path(dir.string() + ".partial")));
   const hf::LmConfig reread = hf::read_config(dir);
-  BOOST_TEST(reread.json.at("torch_dtype") == "float32");
+  BOOST_TEST(Json::parse(reread.json_text).at("torch_dtype") == "float32");
   std::ifstream index(dir / "model.safetensors.index.json");
   const Json wm = Json::parse(index).at("weight_map");
   BOOST_TEST(wm.contains("model.layers.1.mlp.gate_proj.weight"));
@@ -232,7 +232,7 @@ BOOST_AUTO_TEST_CASE(save_pretrained_and_load_pretrained_round_trip) {
     Trainer<hf::CausalLm> trainer(w, model, AdamW{});
     dtrain::testing::require_throws<checkpoint_error>([&] { hf::save_pretrained(trainer, dir, reread); });
   });
-  BOOST_TEST(hf::read_config(dir).json.at("torch_dtype") == "float32");
+  BOOST_TEST(Json::parse(hf::read_config(dir).json_text).at("torch_dtype") == "float32");
 }
 
 // A config that does not fit the checkpoint names what is missing or

@@ -78,6 +78,22 @@
 #define DTRAIN_INSTANTIATE(...)
 #endif
 
+// DTRAIN_INSTANTIATE_CUDA(class X<Cuda, float>): the same for the built-in
+// templates on dtrain::Cuda, compiled once by nvcc into dtrain::runtime's
+// CUDA part (cmake/dtrain_runtime_cuda.cu, built when the project enables
+// CUDA, which then defines DTRAIN_RUNTIME_CUDA=1 for its users): `extern
+// template` in a user translation unit that nvcc compiles, `template` in
+// that source, nothing otherwise (a g++ translation unit never instantiates
+// Cuda code). The list is train/cuda_instances.hpp.
+#if DTRAIN_SEPARATE_COMPILATION && defined(DTRAIN_RUNTIME_CUDA_SOURCE)
+#define DTRAIN_INSTANTIATE_CUDA(...) template __VA_ARGS__;
+#elif DTRAIN_EXTERN_INSTANCES && DTRAIN_HAS_CUDA && defined(__CUDACC__) && defined(DTRAIN_RUNTIME_CUDA) && \
+    DTRAIN_RUNTIME_CUDA
+#define DTRAIN_INSTANTIATE_CUDA(...) extern template __VA_ARGS__;
+#else
+#define DTRAIN_INSTANTIATE_CUDA(...)
+#endif
+
 // The (parameter, reduce) type pairs of the built-in precisions, for the
 // instantiations above: X(param, reduce) once per pair.
 #define DTRAIN_FOR_EACH_PRECISION(X) X(float, float) X(bf16, float) X(bf16, bf16) X(fp16, float) X(fp16, fp16)

@@ -17,8 +17,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "dtrain/core/macros.hpp"
 #include "dtrain/io/safetensors.hpp"
 #include "dtrain/checkpoint/state_io.hpp"
@@ -59,6 +57,15 @@ LoadParamsReport load_pretrained(Trainer& trainer, const std::filesystem::path& 
 struct SavePretrainedOptions {
   std::uint64_t max_shard_bytes = 5'000'000'000;  // transformers' default max_shard_size, 5 GB
 };
+
+namespace detail {
+// save_pretrained's JSON files in `partial`: model.safetensors.index.json
+// when there are `shards` > 1 (`file_of`: tensor -> file, sorted), and
+// config.json (the config's own text with torch_dtype float32).
+DTRAIN_DECL void write_pretrained_json(const std::filesystem::path& partial,
+                                       const std::map<std::string, std::string>& file_of, std::size_t shards,
+                                       std::uint64_t total_bytes, const LmConfig& config);
+}  // namespace detail
 
 // Writes the trainer's hf::CausalLm to `dir` as save_pretrained does: config.json
 // (torch_dtype float32), model.safetensors, or shards
@@ -144,7 +151,6 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
   guarded([&] {
     flush();
     const std::size_t n = shards.size();
-    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
     std::map<std::string, std::string> sorted;  // transformers writes the map sorted by name
     for (std::size_t i = 0; i < n; ++i) {
       char name[64];
@@ -153,19 +159,7 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
       fs::rename(partial / ("shard-" + std::to_string(i + 1) + ".tmp"), partial / file);
       for (const auto& t : shards[i]) sorted[t] = file;
     }
-    auto write_json = [&](const fs::path& path, const nlohmann::ordered_json& j) {
-      const std::string text = j.dump(2) + "\n";
-      const std::span<const std::byte> bytes = std::as_bytes(std::span(text));
-      dtrain::detail::write_file_atomically(path, std::span(&bytes, 1));
-    };
-    if (n > 1) {
-      for (const auto& [t, f] : sorted) weight_map[t] = f;
-      write_json(partial / "model.safetensors.index.json",
-                 {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}});
-    }
-    nlohmann::ordered_json cfg = config.json;
-    cfg["torch_dtype"] = "float32";
-    write_json(partial / "config.json", cfg);
+    detail::write_pretrained_json(partial, sorted, n, total_bytes, config);
     if (fs::exists(dir)) fs::remove(dir);  // empty, checked above
     fs::rename(partial, dir);
     dtrain::detail::sync_directory(dir.parent_path().empty() ? fs::path(".") : dir.parent_path(), "the saved model");

@@ -4,9 +4,31 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include "dtrain/hf/checkpoint.hpp"
 
 namespace dtrain::hf {
+
+DTRAIN_DECL void detail::write_pretrained_json(const std::filesystem::path& partial,
+                                               const std::map<std::string, std::string>& file_of, std::size_t shards,
+                                               std::uint64_t total_bytes, const LmConfig& config) {
+  auto write_json = [&](const std::filesystem::path& path, const nlohmann::ordered_json& j) {
+    const std::string text = j.dump(2) + "\n";
+    const std::span<const std::byte> bytes = std::as_bytes(std::span(text));
+    dtrain::detail::write_file_atomically(path, std::span(&bytes, 1));
+  };
+  if (shards > 1) {
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    for (const auto& [t, f] : file_of) weight_map[t] = f;
+    write_json(partial / "model.safetensors.index.json",
+               {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}});
+  }
+  nlohmann::ordered_json cfg =
+      config.json_text.empty() ? nlohmann::ordered_json::object() : nlohmann::ordered_json::parse(config.json_text);
+  cfg["torch_dtype"] = "float32";
+  write_json(partial / "config.json", cfg);
+}
 
 DTRAIN_DECL ParamSources open_checkpoint(const std::filesystem::path& dir, const TransformersNames& names) {
   namespace fs = std::filesystem;

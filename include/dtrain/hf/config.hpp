@@ -19,7 +19,7 @@
 #include <string>
 #include <utility>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
@@ -40,7 +40,7 @@ struct LmConfig {
   bool qkv_bias = false;  // attention_bias (llama), always on for qwen2
   bool out_bias = false;  // attention_bias (llama)
   bool tie_word_embeddings = false;  // the output head is the token embedding
-  nlohmann::ordered_json json;  // the whole file, written back on save
+  std::string json_text;  // the whole file (compact JSON, keys in order), written back on save
 
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // GPT-2: learned positions, LayerNorm, tanh GELU MLP, biases everywhere.
@@ -51,20 +51,6 @@ struct LmConfig {
 namespace detail {
 
 inline const char* supported_types() { return "gpt2, llama, mistral, qwen2"; }
-
-// key's value from `j`, which must hold it as a number (or `fallback` when
-// absent and a fallback is given).
-template <class V>
-V number(const nlohmann::ordered_json& j, const std::string& where, const char* key, const V* fallback = nullptr) {
-  if (!j.contains(key) || j.at(key).is_null()) {
-    if (fallback != nullptr) return *fallback;
-    throw config_error(where + ": the key \"" + key + "\" is missing", "give the model's config.json as transformers wrote it");
-  }
-  if (!j.at(key).is_number())
-    throw config_error(where + ": \"" + key + "\" must be a number, not " + j.at(key).dump(),
-                       "give the model's config.json as transformers wrote it");
-  return j.at(key).get<V>();
-}
 
 DTRAIN_DECL bool flag(const nlohmann::ordered_json& j, const char* key, bool fallback);
 

@@ -4,11 +4,27 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include "dtrain/hf/config.hpp"
 
 namespace dtrain::hf {
 
 namespace detail {
+
+// key's value from `j`, which must hold it as a number (or `fallback` when
+// absent and a fallback is given).
+template <class V>
+V number(const nlohmann::ordered_json& j, const std::string& where, const char* key, const V* fallback = nullptr) {
+  if (!j.contains(key) || j.at(key).is_null()) {
+    if (fallback != nullptr) return *fallback;
+    throw config_error(where + ": the key \"" + key + "\" is missing", "give the model's config.json as transformers wrote it");
+  }
+  if (!j.at(key).is_number())
+    throw config_error(where + ": \"" + key + "\" must be a number, not " + j.at(key).dump(),
+                       "give the model's config.json as transformers wrote it");
+  return j.at(key).get<V>();
+}
 
 DTRAIN_DECL bool flag(const nlohmann::ordered_json& j, const char* key, bool fallback) {
   return j.contains(key) && j.at(key).is_boolean() ? j.at(key).get<bool>() : fallback;
@@ -32,7 +48,7 @@ DTRAIN_DECL void check_sizes(const LmConfig& c, const std::string& where, const 
 DTRAIN_DECL LmConfig parse_gpt2(const nlohmann::ordered_json& j, const std::string& where) {
   LmConfig c;
   c.model_type = "gpt2";
-  c.json = j;
+  c.json_text = j.dump();
   c.vocab_size = number<std::int64_t>(j, where, "vocab_size");
   c.hidden_size = number<std::int64_t>(j, where, "n_embd");
   const std::int64_t inner = 4 * c.hidden_size;
@@ -76,7 +92,7 @@ DTRAIN_DECL LmConfig parse_config(const nlohmann::ordered_json& j, const std::st
   if (type == "gpt2") return detail::parse_gpt2(j, where);
   LmConfig c;
   c.model_type = type;
-  c.json = j;
+  c.json_text = j.dump();
   c.vocab_size = detail::number<std::int64_t>(j, where, "vocab_size");
   c.hidden_size = detail::number<std::int64_t>(j, where, "hidden_size");
   c.intermediate_size = detail::number<std::int64_t>(j, where, "intermediate_size");

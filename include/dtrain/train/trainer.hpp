@@ -52,6 +52,7 @@
 #include "dtrain/comm/cuda_binding.hpp"
 #include "dtrain/offload/cuda_arena.hpp"
 #endif
+#include "dtrain/train/cuda_instances.hpp"
 
 namespace dtrain {
 
