@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Training benchmarks, dtrain against PyTorch (Debian's torch 1.13, CPU) in
-# the same run. Installs what is missing (python3-torch) and builds its
+# Training benchmarks, dtrain against PyTorch in the same run: the release
+# users install today (PyPI, pinned in bench/lib.sh, in a venv the script
+# makes once; CPU) and, for history, Debian's torch 1.13, which is all a
+# --smoke run uses. Installs what is missing (python3-torch) and builds its
 # targets through scripts/setup.sh first.
 # usage: bench/run_training_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--no-setup] [--smoke]
 #
@@ -8,7 +10,8 @@
 #      (AdamWStep<float> through Host::for_each, a pass with its memory traffic
 #      and no arithmetic as the reference, and memcpy for information),
 #      bench_adamw_no_errno (the same source built with -fno-math-errno) and
-#      bench/training/torch_adamw.py, one process using every core.
+#      bench/training/torch_adamw.py (every CPU variant the torch has: fused
+#      from 2.4), one process using every core.
 #  (b) train_mlp (hidden [256, 256], GELU, batch 64 per rank, AdamW, fp32) at 1
 #      and 2 ranks against bench/training/torch_ddp_mlp.py (PyTorch DDP, gloo),
 #      both launched by dtrain-run; threads per rank = cores / ranks.
@@ -57,6 +60,7 @@ fi
 bench_build python3-torch dtrain-run train_mlp bench_adamw bench_adamw_no_errno bench_ddp_overhead
 bench_need "$launcher" "$train_mlp" "$bench/bench_adamw" "$bench/bench_adamw_no_errno" "$bench/bench_ddp_overhead"
 bench_need_torch "$python"
+bench_peer_python
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -67,6 +71,10 @@ for ((i = 1; i <= repeat; i++)); do
   with_threads "$cores" "$bench/bench_adamw_no_errno" "${adamw[@]}" --json "$work/adamw_no_errno.$i.json"
   with_threads "$cores" "$python" "$repo/bench/training/torch_adamw.py" "${torch_adamw[@]}" \
     --json "$work/torch_adamw.$i.json"
+  if [[ -n $peer_python ]]; then
+    with_threads "$cores" "$peer_python" "$repo/bench/training/torch_adamw.py" "${torch_adamw[@]}" \
+      --json "$work/peer_adamw.$i.json"
+  fi
   for n in 1 2; do
     t=$((cores / n > 0 ? cores / n : 1))
     echo "run $i/$repeat: (b) MLP at $n rank(s), $t thread(s) each: train_mlp, torch DDP..."
@@ -77,6 +85,10 @@ for ((i = 1; i <= repeat; i++)); do
       precision=fp32 num_workers=0 log_every=$steps metrics="$work/mlp.$n.$i.jsonl"
     logged "$work/torch_mlp.$n.$i.log" with_threads "$t" "$launcher" --nproc-per-node "$n" "$python" \
       "$repo/bench/training/torch_ddp_mlp.py" --steps $steps --warmup $warmup --json "$work/torch_mlp.$n.$i.json"
+    if [[ -n $peer_python ]]; then
+      logged "$work/peer_mlp.$n.$i.log" with_threads "$t" "$launcher" --nproc-per-node "$n" "$peer_python" \
+        "$repo/bench/training/torch_ddp_mlp.py" --steps $steps --warmup $warmup --json "$work/peer_mlp.$n.$i.json"
+    fi
   done
 done
 # (c) at one thread (what each rank of a job with as many ranks as cores

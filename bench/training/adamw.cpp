@@ -36,8 +36,10 @@ namespace {
 using namespace dtrain;
 using clock_type = std::chrono::steady_clock;
 
-// GCC vectorises std::sqrt only when it need not set errno (see the
-// bench_adamw_no_errno target); the results say which build produced them.
+// Built with the default flags, GCC reaches the square-root instruction
+// through math::sqrt's SIMD variants (a call per vector); with
+// -fno-math-errno (the bench_adamw_no_errno target) it inlines it. The
+// results say which build produced them.
 #ifdef __NO_MATH_ERRNO__
 constexpr const char* build_flags = ", built with -fno-math-errno";
 #else

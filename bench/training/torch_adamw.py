@@ -3,9 +3,10 @@
 The same sizes, hyper-parameters and accounting as bench/training/adamw.cpp:
 one untimed step, then the median of --iters steps; GB/s counts the bytes the
 update needs (read param, grad, m, v; write param, m, v: 28 bytes per
-element), whatever extra passes an implementation makes. Both of torch 1.13's
-CPU implementations are measured: the single-tensor loop (foreach=False) and
-the multi-tensor one (foreach=True). torch 1.13 has no fused AdamW.
+element), whatever extra passes an implementation makes. Every CPU
+implementation the running torch has is measured: the single-tensor loop
+(foreach=False), the multi-tensor one (foreach=True) and, from torch 2.4, the
+fused kernel (fused=True, PyTorch's fastest; torch 1.13 has none).
 
 Threads: OMP_NUM_THREADS (intra-op) and OPENBLAS_NUM_THREADS, set by the
 caller to what dtrain gets (bench/run_training_bench.sh does).
@@ -32,11 +33,28 @@ def median_ms(iters, fn):
     return sorted(times)[len(times) // 2]  # the C++ bench's median
 
 
-def measure(n, foreach, iters):
+VARIANTS = {"single-tensor": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+def make(n, variant):
     gen = torch.Generator().manual_seed(1)
     param = torch.nn.Parameter(torch.randn(n, generator=gen))
     param.grad = torch.randn(n, generator=gen) * 1e-2
-    opt = torch.optim.AdamW([param], lr=1e-3, weight_decay=1e-2, foreach=foreach)
+    return param, torch.optim.AdamW([param], lr=1e-3, weight_decay=1e-2, **VARIANTS[variant])
+
+
+def has_fused():
+    """Whether this torch runs AdamW(fused=True) on CPU tensors (torch >= 2.4)."""
+    try:
+        param, opt = make(8, "fused")
+        opt.step()
+        return True
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+def measure(n, variant, iters):
+    param, opt = make(n, variant)
     ms = median_ms(iters, opt.step)
     del opt, param
     return ms
@@ -50,13 +68,14 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+    variants = ["single-tensor", "foreach"] + (["fused"] if has_fused() else [])
     rows = []
     for n in (int(s) * 1_000_000 for s in args.sizes_m.split(",")):
-        for foreach in (False, True):
-            ms = measure(n, foreach, args.iters)
-            rows.append({"elements": n, "variant": "foreach" if foreach else "single-tensor", "adamw_ms": round(ms, 3),
+        for variant in variants:
+            ms = measure(n, variant, args.iters)
+            rows.append({"elements": n, "variant": variant, "adamw_ms": round(ms, 3),
                          "adamw_gbps": round(28 * n / ms / 1e6, 3)})
-    result = {"implementation": f"torch.optim.AdamW, torch {torch.__version__}", "threads": torch.get_num_threads(),
+    result = {"implementation": f"torch.optim.AdamW, torch {torch.__version__}", "torch": torch.__version__, "threads": torch.get_num_threads(),
               "iters": args.iters, "results": rows}
     text = json.dumps(result, indent=1)
     if args.json:

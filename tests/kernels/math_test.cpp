@@ -10,6 +10,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/sqrt_check.hpp"
+
 BOOST_AUTO_TEST_CASE(host_exp_is_within_one_ulp_of_float64) {
   double worst = 0;
   for (double v = -87.3; v <= 88.7; v += 3.7e-4) {
@@ -52,44 +54,14 @@ BOOST_AUTO_TEST_CASE(host_exp_and_erf_special_values) {
   BOOST_TEST(dtrain::math::erf(0.f) == 0.f);
 }
 
-namespace {
-// sqrt_host over n bit patterns from `first` in steps of `stride`, through
-// Host::for_each (the vectorised loop at the current instruction level).
-struct SqrtPatterns {
-  std::uint32_t first, stride;
-  float* out;
-  void operator()(std::size_t i) const {
-    out[i] = dtrain::math::host_impl::sqrt_host(std::bit_cast<float>(static_cast<std::uint32_t>(first + i * stride)));
-  }
-};
-}  // namespace
-
 // The float64 square root rounded to float is the correctly rounded float
-// square root (53 >= 2 x 24 + 2 bits: the double rounding is innocuous). A
-// stride prime to 2^32 visits ~1 pattern in 61 of every exponent, subnormals,
-// zeros, infinities, NaNs and negatives included; the whole 2^32 patterns
-// were checked once the same way (every level, no mismatch).
+// square root (53 >= 2 x 24 + 2 bits: the double rounding is innocuous); the
+// whole 2^32 patterns were checked once the same way (every level, no
+// mismatch). math::sqrt itself, as this target's flags (-fno-math-errno)
+// pick it, and without those flags: math_default_flags_test.cpp.
 BOOST_AUTO_TEST_CASE(host_sqrt_is_correctly_rounded_at_every_instruction_level) {
-  constexpr std::uint32_t stride = 61, first = 12345;
-  const std::size_t n = (std::size_t{1} << 32) / stride;
-  std::vector<float> got(n);
-  const dtrain::host_isa widest = dtrain::detail::widest_host_isa(), before = dtrain::current_host_isa();
-  dtrain::Host dev(2);
-  for (int level = 0; level <= static_cast<int>(widest); ++level) {
-    dtrain::set_host_isa(static_cast<dtrain::host_isa>(level));
-    dev.for_each(n, SqrtPatterns{first, stride, got.data()});
-    std::size_t mismatches = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const float x = std::bit_cast<float>(static_cast<std::uint32_t>(first + i * stride));
-      const float want = static_cast<float>(std::sqrt(static_cast<double>(x)));
-      const bool same = std::isnan(want) ? std::isnan(got[i]) : std::bit_cast<std::uint32_t>(want) == std::bit_cast<std::uint32_t>(got[i]);
-      if (!same && ++mismatches <= 3)
-        BOOST_TEST_MESSAGE("sqrt(" << x << ") = " << got[i] << ", want " << want);
-    }
-    BOOST_TEST(mismatches == 0u, dtrain::host_isa_name(static_cast<dtrain::host_isa>(level)) << ": " << mismatches
-                                     << " of " << n << " patterns differ");
-  }
-  dtrain::set_host_isa(before);
+  dtrain::testing::check_sqrt_patterns([](float x) { return dtrain::math::host_impl::sqrt_host(x); }, "sqrt_host");
+  dtrain::testing::check_sqrt_patterns([](float x) { return dtrain::math::sqrt(x); }, "math::sqrt");
   const float inf = std::numeric_limits<float>::infinity();
   using dtrain::math::host_impl::sqrt_host;
   BOOST_TEST(std::bit_cast<std::uint32_t>(sqrt_host(-0.f)) == std::bit_cast<std::uint32_t>(-0.f));

@@ -239,18 +239,13 @@ class Host {
     detail::run_range(f, 0, n);
   }
 
+  // On the calling thread, vectorised at the instruction level (device/
+  // host_isa.hpp: sum_range), in a fixed order, so the result is the same
+  // on every run and at every thread count. The Trainer's per-step gradient
+  // norm runs through here.
   template <class F>
   double sum(std::size_t n, F f) {
-    // Eight independent partial sums in a fixed order: the additions pipeline
-    // (one chain waits ~4 cycles per element) and the result stays
-    // deterministic. The Trainer's per-step gradient norm runs through here.
-    double lane[8] = {};
-    std::size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      for (std::size_t k = 0; k < 8; ++k) lane[k] += static_cast<double>(f(i + k));
-    double tail = 0.0;
-    for (; i < n; ++i) tail += static_cast<double>(f(i));
-    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])) + tail;
+    return detail::sum_range(f, 0, n);
   }
 
   std::size_t memory_allocated() const noexcept { return stats_->total().allocated(); }

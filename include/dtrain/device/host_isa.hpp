@@ -134,6 +134,62 @@ __attribute__((flatten, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) 
 }
 #endif
 
+// The sum of f(i) over [begin, end) in double, compiled for each level as
+// run_range is: 32 independent partial sums in a fixed order (element i
+// goes to partial i % 32, the partials are added pairwise at the end). Four
+// AVX-512 (eight AVX2) accumulators keep the additions from waiting on each
+// other's latency, and the result depends only on the inputs and the level
+// (fused multiply-adds round once), never on timing or threads.
+inline constexpr std::size_t sum_lanes_count = 32;
+
+template <class F>
+DTRAIN_ALWAYS_INLINE double sum_lanes(const F& f, std::size_t begin, std::size_t end) {
+  constexpr std::size_t w = sum_lanes_count;
+  double lane[w] = {};
+  const std::size_t whole = begin + (end - begin) / w * w;
+  std::size_t i = begin;
+  for (; i < whole; i += w)
+    for (std::size_t k = 0; k < w; ++k) lane[k] += static_cast<double>(f(i + k));
+  double tail = 0.0;
+  for (; i < end; ++i) tail += static_cast<double>(f(i));
+  for (std::size_t half = w / 2; half > 0; half /= 2)
+    for (std::size_t k = 0; k < half; ++k) lane[k] += lane[k + half];
+  return lane[0] + tail;
+}
+
+template <class F>
+DTRAIN_FLATTEN double sum_range_baseline(const F& f, std::size_t begin, std::size_t end) {
+  const F local = f;
+  return sum_lanes(local, begin, end);
+}
+
+#if DTRAIN_HOST_ISA_DISPATCH
+template <class F>
+__attribute__((flatten, target("avx2,fma"))) double sum_range_avx2(const F& f, std::size_t begin, std::size_t end) {
+  const F local = f;
+  return sum_lanes(local, begin, end);
+}
+
+template <class F>
+__attribute__((flatten, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) double sum_range_avx512(
+    const F& f, std::size_t begin, std::size_t end) {
+  const F local = f;
+  return sum_lanes(local, begin, end);
+}
+#endif
+
+template <class F>
+double sum_range(const F& f, std::size_t begin, std::size_t end) {
+#if DTRAIN_HOST_ISA_DISPATCH
+  switch (current_host_isa()) {
+    case host_isa::avx512: return sum_range_avx512(f, begin, end);
+    case host_isa::avx2: return sum_range_avx2(f, begin, end);
+    default: break;
+  }
+#endif
+  return sum_range_baseline(f, begin, end);
+}
+
 template <class F>
 void run_range(const F& f, std::size_t begin, std::size_t end) {
 #if DTRAIN_HOST_ISA_DISPATCH

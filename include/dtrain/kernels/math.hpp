@@ -15,6 +15,48 @@
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
 
+// The host's square root in a translation unit built without
+// -fno-math-errno (the default). std::sqrt must then set errno for a
+// negative argument, so GCC keeps it a scalar call and no loop that uses it
+// vectorises. dtrain_sqrt_lanes is declared to GCC as a function with SIMD
+// variants (`simd`, the vector ABI glibc's libmvec uses) and `const`: the
+// loop vectoriser calls the variant of the loop's instruction level, which
+// is the processor's square-root instruction on 4, 8 or 16 floats. The
+// variants are defined here, `inline` (one copy per program), under the
+// names the vector ABI derives from the function's symbol,
+// dtrain_sqrt_scalar. That symbol is defined by a function GCC sees as
+// another one (no simd attribute), so GCC neither clones it into variants
+// of its own nor inlines it: loops see the call, not errno's. Every variant
+// is IEEE's correctly rounded square root, the same bits as std::sqrt. GCC
+// on x86-64 only (not under nvcc, whose host code keeps
+// math::host_impl::sqrt_host); with -fno-math-errno std::sqrt is used
+// directly.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__CUDACC__) && \
+    !defined(__NO_MATH_ERRNO__)
+#define DTRAIN_SQRT_LANES 1
+extern "C" {
+typedef float dtrain_v4sf __attribute__((vector_size(16)));
+typedef float dtrain_v8sf __attribute__((vector_size(32)));
+typedef float dtrain_v16sf __attribute__((vector_size(64)));
+__attribute__((used, noinline)) inline float dtrain_sqrt_scalar(float x) { return __builtin_sqrtf(x); }
+__attribute__((const, simd("notinbranch"))) float dtrain_sqrt_lanes(float x) __asm__("dtrain_sqrt_scalar");
+__attribute__((used)) inline dtrain_v4sf _ZGVbN4v_dtrain_sqrt_scalar(dtrain_v4sf x) {
+  return __builtin_ia32_sqrtps(x);
+}
+__attribute__((used, target("avx"))) inline dtrain_v8sf _ZGVcN8v_dtrain_sqrt_scalar(dtrain_v8sf x) {
+  return __builtin_ia32_sqrtps256(x);
+}
+__attribute__((used, target("avx2"))) inline dtrain_v8sf _ZGVdN8v_dtrain_sqrt_scalar(dtrain_v8sf x) {
+  return __builtin_ia32_sqrtps256(x);
+}
+__attribute__((used, target("avx512f"))) inline dtrain_v16sf _ZGVeN16v_dtrain_sqrt_scalar(dtrain_v16sf x) {
+  return __builtin_ia32_sqrtps512_mask(x, x, static_cast<unsigned short>(0xffff), 4 /* current rounding */);
+}
+}
+#else
+#define DTRAIN_SQRT_LANES 0
+#endif
+
 namespace dtrain::math {
 
 namespace host_impl {
@@ -133,12 +175,16 @@ DTRAIN_HOST_DEVICE inline float log(float x) {
 }
 
 // With -fno-math-errno (dtrain::optimized) GCC turns std::sqrt into the
-// vector instruction itself, which is faster still than sqrt_host.
+// vector instruction itself; without it, GCC on x86-64 calls the same
+// instruction through dtrain_sqrt_lanes's SIMD variants (above), and other
+// compilers get sqrt_host. All three give the same bits.
 DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float sqrt(float x) {
 #if defined(__CUDA_ARCH__)
   return ::sqrtf(x);
 #elif defined(__NO_MATH_ERRNO__) || !(defined(__GNUC__) || defined(__clang__))
   return std::sqrt(x);
+#elif DTRAIN_SQRT_LANES
+  return dtrain_sqrt_lanes(x);
 #else
   return host_impl::sqrt_host(x);
 #endif
