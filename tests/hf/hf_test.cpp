@@ -105,6 +105,22 @@ BOOST_AUTO_TEST_CASE(config_is_read_and_checked) {
   j = tiny_llama();
   j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
   fails_with(j, "rope_scaling");
+  // transformers 5 writes the rotary base inside rope_parameters.
+  j = tiny_llama();
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_theta", 500.0}, {"rope_type", "default"}};
+  BOOST_TEST(hf::parse_config(j, "v5").rope_theta == 500.f);
+  j["rope_theta"] = 500.0;  // both, agreeing
+  BOOST_TEST(hf::parse_config(j, "both").rope_theta == 500.f);
+  j["rope_theta"] = 10000.0;
+  fails_with(j, "disagree");
+  j = tiny_llama();
+  j["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "llama3"}, {"factor", 8.0}};
+  fails_with(j, "rope_type \"llama3\" is not supported");
+  j["rope_parameters"] = {{"rope_theta", 500.0}, {"partial_rotary_factor", 0.5}};
+  fails_with(j, "key \"partial_rotary_factor\"");
+  j["rope_parameters"] = 500.0;
+  fails_with(j, "is not an object");
   j = tiny_llama();
   j["tie_word_embeddings"] = true;
   BOOST_TEST(hf::parse_config(j, "tied").tie_word_embeddings);

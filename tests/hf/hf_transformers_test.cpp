@@ -1,4 +1,5 @@
-// Parity with Hugging Face transformers (PyPI, pinned, in the build's venv):
+// Parity with Hugging Face transformers (PyPI, pinned, in the build's venv, or the
+// Python DTRAIN_TRANSFORMERS_PYTHON names):
 // tiny random Llama, Qwen2 and Mistral models written by save_pretrained
 // (one file and sharded; F32, BF16 and F16) are loaded into hf::CausalLm at one
 // and two ranks, under DDP, FSDP and ZeRO-1, and give transformers' logits;
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -40,9 +42,17 @@ namespace {
 const char* const transformers_pin = "transformers==4.40.2";
 const fs::path venv = fs::path(DTRAIN_TEST_BINARY_DIR) / "venv";
 
+// The Python the comparisons run: DTRAIN_TRANSFORMERS_PYTHON when set (one
+// with PyTorch and transformers of any release, e.g. transformers 5, whose
+// config.json differs), else the pinned venv's.
+std::string python() {
+  const char* chosen = std::getenv("DTRAIN_TRANSFORMERS_PYTHON");
+  return chosen != nullptr && *chosen != '\0' ? std::string(chosen) : (venv / "bin/python").string();
+}
+
 // A fresh model from make_tiny_lm.py in a folder of its own.
 fs::path make_model(const std::string& name, const std::string& args) {
-  return dtrain::testing::make_model((venv / "bin/python").string(), name, args);
+  return dtrain::testing::make_model(python(), name, args);
 }
 
 // dtrain's logits for the expected ids on `ranks` ranks under Kind, rank 0's.
@@ -105,7 +115,7 @@ BOOST_AUTO_TEST_CASE(gpt2_tied_f32) { logits_at_one_and_two_ranks("gpt2", "gpt2 
 namespace {
 
 void training_parity(const std::string& name, const std::string& args, std::int64_t pad = 0) {
-  dtrain::testing::training_parity<Host>({.python = (venv / "bin/python").string(), .torch_device = "cpu"}, name,
+  dtrain::testing::training_parity<Host>({.python = python(), .torch_device = "cpu"}, name,
                                          args, pad);
 }
 
@@ -148,7 +158,7 @@ void fine_tuned_model_loads_in_transformers(const std::string& name, const std::
   });
   const fs::path out = saved.parent_path() / (name + "_tuned_logits.safetensors");
   const fs::path log = saved.parent_path() / (name + "_tuned_log.txt");
-  BOOST_TEST_REQUIRE(run_logged((venv / "bin/python").string() + " " + DTRAIN_SOURCE_DIR +
+  BOOST_TEST_REQUIRE(run_logged(python() + " " + DTRAIN_SOURCE_DIR +
                                     "/tests/hf/transformers_logits.py " + saved.string() + " " +
                                     (dir / "expected.safetensors").string() + " " + out.string(),
                                 log) == 0,
@@ -178,7 +188,7 @@ BOOST_AUTO_TEST_CASE(train_lm_fine_tunes_and_saves) {
   const fs::path work = fs::path(DTRAIN_TEST_BINARY_DIR) / "train_lm";
   fs::remove_all(work);
   fs::create_directories(work);
-  const std::string py = (venv / "bin/python").string();
+  const std::string py = python();
   BOOST_TEST_REQUIRE(run_logged(py + " -c \"import numpy as np; np.save('" + (work / "tokens.npy").string() +
                                     "', np.tile(np.arange(0, 61, 3, dtype=np.int32), 200)); np.save('" +
                                     (work / "bad.npy").string() + "', np.array([1, 2, 61] * 400, dtype=np.int64))\"",
@@ -223,7 +233,7 @@ BOOST_AUTO_TEST_CASE(tokenize_data_feeds_train_lm) {
   const fs::path work = fs::path(DTRAIN_TEST_BINARY_DIR) / "tokenize";
   fs::remove_all(work);
   fs::create_directories(work);
-  const std::string py = (venv / "bin/python").string(), src = DTRAIN_SOURCE_DIR;
+  const std::string py = python(), src = DTRAIN_SOURCE_DIR;
   BOOST_TEST_REQUIRE(run_logged(py + " " + src + "/tests/hf/make_tokenizer.py " + work.string(), work / "make.log") == 0,
                      read_text(work / "make.log"));
   const std::string script = py + " " + src + "/scripts/tokenize_data.py ";
@@ -252,7 +262,9 @@ BOOST_AUTO_TEST_CASE(tokenize_data_feeds_train_lm) {
 static bool init_unit_test() { return true; }
 
 int main(int argc, char* argv[]) {
-  if (const std::string why = dtrain::testing::python_venv_with(venv, "transformers", transformers_pin, 600);
+  if (const char* chosen = std::getenv("DTRAIN_TRANSFORMERS_PYTHON"); chosen != nullptr && *chosen != '\0') {
+    std::printf("transformers from DTRAIN_TRANSFORMERS_PYTHON=%s\n", chosen);
+  } else if (const std::string why = dtrain::testing::python_venv_with(venv, "transformers", transformers_pin, 600);
       !why.empty()) {
     std::printf("%s: test skipped (exit 77)\n", why.c_str());
     return 77;

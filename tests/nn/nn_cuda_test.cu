@@ -362,7 +362,7 @@ void fused_matches_reference(U unit, dtrain::SeqShape s, std::int64_t dim, const
     std::vector<std::int32_t> mask(static_cast<std::size_t>(s.rows()), 1);
     if (padded) {
       for (std::int64_t j = 0; j < 3; ++j) mask[static_cast<std::size_t>(j)] = 0;               // left padding
-      for (std::int64_t j = 9; j < 11; ++j) mask[static_cast<std::size_t>(s.time + j)] = 0;    // a hole
+      for (std::int64_t j = 9; j < 11; ++j) mask[static_cast<std::size_t>((s.batch - 1) * s.time + j)] = 0;  // a hole
       for (std::size_t r = 0; r < mask.size(); ++r)
         if (mask[r] == 0)
           for (std::int64_t k = 0; k < dim; ++k) c.dy[r * static_cast<std::size_t>(dim) + static_cast<std::size_t>(k)] = 0;

@@ -138,13 +138,15 @@ class CudnnAttentionState {
                         .set_data_type(fe::DataType_t::FLOAT));
   }
 
-  // [B, 1, 1, T]: one bias per key, broadcast over heads and queries.
+  // [B, 1, T, T]: a row of key biases per query, broadcast over heads (a
+  // [B, 1, 1, T] bias broadcast over queries gave wrong gradients).
   static std::shared_ptr<fe::graph::Tensor_attributes> bias(fe::graph::Graph& g, const FusedAttentionShape& s) {
+    const std::int64_t tt = s.time * s.time;
     return g.tensor(fe::graph::Tensor_attributes()
                         .set_name("key_bias")
                         .set_uid(uid_bias)
-                        .set_dim({s.batch, 1, 1, s.time})
-                        .set_stride({s.time, s.time, s.time, 1}));
+                        .set_dim({s.batch, 1, s.time, s.time})
+                        .set_stride({tt, tt, s.time, 1}));
   }
 
   static std::shared_ptr<fe::graph::Tensor_attributes> stats(fe::graph::Graph& g, const FusedAttentionShape& s) {

@@ -27,6 +27,7 @@ DTRAIN_DECL void detail::write_pretrained_json(const std::filesystem::path& part
   nlohmann::ordered_json cfg =
       config.json_text.empty() ? nlohmann::ordered_json::object() : nlohmann::ordered_json::parse(config.json_text);
   cfg["torch_dtype"] = "float32";
+  if (cfg.contains("dtype")) cfg["dtype"] = "float32";  // transformers 5's name for it
   write_json(partial / "config.json", cfg);
 }
 

@@ -26,6 +26,44 @@ V number(const nlohmann::ordered_json& j, const std::string& where, const char* 
   return j.at(key).get<V>();
 }
 
+// The rotary base. transformers 4 writes it as "rope_theta" (and any
+// scaling as "rope_scaling"); transformers 5 as "rope_parameters":
+// {"rope_type": "default", "rope_theta": ...}. Either is read; a file with
+// both must agree, and every rotary variant but the default is refused by
+// name (its positions would be silently wrong otherwise).
+inline float rope_theta(const nlohmann::ordered_json& j, const std::string& where) {
+  const float fallback = 10000.f;
+  float theta = number<float>(j, where, "rope_theta", &fallback);
+  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
+    throw config_error(where + ": rope_scaling " + j.at("rope_scaling").dump() + " is not supported",
+                       "use a model without rope_scaling (Llama 3.1+ long-context scaling is not implemented)");
+  if (!j.contains("rope_parameters") || j.at("rope_parameters").is_null()) return theta;
+  const auto& rp = j.at("rope_parameters");
+  const std::string in = where + ": rope_parameters";
+  if (!rp.is_object())
+    throw config_error(in + " " + rp.dump() + " is not an object", "give the model's config.json as transformers wrote it");
+  for (const auto& [key, value] : rp.items()) {
+    if (key == "rope_theta") continue;
+    if (key == "rope_type" || key == "type") {
+      if (value.is_string() && value.get<std::string>() == "default") continue;
+      throw config_error(in + " " + key + " " + value.dump() + " is not supported",
+                         "use a model with the default rotary embedding (rope_type \"default\"): scaled variants "
+                         "(linear, dynamic, yarn, llama3, longrope) are not implemented");
+    }
+    throw config_error(in + " key \"" + key + "\" (" + value.dump() + ") is not supported",
+                       "use a model whose rope_parameters hold only rope_type \"default\" and rope_theta");
+  }
+  if (rp.contains("rope_theta")) {
+    const float nested = number<float>(rp, in, "rope_theta");
+    if (j.contains("rope_theta") && !j.at("rope_theta").is_null() && nested != theta)
+      throw config_error(where + ": rope_theta " + j.at("rope_theta").dump() + " and rope_parameters.rope_theta " +
+                             rp.at("rope_theta").dump() + " disagree",
+                         "keep one of them (transformers 5 reads rope_parameters)");
+    theta = nested;
+  }
+  return theta;
+}
+
 DTRAIN_DECL bool flag(const nlohmann::ordered_json& j, const char* key, bool fallback) {
   return j.contains(key) && j.at(key).is_boolean() ? j.at(key).get<bool>() : fallback;
 }
@@ -100,9 +138,9 @@ DTRAIN_DECL LmConfig parse_config(const nlohmann::ordered_json& j, const std::st
   c.num_attention_heads = detail::number<std::int64_t>(j, where, "num_attention_heads");
   c.num_key_value_heads = detail::number<std::int64_t>(j, where, "num_key_value_heads", &c.num_attention_heads);
   c.max_position_embeddings = detail::number<std::int64_t>(j, where, "max_position_embeddings");
-  const float eps = 1e-6f, theta = 10000.f;
+  const float eps = 1e-6f;
   c.norm_eps = detail::number<float>(j, where, "rms_norm_eps", &eps);
-  c.rope_theta = detail::number<float>(j, where, "rope_theta", &theta);
+  c.rope_theta = detail::rope_theta(j, where);
   const bool attention_bias = detail::flag(j, "attention_bias", false);
   c.qkv_bias = type == "qwen2" || attention_bias;
   c.out_bias = type != "qwen2" && attention_bias;
@@ -120,9 +158,6 @@ DTRAIN_DECL LmConfig parse_config(const nlohmann::ordered_json& j, const std::st
                 "use a model whose head_dim is hidden_size / num_attention_heads");
   const std::string act = j.contains("hidden_act") && j.at("hidden_act").is_string() ? j.at("hidden_act").get<std::string>() : "silu";
   if (act != "silu") unsupported("hidden_act \"" + act + "\"", "dtrain's Llama-family MLP is SwiGLU (hidden_act \"silu\")");
-  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
-    unsupported("rope_scaling " + j.at("rope_scaling").dump(),
-                "use a model without rope_scaling (Llama 3.1+ long-context scaling is not implemented)");
   if (detail::flag(j, "mlp_bias", false)) unsupported("mlp_bias true", "use a model without MLP biases");
   if (type == "mistral" && j.contains("sliding_window") && !j.at("sliding_window").is_null() &&
       detail::number<std::int64_t>(j, where, "sliding_window") < c.max_position_embeddings)

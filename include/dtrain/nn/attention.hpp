@@ -27,6 +27,7 @@
 // leading dimension of 3 dim), one batched GEMM over the heads per sequence.
 
 #include <cmath>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -84,28 +85,47 @@ void attention_softmax(Dev& dev, const char* unit, T* att, std::int64_t heads, c
   dev.for_each(rows, CausalSoftmax<T, std::int64_t>{att, time, mask->data<std::int64_t>(), heads});
 }
 
-// The fused path's padding: an additive bias per key, 0 for a token and a
-// large negative number for padding (finite, so a query with every key
+// The fused path's padding: an additive bias [B, 1, T, T], 0 for a token
+// and a large negative number for padding (finite, so a query with every key
 // masked, a padding position before the first token, stays finite; nothing
-// reads its output and no other query attends to it).
+// reads its output and no other query attends to it). Every query gets its
+// own row of the key's values: cuDNN's backward read a [B, 1, 1, T] bias
+// broadcast over the queries wrongly (gradients off on an H100, 2026-11-27),
+// while the full shape is the one its documentation and samples use.
 template <class T, class M>
 struct KeyBias {
   const M* mask;
   T* bias;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { bias[i] = dtype_cast<T>(mask[i] != 0 ? 0.f : -30000.f); }
+  std::int64_t time;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto n = static_cast<std::int64_t>(i), b = n / (time * time), key = n % time;
+    bias[i] = dtype_cast<T>(mask[b * time + key] != 0 ? 0.f : -30000.f);
+  }
 };
 
-// The bias for the batch's attention_mask written to `out` ([B, T]), or
-// null without a mask.
+// The elements key_bias writes for this call: B * T * T with a padding mask,
+// 0 without, rounded up to 16 bytes (what follows it in a workspace stays
+// aligned for cuDNN).
+template <class T>
+std::int64_t key_bias_size(const char* unit, const UnitContext<T>& ctx) {
+  if (attention_mask(unit, ctx) == nullptr) return 0;
+  const auto per = static_cast<std::int64_t>(16 / sizeof(T));
+  const std::int64_t n = ctx.shape.batch * ctx.shape.time * ctx.shape.time;
+  return (n + per - 1) / per * per;
+}
+
+// The bias for the batch's attention_mask written to `out` (key_bias_size
+// elements), or null without a mask.
 template <class Dev, class T>
 const T* key_bias(Dev& dev, const char* unit, const UnitContext<T>& ctx, T* out) {
   const DeviceTensor* mask = attention_mask(unit, ctx);
   if (mask == nullptr) return nullptr;
-  const auto n = static_cast<std::size_t>(ctx.shape.batch * ctx.shape.time);
+  const std::int64_t time = ctx.shape.time;
+  const auto n = static_cast<std::size_t>(ctx.shape.batch * time * time);
   if (mask->type == element_type::i32)
-    dev.for_each(n, KeyBias<T, std::int32_t>{mask->data<std::int32_t>(), out});
+    dev.for_each(n, KeyBias<T, std::int32_t>{mask->data<std::int32_t>(), out, time});
   else
-    dev.for_each(n, KeyBias<T, std::int64_t>{mask->data<std::int64_t>(), out});
+    dev.for_each(n, KeyBias<T, std::int64_t>{mask->data<std::int64_t>(), out, time});
   return out;
 }
 
@@ -318,7 +338,8 @@ class CausalSelfAttention {
     const Fused<T> s = fused_parts(dev, p, x, ctx);
     detail::check_shape("nn::CausalSelfAttention", "output", y, x.rows, dim_);
     const std::int64_t C = dim_;
-    T* bias_ws = dev.template workspace<T>(static_cast<std::size_t>(ctx.shape.batch * ctx.shape.time));
+    T* bias_ws = dev.template workspace<T>(
+        static_cast<std::size_t>(std::max<std::int64_t>(1, detail::key_bias_size("nn::CausalSelfAttention", ctx))));
     const T* bias = detail::key_bias(dev, "nn::CausalSelfAttention", ctx, bias_ws);
     detail::project(dev, x, p[0].data, p[1].data, s.qkv, 3 * C);
     FusedAttentionShape shape = fused_shape(ctx.shape);
@@ -334,8 +355,8 @@ class CausalSelfAttention {
     const Fused<T> s = fused_parts(dev, p, x, ctx);
     detail::check_count("nn::CausalSelfAttention", "gradients", grad.size(), 4);
     detail::check_shape("nn::CausalSelfAttention", "output gradient", dy, x.rows, dim_);
-    const std::int64_t N = x.rows, C = dim_, bt = ctx.shape.batch * ctx.shape.time;
-    // workspace: key bias [B, T] | d_merged [N, C] | d_qkv [N, 3C]
+    const std::int64_t N = x.rows, C = dim_, bt = detail::key_bias_size("nn::CausalSelfAttention", ctx);
+    // workspace: key bias [B, 1, T, T] (with padding) | d_merged [N, C] | d_qkv [N, 3C]
     T* bias_ws = dev.template workspace<T>(static_cast<std::size_t>(bt + 4 * N * C));
     T* d_merged = bias_ws + bt;
     T* d_qkv = d_merged + N * C;

@@ -374,8 +374,8 @@ class RotaryAttention {
   void fused_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     const Fused<T> s = fused_parts(dev, p, x, ctx);
     detail::check_shape("nn::RotaryAttention", "output", y, x.rows, dim_);
-    const std::int64_t N = x.rows, kv = kv_heads_ * head_dim(), bt = ctx.shape.batch * ctx.shape.time;
-    // workspace: key bias [B, T] | rope cos, sin
+    const std::int64_t N = x.rows, kv = kv_heads_ * head_dim(), bt = detail::key_bias_size("nn::RotaryAttention", ctx);
+    // workspace: key bias [B, 1, T, T] (with padding) | rope cos, sin
     T* bias_ws = dev.template workspace<T>(static_cast<std::size_t>(bt) + rope_elems<T>(s.g));
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(bias_ws + bt));
     const T* kb = detail::key_bias(dev, "nn::RotaryAttention", ctx, bias_ws);
@@ -396,8 +396,9 @@ class RotaryAttention {
     const Fused<T> s = fused_parts(dev, p, x, ctx);
     detail::check_count("nn::RotaryAttention", "gradients", grad.size(), p.size());
     detail::check_shape("nn::RotaryAttention", "output gradient", dy, x.rows, dim_);
-    const std::int64_t N = x.rows, C = dim_, kv = kv_heads_ * head_dim(), bt = ctx.shape.batch * ctx.shape.time;
-    // workspace: key bias [B, T] | d_merged [N, C] | dq [N, C] | dk, dv [N, kv] | rope
+    const std::int64_t N = x.rows, C = dim_, kv = kv_heads_ * head_dim();
+    const std::int64_t bt = detail::key_bias_size("nn::RotaryAttention", ctx);
+    // workspace: key bias [B, 1, T, T] (with padding) | d_merged [N, C] | dq [N, C] | dk, dv [N, kv] | rope
     T* bias_ws = dev.template workspace<T>(static_cast<std::size_t>(bt + N * (2 * C + 2 * kv)) + rope_elems<T>(s.g));
     T* d_merged = bias_ws + bt;
     T* dq = d_merged + N * C;
