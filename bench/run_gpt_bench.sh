@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # GPT training benchmark: examples/gpt's train_gpt against the same model in
-# PyTorch DDP (Debian's torch 1.13, CPU, gloo), in the same run. Installs what
-# is missing (python3-torch) and builds its targets through scripts/setup.sh
-# first (--no-setup: use BUILD_DIR as it is).
+# PyTorch DDP (CPU, gloo), in the same run: Debian's torch 1.13 with the
+# written-out attention and the default AdamW, and the release users install
+# from PyPI (the peer, bench_peer_python: torch 2.15) at its fastest eager
+# settings, scaled_dot_product_attention and the fused AdamW
+# (DTRAIN_BENCH_PEER_COMPILE=1 adds the same with torch.compile, whose
+# compilation falls in the warm-up steps). Installs what is missing
+# (python3-torch; the peer's venv once) and builds its targets through
+# scripts/setup.sh first (--no-setup: use BUILD_DIR as it is).
 # usage: bench/run_gpt_bench.sh [BUILD_DIR] [--repeat N] [--steps N] [--json PATH] [--no-setup] [--smoke]
 #
 # Model: n_layer 4, n_embd 128, n_head 4, block_size 128, batch 8 sequences
@@ -14,7 +19,7 @@
 # (activation_checkpointing=true; torch.utils.checkpoint around each block),
 # both launched by dtrain-run; threads per rank = cores / ranks
 # (OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, the same for both sides).
-# The implementations alternate N times (default 3; the first to start swaps
+# The implementations alternate N times (default 3; their order reverses
 # every run): each run reports rank 0's median step after the warm-up
 # (10 steps of the default 60; --steps N) and rank 0's peak resident set
 # (getrusage ru_maxrss); the tables show the median of the N runs, the JSON
@@ -66,6 +71,10 @@ cores=$(nproc)
 bench_build python3-torch dtrain-run train_gpt
 bench_need "$launcher" "$train_gpt"
 bench_need_torch "$python"
+bench_peer_python  # empty in --smoke: the peer needs the PyPI venv
+impls=(dtrain torch)
+[[ -n $peer_python ]] && impls+=(peer)
+[[ -n $peer_python && ${DTRAIN_BENCH_PEER_COMPILE:-0} == 1 ]] && impls+=(peer_compile)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -86,10 +95,12 @@ fi
 run_one() {
   local impl=$1 n=$2 ac=$3 i=$4
   local base=$work/$impl.$n.ac$ac.$i
-  if [[ $impl == torch ]]; then
-    local ckpt=()
+  if [[ $impl != dtrain ]]; then
+    local ckpt=() py=$python
     ((ac)) && ckpt=(--checkpointing)
-    launch "$n" "$base.log" "$python" "$repo/bench/gpt/torch_ddp_gpt.py" --vocab "$vocab" --n-layer $n_layer \
+    [[ $impl == peer* ]] && py=$peer_python && ckpt+=(--attention sdpa --fused-adamw)
+    [[ $impl == peer_compile ]] && ckpt+=(--compile)
+    launch "$n" "$base.log" "$py" "$repo/bench/gpt/torch_ddp_gpt.py" --vocab "$vocab" --n-layer $n_layer \
       --n-embd $n_embd --n-head $n_head --block-size $block --batch-size $batch --lr $lr --steps "$steps" \
       --warmup $warmup "${ckpt[@]}" --json "$base.json"
   else
@@ -105,8 +116,11 @@ echo "vocabulary $vocab; $steps steps per run, the first $warmup left out of the
 for ((i = 1; i <= repeat; i++)); do
   # Which implementation starts swaps every run: any drift in the machine's
   # load spreads over both.
-  order=(dtrain torch)
-  ((i % 2 == 0)) && order=(torch dtrain)
+  order=("${impls[@]}")
+  if ((i % 2 == 0)); then
+    order=()
+    for ((k = ${#impls[@]} - 1; k >= 0; k--)); do order+=("${impls[k]}"); done
+  fi
   for n in 1 2; do
     for ac in 0 1; do
       echo "run $i/$repeat: $n rank(s), $((cores / n > 0 ? cores / n : 1)) thread(s) each," \

@@ -5,7 +5,8 @@ usage: summarize.py WORK_DIR --repeat R --cores C --steps S --warmup W --vocab V
 WORK_DIR holds, for each world size n in 1, 2, activation checkpointing a in 0, 1 and run i in 1..R:
 dtrain.n.aca.i.jsonl (train_gpt metrics, rank 0), dtrain.n.aca.i.log (its output, with the line
 "peak resident memory (rank 0): X MiB" where train_gpt prints it), torch.n.aca.i.json
-(bench/gpt/torch_ddp_gpt.py).
+(bench/gpt/torch_ddp_gpt.py, Debian's torch) and, when the run had them, peer.n.aca.i.json (the same
+script on the PyPI release, SDPA and the fused AdamW) and peer_compile.n.aca.i.json (the same compiled).
 """
 
 import argparse
@@ -18,6 +19,8 @@ import time
 
 MIB = 1 << 20
 CATEGORIES = ("params", "grads", "optimizer", "master", "gathered", "activations")
+# The PyPI release's runs when the benchmark had them: eager (SDPA, fused AdamW), and the same compiled.
+PEERS = ("peer", "peer_compile")
 PEAK_RSS = re.compile(r"peak resident memory \(rank 0\): ([0-9.]+) MiB")
 
 
@@ -66,10 +69,10 @@ def dtrain_row(work, n, ac, runs, args, tokens):
     return row
 
 
-def torch_row(work, n, ac, runs, tokens):
+def torch_row(work, n, ac, runs, tokens, impl="torch"):
     results = []
     for i in runs:
-        with open(os.path.join(work, f"torch.{n}.ac{ac}.{i}.json")) as f:
+        with open(os.path.join(work, f"{impl}.{n}.ac{ac}.{i}.json")) as f:
             results.append(json.load(f))
     rss_runs = [r["peak_rss_mib"] for r in results]
     before = [r["rss_before_model_mib"] for r in results]
@@ -110,6 +113,18 @@ def print_tables(results, args):
         print(f"| {r['ranks']} | {r['threads_per_rank']} | {on_off(r['activation_checkpointing'])} | "
               f"{d['step_ms']:.2f} | {d['tokens_per_s']:,.0f} | {t['step_ms']:.2f} | {t['tokens_per_s']:,.0f} | "
               f"{r['speedup']:.2f}x |")
+    for impl in PEERS:
+        if not all(impl in r for r in results):
+            continue
+        print(f"\nThe same against {results[0][impl]['implementation']} (PyPI)")
+        print("| ranks | threads / rank | activation checkpointing | train_gpt step ms | peer step ms | tokens/s | "
+              "dtrain / peer |")
+        print("|---:|---:|---|---:|---:|---:|---:|")
+        for r in results:
+            d, t = r["dtrain"], r[impl]
+            print(f"| {r['ranks']} | {r['threads_per_rank']} | {on_off(r['activation_checkpointing'])} | "
+                  f"{d['step_ms']:.2f} | {t['step_ms']:.2f} | {t['tokens_per_s']:,.0f} | "
+                  f"{r['speedup_vs_' + impl]:.2f}x |")
 
     print("\nPeak resident set of rank 0 (getrusage ru_maxrss, MiB; torch's includes the interpreter and its "
           "libraries, 'before model' = its peak before the model was built), and dtrain's tracked memory per rank "
@@ -157,9 +172,14 @@ def main():
         for ac in (0, 1):
             d = dtrain_row(args.work, n, ac, runs, args, tokens)
             t = torch_row(args.work, n, ac, runs, tokens)
-            results.append({"ranks": n, "threads_per_rank": max(1, args.cores // n),
-                            "activation_checkpointing": bool(ac), "dtrain": d, "torch": t,
-                            "speedup": round(t["step_ms"] / d["step_ms"], 3)})
+            row = {"ranks": n, "threads_per_rank": max(1, args.cores // n),
+                   "activation_checkpointing": bool(ac), "dtrain": d, "torch": t,
+                   "speedup": round(t["step_ms"] / d["step_ms"], 3)}
+            for impl in PEERS:
+                if os.path.exists(os.path.join(args.work, f"{impl}.{n}.ac{ac}.1.json")):
+                    row[impl] = torch_row(args.work, n, ac, runs, tokens, impl)
+                    row["speedup_vs_" + impl] = round(row[impl]["step_ms"] / d["step_ms"], 3)
+            results.append(row)
     # Both sides build the same model: dtrain's fp32 params (DDP: every
     # parameter on every rank) count 4 bytes per parameter.
     torch_params = results[0]["torch"]["parameters"]
@@ -172,8 +192,8 @@ def main():
                     "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "unset (OpenBLAS detects the CPU)")},
         "method": f"per run: the median step over steps {args.warmup + 1}..{args.steps} (rank 0; train_gpt's "
                   f"step_ms, the same span in the torch script: zero_grad through optimizer.step); tokens/s = "
-                  f"ranks x batch x block_size / step; reported: the median of {args.repeat} runs, the two "
-                  f"implementations alternating (the first to start swapped every run; every run kept); threads "
+                  f"ranks x batch x block_size / step; reported: the median of {args.repeat} runs, the "
+                  f"implementations alternating (their order reversed every run; every run kept); threads "
                   f"per rank = cores / ranks (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS, both sides); peak RSS: "
                   f"rank 0's getrusage ru_maxrss at the end; memory_bytes: dtrain's tracked bytes per rank "
                   f"after the last step (params, grads, optimizer, master as held; gathered and activations "

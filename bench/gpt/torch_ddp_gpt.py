@@ -23,6 +23,13 @@ steps, tokens/s (world x batch x block / median) and rank 0's peak resident
 set (getrusage ru_maxrss), also as it stood before the model was built
 (the Python interpreter and torch's libraries).
 
+The peer settings of current PyTorch (2.x; refused by name on 1.13):
+--attention sdpa runs F.scaled_dot_product_attention(is_causal=True) in
+place of the written-out masked softmax, --fused-adamw takes AdamW's fused
+implementation (one kernel per step on the CPU since 2.4), --compile wraps
+the model in torch.compile before DDP (its compilation falls in the warm-up
+steps; raise --warmup if it does not).
+
 Launch one process per rank with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set,
 e.g. `dtrain-run --nproc-per-node 2 /usr/bin/python3 bench/gpt/torch_ddp_gpt.py --vocab 40`.
 Threads per rank: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (dtrain-run sets
@@ -54,9 +61,10 @@ def peak_rss_mib():
 
 
 class Block(torch.nn.Module):
-    def __init__(self, d, heads, block):
+    def __init__(self, d, heads, block, sdpa=False):
         super().__init__()
         self.heads = heads
+        self.sdpa = sdpa
         self.ln1 = torch.nn.LayerNorm(d, eps=1e-5)
         self.qkv = torch.nn.Linear(d, 3 * d)
         self.proj = torch.nn.Linear(d, d)
@@ -71,6 +79,9 @@ class Block(torch.nn.Module):
         b, t, d = x.shape
         width = d // self.heads
         q, k, v = (part.view(b, t, self.heads, width).transpose(1, 2) for part in self.qkv(x).split(d, dim=2))
+        if self.sdpa:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(o.transpose(1, 2).reshape(b, t, d))
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(width))
         scores = scores.masked_fill(self.future[:t, :t], float("-inf"))
         return self.proj((scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, t, d))
@@ -81,12 +92,12 @@ class Block(torch.nn.Module):
 
 
 class Gpt(torch.nn.Module):
-    def __init__(self, vocab, block, n_layer, heads, d, checkpointing):
+    def __init__(self, vocab, block, n_layer, heads, d, checkpointing, sdpa=False):
         super().__init__()
         self.checkpointing = checkpointing
         self.tok = torch.nn.Embedding(vocab, d)
         self.pos = torch.nn.Parameter(torch.randn(block, d) * 0.02)
-        self.blocks = torch.nn.ModuleList(Block(d, heads, block) for _ in range(n_layer))
+        self.blocks = torch.nn.ModuleList(Block(d, heads, block, sdpa) for _ in range(n_layer))
         self.ln_f = torch.nn.LayerNorm(d, eps=1e-5)
         self.head = torch.nn.Linear(d, vocab, bias=False)
 
@@ -116,10 +127,19 @@ def main():
     parser.add_argument("--batches", type=int, default=16, help="distinct random batches per rank, cycled")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast")
+    parser.add_argument("--attention", choices=("manual", "sdpa"), default="manual",
+                        help="sdpa: F.scaled_dot_product_attention (PyTorch 2)")
+    parser.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True) (PyTorch 2.4+ on the CPU)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (PyTorch 2)")
     parser.add_argument("--json", help="rank 0 writes the results here (default: stdout)")
     args = parser.parse_args()
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
+    major = int(torch.__version__.split(".")[0])
+    for wanted, flag in ((args.attention == "sdpa", "--attention sdpa"), (args.fused_adamw, "--fused-adamw"),
+                         (args.compile, "--compile")):
+        if wanted and major < 2:
+            parser.error(f"{flag} needs PyTorch 2 (this is {torch.__version__})")
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     torch.manual_seed(0)
@@ -131,13 +151,17 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     rss_before_model = peak_rss_mib()
 
-    gpt = Gpt(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd, args.checkpointing).to(dev)
+    gpt = Gpt(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd, args.checkpointing,
+              args.attention == "sdpa").to(dev)
     parameters = sum(p.numel() for p in gpt.parameters())
     # The causal mask is a bool buffer, which gloo cannot broadcast; it is a
     # constant of the shape, so DDP leaves every buffer alone.
     DDP._set_params_and_buffers_to_ignore_for_model(gpt, [name for name, _ in gpt.named_buffers()])
     model = DDP(gpt, device_ids=[dev.index]) if cuda else DDP(gpt)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    if args.compile:
+        model = torch.compile(model)
+    extra = {"fused": True} if args.fused_adamw else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, **extra)
     gen = torch.Generator().manual_seed(1 + rank)
     shape = (args.batches, args.batch_size, args.block_size)
     xs = torch.randint(0, args.vocab, shape, generator=gen)
@@ -170,7 +194,11 @@ def main():
     median = timed[len(timed) // 2]
     tokens = world * args.batch_size * args.block_size
     backend = f"nccl, {torch.cuda.get_device_name(dev)}" if cuda else "gloo"
-    result = {"implementation": f"PyTorch {torch.__version__} DDP ({backend})", "world_size": world,
+    settings = [name for on, name in ((args.attention == "sdpa", "SDPA"), (args.fused_adamw, "fused AdamW"),
+                                      (args.compile, "torch.compile")) if on]
+    implementation = f"PyTorch {torch.__version__} DDP ({backend})" + "".join(", " + s for s in settings)
+    result = {"implementation": implementation, "world_size": world, "attention": args.attention,
+              "fused_adamw": args.fused_adamw, "compile": args.compile,
               "threads_per_rank": torch.get_num_threads(), "vocab": args.vocab, "n_layer": args.n_layer,
               "n_embd": args.n_embd, "n_head": args.n_head, "block_size": args.block_size,
               "batch_per_rank": args.batch_size, "parameters": parameters, "checkpointing": args.checkpointing,
