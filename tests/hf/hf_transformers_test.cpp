@@ -45,10 +45,11 @@ const fs::path venv = fs::path(DTRAIN_TEST_BINARY_DIR) / "venv";
 // The Python the comparisons run: DTRAIN_TRANSFORMERS_PYTHON when set (one
 // with PyTorch and transformers of any release, e.g. transformers 5, whose
 // config.json differs), else the pinned venv's.
-std::string python() {
+const char* chosen_python() {
   const char* chosen = std::getenv("DTRAIN_TRANSFORMERS_PYTHON");
-  return chosen != nullptr && *chosen != '\0' ? std::string(chosen) : (venv / "bin/python").string();
+  return chosen != nullptr && *chosen != '\0' ? chosen : nullptr;
 }
+std::string python() { return chosen_python() != nullptr ? chosen_python() : (venv / "bin/python").string(); }
 
 // A fresh model from make_tiny_lm.py in a folder of its own.
 fs::path make_model(const std::string& name, const std::string& args) {
@@ -262,7 +263,7 @@ BOOST_AUTO_TEST_CASE(tokenize_data_feeds_train_lm) {
 static bool init_unit_test() { return true; }
 
 int main(int argc, char* argv[]) {
-  if (const char* chosen = std::getenv("DTRAIN_TRANSFORMERS_PYTHON"); chosen != nullptr && *chosen != '\0') {
+  if (const char* chosen = chosen_python()) {
     std::printf("transformers from DTRAIN_TRANSFORMERS_PYTHON=%s\n", chosen);
   } else if (const std::string why = dtrain::testing::python_venv_with(venv, "transformers", transformers_pin, 600);
       !why.empty()) {
