@@ -1,56 +1,138 @@
 """Tables and JSON for bench/run_hf_bench.sh.
 
-usage: summarize.py WORK_DIR --models a,b --repeat N --warmup W --ranks R --json OUT
-Reads WORK_DIR/<model>.<impl>.<i>.{jsonl,json} (dtrain's metrics records,
-the torch side's JSON), prints per model the median step time and tokens/s of
-each side (median of the runs' medians) and their ratio, and writes every
-run's figures to OUT.
+usage: summarize.py WORK_DIR --models a,b --repeat N --warmup W --ranks 2,1 --blocks 128
+                    --checkpointing 0 --impls dtrain,torch,peer --cores C --batch B --steps S --json OUT
+Reads WORK_DIR/<model>.<ranks>x.b<block>.ac<0|1>.<impl>.<i>.{jsonl,json}
+(dtrain's metrics records, the PyTorch sides' JSON), prints one row per
+setting with each side's median step (median of the runs' medians) and the
+ratios of tokens/s, dtrain over each PyTorch side, and writes every run's
+figures, the versions measured, the date, commit and machine to OUT.
 """
 
 import argparse
 import json
+import os
+import platform
 import statistics
+import subprocess
+import time
 
-parser = argparse.ArgumentParser()
-parser.add_argument("work")
-parser.add_argument("--models", required=True)
-parser.add_argument("--repeat", type=int, required=True)
-parser.add_argument("--warmup", type=int, required=True)
-parser.add_argument("--ranks", type=int, required=True)
-parser.add_argument("--threads", type=int, required=True)
-parser.add_argument("--json", required=True)
-args = parser.parse_args()
+SIDES = {
+    "torch": "Debian's torch with transformers 4.40 (eager attention, default AdamW)",
+    "peer": "the PyPI release, eager: SDPA attention, AdamW(fused=True)",
+    "peer_compile": "the PyPI release under torch.compile: SDPA attention, AdamW(fused=True)",
+}
 
-out = {"ranks": args.ranks, "threads_per_rank": args.threads, "warmup_steps": args.warmup, "models": {}}
-print(f"{'model':<14} {'parameters':>12} {'dtrain ms':>10} {'torch ms':>10} {'dtrain tok/s':>13} "
-      f"{'torch tok/s':>12} {'ratio':>6}")
-for model in args.models.split(","):
-    runs = {"dtrain": [], "torch": []}
-    for i in range(1, args.repeat + 1):
-        with open(f"{args.work}/{model}.dtrain.{i}.jsonl") as f:
-            records = [json.loads(line) for line in f if line.strip()]
-        steps = [r["step_ms"] for r in records][args.warmup:]
-        median = statistics.median(steps)
-        runs["dtrain"].append({"step_ms": [r["step_ms"] for r in records], "median_ms": median,
-                               "tokens_per_s": statistics.median([r["tokens_per_s"] for r in records][args.warmup:])})
-        with open(f"{args.work}/{model}.torch.{i}.json") as f:
-            runs["torch"].append(json.load(f))
-    params = runs["torch"][0]["parameters"]  # named_parameters(): a tied head once, as dtrain stores it
-    d = statistics.median(r["median_ms"] for r in runs["dtrain"])
-    t = statistics.median(r["median_ms"] for r in runs["torch"])
-    dt = statistics.median(r["tokens_per_s"] for r in runs["dtrain"])
-    tt = statistics.median(r["tokens_per_s"] for r in runs["torch"])
-    print(f"{model:<14} {params:>12,} {d:>10.1f} {t:>10.1f} {dt:>13.0f} {tt:>12.0f} {dt / tt:>5.2f}x")
-    out["models"][model] = {"parameters": params, "dtrain_median_ms": d, "torch_median_ms": t,
-                            "dtrain_tokens_per_s": dt, "torch_tokens_per_s": tt, "ratio": dt / tt, "runs": runs}
-try:  # run_hf_bench.sh's loading run: train_lm's line of peak resident sets
-    with open(f"{args.work}/load.log") as f:
-        line = next(l for l in f if "peak resident set" in l).strip()
-    out["gpt2-124m_load_fsdp_full"] = line
-    print("loading gpt2-124m (fsdp-full):", line[line.index(":") + 2:])
-except (OSError, StopIteration):
-    pass
-with open(args.json, "w") as f:
-    json.dump(out, f, indent=1)
-print(f"ratio: dtrain's tokens/s over transformers + PyTorch DDP's, {args.ranks} ranks x {args.threads} thread(s); "
-      f"JSON: {args.json}")
+
+def cpu_info():
+    info = {}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    flags = info.get("flags", "").split()
+    return {"cpu": info.get("model name", platform.machine()),
+            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]}
+
+
+def commit(repo):
+    try:
+        return subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def dtrain_run(path, warmup):
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    steps = [r["step_ms"] for r in records if "step_ms" in r]
+    tokens = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
+    return {"step_ms": steps, "median_ms": statistics.median(steps[warmup:]),
+            "tokens_per_s": statistics.median(tokens[warmup:])}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("work")
+    for name in ("models", "ranks", "blocks", "checkpointing", "impls"):
+        p.add_argument(f"--{name}", required=True)
+    for name in ("repeat", "warmup", "cores", "batch", "steps"):
+        p.add_argument(f"--{name}", type=int, required=True)
+    p.add_argument("--json", required=True)
+    args = p.parse_args()
+    impls = args.impls.split(",")
+    peers = [i for i in impls if i != "dtrain"]
+
+    settings, versions = [], {}
+    header = f"{'model':<11} {'ranks x thr':>11} {'block':>5} {'ckpt':>4} {'dtrain ms':>10}"
+    for side in peers:
+        header += f" {side + ' ms':>17} {'x':>6}"
+    print(header)
+    for model in args.models.split(","):
+        for n in (int(r) for r in args.ranks.split(",")):
+            for block in (int(b) for b in args.blocks.split(",")):
+                for ac in (int(a) for a in args.checkpointing.split(",")):
+                    stem = f"{args.work}/{model}.{n}x.b{block}.ac{ac}"
+                    runs = {impl: [] for impl in impls}
+                    for i in range(1, args.repeat + 1):
+                        runs["dtrain"].append(dtrain_run(f"{stem}.dtrain.{i}.jsonl", args.warmup))
+                        for side in peers:
+                            with open(f"{stem}.{side}.{i}.json") as f:
+                                runs[side].append(json.load(f))
+                    row = {"model": model, "ranks": n, "threads_per_rank": max(1, args.cores // n),
+                           "block_size": block, "activation_checkpointing": bool(ac), "sides": {}}
+                    for impl in impls:
+                        row["sides"][impl] = {
+                            "median_ms": statistics.median(r["median_ms"] for r in runs[impl]),
+                            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[impl]),
+                            "runs": runs[impl]}
+                    for side in peers:
+                        first = runs[side][0]
+                        row["parameters"] = first["parameters"]  # a tied head once, as dtrain stores it
+                        versions[side] = {"torch": first.get("torch"), "transformers": first.get("transformers"),
+                                          "attention": first.get("attention"), "settings": SIDES.get(side, side)}
+                        row["ratio_vs_" + side] = round(row["sides"]["dtrain"]["tokens_per_s"]
+                                                        / row["sides"][side]["tokens_per_s"], 3)
+                    settings.append(row)
+                    layout = f"{n} x {row['threads_per_rank']}"
+                    line = (f"{model:<11} {layout:>11} {block:>5} "
+                            f"{'on' if ac else 'off':>4} {row['sides']['dtrain']['median_ms']:>10.1f}")
+                    for side in peers:
+                        line += f" {row['sides'][side]['median_ms']:>17.1f} {row['ratio_vs_' + side]:>5.2f}x"
+                    print(line)
+
+    out = {
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": commit(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+        "machine": {**cpu_info(), "cores": args.cores, "kernel": platform.release(),
+                    "load_average_at_end": os.getloadavg()},
+        "method": f"per run: rank 0's median step over steps {args.warmup + 1}..{args.steps} (train_lm's step_ms; "
+                  f"the torch script times zero_grad through optimizer.step); tokens/s = ranks x batch x block / "
+                  f"step; reported: the median of {args.repeat} run(s), the sides' order reversed every run; "
+                  f"threads per rank = cores / ranks (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS, every side); "
+                  f"ratio_vs_<side>: dtrain's tokens/s over that side's",
+        "model_setup": {"batch_per_rank": args.batch, "precision": "fp32", "optimizer": "AdamW lr 1e-3, weight decay 0",
+                        "strategy": "DDP (gloo on the PyTorch sides)", "data": "random token ids"},
+        "sides": versions,
+        "settings": settings,
+    }
+    try:  # run_hf_bench.sh's loading run: train_lm's line of peak resident sets
+        with open(f"{args.work}/load.log") as f:
+            line = next(l for l in f if "peak resident set" in l).strip()
+        out["gpt2-124m_load_fsdp_full"] = line
+        print("loading gpt2-124m (fsdp-full, 2 ranks):", line[line.index(":") + 2:])
+    except (OSError, StopIteration):
+        pass
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    for side in peers:
+        v = versions[side]
+        print(f"{side}: torch {v['torch']}, transformers {v['transformers']}, attention {v['attention']} "
+              f"({v['settings']})")
+    print(f"x: dtrain's tokens/s over that side's; batch {args.batch} sequences per rank; JSON: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

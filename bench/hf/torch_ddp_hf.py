@@ -2,6 +2,7 @@
 Hugging Face benchmark (bench/run_hf_bench.sh).
 
 usage: torch_ddp_hf.py --model-dir DIR --block-size T --batch-size B --steps N --warmup W --json OUT
+                      [--attention eager|sdpa] [--fused-adamw] [--compile] [--checkpointing]
 
 Builds AutoModelForCausalLM.from_config from DIR/config.json (random
 weights, fp32, train mode; the configs the benchmark writes have no
@@ -10,8 +11,17 @@ token ids drawn before the timed loop (labels = ids, so the model's own
 shifted cross-entropy) with torch.optim.AdamW (lr 1e-3, weight decay 0).
 Each step is timed from zero_grad through optimizer.step on rank 0; the
 JSON has every step's milliseconds, the median after the warm-up, tokens/s
-(world x B x T / median) and rank 0's peak resident set. Launch one process
-per rank with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set (dtrain-run does).
+(world x B x T / median), rank 0's peak resident set and the versions of
+torch and transformers. Launch one process per rank with
+RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set (dtrain-run does).
+
+The fastest settings of a current release (the benchmark's peer):
+--attention sdpa (transformers' attn_implementation, torch's
+scaled_dot_product_attention), --fused-adamw (AdamW(fused=True), torch >= 2.4
+on CPU), --compile (torch.compile of the model, compiled during the warm-up).
+--checkpointing: transformers' gradient checkpointing of every layer (the
+non-reentrant torch.utils.checkpoint). Each option a release lacks is
+refused by name.
 """
 
 import argparse
@@ -36,20 +46,33 @@ parser.add_argument("--batch-size", type=int, required=True)
 parser.add_argument("--steps", type=int, required=True)
 parser.add_argument("--warmup", type=int, required=True)
 parser.add_argument("--json", required=True)
+parser.add_argument("--attention", choices=["eager", "sdpa"])
+parser.add_argument("--fused-adamw", action="store_true")
+parser.add_argument("--compile", action="store_true")
+parser.add_argument("--checkpointing", action="store_true")
 args = parser.parse_args()
+major = int(torch.__version__.split(".")[0])
+if major < 2 and (args.attention == "sdpa" or args.fused_adamw or args.compile):
+    parser.error(f"--attention sdpa, --fused-adamw and --compile need torch >= 2 (this is {torch.__version__})")
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(1 + rank)
 config = transformers.AutoConfig.from_pretrained(args.model_dir)
-model = transformers.AutoModelForCausalLM.from_config(config)
+extra = {"attn_implementation": args.attention} if args.attention else {}
+model = transformers.AutoModelForCausalLM.from_config(config, **extra)
 model.train()
+if args.checkpointing:
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 # GPT-2's causal-mask buffers are bool, which gloo cannot broadcast; every
 # buffer is a constant of the config, so DDP leaves them alone.
 DDP._set_params_and_buffers_to_ignore_for_model(model, [name for name, _ in model.named_buffers()])
 ddp = DDP(model) if world > 1 else model
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+if args.compile:
+    ddp = torch.compile(ddp)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0,
+                              **({"fused": True} if args.fused_adamw else {}))
 batches = [torch.randint(0, config.vocab_size, (args.batch_size, args.block_size)) for _ in range(4)]
 times = []
 for step in range(args.steps):
@@ -66,5 +89,7 @@ if rank == 0:
         json.dump({"step_ms": times, "median_ms": median,
                    "tokens_per_s": world * args.batch_size * args.block_size / (median / 1000.0),
                    "parameters": sum(p.numel() for p in model.parameters()),
-                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}, f)
+                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                   "torch": torch.__version__, "transformers": transformers.__version__,
+                   "attention": getattr(model.config, "_attn_implementation", None) or "default"}, f)
 dist.destroy_process_group()
