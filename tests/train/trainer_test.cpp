@@ -31,8 +31,9 @@ void runtime_equals_compile_time() {
     TrainerCore<UnevenNet, Host, Precision<bf16>> chosen(w, a, AdamW{.lr = 1e-2f}, o, 2,
                                                          strategy_factory<Kind, Host, bf16, float>());
     Trainer<UnevenNet, Device<Host>, Strategy<Kind>, Precision<bf16>, Accumulate<2>> typed(w, b, AdamW{.lr = 1e-2f}, o);
-    BOOST_TEST(chosen.strategy_name() == Kind::name);
-    BOOST_TEST(chosen.micro_batches() == 2);
+    // On a rank's thread: require, not Boost.Test's assertions (not thread-safe).
+    require(chosen.strategy_name() == Kind::name, "strategy_name() differs from the kind's name");
+    require(chosen.micro_batches() == 2, "micro_batches() != 2");
     for (int s = 0; s < 3; ++s) {
       chosen.step(micro_batches(s, w.rank(), {3, 4}));
       typed.step(micro_batches(s, w.rank(), {3, 4}));
