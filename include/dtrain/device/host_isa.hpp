@@ -19,6 +19,7 @@
 // (the compiler's own) and DTRAIN_HOST_ISA accepts only "baseline".
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -113,24 +114,58 @@ namespace detail {
 // reloaded after each store the compiler cannot prove does not hit the
 // functor, and AdamW's dozen coefficients then need more run-time alias
 // checks than GCC makes (10), so the loop stayed scalar.
+//
+// A functor whose index stands for a position in rows (i / cols, i % cols)
+// pays a 64-bit division per element, and the division keeps the loop
+// scalar. Such a functor may also define span(begin, end): the same work as
+// f(i) for every i in [begin, end), any sub-range, written as loops over
+// whole rows (one division per row, contiguous inner loops the compiler
+// vectorises) and computing each element with the same operations, so the
+// bits are those of f(i). The host runs span where there is one; a GPU
+// always calls f(i), one index per thread.
+template <class F>
+concept HostSpanFunctor = requires(F& f, std::size_t i) { f.span(i, i); };
+
+// For span: g(r, j0, j1) for each row's piece [j0, j1) of the flat range
+// [begin, end) of a row-major matrix `cols` wide, in order.
+template <class G>
+DTRAIN_ALWAYS_INLINE void row_pieces(std::size_t begin, std::size_t end, std::int64_t cols, G&& g) {
+  auto n = static_cast<std::int64_t>(begin);
+  const auto stop = static_cast<std::int64_t>(end);
+  while (n < stop) {
+    const std::int64_t r = n / cols, j0 = n % cols, j1 = j0 + (stop - n) < cols ? j0 + (stop - n) : cols;
+    g(r, j0, j1);
+    n += j1 - j0;
+  }
+}
+
+template <class F>
+DTRAIN_ALWAYS_INLINE void run_indices(F& f, std::size_t begin, std::size_t end) {
+  if constexpr (HostSpanFunctor<F>) {
+    f.span(begin, end);
+  } else {
+    for (std::size_t i = begin; i < end; ++i) f(i);
+  }
+}
+
 template <class F>
 DTRAIN_FLATTEN void run_range_baseline(const F& f, std::size_t begin, std::size_t end) {
   F local = f;
-  for (std::size_t i = begin; i < end; ++i) local(i);
+  run_indices(local, begin, end);
 }
 
 #if DTRAIN_HOST_ISA_DISPATCH
 template <class F>
 __attribute__((flatten, target("avx2,fma"))) void run_range_avx2(const F& f, std::size_t begin, std::size_t end) {
   F local = f;
-  for (std::size_t i = begin; i < end; ++i) local(i);
+  run_indices(local, begin, end);
 }
 
 template <class F>
 __attribute__((flatten, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void run_range_avx512(const F& f, std::size_t begin,
                                                                                             std::size_t end) {
   F local = f;
-  for (std::size_t i = begin; i < end; ++i) local(i);
+  run_indices(local, begin, end);
 }
 #endif
 

@@ -16,6 +16,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
+#include "dtrain/device/host_isa.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/model/param.hpp"
@@ -127,14 +128,22 @@ struct silu_op {
 };
 
 // y[r, j] = silu(x[r, j]) * x[r, hidden + j]: the gate half, then the up half.
+// (span: the host's row loops, device/host_isa.hpp.)
 template <class T>
 struct SwiGluForward {
   MatView<const T> x;
   MatView<T> y;
-  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
-    const auto r = static_cast<std::int64_t>(i) / y.cols, j = static_cast<std::int64_t>(i) % y.cols;
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void at(std::int64_t r, std::int64_t j) const {
     const float g = static_cast<float>(x(r, j)), u = static_cast<float>(x(r, y.cols + j));
     y(r, j) = dtype_cast<T>(silu_op::forward(g) * u);
+  }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
+    at(static_cast<std::int64_t>(i) / y.cols, static_cast<std::int64_t>(i) % y.cols);
+  }
+  void span(std::size_t begin, std::size_t end) const {
+    dtrain::detail::row_pieces(begin, end, y.cols, [this](std::int64_t r, std::int64_t j0, std::int64_t j1) {
+      for (std::int64_t j = j0; j < j1; ++j) at(r, j);
+    });
   }
 };
 
@@ -143,12 +152,19 @@ struct SwiGluBackward {
   MatView<const T> x;
   MatView<const T> dy;
   MatView<T> dx;
-  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
-    const auto r = static_cast<std::int64_t>(i) / dy.cols, j = static_cast<std::int64_t>(i) % dy.cols;
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void at(std::int64_t r, std::int64_t j) const {
     const float g = static_cast<float>(x(r, j)), u = static_cast<float>(x(r, dy.cols + j));
     const float d = static_cast<float>(dy(r, j));
     dx(r, j) = dtype_cast<T>(silu_op::backward(g, 0.f, d * u));
     dx(r, dy.cols + j) = dtype_cast<T>(d * silu_op::forward(g));
+  }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
+    at(static_cast<std::int64_t>(i) / dy.cols, static_cast<std::int64_t>(i) % dy.cols);
+  }
+  void span(std::size_t begin, std::size_t end) const {
+    dtrain::detail::row_pieces(begin, end, dy.cols, [this](std::int64_t r, std::int64_t j0, std::int64_t j1) {
+      for (std::int64_t j = j0; j < j1; ++j) at(r, j);
+    });
   }
 };
 

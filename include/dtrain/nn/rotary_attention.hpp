@@ -37,6 +37,7 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/fused_attention.hpp"
+#include "dtrain/device/host_isa.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
@@ -141,6 +142,30 @@ struct ToRotatedHeads {
     }
     q[n] = dtype_cast<T>(out);
   }
+  // The host's loops (device/host_isa.hpp): one head row of head_dim at a
+  // time, its first half and its second half each a contiguous loop.
+  void span(std::size_t begin, std::size_t end) const {
+    const std::int64_t hd = s.head_dim, half = hd / 2, per = s.head_elems();
+    dtrain::detail::row_pieces(begin, end, hd, [&](std::int64_t r, std::int64_t d0, std::int64_t d1) {
+      const std::int64_t part = r * hd / per, t = r % s.time, bh = (r * hd % per) / (hd * s.time);
+      const std::int64_t b = bh / s.heads, h = bh % s.heads, src_head = part == 0 ? h : h / s.group();
+      const std::int64_t width = (part == 0 ? s.heads : s.kv_heads) * hd;
+      const T* row = (part == 0 ? q_rows : part == 1 ? k_rows : v_rows) + (b * s.time + t) * width + src_head * hd;
+      T* out = q + r * hd;
+      if (!(s.rope && part < 2)) {
+        for (std::int64_t d = d0; d < d1; ++d) out[d] = dtype_cast<T>(static_cast<float>(row[d]));
+        return;
+      }
+      const float* c = cos_t + t * half;
+      const float* sn = sin_t + t * half;
+      for (std::int64_t d = d0; d < (d1 < half ? d1 : half); ++d)
+        out[d] = dtype_cast<T>(rotate_pair(static_cast<float>(row[d]), static_cast<float>(row[d + half]), c[d], sn[d]).a);
+      for (std::int64_t d = (d0 > half ? d0 : half); d < d1; ++d) {
+        const std::int64_t f = d - half;
+        out[d] = dtype_cast<T>(rotate_pair(static_cast<float>(row[f]), static_cast<float>(row[d]), c[f], sn[f]).b);
+      }
+    });
+  }
 };
 
 // The transpose: gradients in the head layout -> gradients of the three
@@ -181,6 +206,62 @@ struct FromRotatedHeads {
     for (std::int64_t h = kvh * s.group(); h < (kvh + 1) * s.group(); ++h)
       sum += is_k ? unrotate(head_row(base, h), t, d) : static_cast<float>(head_row(base, h)[d]);
     (is_k ? dk_rows : dv_rows)[row * kv_cols + c] = dtype_cast<T>(sum);
+  }
+  // The host's loops (device/host_isa.hpp): each output row in pieces of
+  // one head, the unrotation as two contiguous loops over the halves, a key
+  // or value head's group summed head by head into 64 accumulators (each
+  // element's sum in the order operator() adds it).
+  void span(std::size_t begin, std::size_t end) const {
+    const std::int64_t hd = s.head_dim, half = hd / 2, q_cols = s.heads * hd, kv_cols = s.kv_heads * hd;
+    dtrain::detail::row_pieces(begin, end, q_cols + 2 * kv_cols, [&](std::int64_t row, std::int64_t j0,
+                                                                     std::int64_t j1) {
+      const std::int64_t b = row / s.time, t = row % s.time;
+      const float* c = cos_t + t * half;
+      const float* sn = sin_t + t * half;
+      const auto head_row = [&](const T* base, std::int64_t h) { return base + ((b * s.heads + h) * s.time + t) * hd; };
+      // acc[d - d0] (+)= the unrotated (or, for v, plain) gradient of `in` at d, for d in [d0, d1).
+      const auto gather = [&](const T* in, bool rotated, std::int64_t d0, std::int64_t d1, float* acc, bool add) {
+        if (!(rotated && s.rope)) {
+          for (std::int64_t d = d0; d < d1; ++d) {
+            const float v = static_cast<float>(in[d]);
+            acc[d - d0] = add ? acc[d - d0] + v : v;
+          }
+          return;
+        }
+        for (std::int64_t d = d0; d < (d1 < half ? d1 : half); ++d) {
+          const float v = unrotate_pair(static_cast<float>(in[d]), static_cast<float>(in[d + half]), c[d], sn[d]).a;
+          acc[d - d0] = add ? acc[d - d0] + v : v;
+        }
+        for (std::int64_t d = (d0 > half ? d0 : half); d < d1; ++d) {
+          const std::int64_t f = d - half;
+          const float v = unrotate_pair(static_cast<float>(in[f]), static_cast<float>(in[d]), c[f], sn[f]).b;
+          acc[d - d0] = add ? acc[d - d0] + v : v;
+        }
+      };
+      for (std::int64_t col = j0; col < j1;) {
+        const bool is_q = col < q_cols, is_k = !is_q && col < q_cols + kv_cols;
+        const std::int64_t start = is_q ? 0 : is_k ? q_cols : q_cols + kv_cols;
+        const std::int64_t head = (col - start) / hd, first = (col - start) % hd;
+        const std::int64_t last = first + (j1 - col) < hd ? first + (j1 - col) : hd;
+        T* out = is_q ? dq_rows + row * q_cols + head * hd
+                      : (is_k ? dk_rows : dv_rows) + row * kv_cols + head * hd;
+        constexpr std::int64_t chunk = 64;
+        float acc[chunk];
+        for (std::int64_t d0 = first; d0 < last; d0 += chunk) {
+          const std::int64_t d1 = d0 + chunk < last ? d0 + chunk : last;
+          if (is_q) {
+            gather(head_row(dq, head), true, d0, d1, acc, false);
+          } else {
+            const T* base = dq + (is_k ? 1 : 2) * s.head_elems();
+            for (std::int64_t d = d0; d < d1; ++d) acc[d - d0] = 0.f;
+            for (std::int64_t h = head * s.group(); h < (head + 1) * s.group(); ++h)
+              gather(head_row(base, h), is_k, d0, d1, acc, true);
+          }
+          for (std::int64_t d = d0; d < d1; ++d) out[d] = dtype_cast<T>(acc[d - d0]);
+        }
+        col += last - first;
+      }
+    });
   }
 };
 
