@@ -11,31 +11,12 @@ every line with the date, commit and machine to OUT.
 import argparse
 import json
 import os
-import platform
-import subprocess
-import time
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machine import run_record  # noqa: E402  (bench/machine.py)
 
 BASE = "openblas-pthread"
-
-
-def cpu_info():
-    info = {}
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    flags = info.get("flags", "").split()
-    return {"cpu": info.get("model name", platform.machine()),
-            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]}
-
-
-def commit():
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        return subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def main():
@@ -81,10 +62,7 @@ def main():
                 print(f"  fastest on {len(products)} of {len(per_product)} products: {engine}")
     torch_line = next((l for l in results if l.get("torch")), None)
     out = {
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": commit(),
-        "machine": {**cpu_info(), "cores": args.cores, "kernel": platform.release(),
-                    "load_average_at_end": os.getloadavg()},
+        **run_record(args.cores),
         "method": f"each product (forward X W^T, input dY W, weight dY^T X of every Linear, {args.tokens} tokens) "
                   f"the median of {args.repeat} calls after a warm-up checked against float64; step_ms = sum of "
                   f"the medians times each Linear's count per step; one engine at a time, the others' threads "

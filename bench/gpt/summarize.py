@@ -15,7 +15,11 @@ import os
 import platform
 import re
 import statistics
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machine import cpu_info  # noqa: E402  (bench/machine.py)
 
 MIB = 1 << 20
 CATEGORIES = ("params", "grads", "optimizer", "master", "gathered", "activations")
@@ -80,18 +84,6 @@ def torch_row(work, n, ac, runs, tokens, impl="torch"):
             "runs_peak_rss_mib": rss_runs, "peak_rss_mib": median(rss_runs),
             "runs_rss_before_model_mib": before, "rss_before_model_mib": median(before),
             "parameters": results[0]["parameters"]}
-
-
-def cpu_info():
-    """The CPU's model name and the vector flags that decide which GEMM kernels run."""
-    info = {}
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    flags = info.get("flags", "").split()
-    return {"cpu": info.get("model name", platform.machine()),
-            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]}
 
 
 def mib(value, digits=1):

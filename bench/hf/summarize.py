@@ -12,35 +12,17 @@ figures, the versions measured, the date, commit and machine to OUT.
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
-import time
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machine import run_record  # noqa: E402  (bench/machine.py)
 
 SIDES = {
     "torch": "Debian's torch with transformers 4.40 (eager attention, default AdamW)",
     "peer": "the PyPI release, eager: SDPA attention, AdamW(fused=True)",
     "peer_compile": "the PyPI release under torch.compile: SDPA attention, AdamW(fused=True)",
 }
-
-
-def cpu_info():
-    info = {}
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    flags = info.get("flags", "").split()
-    return {"cpu": info.get("model name", platform.machine()),
-            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]}
-
-
-def commit(repo):
-    try:
-        return subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def dtrain_run(path, warmup):
@@ -103,10 +85,7 @@ def main():
                     print(line)
 
     out = {
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": commit(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
-        "machine": {**cpu_info(), "cores": args.cores, "kernel": platform.release(),
-                    "load_average_at_end": os.getloadavg()},
+        **run_record(args.cores),
         "method": f"per run: rank 0's median step over steps {args.warmup + 1}..{args.steps} (train_lm's step_ms; "
                   f"the torch script times zero_grad through optimizer.step); tokens/s = ranks x batch x block / "
                   f"step; reported: the median of {args.repeat} run(s), the sides' order reversed every run; "

@@ -13,7 +13,11 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machine import cpu_info  # noqa: E402  (bench/machine.py)
 
 MIB = 1 << 20
 CATEGORIES = ("params", "grads", "optimizer", "master", "gathered", "activations")
@@ -139,18 +143,6 @@ def print_table(n, threads, rows, ddp_rate):
         else:
             cells += ["n/a"] * len(CATEGORIES) + ["n/a", "n/a", "", "n/a"]
         print("| " + " | ".join(cells) + " |")
-
-
-def cpu_info():
-    """The CPU's model name and the vector flags that decide which GEMM kernels run."""
-    info = {}
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    flags = info.get("flags", "").split()
-    return {"cpu": info.get("model name", platform.machine()),
-            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]}
 
 
 def main():
