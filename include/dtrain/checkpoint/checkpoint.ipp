@@ -6,7 +6,9 @@
 
 #include "dtrain/checkpoint/checkpoint.hpp"
 
-#include <nlohmann/json.hpp>
+#include "dtrain/io/json.hpp"
+
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
 namespace dtrain {
 
@@ -364,3 +366,4 @@ DTRAIN_DECL auto PieceReader::open(const std::string& file) -> const Safetensors
 }
 }  // namespace detail
 }  // namespace dtrain
+DTRAIN_IMPL_END

@@ -89,7 +89,11 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
   std::string prefix_;
 };
 
-DTRAIN_DECL void add_into(float* acc, const float* x, std::size_t n);
+// acc += x, element by element: the reduce-scatter's sum. Inline here, at
+// the build's optimisation level (a loop to vectorise), not in the .ipp.
+inline void add_into(float* acc, const float* x, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
+}
 
 // Slot prefix for dtrain's own ring algorithms; Gloo's built-in ones use low values.
 constexpr std::uint8_t ring_slot_prefix = 0x7d;

@@ -6,6 +6,8 @@
 
 #include "dtrain/comm/gloo.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 namespace detail {
@@ -32,9 +34,6 @@ DTRAIN_DECL auto GlooStoreAdapter::wait(const std::vector<std::string>& keys, co
   for (const auto& k : keys) store_->get(prefix_ + k, timeout);
 }
 
-DTRAIN_DECL void add_into(float* acc, const float* x, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
-}
 }  // namespace detail
 }  // namespace dtrain
 
@@ -170,3 +169,4 @@ DTRAIN_DECL auto GlooEngine::connect(World& world, const std::string& prefix) ->
 }
 }  // namespace detail
 }  // namespace dtrain
+DTRAIN_IMPL_END

@@ -6,6 +6,8 @@
 
 #include "dtrain/comm/host.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 namespace detail {
@@ -291,3 +293,4 @@ DTRAIN_DECL auto HostCommunicator::execute(const Task& task) -> std::exception_p
   }
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

@@ -6,6 +6,8 @@
 
 #include "dtrain/comm/shm.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain::detail {
 
 DTRAIN_DECL void cpu_relax() {
@@ -251,3 +253,4 @@ DTRAIN_DECL auto ShmEngine::check_peer(ShmRankCtl& peer, int j, const char* what
                                    " ms waiting in shared memory for rank " + name_(j) + " to " + what};
 }
 }  // namespace dtrain::detail
+DTRAIN_IMPL_END

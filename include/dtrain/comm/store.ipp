@@ -6,6 +6,8 @@
 
 #include "dtrain/comm/store.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 namespace detail {
@@ -381,3 +383,4 @@ DTRAIN_DECL auto TcpStore::lost(std::string_view key, const std::string& why) ->
                    "rank 0 hosts the rendezvous: it has probably exited or crashed; see its log");
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

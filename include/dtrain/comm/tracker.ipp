@@ -6,6 +6,8 @@
 
 #include "dtrain/comm/tracker.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain::detail {
 
 DTRAIN_DECL CollectiveTracker::~CollectiveTracker() {
@@ -87,3 +89,4 @@ DTRAIN_DECL auto CollectiveTracker::laggards(std::uint64_t seq, std::span<const 
   return out;
 }
 }  // namespace dtrain::detail
+DTRAIN_IMPL_END

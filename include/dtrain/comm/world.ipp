@@ -6,6 +6,8 @@
 
 #include "dtrain/comm/world.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 DTRAIN_DECL World::World(Layout layout, std::string master_addr, int master_port, CommOptions options, std::shared_ptr<TcpStoreServer> server) : state_(std::make_shared<State>()) {
@@ -87,3 +89,4 @@ DTRAIN_DECL std::vector<World> make_local_worlds(int n, CommOptions options) {
   return worlds;
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

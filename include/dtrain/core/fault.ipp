@@ -6,6 +6,8 @@
 
 #include "dtrain/core/fault.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain::fault {
 
 namespace detail {
@@ -103,3 +105,4 @@ DTRAIN_DECL void hit(point p) {
   if (s.plan.signal == SIGKILL) ::pause();
 }
 }  // namespace dtrain::fault
+DTRAIN_IMPL_END

@@ -6,6 +6,8 @@
 
 #include "dtrain/core/host_env.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 namespace detail {
@@ -111,3 +113,4 @@ DTRAIN_DECL int blas_threads_capped(int threads, std::optional<std::uint64_t> li
   return limit_bytes ? std::min(threads, blas_threads_within(*limit_bytes)) : threads;
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

@@ -46,8 +46,36 @@
 #if !defined(DTRAIN_SEPARATE_COMPILATION)
 #define DTRAIN_SEPARATE_COMPILATION 0
 #endif
+// Header-only, that code (sockets, the store, shared-memory set-up, files,
+// JSON, checkpoint indexes, TensorBoard: set-up and I/O, none of it in the
+// step's loops) is compiled again in every user translation unit, and
+// optimising it at -O3 was most of a program's compile time. So in an
+// optimised GCC build it is compiled at -O1 instead (DTRAIN_IMPL_O1):
+// DTRAIN_IMPL_BEGIN/END around each .ipp's definitions and around
+// nlohmann/json (io/json.hpp), and an optimize attribute on every
+// DTRAIN_DECL function, the part nvcc passes on to the host compiler (it
+// drops the pragma). The kernels, the communicators' reductions and
+// everything the training step runs are templates in the headers and keep
+// the build's level; dtrain::runtime compiles the .ipp code at the build's
+// level too. Define DTRAIN_IMPL_O1=0 to compile it all at the build's level.
+#if !defined(DTRAIN_IMPL_O1)
+#if !DTRAIN_SEPARATE_COMPILATION && defined(__GNUC__) && !defined(__clang__) && defined(__OPTIMIZE__)
+#define DTRAIN_IMPL_O1 1
+#else
+#define DTRAIN_IMPL_O1 0
+#endif
+#endif
+#if DTRAIN_IMPL_O1 && !defined(__CUDACC__)
+#define DTRAIN_IMPL_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"O1\")")
+#define DTRAIN_IMPL_END _Pragma("GCC pop_options")
+#else
+#define DTRAIN_IMPL_BEGIN
+#define DTRAIN_IMPL_END
+#endif
 #if DTRAIN_SEPARATE_COMPILATION
 #define DTRAIN_DECL
+#elif DTRAIN_IMPL_O1
+#define DTRAIN_DECL inline __attribute__((optimize("O1")))
 #else
 #define DTRAIN_DECL inline
 #endif

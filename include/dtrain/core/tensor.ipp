@@ -6,6 +6,8 @@
 
 #include "dtrain/core/tensor.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 DTRAIN_DECL auto HostTensor::numel() const -> std::int64_t {
@@ -66,3 +68,4 @@ DTRAIN_DECL auto DeviceBatch::find(std::string_view name) const -> const DeviceT
   return it == tensors_.end() ? nullptr : &it->second;
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

@@ -194,8 +194,12 @@ std::optional<Difference> first_difference(const T& a, const T& b, const std::st
         T::wire_fields());
     return d;
   } else if constexpr (detail::is_vector<T>::value) {
-    for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
-      if (auto d = first_difference(a[i], b[i], join("[" + std::to_string(i) + "]", true))) return d;
+    for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      std::string index(1, '[');  // not "[" + ...: GCC 12 warns falsely of overlap (-Wrestrict) on that
+      index += std::to_string(i);
+      index += ']';
+      if (auto d = first_difference(a[i], b[i], join(index, true))) return d;
+    }
     if (a.size() != b.size()) return Difference{where.empty() ? std::string("size") : where + " size", std::to_string(a.size()), std::to_string(b.size())};
     return std::nullopt;
   } else if constexpr (std::equality_comparable<T>) {

@@ -6,6 +6,8 @@
 
 #include "dtrain/data/dataset.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 DTRAIN_DECL auto Dataset::gather(std::span<const std::int64_t> indices) const -> Batch {
@@ -109,3 +111,4 @@ DTRAIN_DECL Dataset load_safetensors_dataset(const std::filesystem::path& path) 
   return detail::assemble_dataset(file.read_f32("x"), x.shape, std::move(labels), y.shape, source);
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

@@ -6,6 +6,8 @@
 
 #include "dtrain/data/loader.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 DTRAIN_DECL auto DataLoader::next() -> Batch {
@@ -102,3 +104,4 @@ DTRAIN_DECL auto DataLoader::stop() noexcept -> void {
   for (auto& w : workers_) w.join();
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

@@ -6,6 +6,8 @@
 
 #include "dtrain/data/sampler.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 namespace detail {
@@ -78,3 +80,4 @@ DTRAIN_DECL auto DistributedSampler::build_indices() -> void {
   }
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

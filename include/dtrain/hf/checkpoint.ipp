@@ -4,9 +4,11 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include "dtrain/io/json.hpp"
 
 #include "dtrain/hf/checkpoint.hpp"
+
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
 namespace dtrain::hf {
 
@@ -99,3 +101,4 @@ DTRAIN_DECL ParamSources open_checkpoint(const std::filesystem::path& dir, const
   return s;
 }
 }  // namespace dtrain::hf
+DTRAIN_IMPL_END

@@ -4,9 +4,11 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include "dtrain/io/json.hpp"
 
 #include "dtrain/hf/config.hpp"
+
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
 namespace dtrain::hf {
 
@@ -183,3 +185,4 @@ DTRAIN_DECL LmConfig read_config(std::filesystem::path path) {
   return parse_config(j, "\"" + path.string() + "\"");
 }
 }  // namespace dtrain::hf
+DTRAIN_IMPL_END

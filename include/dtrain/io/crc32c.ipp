@@ -6,6 +6,8 @@
 
 #include "dtrain/io/crc32c.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 namespace detail {
@@ -55,3 +57,4 @@ DTRAIN_DECL std::uint32_t crc32c(std::span<const std::byte> bytes, std::uint32_t
   return ~detail::crc32c_portable(c, p, bytes.size());
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

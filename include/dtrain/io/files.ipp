@@ -6,6 +6,8 @@
 
 #include "dtrain/io/files.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain::detail {
 
 DTRAIN_DECL std::string quoted_path(const std::filesystem::path& p) {
@@ -56,3 +58,4 @@ DTRAIN_DECL auto AtomicFile::commit() -> void {
   sync_directory(path_.parent_path(), "wrote " + quoted_path(path_));
 }
 }  // namespace dtrain::detail
+DTRAIN_IMPL_END

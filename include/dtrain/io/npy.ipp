@@ -6,6 +6,8 @@
 
 #include "dtrain/io/npy.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain::detail {
 
 DTRAIN_DECL auto NpyHeaderParser::parse(NpyArray& out, bool& fortran_order) -> void {
@@ -162,3 +164,4 @@ DTRAIN_DECL NpyArray read_npy(const std::filesystem::path& path) {
   return arr;
 }
 }  // namespace dtrain::detail
+DTRAIN_IMPL_END

@@ -6,7 +6,9 @@
 
 #include "dtrain/io/safetensors.hpp"
 
-#include <nlohmann/json.hpp>
+#include "dtrain/io/json.hpp"
+
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
 namespace dtrain {
 
@@ -258,3 +260,4 @@ DTRAIN_DECL auto SafetensorsFile::check_layout() -> void {
     corrupt("the data section has " + std::to_string(data_.size() - cursor) + " bytes after the last tensor");
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

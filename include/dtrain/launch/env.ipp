@@ -6,6 +6,8 @@
 
 #include "dtrain/launch/env.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 namespace detail {
@@ -180,3 +182,4 @@ DTRAIN_DECL void check_launch_device(bool on_host, std::string_view device, cons
                      "--nproc-per-node N for N CPU ranks");
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

@@ -6,6 +6,8 @@
 
 #include "dtrain/launch/init.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 DTRAIN_DECL World init(const LaunchEnv& env, InitOptions options) {
@@ -20,3 +22,4 @@ DTRAIN_DECL World init(const LaunchEnv& env, InitOptions options) {
                env.master_addr, env.master_port, options.comm);
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

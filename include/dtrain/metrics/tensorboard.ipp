@@ -6,6 +6,8 @@
 
 #include "dtrain/metrics/tensorboard.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 namespace detail {
@@ -140,3 +142,4 @@ DTRAIN_DECL auto TensorBoardWriter::close() noexcept -> void {
   if (fd_ >= 0) ::close(std::exchange(fd_, -1));
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

@@ -6,6 +6,8 @@
 
 #include "dtrain/model/layout.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 DTRAIN_DECL auto ModelLayout::signature() const -> std::vector<std::string> {
@@ -142,3 +144,4 @@ DTRAIN_DECL ModelLayout::ModelLayout(const std::vector<std::vector<ParamSpec>>& 
   for (TiedSlot& t : ties_) resolve(t);
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END

@@ -159,9 +159,13 @@ class FlatOptimizer {
         }
         return;
       }
+      // Several groups always make runs on the host: the per-element group
+      // lookup is the device's alone, and is not compiled here.
+      with_states.template operator()<false>();
+    } else {
+      if (groups_.size() > 1) with_states.template operator()<true>();
+      else with_states.template operator()<false>();
     }
-    if (groups_.size() > 1) with_states.template operator()<true>();
-    else with_states.template operator()<false>();
   }
 
   Dev& dev_;

@@ -6,6 +6,8 @@
 
 #include "dtrain/optim/param_groups.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 DTRAIN_DECL ParamGroup no_decay_group() {
@@ -51,3 +53,4 @@ DTRAIN_DECL bool selects(const ParamGroup& g, const ParamSlot& slot) {
 }
 }  // namespace detail
 }  // namespace dtrain
+DTRAIN_IMPL_END

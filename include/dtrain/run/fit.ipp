@@ -6,6 +6,8 @@
 
 #include "dtrain/run/fit.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 DTRAIN_DECL void FitOptions::validate() const {
@@ -229,3 +231,4 @@ DTRAIN_DECL bool any_rank(World& world, std::string_view what, bool mine) {
 }
 }  // namespace detail
 }  // namespace dtrain
+DTRAIN_IMPL_END

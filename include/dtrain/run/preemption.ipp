@@ -6,6 +6,8 @@
 
 #include "dtrain/run/preemption.hpp"
 
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
 namespace dtrain {
 
 namespace detail {
@@ -45,3 +47,4 @@ DTRAIN_DECL PreemptionWatch::PreemptionWatch(const std::vector<int>& signals) {
   }
 }
 }  // namespace dtrain
+DTRAIN_IMPL_END
