@@ -15,7 +15,11 @@
 # Seconds are wall-clock medians of --repeat runs (default 3 for (a), one
 # for (b)), peak memory the compiler's maximum resident set (GNU time).
 # --before REF also times (a) header-only at git revision REF (a worktree in
-# a temporary folder), the "before" the JSON records. --examples none|host|all
+# a temporary folder), the "before" the JSON records. The runs of (a)
+# interleave: each round times every translation unit once, the before's
+# right after the current one's (the first in odd rounds, the second in
+# even ones), since this kind of machine drifts by tens of percent over
+# minutes and a comparison is only fair within one round. --examples none|host|all
 # chooses (b)'s translation units (default all).
 # usage: bench/run_compile_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--before REF] [--examples W] [--no-setup] [--smoke]
 # --smoke: (a) with g++ only, front end only (-fsyntax-only), once per mode, no (b); the JSON in a
@@ -95,44 +99,60 @@ EOF
     "$(tail -1 "$rows" | python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_mib"])')"
 }
 
-# quickstart ROOT KIND: (a) for the sources at ROOT.
-quickstart() {
-  local root=$1 kind=$2 modes=("${@:3}") mode sep
+# quickstart_one ROOT KIND COMPILER MODE: one run of (a) for the sources at ROOT.
+quickstart_one() {
+  local root=$1 kind=$2 compiler=$3 mode=$4 sep=()
   local src=$root/docs/snippets/quickstart.cpp
-  for mode in "${modes[@]}"; do
-    sep=()
-    [[ $mode == separate ]] && sep=(-DDTRAIN_SEPARATE_COMPILATION=1)
-    measure "$kind" quickstart g++ "$mode" "$repeat" \
+  [[ $mode == separate ]] && sep=(-DDTRAIN_SEPARATE_COMPILATION=1)
+  if [[ $compiler == g++ ]]; then
+    measure "$kind" quickstart g++ "$mode" 1 \
       "$cxx" -std=c++20 $opt "${defs[@]}" "${sep[@]}" -I"$root/include" "${incs[@]:1}" -c "$src" -o "$work/q.o"
-    if ((cuda && !smoke)); then
-      # nvcc against dtrain::runtime also takes the Cuda templates from its CUDA part.
-      [[ $mode == separate ]] && sep+=(-DDTRAIN_RUNTIME_CUDA=1)
-      measure "$kind" quickstart nvcc "$mode" "$repeat" \
-        "$nvcc" -std=c++20 $opt -arch="sm_${archs%%;*}" --expt-relaxed-constexpr "${defs[@]}" "${sep[@]}" \
-        -I"$root/include" "${incs[@]:1}" -x cu -c "$src" -o "$work/q.o"
-    fi
-  done
-  if [[ " ${modes[*]} " == *" separate "* ]]; then
-    measure "$kind" runtime_library g++ separate 1 \
-      "$cxx" -std=c++20 $opt -fno-math-errno -fno-trapping-math "${defs[@]}" -DDTRAIN_SEPARATE_COMPILATION=1 \
-      -I"$root/include" "${incs[@]:1}" -c "$root/cmake/dtrain_runtime.cpp" -o "$work/r.o"
-    if ((cuda && !smoke)) && [[ -f $root/cmake/dtrain_runtime_cuda.cu ]]; then
-      measure "$kind" runtime_library_cuda nvcc separate 1 \
-        "$nvcc" -std=c++20 $opt -arch="sm_${archs%%;*}" --expt-relaxed-constexpr \
-        -Xcompiler=-fno-math-errno,-fno-trapping-math "${defs[@]}" -DDTRAIN_SEPARATE_COMPILATION=1 \
-        -I"$root/include" "${incs[@]:1}" -x cu -c "$root/cmake/dtrain_runtime_cuda.cu" -o "$work/rc.o"
-    fi
+  else
+    # nvcc against dtrain::runtime also takes the Cuda templates from its CUDA part.
+    [[ $mode == separate ]] && sep+=(-DDTRAIN_RUNTIME_CUDA=1)
+    measure "$kind" quickstart nvcc "$mode" 1 \
+      "$nvcc" -std=c++20 $opt -arch="sm_${archs%%;*}" --expt-relaxed-constexpr "${defs[@]}" "${sep[@]}" \
+      -I"$root/include" "${incs[@]:1}" -x cu -c "$src" -o "$work/q.o"
   fi
 }
 
-echo "(a) the quick start, one translation unit ($opt; $(nproc) cores)"
-quickstart "$repo" after header-only separate
-if [[ -n $before ]]; then
-  echo "(a) at $before, header-only"
-  git -C "$repo" worktree add --detach "$work/before" "$before" > /dev/null 2>&1
-  quickstart "$work/before" before header-only
-  git -C "$repo" worktree remove --force "$work/before"
-fi
+# runtime ROOT KIND: the runtime library's sources, once each.
+runtime() {
+  local root=$1 kind=$2
+  measure "$kind" runtime_library g++ separate 1 \
+    "$cxx" -std=c++20 $opt -fno-math-errno -fno-trapping-math "${defs[@]}" -DDTRAIN_SEPARATE_COMPILATION=1 \
+    -I"$root/include" "${incs[@]:1}" -c "$root/cmake/dtrain_runtime.cpp" -o "$work/r.o"
+  if ((cuda && !smoke)) && [[ -f $root/cmake/dtrain_runtime_cuda.cu ]]; then
+    measure "$kind" runtime_library_cuda nvcc separate 1 \
+      "$nvcc" -std=c++20 $opt -arch="sm_${archs%%;*}" --expt-relaxed-constexpr \
+      -Xcompiler=-fno-math-errno,-fno-trapping-math "${defs[@]}" -DDTRAIN_SEPARATE_COMPILATION=1 \
+      -I"$root/include" "${incs[@]:1}" -x cu -c "$root/cmake/dtrain_runtime_cuda.cu" -o "$work/rc.o"
+  fi
+}
+
+echo "(a) the quick start, one translation unit ($opt; $(nproc) cores)${before:+; before: $before, header-only}"
+[[ -n $before ]] && git -C "$repo" worktree add --detach "$work/before" "$before" > /dev/null 2>&1
+compilers=(g++)
+((cuda && !smoke)) && compilers+=(nvcc)
+for ((round = 1; round <= repeat; round++)); do
+  for compiler in "${compilers[@]}"; do
+    for mode in header-only separate; do
+      if [[ -n $before && $mode == header-only ]]; then
+        if ((round % 2)); then
+          quickstart_one "$repo" after "$compiler" "$mode"
+          quickstart_one "$work/before" before "$compiler" "$mode"
+        else
+          quickstart_one "$work/before" before "$compiler" "$mode"
+          quickstart_one "$repo" after "$compiler" "$mode"
+        fi
+      else
+        quickstart_one "$repo" after "$compiler" "$mode"
+      fi
+    done
+  done
+done
+[[ -n $before ]] && git -C "$repo" worktree remove --force "$work/before"
+runtime "$repo" after
 
 if [[ $examples != none ]]; then
   command -v ninja > /dev/null || { echo "run_compile_bench: (b) reads the build's commands from ninja" >&2; exit 2; }
@@ -158,9 +178,19 @@ fi
 
 mkdir -p "$(dirname "$json")"
 python3 - "$rows" "$json" "$repo" "$before" "$opt" "$smoke" <<'EOF'
-import datetime, json, os, platform, subprocess, sys
+import datetime, json, os, platform, statistics, subprocess, sys
 rows_path, out, repo, before, opt, smoke = sys.argv[1:]
-rows = [json.loads(l) for l in open(rows_path)]
+# One row per translation unit: the rounds of (a) each wrote one run.
+rows = []
+for line in open(rows_path):
+    r = json.loads(line)
+    same = next((x for x in rows if all(x[k] == r[k] for k in ("kind", "name", "compiler", "mode"))), None)
+    if same is None:
+        rows.append(r)
+    else:
+        same["runs"] += r["runs"]
+        same["seconds"] = round(statistics.median(same["runs"]), 2)
+        same["peak_mib"] = max(same["peak_mib"], r["peak_mib"])
 commit = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
 def pick(kind, compiler, mode):
