@@ -5,13 +5,15 @@
 // small files once per run. The standard headers it uses come first, outside
 // that region, so that the rest of a user's program keeps its own level for
 // them; a user who wants nlohmann/json at the build's level includes it
-// before dtrain's headers.
+// before dtrain's headers. tests/io/impl_o1_check.cmake checks that no
+// standard header is first opened inside the region.
 
 #include "dtrain/core/macros.hpp"
 
 #include <algorithm>
 #include <any>
 #include <array>
+#include <cassert>
 #include <cmath>
 #include <compare>
 #include <cstddef>
@@ -49,6 +51,7 @@
 #include <utility>
 #include <valarray>
 #include <vector>
+#include <version>
 
 DTRAIN_IMPL_BEGIN
 #include <nlohmann/json.hpp>
