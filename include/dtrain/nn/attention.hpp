@@ -43,6 +43,7 @@
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/checks.hpp"
+#include "dtrain/nn/lora.hpp"
 
 namespace dtrain::nn {
 
@@ -178,6 +179,10 @@ void projection_grads(Dev& dev, MatView<const T> in, MatView<const T> d_out, Mat
 struct AttentionOptions {
   float init_std = 0.02f;  // projection weights ~ N(0, init_std); biases 0
   bool trainable = true;
+  // LoRA adapters on the fused q|k|v projection (GPT-2's c_attn) and on the
+  // output projection (c_proj): nn/lora.hpp.
+  LoraOptions qkv_lora{};
+  LoraOptions proj_lora{};
 };
 
 class CausalSelfAttention {
@@ -188,6 +193,8 @@ class CausalSelfAttention {
       throw config_error("nn::CausalSelfAttention(" + std::to_string(dim) + ", " + std::to_string(heads) +
                              "): the width must be a positive multiple of the head count",
                          "choose dim = heads x head_dim, e.g. 128 with 4 heads");
+    lora_ = detail::LoraSet(4, {detail::LoraSite("nn::CausalSelfAttention", "qkv", options.qkv_lora, dim, 3 * dim),
+                                detail::LoraSite("nn::CausalSelfAttention", "proj", options.proj_lora, dim, dim)});
   }
 
   std::int64_t dim() const { return dim_; }
@@ -195,20 +202,24 @@ class CausalSelfAttention {
 
   std::vector<ParamSpec> params() const {
     const Init w = Init::normal(0.f, options_.init_std);
-    return {{"qkv.weight", {3 * dim_, dim_}, w, options_.trainable},
-            {"qkv.bias", {3 * dim_}, Init::zeros(), options_.trainable, {}, {"bias"}},
-            {"proj.weight", {dim_, dim_}, w, options_.trainable},
-            {"proj.bias", {dim_}, Init::zeros(), options_.trainable, {}, {"bias"}}};
+    const bool qkv = options_.trainable && !lora_.on(0), proj = options_.trainable && !lora_.on(1);
+    std::vector<ParamSpec> p{{"qkv.weight", {3 * dim_, dim_}, w, qkv},
+                             {"qkv.bias", {3 * dim_}, Init::zeros(), qkv, {}, {"bias"}},
+                             {"proj.weight", {dim_, dim_}, w, proj},
+                             {"proj.bias", {dim_}, Init::zeros(), proj, {}, {"bias"}}};
+    for (auto& a : lora_.params()) p.push_back(std::move(a));
+    return p;
   }
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::CausalSelfAttention", in, dim_); }
 
+  // (the adapters' rows after the attention's own activations)
   std::int64_t saved_size(SeqShape s, std::int64_t) const {
-    return 4 * s.rows() * dim_ + s.batch * heads_ * s.time * s.time;
+    return 4 * s.rows() * dim_ + s.batch * heads_ * s.time * s.time + lora_.saved_size(s.rows());
   }
   template <class Dev, class T>
   std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t in) const {
     if (!detail::fused_attention<Dev, T>(dev, fused_shape(s))) return saved_size(s, in);
-    return detail::float_aligned<T>(4 * s.rows() * dim_) + attention_stats_size<T>(s.batch, heads_, s.time);
+    return fused_saved<T>(s) + lora_.saved_size(s.rows());
   }
 
   template <class Dev, class T>
@@ -223,6 +234,7 @@ class CausalSelfAttention {
       // [time, head_dim] block with leading dimension 3 dim, read in place
       const std::int64_t C = dim_, ld = 3 * C;
       detail::project(dev, x, p[0].data, p[1].data, s.q, 3 * C);
+      lora_.forward(dev, 0, p, x, s.q, s.lora);
       for (std::int64_t b = 0; b < s.batch; ++b) {
         const T* q = s.q + b * T_ * ld;
         dev.gemm_batched(false, true, T_, T_, hd, scale, q, ld, hd, q + C, ld, hd, 0.f, s.att + b * heads_ * tt, T_, tt,
@@ -236,13 +248,16 @@ class CausalSelfAttention {
       T* qkv = dev.template workspace<T>(static_cast<std::size_t>(4 * s.rows * dim_));
       T* o = qkv + 3 * s.rows * dim_;
       detail::project(dev, x, p[0].data, p[1].data, qkv, 3 * dim_);
+      lora_.forward(dev, 0, p, x, qkv, s.lora);
       detail::permute_heads(dev, s.layout(3), qkv, s.q, true);
       dev.gemm_batched(false, true, T_, T_, hd, scale, s.q, hd, th, s.k, hd, th, 0.f, s.att, T_, tt, s.bh);
       detail::attention_softmax(dev, "nn::CausalSelfAttention", s.att, heads_, ctx);
       dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, s.bh);
       detail::permute_heads(dev, s.layout(1), o, s.merged, false);
     }
-    detail::project(dev, MatView<const T>{s.merged, s.rows, dim_}, p[2].data, p[3].data, y.data, dim_);
+    const MatView<const T> merged{s.merged, s.rows, dim_};
+    detail::project(dev, merged, p[2].data, p[3].data, y.data, dim_);
+    lora_.forward(dev, 1, p, merged, y.data, s.lora);
   }
 
   template <class Dev, class T>
@@ -250,7 +265,7 @@ class CausalSelfAttention {
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
     if (detail::fused_attention<Dev, T>(dev, fused_shape(ctx.shape))) return fused_backward(dev, p, grad, x, dy, dx, ctx);
     const Parts<T> s = parts(p, x, ctx);
-    detail::check_count("nn::CausalSelfAttention", "gradients", grad.size(), 4);
+    detail::check_count("nn::CausalSelfAttention", "gradients", grad.size(), p.size());
     detail::check_shape("nn::CausalSelfAttention", "output gradient", dy, x.rows, dim_);
     const std::int64_t N = s.rows, C = dim_, T_ = s.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd;
     const float scale = 1.f / std::sqrt(static_cast<float>(hd));
@@ -261,6 +276,7 @@ class CausalSelfAttention {
     T* d_qkv = d_att + s.bh * tt;
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[2].data, C, 0.f, d_merged, C);
     detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
+    lora_.backward(dev, 1, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C});
     if constexpr (Dev::host_accessible) {
       // the saved q | k | v and d_merged, d_qkv are read and written in their
       // rows, as in forward
@@ -294,12 +310,7 @@ class CausalSelfAttention {
       dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, s.bh);
       detail::permute_heads(dev, s.layout(3), d_q, d_qkv, false);
     }
-    const MatView<const T> dqkv{d_qkv, N, 3 * C};
-    detail::projection_grads(dev, x, dqkv, grad[0], grad[1]);
-    if (!dx.empty()) {
-      detail::check_shape("nn::CausalSelfAttention", "input gradient", dx, N, C);
-      dev.gemm(false, false, N, C, 3 * C, 1.f, d_qkv, 3 * C, p[0].data, C, 0.f, dx.data, C);
-    }
+    qkv_backward(dev, p, grad, x, d_qkv, s.lora, dx);
   }
 
  private:
@@ -317,11 +328,31 @@ class CausalSelfAttention {
     T* qkv;
     T* merged;
     float* stats;
+    T* lora;  // the adapters' saved rows
   };
+
+  // The fused path's own saved elements.
+  template <class T>
+  std::int64_t fused_saved(SeqShape s) const {
+    return detail::float_aligned<T>(4 * s.rows() * dim_) + attention_stats_size<T>(s.batch, heads_, s.time);
+  }
+
+  // The q|k|v projection's gradients from d_qkv [N, 3 dim], and the input's.
+  template <class Dev, class T>
+  void qkv_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, const T* d_qkv, T* lora,
+                    MatView<T> dx) const {
+    const std::int64_t N = x.rows, C = dim_;
+    detail::projection_grads(dev, x, MatView<const T>{d_qkv, N, 3 * C}, grad[0], grad[1]);
+    if (!dx.empty()) {
+      detail::check_shape("nn::CausalSelfAttention", "input gradient", dx, N, C);
+      dev.gemm(false, false, N, C, 3 * C, 1.f, d_qkv, 3 * C, p[0].data, C, 0.f, dx.data, C);
+    }
+    lora_.backward(dev, 0, p, grad, x, d_qkv, lora, dx);
+  }
 
   template <class Dev, class T>
   Fused<T> fused_parts(Dev& dev, UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
-    detail::check_count("nn::CausalSelfAttention", "parameters", p.size(), 4);
+    detail::check_count("nn::CausalSelfAttention", "parameters", p.size(), 4 + lora_.param_count());
     detail::check_shape("nn::CausalSelfAttention", "input", x, ctx.shape.rows(), dim_);
     const std::int64_t want = saved_size_on<Dev, T>(dev, ctx.shape, dim_);
     if (ctx.saved.size() < want)
@@ -330,7 +361,8 @@ class CausalSelfAttention {
                          "size the saved view with saved_size_of<T>(unit, device, shape, in)");
     const std::int64_t n = x.rows * dim_;
     return {ctx.saved.data, ctx.saved.data + 3 * n,
-            reinterpret_cast<float*>(ctx.saved.data + detail::float_aligned<T>(4 * n))};
+            reinterpret_cast<float*>(ctx.saved.data + detail::float_aligned<T>(4 * n)),
+            ctx.saved.data + fused_saved<T>(ctx.shape)};
   }
 
   template <class Dev, class T>
@@ -342,18 +374,21 @@ class CausalSelfAttention {
         static_cast<std::size_t>(std::max<std::int64_t>(1, detail::key_bias_size("nn::CausalSelfAttention", ctx))));
     const T* bias = detail::key_bias(dev, "nn::CausalSelfAttention", ctx, bias_ws);
     detail::project(dev, x, p[0].data, p[1].data, s.qkv, 3 * C);
+    lora_.forward(dev, 0, p, x, s.qkv, s.lora);
     FusedAttentionShape shape = fused_shape(ctx.shape);
     shape.key_bias = bias != nullptr;
     fused_attention_forward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.qkv, s.qkv + C,
                                     s.qkv + 2 * C, bias, s.merged, s.stats);
-    detail::project(dev, MatView<const T>{s.merged, x.rows, C}, p[2].data, p[3].data, y.data, C);
+    const MatView<const T> merged{s.merged, x.rows, C};
+    detail::project(dev, merged, p[2].data, p[3].data, y.data, C);
+    lora_.forward(dev, 1, p, merged, y.data, s.lora);
   }
 
   template <class Dev, class T>
   void fused_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> dy,
                       MatView<T> dx, const UnitContext<T>& ctx) {
     const Fused<T> s = fused_parts(dev, p, x, ctx);
-    detail::check_count("nn::CausalSelfAttention", "gradients", grad.size(), 4);
+    detail::check_count("nn::CausalSelfAttention", "gradients", grad.size(), p.size());
     detail::check_shape("nn::CausalSelfAttention", "output gradient", dy, x.rows, dim_);
     const std::int64_t N = x.rows, C = dim_, bt = detail::key_bias_size("nn::CausalSelfAttention", ctx);
     // workspace: key bias [B, 1, T, T] (with padding) | d_merged [N, C] | d_qkv [N, 3C]
@@ -363,16 +398,12 @@ class CausalSelfAttention {
     const T* bias = detail::key_bias(dev, "nn::CausalSelfAttention", ctx, bias_ws);
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[2].data, C, 0.f, d_merged, C);
     detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
+    lora_.backward(dev, 1, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C});
     FusedAttentionShape shape = fused_shape(ctx.shape);
     shape.key_bias = bias != nullptr;
     fused_attention_backward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.qkv, s.qkv + C,
                                      s.qkv + 2 * C, s.merged, d_merged, s.stats, bias, d_qkv, d_qkv + C, d_qkv + 2 * C);
-    const MatView<const T> dqkv{d_qkv, N, 3 * C};
-    detail::projection_grads(dev, x, dqkv, grad[0], grad[1]);
-    if (!dx.empty()) {
-      detail::check_shape("nn::CausalSelfAttention", "input gradient", dx, N, C);
-      dev.gemm(false, false, N, C, 3 * C, 1.f, d_qkv, 3 * C, p[0].data, C, 0.f, dx.data, C);
-    }
+    qkv_backward(dev, p, grad, x, d_qkv, s.lora, dx);
   }
 
   // The saved activations of one call, carved out of UnitContext::saved.
@@ -383,6 +414,7 @@ class CausalSelfAttention {
     T* v;
     T* att;
     T* merged;
+    T* lora;  // the adapters' saved rows
     std::int64_t rows, batch, time, heads, head_dim, bh;
     HeadLayout layout(std::int64_t count) const { return {batch, time, heads, head_dim, count}; }
   };
@@ -391,7 +423,7 @@ class CausalSelfAttention {
 
   template <class T>
   Parts<T> parts(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
-    detail::check_count("nn::CausalSelfAttention", "parameters", p.size(), 4);
+    detail::check_count("nn::CausalSelfAttention", "parameters", p.size(), 4 + lora_.param_count());
     detail::check_shape("nn::CausalSelfAttention", "input", x, ctx.shape.rows(), dim_);
     if (ctx.saved.size() < saved_size(ctx.shape, dim_))
       throw config_error("nn::CausalSelfAttention: " + std::to_string(ctx.saved.size()) +
@@ -401,13 +433,15 @@ class CausalSelfAttention {
     T* q = ctx.saved.data;
     T* att = q + 3 * n;
     const std::int64_t bh = ctx.shape.batch * heads_;
-    return {q, q + n, q + 2 * n, att, att + bh * ctx.shape.time * ctx.shape.time, x.rows, ctx.shape.batch,
-            ctx.shape.time, heads_, head_dim(), bh};
+    T* merged = att + bh * ctx.shape.time * ctx.shape.time;
+    return {q, q + n, q + 2 * n, att, merged, merged + n, x.rows, ctx.shape.batch, ctx.shape.time, heads_, head_dim(),
+            bh};
   }
 
   std::int64_t dim_;
   std::int64_t heads_;
   AttentionOptions options_;
+  detail::LoraSet lora_;
 };
 
 }  // namespace dtrain::nn

@@ -1,6 +1,8 @@
 #pragma once
 // nn::Linear: y = x * weight^T + bias, weight [out, in], bias [out], both
 // initialised like PyTorch's nn.Linear: U(-1/sqrt(in), 1/sqrt(in)).
+// With LinearOptions::lora (nn/lora.hpp) weight and bias are frozen and a
+// LoRA adapter (params lora_A, lora_B) trains instead.
 
 #include <cstdint>
 #include <string>
@@ -12,6 +14,7 @@
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/checks.hpp"
+#include "dtrain/nn/lora.hpp"
 
 namespace dtrain::nn {
 
@@ -22,6 +25,11 @@ struct LinearOptions {
   // an output head tied to the token embedding "0.weight" [out, in]
   // (ParamSpec::tied_to); the bias, if any, stays the head's own.
   std::string tie_weight{};
+  // A LoRA adapter (r > 0): weight and bias frozen, lora_A and lora_B
+  // trained. `lora_segments` > 1: the output is that many projections side
+  // by side, each with its own adapter (nn/lora.hpp).
+  LoraOptions lora{};
+  std::int64_t lora_segments = 1;
 };
 
 class Linear {
@@ -32,16 +40,24 @@ class Linear {
       throw config_error("nn::Linear(" + std::to_string(in_features) + ", " + std::to_string(out_features) +
                              "): feature counts must be >= 1",
                          "give positive input and output widths");
+    lora_ = detail::LoraSet(base_params(),
+                            {detail::LoraSite("nn::Linear", "", options.lora, in_, out_, options.lora_segments)});
+    if (options.lora.on() && !options.tie_weight.empty())
+      throw config_error("nn::Linear: a LoRA adapter on a weight tied to '" + options.tie_weight + "'",
+                         "adapt an untied projection");
   }
 
   std::int64_t in_features() const noexcept { return in_; }
   std::int64_t out_features() const noexcept { return out_; }
   bool has_bias() const noexcept { return options_.bias; }
 
+  bool has_lora() const noexcept { return lora_.any(); }
+
   std::vector<ParamSpec> params() const {
-    std::vector<ParamSpec> specs{
-        {"weight", {out_, in_}, Init::fan_in_uniform(in_), options_.trainable, options_.tie_weight}};
-    if (options_.bias) specs.push_back({"bias", {out_}, Init::fan_in_uniform(in_), options_.trainable, {}, {"bias"}});
+    const bool train = options_.trainable && !lora_.any();
+    std::vector<ParamSpec> specs{{"weight", {out_, in_}, Init::fan_in_uniform(in_), train, options_.tie_weight}};
+    if (options_.bias) specs.push_back({"bias", {out_}, Init::fan_in_uniform(in_), train, {}, {"bias"}});
+    for (auto& p : lora_.params()) specs.push_back(std::move(p));
     return specs;
   }
 
@@ -49,11 +65,60 @@ class Linear {
     detail::check_width("nn::Linear", in, in_);
     return out_;
   }
+  // The adapter's t = x A^T (none without one).
+  std::int64_t saved_size(SeqShape s, std::int64_t) const { return lora_.saved_size(s.rows()); }
+
+  // With a LoRA adapter the unit keeps t in ctx.saved: it runs through these.
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    base_forward(dev, p, x, y);
+    if (!lora_.any()) return;
+    check_saved(x, ctx);
+    lora_.forward(dev, 0, p, x, y.data, ctx.saved.data);
+  }
+
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> y,
+                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+    base_backward(dev, p, grad, x, y, dy, dx);
+    if (!lora_.any()) return;
+    check_saved(x, ctx);
+    lora_.backward(dev, 0, p, grad, x, dy.data, ctx.saved.data, dx);
+  }
+
+  // Without an adapter the unit needs no context (a composite unit calls these).
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
+    no_lora_here();
+    base_forward(dev, p, x, y);
+  }
+
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> y,
+                MatView<const T> dy, MatView<T> dx) {
+    no_lora_here();
+    base_backward(dev, p, grad, x, y, dy, dx);
+  }
+
+ private:
+  std::size_t base_params() const { return options_.bias ? 2 : 1; }
+  void no_lora_here() const {
+    if (lora_.any())
+      throw config_error("nn::Linear: a LoRA adapter needs the call with a UnitContext (its saved view)",
+                         "call forward/backward with the context (saved_size(shape, in) elements)");
+  }
+  template <class T>
+  void check_saved(MatView<const T> x, const UnitContext<T>& ctx) const {
+    if (ctx.saved.size() < lora_.saved_size(x.rows))
+      throw config_error("nn::Linear: " + std::to_string(ctx.saved.size()) + " saved elements for " +
+                             std::to_string(lora_.saved_size(x.rows)),
+                         "size the saved view with saved_size(shape, in)");
+  }
 
   // With a bias, y starts as the broadcast bias and the GEMM adds x * W^T
   // (beta = 1): the result is rounded once, as a fused bias epilogue would.
   template <class Dev, class T>
-  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
+  void base_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
     check_params(p);
     detail::check_shape("nn::Linear", "input", x, x.rows, in_);
     detail::check_shape("nn::Linear", "output", y, x.rows, out_);
@@ -66,8 +131,8 @@ class Linear {
   }
 
   template <class Dev, class T>
-  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
-                MatView<const T> dy, MatView<T> dx) {
+  void base_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
+                     MatView<const T> dy, MatView<T> dx) {
     check_params(p);
     detail::check_count("nn::Linear", "gradients", grad.size(), p.size());
     detail::check_shape("nn::Linear", "input", x, x.rows, in_);
@@ -86,10 +151,9 @@ class Linear {
     }
   }
 
- private:
   template <class T>
   void check_params(UnitParams<T> p) const {
-    detail::check_count("nn::Linear", "parameters", p.size(), options_.bias ? 2 : 1);
+    detail::check_count("nn::Linear", "parameters", p.size(), base_params() + lora_.param_count());
     detail::check_shape("nn::Linear", "weight", p[0], out_, in_);
     if (options_.bias) detail::check_shape("nn::Linear", "bias", p[1], out_, 1);
   }
@@ -97,6 +161,7 @@ class Linear {
   std::int64_t in_;
   std::int64_t out_;
   LinearOptions options_;
+  detail::LoraSet lora_;
 };
 
 }  // namespace dtrain::nn

@@ -44,6 +44,7 @@
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/attention.hpp"
 #include "dtrain/nn/checks.hpp"
+#include "dtrain/nn/lora.hpp"
 
 namespace dtrain::nn {
 
@@ -275,6 +276,12 @@ struct RotaryAttentionOptions {
   float init_std = 0.02f;     // weights ~ N(0, init_std); biases 0
   std::int64_t max_positions = 0;  // > 0: longer sequences are an error (max_position_embeddings)
   bool trainable = true;
+  // LoRA adapters on the q, k, v and o projections (PEFT's q_proj, k_proj,
+  // v_proj, o_proj): nn/lora.hpp.
+  LoraOptions q_lora{};
+  LoraOptions k_lora{};
+  LoraOptions v_lora{};
+  LoraOptions o_lora{};
 };
 
 class RotaryAttention {
@@ -291,6 +298,11 @@ class RotaryAttention {
     if (options.rope_theta < 0.f || (options.rope_theta > 0.f && head_dim() % 2 != 0))
       throw config_error(what + ": rotary embedding needs an even head_dim and rope_theta >= 0",
                          "use an even head_dim, or rope_theta = 0 for no rotary embedding");
+    const std::int64_t kv = kv_heads_ * head_dim();
+    lora_ = detail::LoraSet(base_count(), {detail::LoraSite(what, "q", options.q_lora, dim, dim),
+                                           detail::LoraSite(what, "k", options.k_lora, dim, kv),
+                                           detail::LoraSite(what, "v", options.v_lora, dim, kv),
+                                           detail::LoraSite(what, "o", options.o_lora, dim, dim)});
   }
 
   std::int64_t dim() const { return dim_; }
@@ -301,26 +313,29 @@ class RotaryAttention {
   std::vector<ParamSpec> params() const {
     const Init w = Init::normal(0.f, options_.init_std);
     const std::int64_t hd = head_dim(), kv = kv_heads_ * hd;
-    std::vector<ParamSpec> p{{"q.weight", {dim_, dim_}, w, options_.trainable},
-                             {"k.weight", {kv, dim_}, w, options_.trainable},
-                             {"v.weight", {kv, dim_}, w, options_.trainable},
-                             {"o.weight", {dim_, dim_}, w, options_.trainable}};
+    // a projection with an adapter is frozen, its bias too
+    const auto train = [&](std::size_t i) { return options_.trainable && !lora_.on(i); };
+    std::vector<ParamSpec> p{{"q.weight", {dim_, dim_}, w, train(0)},
+                             {"k.weight", {kv, dim_}, w, train(1)},
+                             {"v.weight", {kv, dim_}, w, train(2)},
+                             {"o.weight", {dim_, dim_}, w, train(3)}};
     if (options_.qkv_bias) {
-      p.push_back({"q.bias", {dim_}, Init::zeros(), options_.trainable, {}, {"bias"}});
-      p.push_back({"k.bias", {kv}, Init::zeros(), options_.trainable, {}, {"bias"}});
-      p.push_back({"v.bias", {kv}, Init::zeros(), options_.trainable, {}, {"bias"}});
+      p.push_back({"q.bias", {dim_}, Init::zeros(), train(0), {}, {"bias"}});
+      p.push_back({"k.bias", {kv}, Init::zeros(), train(1), {}, {"bias"}});
+      p.push_back({"v.bias", {kv}, Init::zeros(), train(2), {}, {"bias"}});
     }
-    if (options_.out_bias) p.push_back({"o.bias", {dim_}, Init::zeros(), options_.trainable, {}, {"bias"}});
+    if (options_.out_bias) p.push_back({"o.bias", {dim_}, Init::zeros(), train(3), {}, {"bias"}});
+    for (auto& a : lora_.params()) p.push_back(std::move(a));
     return p;
   }
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::RotaryAttention", in, dim_); }
 
-  std::int64_t saved_size(SeqShape s, std::int64_t) const { return 4 * s.rows() * dim_ + s.batch * heads_ * s.time * s.time; }
+  // (the adapters' rows after the attention's own activations)
+  std::int64_t saved_size(SeqShape s, std::int64_t) const { return own_saved(s) + lora_.saved_size(s.rows()); }
   template <class Dev, class T>
   std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t in) const {
     if (!detail::fused_attention<Dev, T>(dev, fused_shape(s))) return saved_size(s, in);
-    const std::int64_t kv = kv_heads_ * head_dim();
-    return detail::float_aligned<T>(s.rows() * (2 * dim_ + 2 * kv)) + attention_stats_size<T>(s.batch, heads_, s.time);
+    return fused_saved<T>(s) + lora_.saved_size(s.rows());
   }
 
   template <class Dev, class T>
@@ -338,6 +353,8 @@ class RotaryAttention {
     detail::project(dev, x, p[0].data, bias(p, 0).data, q_rows, dim_);
     detail::project(dev, x, p[1].data, bias(p, 1).data, k_rows, kv);
     detail::project(dev, x, p[2].data, bias(p, 2).data, v_rows, kv);
+    T* lora = ctx.saved.data + own_saved(ctx.shape);
+    for (std::size_t i = 0; i < 3; ++i) lora_.forward(dev, i, p, x, i == 0 ? q_rows : i == 1 ? k_rows : v_rows, lora);
     dev.for_each(static_cast<std::size_t>(3 * s.g.head_elems()),
                  detail::ToRotatedHeads<T>{s.g, q_rows, k_rows, v_rows, rope.cos_t, rope.sin_t, s.q});
     const std::int64_t T_ = s.g.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd, bh = s.g.batch * heads_;
@@ -347,6 +364,7 @@ class RotaryAttention {
     dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, bh);
     detail::permute_heads(dev, s.heads_layout(), o, s.merged, false);
     detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
+    lora_.forward(dev, 3, p, MatView<const T>{s.merged, N, dim_}, y.data, lora);
   }
 
   template <class Dev, class T>
@@ -371,8 +389,10 @@ class RotaryAttention {
     T* dv_rows = dk_rows + N * kv;
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(dv_rows + N * kv));
 
+    T* lora = ctx.saved.data + own_saved(ctx.shape);
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[3].data, C, 0.f, d_merged, C);
     detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[3], bias(grad, 3));
+    lora_.backward(dev, 3, p, grad, MatView<const T>{s.merged, N, C}, dy.data, lora, MatView<T>{d_merged, N, C});
     detail::permute_heads(dev, s.heads_layout(), d_merged, d_o, true);
     dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, 0.f, d_att, T_, tt, bh);
     dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att, T_, tt, d_o, hd, th, 0.f, d_v, hd, th, bh);
@@ -382,10 +402,18 @@ class RotaryAttention {
     dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, bh);
     dev.for_each(static_cast<std::size_t>(N * (C + 2 * kv)),
                  detail::FromRotatedHeads<T>{s.g, d_q, rope.cos_t, rope.sin_t, dq_rows, dk_rows, dv_rows});
-    projections_backward(dev, p, grad, x, dq_rows, dk_rows, dv_rows, dx);
+    projections_backward(dev, p, grad, x, dq_rows, dk_rows, dv_rows, lora, dx);
   }
 
  private:
+  std::size_t base_count() const { return 4 + (options_.qkv_bias ? 3 : 0) + (options_.out_bias ? 1 : 0); }
+  std::int64_t own_saved(SeqShape s) const { return 4 * s.rows() * dim_ + s.batch * heads_ * s.time * s.time; }
+  template <class T>
+  std::int64_t fused_saved(SeqShape s) const {
+    const std::int64_t kv = kv_heads_ * head_dim();
+    return detail::float_aligned<T>(s.rows() * (2 * dim_ + 2 * kv)) + attention_stats_size<T>(s.batch, heads_, s.time);
+  }
+
   struct Rope {
     const float* cos_t;
     const float* sin_t;
@@ -395,7 +423,7 @@ class RotaryAttention {
   // parameters' gradients and the input's.
   template <class Dev, class T>
   void projections_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, const T* dq_rows,
-                            const T* dk_rows, const T* dv_rows, MatView<T> dx) const {
+                            const T* dk_rows, const T* dv_rows, T* lora, MatView<T> dx) const {
     const std::int64_t N = x.rows, C = dim_, kv = kv_heads_ * head_dim();
     detail::projection_grads(dev, x, MatView<const T>{dq_rows, N, C}, grad[0], bias(grad, 0));
     detail::projection_grads(dev, x, MatView<const T>{dk_rows, N, kv}, grad[1], bias(grad, 1));
@@ -406,6 +434,9 @@ class RotaryAttention {
       dev.gemm(false, false, N, C, kv, 1.f, dk_rows, kv, p[1].data, C, 1.f, dx.data, C);
       dev.gemm(false, false, N, C, kv, 1.f, dv_rows, kv, p[2].data, C, 1.f, dx.data, C);
     }
+    lora_.backward(dev, 0, p, grad, x, dq_rows, lora, dx);
+    lora_.backward(dev, 1, p, grad, x, dk_rows, lora, dx);
+    lora_.backward(dev, 2, p, grad, x, dv_rows, lora, dx);
   }
 
   // The fused path (device/fused_attention.hpp): q [N, dim] and k, v
@@ -426,6 +457,7 @@ class RotaryAttention {
     T* merged;
     float* stats;
     detail::GqaShape g;
+    T* lora;  // the adapters' saved rows
   };
 
   template <class Dev, class T>
@@ -437,7 +469,7 @@ class RotaryAttention {
     T* v = k + N * kv;
     T* merged = v + N * kv;
     return {q, k, v, merged, reinterpret_cast<float*>(q + detail::float_aligned<T>(N * (2 * dim_ + 2 * kv))),
-            call_shape(ctx)};
+            call_shape(ctx), q + fused_saved<T>(ctx.shape)};
   }
 
   // Rotates (or unrotates) q's and k's rows in place.
@@ -463,12 +495,14 @@ class RotaryAttention {
     detail::project(dev, x, p[0].data, bias(p, 0).data, s.q, dim_);
     detail::project(dev, x, p[1].data, bias(p, 1).data, s.k, kv);
     detail::project(dev, x, p[2].data, bias(p, 2).data, s.v, kv);
+    for (std::size_t i = 0; i < 3; ++i) lora_.forward(dev, i, p, x, i == 0 ? s.q : i == 1 ? s.k : s.v, s.lora);
     rotate_rows(dev, s.g, rope, s.q, s.k, false);
     FusedAttentionShape shape = fused_shape(ctx.shape);
     shape.key_bias = kb != nullptr;
     fused_attention_forward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.q, s.k, s.v, kb,
                                     s.merged, s.stats);
     detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
+    lora_.forward(dev, 3, p, MatView<const T>{s.merged, N, dim_}, y.data, s.lora);
   }
 
   template <class Dev, class T>
@@ -489,12 +523,13 @@ class RotaryAttention {
     const T* kb = detail::key_bias(dev, "nn::RotaryAttention", ctx, bias_ws);
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[3].data, C, 0.f, d_merged, C);
     detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[3], bias(grad, 3));
+    lora_.backward(dev, 3, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C});
     FusedAttentionShape shape = fused_shape(ctx.shape);
     shape.key_bias = kb != nullptr;
     fused_attention_backward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.q, s.k, s.v,
                                      s.merged, d_merged, s.stats, kb, dq, dk, dv);
     rotate_rows(dev, s.g, rope, dq, dk, true);  // the gradients of the projections' (unrotated) outputs
-    projections_backward(dev, p, grad, x, dq, dk, dv, dx);
+    projections_backward(dev, p, grad, x, dq, dk, dv, s.lora, dx);
   }
 
   template <class T>
@@ -538,8 +573,7 @@ class RotaryAttention {
   // The checks every call makes; `want`: the saved elements the path needs.
   template <class T>
   void check_call(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx, std::int64_t want) const {
-    const std::size_t params = 4 + (options_.qkv_bias ? 3 : 0) + (options_.out_bias ? 1 : 0);
-    detail::check_count("nn::RotaryAttention", "parameters", p.size(), params);
+    detail::check_count("nn::RotaryAttention", "parameters", p.size(), base_count() + lora_.param_count());
     detail::check_shape("nn::RotaryAttention", "input", x, ctx.shape.rows(), dim_);
     if (ctx.saved.size() < want)
       throw config_error("nn::RotaryAttention: " + std::to_string(ctx.saved.size()) + " saved elements for " +
@@ -571,6 +605,7 @@ class RotaryAttention {
   std::int64_t heads_;
   std::int64_t kv_heads_;
   RotaryAttentionOptions options_;
+  detail::LoraSet lora_;
 };
 
 }  // namespace dtrain::nn

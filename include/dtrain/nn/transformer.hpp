@@ -4,8 +4,10 @@
 //
 // nn::MLP<Act>(dim, hidden, {.bias}): y = fc2(act(fc1(x))), dropout-free.
 //   fc1 is [Act::input_multiple * hidden, dim] (2 for SwiGLU's gate|up), fc2 [dim, hidden]
-//   params fc1.weight, fc1.bias, fc2.weight, fc2.bias (no biases with .bias = false)
-//   saved  fc1's output and the activation's
+//   params fc1.weight, fc1.bias, fc2.weight, fc2.bias (no biases with .bias = false);
+//          with LoRA adapters (MlpOptions::fc1_lora, fc2_lora) fc1.lora_A,
+//          fc1.lora_B after fc1's, fc2.lora_A, fc2.lora_B after fc2's
+//   saved  fc1's output and the activation's (then the adapters' rows)
 //   nn::GeluMLP = MLP<GELU> (GPT-2 with GELUTanh), MLP<SwiGLU> is Llama's.
 //
 // nn::PreNormBlock<Norm, Attention, Mlp>(dim, ln1, attn, ln2, mlp):
@@ -74,6 +76,10 @@ constexpr std::int64_t input_multiple() {
 struct MlpOptions {
   bool bias = true;
   bool trainable = true;
+  // LoRA adapters on fc1 (for a gated activation one per half: PEFT's
+  // gate_proj and up_proj) and on fc2 (nn/lora.hpp).
+  LoraOptions fc1_lora{};
+  LoraOptions fc2_lora{};
 };
 
 template <class Act>
@@ -82,9 +88,14 @@ class MLP {
   MLP(std::int64_t dim, std::int64_t hidden, MlpOptions options = {})
       : dim_(dim),
         hidden_(hidden),
-        fc1_(dim, detail::input_multiple<Act>() * hidden, {.bias = options.bias, .trainable = options.trainable}),
-        fc2_(hidden, dim, {.bias = options.bias, .trainable = options.trainable}),
-        n_params_(options.bias ? 4 : 2) {}
+        fc1_(dim, detail::input_multiple<Act>() * hidden,
+             {.bias = options.bias,
+              .trainable = options.trainable,
+              .lora = options.fc1_lora,
+              .lora_segments = detail::input_multiple<Act>()}),
+        fc2_(hidden, dim, {.bias = options.bias, .trainable = options.trainable, .lora = options.fc2_lora}),
+        n1_(fc1_.params().size()),
+        n2_(fc2_.params().size()) {}
 
   std::vector<ParamSpec> params() const {
     std::vector<ParamSpec> out;
@@ -93,15 +104,24 @@ class MLP {
     return out;
   }
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::MLP", in, dim_); }
-  std::int64_t saved_size(SeqShape s, std::int64_t) const { return s.rows() * (wide() + hidden_); }
+  // h, a, then the adapters' saved rows (fc1's, fc2's) when there are any.
+  std::int64_t saved_size(SeqShape s, std::int64_t) const {
+    return s.rows() * (wide() + hidden_) + fc1_.saved_size(s, dim_) + fc2_.saved_size(s, hidden_);
+  }
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     check(p, ctx);
     const MatView<T> h{ctx.saved.data, x.rows, wide()}, a{ctx.saved.data + x.rows * wide(), x.rows, hidden_};
-    fc1_.template forward<Dev, T>(dev, p.subspan(0, half()), x, h);
+    if (fc1_.has_lora())
+      fc1_.template forward<Dev, T>(dev, p.subspan(0, n1_), x, h, ctx.part(lora_saved(ctx, 0), 0));
+    else
+      fc1_.template forward<Dev, T>(dev, p.subspan(0, n1_), x, h);
     act_.template forward<Dev, T>(dev, {}, h, a);
-    fc2_.template forward<Dev, T>(dev, p.subspan(half(), half()), a, y);
+    if (fc2_.has_lora())
+      fc2_.template forward<Dev, T>(dev, p.subspan(n1_, n2_), a, y, ctx.part(lora_saved(ctx, 1), 1));
+    else
+      fc2_.template forward<Dev, T>(dev, p.subspan(n1_, n2_), a, y);
   }
 
   // The gradients between the parts live in the workspace (no part uses it).
@@ -109,22 +129,38 @@ class MLP {
   void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> y,
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
     check(p, ctx);
-    detail::check_count("nn::MLP", "gradients", grad.size(), n_params_);
+    detail::check_count("nn::MLP", "gradients", grad.size(), n1_ + n2_);
     const MatView<T> h{ctx.saved.data, x.rows, wide()}, a{ctx.saved.data + x.rows * wide(), x.rows, hidden_};
     T* ws = dev.template workspace<T>(static_cast<std::size_t>(x.rows * (hidden_ + wide())));
     const MatView<T> da{ws, x.rows, hidden_}, dh{ws + x.rows * hidden_, x.rows, wide()};
-    fc2_.template backward<Dev, T>(dev, p.subspan(half(), half()), grad.subspan(half(), half()), a, y, dy, da);
+    const auto p2 = p.subspan(n1_, n2_), p1 = p.subspan(0, n1_);
+    const auto g2 = grad.subspan(n1_, n2_), g1 = grad.subspan(0, n1_);
+    if (fc2_.has_lora())
+      fc2_.template backward<Dev, T>(dev, p2, g2, a, y, dy, da, ctx.part(lora_saved(ctx, 1), 1));
+    else
+      fc2_.template backward<Dev, T>(dev, p2, g2, a, y, dy, da);
     act_.template backward<Dev, T>(dev, {}, {}, h, a, da, dh);
-    fc1_.template backward<Dev, T>(dev, p.subspan(0, half()), grad.subspan(0, half()), x, h, dh, dx);
+    if (fc1_.has_lora())
+      fc1_.template backward<Dev, T>(dev, p1, g1, x, h, dh, dx, ctx.part(lora_saved(ctx, 0), 0));
+    else
+      fc1_.template backward<Dev, T>(dev, p1, g1, x, h, dh, dx);
   }
 
  private:
   std::int64_t wide() const { return detail::input_multiple<Act>() * hidden_; }
-  std::size_t half() const { return n_params_ / 2; }
+
+  // fc1's (which = 0) or fc2's adapter rows in the saved view.
+  template <class T>
+  MatView<T> lora_saved(const UnitContext<T>& ctx, int which) const {
+    const std::int64_t rows = ctx.shape.rows(), n1 = fc1_.saved_size(ctx.shape, dim_);
+    T* at = ctx.saved.data + rows * (wide() + hidden_) + (which == 0 ? 0 : n1);
+    const std::int64_t n = which == 0 ? n1 : fc2_.saved_size(ctx.shape, hidden_);
+    return {at, 1, n};
+  }
 
   template <class T>
   void check(UnitParams<const T> p, const UnitContext<T>& ctx) const {
-    detail::check_count("nn::MLP", "parameters", p.size(), n_params_);
+    detail::check_count("nn::MLP", "parameters", p.size(), n1_ + n2_);
     if (ctx.saved.size() < saved_size(ctx.shape, dim_))
       throw config_error("nn::MLP: " + std::to_string(ctx.saved.size()) + " saved elements for " +
                              std::to_string(saved_size(ctx.shape, dim_)),
@@ -134,7 +170,7 @@ class MLP {
   std::int64_t dim_, hidden_;
   Linear fc1_, fc2_;
   Act act_;
-  std::size_t n_params_;
+  std::size_t n1_, n2_;  // fc1's and fc2's parameter counts
 };
 
 using GeluMLP = MLP<GELU>;
