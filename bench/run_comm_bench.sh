@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Host collective bandwidth: dtrain's HostCommunicator over shared memory and
-# over Gloo against PyTorch's gloo backend, 2 processes each, launched by
-# dtrain-run; then how ranks wait in shared memory (spin, futex, auto) at 2
-# and 3 ranks on this machine's cores. Installs what is missing
-# (python3-torch) and builds its targets through scripts/setup.sh first.
+# over Gloo against PyTorch's gloo backend (bench/torch_gloo_bandwidth.py) on
+# two torches in the same run: the release users install today (the peer:
+# PyPI, pinned in bench/lib.sh, in a venv bench_peer_python makes once; its
+# gloo also runs reduce_scatter and the single-tensor forms FSDP calls) and,
+# for history, Debian's torch 1.13, which is all a --smoke run uses; 2
+# processes each, launched by dtrain-run. Then how ranks wait in shared
+# memory (spin, futex, auto) at 2 and 3 ranks on this machine's cores.
+# Installs what is missing (python3-torch) and builds its targets through
+# scripts/setup.sh first.
 # usage: bench/run_comm_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--no-setup] [--smoke]
-# Runs the three implementations alternately N times (default 3); each run
+# Runs the four implementations alternately N times (default 3); each run
 # reports per-row medians over its iterations (slowest rank), and the tables
-# show the median of the N runs (the JSON keeps every run). Writes
-# bench/results/comm_bandwidth.json (or --json PATH). --no-setup: use
-# BUILD_DIR as it is. --smoke (bench/lib.sh): 1 and 4 MiB messages, one
-# run, the JSON in a temporary folder.
+# show the median of the N runs (the JSON keeps every run, and both torch
+# versions). Writes bench/results/comm_bandwidth.json (or --json PATH): key
+# torch is Debian's torch, torch_peer the PyPI release. About 2 minutes on 2
+# cores with the peer. --no-setup: use BUILD_DIR as it is. --smoke
+# (bench/lib.sh): 1 and 4 MiB messages, one run, no peer, the JSON in a
+# temporary folder.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,15 +39,20 @@ sizes=(--min-mib 1 --max-mib "$max_mib")
 bench_build python3-torch dtrain-run bench_comm_bandwidth
 bench_need "$launcher" "$bench"
 bench_need_torch "$python"
+bench_peer_python  # empty in --smoke: the peer needs the PyPI venv
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 for ((i = 1; i <= repeat; i++)); do
-  echo "run $i/$repeat: dtrain shm, dtrain gloo, PyTorch gloo; 2 processes each..."
+  echo "run $i/$repeat: dtrain shm, dtrain gloo, PyTorch gloo (Debian${peer_python:+, PyPI}); 2 processes each..."
   "$launcher" --nproc-per-node 2 "$bench" --transport shm --json "$work/shm.$i.json" "${sizes[@]}"
   "$launcher" --nproc-per-node 2 "$bench" --transport gloo --json "$work/gloo.$i.json" "${sizes[@]}"
   "$launcher" --nproc-per-node 2 "$python" "$repo/bench/torch_gloo_bandwidth.py" --json "$work/torch.$i.json" "${sizes[@]}"
+  if [[ -n $peer_python ]]; then
+    "$launcher" --nproc-per-node 2 "$peer_python" "$repo/bench/torch_gloo_bandwidth.py" --json "$work/peer.$i.json" \
+      "${sizes[@]}"
+  fi
 done
 for wait in spin futex auto; do
   for n in 2 3; do
@@ -79,6 +91,10 @@ def row(result, coll, mib):
     return next(r for r in result["results"] if r["collective"] == coll and r["bytes"] == mib << 20)
 
 shm, gloo, torch = median_of("shm"), median_of("gloo"), median_of("torch")
+peer = median_of("peer") if os.path.exists(os.path.join(work, "peer.1.json")) else None
+torches = {"torch": torch, **({"peer": peer} if peer else {})}
+version = {k: t["implementation"].split()[1] for k, t in torches.items()}
+short = {k: ".".join(v.split(".")[:2]) for k, v in version.items()}
 waits = {f"{w}_{n}": median_of(f"wait_{w}_{n}") for w in ("spin", "futex", "auto") for n in (2, 3)}
 # A 2-rank all-reduce of S bytes must move about 4S through memory: each rank
 # reads its S-byte buffer and writes S bytes of result (the slots in between
@@ -98,8 +114,12 @@ merged = {
     "shm_bound": {"copy_gbps_per_rank": copy, "all_reduce_busbw_bound_gbps": bound,
                   f"all_reduce_{big}mib_busbw_gbps": ar_big["busbw_gbps"],
                   "fraction_of_bound": ar_big["busbw_gbps"] / bound},
+    "torch_versions": {"debian": version["torch"], "peer": version.get("peer"),
+                       "peer_source": "PyPI (bench/lib.sh's bench_peer_python), CPU side" if peer else None},
     "dtrain_shm": shm, "dtrain_gloo": gloo, "torch": torch, "waiting": waits,
 }
+if peer:
+    merged["torch_peer"] = peer
 with open(target, "w") as f:
     json.dump(merged, f, indent=1)
     f.write("\n")
@@ -107,30 +127,49 @@ with open(target, "w") as f:
 def key(r):
     return r["collective"], r["bytes"]
 
-by = {name: {key(r): r for r in res["results"]} for name, res in (("gloo", gloo), ("torch", torch))}
-print(f"\n{'collective':<15}{'size':>7}  {'shm us':>8}{'busbw':>7}  {'gloo us':>8}{'busbw':>7}"
-      f"  {'torch us':>9}{'busbw':>7}  {'shm/torch':>9}")
+by = {name: {key(r): r for r in res["results"]} for name, res in (("gloo", gloo), *torches.items())}
+head = f"{'collective':<15}{'size':>7}  {'shm us':>8}{'busbw':>7}  {'gloo us':>8}{'busbw':>7}"
+for k in torches:
+    head += f"  {'torch ' + short[k] + ' us':>15}{'busbw':>7}"
+head += "".join(f"  {'shm/' + short[k]:>9}" for k in torches)
+print("\n" + head)
 for r in shm["results"]:
-    g, t = by["gloo"].get(key(r), {}), by["torch"].get(key(r), {})
-    size = f"{r['bytes'] >> 20} MiB"
-    gl = f"{g['time_us']:>8.0f}{g['busbw_gbps']:>7.2f}" if g.get("time_us") else f"{'n/a':>8}{'':>7}"
-    if t.get("time_us"):
-        to = f"{t['time_us']:>9.0f}{t['busbw_gbps']:>7.2f}  {t['time_us'] / r['time_us']:>8.2f}x"
-    else:
-        to = f"{'n/a':>9}{'':>7}  {'':>9}"
-    print(f"{r['collective']:<15}{size:>7}  {r['time_us']:>8.0f}{r['busbw_gbps']:>7.2f}  {gl}  {to}")
+    g = by["gloo"].get(key(r), {})
+    line = f"{r['collective']:<15}{r['bytes'] >> 20:>3} MiB  {r['time_us']:>8.0f}{r['busbw_gbps']:>7.2f}  "
+    line += f"{g['time_us']:>8.0f}{g['busbw_gbps']:>7.2f}" if g.get("time_us") else f"{'n/a':>8}{'':>7}"
+    ratios = ""
+    for k in torches:
+        t = by[k].get(key(r), {})
+        if t.get("time_us"):
+            line += f"  {t['time_us']:>15.0f}{t['busbw_gbps']:>7.2f}"
+            ratios += f"  {t['time_us'] / r['time_us']:>8.2f}x"
+        else:
+            line += f"  {'n/a':>15}{'':>7}"
+            ratios += f"  {'':>9}"
+    print(line + ratios)
 print("(busbw in GB/s; shm/torch > 1: dtrain faster)")
+if peer:
+    forms = [r for r in peer["results"] if r["collective"].endswith("tensor") and r.get("time_us")]
+    if forms:
+        print(f"\ntorch {short['peer']}'s single-tensor forms beside its list forms (us):")
+        for r in forms:
+            listed = by["peer"].get((r["collective"].replace("_into_tensor", "").replace("_tensor", ""), r["bytes"]))
+            print(f"{r['collective']:<23}{r['bytes'] >> 20:>3} MiB  {r['time_us']:>8.0f}  list form "
+                  f"{listed['time_us']:>8.0f}")
 print(f"\ncopy bandwidth {copy:.2f} GB/s per rank (both ranks copying) -> all_reduce busbw bound {bound:.2f} GB/s; "
-      f"{big} MiB all_reduce reaches {ar_big['busbw_gbps']:.2f} GB/s = {100 * ar_big['busbw_gbps'] / bound:.0f}% of it")
+      f"{big} MiB all_reduce reaches {ar_big['busbw_gbps']:.2f} GB/s = {100 * ar_big['busbw_gbps'] / bound:.0f}% of it; "
+      + ", ".join(f"{name} {100 * row(res, 'all_reduce', big)['busbw_gbps'] / bound:.0f}%"
+                  for name, res in (("Gloo", gloo), *((f"torch {short[k]}", t) for k, t in torches.items()))))
 print(f"\nwaiting in shared memory ({os.cpu_count()} cores): all_reduce")
 print(f"{'wait':<7}{'ranks':>6}  {'1 MiB us':>9}  {f'{big} MiB busbw':>13}")
 for name, res in waits.items():
     w, n = name.split("_")
     print(f"{w:<7}{n:>6}  {row(res, 'all_reduce', 1)['time_us']:>9.0f}  {row(res, 'all_reduce', big)['busbw_gbps']:>13.2f}")
-for r in torch["results"]:
-    if r.get("unavailable"):
-        print(f"torch {r['collective']}: n/a ({r['unavailable']})")
-        break
+for k, t in torches.items():
+    for r in t["results"]:
+        if r.get("unavailable"):
+            print(f"torch {version[k]} {r['collective']}: n/a ({r['unavailable']})")
+            break
 shown = os.path.relpath(target)
 print(f"written: {target if shown.startswith('..') else shown}")
 EOF

@@ -7,6 +7,12 @@ before every timed iteration; per rank the median; reported, the slowest
 rank's median. A collective this torch's gloo backend lacks (reduce_scatter in
 torch 1.13) is reported as not available, with torch's reason.
 
+all_gather and reduce_scatter are the list forms, which every torch has. A
+torch whose gloo also runs the single-tensor forms FSDP calls (2.x:
+all_gather_into_tensor, reduce_scatter_tensor) has them measured too, as rows
+of their own with those names; torch 1.13's gloo rejects them, and they are
+left out there.
+
 Launch one process per rank with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set,
 e.g. `dtrain-run --nproc-per-node 2 /usr/bin/python3 bench/torch_gloo_bandwidth.py`.
 """
@@ -43,11 +49,23 @@ def time_collective(iters, issue):
 
 
 def bus_factor(coll, n):
+    coll = coll.replace("_into_tensor", "").replace("_tensor", "")
     if coll == "all_reduce":
         return 2.0 * (n - 1) / n
     if coll == "broadcast":
         return 1.0
     return (n - 1) / n
+
+
+def has_tensor_forms():
+    """Whether this torch's gloo runs all_gather_into_tensor and reduce_scatter_tensor (not 1.13's)."""
+    n = dist.get_world_size()
+    try:
+        dist.all_gather_into_tensor(torch.empty(4 * n), torch.ones(4))
+        dist.reduce_scatter_tensor(torch.empty(4), torch.ones(4 * n))
+    except (AttributeError, RuntimeError):  # gloo rejects it on every rank alike, before communicating
+        return False
+    return True
 
 
 def main():
@@ -60,6 +78,7 @@ def main():
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
+    tensor_forms = has_tensor_forms()
     total_max = (args.max_mib << 20) // 4
     buf = torch.ones(total_max, dtype=torch.float32)
     out = torch.zeros(total_max, dtype=torch.float32)
@@ -78,6 +97,10 @@ def main():
             "all_gather": lambda: dist.all_gather(gathered, buf[:chunk]),
             "broadcast": lambda: dist.broadcast(whole, src=0),
         }
+        if tensor_forms:
+            cases["all_gather_into_tensor"] = lambda: dist.all_gather_into_tensor(out[:total], buf[:chunk])
+            cases["reduce_scatter_tensor"] = lambda: dist.reduce_scatter_tensor(out[:chunk], whole,
+                                                                                op=dist.ReduceOp.SUM)
         for coll, issue in cases.items():
             try:
                 rows.append({"collective": coll, "bytes": nbytes, "iters": iters,
