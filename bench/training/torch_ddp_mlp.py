@@ -2,12 +2,14 @@
 
 The same model as `train_mlp hidden=256,256 activation=gelu`: 32 features,
 Linear(32, 256) - GELU - Linear(256, 256) - GELU - Linear(256, 10), softmax
-cross-entropy; batch 64 per rank; AdamW (lr 1e-3, weight decay 0, torch 1.13's
-CPU default implementation); fp32 (--precision bf16: forward and loss under
-torch.autocast("cpu", torch.bfloat16), while parameters, gradients, their
-all-reduce and AdamW stay fp32; gloo has no bf16 all-reduce). Data: random
-tensors of the same shape (their content does not change the speed), each
-rank reading its own contiguous batches as a DistributedSampler would.
+cross-entropy; batch 64 per rank; AdamW (lr 1e-3, weight decay 0, the
+torch's CPU default implementation; --fused-adamw: its fused kernel, PyTorch
+2.4 and later, refused by name before); fp32 (--precision bf16: forward and
+loss under torch.autocast("cpu", torch.bfloat16), while parameters,
+gradients, their all-reduce and AdamW stay fp32; gloo has no bf16
+all-reduce). Data: random tensors of the same shape (their content does not
+change the speed), each rank reading its own contiguous batches as a
+DistributedSampler would.
 
 --device cuda: each rank on its local GPU (LOCAL_RANK) under DDP with NCCL,
 the model and AdamW in PyTorch's CUDA defaults (the foreach implementation),
@@ -17,7 +19,9 @@ which waits for the GPU (train_mlp's step also ends with the loss on the host).
 
 Timed like train_mlp's step_ms: from zero_grad through optimizer.step, per
 step on rank 0; the JSON has every step's time and the median after
---warmup steps.
+--warmup steps, and the bytes of the tensors rank 0's model and optimizer
+hold after the last step (model_state_bytes: parameters, gradients, optimizer
+state; DDP's own gradient buckets are not among them).
 
 Launch one process per rank with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set,
 e.g. `dtrain-run --nproc-per-node 2 /usr/bin/python3 bench/training/torch_ddp_mlp.py`
@@ -51,6 +55,21 @@ def build_model(features, hidden, classes):
     return torch.nn.Sequential(*layers)
 
 
+def local_bytes(t):
+    """Bytes this rank holds of a tensor (its own shard of a sharded one)."""
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.numel() * t.element_size()
+
+
+def model_state_bytes(module, opt):
+    """Bytes of parameters, gradients and optimizer state tensors this rank holds."""
+    params = list(module.parameters())
+    return {"params": sum(local_bytes(p) for p in params),
+            "grads": sum(local_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer": sum(local_bytes(v) for state in opt.state.values() for v in state.values()
+                             if torch.is_tensor(v))}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -62,8 +81,11 @@ def main():
     parser.add_argument("--samples", type=int, default=16384)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True) (PyTorch 2.4+ on the CPU)")
     parser.add_argument("--json", help="rank 0 writes the results here (default: stdout)")
     args = parser.parse_args()
+    if args.fused_adamw and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4):
+        parser.error(f"--fused-adamw needs PyTorch 2.4 or later (this is {torch.__version__})")
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     torch.manual_seed(0)
@@ -76,7 +98,8 @@ def main():
 
     net = build_model(args.features, [int(h) for h in args.hidden.split(",")], args.classes).to(dev)
     model = DDP(net, device_ids=[dev.index]) if cuda else DDP(net)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    extra = {"fused": True} if args.fused_adamw else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, **extra)
     x = torch.randn(args.samples, args.features)
     y = torch.randint(0, args.classes, (args.samples,))
     per_rank = args.samples // world
@@ -99,6 +122,7 @@ def main():
         step_ms.append((time.perf_counter() - t0) * 1e3)
         loss.item()
 
+    memory = model_state_bytes(net, opt)
     dist.barrier()
     # Drop DDP and the optimizer before the process group goes: a gloo group torn down while DDP
     # still holds its buffers can hang the process at exit.
@@ -109,11 +133,13 @@ def main():
     timed = sorted(step_ms[args.warmup:])
     median = timed[len(timed) // 2]
     backend = f"nccl, {torch.cuda.get_device_name(dev)}" if cuda else "gloo"
-    result = {"implementation": f"PyTorch {torch.__version__} DDP ({backend})", "world_size": world,
+    fused = ", fused AdamW" if args.fused_adamw else ""
+    result = {"implementation": f"PyTorch {torch.__version__} DDP ({backend}){fused}", "world_size": world,
               "threads_per_rank": torch.get_num_threads(), "batch_per_rank": args.batch_size,
               "hidden": [int(h) for h in args.hidden.split(",")], "precision": args.precision,
-              "steps": args.steps, "warmup": args.warmup,
-              "median_step_ms": round(median, 4), "samples_per_s": round(world * args.batch_size / median * 1e3, 1),
+              "fused_adamw": args.fused_adamw, "steps": args.steps, "warmup": args.warmup,
+              "model_state_bytes": memory, "median_step_ms": round(median, 4),
+              "samples_per_s": round(world * args.batch_size / median * 1e3, 1),
               "step_ms": [round(t, 4) for t in step_ms]}
     text = json.dumps(result)
     if args.json:
