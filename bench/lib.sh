@@ -128,9 +128,10 @@ launch() {  # launch RANKS LOG command...: RANKS processes, cores / RANKS thread
 # users get, and re-measure.
 bench_peer_torch_version=2.15.0
 bench_peer_transformers_version=5.24.0
+bench_peer_peft_version=0.21.2  # LoRA (run_hf_bench.sh's DTRAIN_HF_BENCH_LORA)
 
 # bench_peer_python: sets `peer_python` to a venv's python with the pinned
-# PyPI torch and transformers (BUILD_DIR/bench/peer-venv: created and filled
+# PyPI torch, transformers and peft (BUILD_DIR/bench/peer-venv: created and filled
 # once, reused after; about 5 GB, torch's CUDA libraries included, though
 # the benchmarks use its CPU side). Without --smoke only: a smoke run sets
 # peer_python empty. A venv that cannot be made is a failure naming why.
@@ -138,7 +139,7 @@ bench_peer_python() {
   peer_python=""
   ((smoke)) && return 0
   local venv=$build/bench/peer-venv want
-  want="torch==$bench_peer_torch_version transformers==$bench_peer_transformers_version"
+  want="torch==$bench_peer_torch_version transformers==$bench_peer_transformers_version peft==$bench_peer_peft_version"
   if [[ ! -f $venv/.dtrain-peer || $(< "$venv/.dtrain-peer") != "$want" ]]; then
     echo "$(basename "$0"): installing the PyTorch peer into $venv ($want, from PyPI; once)" >&2
     [[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv "$venv" ||

@@ -21,6 +21,9 @@
 #   DTRAIN_HF_BENCH_RANKS          2 1        (2 x 1 thread and 1 x 2 threads on 2 cores)
 #   DTRAIN_HF_BENCH_BLOCKS         128        (sequence length; 512 too for the long case)
 #   DTRAIN_HF_BENCH_CHECKPOINTING  0          (1: activation checkpointing on both sides)
+#   DTRAIN_HF_BENCH_LORA           0          (R: LoRA adapters of rank R, alpha 2R, on every
+#                                             linear layer of the blocks, the rest frozen: train_lm's
+#                                             lora_ keys against peft; the JSON defaults to lora.json)
 # Each run reports rank 0's median step after the warm-up (2 steps of the
 # default 8); the table shows the median of N runs (default 1; the order of
 # the sides reverses every run) and the ratios of tokens/s, dtrain over each
@@ -59,6 +62,9 @@ read -r -a models <<< "${DTRAIN_HF_BENCH_MODELS:-gpt2-124m llama-100m}"
 read -r -a rank_list <<< "${DTRAIN_HF_BENCH_RANKS:-2 1}"
 read -r -a blocks <<< "${DTRAIN_HF_BENCH_BLOCKS:-128}"
 read -r -a ckpts <<< "${DTRAIN_HF_BENCH_CHECKPOINTING:-0}"
+lora=${DTRAIN_HF_BENCH_LORA:-0}
+[[ $lora =~ ^[0-9]+$ ]] || { echo "run_hf_bench.sh: DTRAIN_HF_BENCH_LORA takes a rank, not '$lora'" >&2; exit 2; }
+((lora > 0)) && [[ $json == "$repo/bench/results/hf.json" ]] && json=$repo/bench/results/lora.json
 if ((smoke)); then
   rank_list=(2)
   blocks=(128)
@@ -82,6 +88,11 @@ if ! "$venv/bin/python" -c "import transformers" 2> /dev/null; then
     bench_skip "cannot create a Python venv in $venv (python3-venv)"
   timeout 300 "$venv/bin/pip" install -q transformers==4.40.2 ||
     bench_skip "pip could not install transformers==4.40.2 into $venv (is PyPI reachable?)"
+fi
+# peft for LoRA: without its dependencies, which would replace Debian's torch (hf_transformers_test does the same).
+if ((lora > 0)) && ! "$venv/bin/python" -c "import peft" 2> /dev/null; then
+  timeout 300 "$venv/bin/pip" install -q --no-deps peft==0.10.0 accelerate==0.29.3 jinja2==3.1.4 markupsafe==2.1.5 ||
+    bench_skip "pip could not install peft==0.10.0 into $venv (is PyPI reachable?)"
 fi
 python=$venv/bin/python
 bench_peer_python  # empty in --smoke: the peer needs the PyPI venv
@@ -121,12 +132,14 @@ run_one() {
     ((ac)) && extra=(--checkpointing)
     [[ $impl == peer* ]] && py=$peer_python && extra+=(--attention sdpa --fused-adamw)
     [[ $impl == peer_compile ]] && extra+=(--compile)
+    ((lora > 0)) && extra+=(--lora-r "$lora" --lora-alpha $((2 * lora)))
     launch "$n" "$base.log" "$py" "$repo/bench/hf/torch_ddp_hf.py" --model-dir "$work/$model" \
       --block-size "$block" --batch-size $batch --steps "$steps" --warmup $warmup "${extra[@]}" --json "$base.json"
   else
-    local flag=false
+    local flag=false adapters=()
     ((ac)) && flag=true
-    launch "$n" "$base.log" "$train_lm" config="$work/$model/config.json" data="$work/$model.npy" \
+    ((lora > 0)) && adapters=(lora_r="$lora" lora_alpha=$((2 * lora)) lora_targets=all-linear)
+    launch "$n" "$base.log" "$train_lm" config="$work/$model/config.json" data="$work/$model.npy" "${adapters[@]}" \
       block_size="$block" batch_size=$batch steps="$steps" strategy=ddp precision=fp32 optimizer=adamw lr=0.001 \
       weight_decay=0 num_workers=0 log_every="$steps" eval_batches=0 activation_checkpointing=$flag \
       metrics="$base.jsonl"
@@ -169,5 +182,5 @@ mkdir -p "$(dirname "$json")"
 "$python" "$repo/bench/hf/summarize.py" "$work" --models "$(IFS=,; echo "${models[*]}")" --repeat "$repeat" \
   --warmup $warmup --ranks "$(IFS=,; echo "${rank_list[*]}")" --blocks "$(IFS=,; echo "${blocks[*]}")" \
   --checkpointing "$(IFS=,; echo "${ckpts[*]}")" --impls "$(IFS=,; echo "${impls[*]}")" --cores "$cores" \
-  --batch $batch --steps "$steps" --json "$json"
+  --batch $batch --steps "$steps" --lora "$lora" --json "$json"
 bench_check_json

@@ -27,6 +27,7 @@
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
+#include <dtrain/hf/lora.hpp>
 #include <dtrain/io/crc32c.hpp>
 #include <dtrain/io/files.hpp>
 #include <dtrain/io/npy.hpp>

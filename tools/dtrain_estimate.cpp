@@ -46,6 +46,10 @@ the model (one of):
                              the units of hf::CausalLm built from it (embedding,
                              each layer, final norm, head); training flags as
                              with --params
+  --lora-r R, --lora-targets T
+                             with --hf-config: LoRA adapters of rank R on the
+                             linear layers T names (PEFT's target_modules, e.g.
+                             q_proj,v_proj or all-linear), the rest frozen
   --units U                  split the trainable ones into U equal units instead,
                              e.g. a transformer's layers (FSDP gathers one unit
                              at a time, so this sets the gathered column)
@@ -281,6 +285,7 @@ Inputs parse(int argc, char** argv) {
   Inputs in;
   std::optional<std::size_t> params;
   std::optional<std::string> config, hf_config;
+  hf::LoraConfig lora;  // --lora-r, --lora-targets
   std::string example = "mlp";
   std::optional<double> fraction;
   std::optional<std::size_t> unit_count;
@@ -307,6 +312,15 @@ Inputs parse(int argc, char** argv) {
       std::exit(0);
     } else if (arg == "--params") params = parse_count(value());
     else if (arg == "--hf-config") hf_config = value();
+    else if (arg == "--lora-r") lora.r = parse_number<std::int64_t>(arg, value(), 1, 1e6);
+    else if (arg == "--lora-targets") {
+      lora.targets.clear();
+      for (std::string rest = value(); !rest.empty();) {
+        const auto comma = rest.find(',');
+        lora.targets.push_back(rest.substr(0, comma));
+        rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+      }
+    }
     else if (arg == "--units") unit_count = parse_number<std::size_t>(arg, value(), 1, 1e9);
     else if (arg == "--trainable-fraction") fraction = parse_number<double>(arg, value(), 0, 1);
     else if (arg == "--config") config = value();
@@ -332,6 +346,10 @@ Inputs parse(int argc, char** argv) {
     throw usage_error{params || config || hf_config ? "more than one of --params, --config and --hf-config name a model"
                                                     : "no model given",
                       "pass one of --params N, --config FILE.yaml and --hf-config config.json"};
+  if (!hf_config && (lora.r != 0 || !lora.targets.empty()))
+    throw usage_error{"--lora-r and --lora-targets need --hf-config", "estimate a transformers model's adapters"};
+  if (hf_config && (lora.r == 0) != lora.targets.empty())
+    throw usage_error{"give both --lora-r and --lora-targets", "e.g. --lora-r 16 --lora-targets all-linear"};
   if (hf_config) {
     if (!overrides.empty())
       throw usage_error{"key=value " + in_quotes(overrides.front()) + " needs --config", "use the flags (see --help)"};
@@ -340,7 +358,7 @@ Inputs parse(int argc, char** argv) {
                         "the config's model gives the units"};
     try {
       const hf::LmConfig c = hf::read_config(*hf_config);
-      hf::CausalLm model(c);
+      hf::CausalLm model(c, lora);
       in.units = declared_units(model);
       for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
       in.source = "transformers config " + *hf_config + " (" + c.model_type + ", " + std::to_string(c.num_hidden_layers) +

@@ -30,8 +30,15 @@ def dtrain_run(path, warmup):
         records = [json.loads(line) for line in f if line.strip()]
     steps = [r["step_ms"] for r in records if "step_ms" in r]
     tokens = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
-    return {"step_ms": steps, "median_ms": statistics.median(steps[warmup:]),
-            "tokens_per_s": statistics.median(tokens[warmup:])}
+    run = {"step_ms": steps, "median_ms": statistics.median(steps[warmup:]),
+           "tokens_per_s": statistics.median(tokens[warmup:])}
+    try:  # train_lm's last line: "peak resident memory (rank 0): X MiB", in the run's log beside the records
+        with open(path[:-len(".jsonl")] + ".log") as f:
+            line = next(l for l in f if "peak resident memory (rank 0):" in l)
+        run["peak_rss_mib"] = float(line.split(":")[-1].split()[0])
+    except (OSError, StopIteration, ValueError):
+        pass
+    return run
 
 
 def main():
@@ -42,14 +49,15 @@ def main():
     for name in ("repeat", "warmup", "cores", "batch", "steps"):
         p.add_argument(f"--{name}", type=int, required=True)
     p.add_argument("--json", required=True)
+    p.add_argument("--lora", type=int, default=0)
     args = p.parse_args()
     impls = args.impls.split(",")
     peers = [i for i in impls if i != "dtrain"]
 
     settings, versions = [], {}
-    header = f"{'model':<11} {'ranks x thr':>11} {'block':>5} {'ckpt':>4} {'dtrain ms':>10}"
+    header = f"{'model':<11} {'ranks x thr':>11} {'block':>5} {'ckpt':>4} {'dtrain ms':>10} {'MiB':>6}"
     for side in peers:
-        header += f" {side + ' ms':>17} {'x':>6}"
+        header += f" {side + ' ms':>17} {'MiB':>6} {'x':>6}"
     print(header)
     for model in args.models.split(","):
         for n in (int(r) for r in args.ranks.split(",")):
@@ -65,23 +73,32 @@ def main():
                     row = {"model": model, "ranks": n, "threads_per_rank": max(1, args.cores // n),
                            "block_size": block, "activation_checkpointing": bool(ac), "sides": {}}
                     for impl in impls:
+                        rss = [r["peak_rss_mib"] for r in runs[impl] if "peak_rss_mib" in r]
                         row["sides"][impl] = {
                             "median_ms": statistics.median(r["median_ms"] for r in runs[impl]),
                             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[impl]),
+                            "peak_rss_mib": round(statistics.median(rss), 1) if rss else None,
                             "runs": runs[impl]}
                     for side in peers:
                         first = runs[side][0]
                         row["parameters"] = first["parameters"]  # a tied head once, as dtrain stores it
                         versions[side] = {"torch": first.get("torch"), "transformers": first.get("transformers"),
                                           "attention": first.get("attention"), "settings": SIDES.get(side, side)}
+                        if first.get("peft"):
+                            versions[side]["peft"] = first["peft"]
+                            row["trainable"] = first.get("trainable")
                         row["ratio_vs_" + side] = round(row["sides"]["dtrain"]["tokens_per_s"]
                                                         / row["sides"][side]["tokens_per_s"], 3)
                     settings.append(row)
                     layout = f"{n} x {row['threads_per_rank']}"
+                    def mib(impl):
+                        v = row["sides"][impl]["peak_rss_mib"]
+                        return f"{v:>6.0f}" if v is not None else f"{'-':>6}"
                     line = (f"{model:<11} {layout:>11} {block:>5} "
-                            f"{'on' if ac else 'off':>4} {row['sides']['dtrain']['median_ms']:>10.1f}")
+                            f"{'on' if ac else 'off':>4} {row['sides']['dtrain']['median_ms']:>10.1f} {mib('dtrain')}")
                     for side in peers:
-                        line += f" {row['sides'][side]['median_ms']:>17.1f} {row['ratio_vs_' + side]:>5.2f}x"
+                        line += (f" {row['sides'][side]['median_ms']:>17.1f} {mib(side)}"
+                                 f" {row['ratio_vs_' + side]:>5.2f}x")
                     print(line)
 
     out = {
@@ -92,7 +109,9 @@ def main():
                   f"threads per rank = cores / ranks (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS, every side); "
                   f"ratio_vs_<side>: dtrain's tokens/s over that side's",
         "model_setup": {"batch_per_rank": args.batch, "precision": "fp32", "optimizer": "AdamW lr 1e-3, weight decay 0",
-                        "strategy": "DDP (gloo on the PyTorch sides)", "data": "random token ids"},
+                        "strategy": "DDP (gloo on the PyTorch sides)", "data": "random token ids",
+                        "lora": ({"r": args.lora, "alpha": 2 * args.lora, "targets": "all-linear", "dropout": 0.0}
+                                 if args.lora else None)},
         "sides": versions,
         "settings": settings,
     }
@@ -110,7 +129,8 @@ def main():
         v = versions[side]
         print(f"{side}: torch {v['torch']}, transformers {v['transformers']}, attention {v['attention']} "
               f"({v['settings']})")
-    print(f"x: dtrain's tokens/s over that side's; batch {args.batch} sequences per rank; JSON: {args.json}")
+    print(f"x: dtrain's tokens/s over that side's; MiB: rank 0's peak resident set; batch {args.batch} sequences "
+          f"per rank{'; LoRA r %d on all-linear, the rest frozen' % args.lora if args.lora else ''}; JSON: {args.json}")
 
 
 if __name__ == "__main__":

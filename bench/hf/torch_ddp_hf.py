@@ -3,6 +3,7 @@ Hugging Face benchmark (bench/run_hf_bench.sh).
 
 usage: torch_ddp_hf.py --model-dir DIR --block-size T --batch-size B --steps N --warmup W --json OUT
                       [--attention eager|sdpa] [--fused-adamw] [--compile] [--checkpointing]
+                      [--lora-r R --lora-alpha A]
 
 Builds AutoModelForCausalLM.from_config from DIR/config.json (random
 weights, fp32, train mode; the configs the benchmark writes have no
@@ -22,6 +23,9 @@ on CPU), --compile (torch.compile of the model, compiled during the warm-up).
 --checkpointing: transformers' gradient checkpointing of every layer (the
 non-reentrant torch.utils.checkpoint). Each option a release lacks is
 refused by name.
+--lora-r R: peft's LoRA of rank R (lora_alpha A, no dropout, bias none) on
+every linear layer of the blocks (target_modules "all-linear"), the rest
+frozen; AdamW over the adapters only.
 """
 
 import argparse
@@ -50,6 +54,8 @@ parser.add_argument("--attention", choices=["eager", "sdpa"])
 parser.add_argument("--fused-adamw", action="store_true")
 parser.add_argument("--compile", action="store_true")
 parser.add_argument("--checkpointing", action="store_true")
+parser.add_argument("--lora-r", type=int, default=0)
+parser.add_argument("--lora-alpha", type=float, default=8.0)
 args = parser.parse_args()
 major = int(torch.__version__.split(".")[0])
 if major < 2 and (args.attention == "sdpa" or args.fused_adamw or args.compile):
@@ -63,6 +69,12 @@ config = transformers.AutoConfig.from_pretrained(args.model_dir)
 extra = {"attn_implementation": args.attention} if args.attention else {}
 model = transformers.AutoModelForCausalLM.from_config(config, **extra)
 model.train()
+if args.lora_r:
+    import peft  # noqa: E402
+    model = peft.get_peft_model(model, peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha,
+                                                       target_modules="all-linear", lora_dropout=0.0, bias="none"))
+    if args.checkpointing:
+        model.enable_input_require_grads()  # the frozen embedding's output must carry a gradient
 if args.checkpointing:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 # GPT-2's causal-mask buffers are bool, which gloo cannot broadcast; every
@@ -71,7 +83,7 @@ DDP._set_params_and_buffers_to_ignore_for_model(model, [name for name, _ in mode
 ddp = DDP(model) if world > 1 else model
 if args.compile:
     ddp = torch.compile(ddp)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0,
+optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, weight_decay=0.0,
                               **({"fused": True} if args.fused_adamw else {}))
 batches = [torch.randint(0, config.vocab_size, (args.batch_size, args.block_size)) for _ in range(4)]
 times = []
@@ -89,7 +101,9 @@ if rank == 0:
         json.dump({"step_ms": times, "median_ms": median,
                    "tokens_per_s": world * args.batch_size * args.block_size / (median / 1000.0),
                    "parameters": sum(p.numel() for p in model.parameters()),
+                   "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
                    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                    "torch": torch.__version__, "transformers": transformers.__version__,
+                   "peft": __import__("peft").__version__ if args.lora_r else None,
                    "attention": getattr(model.config, "_attn_implementation", None) or "default"}, f)
 dist.destroy_process_group()

@@ -81,6 +81,10 @@ inline void declare_common(dtrain::ConfigReader& r, Common& c) {
   r.add("init_strict", c.init_strict, "false: load the tensors that match, list the rest");
   r.add("activation_checkpointing", c.activation_checkpointing,
         "true: recompute units' inner activations in backward");
+  r.add("checkpoint_every", c.checkpoint_every,
+        "with activation_checkpointing: recompute every k-th unit that keeps activations (2: every second block)");
+  r.add("checkpoint_units", c.checkpoint_units,
+        "with activation_checkpointing: recompute exactly these units, e.g. 2,3,4 (default: per checkpoint_every)");
   r.add("dump_batches", c.dump_batches,
         "a directory: each rank writes rank-<r>.safetensors with every micro-batch it trained on "
         "(\"<step>.<micro>.<tensor>\"), kept in memory until the end: for short runs");

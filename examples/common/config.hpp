@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace examples {
 
@@ -55,6 +56,8 @@ struct Common {
   std::string init_from;              // initial weights from a safetensors file
   bool init_strict = true;            // false: load the matching tensors, list the rest
   bool activation_checkpointing = false;  // recompute units' inner activations in backward
+  std::int64_t checkpoint_every = 1;      // of the units that keep activations, every k-th
+  std::vector<std::int64_t> checkpoint_units;  // or exactly these
   std::string dump_batches;           // a directory: every rank writes the batches it trained on
   double bucket_mb = 25;
   double timeout_s = 0;               // collective timeout in seconds (0: DTRAIN_COMM_TIMEOUT_S, else 600)
@@ -85,6 +88,17 @@ inline dtrain::TrainerOptions trainer_options(const Common& c) {
                                      {.lr = c.lr, .warmup_steps = c.warmup_steps, .total_steps = has_end ? c.steps : 0});
   if (c.no_decay && c.weight_decay > 0) o.param_groups = {dtrain::no_decay_group()};
   o.activation_checkpointing = c.activation_checkpointing;
+  if (c.checkpoint_every < 1)
+    throw dtrain::config_error("checkpoint_every=" + std::to_string(c.checkpoint_every) + " is below 1",
+                               "give 1 (every unit) or more");
+  o.checkpoint_every = static_cast<std::size_t>(c.checkpoint_every);
+  for (const auto u : c.checkpoint_units) {
+    if (u < 0) throw dtrain::config_error("checkpoint_units names unit " + std::to_string(u), "give unit numbers >= 0");
+    o.checkpoint_units.push_back(static_cast<std::size_t>(u));
+  }
+  if (!c.activation_checkpointing && (c.checkpoint_every != 1 || !c.checkpoint_units.empty()))
+    throw dtrain::config_error("checkpoint_every/checkpoint_units without activation_checkpointing=true",
+                               "add activation_checkpointing=true");
   return o;
 }
 

@@ -16,6 +16,7 @@
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
+#include <dtrain/hf/lora.hpp>
 #include <dtrain/hf/model.hpp>
 #include <nlohmann/json.hpp>
 
@@ -26,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,6 +50,25 @@ struct Config : examples::Common {
   std::int64_t generate = 0;     // at the end, continue the prompt by this many tokens
   std::vector<std::int64_t> prompt;  // its ids (default: the first 8 held-out tokens)
   std::int64_t top_k = 0;        // 0: greedy; k: sample among the k likeliest (seeded by seed)
+  // LoRA (hf/lora.hpp): adapters of rank lora_r on the lora_targets, the rest frozen
+  std::int64_t lora_r = 0;
+  float lora_alpha = 8.f;
+  float lora_dropout = 0.f;
+  bool lora_rslora = false;
+  std::vector<std::string> lora_targets;
+  std::string adapter;           // a PEFT adapter directory to load (and continue training)
+  std::string save_adapter;      // write the adapters here in PEFT's format
+  bool packing = false;          // pack the training records into full blocks (position_ids restart per record)
+
+  // The adapters to build: those of `adapter` (whose config it reads; its
+  // lora_dropout is not applied, which train() says), else the lora_ keys.
+  dtrain::hf::LoraConfig lora() const {
+    if (adapter.empty())
+      return {.r = lora_r, .alpha = lora_alpha, .dropout = lora_dropout, .rslora = lora_rslora, .targets = lora_targets};
+    dtrain::hf::LoraConfig a = dtrain::hf::read_adapter_config(adapter);
+    a.dropout = 0.f;
+    return a;
+  }
 };
 
 // This process's peak resident set so far (Linux reports ru_maxrss in KiB).
@@ -110,16 +131,52 @@ std::vector<std::int64_t> generate(Trainer& trainer, std::vector<std::int64_t> i
 // both block_size long.
 struct Record {
   std::vector<std::int32_t> x, y;
+  std::int64_t length = 0;  // the record's own tokens in x (the rest is padding)
 };
 
 struct Tokens {
   std::vector<std::int32_t> ids;  // a token stream, cut into windows
   std::vector<Record> records;    // or instruction records
   std::int64_t split = 0;         // ids (records) before it train, after it evaluate: the last tenth
+  // packing=true: the training records packed into blocks, each a list of
+  // record indices (pack_records)
+  std::vector<std::vector<std::int64_t>> packs;
   bool sft() const { return !records.empty(); }
 };
 
+// Packs the training records (those before the split) into blocks of
+// `block` tokens, best fit by decreasing length (as TRL's padding-free
+// packing): each record goes to the fullest block it still fits in.
+inline std::vector<std::vector<std::int64_t>> pack_records(const Tokens& t, std::int64_t block) {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(t.split));
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return t.records[static_cast<std::size_t>(a)].length > t.records[static_cast<std::size_t>(b)].length;
+  });
+  std::vector<std::vector<std::int64_t>> packs;
+  std::multimap<std::int64_t, std::size_t> room;  // space left -> pack
+  for (const std::int64_t i : order) {
+    const std::int64_t n = t.records[static_cast<std::size_t>(i)].length;
+    auto it = room.lower_bound(n);
+    std::size_t p = packs.size();
+    std::int64_t left = block;
+    if (it != room.end()) {
+      p = it->second;
+      left = it->first;
+      room.erase(it);
+    } else {
+      packs.emplace_back();
+    }
+    packs[p].push_back(i);
+    if (left - n > 0) room.emplace(left - n, p);
+  }
+  return packs;
+}
+
 // The samples of one side of the split: windows of the stream or records.
+// With packed records (Tokens::packs) the training samples are the packed
+// blocks, with "position_ids" restarting at each record; the held-out side
+// stays one record per sample.
 class Samples {
  public:
   Samples(const Tokens& t, std::int64_t block, bool train)
@@ -127,12 +184,16 @@ class Samples {
         windows_(t.ids, block, train ? 0 : t.split, train ? t.split : static_cast<std::int64_t>(t.ids.size())),
         block_(block),
         first_(train ? 0 : t.split),
-        count_(t.sft() ? (train ? t.split : static_cast<std::int64_t>(t.records.size()) - t.split) : windows_.size()) {}
+        packed_(train && !t.packs.empty()),
+        count_(packed_ ? static_cast<std::int64_t>(t.packs.size())
+               : t.sft() ? (train ? t.split : static_cast<std::int64_t>(t.records.size()) - t.split)
+                         : windows_.size()) {}
 
   std::int64_t size() const { return count_; }
 
   dtrain::Batch gather(std::span<const std::int64_t> indices) const {
     if (!t_.sft()) return windows_.gather(indices);
+    if (packed_) return gather_packed(indices);
     const auto n = static_cast<std::int64_t>(indices.size());
     std::vector<std::int32_t> x, y;
     for (const auto i : indices) {
@@ -147,9 +208,38 @@ class Samples {
   }
 
  private:
+  // Each pack's records end to end, then padding (no loss) to the block.
+  dtrain::Batch gather_packed(std::span<const std::int64_t> indices) const {
+    const auto n = static_cast<std::int64_t>(indices.size());
+    std::vector<std::int32_t> x, y;
+    std::vector<std::int64_t> pos;
+    for (const auto i : indices) {
+      std::int64_t used = 0;
+      for (const std::int64_t k : t_.packs[static_cast<std::size_t>(i)]) {
+        const Record& r = t_.records[static_cast<std::size_t>(k)];
+        x.insert(x.end(), r.x.begin(), r.x.begin() + r.length);
+        y.insert(y.end(), r.y.begin(), r.y.begin() + r.length);
+        for (std::int64_t p = 0; p < r.length; ++p) pos.push_back(p);
+        used += r.length;
+      }
+      for (std::int64_t p = 0; used < block_; ++used, ++p) {  // the padding: a record of its own, no loss
+        x.push_back(0);
+        y.push_back(-100);
+        pos.push_back(p);
+      }
+    }
+    dtrain::Batch b;
+    b.set("x", dtrain::HostTensor::of(x, {n, block_}));
+    b.set("y", dtrain::HostTensor::of(y, {n, block_}));
+    b.set("position_ids", dtrain::HostTensor::of(pos, {n, block_}));
+    return b;
+  }
+
   const Tokens& t_;
   examples::Windows windows_;
-  std::int64_t block_, first_, count_;
+  std::int64_t block_, first_;
+  bool packed_;
+  std::int64_t count_;
 };
 
 namespace detail {
@@ -209,7 +299,7 @@ inline std::vector<Record> read_records(const std::string& file, std::int64_t bl
     const std::size_t n = std::min(ids.size(), static_cast<std::size_t>(block + 1));
     if (n < 2) bad_record(file, line, "fewer than 2 tokens");
     Record r{std::vector<std::int32_t>(static_cast<std::size_t>(block), 0),
-             std::vector<std::int32_t>(static_cast<std::size_t>(block), -100)};
+             std::vector<std::int32_t>(static_cast<std::size_t>(block), -100), static_cast<std::int64_t>(n) - 1};
     bool any = false;
     for (std::size_t t = 0; t + 1 < n; ++t) {
       r.x[t] = static_cast<std::int32_t>(ids[t]);

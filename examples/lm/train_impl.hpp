@@ -17,7 +17,7 @@ namespace lm {
 template <class Dev>
 int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& config, const Tokens& tokens) {
   return examples::with_precision(c, [&]<class Prec>() {
-    dtrain::hf::CausalLm model(config);
+    dtrain::hf::CausalLm model(config, c.lora());
     const Samples train(tokens, c.block_size, true), held_out(tokens, c.block_size, false);
     const auto start = [&](auto& trainer) {
       if (c.model.empty()) return;
@@ -26,11 +26,20 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
       // What loading cost each rank: its peak resident set before and after
       // (each rank maps the files and reads only the elements it owns).
       const auto all = world.all_gather("train-lm-load-rss", std::array{before, peak_rss_mib()});
+      if (world.rank() == 0) {
+        std::printf("model %s: loaded %zu tensor(s), %.1f MiB of files; peak resident set per rank after loading "
+                    "(before):", c.model.c_str(), r.loaded.size(), checkpoint_mib(c.model));
+        for (std::size_t i = 0; i < all.size(); ++i)
+          std::printf("%s rank %zu %.0f MiB (%.0f)", i ? "," : "", i, all[i][1], all[i][0]);
+        std::printf("\n");
+      }
+      if (c.adapter.empty()) return;
+      const auto a = dtrain::hf::load_adapter(trainer, c.adapter, model);
       if (world.rank() != 0) return;
-      std::printf("model %s: loaded %zu tensor(s), %.1f MiB of files; peak resident set per rank after loading "
-                  "(before):", c.model.c_str(), r.loaded.size(), checkpoint_mib(c.model));
-      for (std::size_t i = 0; i < all.size(); ++i) std::printf("%s rank %zu %.0f MiB (%.0f)", i ? "," : "", i, all[i][1], all[i][0]);
-      std::printf("\n");
+      std::printf("adapter %s: loaded %zu tensor(s)\n", c.adapter.c_str(), a.loaded.size());
+      if (const float p = dtrain::hf::read_adapter_config(c.adapter).dropout; p != 0.f)
+        std::printf("adapter %s: its lora_dropout %g is not applied (adapter dropout is not supported yet)\n",
+                    c.adapter.c_str(), static_cast<double>(p));
     };
     const auto finish = [&](auto& trainer) {
       examples::held_out_loss(world, held_out, tokens.sft() ? 1 : c.block_size, c.batch_size, c.eval_batches, trainer,
@@ -55,8 +64,12 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
           std::printf("\n");
         }
       }
+      if (!c.save_adapter.empty()) {
+        dtrain::hf::save_adapter(trainer, c.save_adapter, model, c.model);
+        if (world.rank() == 0) std::printf("saved the adapters for PEFT: %s\n", c.save_adapter.c_str());
+      }
       if (c.save_hf.empty()) return;
-      dtrain::hf::save_pretrained(trainer, c.save_hf, config);
+      dtrain::hf::save_pretrained(trainer, c.save_hf, model);  // adapters merged into their weights
       if (world.rank() == 0) std::printf("saved the model as a transformers directory: %s\n", c.save_hf.c_str());
     };
     return examples::run_training<Dev, Prec>(c, world, model, train, start, finish);

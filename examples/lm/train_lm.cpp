@@ -37,6 +37,19 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
   r.add("generate", c.generate, "at the end, continue a prompt by this many tokens and print the ids (those after \" |\" are generated)");
   r.add("prompt", c.prompt, "the prompt's ids, e.g. 1,15,27 (default: the first 8 held-out tokens)");
   r.add("top_k", c.top_k, "0: greedy; k: sample among the k likeliest, seeded by seed");
+  r.add("packing", c.packing,
+        "records (.jsonl): pack the training records end to end into blocks of block_size, each attending only "
+        "to itself (position_ids restart per record), instead of one padded record per sequence");
+  r.section("LoRA adapters (PEFT's format; the base model frozen)");
+  r.add("lora_r", c.lora_r, "adapter rank (0: no adapters, every weight trains)");
+  r.add("lora_alpha", c.lora_alpha, "adapter scale alpha / r");
+  r.add("lora_rslora", c.lora_rslora, "scale alpha / sqrt(r) instead (rank-stabilised LoRA)");
+  r.add("lora_dropout", c.lora_dropout, "dropout on the adapters' input (only 0 is supported yet)");
+  r.add("lora_targets", c.lora_targets,
+        "PEFT's target_modules: module names or suffixes, e.g. q_proj,k_proj,v_proj,o_proj (Llama), c_attn,c_proj,c_fc "
+        "(GPT-2), or all-linear");
+  r.add("adapter", c.adapter, "a PEFT adapter directory to load onto model= (its adapter_config.json sets the lora_ keys)");
+  r.add("save_adapter", c.save_adapter, "at the end, write the adapters here for peft.PeftModel.from_pretrained");
 }
 
 void validate_extra(const Config& c) {
@@ -45,6 +58,19 @@ void validate_extra(const Config& c) {
                                "see train_lm --help");
   if (c.data.empty())
     throw dtrain::config_error("data= is missing", "pass data=FILE.npy or FILE.bin of token ids, or FILE.jsonl records");
+  if (!c.adapter.empty() && c.model.empty())
+    throw dtrain::config_error("adapter= needs the base model it adapts", "give model=DIR too");
+  if (!c.adapter.empty() && (c.lora_r != 0 || !c.lora_targets.empty()))
+    throw dtrain::config_error("adapter= and lora_r/lora_targets both say which adapters to build",
+                               "give one: adapter=DIR reads them from its adapter_config.json");
+  if (c.lora_r == 0 && c.adapter.empty() && (!c.lora_targets.empty() || !c.save_adapter.empty()))
+    throw dtrain::config_error(std::string(c.save_adapter.empty() ? "lora_targets" : "save_adapter") +
+                                   " without adapters",
+                               "give lora_r=R (e.g. 16) and lora_targets=..., or adapter=DIR");
+  if (c.packing && !c.data.ends_with(".jsonl"))
+    throw dtrain::config_error("packing=true needs instruction records (data=FILE.jsonl); '" + c.data +
+                                   "' is a token stream, which is cut into full windows already",
+                               "give data=FILE.jsonl, or drop packing=true");
   if (c.block_size < 1 || c.eval_batches < 0 || c.generate < 0 || c.top_k < 0)
     throw dtrain::config_error("block_size must be >= 1, and eval_batches, generate and top_k >= 0",
                                "see train_lm --help");
@@ -62,7 +88,8 @@ int main(int argc, char** argv) {
       throw dtrain::config_error("block_size " + std::to_string(cfg.block_size) + " is longer than the model's " +
                                      std::to_string(config.max_position_embeddings) + " positions (max_position_embeddings)",
                                  "use block_size <= " + std::to_string(config.max_position_embeddings));
-    const lm::Tokens tokens = lm::read_tokens(cfg.data, cfg.block_size, config.vocab_size);
+    lm::Tokens tokens = lm::read_tokens(cfg.data, cfg.block_size, config.vocab_size);
+    if (cfg.packing) tokens.packs = lm::pack_records(tokens, cfg.block_size);
     for (const auto id : cfg.prompt)
       if (id < 0 || id >= config.vocab_size)
         throw dtrain::config_error("prompt id " + std::to_string(id) + " is outside the vocabulary of " +
@@ -77,6 +104,15 @@ int main(int argc, char** argv) {
                   static_cast<long long>(cfg.block_size), tokens.sft() ? tokens.records.size() : tokens.ids.size(),
                   tokens.sft() ? "records" : "tokens", static_cast<long long>(config.vocab_size),
                   static_cast<long long>(config.num_hidden_layers), static_cast<long long>(config.hidden_size));
+    if (world.rank() == 0 && cfg.packing) {
+      std::int64_t used = 0;
+      for (std::int64_t i = 0; i < tokens.split; ++i) used += tokens.records[static_cast<std::size_t>(i)].length;
+      std::printf("packing: %lld training records in %zu blocks of %lld positions (%.1f%% tokens, padded one per "
+                  "sequence %.1f%%)\n",
+                  static_cast<long long>(tokens.split), tokens.packs.size(), static_cast<long long>(cfg.block_size),
+                  100.0 * static_cast<double>(used) / static_cast<double>(tokens.packs.size() * cfg.block_size),
+                  100.0 * static_cast<double>(used) / static_cast<double>(tokens.split * cfg.block_size));
+    }
     if (cfg.device == "cuda") {
 #if DTRAIN_EXAMPLE_CUDA
       return lm::train_cuda(cfg, world, config, tokens);

@@ -111,7 +111,21 @@ BOOST_AUTO_TEST_CASE(activation_checkpointing_changes_memory_only) {
     BOOST_TEST_MESSAGE(strategy << ": activations " << kept << " -> " << recomputed << " bytes");
     // Three blocks' saved activations become one block's.
     BOOST_TEST(recomputed < 0.75 * kept);
+    // Aimed: every second block (the first and third share a buffer, the
+    // second keeps its own): the same bytes again, memory in between.
+    const auto c = scratch("gpt_every2.safetensors"), mc = scratch("gpt_every2.jsonl");
+    BOOST_REQUIRE_EQUAL(run_gpt(2, common + "activation_checkpointing=true checkpoint_every=2 save_params=" +
+                                       c.string() + " metrics=" + mc.string()),
+                        0);
+    BOOST_TEST((read_file(a) == read_file(c)), strategy << ": checkpointing every second block changed the parameters");
+    const double every2 = first_activations(mc);
+    BOOST_TEST_MESSAGE(strategy << ": every second block: " << every2 << " bytes");
+    BOOST_TEST(every2 > recomputed);
+    BOOST_TEST(every2 < kept);
   }
+  // A unit the model does not have is refused by name.
+  BOOST_TEST(run_gpt(2, short_run + " steps=1 activation_checkpointing=true checkpoint_units=99") == 2);
+  BOOST_TEST(last_log().find("checkpoint_units names unit 99") != std::string::npos, last_log());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

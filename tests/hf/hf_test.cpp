@@ -354,3 +354,67 @@ BOOST_AUTO_TEST_CASE(train_lm_learns_completions_from_records) {
   BOOST_TEST(run_logged(run + "data=" + (work / "bad.jsonl").string(), work / "bad.log") == 2);
   BOOST_TEST(read_text(work / "bad.log").find("line 2: token 1 is id 99") != std::string::npos, read_text(work / "bad.log"));
 }
+
+// train_lm with packed records and LoRA adapters, 2 ranks under fsdp-full:
+// the records pack several to a block, the completion loss falls with only
+// the adapters training, and the adapter and the merged model are written;
+// then the adapter continues training from its directory. Each bad
+// combination is exit status 2 with one line naming the fix.
+BOOST_AUTO_TEST_CASE(train_lm_packs_records_and_trains_adapters) {
+  const fs::path work = fresh("train_lm_lora");
+  fs::create_directories(work);
+  Json cfg = tiny_llama();
+  cfg["max_position_embeddings"] = 16;
+  std::ofstream(work / "config.json") << cfg.dump();
+  {
+    std::ofstream out(work / "records.jsonl");
+    for (int i = 0; i < 300; ++i) {  // 4-6 tokens: two or three records to a block of 16
+      const int k = 10 + (i * 7) % 20;
+      out << "{\"input_ids\": [5, 6, " << k << ", " << k + 1 << (i % 2 ? ", " + std::to_string(k + 2) : "")
+          << "], \"prompt_length\": 2}\n";
+    }
+  }
+  const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " config=" +
+                          (work / "config.json").string() + " data=" + (work / "records.jsonl").string() +
+                          " block_size=16 batch_size=4 steps=40 log_every=39 strategy=fsdp-full ";
+  const std::string lora = "lr=3e-2 lora_r=4 lora_alpha=8 lora_targets=all-linear packing=true ";
+  BOOST_TEST_REQUIRE(run_logged(run + lora + "save_adapter=" + (work / "adapter").string() + " save_hf=" +
+                                    (work / "merged").string(),
+                                work / "train.log") == 0,
+                     read_text(work / "train.log"));
+  const std::string log = read_text(work / "train.log");
+  BOOST_TEST(log.find("packing: 270 training records in ") != std::string::npos, log);
+  const auto loss_at = [&](const std::string& step) {
+    const auto at = log.find("step " + step + "/40 | loss ");
+    BOOST_TEST_REQUIRE(at != std::string::npos, log);
+    return std::stod(log.substr(at + step.size() + 15, 6));
+  };
+  BOOST_TEST(loss_at("   40") < 0.8 * loss_at("    1"), log);
+  BOOST_TEST(fs::exists(work / "adapter" / "adapter_model.safetensors"));
+  BOOST_TEST(fs::exists(work / "merged" / "model.safetensors"));
+  BOOST_TEST(hf::read_adapter_config(work / "adapter").r == 4);
+  // Continue from the adapter (on the same base: the merged model's config, its weights as the base).
+  BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " model=" +
+                            (work / "merged").string() + " data=" + (work / "records.jsonl").string() +
+                            " block_size=16 batch_size=4 steps=2 adapter=" + (work / "adapter").string(),
+                        work / "continue.log") == 0,
+             read_text(work / "continue.log"));
+  BOOST_TEST(read_text(work / "continue.log").find("loaded 24 tensor(s)") != std::string::npos,
+             read_text(work / "continue.log"));
+  const auto refused = [&](const std::string& args, const std::string& says) {
+    const int status = run_logged(run + args, work / "bad.log");
+    BOOST_TEST(status == 2, args);
+    BOOST_TEST(read_text(work / "bad.log").find(says) != std::string::npos, read_text(work / "bad.log"));
+  };
+  refused("lora_targets=q_proj", "lora_targets without adapters");
+  refused("lora_r=4 lora_targets=q_projx", "LoRA target \"q_projx\" matches no linear layer");
+  refused("lora_r=40 lora_targets=k_proj", "exceeds the layer's dimensions");
+  refused("adapter=" + (work / "adapter").string(), "adapter= needs the base model");
+  refused("lora_r=4 lora_targets=q_proj lora_dropout=0.1", "dropout");
+  BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 1 " + TRAIN_LM_PATH + " config=" +
+                            (work / "config.json").string() + " data=" + (work / "tokens.npy").string() +
+                            " packing=true",
+                        work / "bad.log") == 2);
+  BOOST_TEST(read_text(work / "bad.log").find("packing=true needs instruction records") != std::string::npos,
+             read_text(work / "bad.log"));
+}

@@ -40,6 +40,11 @@ namespace {
 
 // transformers 4.40.2 is the newest release that runs on Debian 12's PyTorch 1.13.
 const char* const transformers_pin = "transformers==4.40.2";
+// peft 0.10.0 and accelerate 0.29.3, of transformers 4.40's time, run on
+// PyTorch 1.13; without their dependencies, since pip takes Debian's
+// "1.13.0a0" for less than their "torch>=1.13" and would fetch a new torch
+// (Jinja2 for the model card PEFT's save_pretrained writes).
+const char* const peft_pin = "--no-deps peft==0.10.0 accelerate==0.29.3 jinja2==3.1.4 markupsafe==2.1.5";
 const fs::path venv = fs::path(DTRAIN_TEST_BINARY_DIR) / "venv";
 
 // The Python the comparisons run: DTRAIN_TRANSFORMERS_PYTHON when set (one
@@ -181,6 +186,82 @@ BOOST_AUTO_TEST_CASE(fine_tuned_gpt2_loads_in_transformers) {
   fine_tuned_model_loads_in_transformers("gpt2", "gpt2 4 float32 0");
 }
 
+// LoRA both ways with the peft library: an adapter PEFT made (A and B random)
+// loads into dtrain and gives PEFT's logits, at one rank (DDP) and two
+// (FSDP); trained on by dtrain (two AdamW steps under FSDP at two ranks) and
+// saved with hf::save_adapter, PEFT loads it and gives dtrain's logits.
+namespace {
+
+bool peft_importable() {
+  return run_logged(python() + " -c 'import peft'", fs::path(DTRAIN_TEST_BINARY_DIR) / "peft_import.log") == 0;
+}
+
+// dtrain's logits for e's ids with the adapter in `adapter` on the model in
+// `model`, after `steps` AdamW steps on them; saves the adapter to `save` if given.
+template <class Kind>
+std::vector<float> adapted_logits(const fs::path& model, const fs::path& adapter, const Expected& e, int ranks,
+                                  int steps = 0, const fs::path& save = {}) {
+  std::vector<float> out;
+  run_ranks(ranks, [&](World& w) {
+    const auto t = static_cast<std::int64_t>(e.ids.size()) / 2;
+    std::vector<std::int64_t> next(e.ids.begin() + 1, e.ids.end());
+    next.push_back(-100);
+    Batch b;
+    b.set("x", HostTensor::of(e.ids, {2, t}));
+    b.set("y", HostTensor::of(next, {2, t}));
+    const hf::LmConfig config = hf::read_config(model);
+    hf::CausalLm lm(config, hf::read_adapter_config(adapter));
+    Trainer<hf::CausalLm, Strategy<Kind>> trainer(w, lm, AdamW{.lr = 1e-2f});
+    hf::load_pretrained(trainer, model, config);
+    const LoadParamsReport r = hf::load_adapter(trainer, adapter, lm);
+    require(!r.loaded.empty(), "the adapter loads");
+    for (int s = 0; s < steps; ++s) trainer.step(std::span(&b, 1));
+    if (!save.empty()) hf::save_adapter(trainer, save, lm, model.string());
+    std::vector<float> logits = trainer.logits(b);
+    if (w.rank() == 0) out = std::move(logits);
+  });
+  return out;
+}
+
+void lora_both_ways_with_peft(const std::string& name, const std::string& args, const std::string& targets) {
+  const fs::path dir = make_model(name + "_lora", args);
+  const Expected e = expected(dir);
+  const fs::path model = dir / "model", theirs = dir / "peft_adapter", ours = dir / "dtrain_adapter";
+  const std::string script = python() + " " + DTRAIN_SOURCE_DIR + "/tests/hf/peft_adapter.py ";
+  const std::string ids = (dir / "expected.safetensors").string();
+  BOOST_TEST_REQUIRE(run_logged(script + "make " + model.string() + " " + theirs.string() + " " + ids + " " +
+                                    (dir / "peft_logits.safetensors").string() + " " + targets + " 4 8",
+                                dir / "peft_make.log") == 0,
+                     read_text(dir / "peft_make.log"));
+  const std::vector<float> want = SafetensorsFile::open(dir / "peft_logits.safetensors").read_f32("logits");
+  const double moved = worst(want, e.logits);
+  const double one = worst(adapted_logits<DDP>(model, theirs, e, 1), want);
+  const double two = worst(adapted_logits<FSDP<FullShard>>(model, theirs, e, 2), want);
+  const std::vector<float> trained = adapted_logits<FSDP<FullShard>>(model, theirs, e, 2, 2, ours);
+  BOOST_TEST_REQUIRE(run_logged(script + "load " + model.string() + " " + ours.string() + " " + ids + " " +
+                                    (dir / "peft_reload.safetensors").string(),
+                                dir / "peft_load.log") == 0,
+                     "peft could not load dtrain's adapter: " << read_text(dir / "peft_load.log"));
+  const double back = worst(trained, SafetensorsFile::open(dir / "peft_reload.safetensors").read_f32("logits"));
+  std::printf("%s LoRA (%s): PEFT's adapter moves the logits %.2e; dtrain with it differs by %.2e (1 rank), "
+              "%.2e (FSDP, 2 ranks); PEFT with dtrain's trained adapter differs by %.2e\n",
+              name.c_str(), targets.c_str(), moved, one, two, back);
+  BOOST_TEST(moved > 1e-3, "the adapter changes the model");
+  BOOST_TEST(worst(trained, want) > 1e-4, "training changed the adapter");
+  BOOST_TEST(one <= tolerance);
+  BOOST_TEST(two <= tolerance);
+  BOOST_TEST(back <= tolerance);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(llama_lora_both_ways_with_peft, *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
+  lora_both_ways_with_peft("llama", "llama 2 float32 0", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+}
+BOOST_AUTO_TEST_CASE(gpt2_lora_both_ways_with_peft, *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
+  lora_both_ways_with_peft("gpt2", "gpt2 4 float32 0", "c_attn,c_proj,c_fc");
+}
+
 // The train_lm example on two ranks: fine-tunes the tiny Llama on a token
 // stream, its loss falls, and transformers loads what it saved; an id
 // outside the vocabulary is exit status 2 naming the token.
@@ -269,6 +350,9 @@ int main(int argc, char* argv[]) {
       !why.empty()) {
     std::printf("%s: test skipped (exit 77)\n", why.c_str());
     return 77;
+  } else if (const std::string no_peft = dtrain::testing::python_venv_with(venv, "peft", peft_pin, 600);
+             !no_peft.empty()) {
+    std::printf("%s: the LoRA cases are skipped\n", no_peft.c_str());
   }
   return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
 }

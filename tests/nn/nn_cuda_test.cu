@@ -103,6 +103,20 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(sequence_units_match_host, T, t::dtypes) {
   compare_unit<T>(dtrain::nn::PositionalEmbedding(40, 64), s.rows(), 64, "PositionalEmbedding", s, 1, init);
 }
 
+// LoRA adapters (nn/lora.hpp) on every projection: the same as the host.
+BOOST_AUTO_TEST_CASE_TEMPLATE(lora_units_match_host, T, t::dtypes) {
+  const dtrain::SeqShape s{3, 37};
+  const double init = 1.0 / 8;
+  const dtrain::nn::LoraOptions o{.r = 4, .alpha = 2.f};
+  compare_unit<T>(dtrain::nn::Linear(64, 48, {.lora = o}), s.rows(), 64, "Linear + LoRA", s, 2, init);
+  compare_unit<T>(dtrain::nn::CausalSelfAttention(64, 4, {.qkv_lora = o, .proj_lora = o}), s.rows(), 64,
+                  "CausalSelfAttention + LoRA", s, 8, init);
+  compare_unit<T>(dtrain::nn::MLP<dtrain::nn::SwiGLU>(64, 48, {.bias = false, .fc1_lora = o, .fc2_lora = o}),
+                  s.rows(), 64, "SwiGLU MLP + LoRA", s, 4, init);
+  compare_unit<T>(dtrain::nn::RotaryAttention(64, 4, {.kv_heads = 2, .q_lora = o, .k_lora = o, .v_lora = o, .o_lora = o}),
+                  s.rows(), 64, "RotaryAttention + LoRA", s, 8, init);
+}
+
 // Embedding on the GPU: ids read from device memory, the gradient summed per
 // id in row order (no atomics), so both devices agree exactly.
 BOOST_AUTO_TEST_CASE(embedding_matches_host) {

@@ -140,6 +140,12 @@ struct LoadParamsOptions {
   // Names in the file -> names in this model ("<unit>.<param>"), for files
   // written with other names. Unlisted names are used as they are.
   std::map<std::string, std::string> rename{};
+  // Model tensors with one of these tags are left out: neither loaded nor
+  // missing (a base checkpoint lacks the "lora" adapters).
+  std::vector<std::string> skip_tags{};
+  // Non-empty: only the model tensors with one of these tags are loaded or
+  // missing (an adapter file holds only the "lora" adapters).
+  std::vector<std::string> only_tags{};
 };
 
 struct LoadParamsReport {

@@ -344,8 +344,15 @@ template <class Dev, class T>
 auto CheckpointIO<Dev, T>::load_params(const ParamSources& sources, const LoadParamsOptions& options) -> LoadParamsReport {
   LoadParamsReport report;
   std::map<std::pair<std::size_t, std::string>, bool> used;
+  const auto tagged = [&](const ParamSlot& slot, const std::vector<std::string>& tags) {
+    for (const auto& t : tags)
+      if (std::find(slot.spec.tags.begin(), slot.spec.tags.end(), t) != slot.spec.tags.end()) return true;
+    return false;
+  };
   for (const auto& unit : layout_.units())
     for (const auto& slot : unit.params) {
+      if (tagged(slot, options.skip_tags) || (!options.only_tags.empty() && !tagged(slot, options.only_tags)))
+        continue;
       const auto it = sources.parts.find(slot.name);
       if (it == sources.parts.end()) {
         report.missing.push_back(slot.name);

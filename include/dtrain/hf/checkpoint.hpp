@@ -8,10 +8,12 @@
 // holds the model. Saving writes save_pretrained's layout (F32), one unit
 // gathered at a time and at most one shard held by rank 0.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <list>
 #include <map>
 #include <span>
 #include <string>
@@ -24,6 +26,7 @@
 #include "dtrain/model/layout.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/hf/config.hpp"
+#include "dtrain/hf/lora.hpp"
 #include "dtrain/hf/model.hpp"
 
 namespace dtrain::hf {
@@ -41,7 +44,8 @@ LoadParamsReport load_pretrained(Trainer& trainer, const std::filesystem::path& 
   const auto names = transformers_names(config);
   const ParamSources sources = open_checkpoint(dir, names);
   try {
-    return trainer.load_params(sources, {.strict = true});
+    // LoRA adapters are not in a base checkpoint: they keep their initial values (B = 0).
+    return trainer.load_params(sources, {.strict = true, .skip_tags = {"lora"}});
   } catch (const config_error& e) {
     // Name the missing tensors as transformers calls them.
     std::string missing;
@@ -56,9 +60,20 @@ LoadParamsReport load_pretrained(Trainer& trainer, const std::filesystem::path& 
 
 struct SavePretrainedOptions {
   std::uint64_t max_shard_bytes = 5'000'000'000;  // transformers' default max_shard_size, 5 GB
+  // The model's LoRA adapters (CausalLm::lora.config), which are merged into
+  // the weights they adapt, W + scale * B A, as PEFT's merge_and_unload:
+  // transformers then loads the result without PEFT.
+  LoraConfig lora{};
 };
 
 namespace detail {
+// Adds each adapter of one unit's tensors (name, shape, values) into the
+// weight it adapts, W [out, in] += scale * B A (output block s of a
+// segmented adapter using A's rows [s r, (s + 1) r)), and drops the
+// adapters. Throws when there are adapters and `lora` is off or of another
+// rank.
+DTRAIN_DECL void merge_lora(std::vector<std::pair<ParamSlot, std::vector<float>>>& unit, const LoraConfig& lora);
+
 // save_pretrained's JSON files in `partial`: model.safetensors.index.json
 // when there are `shards` > 1 (`file_of`: tensor -> file, sorted), and
 // config.json (the config's own text with torch_dtype float32).
@@ -119,36 +134,50 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
     shard.clear();
     shard_bytes = 0;
   };
+  // Each unit's tensors are taken together, so its adapters can be merged.
+  std::vector<std::pair<ParamSlot, std::vector<float>>> unit;
+  auto add = [&](const ParamSlot& slot, std::vector<float>&& values) {
+    const auto it = theirs_of.tensors.find(slot.name);
+    if (it == theirs_of.tensors.end())
+      throw config_error("save_pretrained: the model's tensor '" + slot.name + "' has no transformers name",
+                         "save an hf::CausalLm built from this config");
+    // A fused tensor splits back into its parts along the first dimension.
+    const std::size_t parts = it->second.size(), each = values.size() / parts;
+    std::vector<std::int64_t> shape = slot.spec.shape;
+    shape[0] /= static_cast<std::int64_t>(parts);
+    if (theirs_of.transposed.contains(slot.name)) {  // [out, in] -> transformers' Conv1D [in, out]
+      const auto rows = static_cast<std::size_t>(slot.spec.shape[0]), cols = values.size() / rows;
+      std::vector<float> t(values.size());
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) t[c * rows + r] = values[r * cols + c];
+      values = std::move(t);
+      std::swap(shape[0], shape[1]);  // one part: a Conv1D weight is never fused
+    }
+    for (std::size_t k = 0; k < parts; ++k) {
+      const std::uint64_t bytes = each * sizeof(float);
+      if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) flush();
+      shard.push_back({it->second[k], shape,
+                       std::vector<float>(values.begin() + static_cast<std::ptrdiff_t>(k * each),
+                                          values.begin() + static_cast<std::ptrdiff_t>((k + 1) * each))});
+      shard_bytes += bytes;
+      total_bytes += bytes;
+    }
+  };
+  auto add_unit = [&] {
+    detail::merge_lora(unit, options.lora);
+    for (auto& [slot, values] : unit) add(slot, std::move(values));
+    unit.clear();
+  };
   trainer.visit_parameters([&](const ParamSlot& slot, std::vector<float>&& values) {
     guarded([&] {
-      const auto it = theirs_of.tensors.find(slot.name);
-      if (it == theirs_of.tensors.end())
-        throw config_error("save_pretrained: the model's tensor '" + slot.name + "' has no transformers name",
-                           "save an hf::CausalLm built from this config");
-      // A fused tensor splits back into its parts along the first dimension.
-      const std::size_t parts = it->second.size(), each = values.size() / parts;
-      std::vector<std::int64_t> shape = slot.spec.shape;
-      shape[0] /= static_cast<std::int64_t>(parts);
-      if (theirs_of.transposed.contains(slot.name)) {  // [out, in] -> transformers' Conv1D [in, out]
-        const auto rows = static_cast<std::size_t>(slot.spec.shape[0]), cols = values.size() / rows;
-        std::vector<float> t(values.size());
-        for (std::size_t r = 0; r < rows; ++r)
-          for (std::size_t c = 0; c < cols; ++c) t[c * rows + r] = values[r * cols + c];
-        values = std::move(t);
-        std::swap(shape[0], shape[1]);  // one part: a Conv1D weight is never fused
-      }
-      for (std::size_t k = 0; k < parts; ++k) {
-        const std::uint64_t bytes = each * sizeof(float);
-        if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) flush();
-        shard.push_back({it->second[k], shape,
-                         std::vector<float>(values.begin() + static_cast<std::ptrdiff_t>(k * each),
-                                            values.begin() + static_cast<std::ptrdiff_t>((k + 1) * each))});
-        shard_bytes += bytes;
-        total_bytes += bytes;
-      }
+      if (!unit.empty() && unit.front().first.name.substr(0, unit.front().first.name.find('.')) !=
+                               slot.name.substr(0, slot.name.find('.')))
+        add_unit();
+      unit.emplace_back(slot, std::move(values));
     });
   });
   guarded([&] {
+    add_unit();
     flush();
     const std::size_t n = shards.size();
     std::map<std::string, std::string> sorted;  // transformers writes the map sorted by name
@@ -172,6 +201,103 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
   if (!all[0].empty())
     throw checkpoint_error("save_pretrained to \"" + dir.string() + "\" failed: " + all[0],
                            "fix the cause (space, permissions) and save again; nothing was left at that path");
+}
+
+// The same for a model with adapters: merged into the weights (see
+// SavePretrainedOptions::lora).
+template <class Trainer>
+void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const CausalLm& model,
+                     SavePretrainedOptions options = {}) {
+  options.lora = model.lora.config;
+  save_pretrained(trainer, dir, model.config, options);
+}
+
+// Writes the model's LoRA adapters to `dir` as PEFT's save_pretrained does:
+// adapter_config.json and adapter_model.safetensors (F32, PEFT's tensor
+// names), which peft.PeftModel.from_pretrained(base, dir) loads onto the
+// transformers model `base` names (base_model_name_or_path). The directory
+// must not exist (or be empty); it appears complete or not at all.
+// Collective.
+template <class Trainer>
+void save_adapter(Trainer& trainer, const std::filesystem::path& dir, const CausalLm& model,
+                  const std::string& base = "") {
+  namespace fs = std::filesystem;
+  if (!model.lora.config.on())
+    throw config_error("save_adapter: the model has no LoRA adapters", "build it with a LoraConfig (lora_r > 0)");
+  World& world = trainer.world();
+  const bool writer = world.rank() == 0;
+  const auto theirs = peft_names(model.config, model.lora);
+  fs::path partial = dir;
+  partial += ".partial";
+  std::string error;
+  SafetensorsWriter w;
+  w.set_metadata("format", "pt");
+  std::list<std::vector<float>> kept;  // the writer refers to the values until write()
+  trainer.visit_parameters([&](const ParamSlot& slot, std::vector<float>&& values) {
+    const auto it = theirs.find(slot.name);
+    if (!writer || it == theirs.end()) return;
+    const std::size_t parts = it->second.size(), each = values.size() / parts;
+    std::vector<std::int64_t> shape = slot.spec.shape;
+    shape[0] /= static_cast<std::int64_t>(parts);
+    for (std::size_t k = 0; k < parts; ++k)
+      w.add(it->second[k], shape,
+            kept.emplace_back(values.begin() + static_cast<std::ptrdiff_t>(k * each),
+                              values.begin() + static_cast<std::ptrdiff_t>((k + 1) * each)));
+  });
+  if (writer) {
+    try {
+      if (fs::exists(dir) && !(fs::is_directory(dir) && fs::is_empty(dir)))
+        throw checkpoint_error("\"" + dir.string() + "\" exists and is not empty; save_adapter never overwrites",
+                               "save to a new directory");
+      fs::remove_all(partial);
+      fs::create_directories(partial);
+      w.write(partial / "adapter_model.safetensors");
+      std::ofstream(partial / "adapter_config.json") << adapter_config_json(model.config, model.lora.config, base);
+      if (fs::exists(dir)) fs::remove(dir);
+      fs::rename(partial, dir);
+      dtrain::detail::sync_directory(dir.parent_path().empty() ? fs::path(".") : dir.parent_path(), "the adapter");
+    } catch (const std::exception& e) {
+      error = e.what();
+      std::error_code ignored;
+      fs::remove_all(partial, ignored);
+    }
+  }
+  const auto all = world.all_gather("hf-save-adapter", error);
+  if (!all[0].empty())
+    throw checkpoint_error("save_adapter to \"" + dir.string() + "\" failed: " + all[0],
+                           "fix the cause (space, permissions) and save again; nothing was left at that path");
+}
+
+// Loads the LoRA adapters in `dir` (adapter_model.safetensors, PEFT's names,
+// as PEFT or save_adapter writes them) into the model's adapters; the base
+// weights are not touched (load them with load_pretrained). Build the model
+// with the adapter's own LoraConfig (read_adapter_config(dir)). Every
+// adapter must be in the file with its shape, and the file must hold no
+// other tensor: anything else is one error listing it all, and nothing is
+// changed. Collective.
+template <class Trainer>
+LoadParamsReport load_adapter(Trainer& trainer, const std::filesystem::path& dir, const CausalLm& model) {
+  if (!model.lora.config.on())
+    throw config_error("load_adapter: the model has no LoRA adapters",
+                       "build it with the adapter's config: hf::CausalLm(config, hf::read_adapter_config(dir))");
+  ParamSources s;
+  s.what = "\"" + (dir / "adapter_model.safetensors").string() + "\"";
+  s.files.push_back(SafetensorsFile::open(dir / "adapter_model.safetensors"));
+  const auto names = s.files[0].names();
+  const auto has = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  for (const auto& [ours, theirs] : peft_names(model.config, model.lora)) {
+    std::vector<std::pair<std::size_t, std::string>> parts;
+    for (const std::string& t : theirs) {
+      // PEFT saves "<module>.lora_A.weight"; some tools keep the adapter's name, ".lora_A.default.weight"
+      const std::string named = t.substr(0, t.size() - 7) + ".default.weight";
+      if (has(t))
+        parts.emplace_back(0, t);
+      else if (has(named))
+        parts.emplace_back(0, named);
+    }
+    if (parts.size() == theirs.size()) s.parts[ours] = std::move(parts);
+  }
+  return trainer.load_params(s, {.strict = true, .only_tags = {"lora"}});
 }
 
 }  // namespace dtrain::hf

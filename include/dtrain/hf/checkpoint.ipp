@@ -100,5 +100,52 @@ DTRAIN_DECL ParamSources open_checkpoint(const std::filesystem::path& dir, const
   }
   return s;
 }
+DTRAIN_DECL void detail::merge_lora(std::vector<std::pair<ParamSlot, std::vector<float>>>& unit,
+                                    const LoraConfig& lora) {
+  const auto find = [&](const std::string& name) -> std::pair<ParamSlot, std::vector<float>>* {
+    for (auto& t : unit)
+      if (t.first.name == name) return &t;
+    return nullptr;
+  };
+  const std::string suffix = ".lora_A";
+  for (auto& [slot, a] : unit) {
+    const std::string& n = slot.name;
+    if (n.size() < suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const std::string site = n.substr(0, n.size() - suffix.size());
+    if (!lora.on())
+      throw config_error("save_pretrained: the model has LoRA adapters ('" + n + "')",
+                         "save with the model (save_pretrained(trainer, dir, model)) to merge them, or "
+                         "SavePretrainedOptions{.lora = model.lora.config}; save_adapter writes them for PEFT");
+    auto* w = find(site + ".weight");
+    auto* b = find(site + ".lora_B");
+    if (w == nullptr || b == nullptr)
+      throw config_error("save_pretrained: adapter '" + n + "' has no weight or lora_B beside it",
+                         "report this: the unit's adapters are malformed");
+    const std::int64_t out = w->first.spec.shape.at(0), in = w->first.spec.shape.at(1);
+    const std::int64_t r = b->first.spec.shape.at(1), seg = slot.spec.shape.at(0) / r;
+    if (r != lora.r)
+      throw config_error("save_pretrained: adapter '" + n + "' has rank " + std::to_string(r) + ", the LoRA config " +
+                             std::to_string(lora.r),
+                         "pass the model's own config (model.lora.config)");
+    const double scale = lora.options().scale();
+    const std::int64_t per = out / seg;
+    std::vector<double> row(static_cast<std::size_t>(in));
+    for (std::int64_t o = 0; o < out; ++o) {
+      std::fill(row.begin(), row.end(), 0.0);
+      for (std::int64_t k = 0; k < r; ++k) {
+        const double bk = b->second[static_cast<std::size_t>(o * r + k)];
+        const float* ak = a.data() + ((o / per) * r + k) * in;
+        for (std::int64_t i = 0; i < in; ++i) row[static_cast<std::size_t>(i)] += bk * ak[i];
+      }
+      float* wo = w->second.data() + o * in;
+      for (std::int64_t i = 0; i < in; ++i) wo[i] = static_cast<float>(wo[i] + scale * row[static_cast<std::size_t>(i)]);
+    }
+  }
+  std::erase_if(unit, [](const auto& t) {
+    const auto& tags = t.first.spec.tags;
+    return std::find(tags.begin(), tags.end(), "lora") != tags.end();
+  });
+}
+
 }  // namespace dtrain::hf
 DTRAIN_IMPL_END

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "dtrain/hf/config.hpp"
+#include "dtrain/hf/lora.hpp"
 #include "dtrain/nn/activation.hpp"
 #include "dtrain/nn/any_unit.hpp"
 #include "dtrain/nn/attention.hpp"
@@ -44,32 +45,54 @@ using Gpt2Block = nn::PreNormBlock<nn::LayerNorm, nn::CausalSelfAttention, nn::M
 using Block = nn::OneOf<LlamaBlock, Gpt2Block>;
 using FinalNorm = nn::OneOf<nn::RMSNorm, nn::LayerNorm>;
 
-inline Block make_block(const LmConfig& c) {
+// Block `layer` of the model, with the adapters `lora` plans for it (and
+// every base parameter frozen when there are adapters).
+inline Block make_block(const LmConfig& c, const LoraPlan& lora = {}, std::int64_t layer = 0) {
+  const bool train = !lora.config.on();
+  const auto adapter = [&](const char* ours) {
+    return lora.adapted(layer, ours) ? lora.config.options() : nn::LoraOptions{};
+  };
   if (c.gpt2()) {
-    const nn::LayerNormOptions norm{.eps = c.norm_eps};
-    return Gpt2Block(c.hidden_size, nn::LayerNorm(c.hidden_size, norm),
-                     nn::CausalSelfAttention(c.hidden_size, c.num_attention_heads), nn::LayerNorm(c.hidden_size, norm),
-                     nn::MLP<nn::GELUTanh>(c.hidden_size, c.intermediate_size));
+    const nn::LayerNormOptions norm{.eps = c.norm_eps, .trainable = train};
+    return Gpt2Block(
+        c.hidden_size, nn::LayerNorm(c.hidden_size, norm),
+        nn::CausalSelfAttention(c.hidden_size, c.num_attention_heads,
+                                {.trainable = train, .qkv_lora = adapter("attn.qkv"), .proj_lora = adapter("attn.proj")}),
+        nn::LayerNorm(c.hidden_size, norm),
+        nn::MLP<nn::GELUTanh>(c.hidden_size, c.intermediate_size,
+                              {.trainable = train, .fc1_lora = adapter("mlp.fc1"), .fc2_lora = adapter("mlp.fc2")}));
   }
-  const nn::RmsNormOptions norm{.eps = c.norm_eps};
+  const nn::RmsNormOptions norm{.eps = c.norm_eps, .trainable = train};
   return LlamaBlock(c.hidden_size, nn::RMSNorm(c.hidden_size, norm),
                     nn::RotaryAttention(c.hidden_size, c.num_attention_heads,
                                         {.kv_heads = c.num_key_value_heads,
                                          .rope_theta = c.rope_theta,
                                          .qkv_bias = c.qkv_bias,
                                          .out_bias = c.out_bias,
-                                         .max_positions = c.max_position_embeddings}),
+                                         .max_positions = c.max_position_embeddings,
+                                         .trainable = train,
+                                         .q_lora = adapter("attn.q"),
+                                         .k_lora = adapter("attn.k"),
+                                         .v_lora = adapter("attn.v"),
+                                         .o_lora = adapter("attn.o")}),
                     nn::RMSNorm(c.hidden_size, norm),
-                    nn::MLP<nn::SwiGLU>(c.hidden_size, c.intermediate_size, {.bias = false}));
+                    nn::MLP<nn::SwiGLU>(c.hidden_size, c.intermediate_size,
+                                        {.bias = false,
+                                         .trainable = train,
+                                         .fc1_lora = adapter("mlp.fc1"),
+                                         .fc2_lora = adapter("mlp.fc2")}));
 }
 
-inline FinalNorm make_final_norm(const LmConfig& c) {
-  if (c.gpt2()) return nn::LayerNorm(c.hidden_size, {.eps = c.norm_eps});
-  return nn::RMSNorm(c.hidden_size, {.eps = c.norm_eps});
+inline FinalNorm make_final_norm(const LmConfig& c, bool trainable = true) {
+  if (c.gpt2()) return nn::LayerNorm(c.hidden_size, {.eps = c.norm_eps, .trainable = trainable});
+  return nn::RMSNorm(c.hidden_size, {.eps = c.norm_eps, .trainable = trainable});
 }
 
+// `lora` (hf/lora.hpp): LoRA adapters on the blocks' linear layers it
+// targets, everything else frozen; none by default (full fine-tuning).
 struct CausalLm {
   LmConfig config;
+  LoraPlan lora;
   nn::Embedding tok;
   std::vector<nn::PositionalEmbedding> positions;  // GPT-2's learned positions; none for rotary models
   std::vector<Block> blocks;
@@ -77,14 +100,19 @@ struct CausalLm {
   nn::Linear head;
   nn::SoftmaxCrossEntropy loss;
 
-  explicit CausalLm(LmConfig c)
+  explicit CausalLm(LmConfig c, const LoraConfig& adapters = {})
       : config(std::move(c)),
-        tok(config.vocab_size, config.hidden_size),
-        blocks(static_cast<std::size_t>(config.num_hidden_layers), make_block(config)),
-        norm(make_final_norm(config)),
+        lora(plan_lora(config, adapters)),
+        tok(config.vocab_size, config.hidden_size, {.trainable = !adapters.on()}),
+        norm(make_final_norm(config, !adapters.on())),
         head(config.hidden_size, config.vocab_size,
-             {.bias = false, .tie_weight = config.tie_word_embeddings ? "0.weight" : ""}) {
-    if (config.gpt2()) positions.emplace_back(config.max_position_embeddings, config.hidden_size);
+             {.bias = false,
+              .trainable = !adapters.on(),
+              .tie_weight = config.tie_word_embeddings ? "0.weight" : ""}) {
+    if (config.gpt2())
+      positions.emplace_back(config.max_position_embeddings, config.hidden_size, 0.02f, !adapters.on());
+    blocks.reserve(static_cast<std::size_t>(config.num_hidden_layers));
+    for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) blocks.push_back(make_block(config, lora, l));
   }
 
   auto units() { return std::tie(tok, positions, blocks, norm, head); }

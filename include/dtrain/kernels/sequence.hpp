@@ -74,6 +74,8 @@ struct HeadPermuteRuns {
 // over batch * heads * time rows. With a key mask ([batch, time], 0 = a
 // padding position) the columns it zeroes are left out as well; a row left
 // with no column (a padding query before the first token) becomes all 0.
+// With position ids ([batch, time], restarting at 0 where a packed record
+// starts) a query sees only its own record: columns t - pos[t] .. t.
 // The reductions run over whole groups of math::lanes columns where the row
 // has them (columns past t count as left out), so they vectorise without a
 // scalar tail.
@@ -84,13 +86,19 @@ struct CausalSoftmax {
   std::int64_t time;
   const M* key_mask = nullptr;  // on the device, or null: no padding
   std::int64_t heads = 1;       // rows of one sequence = heads * time
+  const std::int64_t* positions = nullptr;  // on the device, or null: one record per sequence
   template <class Row>
   DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
     T* row = att + r * time;
-    if (key_mask == nullptr) return softmax_row(row, t, [t](std::int64_t j) { return j <= t; }, lanes);
-    const M* keep = key_mask + r / (heads * time) * time;
-    softmax_row(row, t, [t, keep](std::int64_t j) { return j <= t && keep[j] != 0; }, lanes);
+    if (key_mask == nullptr && positions == nullptr)
+      return softmax_row(row, t, [t](std::int64_t j) { return j <= t; }, lanes);
+    const std::int64_t seq = r / (heads * time);
+    const M* keep = key_mask != nullptr ? key_mask + seq * time : nullptr;
+    const std::int64_t first = positions != nullptr ? t - positions[seq * time + t] : 0;
+    softmax_row(row, t, [t, keep, first](std::int64_t j) {
+      return j <= t && j >= first && (keep == nullptr || keep[j] != 0);
+    }, lanes);
   }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 
@@ -203,16 +211,19 @@ struct EmbeddingScatter {
   }
 };
 
-// y[r, c] = x[r, c] + table[r % time, c]; run over rows * dim.
+// y[r, c] = x[r, c] + table[r % time, c], or table[positions[r], c] for
+// packed records; run over rows * dim.
 template <Dtype T>
 struct AddPositions {
   const T* x;
   const T* table;
   T* y;
   std::int64_t time, dim;
+  const std::int64_t* positions = nullptr;
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto n = static_cast<std::int64_t>(i), r = n / dim, c = n % dim;
-    y[n] = dtype_cast<T>(static_cast<float>(x[n]) + static_cast<float>(table[(r % time) * dim + c]));
+    const std::int64_t p = positions != nullptr ? positions[r] : r % time;
+    y[n] = dtype_cast<T>(static_cast<float>(x[n]) + static_cast<float>(table[p * dim + c]));
   }
 };
 

@@ -9,6 +9,10 @@
 // to a padded one; a padded position that precedes every token attends to
 // nothing (its output is the projection's bias). Give such positions no
 // target (-100), as transformers' collators do.
+// Packing: when the batch holds "position_ids" [B, T] (int64, 0 at each
+// packed record's first token, then 1, 2, ...), a token attends only to its
+// own record (a block-diagonal causal mask, transformers' padding-free
+// packing); RotaryAttention rotates by those positions.
 // Parameters (PyTorch/nanoGPT layout): qkv.weight [3 dim, dim], qkv.bias
 // [3 dim], proj.weight [dim, dim], proj.bias [dim].
 //
@@ -73,17 +77,46 @@ const DeviceTensor* attention_mask(const char* unit, const UnitContext<T>& ctx) 
   return mask;
 }
 
-// Attention scores [B * heads, T, T] to probabilities, in place: causal, and
-// without the keys the batch's "attention_mask" marks as padding (if any).
+// The batch's "position_ids" [B, T] (int64), checked on the host, or null:
+// packed records, each numbered 0, 1, ... from its first token (transformers'
+// padding-free packing). A token attends only to its own record's tokens.
+template <class T>
+const DeviceTensor* position_ids(const char* unit, const UnitContext<T>& ctx) {
+  const DeviceTensor* pos = ctx.batch != nullptr ? ctx.batch->find("position_ids") : nullptr;
+  if (pos == nullptr) return nullptr;
+  const std::int64_t b = ctx.shape.batch, time = ctx.shape.time;
+  if (pos->shape != std::vector<std::int64_t>{b, time} || pos->type != element_type::i64)
+    throw config_error(std::string(unit) + ": the batch's position_ids are " + shape_text(pos->shape) + " " +
+                           std::string(element_name(pos->type)) + " for " + std::to_string(b) + " sequences of " +
+                           std::to_string(time),
+                       "give position_ids [B, T] int64 like the ids, 0 at each packed record's first token");
+  const std::int64_t* p = pos->host_data<std::int64_t>();
+  for (std::int64_t r = 0; r < b * time; ++r) {
+    const std::int64_t t = r % time, want_next = t == 0 ? 0 : p[r - 1] + 1;
+    if (p[r] != 0 && p[r] != want_next)
+      throw config_error(std::string(unit) + ": position_ids of sequence " + std::to_string(r / time) + " go " +
+                             (t == 0 ? std::string("from ") : std::to_string(p[r - 1]) + " to ") + std::to_string(p[r]) +
+                             " at position " + std::to_string(t),
+                         "number each packed record's tokens 0, 1, 2, ... from its first");
+  }
+  return pos;
+}
+
+// Attention scores [B * heads, T, T] to probabilities, in place: causal,
+// without the keys the batch's "attention_mask" marks as padding (if any),
+// and within each packed record when the batch has "position_ids".
 template <class Dev, class T>
 void attention_softmax(Dev& dev, const char* unit, T* att, std::int64_t heads, const UnitContext<T>& ctx) {
   const std::int64_t time = ctx.shape.time;
   const auto rows = static_cast<std::size_t>(ctx.shape.batch * heads * time);
   const DeviceTensor* mask = attention_mask(unit, ctx);
-  if (mask == nullptr) return dev.for_each(rows, CausalSoftmax<T>{att, time});
+  const DeviceTensor* pos = position_ids(unit, ctx);
+  const std::int64_t* p = pos != nullptr ? pos->data<std::int64_t>() : nullptr;
+  if (mask == nullptr && p == nullptr) return dev.for_each(rows, CausalSoftmax<T>{att, time});
+  if (mask == nullptr) return dev.for_each(rows, CausalSoftmax<T>{att, time, nullptr, heads, p});
   if (mask->type == element_type::i32)
-    return dev.for_each(rows, CausalSoftmax<T, std::int32_t>{att, time, mask->data<std::int32_t>(), heads});
-  dev.for_each(rows, CausalSoftmax<T, std::int64_t>{att, time, mask->data<std::int64_t>(), heads});
+    return dev.for_each(rows, CausalSoftmax<T, std::int32_t>{att, time, mask->data<std::int32_t>(), heads, p});
+  dev.for_each(rows, CausalSoftmax<T, std::int64_t>{att, time, mask->data<std::int64_t>(), heads, p});
 }
 
 // The fused path's padding: an additive bias [B, 1, T, T], 0 for a token
@@ -93,14 +126,18 @@ void attention_softmax(Dev& dev, const char* unit, T* att, std::int64_t heads, c
 // own row of the key's values: cuDNN's backward read a [B, 1, 1, T] bias
 // broadcast over the queries wrongly (gradients off on an H100, 2026-11-27),
 // while the full shape is the one its documentation and samples use.
+// With position ids, a key before the query's record is masked the same way.
 template <class T, class M>
 struct KeyBias {
-  const M* mask;
+  const M* mask;  // or null
   T* bias;
   std::int64_t time;
+  const std::int64_t* positions = nullptr;
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
-    const auto n = static_cast<std::int64_t>(i), b = n / (time * time), key = n % time;
-    bias[i] = dtype_cast<T>(mask[b * time + key] != 0 ? 0.f : -30000.f);
+    const auto n = static_cast<std::int64_t>(i), b = n / (time * time), query = n / time % time, key = n % time;
+    const bool kept = (mask == nullptr || mask[b * time + key] != 0) &&
+                      (positions == nullptr || key >= query - positions[b * time + query]);
+    bias[i] = dtype_cast<T>(kept ? 0.f : -30000.f);
   }
 };
 
@@ -109,7 +146,7 @@ struct KeyBias {
 // aligned for cuDNN).
 template <class T>
 std::int64_t key_bias_size(const char* unit, const UnitContext<T>& ctx) {
-  if (attention_mask(unit, ctx) == nullptr) return 0;
+  if (attention_mask(unit, ctx) == nullptr && position_ids(unit, ctx) == nullptr) return 0;
   const auto per = static_cast<std::int64_t>(16 / sizeof(T));
   const std::int64_t n = ctx.shape.batch * ctx.shape.time * ctx.shape.time;
   return (n + per - 1) / per * per;
@@ -120,13 +157,15 @@ std::int64_t key_bias_size(const char* unit, const UnitContext<T>& ctx) {
 template <class Dev, class T>
 const T* key_bias(Dev& dev, const char* unit, const UnitContext<T>& ctx, T* out) {
   const DeviceTensor* mask = attention_mask(unit, ctx);
-  if (mask == nullptr) return nullptr;
+  const DeviceTensor* pos = position_ids(unit, ctx);
+  if (mask == nullptr && pos == nullptr) return nullptr;
   const std::int64_t time = ctx.shape.time;
+  const std::int64_t* p = pos != nullptr ? pos->data<std::int64_t>() : nullptr;
   const auto n = static_cast<std::size_t>(ctx.shape.batch * time * time);
-  if (mask->type == element_type::i32)
-    dev.for_each(n, KeyBias<T, std::int32_t>{mask->data<std::int32_t>(), out, time});
+  if (mask != nullptr && mask->type == element_type::i32)
+    dev.for_each(n, KeyBias<T, std::int32_t>{mask->data<std::int32_t>(), out, time, p});
   else
-    dev.for_each(n, KeyBias<T, std::int64_t>{mask->data<std::int64_t>(), out, time});
+    dev.for_each(n, KeyBias<T, std::int64_t>{mask != nullptr ? mask->data<std::int64_t>() : nullptr, out, time, p});
   return out;
 }
 

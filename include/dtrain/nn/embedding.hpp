@@ -116,22 +116,29 @@ class Embedding {
 
 class PositionalEmbedding {
  public:
-  PositionalEmbedding(std::int64_t max_len, std::int64_t dim, float init_std = 0.02f)
-      : max_len_(max_len), dim_(dim), init_std_(init_std) {
+  PositionalEmbedding(std::int64_t max_len, std::int64_t dim, float init_std = 0.02f, bool trainable = true)
+      : max_len_(max_len), dim_(dim), init_std_(init_std), trainable_(trainable) {
     if (max_len < 1 || dim < 1)
       throw config_error("nn::PositionalEmbedding(" + std::to_string(max_len) + ", " + std::to_string(dim) +
                              "): length and width must be >= 1",
                          "give the longest sequence and the vector width");
   }
 
-  std::vector<ParamSpec> params() const { return {{"weight", {max_len_, dim_}, Init::normal(0.f, init_std_), true, {}, {"embedding"}}}; }
+  std::vector<ParamSpec> params() const {
+    return {{"weight", {max_len_, dim_}, Init::normal(0.f, init_std_), trainable_, {}, {"embedding"}}};
+  }
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::PositionalEmbedding", in, dim_); }
 
+  // With the batch's "position_ids" (packed records, [B, T] int64) each
+  // token takes its record's position's row.
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     check(x, ctx);
     detail::check_shape("nn::PositionalEmbedding", "output", y, x.rows, dim_);
-    dev.for_each(static_cast<std::size_t>(x.size()), AddPositions<T>{x.data, p[0].data, y.data, ctx.shape.time, dim_});
+    const DeviceTensor* pos = positions(ctx);
+    dev.for_each(static_cast<std::size_t>(x.size()),
+                 AddPositions<T>{x.data, p[0].data, y.data, ctx.shape.time, dim_,
+                                 pos != nullptr ? pos->data<std::int64_t>() : nullptr});
   }
 
   template <class Dev, class T>
@@ -139,12 +146,47 @@ class PositionalEmbedding {
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
     check(x, ctx);
     if (!dx.empty()) dev.copy(dx.data, dy.data, static_cast<std::size_t>(dy.size()));
-    if (!grad[0].empty())
-      dev.for_each(static_cast<std::size_t>(max_len_ * dim_),
-                   PositionGrad<T>{dy.data, grad[0].data, ctx.shape.batch, ctx.shape.time, dim_});
+    if (grad[0].empty()) return;
+    const DeviceTensor* pos = positions(ctx);
+    if (pos == nullptr)
+      return dev.for_each(static_cast<std::size_t>(max_len_ * dim_),
+                          PositionGrad<T>{dy.data, grad[0].data, ctx.shape.batch, ctx.shape.time, dim_});
+    // Packed: the rows of each position bucketed on the host, in row order
+    // (offsets[p]..offsets[p+1]), summed per table element as nn::Embedding's.
+    const auto n = static_cast<std::size_t>(x.rows);
+    std::vector<std::int64_t> index(static_cast<std::size_t>(max_len_) + 1 + n, 0);
+    std::int64_t* offsets = index.data();
+    std::int64_t* rows = offsets + max_len_ + 1;
+    const std::int64_t* host = pos->host_data<std::int64_t>();
+    for (std::size_t r = 0; r < n; ++r) ++offsets[host[r] + 1];
+    for (std::int64_t v = 0; v < max_len_; ++v) offsets[v + 1] += offsets[v];
+    std::vector<std::int64_t> next(offsets, offsets + max_len_);
+    for (std::size_t r = 0; r < n; ++r) rows[next[static_cast<std::size_t>(host[r])]++] = static_cast<std::int64_t>(r);
+    auto* on_device = dev.template workspace<std::int64_t>(index.size());
+    dev.copy_from_host(on_device, index.data(), index.size());
+    dev.for_each(static_cast<std::size_t>(max_len_ * dim_),
+                 EmbeddingScatter<T>{on_device, on_device + max_len_ + 1, dy.data, grad[0].data, dim_});
   }
 
  private:
+  // The batch's "position_ids", checked (each in [0, max_len)), or null.
+  template <class T>
+  const DeviceTensor* positions(const UnitContext<T>& ctx) const {
+    const DeviceTensor* pos = ctx.batch != nullptr ? ctx.batch->find("position_ids") : nullptr;
+    if (pos == nullptr) return nullptr;
+    if (pos->shape != std::vector<std::int64_t>{ctx.shape.batch, ctx.shape.time} || pos->type != element_type::i64)
+      throw config_error("nn::PositionalEmbedding: the batch's position_ids are " + shape_text(pos->shape) + " " +
+                             std::string(element_name(pos->type)),
+                         "give position_ids [B, T] int64 like the ids");
+    const std::int64_t* host = pos->host_data<std::int64_t>();
+    for (std::int64_t r = 0; r < ctx.shape.rows(); ++r)
+      if (host[r] < 0 || host[r] >= max_len_)
+        throw config_error("nn::PositionalEmbedding: position id " + std::to_string(host[r]) + " at row " +
+                               std::to_string(r) + " is outside the table's " + std::to_string(max_len_),
+                           "number each packed record's tokens 0, 1, ... (shorter than the model's positions)");
+    return pos;
+  }
+
   template <class T>
   void check(MatView<const T> x, const UnitContext<T>& ctx) const {
     detail::check_shape("nn::PositionalEmbedding", "input", x, ctx.shape.rows(), dim_);
@@ -157,6 +199,7 @@ class PositionalEmbedding {
   std::int64_t max_len_;
   std::int64_t dim_;
   float init_std_;
+  bool trainable_;
 };
 
 }  // namespace dtrain::nn

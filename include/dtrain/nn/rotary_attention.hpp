@@ -93,9 +93,11 @@ struct RotatePairs {
   const float* cos_t;
   const float* sin_t;
   bool inverse;
+  const std::int64_t* positions = nullptr;  // packed records' positions [rows], or null: row % time
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const std::int64_t half = head_dim / 2, n = static_cast<std::int64_t>(i);
-    const std::int64_t f = n % half, h = (n / half) % heads, row = n / (half * heads), t = row % time;
+    const std::int64_t f = n % half, h = (n / half) % heads, row = n / (half * heads);
+    const std::int64_t t = positions != nullptr ? positions[row] : row % time;
     T* head = rows + row * heads * head_dim + h * head_dim;
     const float c = cos_t[t * half + f], sn = sin_t[t * half + f];
     const float a = static_cast<float>(head[f]), b = static_cast<float>(head[f + half]);
@@ -109,7 +111,12 @@ struct RotatePairs {
 struct GqaShape {
   std::int64_t batch, time, heads, kv_heads, head_dim;
   bool rope;
+  const std::int64_t* positions = nullptr;  // packed records' positions [B, T] on the device, or null
   DTRAIN_HOST_DEVICE std::int64_t rows() const { return batch * time; }
+  // The rotary position of token t of sequence b: t, or its place in its packed record.
+  DTRAIN_HOST_DEVICE std::int64_t position(std::int64_t b, std::int64_t t) const {
+    return positions != nullptr ? positions[b * time + t] : t;
+  }
   DTRAIN_HOST_DEVICE std::int64_t group() const { return heads / kv_heads; }
   DTRAIN_HOST_DEVICE std::int64_t head_elems() const { return rows() * heads * head_dim; }
 };
@@ -136,9 +143,9 @@ struct ToRotatedHeads {
     const T* row = (part == 0 ? q_rows : part == 1 ? k_rows : v_rows) + (b * s.time + t) * width + src_head * s.head_dim;
     float out = static_cast<float>(row[d]);
     if (s.rope && part < 2) {
-      const std::int64_t half = s.head_dim / 2, f = d % half;
+      const std::int64_t half = s.head_dim / 2, f = d % half, p = s.position(b, t);
       const RotatedPair r = rotate_pair(static_cast<float>(row[f]), static_cast<float>(row[f + half]),
-                                        cos_t[t * half + f], sin_t[t * half + f]);
+                                        cos_t[p * half + f], sin_t[p * half + f]);
       out = d < half ? r.a : r.b;
     }
     q[n] = dtype_cast<T>(out);
@@ -157,8 +164,8 @@ struct ToRotatedHeads {
         for (std::int64_t d = d0; d < d1; ++d) out[d] = dtype_cast<T>(static_cast<float>(row[d]));
         return;
       }
-      const float* c = cos_t + t * half;
-      const float* sn = sin_t + t * half;
+      const float* c = cos_t + s.position(b, t) * half;
+      const float* sn = sin_t + s.position(b, t) * half;
       for (std::int64_t d = d0; d < (d1 < half ? d1 : half); ++d)
         out[d] = dtype_cast<T>(rotate_pair(static_cast<float>(row[d]), static_cast<float>(row[d + half]), c[d], sn[d]).a);
       for (std::int64_t d = (d0 > half ? d0 : half); d < d1; ++d) {
@@ -192,12 +199,12 @@ struct FromRotatedHeads {
     const auto n = static_cast<std::int64_t>(i);
     const std::int64_t q_cols = s.heads * s.head_dim, kv_cols = s.kv_heads * s.head_dim;
     const std::int64_t cols = q_cols + 2 * kv_cols, row = n / cols, col = n % cols;
-    const std::int64_t b = row / s.time, t = row % s.time;
+    const std::int64_t b = row / s.time, t = row % s.time, p = s.position(b, t);
     const auto head_row = [&](const T* base, std::int64_t h) {
       return base + ((b * s.heads + h) * s.time + t) * s.head_dim;
     };
     if (col < q_cols) {
-      dq_rows[row * q_cols + col] = dtype_cast<T>(unrotate(head_row(dq, col / s.head_dim), t, col % s.head_dim));
+      dq_rows[row * q_cols + col] = dtype_cast<T>(unrotate(head_row(dq, col / s.head_dim), p, col % s.head_dim));
       return;
     }
     const bool is_k = col < q_cols + kv_cols;
@@ -205,7 +212,7 @@ struct FromRotatedHeads {
     const T* base = dq + (is_k ? 1 : 2) * s.head_elems();
     float sum = 0.f;
     for (std::int64_t h = kvh * s.group(); h < (kvh + 1) * s.group(); ++h)
-      sum += is_k ? unrotate(head_row(base, h), t, d) : static_cast<float>(head_row(base, h)[d]);
+      sum += is_k ? unrotate(head_row(base, h), p, d) : static_cast<float>(head_row(base, h)[d]);
     (is_k ? dk_rows : dv_rows)[row * kv_cols + c] = dtype_cast<T>(sum);
   }
   // The host's loops (device/host_isa.hpp): each output row in pieces of
@@ -217,8 +224,8 @@ struct FromRotatedHeads {
     dtrain::detail::row_pieces(begin, end, q_cols + 2 * kv_cols, [&](std::int64_t row, std::int64_t j0,
                                                                      std::int64_t j1) {
       const std::int64_t b = row / s.time, t = row % s.time;
-      const float* c = cos_t + t * half;
-      const float* sn = sin_t + t * half;
+      const float* c = cos_t + s.position(b, t) * half;
+      const float* sn = sin_t + s.position(b, t) * half;
       const auto head_row = [&](const T* base, std::int64_t h) { return base + ((b * s.heads + h) * s.time + t) * hd; };
       // acc[d - d0] (+)= the unrotated (or, for v, plain) gradient of `in` at d, for d in [d0, d1).
       const auto gather = [&](const T* in, bool rotated, std::int64_t d0, std::int64_t d1, float* acc, bool add) {
@@ -478,9 +485,9 @@ class RotaryAttention {
     if (!g.rope) return;
     const std::int64_t half = g.head_dim / 2;
     dev.for_each(static_cast<std::size_t>(g.rows() * g.heads * half),
-                 detail::RotatePairs<T>{q, g.heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse});
+                 detail::RotatePairs<T>{q, g.heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse, g.positions});
     dev.for_each(static_cast<std::size_t>(g.rows() * g.kv_heads * half),
-                 detail::RotatePairs<T>{k, g.kv_heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse});
+                 detail::RotatePairs<T>{k, g.kv_heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse, g.positions});
   }
 
   template <class Dev, class T>
@@ -588,7 +595,10 @@ class RotaryAttention {
 
   template <class T>
   detail::GqaShape call_shape(const UnitContext<T>& ctx) const {
-    return {ctx.shape.batch, ctx.shape.time, heads_, kv_heads_, head_dim(), options_.rope_theta > 0.f};
+    const DeviceTensor* pos = detail::position_ids("nn::RotaryAttention", ctx);
+    return {ctx.shape.batch, ctx.shape.time, heads_,
+            kv_heads_,       head_dim(),     options_.rope_theta > 0.f,
+            pos != nullptr ? pos->data<std::int64_t>() : nullptr};
   }
 
   template <class T>

@@ -62,6 +62,12 @@ struct TrainerOptions {
   // one unit's worth of them in memory instead of every unit's, for one more
   // forward of each such unit; results are bit-identical.
   bool activation_checkpointing = false;
+  // Which units activation checkpointing recomputes (the others keep their
+  // activations): every `checkpoint_every`-th of the units that keep any
+  // (1: all of them; 2: every second transformer block), or, when
+  // `checkpoint_units` is non-empty, exactly those unit numbers.
+  std::size_t checkpoint_every = 1;
+  std::vector<std::size_t> checkpoint_units{};
   // Report StepStats::grad_norm every step. It costs a pass over the
   // gradients (and a scalar all-reduce under sharded strategies); false skips
   // it when nothing needs it, and grad_norm is then NaN. Clipping and fp16

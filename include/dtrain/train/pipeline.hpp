@@ -37,6 +37,8 @@ class UnitPipeline {
     std::uint64_t seed = 0;         // the random streams' root (TrainerOptions::seed)
     int rank = 0;                   // this rank's streams differ from the others'
     bool recompute = false;         // activation checkpointing
+    std::size_t recompute_every = 1;        // of the units that keep activations, every k-th
+    std::vector<std::size_t> recompute_units{};  // or exactly these units
   };
 
   UnitPipeline(M& model, Dev& dev, const ModelLayout& layout, AnyStrategy<T>& strategy, Options options)
@@ -45,7 +47,15 @@ class UnitPipeline {
         strategy_(strategy),
         ties_(dev, layout, strategy),
         num_units_(layout.units().size()),
-        options_(options) {}
+        options_(options) {
+    if (options.recompute_every == 0)
+      throw config_error("TrainerOptions::checkpoint_every is 0", "give 1 (every unit that keeps activations) or more");
+    for (std::size_t u : options.recompute_units)
+      if (u >= num_units_)
+        throw config_error("TrainerOptions::checkpoint_units names unit " + std::to_string(u) + "; the model has " +
+                               std::to_string(num_units_) + " units (0.." + std::to_string(num_units_ - 1) + ")",
+                           "name units of this model");
+  }
 
   // The sequence shape of a micro-batch, from its input "x": float features
   // [B, F] (B rows) or [B, T, F] (B*T rows), or integer ids [B, T] read by an
@@ -135,6 +145,20 @@ class UnitPipeline {
     dev_.copy_from_host(activations_[0].data(), staging_.data(), n);
   }
 
+  // Which units activation checkpointing recomputes (Options).
+  std::vector<char> recomputed(const std::vector<std::int64_t>& saved) const {
+    std::vector<char> r(num_units_, 0);
+    if (!options_.recompute) return r;
+    if (!options_.recompute_units.empty()) {
+      for (std::size_t u : options_.recompute_units) r.at(u) = 1;
+      return r;
+    }
+    std::size_t seen = 0;
+    for (std::size_t u = 0; u < num_units_; ++u)
+      if (saved[u] > 0) r[u] = seen++ % std::max<std::size_t>(options_.recompute_every, 1) == 0;
+    return r;
+  }
+
   template <class OnLoss>
   void run(const Batch& batch, std::int64_t step, int k, std::vector<float>* outputs, OnLoss&& on_loss, bool backward) {
     constexpr bool has_loss = !std::is_null_pointer_v<std::remove_cvref_t<OnLoss>>;
@@ -154,7 +178,7 @@ class UnitPipeline {
       width_.assign(1, in_width);
       detail::for_each_unit(units, [&](std::size_t, auto& u) { width_.push_back(u.out_features(width_.back())); });
       activations_.resize(num_units_ + 1);
-      saved_.resize(num_units_);
+      saved_.resize(num_units_ + 1);
     }
     const auto& width = width_;
     const std::int64_t widest = *std::max_element(width.begin(), width.end());
@@ -162,13 +186,14 @@ class UnitPipeline {
       ensure(activations_[u], static_cast<std::size_t>(rows * width[u]));
     for (auto& d : dgrad_) ensure(d, static_cast<std::size_t>(rows * widest));
 
-    // What units keep from forward for backward: a buffer each, or with
-    // activation checkpointing one buffer every unit takes in turn.
+    // What units keep from forward for backward: a buffer each, or for the
+    // units activation checkpointing recomputes one buffer they take in turn
+    // (saved_'s last).
     std::vector<std::int64_t> saved(num_units_);
     detail::for_each_unit(units, [&](std::size_t u, auto& unit) { saved[u] = saved_size_of<T>(unit, dev_, shape, width[u]); });
-    const bool recompute = options_.recompute;
+    const std::vector<char> recompute = recomputed(saved);
     for (std::size_t u = 0; u < num_units_; ++u)
-      if (saved[u] > 0) ensure(recompute ? saved_[0] : saved_[u], static_cast<std::size_t>(saved[u]));
+      if (saved[u] > 0) ensure(recompute[u] ? saved_[num_units_] : saved_[u], static_cast<std::size_t>(saved[u]));
     // A training forward's random stream: seed, rank, step, micro-batch, unit.
     const std::uint64_t micro_stream = detail::derive_stream(
         detail::derive_stream(detail::derive_stream(options_.seed, static_cast<std::uint64_t>(options_.rank)),
@@ -176,7 +201,7 @@ class UnitPipeline {
         static_cast<std::uint64_t>(k));
     const DeviceBatch on_device = upload(batch, input_unit);
     auto ctx = [&](std::size_t u) {
-      buffer<T>& b = recompute ? saved_[0] : saved_[u];
+      buffer<T>& b = recompute[u] ? saved_[num_units_] : saved_[u];
       return UnitContext<T>{shape, saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{}, backward,
                             detail::derive_stream(micro_stream, u), &on_device};
     };
@@ -211,7 +236,7 @@ class UnitPipeline {
         strategy_.before_backward(u, k);
         // Deterministic kernels: the recomputed activations (and output) are
         // bit-identical to the first forward's.
-        if (recompute && saved[u] > 0) forward(u, unit);
+        if (recompute[u] && saved[u] > 0) forward(u, unit);
         detail::unit_backward<Dev, T>(unit, dev_, ties_.params(u), ties_.grads(u), on_device, act(u), act(u + 1), dy,
                                       dx, ctx(u));
         ties_.after_backward(u);
@@ -230,7 +255,7 @@ class UnitPipeline {
   Options options_;
   std::vector<std::int64_t> width_;  // width_[u]: the input width of unit u; width_.back(): the output's
   std::vector<buffer<T>> activations_;
-  std::vector<buffer<T>> saved_;  // per unit, or [0] shared under activation checkpointing
+  std::vector<buffer<T>> saved_;  // per unit, and last the one recomputed units share
   buffer<T> dgrad_[2];
   std::map<std::string, buffer<std::byte>, std::less<>> uploads_;  // the batch's tensors on the device
   std::vector<T> staging_;

@@ -100,7 +100,11 @@ class TrainerCore {
         state_(guard_.initial_state()),
         sums_(dev_, *comm_),
         pipeline_(model_, dev_, layout_, *strategy_,
-                  {.seed = options_.seed, .rank = world_.rank(), .recompute = options_.activation_checkpointing}),
+                  {.seed = options_.seed,
+                   .rank = world_.rank(),
+                   .recompute = options_.activation_checkpointing,
+                   .recompute_every = options_.checkpoint_every,
+                   .recompute_units = options_.checkpoint_units}),
         evaluator_(world_, pipeline_, sums_, model_),
         io_(world_, dev_, layout_, *strategy_, [this] { return optimizer_.state(); }) {}
 

@@ -1,0 +1,121 @@
+#pragma once
+// LoRA on a transformers causal LM, as PEFT configures it: which of the
+// model's linear layers get adapters (LoraConfig::targets, PEFT's
+// target_modules), and the names PEFT gives the adapters' tensors.
+//
+// A target is matched against each linear layer's transformers module name
+// ("model.layers.3.self_attn.q_proj", "transformer.h.0.mlp.c_fc") as PEFT
+// matches a list: the whole name, or a suffix after a dot ("q_proj",
+// "mlp.c_proj", "layers.3.self_attn.q_proj"); "all-linear" is every linear
+// layer of the blocks (never the output head); with `regex` the one target
+// is a regular expression over the whole name (PEFT's string form). The
+// layers: Llama family q_proj k_proj v_proj o_proj gate_proj up_proj
+// down_proj; GPT-2 c_attn c_proj (attention and MLP: PEFT's suffix "c_proj"
+// matches both) c_fc. Llama's gate_proj and up_proj are one fused
+// projection in dtrain with an adapter per half, so they are adapted
+// together or not at all.
+//
+// With adapters on, every other parameter of the model is frozen (PEFT's
+// default: bias "none", no modules_to_save), so only the adapters have
+// gradients, master copies and optimizer state.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
+#include "dtrain/hf/config.hpp"
+#include "dtrain/nn/lora.hpp"
+
+namespace dtrain::hf {
+
+struct LoraConfig {
+  std::int64_t r = 0;      // the rank; 0: no adapters (full fine-tuning)
+  float alpha = 8.f;       // lora_alpha (PEFT's default 8)
+  float dropout = 0.f;     // lora_dropout: only 0 is supported yet
+  bool rslora = false;     // use_rslora: scale alpha / sqrt(r)
+  std::vector<std::string> targets{};  // target_modules
+  bool regex = false;      // targets[0] is a regular expression over whole names
+
+  bool on() const noexcept { return r > 0; }
+  nn::LoraOptions options() const { return {.r = r, .alpha = alpha, .rslora = rslora, .dropout = dropout}; }
+};
+
+// One linear layer of a block: its transformers module name and dtrain's
+// projection in the block unit ("attn.q", "attn.qkv", "mlp.fc1", ...);
+// `part` is gate_proj (0) or up_proj (1) of the fused fc1, else -1.
+struct LinearModule {
+  std::string module;
+  std::string ours;
+  int part = -1;
+};
+
+// The linear layers of block `layer`, in dtrain's order of projections.
+inline std::vector<LinearModule> block_linears(const LmConfig& c, std::int64_t layer) {
+  const std::string l = std::to_string(layer);
+  if (c.gpt2()) {
+    const std::string h = "transformer.h." + l + ".";
+    return {{h + "attn.c_attn", "attn.qkv"},
+            {h + "attn.c_proj", "attn.proj"},
+            {h + "mlp.c_fc", "mlp.fc1"},
+            {h + "mlp.c_proj", "mlp.fc2"}};
+  }
+  const std::string h = "model.layers." + l + ".";
+  return {{h + "self_attn.q_proj", "attn.q"},    {h + "self_attn.k_proj", "attn.k"},
+          {h + "self_attn.v_proj", "attn.v"},    {h + "self_attn.o_proj", "attn.o"},
+          {h + "mlp.gate_proj", "mlp.fc1", 0},   {h + "mlp.up_proj", "mlp.fc1", 1},
+          {h + "mlp.down_proj", "mlp.fc2"}};
+}
+
+// Which projections of each block get adapters: per layer, dtrain's
+// projection names ("attn.q", "mlp.fc1", ...).
+struct LoraPlan {
+  LoraConfig config;
+  std::vector<std::vector<std::string>> layers;
+
+  bool adapted(std::int64_t layer, const std::string& ours) const {
+    if (!config.on()) return false;
+    for (const auto& o : layers.at(static_cast<std::size_t>(layer)))
+      if (o == ours) return true;
+    return false;
+  }
+};
+
+// Resolves the targets on this model. Errors (config_error, naming the fix):
+// a target that matches no linear layer (the output head included, which
+// is not adapted yet), gate_proj without up_proj or the reverse, a pattern
+// that is not a regular expression; the rank and alpha are checked when the
+// units are built (nn::LoraOptions).
+DTRAIN_DECL LoraPlan plan_lora(const LmConfig& c, const LoraConfig& lora);
+
+// The unit of block `layer` (the "<unit>." of its tensors' names).
+inline std::int64_t block_unit(const LmConfig& c, std::int64_t layer) { return layer + (c.gpt2() ? 2 : 1); }
+
+// The adapters' tensors ("<unit>.attn.q.lora_A") -> their names in PEFT's
+// adapter_model.safetensors ("base_model.model.model.layers.0.self_attn.
+// q_proj.lora_A.weight"); the fused gate|up's two, its halves along the
+// first dimension. Both A [r, in] and B [out, r] keep PEFT's layout, GPT-2's
+// Conv1D layers included.
+DTRAIN_DECL std::map<std::string, std::vector<std::string>> peft_names(const LmConfig& c, const LoraPlan& plan);
+
+// PEFT's adapter_config.json for these adapters on the model `base` (its
+// name or path, for base_model_name_or_path).
+DTRAIN_DECL std::string adapter_config_json(const LmConfig& c, const LoraConfig& lora, const std::string& base);
+
+// The adapters an adapter directory's adapter_config.json describes.
+// Refused by name (config_error): another PEFT method than LoRA, DoRA,
+// biases other than "none", modules_to_save, rank or alpha patterns and
+// layers_to_transform. lora_dropout is read as the file says; the units
+// refuse one other than 0 (not built yet), so a program that evaluates or
+// continues such an adapter sets it to 0 and says so.
+DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir);
+
+}  // namespace dtrain::hf
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/hf/lora.ipp"
+#endif

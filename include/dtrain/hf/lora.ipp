@@ -1,0 +1,180 @@
+// The definitions hf/lora.hpp declares with DTRAIN_DECL (core/macros.hpp).
+#pragma once
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+
+#include "dtrain/io/json.hpp"
+
+#include "dtrain/hf/lora.hpp"
+
+DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
+
+namespace dtrain::hf {
+
+namespace detail {
+inline bool peft_matches(const LoraConfig& lora, const std::string& target, const std::string& module) {
+  if (lora.regex) return std::regex_match(module, std::regex(target));
+  if (target == "all-linear") return true;
+  return module == target ||
+         (module.size() > target.size() && module.compare(module.size() - target.size(), target.size(), target) == 0 &&
+          module[module.size() - target.size() - 1] == '.');
+}
+}  // namespace detail
+
+DTRAIN_DECL LoraPlan plan_lora(const LmConfig& c, const LoraConfig& lora) {
+  LoraPlan plan{lora, std::vector<std::vector<std::string>>(static_cast<std::size_t>(c.num_hidden_layers))};
+  if (lora.r < 0) throw config_error("lora_r " + std::to_string(lora.r) + " is negative", "give lora_r >= 1");
+  if (!lora.on()) return plan;
+  if (lora.targets.empty())
+    throw config_error("LoRA needs target modules", c.gpt2() ? "give lora_targets=c_attn,c_proj,c_fc (or all-linear)"
+                                                              : "give lora_targets=q_proj,k_proj,v_proj,o_proj "
+                                                                "(or all-linear)");
+  if (lora.regex && lora.targets.size() != 1)
+    throw config_error("a regular expression target is one pattern, not " + std::to_string(lora.targets.size()),
+                       "give one pattern, or a list of module names");
+  std::map<std::string, std::size_t> hits;
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    bool halves[2] = {false, false};
+    for (const LinearModule& m : block_linears(c, l)) {
+      bool on = false;
+      for (const auto& t : lora.targets) {
+        bool match = false;
+        try {
+          match = detail::peft_matches(lora, t, m.module);
+        } catch (const std::regex_error& e) {
+          throw config_error("lora target pattern \"" + t + "\" is not a regular expression: " + e.what(),
+                             "fix the pattern, or give module names");
+        }
+        if (match) {
+          ++hits[t];
+          on = true;
+        }
+      }
+      if (!on) continue;
+      if (m.part >= 0) {
+        halves[m.part] = true;
+        continue;
+      }
+      plan.layers[static_cast<std::size_t>(l)].push_back(m.ours);
+    }
+    if (halves[0] != halves[1])
+      throw config_error("LoRA targets " + std::string(halves[0] ? "gate_proj" : "up_proj") + " of layer " +
+                             std::to_string(l) + " without " + (halves[0] ? "up_proj" : "gate_proj") +
+                             ": dtrain fuses the two projections",
+                         "target both gate_proj and up_proj, or neither");
+    if (halves[0]) plan.layers[static_cast<std::size_t>(l)].push_back("mlp.fc1");
+  }
+  for (const auto& t : lora.targets)
+    if (!hits.contains(t)) {
+      const auto example = block_linears(c, 0);
+      std::string names;
+      for (const auto& m : example) names += (names.empty() ? "" : ", ") + m.module.substr(m.module.rfind('.') + 1);
+      throw config_error("LoRA target \"" + t + "\" matches no linear layer of this " + c.model_type + " model" +
+                             (t == "lm_head" ? " (adapters on the output head are not supported yet)" : ""),
+                         "target among " + names + ", or all-linear");
+    }
+  return plan;
+}
+
+DTRAIN_DECL std::map<std::string, std::vector<std::string>> peft_names(const LmConfig& c, const LoraPlan& plan) {
+  std::map<std::string, std::vector<std::string>> m;
+  if (!plan.config.on()) return m;
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string u = std::to_string(block_unit(c, l)) + ".";
+    for (const LinearModule& lin : block_linears(c, l)) {
+      if (!plan.adapted(l, lin.ours)) continue;
+      for (const char* ab : {"lora_A", "lora_B"})
+        m[u + lin.ours + "." + ab].push_back("base_model.model." + lin.module + "." + ab + ".weight");
+    }
+  }
+  return m;
+}
+
+DTRAIN_DECL std::string adapter_config_json(const LmConfig& c, const LoraConfig& lora, const std::string& base) {
+  nlohmann::ordered_json j;
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  j["base_model_name_or_path"] = base;
+  j["r"] = lora.r;
+  j["lora_alpha"] = lora.alpha;
+  j["lora_dropout"] = lora.dropout;
+  j["use_rslora"] = lora.rslora;
+  if (lora.regex)
+    j["target_modules"] = lora.targets.at(0);
+  else if (lora.targets.size() == 1 && lora.targets[0] == "all-linear")
+    j["target_modules"] = "all-linear";  // PEFT's own spelling is a string
+  else
+    j["target_modules"] = lora.targets;
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = c.gpt2();  // GPT-2's Conv1D layers
+  j["modules_to_save"] = nullptr;
+  j["init_lora_weights"] = true;
+  j["layers_to_transform"] = nullptr;
+  j["layers_pattern"] = nullptr;
+  j["rank_pattern"] = nlohmann::ordered_json::object();
+  j["alpha_pattern"] = nlohmann::ordered_json::object();
+  j["use_dora"] = false;
+  j["inference_mode"] = true;
+  j["revision"] = nullptr;
+  return j.dump(2) + "\n";
+}
+
+DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / "adapter_config.json";
+  const std::string where = "\"" + path.string() + "\"";
+  std::ifstream in(path);
+  if (!in)
+    throw checkpoint_error(where + " cannot be read", "give a directory written by PEFT's save_pretrained or by "
+                                                      "dtrain's save_adapter");
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw checkpoint_error(where + " is not valid JSON: " + e.what(), "re-save the adapter");
+  }
+  const auto get = [&](const char* key) -> const nlohmann::ordered_json& {
+    static const nlohmann::ordered_json null;
+    return j.contains(key) ? j.at(key) : null;
+  };
+  const auto refuse = [&](const std::string& what, const std::string& fix) {
+    throw config_error(where + ": " + what + " is not supported", fix);
+  };
+  if (get("peft_type").is_string() && get("peft_type").get<std::string>() != "LORA")
+    refuse("peft_type " + get("peft_type").get<std::string>(), "give a LoRA adapter");
+  if (get("use_dora").is_boolean() && get("use_dora").get<bool>()) refuse("use_dora (DoRA)", "train a plain LoRA adapter");
+  if (get("bias").is_string() && get("bias").get<std::string>() != "none")
+    refuse("bias \"" + get("bias").get<std::string>() + "\"", "train the adapter with bias=\"none\"");
+  if (!get("modules_to_save").is_null() && !(get("modules_to_save").is_array() && get("modules_to_save").empty()))
+    refuse("modules_to_save", "train the adapter without modules_to_save");
+  for (const char* k : {"rank_pattern", "alpha_pattern"})
+    if (!get(k).is_null() && !(get(k).is_object() && get(k).empty()))
+      refuse(k, "train the adapter with one rank and alpha for every layer");
+  if (!get("layers_to_transform").is_null()) refuse("layers_to_transform", "adapt every layer, or name the layers' modules in target_modules");
+  LoraConfig lora;
+  try {
+    lora.r = get("r").get<std::int64_t>();
+    if (!get("lora_alpha").is_null()) lora.alpha = get("lora_alpha").get<float>();
+    if (!get("lora_dropout").is_null()) lora.dropout = get("lora_dropout").get<float>();
+    if (get("use_rslora").is_boolean()) lora.rslora = get("use_rslora").get<bool>();
+    const auto& t = get("target_modules");
+    if (t.is_string()) {
+      lora.targets = {t.get<std::string>()};
+      lora.regex = lora.targets[0] != "all-linear";
+    } else {
+      lora.targets = t.get<std::vector<std::string>>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw checkpoint_error(where + ": r, lora_alpha, lora_dropout, use_rslora or target_modules is missing or of the "
+                                   "wrong type (" + e.what() + ")",
+                           "re-save the adapter with PEFT");
+  }
+  if (lora.r < 1) throw checkpoint_error(where + ": r " + std::to_string(lora.r) + " is not a rank", "re-save the adapter");
+  return lora;
+}
+
+}  // namespace dtrain::hf
+
+DTRAIN_IMPL_END

@@ -1,0 +1,289 @@
+// LoRA on the transformers models without Python (hf/lora.hpp): PEFT's
+// target matching, frozen base weights, the adapter saved in PEFT's layout
+// and loaded back across strategies bit for bit, the merged save, and the
+// adapter configs dtrain refuses.
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <dtrain/hf/checkpoint.hpp>
+#include <dtrain/io/json.hpp>
+#include <dtrain/trainer.hpp>
+
+#include "support/ranks.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using dtrain::testing::require;
+using dtrain::testing::run_ranks;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+hf::LmConfig llama() {
+  return hf::parse_config(Json{{"model_type", "llama"},
+                               {"vocab_size", 37},
+                               {"hidden_size", 16},
+                               {"intermediate_size", 24},
+                               {"num_hidden_layers", 2},
+                               {"num_attention_heads", 4},
+                               {"num_key_value_heads", 2},
+                               {"max_position_embeddings", 8},
+                               {"rms_norm_eps", 1e-5},
+                               {"hidden_act", "silu"},
+                               {"tie_word_embeddings", false}},
+                          "config.json");
+}
+
+hf::LmConfig gpt2() {
+  return hf::parse_config(Json{{"model_type", "gpt2"},
+                               {"vocab_size", 37},
+                               {"n_embd", 16},
+                               {"n_layer", 2},
+                               {"n_head", 4},
+                               {"n_positions", 8},
+                               {"layer_norm_epsilon", 1e-5},
+                               {"activation_function", "gelu_new"}},
+                          "config.json");
+}
+
+fs::path fresh(const std::string& name) {
+  const fs::path d = fs::path(DTRAIN_TEST_BINARY_DIR) / name;
+  fs::remove_all(d);
+  return d;
+}
+
+Batch batch(int salt) {
+  std::vector<std::int32_t> ids(2 * 6);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 7 + 3 + salt) % 37);
+  Batch b;
+  b.set("x", HostTensor::of(ids, {2, 6}));
+  std::rotate(ids.begin(), ids.begin() + 1, ids.end());
+  b.set("y", HostTensor::of(ids, {2, 6}));
+  return b;
+}
+
+using Params = std::map<std::string, std::vector<float>>;
+
+// A base model trained two steps (nothing at its init), saved for transformers.
+Params base_model(const hf::LmConfig& config, const fs::path& dir) {
+  Params out;
+  run_ranks(1, [&](World& w) {
+    hf::CausalLm model(config);
+    Trainer<hf::CausalLm> trainer(w, model, AdamW{.lr = 1e-2f}, {.seed = 3});
+    for (int s = 0; s < 2; ++s) {
+      const Batch b = batch(s);
+      trainer.step(std::span(&b, 1));
+    }
+    hf::save_pretrained(trainer, dir, config);
+    out = trainer.parameters();
+  });
+  return out;
+}
+
+std::vector<std::string> trainable_names(const hf::CausalLm& model) {
+  hf::CausalLm m = model;
+  std::vector<std::string> out;
+  detail::for_each_unit(m.units(), [&](std::size_t u, auto& unit) {
+    for (const auto& s : unit.params())
+      if (s.trainable && s.tied_to.empty()) out.push_back(std::to_string(u) + "." + s.name);
+  });
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(lora)
+
+// PEFT's matching: whole names or dotted suffixes, all-linear, one regular
+// expression; GPT-2's "c_proj" is both the attention's and the MLP's.
+BOOST_AUTO_TEST_CASE(targets_resolve_as_peft) {
+  const hf::LmConfig l = llama(), g = gpt2();
+  auto layers = [](const hf::LmConfig& c, hf::LoraConfig lora) {
+    lora.r = 2;
+    return hf::plan_lora(c, lora).layers;
+  };
+  using V = std::vector<std::vector<std::string>>;
+  BOOST_TEST((layers(l, {.targets = {"q_proj", "v_proj"}}) == V{{"attn.q", "attn.v"}, {"attn.q", "attn.v"}}));
+  BOOST_TEST((layers(l, {.targets = {"all-linear"}}) ==
+              V(2, {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc2", "mlp.fc1"})));
+  BOOST_TEST((layers(l, {.targets = {"layers.1.self_attn.q_proj", "gate_proj", "up_proj"}}) ==
+              V{{"mlp.fc1"}, {"attn.q", "mlp.fc1"}}));
+  BOOST_TEST((layers(l, {.targets = {R"(.*\.0\.self_attn\.(q|k)_proj)"}, .regex = true}) == V{{"attn.q", "attn.k"}, {}}));
+  BOOST_TEST((layers(g, {.targets = {"c_proj"}}) == V(2, {"attn.proj", "mlp.fc2"})));
+  BOOST_TEST((layers(g, {.targets = {"attn.c_attn", "mlp.c_proj"}}) == V(2, {"attn.qkv", "mlp.fc2"})));
+  auto refused = [](const hf::LmConfig& c, hf::LoraConfig lora, const std::string& says) {
+    lora.r = lora.r == 0 ? 2 : lora.r;
+    try {
+      hf::CausalLm model(c, lora);
+    } catch (const config_error& e) {
+      BOOST_TEST(std::string(e.what()).find(says) != std::string::npos, e.what());
+      return;
+    }
+    BOOST_ERROR("no error for " << says);
+  };
+  refused(l, {.targets = {"gate_proj"}}, "without up_proj");
+  refused(l, {.targets = {"q_proj", "c_attn"}}, "\"c_attn\" matches no linear layer");
+  refused(l, {.targets = {"lm_head"}}, "output head are not supported yet");
+  refused(l, {.targets = {}}, "needs target modules");
+  refused(l, {.targets = {"("}, .regex = true}, "is not a regular expression");
+  refused(l, {.r = 9, .targets = {"k_proj"}}, "exceeds the layer's dimensions");
+  refused(g, {.dropout = 0.1f, .targets = {"c_attn"}}, "dropout");
+}
+
+// With adapters, only they train: no other parameter has a gradient or state.
+BOOST_AUTO_TEST_CASE(only_adapters_train) {
+  const hf::CausalLm model(llama(), {.r = 2, .targets = {"q_proj", "down_proj"}});
+  BOOST_TEST(trainable_names(model) ==
+                 (std::vector<std::string>{"1.attn.q.lora_A", "1.attn.q.lora_B", "1.mlp.fc2.lora_A", "1.mlp.fc2.lora_B",
+                                           "2.attn.q.lora_A", "2.attn.q.lora_B", "2.mlp.fc2.lora_A",
+                                           "2.mlp.fc2.lora_B"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(trainable_names(hf::CausalLm(gpt2(), {.r = 2, .targets = {"c_fc"}})).size() == 4u);
+}
+
+// Llama (fused gate|up: two PEFT tensors each) and GPT-2 (Conv1D layers):
+// trained from a base model at one rank, the base stays bit for bit, the
+// adapter is saved in PEFT's layout and loads back into a fresh model at two
+// ranks under FSDP and ZeRO-1 bit for bit; the merged save, loaded into a
+// plain model, gives the adapted model's logits.
+BOOST_AUTO_TEST_CASE(adapter_round_trip_and_merge) {
+  for (const hf::LmConfig& config : {llama(), gpt2()}) {
+    BOOST_TEST_CONTEXT(config.model_type) {
+      const fs::path base = fresh("lora_base_" + config.model_type), adapter = fresh("lora_adapter_" + config.model_type),
+                     merged = fresh("lora_merged_" + config.model_type);
+      const Params base_params = base_model(config, base);
+      const hf::LoraConfig lora{.r = 2, .alpha = 4.f, .targets = {"all-linear"}};
+      Params trained;
+      std::vector<float> logits;
+      run_ranks(1, [&](World& w) {
+        hf::CausalLm model(config, lora);
+        Trainer<hf::CausalLm> trainer(w, model, AdamW{.lr = 1e-2f}, {.seed = 5});
+        const LoadParamsReport r = hf::load_pretrained(trainer, base, config);
+        require(r.missing.empty() && r.loaded.size() == base_params.size(), "the base loads, adapters aside");
+        for (int s = 0; s < 3; ++s) {
+          const Batch b = batch(s);
+          trainer.step(std::span(&b, 1));
+        }
+        hf::save_adapter(trainer, adapter, model, base.string());
+        hf::save_pretrained(trainer, merged, model);
+        trained = trainer.parameters();
+        logits = trainer.logits(batch(7));
+      });
+      for (const auto& [name, v] : base_params) BOOST_TEST((trained.at(name) == v), name << " is frozen");
+      double b_norm = 0.0;
+      for (const auto& [name, v] : trained)
+        if (name.ends_with("lora_B"))
+          for (float x : v) b_norm += std::abs(x);
+      BOOST_TEST(b_norm > 0.0, "the adapters' B trained away from zero");
+
+      // PEFT's files
+      const Json cfg = Json::parse(std::ifstream(adapter / "adapter_config.json"));
+      BOOST_TEST(cfg.at("peft_type") == "LORA");
+      BOOST_TEST(cfg.at("r") == 2);
+      BOOST_TEST(cfg.at("lora_alpha") == 4.0);
+      BOOST_TEST(cfg.at("target_modules") == "all-linear");
+      BOOST_TEST(cfg.at("fan_in_fan_out") == config.gpt2());
+      const auto file = SafetensorsFile::open(adapter / "adapter_model.safetensors");
+      if (config.gpt2()) {
+        BOOST_TEST(file.names().size() == 2u * 4u * 2u);
+        BOOST_TEST((file.tensor("base_model.model.transformer.h.1.attn.c_attn.lora_B.weight").shape ==
+                    std::vector<std::int64_t>{48, 2}));
+      } else {
+        BOOST_TEST(file.names().size() == 2u * 7u * 2u);
+        BOOST_TEST((file.tensor("base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight").shape ==
+                    std::vector<std::int64_t>{2, 16}));
+        BOOST_TEST((file.tensor("base_model.model.model.layers.0.mlp.up_proj.lora_B.weight").shape ==
+                    std::vector<std::int64_t>{24, 2}));
+      }
+
+      // back at two ranks, sharded
+      auto reload = [&]<class Kind>() {
+        Params loaded;
+        run_ranks(2, [&](World& w) {
+          hf::CausalLm model(config, hf::read_adapter_config(adapter));
+          Trainer<hf::CausalLm, Strategy<Kind>> trainer(w, model, AdamW{}, {.seed = 99});
+          hf::load_pretrained(trainer, base, config);
+          const LoadParamsReport r = hf::load_adapter(trainer, adapter, model);
+          // A and B of 4 (GPT-2) or 6 (Llama: gate|up is one) projections per block
+          require(r.loaded.size() == (config.gpt2() ? 8u : 12u) * static_cast<std::size_t>(config.num_hidden_layers),
+                  "every adapter loads");
+          Params p = trainer.parameters();
+          if (w.rank() == 0) loaded = std::move(p);
+        });
+        BOOST_TEST((loaded == trained), Kind::name << ": the reloaded adapters differ");
+      };
+      reload.template operator()<FSDP<FullShard>>();
+      reload.template operator()<ZeRO1>();
+
+      // the merged model, without adapters
+      std::vector<float> merged_logits;
+      run_ranks(1, [&](World& w) {
+        const hf::LmConfig mc = hf::read_config(merged);
+        hf::CausalLm model(mc);
+        Trainer<hf::CausalLm> trainer(w, model, AdamW{});
+        hf::load_pretrained(trainer, merged, mc);
+        merged_logits = trainer.logits(batch(7));
+      });
+      BOOST_REQUIRE_EQUAL(merged_logits.size(), logits.size());
+      double worst = 0.0, scale = 0.0;
+      for (std::size_t i = 0; i < logits.size(); ++i) {
+        worst = std::max(worst, std::abs(static_cast<double>(merged_logits[i]) - logits[i]));
+        scale = std::max(scale, std::abs(static_cast<double>(logits[i])));
+      }
+      BOOST_TEST(worst <= 1e-5 * scale, "merged logits differ by " << worst << " (largest " << scale << ")");
+    }
+  }
+}
+
+// Loading an adapter whose files do not match the model fails naming it, and changes nothing.
+BOOST_AUTO_TEST_CASE(mismatched_adapter_is_refused) {
+  const hf::LmConfig config = llama();
+  const fs::path adapter = fs::path(DTRAIN_TEST_BINARY_DIR) / "lora_adapter_llama";
+  BOOST_REQUIRE(fs::exists(adapter / "adapter_model.safetensors"));  // from adapter_round_trip_and_merge
+  run_ranks(1, [&](World& w) {
+    hf::CausalLm model(config, {.r = 2, .alpha = 4.f, .targets = {"q_proj"}});  // fewer targets than the file
+    Trainer<hf::CausalLm> trainer(w, model, AdamW{});
+    const Params before = trainer.parameters();
+    BOOST_CHECK_THROW(hf::load_adapter(trainer, adapter, model), config_error);
+    BOOST_TEST((trainer.parameters() == before));
+  });
+}
+
+BOOST_AUTO_TEST_CASE(unsupported_adapter_configs_are_refused) {
+  const Json good{{"peft_type", "LORA"}, {"r", 4}, {"lora_alpha", 8}, {"target_modules", {"q_proj"}},
+                  {"bias", "none"}, {"use_dora", false}, {"modules_to_save", nullptr}};
+  auto read = [&](const Json& j) {
+    const fs::path d = fresh("lora_config_case");
+    fs::create_directories(d);
+    std::ofstream(d / "adapter_config.json") << j.dump();
+    return hf::read_adapter_config(d);
+  };
+  const hf::LoraConfig c = read(good);
+  BOOST_TEST(c.r == 4);
+  BOOST_TEST(c.alpha == 8.f);
+  BOOST_TEST((c.targets == std::vector<std::string>{"q_proj"}));
+  BOOST_TEST(!c.regex);
+  Json regex = good;
+  regex["target_modules"] = ".*q_proj";
+  BOOST_TEST(read(regex).regex);
+  for (const auto& [key, value] : std::vector<std::pair<std::string, Json>>{{"use_dora", true},
+                                                                            {"bias", "all"},
+                                                                            {"modules_to_save", {"lm_head"}},
+                                                                            {"rank_pattern", {{"q_proj", 8}}},
+                                                                            {"layers_to_transform", {0}},
+                                                                            {"peft_type", "IA3"}}) {
+    Json j = good;
+    j[key] = value;
+    BOOST_CHECK_THROW(read(j), config_error);
+  }
+  BOOST_CHECK_THROW(hf::read_adapter_config(fresh("lora_no_such_adapter")), checkpoint_error);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
