@@ -132,6 +132,8 @@ struct Inputs {
   bool state_on_disk = false;               // --state-on-disk
   std::string config_strategy;              // --config: the config's strategy= (marked in the table)
   bool checkpointing = false;               // --config: activation_checkpointing=true
+  std::size_t checkpoint_every = 1;         // --config: checkpoint_every=K
+  std::vector<std::size_t> checkpoint_units;  // --config: checkpoint_units=A,B
   bool json = false;
 };
 
@@ -212,16 +214,16 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
   };
   const auto text = [&] { return as(std::type_identity<std::string>{}); };
   const auto integer = [&] { return as(std::type_identity<std::int64_t>{}); };
-  const auto widths = [&] {
+  const auto widths = [&](std::int64_t least = 1) {
     std::vector<std::int64_t> out;
     if (v.IsSequence()) {
-      for (const auto& w : v) out.push_back(parse_number<std::int64_t>(key, w.Scalar(), 1, 1e12));
+      for (const auto& w : v) out.push_back(parse_number<std::int64_t>(key, w.Scalar(), least, 1e12));
       return out;
     }
     const std::string list = text();
     for (std::size_t at = 0; at <= list.size();) {
       const std::size_t comma = std::min(list.find(',', at), list.size());
-      out.push_back(parse_number<std::int64_t>(key, std::string_view(list).substr(at, comma - at), 1, 1e12));
+      out.push_back(parse_number<std::int64_t>(key, std::string_view(list).substr(at, comma - at), least, 1e12));
       at = comma + 1;
     }
     return out;
@@ -236,6 +238,8 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
   else if (key == "shard_group") c.shard_group = static_cast<int>(integer());
   else if (key == "prefetch") c.prefetch = static_cast<int>(integer());
   else if (key == "activation_checkpointing") c.activation_checkpointing = as(std::type_identity<bool>{});
+  else if (key == "checkpoint_every") c.checkpoint_every = integer();
+  else if (key == "checkpoint_units") c.checkpoint_units = widths(0);
   else if constexpr (std::is_same_v<Config, mlp::Config>) {
     if (key == "hidden") c.hidden = widths();
     else if (key == "features") c.features = integer();
@@ -397,6 +401,8 @@ Inputs parse(int argc, char** argv) {
       in.prefetch = c.prefetch;
       in.config_strategy = c.strategy;
       in.checkpointing = c.activation_checkpointing;
+      in.checkpoint_every = static_cast<std::size_t>(std::max<std::int64_t>(c.checkpoint_every, 1));
+      for (const auto u : c.checkpoint_units) in.checkpoint_units.push_back(static_cast<std::size_t>(u));
       in.micro_batch = c.batch_size;
       if (c.shard_group > 0) shard_group = shard_group.value_or(c.shard_group);
       if (c.batch_size < 1 || c.shard_group < 0 || c.accumulate < 1)
@@ -408,7 +414,7 @@ Inputs parse(int argc, char** argv) {
       in.units = declared_units(model);
       for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
       in.activations = model_activation_bytes(model, shape, in_width, batch_bytes, dtype_bytes(in.precision),
-                                              in.checkpointing);
+                                              in.checkpointing, in.checkpoint_every, in.checkpoint_units);
     };
     try {
       if (example == "mlp") {

@@ -2,7 +2,8 @@
 // (float32, TF32 off): GPT-2 (tied head) and Llama (grouped-query, tied,
 // left-padded through attention_mask), logits, the first step's loss and
 // gradients, and the parameters after 20 AdamW steps at one and two ranks
-// (two ranks share the GPU over the host transport); and train_lm end to end
+// (two ranks share the GPU over the host transport); packed records
+// (position_ids) against the records one by one; and train_lm end to end
 // on the GPU in bf16, saved and loaded back by transformers. Exits 77 without
 // a GPU, or when the tests' Python (DTRAIN_PYTHON) has no CUDA PyTorch or no
 // transformers.
@@ -31,6 +32,7 @@ std::string missing_python() {
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/trainer.hpp>
 
+#include "hf/packing.hpp"
 #include "hf/parity.hpp"
 #include "hf/run_logged.hpp"
 
@@ -62,6 +64,12 @@ BOOST_AUTO_TEST_CASE(padded_llama_trains_like_transformers_on_the_gpu) {
 }
 BOOST_AUTO_TEST_CASE(padded_gpt2_trains_like_transformers_on_the_gpu) {
   dtrain::testing::training_parity<Cuda>(on_the_gpu(), "gpt2_padded_gpu", "gpt2 4 float32 0", 3);
+}
+
+// Packed records (position_ids) on the GPU: the loss and gradients of the
+// records one by one (the host test's check, no Python).
+BOOST_AUTO_TEST_CASE(packed_records_train_as_the_records_one_by_one_on_the_gpu) {
+  dtrain::testing::packing::packed_records_train_as_the_records_one_by_one<Cuda>();
 }
 
 // train_lm on every local GPU (dtrain-run --nproc-per-node gpu), bf16

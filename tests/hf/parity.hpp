@@ -124,20 +124,36 @@ struct ParityRun {
 // parameters after 20 AdamW steps at 1 and 2 ranks under DDP and fsdp-full,
 // against transformers + torch.optim.AdamW on the same batch. Dev = Cuda
 // runs its two ranks on the GPU(s) over the host transport.
+//
+// With `lora_targets` (comma-separated), PEFT (peft_adapter.py) makes a LoRA
+// adapter of rank 4 with A and B random on those targets first, and both
+// sides train it on the frozen base (PEFT with torch's AdamW over the
+// adapters): the gradients and parameters compared are the adapters'.
 template <class Dev>
-void training_parity(const ParityRun& how, const std::string& name, const std::string& args, std::int64_t pad = 0) {
+void training_parity(const ParityRun& how, const std::string& name, const std::string& args, std::int64_t pad = 0,
+                     const std::string& lora_targets = "") {
   namespace fs = std::filesystem;
   const fs::path dir = make_model(how.python, name, args);
   const Expected e = expected(dir);
-  const fs::path ref_file = dir / "train_reference.safetensors";
+  const fs::path ref_file = dir / "train_reference.safetensors", adapter = dir / "peft_adapter";
+  if (!lora_targets.empty())
+    BOOST_TEST_REQUIRE(run_logged(how.python + " " + DTRAIN_SOURCE_DIR + "/tests/hf/peft_adapter.py make " +
+                                      (dir / "model").string() + " " + adapter.string() + " " +
+                                      (dir / "expected.safetensors").string() + " " +
+                                      (dir / "peft_logits.safetensors").string() + " " + lora_targets + " 4 8",
+                                  dir / "peft_log.txt") == 0,
+                       read_text(dir / "peft_log.txt"));
   BOOST_TEST_REQUIRE(run_logged(how.python + " " + DTRAIN_SOURCE_DIR + "/tests/hf/transformers_train.py " +
                                     (dir / "model").string() + " " + (dir / "expected.safetensors").string() + " " +
-                                    ref_file.string() + " 20 " + std::to_string(pad) + " " + how.torch_device,
+                                    ref_file.string() + " 20 " + std::to_string(pad) + " " + how.torch_device +
+                                    (lora_targets.empty() ? "" : " " + adapter.string()),
                                 dir / "train_log.txt") == 0,
                      read_text(dir / "train_log.txt"));
   const auto ref = SafetensorsFile::open(ref_file);
   const hf::LmConfig config = hf::read_config(dir / "model");
-  const hf::TransformersNames names = hf::transformers_names(config);
+  const hf::LoraConfig lora = lora_targets.empty() ? hf::LoraConfig{} : hf::read_adapter_config(adapter);
+  hf::TransformersNames names = hf::transformers_names(config);
+  if (lora.on()) names.tensors = hf::peft_names(config, hf::plan_lora(config, lora));
   const std::int64_t t = static_cast<std::int64_t>(e.ids.size()) / 2;
   const AdamW adamw{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
 
@@ -147,9 +163,10 @@ void training_parity(const ParityRun& how, const std::string& name, const std::s
     run_ranks(
         ranks,
         [&](World& w) {
-          hf::CausalLm model(config);
+          hf::CausalLm model(config, lora);
           Trainer<hf::CausalLm, Device<Dev>, Strategy<Kind>> trainer(w, model, adamw);
           hf::load_pretrained(trainer, dir / "model", config);
+          if (lora.on()) hf::load_adapter(trainer, adapter, model);
           const Batch b = rows_batch(e.ids, ranks == 1 ? 0 : w.rank(), ranks == 1 ? 2 : 1, t, pad);
           if (ranks == 1) {  // the logits of the tokens (padding positions compute nothing anyone reads)
             const std::vector<float> got = trainer.logits(b), want = ref.read_f32("logits");
@@ -165,6 +182,7 @@ void training_parity(const ParityRun& how, const std::string& name, const std::s
             const std::vector<float> grad = owned_gradient(trainer);
             for (const auto& unit : trainer.layout().units())
               for (const auto& slot : unit.params) {
+                if (!slot.spec.trainable) continue;  // frozen: no gradient (the base under LoRA)
                 const auto want = reference_of(ref, "grad.", names, slot);
                 double err = 0, scale = 0;
                 for (std::size_t i = 0; i < want.size(); ++i) {
@@ -178,6 +196,7 @@ void training_parity(const ParityRun& how, const std::string& name, const std::s
           if (w.rank() != 0) return;
           for (const auto& unit : trainer.layout().units())
             for (const auto& slot : unit.params) {
+              if (!slot.spec.trainable) continue;  // frozen: as loaded (lora_test checks it stays)
               const auto want = reference_of(ref, "param.", names, slot);
               const auto& got = params.at(slot.name);
               // GPT-2's key bias adds the same q.b_k to every score of a query,
@@ -195,7 +214,7 @@ void training_parity(const ParityRun& how, const std::string& name, const std::s
             }
         },
         CommOptions{.gpu = gpu_transport::host});
-    if (config.gpt2())
+    if (config.gpt2() && !lora.on())
       for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) {
         const auto g = ref.read_f32("grad.transformer.h." + std::to_string(l) + ".attn.c_attn.bias");
         for (auto i = config.hidden_size; i < 2 * config.hidden_size; ++i)

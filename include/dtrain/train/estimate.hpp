@@ -337,27 +337,39 @@ std::vector<UnitNumel> declared_units(Model& model) {
 // each unit's output (and the input when the first unit is not an input
 // unit: in_width > 0; pass 0 for a model starting with nn::Embedding), two
 // gradient buffers of the widest width, what units keep for backward (every
-// unit's, or with activation checkpointing the largest one, which the units
-// share in turn), and the batch tensors uploaded to the device
+// unit's, or with activation checkpointing the largest of those recomputed,
+// which they share in turn, beside the others' own: `checkpoint_every` and
+// `checkpoint_units` as TrainerOptions has them), and the batch tensors
+// uploaded to the device
 // (`batch_bytes`: every tensor but a float x that goes to the first
 // activation). Not included: units' transient workspace (attention's
 // projections, LayerNorm's row statistics), which the device allocator
 // counts under activations too.
 template <class Model>
 std::size_t model_activation_bytes(Model& model, SeqShape shape, std::int64_t in_width, std::size_t batch_bytes,
-                                   std::size_t compute_bytes, bool checkpointing) {
+                                   std::size_t compute_bytes, bool checkpointing, std::size_t checkpoint_every = 1,
+                                   const std::vector<std::size_t>& checkpoint_units = {}) {
   std::vector<std::int64_t> widths{in_width};
-  std::int64_t saved_sum = 0, saved_max = 0;
-  detail::for_each_unit(model.units(), [&](std::size_t, auto& unit) {
+  std::int64_t kept = 0, shared = 0;
+  std::size_t seen = 0;
+  detail::for_each_unit(model.units(), [&](std::size_t u, auto& unit) {
     const std::int64_t s = saved_size_of(unit, shape, widths.back());
-    saved_sum += s;
-    saved_max = std::max(saved_max, s);
+    // recomputed as the Trainer chooses (train/pipeline.hpp)
+    bool recomputed = false;
+    if (checkpointing && !checkpoint_units.empty())
+      recomputed = std::find(checkpoint_units.begin(), checkpoint_units.end(), u) != checkpoint_units.end();
+    else if (checkpointing && s > 0)
+      recomputed = seen++ % std::max<std::size_t>(checkpoint_every, 1) == 0;
+    if (recomputed)
+      shared = std::max(shared, s);
+    else
+      kept += s;
     widths.push_back(unit.out_features(widths.back()));
   });
   std::int64_t elements = 0;
   for (std::size_t u = in_width > 0 ? 0 : 1; u < widths.size(); ++u) elements += shape.rows() * widths[u];
   elements += 2 * shape.rows() * *std::max_element(widths.begin(), widths.end());
-  elements += checkpointing ? saved_max : saved_sum;
+  elements += kept + shared;
   return static_cast<std::size_t>(elements) * compute_bytes + batch_bytes;
 }
 
