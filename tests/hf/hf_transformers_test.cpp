@@ -139,6 +139,17 @@ BOOST_AUTO_TEST_CASE(padded_llama_trains_like_transformers) { training_parity("l
 // hf::save_pretrained, loaded by transformers: the same logits.
 namespace {
 
+// The expected ids [2, T] as x, the next ids as y (-100 after the last).
+Batch next_token_batch(const Expected& e) {
+  const auto t = static_cast<std::int64_t>(e.ids.size()) / 2;
+  std::vector<std::int64_t> next(e.ids.begin() + 1, e.ids.end());
+  next.push_back(-100);
+  Batch b;
+  b.set("x", HostTensor::of(e.ids, {2, t}));
+  b.set("y", HostTensor::of(next, {2, t}));
+  return b;
+}
+
 void fine_tuned_model_loads_in_transformers(const std::string& name, const std::string& args) {
   const fs::path dir = make_model(name + "_to_tune", args);
   const Expected e = expected(dir);
@@ -146,12 +157,7 @@ void fine_tuned_model_loads_in_transformers(const std::string& name, const std::
   fs::remove_all(saved);
   std::vector<float> ours;
   run_ranks(2, [&](World& w) {
-    const auto t = static_cast<std::int64_t>(e.ids.size()) / 2;
-    std::vector<std::int64_t> next(e.ids.begin() + 1, e.ids.end());
-    next.push_back(-100);
-    Batch b;
-    b.set("x", HostTensor::of(e.ids, {2, t}));
-    b.set("y", HostTensor::of(next, {2, t}));
+    const Batch b = next_token_batch(e);
     // [snippet:hf_fine_tune]
     const hf::LmConfig config = hf::read_config(pretrained);  // its config.json, checked
     hf::CausalLm model(config);
@@ -204,12 +210,7 @@ std::vector<float> adapted_logits(const fs::path& model, const fs::path& adapter
                                   int steps = 0, const fs::path& save = {}) {
   std::vector<float> out;
   run_ranks(ranks, [&](World& w) {
-    const auto t = static_cast<std::int64_t>(e.ids.size()) / 2;
-    std::vector<std::int64_t> next(e.ids.begin() + 1, e.ids.end());
-    next.push_back(-100);
-    Batch b;
-    b.set("x", HostTensor::of(e.ids, {2, t}));
-    b.set("y", HostTensor::of(next, {2, t}));
+    const Batch b = next_token_batch(e);
     const hf::LmConfig config = hf::read_config(model);
     hf::CausalLm lm(config, hf::read_adapter_config(adapter));
     Trainer<hf::CausalLm, Strategy<Kind>> trainer(w, lm, AdamW{.lr = 1e-2f});
