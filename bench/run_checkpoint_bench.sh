@@ -14,8 +14,8 @@
 # Times are medians of N repetitions (default 3) within each run; the page
 # cache is warm for loads (the files were just written), as after a restart
 # on the same node. Writes bench/results/checkpoint.json (or --json PATH):
-# key torch is Debian's torch, torch_peer the PyPI release. About 1.5
-# minutes on 2 cores with the default 3 repetitions. --no-setup: use
+# key torch is Debian's torch, torch_peer the PyPI release. Under a minute
+# on 2 cores with the default 3 repetitions. --no-setup: use
 # BUILD_DIR as it is. --smoke (bench/lib.sh): a 2-layer stack 256 wide, one
 # repetition, no peer, the JSON in a temporary folder.
 set -euo pipefail

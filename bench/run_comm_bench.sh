@@ -14,8 +14,8 @@
 # reports per-row medians over its iterations (slowest rank), and the tables
 # show the median of the N runs (the JSON keeps every run, and both torch
 # versions). Writes bench/results/comm_bandwidth.json (or --json PATH): key
-# torch is Debian's torch, torch_peer the PyPI release. About 2 minutes on 2
-# cores with the peer. --no-setup: use BUILD_DIR as it is. --smoke
+# torch is Debian's torch, torch_peer the PyPI release. About 1.5 minutes on
+# 2 cores with the peer. --no-setup: use BUILD_DIR as it is. --smoke
 # (bench/lib.sh): 1 and 4 MiB messages, one run, no peer, the JSON in a
 # temporary folder.
 set -euo pipefail

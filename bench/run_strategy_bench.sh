@@ -37,10 +37,10 @@
 # every PyTorch FSDP API on 2 ranks with each torch and records what runs and
 # what stops it. bench/strategies/summarize.py prints the tables (median of
 # the repeats) and writes bench/results/strategies.json (or --json PATH) with
-# every run and both torch versions. About 13 minutes on 2 cores with the
-# default 3 repeats and the peer (7 without). --no-setup: use BUILD_DIR as it
-# is. --smoke (bench/lib.sh): a 32-64-64-10 MLP, batch 8, 4 steps, one
-# repeat, Debian's torch only, the JSON in a temporary folder.
+# every run and both torch versions. About 10 minutes on 2 idle cores with
+# the default 3 repeats and the peer, 18 beside a compile. --no-setup: use
+# BUILD_DIR as it is. --smoke (bench/lib.sh): a 32-64-64-10 MLP, batch 8, 4
+# steps, one repeat, Debian's torch only, the JSON in a temporary folder.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)

@@ -11,10 +11,11 @@ Variants, each timed --repeat times (medians), in this order:
            without the archive's CRC-32 (torch.utils.serialization.config
            .save.compute_crc32 = False), the load memory-mapped
            (torch.load(path, mmap=True, weights_only=True)); the model's
-           load_state_dict copies into its parameters, while the optimizer
-           keeps the loaded state tensors as they are (in either variant), so
-           after an mmap load its state stays in the file's mapping and the
-           first optimizer step pays the copy-on-write faults. After each
+           load_state_dict copies into its parameters, while torch 2.x's
+           optimizer adopts the loaded state tensors without a copy (in
+           either variant; 1.13's deep-copies them), so after an mmap load
+           its state stays in the file's mapping and the first optimizer
+           step pays the copy-on-write faults. After each
            timed load of this variant the optimizer's state is copied into
            ordinary memory, untimed, so the next save reads what a training
            job's save reads.
