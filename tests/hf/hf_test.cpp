@@ -401,11 +401,12 @@ BOOST_AUTO_TEST_CASE(train_lm_packs_records_and_trains_adapters) {
              read_text(work / "continue.log"));
   BOOST_TEST(read_text(work / "continue.log").find("loaded 24 tensor(s)") != std::string::npos,
              read_text(work / "continue.log"));
-  // The GPU preset, on CPU ranks: packed records, adapters, every second block recomputed.
+  // The GPU preset, on CPU ranks: packed records, adapters (rank 4: the tiny
+  // model's key projection is 8 wide), every second block recomputed.
   BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " --config " +
                             DTRAIN_SOURCE_DIR + "/examples/configs/lm_lora_gpu.yaml device=host precision=fp32 "
                             "reduce_dtype=fp32 block_size=16 batch_size=4 accumulate=1 steps=3 num_workers=0 "
-                            "eval_batches=1 config=" + (work / "config.json").string() + " data=" +
+                            "eval_batches=1 warmup_steps=0 lora_r=4 lora_alpha=8 config=" + (work / "config.json").string() + " data=" +
                             (work / "records.jsonl").string(),
                         work / "preset.log") == 0,
              read_text(work / "preset.log"));

@@ -242,6 +242,33 @@ BOOST_AUTO_TEST_CASE(adapter_round_trip_and_merge) {
   }
 }
 
+// The documented LoRA fine-tune (docs/models_hf.md) on the tiny Llama at 2
+// ranks: only the adapters change, and both directories are written.
+BOOST_AUTO_TEST_CASE(documented_lora_fine_tune) {
+  const fs::path pretrained = fresh("lora_doc_base"), adapter = fresh("lora_doc_adapter"),
+                 merged = fresh("lora_doc_merged");
+  const Params base = base_model(llama(), pretrained);
+  Params tuned;
+  run_ranks(2, [&](World& w) {
+    const Batch b = batch(w.rank());
+    // [snippet:hf_lora]
+    const hf::LmConfig config = hf::read_config(pretrained);
+    hf::CausalLm model(config, {.r = 4, .alpha = 8.f, .targets = {"q_proj", "k_proj", "v_proj", "o_proj"}});
+    Trainer<hf::CausalLm, Strategy<FSDP<FullShard>>> trainer(w, model, AdamW{.lr = 2e-4f});
+    hf::load_pretrained(trainer, pretrained, config);  // the base; the adapters keep their start
+    for (int s = 0; s < 2; ++s) trainer.step(std::span(&b, 1));
+    hf::save_adapter(trainer, adapter, model, pretrained.string());  // for peft.PeftModel.from_pretrained
+    hf::save_pretrained(trainer, merged, model);  // W + (alpha / r) B A: transformers alone loads it
+    // [/snippet:hf_lora]
+    Params p = trainer.parameters();
+    if (w.rank() == 0) tuned = std::move(p);
+  });
+  for (const auto& [name, v] : base) BOOST_TEST((tuned.at(name) == v), name << " is frozen");
+  BOOST_TEST(tuned.size() == base.size() + 2u * 4u * 2u);  // A and B of 4 projections in 2 layers
+  BOOST_TEST(fs::exists(adapter / "adapter_model.safetensors"));
+  BOOST_TEST(fs::exists(merged / "model.safetensors"));
+}
+
 // Loading an adapter whose files do not match the model fails naming it, and changes nothing.
 BOOST_AUTO_TEST_CASE(mismatched_adapter_is_refused) {
   const hf::LmConfig config = llama();
