@@ -14,6 +14,7 @@
 #include <dtrain/train/estimate.hpp>
 
 #include <gpt/gpt.hpp>        // the examples' Configs (their keys' defaults) and models
+#include <lm/lm.hpp>
 #include <mlp/mlp.hpp>
 #include <policy/policy.hpp>
 #include <yaml-cpp/yaml.h>
@@ -63,10 +64,14 @@ the model (one of):
                              and the model's keys (train_mlp: hidden, features,
                              classes; train_gpt: n_layer, n_head, n_embd,
                              block_size, data, corpus_bytes, data_seed;
-                             train_policy: hidden, horizon, image, image_size);
-                             every other key is ignored. Activations are the
-                             Trainer's buffers for one micro-batch.
-  --example mlp|gpt|policy   which example's config it is (default mlp)
+                             train_policy: hidden, horizon, image, image_size;
+                             train_lm: model or config, block_size, packing,
+                             lora_r, lora_alpha, lora_dropout, lora_rslora,
+                             lora_targets, adapter); every other key is
+                             ignored. Activations are the Trainer's buffers for
+                             one micro-batch.
+  --example mlp|gpt|policy|lm
+                             which example's config it is (default mlp)
 
 training (with --params; with --config use the config's keys):
   --precision fp32|bf16|fp16 compute dtype (default fp32)
@@ -134,6 +139,7 @@ struct Inputs {
   bool checkpointing = false;               // --config: activation_checkpointing=true
   std::size_t checkpoint_every = 1;         // --config: checkpoint_every=K
   std::vector<std::size_t> checkpoint_units;  // --config: checkpoint_units=A,B
+  std::size_t checkpoint_budget = 0;         // --config: checkpoint_budget_mib=M, in bytes
   bool json = false;
 };
 
@@ -174,7 +180,7 @@ constexpr std::array<std::string_view, 3> precisions = {"fp32", "bf16", "fp16"};
 constexpr std::array<std::string_view, 4> offloads = {"none", "optimizer", "params", "all"};
 constexpr std::array<std::string_view, 2> reduce_dtypes = {"fp32", "same"};
 constexpr std::array<std::string_view, 2> optimizers = {"adamw", "sgd"};
-constexpr std::array<std::string_view, 3> examples_known = {"mlp", "gpt", "policy"};
+constexpr std::array<std::string_view, 4> examples_known = {"mlp", "gpt", "policy", "lm"};
 // Flags that --config takes from the config's keys instead.
 constexpr std::array<std::string_view, 6> training_flags = {"--precision", "--reduce-dtype", "--optimizer",
                                                             "--momentum",  "--accumulate",   "--prefetch"};
@@ -240,6 +246,7 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
   else if (key == "activation_checkpointing") c.activation_checkpointing = as(std::type_identity<bool>{});
   else if (key == "checkpoint_every") c.checkpoint_every = integer();
   else if (key == "checkpoint_units") c.checkpoint_units = widths(0);
+  else if (key == "checkpoint_budget_mib") c.checkpoint_budget_mib = as(std::type_identity<double>{});
   else if constexpr (std::is_same_v<Config, mlp::Config>) {
     if (key == "hidden") c.hidden = widths();
     else if (key == "features") c.features = integer();
@@ -252,6 +259,31 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
     else if (key == "data") c.data = text();
     else if (key == "corpus_bytes") c.corpus_bytes = integer();
     else if (key == "data_seed") c.data_seed = as(std::type_identity<std::uint64_t>{});
+  } else if constexpr (std::is_same_v<Config, lm::Config>) {
+    const auto names = [&] {
+      std::vector<std::string> out;
+      if (v.IsSequence()) {
+        for (const auto& n : v) out.push_back(n.Scalar());
+        return out;
+      }
+      const std::string list = text();
+      for (std::size_t at = 0; at < list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        out.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
+      return out;
+    };
+    if (key == "model") c.model = text();
+    else if (key == "config") c.config = text();
+    else if (key == "block_size") c.block_size = integer();
+    else if (key == "packing") c.packing = as(std::type_identity<bool>{});
+    else if (key == "lora_r") c.lora_r = integer();
+    else if (key == "lora_alpha") c.lora_alpha = static_cast<float>(as(std::type_identity<double>{}));
+    else if (key == "lora_dropout") c.lora_dropout = static_cast<float>(as(std::type_identity<double>{}));
+    else if (key == "lora_rslora") c.lora_rslora = as(std::type_identity<bool>{});
+    else if (key == "lora_targets") c.lora_targets = names();
+    else if (key == "adapter") c.adapter = text();
   } else {
     if (key == "hidden") c.hidden = widths();
     else if (key == "horizon") c.horizon = integer();
@@ -403,6 +435,7 @@ Inputs parse(int argc, char** argv) {
       in.checkpointing = c.activation_checkpointing;
       in.checkpoint_every = static_cast<std::size_t>(std::max<std::int64_t>(c.checkpoint_every, 1));
       for (const auto u : c.checkpoint_units) in.checkpoint_units.push_back(static_cast<std::size_t>(u));
+      in.checkpoint_budget = examples::trainer_options(c).checkpoint_budget_bytes;
       in.micro_batch = c.batch_size;
       if (c.shard_group > 0) shard_group = shard_group.value_or(c.shard_group);
       if (c.batch_size < 1 || c.shard_group < 0 || c.accumulate < 1)
@@ -414,7 +447,8 @@ Inputs parse(int argc, char** argv) {
       in.units = declared_units(model);
       for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
       in.activations = model_activation_bytes(model, shape, in_width, batch_bytes, dtype_bytes(in.precision),
-                                              in.checkpointing, in.checkpoint_every, in.checkpoint_units);
+                                              in.checkpointing, in.checkpoint_every, in.checkpoint_units,
+                                              in.checkpoint_budget);
     };
     try {
       if (example == "mlp") {
@@ -439,6 +473,25 @@ Inputs parse(int argc, char** argv) {
         in.source = "train_gpt config " + *config + " (GPT " + std::to_string(c.n_layer) + " x " +
                     std::to_string(c.n_embd) + ", " + std::to_string(c.block_size) + " positions, vocabulary " +
                     std::to_string(corpus.tokenizer.vocab()) + ")";
+      } else if (example == "lm") {
+        const auto c = read_config<lm::Config>(*config, overrides);
+        common(c);
+        if (c.model.empty() == c.config.empty())
+          throw usage_error{"a train_lm config needs one of model and config",
+                            "give model=DIR (a transformers directory) or config=FILE (its config.json)"};
+        if (c.block_size < 1)
+          throw usage_error{"the config's block_size is out of range", "give a positive block_size, e.g. 128"};
+        const hf::LmConfig hc = hf::read_config(c.model.empty() ? c.config : c.model);
+        hf::CausalLm model(hc, c.lora());
+        // x and y int32 [B, T], and packed records' position_ids int64
+        const auto tokens = static_cast<std::size_t>(c.batch_size * c.block_size);
+        from_model(model, {c.batch_size, c.block_size}, 0, tokens * (2 * sizeof(std::int32_t) +
+                                                                      (c.packing ? sizeof(std::int64_t) : 0)));
+        in.micro_batch = c.batch_size * c.block_size;
+        in.source = "train_lm config " + *config + " (" + hc.model_type + ", " + std::to_string(hc.num_hidden_layers) +
+                    " layers x " + std::to_string(hc.hidden_size) + ", " + std::to_string(c.block_size) +
+                    " positions, vocabulary " + std::to_string(hc.vocab_size) +
+                    (c.lora().r > 0 ? ", LoRA rank " + std::to_string(c.lora().r) : std::string()) + ")";
       } else {
         const auto c = read_config<policy::Config>(*config, overrides);
         common(c);
@@ -527,7 +580,15 @@ std::string describe(const Inputs& in) {
   d += ", " + in.optimizer + " (" + std::to_string(optimizer_states(in)) + " fp32 states/param)";
   d += ", world " + std::to_string(in.world) + ", group " + std::to_string(in.shard_group);
   if (in.micro_batch) d += ", micro-batch " + std::to_string(*in.micro_batch) + " rows";
-  if (in.checkpointing) d += ", activation checkpointing";
+  if (in.checkpointing) {
+    d += ", activation checkpointing";
+    if (in.checkpoint_budget != 0)
+      d += " within " + std::to_string(in.checkpoint_budget) + " bytes";
+    else if (!in.checkpoint_units.empty())
+      d += " of " + std::to_string(in.checkpoint_units.size()) + " named units";
+    else if (in.checkpoint_every > 1)
+      d += " of every " + std::to_string(in.checkpoint_every) + "th unit";
+  }
   d += ", accumulate " + std::to_string(in.accumulate) + ", prefetch " + std::to_string(in.prefetch);
   return d;
 }

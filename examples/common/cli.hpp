@@ -85,6 +85,9 @@ inline void declare_common(dtrain::ConfigReader& r, Common& c) {
         "with activation_checkpointing: recompute every k-th unit that keeps activations (2: every second block)");
   r.add("checkpoint_units", c.checkpoint_units,
         "with activation_checkpointing: recompute exactly these units, e.g. 2,3,4 (default: per checkpoint_every)");
+  r.add("checkpoint_budget_mib", c.checkpoint_budget_mib,
+        "with activation_checkpointing: recompute the fewest units for which what units keep for backward fits "
+        "this many MiB per micro-batch (0: per checkpoint_every)");
   r.add("dump_batches", c.dump_batches,
         "a directory: each rank writes rank-<r>.safetensors with every micro-batch it trained on "
         "(\"<step>.<micro>.<tensor>\"), kept in memory until the end: for short runs");

@@ -58,6 +58,7 @@ struct Common {
   bool activation_checkpointing = false;  // recompute units' inner activations in backward
   std::int64_t checkpoint_every = 1;      // of the units that keep activations, every k-th
   std::vector<std::int64_t> checkpoint_units;  // or exactly these
+  double checkpoint_budget_mib = 0;       // or the fewest that fit this budget (0: none)
   std::string dump_batches;           // a directory: every rank writes the batches it trained on
   double bucket_mb = 25;
   double timeout_s = 0;               // collective timeout in seconds (0: DTRAIN_COMM_TIMEOUT_S, else 600)
@@ -96,8 +97,15 @@ inline dtrain::TrainerOptions trainer_options(const Common& c) {
     if (u < 0) throw dtrain::config_error("checkpoint_units names unit " + std::to_string(u), "give unit numbers >= 0");
     o.checkpoint_units.push_back(static_cast<std::size_t>(u));
   }
-  if (!c.activation_checkpointing && (c.checkpoint_every != 1 || !c.checkpoint_units.empty()))
-    throw dtrain::config_error("checkpoint_every/checkpoint_units without activation_checkpointing=true",
+  if (!(c.checkpoint_budget_mib >= 0))
+    throw dtrain::config_error("checkpoint_budget_mib=" + std::to_string(c.checkpoint_budget_mib) + " is negative",
+                               "give a budget in MiB, or 0 for none");
+  o.checkpoint_budget_bytes = static_cast<std::size_t>(c.checkpoint_budget_mib * 1024.0 * 1024.0);
+  if (c.checkpoint_budget_mib > 0 && o.checkpoint_budget_bytes == 0) o.checkpoint_budget_bytes = 1;
+  if (!c.activation_checkpointing &&
+      (c.checkpoint_every != 1 || !c.checkpoint_units.empty() || c.checkpoint_budget_mib != 0))
+    throw dtrain::config_error("checkpoint_every/checkpoint_units/checkpoint_budget_mib without "
+                               "activation_checkpointing=true",
                                "add activation_checkpointing=true");
   return o;
 }

@@ -60,14 +60,12 @@ struct Config : examples::Common {
   std::string save_adapter;      // write the adapters here in PEFT's format
   bool packing = false;          // pack the training records into full blocks (position_ids restart per record)
 
-  // The adapters to build: those of `adapter` (whose config it reads; its
-  // lora_dropout is not applied, which train() says), else the lora_ keys.
+  // The adapters to build: those of `adapter` (whose config it reads, its
+  // lora_dropout included), else the lora_ keys.
   dtrain::hf::LoraConfig lora() const {
     if (adapter.empty())
       return {.r = lora_r, .alpha = lora_alpha, .dropout = lora_dropout, .rslora = lora_rslora, .targets = lora_targets};
-    dtrain::hf::LoraConfig a = dtrain::hf::read_adapter_config(adapter);
-    a.dropout = 0.f;
-    return a;
+    return dtrain::hf::read_adapter_config(adapter);
   }
 };
 

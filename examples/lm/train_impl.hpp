@@ -37,9 +37,6 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
       const auto a = dtrain::hf::load_adapter(trainer, c.adapter, model);
       if (world.rank() != 0) return;
       std::printf("adapter %s: loaded %zu tensor(s)\n", c.adapter.c_str(), a.loaded.size());
-      if (const float p = dtrain::hf::read_adapter_config(c.adapter).dropout; p != 0.f)
-        std::printf("adapter %s: its lora_dropout %g is not applied (adapter dropout is not supported yet)\n",
-                    c.adapter.c_str(), static_cast<double>(p));
     };
     const auto finish = [&](auto& trainer) {
       examples::held_out_loss(world, held_out, tokens.sft() ? 1 : c.block_size, c.batch_size, c.eval_batches, trainer,

@@ -44,7 +44,7 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
   r.add("lora_r", c.lora_r, "adapter rank (0: no adapters, every weight trains)");
   r.add("lora_alpha", c.lora_alpha, "adapter scale alpha / r");
   r.add("lora_rslora", c.lora_rslora, "scale alpha / sqrt(r) instead (rank-stabilised LoRA)");
-  r.add("lora_dropout", c.lora_dropout, "dropout on the adapters' input (only 0 is supported yet)");
+  r.add("lora_dropout", c.lora_dropout, "dropout on the adapters' input in training, in [0, 1) (PEFT's lora_dropout)");
   r.add("lora_targets", c.lora_targets,
         "PEFT's target_modules: module names or suffixes, e.g. q_proj,k_proj,v_proj,o_proj (Llama), c_attn,c_proj,c_fc "
         "(GPT-2), or all-linear");

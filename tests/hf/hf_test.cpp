@@ -402,11 +402,12 @@ BOOST_AUTO_TEST_CASE(train_lm_packs_records_and_trains_adapters) {
   BOOST_TEST(read_text(work / "continue.log").find("loaded 24 tensor(s)") != std::string::npos,
              read_text(work / "continue.log"));
   // The GPU preset, on CPU ranks: packed records, adapters (rank 4: the tiny
-  // model's key projection is 8 wide), every second block recomputed.
+  // model's key projection is 8 wide) with dropout on their input, every
+  // second block recomputed (the recomputed forward drops the same inputs).
   BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " --config " +
                             DTRAIN_SOURCE_DIR + "/examples/configs/lm_lora_gpu.yaml device=host precision=fp32 "
                             "reduce_dtype=fp32 block_size=16 batch_size=4 accumulate=1 steps=3 num_workers=0 "
-                            "eval_batches=1 warmup_steps=0 lora_r=4 lora_alpha=8 config=" + (work / "config.json").string() + " data=" +
+                            "eval_batches=1 warmup_steps=0 lora_r=4 lora_alpha=8 lora_dropout=0.1 config=" + (work / "config.json").string() + " data=" +
                             (work / "records.jsonl").string(),
                         work / "preset.log") == 0,
              read_text(work / "preset.log"));
@@ -419,7 +420,7 @@ BOOST_AUTO_TEST_CASE(train_lm_packs_records_and_trains_adapters) {
   refused("lora_r=4 lora_targets=q_projx", "LoRA target \"q_projx\" matches no linear layer");
   refused("lora_r=40 lora_targets=k_proj", "exceeds the layer's dimensions");
   refused("adapter=" + (work / "adapter").string(), "adapter= needs the base model");
-  refused("lora_r=4 lora_targets=q_proj lora_dropout=0.1", "dropout");
+  refused("lora_r=4 lora_targets=q_proj lora_dropout=1", "is outside [0, 1)");
   BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 1 " + TRAIN_LM_PATH + " config=" +
                             (work / "config.json").string() + " data=" + (work / "tokens.npy").string() +
                             " packing=true",

@@ -134,7 +134,7 @@ BOOST_AUTO_TEST_CASE(targets_resolve_as_peft) {
   refused(l, {.targets = {}}, "needs target modules");
   refused(l, {.targets = {"("}, .regex = true}, "is not a regular expression");
   refused(l, {.r = 9, .targets = {"k_proj"}}, "exceeds the layer's dimensions");
-  refused(g, {.dropout = 0.1f, .targets = {"c_attn"}}, "dropout");
+  refused(g, {.dropout = 1.5f, .targets = {"c_attn"}}, "is outside [0, 1)");
 }
 
 // With adapters, only they train: no other parameter has a gradient or state.

@@ -115,6 +115,12 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(lora_units_match_host, T, t::dtypes) {
                   s.rows(), 64, "SwiGLU MLP + LoRA", s, 4, init);
   compare_unit<T>(dtrain::nn::RotaryAttention(64, 4, {.kv_heads = 2, .q_lora = o, .k_lora = o, .v_lora = o, .o_lora = o}),
                   s.rows(), 64, "RotaryAttention + LoRA", s, 8, init);
+  // lora_dropout: the same masks (a function of the stream and the element) on both devices
+  const dtrain::nn::LoraOptions d{.r = 4, .alpha = 2.f, .dropout = 0.2f};
+  compare_unit<T>(dtrain::nn::MLP<dtrain::nn::SwiGLU>(64, 48, {.bias = false, .fc1_lora = d, .fc2_lora = d}),
+                  s.rows(), 64, "SwiGLU MLP + LoRA dropout", s, 4, init);
+  compare_unit<T>(dtrain::nn::RotaryAttention(64, 4, {.kv_heads = 2, .q_lora = d, .v_lora = d, .o_lora = d}),
+                  s.rows(), 64, "RotaryAttention + LoRA dropout", s, 8, init);
 }
 
 // Embedding on the GPU: ids read from device memory, the gradient summed per

@@ -219,26 +219,45 @@ BOOST_AUTO_TEST_CASE(fsdp_hybrid_shard_matches_the_measurement) { check_strategy
 BOOST_AUTO_TEST_CASE(zero1_matches_the_measurement) { check_strategy<ZeRO1>(); }
 
 // A GPT's activations (train_gpt's model: embeddings, 3 blocks, final
-// LayerNorm, head) without activation checkpointing, with it on every block
-// and on every second block, 2 ranks, DDP and FSDP, fp32 and bf16:
-// model_activation_bytes counts every buffer the Trainer sizes; what the
-// allocator measures beyond it is the units' transient workspace, the same
-// in every mode, so each saving is predicted to the byte.
+// LayerNorm, head) without activation checkpointing, with it on every block,
+// on every second block and within a memory budget (one block's share below
+// keeping everything: two blocks recomputed, the memory of every second
+// block), 2 ranks, DDP and FSDP, fp32 and bf16: model_activation_bytes
+// counts every buffer the Trainer sizes; what the allocator measures beyond
+// it is the units' transient workspace, the same in every mode, so each
+// saving is predicted to the byte. The parameters after two steps are the
+// same in every mode, bit for bit.
 template <class Kind, class Prec>
 void check_gpt_activations() {
   using T = typename Prec::param_type;
   const SeqShape shape{4, 16};
   const std::int64_t vocab = 11;
-  std::size_t measured[3] = {}, estimated[3] = {};
-  for (const int mode : {0, 1, 2}) {  // none, every block, every second block
+  // What each block keeps for backward, and all units together.
+  std::size_t block = 0, all = 0;
+  {
+    gpt::Model net(vocab, shape.time, 3, 4, 32);
+    std::int64_t width = 0;
+    dtrain::detail::for_each_unit(net.units(), [&](std::size_t u, auto& unit) {
+      const auto s = static_cast<std::size_t>(dtrain::saved_size_of(unit, shape, width)) * sizeof(T);
+      if (u == 2) block = s;  // the first block
+      all += s;
+      width = unit.out_features(width);
+    });
+  }
+  BOOST_REQUIRE(block > 0);
+  std::size_t measured[4] = {}, estimated[4] = {};
+  std::map<std::string, std::vector<float>> params[4];
+  for (const int mode : {0, 1, 2, 3}) {  // none, every block, every second block, a budget
     const bool recompute = mode > 0;
     const std::size_t every = mode == 2 ? 2 : 1;
+    const std::size_t budget = mode == 3 ? all - block : 0;
     std::size_t m = 0, e = 0;
     run_ranks(2, [&](World& w) {
       gpt::Model net(vocab, shape.time, 3, 4, 32);
       TrainerOptions o{.seed = 3};
       o.activation_checkpointing = recompute;
       o.checkpoint_every = every;
+      o.checkpoint_budget_bytes = budget;
       Trainer<gpt::Model, Device<Host>, Prec, Strategy<Kind>> trainer(w, net, AdamW{.lr = 1e-3f}, o);
       std::vector<std::int32_t> x, y;
       for (std::int64_t i = 0; i < shape.rows(); ++i) {
@@ -249,10 +268,12 @@ void check_gpt_activations() {
       b.set("x", HostTensor::of(x, {shape.batch, shape.time}));
       b.set("y", HostTensor::of(y, {shape.batch, shape.time}));
       for (int step = 0; step < 2; ++step) trainer.step(std::span<const Batch>(&b, 1));
+      auto p = trainer.parameters();
       if (w.rank() == 0) {
         m = trainer.memory().activations;
         e = model_activation_bytes(net, shape, 0, 2 * static_cast<std::size_t>(shape.rows()) * sizeof(std::int32_t),
-                                   sizeof(T), recompute, every);
+                                   sizeof(T), recompute, every, {}, budget);
+        params[mode] = std::move(p);
       }
     });
     measured[mode] = m;
@@ -261,9 +282,13 @@ void check_gpt_activations() {
                               << ": estimate " << e << " B, measured " << m << " B");
     BOOST_TEST(e <= m);
     BOOST_TEST(m - e < m / 2, "workspace beyond the estimate: " << m - e << " of " << m << " B");
+    BOOST_TEST((params[mode] == params[0]), "checkpointing mode " << mode << " changed the parameters");
   }
   BOOST_TEST(measured[0] - measured[1] == estimated[0] - estimated[1]);
   BOOST_TEST(measured[0] - measured[2] == estimated[0] - estimated[2]);
+  BOOST_TEST(measured[0] - measured[3] == estimated[0] - estimated[3]);
+  BOOST_TEST(measured[0] - measured[3] == block);  // two blocks share one buffer
+  BOOST_TEST(measured[3] == measured[2]);
   BOOST_TEST(measured[1] < measured[2]);
   BOOST_TEST(measured[2] < measured[0]);
 }
@@ -390,6 +415,61 @@ BOOST_AUTO_TEST_CASE(cli_reads_a_train_mlp_config_with_overrides) {
   const auto [missing_rc, missing] = run_cli("--config /nonexistent.yaml --world 2");
   BOOST_TEST(missing_rc == 2);
   BOOST_TEST(missing.find("does not exist") != std::string::npos, missing);
+}
+
+// A train_gpt config's activation checkpointing within a budget: the
+// summary says so, the activations fall between keeping everything and
+// recomputing every block, and a budget below one block's share is refused
+// with the least that works.
+BOOST_AUTO_TEST_CASE(cli_reads_a_checkpoint_budget) {
+  const std::string config = std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/gpt_host.yaml --example gpt --world 2 n_layer=4";
+  const auto activations = [&](const std::string& extra) -> double {
+    const auto [rc, text] = run_cli("--config " + config + " " + extra + " --json");
+    BOOST_TEST_REQUIRE(rc == 0, text);
+    const auto at = text.find("\"activations\": ");
+    BOOST_TEST_REQUIRE(at != std::string::npos, text);
+    return std::stod(text.substr(at + 15));
+  };
+  const double none = activations(""), every = activations("activation_checkpointing=true");
+  // none - every is what the units keep less one block's share: a budget of
+  // that recomputes two or three of the four blocks
+  const double budget = activations("activation_checkpointing=true checkpoint_budget_mib=" +
+                                    std::to_string((none - every) / 1048576.0));
+  const auto [said_rc, said] = run_cli("--config " + config + " activation_checkpointing=true checkpoint_budget_mib=20");
+  BOOST_TEST(said_rc == 0);
+  BOOST_TEST(said.find("activation checkpointing within 20971520 bytes") != std::string::npos, said);
+  BOOST_TEST(every < budget);
+  BOOST_TEST(budget < none);
+  const auto [bad_rc, bad] =
+      run_cli("--config " + config + " activation_checkpointing=true checkpoint_budget_mib=0.000001");
+  BOOST_TEST(bad_rc == 2);
+  BOOST_TEST(bad.find("is below what one unit keeps for backward") != std::string::npos, bad);
+}
+
+// A train_lm config (--example lm): the model from its config= file with
+// the preset's adapters; without lora_ keys every parameter trains.
+BOOST_AUTO_TEST_CASE(cli_reads_a_train_lm_config) {
+  const auto file = std::filesystem::path(DTRAIN_TEST_BINARY_DIR) / "tiny_gpt2_config.json";
+  std::ofstream(file) << R"({"model_type": "gpt2", "vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4,
+    "n_positions": 128, "activation_function": "gelu_new", "tie_word_embeddings": true})";
+  const std::string preset = std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/lm_lora_gpu.yaml";
+  const auto [rc, out] = run_cli("--config " + preset + " --example lm --world 2 block_size=64 config=" + file.string());
+  BOOST_TEST_MESSAGE(out);
+  BOOST_REQUIRE_EQUAL(rc, 0);
+  BOOST_TEST(out.find("train_lm config " + preset + " (gpt2, 2 layers x 64, 64 positions, vocabulary 300, LoRA rank 16)") !=
+                 std::string::npos,
+             out);
+  // 2 layers x (c_attn 64x192 + c_proj 64x64 + c_fc 64x256 + mlp c_proj 256x64) adapters of rank 16
+  // = 32,768
+  BOOST_TEST(2 * 16 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64)) == 32768);
+  BOOST_TEST(out.find("(32,768 trainable)") != std::string::npos, out);
+  const auto [full_rc, full] = run_cli("--config " + preset + " --example lm --world 2 lora_r=0 lora_targets=[] config=" +
+                                       file.string());
+  BOOST_REQUIRE_EQUAL(full_rc, 0);
+  BOOST_TEST(full.find("LoRA") == std::string::npos, full);
+  const auto [bad_rc, bad] = run_cli("--config " + preset + " --example lm --world 2");
+  BOOST_TEST(bad_rc == 2);
+  BOOST_TEST(bad.find("a train_lm config needs one of model and config") != std::string::npos, bad);
 }
 
 // --offload all: every strategy with each offload it supports (params only

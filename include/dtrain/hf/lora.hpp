@@ -36,7 +36,7 @@ namespace dtrain::hf {
 struct LoraConfig {
   std::int64_t r = 0;      // the rank; 0: no adapters (full fine-tuning)
   float alpha = 8.f;       // lora_alpha (PEFT's default 8)
-  float dropout = 0.f;     // lora_dropout: only 0 is supported yet
+  float dropout = 0.f;     // lora_dropout: dropout on the adapters' input in training, in [0, 1)
   bool rslora = false;     // use_rslora: scale alpha / sqrt(r)
   std::vector<std::string> targets{};  // target_modules
   bool regex = false;      // targets[0] is a regular expression over whole names
@@ -109,9 +109,8 @@ DTRAIN_DECL std::string adapter_config_json(const LmConfig& c, const LoraConfig&
 // The adapters an adapter directory's adapter_config.json describes.
 // Refused by name (config_error): another PEFT method than LoRA, DoRA,
 // biases other than "none", modules_to_save, rank or alpha patterns and
-// layers_to_transform. lora_dropout is read as the file says; the units
-// refuse one other than 0 (not built yet), so a program that evaluates or
-// continues such an adapter sets it to 0 and says so.
+// layers_to_transform. lora_dropout is read as the file says (training
+// applies it, evaluation never does).
 DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir);
 
 }  // namespace dtrain::hf

@@ -273,7 +273,7 @@ class CausalSelfAttention {
       // [time, head_dim] block with leading dimension 3 dim, read in place
       const std::int64_t C = dim_, ld = 3 * C;
       detail::project(dev, x, p[0].data, p[1].data, s.q, 3 * C);
-      lora_.forward(dev, 0, p, x, s.q, s.lora);
+      lora_.forward(dev, 0, p, x, s.q, s.lora, lora_draw(ctx));
       for (std::int64_t b = 0; b < s.batch; ++b) {
         const T* q = s.q + b * T_ * ld;
         dev.gemm_batched(false, true, T_, T_, hd, scale, q, ld, hd, q + C, ld, hd, 0.f, s.att + b * heads_ * tt, T_, tt,
@@ -287,7 +287,7 @@ class CausalSelfAttention {
       T* qkv = dev.template workspace<T>(static_cast<std::size_t>(4 * s.rows * dim_));
       T* o = qkv + 3 * s.rows * dim_;
       detail::project(dev, x, p[0].data, p[1].data, qkv, 3 * dim_);
-      lora_.forward(dev, 0, p, x, qkv, s.lora);
+      lora_.forward(dev, 0, p, x, qkv, s.lora, lora_draw(ctx));
       detail::permute_heads(dev, s.layout(3), qkv, s.q, true);
       dev.gemm_batched(false, true, T_, T_, hd, scale, s.q, hd, th, s.k, hd, th, 0.f, s.att, T_, tt, s.bh);
       detail::attention_softmax(dev, "nn::CausalSelfAttention", s.att, heads_, ctx);
@@ -296,7 +296,7 @@ class CausalSelfAttention {
     }
     const MatView<const T> merged{s.merged, s.rows, dim_};
     detail::project(dev, merged, p[2].data, p[3].data, y.data, dim_);
-    lora_.forward(dev, 1, p, merged, y.data, s.lora);
+    lora_.forward(dev, 1, p, merged, y.data, s.lora, lora_draw(ctx));
   }
 
   template <class Dev, class T>
@@ -315,7 +315,8 @@ class CausalSelfAttention {
     T* d_qkv = d_att + s.bh * tt;
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[2].data, C, 0.f, d_merged, C);
     detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
-    lora_.backward(dev, 1, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C});
+    lora_.backward(dev, 1, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C},
+                   lora_draw(ctx));
     if constexpr (Dev::host_accessible) {
       // the saved q | k | v and d_merged, d_qkv are read and written in their
       // rows, as in forward
@@ -349,7 +350,7 @@ class CausalSelfAttention {
       dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, s.bh);
       detail::permute_heads(dev, s.layout(3), d_q, d_qkv, false);
     }
-    qkv_backward(dev, p, grad, x, d_qkv, s.lora, dx);
+    qkv_backward(dev, p, grad, x, d_qkv, s.lora, dx, lora_draw(ctx));
   }
 
  private:
@@ -379,14 +380,14 @@ class CausalSelfAttention {
   // The q|k|v projection's gradients from d_qkv [N, 3 dim], and the input's.
   template <class Dev, class T>
   void qkv_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, const T* d_qkv, T* lora,
-                    MatView<T> dx) const {
+                    MatView<T> dx, LoraDraw draw) const {
     const std::int64_t N = x.rows, C = dim_;
     detail::projection_grads(dev, x, MatView<const T>{d_qkv, N, 3 * C}, grad[0], grad[1]);
     if (!dx.empty()) {
       detail::check_shape("nn::CausalSelfAttention", "input gradient", dx, N, C);
       dev.gemm(false, false, N, C, 3 * C, 1.f, d_qkv, 3 * C, p[0].data, C, 0.f, dx.data, C);
     }
-    lora_.backward(dev, 0, p, grad, x, d_qkv, lora, dx);
+    lora_.backward(dev, 0, p, grad, x, d_qkv, lora, dx, draw);
   }
 
   template <class Dev, class T>
@@ -413,14 +414,14 @@ class CausalSelfAttention {
         static_cast<std::size_t>(std::max<std::int64_t>(1, detail::key_bias_size("nn::CausalSelfAttention", ctx))));
     const T* bias = detail::key_bias(dev, "nn::CausalSelfAttention", ctx, bias_ws);
     detail::project(dev, x, p[0].data, p[1].data, s.qkv, 3 * C);
-    lora_.forward(dev, 0, p, x, s.qkv, s.lora);
+    lora_.forward(dev, 0, p, x, s.qkv, s.lora, lora_draw(ctx));
     FusedAttentionShape shape = fused_shape(ctx.shape);
     shape.key_bias = bias != nullptr;
     fused_attention_forward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.qkv, s.qkv + C,
                                     s.qkv + 2 * C, bias, s.merged, s.stats);
     const MatView<const T> merged{s.merged, x.rows, C};
     detail::project(dev, merged, p[2].data, p[3].data, y.data, C);
-    lora_.forward(dev, 1, p, merged, y.data, s.lora);
+    lora_.forward(dev, 1, p, merged, y.data, s.lora, lora_draw(ctx));
   }
 
   template <class Dev, class T>
@@ -437,12 +438,13 @@ class CausalSelfAttention {
     const T* bias = detail::key_bias(dev, "nn::CausalSelfAttention", ctx, bias_ws);
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[2].data, C, 0.f, d_merged, C);
     detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
-    lora_.backward(dev, 1, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C});
+    lora_.backward(dev, 1, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C},
+                   lora_draw(ctx));
     FusedAttentionShape shape = fused_shape(ctx.shape);
     shape.key_bias = bias != nullptr;
     fused_attention_backward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.qkv, s.qkv + C,
                                      s.qkv + 2 * C, s.merged, d_merged, s.stats, bias, d_qkv, d_qkv + C, d_qkv + 2 * C);
-    qkv_backward(dev, p, grad, x, d_qkv, s.lora, dx);
+    qkv_backward(dev, p, grad, x, d_qkv, s.lora, dx, lora_draw(ctx));
   }
 
   // The saved activations of one call, carved out of UnitContext::saved.

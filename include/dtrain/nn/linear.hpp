@@ -74,7 +74,7 @@ class Linear {
     base_forward(dev, p, x, y);
     if (!lora_.any()) return;
     check_saved(x, ctx);
-    lora_.forward(dev, 0, p, x, y.data, ctx.saved.data);
+    lora_.forward(dev, 0, p, x, y.data, ctx.saved.data, lora_draw(ctx));
   }
 
   template <class Dev, class T>
@@ -83,7 +83,7 @@ class Linear {
     base_backward(dev, p, grad, x, y, dy, dx);
     if (!lora_.any()) return;
     check_saved(x, ctx);
-    lora_.backward(dev, 0, p, grad, x, dy.data, ctx.saved.data, dx);
+    lora_.backward(dev, 0, p, grad, x, dy.data, ctx.saved.data, dx, lora_draw(ctx));
   }
 
   // Without an adapter the unit needs no context (a composite unit calls these).

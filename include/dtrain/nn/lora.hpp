@@ -21,6 +21,17 @@
 // then overwrites it with dt = scale * dy B and takes dA = dt^T x and
 // dx += dt A from there. The adapter runs on the device's GEMM, so it is the
 // same code on every device and dtype.
+//
+// lora_dropout p (PEFT's): in a training forward the adapter sees
+// dropout(x), each element zeroed with probability p and the rest scaled by
+// 1 / (1 - p), while the frozen projection sees x. The dropped input xd is
+// kept beside t (rows * in more saved elements per adapter, as PyTorch keeps
+// it for A's gradient): dA = dt^T xd, and dx gets the same mask applied to
+// dt A. Each adapter (each segment of a fused projection, as PEFT's
+// gate_proj and up_proj have a dropout each) draws its own mask from the
+// unit's random stream (a pure function of the stream and the element, as
+// nn::Dropout's), so a forward recomputed under activation checkpointing
+// drops the same elements. Evaluation and logits() use x.
 
 #include <cmath>
 #include <cstddef>
@@ -32,7 +43,9 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/model/param.hpp"
+#include "dtrain/core/random.hpp"
 #include "dtrain/model/unit.hpp"
+#include "dtrain/nn/dropout.hpp"
 
 namespace dtrain::nn {
 
@@ -40,13 +53,41 @@ struct LoraOptions {
   std::int64_t r = 0;     // the rank; 0: no adapter
   float alpha = 8.f;      // PEFT's lora_alpha (its default 8)
   bool rslora = false;    // scale alpha / sqrt(r) (rank-stabilised LoRA) instead of alpha / r
-  float dropout = 0.f;    // PEFT's lora_dropout: only 0 is supported yet (refused otherwise)
+  float dropout = 0.f;    // PEFT's lora_dropout: dropout on the adapter's input, in [0, 1)
 
   bool on() const noexcept { return r > 0; }
   float scale() const { return rslora ? alpha / std::sqrt(static_cast<float>(r)) : alpha / static_cast<float>(r); }
 };
 
+// Whether a unit's call trains (dropout on) and the unit's random stream:
+// what the adapters' dropout needs of the UnitContext.
+struct LoraDraw {
+  bool training = false;
+  std::uint64_t stream = 0;
+};
+template <class T>
+LoraDraw lora_draw(const UnitContext<T>& ctx) noexcept {
+  return {ctx.training, ctx.stream};
+}
+
 namespace detail {
+
+// dx[i] += g[i] / (1 - p) where the forward's dropout kept element i.
+template <class T>
+struct DropoutAccumulate {
+  const T* g;
+  T* dx;
+  std::uint64_t stream;
+  float p, scale;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    if (dtrain::detail::uniform01(stream, i) >= p)
+      dx[i] = dtype_cast<T>(static_cast<float>(dx[i]) + static_cast<float>(g[i]) * scale);
+  }
+};
+
+// The key an adapter's dropout stream is derived with from its unit's
+// stream: site i of a unit uses lora_stream_key + i.
+inline constexpr std::uint64_t lora_stream_key = 0x4c6f5241'00000000ull;
 
 // One adapted projection [out, in] of a unit (or none: `on()` false).
 class LoraSite {
@@ -69,18 +110,22 @@ class LoraSite {
     if (!(o.alpha > 0.f) || !std::isfinite(o.alpha))
       throw config_error(where + "alpha " + std::to_string(o.alpha) + " must be positive and finite",
                          "give lora_alpha > 0 (PEFT's default is 8)");
-    if (o.dropout != 0.f)
-      throw config_error(where + "dropout " + std::to_string(o.dropout) + " is not supported yet",
-                         "train with lora_dropout=0 (PEFT's default)");
+    if (!(o.dropout >= 0.f && o.dropout < 1.f))
+      throw config_error(where + "dropout " + std::to_string(o.dropout) + " is outside [0, 1)",
+                         "give lora_dropout in [0, 1), e.g. 0.05 (PEFT's default is 0)");
   }
 
   bool on() const noexcept { return options_.on(); }
   std::int64_t rank() const noexcept { return options_.r; }
   std::int64_t segments() const noexcept { return segments_; }
   float scale() const { return options_.scale(); }
+  float dropout() const noexcept { return options_.dropout; }
   // Columns of t = x A^T.
   std::int64_t width() const noexcept { return on() ? segments_ * options_.r : 0; }
-  std::int64_t saved_size(std::int64_t rows) const noexcept { return rows * width(); }
+  // t, then (with dropout) each segment's dropped input xd [rows, in].
+  std::int64_t saved_size(std::int64_t rows) const noexcept {
+    return rows * (width() + (on() && dropped() ? segments_ * in_ : 0));
+  }
 
   // {"<name>.lora_A", "<name>.lora_B"} ("lora_A", "lora_B" for an unnamed
   // projection), or none.
@@ -91,22 +136,34 @@ class LoraSite {
             {prefix + "lora_B", {out_, options_.r}, Init::zeros(), true, {}, {"lora"}}};
   }
 
-  // out [rows, out] (contiguous) += scale * (x A^T) B^T, keeping t = x A^T.
+  // out [rows, out] (contiguous) += scale * (x A^T) B^T, keeping t = x A^T
+  // (x dropped in a training call with dropout, and kept after t).
   template <class Dev, class T>
-  void forward(Dev& dev, const T* a, const T* b, MatView<const T> x, T* out, T* t) const {
+  void forward(Dev& dev, const T* a, const T* b, MatView<const T> x, T* out, T* t, LoraDraw draw,
+               std::uint64_t key) const {
     if (!on()) return;
     const std::int64_t n = x.rows, r = options_.r, w = width(), os = out_ / segments_;
-    dev.gemm(false, true, n, w, in_, 1.f, x.data, in_, a, in_, 0.f, t, w);
+    if (dropped() && draw.training) {
+      const float p = options_.dropout;
+      for (std::int64_t s = 0; s < segments_; ++s) {  // t's segment s = dropout_s(x) A_s^T
+        T* xd = dropped_input(t, n, s);
+        dev.for_each(static_cast<std::size_t>(n * in_),
+                     nn::detail::DropoutApply<T>{x.data, xd, segment_stream(draw, key, s), p, 1.f / (1.f - p)});
+        dev.gemm(false, true, n, r, in_, 1.f, xd, in_, a + s * r * in_, in_, 0.f, t + s * r, w);
+      }
+    } else {
+      dev.gemm(false, true, n, w, in_, 1.f, x.data, in_, a, in_, 0.f, t, w);
+    }
     for (std::int64_t s = 0; s < segments_; ++s)
       dev.gemm(false, true, n, os, r, scale(), t + s * r, w, b + s * os * r, r, 1.f, out + s * os, out_);
   }
 
   // From d_out [rows, out] and forward's t: dB, dA (each skipped when
   // empty), and dx += the adapter's part of the input gradient (skipped when
-  // dx is empty). Overwrites t.
+  // dx is empty). Overwrites t (and with dropout the xd after it).
   template <class Dev, class T>
   void backward(Dev& dev, const T* a, const T* b, MatView<T> da, MatView<T> db, MatView<const T> x, const T* d_out,
-                T* t, MatView<T> dx) const {
+                T* t, MatView<T> dx, LoraDraw draw, std::uint64_t key) const {
     if (!on()) return;
     const std::int64_t n = x.rows, r = options_.r, w = width(), os = out_ / segments_;
     const float sc = scale();
@@ -115,11 +172,33 @@ class LoraSite {
         dev.gemm(true, false, os, r, n, sc, d_out + s * os, out_, t + s * r, w, 0.f, db.data + s * os * r, r);
     for (std::int64_t s = 0; s < segments_; ++s)  // t becomes dt = scale * d_out B, segment by segment
       dev.gemm(false, false, n, r, os, sc, d_out + s * os, out_, b + s * os * r, r, 0.f, t + s * r, w);
+    if (dropped() && draw.training) {  // segment s saw xd_s = dropout_s(x)
+      const float p = options_.dropout;
+      for (std::int64_t s = 0; s < segments_; ++s) {
+        T* xd = dropped_input(t, n, s);
+        if (!da.empty()) dev.gemm(true, false, r, in_, n, 1.f, t + s * r, w, xd, in_, 0.f, da.data + s * r * in_, in_);
+        if (dx.empty()) continue;
+        dev.gemm(false, false, n, in_, r, 1.f, t + s * r, w, a + s * r * in_, in_, 0.f, xd, in_);  // xd_s = dt_s A_s
+        dev.for_each(static_cast<std::size_t>(n * in_),
+                     DropoutAccumulate<T>{xd, dx.data, segment_stream(draw, key, s), p, 1.f / (1.f - p)});
+      }
+      return;
+    }
     if (!da.empty()) dev.gemm(true, false, w, in_, n, 1.f, t, w, x.data, in_, 0.f, da.data, in_);
     if (!dx.empty()) dev.gemm(false, false, n, in_, w, 1.f, t, w, a, in_, 1.f, dx.data, in_);
   }
 
  private:
+  bool dropped() const noexcept { return options_.dropout > 0.f; }
+  // Segment s's dropped input, after t in the saved view.
+  template <class T>
+  T* dropped_input(T* t, std::int64_t rows, std::int64_t s) const noexcept {
+    return t + rows * width() + s * rows * in_;
+  }
+  static std::uint64_t segment_stream(LoraDraw draw, std::uint64_t key, std::int64_t s) noexcept {
+    return dtrain::detail::derive_stream(draw.stream, key + (static_cast<std::uint64_t>(s) << 16));
+  }
+
   std::string name_;
   LoraOptions options_{};
   std::int64_t in_ = 0, out_ = 0, segments_ = 1;
@@ -157,21 +236,24 @@ class LoraSet {
   bool on(std::size_t i) const { return sites_.at(i).on(); }
 
   // Site i's forward: out += its adapter's contribution; `saved` is where the
-  // unit's t buffers start.
+  // unit's t buffers start; `draw` the call's training flag and stream (its
+  // dropout, if any).
   template <class Dev, class T>
-  void forward(Dev& dev, std::size_t i, UnitParams<const T> p, MatView<const T> x, T* out, T* saved) const {
+  void forward(Dev& dev, std::size_t i, UnitParams<const T> p, MatView<const T> x, T* out, T* saved,
+               LoraDraw draw) const {
     if (!sites_.at(i).on()) return;
     const std::size_t k = param_index(i);
-    sites_[i].forward(dev, p[k].data, p[k + 1].data, x, out, saved + t_offset(i, x.rows));
+    sites_[i].forward(dev, p[k].data, p[k + 1].data, x, out, saved + t_offset(i, x.rows), draw,
+                      lora_stream_key + i);
   }
 
   template <class Dev, class T>
   void backward(Dev& dev, std::size_t i, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x,
-                const T* d_out, T* saved, MatView<T> dx) const {
+                const T* d_out, T* saved, MatView<T> dx, LoraDraw draw) const {
     if (!sites_.at(i).on()) return;
     const std::size_t k = param_index(i);
     sites_[i].backward(dev, p[k].data, p[k + 1].data, grad[k], grad[k + 1], x, d_out, saved + t_offset(i, x.rows),
-                       dx);
+                       dx, draw, lora_stream_key + i);
   }
 
  private:

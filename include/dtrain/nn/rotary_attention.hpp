@@ -361,7 +361,8 @@ class RotaryAttention {
     detail::project(dev, x, p[1].data, bias(p, 1).data, k_rows, kv);
     detail::project(dev, x, p[2].data, bias(p, 2).data, v_rows, kv);
     T* lora = ctx.saved.data + own_saved(ctx.shape);
-    for (std::size_t i = 0; i < 3; ++i) lora_.forward(dev, i, p, x, i == 0 ? q_rows : i == 1 ? k_rows : v_rows, lora);
+    for (std::size_t i = 0; i < 3; ++i)
+      lora_.forward(dev, i, p, x, i == 0 ? q_rows : i == 1 ? k_rows : v_rows, lora, lora_draw(ctx));
     dev.for_each(static_cast<std::size_t>(3 * s.g.head_elems()),
                  detail::ToRotatedHeads<T>{s.g, q_rows, k_rows, v_rows, rope.cos_t, rope.sin_t, s.q});
     const std::int64_t T_ = s.g.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd, bh = s.g.batch * heads_;
@@ -371,7 +372,7 @@ class RotaryAttention {
     dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, bh);
     detail::permute_heads(dev, s.heads_layout(), o, s.merged, false);
     detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
-    lora_.forward(dev, 3, p, MatView<const T>{s.merged, N, dim_}, y.data, lora);
+    lora_.forward(dev, 3, p, MatView<const T>{s.merged, N, dim_}, y.data, lora, lora_draw(ctx));
   }
 
   template <class Dev, class T>
@@ -399,7 +400,8 @@ class RotaryAttention {
     T* lora = ctx.saved.data + own_saved(ctx.shape);
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[3].data, C, 0.f, d_merged, C);
     detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[3], bias(grad, 3));
-    lora_.backward(dev, 3, p, grad, MatView<const T>{s.merged, N, C}, dy.data, lora, MatView<T>{d_merged, N, C});
+    lora_.backward(dev, 3, p, grad, MatView<const T>{s.merged, N, C}, dy.data, lora, MatView<T>{d_merged, N, C},
+                   lora_draw(ctx));
     detail::permute_heads(dev, s.heads_layout(), d_merged, d_o, true);
     dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, 0.f, d_att, T_, tt, bh);
     dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att, T_, tt, d_o, hd, th, 0.f, d_v, hd, th, bh);
@@ -409,7 +411,7 @@ class RotaryAttention {
     dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, bh);
     dev.for_each(static_cast<std::size_t>(N * (C + 2 * kv)),
                  detail::FromRotatedHeads<T>{s.g, d_q, rope.cos_t, rope.sin_t, dq_rows, dk_rows, dv_rows});
-    projections_backward(dev, p, grad, x, dq_rows, dk_rows, dv_rows, lora, dx);
+    projections_backward(dev, p, grad, x, dq_rows, dk_rows, dv_rows, lora, dx, lora_draw(ctx));
   }
 
  private:
@@ -430,7 +432,7 @@ class RotaryAttention {
   // parameters' gradients and the input's.
   template <class Dev, class T>
   void projections_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, const T* dq_rows,
-                            const T* dk_rows, const T* dv_rows, T* lora, MatView<T> dx) const {
+                            const T* dk_rows, const T* dv_rows, T* lora, MatView<T> dx, LoraDraw draw) const {
     const std::int64_t N = x.rows, C = dim_, kv = kv_heads_ * head_dim();
     detail::projection_grads(dev, x, MatView<const T>{dq_rows, N, C}, grad[0], bias(grad, 0));
     detail::projection_grads(dev, x, MatView<const T>{dk_rows, N, kv}, grad[1], bias(grad, 1));
@@ -441,9 +443,9 @@ class RotaryAttention {
       dev.gemm(false, false, N, C, kv, 1.f, dk_rows, kv, p[1].data, C, 1.f, dx.data, C);
       dev.gemm(false, false, N, C, kv, 1.f, dv_rows, kv, p[2].data, C, 1.f, dx.data, C);
     }
-    lora_.backward(dev, 0, p, grad, x, dq_rows, lora, dx);
-    lora_.backward(dev, 1, p, grad, x, dk_rows, lora, dx);
-    lora_.backward(dev, 2, p, grad, x, dv_rows, lora, dx);
+    lora_.backward(dev, 0, p, grad, x, dq_rows, lora, dx, draw);
+    lora_.backward(dev, 1, p, grad, x, dk_rows, lora, dx, draw);
+    lora_.backward(dev, 2, p, grad, x, dv_rows, lora, dx, draw);
   }
 
   // The fused path (device/fused_attention.hpp): q [N, dim] and k, v
@@ -502,14 +504,15 @@ class RotaryAttention {
     detail::project(dev, x, p[0].data, bias(p, 0).data, s.q, dim_);
     detail::project(dev, x, p[1].data, bias(p, 1).data, s.k, kv);
     detail::project(dev, x, p[2].data, bias(p, 2).data, s.v, kv);
-    for (std::size_t i = 0; i < 3; ++i) lora_.forward(dev, i, p, x, i == 0 ? s.q : i == 1 ? s.k : s.v, s.lora);
+    for (std::size_t i = 0; i < 3; ++i)
+      lora_.forward(dev, i, p, x, i == 0 ? s.q : i == 1 ? s.k : s.v, s.lora, lora_draw(ctx));
     rotate_rows(dev, s.g, rope, s.q, s.k, false);
     FusedAttentionShape shape = fused_shape(ctx.shape);
     shape.key_bias = kb != nullptr;
     fused_attention_forward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.q, s.k, s.v, kb,
                                     s.merged, s.stats);
     detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
-    lora_.forward(dev, 3, p, MatView<const T>{s.merged, N, dim_}, y.data, s.lora);
+    lora_.forward(dev, 3, p, MatView<const T>{s.merged, N, dim_}, y.data, s.lora, lora_draw(ctx));
   }
 
   template <class Dev, class T>
@@ -530,13 +533,14 @@ class RotaryAttention {
     const T* kb = detail::key_bias(dev, "nn::RotaryAttention", ctx, bias_ws);
     dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[3].data, C, 0.f, d_merged, C);
     detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[3], bias(grad, 3));
-    lora_.backward(dev, 3, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C});
+    lora_.backward(dev, 3, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C},
+                   lora_draw(ctx));
     FusedAttentionShape shape = fused_shape(ctx.shape);
     shape.key_bias = kb != nullptr;
     fused_attention_backward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.q, s.k, s.v,
                                      s.merged, d_merged, s.stats, kb, dq, dk, dv);
     rotate_rows(dev, s.g, rope, dq, dk, true);  // the gradients of the projections' (unrotated) outputs
-    projections_backward(dev, p, grad, x, dq, dk, dv, s.lora, dx);
+    projections_backward(dev, p, grad, x, dq, dk, dv, s.lora, dx, lora_draw(ctx));
   }
 
   template <class T>

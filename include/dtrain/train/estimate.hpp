@@ -39,6 +39,7 @@
 #include "dtrain/model/unit.hpp"
 #include "dtrain/policy/offload.hpp"
 #include "dtrain/policy/strategy.hpp"
+#include "dtrain/train/recompute.hpp"
 
 namespace dtrain {
 
@@ -338,8 +339,9 @@ std::vector<UnitNumel> declared_units(Model& model) {
 // unit: in_width > 0; pass 0 for a model starting with nn::Embedding), two
 // gradient buffers of the widest width, what units keep for backward (every
 // unit's, or with activation checkpointing the largest of those recomputed,
-// which they share in turn, beside the others' own: `checkpoint_every` and
-// `checkpoint_units` as TrainerOptions has them), and the batch tensors
+// which they share in turn, beside the others' own: `checkpoint_every`,
+// `checkpoint_units` and `checkpoint_budget_bytes` as TrainerOptions has
+// them, train/recompute.hpp), and the batch tensors
 // uploaded to the device
 // (`batch_bytes`: every tensor but a float x that goes to the first
 // activation). Not included: units' transient workspace (attention's
@@ -348,24 +350,25 @@ std::vector<UnitNumel> declared_units(Model& model) {
 template <class Model>
 std::size_t model_activation_bytes(Model& model, SeqShape shape, std::int64_t in_width, std::size_t batch_bytes,
                                    std::size_t compute_bytes, bool checkpointing, std::size_t checkpoint_every = 1,
-                                   const std::vector<std::size_t>& checkpoint_units = {}) {
-  std::vector<std::int64_t> widths{in_width};
-  std::int64_t kept = 0, shared = 0;
-  std::size_t seen = 0;
-  detail::for_each_unit(model.units(), [&](std::size_t u, auto& unit) {
-    const std::int64_t s = saved_size_of(unit, shape, widths.back());
-    // recomputed as the Trainer chooses (train/pipeline.hpp)
-    bool recomputed = false;
-    if (checkpointing && !checkpoint_units.empty())
-      recomputed = std::find(checkpoint_units.begin(), checkpoint_units.end(), u) != checkpoint_units.end();
-    else if (checkpointing && s > 0)
-      recomputed = seen++ % std::max<std::size_t>(checkpoint_every, 1) == 0;
-    if (recomputed)
-      shared = std::max(shared, s);
-    else
-      kept += s;
+                                   const std::vector<std::size_t>& checkpoint_units = {},
+                                   std::size_t checkpoint_budget_bytes = 0) {
+  std::vector<std::int64_t> widths{in_width}, saved;
+  detail::for_each_unit(model.units(), [&](std::size_t, auto& unit) {
+    saved.push_back(saved_size_of(unit, shape, widths.back()));
     widths.push_back(unit.out_features(widths.back()));
   });
+  // recomputed as the Trainer chooses
+  const RecomputePolicy policy{
+      .on = checkpointing, .every = checkpoint_every, .units = checkpoint_units, .budget_bytes = checkpoint_budget_bytes};
+  detail::check_recompute_policy(policy, saved.size());
+  const std::vector<char> recomputed = detail::recomputed_units(saved, compute_bytes, policy);
+  std::int64_t kept = 0, shared = 0;
+  for (std::size_t u = 0; u < saved.size(); ++u) {
+    if (recomputed[u])
+      shared = std::max(shared, saved[u]);
+    else
+      kept += saved[u];
+  }
   std::int64_t elements = 0;
   for (std::size_t u = in_width > 0 ? 0 : 1; u < widths.size(); ++u) elements += shape.rows() * widths[u];
   elements += 2 * shape.rows() * *std::max_element(widths.begin(), widths.end());

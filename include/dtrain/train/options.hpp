@@ -63,11 +63,15 @@ struct TrainerOptions {
   // forward of each such unit; results are bit-identical.
   bool activation_checkpointing = false;
   // Which units activation checkpointing recomputes (the others keep their
-  // activations): every `checkpoint_every`-th of the units that keep any
-  // (1: all of them; 2: every second transformer block), or, when
-  // `checkpoint_units` is non-empty, exactly those unit numbers.
+  // activations), one of: every `checkpoint_every`-th of the units that keep
+  // any (1: all of them; 2: every second transformer block); exactly the
+  // unit numbers `checkpoint_units`; or, with `checkpoint_budget_bytes`, the
+  // fewest units (largest first) for which what the units keep for backward
+  // fits that many bytes per micro-batch (chosen per batch shape; a budget
+  // below one unit's share is refused). train/recompute.hpp has the rule.
   std::size_t checkpoint_every = 1;
   std::vector<std::size_t> checkpoint_units{};
+  std::size_t checkpoint_budget_bytes = 0;
   // Report StepStats::grad_norm every step. It costs a pass over the
   // gradients (and a scalar all-reduce under sharded strategies); false skips
   // it when nothing needs it, and grad_norm is then NaN. Clipping and fp16

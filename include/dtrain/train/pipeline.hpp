@@ -23,6 +23,7 @@
 #include "dtrain/model/layout.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/strategy/any_strategy.hpp"
+#include "dtrain/train/recompute.hpp"
 #include "dtrain/train/ties.hpp"
 
 namespace dtrain {
@@ -36,9 +37,7 @@ class UnitPipeline {
   struct Options {
     std::uint64_t seed = 0;         // the random streams' root (TrainerOptions::seed)
     int rank = 0;                   // this rank's streams differ from the others'
-    bool recompute = false;         // activation checkpointing
-    std::size_t recompute_every = 1;        // of the units that keep activations, every k-th
-    std::vector<std::size_t> recompute_units{};  // or exactly these units
+    RecomputePolicy recompute{};    // activation checkpointing (train/recompute.hpp)
   };
 
   UnitPipeline(M& model, Dev& dev, const ModelLayout& layout, AnyStrategy<T>& strategy, Options options)
@@ -48,13 +47,7 @@ class UnitPipeline {
         ties_(dev, layout, strategy),
         num_units_(layout.units().size()),
         options_(options) {
-    if (options.recompute_every == 0)
-      throw config_error("TrainerOptions::checkpoint_every is 0", "give 1 (every unit that keeps activations) or more");
-    for (std::size_t u : options.recompute_units)
-      if (u >= num_units_)
-        throw config_error("TrainerOptions::checkpoint_units names unit " + std::to_string(u) + "; the model has " +
-                               std::to_string(num_units_) + " units (0.." + std::to_string(num_units_ - 1) + ")",
-                           "name units of this model");
+    detail::check_recompute_policy(options.recompute, num_units_);
   }
 
   // The sequence shape of a micro-batch, from its input "x": float features
@@ -147,16 +140,7 @@ class UnitPipeline {
 
   // Which units activation checkpointing recomputes (Options).
   std::vector<char> recomputed(const std::vector<std::int64_t>& saved) const {
-    std::vector<char> r(num_units_, 0);
-    if (!options_.recompute) return r;
-    if (!options_.recompute_units.empty()) {
-      for (std::size_t u : options_.recompute_units) r.at(u) = 1;
-      return r;
-    }
-    std::size_t seen = 0;
-    for (std::size_t u = 0; u < num_units_; ++u)
-      if (saved[u] > 0) r[u] = seen++ % std::max<std::size_t>(options_.recompute_every, 1) == 0;
-    return r;
+    return detail::recomputed_units(saved, sizeof(T), options_.recompute);
   }
 
   template <class OnLoss>

@@ -102,9 +102,10 @@ class TrainerCore {
         pipeline_(model_, dev_, layout_, *strategy_,
                   {.seed = options_.seed,
                    .rank = world_.rank(),
-                   .recompute = options_.activation_checkpointing,
-                   .recompute_every = options_.checkpoint_every,
-                   .recompute_units = options_.checkpoint_units}),
+                   .recompute = {.on = options_.activation_checkpointing,
+                                 .every = options_.checkpoint_every,
+                                 .units = options_.checkpoint_units,
+                                 .budget_bytes = options_.checkpoint_budget_bytes}}),
         evaluator_(world_, pipeline_, sums_, model_),
         io_(world_, dev_, layout_, *strategy_, [this] { return optimizer_.state(); }) {}
 
