@@ -422,7 +422,8 @@ BOOST_AUTO_TEST_CASE(cli_reads_a_train_mlp_config_with_overrides) {
 // recomputing every block, and a budget below one block's share is refused
 // with the least that works.
 BOOST_AUTO_TEST_CASE(cli_reads_a_checkpoint_budget) {
-  const std::string config = std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/gpt_host.yaml --example gpt --world 2 n_layer=4";
+  const std::string config =
+      std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/gpt_host.yaml --example gpt --world 2 n_layer=4";
   const auto activations = [&](const std::string& extra) -> double {
     const auto [rc, text] = run_cli("--config " + config + " " + extra + " --json");
     BOOST_TEST_REQUIRE(rc == 0, text);
@@ -435,7 +436,8 @@ BOOST_AUTO_TEST_CASE(cli_reads_a_checkpoint_budget) {
   // that recomputes two or three of the four blocks
   const double budget = activations("activation_checkpointing=true checkpoint_budget_mib=" +
                                     std::to_string((none - every) / 1048576.0));
-  const auto [said_rc, said] = run_cli("--config " + config + " activation_checkpointing=true checkpoint_budget_mib=20");
+  const auto [said_rc, said] =
+      run_cli("--config " + config + " activation_checkpointing=true checkpoint_budget_mib=20");
   BOOST_TEST(said_rc == 0);
   BOOST_TEST(said.find("activation checkpointing within 20971520 bytes") != std::string::npos, said);
   BOOST_TEST(every < budget);
@@ -453,18 +455,18 @@ BOOST_AUTO_TEST_CASE(cli_reads_a_train_lm_config) {
   std::ofstream(file) << R"({"model_type": "gpt2", "vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4,
     "n_positions": 128, "activation_function": "gelu_new", "tie_word_embeddings": true})";
   const std::string preset = std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/lm_lora_gpu.yaml";
-  const auto [rc, out] = run_cli("--config " + preset + " --example lm --world 2 block_size=64 config=" + file.string());
+  const auto [rc, out] =
+      run_cli("--config " + preset + " --example lm --world 2 block_size=64 config=" + file.string());
   BOOST_TEST_MESSAGE(out);
   BOOST_REQUIRE_EQUAL(rc, 0);
-  BOOST_TEST(out.find("train_lm config " + preset + " (gpt2, 2 layers x 64, 64 positions, vocabulary 300, LoRA rank 16)") !=
-                 std::string::npos,
-             out);
+  const std::string source = " (gpt2, 2 layers x 64, 64 positions, vocabulary 300, LoRA rank 16)";
+  BOOST_TEST(out.find("train_lm config " + preset + source) != std::string::npos, out);
   // 2 layers x (c_attn 64x192 + c_proj 64x64 + c_fc 64x256 + mlp c_proj 256x64) adapters of rank 16
   // = 32,768
   BOOST_TEST(2 * 16 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64)) == 32768);
   BOOST_TEST(out.find("(32,768 trainable)") != std::string::npos, out);
-  const auto [full_rc, full] = run_cli("--config " + preset + " --example lm --world 2 lora_r=0 lora_targets=[] config=" +
-                                       file.string());
+  const auto [full_rc, full] =
+      run_cli("--config " + preset + " --example lm --world 2 lora_r=0 lora_targets=[] config=" + file.string());
   BOOST_REQUIRE_EQUAL(full_rc, 0);
   BOOST_TEST(full.find("LoRA") == std::string::npos, full);
   const auto [bad_rc, bad] = run_cli("--config " + preset + " --example lm --world 2");

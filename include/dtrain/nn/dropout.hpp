@@ -26,8 +26,9 @@ namespace dtrain::nn {
 namespace detail {
 
 // out[i] = in[i] * scale where element i is kept, 0 elsewhere; the same
-// functor drops the forward's input and the backward's gradient.
-template <class T>
+// functor drops the forward's input and the backward's gradient. Add: out[i]
+// += that instead (a LoRA adapter's input gradient, nn/lora.hpp).
+template <class T, bool Add = false>
 struct DropoutApply {
   const T* in;
   T* out;
@@ -35,7 +36,11 @@ struct DropoutApply {
   float p, scale;
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const bool keep = dtrain::detail::uniform01(stream, i) >= p;
-    out[i] = dtype_cast<T>(keep ? static_cast<float>(in[i]) * scale : 0.f);
+    const float v = keep ? static_cast<float>(in[i]) * scale : 0.f;
+    if constexpr (Add)
+      out[i] = dtype_cast<T>(static_cast<float>(out[i]) + v);
+    else
+      out[i] = dtype_cast<T>(v);
   }
 };
 

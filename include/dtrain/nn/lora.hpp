@@ -72,19 +72,6 @@ LoraDraw lora_draw(const UnitContext<T>& ctx) noexcept {
 
 namespace detail {
 
-// dx[i] += g[i] / (1 - p) where the forward's dropout kept element i.
-template <class T>
-struct DropoutAccumulate {
-  const T* g;
-  T* dx;
-  std::uint64_t stream;
-  float p, scale;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
-    if (dtrain::detail::uniform01(stream, i) >= p)
-      dx[i] = dtype_cast<T>(static_cast<float>(dx[i]) + static_cast<float>(g[i]) * scale);
-  }
-};
-
 // The key an adapter's dropout stream is derived with from its unit's
 // stream: site i of a unit uses lora_stream_key + i.
 inline constexpr std::uint64_t lora_stream_key = 0x4c6f5241'00000000ull;
@@ -180,7 +167,7 @@ class LoraSite {
         if (dx.empty()) continue;
         dev.gemm(false, false, n, in_, r, 1.f, t + s * r, w, a + s * r * in_, in_, 0.f, xd, in_);  // xd_s = dt_s A_s
         dev.for_each(static_cast<std::size_t>(n * in_),
-                     DropoutAccumulate<T>{xd, dx.data, segment_stream(draw, key, s), p, 1.f / (1.f - p)});
+                     nn::detail::DropoutApply<T, true>{xd, dx.data, segment_stream(draw, key, s), p, 1.f / (1.f - p)});
       }
       return;
     }
