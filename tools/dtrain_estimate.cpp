@@ -206,6 +206,23 @@ std::size_t optimizer_states(const Inputs& in) {
   return in.momentum != 0 ? 1 : 0;
 }
 
+// A YAML sequence's items, or a scalar's comma-separated ones (none for an
+// empty scalar).
+std::vector<std::string> list_items(const YAML::Node& v) {
+  std::vector<std::string> out;
+  if (v.IsSequence()) {
+    for (const auto& item : v) out.push_back(item.Scalar());
+    return out;
+  }
+  const std::string list = v.Scalar();
+  for (std::size_t at = 0; !list.empty() && at <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
 // The keys that change memory (every example's, then the model's own); the
 // model's shape goes to `c`.
 template <class Config>
@@ -221,17 +238,9 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
   const auto text = [&] { return as(std::type_identity<std::string>{}); };
   const auto integer = [&] { return as(std::type_identity<std::int64_t>{}); };
   const auto widths = [&](std::int64_t least = 1) {
+    if (!v.IsSequence()) text();  // a scalar, or the key's type error
     std::vector<std::int64_t> out;
-    if (v.IsSequence()) {
-      for (const auto& w : v) out.push_back(parse_number<std::int64_t>(key, w.Scalar(), least, 1e12));
-      return out;
-    }
-    const std::string list = text();
-    for (std::size_t at = 0; at <= list.size();) {
-      const std::size_t comma = std::min(list.find(',', at), list.size());
-      out.push_back(parse_number<std::int64_t>(key, std::string_view(list).substr(at, comma - at), least, 1e12));
-      at = comma + 1;
-    }
+    for (const auto& w : list_items(v)) out.push_back(parse_number<std::int64_t>(key, w, least, 1e12));
     return out;
   };
   if (key == "precision") c.precision = text();
@@ -260,20 +269,6 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
     else if (key == "corpus_bytes") c.corpus_bytes = integer();
     else if (key == "data_seed") c.data_seed = as(std::type_identity<std::uint64_t>{});
   } else if constexpr (std::is_same_v<Config, lm::Config>) {
-    const auto names = [&] {
-      std::vector<std::string> out;
-      if (v.IsSequence()) {
-        for (const auto& n : v) out.push_back(n.Scalar());
-        return out;
-      }
-      const std::string list = text();
-      for (std::size_t at = 0; at < list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        out.push_back(list.substr(at, comma - at));
-        at = comma + 1;
-      }
-      return out;
-    };
     if (key == "model") c.model = text();
     else if (key == "config") c.config = text();
     else if (key == "block_size") c.block_size = integer();
@@ -282,7 +277,10 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
     else if (key == "lora_alpha") c.lora_alpha = static_cast<float>(as(std::type_identity<double>{}));
     else if (key == "lora_dropout") c.lora_dropout = static_cast<float>(as(std::type_identity<double>{}));
     else if (key == "lora_rslora") c.lora_rslora = as(std::type_identity<bool>{});
-    else if (key == "lora_targets") c.lora_targets = names();
+    else if (key == "lora_targets") {
+      if (!v.IsSequence()) text();  // a scalar, or the key's type error
+      c.lora_targets = list_items(v);
+    }
     else if (key == "adapter") c.adapter = text();
   } else {
     if (key == "hidden") c.hidden = widths();
@@ -349,14 +347,7 @@ Inputs parse(int argc, char** argv) {
     } else if (arg == "--params") params = parse_count(value());
     else if (arg == "--hf-config") hf_config = value();
     else if (arg == "--lora-r") lora.r = parse_number<std::int64_t>(arg, value(), 1, 1e6);
-    else if (arg == "--lora-targets") {
-      lora.targets.clear();
-      for (std::string rest = value(); !rest.empty();) {
-        const auto comma = rest.find(',');
-        lora.targets.push_back(rest.substr(0, comma));
-        rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
-      }
-    }
+    else if (arg == "--lora-targets") lora.targets = list_items(YAML::Node(value()));
     else if (arg == "--units") unit_count = parse_number<std::size_t>(arg, value(), 1, 1e9);
     else if (arg == "--trainable-fraction") fraction = parse_number<double>(arg, value(), 0, 1);
     else if (arg == "--config") config = value();
@@ -587,7 +578,7 @@ std::string describe(const Inputs& in) {
     else if (!in.checkpoint_units.empty())
       d += " of " + std::to_string(in.checkpoint_units.size()) + " named units";
     else if (in.checkpoint_every > 1)
-      d += " of every " + std::to_string(in.checkpoint_every) + "th unit";
+      d += " of one unit in " + std::to_string(in.checkpoint_every);
   }
   d += ", accumulate " + std::to_string(in.accumulate) + ", prefetch " + std::to_string(in.prefetch);
   return d;

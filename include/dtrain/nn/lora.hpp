@@ -41,9 +41,9 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/random.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/model/param.hpp"
-#include "dtrain/core/random.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/dropout.hpp"
 
@@ -106,7 +106,6 @@ class LoraSite {
   std::int64_t rank() const noexcept { return options_.r; }
   std::int64_t segments() const noexcept { return segments_; }
   float scale() const { return options_.scale(); }
-  float dropout() const noexcept { return options_.dropout; }
   // Columns of t = x A^T.
   std::int64_t width() const noexcept { return on() ? segments_ * options_.r : 0; }
   // t, then (with dropout) each segment's dropped input xd [rows, in].
