@@ -14,8 +14,9 @@
 # C++20; nvcc: the build's CUDA architectures); the examples' own commands.
 # Seconds are wall-clock medians of --repeat runs (default 3 for (a), one
 # for (b)), peak memory the compiler's maximum resident set (GNU time).
-# --before REF also times (a) header-only at git revision REF (a worktree in
-# a temporary folder), the "before" the JSON records. The runs of (a)
+# --before REF also times (a) at git revision REF (a worktree in a temporary
+# folder; separately compiled too where REF has that mode), the "before" the
+# JSON records. The runs of (a)
 # interleave: each round times every translation unit once, the before's
 # right after the current one's (the first in odd rounds, the second in
 # even ones), since this kind of machine drifts by tens of percent over
@@ -130,14 +131,15 @@ runtime() {
   fi
 }
 
-echo "(a) the quick start, one translation unit ($opt; $(nproc) cores)${before:+; before: $before, header-only}"
+echo "(a) the quick start, one translation unit ($opt; $(nproc) cores)${before:+; before: $before}"
 [[ -n $before ]] && git -C "$repo" worktree add --detach "$work/before" "$before" > /dev/null 2>&1
 compilers=(g++)
 ((cuda && !smoke)) && compilers+=(nvcc)
 for ((round = 1; round <= repeat; round++)); do
   for compiler in "${compilers[@]}"; do
     for mode in header-only separate; do
-      if [[ -n $before && $mode == header-only ]]; then
+      # The before's separate mode only where it had one (cmake/dtrain_runtime.cpp).
+      if [[ -n $before && ($mode == header-only || -f $work/before/cmake/dtrain_runtime.cpp) ]]; then
         if ((round % 2)); then
           quickstart_one "$repo" after "$compiler" "$mode"
           quickstart_one "$work/before" before "$compiler" "$mode"

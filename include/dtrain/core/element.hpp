@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "dtrain/core/dtype.hpp"
+#include "dtrain/core/macros.hpp"
 
 namespace dtrain {
 
@@ -76,10 +77,10 @@ constexpr bool is_floating(element_type t) {
   return t == element_type::f32 || t == element_type::bf16 || t == element_type::f16;
 }
 
-inline std::string shape_text(std::span<const std::int64_t> shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
+DTRAIN_DECL std::string shape_text(std::span<const std::int64_t> shape);
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/core/element.ipp"
+#endif

@@ -12,22 +12,16 @@
 #include <string>
 #include <system_error>
 
+#include "dtrain/core/macros.hpp"
+
 namespace dtrain {
 
 namespace detail {
 // The text of the current errno, for errors from POSIX calls.
 inline std::string errno_text() { return std::system_category().message(errno); }
 
-inline std::string format_error(const std::string& what, const std::string& fix,
-                                const std::source_location& where) {
-  std::string msg = what;
-  if (!fix.empty()) msg += "\n  fix: " + fix;
-  msg += "\n  at: ";
-  msg += where.file_name();
-  msg += ':';
-  msg += std::to_string(where.line());
-  return msg;
-}
+DTRAIN_DECL std::string format_error(const std::string& what, const std::string& fix,
+                                     const std::source_location& where);
 }  // namespace detail
 
 class error : public std::runtime_error {
@@ -175,3 +169,7 @@ inline std::string signal_name(int sig) {
 }
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/core/error.ipp"
+#endif

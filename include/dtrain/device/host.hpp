@@ -40,6 +40,7 @@
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/host_env.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/device/device.hpp"
 #include "dtrain/device/host_isa.hpp"
@@ -83,23 +84,13 @@ class HostAllocator {
 };
 
 // A positive integer from the environment, or `fallback` when unset.
-inline int positive_env_int(const char* name, int fallback) {
-  const char* raw = std::getenv(name);
-  if (raw == nullptr || *raw == '\0') return fallback;
-  const std::string_view s(raw);
-  int value = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (ec != std::errc{} || end != s.data() + s.size() || value < 1)
-    throw config_error(std::string(name) + "='" + raw + "' is not a positive integer",
-                       std::string("set ") + name + " to a positive integer or unset it");
-  return value;
-}
+DTRAIN_DECL int positive_env_int(const char* name, int fallback);
+
+// A BLAS dimension as OpenBLAS's 32-bit int (the error out of line).
+[[noreturn]] DTRAIN_DECL void blas_int_overflow(std::int64_t v, const char* what);
 
 inline int blas_int(std::int64_t v, const char* what) {
-  if (v < 0 || v > INT_MAX)
-    throw config_error(std::string("gemm ") + what + " = " + std::to_string(v) +
-                           " is outside OpenBLAS's 32-bit index range",
-                       "split the matrix product into smaller blocks");
+  if (v < 0 || v > INT_MAX) blas_int_overflow(v, what);
   return static_cast<int>(v);
 }
 
@@ -263,21 +254,7 @@ class Host {
     if (blas_env == 0) apply_blas_threads();
   }
   // The pool OpenBLAS started as it loaded, against the address-space limit.
-  static void check_blas_pool() {
-    const auto limit = address_space_limit();
-    if (!limit) return;
-    const int pool = openblas_get_num_threads();
-    const int room = blas_threads_within(*limit);
-    if (pool <= room) return;
-    const auto mib = [](std::uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; };
-    throw blas_pool_error(
-        "OpenBLAS started " + std::to_string(pool) + " threads as it loaded, each reserving " +
-            mib(blas_thread_address_space) + " of address space, and the address-space limit (ulimit -v) of " +
-            mib(*limit) + " has room for " + std::to_string(room) +
-            " (a quarter of it); a pool thread that finds no room waits for it forever",
-        "set OPENBLAS_NUM_THREADS=" + std::to_string(room) +
-            " or fewer before the program starts (dtrain-run sets it for its ranks), or raise the limit");
-  }
+  DTRAIN_DECL static void check_blas_pool();
   void apply_blas_threads() const {
     // Changing the pool while another thread is inside a BLAS call is not
     // safe in every OpenBLAS build; skip the call when nothing would change.
@@ -292,3 +269,7 @@ class Host {
 static_assert(ComputeDevice<Host>);
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/device/host.ipp"
+#endif

@@ -62,25 +62,7 @@ inline host_isa widest_host_isa() {
 }
 
 // DTRAIN_HOST_ISA, or the widest level when unset.
-inline host_isa host_isa_from_env() {
-  const host_isa widest = widest_host_isa();
-  const char* raw = std::getenv("DTRAIN_HOST_ISA");
-  if (raw == nullptr || *raw == '\0') return widest;
-  const std::string_view s(raw);
-  host_isa want = host_isa::baseline;
-  if (s == "avx2")
-    want = host_isa::avx2;
-  else if (s == "avx512")
-    want = host_isa::avx512;
-  else if (s != "baseline")
-    throw config_error("DTRAIN_HOST_ISA='" + std::string(s) + "' is not a host instruction level",
-                       "set DTRAIN_HOST_ISA to baseline, avx2 or avx512, or unset it (the widest this CPU has)");
-  if (static_cast<int>(want) > static_cast<int>(widest))
-    throw config_error("DTRAIN_HOST_ISA=" + std::string(s) + ": this processor's widest level is " +
-                           host_isa_name(widest),
-                       std::string("set DTRAIN_HOST_ISA=") + host_isa_name(widest) + " or lower, or unset it");
-  return want;
-}
+DTRAIN_DECL host_isa host_isa_from_env();
 
 inline host_isa& host_isa_slot() {
   static host_isa isa = host_isa_from_env();
@@ -240,3 +222,7 @@ void run_range(const F& f, std::size_t begin, std::size_t end) {
 }  // namespace detail
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/device/host_isa.ipp"
+#endif

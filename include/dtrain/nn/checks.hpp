@@ -9,38 +9,39 @@
 #include <string_view>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
 
 namespace dtrain::nn::detail {
 
-inline std::string shape_string(std::int64_t rows, std::int64_t cols) {
-  return "[" + std::to_string(rows) + " x " + std::to_string(cols) + "]";
-}
+DTRAIN_DECL std::string shape_string(std::int64_t rows, std::int64_t cols);
+
+// The errors of the checks below, out of line: the checks run in every
+// unit's forward and backward, and only their comparisons need inlining.
+[[noreturn]] DTRAIN_DECL void shape_mismatch(std::string_view unit, std::string_view what, std::int64_t rows,
+                                             std::int64_t cols, std::int64_t want_rows, std::int64_t want_cols);
+[[noreturn]] DTRAIN_DECL void count_mismatch(std::string_view unit, std::string_view what, std::size_t got,
+                                             std::size_t expected);
+[[noreturn]] DTRAIN_DECL void width_mismatch(std::string_view unit, std::int64_t in, std::int64_t expected);
 
 template <class T>
 void check_shape(std::string_view unit, std::string_view what, const MatView<T>& v, std::int64_t rows,
                  std::int64_t cols) {
-  if (v.rows != rows || v.cols != cols)
-    throw config_error(std::string(unit) + ": " + std::string(what) + " is " + shape_string(v.rows, v.cols) +
-                           ", expected " + shape_string(rows, cols),
-                       "make consecutive units agree: each unit's input width is the previous unit's "
-                       "out_features, and every view of a step has the same number of rows");
+  if (v.rows != rows || v.cols != cols) shape_mismatch(unit, what, v.rows, v.cols, rows, cols);
 }
 
 inline void check_count(std::string_view unit, std::string_view what, std::size_t got, std::size_t expected) {
-  if (got != expected)
-    throw config_error(std::string(unit) + ": got " + std::to_string(got) + " " + std::string(what) + ", expected " +
-                           std::to_string(expected),
-                       "pass one view per entry of the unit's params(), in declaration order");
+  if (got != expected) count_mismatch(unit, what, got, expected);
 }
 
 // A unit whose output width equals its input width.
 inline std::int64_t check_width(std::string_view unit, std::int64_t in, std::int64_t expected) {
-  if (in != expected)
-    throw config_error(std::string(unit) + " expects inputs of width " + std::to_string(expected) + ", got " +
-                           std::to_string(in),
-                       "set the unit's feature count to the previous unit's out_features");
+  if (in != expected) width_mismatch(unit, in, expected);
   return expected;
 }
 
 }  // namespace dtrain::nn::detail
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/checks.ipp"
+#endif

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/model/param.hpp"
@@ -34,18 +35,7 @@ struct LinearOptions {
 
 class Linear {
  public:
-  Linear(std::int64_t in_features, std::int64_t out_features, LinearOptions options = {})
-      : in_(in_features), out_(out_features), options_(options) {
-    if (in_features < 1 || out_features < 1)
-      throw config_error("nn::Linear(" + std::to_string(in_features) + ", " + std::to_string(out_features) +
-                             "): feature counts must be >= 1",
-                         "give positive input and output widths");
-    lora_ = detail::LoraSet(base_params(),
-                            {detail::LoraSite("nn::Linear", "", options.lora, in_, out_, options.lora_segments)});
-    if (options.lora.on() && !options.tie_weight.empty())
-      throw config_error("nn::Linear: a LoRA adapter on a weight tied to '" + options.tie_weight + "'",
-                         "adapt an untied projection");
-  }
+  DTRAIN_DECL Linear(std::int64_t in_features, std::int64_t out_features, LinearOptions options = {});
 
   std::int64_t in_features() const noexcept { return in_; }
   std::int64_t out_features() const noexcept { return out_; }
@@ -53,13 +43,7 @@ class Linear {
 
   bool has_lora() const noexcept { return lora_.any(); }
 
-  std::vector<ParamSpec> params() const {
-    const bool train = options_.trainable && !lora_.any();
-    std::vector<ParamSpec> specs{{"weight", {out_, in_}, Init::fan_in_uniform(in_), train, options_.tie_weight}};
-    if (options_.bias) specs.push_back({"bias", {out_}, Init::fan_in_uniform(in_), train, {}, {"bias"}});
-    for (auto& p : lora_.params()) specs.push_back(std::move(p));
-    return specs;
-  }
+  DTRAIN_DECL std::vector<ParamSpec> params() const;
 
   std::int64_t out_features(std::int64_t in) const {
     detail::check_width("nn::Linear", in, in_);
@@ -165,3 +149,7 @@ class Linear {
 };
 
 }  // namespace dtrain::nn
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/linear.ipp"
+#endif

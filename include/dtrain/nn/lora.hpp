@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/random.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/model/param.hpp"
@@ -80,27 +81,10 @@ inline constexpr std::uint64_t lora_stream_key = 0x4c6f5241'00000000ull;
 class LoraSite {
  public:
   LoraSite() = default;
-  LoraSite(const std::string& what, std::string name, const LoraOptions& o, std::int64_t in, std::int64_t out,
-           std::int64_t segments = 1)
-      : name_(std::move(name)), options_(o), in_(in), out_(out), segments_(segments) {
-    const std::string where = what + (name_.empty() ? "" : " " + name_) + ": LoRA ";
-    if (o.r < 0) throw config_error(where + "rank " + std::to_string(o.r) + " is negative", "give lora_r >= 1");
-    if (!o.on()) return;
-    if (segments < 1 || out % segments != 0)
-      throw config_error(where + std::to_string(segments) + " segments do not divide " + std::to_string(out) +
-                             " outputs",
-                         "report this: the unit splits its projection wrongly");
-    if (o.r > in || o.r > out / segments)
-      throw config_error(where + "rank " + std::to_string(o.r) + " exceeds the layer's dimensions [" +
-                             std::to_string(out / segments) + ", " + std::to_string(in) + "]",
-                         "give lora_r <= " + std::to_string(std::min(in, out / segments)));
-    if (!(o.alpha > 0.f) || !std::isfinite(o.alpha))
-      throw config_error(where + "alpha " + std::to_string(o.alpha) + " must be positive and finite",
-                         "give lora_alpha > 0 (PEFT's default is 8)");
-    if (!(o.dropout >= 0.f && o.dropout < 1.f))
-      throw config_error(where + "dropout " + std::to_string(o.dropout) + " is outside [0, 1)",
-                         "give lora_dropout in [0, 1), e.g. 0.05 (PEFT's default is 0)");
-  }
+  // Checks the options against the projection [out, in] and its segments;
+  // `what` and `name` name the unit and projection in the errors.
+  DTRAIN_DECL LoraSite(const std::string& what, std::string name, const LoraOptions& o, std::int64_t in,
+                       std::int64_t out, std::int64_t segments = 1);
 
   bool on() const noexcept { return options_.on(); }
   std::int64_t rank() const noexcept { return options_.r; }
@@ -115,12 +99,7 @@ class LoraSite {
 
   // {"<name>.lora_A", "<name>.lora_B"} ("lora_A", "lora_B" for an unnamed
   // projection), or none.
-  std::vector<ParamSpec> params() const {
-    if (!on()) return {};
-    const std::string prefix = name_.empty() ? "" : name_ + ".";
-    return {{prefix + "lora_A", {segments_ * options_.r, in_}, Init::fan_in_uniform(in_), true, {}, {"lora"}},
-            {prefix + "lora_B", {out_, options_.r}, Init::zeros(), true, {}, {"lora"}}};
-  }
+  DTRAIN_DECL std::vector<ParamSpec> params() const;
 
   // out [rows, out] (contiguous) += scale * (x A^T) B^T, keeping t = x A^T
   // (x dropped in a training call with dropout, and kept after t).
@@ -208,12 +187,7 @@ class LoraSet {
     for (const auto& s : sites_) n += s.on() ? 2 : 0;
     return n;
   }
-  std::vector<ParamSpec> params() const {
-    std::vector<ParamSpec> out;
-    for (const auto& s : sites_)
-      for (auto& p : s.params()) out.push_back(std::move(p));
-    return out;
-  }
+  DTRAIN_DECL std::vector<ParamSpec> params() const;
   std::int64_t saved_size(std::int64_t rows) const noexcept {
     std::int64_t n = 0;
     for (const auto& s : sites_) n += s.saved_size(rows);
@@ -260,3 +234,7 @@ class LoraSet {
 
 }  // namespace detail
 }  // namespace dtrain::nn
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/lora.ipp"
+#endif

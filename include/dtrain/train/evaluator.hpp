@@ -16,6 +16,7 @@
 
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/wire.hpp"
 #include "dtrain/metrics/metric.hpp"
@@ -46,6 +47,21 @@ struct EvalPlan {
   }
 };
 
+// The empty batches this rank adds so that every rank runs the same number
+// of forwards: 0 rows of its own first batch, or of the first rank with
+// batches. Collective.
+DTRAIN_DECL std::vector<Batch> eval_padding(World& world, std::span<const Batch> batches);
+
+// The metrics' names over all ranks (a rank without batches has none),
+// sorted. Collective.
+DTRAIN_DECL std::vector<std::string> all_metric_names(World& world, const MetricSums& sums);
+
+// What evaluate all-reduces: the loss's sum and count, then each named
+// metric's sum and count; and the EvalResult the reduced values give.
+DTRAIN_DECL std::vector<double> eval_values(double sum, double count, const MetricSums& sums,
+                                            const std::vector<std::string>& names);
+DTRAIN_DECL EvalResult eval_result(const std::vector<double>& values, const std::vector<std::string>& names);
+
 }  // namespace detail
 
 template <Model M, class Dev, class T>
@@ -58,7 +74,7 @@ class Evaluator {
   // (Trainer::evaluate). Collective: every rank calls it, with its own
   // batches (possibly none).
   EvalResult evaluate(std::span<const Batch> batches, std::span<const Metric> metrics, std::int64_t step) {
-    for (const Batch& b : padding(batches)) pipeline_.forward(b, step, nullptr, [](double) { return 0.f; });
+    for (const Batch& b : detail::eval_padding(world_, batches)) pipeline_.forward(b, step, nullptr, [](double) { return 0.f; });
     double sum = 0, count = 0;
     MetricSums sums;
     for (const Batch& b : batches) {
@@ -74,33 +90,10 @@ class Evaluator {
                          batch_loss, c};
       for (const Metric& m : metrics) m(eb, sums);
     }
-    // The metrics' names over all ranks (a rank without batches has none),
-    // then every sum and count in one all-reduce.
-    std::vector<std::string> names;
-    if (!metrics.empty()) {
-      for (const std::vector<std::string>& theirs : world_.all_gather("eval-metric-names", sums.names()))
-        for (const std::string& n : theirs)
-          if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
-      std::sort(names.begin(), names.end());
-    }
-    std::vector<double> values{sum, count};
-    for (const std::string& n : names) {
-      const auto [s_, c_] = sums.get(n);
-      values.push_back(s_);
-      values.push_back(c_);
-    }
-    values = sums_.sum(std::move(values));
-    if (values[1] <= 0)
-      throw config_error("Trainer::evaluate: the batches count no targets on any rank",
-                         "evaluate on batches with targets");
-    EvalResult r;
-    r.loss = values[0] / values[1];
-    r.count = values[1];
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      const double c = values[3 + 2 * i];
-      r.metrics[names[i]] = c > 0 ? values[2 + 2 * i] / c : std::numeric_limits<double>::quiet_NaN();
-    }
-    return r;
+    // Every sum and count in one all-reduce.
+    const std::vector<std::string> names = metrics.empty() ? std::vector<std::string>{}
+                                                           : detail::all_metric_names(world_, sums);
+    return detail::eval_result(sums_.sum(detail::eval_values(sum, count, sums, names)), names);
   }
 
   // The model's output for one batch (Trainer::predict). Collective.
@@ -111,30 +104,6 @@ class Evaluator {
   }
 
  private:
-  // The empty batches this rank adds so that every rank runs the same
-  // number of forwards: 0 rows of its own first batch, or of the first rank
-  // with batches.
-  std::vector<Batch> padding(std::span<const Batch> batches) {
-    detail::EvalPlan mine{batches.size(), {}};
-    if (!batches.empty())
-      for (const auto& [name, t] : batches[0].tensors) mine.tensors.push_back({name, t.type, t.shape});
-    const std::vector<detail::EvalPlan> all = world_.all_gather("eval-batches", mine);
-    std::uint64_t most = 0;
-    const detail::EvalPlan* model = nullptr;
-    for (const detail::EvalPlan& p : all) {
-      most = std::max(most, p.batches);
-      if (model == nullptr && p.batches > 0) model = &p;
-    }
-    if (most == batches.size()) return {};
-    Batch empty;
-    for (const detail::TensorShape& t : (batches.empty() ? *model : mine).tensors) {
-      std::vector<std::int64_t> dims = t.shape;
-      if (!dims.empty()) dims[0] = 0;
-      empty.set(t.name, HostTensor{t.type, std::move(dims), {}});
-    }
-    return std::vector<Batch>(static_cast<std::size_t>(most - batches.size()), empty);
-  }
-
   World& world_;
   UnitPipeline<M, Dev, T>& pipeline_;
   RankSums<Dev>& sums_;
@@ -142,3 +111,7 @@ class Evaluator {
 };
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/train/evaluator.ipp"
+#endif

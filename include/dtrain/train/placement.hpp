@@ -110,8 +110,16 @@ auto OptimizerPlacement<Dev, T>::step(const OptimizerStep& s) -> void {
 }
 
 // Compiled once, in dtrain::runtime, under separate compilation.
-#define DTRAIN_PLACEMENT_INSTANCES(T) DTRAIN_INSTANTIATE(class OptimizerPlacement<Host, T>)
+// The constructor is a template over the optimizer: the built-in ones' too.
+#define DTRAIN_PLACEMENT_CTOR(T, Opt)                                                                    \
+  DTRAIN_INSTANTIATE(OptimizerPlacement<Host, T>::OptimizerPlacement(Host&, Opt, AnyStrategy<T>&,      \
+                                                                     OffloadArena<Host>*, const ModelLayout&, \
+                                                                     const GroupPlan&))
+#define DTRAIN_PLACEMENT_INSTANCES(T)                                                              \
+  DTRAIN_INSTANTIATE(class OptimizerPlacement<Host, T>)                                            \
+  DTRAIN_PLACEMENT_CTOR(T, AdamW) DTRAIN_PLACEMENT_CTOR(T, SGD) DTRAIN_PLACEMENT_CTOR(T, Lion)
 DTRAIN_FOR_EACH_DTYPE(DTRAIN_PLACEMENT_INSTANCES)
 #undef DTRAIN_PLACEMENT_INSTANCES
+#undef DTRAIN_PLACEMENT_CTOR
 
 }  // namespace dtrain

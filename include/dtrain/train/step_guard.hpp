@@ -16,6 +16,7 @@
 
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/wire.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/strategy/any_strategy.hpp"
@@ -48,6 +49,10 @@ struct NonfiniteAt {
     return std::tuple{field("key", &NonfiniteAt::key), field("name", &NonfiniteAt::name)};
   }
 };
+
+// "the first non-finite gradient is in <param>": the first of every rank's
+// `mine`. Collective.
+DTRAIN_DECL std::string first_nonfinite_text(World& world, const NonfiniteAt& mine);
 }  // namespace detail
 
 template <class Dev, class T>
@@ -62,74 +67,87 @@ class StepGuard {
   // Updates the loss scale in `state`; throws nonfinite_error (naming where)
   // under the stop policy.
   StepDecision decide(double loss, TrainState& state, World& world, Dev& dev, const ModelLayout& layout,
-                      AnyStrategy<T>& strategy) {
-    const bool norm_needed = options_.grad_norm || options_.clip.max_norm > 0 || loss_scaling_;
-    const double norm2 = norm_needed ? strategy.grad_norm_squared() : std::numeric_limits<double>::quiet_NaN();
-    StepDecision d;
-    d.grad_norm = std::sqrt(norm2) / state.loss_scale;
-    if (!loss_scaling_ && (!std::isfinite(loss) || (norm_needed && !std::isfinite(norm2)))) {
-      if (options_.on_nonfinite == nonfinite_policy::skip) return d;
-      throw nonfinite_error("step " + std::to_string(state.step + 1) + " has a non-finite " +
-                                (std::isfinite(loss) ? "gradient norm" : "loss") + " (loss " + std::to_string(loss) +
-                                "); " + first_nonfinite(world, dev, layout, strategy),
-                            "look for a bad batch or a too high learning rate, then resume from the last "
-                            "checkpoint; TrainerOptions::on_nonfinite = skip (the examples' on_nonfinite=skip) "
-                            "skips such steps instead");
-    }
-    if (loss_scaling_) {
-      if (!std::isfinite(norm2)) {  // an overflow: skip, shrink the scale
-        state.loss_scale *= options_.loss_scale.backoff;
-        state.good_steps = 0;
-        return d;
-      }
-      if (++state.good_steps == options_.loss_scale.window) {
-        state.loss_scale *= options_.loss_scale.growth;
-        state.good_steps = 0;
-      }
-    }
-    const double max_norm = options_.clip.max_norm;
-    const double clip = max_norm > 0 && d.grad_norm > max_norm ? max_norm / (d.grad_norm + 1e-6) : 1.0;
-    d.apply = true;
-    d.grad_scale = static_cast<float>(clip / state.loss_scale);
-    return d;
-  }
+                      AnyStrategy<T>& strategy);
 
  private:
   // "the first non-finite gradient is in <param>", over every rank's owned
   // elements in layout order. Collective.
-  static std::string first_nonfinite(World& world, Dev& dev, const ModelLayout& layout, AnyStrategy<T>& strategy) {
-    const OwnedFlat<T> owned = strategy.owned();
-    std::vector<float> grad(owned.size);
-    if (owned.on_host) std::copy_n(owned.grad, owned.size, grad.data());
-    else if (owned.size) dev.copy_to_host(grad.data(), owned.grad, owned.size);
-    // Ordered by unit, then by position in the unit (the flat itself holds
-    // the units in reverse order).
-    detail::NonfiniteAt mine;
-    for (const OwnedRange& r : strategy.ownership().trainable) {
-      const auto& unit = layout.units()[r.unit];
-      for (std::size_t i = 0; i < r.count; ++i)
-        if (!std::isfinite(grad[r.offset + i])) {
-          const std::size_t at = unit.train_offset + r.begin + i;
-          const std::uint64_t key = (static_cast<std::uint64_t>(r.unit) << 40) + r.begin + i;
-          if (key < mine.key) {
-            mine.key = key;
-            mine.name.clear();
-            for (const auto& slot : unit.params)
-              if (slot.spec.trainable && slot.offset <= at && at < slot.offset + static_cast<std::size_t>(slot.spec.numel()))
-                mine.name = slot.name;
-          }
-          break;
-        }
-    }
-    detail::NonfiniteAt first;
-    for (const detail::NonfiniteAt& a : world.all_gather("nonfinite-unit", mine))
-      if (a.key < first.key) first = a;
-    if (first.key == std::numeric_limits<std::uint64_t>::max()) return "every gradient element is finite (the loss is not)";
-    return "the first non-finite gradient is in " + first.name;
-  }
+  static std::string first_nonfinite(World& world, Dev& dev, const ModelLayout& layout, AnyStrategy<T>& strategy);
 
   TrainerOptions options_;
   bool loss_scaling_;
 };
 
+template <class Dev, class T>
+StepDecision StepGuard<Dev, T>::decide(double loss, TrainState& state, World& world, Dev& dev,
+                                       const ModelLayout& layout, AnyStrategy<T>& strategy) {
+  const bool norm_needed = options_.grad_norm || options_.clip.max_norm > 0 || loss_scaling_;
+  const double norm2 = norm_needed ? strategy.grad_norm_squared() : std::numeric_limits<double>::quiet_NaN();
+  StepDecision d;
+  d.grad_norm = std::sqrt(norm2) / state.loss_scale;
+  if (!loss_scaling_ && (!std::isfinite(loss) || (norm_needed && !std::isfinite(norm2)))) {
+    if (options_.on_nonfinite == nonfinite_policy::skip) return d;
+    throw nonfinite_error("step " + std::to_string(state.step + 1) + " has a non-finite " +
+                              (std::isfinite(loss) ? "gradient norm" : "loss") + " (loss " + std::to_string(loss) +
+                              "); " + first_nonfinite(world, dev, layout, strategy),
+                          "look for a bad batch or a too high learning rate, then resume from the last "
+                          "checkpoint; TrainerOptions::on_nonfinite = skip (the examples' on_nonfinite=skip) "
+                          "skips such steps instead");
+  }
+  if (loss_scaling_) {
+    if (!std::isfinite(norm2)) {  // an overflow: skip, shrink the scale
+      state.loss_scale *= options_.loss_scale.backoff;
+      state.good_steps = 0;
+      return d;
+    }
+    if (++state.good_steps == options_.loss_scale.window) {
+      state.loss_scale *= options_.loss_scale.growth;
+      state.good_steps = 0;
+    }
+  }
+  const double max_norm = options_.clip.max_norm;
+  const double clip = max_norm > 0 && d.grad_norm > max_norm ? max_norm / (d.grad_norm + 1e-6) : 1.0;
+  d.apply = true;
+  d.grad_scale = static_cast<float>(clip / state.loss_scale);
+  return d;
+}
+
+template <class Dev, class T>
+std::string StepGuard<Dev, T>::first_nonfinite(World& world, Dev& dev, const ModelLayout& layout,
+                                                AnyStrategy<T>& strategy) {
+  const OwnedFlat<T> owned = strategy.owned();
+  std::vector<float> grad(owned.size);
+  if (owned.on_host) std::copy_n(owned.grad, owned.size, grad.data());
+  else if (owned.size) dev.copy_to_host(grad.data(), owned.grad, owned.size);
+  // Ordered by unit, then by position in the unit (the flat itself holds
+  // the units in reverse order).
+  detail::NonfiniteAt mine;
+  for (const OwnedRange& r : strategy.ownership().trainable) {
+    const auto& unit = layout.units()[r.unit];
+    for (std::size_t i = 0; i < r.count; ++i)
+      if (!std::isfinite(grad[r.offset + i])) {
+        const std::size_t at = unit.train_offset + r.begin + i;
+        const std::uint64_t key = (static_cast<std::uint64_t>(r.unit) << 40) + r.begin + i;
+        if (key < mine.key) {
+          mine.key = key;
+          mine.name.clear();
+          for (const auto& slot : unit.params)
+            if (slot.spec.trainable && slot.offset <= at && at < slot.offset + static_cast<std::size_t>(slot.spec.numel()))
+              mine.name = slot.name;
+        }
+        break;
+      }
+  }
+  return detail::first_nonfinite_text(world, mine);
+}
+
+// Compiled once, in dtrain::runtime, under separate compilation.
+#define DTRAIN_STEP_GUARD_INSTANCES(T) DTRAIN_INSTANTIATE(class StepGuard<Host, T>)
+DTRAIN_FOR_EACH_DTYPE(DTRAIN_STEP_GUARD_INSTANCES)
+#undef DTRAIN_STEP_GUARD_INSTANCES
+
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/train/step_guard.ipp"
+#endif
