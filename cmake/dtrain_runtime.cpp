@@ -32,6 +32,7 @@
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/lora.hpp>
+#include <dtrain/hf/model.hpp>
 #include <dtrain/io/crc32c.hpp>
 #include <dtrain/io/files.hpp>
 #include <dtrain/io/npy.hpp>

@@ -14,6 +14,22 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
 namespace dtrain::hf {
 
+DTRAIN_DECL std::vector<LinearModule> block_linears(const LmConfig& c, std::int64_t layer) {
+  const std::string l = std::to_string(layer);
+  if (c.gpt2()) {
+    const std::string h = "transformer.h." + l + ".";
+    return {{h + "attn.c_attn", "attn.qkv"},
+            {h + "attn.c_proj", "attn.proj"},
+            {h + "mlp.c_fc", "mlp.fc1"},
+            {h + "mlp.c_proj", "mlp.fc2"}};
+  }
+  const std::string h = "model.layers." + l + ".";
+  return {{h + "self_attn.q_proj", "attn.q"},    {h + "self_attn.k_proj", "attn.k"},
+          {h + "self_attn.v_proj", "attn.v"},    {h + "self_attn.o_proj", "attn.o"},
+          {h + "mlp.gate_proj", "mlp.fc1", 0},   {h + "mlp.up_proj", "mlp.fc1", 1},
+          {h + "mlp.down_proj", "mlp.fc2"}};
+}
+
 namespace detail {
 inline bool peft_matches(const LoraConfig& lora, const std::string& target, const std::string& module) {
   if (lora.regex) return std::regex_match(module, std::regex(target));
