@@ -67,9 +67,9 @@ the model (one of):
                              train_policy: hidden, horizon, image, image_size;
                              train_lm: model or config, block_size, packing,
                              lora_r, lora_alpha, lora_dropout, lora_rslora,
-                             lora_targets, adapter); every other key is
-                             ignored. Activations are the Trainer's buffers for
-                             one micro-batch.
+                             lora_targets, lora_modules_to_save, adapter);
+                             every other key is ignored. Activations are the
+                             Trainer's buffers for one micro-batch.
   --example mlp|gpt|policy|lm
                              which example's config it is (default mlp)
 
@@ -280,6 +280,10 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
     else if (key == "lora_targets") {
       if (!v.IsSequence()) text();  // a scalar, or the key's type error
       c.lora_targets = list_items(v);
+    }
+    else if (key == "lora_modules_to_save") {
+      if (!v.IsSequence()) text();
+      c.lora_modules_to_save = list_items(v);
     }
     else if (key == "adapter") c.adapter = text();
   } else {

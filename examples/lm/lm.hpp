@@ -56,6 +56,7 @@ struct Config : examples::Common {
   float lora_dropout = 0.f;
   bool lora_rslora = false;
   std::vector<std::string> lora_targets;
+  std::vector<std::string> lora_modules_to_save;  // PEFT's modules_to_save: embeddings or head trained whole
   std::string adapter;           // a PEFT adapter directory to load (and continue training)
   std::string save_adapter;      // write the adapters here in PEFT's format
   bool packing = false;          // pack the training records into full blocks (position_ids restart per record)
@@ -64,7 +65,12 @@ struct Config : examples::Common {
   // lora_dropout included), else the lora_ keys.
   dtrain::hf::LoraConfig lora() const {
     if (adapter.empty())
-      return {.r = lora_r, .alpha = lora_alpha, .dropout = lora_dropout, .rslora = lora_rslora, .targets = lora_targets};
+      return {.r = lora_r,
+              .alpha = lora_alpha,
+              .dropout = lora_dropout,
+              .rslora = lora_rslora,
+              .targets = lora_targets,
+              .modules_to_save = lora_modules_to_save};
     return dtrain::hf::read_adapter_config(adapter);
   }
 };

@@ -48,6 +48,9 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
   r.add("lora_targets", c.lora_targets,
         "PEFT's target_modules: module names or suffixes, e.g. q_proj,k_proj,v_proj,o_proj (Llama), c_attn,c_proj,c_fc "
         "(GPT-2), or all-linear");
+  r.add("lora_modules_to_save", c.lora_modules_to_save,
+        "PEFT's modules_to_save: train these whole beside the adapters and save them with them: embed_tokens, "
+        "lm_head (untied models), GPT-2's wpe");
   r.add("adapter", c.adapter, "a PEFT adapter directory to load onto model= (its adapter_config.json sets the lora_ keys)");
   r.add("save_adapter", c.save_adapter, "at the end, write the adapters here for peft.PeftModel.from_pretrained");
 }
@@ -60,8 +63,8 @@ void validate_extra(const Config& c) {
     throw dtrain::config_error("data= is missing", "pass data=FILE.npy or FILE.bin of token ids, or FILE.jsonl records");
   if (!c.adapter.empty() && c.model.empty())
     throw dtrain::config_error("adapter= needs the base model it adapts", "give model=DIR too");
-  if (!c.adapter.empty() && (c.lora_r != 0 || !c.lora_targets.empty()))
-    throw dtrain::config_error("adapter= and lora_r/lora_targets both say which adapters to build",
+  if (!c.adapter.empty() && (c.lora_r != 0 || !c.lora_targets.empty() || !c.lora_modules_to_save.empty()))
+    throw dtrain::config_error("adapter= and lora_r/lora_targets/lora_modules_to_save both say which adapters to build",
                                "give one: adapter=DIR reads them from its adapter_config.json");
   if (c.lora_r == 0 && c.adapter.empty() && (!c.lora_targets.empty() || !c.save_adapter.empty()))
     throw dtrain::config_error(std::string(c.save_adapter.empty() ? "lora_targets" : "save_adapter") +

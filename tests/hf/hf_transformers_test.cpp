@@ -225,14 +225,16 @@ std::vector<float> adapted_logits(const fs::path& model, const fs::path& adapter
   return out;
 }
 
-void lora_both_ways_with_peft(const std::string& name, const std::string& args, const std::string& targets) {
+// `modules`: PEFT's modules_to_save (comma-separated), trained whole beside the adapters.
+void lora_both_ways_with_peft(const std::string& name, const std::string& args, const std::string& targets,
+                              const std::string& modules = "") {
   const fs::path dir = make_model(name + "_lora", args);
   const Expected e = expected(dir);
   const fs::path model = dir / "model", theirs = dir / "peft_adapter", ours = dir / "dtrain_adapter";
   const std::string script = python() + " " + DTRAIN_SOURCE_DIR + "/tests/hf/peft_adapter.py ";
   const std::string ids = (dir / "expected.safetensors").string();
   BOOST_TEST_REQUIRE(run_logged(script + "make " + model.string() + " " + theirs.string() + " " + ids + " " +
-                                    (dir / "peft_logits.safetensors").string() + " " + targets + " 4 8",
+                                    (dir / "peft_logits.safetensors").string() + " " + targets + " 4 8 " + modules,
                                 dir / "peft_make.log") == 0,
                      read_text(dir / "peft_make.log"));
   const std::vector<float> want = SafetensorsFile::open(dir / "peft_logits.safetensors").read_f32("logits");
@@ -245,9 +247,10 @@ void lora_both_ways_with_peft(const std::string& name, const std::string& args, 
                                 dir / "peft_load.log") == 0,
                      "peft could not load dtrain's adapter: " << read_text(dir / "peft_load.log"));
   const double back = worst(trained, SafetensorsFile::open(dir / "peft_reload.safetensors").read_f32("logits"));
-  std::printf("%s LoRA (%s): PEFT's adapter moves the logits %.2e; dtrain with it differs by %.2e (1 rank), "
+  std::printf("%s LoRA (%s%s%s): PEFT's adapter moves the logits %.2e; dtrain with it differs by %.2e (1 rank), "
               "%.2e (FSDP, 2 ranks); PEFT with dtrain's trained adapter differs by %.2e\n",
-              name.c_str(), targets.c_str(), moved, one, two, back);
+              name.c_str(), targets.c_str(), modules.empty() ? "" : "; modules_to_save ", modules.c_str(), moved, one,
+              two, back);
   BOOST_TEST(moved > 1e-3, "the adapter changes the model");
   BOOST_TEST(worst(trained, want) > 1e-4, "training changed the adapter");
   BOOST_TEST(one <= tolerance);
@@ -262,6 +265,10 @@ BOOST_AUTO_TEST_CASE(llama_lora_both_ways_with_peft, *boost::unit_test::precondi
 }
 BOOST_AUTO_TEST_CASE(gpt2_lora_both_ways_with_peft, *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
   lora_both_ways_with_peft("gpt2", "gpt2 4 float32 0", "c_attn,c_proj,c_fc");
+}
+BOOST_AUTO_TEST_CASE(llama_lora_with_modules_to_save_both_ways_with_peft,
+                     *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
+  lora_both_ways_with_peft("llama_saved", "llama 2 float32 0", "q_proj,v_proj", "embed_tokens,lm_head");
 }
 
 // LoRA training against PEFT + torch's AdamW: the first step's loss and the

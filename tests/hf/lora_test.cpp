@@ -269,6 +269,73 @@ BOOST_AUTO_TEST_CASE(documented_lora_fine_tune) {
   BOOST_TEST(fs::exists(merged / "model.safetensors"));
 }
 
+// PEFT's modules_to_save: the untied embedding and head (GPT-2: the learned
+// positions) train whole beside the adapters, are saved with them under
+// their modules' names and load back bit for bit at two ranks; tied ones,
+// other modules and modules without adapters are refused by name.
+BOOST_AUTO_TEST_CASE(modules_to_save_train_and_round_trip) {
+  const hf::LmConfig config = llama();
+  const hf::CausalLm model(config, {.r = 2, .targets = {"q_proj"}, .modules_to_save = {"embed_tokens", "lm_head"}});
+  BOOST_TEST(trainable_names(model) ==
+                 (std::vector<std::string>{"0.weight", "1.attn.q.lora_A", "1.attn.q.lora_B", "2.attn.q.lora_A",
+                                           "2.attn.q.lora_B", "4.weight"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(trainable_names(hf::CausalLm(gpt2(), {.r = 2, .targets = {"c_fc"}, .modules_to_save = {"wpe"}})).front() ==
+             "1.weight");
+
+  const fs::path base = fresh("lora_saved_base"), adapter = fresh("lora_saved_adapter");
+  const Params base_params = base_model(config, base);
+  const hf::LoraConfig lora{.r = 2, .alpha = 4.f, .targets = {"q_proj", "v_proj"},
+                            .modules_to_save = {"model.embed_tokens", "lm_head"}};
+  Params trained;
+  run_ranks(1, [&](World& w) {
+    hf::CausalLm m(config, lora);
+    Trainer<hf::CausalLm> trainer(w, m, AdamW{.lr = 1e-2f}, {.seed = 5});
+    hf::load_pretrained(trainer, base, config);
+    for (int s = 0; s < 3; ++s) {
+      const Batch b = batch(s);
+      trainer.step(std::span(&b, 1));
+    }
+    hf::save_adapter(trainer, adapter, m, base.string());
+    trained = trainer.parameters();
+  });
+  for (const auto& [name, v] : base_params) {
+    const bool saved = name == "0.weight" || name == "4.weight";
+    BOOST_TEST((trained.at(name) == v) != saved, name << (saved ? " trained" : " is frozen"));
+  }
+  const Json cfg = Json::parse(std::ifstream(adapter / "adapter_config.json"));
+  BOOST_TEST(cfg.at("modules_to_save") == (Json{"model.embed_tokens", "lm_head"}));
+  const auto file = SafetensorsFile::open(adapter / "adapter_model.safetensors");
+  BOOST_TEST(file.names().size() == 2u * 2u * 2u + 2u);
+  BOOST_TEST((file.read_f32("base_model.model.model.embed_tokens.weight") == trained.at("0.weight")));
+  BOOST_TEST((file.read_f32("base_model.model.lm_head.weight") == trained.at("4.weight")));
+  Params loaded;
+  run_ranks(2, [&](World& w) {
+    hf::CausalLm m(config, hf::read_adapter_config(adapter));
+    Trainer<hf::CausalLm, Strategy<FSDP<FullShard>>> trainer(w, m, AdamW{}, {.seed = 99});
+    hf::load_pretrained(trainer, base, config);
+    const LoadParamsReport r = hf::load_adapter(trainer, adapter, m);
+    require(r.loaded.size() == 2u * 2u * 2u + 2u, "the adapters and both saved modules load");
+    Params p = trainer.parameters();
+    if (w.rank() == 0) loaded = std::move(p);
+  });
+  BOOST_TEST((loaded == trained), "the reloaded adapters and modules differ");
+
+  const auto refused = [](const hf::LmConfig& c, const hf::LoraConfig& l, const std::string& says) {
+    try {
+      hf::CausalLm m(c, l);
+      BOOST_ERROR("not refused: " << says);
+    } catch (const config_error& e) {
+      BOOST_TEST(std::string(e.what()).find(says) != std::string::npos, e.what());
+    }
+  };
+  refused(gpt2(), {.r = 2, .targets = {"c_fc"}, .modules_to_save = {"lm_head"}}, "ties its output head");
+  refused(gpt2(), {.r = 2, .targets = {"c_fc"}, .modules_to_save = {"wte"}}, "ties its output head");
+  refused(config, {.r = 2, .targets = {"q_proj"}, .modules_to_save = {"norm"}}, "\"norm\" is not supported");
+  refused(config, {.r = 2, .targets = {"q_proj"}, .modules_to_save = {"all-linear"}}, "is not supported");
+  refused(config, {.modules_to_save = {"lm_head"}}, "modules_to_save without LoRA adapters");
+}
+
 // Loading an adapter whose files do not match the model fails naming it, and changes nothing.
 BOOST_AUTO_TEST_CASE(mismatched_adapter_is_refused) {
   const hf::LmConfig config = llama();
@@ -297,12 +364,17 @@ BOOST_AUTO_TEST_CASE(unsupported_adapter_configs_are_refused) {
   BOOST_TEST(c.alpha == 8.f);
   BOOST_TEST((c.targets == std::vector<std::string>{"q_proj"}));
   BOOST_TEST(!c.regex);
+  BOOST_TEST(c.modules_to_save.empty());
   Json regex = good;
   regex["target_modules"] = ".*q_proj";
   BOOST_TEST(read(regex).regex);
+  Json saved = good;
+  saved["modules_to_save"] = {"embed_tokens", "lm_head"};
+  BOOST_TEST((read(saved).modules_to_save == std::vector<std::string>{"embed_tokens", "lm_head"}));
+  saved["modules_to_save"] = "lm_head";
+  BOOST_CHECK_THROW(read(saved), checkpoint_error);  // a list, as PEFT writes it
   for (const auto& [key, value] : std::vector<std::pair<std::string, Json>>{{"use_dora", true},
                                                                             {"bias", "all"},
-                                                                            {"modules_to_save", {"lm_head"}},
                                                                             {"rank_pattern", {{"q_proj", 8}}},
                                                                             {"layers_to_transform", {0}},
                                                                             {"peft_type", "IA3"}}) {

@@ -143,9 +143,11 @@ struct LoadParamsOptions {
   // Model tensors with one of these tags are left out: neither loaded nor
   // missing (a base checkpoint lacks the "lora" adapters).
   std::vector<std::string> skip_tags{};
-  // Non-empty: only the model tensors with one of these tags are loaded or
-  // missing (an adapter file holds only the "lora" adapters).
+  // Non-empty: only the model tensors with one of these tags, or named in
+  // only_names, are loaded or missing (an adapter file holds the "lora"
+  // adapters and the modules saved beside them).
   std::vector<std::string> only_tags{};
+  std::vector<std::string> only_names{};
 };
 
 struct LoadParamsReport {

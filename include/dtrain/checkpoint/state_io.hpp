@@ -351,8 +351,10 @@ auto CheckpointIO<Dev, T>::load_params(const ParamSources& sources, const LoadPa
   };
   for (const auto& unit : layout_.units())
     for (const auto& slot : unit.params) {
-      if (tagged(slot, options.skip_tags) || (!options.only_tags.empty() && !tagged(slot, options.only_tags)))
-        continue;
+      const bool only = !options.only_tags.empty() || !options.only_names.empty();
+      const bool named = std::find(options.only_names.begin(), options.only_names.end(), slot.name) !=
+                         options.only_names.end();
+      if (tagged(slot, options.skip_tags) || (only && !tagged(slot, options.only_tags) && !named)) continue;
       const auto it = sources.parts.find(slot.name);
       if (it == sources.parts.end()) {
         report.missing.push_back(slot.name);

@@ -214,7 +214,7 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const C
 
 // Writes the model's LoRA adapters to `dir` as PEFT's save_pretrained does:
 // adapter_config.json and adapter_model.safetensors (F32, PEFT's tensor
-// names), which peft.PeftModel.from_pretrained(base, dir) loads onto the
+// names; the modules_to_save whole), which peft.PeftModel.from_pretrained(base, dir) loads onto the
 // transformers model `base` names (base_model_name_or_path). The directory
 // must not exist (or be empty); it appears complete or not at all.
 // Collective.
@@ -269,8 +269,9 @@ void save_adapter(Trainer& trainer, const std::filesystem::path& dir, const Caus
 }
 
 // Loads the LoRA adapters in `dir` (adapter_model.safetensors, PEFT's names,
-// as PEFT or save_adapter writes them) into the model's adapters; the base
-// weights are not touched (load them with load_pretrained). Build the model
+// as PEFT or save_adapter writes them) into the model's adapters, and the
+// modules it saves whole (modules_to_save); the other base weights are not
+// touched (load them with load_pretrained first). Build the model
 // with the adapter's own LoraConfig (read_adapter_config(dir)). Every
 // adapter must be in the file with its shape, and the file must hold no
 // other tensor: anything else is one error listing it all, and nothing is
@@ -297,7 +298,10 @@ LoadParamsReport load_adapter(Trainer& trainer, const std::filesystem::path& dir
     }
     if (parts.size() == theirs.size()) s.parts[ours] = std::move(parts);
   }
-  return trainer.load_params(s, {.strict = true, .only_tags = {"lora"}});
+  LoadParamsOptions options{.strict = true, .only_tags = {"lora"}};
+  for (const auto& [ours, theirs] : peft_names(model.config, model.lora))
+    if (!ours.ends_with(".lora_A") && !ours.ends_with(".lora_B")) options.only_names.push_back(ours);  // modules_to_save
+  return trainer.load_params(s, options);
 }
 
 }  // namespace dtrain::hf

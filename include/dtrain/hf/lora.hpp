@@ -17,7 +17,8 @@
 //
 // With adapters on, every other parameter of the model is frozen (PEFT's
 // default: bias "none", no modules_to_save), so only the adapters have
-// gradients, master copies and optimizer state.
+// gradients, master copies and optimizer state; modules_to_save names the
+// embeddings or the output head to train whole beside them.
 
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +41,10 @@ struct LoraConfig {
   bool rslora = false;     // use_rslora: scale alpha / sqrt(r)
   std::vector<std::string> targets{};  // target_modules
   bool regex = false;      // targets[0] is a regular expression over whole names
+  // PEFT's modules_to_save: modules trained whole (not frozen) and saved
+  // beside the adapters. dtrain takes the embeddings and the output head
+  // ("embed_tokens", "lm_head"; GPT-2's "wpe"), untied ones only.
+  std::vector<std::string> modules_to_save{};
 
   bool on() const noexcept { return r > 0; }
   nn::LoraOptions options() const { return {.r = r, .alpha = alpha, .rslora = rslora, .dropout = dropout}; }
@@ -62,6 +67,11 @@ DTRAIN_DECL std::vector<LinearModule> block_linears(const LmConfig& c, std::int6
 struct LoraPlan {
   LoraConfig config;
   std::vector<std::vector<std::string>> layers;
+  // modules_to_save: which of the token embedding, the learned positions
+  // (GPT-2) and the output head train whole beside the adapters.
+  bool save_embedding = false;
+  bool save_positions = false;
+  bool save_head = false;
 
   bool adapted(std::int64_t layer, const std::string& ours) const {
     if (!config.on()) return false;
@@ -71,11 +81,14 @@ struct LoraPlan {
   }
 };
 
-// Resolves the targets on this model. Errors (config_error, naming the fix):
-// a target that matches no linear layer (the output head included, which
-// is not adapted yet), gate_proj without up_proj or the reverse, a pattern
-// that is not a regular expression; the rank and alpha are checked when the
-// units are built (nn::LoraOptions).
+// Resolves the targets and modules_to_save on this model. Errors
+// (config_error, naming the fix): a target that matches no linear layer
+// (the output head included, which is not adapted yet), gate_proj without
+// up_proj or the reverse, a pattern that is not a regular expression; a
+// module to save that is not an embedding or the head, or is tied (the
+// embedding and head of tie_word_embeddings), or modules to save without
+// adapters. The rank and alpha are checked when the units are built
+// (nn::LoraOptions).
 DTRAIN_DECL LoraPlan plan_lora(const LmConfig& c, const LoraConfig& lora);
 
 // The unit of block `layer` (the "<unit>." of its tensors' names).
@@ -85,7 +98,8 @@ inline std::int64_t block_unit(const LmConfig& c, std::int64_t layer) { return l
 // adapter_model.safetensors ("base_model.model.model.layers.0.self_attn.
 // q_proj.lora_A.weight"); the fused gate|up's two, its halves along the
 // first dimension. Both A [r, in] and B [out, r] keep PEFT's layout, GPT-2's
-// Conv1D layers included.
+// Conv1D layers included. The modules to save are there too, under their
+// module's name ("0.weight" -> "base_model.model.model.embed_tokens.weight").
 DTRAIN_DECL std::map<std::string, std::vector<std::string>> peft_names(const LmConfig& c, const LoraPlan& plan);
 
 // PEFT's adapter_config.json for these adapters on the model `base` (its
@@ -94,8 +108,9 @@ DTRAIN_DECL std::string adapter_config_json(const LmConfig& c, const LoraConfig&
 
 // The adapters an adapter directory's adapter_config.json describes.
 // Refused by name (config_error): another PEFT method than LoRA, DoRA,
-// biases other than "none", modules_to_save, rank or alpha patterns and
-// layers_to_transform. lora_dropout is read as the file says (training
+// biases other than "none", rank or alpha patterns and layers_to_transform
+// (and modules_to_save other than the embeddings and head, when the model
+// is built: plan_lora). lora_dropout is read as the file says (training
 // applies it, evaluation never does).
 DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir);
 

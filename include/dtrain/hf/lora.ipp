@@ -40,9 +40,62 @@ inline bool peft_matches(const LoraConfig& lora, const std::string& target, cons
 }
 }  // namespace detail
 
+namespace detail {
+// The modules a LoRA model can save whole: the token embedding, GPT-2's
+// learned positions and the output head, by their transformers names.
+struct SavableModule {
+  const char* module;
+  bool LoraPlan::*flag;
+  bool tied;  // one of tie_word_embeddings' pair
+};
+
+inline std::vector<SavableModule> savable_modules(const LmConfig& c) {
+  if (c.gpt2())
+    return {{"transformer.wte", &LoraPlan::save_embedding, c.tie_word_embeddings},
+            {"transformer.wpe", &LoraPlan::save_positions, false},
+            {"lm_head", &LoraPlan::save_head, c.tie_word_embeddings}};
+  return {{"model.embed_tokens", &LoraPlan::save_embedding, c.tie_word_embeddings},
+          {"lm_head", &LoraPlan::save_head, c.tie_word_embeddings}};
+}
+
+// modules_to_save resolved as PEFT matches it: the module's whole name, or a
+// suffix after a dot ("embed_tokens").
+inline void plan_saved_modules(const LmConfig& c, LoraPlan& plan) {
+  const auto& names = plan.config.modules_to_save;
+  if (names.empty()) return;
+  if (!plan.config.on())
+    throw config_error("modules_to_save without LoRA adapters", "give lora_r and lora_targets, or train every weight "
+                                                                "without modules_to_save");
+  std::string savable;
+  for (const SavableModule& m : savable_modules(c))
+    if (!m.tied) savable += std::string(savable.empty() ? "" : ", ") + m.module;
+  for (const std::string& name : names) {
+    bool found = false;
+    for (const SavableModule& m : savable_modules(c)) {
+      const std::string module = m.module;
+      if (!(module == name || (module.size() > name.size() && module.ends_with("." + name)))) continue;
+      if (m.tied)
+        throw config_error("modules_to_save \"" + name + "\": this " + c.model_type +
+                               " model ties its output head to its token embedding (tie_word_embeddings), and "
+                               "saving one of the pair is not supported",
+                           "leave it out of modules_to_save" +
+                               (savable.empty() ? std::string() : " (this model can save " + savable + ")"));
+      plan.*m.flag = true;
+      found = true;
+    }
+    if (!found)
+      throw config_error("modules_to_save \"" + name + "\" is not supported: beside LoRA adapters dtrain trains "
+                             "and saves the embeddings and the output head only",
+                         savable.empty() ? "leave modules_to_save empty"
+                                         : "list among " + savable + ", or adapt the module with lora_targets");
+  }
+}
+}  // namespace detail
+
 DTRAIN_DECL LoraPlan plan_lora(const LmConfig& c, const LoraConfig& lora) {
   LoraPlan plan{lora, std::vector<std::vector<std::string>>(static_cast<std::size_t>(c.num_hidden_layers))};
   if (lora.r < 0) throw config_error("lora_r " + std::to_string(lora.r) + " is negative", "give lora_r >= 1");
+  detail::plan_saved_modules(c, plan);
   if (!lora.on()) return plan;
   if (lora.targets.empty())
     throw config_error("LoRA needs target modules", c.gpt2() ? "give lora_targets=c_attn,c_proj,c_fc (or all-linear)"
@@ -106,6 +159,13 @@ DTRAIN_DECL std::map<std::string, std::vector<std::string>> peft_names(const LmC
         m[u + lin.ours + "." + ab].push_back("base_model.model." + lin.module + "." + ab + ".weight");
     }
   }
+  // The saved modules' units: the embedding 0, GPT-2's positions 1, the head last.
+  const std::int64_t head = c.num_hidden_layers + (c.gpt2() ? 3 : 2);
+  const auto unit_of = [&](bool LoraPlan::*flag) {
+    return flag == &LoraPlan::save_embedding ? 0 : flag == &LoraPlan::save_positions ? 1 : head;
+  };
+  for (const detail::SavableModule& s : detail::savable_modules(c))
+    if (plan.*s.flag) m[std::to_string(unit_of(s.flag)) + ".weight"] = {"base_model.model." + std::string(s.module) + ".weight"};
   return m;
 }
 
@@ -126,7 +186,10 @@ DTRAIN_DECL std::string adapter_config_json(const LmConfig& c, const LoraConfig&
     j["target_modules"] = lora.targets;
   j["bias"] = "none";
   j["fan_in_fan_out"] = c.gpt2();  // GPT-2's Conv1D layers
-  j["modules_to_save"] = nullptr;
+  if (lora.modules_to_save.empty())
+    j["modules_to_save"] = nullptr;
+  else
+    j["modules_to_save"] = lora.modules_to_save;
   j["init_lora_weights"] = true;
   j["layers_to_transform"] = nullptr;
   j["layers_pattern"] = nullptr;
@@ -163,8 +226,6 @@ DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir) {
   if (get("use_dora").is_boolean() && get("use_dora").get<bool>()) refuse("use_dora (DoRA)", "train a plain LoRA adapter");
   if (get("bias").is_string() && get("bias").get<std::string>() != "none")
     refuse("bias \"" + get("bias").get<std::string>() + "\"", "train the adapter with bias=\"none\"");
-  if (!get("modules_to_save").is_null() && !(get("modules_to_save").is_array() && get("modules_to_save").empty()))
-    refuse("modules_to_save", "train the adapter without modules_to_save");
   for (const char* k : {"rank_pattern", "alpha_pattern"})
     if (!get(k).is_null() && !(get(k).is_object() && get(k).empty()))
       refuse(k, "train the adapter with one rank and alpha for every layer");
@@ -175,6 +236,7 @@ DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir) {
     if (!get("lora_alpha").is_null()) lora.alpha = get("lora_alpha").get<float>();
     if (!get("lora_dropout").is_null()) lora.dropout = get("lora_dropout").get<float>();
     if (get("use_rslora").is_boolean()) lora.rslora = get("use_rslora").get<bool>();
+    if (!get("modules_to_save").is_null()) lora.modules_to_save = get("modules_to_save").get<std::vector<std::string>>();
     const auto& t = get("target_modules");
     if (t.is_string()) {
       lora.targets = {t.get<std::string>()};
@@ -183,8 +245,8 @@ DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir) {
       lora.targets = t.get<std::vector<std::string>>();
     }
   } catch (const nlohmann::json::exception& e) {
-    throw checkpoint_error(where + ": r, lora_alpha, lora_dropout, use_rslora or target_modules is missing or of the "
-                                   "wrong type (" + e.what() + ")",
+    throw checkpoint_error(where + ": r, lora_alpha, lora_dropout, use_rslora, target_modules or modules_to_save is "
+                                   "missing or of the wrong type (" + e.what() + ")",
                            "re-save the adapter with PEFT");
   }
   if (lora.r < 1) throw checkpoint_error(where + ": r " + std::to_string(lora.r) + " is not a rank", "re-save the adapter");

@@ -53,7 +53,8 @@ DTRAIN_DECL Block make_block(const LmConfig& c, const LoraPlan& lora = {}, std::
 DTRAIN_DECL FinalNorm make_final_norm(const LmConfig& c, bool trainable = true);
 
 // `lora` (hf/lora.hpp): LoRA adapters on the blocks' linear layers it
-// targets, everything else frozen; none by default (full fine-tuning).
+// targets, everything else frozen but its modules_to_save; none by default
+// (full fine-tuning).
 struct CausalLm {
   LmConfig config;
   LoraPlan lora;

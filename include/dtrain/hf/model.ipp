@@ -54,14 +54,14 @@ DTRAIN_DECL FinalNorm make_final_norm(const LmConfig& c, bool trainable) {
 DTRAIN_DECL CausalLm::CausalLm(LmConfig c, const LoraConfig& adapters)
     : config(std::move(c)),
       lora(plan_lora(config, adapters)),
-      tok(config.vocab_size, config.hidden_size, {.trainable = !adapters.on()}),
+      tok(config.vocab_size, config.hidden_size, {.trainable = !adapters.on() || lora.save_embedding}),
       norm(make_final_norm(config, !adapters.on())),
       head(config.hidden_size, config.vocab_size,
            {.bias = false,
-            .trainable = !adapters.on(),
+            .trainable = !adapters.on() || lora.save_head,
             .tie_weight = config.tie_word_embeddings ? "0.weight" : ""}) {
   if (config.gpt2())
-    positions.emplace_back(config.max_position_embeddings, config.hidden_size, 0.02f, !adapters.on());
+    positions.emplace_back(config.max_position_embeddings, config.hidden_size, 0.02f, !adapters.on() || lora.save_positions);
   blocks.reserve(static_cast<std::size_t>(config.num_hidden_layers));
   for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) blocks.push_back(make_block(config, lora, l));
 }
