@@ -214,8 +214,9 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const C
 
 // Writes the model's LoRA adapters to `dir` as PEFT's save_pretrained does:
 // adapter_config.json and adapter_model.safetensors (F32, PEFT's tensor
-// names; the modules_to_save whole), which peft.PeftModel.from_pretrained(base, dir) loads onto the
-// transformers model `base` names (base_model_name_or_path). The directory
+// names; the modules_to_save whole), which
+// peft.PeftModel.from_pretrained(base, dir) loads onto the transformers
+// model `base` names (base_model_name_or_path). The directory
 // must not exist (or be empty); it appears complete or not at all.
 // Collective.
 template <class Trainer>
@@ -286,7 +287,10 @@ LoadParamsReport load_adapter(Trainer& trainer, const std::filesystem::path& dir
   s.files.push_back(SafetensorsFile::open(dir / "adapter_model.safetensors"));
   const auto names = s.files[0].names();
   const auto has = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  // Exactly the adapters and the modules to save are loaded, each required.
+  LoadParamsOptions options{.strict = true};
   for (const auto& [ours, theirs] : peft_names(model.config, model.lora)) {
+    options.only_names.push_back(ours);
     std::vector<std::pair<std::size_t, std::string>> parts;
     for (const std::string& t : theirs) {
       // PEFT saves "<module>.lora_A.weight"; some tools keep the adapter's name, ".lora_A.default.weight"
@@ -298,9 +302,6 @@ LoadParamsReport load_adapter(Trainer& trainer, const std::filesystem::path& dir
     }
     if (parts.size() == theirs.size()) s.parts[ours] = std::move(parts);
   }
-  LoadParamsOptions options{.strict = true, .only_tags = {"lora"}};
-  for (const auto& [ours, theirs] : peft_names(model.config, model.lora))
-    if (!ours.ends_with(".lora_A") && !ours.ends_with(".lora_B")) options.only_names.push_back(ours);  // modules_to_save
   return trainer.load_params(s, options);
 }
 

@@ -31,31 +31,33 @@ DTRAIN_DECL std::vector<LinearModule> block_linears(const LmConfig& c, std::int6
 }
 
 namespace detail {
+// PEFT's match of a listed name: the module's whole name, or a suffix after a dot.
+inline bool names_module(const std::string& name, const std::string& module) {
+  return module == name || (module.size() > name.size() && module.ends_with("." + name));
+}
+
 inline bool peft_matches(const LoraConfig& lora, const std::string& target, const std::string& module) {
   if (lora.regex) return std::regex_match(module, std::regex(target));
-  if (target == "all-linear") return true;
-  return module == target ||
-         (module.size() > target.size() && module.compare(module.size() - target.size(), target.size(), target) == 0 &&
-          module[module.size() - target.size() - 1] == '.');
+  return target == "all-linear" || names_module(target, module);
 }
-}  // namespace detail
 
-namespace detail {
 // The modules a LoRA model can save whole: the token embedding, GPT-2's
 // learned positions and the output head, by their transformers names.
 struct SavableModule {
   const char* module;
   bool LoraPlan::*flag;
-  bool tied;  // one of tie_word_embeddings' pair
+  std::int64_t unit;  // the unit whose "weight" it is
+  bool tied;          // one of tie_word_embeddings' pair
 };
 
 inline std::vector<SavableModule> savable_modules(const LmConfig& c) {
+  const std::int64_t head = block_unit(c, c.num_hidden_layers) + 1;  // after the final norm, the unit after the blocks
   if (c.gpt2())
-    return {{"transformer.wte", &LoraPlan::save_embedding, c.tie_word_embeddings},
-            {"transformer.wpe", &LoraPlan::save_positions, false},
-            {"lm_head", &LoraPlan::save_head, c.tie_word_embeddings}};
-  return {{"model.embed_tokens", &LoraPlan::save_embedding, c.tie_word_embeddings},
-          {"lm_head", &LoraPlan::save_head, c.tie_word_embeddings}};
+    return {{"transformer.wte", &LoraPlan::save_embedding, 0, c.tie_word_embeddings},
+            {"transformer.wpe", &LoraPlan::save_positions, 1, false},
+            {"lm_head", &LoraPlan::save_head, head, c.tie_word_embeddings}};
+  return {{"model.embed_tokens", &LoraPlan::save_embedding, 0, c.tie_word_embeddings},
+          {"lm_head", &LoraPlan::save_head, head, c.tie_word_embeddings}};
 }
 
 // modules_to_save resolved as PEFT matches it: the module's whole name, or a
@@ -72,8 +74,7 @@ inline void plan_saved_modules(const LmConfig& c, LoraPlan& plan) {
   for (const std::string& name : names) {
     bool found = false;
     for (const SavableModule& m : savable_modules(c)) {
-      const std::string module = m.module;
-      if (!(module == name || (module.size() > name.size() && module.ends_with("." + name)))) continue;
+      if (!names_module(name, m.module)) continue;
       if (m.tied)
         throw config_error("modules_to_save \"" + name + "\": this " + c.model_type +
                                " model ties its output head to its token embedding (tie_word_embeddings), and "
@@ -159,13 +160,8 @@ DTRAIN_DECL std::map<std::string, std::vector<std::string>> peft_names(const LmC
         m[u + lin.ours + "." + ab].push_back("base_model.model." + lin.module + "." + ab + ".weight");
     }
   }
-  // The saved modules' units: the embedding 0, GPT-2's positions 1, the head last.
-  const std::int64_t head = c.num_hidden_layers + (c.gpt2() ? 3 : 2);
-  const auto unit_of = [&](bool LoraPlan::*flag) {
-    return flag == &LoraPlan::save_embedding ? 0 : flag == &LoraPlan::save_positions ? 1 : head;
-  };
   for (const detail::SavableModule& s : detail::savable_modules(c))
-    if (plan.*s.flag) m[std::to_string(unit_of(s.flag)) + ".weight"] = {"base_model.model." + std::string(s.module) + ".weight"};
+    if (plan.*s.flag) m[std::to_string(s.unit) + ".weight"] = {"base_model.model." + std::string(s.module) + ".weight"};
   return m;
 }
 
