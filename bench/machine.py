@@ -30,8 +30,22 @@ def commit():
         return None
 
 
-def run_record(cores):
-    """The date, commit and machine every results JSON starts with."""
+def gpu_info():
+    """The GPUs nvidia-smi lists (name and driver), or "none"."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        return {"gpu": "none"}
+    gpus = [line.split(",") for line in out.strip().splitlines() if line.strip()]
+    if not gpus:
+        return {"gpu": "none"}
+    return {"gpu": f"{len(gpus)} x {gpus[0][0].strip()}", "driver": gpus[0][1].strip()}
+
+
+def run_record(cores, **machine):
+    """The date, commit and machine (CPU, cores, GPU and driver, kernel, load,
+    and `machine`'s extra fields) every results JSON starts with."""
     return {"date": time.strftime("%Y-%m-%d"), "commit": commit(),
-            "machine": {**cpu_info(), "cores": cores, "kernel": platform.release(),
-                        "load_average_at_end": os.getloadavg()}}
+            "machine": {**cpu_info(), "cores": cores, **gpu_info(), "kernel": platform.release(),
+                        "load_average_at_end": os.getloadavg(), **machine}}

@@ -63,8 +63,10 @@ for side in torch peer; do
     --layers $layers --repeat "$repeat" > "$work/$side.json"
 done
 mkdir -p "$(dirname "$json")"
-"$python" - "$json" "$work/torch.json" "$work/peer.json" "${results[@]}" <<'PY'
+DTRAIN_BENCH_DIR="$repo/bench" "$python" - "$json" "$work/torch.json" "$work/peer.json" "${results[@]}" <<'PY'
 import json, sys, platform, os
+sys.path.insert(0, os.environ["DTRAIN_BENCH_DIR"])
+from machine import run_record  # noqa: E402  (bench/machine.py)
 out, torch_file, peer_file, files = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 rows = [json.load(open(f)) for f in files]
 torch = json.load(open(torch_file))
@@ -88,7 +90,7 @@ for t in torches:
         load = ", ".join(f"{k}={x}" for k, x in v.get("load_kwargs", {}).items())
         print(f"| torch {version} torch.save{' (' + save + ')' if save else ''} (+fsync) / torch.load({load}) | 1 | "
               f"{v['save_s']:.2f} ({v['save_fsync_s']:.2f}) | | {v['load_s']:.2f} | | {mb(v['bytes']):.1f} | |")
-merged = {"machine": {"nproc": os.cpu_count(), "platform": platform.platform()},
+merged = {**run_record(os.cpu_count()),
           "torch_versions": {"debian": torch["torch"], "peer": peer["torch"] if peer else None,
                              "peer_source": "PyPI (bench/lib.sh's bench_peer_python), CPU side" if peer else None},
           "dtrain": rows, "torch": torch}

@@ -65,8 +65,10 @@ for wait in spin futex auto; do
 done
 
 mkdir -p "$(dirname "$json")"
-"$python" - "$work" "$repeat" "$json" "$max_mib" <<'EOF'
+DTRAIN_BENCH_DIR="$repo/bench" "$python" - "$work" "$repeat" "$json" "$max_mib" <<'EOF'
 import json, os, platform, statistics, sys, time
+sys.path.insert(0, os.environ["DTRAIN_BENCH_DIR"])
+from machine import run_record  # noqa: E402  (bench/machine.py)
 
 work, repeat, target, big = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 
@@ -106,9 +108,7 @@ copy = shm["copy_gbps_per_rank"]
 bound = copy
 ar_big = row(shm, "all_reduce", big)
 merged = {
-    "date": time.strftime("%Y-%m-%d"),
-    "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                "kernel": platform.release(), "load_average_at_end": os.getloadavg()},
+    **run_record(os.cpu_count()),
     "method": "2 processes on one node, fp32, size = larger buffer, barrier before each iteration, median per "
               f"rank, slowest rank; median of {repeat} alternating runs; busbw as nccl-tests",
     "shm_bound": {"copy_gbps_per_rank": copy, "all_reduce_busbw_bound_gbps": bound,

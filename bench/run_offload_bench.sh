@@ -101,8 +101,10 @@ dd if="$work/state/dd.bin" of=/dev/null bs=16M iflag=direct 2> "$work/dd_read.tx
 rm -f "$work/state/dd.bin"
 
 mkdir -p "$(dirname "$json")"
-/usr/bin/python3 - "$work" "$repeat" "$warmup" "$json" "$cores" "${cases[@]}" <<'PY'
+DTRAIN_BENCH_DIR="$repo/bench" /usr/bin/python3 - "$work" "$repeat" "$warmup" "$json" "$cores" "${cases[@]}" <<'PY'
 import json, os, platform, re, sys, time
+sys.path.insert(0, os.environ["DTRAIN_BENCH_DIR"])
+from machine import run_record  # noqa: E402  (bench/machine.py)
 work, repeat, warmup, out, cores = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 cases = sys.argv[6:]
 median = lambda v: sorted(v)[len(v) // 2]
@@ -149,8 +151,7 @@ print(f"\n(b) AdamW over {disk['elements'] // 1_000_000}M elements, state in mem
       f"on disk {disk['disk_pass_ms']:.1f} ms per pass: {disk['state_disk_mb_per_s']:.0f} MB/s of state read + written; "
       f"dd direct write {disk['dd_direct_write_mb_per_s']:.0f} MB/s, read {disk['dd_direct_read_mb_per_s']:.0f} MB/s "
       f"({disk['share_of_dd']:.0%} of their mean)")
-result = {"benchmark": "offload", "machine": platform.machine(), "cores": cores, "ranks": 2,
-          "date": time.strftime("%Y-%m-%d"), "repeat": repeat, "warmup_steps": warmup, "results": rows,
+result = {"benchmark": "offload", **run_record(cores), "ranks": 2, "repeat": repeat, "warmup_steps": warmup, "results": rows,
           "state_on_disk": disk}
 with open(out, "w") as f:
     json.dump(result, f, indent=1)

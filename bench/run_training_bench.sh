@@ -87,7 +87,8 @@ for ((i = 1; i <= repeat; i++)); do
       "$repo/bench/training/torch_ddp_mlp.py" --steps $steps --warmup $warmup --json "$work/torch_mlp.$n.$i.json"
     if [[ -n $peer_python ]]; then
       logged "$work/peer_mlp.$n.$i.log" with_threads "$t" "$launcher" --nproc-per-node "$n" "$peer_python" \
-        "$repo/bench/training/torch_ddp_mlp.py" --steps $steps --warmup $warmup --json "$work/peer_mlp.$n.$i.json"
+        "$repo/bench/training/torch_ddp_mlp.py" --steps $steps --warmup $warmup --fused-adamw \
+        --json "$work/peer_mlp.$n.$i.json"
     fi
   done
 done

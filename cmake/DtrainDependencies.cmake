@@ -35,6 +35,11 @@ if(NOT DTRAIN_CUDA STREQUAL "OFF")
   endif()
   if(CUDAToolkit_FOUND AND NCCL_FOUND)
     set(DTRAIN_WITH_CUDA ON)
+  elseif(CUDAToolkit_FOUND)
+    message(WARNING "dtrain: the CUDA toolkit (${CUDAToolkit_BIN_DIR}) is here but NCCL is not: building for CPU "
+                    "ranks only. For GPU training install NCCL (apt-get install libnccl2 libnccl-dev from NVIDIA's "
+                    "CUDA repository, or PyPI's nvidia-nccl-cu${CUDAToolkit_VERSION_MAJOR} wheel's nvidia/nccl folder) "
+                    "and set NCCL_ROOT to it; -DDTRAIN_CUDA=OFF silences this.")
   endif()
 endif()
 

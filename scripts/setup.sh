@@ -7,14 +7,18 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DTRAIN_BUILD_DIR:-$root/build}"
 
+# What building and the main job need (demo.sh).
+packages=(cmake g++ make ninja-build pkg-config libgloo-dev librange-v3-dev libboost-test-dev libopenblas-dev
+          libyaml-cpp-dev nlohmann-json3-dev python3)
+# What the tests add (test.sh sets DTRAIN_SETUP_FOR=tests):
 # python3-torch: the tests that read checkpoints with PyTorch, and the benchmarks' peer.
+# python3-venv: the tests' pinned PyPI packages (transformers, peft, safetensors, tensorboard, conan).
 # iproute2: the multi-node test's network namespaces (tests/reliability/netns_test.cpp).
 # openmpi-bin: mpirun, one of the launchers the launcher test starts train_mlp with.
 # python3-matplotlib: scripts/plot_metrics.py. doxygen: the API reference (scripts/api_reference.sh).
-# ninja-build: CMake's Ninja generator schedules every target's objects together.
-packages=(cmake g++ make ninja-build pkg-config libgloo-dev librange-v3-dev libboost-test-dev libopenblas-dev
-          libyaml-cpp-dev nlohmann-json3-dev python3 python3-numpy python3-venv python3-torch iproute2
-          openmpi-bin python3-matplotlib doxygen)
+if [[ "${DTRAIN_SETUP_FOR:-}" == tests ]]; then
+  packages+=(python3-numpy python3-venv python3-torch iproute2 openmpi-bin python3-matplotlib doxygen)
+fi
 [[ -n "${DTRAIN_EXTRA_PACKAGES:-}" ]] && packages+=(${DTRAIN_EXTRA_PACKAGES})
 missing=()
 # DTRAIN_DEPS_PROVIDED=1: the libraries come from elsewhere (scripts/gpu_check.sh
@@ -24,9 +28,15 @@ for p in ${packages[@]+"${packages[@]}"}; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  echo "dtrain: installing missing Debian packages: ${missing[*]}"
   sudo_cmd=()
-  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  if [[ $(id -u) -ne 0 ]]; then
+    if ! command -v sudo >/dev/null; then
+      echo "dtrain: these Debian packages are missing and installing them needs root (no sudo here): run as root: apt-get install ${missing[*]}" >&2
+      exit 1
+    fi
+    sudo_cmd=(sudo)
+  fi
+  echo "dtrain: installing missing Debian packages: ${missing[*]}"
   "${sudo_cmd[@]}" apt-get update -q
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
@@ -58,16 +68,75 @@ PY
   rm -rf "$tmp"
 fi
 
-jobs="$(nproc)"
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  configure=(-DCMAKE_BUILD_TYPE=Release)
+# NCCL, which GPU training needs: beside the toolkit, in the system or at
+# NCCL_ROOT; absent from all of them, PyPI's nvidia-nccl-cu<CUDA major> wheel
+# (pinned) unpacked into the build folder, where CMake is pointed at it.
+# Without it the build is for CPU ranks only: fine on a machine without a GPU,
+# a stop with what to install on one with GPUs.
+nccl_version=2.28.9
+nccl_dir="$build/deps/nccl"
+nccl_args=()
+have_nccl=""
+gpus=0
+command -v nvidia-smi >/dev/null && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if command -v nvcc >/dev/null && [[ -z "${DTRAIN_DEPS_PROVIDED:-}" ]]; then
+  cuda_home=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+  for d in ${NCCL_ROOT:-} "$cuda_home" /usr /usr/local "$nccl_dir"; do
+    if [[ -f $d/include/nccl.h ]]; then have_nccl=$d; break; fi
+  done
+  if [[ -z $have_nccl ]]; then
+    cuda_major=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+    wheel="nvidia-nccl-cu${cuda_major}==$nccl_version"
+    echo "dtrain: the CUDA toolkit at $cuda_home has no NCCL: fetching $wheel from PyPI into $nccl_dir"
+    tmp=$(mktemp -d)
+    if python3 -m pip download -q --no-deps "$wheel" -d "$tmp" >/dev/null 2>&1; then
+      python3 - "$tmp" "$nccl_dir" <<'PY'
+import glob, os, sys, zipfile
+wheel, out = glob.glob(sys.argv[1] + "/*.whl")[0], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        for part in ("include/", "lib/"):
+            at = name.find("nvidia/nccl/" + part)
+            if at == 0 and not name.endswith("/"):
+                dest = os.path.join(out, name[len("nvidia/nccl/"):])
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                with z.open(name) as src, open(dest, "wb") as dst:
+                    dst.write(src.read())
+os.symlink("libnccl.so.2", os.path.join(out, "lib", "libnccl.so"))
+PY
+      have_nccl=$nccl_dir
+    else
+      why="dtrain: the CUDA toolkit at $cuda_home has no NCCL and $wheel could not be fetched: install NCCL (from NVIDIA's CUDA apt repository: apt-get install libnccl2 libnccl-dev; or set NCCL_ROOT to an NCCL folder) and run this again"
+      if ((gpus > 0)); then
+        echo "$why" >&2
+        exit 1
+      fi
+      echo "$why; building for CPU ranks only"
+    fi
+    rm -rf "$tmp"
+  fi
+  [[ $have_nccl == "$nccl_dir" ]] && nccl_args=(-DNCCL_ROOT="$nccl_dir")
+fi
+
+# Configure: the first time with the generator and build type, and again
+# every time (about a second), so options given in DTRAIN_CMAKE_ARGS and
+# packages installed since are seen. A folder configured before the CUDA
+# toolkit and NCCL were here is configured afresh.
+configure=()
+if [[ -f "$build/CMakeCache.txt" ]] && grep -q '^DTRAIN_CUDA_ENABLED:INTERNAL=OFF' "$build/CMakeCache.txt" &&
+   [[ -n $have_nccl ]] && ! grep -q '^DTRAIN_CUDA:STRING=OFF' "$build/CMakeCache.txt"; then
+  echo "dtrain: $build was configured without CUDA, which is here now: configuring it afresh"
+  configure+=(--fresh)
+fi
+if [[ ! -f "$build/CMakeCache.txt" || ${configure[0]:-} == --fresh ]]; then
+  configure+=(-DCMAKE_BUILD_TYPE=Release)
   command -v ninja >/dev/null && configure+=(-G Ninja)
   # ccache, where installed, makes a rebuild of unchanged translation units free.
   if command -v ccache >/dev/null; then
     configure+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   fi
-  cmake -S "$root" -B "$build" "${configure[@]}" ${DTRAIN_CMAKE_ARGS:-}
 fi
+cmake -S "$root" -B "$build" ${configure[@]+"${configure[@]}"} ${nccl_args[@]+"${nccl_args[@]}"} ${DTRAIN_CMAKE_ARGS:-}
 # DTRAIN_CONFIGURE_ONLY=1: configure, build nothing (scripts/gpu_check.sh builds its own targets).
 [[ -n "${DTRAIN_CONFIGURE_ONLY:-}" ]] && exit 0
-cmake --build "$build" -j "$jobs" ${1:+--target "$@"}
+cmake --build "$build" -j "$(nproc)" ${1:+--target "$@"}

@@ -4,6 +4,6 @@
 # "skipped" (exit 77) on a machine without a GPU.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$root/scripts/setup.sh"
+DTRAIN_SETUP_FOR=tests "$root/scripts/setup.sh"
 build="${DTRAIN_BUILD_DIR:-$root/build}"
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"

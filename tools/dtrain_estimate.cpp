@@ -36,7 +36,7 @@ using namespace dtrain;
 
 constexpr std::string_view usage = R"(usage: dtrain-estimate --params N [options]
        dtrain-estimate --hf-config config.json [options]
-       dtrain-estimate --config FILE.yaml [--example mlp|gpt|policy] [key=value ...] --world N [options]
+       dtrain-estimate --config FILE.yaml [--example mlp|gpt|policy|lm] [key=value ...] --world N [options]
 
 Prints one rank's memory by category (MiB) for a model trained with dtrain,
 one row per strategy, without allocating or launching anything.
@@ -373,6 +373,9 @@ Inputs parse(int argc, char** argv) {
     else throw usage_error{"unknown argument " + in_quotes(arg), "run dtrain-estimate --help"};
   }
 
+  if (in.state_on_disk && in.offload == "none")
+    throw usage_error{"--state-on-disk without an offload: the optimizer state is on the device",
+                      "add --offload optimizer (or params, or all): the state then goes to files"};
   if (int{params.has_value()} + int{config.has_value()} + int{hf_config.has_value()} != 1)
     throw usage_error{params || config || hf_config ? "more than one of --params, --config and --hf-config name a model"
                                                     : "no model given",
@@ -602,6 +605,7 @@ void print_table(const Inputs& in, const std::vector<Row>& rows) {
     table[0].insert(table[0].begin() + 1, "offload");
     table[0].back() = "device total";
     table[0].push_back("host (offloaded)");
+    if (in.state_on_disk) table[0].push_back("disk (optimizer state)");
   }
   const auto mib = [](std::size_t bytes) {
     char t[32];
@@ -615,6 +619,7 @@ void print_table(const Inputs& in, const std::vector<Row>& rows) {
     for (std::size_t bytes : {m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.total()})
       line.push_back(mib(bytes));
     if (offloading) line.push_back(mib(r.host.total()));
+    if (offloading && in.state_on_disk) line.push_back(mib(r.disk));
   }
   std::vector<std::size_t> width(table[0].size());
   for (const auto& line : table)

@@ -12,14 +12,12 @@ script on the PyPI release, SDPA and the fused AdamW) and peer_compile.n.aca.i.j
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machine import cpu_info  # noqa: E402  (bench/machine.py)
+from machine import run_record  # noqa: E402  (bench/machine.py)
 
 MIB = 1 << 20
 CATEGORIES = ("params", "grads", "optimizer", "master", "gathered", "activations")
@@ -178,10 +176,8 @@ def main():
     dtrain_params = results[0]["dtrain"]["memory_bytes"]["params"] // 4
 
     merged = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": {**cpu_info(), "cores": args.cores, "kernel": platform.release(),
-                    "load_average_at_end": os.getloadavg(),
-                    "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "unset (OpenBLAS detects the CPU)")},
+        **run_record(args.cores,
+                     OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE", "unset (OpenBLAS detects the CPU)")),
         "method": f"per run: the median step over steps {args.warmup + 1}..{args.steps} (rank 0; train_gpt's "
                   f"step_ms, the same span in the torch script: zero_grad through optimizer.step); tokens/s = "
                   f"ranks x batch x block_size / step; reported: the median of {args.repeat} runs, the "

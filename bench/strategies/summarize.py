@@ -13,13 +13,11 @@ import argparse
 import glob
 import json
 import os
-import platform
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machine import cpu_info  # noqa: E402  (bench/machine.py)
+from machine import run_record  # noqa: E402  (bench/machine.py)
 
 MIB = 1 << 20
 CATEGORIES = ("params", "grads", "optimizer", "master", "gathered", "activations")
@@ -241,9 +239,7 @@ def main():
     versions = {side: probe["torch"] for side, probe in probes.items()}
 
     merged = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": {**cpu_info(), "cores": args.cores, "kernel": platform.release(),
-                    "load_average_at_end": os.getloadavg()},
+        **run_record(args.cores),
         "method": f"per run: the median step over steps {args.warmup + 1}..{args.steps} (rank 0; train_mlp's "
                   f"step_ms, the same span in the torch scripts); samples/s = ranks x batch / step; reported: the "
                   f"median of {args.repeat} runs, implementations alternating in an order rotated per run (every "

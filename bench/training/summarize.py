@@ -9,21 +9,10 @@ and overhead.<threads>.json (bench_ddp_overhead).
 
 import json
 import os
-import platform
 import sys
-import time
 
-
-def cpu_model():
-    """The processor's model name (/proc/cpuinfo), else the machine type."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machine import run_record  # noqa: E402  (bench/machine.py)
 
 
 def median(values):
@@ -169,10 +158,7 @@ def main():
             overhead.append(json.load(f))
     overhead.sort(key=lambda o: o["threads"])
     merged = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": {"cpu": cpu_model(), "cores": cores, "kernel": platform.release(),
-                    "load_average_at_end": os.getloadavg(),
-                    "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "unset (OpenBLAS detects the CPU)")},
+        **run_record(cores, OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE", "unset (OpenBLAS detects the CPU)")),
         "method": f"per run: the median over iterations (AdamW) or over the steps after the first {warmup} "
                   f"(MLP, rank 0); reported: the median of {repeat} alternating runs (every run's value kept)",
         "peers": {"debian": adamw["torch"], "pypi": adamw.get("peer")},

@@ -71,6 +71,9 @@ inline void declare_common(dtrain::ConfigReader& r, Common& c) {
   r.add("resume", c.resume, "latest (the newest complete checkpoint in checkpoint_dir) | a checkpoint directory");
   r.add("on_save_error", c.on_save_error, "a failed save (full disk) stops the run, or is reported",
         dtrain::save_error_policy_names);
+  r.add("preempt_signals", c.preempt_signals,
+        "signals that make every rank save a checkpoint and exit with 75 (TERM, USR1, USR2, INT, HUP)");
+  r.check([&c] { dtrain::preemption_signal_numbers(c.preempt_signals); });
   r.add("straggler_factor", c.straggler_factor,
         "progress lines name a rank that computes this many times the median rank's time (0: off)");
   r.add("on_nonfinite", c.on_nonfinite,

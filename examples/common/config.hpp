@@ -52,6 +52,7 @@ struct Common {
   std::string resume;                 // latest | a checkpoint directory ("" : start fresh)
   dtrain::save_error_policy on_save_error = dtrain::save_error_policy::stop;  // what a failed save does
   double straggler_factor = 1.5;      // progress lines name a rank computing this many times the median's (0: off)
+  std::vector<std::string> preempt_signals{"TERM", "USR1"};  // signals that make every rank save and exit 75
   dtrain::nonfinite_policy on_nonfinite = dtrain::nonfinite_policy::stop;  // a step with an inf/NaN loss or gradient
   std::string init_from;              // initial weights from a safetensors file
   bool init_strict = true;            // false: load the matching tensors, list the rest
@@ -119,7 +120,8 @@ inline dtrain::World init_world(const Common& c) {
   // the rank while it starts up: loading data, building the model. Never
   // destroyed, so a notice that comes as the program exits, its work done,
   // does not end it by the signal either. The signals are the ones fit watches.
-  [[maybe_unused]] static const auto* start_up = new dtrain::PreemptionWatch({SIGTERM, SIGUSR1});
+  [[maybe_unused]] static const auto* start_up =
+      new dtrain::PreemptionWatch(dtrain::preemption_signal_numbers(c.preempt_signals));
   // [/snippet:preemption_start_up]
   // Log lines reach the launcher (a pipe) and any file the job is redirected
   // to as they are printed, not when a 4 KiB buffer fills or the rank exits.

@@ -39,6 +39,7 @@ inline dtrain::FitOptions fit_options(const Common& c) {
           .tensorboard_dir = c.tensorboard,
           .peak_tflops = c.peak_tflops,
           .save_params = c.save_params,
+          .preempt_signals = dtrain::preemption_signal_numbers(c.preempt_signals),
           .straggler_factor = c.straggler_factor};
 }
 

@@ -107,7 +107,7 @@ BOOST_AUTO_TEST_CASE(weights_python_writes_load_into_a_trainer) {
 static bool init_unit_test() { return true; }
 
 int main(int argc, char* argv[]) {
-  if (const std::string why = dtrain::testing::python_venv_with(venv, "safetensors", "safetensors", 300); !why.empty()) {
+  if (const std::string why = dtrain::testing::python_venv_with(venv, "safetensors", "safetensors==0.8.0", 300); !why.empty()) {
     std::printf("%s: test skipped (exit 77)\n", why.c_str());
     return 77;
   }

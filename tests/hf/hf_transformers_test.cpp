@@ -38,8 +38,11 @@ using dtrain::testing::worst;
 
 namespace {
 
-// transformers 4.40.2 is the newest release that runs on Debian 12's PyTorch 1.13.
-const char* const transformers_pin = "transformers==4.40.2";
+// transformers 4.40.2 is the newest release that runs on Debian 12's PyTorch 1.13;
+// its dependencies pinned too, so every run installs the same packages.
+const char* const transformers_pin =
+    "transformers==4.40.2 tokenizers==0.19.1 huggingface_hub==0.36.2 safetensors==0.8.0 regex==2026.11.19 "
+    "filelock==4.3.1 fsspec==2026.9.0 hf-xet==1.8.0 tqdm==4.70.1";
 // peft 0.10.0 and accelerate 0.29.3, of transformers 4.40's time, run on
 // PyTorch 1.13; without their dependencies, since pip takes Debian's
 // "1.13.0a0" for less than their "torch>=1.13" and would fetch a new torch

@@ -50,6 +50,10 @@ using nlohmann::json;
 namespace {
 
 const fs::path venv = fs::path(DTRAIN_TEST_BINARY_DIR) / "venv";
+// TensorBoard and its dependencies, pinned: every run installs the same packages.
+const char* const tensorboard_pin =
+    "tensorboard==2.21.0 tensorboard-data-server==0.7.2 absl-py==2.5.1 grpcio==1.85.3 Markdown==3.11.3 "
+    "MarkupSafe==3.0.4 protobuf==7.36.2 typing_extensions==4.16.0 Werkzeug==3.1.9";
 const std::string source_dir = DTRAIN_SOURCE_DIR;
 const std::string plot_script = source_dir + "/scripts/plot_metrics.py";
 
@@ -531,7 +535,7 @@ static bool init_unit_test() { return true; }
 int main(int argc, char* argv[]) {
   const std::string suite = argc > 1 ? argv[1] : "";
   if (suite == "tensorboard") {
-    if (const std::string why = dtrain::testing::python_venv_with(venv, "tensorboard", "tensorboard", 240);
+    if (const std::string why = dtrain::testing::python_venv_with(venv, "tensorboard", tensorboard_pin, 240);
         !why.empty()) {
       std::printf("%s: test skipped (exit 77)\n", why.c_str());
       return 77;

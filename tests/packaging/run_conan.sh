@@ -21,7 +21,7 @@ if [[ ! -x "$venv/bin/conan" ]]; then
     echo "run_conan.sh: SKIPPED: '$python -m venv' failed (on Debian: apt-get install python3-venv)"
     exit 77
   fi
-  if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 20 --retries 1 'conan>=2.0.5,<3'; then
+  if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 20 --retries 1 conan==2.34.0; then
     echo "run_conan.sh: SKIPPED: 'pip install conan' failed (is PyPI reachable from here?)"
     rm -rf "$venv"
     exit 77

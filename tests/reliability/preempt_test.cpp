@@ -125,15 +125,18 @@ void rank_notice(const std::string& sig) {
   }
 }
 
-// The launcher gets `sig` a random time after the first step.
-void launcher_notice(int sig, const std::string& name) {
+// The launcher gets `sig` a random time after the first step; `extra` are
+// more of the job's keys.
+void launcher_notice(int sig, const std::string& name, const std::vector<std::string>& extra = {}) {
   Tally tally{"notice " + name + " to dtrain-run"};
   for (int i = 0; i < env_int("DTRAIN_FAULT_RUNS", 3); ++i) {
     const int delay_ms = draw(0, 400);
     BOOST_TEST_CONTEXT(name << " " << delay_ms << " ms after the first step") {
       ++tally.runs;
       TempDir dir;
-      Process p(job(dir.path(), false));
+      std::vector<std::string> args = job(dir.path(), false);
+      args.insert(args.end(), extra.begin(), extra.end());
+      Process p(args);
       const auto metrics = dir.path() / "m1.jsonl";
       const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
       while ((!fs::exists(metrics) || fs::file_size(metrics) == 0) && std::chrono::steady_clock::now() < give_up)
@@ -141,6 +144,11 @@ void launcher_notice(int sig, const std::string& name) {
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
       ::kill(p.pid(), sig);
       const Finished f = p.wait(300);
+      if (f.exited_with(75)) {  // (a notice after the last step finds a finished run)
+        BOOST_TEST(f.err.find("received " + name + "; forwarding it to the ranks") != std::string::npos, f.err);
+        BOOST_TEST(f.out.find("preempted (" + name + ")") != std::string::npos,
+                   "rank 0 did not name " << name << ":\n" << f.out);
+      }
       if (check_outcome(f, dir.path())) ++tally.passed;
     }
   }
@@ -152,6 +160,21 @@ BOOST_AUTO_TEST_CASE(usr1_to_one_rank) { rank_notice("USR1"); }
 BOOST_AUTO_TEST_CASE(term_to_one_rank) { rank_notice("TERM"); }
 BOOST_AUTO_TEST_CASE(usr1_to_the_launcher) { launcher_notice(SIGUSR1, "SIGUSR1"); }
 BOOST_AUTO_TEST_CASE(term_to_the_launcher) { launcher_notice(SIGTERM, "SIGTERM"); }
+// SIGUSR2 (a notice for jobs that keep SIGUSR1 for something else): dtrain-run
+// forwards it, and ranks told to watch it (preempt_signals) save and exit 75.
+BOOST_AUTO_TEST_CASE(usr2_to_the_launcher_with_preempt_signals) {
+  launcher_notice(SIGUSR2, "SIGUSR2", {"preempt_signals=TERM,usr2"});
+}
+
+// A preempt_signals entry that is no such signal stops the job before it starts.
+BOOST_AUTO_TEST_CASE(an_unknown_preempt_signal_is_refused) {
+  TempDir dir;
+  std::vector<std::string> args = job(dir.path(), false);
+  args.emplace_back("preempt_signals=TERM,USR3");
+  const Finished f = Process(args).wait(120);
+  BOOST_TEST(!f.exited_with(0));
+  BOOST_TEST(f.err.find("preempt_signals: 'USR3' is not a signal a preemption watch takes") != std::string::npos, f.err);
+}
 
 // A rank slowed down (DTRAIN_FAULT_DELAY: 30 ms in every forward) is found:
 // the metrics records at progress points carry every rank's step and wait
@@ -175,4 +198,36 @@ BOOST_AUTO_TEST_CASE(a_slow_rank_is_named) {
   }
   BOOST_TEST(records == 3, "records at steps 2, 4, 6: " << records);
   BOOST_TEST(named == records, "rank 1 named as the slowest, at least 2x the median, in " << named << " of " << records);
+}
+
+// straggler_factor decides whether the slow rank is named: 0 turns the
+// comparison off (no progress-line name, no slowest_rank in the metrics); a
+// factor beyond its lag keeps the metrics records but names it nowhere; a
+// factor below 1 is refused.
+BOOST_AUTO_TEST_CASE(straggler_factor_decides_when_a_slow_rank_is_named) {
+  for (const std::string factor : {"0", "100000"}) {
+    BOOST_TEST_CONTEXT("straggler_factor=" << factor) {
+      TempDir dir;
+      std::vector<std::string> args{DTRAIN_RUN_PATH, "--nproc-per-node", "2", TRAIN_MLP_PATH, "steps=6",
+                                    "hidden=32,32", "samples=512", "features=16", "classes=4", "batch_size=16",
+                                    "num_workers=0", "log_every=2", "straggler_factor=" + factor,
+                                    "metrics=" + (dir.path() / "m.jsonl").string(),
+                                    "checkpoint_dir=" + (dir.path() / "ck").string()};
+      const Finished f = Process(args, {{"DTRAIN_FAULT_DELAY", "1:30"}}).wait(120);
+      BOOST_REQUIRE_MESSAGE(f.exited_with(0), f.err);
+      BOOST_TEST(f.out.find("slow: rank") == std::string::npos, f.out);
+      BOOST_TEST(f.out.find("step     6/6") != std::string::npos, "no progress line at step 6:\n" << f.out);
+      std::ifstream in(dir.path() / "m.jsonl");
+      int named = 0;
+      for (std::string line; std::getline(in, line);)
+        if (line.find("\"slowest_rank\": 1,") != std::string::npos) ++named;
+      BOOST_TEST(named == (factor == "0" ? 0 : 3), "metrics records naming rank 1 the slowest: " << named);
+    }
+  }
+  TempDir dir;
+  const Finished f = Process({DTRAIN_RUN_PATH, "--nproc-per-node", "2", TRAIN_MLP_PATH, "steps=2",
+                              "straggler_factor=0.5", "checkpoint_dir=" + (dir.path() / "ck").string()})
+                         .wait(120);
+  BOOST_TEST(!f.exited_with(0));
+  BOOST_TEST(f.err.find("straggler_factor = 0.5") != std::string::npos, f.err);
 }

@@ -265,6 +265,30 @@ BOOST_AUTO_TEST_CASE(fit_rolls_back_past_a_nonfinite_step) {
   BOOST_TEST(recorded, "the metrics file records the rollback");
 }
 
+// Watches held together handle the signals of all of them: a second watch
+// with another signal adds it (the first one's set does not hide it), and
+// the handlers in place before the first come back after the last. Signal
+// names read as preempt_signals= reads them; an unknown one is refused.
+BOOST_AUTO_TEST_CASE(watches_together_handle_every_watch_s_signals) {
+  struct sigaction before {};
+  ::sigaction(SIGUSR2, nullptr, &before);
+  BOOST_TEST((before.sa_handler == SIG_DFL));
+  {
+    const PreemptionWatch first({SIGTERM, SIGUSR1});
+    const PreemptionWatch second(preemption_signal_numbers({"sigterm", "USR2"}));
+    ::raise(SIGUSR2);  // the default action would end this test program
+    BOOST_TEST(second.signalled() == SIGUSR2);
+    BOOST_TEST(first.signalled() == SIGUSR2);
+  }
+  struct sigaction after {};
+  ::sigaction(SIGUSR2, nullptr, &after);
+  BOOST_TEST((after.sa_handler == SIG_DFL));
+  BOOST_TEST((preemption_signal_names({SIGTERM, SIGUSR2}) == std::vector<std::string>{"TERM", "USR2"}));
+  BOOST_CHECK_EXCEPTION(preemption_signal_numbers({"TERM", "KILL"}), config_error, [](const config_error& e) {
+    return std::string(e.what()).find("'KILL' is not a signal a preemption watch takes") != std::string::npos;
+  });
+}
+
 // A preemption notice that arrives before fit (while the program starts up)
 // and is kept by a watch held from the top of main: fit finds it, trains one
 // step, saves and returns preempted; without that watch fit's own watch

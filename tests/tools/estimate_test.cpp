@@ -492,4 +492,26 @@ BOOST_AUTO_TEST_CASE(cli_offload_splits_device_and_host) {
   BOOST_TEST(bad_rc == 2);
   BOOST_TEST(bad.find("offload 'params' with strategy 'ddp'") != std::string::npos, bad);
 }
+
+// --state-on-disk: the optimizer state (FullShard, AdamW: 8 bytes per
+// parameter / 4 ranks) leaves host memory for files: the JSON's "disk" and
+// the table's last column; without an offload it is a usage error.
+BOOST_AUTO_TEST_CASE(cli_state_on_disk_moves_the_optimizer_state_to_files) {
+  const std::string args = "--params 1000000 --world 4 --precision bf16 --strategy fsdp-full --offload optimizer "
+                           "--state-on-disk";
+  const auto [rc, out] = run_cli(args + " --json");
+  BOOST_TEST_MESSAGE(out);
+  BOOST_REQUIRE_EQUAL(rc, 0);
+  BOOST_TEST(out.find("\"host\": {\"params\": 500000, \"grads\": 1000000, \"optimizer\": 0, \"master\": 1000000, "
+                      "\"total\": 2500000}, \"disk\": 2000000}") != std::string::npos,
+             out);
+  const auto [table_rc, table] = run_cli(args);
+  BOOST_REQUIRE_EQUAL(table_rc, 0);
+  BOOST_TEST(table.find("| disk (optimizer state) |") != std::string::npos, table);
+  // 2,000,000 bytes = 1.91 MiB on disk, 2,500,000 = 2.38 MiB in host memory
+  BOOST_TEST(table.find("2.38 |                   1.91 |") != std::string::npos, table);
+  const auto [bad_rc, bad] = run_cli("--params 1000000 --state-on-disk");
+  BOOST_TEST(bad_rc == 2);
+  BOOST_TEST(bad.find("--state-on-disk without an offload") != std::string::npos, bad);
+}
 #endif

@@ -128,3 +128,55 @@ BOOST_AUTO_TEST_CASE(evaluate_gives_metrics_over_every_rank_and_predict_the_outp
   });
   BOOST_TEST(std::abs(accuracy - ref_correct / ref_count) <= 1e-6);
 }
+
+// metrics::mean_squared_error at 2 ranks (rank 0 four batches, rank 1 one)
+// against a float64 sum over predict()'s outputs at 1 rank; the targets are
+// random non-zero floats shaped like the output. Tolerance 1e-5 relative
+// (fp32 outputs and sums). A target of another shape or type is a
+// config_error naming it.
+BOOST_AUTO_TEST_CASE(mean_squared_error_over_every_rank) {
+  std::vector<Batch> all;
+  for (int b = 0; b < 5; ++b) {
+    const std::int64_t rows = 2 + b;
+    Batch batch = rows_of(b, 0, rows);
+    std::vector<float> target;
+    for (double v : random_values(static_cast<std::size_t>(rows * classes), 7000 + static_cast<std::uint64_t>(b)))
+      target.push_back(static_cast<float>(v));
+    batch.set("t", HostTensor::of(target, {rows, classes}));
+    all.push_back(std::move(batch));
+  }
+  double ref_sum = 0, ref_count = 0;
+  run_ranks(1, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet> t(w, net, AdamW{}, {.seed = 4});
+    for (const Batch& b : all) {
+      const std::vector<float> out = t.predict(b);
+      const auto target = b.at("t").values<float>();
+      require(out.size() == target.size(), "predict: [rows, classes]");
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        const double d = static_cast<double>(out[i]) - static_cast<double>(target[i]);
+        ref_sum += d * d;
+        ref_count += 1;
+      }
+    }
+    Batch wrong = all.front();
+    wrong.set("t", HostTensor::of(std::vector<float>{1.5f, -2.0f}, {2}));
+    const std::vector<Metric> on_t{metrics::mean_squared_error("t")}, on_y{metrics::mean_squared_error("y")};
+    const std::vector<Batch> wrong_shape{wrong}, int_targets{all.front()};
+    require_throws<config_error>([&] { t.evaluate(wrong_shape, on_t); });
+    require_throws<config_error>([&] { t.evaluate(int_targets, on_y); });
+  });
+  BOOST_TEST(ref_sum > 0);
+  run_ranks(2, [&](World& w) {
+    UnevenNet net;
+    Trainer<UnevenNet, Strategy<DDP>> t(w, net, AdamW{}, {.seed = 4});
+    std::vector<Batch> mine;
+    for (std::size_t b = 0; b < all.size(); ++b)
+      if ((b < 4) == (w.rank() == 0)) mine.push_back(all[b]);
+    const std::vector<Metric> mse{metrics::mean_squared_error("t")};
+    const EvalResult r = t.evaluate(mine, mse);
+    const double want = ref_sum / ref_count;
+    require(std::abs(r.metrics.at("mse") - want) <= 1e-5 * std::max(1.0, want),
+            "mse " + std::to_string(r.metrics.at("mse")) + ", float64 reference " + std::to_string(want));
+  });
+}

@@ -55,7 +55,12 @@ inline std::string cuda_fix(cudaError_t status) {
     case cudaErrorInvalidDevice:
       return "check CUDA_VISIBLE_DEVICES and that each local rank has its own visible GPU";
     case cudaErrorInsufficientDriver:
+    case cudaErrorUnsupportedPtxVersion:
       return "install an NVIDIA driver that supports this CUDA toolkit";
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorInvalidKernelImage:
+      return "the program holds no code for this GPU: rebuild it for the GPU's compute capability "
+             "(dtrain's build: -DDTRAIN_CUDA_ARCHITECTURES=native; your own: CMAKE_CUDA_ARCHITECTURES)";
     default:
       return "run with CUDA_LAUNCH_BLOCKING=1 or under compute-sanitizer to find the failing kernel; "
              "after an illegal address or launch failure the GPU context is unusable: restart the process";

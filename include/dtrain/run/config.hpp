@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -275,6 +276,10 @@ inline void declare_fit_keys(ConfigReader& c, FitOptions& o) {
   c.add("on_nonfinite", o.on_nonfinite, "what a step with an inf/NaN loss or gradient does (skip is the Trainer's)",
         nonfinite_policy_names);
   c.add("straggler_factor", o.straggler_factor, "name a rank computing this many times the median's (0: off)");
+  // Held by the check that converts it, which lives as long as the reader.
+  auto signals = std::make_shared<std::vector<std::string>>(preemption_signal_names(o.preempt_signals));
+  c.add("preempt_signals", *signals, "signals that make every rank save and exit with 75 (TERM, USR1, USR2, INT, HUP)");
+  c.check([&o, signals] { o.preempt_signals = preemption_signal_numbers(*signals); });
   c.add("eval_every", o.eval_every, "evaluate every N steps and at the end (0: at the end)");
   c.add("eval_batches", o.eval_batches, "batches per rank per evaluation (0: the whole evaluation set)");
   c.add("monitor", o.monitor, "early stop watches this: loss or a metric's name");

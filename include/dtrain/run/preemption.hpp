@@ -59,6 +59,13 @@ class PreemptionWatch {
   int signalled() const { return detail::preemption_signal; }
 };
 
+// The signals a watch can take, by name (TERM, USR1, USR2, INT, HUP, with or
+// without SIG, any case): what the config key `preempt_signals` reads.
+// Throws config_error naming an unknown one.
+DTRAIN_DECL std::vector<int> preemption_signal_numbers(const std::vector<std::string>& names);
+// The names of `signals` as preemption_signal_numbers reads them.
+DTRAIN_DECL std::vector<std::string> preemption_signal_names(const std::vector<int>& signals);
+
 }  // namespace dtrain
 
 #if DTRAIN_DEFINE_IMPL

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""The docs' performance tables, made from bench/results/*.json.
+
+A table in README.md or docs/*.md that comes from a results file sits
+between two markers, which name the table this script makes there:
+
+    <!-- table: training.adamw -->
+    | ... the table ... |
+    (source line: the file, its date, machine and commit)
+    <!-- /table -->
+
+  docs_tables.py --write   rewrites every marked table from its results file
+  docs_tables.py --check   exits 1 naming each marked table that differs from
+                           what --write would make, or names an unknown table
+  docs_tables.py --list    the tables this script knows, with their files
+
+docs_test runs --check, so a table edited by hand or a results file
+re-measured without --write fails CI. Each table's renderer below reads one
+file; a new table is a new function in RENDERERS.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench", "results")
+DOCS = [os.path.join(ROOT, "README.md")] + sorted(
+    os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
+BEGIN = re.compile(r"^<!-- table: ([a-z0-9_.-]+) -->$")
+END = "<!-- /table -->"
+
+
+def load(name):
+    with open(os.path.join(RESULTS, name)) as f:
+        return json.load(f)
+
+
+def torch_version(text):
+    """'torch.optim.AdamW, torch 2.15.0+cu132 (PyPI)' -> 'torch 2.15'."""
+    m = re.search(r"[Tt]orch (\d+)\.(\d+)", text or "")
+    return f"torch {m.group(1)}.{m.group(2)}" if m else "torch"
+
+
+def source(name, data):
+    """The line under a table: which file, when, where, at which commit."""
+    machine = data.get("machine") or {}
+    where = machine.get("cpu", "machine not recorded")
+    if machine.get("cores"):
+        where += f", {machine['cores']} cores"
+    commit = data.get("commit") or "commit not recorded"
+    return f"(`bench/results/{name}`: {data.get('date', 'date not recorded')}, {where}, {commit}.)"
+
+
+def table(header, align, rows):
+    def line(cells):
+        return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
+    return [line(header), "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"] + [line(r) for r in rows]
+
+
+def millions(n):
+    return f"{n // 1000000}M" if n % 1000000 == 0 else f"{n:,}"
+
+
+def training_adamw():
+    d = load("training.json")
+    a = d["adamw"]
+    peer, old = torch_version(a.get("peer")), torch_version(a.get("torch"))
+    rows = []
+    for r in a["results"]:
+        old_best = min(r[k]["ms"] for k in r if k.startswith("torch_"))
+        rows.append([millions(r["elements"]), f"{r['dtrain']['ms']:.1f}", f"{r['dtrain']['gbps']:.1f}",
+                     f"{r['dtrain_no_errno']['ms']:.1f}", f"{r['dtrain_no_errno']['gbps']:.1f}",
+                     f"{r['peer_fused']['ms']:.1f}", f"{r['peer_fused']['gbps']:.1f}",
+                     f"{r['peer_foreach']['ms']:.1f}", f"{old_best:.1f}", f"{r['stream']['gbps']:.1f}"])
+    header = ["elements", "dtrain ms", "GB/s", "dtrain `-fno-math-errno` ms", "GB/s", f"{peer} `fused=True` ms",
+              "GB/s", f"{peer} foreach ms", f"{old} best ms", "stream GB/s"]
+    first = table(header, "r" * len(header), rows)
+    res = a["results"]
+    pct = lambda v: f"{100 * v:.0f}%"
+    ratio = lambda v: f"{v:.2f}x"
+    shares = [
+        ("dtrain, plain `dtrain::dtrain`: share of the stream reference", [pct(r["dtrain"]["vs_stream"]) for r in res]),
+        (f"dtrain, plain `dtrain::dtrain`: speed-up over {peer}'s fused AdamW",
+         [ratio(r["peer_fused"]["ms"] / r["dtrain"]["ms"]) for r in res]),
+        ("dtrain with `dtrain::optimized` (`-fno-math-errno`): share of the stream reference",
+         [pct(r["dtrain_no_errno"]["vs_stream"]) for r in res]),
+        (f"dtrain with `dtrain::optimized`: speed-up over {peer}'s fused AdamW",
+         [ratio(r["peer_fused"]["ms"] / r["dtrain_no_errno"]["ms"]) for r in res]),
+        (f"{peer} fused: share of the stream reference", [pct(r["peer_fused"]["vs_stream"]) for r in res]),
+        (f"(history) dtrain, plain: speed-up over {old}'s faster variant",
+         [f"{min(r[k]['ms'] for k in r if k.startswith('torch_')) / r['dtrain']['ms']:.1f}x" for r in res]),
+    ]
+    second = table([""] + [millions(r["elements"]) for r in res], "l" + "r" * len(res),
+                   [[label] + values for label, values in shares])
+    return first + [""] + second + ["", source("training.json", d)]
+
+
+def training_mlp():
+    d = load("training.json")
+    peer, old = torch_version(d.get("peers", {}).get("pypi")), torch_version(d.get("peers", {}).get("debian"))
+    rows = []
+    for r in d["mlp"]["results"]:
+        ms = r["dtrain"]["step_ms"]
+        rows.append([str(r["ranks"]), str(r["threads_per_rank"]), f"{ms:.3f}", f"{r['dtrain']['samples_per_s']:,.0f}",
+                     f"{r['peer']['step_ms']:.3f}", f"{r['peer']['step_ms'] / ms:.2f}x",
+                     f"{r['torch']['step_ms']:.3f}", f"{r['torch']['step_ms'] / ms:.2f}x"])
+    header = ["ranks", "threads / rank", "train_mlp step ms", "samples/s", f"{peer} DDP step ms", f"dtrain / {peer}",
+              f"{old} DDP step ms", f"dtrain / {old}"]
+    return table(header, "r" * len(header), rows) + ["", source("training.json", d)]
+
+
+def training_ddp_overhead():
+    d = load("training.json")
+    runs = sorted(d["ddp_overhead"], key=lambda r: r["threads"])
+    cols = [f"{r['threads']} thread{'s' if r['threads'] > 1 else ''}: step ms (median of {r['steps_timed']})"
+            for r in runs]
+    rows = [["Trainer, DDP, world size 1"] + [f"{r['trainer_step_ms']:.3f}" for r in runs],
+            ["Trainer, `grad_norm = false`"] + [f"{r['trainer_no_grad_norm_step_ms']:.3f}" for r in runs],
+            ["hand-written, no communication"] + [f"{r['hand_step_ms']:.3f}" for r in runs],
+            ["overhead"] + [f"**{r['overhead_pct']:+.1f}%** ({r['overhead_no_grad_norm_pct']:+.1f}% without the norm)"
+                            for r in runs]]
+    return table(["loop"] + cols, "l" + "r" * len(runs), rows) + ["", source("training.json", d)]
+
+
+def gpt_rows():
+    d = load("gpt.json")
+    return d, sorted(d["results"], key=lambda r: (r["ranks"], r["activation_checkpointing"]))
+
+
+def gpt_step():
+    d, rows = gpt_rows()
+    first = rows[0]
+    old = torch_version(first["torch"]["implementation"])
+    peer = torch_version(first["peer"]["implementation"])
+    out = []
+    for r in rows:
+        ms = r["dtrain"]["step_ms"]
+        line = [str(r["ranks"]), str(r["threads_per_rank"]), "on" if r["activation_checkpointing"] else "off",
+                f"{ms:.2f}"]
+        for side in ("torch", "peer", "peer_compile"):
+            other = r.get(side)
+            line += [f"{other['step_ms']:.2f}", f"{other['step_ms'] / ms:.2f}x"] if other else ["", ""]
+        out.append(line)
+    header = ["ranks", "threads / rank", "activation checkpointing", "train_gpt step ms", f"{old} step ms",
+              f"dtrain / {old[6:]}", f"{peer} eager step ms", f"dtrain / {peer[6:]} eager",
+              f"{peer} compiled step ms", f"dtrain / {peer[6:]} compiled"]
+    return table(header, "rrl" + "r" * 7, out) + ["", source("gpt.json", d)]
+
+
+def gpt_memory():
+    d, rows = gpt_rows()
+    old = torch_version(rows[0]["torch"]["implementation"])
+    mib = lambda b: f"{b / 1048576:.2f}"
+    out = []
+    for r in rows:
+        m = r["dtrain"]["memory_bytes"]
+        out.append([str(r["ranks"]), "on" if r["activation_checkpointing"] else "off",
+                    f"{r['dtrain']['peak_rss_mib']:.1f}", f"{r['torch']['peak_rss_mib']:.1f}",
+                    mib(m["params"] + m["grads"] + m["optimizer"]), mib(m["activations"])])
+    header = ["ranks", "activation checkpointing", "train_gpt peak RSS", f"{old} peak RSS",
+              "dtrain params + grads + optimizer", "dtrain activations"]
+    return table(header, "rlrrrr", out) + ["", source("gpt.json", d)]
+
+
+# The models bench/run_hf_bench.sh builds from a config.json (its --models names).
+HF_MODELS = {
+    "gpt2-124m": "GPT-2 124M (12 x 768, tied head)",
+    "llama-100m": "Llama-shaped, 99.5M (8 x 768, 12 heads, 4 KV heads, SwiGLU 2048, vocabulary 32000)",
+}
+
+
+def hf_step(name="hf.json"):
+    d = load(name)
+    peer = "torch " + ".".join(d["sides"]["peer"]["torch"].split(".")[:2])
+    old = "torch " + ".".join(d["sides"]["torch"]["torch"].split(".")[:2])
+    out, last = [], None
+    for r in d["settings"]:
+        ms = r["sides"]["dtrain"]["median_ms"]
+        line = [HF_MODELS.get(r["model"], r["model"]) if r["model"] != last else "",
+                f"{r['ranks']} x {r['threads_per_rank']}", "on" if r["activation_checkpointing"] else "off",
+                f"{ms:.1f}"]
+        for side in ("peer", "torch"):
+            other = r["sides"].get(side)
+            line += [f"{other['median_ms']:.1f}", f"{other['median_ms'] / ms:.2f}x"] if other else ["", ""]
+        out.append(line)
+        last = r["model"]
+    header = ["model", "ranks x threads", "checkpointing", "train_lm step ms", f"{peer} step ms",
+              f"dtrain / {peer}", f"{old} step ms", f"dtrain / {old}"]
+    return table(header, "lll" + "r" * 5, out) + ["", source(name, d)]
+
+
+RENDERERS = {
+    "hf.step": (hf_step, "hf.json"),
+    "gpt.step": (gpt_step, "gpt.json"),
+    "gpt.memory": (gpt_memory, "gpt.json"),
+    "training.adamw": (training_adamw, "training.json"),
+    "training.mlp": (training_mlp, "training.json"),
+    "training.ddp_overhead": (training_ddp_overhead, "training.json"),
+}
+
+
+def regions(path):
+    """(name, first line, end line) of each marked table in `path`, and its lines."""
+    with open(path) as f:
+        lines = f.read().split("\n")
+    found, i = [], 0
+    while i < len(lines):
+        m = BEGIN.match(lines[i])
+        if m:
+            end = next((j for j in range(i + 1, len(lines)) if lines[j] == END), None)
+            if end is None:
+                raise SystemExit(f"{os.path.relpath(path, ROOT)}:{i + 1}: table '{m.group(1)}' has no {END}")
+            found.append((m.group(1), i, end))
+            i = end
+        i += 1
+    return found, lines
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--write", action="store_true")
+    g.add_argument("--check", action="store_true")
+    g.add_argument("--list", action="store_true")
+    args = p.parse_args()
+    if args.list:
+        for name, (_, f) in RENDERERS.items():
+            print(f"{name:28} bench/results/{f}")
+        return 0
+    problems, tables = [], 0
+    for path in DOCS:
+        found, lines = regions(path)
+        if not found:
+            continue
+        out, at = [], 0
+        for name, begin, end in found:
+            where = f"{os.path.relpath(path, ROOT)}:{begin + 1}"
+            out += lines[at:begin + 1]
+            tables += 1
+            if name not in RENDERERS:
+                problems.append(f"{where}: no table named '{name}' (docs_tables.py --list)")
+                out += lines[begin + 1:end]
+            else:
+                made = RENDERERS[name][0]()
+                if lines[begin + 1:end] != made:
+                    problems.append(f"{where}: table '{name}' differs from bench/results/{RENDERERS[name][1]}")
+                out += made
+            at = end
+        out += lines[at:]
+        if args.write and out != lines:
+            with open(path, "w") as f:
+                f.write("\n".join(out))
+            print(f"docs_tables.py: wrote {os.path.relpath(path, ROOT)}")
+    if args.check:
+        for line in problems:
+            print(line)
+        if problems:
+            print("docs_tables.py: run bench/docs_tables.py --write (tables are made from bench/results, "
+                  "never edited by hand)")
+            return 1
+        print(f"docs_tables.py: all {tables} marked tables match their results files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+# Which GPUs dtrain's own build (examples, tools, tests, benchmarks and
+# dtrain::runtime's CUDA part) compiles CUDA code for.
+#
+#   DTRAIN_CUDA_ARCHITECTURES  a list of compute capabilities without the dot
+#                              (80;90), or `native`; default: the GPUs this
+#                              machine has (nvidia-smi), else 80;90.
+#
+# 80;90 covers Ampere, Ada and Hopper with machine code: code for 8.0 runs on
+# every 8.x GPU (A100, A10, L4, L40, RTX 30xx and 40xx), code for 9.0 on H100
+# and H200.
+#
+# The device code is compiled once, for the lowest architecture of the list
+# (one cicc pass per translation unit, the expensive part), and ptxas turns
+# that PTX into machine code for every architecture of the list (under a second
+# each); the PTX is embedded too, so a newer GPU (Blackwell) compiles it at
+# its first launch. dtrain's kernels use nothing newer than compute
+# capability 8.0, so nothing is lost by compiling them for the lowest.
+#
+# Setting CMAKE_CUDA_ARCHITECTURES (or the CUDAARCHS environment variable)
+# instead gives CMake's own behaviour: one compile per listed architecture.
+#
+# dtrain_cuda_architectures() runs before enable_language(CUDA) and sets
+# CMAKE_CUDA_ARCHITECTURES (OFF when dtrain passes the flags itself) and
+# DTRAIN_CUDA_ARCH_FLAGS (the --generate-code options, empty otherwise).
+
+function(dtrain_gpus_of_this_machine out)
+  set(archs "")
+  find_program(DTRAIN_NVIDIA_SMI nvidia-smi)
+  mark_as_advanced(DTRAIN_NVIDIA_SMI)
+  if(DTRAIN_NVIDIA_SMI)
+    execute_process(COMMAND "${DTRAIN_NVIDIA_SMI}" --query-gpu=compute_cap --format=csv,noheader
+                    OUTPUT_VARIABLE caps RESULT_VARIABLE rc ERROR_QUIET TIMEOUT 30)
+    if(rc EQUAL 0)
+      string(REGEX MATCHALL "[0-9]+\\.[0-9]+" caps "${caps}")
+      foreach(cap IN LISTS caps)
+        string(REPLACE "." "" arch "${cap}")
+        list(APPEND archs ${arch})
+      endforeach()
+      list(REMOVE_DUPLICATES archs)
+      list(SORT archs COMPARE NATURAL)
+    endif()
+  endif()
+  set(${out} "${archs}" PARENT_SCOPE)
+endfunction()
+
+# --generate-code for `archs` (sorted, numbers): PTX for the lowest, machine
+# code for each.
+function(dtrain_cuda_arch_flags archs out)
+  list(GET archs 0 lowest)
+  set(codes "")
+  foreach(arch IN LISTS archs)
+    list(APPEND codes "sm_${arch}")
+  endforeach()
+  list(APPEND codes "compute_${lowest}")
+  list(JOIN codes "," codes)
+  set(${out} "--generate-code=arch=compute_${lowest},code=[${codes}]" PARENT_SCOPE)
+endfunction()
+
+macro(dtrain_cuda_architectures)
+  set(DTRAIN_CUDA_ARCH_FLAGS "")
+  if(DEFINED CMAKE_CUDA_ARCHITECTURES OR DEFINED ENV{CUDAARCHS})
+    message(STATUS "dtrain: CUDA architectures from CMAKE_CUDA_ARCHITECTURES/CUDAARCHS (CMake's own flags)")
+  else()
+    set(DTRAIN_CUDA_ARCHITECTURES "" CACHE STRING
+        "GPUs to compile for: compute capabilities (80;90) or native; empty: this machine's GPUs, else 80;90")
+    set(_dtrain_archs "${DTRAIN_CUDA_ARCHITECTURES}")
+    set(_dtrain_why "DTRAIN_CUDA_ARCHITECTURES")
+    if(_dtrain_archs STREQUAL "" OR _dtrain_archs STREQUAL "native")
+      dtrain_gpus_of_this_machine(_dtrain_archs)
+      set(_dtrain_why "this machine's GPUs")
+      if(_dtrain_archs STREQUAL "")
+        if(DTRAIN_CUDA_ARCHITECTURES STREQUAL "native")
+          message(FATAL_ERROR "DTRAIN_CUDA_ARCHITECTURES=native but nvidia-smi shows no GPU here: "
+                              "name the GPUs' compute capabilities instead (e.g. -DDTRAIN_CUDA_ARCHITECTURES=80;90)")
+        endif()
+        set(_dtrain_archs 80 90)
+        set(_dtrain_why "no GPU visible here: Ampere, Ada and Hopper, with PTX for newer GPUs")
+      endif()
+    endif()
+    foreach(_dtrain_arch IN LISTS _dtrain_archs)
+      if(NOT _dtrain_arch MATCHES "^[0-9]+$")
+        message(FATAL_ERROR "DTRAIN_CUDA_ARCHITECTURES: '${_dtrain_arch}' is not a compute capability: "
+                            "give numbers without the dot (e.g. 80;90), or native")
+      endif()
+    endforeach()
+    list(SORT _dtrain_archs COMPARE NATURAL)
+    dtrain_cuda_arch_flags("${_dtrain_archs}" DTRAIN_CUDA_ARCH_FLAGS)
+    set(CMAKE_CUDA_ARCHITECTURES OFF)
+    set(DTRAIN_CUDA_ARCH_LIST "${_dtrain_archs}")
+    message(STATUS "dtrain: CUDA code for compute capability ${_dtrain_archs} (${_dtrain_why}); "
+                   "-DDTRAIN_CUDA_ARCHITECTURES=... chooses")
+  endif()
+endmacro()
