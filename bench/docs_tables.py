@@ -47,9 +47,14 @@ def torch_version(text):
 def source(name, data):
     """The line under a table: which file, when, where, at which commit."""
     machine = data.get("machine") or {}
+    if isinstance(machine, str):  # older files: the architecture only
+        machine = {"cpu": machine}
     where = machine.get("cpu", "machine not recorded")
-    if machine.get("cores"):
-        where += f", {machine['cores']} cores"
+    cores = machine.get("cores") or data.get("cores")
+    if cores:
+        where += f", {cores} cores"
+    if machine.get("gpu") and machine["gpu"] != "none":
+        where += f", {machine['gpu']} (driver {machine.get('driver', '?')})"
     commit = data.get("commit") or "commit not recorded"
     return f"(`bench/results/{name}`: {data.get('date', 'date not recorded')}, {where}, {commit}.)"
 
@@ -192,7 +197,20 @@ def hf_step(name="hf.json"):
     return table(header, "lll" + "r" * 5, out) + ["", source(name, d)]
 
 
+def offload_steps():
+    d = load("offload.json")
+    mib = lambda states: (lambda b: "0" if b == 0 else f"{b / 1048576:.2f}")(sum(states.values()))
+    out = []
+    for r in d["results"]:
+        vs = "" if r["offload"] == "none" else f"{100 * r['overhead_vs_none']:+.1f}%"
+        out.append([r["strategy"], r["offload"], f"{r['step_ms']:.1f}", vs, mib(r["device_model_states"]),
+                    mib(r["host_model_states"])])
+    header = ["strategy", "offload", "step ms", "vs none", "device model states MiB", "host MiB"]
+    return table(header, "llrrrr", out) + ["", source("offload.json", d)]
+
+
 RENDERERS = {
+    "offload.steps": (offload_steps, "offload.json"),
     "hf.step": (hf_step, "hf.json"),
     "gpt.step": (gpt_step, "gpt.json"),
     "gpt.memory": (gpt_memory, "gpt.json"),
