@@ -209,7 +209,47 @@ def offload_steps():
     return table(header, "llrrrr", out) + ["", source("offload.json", d)]
 
 
+def sft_packing():
+    d = load("sft_packing.json")
+    m = d["modes"]
+    rows = [["one record per sequence, padded", f"{m['padded']['median_step_ms']:.1f}",
+             f"{100 * m['padded']['fill']:.1f}%", f"{m['padded']['record_tokens_per_s']:.0f}"],
+            [f"packed ({d['records']} records in {d['packed_blocks']} blocks)", f"{m['packed']['median_step_ms']:.1f}",
+             f"{100 * m['packed']['fill']:.1f}%", f"{m['packed']['record_tokens_per_s']:.0f}"]]
+    header = ["mode", "step ms", "blocks filled by records", "record tokens/s"]
+    return table(header, "lrrr", rows) + ["", source("sft_packing.json", d)]
+
+
+def recompute_modes():
+    d = load("activation_checkpointing.json")
+    names = {"none": "none", "every": "every block", "every2": "every second block",
+             "budget": f"budget {d['budget_mib']} MiB"}
+    base = next(r for r in d["rows"] if r["mode"] == "none")
+    mib = lambda b: f"{b / 1048576:.0f}"
+    rows = []
+    for r in d["rows"]:
+        t, s = r["dtrain"], r["dtrain"]["median_step_ms"] / 1000
+        step = f"{s:.2f}" if r is base else f"{s:.2f} ({100 * (s * 1000 / base['dtrain']['median_step_ms'] - 1):+.0f}%)"
+        line = [names.get(r["mode"], r["mode"]), step, mib(t["activations_bytes"]), mib(t["estimated_activations_bytes"]),
+                f"{t['peak_rss_mib']:.0f}"]
+        p = r.get("peer")
+        if p:
+            ps = p["median_step_ms"] / 1000
+            pstep = (f"{ps:.2f}" if r is base
+                     else f"{ps:.2f} ({100 * (p['median_step_ms'] / base['peer']['median_step_ms'] - 1):+.0f}%)")
+            line += [pstep, f"{p['peak_rss_mib']:.0f}", f"{p['median_step_ms'] / t['median_step_ms']:.2f}x"]
+        else:
+            line += ["", "", ""]
+        rows.append(line)
+    peer = "torch " + ".".join(base["peer"]["torch"].split(".")[:2])
+    header = ["mode", "dtrain step s", "activations MiB (rank 0)", "estimated", "peak RSS MiB", f"{peer} step s",
+              "its peak RSS MiB", "speed"]
+    return table(header, "l" + "r" * 7, rows) + ["", source("activation_checkpointing.json", d)]
+
+
 RENDERERS = {
+    "recompute.modes": (recompute_modes, "activation_checkpointing.json"),
+    "sft.packing": (sft_packing, "sft_packing.json"),
     "offload.steps": (offload_steps, "offload.json"),
     "hf.step": (hf_step, "hf.json"),
     "gpt.step": (gpt_step, "gpt.json"),
