@@ -247,7 +247,35 @@ def recompute_modes():
     return table(header, "l" + "r" * 7, rows) + ["", source("activation_checkpointing.json", d)]
 
 
+LORA_MODELS = {"gpt2-124m": "GPT-2 124M", "llama-100m": "Llama shape 100M"}
+
+
+def lora_steps(name, counts):
+    """train_lm with LoRA against peft on both torches; `counts`: the model
+    column gives trainable / all parameters."""
+    d = load(name)
+    side = lambda k: f"torch {'.'.join(d['sides'][k]['torch'].split('.')[:2])} + peft " \
+                     f"{'.'.join(d['sides'][k]['peft'].split('.')[:2])}"
+    peer, old = side("peer"), side("torch")
+    rows = []
+    for r in d["settings"]:
+        label = LORA_MODELS.get(r["model"], r["model"])
+        if counts:
+            label += f" ({r['trainable'] / 1e6:.2f}M / {r['parameters'] / 1e6:.1f}M)"
+        t = r["sides"]["dtrain"]
+        line = [label, f"{t['median_ms']:.1f}", f"{t['peak_rss_mib']:.0f}"]
+        for k in ("peer", "torch"):
+            o = r["sides"][k]
+            line += [f"{o['median_ms']:.1f}", f"{o['peak_rss_mib']:.0f}", f"{o['median_ms'] / t['median_ms']:.2f}x"]
+        rows.append(line)
+    header = ["model (trainable / all parameters)" if counts else "model", "dtrain step ms", "peak RSS MiB",
+              f"{peer} ms", "MiB", f"dtrain / {peer.split()[1]}", f"{old} ms", "MiB", f"dtrain / {old.split()[1]}"]
+    return table(header, "l" + "r" * 8, rows) + ["", source(name, d)]
+
+
 RENDERERS = {
+    "lora.steps": (lambda: lora_steps("lora.json", True), "lora.json"),
+    "lora.steps_1x2_b512": (lambda: lora_steps("lora_1x2_b512.json", False), "lora_1x2_b512.json"),
     "recompute.modes": (recompute_modes, "activation_checkpointing.json"),
     "sft.packing": (sft_packing, "sft_packing.json"),
     "offload.steps": (offload_steps, "offload.json"),
