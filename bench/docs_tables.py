@@ -273,7 +273,36 @@ def lora_steps(name, counts):
     return table(header, "l" + "r" * 8, rows) + ["", source(name, d)]
 
 
+def comm_collectives():
+    d = load("comm_bandwidth.json")
+    index = lambda side: {(r["collective"], r["bytes"]): r for r in d[side]["results"]} if side in d else {}
+    shm, gloo, peer, old = index("dtrain_shm"), index("dtrain_gloo"), index("torch_peer"), index("torch")
+    peer_v = "torch " + ".".join(d["torch_versions"]["peer"].split(".")[:2])
+    old_v = "torch " + ".".join(d["torch_versions"]["debian"].split(".")[:2])
+    mib = 1 << 20
+    # every all-reduce size, the smallest and largest of the others
+    keys = []
+    for coll in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+        sizes = sorted(b for c, b in shm if c == coll)
+        keys += [(coll, b) for b in (sizes if coll == "all_reduce" else [sizes[0], sizes[-1]])]
+    rows = []
+    for key in keys:
+        r = shm[key]
+        line = [key[0], f"{key[1] // mib} MiB", f"{r['time_us']:.0f}", f"{r['busbw_gbps']:.2f}"]
+        g = gloo.get(key)
+        line += [f"{g['time_us']:.0f}", f"{g['busbw_gbps']:.2f}"] if g and g.get("time_us") is not None else ["n/a", ""]
+        for other in (peer, old):
+            o = other.get(key)
+            line += ([f"{o['time_us']:.0f}", f"{o['busbw_gbps']:.2f}", f"{o['time_us'] / r['time_us']:.1f}x"]
+                     if o and o.get("time_us") is not None else ["n/a", "", ""])
+        rows.append(line)
+    header = ["collective", "size", "shm (us)", "shm busbw", "gloo (us)", "gloo busbw", f"{peer_v} (us)",
+              f"{peer_v} busbw", f"shm vs {peer_v}", f"{old_v} (us)", f"{old_v} busbw", f"shm vs {old_v}"]
+    return table(header, "l" + "r" * 11, rows) + ["", source("comm_bandwidth.json", d)]
+
+
 RENDERERS = {
+    "comm.collectives": (comm_collectives, "comm_bandwidth.json"),
     "lora.steps": (lambda: lora_steps("lora.json", True), "lora.json"),
     "lora.steps_1x2_b512": (lambda: lora_steps("lora_1x2_b512.json", False), "lora_1x2_b512.json"),
     "recompute.modes": (recompute_modes, "activation_checkpointing.json"),
@@ -330,7 +359,14 @@ def main():
                 problems.append(f"{where}: no table named '{name}' (docs_tables.py --list)")
                 out += lines[begin + 1:end]
             else:
-                made = RENDERERS[name][0]()
+                try:
+                    made = RENDERERS[name][0]()
+                except (OSError, KeyError, ValueError, TypeError, StopIteration) as e:
+                    problems.append(f"{where}: table '{name}' cannot be made from bench/results/"
+                                    f"{RENDERERS[name][1]}: {type(e).__name__}: {e}")
+                    out += lines[begin + 1:end]
+                    at = end
+                    continue
                 if lines[begin + 1:end] != made:
                     problems.append(f"{where}: table '{name}' differs from bench/results/{RENDERERS[name][1]}")
                 out += made
@@ -340,6 +376,11 @@ def main():
             with open(path, "w") as f:
                 f.write("\n".join(out))
             print(f"docs_tables.py: wrote {os.path.relpath(path, ROOT)}")
+    if args.write:
+        failed = [p for p in problems if "differs" not in p]
+        for line in failed:
+            print(line)
+        return 1 if failed else 0
     if args.check:
         for line in problems:
             print(line)
