@@ -301,7 +301,36 @@ def comm_collectives():
     return table(header, "l" + "r" * 11, rows) + ["", source("comm_bandwidth.json", d)]
 
 
+def checkpoint_save_load():
+    d = load("checkpoint.json")
+    mib = lambda b: "0" if b == 0 else f"{b / 1048576:.1f}"
+    rows = []
+    for r in d["dtrain"]:
+        rows.append([r["strategy"], str(r["ranks"]), f"{r['save_sharded_s']:.2f}", f"{r['save_consolidated_s']:.2f}",
+                     f"{r['load_sharded_s']:.2f}", f"{r['load_consolidated_s']:.2f}",
+                     ", ".join(mib(b) for b in r["sharded_bytes_per_rank"])])
+    for side in ("torch_peer", "torch"):
+        t = d.get(side)
+        if not t:
+            continue
+        version = "torch " + ".".join(t["torch"].split(".")[:2])
+        for v in t.get("variants", [t]):
+            if v.get("variant", "default") == "default":
+                label = f"{version} `torch.save` / `torch.load`"
+            else:
+                saving = "no CRC-32" if v["save_options"].get("compute_crc32") is False else \
+                    ", ".join(f"{k}={x}" for k, x in v["save_options"].items())
+                loading = ", ".join(f"{k}={x}" for k, x in v["load_kwargs"].items())
+                label = f"{version} {v['variant']}: {saving} / `{loading}`"
+            rows.append([label, "1", f"{v['save_s']:.2f} ({v['save_fsync_s']:.2f} with fsync)", "",
+                         f"{v['load_s']:.2f}", "", mib(v["bytes"])])
+    header = ["strategy", "ranks", "save sharded s", "save consolidated s", "load sharded s", "load consolidated s",
+              "MiB written per rank (sharded)"]
+    return table(header, "lrrrrrl", rows) + ["", source("checkpoint.json", d)]
+
+
 RENDERERS = {
+    "checkpoint.save_load": (checkpoint_save_load, "checkpoint.json"),
     "comm.collectives": (comm_collectives, "comm_bandwidth.json"),
     "lora.steps": (lambda: lora_steps("lora.json", True), "lora.json"),
     "lora.steps_1x2_b512": (lambda: lora_steps("lora_1x2_b512.json", False), "lora_1x2_b512.json"),
