@@ -329,7 +329,46 @@ def checkpoint_save_load():
     return table(header, "lrrrrrl", rows) + ["", source("checkpoint.json", d)]
 
 
+def strategies_label(r):
+    """The row's name in the strategy tables."""
+    if r["implementation"] == "dtrain":
+        return r["strategy"] + (f" (group {r['shard_group']})" if r.get("shard_group") else "")
+    version = ".".join(r.get("torch_version", r["implementation"].split()[1]).split(".")[:2])
+    fused = ", fused AdamW" if r.get("fused_adamw") else ""
+    if "fsdp" in r["strategy"]:
+        mode = "full" if r["strategy"].endswith("full") else "grad-op"
+        return f"PyTorch {version} {r.get('api', 'fsdp').upper()} {mode} (bf16 mixed precision{fused})"
+    return f"PyTorch {version} DDP ({'bf16 autocast' if r.get('precision') == 'bf16' else 'fp32'}{fused})"
+
+
+def strategies_ranks(ranks):
+    d = load("strategies.json")
+    res = next(x for x in d["results"] if x["ranks"] == ranks)
+    mib = lambda b: f"{b / 1048576:.2f}"
+    ddp = next(r for r in res["rows"] if r["implementation"] == "dtrain" and r["strategy"] == "ddp")
+    rows = []
+    for r in res["rows"]:
+        line = [strategies_label(r), f"{r['samples_per_s']:,.0f}", f"{r['step_ms']:.2f}",
+                f"{ddp['step_ms'] / r['step_ms']:.2f}x"]
+        zero = r.get("zero_model") or {}
+        if r["implementation"] == "dtrain":
+            m = r["memory_bytes"]
+            line += [mib(m[k]) for k in ("params", "grads", "optimizer", "master", "gathered", "activations")]
+            line += [mib(r["model_states_bytes"]), mib(zero["bytes"]), zero["stage"], mib(r["total_bytes"])]
+        else:
+            m = r["model_state_bytes"]
+            line += [mib(m["params"]), mib(m["grads"]), mib(m["optimizer"]), "", "", "", mib(r["model_states_bytes"]),
+                     mib(zero["bytes"]) if zero else "", zero.get("stage", ""), ""]
+        rows.append(line)
+    header = ["strategy", "samples/s", "step ms", "vs ddp", "params", "grads", "optimizer", "master", "gathered",
+              "activations", "model states", "ZeRO model", "ZeRO stage", "total"]
+    return table(header, "lrrrrrrrrrrrlr", rows) + ["", source("strategies.json", d)]
+
+
 RENDERERS = {
+    "strategies.ranks1": (lambda: strategies_ranks(1), "strategies.json"),
+    "strategies.ranks2": (lambda: strategies_ranks(2), "strategies.json"),
+    "strategies.ranks3": (lambda: strategies_ranks(3), "strategies.json"),
     "checkpoint.save_load": (checkpoint_save_load, "checkpoint.json"),
     "comm.collectives": (comm_collectives, "comm_bandwidth.json"),
     "lora.steps": (lambda: lora_steps("lora.json", True), "lora.json"),
