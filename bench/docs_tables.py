@@ -365,7 +365,20 @@ def strategies_ranks(ranks):
     return table(header, "lrrrrrrrrrrrlr", rows) + ["", source("strategies.json", d)]
 
 
+def comm_waiting():
+    d = load("comm_bandwidth.json")
+    rows = []
+    for ranks in (2, 3):
+        for wait in ("spin", "futex", "auto"):
+            runs = {r["bytes"]: r for r in d["waiting"][f"{wait}_{ranks}"]["results"] if r["collective"] == "all_reduce"}
+            small, large = runs[min(runs)], runs[max(runs)]
+            rows.append([wait, str(ranks), f"{small['time_us']:.0f}", f"{large['busbw_gbps']:.2f}"])
+    header = ["`DTRAIN_SHM_WAIT`", "ranks", "1 MiB (us)", "64 MiB busbw (GB/s)"]
+    return table(header, "lrrr", rows) + ["", source("comm_bandwidth.json", d)]
+
+
 RENDERERS = {
+    "comm.waiting": (comm_waiting, "comm_bandwidth.json"),
     "strategies.ranks1": (lambda: strategies_ranks(1), "strategies.json"),
     "strategies.ranks2": (lambda: strategies_ranks(2), "strategies.json"),
     "strategies.ranks3": (lambda: strategies_ranks(3), "strategies.json"),
