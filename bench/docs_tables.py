@@ -44,6 +44,11 @@ def torch_version(text):
     return f"torch {m.group(1)}.{m.group(2)}" if m else "torch"
 
 
+def torch_minor(version):
+    """'2.15.0+cu132' -> 'torch 2.15'."""
+    return "torch " + ".".join(version.split(".")[:2])
+
+
 def source(name, data):
     """The line under a table: which file, when, where, at which commit."""
     machine = data.get("machine") or {}
@@ -179,8 +184,7 @@ HF_MODELS = {
 
 def hf_step(name="hf.json"):
     d = load(name)
-    peer = "torch " + ".".join(d["sides"]["peer"]["torch"].split(".")[:2])
-    old = "torch " + ".".join(d["sides"]["torch"]["torch"].split(".")[:2])
+    peer, old = torch_minor(d["sides"]["peer"]["torch"]), torch_minor(d["sides"]["torch"]["torch"])
     out, last = [], None
     for r in d["settings"]:
         ms = r["sides"]["dtrain"]["median_ms"]
@@ -241,7 +245,7 @@ def recompute_modes():
         else:
             line += ["", "", ""]
         rows.append(line)
-    peer = "torch " + ".".join(base["peer"]["torch"].split(".")[:2])
+    peer = torch_minor(base["peer"]["torch"])
     header = ["mode", "dtrain step s", "activations MiB (rank 0)", "estimated", "peak RSS MiB", f"{peer} step s",
               "its peak RSS MiB", "speed"]
     return table(header, "l" + "r" * 7, rows) + ["", source("activation_checkpointing.json", d)]
@@ -277,8 +281,7 @@ def comm_collectives():
     d = load("comm_bandwidth.json")
     index = lambda side: {(r["collective"], r["bytes"]): r for r in d[side]["results"]} if side in d else {}
     shm, gloo, peer, old = index("dtrain_shm"), index("dtrain_gloo"), index("torch_peer"), index("torch")
-    peer_v = "torch " + ".".join(d["torch_versions"]["peer"].split(".")[:2])
-    old_v = "torch " + ".".join(d["torch_versions"]["debian"].split(".")[:2])
+    peer_v, old_v = torch_minor(d["torch_versions"]["peer"]), torch_minor(d["torch_versions"]["debian"])
     mib = 1 << 20
     # every all-reduce size, the smallest and largest of the others
     keys = []
@@ -313,7 +316,7 @@ def checkpoint_save_load():
         t = d.get(side)
         if not t:
             continue
-        version = "torch " + ".".join(t["torch"].split(".")[:2])
+        version = torch_minor(t["torch"])
         for v in t.get("variants", [t]):
             if v.get("variant", "default") == "default":
                 label = f"{version} `torch.save` / `torch.load`"
@@ -333,7 +336,7 @@ def strategies_label(r):
     """The row's name in the strategy tables."""
     if r["implementation"] == "dtrain":
         return r["strategy"] + (f" (group {r['shard_group']})" if r.get("shard_group") else "")
-    version = ".".join(r.get("torch_version", r["implementation"].split()[1]).split(".")[:2])
+    version = torch_minor(r.get("torch_version", r["implementation"].split()[1]))[len("torch "):]
     fused = ", fused AdamW" if r.get("fused_adamw") else ""
     if "fsdp" in r["strategy"]:
         mode = "full" if r["strategy"].endswith("full") else "grad-op"

@@ -52,20 +52,37 @@ fi
 # PyPI the build goes on without fused attention, and says so.
 cudnn_frontend="nvidia-cudnn-frontend==1.32.0"
 fe_dir="$build/deps/cudnn-frontend"
-if command -v nvcc >/dev/null && [[ ! -f "$fe_dir/include/cudnn_frontend.h" ]] && [[ -z "${DTRAIN_DEPS_PROVIDED:-}" ]]; then
+
+# fetch_wheel SPEC DEST FOLDER: pip downloads the wheel SPEC (no
+# dependencies) and unpacks the files under FOLDER/ (include/, lib/) into
+# DEST, with FOLDER's own path left out; fails when PyPI cannot be reached.
+fetch_wheel() {
+  local tmp status=0
   tmp=$(mktemp -d)
-  if python3 -m pip download -q --no-deps "$cudnn_frontend" -d "$tmp" >/dev/null 2>&1; then
-    mkdir -p "$fe_dir"
-    python3 - "$tmp" "$fe_dir" <<'PY'
-import glob, sys, zipfile
-wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
+  if python3 -m pip download -q --no-deps "$1" -d "$tmp" >/dev/null 2>&1; then
+    python3 - "$tmp" "$2" "$3" <<'PY'
+import glob, os, sys, zipfile
+wheel, out, folder = glob.glob(sys.argv[1] + "/*.whl")[0], sys.argv[2], sys.argv[3]
+prefix = folder.strip("/") + "/" if folder.strip("/") else ""
 with zipfile.ZipFile(wheel) as z:
-    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("include/")])
+    for name in z.namelist():
+        rest = name[len(prefix):]
+        if name.startswith(prefix) and rest.startswith(("include/", "lib/")) and not name.endswith("/"):
+            dest = os.path.join(out, rest)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with z.open(name) as src, open(dest, "wb") as dst:
+                dst.write(src.read())
 PY
   else
-    echo "dtrain: could not download $cudnn_frontend from PyPI: building without cuDNN fused attention"
+    status=1
   fi
   rm -rf "$tmp"
+  return $status
+}
+
+if command -v nvcc >/dev/null && [[ ! -f "$fe_dir/include/cudnn_frontend.h" ]] && [[ -z "${DTRAIN_DEPS_PROVIDED:-}" ]]; then
+  fetch_wheel "$cudnn_frontend" "$fe_dir" "" ||
+    echo "dtrain: could not download $cudnn_frontend from PyPI: building without cuDNN fused attention"
 fi
 
 # NCCL, which GPU training needs: beside the toolkit, in the system or at
@@ -88,22 +105,8 @@ if command -v nvcc >/dev/null && [[ -z "${DTRAIN_DEPS_PROVIDED:-}" ]]; then
     cuda_major=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
     wheel="nvidia-nccl-cu${cuda_major}==$nccl_version"
     echo "dtrain: the CUDA toolkit at $cuda_home has no NCCL: fetching $wheel from PyPI into $nccl_dir"
-    tmp=$(mktemp -d)
-    if python3 -m pip download -q --no-deps "$wheel" -d "$tmp" >/dev/null 2>&1; then
-      python3 - "$tmp" "$nccl_dir" <<'PY'
-import glob, os, sys, zipfile
-wheel, out = glob.glob(sys.argv[1] + "/*.whl")[0], sys.argv[2]
-with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-        for part in ("include/", "lib/"):
-            at = name.find("nvidia/nccl/" + part)
-            if at == 0 and not name.endswith("/"):
-                dest = os.path.join(out, name[len("nvidia/nccl/"):])
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                with z.open(name) as src, open(dest, "wb") as dst:
-                    dst.write(src.read())
-os.symlink("libnccl.so.2", os.path.join(out, "lib", "libnccl.so"))
-PY
+    if fetch_wheel "$wheel" "$nccl_dir" nvidia/nccl; then
+      ln -sf libnccl.so.2 "$nccl_dir/lib/libnccl.so"
       have_nccl=$nccl_dir
     else
       why="dtrain: the CUDA toolkit at $cuda_home has no NCCL and $wheel could not be fetched: install NCCL (from NVIDIA's CUDA apt repository: apt-get install libnccl2 libnccl-dev; or set NCCL_ROOT to an NCCL folder) and run this again"
@@ -113,7 +116,6 @@ PY
       fi
       echo "$why; building for CPU ranks only"
     fi
-    rm -rf "$tmp"
   fi
   [[ $have_nccl == "$nccl_dir" ]] && nccl_args=(-DNCCL_ROOT="$nccl_dir")
 fi

@@ -9,6 +9,7 @@
 #include <launch/process.hpp>
 
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,15 +27,10 @@ Finished doctor(std::vector<std::string> args, const dtrain::test::EnvChanges& e
 std::vector<long> sizes_of(const std::string& out, const std::string& collective, const std::string& op) {
   std::vector<long> sizes;
   const std::regex row("^ *([0-9]+) +[0-9]+ +(fp32|bf16|fp16|-) +" + collective + " +" + op + " ");
-  std::size_t at = 0;
-  while (at < out.size()) {
-    const std::size_t end = out.find('\n', at);
-    const std::string line = out.substr(at, end == std::string::npos ? std::string::npos : end - at);
-    std::smatch m;
+  std::istringstream lines(out);
+  std::smatch m;
+  for (std::string line; std::getline(lines, line);)
     if (std::regex_search(line, m, row)) sizes.push_back(std::stol(m[1]));
-    if (end == std::string::npos) break;
-    at = end + 1;
-  }
   return sizes;
 }
 
