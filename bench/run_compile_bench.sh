@@ -123,6 +123,11 @@ runtime() {
   measure "$kind" runtime_library g++ separate 1 \
     "$cxx" -std=c++20 $opt -fno-math-errno -fno-trapping-math "${defs[@]}" -DDTRAIN_SEPARATE_COMPILATION=1 \
     -I"$root/include" "${incs[@]:1}" -c "$root/cmake/dtrain_runtime.cpp" -o "$work/r.o"
+  if [[ -f $root/cmake/dtrain_runtime_kernels.cpp ]]; then
+    measure "$kind" runtime_library_kernels g++ separate 1 \
+      "$cxx" -std=c++20 $opt -fno-math-errno -fno-trapping-math "${defs[@]}" -DDTRAIN_SEPARATE_COMPILATION=1 \
+      -I"$root/include" "${incs[@]:1}" -c "$root/cmake/dtrain_runtime_kernels.cpp" -o "$work/rk.o"
+  fi
   if ((cuda && !smoke)) && [[ -f $root/cmake/dtrain_runtime_cuda.cu ]]; then
     measure "$kind" runtime_library_cuda nvcc separate 1 \
       "$nvcc" -std=c++20 $opt -arch="sm_${archs%%;*}" --expt-relaxed-constexpr \

@@ -122,6 +122,21 @@
 #define DTRAIN_INSTANTIATE_CUDA(...)
 #endif
 
+// DTRAIN_INSTANTIATE_KERNEL(declaration): the same for the host loops of
+// the built-in functors (DTRAIN_INSTANTIATE_HOST_FOR_EACH and _SUM,
+// device/host.hpp), compiled once into dtrain::runtime by a source of their
+// own, cmake/dtrain_runtime_kernels.cpp (DTRAIN_RUNTIME_KERNELS_SOURCE):
+// `template` there, `extern template` in every other translation unit
+// built with separate compilation (the runtime's other sources included),
+// nothing header-only.
+#if DTRAIN_SEPARATE_COMPILATION && defined(DTRAIN_RUNTIME_KERNELS_SOURCE)
+#define DTRAIN_INSTANTIATE_KERNEL(...) template __VA_ARGS__;
+#elif DTRAIN_SEPARATE_COMPILATION
+#define DTRAIN_INSTANTIATE_KERNEL(...) extern template __VA_ARGS__;
+#else
+#define DTRAIN_INSTANTIATE_KERNEL(...)
+#endif
+
 // The (parameter, reduce) type pairs of the built-in precisions, for the
 // instantiations above: X(param, reduce) once per pair.
 #define DTRAIN_FOR_EACH_PRECISION(X) X(float, float) X(bf16, float) X(bf16, bf16) X(fp16, float) X(fp16, fp16)

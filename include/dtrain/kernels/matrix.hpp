@@ -10,6 +10,7 @@
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/math.hpp"
 
 namespace dtrain {
@@ -65,3 +66,11 @@ void column_sum(Dev& dev, MatView<const T> m, T* out) {
 }
 
 }  // namespace dtrain
+
+// The host loops of these functors, compiled once by dtrain::runtime under
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+#define DTRAIN_MAT_HOST_LOOPS(T) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::ColumnSum<T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::BroadcastRow<T>)
+DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_MAT_HOST_LOOPS)
+#undef DTRAIN_MAT_HOST_LOOPS

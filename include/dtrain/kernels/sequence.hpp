@@ -11,6 +11,7 @@
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/math.hpp"
 
@@ -244,3 +245,19 @@ struct PositionGrad {
 };
 
 }  // namespace dtrain
+
+// The host loops of these functors, compiled once by dtrain::runtime under
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+#define DTRAIN_SEQ_HOST_LOOPS(T) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::CausalSoftmax<T, std::int32_t>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::CausalSoftmax<T, std::int64_t>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::CausalSoftmaxBackward<T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::HeadPermuteRuns<T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::EmbeddingScatter<T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::EmbeddingGather<T, std::int32_t>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::EmbeddingGather<T, std::int64_t>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::PositionGrad<T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::AddPositions<T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::AddElements<T>)
+DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_SEQ_HOST_LOOPS)
+#undef DTRAIN_SEQ_HOST_LOOPS

@@ -16,6 +16,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/device/host_isa.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/math.hpp"
@@ -231,3 +232,19 @@ struct SwiGLU {
 };
 
 }  // namespace dtrain::nn
+
+// The host loops of these functors, compiled once by dtrain::runtime under
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+#define DTRAIN_ACT_HOST_LOOPS(T) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::relu_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::relu_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_tanh_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::silu_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::silu_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::SwiGluForward<T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::SwiGluBackward<T>)
+DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_ACT_HOST_LOOPS)
+#undef DTRAIN_ACT_HOST_LOOPS

@@ -42,6 +42,7 @@
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/fused_attention.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
@@ -486,3 +487,11 @@ class CausalSelfAttention {
 };
 
 }  // namespace dtrain::nn
+
+// The host loops of these functors, compiled once by dtrain::runtime under
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+#define DTRAIN_ATT_HOST_LOOPS(T) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::KeyBias<T, std::int32_t>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::KeyBias<T, std::int64_t>)
+DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_ATT_HOST_LOOPS)
+#undef DTRAIN_ATT_HOST_LOOPS

@@ -17,6 +17,7 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/random.hpp"
 #include "dtrain/core/view.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/checks.hpp"
@@ -93,3 +94,11 @@ class Dropout {
 };
 
 }  // namespace dtrain::nn
+
+// The host loops of these functors, compiled once by dtrain::runtime under
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+#define DTRAIN_DROP_HOST_LOOPS(T) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::DropoutApply<T, false>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::DropoutApply<T, true>)
+DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_DROP_HOST_LOOPS)
+#undef DTRAIN_DROP_HOST_LOOPS

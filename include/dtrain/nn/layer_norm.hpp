@@ -18,6 +18,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
@@ -193,3 +194,12 @@ class LayerNorm {
 };
 
 }  // namespace dtrain::nn
+
+// The host loops of these functors, compiled once by dtrain::runtime under
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+#define DTRAIN_LN_HOST_LOOPS(T) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::LayerNormForward<T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::LayerNormBackwardInput<T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::LayerNormBackwardParams<T>)
+DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_LN_HOST_LOOPS)
+#undef DTRAIN_LN_HOST_LOOPS

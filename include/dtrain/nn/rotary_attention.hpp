@@ -37,6 +37,7 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/fused_attention.hpp"
+#include "dtrain/device/host.hpp"
 #include "dtrain/device/host_isa.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/sequence.hpp"
@@ -623,3 +624,12 @@ class RotaryAttention {
 };
 
 }  // namespace dtrain::nn
+
+// The host loops of these functors, compiled once by dtrain::runtime under
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+#define DTRAIN_ROPE_HOST_LOOPS(T) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ToRotatedHeads<T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::FromRotatedHeads<T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RotatePairs<T>)
+DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_ROPE_HOST_LOOPS)
+#undef DTRAIN_ROPE_HOST_LOOPS
