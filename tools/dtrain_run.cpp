@@ -629,6 +629,7 @@ int main(int argc, char** argv) {
   try {
     std::vector<std::string> args(argv + 1, argv + argc);
     opts = dtrain::parse_run_options(args);
+    dtrain::check_slurm_nodes(opts, dtrain::process_env);
   } catch (const dtrain::launch_error& e) {
     report(e);
     return 2;

@@ -522,6 +522,33 @@ BOOST_AUTO_TEST_CASE(every_cpp_block_is_a_region_of_a_compiled_source) {
   BOOST_TEST_MESSAGE(checked << " C++ blocks match their compiled sources");
 }
 
+// A block marked <!-- file: PATH --> shows that whole file (the examples'
+// Slurm batch scripts, which tests/launch/slurm_test.sh runs through a real
+// Slurm), line for line.
+BOOST_AUTO_TEST_CASE(every_file_block_is_the_whole_file) {
+  int checked = 0;
+  for (const auto& page : pages())
+    for (const Block& b : blocks_of(page)) {
+      if (b.marker.rfind("file:", 0) != 0) continue;
+      const std::string where = fs::relative(page, repo).string() + ":" + std::to_string(b.line);
+      BOOST_TEST_CONTEXT(where) {
+        const fs::path file = repo / b.marker.substr(b.marker.find_first_not_of(' ', 5));
+        BOOST_TEST_REQUIRE(fs::exists(file), file << " does not exist");
+        std::vector<std::string> lines = lines_of(slurp(file));
+        for (auto& l : lines) l = rtrim(l);
+        while (!lines.empty() && lines.back().empty()) lines.pop_back();
+        std::size_t i = 0;
+        while (i < b.body.size() && i < lines.size() && b.body[i] == lines[i]) ++i;
+        BOOST_TEST((i == b.body.size() && i == lines.size()),
+                   "the block differs from " << file << " at its line " << i + 1 << ":\n  page: "
+                                             << (i < b.body.size() ? b.body[i] : "<end>") << "\n  file: "
+                                             << (i < lines.size() ? lines[i] : "<end>"));
+        ++checked;
+      }
+    }
+  BOOST_TEST(checked >= 2);
+}
+
 BOOST_AUTO_TEST_CASE(quoted_outputs_are_what_dtrain_prints) {
   std::map<std::string, std::string> produced;  // scenario -> output, run once
   std::set<std::string> quoted;

@@ -39,6 +39,7 @@ const Vars torchrun{{"RANK", "3"},
                     {"MASTER_PORT", "1234"}};
 const Vars slurm{{"SLURM_PROCID", "5"},         {"SLURM_NTASKS", "11"},
                  {"SLURM_LOCALID", "1"},        {"SLURM_NODEID", "1"},
+                 {"SLURM_STEP_ID", "0"},
                  {"SLURM_TASKS_PER_NODE", "4(x2),3"},
                  {"SLURM_JOB_NODELIST", "gpu[01-04,07],cpu3"}};
 const Vars openmpi{{"OMPI_COMM_WORLD_RANK", "2"},
@@ -133,6 +134,19 @@ BOOST_AUTO_TEST_CASE(slurm_allocation_without_a_task_is_not_a_launch) {
   auto e = discover({{"SLURM_NTASKS", "8"}, {"SLURM_JOB_NODELIST", "a[1-2]"}});
   BOOST_TEST(e.source == "none");
   BOOST_TEST(e.world_size == 1);
+}
+
+BOOST_AUTO_TEST_CASE(a_program_run_in_the_batch_script_is_refused) {
+  // What the batch script of `sbatch -n2` sees (no srun step): rank 0 of 2,
+  // whose rank 1 would never start.
+  const Vars batch{{"SLURM_JOB_ID", "7"},  {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+                   {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}, {"SLURM_TASKS_PER_NODE", "2"},
+                   {"SLURM_JOB_NODELIST", "vm"}};
+  check_rejected(batch, "runs in the Slurm job's batch script, not as a task of srun");
+  // One task, or a task of a step (either spelling of the step id), starts.
+  BOOST_TEST(discover(with(batch, {{"SLURM_NTASKS", "1"}, {"SLURM_TASKS_PER_NODE", "1"}})).world_size == 1);
+  BOOST_TEST(discover(with(batch, {{"SLURM_STEP_ID", "0"}})).world_size == 2);
+  BOOST_TEST(discover(with(batch, {{"SLURM_STEPID", "3"}})).world_size == 2);
 }
 
 BOOST_AUTO_TEST_CASE(openmpi_variables) {

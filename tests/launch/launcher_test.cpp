@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -119,6 +121,27 @@ BOOST_AUTO_TEST_CASE(bad_flags) {
   check_rejected({"--log-dir=", "p"}, "--log-dir is empty");
   check_rejected({"--monitor-interval", "-1", "p"}, "--monitor-interval -1");
   check_rejected({"--start-method", "thread", "p"}, "--start-method thread");
+}
+
+BOOST_AUTO_TEST_CASE(more_nodes_than_the_slurm_job_has_are_refused) {
+  const auto two = parse({"--nnodes", "2", "--node-rank", "0", "--master-addr", "h", "p"});
+  auto env_of = [](std::map<std::string, std::string> vars) -> dtrain::EnvLookup {
+    return [vars](const std::string& name) -> std::optional<std::string> {
+      auto it = vars.find(name);
+      return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+    };
+  };
+  BOOST_CHECK_EXCEPTION(dtrain::check_slurm_nodes(two, env_of({{"SLURM_JOB_NUM_NODES", "1"}})), dtrain::launch_error,
+                        [](const dtrain::launch_error& e) {
+                          return e.problem().find("--nnodes 2, but this Slurm job has 1 node(s)") !=
+                                     std::string::npos &&
+                                 e.fix().find("--nnodes 1") != std::string::npos;
+                        });
+  BOOST_CHECK_THROW(dtrain::check_slurm_nodes(two, env_of({{"SLURM_NNODES", "1"}})), dtrain::launch_error);
+  // Enough nodes, no Slurm, or one node: nothing to say.
+  BOOST_CHECK_NO_THROW(dtrain::check_slurm_nodes(two, env_of({{"SLURM_JOB_NUM_NODES", "2"}})));
+  BOOST_CHECK_NO_THROW(dtrain::check_slurm_nodes(two, env_of({})));
+  BOOST_CHECK_NO_THROW(dtrain::check_slurm_nodes(parse({"p"}), env_of({{"SLURM_JOB_NUM_NODES", "1"}})));
 }
 
 BOOST_AUTO_TEST_CASE(usage_documents_every_flag) {

@@ -320,6 +320,25 @@ inline void check_run_options(const RunOptions& o) {
 
 }  // namespace detail
 
+// Inside a Slurm job, --nnodes cannot exceed the job's nodes: the missing
+// nodes' dtrain-run would never start, and the others would wait for them
+// until the rendezvous timed out.
+inline void check_slurm_nodes(const RunOptions& o, const EnvLookup& env) {
+  if (o.help || o.version || o.nnodes < 2) return;
+  for (const char* name : {"SLURM_JOB_NUM_NODES", "SLURM_NNODES"}) {
+    const auto text = env(name);
+    if (!text) continue;
+    const auto nodes = detail::parse_integer(*text);
+    if (nodes && *nodes >= 1 && o.nnodes > *nodes)
+      throw launch_error("--nnodes " + std::to_string(o.nnodes) + ", but this Slurm job has " + *text +
+                             " node(s) (" + name + "=" + *text + "): the other nodes' dtrain-run would never start",
+                         "pass --nnodes " + *text + " (--nnodes $SLURM_JOB_NUM_NODES), or ask sbatch for --nodes=" +
+                             std::to_string(o.nnodes) + "; start one dtrain-run per node with "
+                             "srun --ntasks-per-node=1");
+    return;
+  }
+}
+
 // Parses dtrain-run's arguments (without argv[0]). Options end at the first
 // argument that is not one (or after "--"); the rest is PROGRAM and its args.
 inline RunOptions parse_run_options(std::span<const std::string> args) {

@@ -74,6 +74,7 @@ DTRAIN_DECL int required_count(const EnvLookup& env, const RankVars& v, const ch
 DTRAIN_DECL LaunchEnv read_ranks(const EnvLookup& env, const RankVars& v);
 
 DTRAIN_DECL void check_ranks(const LaunchEnv& e, const RankVars& v);
+DTRAIN_DECL void check_slurm_step(const EnvLookup& env, const RankVars& v, const LaunchEnv& e);
 
 // torchrun's static rendezvous (its default) keeps its own store listening
 // on MASTER_PORT for the whole job and tells its workers so with

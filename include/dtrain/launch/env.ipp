@@ -74,6 +74,20 @@ DTRAIN_DECL void check_ranks(const LaunchEnv& e, const RankVars& v) {
                     v.fix);
 }
 
+// A program run straight from an sbatch script (not by srun) sees the
+// allocation's SLURM_PROCID=0 and SLURM_NTASKS: it would be rank 0 of a
+// world whose other ranks never start, and wait for them until the
+// rendezvous times out. srun gives each task SLURM_STEP_ID; the batch
+// script has none.
+DTRAIN_DECL void check_slurm_step(const EnvLookup& env, const RankVars& v, const LaunchEnv& e) {
+  if (&v != &slurm_vars || e.world_size < 2 || env("SLURM_STEP_ID") || env("SLURM_STEPID")) return;
+  throw env_error("this process runs in the Slurm job's batch script, not as a task of srun: SLURM_NTASKS=" +
+                      std::to_string(e.world_size) + " ranks were asked for, and the other " +
+                      std::to_string(e.world_size - 1) + " would never start",
+                  "start one task per rank with srun (srun ./train ...), or one dtrain-run per node "
+                  "(srun --ntasks-per-node=1 dtrain-run --nproc-per-node N ./train ...)");
+}
+
 DTRAIN_DECL bool torchrun_store_holds_port(const EnvLookup& env) {
   auto flag = env("TORCHELASTIC_USE_AGENT_STORE");
   return flag && (*flag == "True" || *flag == "true" || *flag == "1");
@@ -165,6 +179,7 @@ DTRAIN_DECL LaunchEnv discover_env(const EnvLookup& env) {
   if (vars) {
     e = detail::read_ranks(env, *vars);
     detail::check_ranks(e, *vars);
+    detail::check_slurm_step(env, *vars, e);
   }
   detail::read_master(env, vars, e);
   e.comm_timeout_s = detail::read_comm_timeout(env);
