@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include <yaml-cpp/yaml.h>
+
+#include "dtrain/run/preemption.hpp"
 #include "launcher/launcher.hpp"
 
 namespace {
@@ -142,6 +145,36 @@ BOOST_AUTO_TEST_CASE(more_nodes_than_the_slurm_job_has_are_refused) {
   BOOST_CHECK_NO_THROW(dtrain::check_slurm_nodes(two, env_of({{"SLURM_JOB_NUM_NODES", "2"}})));
   BOOST_CHECK_NO_THROW(dtrain::check_slurm_nodes(two, env_of({})));
   BOOST_CHECK_NO_THROW(dtrain::check_slurm_nodes(parse({"p"}), env_of({{"SLURM_JOB_NUM_NODES", "1"}})));
+}
+
+// The Kubernetes Job the docs show (examples/k8s/job.yaml), checked for
+// what can be checked without a cluster: dtrain-run's parser takes its
+// command, the grace periods nest, the ignored exit code is fit's
+// preemption code, and the restart policy is the one a pod failure policy
+// needs.
+BOOST_AUTO_TEST_CASE(the_kubernetes_job_fits_dtrain_run) {
+  const YAML::Node job = YAML::LoadFile(std::string(DTRAIN_SOURCE_DIR) + "/examples/k8s/job.yaml");
+  BOOST_TEST(job["kind"].as<std::string>() == "Job");
+  const YAML::Node pod = job["spec"]["template"]["spec"];
+  BOOST_TEST(pod["restartPolicy"].as<std::string>() == "Never");
+  bool ignores_preemption = false;
+  for (const auto& rule : job["spec"]["podFailurePolicy"]["rules"]) {
+    if (rule["action"].as<std::string>() != "Ignore" || rule["onExitCodes"]["operator"].as<std::string>() != "In")
+      continue;
+    for (const auto& code : rule["onExitCodes"]["values"])
+      ignores_preemption |= code.as<int>() == dtrain::preempted_exit_code;
+  }
+  BOOST_TEST(ignores_preemption, "no Ignore rule for exit code " << dtrain::preempted_exit_code);
+  const auto command = pod["containers"][0]["command"].as<std::vector<std::string>>();
+  BOOST_TEST_REQUIRE(command.size() > 1);
+  BOOST_TEST(command[0] == "dtrain-run");
+  const auto opts = parse(std::vector<std::string>(command.begin() + 1, command.end()));
+  BOOST_TEST(opts.grace_period_s < pod["terminationGracePeriodSeconds"].as<double>());
+  BOOST_TEST((opts.nproc.kind == dtrain::NprocSpec::Kind::gpu));
+  BOOST_TEST((std::find(opts.program_args.begin(), opts.program_args.end(), "resume=latest") !=
+              opts.program_args.end()));
+  BOOST_TEST((std::count_if(opts.program_args.begin(), opts.program_args.end(),
+                            [](const std::string& a) { return a.rfind("checkpoint_dir=", 0) == 0; }) == 1));
 }
 
 BOOST_AUTO_TEST_CASE(usage_documents_every_flag) {
