@@ -111,18 +111,26 @@ macro(dtrain_cuda_architectures)
   endif()
 endmacro()
 
-# DTRAIN_CUDA_CHECK_ONLY's levels for the CUDA targets defined from here on
-# (and `target`, defined before): host code at -O0 (nvcc puts the
+# dtrain_cuda_host_level(LEVEL): nvcc's host optimisation level (-O0, -O1)
+# for the CUDA targets of this directory and below. nvcc puts the
 # configuration's -O after any -Xcompiler flag, so the level in
-# CMAKE_CUDA_FLAGS_<CONFIG> is replaced), cicc and ptxas at -O0.
+# CMAKE_CUDA_FLAGS_<CONFIG> is replaced. DTRAIN_CUDA_UNOPTIMISED_DEVICE: the
+# compile options that run cicc and ptxas at -O0.
+set(DTRAIN_CUDA_UNOPTIMISED_DEVICE "$<$<COMPILE_LANGUAGE:CUDA>:SHELL:-Xcicc -O0>"
+    "$<$<COMPILE_LANGUAGE:CUDA>:SHELL:-Xptxas -O0>")
+macro(dtrain_cuda_host_level level)
+  foreach(_dtrain_config IN ITEMS RELEASE RELWITHDEBINFO MINSIZEREL)
+    string(REGEX REPLACE "(^| )-O[0-9s]( |$)" "\\1${level}\\2" CMAKE_CUDA_FLAGS_${_dtrain_config}
+                         "${CMAKE_CUDA_FLAGS_${_dtrain_config}}")
+  endforeach()
+endmacro()
+
+# DTRAIN_CUDA_CHECK_ONLY's levels for the CUDA targets defined from here on
+# (and `target`, defined before): host code, cicc and ptxas at -O0.
 macro(dtrain_cuda_check_only target)
   if(DTRAIN_CUDA_CHECK_ONLY)
-    foreach(_dtrain_config IN ITEMS RELEASE RELWITHDEBINFO MINSIZEREL)
-      string(REGEX REPLACE "(^| )-O[0-9s]( |$)" "\\1-O0\\2" CMAKE_CUDA_FLAGS_${_dtrain_config}
-                           "${CMAKE_CUDA_FLAGS_${_dtrain_config}}")
-    endforeach()
-    set(_dtrain_check_flags "$<$<COMPILE_LANGUAGE:CUDA>:SHELL:-Xcicc -O0>" "$<$<COMPILE_LANGUAGE:CUDA>:SHELL:-Xptxas -O0>")
-    add_compile_options(${_dtrain_check_flags})
-    target_compile_options(${target} PRIVATE ${_dtrain_check_flags})
+    dtrain_cuda_host_level(-O0)
+    add_compile_options(${DTRAIN_CUDA_UNOPTIMISED_DEVICE})
+    target_compile_options(${target} PRIVATE ${DTRAIN_CUDA_UNOPTIMISED_DEVICE})
   endif()
 endmacro()

@@ -140,5 +140,6 @@
 // The (parameter, reduce) type pairs of the built-in precisions, for the
 // instantiations above: X(param, reduce) once per pair.
 #define DTRAIN_FOR_EACH_PRECISION(X) X(float, float) X(bf16, float) X(bf16, bf16) X(fp16, float) X(fp16, fp16)
-// The parameter types alone.
-#define DTRAIN_FOR_EACH_DTYPE(X) X(float) X(bf16) X(fp16)
+// The parameter types alone, qualified so that a list at global scope can
+// use them too (the host loops', device/host.hpp).
+#define DTRAIN_FOR_EACH_DTYPE(X) X(float) X(::dtrain::bf16) X(::dtrain::fp16)

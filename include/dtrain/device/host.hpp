@@ -158,8 +158,6 @@ void parallel_for(std::size_t n, std::size_t parts, const F& f) {
                                                                            std::size_t))                        \
   DTRAIN_INSTANTIATE_KERNEL(void ::dtrain::detail::parallel_for<__VA_ARGS__>(std::size_t, std::size_t,          \
                                                                               const __VA_ARGS__&))
-// X(T) for each built-in parameter type, qualified for global scope.
-#define DTRAIN_FOR_EACH_HOST_DTYPE(X) X(float) X(::dtrain::bf16) X(::dtrain::fp16)
 #define DTRAIN_INSTANTIATE_HOST_SUM(...)                                                                         \
   DTRAIN_INSTANTIATE_KERNEL(double ::dtrain::detail::sum_range_baseline<__VA_ARGS__>(const __VA_ARGS__&,        \
                                                                                       std::size_t, std::size_t)) \

@@ -56,5 +56,5 @@ std::size_t count_non_finite(Dev& dev, std::span<T> x) {
 #define DTRAIN_RED_HOST_LOOPS(T) \
   DTRAIN_INSTANTIATE_HOST_SUM(::dtrain::SquaredNorm<T>) \
   DTRAIN_INSTANTIATE_HOST_SUM(::dtrain::NonFiniteCount<T>)
-DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_RED_HOST_LOOPS)
+DTRAIN_FOR_EACH_DTYPE(DTRAIN_RED_HOST_LOOPS)
 #undef DTRAIN_RED_HOST_LOOPS

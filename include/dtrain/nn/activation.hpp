@@ -246,5 +246,5 @@ struct SwiGLU {
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::silu_op, T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::SwiGluForward<T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::SwiGluBackward<T>)
-DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_ACT_HOST_LOOPS)
+DTRAIN_FOR_EACH_DTYPE(DTRAIN_ACT_HOST_LOOPS)
 #undef DTRAIN_ACT_HOST_LOOPS

@@ -493,5 +493,5 @@ class CausalSelfAttention {
 #define DTRAIN_ATT_HOST_LOOPS(T) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::KeyBias<T, std::int32_t>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::KeyBias<T, std::int64_t>)
-DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_ATT_HOST_LOOPS)
+DTRAIN_FOR_EACH_DTYPE(DTRAIN_ATT_HOST_LOOPS)
 #undef DTRAIN_ATT_HOST_LOOPS

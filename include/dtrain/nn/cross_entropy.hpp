@@ -187,5 +187,5 @@ class SoftmaxCrossEntropy {
   DTRAIN_INSTANTIATE_HOST_SUM(::dtrain::nn::detail::CrossEntropyRowLoss<T, std::int64_t>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::CrossEntropyRowGrad<T, std::int32_t>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::CrossEntropyRowGrad<T, std::int64_t>)
-DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_CE_HOST_LOOPS)
+DTRAIN_FOR_EACH_DTYPE(DTRAIN_CE_HOST_LOOPS)
 #undef DTRAIN_CE_HOST_LOOPS

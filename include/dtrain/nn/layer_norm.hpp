@@ -201,5 +201,5 @@ class LayerNorm {
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::LayerNormForward<T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::LayerNormBackwardInput<T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::LayerNormBackwardParams<T>)
-DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_LN_HOST_LOOPS)
+DTRAIN_FOR_EACH_DTYPE(DTRAIN_LN_HOST_LOOPS)
 #undef DTRAIN_LN_HOST_LOOPS

@@ -169,5 +169,5 @@ class RMSNorm {
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RmsNormForward<T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RmsNormBackwardInput<T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RmsNormBackwardWeight<T>)
-DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_RMS_HOST_LOOPS)
+DTRAIN_FOR_EACH_DTYPE(DTRAIN_RMS_HOST_LOOPS)
 #undef DTRAIN_RMS_HOST_LOOPS

@@ -631,5 +631,5 @@ class RotaryAttention {
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ToRotatedHeads<T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::FromRotatedHeads<T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RotatePairs<T>)
-DTRAIN_FOR_EACH_HOST_DTYPE(DTRAIN_ROPE_HOST_LOOPS)
+DTRAIN_FOR_EACH_DTYPE(DTRAIN_ROPE_HOST_LOOPS)
 #undef DTRAIN_ROPE_HOST_LOOPS
