@@ -17,8 +17,10 @@ packages=(cmake g++ make ninja-build pkg-config libgloo-dev librange-v3-dev libb
 # openmpi-bin: mpirun, one of the launchers the launcher test starts train_mlp with.
 # python3-matplotlib: scripts/plot_metrics.py. doxygen: the API reference (scripts/api_reference.sh).
 # slurm-wlm, munge: the Slurm test's own cluster (tests/launch/slurm_test.sh starts and stops its daemons).
+# clang-16, libclang-rt-16-dev: libFuzzer, for the short fuzz of every parser (CTest fuzz_smoke).
 if [[ "${DTRAIN_SETUP_FOR:-}" == tests ]]; then
-  packages+=(python3-numpy python3-venv python3-torch iproute2 openmpi-bin python3-matplotlib doxygen slurm-wlm munge)
+  packages+=(python3-numpy python3-venv python3-torch iproute2 openmpi-bin python3-matplotlib doxygen slurm-wlm munge
+            clang-16 libclang-rt-16-dev)
 fi
 [[ -n "${DTRAIN_EXTRA_PACKAGES:-}" ]] && packages+=(${DTRAIN_EXTRA_PACKAGES})
 missing=()

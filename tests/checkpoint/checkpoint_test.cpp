@@ -316,6 +316,17 @@ BOOST_AUTO_TEST_CASE(an_index_integer_out_of_range_is_an_error_naming_the_field)
     BOOST_TEST(message.find(field + " is ") != std::string::npos);
     BOOST_TEST(message.find("where an integer from") != std::string::npos);
   }
+  // So is a learning rate beyond float's range (undefined behaviour before).
+  const std::string damaged = std::regex_replace(text.str(), std::regex(R"("lr": [^,]+)"), R"("lr": 1e300)",
+                                                 std::regex_constants::format_first_only);
+  BOOST_REQUIRE(damaged != text.str());
+  const auto dir = scratch("index_numbers_bad");
+  fs::create_directories(dir);
+  std::ofstream(dir / "index.json") << damaged;
+  BOOST_CHECK_EXCEPTION((void)checkpoint_info(dir), checkpoint_error, [](const checkpoint_error& e) {
+    return std::string(e.what()).find("\"lr\" is 1e+300") != std::string::npos &&
+           std::string(e.what()).find("where a finite number belongs") != std::string::npos;
+  });
 }
 
 BOOST_AUTO_TEST_CASE(a_directory_holding_a_checkpoint_is_never_overwritten) {

@@ -1,15 +1,21 @@
-// libFuzzer entry point for one target of targets.hpp, chosen at build time
-// (-DDTRAIN_FUZZ_TARGET=safetensors|checkpoint_index|config). Built and run
-// by tests/fuzz/run_fuzz.sh with clang's -fsanitize=fuzzer,address,undefined.
+// libFuzzer entry point for the targets of targets.hpp, all in one binary;
+// the environment variable DTRAIN_FUZZ_TARGET names the one a run fuzzes.
+// Built and run by tests/fuzz/run_fuzz.sh with clang's
+// -fsanitize=fuzzer,address,undefined.
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "fuzz/targets.hpp"
 
 namespace {
+
+using Target = void (*)(std::span<const unsigned char>, const std::filesystem::path&);
+Target target = nullptr;
 
 const std::filesystem::path& scratch() {
   static const std::filesystem::path dir = [] {
@@ -26,7 +32,20 @@ const std::filesystem::path& scratch() {
 
 }  // namespace
 
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  const char* name = std::getenv("DTRAIN_FUZZ_TARGET");
+  for (const auto& t : dtrain::fuzz::targets)
+    if (name && t.name == std::string_view(name)) target = t.run;
+  if (!target) {
+    std::fprintf(stderr, "DTRAIN_FUZZ_TARGET='%s' names no target; one of:", name ? name : "");
+    for (const auto& t : dtrain::fuzz::targets) std::fprintf(stderr, " %s", t.name);
+    std::fprintf(stderr, "\n");
+    std::exit(2);
+  }
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t size) {
-  dtrain::fuzz::DTRAIN_FUZZ_TARGET(std::span<const unsigned char>(data, size), scratch());
+  target(std::span<const unsigned char>(data, size), scratch());
   return 0;
 }

@@ -1,42 +1,58 @@
 #!/usr/bin/env bash
-# Fuzzes dtrain's parsers with libFuzzer: the safetensors reader, the
-# checkpoint index reader and the examples' config parser (YAML and
-# key=value), each built from tests/fuzz/fuzz_main.cpp with clang 16 (Debian's
+# Fuzzes every parser of outside input with libFuzzer (the targets of
+# tests/fuzz/targets.hpp: safetensors, checkpoint_index, config, hf_config,
+# adapter_config, npy, tokens, sft_records, launcher_flags, launch_env). One
+# harness, tests/fuzz/fuzz_main.cpp, built once with clang 16 (Debian's
 # clang-16; clang 14 lacks std::source_location) under AddressSanitizer and
-# UndefinedBehaviorSanitizer, with leak detection. Installs what is missing.
+# UndefinedBehaviorSanitizer with leak detection; DTRAIN_FUZZ_TARGET picks the
+# target of each run.
 #
-#   tests/fuzz/run_fuzz.sh [--runs N] [--targets a,b,c] [--json PATH]
+#   tests/fuzz/run_fuzz.sh [--runs N | --seconds S] [--targets a,b,c] [--json PATH] [--smoke]
 #
-# Defaults: 10,000,000 executions per target, every target, results in
-# bench/results/fuzz.json. The targets run one after another, each on its
-# corpus tests/corpus/<target>/ (new inputs go to a scratch copy; the
-# repository's corpus holds seeds and regressions only). A crash, hang
-# (-timeout=10 s), leak or out-of-memory (-rss_limit_mb=2048) stops the
-# target and the script fails, leaving the input as <target>-crash-*,
-# -timeout-*, -leak-* or -oom-* in the work directory it prints: add it to tests/corpus/<target>/
-# (fuzz_corpus_test replays it in CI) and fix the parser.
+# Defaults: 10,000,000 executions per target, every target, the run appended
+# to the "runs" of bench/results/fuzz.json (the record of every full run,
+# with notes added by hand on findings). --smoke: what CI runs
+# (CTest fuzz_smoke): a -O1 build, 5 seconds per target, nothing installed
+# (exit 77 naming what is missing), the JSON in the work directory. Each
+# target starts from a copy of its corpus tests/corpus/<target>/ (new inputs
+# go to the copy; the repository's corpus holds seeds and regressions only).
+# A crash, hang (-timeout=10 s), leak or out-of-memory (-rss_limit_mb=2048)
+# stops the target and the script fails, leaving the input as
+# <target>-crash-*, -timeout-*, -leak-* or -oom-* in the work directory it
+# prints: add it to tests/corpus/<target>/ (fuzz_corpus_test replays it in
+# CI) and fix the parser.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 runs=10000000
-targets=safetensors,checkpoint_index,config
+seconds=
+smoke=
+all=safetensors,checkpoint_index,config,hf_config,adapter_config,npy,tokens,sft_records,launcher_flags,launch_env
+targets=$all
 json=$repo/bench/results/fuzz.json
+usage="usage: tests/fuzz/run_fuzz.sh [--runs N | --seconds S] [--targets a,b,c] [--json PATH] [--smoke]"
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --runs) runs=$2 ;;
-    --targets) targets=$2 ;;
-    --json) json=$2 ;;
-    *) echo "usage: tests/fuzz/run_fuzz.sh [--runs N] [--targets a,b,c] [--json PATH]" >&2; exit 2 ;;
+    --runs) runs=$2; shift ;;
+    --seconds) seconds=$2; shift ;;
+    --targets) targets=$2; shift ;;
+    --json) json=$2; shift ;;
+    --smoke) smoke=1; seconds=${seconds:-5} ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
-  shift 2
+  shift
 done
 
 need=()
 command -v clang++-16 > /dev/null || need+=(clang-16)
-[[ -d /usr/lib/llvm-16/lib/clang/16/lib/linux ]] && ls /usr/lib/llvm-16/lib/clang/16/lib/linux/libclang_rt.fuzzer-x86_64.a > /dev/null 2>&1 || need+=(libclang-rt-16-dev)
+ls /usr/lib/llvm-16/lib/clang/16/lib/linux/libclang_rt.fuzzer-x86_64.a > /dev/null 2>&1 || need+=(libclang-rt-16-dev)
 for p in libyaml-cpp-dev librange-v3-dev libgloo-dev libopenblas-dev nlohmann-json3-dev; do
   dpkg -s "$p" > /dev/null 2>&1 || need+=("$p")
 done
 if ((${#need[@]})); then
+  if [[ -n $smoke ]]; then
+    echo "skipped: the fuzzers need ${need[*]} (scripts/setup.sh installs them when DTRAIN_SETUP_FOR=tests)"
+    exit 77
+  fi
   echo "installing ${need[*]}"
   sudo=$( ((EUID == 0)) || echo sudo)
   $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${need[@]}"
@@ -44,24 +60,27 @@ fi
 
 work=$(mktemp -d /tmp/dtrain-fuzz-XXXXXX)
 echo "work directory: $work"
+[[ -n $smoke ]] && json=$work/fuzz.json
 mkdir -p "$(dirname "$json")"
+level=$([[ -n $smoke ]] && echo -O1 || echo -O2)
+echo "== building the harness ($level)"
+clang++-16 -std=c++20 "$level" -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -I"$repo/include" -I"$repo/tests" -I"$repo/examples" -I"$repo/tools" \
+  "$repo/tests/fuzz/fuzz_main.cpp" -o "$work/fuzz" -lyaml-cpp -lgloo -lopenblas -pthread
+limit=$([[ -n $seconds ]] && echo "-max_total_time=$seconds" || echo "-runs=$runs")
 rows=()
 status=0
 IFS=, read -ra list <<< "$targets"
 for t in "${list[@]}"; do
-  [[ -d $repo/tests/corpus/$t ]] || { echo "unknown target '$t' (no tests/corpus/$t)" >&2; exit 2; }
-  echo "== $t: building"
-  clang++-16 -std=c++20 -O2 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -DDTRAIN_FUZZ_TARGET="$t" -I"$repo/include" -I"$repo/tests" -I"$repo/examples" \
-    "$repo/tests/fuzz/fuzz_main.cpp" -o "$work/fuzz_$t" -lyaml-cpp -lgloo -lopenblas -pthread
+  [[ ,$all, == *,$t,* && -d $repo/tests/corpus/$t ]] || { echo "unknown target '$t' (one of $all)" >&2; exit 2; }
   scratch=$( [[ -d /dev/shm ]] && mktemp -d /dev/shm/dtrain-fuzz-XXXXXX || echo "$work/scratch_$t")
   mkdir -p "$work/corpus_$t" "$scratch"
   cp "$repo/tests/corpus/$t"/* "$work/corpus_$t/"
-  echo "== $t: $runs executions"
+  echo "== $t: ${limit#-}"
   start=$(date +%s)
   rc=0
-  (cd "$work" && DTRAIN_FUZZ_SCRATCH="$scratch" ASAN_OPTIONS=detect_leaks=1 \
-    "./fuzz_$t" -runs="$runs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$t-" \
+  (cd "$work" && DTRAIN_FUZZ_TARGET="$t" DTRAIN_FUZZ_SCRATCH="$scratch" ASAN_OPTIONS=detect_leaks=1 \
+    ./fuzz "$limit" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$t-" \
     "corpus_$t" > "$work/$t.log" 2>&1) || rc=$?
   secs=$(($(date +%s) - start))
   rm -rf "$scratch"
@@ -77,18 +96,24 @@ for t in "${list[@]}"; do
 done
 
 {
-  echo "{\"date\": \"$(date +%F)\", \"runs_per_target\": $runs, \"compiler\": \"$(clang++-16 --version | head -1)\", \"targets\": ["
+  echo "{\"date\": \"$(date +%F)\", \"commit\": \"$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)\","
+  echo " \"limit\": \"${limit#-}\", \"compiler\": \"$(clang++-16 --version | head -1)\", \"targets\": ["
   (IFS=,; echo "${rows[*]}")
   echo "]}"
-} > "$json"
-/usr/bin/python3 - "$json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
+} > "$work/run.json"
+/usr/bin/python3 - "$work/run.json" "$json" <<'PY'
+import json, os, sys
+run = json.load(open(sys.argv[1]))
+record = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) else {"runs": []}
+record["runs"].append(run)
+with open(sys.argv[2], "w") as f:
+    json.dump(record, f, indent=1)
+    f.write("\n")
 print("\n| target | executions | seconds | exec/s | corpus | findings |\n|---|---:|---:|---:|---:|---:|")
-for t in d["targets"]:
+for t in run["targets"]:
     rate = t["executions"] / t["seconds"] if t["seconds"] else 0
     print(f"| {t['target']} | {t['executions']:,} | {t['seconds']} | {rate:,.0f} | {t['corpus']} | {t['findings']} |")
-print(f"\nwritten: {sys.argv[1]}")
+print(f"\nappended to: {sys.argv[2]}")
 PY
 ((status == 0)) && rm -rf "$work"
 exit $status

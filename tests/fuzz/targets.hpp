@@ -16,9 +16,27 @@
 //   config            the examples' command line: the bytes split at '\n'
 //                     into arguments (key=value ...), or, when the first
 //                     line is "yaml", the rest as a --config YAML file
+//   hf_config         the bytes as a transformers config.json: hf::read_config,
+//                     then the LoRA plan of every linear layer on it
+//   adapter_config    the bytes as PEFT's adapter_config.json:
+//                     hf::read_adapter_config, then plan_lora on a GPT-2 and
+//                     a Llama-family model (target patterns, modules to save)
+//   npy               the bytes as a .npy file: read_npy, as features and as
+//                     labels, and load_npy_dataset with it as both
+//   tokens            train_lm's token stream: the bytes as a .bin (DTRNTOK1)
+//                     file, or as a .npy file when the first byte is odd
+//   sft_records       the bytes as train_lm's .jsonl instruction records
+//   launcher_flags    dtrain-run's command line, one argument per line
+//   launch_env        a rank's environment, one NAME=VALUE per line, read by
+//                     dtrain::init's discovery (torchrun, Slurm, Open MPI)
 
 #include <dtrain/checkpoint/checkpoint.hpp>
+#include <dtrain/data/dataset.hpp>
+#include <dtrain/hf/config.hpp>
+#include <dtrain/hf/lora.hpp>
+#include <dtrain/io/npy.hpp>
 #include <dtrain/io/safetensors.hpp>
+#include <dtrain/launch/env.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -30,6 +48,8 @@
 #include <vector>
 
 #include "common/cli.hpp"
+#include "launcher/launcher.hpp"
+#include "lm/lm.hpp"
 
 namespace dtrain::fuzz {
 
@@ -68,6 +88,18 @@ inline void checkpoint_index(std::span<const unsigned char> data, const fs::path
   (void)list_checkpoints(scratch / "ckpt");
 }
 
+// The bytes split at '\n', each line cut at its first NUL (what an argument
+// or environment entry can hold).
+inline std::vector<std::string> lines_of(std::span<const unsigned char> data) {
+  std::vector<std::string> lines(1);
+  for (unsigned char c : data) {
+    if (c == '\n') lines.emplace_back();
+    else lines.back() += static_cast<char>(c);
+  }
+  for (auto& l : lines) l.resize(std::min(l.size(), l.find('\0')));
+  return lines;
+}
+
 inline void config(std::span<const unsigned char> data, const fs::path& scratch) {
   std::vector<std::string> lines(1);
   for (unsigned char c : data) {
@@ -96,5 +128,138 @@ inline void config(std::span<const unsigned char> data, const fs::path& scratch)
   } catch (const dtrain::error&) {
   }
 }
+
+// A small model of each family, for the targets that resolve names on one.
+inline const hf::LmConfig& small_model(bool gpt2) {
+  static const hf::LmConfig models[2] = {
+      hf::parse_config(nlohmann::ordered_json::parse(
+                           R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+                               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                               "max_position_embeddings": 32})"),
+                       "the fuzz target's llama"),
+      hf::parse_config(nlohmann::ordered_json::parse(R"({"model_type": "gpt2", "vocab_size": 64, "n_embd": 16,
+                                                         "n_layer": 2, "n_head": 4, "n_positions": 32})"),
+                       "the fuzz target's gpt2")};
+  return models[gpt2 ? 1 : 0];
+}
+
+inline void hf_config(std::span<const unsigned char> data, const fs::path& scratch) {
+  const fs::path file = scratch / "config.json";
+  write_bytes(file, data);
+  try {
+    const auto c = hf::read_config(file);
+    // Every size was checked: the names of each layer's linears and the
+    // adapters on all of them are what the first use of a config computes.
+    hf::LoraConfig lora;
+    lora.r = 1;
+    lora.targets = {"all-linear"};
+    (void)hf::plan_lora(c, lora);
+  } catch (const dtrain::error&) {
+  }
+}
+
+inline void adapter_config(std::span<const unsigned char> data, const fs::path& scratch) {
+  const fs::path dir = scratch / "adapter";
+  fs::create_directories(dir);
+  write_bytes(dir / "adapter_config.json", data);
+  try {
+    const auto lora = hf::read_adapter_config(dir);
+    for (bool gpt2 : {false, true}) {
+      try {
+        const auto& c = small_model(gpt2);
+        const auto plan = hf::plan_lora(c, lora);
+        (void)hf::peft_names(c, plan);
+        (void)hf::adapter_config_json(c, lora, "base");
+      } catch (const dtrain::error&) {
+      }
+    }
+  } catch (const dtrain::error&) {
+  }
+}
+
+inline void npy(std::span<const unsigned char> data, const fs::path& scratch) {
+  const fs::path file = scratch / "input.npy";
+  write_bytes(file, data);
+  try {
+    const auto a = detail::read_npy(file);
+    try {
+      (void)detail::npy_features(a, "input.npy");
+    } catch (const dtrain::error&) {
+    }
+    try {
+      (void)detail::npy_labels(a, "input.npy");
+    } catch (const dtrain::error&) {
+    }
+  } catch (const dtrain::error&) {
+  }
+  try {
+    (void)load_npy_dataset(file, file);
+  } catch (const dtrain::error&) {
+  }
+}
+
+inline void tokens(std::span<const unsigned char> data, const fs::path& scratch) {
+  const bool as_npy = !data.empty() && (data[0] & 1) != 0;
+  const fs::path file = scratch / (as_npy ? "tokens.npy" : "tokens.bin");
+  write_bytes(file, as_npy ? data.subspan(1) : data);
+  try {
+    (void)::lm::read_tokens(file.string(), 4, 1000);
+  } catch (const dtrain::error&) {
+  }
+}
+
+inline void sft_records(std::span<const unsigned char> data, const fs::path& scratch) {
+  const fs::path file = scratch / "records.jsonl";
+  write_bytes(file, data);
+  try {
+    (void)::lm::read_tokens(file.string(), 8, 1000);
+  } catch (const dtrain::error&) {
+  }
+}
+
+inline void launcher_flags(std::span<const unsigned char> data, const fs::path&) {
+  const auto args = lines_of(data);
+  try {
+    const auto o = parse_run_options(args);
+    // What dtrain-run does next with the options, short of starting ranks.
+    check_slurm_nodes(o, [](const std::string& name) -> std::optional<std::string> {
+      if (name == "SLURM_JOB_ID") return "7";
+      if (name == "SLURM_JOB_NUM_NODES") return "2";
+      return std::nullopt;
+    });
+    (void)resolve_nproc(o.nproc, 2, 4);
+  } catch (const dtrain::error&) {
+  }
+}
+
+inline void launch_env(std::span<const unsigned char> data, const fs::path&) {
+  std::map<std::string, std::string> vars;
+  for (const auto& l : lines_of(data)) {
+    const auto eq = l.find('=');
+    if (eq != std::string::npos) vars[l.substr(0, eq)] = l.substr(eq + 1);
+  }
+  const EnvLookup env = [&](const std::string& name) -> std::optional<std::string> {
+    const auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+  try {
+    (void)discover_env(env);
+  } catch (const dtrain::error&) {
+  }
+}
+
+struct Target {
+  const char* name;
+  void (*run)(std::span<const unsigned char>, const fs::path&);
+};
+
+// Every target, by the name its corpus folder (tests/corpus/NAME) has.
+inline constexpr Target targets[] = {
+    {"safetensors", safetensors}, {"checkpoint_index", checkpoint_index},
+    {"config", config},           {"hf_config", hf_config},
+    {"adapter_config", adapter_config}, {"npy", npy},
+    {"tokens", tokens},           {"sft_records", sft_records},
+    {"launcher_flags", launcher_flags}, {"launch_env", launch_env}};
 
 }  // namespace dtrain::fuzz

@@ -137,6 +137,20 @@ BOOST_AUTO_TEST_CASE(config_is_read_and_checked) {
   j = tiny_llama();
   j["vocab_size"] = "many";
   fails_with(j, "must be a number");
+  // A float where a size belongs, or beyond int64's range, is refused by
+  // name (1.7e44 was undefined behaviour before; found by fuzzing), and so
+  // is a rotary base beyond float's range.
+  for (const double bad : {16.5, 1.7e44}) {
+    j = tiny_llama();
+    j["hidden_size"] = bad;
+    fails_with(j, "\"hidden_size\" must be a number (a whole one in range)");
+  }
+  j = tiny_llama();
+  j["num_hidden_layers"] = 18446744073709551615ull;
+  fails_with(j, "\"num_hidden_layers\" must be a number (a whole one in range)");
+  j = tiny_llama();
+  j["rope_theta"] = 1e300;
+  fails_with(j, "\"rope_theta\" must be a number (finite, in float's range)");
   BOOST_CHECK_THROW(hf::read_config(fresh("no_such_model")), config_error);
 
   // GPT-2: its own key names, 4 x n_embd when n_inner is null, tied by default.

@@ -383,6 +383,21 @@ BOOST_AUTO_TEST_CASE(unsupported_adapter_configs_are_refused) {
     BOOST_CHECK_THROW(read(j), config_error);
   }
   BOOST_CHECK_THROW(hf::read_adapter_config(fresh("lora_no_such_adapter")), checkpoint_error);
+  // Numbers no field can hold are named, never converted (a float rank
+  // beyond int64 was undefined behaviour before; found by fuzzing).
+  for (const auto& [key, value] : std::vector<std::pair<std::string, Json>>{
+           {"r", 1.7e44}, {"r", 2.5}, {"r", "4"}, {"lora_alpha", 1e300}, {"lora_dropout", "0.1"}}) {
+    Json j = good;
+    j[key] = value;
+    std::string message;
+    try {
+      (void)read(j);
+    } catch (const checkpoint_error& e) {
+      message = e.what();
+    }
+    BOOST_TEST_INFO(key << " = " << value.dump() << " -> " << message);
+    BOOST_TEST(message.find(key + " is " + value.dump().substr(0, 3)) != std::string::npos);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -86,6 +86,8 @@ BOOST_AUTO_TEST_CASE(every_flag_in_both_spellings) {
 
 BOOST_AUTO_TEST_CASE(bad_flags) {
   check_rejected({"--bogus", "p"}, "unknown option --bogus");
+  // "-=x" is an option named "-" (it read past the name before; found by fuzzing).
+  check_rejected({"-=node_rank", "p"}, "unknown option -=node_rank");
   check_rejected({"--nproc-per-node", "0", "p"}, "--nproc-per-node 0");
   check_rejected({"--nproc-per-node", "many", "p"}, "--nproc-per-node many");
   check_rejected({"--nproc-per-node"}, "needs a value");

@@ -357,7 +357,7 @@ inline RunOptions parse_run_options(std::span<const std::string> args) {
       inline_value = arg.substr(eq + 1);
       arg.resize(eq);
     }
-    std::replace(arg.begin() + 2, arg.end(), '_', '-');
+    if (arg.size() > 2) std::replace(arg.begin() + 2, arg.end(), '_', '-');  // "-=x" leaves "-" (found by fuzzing)
     auto flag_only = [&] {
       if (inline_value) throw launch_error(arg + " takes no value", "see dtrain-run --help");
     };

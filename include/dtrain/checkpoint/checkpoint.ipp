@@ -48,28 +48,24 @@ Json piece_json(const CheckpointPiece& p) {
           {"dtype", safetensors_name(p.dtype)}, {"crc32c", p.crc32c}};
 }
 
-// An integer field of the index, range-checked. nlohmann's get<T>() converts
-// without a check: a float such as 7e90 (undefined behaviour, found by
-// fuzzing) or an integer that does not fit T; a damaged index is an error.
-template <std::integral T, class Json>
-T index_integer(const Json& v, std::string_view field, const std::filesystem::path& where) {
-  if (v.is_number_unsigned()) {
-    if (const auto u = v.template get<std::uint64_t>(); std::in_range<T>(u)) return static_cast<T>(u);
-  } else if (v.is_number_integer()) {
-    if (const auto i = v.template get<std::int64_t>(); std::in_range<T>(i)) return static_cast<T>(i);
-  }
-  std::string shown = v.dump();
-  if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
-  bad_index(where, "\"" + std::string(field) + "\" is " + shown + ", where an integer from " +
-                       std::to_string(std::numeric_limits<T>::min()) + " to " +
-                       std::to_string(std::numeric_limits<T>::max()) + " belongs");
+// A number field of the index, range-checked (json_number): a damaged
+// index is an error, never a silent conversion.
+template <class T, class Json>
+T index_number(const Json& v, std::string_view field, const std::filesystem::path& where) {
+  if (const auto x = json_number<T>(v)) return *x;
+  if constexpr (std::is_integral_v<T>)
+    bad_index(where, "\"" + std::string(field) + "\" is " + json_shown(v) + ", where an integer from " +
+                         std::to_string(std::numeric_limits<T>::min()) + " to " +
+                         std::to_string(std::numeric_limits<T>::max()) + " belongs");
+  else
+    bad_index(where, "\"" + std::string(field) + "\" is " + json_shown(v) + ", where a finite number belongs");
 }
 
 template <class Json>
 std::vector<std::int64_t> index_shape(const Json& v, std::string_view field, const std::filesystem::path& where) {
   if (!v.is_array()) bad_index(where, "\"" + std::string(field) + "\" is not a list of extents");
   std::vector<std::int64_t> shape;
-  for (const auto& d : v) shape.push_back(index_integer<std::int64_t>(d, field, where));
+  for (const auto& d : v) shape.push_back(index_number<std::int64_t>(d, field, where));
   return shape;
 }
 
@@ -78,9 +74,9 @@ CheckpointPiece piece_from_json(const Json& p, const std::filesystem::path& wher
   const auto dtype = parse_element_type(p.at("dtype").template get<std::string>());
   if (!dtype) bad_index(where, "a piece has the unknown dtype " + p.at("dtype").dump());
   return {p.at("file").template get<std::string>(), p.at("key").template get<std::string>(),
-          index_integer<std::size_t>(p.at("begin"), "begin", where),
-          index_integer<std::size_t>(p.at("count"), "count", where), *dtype,
-          index_integer<std::uint32_t>(p.at("crc32c"), "crc32c", where)};
+          index_number<std::size_t>(p.at("begin"), "begin", where),
+          index_number<std::size_t>(p.at("count"), "count", where), *dtype,
+          index_number<std::uint32_t>(p.at("crc32c"), "crc32c", where)};
 }
 
 
@@ -175,7 +171,7 @@ DTRAIN_DECL CheckpointIndex parse_index(const std::filesystem::path& dir) {
   try {
     if (j.value("format", "") != checkpoint_format) bad_index(path, "its \"format\" is not \"dtrain-checkpoint\"");
     const auto integer = [&](const auto& v, std::string_view field) {
-      return index_integer<std::int64_t>(v, field, path);
+      return index_number<std::int64_t>(v, field, path);
     };
     if (const auto v = integer(j.at("format_version"), "format_version"); v > checkpoint_format_version)
       bad_index(path, "format version " + std::to_string(v) + " is newer than this dtrain reads (" +
@@ -184,10 +180,10 @@ DTRAIN_DECL CheckpointIndex parse_index(const std::filesystem::path& dir) {
     i.dir = dir;
     i.dtrain_version = j.at("dtrain_version").get<std::string>();
     i.step = integer(j.at("step"), "step");
-    i.loss_scale = j.at("loss_scale").get<double>();
+    i.loss_scale = index_number<double>(j.at("loss_scale"), "loss_scale", path);
     i.good_steps = integer(j.at("good_steps"), "good_steps");
-    i.seed = index_integer<std::uint64_t>(j.at("rng").at("seed"), "seed", path);
-    i.world_size = index_integer<int>(j.at("world_size"), "world_size", path);
+    i.seed = index_number<std::uint64_t>(j.at("rng").at("seed"), "seed", path);
+    i.world_size = index_number<int>(j.at("world_size"), "world_size", path);
     i.strategy = j.at("strategy").get<std::string>();
     i.param_dtype = j.at("precision").at("param").get<std::string>();
     i.reduce_dtype = j.at("precision").at("reduce").get<std::string>();
@@ -195,13 +191,13 @@ DTRAIN_DECL CheckpointIndex parse_index(const std::filesystem::path& dir) {
     i.optimizer_states = j.at("optimizer").at("states").get<std::vector<std::string>>();
     if (const auto& o = j.at("optimizer"); o.contains("param_groups"))
       for (const auto& g : o.at("param_groups"))
-        i.param_groups.push_back({g.at("name").get<std::string>(), g.at("lr").get<float>(),
-                                  g.at("weight_decay").get<float>(), g.at("params").get<std::vector<std::string>>()});
+        i.param_groups.push_back({g.at("name").get<std::string>(), index_number<float>(g.at("lr"), "lr", path),
+                                  index_number<float>(g.at("weight_decay"), "weight_decay", path), g.at("params").get<std::vector<std::string>>()});
     if (const auto& s = j.at("sampler"); !s.is_null())
       i.sampler = SamplerProgress{integer(s.at("epoch"), "epoch"),
                                   integer(s.at("global_position"), "global_position"),
                                   integer(s.at("dataset_size"), "dataset_size"),
-                                  index_integer<std::uint64_t>(s.at("seed"), "seed", path),
+                                  index_number<std::uint64_t>(s.at("seed"), "seed", path),
                                   s.at("shuffle").get<bool>(),
                                   s.at("drop_last").get<bool>()};
     i.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
@@ -215,7 +211,7 @@ DTRAIN_DECL CheckpointIndex parse_index(const std::filesystem::path& dir) {
       idx.tensors.emplace(name, std::move(ct));
     }
     for (const auto& [file, f] : j.at("files").items())
-      idx.files[file] = index_integer<std::uint64_t>(f.at("bytes"), "bytes", path);
+      idx.files[file] = index_number<std::uint64_t>(f.at("bytes"), "bytes", path);
   } catch (const nlohmann::json::exception& e) {
     bad_index(path, std::string("a field is missing or has the wrong type: ") + e.what());
   }

@@ -22,10 +22,11 @@ V number(const nlohmann::ordered_json& j, const std::string& where, const char* 
     if (fallback != nullptr) return *fallback;
     throw config_error(where + ": the key \"" + key + "\" is missing", "give the model's config.json as transformers wrote it");
   }
-  if (!j.at(key).is_number())
-    throw config_error(where + ": \"" + key + "\" must be a number, not " + j.at(key).dump(),
-                       "give the model's config.json as transformers wrote it");
-  return j.at(key).get<V>();
+  if (const auto x = ::dtrain::detail::json_number<V>(j.at(key))) return *x;
+  throw config_error(where + ": \"" + key + "\" must be a number" +
+                         (std::is_integral_v<V> ? " (a whole one in range)" : " (finite, in float's range)") + ", not " +
+                         ::dtrain::detail::json_shown(j.at(key)),
+                     "give the model's config.json as transformers wrote it");
 }
 
 // The rotary base. transformers 4 writes it as "rope_theta" (and any

@@ -228,9 +228,16 @@ DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir) {
   if (!get("layers_to_transform").is_null()) refuse("layers_to_transform", "adapt every layer, or name the layers' modules in target_modules");
   LoraConfig lora;
   try {
-    lora.r = get("r").get<std::int64_t>();
-    if (!get("lora_alpha").is_null()) lora.alpha = get("lora_alpha").get<float>();
-    if (!get("lora_dropout").is_null()) lora.dropout = get("lora_dropout").get<float>();
+    const auto number = [&]<class T>(const char* key, T& out) {
+      if (const auto x = ::dtrain::detail::json_number<T>(get(key))) out = *x;
+      else
+        throw checkpoint_error(where + ": " + key + " is " + ::dtrain::detail::json_shown(get(key)) + ", not " +
+                                   (std::is_integral_v<T> ? "an integer" : "a finite number"),
+                               "re-save the adapter with PEFT");
+    };
+    number("r", lora.r);
+    if (!get("lora_alpha").is_null()) number("lora_alpha", lora.alpha);
+    if (!get("lora_dropout").is_null()) number("lora_dropout", lora.dropout);
     if (get("use_rslora").is_boolean()) lora.rslora = get("use_rslora").get<bool>();
     if (!get("modules_to_save").is_null()) lora.modules_to_save = get("modules_to_save").get<std::vector<std::string>>();
     const auto& t = get("target_modules");
