@@ -49,6 +49,6 @@ BOOST_AUTO_TEST_CASE(every_corpus_has_a_target) {
   const auto names = target_names();
   for (const auto& e : fs::directory_iterator(fs::path(DTRAIN_SOURCE_DIR) / "tests" / "corpus"))
     BOOST_TEST_CONTEXT(e.path()) {
-      BOOST_TEST(std::find(names.begin(), names.end(), e.path().filename().string()) != names.end());
+      BOOST_TEST(std::ranges::count(names, e.path().filename().string()) == 1);
     }
 }
