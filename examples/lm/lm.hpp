@@ -60,6 +60,7 @@ struct Config : examples::Common {
   std::string adapter;           // a PEFT adapter directory to load (and continue training)
   std::string save_adapter;      // write the adapters here in PEFT's format
   bool packing = false;          // pack the training records into full blocks (position_ids restart per record)
+  std::vector<std::string> checkpoint_modules;  // recompute the units of these modules (hf::units_named)
 
   // The adapters to build: those of `adapter` (whose config it reads, its
   // lora_dropout included), else the lora_ keys.

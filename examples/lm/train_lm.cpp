@@ -40,6 +40,9 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
   r.add("packing", c.packing,
         "records (.jsonl): pack the training records end to end into blocks of block_size, each attending only "
         "to itself (position_ids restart per record), instead of one padded record per sequence");
+  r.add("checkpoint_modules", c.checkpoint_modules,
+        "with activation_checkpointing: recompute the units of these transformers modules, by name or shell "
+        "pattern, e.g. layers.* or model.layers.1? (GPT-2: h.*) (instead of checkpoint_units numbers)");
   r.section("LoRA adapters (PEFT's format; the base model frozen)");
   r.add("lora_r", c.lora_r, "adapter rank (0: no adapters, every weight trains)");
   r.add("lora_alpha", c.lora_alpha, "adapter scale alpha / r");
@@ -74,6 +77,14 @@ void validate_extra(const Config& c) {
     throw dtrain::config_error("packing=true needs instruction records (data=FILE.jsonl); '" + c.data +
                                    "' is a token stream, which is cut into full windows already",
                                "give data=FILE.jsonl, or drop packing=true");
+  if (!c.checkpoint_modules.empty() && !c.activation_checkpointing)
+    throw dtrain::config_error("checkpoint_modules without activation_checkpointing=true",
+                               "add activation_checkpointing=true");
+  if (!c.checkpoint_modules.empty() &&
+      (!c.checkpoint_units.empty() || c.checkpoint_every != 1 || c.checkpoint_budget_mib != 0))
+    throw dtrain::config_error("checkpoint_modules and checkpoint_units/checkpoint_every/checkpoint_budget_mib "
+                                   "both choose the recomputed units",
+                               "give one of them");
   if (c.block_size < 1 || c.eval_batches < 0 || c.generate < 0 || c.top_k < 0)
     throw dtrain::config_error("block_size must be >= 1, and eval_batches, generate and top_k >= 0",
                                "see train_lm --help");
@@ -84,9 +95,11 @@ void validate_extra(const Config& c) {
 
 int main(int argc, char** argv) {
   try {
-    const auto cfg = examples::parse_cli<lm::Config>(argc, argv, "train_lm", lm::usage, lm::declare_extra,
-                                                     lm::validate_extra);
+    auto cfg = examples::parse_cli<lm::Config>(argc, argv, "train_lm", lm::usage, lm::declare_extra,
+                                               lm::validate_extra);
     const dtrain::hf::LmConfig config = dtrain::hf::read_config(cfg.model.empty() ? cfg.config : cfg.model);
+    for (const auto u : dtrain::hf::units_named(config, cfg.checkpoint_modules))
+      cfg.checkpoint_units.push_back(static_cast<std::int64_t>(u));
     if (cfg.block_size > config.max_position_embeddings)
       throw dtrain::config_error("block_size " + std::to_string(cfg.block_size) + " is longer than the model's " +
                                      std::to_string(config.max_position_embeddings) + " positions (max_position_embeddings)",

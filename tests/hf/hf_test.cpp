@@ -192,6 +192,40 @@ void load_at_two(const fs::path& dir, const hf::LmConfig& config, const Params& 
 
 }  // namespace
 
+// Units named by transformers module: whole names, parts after a '.', shell
+// patterns; in unit order, each once; a pattern naming nothing is refused
+// with the model's modules.
+BOOST_AUTO_TEST_CASE(units_are_named_by_transformers_module) {
+  Json big = tiny_llama();
+  big["num_hidden_layers"] = 12;
+  const hf::LmConfig llama = hf::parse_config(big, "llama.json");
+  const hf::LmConfig gpt2 = hf::parse_config(tiny_gpt2(), "gpt2.json");
+  using Units = std::vector<std::size_t>;
+  BOOST_TEST((hf::unit_modules(gpt2) == std::vector<std::string>{"transformer.wte", "transformer.wpe", "transformer.h.0",
+                                                                 "transformer.h.1", "transformer.ln_f", "lm_head"}));
+  BOOST_TEST(hf::unit_modules(llama).size() == 15u);
+  BOOST_TEST(hf::unit_modules(llama)[1] == "model.layers.0");
+  BOOST_TEST((hf::units_named(llama, {"layers.*"}) == Units{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
+  BOOST_TEST((hf::units_named(llama, {"model.layers.1?"}) == Units{11, 12}));
+  BOOST_TEST((hf::units_named(llama, {"layers.1", "layers.[2-3]", "layers.1"}) == Units{2, 3, 4}));
+  BOOST_TEST((hf::units_named(llama, {"lm_head", "norm", "embed_tokens"}) == Units{0, 13, 14}));
+  BOOST_TEST((hf::units_named(llama, {}) == Units{}));
+  BOOST_TEST((hf::units_named(gpt2, {"h.*"}) == Units{2, 3}));
+  BOOST_TEST((hf::units_named(gpt2, {"wpe", "transformer.h.1"}) == Units{1, 3}));
+  for (const auto& [c, pattern] : std::vector<std::pair<hf::LmConfig, std::string>>{
+           {llama, "layers.12"}, {llama, "layers"}, {gpt2, "layers.*"}, {llama, "ayers.1"}}) {
+    std::string message;
+    try {
+      (void)hf::units_named(c, {pattern});
+    } catch (const config_error& e) {
+      message = e.what();
+    }
+    BOOST_TEST(message.find("\"" + pattern + "\" names no module of this " + c.model_type + " model") !=
+                   std::string::npos,
+               message);
+  }
+}
+
 // GPT-2 (tied head, Conv1D weights stored [in, out]) and a tied Llama: saved
 // by dtrain, loaded back at two ranks under FSDP and ZeRO-1, bit for bit; the
 // files hold transformers' names and shapes and no lm_head.weight.
@@ -435,6 +469,25 @@ BOOST_AUTO_TEST_CASE(train_lm_packs_records_and_trains_adapters) {
   refused("lora_r=40 lora_targets=k_proj", "exceeds the layer's dimensions");
   refused("adapter=" + (work / "adapter").string(), "adapter= needs the base model");
   refused("lora_r=4 lora_targets=q_proj lora_dropout=1", "is outside [0, 1)");
+  refused("activation_checkpointing=true checkpoint_modules=layers.9", "\"layers.9\" names no module of this llama");
+  refused("checkpoint_modules=layers.*", "checkpoint_modules without activation_checkpointing=true");
+  refused("activation_checkpointing=true checkpoint_modules=layers.* checkpoint_every=2",
+          "checkpoint_modules and checkpoint_units/checkpoint_every/checkpoint_budget_mib both");
+  // Recomputing the blocks named by pattern is recomputing them by number:
+  // the same losses to the last digit.
+  const auto losses = [&](const std::string& args, const std::string& name) {
+    BOOST_TEST_REQUIRE(run_logged(run + "lr=1e-2 steps=3 log_every=1 activation_checkpointing=true " + args,
+                                  work / name) == 0,
+                       read_text(work / name));
+    std::string out;
+    std::istringstream lines(read_text(work / name));
+    for (std::string line; std::getline(lines, line);)
+      if (line.find("| loss ") != std::string::npos) out += line.substr(0, line.find("| loss ") + 14) + "\n";
+    return out;
+  };
+  const std::string by_name = losses("checkpoint_modules=layers.*", "by_name.log");
+  BOOST_TEST(!by_name.empty());
+  BOOST_TEST(by_name == losses("checkpoint_units=1,2", "by_number.log"));
   BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 1 " + TRAIN_LM_PATH + " config=" +
                             (work / "config.json").string() + " data=" + (work / "tokens.npy").string() +
                             " packing=true",

@@ -95,6 +95,20 @@ struct TransformersNames {
 
 DTRAIN_DECL TransformersNames transformers_names(const LmConfig& c);
 
+// The transformers module each unit of CausalLm is, in unit order: GPT-2's
+// transformer.wte, transformer.wpe, transformer.h.0 ..., transformer.ln_f,
+// lm_head; the Llama family's model.embed_tokens, model.layers.0 ...,
+// model.norm, lm_head.
+DTRAIN_DECL std::vector<std::string> unit_modules(const LmConfig& c);
+
+// The units whose module one of `patterns` names, in unit order (for
+// TrainerOptions::checkpoint_units). A pattern names a module when it
+// matches the whole name or a part after a '.', as a shell pattern (fnmatch:
+// `*`, `?`, `[0-3]`): "layers.*" and "model.layers.1?" name blocks, "h.0"
+// GPT-2's first. A pattern that names no module is a config_error listing
+// the model's modules.
+DTRAIN_DECL std::vector<std::size_t> units_named(const LmConfig& c, const std::vector<std::string>& patterns);
+
 }  // namespace dtrain::hf
 
 #if DTRAIN_DEFINE_IMPL

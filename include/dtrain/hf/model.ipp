@@ -6,6 +6,8 @@
 
 #include "dtrain/hf/model.hpp"
 
+#include <fnmatch.h>
+
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
 namespace dtrain::hf {
@@ -64,6 +66,43 @@ DTRAIN_DECL CausalLm::CausalLm(LmConfig c, const LoraConfig& adapters)
     positions.emplace_back(config.max_position_embeddings, config.hidden_size, 0.02f, !adapters.on() || lora.save_positions);
   blocks.reserve(static_cast<std::size_t>(config.num_hidden_layers));
   for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) blocks.push_back(make_block(config, lora, l));
+}
+
+DTRAIN_DECL std::vector<std::string> unit_modules(const LmConfig& c) {
+  const std::string base = c.gpt2() ? "transformer." : "model.";
+  std::vector<std::string> m{base + (c.gpt2() ? "wte" : "embed_tokens")};
+  if (c.gpt2()) m.push_back(base + "wpe");
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) m.push_back(base + (c.gpt2() ? "h." : "layers.") + std::to_string(l));
+  m.push_back(base + (c.gpt2() ? "ln_f" : "norm"));
+  m.push_back("lm_head");
+  return m;
+}
+
+DTRAIN_DECL std::vector<std::size_t> units_named(const LmConfig& c, const std::vector<std::string>& patterns) {
+  const auto modules = unit_modules(c);
+  const auto names = [](const std::string& pattern, const std::string& module) {
+    for (std::size_t from = 0; from != std::string::npos;) {
+      if (::fnmatch(pattern.c_str(), module.c_str() + from, 0) == 0) return true;
+      from = module.find('.', from);
+      if (from != std::string::npos) ++from;
+    }
+    return false;
+  };
+  std::vector<char> chosen(modules.size(), 0);
+  for (const auto& p : patterns) {
+    bool any = false;
+    for (std::size_t u = 0; u < modules.size(); ++u)
+      if (names(p, modules[u])) chosen[u] = any = true;
+    if (!any)
+      throw config_error("\"" + p + "\" names no module of this " + c.model_type + " model (its units are " +
+                             modules.front() + ", " + modules[1] + ", ..., " + modules[modules.size() - 2] + ", " +
+                             modules.back() + ")",
+                         "give module names or shell patterns such as layers.* or " + modules[modules.size() - 3]);
+  }
+  std::vector<std::size_t> units;
+  for (std::size_t u = 0; u < modules.size(); ++u)
+    if (chosen[u]) units.push_back(u);
+  return units;
 }
 
 DTRAIN_DECL TransformersNames transformers_names(const LmConfig& c) {
