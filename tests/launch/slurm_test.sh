@@ -14,6 +14,10 @@
 #      resumes from, bit-identical again.
 #   4. Mismatches are one line: the program started in the batch script
 #      instead of by srun, and dtrain-run --nnodes above the job's nodes.
+#   5. The notice on Slurm's own timer: requeue.sbatch submitted with
+#      --time=3 --signal=B:USR1@100 gets USR1 100 s before its limit (Slurm
+#      may send it up to 60 s earlier), saves, exits 75, is requeued and
+#      ends bit-identical, never reaching the limit.
 #
 # usage: slurm_test.sh TRAIN_MLP DTRAIN_RUN SOURCE_DIR
 # Exits 77 (CTest: skipped) when Slurm or munge is not installed or this is
@@ -195,3 +199,30 @@ wait_done "$id" 120 > /dev/null
 grep -q -- "--nnodes 2, but this Slurm job has 1 node(s)" "$work/nnodes.out" ||
   fail "dtrain-run --nnodes 2 in a 1-node job did not stop with the one line"
 echo "slurm_test: 4. a program in the batch script and --nnodes above the job's nodes: one line each"
+
+# --- 5. the notice on Slurm's timer (--signal=B:USR1@N) ---------------------------------
+# The first attempt is slow (rank 0 sleeps 200 ms a step: 600 steps would
+# take 2 minutes, past the notice), the requeued one runs at full speed.
+cat > "$work/slow_first_attempt.sh" <<'EOF2'
+#!/bin/bash
+[[ ${SLURM_RESTART_COUNT:-0} == 0 ]] && export DTRAIN_FAULT_DELAY=0:200
+exec "$@"
+EOF2
+chmod +x "$work/slow_first_attempt.sh"
+id=$(sbatch --parsable --nodes=1 --chdir="$work/jobs" -o "$work/timed.out" --time=3 --signal=B:USR1@100 \
+  --export=ALL,DTRAIN_NPROC=2,PATH="$(dirname "$dtrain_run"):$PATH" \
+  "$src/examples/slurm/requeue.sbatch" "$work/slow_first_attempt.sh" "${job[@]}" "${long[@]}" \
+  save_params="$work/timed.safetensors" checkpoint_dir="$work/timed_ck")
+# When the first attempt starts, and when it stops running (saved, exit 75).
+for _ in $(seq 600); do [[ $(job_field "$id" JobState) == RUNNING ]] && break; sleep 0.2; done
+started=$(date +%s)
+for _ in $(seq 1000); do [[ $(job_field "$id" JobState) == RUNNING ]] || break; sleep 0.2; done
+stopped=$(date +%s)
+[[ $(wait_done "$id" 300) == COMPLETED ]] || fail "the timed job ended $(job_field "$id" JobState)"
+[[ $(job_field "$id" Restarts) == 1 ]] || fail "the timed job ran $(($(job_field "$id" Restarts) + 1)) times, not twice"
+grep -q "preempted (SIGUSR1)" "$work/timed.out" || fail "no rank of the timed job reported the SIGUSR1 notice"
+ran=$((stopped - started))
+# Due at 180 - 100 = 80 s, possibly up to 60 s early; then the save and exit.
+((ran >= 15 && ran <= 100)) || fail "the first attempt ran $ran s: the notice was due 20 to 80 s after its start"
+same_params "$work/timed.safetensors" "$work/ref_long.safetensors" "the job requeued by Slurm's timed notice"
+echo "slurm_test: 5. --time=3 --signal=B:USR1@100: the notice came after $ran s, requeued once: bit-identical"
