@@ -4,7 +4,11 @@ measured collectives, then used to predict multi-node DDP.
 
   bench/cost_model.py [--comm bench/results/comm_bandwidth.json]
                       [--strategies bench/results/strategies.json]
-                      [--json bench/results/cost_model.json]
+                      [--json bench/results/cost_model.json] [--check]
+
+--check writes nothing and exits 1 when the JSON differs from what its
+inputs give (CTest bench_cost_model: a re-measured input without a re-run
+of this script, or a change to the script, fails CI).
 
 Model (a ring over N ranks, S the larger buffer in bytes, B the bus
 bandwidth, alpha a fixed cost per collective):
@@ -32,6 +36,9 @@ FACTOR = {
     "all_gather": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
 }
+# PyTorch's flat-tensor forms move the same bytes as the list forms.
+FACTOR["all_gather_into_tensor"] = FACTOR["all_gather"]
+FACTOR["reduce_scatter_tensor"] = FACTOR["reduce_scatter"]
 
 
 def fail(msg):
@@ -69,11 +76,17 @@ def main():
     ap.add_argument("--comm", default="bench/results/comm_bandwidth.json")
     ap.add_argument("--strategies", default="bench/results/strategies.json")
     ap.add_argument("--json", default="bench/results/cost_model.json")
+    ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
     comm = load(args.comm)
-    out = {"source": args.comm, "model": "t = alpha + factor(N) * S / B", "transports": []}
+    # Derived, not measured: the date, machine and commit are the measured
+    # collectives' (comm_bandwidth.json); strategies_date dates the scaling rows.
+    out = {"source": args.comm, "date": comm.get("date"), "machine": comm.get("machine"), "commit": comm.get("commit"),
+           "model": "t = alpha + factor(N) * S / B", "transports": []}
 
-    for key in ("dtrain_shm", "dtrain_gloo", "torch"):
+    # dtrain's two host transports, PyTorch from PyPI (the release users
+    # install) and Debian's PyTorch, each over Gloo.
+    for key in ("dtrain_shm", "dtrain_gloo", "torch_peer", "torch"):
         if key not in comm:
             continue
         run = comm[key]
@@ -111,6 +124,8 @@ def main():
     # one rank, every strategy (the machine's cores are shared by the ranks,
     # so this measures what distribution costs on fixed hardware).
     strat = load(args.strategies)
+    out["strategies_date"] = strat.get("date")
+    out["strategies_machine"] = strat.get("machine")
     scaling = []
     base = {}
     print(f"\nScaling on one machine ({strat['machine'].get('cores', '?')} cores shared by the ranks; {args.strategies}):\n")
@@ -153,6 +168,12 @@ def main():
             print(f"| {name} | {n} | {t:.2f} | {100 * no_overlap:.0f}% | {100 * full_overlap:.0f}% |")
     out["ddp_prediction"] = {"parameters": params, "gradient_bytes": grad_bytes, "compute_ms": compute_ms,
                              "alpha_us": gloo["alpha_us"], "rows": pred}
+    if args.check:
+        if load(args.json) != json.loads(json.dumps(out)):
+            fail(f"{args.json} differs from what {args.comm} and {args.strategies} give: run bench/cost_model.py, "
+                 "then bench/docs_tables.py --write")
+        print(f"\n{args.json} matches its inputs")
+        return
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
     print(f"\nwritten: {args.json}")

@@ -368,6 +368,40 @@ def strategies_ranks(ranks):
     return table(header, "lrrrrrrrrrrrlr", rows) + ["", source("strategies.json", d)]
 
 
+def cost_model_fit():
+    d = load("cost_model.json")
+    rows = [[t["name"], f"{t['alpha_us']:.1f}", f"{t['bus_bandwidth_gbps']:.3f}"] for t in d["transports"]]
+    return table(["implementation", "alpha (us)", "B (GB/s)"], "lrr", rows) + ["", source("cost_model.json", d)]
+
+
+def cost_model_checks():
+    d = load("cost_model.json")
+    rows = [[t["name"], c["collective"], f"{c['bytes'] / 2**20:g}", f"{c['measured_us'] / 1000:.2f}",
+             f"{c['predicted_us'] / 1000:.2f}", f"{c['error_pct']:+.0f}%"]
+            for t in d["transports"] for c in t["checks"]]
+    return (table(["implementation", "collective", "MiB", "measured ms", "predicted ms", "error"], "llrrrr", rows) +
+            ["", source("cost_model.json", d)])
+
+
+def cost_model_scaling():
+    d = load("cost_model.json")
+    rows = [[r["implementation"], r["strategy"], str(r["ranks"]), f"{r['samples_per_s']:,.0f}",
+             f"{r['vs_one_rank']:.2f}"] for r in d["scaling_one_machine"]]
+    strat = {"date": d.get("strategies_date"), "machine": d.get("strategies_machine"), "commit": None}
+    return (table(["implementation", "strategy", "ranks", "samples/s", "vs 1 rank"], "llrrr", rows) +
+            ["", source("strategies.json", strat)])
+
+
+def cost_model_ddp():
+    d = load("cost_model.json")
+    p = d["ddp_prediction"]
+    rows = [[r["link"], str(r["nodes"]), f"{r['all_reduce_ms']:.2f}", f"{100 * r['efficiency_no_overlap']:.0f}%",
+             f"{100 * r['efficiency_full_overlap']:.0f}%"] for r in p["rows"]]
+    return (table(["link", "N", "all-reduce ms", "efficiency, no overlap", "efficiency, full overlap"], "lrrrr", rows) +
+            ["", f"({p['gradient_bytes'] / 1e6:.2f} MB of fp32 gradients, {p['compute_ms']:.2f} ms of compute per step, "
+                 f"alpha {p['alpha_us'] / 1000:.2f} ms; " + source("cost_model.json", d)[1:]])
+
+
 def comm_waiting():
     d = load("comm_bandwidth.json")
     rows = []
@@ -382,6 +416,10 @@ def comm_waiting():
 
 RENDERERS = {
     "comm.waiting": (comm_waiting, "comm_bandwidth.json"),
+    "cost_model.fit": (cost_model_fit, "cost_model.json"),
+    "cost_model.checks": (cost_model_checks, "cost_model.json"),
+    "cost_model.scaling": (cost_model_scaling, "cost_model.json"),
+    "cost_model.ddp": (cost_model_ddp, "cost_model.json"),
     "strategies.ranks1": (lambda: strategies_ranks(1), "strategies.json"),
     "strategies.ranks2": (lambda: strategies_ranks(2), "strategies.json"),
     "strategies.ranks3": (lambda: strategies_ranks(3), "strategies.json"),
