@@ -149,6 +149,10 @@ BOOST_AUTO_TEST_CASE(config_is_read_and_checked) {
   j["num_hidden_layers"] = 18446744073709551615ull;
   fails_with(j, "\"num_hidden_layers\" must be a number (a whole one in range)");
   j = tiny_llama();
+  j["vocab_size"] = 1LL << 40;
+  j["hidden_size"] = 1LL << 30;
+  fails_with(j, "parameters, more than the 2^53 dtrain can address");
+  j = tiny_llama();
   j["rope_theta"] = 1e300;
   fails_with(j, "\"rope_theta\" must be a number (finite, in float's range)");
   BOOST_CHECK_THROW(hf::read_config(fresh("no_such_model")), config_error);

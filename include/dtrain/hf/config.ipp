@@ -79,6 +79,16 @@ DTRAIN_DECL void check_sizes(const LmConfig& c, const std::string& where, const 
     if (values[i] < 1)
       throw config_error(where + ": \"" + std::string(keys[i]) + "\" is " + std::to_string(values[i]) + "; it must be >= 1",
                          "give the model's config.json as transformers wrote it");
+  // Every tensor's size (and offsets into the flat parameter buffer) is an
+  // int64 product of these: a config whose parameters would not fit 2^53 is
+  // refused before anything multiplies them.
+  const long double h = static_cast<long double>(c.hidden_size);
+  const long double params = 2.0L * c.vocab_size * h + static_cast<long double>(c.max_position_embeddings) * h +
+                             static_cast<long double>(c.num_hidden_layers) * (4.0L * h * h + 3.0L * h * c.intermediate_size);
+  if (params > 9007199254740992.0L)
+    throw config_error(where + " describes about " + std::to_string(static_cast<double>(params)) +
+                           " parameters, more than the 2^53 dtrain can address",
+                       "check the sizes (vocab_size, hidden_size, intermediate_size, layers)");
   if (c.hidden_size % c.num_attention_heads != 0 || c.num_attention_heads % c.num_key_value_heads != 0)
     throw config_error(where + ": " + keys[1] + " " + std::to_string(c.hidden_size) + ", " + keys[4] + " " +
                            std::to_string(c.num_attention_heads) + " and " + keys[5] + " " +

@@ -20,11 +20,13 @@
 // gradients, master copies and optimizer state; modules_to_save names the
 // embeddings or the output head to train whole beside them.
 
+#include <bitset>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
@@ -58,6 +60,35 @@ struct LinearModule {
   std::string ours;
   int part = -1;
 };
+
+namespace detail {
+
+// A regular expression over module names, as PEFT's string target_modules
+// (Python's re.fullmatch): literals, `.`, classes `[a-z_]` `[^0-9]`, the
+// escapes \d \w \s (and \D \W \S) and escaped punctuation, groups
+// `(...)` `(?:...)` `(?P<name>...)`, `|`, one quantifier per atom (`*` `+`
+// `?` `{m}` `{m,}` `{,n}` `{m,n}`, lazy or not: the same names match), `^`
+// first and `$` last. Matched by simulating its automaton, in time linear in
+// the name whatever the pattern (std::regex backtracks: fuzzing found a
+// pattern that took it minutes). Anything else (back-references,
+// look-arounds, possessive or stacked quantifiers, counts over 1000, more
+// than 20,000 states) is a config_error naming it.
+class ModulePattern {
+ public:
+  DTRAIN_DECL explicit ModulePattern(std::string_view pattern);
+  DTRAIN_DECL bool matches(std::string_view name) const;
+
+ private:
+  struct Inst {
+    enum Op : std::uint8_t { chars, split, jump, match } op;
+    std::int32_t x = 0, y = 0;
+    std::bitset<256> set{};
+  };
+  std::vector<Inst> prog_;
+  friend struct PatternCompiler;
+};
+
+}  // namespace detail
 
 // The linear layers of block `layer`, in dtrain's order of projections.
 DTRAIN_DECL std::vector<LinearModule> block_linears(const LmConfig& c, std::int64_t layer);
