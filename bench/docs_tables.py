@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The docs' performance tables, made from bench/results/*.json.
 
-A table in README.md or docs/*.md that comes from a results file sits
+A table in README.md, docs/*.md or docs/dev/*.md that comes from a results file sits
 between two markers, which name the table this script makes there:
 
     <!-- table: training.adamw -->
@@ -28,7 +28,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 DOCS = [os.path.join(ROOT, "README.md")] + sorted(
-    os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
+    os.path.join(ROOT, folder, f) for folder in ("docs", os.path.join("docs", "dev"))
+    for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(".md"))
 BEGIN = re.compile(r"^<!-- table: ([a-z0-9_.-]+) -->$")
 END = "<!-- /table -->"
 
@@ -402,6 +403,20 @@ def cost_model_ddp():
                  f"alpha {p['alpha_us'] / 1000:.2f} ms; " + source("cost_model.json", d)[1:]])
 
 
+def fuzz_runs():
+    d = load("fuzz.json")
+    rows = []
+    for run in d["runs"]:
+        for t in run["targets"]:
+            rate = f"{t['executions'] / t['seconds']:,.0f}" if t["seconds"] else ""
+            found = str(t["findings"]) + ("" if t["exit"] in (0, 70, 77) or t["findings"] else " (stopped)")
+            rows.append([run["date"], run["commit"], f"`{t['target']}`", f"{t['executions']:,}", str(t["seconds"]),
+                         rate, str(t["corpus"]), found])
+    return (table(["date", "commit", "target", "executions", "seconds", "exec/s", "corpus", "findings"], "lllrrrrr",
+                  rows) + ["", f"(`bench/results/fuzz.json`: every run of `tests/fuzz/run_fuzz.sh`, "
+                               f"{d['runs'][-1]['compiler']}, the 2-core development VM; notes per run there.)"])
+
+
 def comm_waiting():
     d = load("comm_bandwidth.json")
     rows = []
@@ -417,6 +432,7 @@ def comm_waiting():
 RENDERERS = {
     "comm.waiting": (comm_waiting, "comm_bandwidth.json"),
     "cost_model.fit": (cost_model_fit, "cost_model.json"),
+    "fuzz.runs": (fuzz_runs, "fuzz.json"),
     "cost_model.checks": (cost_model_checks, "cost_model.json"),
     "cost_model.scaling": (cost_model_scaling, "cost_model.json"),
     "cost_model.ddp": (cost_model_ddp, "cost_model.json"),

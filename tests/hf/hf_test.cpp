@@ -152,6 +152,10 @@ BOOST_AUTO_TEST_CASE(config_is_read_and_checked) {
   j["vocab_size"] = 1LL << 40;
   j["hidden_size"] = 1LL << 30;
   fails_with(j, "parameters, more than the 2^53 dtrain can address");
+  // GPT-2's n_inner defaults to 4 x n_embd, which overflowed for a huge n_embd.
+  Json huge = tiny_gpt2();
+  huge["n_embd"] = 4999999999999999999LL;
+  fails_with(huge, "parameters, more than the 2^53 dtrain can address");
   j = tiny_llama();
   j["rope_theta"] = 1e300;
   fails_with(j, "\"rope_theta\" must be a number (finite, in float's range)");

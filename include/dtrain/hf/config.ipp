@@ -102,7 +102,12 @@ DTRAIN_DECL LmConfig parse_gpt2(const nlohmann::ordered_json& j, const std::stri
   c.json_text = j.dump();
   c.vocab_size = number<std::int64_t>(j, where, "vocab_size");
   c.hidden_size = number<std::int64_t>(j, where, "n_embd");
-  const std::int64_t inner = 4 * c.hidden_size;
+  // transformers' default, 4 x n_embd; a width so large (or below 1) that
+  // four times it would overflow is kept as it is, for the checks below to
+  // name (found by fuzzing: 4 x 5e18 was signed overflow).
+  const std::int64_t inner =
+      c.hidden_size >= 1 && c.hidden_size <= std::numeric_limits<std::int64_t>::max() / 4 ? 4 * c.hidden_size
+                                                                                         : c.hidden_size;
   c.intermediate_size = number<std::int64_t>(j, where, "n_inner", &inner);
   c.num_hidden_layers = number<std::int64_t>(j, where, "n_layer");
   c.num_attention_heads = c.num_key_value_heads = number<std::int64_t>(j, where, "n_head");
