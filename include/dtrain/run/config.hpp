@@ -126,7 +126,7 @@ class ConfigReader {
   // Sets one declared key from a YAML value.
   void set(const std::string& key, const YAML::Node& value) {
     for (const Key& k : keys_)
-      if (k.name == key) return k.set(value);
+      if (k.name == key && k.set) return k.set(value);  // a section heading has a name "" and no setter (found by fuzzing)
     throw config_error("unknown config key '" + key + "'", "run " + program_ + " --help for the list of keys");
   }
 
