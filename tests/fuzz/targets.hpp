@@ -101,11 +101,7 @@ inline std::vector<std::string> lines_of(std::span<const unsigned char> data) {
 }
 
 inline void config(std::span<const unsigned char> data, const fs::path& scratch) {
-  std::vector<std::string> lines(1);
-  for (unsigned char c : data) {
-    if (c == '\n') lines.emplace_back();
-    else lines.back() += static_cast<char>(c);
-  }
+  auto lines = lines_of(data);
   std::vector<std::string> args{"train"};
   if (lines.front() == "yaml") {
     const fs::path file = scratch / "config.yaml";
@@ -113,7 +109,6 @@ inline void config(std::span<const unsigned char> data, const fs::path& scratch)
     args.insert(args.end(), {"--config", file.string()});
   } else {
     for (auto& l : lines) {
-      l.resize(std::min(l.size(), l.find('\0')));  // what a process's argv can hold
       // --help prints and exits by design; --config FILE is the yaml mode
       // (an arbitrary path could name a device file).
       if (l != "--help" && l != "-h" && l != "--config") args.push_back(std::move(l));
