@@ -417,6 +417,79 @@ def fuzz_runs():
                                f"{d['runs'][-1]['compiler']}, the 2-core development VM; notes per run there.)"])
 
 
+GEMM_ENGINES = [("openblas-pthread", "OpenBLAS, pthreads (what dtrain links)"), ("openblas-openmp", "OpenBLAS, OpenMP"),
+                ("blis-pthread", "BLIS, pthreads"), ("onednn", "oneDNN (`dnnl_sgemm`)"),
+                ("mkl", "MKL (the PyPI `mkl` wheel)")]
+GEMM_MODELS = [("gpt2-124m", "GPT-2 124M"), ("llama-100m", "Llama-shaped")]
+
+
+def gemm_engines():
+    d = load("gemm.json")
+    peer = d.get("peer", {})
+    labels = dict(GEMM_ENGINES, torch=f"{torch_minor(peer['torch'])} `torch.mm` (bundled {peer.get('blas', '?').upper()})")
+    steps = {(s["engine"], s["model"], s["threads"]): s["step_ms"] for s in d["steps"]}
+    columns = sorted({(m, t) for _, m, t in steps}, key=lambda c: ([m for m, _ in GEMM_MODELS].index(c[0]), c[1]))
+    fastest = {c: min(ms for (e, m, t), ms in steps.items() if (m, t) == c) for c in columns}
+    rows = []
+    for engine, label in labels.items():
+        if not any(e == engine for e, _, _ in steps):
+            continue
+        cells = []
+        for c in columns:
+            ms = steps.get((engine, *c))
+            cells.append("" if ms is None else f"**{ms:.1f}**" if ms == fastest[c] else f"{ms:.1f}")
+        rows.append([label] + cells)
+    names = dict(GEMM_MODELS)
+    header = ["engine"] + [f"{names[m]}, {t} thread{'s' if t > 1 else ''} ms" for m, t in columns]
+    return table(header, "l" + "r" * len(columns), rows) + ["", source("gemm.json", d)]
+
+
+def gpu_source(*names):
+    """GPU results record the device, not a machine dict; the commit is noted when recorded afterwards."""
+    files = [load(n) for n in names]
+    d = files[0]
+    return (f"(`bench/results/{names[0]}`" + "".join(f" and `{n}`" for n in names[1:]) +
+            f": {d['date']}, one {d['device']}, {d['commit']}.)")
+
+
+def gpu_kernels():
+    d, v = load("gpu.json"), load("gpu_kernels_vector.json")
+    ours = {(r["pass"], r["elements"]): r for r in v["rows"]}
+    peer = {(r["pass"], r["elements"]): r for r in d["kernels"]}
+    label = {"adamw": "AdamW, fp32 (4-wide)", "cast_bf16": "cast fp32 → bf16",
+             "unscale_fp16": "unscale fp16 + non-finite count", "grad_norm": "gradient norm (fp32)"}
+    pct = lambda x: f"{100 * x:.1f}%"
+    rows = []
+    for n in sorted({e for _, e in ours}):
+        copy_ours, copy_peer = ours[("copy", n)]["gbps"], peer[("copy", n)]["torch_gbps"]
+        for name, text in label.items():
+            o, p = ours[(name, n)], peer[(name, n)]
+            rows.append([text, millions(n), f"{o['ms']:.3f}", f"{o['gbps']:,.0f}", pct(o["gbps"] / copy_ours),
+                         f"{p['torch_ms']:.3f}", f"{p['torch_gbps']:,.0f}", pct(p["torch_gbps"] / copy_peer),
+                         f"{o['ms'] / p['torch_ms']:.2f}x"])
+            if name == "adamw":
+                s = peer[(name, n)]
+                rows.append(["AdamW, fp32 (scalar, before)", millions(n), f"{s['dtrain_ms']:.3f}",
+                             f"{s['dtrain_gbps']:,.0f}", pct(s["dtrain_share_of_copy"]), "", "", "",
+                             f"{s['dtrain_ms'] / s['torch_ms']:.2f}x"])
+    peer_name = torch_minor(d["torch"])
+    header = ["pass", "elements", "dtrain ms", "GB/s", "share of copy", f"{peer_name} ms", "GB/s", "share of copy",
+              f"dtrain time / {peer_name}'s"]
+    return table(header, "ll" + "r" * 7, rows) + ["", gpu_source("gpu_kernels_vector.json", "gpu.json")]
+
+
+def gpu_training():
+    d = load("gpu.json")
+    rows, last = [], None
+    for r in d["training"]:
+        rows.append([f"{r['model']} ({d['configs'][r['model']]})" if r["model"] != last else "same", r["precision"],
+                     f"{r['dtrain_ms']:.3f}", f"{r['torch_ms']:.3f}", f"{r['dtrain_ms'] / r['torch_ms']:.2f}x"])
+        last = r["model"]
+    peer_name = torch_minor(d["torch"])
+    header = ["model", "precision", "dtrain ms/step", f"{peer_name} ms/step", f"dtrain / {peer_name}"]
+    return table(header, "llrrr", rows) + ["", gpu_source("gpu.json")]
+
+
 def comm_waiting():
     d = load("comm_bandwidth.json")
     rows = []
@@ -430,6 +503,9 @@ def comm_waiting():
 
 
 RENDERERS = {
+    "gemm.engines": (gemm_engines, "gemm.json"),
+    "gpu.kernels": (gpu_kernels, "gpu_kernels_vector.json"),
+    "gpu.training": (gpu_training, "gpu.json"),
     "comm.waiting": (comm_waiting, "comm_bandwidth.json"),
     "cost_model.fit": (cost_model_fit, "cost_model.json"),
     "fuzz.runs": (fuzz_runs, "fuzz.json"),
