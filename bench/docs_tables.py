@@ -15,7 +15,19 @@ between two markers, which name the table this script makes there:
   docs_tables.py --list    the tables this script knows, with their files
 
 docs_test runs --check, so a table edited by hand or a results file
-re-measured without --write fails CI. Each table's renderer below reads one
+re-measured without --write fails CI.
+
+--check also asks every figure in prose (a number with a unit of time, rate,
+size, ratio or share: "1.15x", "25.0 GB/s", "+2.4%", "130 ms", "64 MiB") for
+its source: its paragraph, list or hand-written table carries a comment
+
+    <!-- source: training.json, gpt.json -->
+
+naming the results files it comes from, or `history` (measured by a run or a
+profile whose results are not kept in bench/results/; the text says when) or
+`setting` (not a measurement: a goal, a size, an option, arithmetic on them).
+The check is that a source is named and exists, not that each value is
+derived correctly from it: the tables are what is compared value by value. Each table's renderer below reads one
 file; a new table is a new function in RENDERERS.
 """
 
@@ -531,6 +543,58 @@ RENDERERS = {
 }
 
 
+# A measured figure in prose: a number with the unit of a time, a rate, a size,
+# a ratio or a share ("1.15x", "25.0 GB/s", "+2.4%", "130 ms", "1650 MiB").
+FIGURE = re.compile(r"(?<![\w.#/-])[-+]?\d[\d,]*(?:\.\d+)?(?:x|\s?(?:%|ms|us|s|GB/s|MB/s|MiB|GiB|MB|GB))(?![\w/])")
+SOURCE = re.compile(r"<!-- source: ([^>]*?) -->")
+# Sources that are not results files: figures measured by runs whose results
+# are no longer kept (kept as history, and the text says so), and figures that
+# are not measurements at all (goals, sizes, settings, arithmetic on them).
+KINDS = ("history", "setting")
+
+
+def blocks(lines):
+    """(first line, lines) of each paragraph, list or hand-written table outside code and marked tables."""
+    out, cur, start, code, marked = [], [], 0, False, False
+    for i, line in enumerate(lines + [""]):
+        if line.startswith("```"):
+            code = not code
+        if code or line.startswith("```") or BEGIN.match(line) or marked or not line.strip():
+            if cur:
+                out.append((start, cur))
+            cur = []
+            if BEGIN.match(line):
+                marked = True
+            elif line == END:
+                marked = False
+            continue
+        if not cur:
+            start = i
+        cur.append(line)
+    return out
+
+
+def prose_sources(path, lines):
+    """Each figure in prose names where it comes from: a `<!-- source: ... -->`
+    in its paragraph (or the line before it) naming results files under
+    bench/results/, or one of KINDS. Returns the problems."""
+    problems = []
+    for start, block in blocks(lines):
+        text = "\n".join(block)
+        figures = FIGURE.findall(re.sub(r"<!--.*?-->|`[^`]*`|\]\([^)]*\)", "", text, flags=re.S))
+        tags = SOURCE.findall(text) + (SOURCE.findall(lines[start - 1]) if start else [])
+        where = f"{os.path.relpath(path, ROOT)}:{start + 1}"
+        for tag in tags:
+            for name in (n.strip() for n in tag.split(",")):
+                if name not in KINDS and not os.path.exists(os.path.join(RESULTS, name)):
+                    problems.append(f"{where}: source '{name}' is neither a file in bench/results/ nor one of "
+                                    f"{', '.join(KINDS)}")
+        if figures and not tags:
+            problems.append(f"{where}: {', '.join(dict.fromkeys(figures))} without a source: add "
+                            f"<!-- source: FILE.json --> (a file in bench/results/), or history / setting")
+    return problems
+
+
 def regions(path):
     """(name, first line, end line) of each marked table in `path`, and its lines."""
     with open(path) as f:
@@ -562,6 +626,8 @@ def main():
     problems, tables = [], 0
     for path in DOCS:
         found, lines = regions(path)
+        if args.check:
+            problems += prose_sources(path, lines)
         if not found:
             continue
         out, at = [], 0
