@@ -50,7 +50,7 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
   r.add("lora_dropout", c.lora_dropout, "dropout on the adapters' input in training, in [0, 1) (PEFT's lora_dropout)");
   r.add("lora_targets", c.lora_targets,
         "PEFT's target_modules: module names or suffixes, e.g. q_proj,k_proj,v_proj,o_proj (Llama), c_attn,c_proj,c_fc "
-        "(GPT-2), or all-linear");
+        "(GPT-2), lm_head (an untied output head), or all-linear (the blocks' linear layers)");
   r.add("lora_modules_to_save", c.lora_modules_to_save,
         "PEFT's modules_to_save: train these whole beside the adapters and save them with them: embed_tokens, "
         "lm_head (untied models), GPT-2's wpe");

@@ -269,6 +269,11 @@ BOOST_AUTO_TEST_CASE(llama_lora_both_ways_with_peft, *boost::unit_test::precondi
 BOOST_AUTO_TEST_CASE(gpt2_lora_both_ways_with_peft, *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
   lora_both_ways_with_peft("gpt2", "gpt2 4 float32 0", "c_attn,c_proj,c_fc");
 }
+// An adapter on the (untied) output head as well, which all-linear leaves out.
+BOOST_AUTO_TEST_CASE(llama_lora_on_lm_head_both_ways_with_peft,
+                     *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
+  lora_both_ways_with_peft("llama_head", "llama 2 float32 0", "q_proj,v_proj,lm_head");
+}
 BOOST_AUTO_TEST_CASE(llama_lora_with_modules_to_save_both_ways_with_peft,
                      *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
   lora_both_ways_with_peft("llama_saved", "llama 2 float32 0", "q_proj,v_proj", "embed_tokens,lm_head");
@@ -279,6 +284,10 @@ BOOST_AUTO_TEST_CASE(llama_lora_with_modules_to_save_both_ways_with_peft,
 // under DDP and fsdp-full (the bounds of the full fine-tuning parity).
 BOOST_AUTO_TEST_CASE(llama_lora_trains_like_peft, *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
   training_parity("llama_lora_train", "llama 2 float32 0", 0, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+}
+BOOST_AUTO_TEST_CASE(llama_lora_on_lm_head_trains_like_peft,
+                     *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
+  training_parity("llama_lora_head_train", "llama 2 float32 0", 0, "q_proj,v_proj,lm_head");
 }
 BOOST_AUTO_TEST_CASE(gpt2_lora_trains_like_peft, *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
   training_parity("gpt2_lora_train", "gpt2 4 float32 0", 0, "c_attn,c_proj,c_fc");

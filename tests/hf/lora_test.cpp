@@ -131,7 +131,17 @@ BOOST_AUTO_TEST_CASE(targets_resolve_as_peft) {
   };
   refused(l, {.targets = {"gate_proj"}}, "without up_proj");
   refused(l, {.targets = {"q_proj", "c_attn"}}, "\"c_attn\" matches no linear layer");
-  refused(l, {.targets = {"lm_head"}}, "output head are not supported yet");
+  // The output head: adapted when a target names it and it is untied; never by all-linear, as in PEFT.
+  BOOST_TEST(hf::plan_lora(l, {.r = 2, .targets = {"q_proj", "lm_head"}}).head);
+  // PEFT saves the adapted head's own weight beside its adapter; load_adapter reads it when present.
+  BOOST_TEST((hf::peft_base_layers(l, hf::plan_lora(l, {.r = 2, .targets = {"lm_head"}})) ==
+              std::map<std::string, std::string>{{"4.weight", "base_model.model.lm_head.base_layer.weight"}}));
+  BOOST_TEST(hf::peft_base_layers(l, hf::plan_lora(l, {.r = 2, .targets = {"q_proj"}})).empty());
+  BOOST_TEST(!hf::plan_lora(l, {.r = 2, .targets = {"all-linear"}}).head);
+  BOOST_TEST(hf::plan_lora(l, {.r = 2, .targets = {".*(q_proj|lm_head)"}, .regex = true}).head);
+  BOOST_TEST(!hf::plan_lora(l, {.r = 2, .targets = {".*_proj"}, .regex = true}).head);
+  refused(g, {.targets = {"c_attn", "lm_head"}}, "ties to its token embedding");
+  refused(l, {.targets = {"lm_head"}, .modules_to_save = {"lm_head"}}, "both a LoRA target");
   refused(l, {.targets = {}}, "needs target modules");
   refused(l, {.targets = {"("}, .regex = true}, "is not a regular expression");
   refused(l, {.r = 9, .targets = {"k_proj"}}, "exceeds the layer's dimensions");
@@ -194,12 +204,23 @@ BOOST_AUTO_TEST_CASE(only_adapters_train) {
 // ranks under FSDP and ZeRO-1 bit for bit; the merged save, loaded into a
 // plain model, gives the adapted model's logits.
 BOOST_AUTO_TEST_CASE(adapter_round_trip_and_merge) {
-  for (const hf::LmConfig& config : {llama(), gpt2()}) {
-    BOOST_TEST_CONTEXT(config.model_type) {
-      const fs::path base = fresh("lora_base_" + config.model_type), adapter = fresh("lora_adapter_" + config.model_type),
-                     merged = fresh("lora_merged_" + config.model_type);
+  // The model, its targets, and the adapter's tensors: in PEFT's file, and loaded (Llama's gate|up is one).
+  struct Case {
+    hf::LmConfig config;
+    std::vector<std::string> targets;
+    std::string name;
+    std::size_t in_file, loaded;
+  };
+  const std::vector<Case> cases{{llama(), {"all-linear"}, "llama", 2 * 7 * 2, 2 * 6 * 2},
+                                {gpt2(), {"all-linear"}, "gpt2", 2 * 4 * 2, 2 * 4 * 2},
+                                {llama(), {"q_proj", "lm_head"}, "llama_head", 2 * 1 * 2 + 2, 2 * 1 * 2 + 2}};
+  for (const Case& c : cases) {
+    const hf::LmConfig& config = c.config;
+    BOOST_TEST_CONTEXT(c.name) {
+      const fs::path base = fresh("lora_base_" + c.name), adapter = fresh("lora_adapter_" + c.name),
+                     merged = fresh("lora_merged_" + c.name);
       const Params base_params = base_model(config, base);
-      const hf::LoraConfig lora{.r = 2, .alpha = 4.f, .targets = {"all-linear"}};
+      const hf::LoraConfig lora{.r = 2, .alpha = 4.f, .targets = c.targets};
       Params trained;
       std::vector<float> logits;
       run_ranks(1, [&](World& w) {
@@ -217,26 +238,32 @@ BOOST_AUTO_TEST_CASE(adapter_round_trip_and_merge) {
         logits = trainer.logits(batch(7));
       });
       for (const auto& [name, v] : base_params) BOOST_TEST((trained.at(name) == v), name << " is frozen");
-      double b_norm = 0.0;
+      std::size_t b_count = 0;
       for (const auto& [name, v] : trained)
-        if (name.ends_with("lora_B"))
+        if (name.ends_with("lora_B")) {
+          ++b_count;
+          double b_norm = 0.0;
           for (float x : v) b_norm += std::abs(x);
-      BOOST_TEST(b_norm > 0.0, "the adapters' B trained away from zero");
+          BOOST_TEST(b_norm > 0.0, name << " trained away from zero");
+        }
+      BOOST_TEST(2 * b_count == c.loaded);
 
       // PEFT's files
       const Json cfg = Json::parse(std::ifstream(adapter / "adapter_config.json"));
       BOOST_TEST(cfg.at("peft_type") == "LORA");
       BOOST_TEST(cfg.at("r") == 2);
       BOOST_TEST(cfg.at("lora_alpha") == 4.0);
-      BOOST_TEST(cfg.at("target_modules") == "all-linear");
+      if (c.targets.size() == 1) BOOST_TEST(cfg.at("target_modules") == c.targets[0]);
       BOOST_TEST(cfg.at("fan_in_fan_out") == config.gpt2());
       const auto file = SafetensorsFile::open(adapter / "adapter_model.safetensors");
+      BOOST_TEST(file.names().size() == c.in_file);
       if (config.gpt2()) {
-        BOOST_TEST(file.names().size() == 2u * 4u * 2u);
         BOOST_TEST((file.tensor("base_model.model.transformer.h.1.attn.c_attn.lora_B.weight").shape ==
                     std::vector<std::int64_t>{48, 2}));
+      } else if (c.name == "llama_head") {
+        BOOST_TEST((file.tensor("base_model.model.lm_head.lora_A.weight").shape == std::vector<std::int64_t>{2, 16}));
+        BOOST_TEST((file.tensor("base_model.model.lm_head.lora_B.weight").shape == std::vector<std::int64_t>{37, 2}));
       } else {
-        BOOST_TEST(file.names().size() == 2u * 7u * 2u);
         BOOST_TEST((file.tensor("base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight").shape ==
                     std::vector<std::int64_t>{2, 16}));
         BOOST_TEST((file.tensor("base_model.model.model.layers.0.mlp.up_proj.lora_B.weight").shape ==
@@ -251,9 +278,7 @@ BOOST_AUTO_TEST_CASE(adapter_round_trip_and_merge) {
           Trainer<hf::CausalLm, Strategy<Kind>> trainer(w, model, AdamW{}, {.seed = 99});
           hf::load_pretrained(trainer, base, config);
           const LoadParamsReport r = hf::load_adapter(trainer, adapter, model);
-          // A and B of 4 (GPT-2) or 6 (Llama: gate|up is one) projections per block
-          require(r.loaded.size() == (config.gpt2() ? 8u : 12u) * static_cast<std::size_t>(config.num_hidden_layers),
-                  "every adapter loads");
+          require(r.loaded.size() == c.loaded, "every adapter loads");
           Params p = trainer.parameters();
           if (w.rank() == 0) loaded = std::move(p);
         });

@@ -271,8 +271,10 @@ void save_adapter(Trainer& trainer, const std::filesystem::path& dir, const Caus
 
 // Loads the LoRA adapters in `dir` (adapter_model.safetensors, PEFT's names,
 // as PEFT or save_adapter writes them) into the model's adapters, and the
-// modules it saves whole (modules_to_save); the other base weights are not
-// touched (load them with load_pretrained first). Build the model
+// modules it saves whole (modules_to_save), and the output head's base
+// weight where PEFT saved it beside the head's adapter
+// (peft_base_layers); the other base weights are not touched (load them
+// with load_pretrained first). Build the model
 // with the adapter's own LoraConfig (read_adapter_config(dir)). Every
 // adapter must be in the file with its shape, and the file must hold no
 // other tensor: anything else is one error listing it all, and nothing is
@@ -302,6 +304,12 @@ LoadParamsReport load_adapter(Trainer& trainer, const std::filesystem::path& dir
     }
     if (parts.size() == theirs.size()) s.parts[ours] = std::move(parts);
   }
+  // The base weights PEFT saves beside some adapters (the output head's), when the file has them.
+  for (const auto& [ours, theirs] : peft_base_layers(model.config, model.lora))
+    if (has(theirs)) {
+      options.only_names.push_back(ours);
+      s.parts[ours] = {{0, theirs}};
+    }
   return trainer.load_params(s, options);
 }
 

@@ -107,17 +107,18 @@ DTRAIN_DECL void detail::merge_lora(std::vector<std::pair<ParamSlot, std::vector
       if (t.first.name == name) return &t;
     return nullptr;
   };
-  const std::string suffix = ".lora_A";
+  // "<projection>.lora_A" in a block, "lora_A" in a unit that is one Linear (the output head).
+  const std::string suffix = "lora_A";
   for (auto& [slot, a] : unit) {
     const std::string& n = slot.name;
     if (n.size() < suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-    const std::string site = n.substr(0, n.size() - suffix.size());
+    const std::string site = n.substr(0, n.size() - suffix.size());  // "<projection>." or ""
     if (!lora.on())
       throw config_error("save_pretrained: the model has LoRA adapters ('" + n + "')",
                          "save with the model (save_pretrained(trainer, dir, model)) to merge them, or "
                          "SavePretrainedOptions{.lora = model.lora.config}; save_adapter writes them for PEFT");
-    auto* w = find(site + ".weight");
-    auto* b = find(site + ".lora_B");
+    auto* w = find(site + "weight");
+    auto* b = find(site + "lora_B");
     if (w == nullptr || b == nullptr)
       throw config_error("save_pretrained: adapter '" + n + "' has no weight or lora_B beside it",
                          "report this: the unit's adapters are malformed");

@@ -7,8 +7,10 @@
 // ("model.layers.3.self_attn.q_proj", "transformer.h.0.mlp.c_fc") as PEFT
 // matches a list: the whole name, or a suffix after a dot ("q_proj",
 // "mlp.c_proj", "layers.3.self_attn.q_proj"); "all-linear" is every linear
-// layer of the blocks (never the output head); with `regex` the one target
-// is a regular expression over the whole name (PEFT's string form). The
+// layer of the blocks (never the output head, as in PEFT); with `regex` the
+// one target is a regular expression over the whole name (PEFT's string
+// form). The output head "lm_head" is adapted when a target names it and
+// it is not tied to the embedding (tie_word_embeddings). The
 // layers: Llama family q_proj k_proj v_proj o_proj gate_proj up_proj
 // down_proj; GPT-2 c_attn c_proj (attention and MLP: PEFT's suffix "c_proj"
 // matches both) c_fc. Llama's gate_proj and up_proj are one fused
@@ -103,6 +105,8 @@ struct LoraPlan {
   bool save_embedding = false;
   bool save_positions = false;
   bool save_head = false;
+  // An adapter on the output head (untied heads only).
+  bool head = false;
 
   bool adapted(std::int64_t layer, const std::string& ours) const {
     if (!config.on()) return false;
@@ -113,8 +117,9 @@ struct LoraPlan {
 };
 
 // Resolves the targets and modules_to_save on this model. Errors
-// (config_error, naming the fix): a target that matches no linear layer
-// (the output head included, which is not adapted yet), gate_proj without
+// (config_error, naming the fix): a target that matches no linear layer,
+// one that matches a tied output head, the head both adapted and saved
+// whole, gate_proj without
 // up_proj or the reverse, a pattern that is not a regular expression; a
 // module to save that is not an embedding or the head, or is tied (the
 // embedding and head of tie_word_embeddings), or modules to save without
@@ -132,6 +137,12 @@ inline std::int64_t block_unit(const LmConfig& c, std::int64_t layer) { return l
 // Conv1D layers included. The modules to save are there too, under their
 // module's name ("0.weight" -> "base_model.model.model.embed_tokens.weight").
 DTRAIN_DECL std::map<std::string, std::vector<std::string>> peft_names(const LmConfig& c, const LoraPlan& plan);
+// The frozen base weights PEFT may save beside the adapters, by their names
+// there: with an adapter on the output head, PEFT (save_embedding_layers
+// "auto") writes the head's own weight as
+// "base_model.model.lm_head.base_layer.weight", and loads it back. dtrain
+// loads it when present and does not write it.
+DTRAIN_DECL std::map<std::string, std::string> peft_base_layers(const LmConfig& c, const LoraPlan& plan);
 
 // PEFT's adapter_config.json for these adapters on the model `base` (its
 // name or path, for base_model_name_or_path).

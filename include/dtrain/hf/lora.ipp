@@ -434,14 +434,27 @@ DTRAIN_DECL LoraPlan plan_lora(const LmConfig& c, const LoraConfig& lora) {
                          "target both gate_proj and up_proj, or neither");
     if (halves[0]) plan.layers[static_cast<std::size_t>(l)].push_back("mlp.fc1");
   }
+  // The output head: only when a target names it (PEFT's all-linear leaves
+  // the output layer out), and only untied (nn::Linear adapts no tied weight).
+  for (const auto& t : lora.targets) {
+    if (t == "all-linear" || !matches(t, "lm_head")) continue;
+    ++hits[t];
+    if (c.tie_word_embeddings)
+      throw config_error("LoRA target \"" + t + "\" matches lm_head, which this " + c.model_type +
+                             " model ties to its token embedding (tie_word_embeddings)",
+                         "adapt the blocks' layers only; the output head takes an adapter when it is untied");
+    if (plan.save_head)
+      throw config_error("lm_head is both a LoRA target (\"" + t + "\") and in modules_to_save",
+                         "either adapt the head or train it whole, not both");
+    plan.head = true;
+  }
   for (const auto& t : lora.targets)
     if (!hits.contains(t)) {
       const auto example = block_linears(c, 0);
       std::string names;
       for (const auto& m : example) names += (names.empty() ? "" : ", ") + m.module.substr(m.module.rfind('.') + 1);
-      throw config_error("LoRA target \"" + t + "\" matches no linear layer of this " + c.model_type + " model" +
-                             (t == "lm_head" ? " (adapters on the output head are not supported yet)" : ""),
-                         "target among " + names + ", or all-linear");
+      throw config_error("LoRA target \"" + t + "\" matches no linear layer of this " + c.model_type + " model",
+                         "target among " + names + (c.tie_word_embeddings ? "" : ", lm_head") + ", or all-linear");
     }
   return plan;
 }
@@ -457,8 +470,20 @@ DTRAIN_DECL std::map<std::string, std::vector<std::string>> peft_names(const LmC
         m[u + lin.ours + "." + ab].push_back("base_model.model." + lin.module + "." + ab + ".weight");
     }
   }
+  if (plan.head) {
+    const std::string u = std::to_string(block_unit(c, c.num_hidden_layers) + 1) + ".";  // after the final norm
+    for (const char* ab : {"lora_A", "lora_B"})
+      m[u + ab].push_back("base_model.model.lm_head." + std::string(ab) + ".weight");
+  }
   for (const detail::SavableModule& s : detail::savable_modules(c))
     if (plan.*s.flag) m[std::to_string(s.unit) + ".weight"] = {"base_model.model." + std::string(s.module) + ".weight"};
+  return m;
+}
+
+DTRAIN_DECL std::map<std::string, std::string> peft_base_layers(const LmConfig& c, const LoraPlan& plan) {
+  std::map<std::string, std::string> m;
+  if (plan.head)
+    m[std::to_string(block_unit(c, c.num_hidden_layers) + 1) + ".weight"] = "base_model.model.lm_head.base_layer.weight";
   return m;
 }
 

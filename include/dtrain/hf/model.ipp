@@ -61,7 +61,8 @@ DTRAIN_DECL CausalLm::CausalLm(LmConfig c, const LoraConfig& adapters)
       head(config.hidden_size, config.vocab_size,
            {.bias = false,
             .trainable = !adapters.on() || lora.save_head,
-            .tie_weight = config.tie_word_embeddings ? "0.weight" : ""}) {
+            .tie_weight = config.tie_word_embeddings ? "0.weight" : "",
+            .lora = lora.head ? adapters.options() : nn::LoraOptions{}}) {
   if (config.gpt2())
     positions.emplace_back(config.max_position_embeddings, config.hidden_size, 0.02f, !adapters.on() || lora.save_positions);
   blocks.reserve(static_cast<std::size_t>(config.num_hidden_layers));
