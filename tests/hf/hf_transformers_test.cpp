@@ -285,6 +285,12 @@ BOOST_AUTO_TEST_CASE(llama_lora_with_modules_to_save_both_ways_with_peft,
 BOOST_AUTO_TEST_CASE(llama_lora_trains_like_peft, *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
   training_parity("llama_lora_train", "llama 2 float32 0", 0, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
 }
+// A Llama whose head is tied to its embedding (both frozen under the adapters), GQA.
+BOOST_AUTO_TEST_CASE(tied_llama_lora_trains_like_peft,
+                     *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
+  training_parity("llama_tied_lora_train", "llama_tied 2 float32 0", 0,
+                  "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+}
 BOOST_AUTO_TEST_CASE(llama_lora_on_lm_head_trains_like_peft,
                      *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
   training_parity("llama_lora_head_train", "llama 2 float32 0", 0, "q_proj,v_proj,lm_head");
