@@ -576,13 +576,13 @@ def blocks(lines):
 
 def prose_sources(path, lines):
     """Each figure in prose names where it comes from: a `<!-- source: ... -->`
-    in its paragraph (or the line before it) naming results files under
-    bench/results/, or one of KINDS. Returns the problems."""
+    in its paragraph naming results files under bench/results/, or one of
+    KINDS. Returns the problems."""
     problems = []
     for start, block in blocks(lines):
         text = "\n".join(block)
         figures = FIGURE.findall(re.sub(r"<!--.*?-->|`[^`]*`|\]\([^)]*\)", "", text, flags=re.S))
-        tags = SOURCE.findall(text) + (SOURCE.findall(lines[start - 1]) if start else [])
+        tags = SOURCE.findall(text)
         where = f"{os.path.relpath(path, ROOT)}:{start + 1}"
         for tag in tags:
             for name in (n.strip() for n in tag.split(",")):

@@ -129,6 +129,8 @@ DTRAIN_DECL LoraPlan plan_lora(const LmConfig& c, const LoraConfig& lora);
 
 // The unit of block `layer` (the "<unit>." of its tensors' names).
 inline std::int64_t block_unit(const LmConfig& c, std::int64_t layer) { return layer + (c.gpt2() ? 2 : 1); }
+// The output head's unit: after the blocks and the final norm.
+inline std::int64_t head_unit(const LmConfig& c) { return block_unit(c, c.num_hidden_layers) + 1; }
 
 // The adapters' tensors ("<unit>.attn.q.lora_A") -> their names in PEFT's
 // adapter_model.safetensors ("base_model.model.model.layers.0.self_attn.

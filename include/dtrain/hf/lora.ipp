@@ -349,7 +349,7 @@ struct SavableModule {
 };
 
 inline std::vector<SavableModule> savable_modules(const LmConfig& c) {
-  const std::int64_t head = block_unit(c, c.num_hidden_layers) + 1;  // after the final norm, the unit after the blocks
+  const std::int64_t head = head_unit(c);
   if (c.gpt2())
     return {{"transformer.wte", &LoraPlan::save_embedding, 0, c.tie_word_embeddings},
             {"transformer.wpe", &LoraPlan::save_positions, 1, false},
@@ -471,7 +471,7 @@ DTRAIN_DECL std::map<std::string, std::vector<std::string>> peft_names(const LmC
     }
   }
   if (plan.head) {
-    const std::string u = std::to_string(block_unit(c, c.num_hidden_layers) + 1) + ".";  // after the final norm
+    const std::string u = std::to_string(head_unit(c)) + ".";
     for (const char* ab : {"lora_A", "lora_B"})
       m[u + ab].push_back("base_model.model.lm_head." + std::string(ab) + ".weight");
   }
@@ -483,7 +483,7 @@ DTRAIN_DECL std::map<std::string, std::vector<std::string>> peft_names(const LmC
 DTRAIN_DECL std::map<std::string, std::string> peft_base_layers(const LmConfig& c, const LoraPlan& plan) {
   std::map<std::string, std::string> m;
   if (plan.head)
-    m[std::to_string(block_unit(c, c.num_hidden_layers) + 1) + ".weight"] = "base_model.model.lm_head.base_layer.weight";
+    m[std::to_string(head_unit(c)) + ".weight"] = "base_model.model.lm_head.base_layer.weight";
   return m;
 }
 
