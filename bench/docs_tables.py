@@ -173,6 +173,18 @@ def gpt_step():
     return table(header, "rrl" + "r" * 7, out) + ["", source("gpt.json", d)]
 
 
+def gpt_host_threads():
+    d, rows = gpt_rows()
+    out = [[str(r["ranks"]), str(r["threads_per_rank"]), "on" if r["activation_checkpointing"] else "off",
+            f"{r['dtrain']['step_ms']:.2f}", f"{r['dtrain_openblas']['step_ms']:.2f}", f"{r['pool_speedup']:.2f}x"]
+           for r in rows if "dtrain_openblas" in r]
+    if not out:
+        raise ValueError("gpt.json has no DTRAIN_HOST_THREADS=openblas runs (a machine with one core?)")
+    header = ["ranks", "threads / rank", "activation checkpointing", "pool (default) step ms",
+              "`DTRAIN_HOST_THREADS=openblas` step ms", "pool speed-up"]
+    return table(header, "rrlrrr", out) + ["", source("gpt.json", d)]
+
+
 def gpt_memory():
     d, rows = gpt_rows()
     old = torch_version(rows[0]["torch"]["implementation"])
@@ -537,6 +549,7 @@ RENDERERS = {
     "hf.step": (hf_step, "hf.json"),
     "gpt.step": (gpt_step, "gpt.json"),
     "gpt.memory": (gpt_memory, "gpt.json"),
+    "gpt.host_threads": (gpt_host_threads, "gpt.json"),
     "training.adamw": (training_adamw, "training.json"),
     "training.mlp": (training_mlp, "training.json"),
     "training.ddp_overhead": (training_ddp_overhead, "training.json"),

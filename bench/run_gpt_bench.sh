@@ -19,6 +19,8 @@
 # (activation_checkpointing=true; torch.utils.checkpoint around each block),
 # both launched by dtrain-run; threads per rank = cores / ranks
 # (OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, the same for both sides).
+# Where a rank has more than one thread, train_gpt runs a second time with
+# DTRAIN_HOST_THREADS=openblas (OpenBLAS's threads instead of dtrain's pool).
 # The implementations alternate N times (default 3; their order reverses
 # every run): each run reports rank 0's median step after the warm-up
 # (10 steps of the default 60; --steps N) and rank 0's peak resident set
@@ -73,6 +75,9 @@ bench_need "$launcher" "$train_gpt"
 bench_need_torch "$python"
 bench_peer_python  # empty in --smoke: the peer needs the PyPI venv
 impls=(dtrain torch)
+# dtrain with OpenBLAS's threads instead of its own pool (DTRAIN_HOST_THREADS),
+# at the world sizes where a rank has more than one thread
+((cores > 1)) && impls+=(dtrain_openblas)
 [[ -n $peer_python ]] && impls+=(peer)
 [[ -n $peer_python && ${DTRAIN_BENCH_PEER_COMPILE:-0} == 1 ]] && impls+=(peer_compile)
 
@@ -95,7 +100,8 @@ fi
 run_one() {
   local impl=$1 n=$2 ac=$3 i=$4
   local base=$work/$impl.$n.ac$ac.$i
-  if [[ $impl != dtrain ]]; then
+  [[ $impl == dtrain_openblas ]] && ((cores / n < 2)) && return 0
+  if [[ $impl != dtrain* ]]; then
     local ckpt=() py=$python
     ((ac)) && ckpt=(--checkpointing)
     [[ $impl == peer* ]] && py=$peer_python && ckpt+=(--attention sdpa --fused-adamw)
@@ -104,9 +110,10 @@ run_one() {
       --n-embd $n_embd --n-head $n_head --block-size $block --batch-size $batch --lr $lr --steps "$steps" \
       --warmup $warmup "${ckpt[@]}" --json "$base.json"
   else
-    local flag=false
+    local flag=false threads=pool
     ((ac)) && flag=true
-    launch "$n" "$base.log" "$train_gpt" strategy=ddp n_layer=$n_layer n_embd=$n_embd n_head=$n_head \
+    [[ $impl == dtrain_openblas ]] && threads=openblas
+    DTRAIN_HOST_THREADS=$threads launch "$n" "$base.log" "$train_gpt" strategy=ddp n_layer=$n_layer n_embd=$n_embd n_head=$n_head \
       block_size=$block batch_size=$batch steps="$steps" optimizer=adamw lr=$lr weight_decay=0 precision=fp32 \
       num_workers=0 log_every="$steps" eval_batches=0 activation_checkpointing=$flag metrics="$base.jsonl"
   fi

@@ -6,7 +6,8 @@ WORK_DIR holds, for each world size n in 1, 2, activation checkpointing a in 0, 
 dtrain.n.aca.i.jsonl (train_gpt metrics, rank 0), dtrain.n.aca.i.log (its output, with the line
 "peak resident memory (rank 0): X MiB" where train_gpt prints it), torch.n.aca.i.json
 (bench/gpt/torch_ddp_gpt.py, Debian's torch) and, when the run had them, peer.n.aca.i.json (the same
-script on the PyPI release, SDPA and the fused AdamW) and peer_compile.n.aca.i.json (the same compiled).
+script on the PyPI release, SDPA and the fused AdamW) and peer_compile.n.aca.i.json (the same compiled);
+dtrain_openblas.n.aca.i.jsonl/.log: train_gpt with DTRAIN_HOST_THREADS=openblas where a rank has 2+ threads.
 """
 
 import argparse
@@ -36,9 +37,9 @@ def median_or_none(values):
     return median(known) if known else None
 
 
-def dtrain_run(work, n, ac, i, warmup):
+def dtrain_run(work, n, ac, i, warmup, impl="dtrain"):
     """(median step ms after the warm-up, last step's memory object, peak RSS MiB or None) of one run."""
-    base = os.path.join(work, f"dtrain.{n}.ac{ac}.{i}")
+    base = os.path.join(work, f"{impl}.{n}.ac{ac}.{i}")
     with open(base + ".jsonl") as f:
         records = [json.loads(line) for line in f if line.strip()]
     if len(records) <= warmup:
@@ -116,6 +117,15 @@ def print_tables(results, args):
                   f"{d['step_ms']:.2f} | {t['step_ms']:.2f} | {t['tokens_per_s']:,.0f} | "
                   f"{r['speedup_vs_' + impl]:.2f}x |")
 
+    pool_rows = [r for r in results if "dtrain_openblas" in r]
+    if pool_rows:
+        print("\ndtrain's own thread pool (the default) against OpenBLAS's threads (DTRAIN_HOST_THREADS=openblas)")
+        print("| ranks | threads / rank | activation checkpointing | pool step ms | openblas step ms | pool speed-up |")
+        print("|---:|---:|---|---:|---:|---:|")
+        for r in pool_rows:
+            print(f"| {r['ranks']} | {r['threads_per_rank']} | {on_off(r['activation_checkpointing'])} | "
+                  f"{r['dtrain']['step_ms']:.2f} | {r['dtrain_openblas']['step_ms']:.2f} | {r['pool_speedup']:.2f}x |")
+
     print("\nPeak resident set of rank 0 (getrusage ru_maxrss, MiB; torch's includes the interpreter and its "
           "libraries, 'before model' = its peak before the model was built), and dtrain's tracked memory per rank "
           "(MiB, last step: params, grads, optimizer, master as held, gathered and activations at their peak)")
@@ -165,6 +175,11 @@ def main():
             row = {"ranks": n, "threads_per_rank": max(1, args.cores // n),
                    "activation_checkpointing": bool(ac), "dtrain": d, "torch": t,
                    "speedup": round(t["step_ms"] / d["step_ms"], 3)}
+            if os.path.exists(os.path.join(args.work, f"dtrain_openblas.{n}.ac{ac}.1.jsonl")):
+                # the same train_gpt with OpenBLAS's threads (DTRAIN_HOST_THREADS=openblas)
+                row["dtrain_openblas"] = speed([dtrain_run(args.work, n, ac, i, args.warmup, "dtrain_openblas")[0]
+                                                for i in runs], tokens)
+                row["pool_speedup"] = round(row["dtrain_openblas"]["step_ms"] / d["step_ms"], 3)
             for impl in PEERS:
                 if os.path.exists(os.path.join(args.work, f"{impl}.{n}.ac{ac}.1.json")):
                     row[impl] = torch_row(args.work, n, ac, runs, tokens, impl)

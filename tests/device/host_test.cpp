@@ -3,6 +3,9 @@
 #define BOOST_TEST_MODULE device
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -10,6 +13,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dtrain/device/host.hpp"
@@ -181,9 +185,15 @@ BOOST_AUTO_TEST_CASE(workspace_grows_and_is_reused) {
 
 BOOST_AUTO_TEST_CASE(blas_threads_follow_the_rank_share_of_cores) {
   {
-    const dtrain::Host dev(3);
+    // OpenBLAS's own threads run the GEMMs; with dtrain's pool (the
+    // default) the pool splits them and OpenBLAS runs on one thread.
+    const dtrain::Host dev(3, dtrain::host_threads::openblas);
     BOOST_TEST(dev.threads() == 3);
     BOOST_TEST(openblas_get_num_threads() == 3);
+    const dtrain::Host pooled(3);
+    BOOST_TEST(pooled.threads() == 3);
+    BOOST_TEST((pooled.threads_mode() == dtrain::host_threads::pool));
+    BOOST_TEST(openblas_get_num_threads() == 1);
   }
   BOOST_CHECK_THROW(dtrain::Host(0), dtrain::config_error);
   // The share is of the cores this process may use (the affinity mask), as
@@ -201,7 +211,7 @@ BOOST_AUTO_TEST_CASE(blas_threads_follow_the_rank_share_of_cores) {
     ScopedEnv local("LOCAL_WORLD_SIZE", "2");  // dtrain-run, torchrun
     const dtrain::Host dev;
     BOOST_TEST(dev.threads() == half);
-    BOOST_TEST(openblas_get_num_threads() == dev.threads());
+    BOOST_TEST(openblas_get_num_threads() == (dev.threads_mode() == dtrain::host_threads::pool ? 1 : dev.threads()));
   }
   {
     ScopedEnv local("OMPI_COMM_WORLD_LOCAL_SIZE", "2");  // mpirun
@@ -238,6 +248,128 @@ BOOST_AUTO_TEST_CASE(blas_threads_follow_the_rank_share_of_cores) {
     ScopedEnv task("SLURM_PROCID", "0"), node("SLURM_NODEID", "2"), counts("SLURM_STEP_TASKS_PER_NODE", "2(x2)");
     BOOST_CHECK_EXCEPTION(dtrain::Host(), dtrain::env_error, names("SLURM_NODEID=2 has no entry in"));
   }
+}
+
+// DTRAIN_HOST_THREADS=pool: dtrain's own threads split GEMMs by rows or
+// columns, batches of GEMMs by matrices and for_each by ranges (a row
+// functor's by rows). A split GEMM is a product (against float64), never
+// writes outside C, and gives the same bits on every call; it may differ
+// from the unsplit call in the last bits (OpenBLAS chooses its kernel by
+// the size of what it is given). A batch's matrices and for_each's indices
+// are computed exactly as on one thread. Every index runs once, also when
+// two threads share the pool or a task calls for_each itself.
+BOOST_AUTO_TEST_CASE(pool_splits_are_products_and_repeat_bit_for_bit) {
+  dtrain::Host serial(1), pool(3, dtrain::host_threads::pool);
+  BOOST_TEST((pool.threads_mode() == dtrain::host_threads::pool));
+  BOOST_TEST(openblas_get_num_threads() == 1);
+  std::mt19937_64 rng(45);
+  struct Shape { std::int64_t m, n, k; };
+  // split by rows (m >= n), by columns, uneven tails, and one too small to split
+  for (const Shape s : {Shape{203, 67, 91}, Shape{37, 301, 64}, Shape{130, 129, 33}, Shape{9, 11, 7}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const Strided a = random_strided<float>(ta ? s.k : s.m, ta ? s.m : s.k, rng);
+        const Strided b = random_strided<float>(tb ? s.n : s.k, tb ? s.k : s.n, rng);
+        const Strided c = random_strided<float>(s.m, s.n, rng);
+        const double pad = 7.0;
+        const std::vector<float> A = a.store<float>(pad), B = b.store<float>(pad);
+        std::vector<float> C1 = c.store<float>(pad), C3 = C1, again = C1;
+        serial.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, C1.data(), c.ld);
+        pool.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, C3.data(), c.ld);
+        pool.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, again.data(), c.ld);
+        const std::string what = "gemm " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
+                                 std::to_string(s.k) + (ta ? " A^T" : " A") + (tb ? " B^T" : " B");
+        BOOST_TEST((C3 == again), what << ": two calls differ");
+        // against float64 (fp32 accumulation over k), and beside the unsplit call
+        double worst = 0.0, apart = 0.0;
+        for (std::int64_t i = 0; i < s.m; ++i) {
+          for (std::int64_t j = 0; j < s.n; ++j) {
+            double acc = 0.0;
+            for (std::int64_t p = 0; p < s.k; ++p) acc += (ta ? a.at(p, i) : a.at(i, p)) * (tb ? b.at(j, p) : b.at(p, j));
+            const double want = 0.5 * acc + 0.25 * c.at(i, j);
+            const auto e = static_cast<std::size_t>(i * c.ld + j);
+            worst = std::max(worst, std::abs(C3[e] - want) / (1.0 + std::abs(want)));
+            apart = std::max(apart, std::abs(double{C3[e]} - double{C1[e]}) / (1.0 + std::abs(want)));
+          }
+          for (std::int64_t j = s.n; j < c.ld; ++j)
+            BOOST_TEST_REQUIRE(C3[static_cast<std::size_t>(i * c.ld + j)] == static_cast<float>(pad), what << ": wrote into C's padding");
+        }
+        BOOST_TEST(worst < 1e-5, what << ": " << worst << " from float64");
+        BOOST_TEST(apart < 1e-5, what << ": " << apart << " from the unsplit call");
+      }
+  // a batch of GEMMs, split by matrices
+  const std::int64_t batch = 7, m = 33, n = 29, k = 17;
+  const Strided a = random_strided<float>(batch * m, k, rng), b = random_strided<float>(batch * k, n, rng);
+  const std::vector<float> A = a.store<float>(7.0), B = b.store<float>(7.0);
+  std::vector<float> C1(static_cast<std::size_t>(batch * m * n), 3.f), C3 = C1;
+  serial.gemm_batched(false, false, m, n, k, 1.f, A.data(), a.ld, m * a.ld, B.data(), b.ld, k * b.ld, 0.f, C1.data(), n,
+                      m * n, batch);
+  pool.gemm_batched(false, false, m, n, k, 1.f, A.data(), a.ld, m * a.ld, B.data(), b.ld, k * b.ld, 0.f, C3.data(), n,
+                    m * n, batch);
+  BOOST_TEST((C1 == C3));
+}
+
+namespace {
+// A row functor: each index is a row of `cols` elements.
+struct CountRows {
+  std::vector<int>* hits;
+  std::size_t cols;
+  std::size_t work_per_index() const { return cols; }
+  void operator()(std::size_t r) const {
+    for (std::size_t c = 0; c < cols; ++c) ++(*hits)[r * cols + c];
+  }
+};
+// Four rows, each of which runs a for_each of its own.
+struct Nested {
+  dtrain::Host* dev;
+  std::vector<std::atomic<int>>* cells;
+  std::size_t per;
+  std::size_t work_per_index() const { return per; }
+  void operator()(std::size_t part) const {
+    dev->for_each(per, [this, part](std::size_t i) { ++(*cells)[part * per + i]; });
+  }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(pool_runs_every_index_once) {
+  dtrain::Host pool(3, dtrain::host_threads::pool);
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{100}, std::size_t{8193}, std::size_t{1} << 17,
+                        (std::size_t{1} << 17) + 7}) {
+    std::vector<int> hits(n);
+    pool.for_each(n, [&](std::size_t i) { ++hits[i]; });
+    BOOST_TEST_REQUIRE(std::count(hits.begin(), hits.end(), 1) == static_cast<std::ptrdiff_t>(n));
+  }
+  // rows: 97 rows of 300 are worth splitting though 97 indices are not
+  std::vector<int> cells(97 * 300);
+  pool.for_each(97, CountRows{&cells, 300});
+  BOOST_TEST(std::count(cells.begin(), cells.end(), 1) == static_cast<std::ptrdiff_t>(cells.size()));
+  // a task that calls for_each, and two threads sharing the pool: the
+  // second caller runs its range itself
+  std::vector<std::atomic<int>> many(std::size_t{1} << 16);
+  pool.for_each(4, Nested{&pool, &many, many.size() / 4});
+  BOOST_TEST(std::count_if(many.begin(), many.end(), [](const auto& v) { return v == 1; }) ==
+             static_cast<std::ptrdiff_t>(many.size()));
+  std::vector<int> left(std::size_t{1} << 18), right(std::size_t{1} << 18);
+  for (int round = 0; round < 50; ++round) {
+    std::thread other([&] { pool.for_each(right.size(), [&](std::size_t i) { ++right[i]; }); });
+    pool.for_each(left.size(), [&](std::size_t i) { ++left[i]; });
+    other.join();
+  }
+  BOOST_TEST(std::count(left.begin(), left.end(), 50) == static_cast<std::ptrdiff_t>(left.size()));
+  BOOST_TEST(std::count(right.begin(), right.end(), 50) == static_cast<std::ptrdiff_t>(right.size()));
+}
+
+BOOST_AUTO_TEST_CASE(host_threads_mode_by_name) {
+  BOOST_TEST((dtrain::detail::host_threads_named("") == dtrain::host_threads::pool));
+  BOOST_TEST((dtrain::detail::host_threads_named("openblas") == dtrain::host_threads::openblas));
+  BOOST_TEST((dtrain::detail::host_threads_named("pool") == dtrain::host_threads::pool));
+  BOOST_CHECK_EXCEPTION(dtrain::detail::host_threads_named("omp"), dtrain::config_error,
+                        [](const dtrain::config_error& e) {
+                          return std::string(e.what()).find("DTRAIN_HOST_THREADS='omp' is not a thread mode") !=
+                                 std::string::npos;
+                        });
+  // one thread is one thread: no pool to start
+  BOOST_TEST((dtrain::Host(1, dtrain::host_threads::pool).threads_mode() == dtrain::host_threads::openblas));
 }
 
 #if DTRAIN_HAS_CUDA

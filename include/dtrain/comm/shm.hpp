@@ -64,6 +64,7 @@
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/host_env.hpp"
 
 namespace dtrain::detail {
 
@@ -73,8 +74,6 @@ struct shm_wait_error {
   bool timed_out;     // false: the peer is gone
   std::string cause;  // names the peer and what it did not do
 };
-
-DTRAIN_DECL void cpu_relax();
 
 DTRAIN_DECL long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout);
 

@@ -10,16 +10,6 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
 namespace dtrain::detail {
 
-DTRAIN_DECL void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();  // _mm_pause without <immintrin.h>'s 38,000 lines in every translation unit
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#else
-  std::this_thread::yield();
-#endif
-}
-
 DTRAIN_DECL long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) {
   static_assert(sizeof(std::atomic<std::uint32_t>) == 4);
   return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr, 0);

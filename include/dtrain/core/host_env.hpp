@@ -82,6 +82,10 @@ DTRAIN_DECL bool launched_by(const EnvLookup& env, const RankVars& v);
 // (srun) is preferred over the allocation's, which a step may use only part of.
 DTRAIN_DECL int slurm_local_size(const EnvLookup& env);
 
+// One pause of a spin-wait (x86's pause, Arm's yield): the shared-memory
+// transport's waits and the host's thread pool poll with it.
+DTRAIN_DECL void cpu_relax();
+
 }  // namespace detail
 
 // The process environment as an EnvLookup. getenv is not thread-safe

@@ -24,6 +24,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <climits>
 #include <cstddef>
@@ -34,6 +35,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -111,26 +113,136 @@ std::vector<float> widen(const T* src, std::int64_t rows, std::int64_t cols, std
   return out;
 }
 
+// How a rank's threads share its parallel work (DTRAIN_HOST_THREADS):
+//   pool      (the default) one pool of dtrain's threads per process and
+//             thread count runs everything: OpenBLAS runs single-threaded
+//             and a large GEMM is split into blocks of rows or columns, one
+//             per thread; a batch of GEMMs (attention's heads) is split by
+//             matrices; for_each splits ranges, and a row functor's rows
+//             (index_work). The threads wait spinning for a moment between
+//             jobs, so no job pays a thread start and no idle OpenBLAS
+//             thread competes with them for a core: a step at 1 rank x 2
+//             threads took two thirds of the time of the mode below.
+//   openblas  OpenBLAS's own pool runs each GEMM on threads() threads, and
+//             for_each starts threads() - 1 threads for each large range
+//             (a thread start costs about 10 us, hence the grain below);
+//             dtrain's own kernels for rows run on the calling thread.
+// Results are reproducible run to run in both, and equal between them for
+// everything but GEMMs: OpenBLAS picks its kernel by a product's size, so a
+// block of a product may be summed in another order than the whole, a
+// difference in the last bits (as between thread counts).
+}  // namespace detail
+
+enum class host_threads { openblas, pool };
+
+namespace detail {
+
+// The mode DTRAIN_HOST_THREADS names ("" for the default, pool); a config_error
+// for any other name.
+DTRAIN_DECL host_threads host_threads_named(std::string_view name);
+// DTRAIN_HOST_THREADS, read once per process.
+DTRAIN_DECL host_threads host_threads_from_env();
+
 // Elements per thread below which for_each stays on the calling thread:
 // starting and joining a thread costs about 10 us, what the cheapest
 // functors (a copy, a cast) spend on this many elements; an AdamW step spends
-// ten times that.
+// ten times that. The pool hands a job to a waiting thread in about a
+// microsecond, so its grain is smaller.
 inline constexpr std::size_t for_each_grain = std::size_t{1} << 15;
+inline constexpr std::size_t pool_grain = std::size_t{1} << 13;
+
+// The elements one index of f touches: a row functor (one index per row of
+// a softmax, a norm, a loss) states its row length as work_per_index(), so
+// the pool splits 4096 rows of 128 as it splits 512K elements.
+template <class F>
+std::size_t index_work(const F& f) {
+  if constexpr (requires { f.work_per_index(); }) {
+    return std::max<std::size_t>(1, static_cast<std::size_t>(f.work_per_index()));
+  } else {
+    return 1;
+  }
+}
+
+// dtrain's threads for one Host (host_threads::pool): threads() - 1 workers
+// and the calling thread. try_run hands every worker the job's parts at
+// once and runs part 0 itself. A worker that finds no job spins for
+// pool_spin before it sleeps (a futex), so the jobs of one step reach a
+// running thread.
+class HostPool {
+ public:
+  using Task = void (*)(const void* job, std::size_t part);
+
+  DTRAIN_DECL explicit HostPool(int threads);
+  DTRAIN_DECL ~HostPool();
+  HostPool(const HostPool&) = delete;
+  HostPool& operator=(const HostPool&) = delete;
+
+  int threads() const noexcept { return static_cast<int>(workers_.size()) + 1; }
+
+  // task(job, p) for every p in [0, parts), parts <= threads(), p = 0 on the
+  // calling thread; returns when all have returned. Returns false and runs
+  // nothing when the pool is already running a job (a call from another
+  // thread, or from inside a task): the caller then runs the parts itself.
+  // task must not throw.
+  DTRAIN_DECL bool try_run(std::size_t parts, Task task, const void* job);
+
+ private:
+  static constexpr std::uint64_t stop_parts = 0xffff;
+  DTRAIN_DECL void work(std::size_t index);
+
+  std::atomic<bool> busy_{false};
+  std::atomic<std::uint64_t> word_{0};  // job number << 16 | parts
+  std::atomic<std::size_t> pending_{0};
+  std::atomic<Task> task_{nullptr};
+  std::atomic<const void*> job_{nullptr};
+  std::vector<std::thread> workers_;
+};
+
+// The process's pool of `threads` threads, shared by every Host of that
+// thread count (the device, an offload arena's host side): one set of
+// threads per process, not one per Host competing for the same cores.
+DTRAIN_DECL std::shared_ptr<HostPool> shared_host_pool(int threads);
+
+// g(p) for p in [0, parts) on the pool (the calling thread included), or
+// one after the other on the calling thread when there is no pool or it is
+// busy.
+template <class G>
+void run_parts(HostPool* pool, std::size_t parts, const G& g) {
+  const auto task = [](const void* job, std::size_t part) { (*static_cast<const G*>(job))(part); };
+  if (parts > 1 && pool != nullptr && pool->try_run(parts, task, &g)) return;
+  for (std::size_t p = 0; p < parts; ++p) g(p);
+}
 
 // f(i) for i in [0, n) on `parts` threads, the calling thread included, each
-// over one contiguous range. Ranges start at multiples of 64 elements, so two
-// threads never write into the same cache line of a 64-byte aligned buffer.
-// Each thread runs its own copy of f (run_range makes it).
+// over one contiguous range: the pool's when there is one, else threads
+// started for this call. Ranges start at multiples of 64 elements, so two
+// threads never write into the same cache line of a 64-byte aligned buffer
+// (a row functor's at whole rows, which share at most the line where one
+// range ends). Each thread runs its own copy of f (run_range makes it).
 template <class F>
-void parallel_for(std::size_t n, std::size_t parts, const F& f) {
-  constexpr std::size_t line = 64;
+void parallel_for(HostPool* pool, std::size_t n, std::size_t parts, const F& f) {
+  const std::size_t line = index_work(f) > 1 ? 1 : 64;
   const std::size_t chunk = ((n + parts - 1) / parts + line - 1) / line * line;
+  if (pool != nullptr) {
+    run_parts(pool, parts, [&](std::size_t p) {
+      const std::size_t begin = p * chunk;
+      if (begin < n) run_range(f, begin, std::min(n, begin + chunk));
+    });
+    return;
+  }
   auto run = [&f](std::size_t begin, std::size_t end) { run_range(f, begin, end); };
   std::vector<std::jthread> workers;
   workers.reserve(parts - 1);
   for (std::size_t begin = chunk; begin < n; begin += chunk) workers.emplace_back(run, begin, std::min(n, begin + chunk));
   run(0, std::min(n, chunk));
 }
+
+// sgemm on the pool: C split into `parts` blocks of whole rows (m >= n) or
+// columns, multiples of 16, each multiplied by single-threaded OpenBLAS on
+// its own thread.
+DTRAIN_DECL void pool_sgemm(HostPool* pool, int threads, bool trans_a, bool trans_b, std::int64_t m,
+                            std::int64_t n, std::int64_t k, float alpha, const float* A, std::int64_t lda,
+                            const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
 
 }  // namespace detail
 
@@ -156,7 +268,8 @@ void parallel_for(std::size_t n, std::size_t parts, const F& f) {
   DTRAIN_HOST_ISA_LOOPS(void, run_range, __VA_ARGS__)                                                          \
   DTRAIN_INSTANTIATE_KERNEL(void ::dtrain::detail::run_range<__VA_ARGS__>(const __VA_ARGS__&, std::size_t,      \
                                                                            std::size_t))                        \
-  DTRAIN_INSTANTIATE_KERNEL(void ::dtrain::detail::parallel_for<__VA_ARGS__>(std::size_t, std::size_t,          \
+  DTRAIN_INSTANTIATE_KERNEL(void ::dtrain::detail::parallel_for<__VA_ARGS__>(::dtrain::detail::HostPool*,       \
+                                                                              std::size_t, std::size_t,          \
                                                                               const __VA_ARGS__&))
 #define DTRAIN_INSTANTIATE_HOST_SUM(...)                                                                         \
   DTRAIN_INSTANTIATE_KERNEL(double ::dtrain::detail::sum_range_baseline<__VA_ARGS__>(const __VA_ARGS__&,        \
@@ -174,15 +287,19 @@ class Host {
 
   // The rank's share of the cores (see the top of this file).
   Host() : Host(detail::positive_env_int("OPENBLAS_NUM_THREADS", 0), from_env{}) {}
-  explicit Host(int threads) : threads_(threads) {
+  explicit Host(int threads) : Host(threads, detail::host_threads_from_env()) {}
+  Host(int threads, host_threads mode) : threads_(threads) {
     if (threads < 1)
       throw config_error("dtrain::Host(" + std::to_string(threads) + "): the thread count must be >= 1",
                          "pass a positive thread count, or use Host() for the rank's share of the cores");
     check_blas_pool();
+    start_pool(mode);
     apply_blas_threads();
   }
 
   int threads() const noexcept { return threads_; }
+  // How this Host's threads share the work (DTRAIN_HOST_THREADS).
+  host_threads threads_mode() const noexcept { return pool_ ? host_threads::pool : host_threads::openblas; }
   detail::HostAllocator allocator(memory_category category = memory_category::other) const {
     return detail::HostAllocator(stats_, category);
   }
@@ -220,7 +337,7 @@ class Host {
       return;
     }
     if constexpr (std::is_same_v<T, float>) {
-      detail::sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+      sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
     } else {
       const std::int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
       const std::int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
@@ -228,22 +345,34 @@ class Host {
       const std::vector<float> b = detail::widen(B, b_rows, b_cols, ldb);
       std::vector<float> c = beta == 0.f ? std::vector<float>(static_cast<std::size_t>(m * n))
                                          : detail::widen(C, m, n, ldc);
-      detail::sgemm(trans_a, trans_b, m, n, k, alpha, a.data(), a_cols, b.data(), b_cols, beta, c.data(), n);
+      sgemm(trans_a, trans_b, m, n, k, alpha, a.data(), a_cols, b.data(), b_cols, beta, c.data(), n);
       for (std::int64_t r = 0; r < m; ++r)
         for (std::int64_t col = 0; col < n; ++col) C[r * ldc + col] = T(c[static_cast<std::size_t>(r * n + col)]);
     }
   }
 
   // `batch` independent GEMMs (attention's per-head products): matrix i of
-  // A, B and C starts at i * stride_a / stride_b / stride_c elements.
+  // A, B and C starts at i * stride_a / stride_b / stride_c elements. On the
+  // pool, each thread multiplies its share of the matrices.
   template <class T>
   void gemm_batched(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                     const T* A, std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb,
                     std::int64_t stride_b, float beta, T* C, std::int64_t ldc, std::int64_t stride_c,
                     std::int64_t batch) {
-    for (std::int64_t i = 0; i < batch; ++i)
+    const auto one = [&](std::int64_t i) {
       gemm(trans_a, trans_b, m, n, k, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c,
            ldc);
+    };
+    if (!pool_ || batch < 2) {
+      for (std::int64_t i = 0; i < batch; ++i) one(i);
+      return;
+    }
+    const auto parts = std::min<std::int64_t>(threads_, batch);
+    const std::int64_t chunk = (batch + parts - 1) / parts;
+    detail::run_parts(pool_.get(), static_cast<std::size_t>(parts), [&](std::size_t p) {
+      const auto begin = static_cast<std::int64_t>(p) * chunk;
+      for (std::int64_t i = begin; i < std::min(batch, begin + chunk); ++i) one(i);
+    });
   }
 
   // Functors are data parallel by contract (the GPU runs every index on its
@@ -253,9 +382,11 @@ class Host {
   // by the cores. As on the GPU, f must not throw.
   template <class F>
   void for_each(std::size_t n, F f) {
-    const std::size_t parts = std::min(static_cast<std::size_t>(threads_), n / detail::for_each_grain);
+    const std::size_t parts =
+        pool_ ? std::min(static_cast<std::size_t>(threads_), n * detail::index_work(f) / detail::pool_grain)
+              : std::min(static_cast<std::size_t>(threads_), n / detail::for_each_grain);
     if (parts > 1) {
-      detail::parallel_for(n, parts, f);
+      detail::parallel_for(pool_.get(), n, std::min(n, parts), f);
       return;
     }
     detail::run_range(f, 0, n);
@@ -282,17 +413,31 @@ class Host {
   // OpenBLAS already read it when it loaded and we only report it.
   Host(int blas_env, from_env) : threads_(blas_env != 0 ? blas_env : blas_threads_per_rank(process_env)) {
     check_blas_pool();
-    if (blas_env == 0) apply_blas_threads();
+    start_pool(detail::host_threads_from_env());
+    if (blas_env == 0 || pool_) apply_blas_threads();
+  }
+  void start_pool(host_threads mode) {
+    if (threads_ > 1 && mode == host_threads::pool)
+      pool_ = detail::shared_host_pool(threads_);
+  }
+  void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
+             std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+    if (pool_)
+      detail::pool_sgemm(pool_.get(), threads_, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    else
+      detail::sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   // The pool OpenBLAS started as it loaded, against the address-space limit.
   DTRAIN_DECL static void check_blas_pool();
   void apply_blas_threads() const {
     // Changing the pool while another thread is inside a BLAS call is not
     // safe in every OpenBLAS build; skip the call when nothing would change.
-    if (openblas_get_num_threads() != threads_) openblas_set_num_threads(threads_);
+    const int blas = pool_ ? 1 : threads_;
+    if (openblas_get_num_threads() != blas) openblas_set_num_threads(blas);
   }
 
   int threads_;
+  std::shared_ptr<detail::HostPool> pool_;  // host_threads::pool with threads_ > 1
   std::shared_ptr<detail::device_memory> stats_ = std::make_shared<detail::device_memory>();
   detail::Workspace<detail::HostAllocator> workspace_;
 };

@@ -4,6 +4,10 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
+#include <chrono>
+#include <map>
+#include <mutex>
+
 #include "dtrain/device/host.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
@@ -27,6 +31,134 @@ DTRAIN_DECL void blas_int_overflow(std::int64_t v, const char* what) {
   throw config_error(std::string("gemm ") + what + " = " + std::to_string(v) +
                          " is outside OpenBLAS's 32-bit index range",
                      "split the matrix product into smaller blocks");
+}
+
+DTRAIN_DECL host_threads host_threads_named(std::string_view name) {
+  if (name.empty() || name == "pool") return host_threads::pool;
+  if (name == "openblas") return host_threads::openblas;
+  throw config_error("DTRAIN_HOST_THREADS='" + std::string(name) + "' is not a thread mode",
+                     "set DTRAIN_HOST_THREADS to pool or openblas, or unset it");
+}
+
+DTRAIN_DECL host_threads host_threads_from_env() {
+  static const host_threads mode = [] {
+    const char* raw = std::getenv("DTRAIN_HOST_THREADS");
+    return host_threads_named(raw == nullptr ? "" : raw);
+  }();
+  return mode;
+}
+
+// How long a worker without a job keeps polling before it sleeps: longer
+// than the gaps between the jobs of a step (a GEMM's packing, a serial
+// kernel), far shorter than a step.
+inline constexpr auto pool_spin = std::chrono::microseconds(200);
+
+// Polls `a` until it differs from `old` (spinning for pool_spin, then
+// sleeping) and returns the new value.
+template <class T>
+T await_change(const std::atomic<T>& a, T old) {
+  const auto until = std::chrono::steady_clock::now() + pool_spin;
+  for (unsigned i = 1;; ++i) {
+    const T now = a.load(std::memory_order_acquire);
+    if (now != old) return now;
+    if (i % 128 != 0) {
+      cpu_relax();
+    } else if (std::chrono::steady_clock::now() > until) {
+      a.wait(old, std::memory_order_acquire);
+    }
+  }
+}
+
+DTRAIN_DECL HostPool::HostPool(int threads) {
+  if (threads < 2 || static_cast<std::uint64_t>(threads) >= stop_parts)
+    throw config_error("HostPool(" + std::to_string(threads) + "): a pool needs 2 to 65534 threads",
+                       "use Host's thread count (OPENBLAS_NUM_THREADS or the rank's share of the cores)");
+  workers_.reserve(static_cast<std::size_t>(threads - 1));
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work(static_cast<std::size_t>(i)); });
+}
+
+DTRAIN_DECL HostPool::~HostPool() {
+  const std::uint64_t next = (word_.load(std::memory_order_relaxed) >> 16) + 1;
+  word_.store(next << 16 | stop_parts, std::memory_order_release);
+  word_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+DTRAIN_DECL bool HostPool::try_run(std::size_t parts, Task task, const void* job) {
+  if (parts > static_cast<std::size_t>(threads()))
+    throw config_error("HostPool::try_run: " + std::to_string(parts) + " parts on " + std::to_string(threads()) +
+                           " threads",
+                       "split the work into at most threads() parts");
+  if (busy_.exchange(true, std::memory_order_acquire)) return false;
+  task_.store(task, std::memory_order_relaxed);
+  job_.store(job, std::memory_order_relaxed);
+  pending_.store(parts - 1, std::memory_order_relaxed);
+  const std::uint64_t next = (word_.load(std::memory_order_relaxed) >> 16) + 1;
+  word_.store(next << 16 | parts, std::memory_order_release);
+  word_.notify_all();
+  task(job, 0);
+  for (std::size_t left = pending_.load(std::memory_order_acquire); left != 0;)
+    left = await_change(pending_, left);
+  busy_.store(false, std::memory_order_release);
+  return true;
+}
+
+DTRAIN_DECL void HostPool::work(std::size_t index) {
+  std::uint64_t seen = 0;
+  for (;;) {
+    seen = await_change(word_, seen);
+    const std::uint64_t parts = seen & 0xffff;
+    if (parts == stop_parts) return;
+    if (index >= parts) continue;
+    task_.load(std::memory_order_relaxed)(job_.load(std::memory_order_relaxed), index);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+  }
+}
+
+DTRAIN_DECL std::shared_ptr<HostPool> shared_host_pool(int threads) {
+  static std::mutex mutex;
+  static std::map<int, std::weak_ptr<HostPool>> pools;
+  const std::lock_guard lock(mutex);
+  std::weak_ptr<HostPool>& slot = pools[threads];
+  std::shared_ptr<HostPool> pool = slot.lock();
+  if (!pool) {
+    pool = std::make_shared<HostPool>(threads);
+    slot = pool;
+  }
+  return pool;
+}
+
+DTRAIN_DECL void pool_sgemm(HostPool* pool, int threads, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                            std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B,
+                            std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  // The parts run on pool threads, where an exception would end the process:
+  // check the dimensions here (each part's are no larger).
+  (void)blas_int(m, "m"), (void)blas_int(n, "n"), (void)blas_int(k, "k");
+  (void)blas_int(lda, "lda"), (void)blas_int(ldb, "ldb"), (void)blas_int(ldc, "ldc");
+  // Below about 2^18 multiply-adds a GEMM takes microseconds: not worth a split.
+  constexpr std::int64_t min_work = std::int64_t{1} << 18, block = 16;
+  const bool by_rows = m >= n;
+  const std::int64_t dim = by_rows ? m : n;
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / min_work;
+  const std::int64_t parts =
+      std::min<std::int64_t>({threads, dim / block, work >= threads ? threads : static_cast<std::int64_t>(work)});
+  if (parts < 2) return sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  const std::int64_t chunk = ((dim + parts - 1) / parts + block - 1) / block * block;
+  const auto part = [&](std::size_t p) {
+    const std::int64_t begin = static_cast<std::int64_t>(p) * chunk, size = std::min(dim, begin + chunk) - begin;
+    if (size <= 0) return;
+    if (by_rows)
+      sgemm(trans_a, trans_b, size, n, k, alpha, trans_a ? A + begin : A + begin * lda, lda, B, ldb, beta,
+            C + begin * ldc, ldc);
+    else
+      sgemm(trans_a, trans_b, m, size, k, alpha, A, lda, trans_b ? B + begin * ldb : B + begin, ldb, beta, C + begin,
+            ldc);
+  };
+  using Part = decltype(part);
+  const auto task = [](const void* job, std::size_t p) { (*static_cast<const Part*>(job))(p); };
+  // a busy pool (a GEMM inside a batch's part): the whole product here
+  if (!pool->try_run(static_cast<std::size_t>(parts), task, &part))
+    sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace detail

@@ -47,6 +47,8 @@ struct ColumnSum {
   MatView<const T> m;
   T* out;
   std::int64_t group = 1;
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(m.rows * group); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const std::int64_t c0 = static_cast<std::int64_t>(i) * group;
     const std::int64_t width = math::min_i64(group, m.cols - c0);

@@ -101,6 +101,8 @@ struct CausalSoftmax {
       return j <= t && j >= first && (keep == nullptr || keep[j] != 0);
     }, lanes);
   }
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(time); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 
  private:
@@ -152,6 +154,8 @@ struct CausalSoftmaxBackward {
       d[j] = dtype_cast<T>(j <= t ? static_cast<float>(p[j]) * (static_cast<float>(d[j]) - dot) * scale : 0.f);
     });
   }
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(time); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 

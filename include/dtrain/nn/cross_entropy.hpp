@@ -90,6 +90,8 @@ struct CrossEntropyRowGrad {
       dlogits(r, c) = dtype_cast<T>((p - (c == label ? 1.f : 0.f)) * scale);
     });
   }
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(logits.cols); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 

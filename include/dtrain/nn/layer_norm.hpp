@@ -62,6 +62,8 @@ struct LayerNormForward {
       y(r, c) = dtype_cast<T>(xhat * static_cast<float>(weight[c]) + static_cast<float>(bias[c]));
     });
   }
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(x.cols); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
@@ -94,6 +96,8 @@ struct LayerNormBackwardInput {
       dx(r, c) = dtype_cast<T>(mo.rstd * (g - mean_g - xhat * mean_g_xhat));
     });
   }
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(x.cols); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
@@ -107,6 +111,8 @@ struct LayerNormBackwardParams {
   T* dweight;
   T* dbias;
   std::int64_t group = 1;
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(x.rows * group); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const std::int64_t c0 = static_cast<std::int64_t>(i) * group, width = math::min_i64(group, x.cols - c0);
     const auto dw = [this](std::int64_t r, std::int64_t c) {

@@ -45,6 +45,8 @@ struct RmsNormForward {
       y(r, c) = dtype_cast<T>(static_cast<float>(x(r, c)) * rstd * static_cast<float>(weight[c]));
     });
   }
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(x.cols); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
@@ -74,6 +76,8 @@ struct RmsNormBackwardInput {
       dx(r, c) = dtype_cast<T>(rstd * (g - static_cast<float>(x(r, c)) * rstd * mean_g_xhat));
     });
   }
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(x.cols); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
@@ -85,6 +89,8 @@ struct RmsNormBackwardWeight {
   const float* rstd;
   T* dweight;
   std::int64_t group = 1;
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(x.rows * group); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const std::int64_t c0 = static_cast<std::int64_t>(i) * group, width = math::min_i64(group, x.cols - c0);
     const auto dw = [this](std::int64_t r, std::int64_t c) {
