@@ -126,6 +126,7 @@ def main():
     strat = load(args.strategies)
     out["strategies_date"] = strat.get("date")
     out["strategies_machine"] = strat.get("machine")
+    out["strategies_commit"] = strat.get("commit")
     scaling = []
     base = {}
     print(f"\nScaling on one machine ({strat['machine'].get('cores', '?')} cores shared by the ranks; {args.strategies}):\n")

@@ -412,7 +412,8 @@ def cost_model_scaling():
     d = load("cost_model.json")
     rows = [[r["implementation"], r["strategy"], str(r["ranks"]), f"{r['samples_per_s']:,.0f}",
              f"{r['vs_one_rank']:.2f}"] for r in d["scaling_one_machine"]]
-    strat = {"date": d.get("strategies_date"), "machine": d.get("strategies_machine"), "commit": None}
+    strat = {"date": d.get("strategies_date"), "machine": d.get("strategies_machine"),
+             "commit": d.get("strategies_commit")}
     return (table(["implementation", "strategy", "ranks", "samples/s", "vs 1 rank"], "llrrr", rows) +
             ["", source("strategies.json", strat)])
 

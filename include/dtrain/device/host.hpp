@@ -2,12 +2,13 @@
 // dtrain::Host: the CPU device. Buffers are 64-byte aligned heap memory,
 // GEMMs go to OpenBLAS, and for_each splits a large range over the rank's
 // threads (see for_each) and runs each part with the widest vector
-// instructions the processor has (host_isa.hpp).
+// instructions the processor has (host_isa.hpp). The rank's threads are a
+// pool of dtrain's own that also splits the GEMMs (host_threads below).
 //
-// OpenBLAS threads: every process starts one OpenBLAS pool with a thread per
-// core, so N ranks on one machine fight over the cores (3x slower when it
-// was measured). Host() therefore gives each rank its share of the cores it
-// may use, usable cores / ranks on this node (cores_per_local_rank in
+// Threads per rank: every process starts one OpenBLAS pool with a thread
+// per core, so N ranks on one machine fight over the cores (3x slower when
+// it was measured). Host() therefore gives each rank its share of the cores
+// it may use, usable cores / ranks on this node (cores_per_local_rank in
 // launch/env.hpp, which reads dtrain-run's, torchrun's, mpirun's and srun's
 // variables), unless OPENBLAS_NUM_THREADS says otherwise. Under every
 // launcher a rank thus gets the same count, so a GEMM splits its sums alike
