@@ -319,6 +319,18 @@ struct CountRows {
     for (std::size_t c = 0; c < cols; ++c) ++(*hits)[r * cols + c];
   }
 };
+// A row functor for sums: each index sums a row of `cols` squares.
+struct RowSquares {
+  const std::vector<float>* x;
+  std::size_t cols;
+  std::size_t work_per_index() const { return cols; }
+  double operator()(std::size_t r) const {
+    double s = 0.0;
+    for (std::size_t c = 0; c < cols; ++c) s += double{(*x)[r * cols + c]} * (*x)[r * cols + c];
+    return s;
+  }
+};
+
 // Four rows, each of which runs a for_each of its own.
 struct Nested {
   dtrain::Host* dev;
@@ -357,6 +369,33 @@ BOOST_AUTO_TEST_CASE(pool_runs_every_index_once) {
   }
   BOOST_TEST(std::count(left.begin(), left.end(), 50) == static_cast<std::ptrdiff_t>(left.size()));
   BOOST_TEST(std::count(right.begin(), right.end(), 50) == static_cast<std::ptrdiff_t>(right.size()));
+}
+
+// Host::sum adds fixed blocks in order: the same bits on one thread, on the
+// pool and with OpenBLAS's threads, with or without blocks, and a sum
+// (against float64 accumulated in long double).
+BOOST_AUTO_TEST_CASE(sums_give_the_same_bits_at_every_thread_count) {
+  dtrain::Host serial(1), pool(3, dtrain::host_threads::pool), openblas(2, dtrain::host_threads::openblas);
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(300001);
+  for (float& v : x) v = normal(rng);
+  const auto square = [&x](std::size_t i) { return double{x[i]} * x[i]; };
+  for (std::size_t n : {std::size_t{1000}, std::size_t{16384}, std::size_t{16385}, x.size()}) {
+    const double one = serial.sum(n, square);
+    BOOST_TEST(pool.sum(n, square) == one, "n " << n);
+    BOOST_TEST(openblas.sum(n, square) == one, "n " << n);
+    long double want = 0;
+    for (std::size_t i = 0; i < n; ++i) want += static_cast<long double>(x[i]) * x[i];
+    BOOST_TEST(std::abs(one - static_cast<double>(want)) <= 1e-12 * static_cast<double>(want), "n " << n);
+  }
+  // rows: 100 rows of 3000, blocks of whole rows
+  const RowSquares rows{&x, 3000};
+  const double one = serial.sum(100, rows);
+  BOOST_TEST(pool.sum(100, rows) == one);
+  long double want = 0;
+  for (std::size_t i = 0; i < 300000; ++i) want += static_cast<long double>(x[i]) * x[i];
+  BOOST_TEST(std::abs(one - static_cast<double>(want)) <= 1e-12 * static_cast<double>(want));
 }
 
 BOOST_AUTO_TEST_CASE(host_threads_mode_by_name) {

@@ -151,6 +151,10 @@ DTRAIN_DECL host_threads host_threads_from_env();
 // microsecond, so its grain is smaller.
 inline constexpr std::size_t for_each_grain = std::size_t{1} << 15;
 inline constexpr std::size_t pool_grain = std::size_t{1} << 13;
+// Host::sum adds blocks of about this many elements (a multiple of
+// sum_lanes_count), each in sum_range's fixed order, then the blocks' sums
+// in order.
+inline constexpr std::size_t sum_block = std::size_t{1} << 14;
 
 // The elements one index of f touches: a row functor (one index per row of
 // a softmax, a norm, a loss) states its row length as work_per_index(), so
@@ -162,6 +166,13 @@ std::size_t index_work(const F& f) {
   } else {
     return 1;
   }
+}
+
+// Indices per block of Host::sum: whole rows for a row functor.
+template <class F>
+std::size_t sum_block_indices(const F& f) {
+  const std::size_t work = index_work(f);
+  return work > 1 ? std::max<std::size_t>(1, sum_block / work) : sum_block;
 }
 
 // dtrain's threads for one Host (host_threads::pool): threads() - 1 workers
@@ -393,13 +404,27 @@ class Host {
     detail::run_range(f, 0, n);
   }
 
-  // On the calling thread, vectorised at the instruction level (device/
-  // host_isa.hpp: sum_range), in a fixed order, so the result is the same
-  // on every run and at every thread count. The Trainer's per-step gradient
-  // norm runs through here.
+  // Vectorised at the instruction level (device/host_isa.hpp: sum_range)
+  // over fixed blocks of sum_block elements (whole rows for a row functor),
+  // whose sums are then added in order: the blocks do not depend on the
+  // threads, so the result is the same on every run, at every thread count
+  // and in both thread modes. The pool sums the blocks in parallel. The
+  // Trainer's per-step gradient norm and the losses' sums run through here.
   template <class F>
   double sum(std::size_t n, F f) {
-    return detail::sum_range(f, 0, n);
+    const std::size_t block = detail::sum_block_indices(f);
+    if (n <= block) return detail::sum_range(f, 0, n);
+    const std::size_t blocks = (n + block - 1) / block;
+    std::vector<double> partial(blocks);
+    const std::size_t parts = pool_ ? std::min(static_cast<std::size_t>(threads_), blocks) : 1;
+    const std::size_t per = (blocks + parts - 1) / parts;
+    detail::run_parts(pool_.get(), parts, [&](std::size_t p) {
+      for (std::size_t b = p * per; b < std::min(blocks, p * per + per); ++b)
+        partial[b] = detail::sum_range(f, b * block, std::min(n, b * block + block));
+    });
+    double total = 0.0;
+    for (const double v : partial) total += v;
+    return total;
   }
 
   std::size_t memory_allocated() const noexcept { return stats_->total().allocated(); }

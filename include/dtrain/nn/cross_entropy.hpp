@@ -57,6 +57,8 @@ struct CrossEntropyRowLoss {
   MatView<const T> logits;
   const Label* labels;
   Label ignore;
+  // for Host's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(logits.cols); }
   template <class Row>
   DTRAIN_HOST_DEVICE double row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);

@@ -41,6 +41,8 @@ struct RegressionRowLoss {
   MatView<const T> pred;
   const float* target;
   const float* weight;  // null: every row weighs 1
+  // for Host's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(pred.cols); }
   DTRAIN_HOST_DEVICE double operator()(std::size_t i) const {
     const auto r = static_cast<std::int64_t>(i);
     double s = 0.0;
