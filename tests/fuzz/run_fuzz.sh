@@ -12,7 +12,7 @@
 # Defaults: 10,000,000 executions per target, every target, the run appended
 # to the "runs" of bench/results/fuzz.json (the record of every full run,
 # with notes added by hand on findings). --smoke: what CI runs
-# (CTest fuzz_smoke): a -O1 build, 5 seconds per target, nothing installed
+# (CTest fuzz_smoke): a -O1 build, 2 seconds per target, nothing installed
 # (exit 77 naming what is missing), the JSON in the work directory. Each
 # target starts from a copy of its corpus tests/corpus/<target>/ (new inputs
 # go to the copy; the repository's corpus holds seeds and regressions only).
@@ -36,7 +36,7 @@ while [[ $# -gt 0 ]]; do
     --seconds) seconds=$2; shift ;;
     --targets) targets=$2; shift ;;
     --json) json=$2; shift ;;
-    --smoke) smoke=1; seconds=${seconds:-5} ;;
+    --smoke) smoke=1; seconds=${seconds:-2} ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
   shift
