@@ -130,4 +130,4 @@ class DtrainConan(ConanFile):
         self.cpp_info.builddirs = [os.path.join("share", "cmake", "dtrain")]
         # For generators other than CMake (not tested): the system libraries the
         # CMake config would link.
-        self.cpp_info.system_libs = ["gloo", "openblas", "pthread"]
+        self.cpp_info.system_libs = ["gloo", "openblas", "pthread", "dl"]

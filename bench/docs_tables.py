@@ -185,6 +185,19 @@ def gpt_host_threads():
     return table(header, "rrlrrr", out) + ["", source("gpt.json", d)]
 
 
+def gpt_host_gemm():
+    d, rows = gpt_rows()
+    out = [[str(r["ranks"]), str(r["threads_per_rank"]), "on" if r["activation_checkpointing"] else "off",
+            f"{r['dtrain']['step_ms']:.2f}", f"{r['dtrain_gemm_openblas']['step_ms']:.2f}",
+            f"{r['onednn_speedup']:.2f}x"]
+           for r in rows if "dtrain_gemm_openblas" in r]
+    if not out:
+        raise ValueError("gpt.json has no DTRAIN_HOST_GEMM=openblas runs (oneDNN not installed?)")
+    header = ["ranks", "threads / rank", "activation checkpointing", "oneDNN (default) step ms",
+              "`DTRAIN_HOST_GEMM=openblas` step ms", "oneDNN speed-up"]
+    return table(header, "rrlrrr", out) + ["", source("gpt.json", d)]
+
+
 def gpt_memory():
     d, rows = gpt_rows()
     old = torch_version(rows[0]["torch"]["implementation"])
@@ -442,8 +455,8 @@ def fuzz_runs():
                                f"{d['runs'][-1]['compiler']}, the 2-core development VM; notes per run there.)"])
 
 
-GEMM_ENGINES = [("openblas-pthread", "OpenBLAS, pthreads (what dtrain links)"), ("openblas-openmp", "OpenBLAS, OpenMP"),
-                ("blis-pthread", "BLIS, pthreads"), ("onednn", "oneDNN (`dnnl_sgemm`)"),
+GEMM_ENGINES = [("openblas-pthread", "OpenBLAS, pthreads (dtrain's `DTRAIN_HOST_GEMM=openblas`)"), ("openblas-openmp", "OpenBLAS, OpenMP"),
+                ("blis-pthread", "BLIS, pthreads"), ("onednn", "oneDNN `dnnl_sgemm` (dtrain's default where installed)"),
                 ("mkl", "MKL (the PyPI `mkl` wheel)")]
 GEMM_MODELS = [("gpt2-124m", "GPT-2 124M"), ("llama-100m", "Llama-shaped")]
 
@@ -551,6 +564,7 @@ RENDERERS = {
     "gpt.step": (gpt_step, "gpt.json"),
     "gpt.memory": (gpt_memory, "gpt.json"),
     "gpt.host_threads": (gpt_host_threads, "gpt.json"),
+    "gpt.host_gemm": (gpt_host_gemm, "gpt.json"),
     "training.adamw": (training_adamw, "training.json"),
     "training.mlp": (training_mlp, "training.json"),
     "training.ddp_overhead": (training_ddp_overhead, "training.json"),

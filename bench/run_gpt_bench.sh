@@ -20,7 +20,9 @@
 # both launched by dtrain-run; threads per rank = cores / ranks
 # (OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, the same for both sides).
 # Where a rank has more than one thread, train_gpt runs a second time with
-# DTRAIN_HOST_THREADS=openblas (OpenBLAS's threads instead of dtrain's pool).
+# DTRAIN_HOST_THREADS=openblas (OpenBLAS's threads instead of dtrain's pool);
+# where oneDNN is installed (the default GEMM engine then), once more with
+# DTRAIN_HOST_GEMM=openblas.
 # The implementations alternate N times (default 3; their order reverses
 # every run): each run reports rank 0's median step after the warm-up
 # (10 steps of the default 60; --steps N) and rank 0's peak resident set
@@ -78,6 +80,9 @@ impls=(dtrain torch)
 # dtrain with OpenBLAS's threads instead of its own pool (DTRAIN_HOST_THREADS),
 # at the world sizes where a rank has more than one thread
 ((cores > 1)) && impls+=(dtrain_openblas)
+# dtrain with OpenBLAS multiplying instead of oneDNN (DTRAIN_HOST_GEMM), where
+# oneDNN is installed and so the default engine
+ldconfig -p 2> /dev/null | grep -q 'libdnnl\.so\.2 ' && impls+=(dtrain_gemm_openblas)
 [[ -n $peer_python ]] && impls+=(peer)
 [[ -n $peer_python && ${DTRAIN_BENCH_PEER_COMPILE:-0} == 1 ]] && impls+=(peer_compile)
 
@@ -110,10 +115,11 @@ run_one() {
       --n-embd $n_embd --n-head $n_head --block-size $block --batch-size $batch --lr $lr --steps "$steps" \
       --warmup $warmup "${ckpt[@]}" --json "$base.json"
   else
-    local flag=false threads=pool
+    local flag=false threads=pool gemm=auto
     ((ac)) && flag=true
     [[ $impl == dtrain_openblas ]] && threads=openblas
-    DTRAIN_HOST_THREADS=$threads launch "$n" "$base.log" "$train_gpt" strategy=ddp n_layer=$n_layer n_embd=$n_embd n_head=$n_head \
+    [[ $impl == dtrain_gemm_openblas ]] && gemm=openblas
+    DTRAIN_HOST_THREADS=$threads DTRAIN_HOST_GEMM=$gemm launch "$n" "$base.log" "$train_gpt" strategy=ddp n_layer=$n_layer n_embd=$n_embd n_head=$n_head \
       block_size=$block batch_size=$batch steps="$steps" optimizer=adamw lr=$lr weight_decay=0 precision=fp32 \
       num_workers=0 log_every="$steps" eval_batches=0 activation_checkpointing=$flag metrics="$base.jsonl"
   fi

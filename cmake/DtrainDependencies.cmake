@@ -62,8 +62,9 @@ endif()
 
 function(dtrain_link_dependencies target)
   # Gloo's Debian package exports a bare `gloo` target.
+  # dlopen (oneDNN's GEMM, cuDNN) lives in libdl before glibc 2.34.
   target_link_libraries(${target} INTERFACE Threads::Threads range-v3::range-v3 gloo BLAS::BLAS
-                        nlohmann_json::nlohmann_json)
+                        nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
   if(DTRAIN_WITH_CUDA)
     target_link_libraries(${target} INTERFACE CUDA::cudart CUDA::cublas NCCL::NCCL)
     target_compile_definitions(${target} INTERFACE DTRAIN_HAS_CUDA=1)

@@ -8,8 +8,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DTRAIN_BUILD_DIR:-$root/build}"
 
 # What building and the main job need (demo.sh).
+# libdnnl2: oneDNN, the host's GEMM engine where it is installed (loaded at run time; OpenBLAS otherwise).
 packages=(cmake g++ make ninja-build pkg-config libgloo-dev librange-v3-dev libboost-test-dev libopenblas-dev
-          libyaml-cpp-dev nlohmann-json3-dev python3)
+          libdnnl2 libyaml-cpp-dev nlohmann-json3-dev python3)
 # What the tests add (test.sh sets DTRAIN_SETUP_FOR=tests):
 # python3-torch: the tests that read checkpoints with PyTorch, and the benchmarks' peer.
 # python3-venv: the tests' pinned PyPI packages (transformers, peft, safetensors, tensorboard, conan).

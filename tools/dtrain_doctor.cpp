@@ -15,6 +15,7 @@
 #include <dtrain/comm/host.hpp>
 #include <dtrain/comm/nccl.hpp>
 #include <dtrain/comm/world.hpp>
+#include <dtrain/device/host.hpp>
 #include <dtrain/device/host_isa.hpp>
 #include <dtrain/launch/env.hpp>
 #include <dtrain/version.hpp>
@@ -170,6 +171,15 @@ void print_host() {
                 isa == widest ? " (the widest this CPU has)" : " (pinned by DTRAIN_HOST_ISA)");
   } catch (const dtrain::error& e) {
     std::printf("host kernels    %s\n", e.what());
+  }
+  // Which library multiplies fp32 matrices on the host (DTRAIN_HOST_GEMM).
+  try {
+    const bool onednn = dtrain::detail::host_gemm_from_env() == dtrain::host_gemm::onednn;
+    const std::string& missing = dtrain::detail::onednn_unavailable();
+    std::printf("host gemm       %s%s\n", onednn ? "onednn" : "openblas",
+                onednn || missing.empty() ? "" : (" (oneDNN: " + missing + "; apt install libdnnl2)").c_str());
+  } catch (const dtrain::error& e) {
+    std::printf("host gemm       %s\n", e.what());
   }
 }
 

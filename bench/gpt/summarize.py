@@ -7,7 +7,8 @@ dtrain.n.aca.i.jsonl (train_gpt metrics, rank 0), dtrain.n.aca.i.log (its output
 "peak resident memory (rank 0): X MiB" where train_gpt prints it), torch.n.aca.i.json
 (bench/gpt/torch_ddp_gpt.py, Debian's torch) and, when the run had them, peer.n.aca.i.json (the same
 script on the PyPI release, SDPA and the fused AdamW) and peer_compile.n.aca.i.json (the same compiled);
-dtrain_openblas.n.aca.i.jsonl/.log: train_gpt with DTRAIN_HOST_THREADS=openblas where a rank has 2+ threads.
+dtrain_openblas.n.aca.i.jsonl/.log: train_gpt with DTRAIN_HOST_THREADS=openblas where a rank has 2+ threads;
+dtrain_gemm_openblas.n.aca.i.jsonl/.log: train_gpt with DTRAIN_HOST_GEMM=openblas where oneDNN is the default.
 """
 
 import argparse
@@ -126,6 +127,17 @@ def print_tables(results, args):
             print(f"| {r['ranks']} | {r['threads_per_rank']} | {on_off(r['activation_checkpointing'])} | "
                   f"{r['dtrain']['step_ms']:.2f} | {r['dtrain_openblas']['step_ms']:.2f} | {r['pool_speedup']:.2f}x |")
 
+    gemm_rows = [r for r in results if "dtrain_gemm_openblas" in r]
+    if gemm_rows:
+        print("\noneDNN's GEMMs (the default where it is installed) against OpenBLAS's (DTRAIN_HOST_GEMM=openblas)")
+        print("| ranks | threads / rank | activation checkpointing | onednn step ms | openblas step ms | "
+              "onednn speed-up |")
+        print("|---:|---:|---|---:|---:|---:|")
+        for r in gemm_rows:
+            print(f"| {r['ranks']} | {r['threads_per_rank']} | {on_off(r['activation_checkpointing'])} | "
+                  f"{r['dtrain']['step_ms']:.2f} | {r['dtrain_gemm_openblas']['step_ms']:.2f} | "
+                  f"{r['onednn_speedup']:.2f}x |")
+
     print("\nPeak resident set of rank 0 (getrusage ru_maxrss, MiB; torch's includes the interpreter and its "
           "libraries, 'before model' = its peak before the model was built), and dtrain's tracked memory per rank "
           "(MiB, last step: params, grads, optimizer, master as held, gathered and activations at their peak)")
@@ -180,6 +192,11 @@ def main():
                 row["dtrain_openblas"] = speed([dtrain_run(args.work, n, ac, i, args.warmup, "dtrain_openblas")[0]
                                                 for i in runs], tokens)
                 row["pool_speedup"] = round(row["dtrain_openblas"]["step_ms"] / d["step_ms"], 3)
+            if os.path.exists(os.path.join(args.work, f"dtrain_gemm_openblas.{n}.ac{ac}.1.jsonl")):
+                # the same train_gpt with OpenBLAS's GEMMs (DTRAIN_HOST_GEMM=openblas)
+                row["dtrain_gemm_openblas"] = speed([dtrain_run(args.work, n, ac, i, args.warmup,
+                                                                "dtrain_gemm_openblas")[0] for i in runs], tokens)
+                row["onednn_speedup"] = round(row["dtrain_gemm_openblas"]["step_ms"] / d["step_ms"], 3)
             for impl in PEERS:
                 if os.path.exists(os.path.join(args.work, f"{impl}.{n}.ac{ac}.1.json")):
                     row[impl] = torch_row(args.work, n, ac, runs, tokens, impl)

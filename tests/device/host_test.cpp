@@ -73,10 +73,10 @@ Strided random_strided(std::int64_t rows, std::int64_t cols, std::mt19937_64& rn
 }
 
 template <class T>
-void check_gemm(bool ta, bool tb, float beta) {
-  dtrain::Host dev(1);
+void check_gemm(dtrain::host_gemm engine, int threads, std::int64_t m, std::int64_t n, std::int64_t k, bool ta,
+                bool tb, float beta) {
+  dtrain::Host dev(threads, dtrain::host_threads::pool, engine);
   std::mt19937_64 rng(10);
-  const std::int64_t m = 5, n = 7, k = 9;
   const Strided a = random_strided<T>(ta ? k : m, ta ? m : k, rng);
   const Strided b = random_strided<T>(tb ? n : k, tb ? k : n, rng);
   const Strided c0 = random_strided<T>(m, n, rng);
@@ -104,7 +104,18 @@ void check_gemm(bool ta, bool tb, float beta) {
                          "gemm wrote into C's padding");
   // fp32 accumulation (~k float roundings), then one rounding to T.
   expect_close(got, expected, 1.5 * dtrain::testing::roundoff<T>() + 1e-6,
-               std::string("gemm ") + dtrain::dtype_traits<T>::name.data() + (ta ? " A^T" : " A") + (tb ? " B^T" : " B"));
+               std::string(engine == dtrain::host_gemm::onednn ? "onednn" : "openblas") + " gemm " +
+                   std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " on " +
+                   std::to_string(threads) + " thread(s) " + dtrain::dtype_traits<T>::name.data() +
+                   (ta ? " A^T" : " A") + (tb ? " B^T" : " B"));
+}
+
+// Every GEMM engine this machine has (OpenBLAS always; oneDNN where
+// libdnnl.so.2 loads, which scripts/setup.sh installs).
+std::vector<dtrain::host_gemm> engines_here() {
+  std::vector<dtrain::host_gemm> engines{dtrain::host_gemm::openblas};
+  if (dtrain::detail::onednn_unavailable().empty()) engines.push_back(dtrain::host_gemm::onednn);
+  return engines;
 }
 
 }  // namespace
@@ -153,14 +164,20 @@ BOOST_AUTO_TEST_CASE(copies_and_zero) {
   BOOST_TEST(back == (std::vector<float>{1.f, 0.f, 0.f, 4.f}), boost::test_tools::per_element());
 }
 
+// Each engine, on one thread and split over the pool (the second shape:
+// by rows at 3 threads), every dtype (bf16 through oneDNN's bf16 GEMM where
+// this processor runs it).
 BOOST_AUTO_TEST_CASE(gemm_row_major_all_transposes_and_dtypes) {
-  for (bool ta : {false, true})
-    for (bool tb : {false, true})
-      for (float beta : {0.f, 0.5f}) {
-        check_gemm<float>(ta, tb, beta);
-        check_gemm<dtrain::bf16>(ta, tb, beta);
-        check_gemm<dtrain::fp16>(ta, tb, beta);
-      }
+  struct Case { int threads; std::int64_t m, n, k; };
+  for (const dtrain::host_gemm engine : engines_here())
+    for (const Case c : {Case{1, 5, 7, 9}, Case{3, 203, 67, 91}, Case{3, 37, 301, 64}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (float beta : {0.f, 0.5f}) {
+            check_gemm<float>(engine, c.threads, c.m, c.n, c.k, ta, tb, beta);
+            check_gemm<dtrain::bf16>(engine, c.threads, c.m, c.n, c.k, ta, tb, beta);
+            check_gemm<dtrain::fp16>(engine, c.threads, c.m, c.n, c.k, ta, tb, beta);
+          }
 }
 
 BOOST_AUTO_TEST_CASE(for_each_and_sum_cover_every_index) {
@@ -187,7 +204,7 @@ BOOST_AUTO_TEST_CASE(blas_threads_follow_the_rank_share_of_cores) {
   {
     // OpenBLAS's own threads run the GEMMs; with dtrain's pool (the
     // default) the pool splits them and OpenBLAS runs on one thread.
-    const dtrain::Host dev(3, dtrain::host_threads::openblas);
+    const dtrain::Host dev(3, dtrain::host_threads::openblas, dtrain::host_gemm::openblas);
     BOOST_TEST(dev.threads() == 3);
     BOOST_TEST(openblas_get_num_threads() == 3);
     const dtrain::Host pooled(3);
@@ -211,7 +228,9 @@ BOOST_AUTO_TEST_CASE(blas_threads_follow_the_rank_share_of_cores) {
     ScopedEnv local("LOCAL_WORLD_SIZE", "2");  // dtrain-run, torchrun
     const dtrain::Host dev;
     BOOST_TEST(dev.threads() == half);
-    BOOST_TEST(openblas_get_num_threads() == (dev.threads_mode() == dtrain::host_threads::pool ? 1 : dev.threads()));
+    const bool blas_threads = dev.threads_mode() == dtrain::host_threads::openblas &&
+                              dev.gemm_engine() == dtrain::host_gemm::openblas;
+    BOOST_TEST(openblas_get_num_threads() == (blas_threads ? dev.threads() : 1));
   }
   {
     ScopedEnv local("OMPI_COMM_WORLD_LOCAL_SIZE", "2");  // mpirun
@@ -258,9 +277,18 @@ BOOST_AUTO_TEST_CASE(blas_threads_follow_the_rank_share_of_cores) {
 // the size of what it is given). A batch's matrices and for_each's indices
 // are computed exactly as on one thread. Every index runs once, also when
 // two threads share the pool or a task calls for_each itself.
+// Every engine here (engines_here), oneDNN also on its own OpenMP threads.
+
 BOOST_AUTO_TEST_CASE(pool_splits_are_products_and_repeat_bit_for_bit) {
-  dtrain::Host serial(1), pool(3, dtrain::host_threads::pool);
+ for (const dtrain::host_gemm engine : engines_here()) {
+  BOOST_TEST_MESSAGE("engine " << (engine == dtrain::host_gemm::onednn ? "onednn" : "openblas"));
+  dtrain::Host serial(1, dtrain::host_threads::pool, engine), pool(3, dtrain::host_threads::pool, engine);
+  // oneDNN on its own OpenMP threads (OpenBLAS's thread count is the
+  // process's, so its own threads are not mixed with the pool here)
+  std::optional<dtrain::Host> own;
+  if (engine == dtrain::host_gemm::onednn) own.emplace(2, dtrain::host_threads::openblas, engine);
   BOOST_TEST((pool.threads_mode() == dtrain::host_threads::pool));
+  BOOST_TEST((pool.gemm_engine() == engine));
   BOOST_TEST(openblas_get_num_threads() == 1);
   std::mt19937_64 rng(45);
   struct Shape { std::int64_t m, n, k; };
@@ -273,15 +301,17 @@ BOOST_AUTO_TEST_CASE(pool_splits_are_products_and_repeat_bit_for_bit) {
         const Strided c = random_strided<float>(s.m, s.n, rng);
         const double pad = 7.0;
         const std::vector<float> A = a.store<float>(pad), B = b.store<float>(pad);
-        std::vector<float> C1 = c.store<float>(pad), C3 = C1, again = C1;
+        std::vector<float> C1 = c.store<float>(pad), C3 = C1, again = C1, C2 = C1;
         serial.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, C1.data(), c.ld);
+        if (own) own->gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, C2.data(), c.ld);
         pool.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, C3.data(), c.ld);
         pool.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, again.data(), c.ld);
-        const std::string what = "gemm " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
+        const std::string what = std::string(engine == dtrain::host_gemm::onednn ? "onednn" : "openblas") +
+                                 " gemm " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
                                  std::to_string(s.k) + (ta ? " A^T" : " A") + (tb ? " B^T" : " B");
         BOOST_TEST((C3 == again), what << ": two calls differ");
         // against float64 (fp32 accumulation over k), and beside the unsplit call
-        double worst = 0.0, apart = 0.0;
+        double worst = 0.0, apart = 0.0, threaded = 0.0;
         for (std::int64_t i = 0; i < s.m; ++i) {
           for (std::int64_t j = 0; j < s.n; ++j) {
             double acc = 0.0;
@@ -290,11 +320,15 @@ BOOST_AUTO_TEST_CASE(pool_splits_are_products_and_repeat_bit_for_bit) {
             const auto e = static_cast<std::size_t>(i * c.ld + j);
             worst = std::max(worst, std::abs(C3[e] - want) / (1.0 + std::abs(want)));
             apart = std::max(apart, std::abs(double{C3[e]} - double{C1[e]}) / (1.0 + std::abs(want)));
+            if (own) threaded = std::max(threaded, std::abs(C2[e] - want) / (1.0 + std::abs(want)));
           }
-          for (std::int64_t j = s.n; j < c.ld; ++j)
+          for (std::int64_t j = s.n; j < c.ld; ++j) {
             BOOST_TEST_REQUIRE(C3[static_cast<std::size_t>(i * c.ld + j)] == static_cast<float>(pad), what << ": wrote into C's padding");
+            BOOST_TEST_REQUIRE(C2[static_cast<std::size_t>(i * c.ld + j)] == static_cast<float>(pad), what << ": wrote into C's padding");
+          }
         }
         BOOST_TEST(worst < 1e-5, what << ": " << worst << " from float64");
+        BOOST_TEST(threaded < 1e-5, what << " on the engine's threads: " << threaded << " from float64");
         BOOST_TEST(apart < 1e-5, what << ": " << apart << " from the unsplit call");
       }
   // a batch of GEMMs, split by matrices
@@ -307,6 +341,32 @@ BOOST_AUTO_TEST_CASE(pool_splits_are_products_and_repeat_bit_for_bit) {
   pool.gemm_batched(false, false, m, n, k, 1.f, A.data(), a.ld, m * a.ld, B.data(), b.ld, k * b.ld, 0.f, C3.data(), n,
                     m * n, batch);
   BOOST_TEST((C1 == C3));
+ }
+}
+
+// DTRAIN_HOST_GEMM: auto (or unset) takes oneDNN where it loads, each engine
+// by name, oneDNN where it cannot load and any other name an error saying
+// what to do.
+BOOST_AUTO_TEST_CASE(host_gemm_engine_by_name) {
+  using dtrain::host_gemm;
+  const bool have_onednn = dtrain::detail::onednn_unavailable().empty();
+  const host_gemm best = have_onednn ? host_gemm::onednn : host_gemm::openblas;
+  BOOST_TEST((dtrain::detail::host_gemm_named("") == best));
+  BOOST_TEST((dtrain::detail::host_gemm_named("auto") == best));
+  BOOST_TEST((dtrain::detail::host_gemm_named("openblas") == host_gemm::openblas));
+  BOOST_TEST((dtrain::Host(2, dtrain::host_threads::pool, host_gemm::openblas).gemm_engine() == host_gemm::openblas));
+  auto says = [](const char* text) {
+    return [text](const dtrain::config_error& e) { return std::string(e.what()).find(text) != std::string::npos; };
+  };
+  if (have_onednn) {
+    BOOST_TEST((dtrain::detail::host_gemm_named("onednn") == host_gemm::onednn));
+  } else {
+    BOOST_CHECK_EXCEPTION(dtrain::detail::host_gemm_named("onednn"), dtrain::config_error, says("libdnnl2"));
+    BOOST_CHECK_EXCEPTION(dtrain::Host(2, dtrain::host_threads::pool, host_gemm::onednn), dtrain::config_error,
+                          says("libdnnl2"));
+  }
+  BOOST_CHECK_EXCEPTION(dtrain::detail::host_gemm_named("mkl"), dtrain::config_error,
+                        says("DTRAIN_HOST_GEMM='mkl' is not a GEMM engine"));
 }
 
 namespace {

@@ -1,6 +1,7 @@
 #pragma once
 // dtrain::Host: the CPU device. Buffers are 64-byte aligned heap memory,
-// GEMMs go to OpenBLAS, and for_each splits a large range over the rank's
+// GEMMs go to oneDNN or OpenBLAS (host_gemm below), and for_each splits a
+// large range over the rank's
 // threads (see for_each) and runs each part with the widest vector
 // instructions the processor has (host_isa.hpp). The rank's threads are a
 // pool of dtrain's own that also splits the GEMMs (host_threads below).
@@ -116,15 +117,16 @@ std::vector<float> widen(const T* src, std::int64_t rows, std::int64_t cols, std
 
 // How a rank's threads share its parallel work (DTRAIN_HOST_THREADS):
 //   pool      (the default) one pool of dtrain's threads per process and
-//             thread count runs everything: OpenBLAS runs single-threaded
-//             and a large GEMM is split into blocks of rows or columns, one
-//             per thread; a batch of GEMMs (attention's heads) is split by
+//             thread count runs everything: the GEMM engine runs
+//             single-threaded and a large GEMM is split into blocks of rows
+//             or columns, one per thread; a batch of GEMMs (attention's heads) is split by
 //             matrices; for_each splits ranges, and a row functor's rows
 //             (index_work). The threads wait spinning for a moment between
 //             jobs, so no job pays a thread start and no idle OpenBLAS
 //             thread competes with them for a core: a step at 1 rank x 2
 //             threads took two thirds of the time of the mode below.
-//   openblas  OpenBLAS's own pool runs each GEMM on threads() threads, and
+//   openblas  the GEMM engine's own threads run each GEMM on threads()
+//             threads (OpenBLAS's pool, oneDNN's OpenMP team), and
 //             for_each starts threads() - 1 threads for each large range
 //             (a thread start costs about 10 us, hence the grain below);
 //             dtrain's own kernels for rows run on the calling thread.
@@ -136,6 +138,19 @@ std::vector<float> widen(const T* src, std::int64_t rows, std::int64_t cols, std
 
 enum class host_threads { openblas, pool };
 
+// Which library multiplies the fp32 matrices (DTRAIN_HOST_GEMM; bf16 and
+// fp16 products are widened to fp32 and go the same way):
+//   onednn    oneDNN's dnnl_sgemm (Debian's libdnnl2, loaded at run time:
+//             nothing to link). The default where libdnnl.so.2 loads: on
+//             the models' products at one thread it was 1.10-1.22x faster
+//             than OpenBLAS on an Intel Xeon and 1.05-1.08x on an AMD EPYC.
+//   openblas  OpenBLAS's cblas_sgemm (linked). The default where oneDNN is
+//             not installed.
+// Unset or "auto" picks as above; naming onednn where it cannot be loaded
+// is an error that says what to install. Each engine's results are
+// reproducible run to run; the two differ from each other in the last bits.
+enum class host_gemm { openblas, onednn };
+
 namespace detail {
 
 // The mode DTRAIN_HOST_THREADS names ("" for the default, pool); a config_error
@@ -143,6 +158,35 @@ namespace detail {
 DTRAIN_DECL host_threads host_threads_named(std::string_view name);
 // DTRAIN_HOST_THREADS, read once per process.
 DTRAIN_DECL host_threads host_threads_from_env();
+
+// One engine's row-major fp32 GEMM, C = alpha op(A) op(B) + beta C, on
+// `threads` threads of the engine's own (1: the calling thread only; for
+// OpenBLAS the process-wide count applies instead). Returns 0, or the
+// engine's error status.
+using SgemmFn = int (*)(int threads, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                        float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
+                        float* C, std::int64_t ldc);
+// The engine DTRAIN_HOST_GEMM names ("" or "auto": oneDNN when it loads,
+// else OpenBLAS); a config_error for any other name, or for "onednn" where
+// libdnnl.so.2 cannot be loaded.
+DTRAIN_DECL host_gemm host_gemm_named(std::string_view name);
+// DTRAIN_HOST_GEMM, read once per process.
+DTRAIN_DECL host_gemm host_gemm_from_env();
+// The engine's GEMM (oneDNN's loaded on first use; a config_error naming
+// what to install when it cannot be).
+DTRAIN_DECL SgemmFn sgemm_of(host_gemm engine);
+// One engine's row-major bf16 x bf16 -> fp32 GEMM (the bits of bf16 values),
+// C fp32; nullptr for an engine without one (OpenBLAS), or where oneDNN's
+// does not run on this processor.
+using Bf16GemmFn = int (*)(int threads, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                           float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
+                           std::int64_t ldb, float beta, float* C, std::int64_t ldc);
+DTRAIN_DECL Bf16GemmFn bf16_gemm_of(host_gemm engine);
+// Why oneDNN cannot be loaded here ("" when it can).
+DTRAIN_DECL const std::string& onednn_unavailable();
+// An engine's error status as an exception naming the product.
+[[noreturn]] DTRAIN_DECL void sgemm_failed(host_gemm engine, int status, std::int64_t m, std::int64_t n,
+                                           std::int64_t k);
 
 // Elements per thread below which for_each stays on the calling thread:
 // starting and joining a thread costs about 10 us, what the cheapest
@@ -225,6 +269,23 @@ void run_parts(HostPool* pool, std::size_t parts, const G& g) {
   for (std::size_t p = 0; p < parts; ++p) g(p);
 }
 
+// The length of each of `parts` contiguous ranges that cover [0, count):
+// an even share rounded up to a multiple of `align` (the last may be shorter).
+inline std::size_t range_chunk(std::size_t count, std::size_t parts, std::size_t align) {
+  return ((count + parts - 1) / parts + align - 1) / align * align;
+}
+
+// g(begin, end) for each non-empty range of range_chunk's cut of [0, count)
+// into `parts`, on the pool (see run_parts).
+template <class G>
+void run_ranges(HostPool* pool, std::size_t count, std::size_t parts, std::size_t align, const G& g) {
+  const std::size_t chunk = range_chunk(count, parts, align);
+  run_parts(pool, parts, [&](std::size_t p) {
+    const std::size_t begin = p * chunk;
+    if (begin < count) g(begin, std::min(count, begin + chunk));
+  });
+}
+
 // f(i) for i in [0, n) on `parts` threads, the calling thread included, each
 // over one contiguous range: the pool's when there is one, else threads
 // started for this call. Ranges start at multiples of 64 elements, so two
@@ -234,27 +295,51 @@ void run_parts(HostPool* pool, std::size_t parts, const G& g) {
 template <class F>
 void parallel_for(HostPool* pool, std::size_t n, std::size_t parts, const F& f) {
   const std::size_t line = index_work(f) > 1 ? 1 : 64;
-  const std::size_t chunk = ((n + parts - 1) / parts + line - 1) / line * line;
-  if (pool != nullptr) {
-    run_parts(pool, parts, [&](std::size_t p) {
-      const std::size_t begin = p * chunk;
-      if (begin < n) run_range(f, begin, std::min(n, begin + chunk));
-    });
-    return;
-  }
   auto run = [&f](std::size_t begin, std::size_t end) { run_range(f, begin, end); };
+  if (pool != nullptr) return run_ranges(pool, n, parts, line, run);
+  const std::size_t chunk = range_chunk(n, parts, line);
   std::vector<std::jthread> workers;
   workers.reserve(parts - 1);
   for (std::size_t begin = chunk; begin < n; begin += chunk) workers.emplace_back(run, begin, std::min(n, begin + chunk));
   run(0, std::min(n, chunk));
 }
 
-// sgemm on the pool: C split into `parts` blocks of whole rows (m >= n) or
-// columns, multiples of 16, each multiplied by single-threaded OpenBLAS on
-// its own thread.
-DTRAIN_DECL void pool_sgemm(HostPool* pool, int threads, bool trans_a, bool trans_b, std::int64_t m,
-                            std::int64_t n, std::int64_t k, float alpha, const float* A, std::int64_t lda,
-                            const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
+// How the pool cuts a product's C: `parts` blocks of whole rows (by_rows,
+// when m >= n) or columns, each `chunk` long (a multiple of 16; the last
+// may be shorter); parts 1 when the product is too small to be worth it.
+struct GemmSplit {
+  std::int64_t parts = 1, chunk = 0;
+  bool by_rows = true;
+};
+DTRAIN_DECL GemmSplit gemm_split(int threads, std::int64_t m, std::int64_t n, std::int64_t k);
+
+// block(by_rows, begin, size) -> status for each block of `split`, each on
+// its own thread of the pool; the whole product, block(true, 0, m), on the
+// calling thread when there is one block or the pool is busy (a product
+// inside a batch's part). Returns 0 or a block's error status.
+template <class Block>
+int run_gemm_blocks(HostPool* pool, const GemmSplit& split, std::int64_t m, std::int64_t n, const Block& block) {
+  if (split.parts < 2 || pool == nullptr) return block(true, std::int64_t{0}, m);
+  const std::int64_t dim = split.by_rows ? m : n;
+  std::atomic<int> failed{0};
+  const auto part = [&](std::size_t p) {
+    const std::int64_t begin = static_cast<std::int64_t>(p) * split.chunk;
+    const std::int64_t size = std::min(dim, begin + split.chunk) - begin;
+    if (size <= 0) return;
+    if (const int status = block(split.by_rows, begin, size); status != 0) failed.store(status, std::memory_order_relaxed);
+  };
+  using Part = decltype(part);
+  const auto task = [](const void* job, std::size_t p) { (*static_cast<const Part*>(job))(p); };
+  if (!pool->try_run(static_cast<std::size_t>(split.parts), task, &part)) return block(true, std::int64_t{0}, m);
+  return failed.load(std::memory_order_relaxed);
+}
+
+// `engine`'s sgemm on the pool (gemm_split, run_gemm_blocks), each block
+// multiplied single-threaded. Returns 0 or the first error status of a block.
+DTRAIN_DECL int pool_sgemm(HostPool* pool, int threads, SgemmFn engine, bool trans_a, bool trans_b,
+                           std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
+                           std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                           std::int64_t ldc);
 
 }  // namespace detail
 
@@ -300,7 +385,9 @@ class Host {
   // The rank's share of the cores (see the top of this file).
   Host() : Host(detail::positive_env_int("OPENBLAS_NUM_THREADS", 0), from_env{}) {}
   explicit Host(int threads) : Host(threads, detail::host_threads_from_env()) {}
-  Host(int threads, host_threads mode) : threads_(threads) {
+  Host(int threads, host_threads mode) : Host(threads, mode, detail::host_gemm_from_env()) {}
+  Host(int threads, host_threads mode, host_gemm gemm)
+      : threads_(threads), gemm_(gemm), sgemm_(detail::sgemm_of(gemm)), bf16_gemm_(detail::bf16_gemm_of(gemm)) {
     if (threads < 1)
       throw config_error("dtrain::Host(" + std::to_string(threads) + "): the thread count must be >= 1",
                          "pass a positive thread count, or use Host() for the rank's share of the cores");
@@ -312,6 +399,8 @@ class Host {
   int threads() const noexcept { return threads_; }
   // How this Host's threads share the work (DTRAIN_HOST_THREADS).
   host_threads threads_mode() const noexcept { return pool_ ? host_threads::pool : host_threads::openblas; }
+  // Which library multiplies its matrices (DTRAIN_HOST_GEMM).
+  host_gemm gemm_engine() const noexcept { return gemm_; }
   detail::HostAllocator allocator(memory_category category = memory_category::other) const {
     return detail::HostAllocator(stats_, category);
   }
@@ -336,7 +425,9 @@ class Host {
 
   // Row-major C = alpha * op(A) * op(B) + beta * C. bf16/fp16 are widened to
   // fp32, multiplied by sgemm and rounded once on the way back: the same
-  // fp32 accumulation a GPU's tensor cores do, so host and GPU agree.
+  // fp32 accumulation a GPU's tensor cores do, so host and GPU agree. With
+  // oneDNN, bf16 goes to its bf16 GEMM instead (gemm_bf16: the same exact
+  // products, summed in fp32, rounded once).
   template <class T>
   void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const T* A,
             std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C, std::int64_t ldc) {
@@ -351,6 +442,11 @@ class Host {
     if constexpr (std::is_same_v<T, float>) {
       sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
     } else {
+      if constexpr (std::is_same_v<T, bf16>) {
+        if (bf16_gemm_ != nullptr)
+          return gemm_bf16(trans_a, trans_b, m, n, k, alpha, reinterpret_cast<const std::uint16_t*>(A), lda,
+                           reinterpret_cast<const std::uint16_t*>(B), ldb, beta, C, ldc);
+      }
       const std::int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
       const std::int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
       const std::vector<float> a = detail::widen(A, a_rows, a_cols, lda);
@@ -379,12 +475,11 @@ class Host {
       for (std::int64_t i = 0; i < batch; ++i) one(i);
       return;
     }
-    const auto parts = std::min<std::int64_t>(threads_, batch);
-    const std::int64_t chunk = (batch + parts - 1) / parts;
-    detail::run_parts(pool_.get(), static_cast<std::size_t>(parts), [&](std::size_t p) {
-      const auto begin = static_cast<std::int64_t>(p) * chunk;
-      for (std::int64_t i = begin; i < std::min(batch, begin + chunk); ++i) one(i);
-    });
+    const auto count = static_cast<std::size_t>(batch);
+    detail::run_ranges(pool_.get(), count, std::min(static_cast<std::size_t>(threads_), count), 1,
+                       [&](std::size_t begin, std::size_t end) {
+                         for (std::size_t i = begin; i < end; ++i) one(static_cast<std::int64_t>(i));
+                       });
   }
 
   // Functors are data parallel by contract (the GPU runs every index on its
@@ -417,10 +512,8 @@ class Host {
     const std::size_t blocks = (n + block - 1) / block;
     std::vector<double> partial(blocks);
     const std::size_t parts = pool_ ? std::min(static_cast<std::size_t>(threads_), blocks) : 1;
-    const std::size_t per = (blocks + parts - 1) / parts;
-    detail::run_parts(pool_.get(), parts, [&](std::size_t p) {
-      for (std::size_t b = p * per; b < std::min(blocks, p * per + per); ++b)
-        partial[b] = detail::sum_range(f, b * block, std::min(n, b * block + block));
+    detail::run_ranges(pool_.get(), blocks, parts, 1, [&](std::size_t first, std::size_t last) {
+      for (std::size_t b = first; b < last; ++b) partial[b] = detail::sum_range(f, b * block, std::min(n, b * block + block));
     });
     double total = 0.0;
     for (const double v : partial) total += v;
@@ -437,7 +530,11 @@ class Host {
   struct from_env {};
   // blas_env == 0: OPENBLAS_NUM_THREADS is unset, so we choose. Otherwise
   // OpenBLAS already read it when it loaded and we only report it.
-  Host(int blas_env, from_env) : threads_(blas_env != 0 ? blas_env : blas_threads_per_rank(process_env)) {
+  Host(int blas_env, from_env)
+      : threads_(blas_env != 0 ? blas_env : blas_threads_per_rank(process_env)),
+        gemm_(detail::host_gemm_from_env()),
+        sgemm_(detail::sgemm_of(gemm_)),
+        bf16_gemm_(detail::bf16_gemm_of(gemm_)) {
     check_blas_pool();
     start_pool(detail::host_threads_from_env());
     if (blas_env == 0 || pool_) apply_blas_threads();
@@ -448,21 +545,57 @@ class Host {
   }
   void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
              std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-    if (pool_)
-      detail::pool_sgemm(pool_.get(), threads_, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-    else
-      detail::sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    const int status =
+        pool_ ? detail::pool_sgemm(pool_.get(), threads_, sgemm_, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb,
+                                   beta, C, ldc)
+              : sgemm_(threads_, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (status != 0) detail::sgemm_failed(gemm_, status, m, n, k);
+  }
+  // bf16 x bf16 summed in fp32 by the engine (oneDNN: the processor's bf16
+  // dot products where it has them), the same products as widening to fp32
+  // (a product of two bf16 values is exact in fp32), rounded once into C.
+  // Each block of C goes through an fp32 scratch that the thread computing
+  // it reads C into (beta != 0) and rounds back from.
+  void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta,
+                 bf16* C, std::int64_t ldc) {
+    std::vector<float> acc(static_cast<std::size_t>(m * n));
+    const int threads = pool_ ? 1 : threads_;
+    const auto block = [&](bool by_rows, std::int64_t begin, std::int64_t size) {
+      const std::int64_t r0 = by_rows ? begin : 0, rows = by_rows ? size : m;
+      const std::int64_t c0 = by_rows ? 0 : begin, cols = by_rows ? n : size;
+      float* out = acc.data() + r0 * n + c0;
+      if (beta != 0.f)
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t c = 0; c < cols; ++c) out[r * n + c] = static_cast<float>(C[(r0 + r) * ldc + c0 + c]);
+      const std::uint16_t* a = !by_rows ? A : trans_a ? A + r0 : A + r0 * lda;
+      const std::uint16_t* b = by_rows ? B : trans_b ? B + c0 * ldb : B + c0;
+      const int status = bf16_gemm_(threads, trans_a, trans_b, rows, cols, k, alpha, a, lda, b, ldb, beta, out, n);
+      if (status == 0)
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t c = 0; c < cols; ++c) C[(r0 + r) * ldc + c0 + c] = bf16(out[r * n + c]);
+      return status;
+    };
+    const int status = detail::run_gemm_blocks(pool_.get(), pool_ ? detail::gemm_split(threads_, m, n, k)
+                                                                   : detail::GemmSplit{},
+                                               m, n, block);
+    if (status != 0) detail::sgemm_failed(gemm_, status, m, n, k);
   }
   // The pool OpenBLAS started as it loaded, against the address-space limit.
   DTRAIN_DECL static void check_blas_pool();
   void apply_blas_threads() const {
     // Changing the pool while another thread is inside a BLAS call is not
     // safe in every OpenBLAS build; skip the call when nothing would change.
-    const int blas = pool_ ? 1 : threads_;
+    // OpenBLAS runs on one thread under dtrain's pool or when oneDNN
+    // multiplies.
+    const int blas = pool_ || gemm_ != host_gemm::openblas ? 1 : threads_;
     if (openblas_get_num_threads() != blas) openblas_set_num_threads(blas);
   }
 
   int threads_;
+  host_gemm gemm_;
+  detail::SgemmFn sgemm_;
+  detail::Bf16GemmFn bf16_gemm_;  // nullptr: bf16 products widened to fp32 for sgemm_
   std::shared_ptr<detail::HostPool> pool_;  // host_threads::pool with threads_ > 1
   std::shared_ptr<detail::device_memory> stats_ = std::make_shared<detail::device_memory>();
   detail::Workspace<detail::HostAllocator> workspace_;

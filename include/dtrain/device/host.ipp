@@ -4,6 +4,8 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
+#include <dlfcn.h>
+
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -46,6 +48,112 @@ DTRAIN_DECL host_threads host_threads_from_env() {
     return host_threads_named(raw == nullptr ? "" : raw);
   }();
   return mode;
+}
+
+// oneDNN, loaded once per process: its row-major sgemm and the OpenMP
+// runtime's thread count (Debian builds oneDNN on OpenMP), or why not.
+struct OneDnnLibrary {
+  using Sgemm = int (*)(char, char, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
+                        const float*, std::int64_t, float, float*, std::int64_t);
+  using SetThreads = void (*)(int);
+  using GemmBf16 = int (*)(char, char, std::int64_t, std::int64_t, std::int64_t, float, const std::uint16_t*,
+                           std::int64_t, const std::uint16_t*, std::int64_t, float, float*, std::int64_t);
+  Sgemm sgemm = nullptr;
+  GemmBf16 gemm_bf16 = nullptr;  // nullptr where this processor cannot run it
+  SetThreads set_threads = nullptr;
+  std::string unavailable;
+};
+
+DTRAIN_DECL const OneDnnLibrary& onednn_library() {
+  static const OneDnnLibrary library = [] {
+    OneDnnLibrary l;
+    void* handle = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* why = dlerror();
+      l.unavailable = std::string("libdnnl.so.2 could not be loaded (") + (why != nullptr ? why : "no reason given") + ")";
+      return l;
+    }
+    // dlsym on the handle also searches its dependencies (libgomp).
+    l.sgemm = reinterpret_cast<OneDnnLibrary::Sgemm>(dlsym(handle, "dnnl_sgemm"));
+    l.set_threads = reinterpret_cast<OneDnnLibrary::SetThreads>(dlsym(handle, "omp_set_num_threads"));
+    if (l.sgemm == nullptr || l.set_threads == nullptr) {
+      l.unavailable = "libdnnl.so.2 has no dnnl_sgemm or no OpenMP runtime (omp_set_num_threads)";
+      l.sgemm = nullptr;
+      return l;
+    }
+    // The bf16 product needs AVX-512 in oneDNN 2.x: kept only where a 1 x 1
+    // x 1 product runs (2 x 3 = 6, exact in bf16 and fp32).
+    l.gemm_bf16 = reinterpret_cast<OneDnnLibrary::GemmBf16>(dlsym(handle, "dnnl_gemm_bf16bf16f32"));
+    if (l.gemm_bf16 != nullptr) {
+      const std::uint16_t two = float_to_bf16_bits(2.f), three = float_to_bf16_bits(3.f);
+      float c = 0.f;
+      l.set_threads(1);
+      if (l.gemm_bf16('N', 'N', 1, 1, 1, 1.f, &two, 1, &three, 1, 0.f, &c, 1) != 0 || c != 6.f) l.gemm_bf16 = nullptr;
+    }
+    return l;
+  }();
+  return library;
+}
+
+DTRAIN_DECL const std::string& onednn_unavailable() { return onednn_library().unavailable; }
+
+DTRAIN_DECL host_gemm host_gemm_named(std::string_view name) {
+  if (name.empty() || name == "auto") return onednn_unavailable().empty() ? host_gemm::onednn : host_gemm::openblas;
+  if (name == "openblas") return host_gemm::openblas;
+  if (name == "onednn") {
+    if (!onednn_unavailable().empty())
+      throw config_error("DTRAIN_HOST_GEMM=onednn, but " + onednn_unavailable(),
+                         "install oneDNN (Debian: apt install libdnnl2), or set DTRAIN_HOST_GEMM=openblas or auto");
+    return host_gemm::onednn;
+  }
+  throw config_error("DTRAIN_HOST_GEMM='" + std::string(name) + "' is not a GEMM engine",
+                     "set DTRAIN_HOST_GEMM to auto, onednn or openblas, or unset it");
+}
+
+DTRAIN_DECL host_gemm host_gemm_from_env() {
+  static const host_gemm engine = [] {
+    const char* raw = std::getenv("DTRAIN_HOST_GEMM");
+    return host_gemm_named(raw == nullptr ? "" : raw);
+  }();
+  return engine;
+}
+
+DTRAIN_DECL SgemmFn sgemm_of(host_gemm engine) {
+  if (engine == host_gemm::openblas)
+    return [](int, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+              const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+              std::int64_t ldc) {
+      sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+      return 0;
+    };
+  if (!onednn_unavailable().empty())
+    throw config_error("the oneDNN GEMM engine was asked for, but " + onednn_unavailable(),
+                       "install oneDNN (Debian: apt install libdnnl2), or use host_gemm::openblas");
+  return [](int threads, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+            const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+            std::int64_t ldc) {
+    const OneDnnLibrary& dnnl = onednn_library();
+    dnnl.set_threads(threads);  // this thread's OpenMP team for the call: 1 on the pool's threads
+    return dnnl.sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  };
+}
+
+DTRAIN_DECL Bf16GemmFn bf16_gemm_of(host_gemm engine) {
+  if (engine != host_gemm::onednn || onednn_library().gemm_bf16 == nullptr) return nullptr;
+  return [](int threads, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+            const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
+            std::int64_t ldc) {
+    const OneDnnLibrary& dnnl = onednn_library();
+    dnnl.set_threads(threads);
+    return dnnl.gemm_bf16(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  };
+}
+
+DTRAIN_DECL void sgemm_failed(host_gemm engine, int status, std::int64_t m, std::int64_t n, std::int64_t k) {
+  throw error(std::string(engine == host_gemm::onednn ? "oneDNN's GEMM" : "OpenBLAS's sgemm") +
+                  " failed with status " + std::to_string(status) + " on a " + std::to_string(m) + " x " +
+                  std::to_string(n) + " x " + std::to_string(k) + " product",
+              "set DTRAIN_HOST_GEMM=openblas to use the other engine, and report the shapes");
 }
 
 // How long a worker without a job keeps polling before it sleeps: longer
@@ -128,37 +236,33 @@ DTRAIN_DECL std::shared_ptr<HostPool> shared_host_pool(int threads) {
   return pool;
 }
 
-DTRAIN_DECL void pool_sgemm(HostPool* pool, int threads, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
-                            std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B,
-                            std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-  // The parts run on pool threads, where an exception would end the process:
-  // check the dimensions here (each part's are no larger).
-  (void)blas_int(m, "m"), (void)blas_int(n, "n"), (void)blas_int(k, "k");
-  (void)blas_int(lda, "lda"), (void)blas_int(ldb, "ldb"), (void)blas_int(ldc, "ldc");
+DTRAIN_DECL GemmSplit gemm_split(int threads, std::int64_t m, std::int64_t n, std::int64_t k) {
   // Below about 2^18 multiply-adds a GEMM takes microseconds: not worth a split.
   constexpr std::int64_t min_work = std::int64_t{1} << 18, block = 16;
-  const bool by_rows = m >= n;
-  const std::int64_t dim = by_rows ? m : n;
+  GemmSplit split;
+  split.by_rows = m >= n;
+  const std::int64_t dim = split.by_rows ? m : n;
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / min_work;
-  const std::int64_t parts =
-      std::min<std::int64_t>({threads, dim / block, work >= threads ? threads : static_cast<std::int64_t>(work)});
-  if (parts < 2) return sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-  const std::int64_t chunk = ((dim + parts - 1) / parts + block - 1) / block * block;
-  const auto part = [&](std::size_t p) {
-    const std::int64_t begin = static_cast<std::int64_t>(p) * chunk, size = std::min(dim, begin + chunk) - begin;
-    if (size <= 0) return;
-    if (by_rows)
-      sgemm(trans_a, trans_b, size, n, k, alpha, trans_a ? A + begin : A + begin * lda, lda, B, ldb, beta,
-            C + begin * ldc, ldc);
-    else
-      sgemm(trans_a, trans_b, m, size, k, alpha, A, lda, trans_b ? B + begin * ldb : B + begin, ldb, beta, C + begin,
-            ldc);
-  };
-  using Part = decltype(part);
-  const auto task = [](const void* job, std::size_t p) { (*static_cast<const Part*>(job))(p); };
-  // a busy pool (a GEMM inside a batch's part): the whole product here
-  if (!pool->try_run(static_cast<std::size_t>(parts), task, &part))
-    sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  split.parts = std::max<std::int64_t>(
+      1, std::min<std::int64_t>({threads, dim / block, work >= threads ? threads : static_cast<std::int64_t>(work)}));
+  split.chunk = static_cast<std::int64_t>(range_chunk(static_cast<std::size_t>(dim),
+                                                      static_cast<std::size_t>(split.parts), block));
+  return split;
+}
+
+DTRAIN_DECL int pool_sgemm(HostPool* pool, int threads, SgemmFn engine, bool trans_a, bool trans_b, std::int64_t m,
+                           std::int64_t n, std::int64_t k, float alpha, const float* A, std::int64_t lda,
+                           const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  // The blocks run on pool threads, where an exception would end the
+  // process: check the dimensions here (each block's are no larger).
+  (void)blas_int(m, "m"), (void)blas_int(n, "n"), (void)blas_int(k, "k");
+  (void)blas_int(lda, "lda"), (void)blas_int(ldb, "ldb"), (void)blas_int(ldc, "ldc");
+  return run_gemm_blocks(pool, gemm_split(threads, m, n, k), m, n, [&](bool by_rows, std::int64_t begin, std::int64_t size) {
+    return by_rows ? engine(1, trans_a, trans_b, size, n, k, alpha, trans_a ? A + begin : A + begin * lda, lda, B, ldb,
+                            beta, C + begin * ldc, ldc)
+                   : engine(1, trans_a, trans_b, m, size, k, alpha, A, lda, trans_b ? B + begin * ldb : B + begin, ldb,
+                            beta, C + begin, ldc);
+  });
 }
 
 }  // namespace detail
