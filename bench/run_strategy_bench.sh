@@ -19,9 +19,9 @@
 # with shard_group=1 (N groups of one rank: sharding off, the replicas
 # all-reduce), and zero1; then bench/training/torch_ddp_mlp.py with
 # --precision bf16 (CPU autocast: oneDNN's bf16 GEMMs, fp32 parameters,
-# gradients and all-reduce) and with fp32 (1.13: OpenBLAS's GEMMs, which
-# dtrain's host device also calls, widening bf16 to fp32 around them; the
-# peer: MKL's) to tell the GEMM library from the distributed step, on each
+# gradients and all-reduce) and with fp32 (1.13: OpenBLAS's GEMMs; the
+# peer: MKL's; dtrain's host device: oneDNN's bf16 GEMM where installed) to
+# tell the GEMM library from the distributed step, on each
 # torch; the peer at its fastest settings, AdamW's fused kernel
 # (--fused-adamw). The peer also runs PyTorch FSDP
 # (bench/strategies/torch_fsdp_probe.py --run: FSDP2 fully_shard on a CPU
