@@ -173,29 +173,27 @@ def gpt_step():
     return table(header, "rrl" + "r" * 7, out) + ["", source("gpt.json", d)]
 
 
-def gpt_host_threads():
+def gpt_second_side(side, speedup, default_name, side_setting, missing):
+    """train_gpt against itself with one setting changed (the runs named `side`), where gpt.json has them."""
     d, rows = gpt_rows()
     out = [[str(r["ranks"]), str(r["threads_per_rank"]), "on" if r["activation_checkpointing"] else "off",
-            f"{r['dtrain']['step_ms']:.2f}", f"{r['dtrain_openblas']['step_ms']:.2f}", f"{r['pool_speedup']:.2f}x"]
-           for r in rows if "dtrain_openblas" in r]
+            f"{r['dtrain']['step_ms']:.2f}", f"{r[side]['step_ms']:.2f}", f"{r[speedup]:.2f}x"]
+           for r in rows if side in r]
     if not out:
-        raise ValueError("gpt.json has no DTRAIN_HOST_THREADS=openblas runs (a machine with one core?)")
-    header = ["ranks", "threads / rank", "activation checkpointing", "pool (default) step ms",
-              "`DTRAIN_HOST_THREADS=openblas` step ms", "pool speed-up"]
+        raise ValueError(f"gpt.json has no {side_setting} runs ({missing})")
+    header = ["ranks", "threads / rank", "activation checkpointing", f"{default_name} (default) step ms",
+              f"`{side_setting}` step ms", f"{default_name} speed-up"]
     return table(header, "rrlrrr", out) + ["", source("gpt.json", d)]
+
+
+def gpt_host_threads():
+    return gpt_second_side("dtrain_openblas", "pool_speedup", "pool", "DTRAIN_HOST_THREADS=openblas",
+                           "a machine with one core?")
 
 
 def gpt_host_gemm():
-    d, rows = gpt_rows()
-    out = [[str(r["ranks"]), str(r["threads_per_rank"]), "on" if r["activation_checkpointing"] else "off",
-            f"{r['dtrain']['step_ms']:.2f}", f"{r['dtrain_gemm_openblas']['step_ms']:.2f}",
-            f"{r['onednn_speedup']:.2f}x"]
-           for r in rows if "dtrain_gemm_openblas" in r]
-    if not out:
-        raise ValueError("gpt.json has no DTRAIN_HOST_GEMM=openblas runs (oneDNN not installed?)")
-    header = ["ranks", "threads / rank", "activation checkpointing", "oneDNN (default) step ms",
-              "`DTRAIN_HOST_GEMM=openblas` step ms", "oneDNN speed-up"]
-    return table(header, "rrlrrr", out) + ["", source("gpt.json", d)]
+    return gpt_second_side("dtrain_gemm_openblas", "onednn_speedup", "oneDNN", "DTRAIN_HOST_GEMM=openblas",
+                           "oneDNN not installed?")
 
 
 def gpt_memory():
