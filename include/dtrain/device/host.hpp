@@ -138,8 +138,9 @@ std::vector<float> widen(const T* src, std::int64_t rows, std::int64_t cols, std
 
 enum class host_threads { openblas, pool };
 
-// Which library multiplies the fp32 matrices (DTRAIN_HOST_GEMM; bf16 and
-// fp16 products are widened to fp32 and go the same way):
+// Which library multiplies the fp32 matrices (DTRAIN_HOST_GEMM; fp16
+// products, and bf16 ones where the engine has no bf16 GEMM, are widened to
+// fp32 and go the same way; oneDNN multiplies bf16 itself, Host::gemm_bf16):
 //   onednn    oneDNN's dnnl_sgemm (Debian's libdnnl2, loaded at run time:
 //             nothing to link). The default where libdnnl.so.2 loads: on
 //             the models' products at one thread it was 1.10-1.22x faster
