@@ -313,6 +313,18 @@ BOOST_AUTO_TEST_CASE(dtrain_run_trains_on_two_ranks) {
   std::printf("launchers_test: %-22s 2 ranks, %.1f s (the reference)\n", job.label.c_str(), job.end.seconds);
 }
 
+// A launch on a port pair that was free when chosen but that another test's
+// process took before the launcher bound it (CTest runs tests side by side;
+// "Address already in use" in the output): tried again on a fresh pair, at
+// most 3 times in all.
+template <class Launch>
+Job on_free_ports(const Launch& launch_on) {
+  for (int attempt = 1;; ++attempt) {
+    Job job = launch_on(free_port_pair());
+    if (attempt == 3 || job.output().find("Address already in use") == std::string::npos) return job;
+  }
+}
+
 // torchrun's default rendezvous: its own store holds --master_port, dtrain
 // takes the next port. Debian's torchrun (torch 1.13 under Python 3.11) fails
 // at start unless --redirects and --tee are 1 or 2: their default, 0, does
@@ -320,22 +332,27 @@ BOOST_AUTO_TEST_CASE(dtrain_run_trains_on_two_ranks) {
 // log file and copies it to the console. --monitor_interval 1: torchrun
 // notices the workers have ended within a second instead of five.
 BOOST_AUTO_TEST_CASE(torchrun_static_rendezvous, *boost::unit_test::precondition(Installed{"torchrun"})) {
-  check_same_as_dtrain_run(launch("torchrun", {find_program("torchrun"), "--nproc_per_node", "2", "--master_port",
-                                               std::to_string(free_port_pair()), "--redirects", "1", "--tee", "1",
-                                               "--monitor_interval", "1", "--no_python"}));
+  check_same_as_dtrain_run(on_free_ports([](int port) {
+    return launch("torchrun", {find_program("torchrun"), "--nproc_per_node", "2", "--master_port",
+                               std::to_string(port), "--redirects", "1", "--tee", "1", "--monitor_interval", "1",
+                               "--no_python"});
+  }));
 }
 
 // The c10d rendezvous: torchrun hands the workers a free MASTER_PORT of its own.
 BOOST_AUTO_TEST_CASE(torchrun_c10d_rendezvous, *boost::unit_test::precondition(Installed{"torchrun"})) {
   check_same_as_dtrain_run(
-      launch("torchrun c10d", {find_program("torchrun"), "--nproc_per_node", "2", "--rdzv_backend", "c10d",
-                               "--rdzv_endpoint", "127.0.0.1:" + std::to_string(free_port_pair()), "--redirects",
-                               "1", "--tee", "1", "--monitor_interval", "1", "--no_python"}));
+      on_free_ports([](int port) {
+        return launch("torchrun c10d", {find_program("torchrun"), "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+                                         "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port), "--redirects", "1",
+                                         "--tee", "1", "--monitor_interval", "1", "--no_python"});
+      }));
 }
 
 BOOST_AUTO_TEST_CASE(mpirun_with_master_address, *boost::unit_test::precondition(Installed{"mpirun"})) {
-  check_same_as_dtrain_run(launch("mpirun", mpirun({"-x", "MASTER_ADDR=127.0.0.1", "-x",
-                                                    "MASTER_PORT=" + std::to_string(free_port_pair())})));
+  check_same_as_dtrain_run(on_free_ports([](int port) {
+    return launch("mpirun", mpirun({"-x", "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=" + std::to_string(port)}));
+  }));
 }
 
 // Without -x MASTER_ADDR every rank stops at start, saying what to pass.

@@ -98,7 +98,12 @@ DTRAIN_DECL const OneDnnLibrary& onednn_library() {
 DTRAIN_DECL const std::string& onednn_unavailable() { return onednn_library().unavailable; }
 
 DTRAIN_DECL host_gemm host_gemm_named(std::string_view name) {
-  if (name.empty() || name == "auto") return onednn_unavailable().empty() ? host_gemm::onednn : host_gemm::openblas;
+  // Under an address-space limit (ulimit -v) auto takes OpenBLAS and does
+  // not load oneDNN at all: its start-up and JIT code reserve address space
+  // they do not check for (a process with the limit nearly used up by
+  // OpenBLAS's pool died in oneDNN, 3 runs of 8).
+  if (name.empty() || name == "auto")
+    return !address_space_limit() && onednn_unavailable().empty() ? host_gemm::onednn : host_gemm::openblas;
   if (name == "openblas") return host_gemm::openblas;
   if (name == "onednn") {
     if (!onednn_unavailable().empty())
