@@ -147,7 +147,8 @@ enum class host_threads { openblas, pool };
 //             than OpenBLAS on an Intel Xeon and 1.05-1.08x on an AMD EPYC.
 //   openblas  OpenBLAS's cblas_sgemm (linked). The default where oneDNN is
 //             not installed.
-// Unset or "auto" picks as above; naming onednn where it cannot be loaded
+// Unset or "auto" picks as above, but OpenBLAS under an address-space limit
+// (ulimit -v: oneDNN is then never loaded); naming onednn where it cannot be loaded
 // is an error that says what to install. Each engine's results are
 // reproducible run to run; the two differ from each other in the last bits.
 enum class host_gemm { openblas, onednn };
