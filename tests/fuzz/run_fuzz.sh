@@ -12,7 +12,7 @@
 # Defaults: 10,000,000 executions per target, every target, the run appended
 # to the "runs" of bench/results/fuzz.json (the record of every full run,
 # with notes added by hand on findings). --smoke: what CI runs
-# (CTest fuzz_smoke): a -O1 build, 2 seconds per target, nothing installed
+# (CTest fuzz_smoke): an unoptimised (-O0) build, 2 seconds per target, nothing installed
 # (exit 77 naming what is missing), the JSON in the work directory. Each
 # target starts from a copy of its corpus tests/corpus/<target>/ (new inputs
 # go to the copy; the repository's corpus holds seeds and regressions only).
@@ -62,7 +62,7 @@ work=$(mktemp -d /tmp/dtrain-fuzz-XXXXXX)
 echo "work directory: $work"
 [[ -n $smoke ]] && json=$work/fuzz.json
 mkdir -p "$(dirname "$json")"
-level=$([[ -n $smoke ]] && echo -O1 || echo -O2)
+level=$([[ -n $smoke ]] && echo -O0 || echo -O2)
 echo "== building the harness ($level)"
 clang++-16 -std=c++20 "$level" -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$repo/include" -I"$repo/tests" -I"$repo/examples" -I"$repo/tools" \

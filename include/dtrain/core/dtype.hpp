@@ -33,7 +33,7 @@ DTRAIN_HOST_DEVICE inline float bits_float(std::uint32_t u) {
 #endif
 }
 
-DTRAIN_HOST_DEVICE inline std::uint16_t float_to_bf16_bits(float f) {
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE std::uint16_t float_to_bf16_bits(float f) {
   std::uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u)  // NaN: keep sign, force quiet
     return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
@@ -41,11 +41,11 @@ DTRAIN_HOST_DEVICE inline std::uint16_t float_to_bf16_bits(float f) {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
-DTRAIN_HOST_DEVICE inline float bf16_bits_to_float(std::uint16_t h) {
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float bf16_bits_to_float(std::uint16_t h) {
   return bits_float(static_cast<std::uint32_t>(h) << 16);
 }
 
-DTRAIN_HOST_DEVICE inline std::uint16_t float_to_fp16_bits(float f) {
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE std::uint16_t float_to_fp16_bits(float f) {
   std::uint32_t x = float_bits(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   x &= 0x7fffffffu;
@@ -70,7 +70,7 @@ DTRAIN_HOST_DEVICE inline std::uint16_t float_to_fp16_bits(float f) {
   return static_cast<std::uint16_t>(sign | h);
 }
 
-DTRAIN_HOST_DEVICE inline float fp16_bits_to_float(std::uint16_t h) {
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float fp16_bits_to_float(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   std::uint32_t e = (h >> 10) & 0x1fu;
   std::uint32_t m = h & 0x3ffu;
@@ -94,13 +94,13 @@ struct half_storage {
   std::uint16_t bits = 0;
 
   half_storage() = default;
-  DTRAIN_HOST_DEVICE explicit half_storage(float f) : bits(Encode(f)) {}
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE explicit half_storage(float f) : bits(Encode(f)) {}
   DTRAIN_HOST_DEVICE static half_storage from_bits(std::uint16_t b) {
     half_storage h;
     h.bits = b;
     return h;
   }
-  DTRAIN_HOST_DEVICE operator float() const { return Decode(bits); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE operator float() const { return Decode(bits); }
   DTRAIN_HOST_DEVICE friend bool operator==(half_storage a, half_storage b) {
     return a.bits == b.bits;
   }
@@ -152,7 +152,7 @@ concept HalfDtype = Dtype<T> && sizeof(T) == 2;
 
 // Explicit element cast between any two dtypes, usable on host and device.
 template <Dtype To, Dtype From>
-DTRAIN_HOST_DEVICE inline To dtype_cast(From v) {
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE To dtype_cast(From v) {
   if constexpr (std::is_same_v<To, From>)
     return v;
   else

@@ -19,6 +19,13 @@
 #define DTRAIN_ALWAYS_INLINE inline
 #endif
 
+// The same for a lambda's call operator: [&](int i) DTRAIN_LAMBDA_INLINE { ... }.
+#if defined(__GNUC__)
+#define DTRAIN_LAMBDA_INLINE __attribute__((always_inline))
+#else
+#define DTRAIN_LAMBDA_INLINE
+#endif
+
 // A loop driver whose callees must all be inlined into it (Host's functor
 // loops, compiled once per instruction level: device/host_isa.hpp).
 #if defined(__GNUC__)

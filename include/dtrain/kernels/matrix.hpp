@@ -23,6 +23,8 @@ struct BroadcastRow {
   const T* row;
   MatView<T> out;
   bool by_rows = false;
+  // for Host::for_each's split (index_work): a row per index by_rows
+  std::size_t work_per_index() const { return by_rows ? static_cast<std::size_t>(out.cols) : 1; }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     if (by_rows) {
       T* dst = out.data + static_cast<std::int64_t>(i) * out.cols;
@@ -53,7 +55,7 @@ struct ColumnSum {
     const std::int64_t c0 = static_cast<std::int64_t>(i) * group;
     const std::int64_t width = math::min_i64(group, m.cols - c0);
     const auto f = [this](std::int64_t r, std::int64_t c) { return static_cast<float>(m(r, c)); };
-    const auto put = [this](std::int64_t c, float v) { out[c] = dtype_cast<T>(v); };
+    const auto put = [this](std::int64_t c, float v) DTRAIN_LAMBDA_INLINE { out[c] = dtype_cast<T>(v); };
     if (group == math::lanes)
       math::column_sums<math::lanes>(m.rows, c0, width, f, put);
     else

@@ -60,6 +60,8 @@ struct HeadPermuteRuns {
   const T* src;
   T* dst;
   bool to_heads;
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(l.head_dim); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto n = static_cast<std::int64_t>(i), per_row = l.parts * l.heads;
     const std::int64_t row = n / per_row, col = (n % per_row) * l.head_dim;
@@ -89,7 +91,7 @@ struct CausalSoftmax {
   std::int64_t heads = 1;       // rows of one sequence = heads * time
   const std::int64_t* positions = nullptr;  // on the device, or null: one record per sequence
   template <class Row>
-  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
     T* row = att + r * time;
     if (key_mask == nullptr && positions == nullptr)
@@ -103,7 +105,7 @@ struct CausalSoftmax {
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(time); }
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 
  private:
   // Softmax of row over the columns on(j) keeps (all of them at or before t).
@@ -112,7 +114,11 @@ struct CausalSoftmax {
     const std::int64_t span = math::min_i64(time, (t + math::lanes) / math::lanes * math::lanes);
     constexpr float lowest = -3.0e38f;
     const float mx = lanes.max(span, lowest, [&](std::int64_t j) { return on(j) ? static_cast<float>(row[j]) : lowest; });
-    const auto e = [&](std::int64_t j) { return on(j) ? math::exp(static_cast<float>(row[j]) - mx) : 0.f; };
+    // A column left out takes exp of a large negative number, exactly 0: a
+    // select on the argument, not a branch around the exp, so the loops
+    // over a row vectorise.
+    constexpr float left_out = -1.0e30f;
+    const auto e = [&](std::int64_t j) { return math::exp(on(j) ? static_cast<float>(row[j]) - mx : left_out); };
     float sum = 0.f;
     if constexpr (std::is_same_v<T, float>)  // fp32 keeps the exponentials in the row: one exp per column
       sum = lanes.sum(span, [&](std::int64_t j) { return row[j] = e(j); });
@@ -142,7 +148,7 @@ struct CausalSoftmaxBackward {
   std::int64_t time;
   float scale;
   template <class Row>
-  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
     const T* p = att + r * time;
     T* d = datt + r * time;
@@ -156,7 +162,7 @@ struct CausalSoftmaxBackward {
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(time); }
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 // out[i] = a[i] + b[i], in fp32 and rounded once (residual connections).
@@ -239,6 +245,8 @@ struct PositionGrad {
   const T* dy;
   T* dtable;
   std::int64_t batch, time, dim;
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(batch); }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto n = static_cast<std::int64_t>(i), t = n / dim, c = n % dim;
     float acc = 0.f;

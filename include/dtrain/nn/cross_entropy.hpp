@@ -43,7 +43,7 @@ struct softmax_row {
 };
 
 template <class T, class Row>
-DTRAIN_HOST_DEVICE softmax_row softmax_stats(const T* z, std::int64_t n, const Row& lanes) {
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE softmax_row softmax_stats(const T* z, std::int64_t n, const Row& lanes) {
   const float mx = lanes.max(n, static_cast<float>(z[0]), [&](std::int64_t c) { return static_cast<float>(z[c]); });
   const float s = lanes.sum(n, [&](std::int64_t c) { return math::exp(static_cast<float>(z[c]) - mx); });
   return {mx, s};
@@ -60,14 +60,14 @@ struct CrossEntropyRowLoss {
   // for Host's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(logits.cols); }
   template <class Row>
-  DTRAIN_HOST_DEVICE double row(std::size_t i, const Row& lanes) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE double row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
     const Label label = labels[r];
     if (label == ignore) return 0.0;
     const softmax_row s = softmax_stats(&logits(r, 0), logits.cols, lanes);
     return static_cast<double>(s.max + math::log(s.sum_exp) - static_cast<float>(logits(r, label)));
   }
-  DTRAIN_HOST_DEVICE double operator()(std::size_t i) const { return row(i, math::SerialRow{}); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE double operator()(std::size_t i) const { return row(i, math::SerialRow{}); }
 };
 
 template <class T, class Label>
@@ -79,7 +79,7 @@ struct CrossEntropyRowGrad {
   MatView<T> dlogits;
   float scale;
   template <class Row>
-  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
     const Label label = labels[r];
     if (label == ignore) {
@@ -94,7 +94,7 @@ struct CrossEntropyRowGrad {
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(logits.cols); }
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 }  // namespace detail

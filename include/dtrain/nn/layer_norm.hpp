@@ -34,7 +34,7 @@ struct row_moments {
 };
 
 template <class T, class Row>
-DTRAIN_HOST_DEVICE row_moments moments(const T* row, std::int64_t n, float eps, const Row& lanes) {
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE row_moments moments(const T* row, std::int64_t n, float eps, const Row& lanes) {
   const float mean = lanes.sum(n, [&](std::int64_t c) { return static_cast<float>(row[c]); }) / static_cast<float>(n);
   const float sq = lanes.sum(n, [&](std::int64_t c) {
     const float d = static_cast<float>(row[c]) - mean;
@@ -54,7 +54,7 @@ struct LayerNormForward {
   MatView<T> y;
   float eps;
   template <class Row>
-  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
     const row_moments mo = moments(&x(r, 0), x.cols, eps, lanes);
     lanes.each(x.cols, [&](std::int64_t c) {
@@ -64,7 +64,7 @@ struct LayerNormForward {
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(x.cols); }
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 // Per row: recomputes the moments (kept in `moments_out` for the parameter
@@ -80,7 +80,7 @@ struct LayerNormBackwardInput {
   row_moments* moments_out;
   float eps;
   template <class Row>
-  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
     const row_moments mo = moments(&x(r, 0), x.cols, eps, lanes);
     if (lanes.leader()) moments_out[r] = mo;
@@ -98,7 +98,7 @@ struct LayerNormBackwardInput {
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(x.cols); }
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 // Per group of columns (math::column_sums): dweight = sum over rows of
@@ -113,14 +113,14 @@ struct LayerNormBackwardParams {
   std::int64_t group = 1;
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(x.rows * group); }
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
     const std::int64_t c0 = static_cast<std::int64_t>(i) * group, width = math::min_i64(group, x.cols - c0);
     const auto dw = [this](std::int64_t r, std::int64_t c) {
       return static_cast<float>(dy(r, c)) * (static_cast<float>(x(r, c)) - moments[r].mean) * moments[r].rstd;
     };
     const auto db = [this](std::int64_t r, std::int64_t c) { return static_cast<float>(dy(r, c)); };
-    const auto put_dw = [this](std::int64_t c, float v) { dweight[c] = dtype_cast<T>(v); };
-    const auto put_db = [this](std::int64_t c, float v) { dbias[c] = dtype_cast<T>(v); };
+    const auto put_dw = [this](std::int64_t c, float v) DTRAIN_LAMBDA_INLINE { dweight[c] = dtype_cast<T>(v); };
+    const auto put_db = [this](std::int64_t c, float v) DTRAIN_LAMBDA_INLINE { dbias[c] = dtype_cast<T>(v); };
     if (group == math::lanes) {
       if (dweight != nullptr) math::column_sums<math::lanes>(x.rows, c0, width, dw, put_dw);
       if (dbias != nullptr) math::column_sums<math::lanes>(x.rows, c0, width, db, put_db);

@@ -24,7 +24,7 @@ namespace dtrain::nn {
 namespace detail {
 
 template <class T, class Row>
-DTRAIN_HOST_DEVICE float inverse_rms(const T* row, std::int64_t n, float eps, const Row& lanes) {
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float inverse_rms(const T* row, std::int64_t n, float eps, const Row& lanes) {
   const float sq = lanes.sum(n, [&](std::int64_t c) { return static_cast<float>(row[c]) * static_cast<float>(row[c]); });
   return 1.f / math::sqrt(sq / static_cast<float>(n) + eps);
 }
@@ -38,7 +38,7 @@ struct RmsNormForward {
   MatView<T> y;
   float eps;
   template <class Row>
-  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
     const float rstd = inverse_rms(&x(r, 0), x.cols, eps, lanes);
     lanes.each(x.cols, [&](std::int64_t c) {
@@ -47,7 +47,7 @@ struct RmsNormForward {
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(x.cols); }
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 // Per row, with xhat = x * rstd and g = dy * weight:
@@ -63,7 +63,7 @@ struct RmsNormBackwardInput {
   float* rstd_out;
   float eps;
   template <class Row>
-  DTRAIN_HOST_DEVICE void row(std::size_t i, const Row& lanes) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
     const float rstd = inverse_rms(&x(r, 0), x.cols, eps, lanes);
     if (lanes.leader()) rstd_out[r] = rstd;
@@ -78,7 +78,7 @@ struct RmsNormBackwardInput {
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(x.cols); }
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
 // Per group of columns (math::column_sums): dweight = sum over rows of dy * xhat.
@@ -91,12 +91,12 @@ struct RmsNormBackwardWeight {
   std::int64_t group = 1;
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(x.rows * group); }
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
     const std::int64_t c0 = static_cast<std::int64_t>(i) * group, width = math::min_i64(group, x.cols - c0);
     const auto dw = [this](std::int64_t r, std::int64_t c) {
       return static_cast<float>(dy(r, c)) * static_cast<float>(x(r, c)) * rstd[r];
     };
-    const auto put = [this](std::int64_t c, float v) { dweight[c] = dtype_cast<T>(v); };
+    const auto put = [this](std::int64_t c, float v) DTRAIN_LAMBDA_INLINE { dweight[c] = dtype_cast<T>(v); };
     if (group == math::lanes)
       math::column_sums<math::lanes>(x.rows, c0, width, dw, put);
     else

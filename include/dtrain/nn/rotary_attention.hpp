@@ -229,7 +229,8 @@ struct FromRotatedHeads {
       const float* sn = sin_t + s.position(b, t) * half;
       const auto head_row = [&](const T* base, std::int64_t h) { return base + ((b * s.heads + h) * s.time + t) * hd; };
       // acc[d - d0] (+)= the unrotated (or, for v, plain) gradient of `in` at d, for d in [d0, d1).
-      const auto gather = [&](const T* in, bool rotated, std::int64_t d0, std::int64_t d1, float* acc, bool add) {
+      const auto gather = [&](const T* in, bool rotated, std::int64_t d0, std::int64_t d1, float* acc,
+                              bool add) DTRAIN_LAMBDA_INLINE {
         if (!(rotated && s.rope)) {
           for (std::int64_t d = d0; d < d1; ++d) {
             const float v = static_cast<float>(in[d]);
