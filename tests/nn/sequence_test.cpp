@@ -61,6 +61,19 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(rotary_attention, T, t::dtypes) {
   }
 }
 
+// Past 64 positions the host multiplies the attention in row blocks of 64
+// that skip the masked half (nn::detail::causal_gemm_batched): 100
+// positions make two blocks, the second ragged, and leave scores past the
+// first block's end unwritten, which the softmax must never read.
+BOOST_AUTO_TEST_CASE(attention_over_row_blocks) {
+  const SeqShape s{1, 100};
+  t::check_unit<float>(dtrain::nn::CausalSelfAttention(8, 2), attention_reference(8, 2, s), s.rows(), 8, true, s,
+                       composite<float>(8));
+  t::check_unit<float>(dtrain::nn::RotaryAttention(8, 2, {.kv_heads = 1, .rope_theta = 10000.f, .out_bias = true}),
+                       rotary_attention_reference(8, 2, 1, 10000.f, false, true, s), s.rows(), 8, true, s,
+                       composite<float>(8));
+}
+
 BOOST_AUTO_TEST_CASE(rotary_attention_options_are_checked) {
   using dtrain::nn::RotaryAttention;
   BOOST_CHECK_THROW(RotaryAttention(16, 4, {.kv_heads = 3}), dtrain::config_error);

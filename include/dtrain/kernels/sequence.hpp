@@ -223,7 +223,8 @@ struct EmbeddingScatter {
 };
 
 // y[r, c] = x[r, c] + table[r % time, c], or table[positions[r], c] for
-// packed records; run over rows * dim.
+// packed records; run over rows * dim, or over rows `by_rows` (the host's
+// form: a row per index, its loop vectorised, no division per element).
 template <Dtype T>
 struct AddPositions {
   const T* x;
@@ -231,10 +232,23 @@ struct AddPositions {
   T* y;
   std::int64_t time, dim;
   const std::int64_t* positions = nullptr;
+  bool by_rows = false;
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return by_rows ? static_cast<std::size_t>(dim) : 1; }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE std::int64_t position(std::int64_t r) const {
+    return positions != nullptr ? positions[r] : r % time;
+  }
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
-    const auto n = static_cast<std::int64_t>(i), r = n / dim, c = n % dim;
-    const std::int64_t p = positions != nullptr ? positions[r] : r % time;
-    y[n] = dtype_cast<T>(static_cast<float>(x[n]) + static_cast<float>(table[p * dim + c]));
+    if (by_rows) {
+      const auto r = static_cast<std::int64_t>(i);
+      const T* xr = x + r * dim;
+      const T* tr = table + position(r) * dim;
+      T* yr = y + r * dim;
+      for (std::int64_t c = 0; c < dim; ++c) yr[c] = dtype_cast<T>(static_cast<float>(xr[c]) + static_cast<float>(tr[c]));
+    } else {
+      const auto n = static_cast<std::int64_t>(i), r = n / dim, c = n % dim;
+      y[n] = dtype_cast<T>(static_cast<float>(x[n]) + static_cast<float>(table[position(r) * dim + c]));
+    }
   }
 };
 

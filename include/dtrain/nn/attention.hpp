@@ -43,6 +43,7 @@
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/fused_attention.hpp"
 #include "dtrain/device/host.hpp"
+#include "dtrain/kernels/math.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
@@ -193,6 +194,42 @@ std::int64_t float_aligned(std::int64_t offset) {
   return (offset + per - 1) / per * per;
 }
 
+// The attention's products over `batch` (batch, head) pairs of a causal
+// [time, time] matrix S (scores, probabilities, or their gradients) and
+// [time, head_dim] blocks A, B (each with its leading dimension and stride):
+//   scores            S = alpha A B^T, of which only S[t, j <= t] is used
+//   apply             C = S B, S zero past the diagonal
+//   apply_transposed  C = S^T B
+// On the host in blocks of causal_block rows, each multiplying only what
+// the mask leaves: at 128 positions 3/4 of the full products, at 512 about
+// 9/16. Scores past a block's last row stay unwritten: the causal softmax
+// and its backward read a row only up to the end of its lane group, which a
+// block's end (a multiple of math::lanes) bounds, and write the whole row.
+// On the GPU one product each, as before.
+enum class causal_product { scores, apply, apply_transposed };
+inline constexpr std::int64_t causal_block = 64;
+static_assert(causal_block % math::lanes == 0, "a block must end on a lane group");
+
+template <class Dev, class T>
+void causal_gemm_batched(Dev& dev, causal_product kind, std::int64_t time, std::int64_t head_dim, float alpha,
+                         const T* A, std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb,
+                         std::int64_t stride_b, T* C, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
+  const std::int64_t block = Dev::host_accessible ? causal_block : time;
+  for (std::int64_t r0 = 0; r0 < time; r0 += block) {
+    const std::int64_t r1 = std::min(time, r0 + block), rows = r1 - r0;
+    T* c = C + r0 * ldc;
+    if (kind == causal_product::scores)
+      dev.gemm_batched(false, true, rows, r1, head_dim, alpha, A + r0 * lda, lda, stride_a, B, ldb, stride_b, 0.f, c,
+                       ldc, stride_c, batch);
+    else if (kind == causal_product::apply)
+      dev.gemm_batched(false, false, rows, head_dim, r1, alpha, A + r0 * lda, lda, stride_a, B, ldb, stride_b, 0.f, c,
+                       ldc, stride_c, batch);
+    else  // rows r0.. of S^T B: S's columns r0..r1 over its rows r0..time
+      dev.gemm_batched(true, false, rows, head_dim, time - r0, alpha, A + r0 * lda + r0, lda, stride_a, B + r0 * ldb,
+                       ldb, stride_b, 0.f, c, ldc, stride_c, batch);
+  }
+}
+
 // out[N, width] = in W^T (+ b): the bias first so the GEMM adds to it and the
 // output is rounded once (as nn::Linear); b may be null.
 template <class Dev, class T>
@@ -277,22 +314,24 @@ class CausalSelfAttention {
       lora_.forward(dev, 0, p, x, s.q, s.lora, lora_draw(ctx));
       for (std::int64_t b = 0; b < s.batch; ++b) {
         const T* q = s.q + b * T_ * ld;
-        dev.gemm_batched(false, true, T_, T_, hd, scale, q, ld, hd, q + C, ld, hd, 0.f, s.att + b * heads_ * tt, T_, tt,
-                         heads_);
+        detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, scale, q, ld, hd, q + C, ld, hd,
+                                    s.att + b * heads_ * tt, T_, tt, heads_);
       }
       detail::attention_softmax(dev, "nn::CausalSelfAttention", s.att, heads_, ctx);
       for (std::int64_t b = 0; b < s.batch; ++b)
-        dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att + b * heads_ * tt, T_, tt, s.q + b * T_ * ld + 2 * C, ld,
-                         hd, 0.f, s.merged + b * T_ * C, C, hd, heads_);
+        detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, s.att + b * heads_ * tt, T_, tt,
+                                    s.q + b * T_ * ld + 2 * C, ld, hd, s.merged + b * T_ * C, C, hd, heads_);
     } else {
       T* qkv = dev.template workspace<T>(static_cast<std::size_t>(4 * s.rows * dim_));
       T* o = qkv + 3 * s.rows * dim_;
       detail::project(dev, x, p[0].data, p[1].data, qkv, 3 * dim_);
       lora_.forward(dev, 0, p, x, qkv, s.lora, lora_draw(ctx));
       detail::permute_heads(dev, s.layout(3), qkv, s.q, true);
-      dev.gemm_batched(false, true, T_, T_, hd, scale, s.q, hd, th, s.k, hd, th, 0.f, s.att, T_, tt, s.bh);
+      detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, scale, s.q, hd, th, s.k, hd, th, s.att,
+                                  T_, tt, s.bh);
       detail::attention_softmax(dev, "nn::CausalSelfAttention", s.att, heads_, ctx);
-      dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, s.bh);
+      detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, s.att, T_, tt, s.v, hd, th, o, hd,
+                                  th, s.bh);
       detail::permute_heads(dev, s.layout(1), o, s.merged, false);
     }
     const MatView<const T> merged{s.merged, s.rows, dim_};
@@ -326,17 +365,21 @@ class CausalSelfAttention {
         const T* qkv = s.q + b * T_ * ld;
         const T* d_o = d_merged + b * T_ * C;
         T* da = d_att + b * heads_ * tt;
-        dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, C, hd, qkv + 2 * C, ld, hd, 0.f, da, T_, tt, heads_);
-        dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att + b * heads_ * tt, T_, tt, d_o, C, hd, 0.f,
-                         d_qkv + b * T_ * ld + 2 * C, ld, hd, heads_);
+        detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, 1.f, d_o, C, hd, qkv + 2 * C, ld, hd,
+                                    da, T_, tt, heads_);
+        detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f,
+                                    s.att + b * heads_ * tt, T_, tt, d_o, C, hd, d_qkv + b * T_ * ld + 2 * C, ld, hd,
+                                    heads_);
       }
       dev.for_each(static_cast<std::size_t>(s.bh * T_), CausalSoftmaxBackward<T>{s.att, d_att, T_, scale});
       for (std::int64_t b = 0; b < s.batch; ++b) {
         const T* qkv = s.q + b * T_ * ld;
         const T* da = d_att + b * heads_ * tt;
         T* dq = d_qkv + b * T_ * ld;
-        dev.gemm_batched(false, false, T_, hd, T_, 1.f, da, T_, tt, qkv + C, ld, hd, 0.f, dq, ld, hd, heads_);
-        dev.gemm_batched(true, false, T_, hd, T_, 1.f, da, T_, tt, qkv, ld, hd, 0.f, dq + C, ld, hd, heads_);
+        detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, da, T_, tt, qkv + C, ld, hd, dq,
+                                    ld, hd, heads_);
+        detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, da, T_, tt, qkv, ld,
+                                    hd, dq + C, ld, hd, heads_);
       }
     } else {
       T* d_o = d_qkv + 3 * N * C;
@@ -344,11 +387,15 @@ class CausalSelfAttention {
       T* d_k = d_q + N * C;
       T* d_v = d_k + N * C;
       detail::permute_heads(dev, s.layout(1), d_merged, d_o, true);
-      dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, 0.f, d_att, T_, tt, s.bh);
-      dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att, T_, tt, d_o, hd, th, 0.f, d_v, hd, th, s.bh);
+      detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, d_att,
+                                  T_, tt, s.bh);
+      detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, s.att, T_, tt, d_o, hd,
+                                  th, d_v, hd, th, s.bh);
       dev.for_each(static_cast<std::size_t>(s.bh * T_), CausalSoftmaxBackward<T>{s.att, d_att, T_, scale});
-      dev.gemm_batched(false, false, T_, hd, T_, 1.f, d_att, T_, tt, s.k, hd, th, 0.f, d_q, hd, th, s.bh);
-      dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, s.bh);
+      detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, d_att, T_, tt, s.k, hd, th, d_q, hd,
+                                  th, s.bh);
+      detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, d_att, T_, tt, s.q, hd,
+                                  th, d_k, hd, th, s.bh);
       detail::permute_heads(dev, s.layout(3), d_q, d_qkv, false);
     }
     qkv_backward(dev, p, grad, x, d_qkv, s.lora, dx, lora_draw(ctx));

@@ -136,9 +136,10 @@ class PositionalEmbedding {
     check(x, ctx);
     detail::check_shape("nn::PositionalEmbedding", "output", y, x.rows, dim_);
     const DeviceTensor* pos = positions(ctx);
-    dev.for_each(static_cast<std::size_t>(x.size()),
+    constexpr bool by_rows = Dev::host_accessible;
+    dev.for_each(static_cast<std::size_t>(by_rows ? x.rows : x.size()),
                  AddPositions<T>{x.data, p[0].data, y.data, ctx.shape.time, dim_,
-                                 pos != nullptr ? pos->data<std::int64_t>() : nullptr});
+                                 pos != nullptr ? pos->data<std::int64_t>() : nullptr, by_rows});
   }
 
   template <class Dev, class T>

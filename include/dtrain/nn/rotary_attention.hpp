@@ -368,10 +368,11 @@ class RotaryAttention {
     dev.for_each(static_cast<std::size_t>(3 * s.g.head_elems()),
                  detail::ToRotatedHeads<T>{s.g, q_rows, k_rows, v_rows, rope.cos_t, rope.sin_t, s.q});
     const std::int64_t T_ = s.g.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd, bh = s.g.batch * heads_;
-    dev.gemm_batched(false, true, T_, T_, hd, 1.f / std::sqrt(static_cast<float>(hd)), s.q, hd, th, s.k, hd, th, 0.f,
-                     s.att, T_, tt, bh);
+    detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, 1.f / std::sqrt(static_cast<float>(hd)),
+                                s.q, hd, th, s.k, hd, th, s.att, T_, tt, bh);
     detail::attention_softmax(dev, "nn::RotaryAttention", s.att, heads_, ctx);
-    dev.gemm_batched(false, false, T_, hd, T_, 1.f, s.att, T_, tt, s.v, hd, th, 0.f, o, hd, th, bh);
+    detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, s.att, T_, tt, s.v, hd, th, o, hd, th,
+                                bh);
     detail::permute_heads(dev, s.heads_layout(), o, s.merged, false);
     detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
     lora_.forward(dev, 3, p, MatView<const T>{s.merged, N, dim_}, y.data, lora, lora_draw(ctx));
@@ -405,12 +406,16 @@ class RotaryAttention {
     lora_.backward(dev, 3, p, grad, MatView<const T>{s.merged, N, C}, dy.data, lora, MatView<T>{d_merged, N, C},
                    lora_draw(ctx));
     detail::permute_heads(dev, s.heads_layout(), d_merged, d_o, true);
-    dev.gemm_batched(false, true, T_, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, 0.f, d_att, T_, tt, bh);
-    dev.gemm_batched(true, false, T_, hd, T_, 1.f, s.att, T_, tt, d_o, hd, th, 0.f, d_v, hd, th, bh);
+    detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, d_att, T_,
+                                tt, bh);
+    detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, s.att, T_, tt, d_o, hd, th,
+                                d_v, hd, th, bh);
     dev.for_each(static_cast<std::size_t>(bh * T_),
                  CausalSoftmaxBackward<T>{s.att, d_att, T_, 1.f / std::sqrt(static_cast<float>(hd))});
-    dev.gemm_batched(false, false, T_, hd, T_, 1.f, d_att, T_, tt, s.k, hd, th, 0.f, d_q, hd, th, bh);
-    dev.gemm_batched(true, false, T_, hd, T_, 1.f, d_att, T_, tt, s.q, hd, th, 0.f, d_k, hd, th, bh);
+    detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, d_att, T_, tt, s.k, hd, th, d_q, hd, th,
+                                bh);
+    detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, d_att, T_, tt, s.q, hd, th,
+                                d_k, hd, th, bh);
     dev.for_each(static_cast<std::size_t>(N * (C + 2 * kv)),
                  detail::FromRotatedHeads<T>{s.g, d_q, rope.cos_t, rope.sin_t, dq_rows, dk_rows, dv_rows});
     projections_backward(dev, p, grad, x, dq_rows, dk_rows, dv_rows, lora, dx, lora_draw(ctx));
