@@ -72,6 +72,14 @@ struct HeadPermuteRuns {
   }
 };
 
+// The columns row t of a causal [time, time] matrix is written to: the end
+// of its block of `block` rows, or all of them for block 0. (Attention's
+// host products run over row blocks and read no further: nn/attention.hpp.)
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE std::int64_t causal_written(std::int64_t t, std::int64_t time,
+                                                                   std::int64_t block) {
+  return block > 0 ? math::min_i64(time, (t / block + 1) * block) : time;
+}
+
 // In place on the [time, time] score matrices of every (batch, head): row t
 // becomes softmax over columns 0..t (the past and present), 0 beyond. Run
 // over batch * heads * time rows. With a key mask ([batch, time], 0 = a
@@ -90,6 +98,9 @@ struct CausalSoftmax {
   const M* key_mask = nullptr;  // on the device, or null: no padding
   std::int64_t heads = 1;       // rows of one sequence = heads * time
   const std::int64_t* positions = nullptr;  // on the device, or null: one record per sequence
+  // > 0: row t is written only to the end of its block of `block` rows
+  // (causal_written), as far as products over row blocks read it
+  std::int64_t block = 0;
   template <class Row>
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
@@ -126,7 +137,7 @@ struct CausalSoftmax {
       sum = lanes.sum(span, e);
     // no column kept (a padding query before the first token): all 0
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    lanes.each(time, [&](std::int64_t j) {
+    lanes.each(causal_written(t, time, block), [&](std::int64_t j) {
       float p = 0.f;
       if constexpr (std::is_same_v<T, float>)
         p = j < span ? row[j] * inv : 0.f;
@@ -147,6 +158,7 @@ struct CausalSoftmaxBackward {
   T* datt;
   std::int64_t time;
   float scale;
+  std::int64_t block = 0;  // as CausalSoftmax's
   template <class Row>
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
@@ -156,7 +168,7 @@ struct CausalSoftmaxBackward {
     const std::int64_t span = math::min_i64(time, (t + math::lanes) / math::lanes * math::lanes);
     const float dot =
         lanes.sum(span, [&](std::int64_t j) { return static_cast<float>(p[j]) * static_cast<float>(d[j]); });
-    lanes.each(time, [&](std::int64_t j) {
+    lanes.each(causal_written(t, time, block), [&](std::int64_t j) {
       d[j] = dtype_cast<T>(j <= t ? static_cast<float>(p[j]) * (static_cast<float>(d[j]) - dot) * scale : 0.f);
     });
   }

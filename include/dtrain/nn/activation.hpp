@@ -78,6 +78,28 @@ struct ActivationBackward {
 #endif
 };
 
+// x[r, c] += bias[c] (rounded to T), then y = f(x): a Linear's bias folded
+// into the activation's pass after its product (nn::MLP on the host), so
+// the bias is not first broadcast into the product's output. A row per index.
+template <class Op, class T>
+struct BiasActivationForward {
+  T* x;
+  const T* bias;
+  T* y;
+  std::int64_t cols;
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(cols); }
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    T* xr = x + static_cast<std::int64_t>(i) * cols;
+    T* yr = y + static_cast<std::int64_t>(i) * cols;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const T v = dtype_cast<T>(static_cast<float>(xr[c]) + static_cast<float>(bias[c]));
+      xr[c] = v;
+      yr[c] = dtype_cast<T>(Op::forward(static_cast<float>(v)));
+    }
+  }
+};
+
 struct relu_op {
   // `x < 0` rather than `x > 0` so a NaN passes through: a NaN must reach the
   // loss and the non-finite check, not be silently turned into 0.
@@ -183,6 +205,16 @@ struct Activation {
     dev.for_each(static_cast<std::size_t>(x.size()), detail::ActivationForward<Op, T>{x.data, y.data});
   }
 
+  // forward of x + bias (bias [x.cols]), x updated in place to x + bias, the
+  // input backward reads: a Linear's bias folded into this pass (nn::MLP).
+  // On the host; a row per index.
+  template <class Dev, class T>
+  void forward_with_bias(Dev& dev, const T* bias, MatView<T> x, MatView<T> y) {
+    static_assert(Dev::host_accessible, "forward_with_bias runs a row per index: the host's form");
+    nn::detail::check_shape("nn::Activation", "output", y, x.rows, x.cols);
+    dev.for_each(static_cast<std::size_t>(x.rows), detail::BiasActivationForward<Op, T>{x.data, bias, y.data, x.cols});
+  }
+
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T> x, MatView<const T> y,
                 MatView<const T> dy, MatView<T> dx) {
@@ -238,12 +270,16 @@ struct SwiGLU {
 #define DTRAIN_ACT_HOST_LOOPS(T) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::relu_op, T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::relu_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::relu_op, T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_op, T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_op, T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_tanh_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::silu_op, T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::silu_op, T>) \
+  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::silu_op, T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::SwiGluForward<T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::SwiGluBackward<T>)
 DTRAIN_FOR_EACH_DTYPE(DTRAIN_ACT_HOST_LOOPS)

@@ -104,6 +104,46 @@ const DeviceTensor* position_ids(const char* unit, const UnitContext<T>& ctx) {
   return pos;
 }
 
+// The attention's products over `batch` (batch, head) pairs of a causal
+// [time, time] matrix S (scores, probabilities, or their gradients) and
+// [time, head_dim] blocks A, B (each with its leading dimension and stride):
+//   scores            S = alpha A B^T, of which only S[t, j <= t] is used
+//   apply             C = S B, S zero past the diagonal
+//   apply_transposed  C = S^T B
+// On the host in blocks of causal_block rows, each multiplying only what
+// the mask leaves: at 128 positions 3/4 of the full products, at 512 about
+// 9/16. Nothing reads a row of S past its block's end, so nothing writes it
+// there either: the scores products leave it, the causal softmax and its
+// backward (block = causal_block_on<Dev>) read a row only to the end of its
+// lane group, which a block's end (a multiple of math::lanes) bounds, and
+// write it to the block's end. On the GPU one product each, whole rows.
+enum class causal_product { scores, apply, apply_transposed };
+inline constexpr std::int64_t causal_block = 64;
+static_assert(causal_block % math::lanes == 0, "a block must end on a lane group");
+// The block the softmax kernels write to (CausalSoftmax::block): 0, whole rows, on the GPU.
+template <class Dev>
+constexpr std::int64_t causal_block_on = Dev::host_accessible ? causal_block : 0;
+
+template <class Dev, class T>
+void causal_gemm_batched(Dev& dev, causal_product kind, std::int64_t time, std::int64_t head_dim, float alpha,
+                         const T* A, std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb,
+                         std::int64_t stride_b, T* C, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
+  const std::int64_t block = causal_block_on<Dev> > 0 ? causal_block_on<Dev> : time;
+  for (std::int64_t r0 = 0; r0 < time; r0 += block) {
+    const std::int64_t r1 = std::min(time, r0 + block), rows = r1 - r0;
+    T* c = C + r0 * ldc;
+    if (kind == causal_product::scores)
+      dev.gemm_batched(false, true, rows, r1, head_dim, alpha, A + r0 * lda, lda, stride_a, B, ldb, stride_b, 0.f, c,
+                       ldc, stride_c, batch);
+    else if (kind == causal_product::apply)
+      dev.gemm_batched(false, false, rows, head_dim, r1, alpha, A + r0 * lda, lda, stride_a, B, ldb, stride_b, 0.f, c,
+                       ldc, stride_c, batch);
+    else  // rows r0.. of S^T B: S's columns r0..r1 over its rows r0..time
+      dev.gemm_batched(true, false, rows, head_dim, time - r0, alpha, A + r0 * lda + r0, lda, stride_a, B + r0 * ldb,
+                       ldb, stride_b, 0.f, c, ldc, stride_c, batch);
+  }
+}
+
 // Attention scores [B * heads, T, T] to probabilities, in place: causal,
 // without the keys the batch's "attention_mask" marks as padding (if any),
 // and within each packed record when the batch has "position_ids".
@@ -114,11 +154,13 @@ void attention_softmax(Dev& dev, const char* unit, T* att, std::int64_t heads, c
   const DeviceTensor* mask = attention_mask(unit, ctx);
   const DeviceTensor* pos = position_ids(unit, ctx);
   const std::int64_t* p = pos != nullptr ? pos->data<std::int64_t>() : nullptr;
-  if (mask == nullptr && p == nullptr) return dev.for_each(rows, CausalSoftmax<T>{att, time});
-  if (mask == nullptr) return dev.for_each(rows, CausalSoftmax<T>{att, time, nullptr, heads, p});
+  constexpr std::int64_t block = causal_block_on<Dev>;
+  if (mask == nullptr && p == nullptr)
+    return dev.for_each(rows, CausalSoftmax<T>{att, time, nullptr, 1, nullptr, block});
+  if (mask == nullptr) return dev.for_each(rows, CausalSoftmax<T>{att, time, nullptr, heads, p, block});
   if (mask->type == element_type::i32)
-    return dev.for_each(rows, CausalSoftmax<T, std::int32_t>{att, time, mask->data<std::int32_t>(), heads, p});
-  dev.for_each(rows, CausalSoftmax<T, std::int64_t>{att, time, mask->data<std::int64_t>(), heads, p});
+    return dev.for_each(rows, CausalSoftmax<T, std::int32_t>{att, time, mask->data<std::int32_t>(), heads, p, block});
+  dev.for_each(rows, CausalSoftmax<T, std::int64_t>{att, time, mask->data<std::int64_t>(), heads, p, block});
 }
 
 // The fused path's padding: an additive bias [B, 1, T, T], 0 for a token
@@ -192,42 +234,6 @@ template <class T>
 std::int64_t float_aligned(std::int64_t offset) {
   const auto per = static_cast<std::int64_t>(16 / sizeof(T));
   return (offset + per - 1) / per * per;
-}
-
-// The attention's products over `batch` (batch, head) pairs of a causal
-// [time, time] matrix S (scores, probabilities, or their gradients) and
-// [time, head_dim] blocks A, B (each with its leading dimension and stride):
-//   scores            S = alpha A B^T, of which only S[t, j <= t] is used
-//   apply             C = S B, S zero past the diagonal
-//   apply_transposed  C = S^T B
-// On the host in blocks of causal_block rows, each multiplying only what
-// the mask leaves: at 128 positions 3/4 of the full products, at 512 about
-// 9/16. Scores past a block's last row stay unwritten: the causal softmax
-// and its backward read a row only up to the end of its lane group, which a
-// block's end (a multiple of math::lanes) bounds, and write the whole row.
-// On the GPU one product each, as before.
-enum class causal_product { scores, apply, apply_transposed };
-inline constexpr std::int64_t causal_block = 64;
-static_assert(causal_block % math::lanes == 0, "a block must end on a lane group");
-
-template <class Dev, class T>
-void causal_gemm_batched(Dev& dev, causal_product kind, std::int64_t time, std::int64_t head_dim, float alpha,
-                         const T* A, std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb,
-                         std::int64_t stride_b, T* C, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
-  const std::int64_t block = Dev::host_accessible ? causal_block : time;
-  for (std::int64_t r0 = 0; r0 < time; r0 += block) {
-    const std::int64_t r1 = std::min(time, r0 + block), rows = r1 - r0;
-    T* c = C + r0 * ldc;
-    if (kind == causal_product::scores)
-      dev.gemm_batched(false, true, rows, r1, head_dim, alpha, A + r0 * lda, lda, stride_a, B, ldb, stride_b, 0.f, c,
-                       ldc, stride_c, batch);
-    else if (kind == causal_product::apply)
-      dev.gemm_batched(false, false, rows, head_dim, r1, alpha, A + r0 * lda, lda, stride_a, B, ldb, stride_b, 0.f, c,
-                       ldc, stride_c, batch);
-    else  // rows r0.. of S^T B: S's columns r0..r1 over its rows r0..time
-      dev.gemm_batched(true, false, rows, head_dim, time - r0, alpha, A + r0 * lda + r0, lda, stride_a, B + r0 * ldb,
-                       ldb, stride_b, 0.f, c, ldc, stride_c, batch);
-  }
 }
 
 // out[N, width] = in W^T (+ b): the bias first so the GEMM adds to it and the
@@ -371,7 +377,8 @@ class CausalSelfAttention {
                                     s.att + b * heads_ * tt, T_, tt, d_o, C, hd, d_qkv + b * T_ * ld + 2 * C, ld, hd,
                                     heads_);
       }
-      dev.for_each(static_cast<std::size_t>(s.bh * T_), CausalSoftmaxBackward<T>{s.att, d_att, T_, scale});
+      dev.for_each(static_cast<std::size_t>(s.bh * T_),
+                   CausalSoftmaxBackward<T>{s.att, d_att, T_, scale, detail::causal_block_on<Dev>});
       for (std::int64_t b = 0; b < s.batch; ++b) {
         const T* qkv = s.q + b * T_ * ld;
         const T* da = d_att + b * heads_ * tt;
@@ -391,7 +398,8 @@ class CausalSelfAttention {
                                   T_, tt, s.bh);
       detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, s.att, T_, tt, d_o, hd,
                                   th, d_v, hd, th, s.bh);
-      dev.for_each(static_cast<std::size_t>(s.bh * T_), CausalSoftmaxBackward<T>{s.att, d_att, T_, scale});
+      dev.for_each(static_cast<std::size_t>(s.bh * T_),
+                   CausalSoftmaxBackward<T>{s.att, d_att, T_, scale, detail::causal_block_on<Dev>});
       detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, d_att, T_, tt, s.k, hd, th, d_q, hd,
                                   th, s.bh);
       detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, d_att, T_, tt, s.q, hd,

@@ -77,6 +77,24 @@ class Linear {
     base_forward(dev, p, x, y);
   }
 
+  // y = x W^T (+ the adapter's term) without the bias, which the caller adds
+  // in a pass of its own (bias(p)): nn::MLP folds fc1's into the
+  // activation's pass on the host. ctx is needed with an adapter only.
+  template <class Dev, class T>
+  void forward_without_bias(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y,
+                            const UnitContext<T>* ctx = nullptr) {
+    base_forward(dev, p, x, y, false);
+    if (!lora_.any()) return;
+    if (ctx == nullptr) no_lora_here();
+    check_saved(x, *ctx);
+    lora_.forward(dev, 0, p, x, y.data, ctx->saved.data, lora_draw(*ctx));
+  }
+  // The bias among p (null without one).
+  template <class T>
+  const T* bias(UnitParams<const T> p) const {
+    return options_.bias ? p[1].data : nullptr;
+  }
+
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> y,
                 MatView<const T> dy, MatView<T> dx) {
@@ -102,12 +120,12 @@ class Linear {
   // With a bias, y starts as the broadcast bias and the GEMM adds x * W^T
   // (beta = 1): the result is rounded once, as a fused bias epilogue would.
   template <class Dev, class T>
-  void base_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
+  void base_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, bool add_bias = true) {
     check_params(p);
     detail::check_shape("nn::Linear", "input", x, x.rows, in_);
     detail::check_shape("nn::Linear", "output", y, x.rows, out_);
     float beta = 0.f;
-    if (options_.bias) {
+    if (options_.bias && add_bias) {
       broadcast_row(dev, p[1].data, y);
       beta = 1.f;
     }

@@ -411,7 +411,8 @@ class RotaryAttention {
     detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, s.att, T_, tt, d_o, hd, th,
                                 d_v, hd, th, bh);
     dev.for_each(static_cast<std::size_t>(bh * T_),
-                 CausalSoftmaxBackward<T>{s.att, d_att, T_, 1.f / std::sqrt(static_cast<float>(hd))});
+                 CausalSoftmaxBackward<T>{s.att, d_att, T_, 1.f / std::sqrt(static_cast<float>(hd)),
+                                          detail::causal_block_on<Dev>});
     detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, d_att, T_, tt, s.k, hd, th, d_q, hd, th,
                                 bh);
     detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, d_att, T_, tt, s.q, hd, th,

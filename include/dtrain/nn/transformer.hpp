@@ -113,15 +113,26 @@ class MLP {
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     check(p, ctx);
     const MatView<T> h{ctx.saved.data, x.rows, wide()}, a{ctx.saved.data + x.rows * wide(), x.rows, hidden_};
+    const auto p1 = p.subspan(0, n1_);
+    // On the host fc1's bias is added in the activation's pass, where the
+    // activation can (nn::Activation): one pass over h fewer.
+    constexpr bool fold = Dev::host_accessible && requires(Act& act, Dev& d, const T* b, MatView<T> m) {
+      act.template forward_with_bias<Dev, T>(d, b, m, m);
+    };
+    if constexpr (fold) {
+      if (const T* b1 = fc1_.bias(p1); b1 != nullptr) {
+        const UnitContext<T> lora = fc1_.has_lora() ? ctx.part(lora_saved(ctx, 0), 0) : ctx;
+        fc1_.template forward_without_bias<Dev, T>(dev, p1, x, h, fc1_.has_lora() ? &lora : nullptr);
+        act_.template forward_with_bias<Dev, T>(dev, b1, h, a);
+        return fc2_forward<Dev, T>(dev, p, a, y, ctx);
+      }
+    }
     if (fc1_.has_lora())
-      fc1_.template forward<Dev, T>(dev, p.subspan(0, n1_), x, h, ctx.part(lora_saved(ctx, 0), 0));
+      fc1_.template forward<Dev, T>(dev, p1, x, h, ctx.part(lora_saved(ctx, 0), 0));
     else
-      fc1_.template forward<Dev, T>(dev, p.subspan(0, n1_), x, h);
+      fc1_.template forward<Dev, T>(dev, p1, x, h);
     act_.template forward<Dev, T>(dev, {}, h, a);
-    if (fc2_.has_lora())
-      fc2_.template forward<Dev, T>(dev, p.subspan(n1_, n2_), a, y, ctx.part(lora_saved(ctx, 1), 1));
-    else
-      fc2_.template forward<Dev, T>(dev, p.subspan(n1_, n2_), a, y);
+    fc2_forward<Dev, T>(dev, p, a, y, ctx);
   }
 
   // The gradients between the parts live in the workspace (no part uses it).
@@ -148,6 +159,14 @@ class MLP {
 
  private:
   std::int64_t wide() const { return detail::input_multiple<Act>() * hidden_; }
+
+  template <class Dev, class T>
+  void fc2_forward(Dev& dev, UnitParams<const T> p, MatView<const T> a, MatView<T> y, const UnitContext<T>& ctx) {
+    if (fc2_.has_lora())
+      fc2_.template forward<Dev, T>(dev, p.subspan(n1_, n2_), a, y, ctx.part(lora_saved(ctx, 1), 1));
+    else
+      fc2_.template forward<Dev, T>(dev, p.subspan(n1_, n2_), a, y);
+  }
 
   // fc1's (which = 0) or fc2's adapter rows in the saved view.
   template <class T>
