@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -63,8 +64,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(rotary_attention, T, t::dtypes) {
 
 // Past 64 positions the host multiplies the attention in row blocks of 64
 // that skip the masked half (nn::detail::causal_gemm_batched): 100
-// positions make two blocks, the second ragged, and leave scores past the
-// first block's end unwritten, which the softmax must never read.
+// positions make two blocks, the second ragged, through both units' own
+// calls. (That nothing reads the scores a block leaves unwritten is checked
+// with NaN in them by causal_row_blocks_never_read_past_a_block, below.)
 BOOST_AUTO_TEST_CASE(attention_over_row_blocks) {
   const SeqShape s{1, 100};
   t::check_unit<float>(dtrain::nn::CausalSelfAttention(8, 2), attention_reference(8, 2, s), s.rows(), 8, true, s,
@@ -72,6 +74,88 @@ BOOST_AUTO_TEST_CASE(attention_over_row_blocks) {
   t::check_unit<float>(dtrain::nn::RotaryAttention(8, 2, {.kv_heads = 1, .rope_theta = 10000.f, .out_bias = true}),
                        rotary_attention_reference(8, 2, 1, 10000.f, false, true, s), s.rows(), 8, true, s,
                        composite<float>(8));
+}
+
+// The row-block products and the block-bounded softmax kernels on their own,
+// against float64, with every score and score gradient poisoned with NaN
+// first: a product or kernel that read a row past its block's end would
+// carry the NaN into a result. Forward O = softmax(scale Q K^T) V, backward
+// dQ = dS K, dK = dS^T Q, dV = P^T dO with dS from the softmax's backward.
+BOOST_AUTO_TEST_CASE(causal_row_blocks_never_read_past_a_block) {
+  namespace d = dtrain::nn::detail;
+  dtrain::Host dev(1);
+  const std::int64_t time = 100, hd = 8, heads = 2, th = time * hd, tt = time * time;
+  const float scale = 0.35f;
+  std::mt19937_64 rng(11);
+  auto draw = [&](std::int64_t n) {
+    std::vector<float> v;
+    for (double x : t::random_nonzero(static_cast<std::size_t>(n), rng)) v.push_back(static_cast<float>(x));
+    return v;
+  };
+  const auto q = draw(heads * th), k = draw(heads * th), v = draw(heads * th), d_o = draw(heads * th);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> att(static_cast<std::size_t>(heads * tt), nan), d_att = att;
+  std::vector<float> o(static_cast<std::size_t>(heads * th)), dq = o, dk = o, dv = o;
+  const auto rows = static_cast<std::size_t>(heads * time);
+  d::causal_gemm_batched(dev, d::causal_product::scores, time, hd, scale, q.data(), hd, th, k.data(), hd, th,
+                         att.data(), time, tt, heads);
+  dev.for_each(rows, dtrain::CausalSoftmax<float>{att.data(), time, nullptr, heads, nullptr, d::causal_block});
+  d::causal_gemm_batched(dev, d::causal_product::apply, time, hd, 1.f, att.data(), time, tt, v.data(), hd, th, o.data(),
+                         hd, th, heads);
+  d::causal_gemm_batched(dev, d::causal_product::scores, time, hd, 1.f, d_o.data(), hd, th, v.data(), hd, th,
+                         d_att.data(), time, tt, heads);
+  d::causal_gemm_batched(dev, d::causal_product::apply_transposed, time, hd, 1.f, att.data(), time, tt, d_o.data(), hd,
+                         th, dv.data(), hd, th, heads);
+  dev.for_each(rows, dtrain::CausalSoftmaxBackward<float>{att.data(), d_att.data(), time, scale, d::causal_block});
+  d::causal_gemm_batched(dev, d::causal_product::apply, time, hd, 1.f, d_att.data(), time, tt, k.data(), hd, th,
+                         dq.data(), hd, th, heads);
+  d::causal_gemm_batched(dev, d::causal_product::apply_transposed, time, hd, 1.f, d_att.data(), time, tt, q.data(), hd,
+                         th, dk.data(), hd, th, heads);
+
+  // float64: P, then dS = scale P (dP - rowsum(P dP)), dP = dO V^T
+  std::vector<double> want_o(o.size()), want_dq(o.size()), want_dk(o.size()), want_dv(o.size());
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const auto at = [&](const std::vector<float>& m, std::int64_t r, std::int64_t c) {
+      return static_cast<double>(m[static_cast<std::size_t>(h * th + r * hd + c)]);
+    };
+    std::vector<double> pr(static_cast<std::size_t>(tt), 0.0), ds(static_cast<std::size_t>(tt), 0.0);
+    for (std::int64_t i = 0; i < time; ++i) {
+      double mx = -1e300, sum = 0, dot = 0;
+      std::vector<double> srow(static_cast<std::size_t>(i + 1)), dp(srow.size());
+      for (std::int64_t j = 0; j <= i; ++j) {
+        double sc = 0, g = 0;
+        for (std::int64_t c = 0; c < hd; ++c) sc += at(q, i, c) * at(k, j, c), g += at(d_o, i, c) * at(v, j, c);
+        srow[static_cast<std::size_t>(j)] = scale * sc, dp[static_cast<std::size_t>(j)] = g;
+        mx = std::max(mx, scale * sc);
+      }
+      for (double& x : srow) sum += (x = std::exp(x - mx));
+      for (std::int64_t j = 0; j <= i; ++j) {
+        const double pij = srow[static_cast<std::size_t>(j)] / sum;
+        pr[static_cast<std::size_t>(i * time + j)] = pij;
+        dot += pij * dp[static_cast<std::size_t>(j)];
+      }
+      for (std::int64_t j = 0; j <= i; ++j) {
+        const auto n = static_cast<std::size_t>(i * time + j);
+        ds[n] = scale * pr[n] * (dp[static_cast<std::size_t>(j)] - dot);
+      }
+    }
+    for (std::int64_t i = 0; i < time; ++i)
+      for (std::int64_t c = 0; c < hd; ++c) {
+        const auto n = static_cast<std::size_t>(h * th + i * hd + c);
+        for (std::int64_t j = 0; j < time; ++j) {
+          const auto ij = static_cast<std::size_t>(i * time + j), ji = static_cast<std::size_t>(j * time + i);
+          want_o[n] += pr[ij] * at(v, j, c);
+          want_dq[n] += ds[ij] * at(k, j, c);
+          want_dk[n] += ds[ji] * at(q, j, c);
+          want_dv[n] += pr[ji] * at(d_o, j, c);
+        }
+      }
+  }
+  const auto wide = [](const std::vector<float>& f) { return std::vector<double>(f.begin(), f.end()); };
+  t::expect_close(wide(o), want_o, 1e-5, "output");
+  t::expect_close(wide(dq), want_dq, 1e-4, "query gradient");
+  t::expect_close(wide(dk), want_dk, 1e-4, "key gradient");
+  t::expect_close(wide(dv), want_dv, 1e-4, "value gradient");
 }
 
 BOOST_AUTO_TEST_CASE(rotary_attention_options_are_checked) {

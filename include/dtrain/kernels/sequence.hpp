@@ -81,7 +81,8 @@ DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE std::int64_t causal_written(std::int64_t
 }
 
 // In place on the [time, time] score matrices of every (batch, head): row t
-// becomes softmax over columns 0..t (the past and present), 0 beyond. Run
+// becomes softmax over columns 0..t (the past and present), 0 beyond (up to
+// its block's end with `block`, past it left as it was). Run
 // over batch * heads * time rows. With a key mask ([batch, time], 0 = a
 // padding position) the columns it zeroes are left out as well; a row left
 // with no column (a padding query before the first token) becomes all 0.
