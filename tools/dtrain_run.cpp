@@ -244,6 +244,7 @@ class Group {
         kill_now();
       }
     }
+    if (outcome_.failure && !outcome_.signal) find_root_cause();
     // Stopping tore the ranks down; whatever their process groups still hold
     // (a child a rank started) goes too. A reaped group id is not reused
     // while any member lives, so this reaches only leftovers.
@@ -284,6 +285,12 @@ class Group {
                  exec_status[1]});
     };
     const std::string failed_start = "could not start rank " + std::to_string(r.rank) + ": ";
+    if (!layout_.error_dir.empty()) {  // a fresh place for its error record (restarts reuse none)
+      const auto file = dtrain::rank_error_file(layout_.error_dir, layout_.restart_count, local);
+      std::error_code ec;
+      std::filesystem::create_directories(file.parent_path(), ec);
+      std::filesystem::remove(file, ec);
+    }
     for (int k = 0; k < 2; ++k) {
       const int stream = k == 0 ? dtrain::StdStreams::out : dtrain::StdStreams::err;
       routes[k] = dtrain::stream_route(opts_, local, stream);
@@ -457,6 +464,7 @@ class Group {
     };
     std::vector<Ended> failed;
     for (auto& r : ranks_) {
+      const int local = static_cast<int>(&r - ranks_.data());
       int status = 0;
       if (!r.running || ::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
       r.running = false;
@@ -468,6 +476,7 @@ class Group {
       }
       const bool signalled = !WIFEXITED(status);
       failed.push_back({r.rank, signalled ? 128 + WTERMSIG(status) : WEXITSTATUS(status), r.pid, signalled});
+      failures_.push_back({r.rank, local, failed.back().code, signalled});
     }
     if (failed.empty() || stopping_) return;  // stopped by us: not the cause
     std::stable_partition(failed.begin(), failed.end(), [](const Ended& e) { return e.signalled; });
@@ -483,7 +492,38 @@ class Group {
 
   void fail(int rank, int code) {
     outcome_.failure = Failure{rank, code};
+    failed_at_us_ = dtrain::detail::unix_now_us();
     stop(SIGTERM);
+  }
+
+  // The first rank to end is not always the one that failed first: a rank
+  // whose peer failed may notice it (its connection closed) and exit before
+  // the failing rank has finished unwinding. Ranks that record their error
+  // (dtrain::record_failure) say when it was raised; the earliest error
+  // raised before the first rank ended is the cause, and its code the exit
+  // status. A rank that died by a signal first (a crash) records nothing and
+  // stays the cause.
+  void find_root_cause() {
+    if (layout_.error_dir.empty() || !failed_at_us_) return;
+    const auto reported = std::find_if(failures_.begin(), failures_.end(),
+                                       [&](const Failed& f) { return f.rank == outcome_.failure->rank; });
+    if (reported == failures_.end() || reported->signalled) return;
+    const Failed* cause = nullptr;
+    dtrain::ErrorRecord first;
+    for (const Failed& f : failures_) {
+      const auto record =
+          dtrain::read_error_record(dtrain::rank_error_file(layout_.error_dir, layout_.restart_count, f.local));
+      if (!record || record->raised_at_us > failed_at_us_) continue;
+      if (cause && record->raised_at_us >= first.raised_at_us) continue;
+      cause = &f;
+      first = *record;
+    }
+    if (!cause || cause->rank == reported->rank) return;
+    std::string line = first.message.substr(0, first.message.find('\n'));
+    say("rank " + std::to_string(cause->rank) + " failed first (its error was raised " +
+        std::to_string((failed_at_us_ - first.raised_at_us) / 1000) + " ms before rank " +
+        std::to_string(reported->rank) + " ended): " + line);
+    outcome_.failure = Failure{cause->rank, cause->signalled ? first.exit_code : cause->code};
   }
 
   void on_launcher_signal(int sig) {
@@ -533,6 +573,12 @@ class Group {
     return names;
   }
 
+  struct Failed {
+    int rank, local, code;
+    bool signalled;
+  };
+  std::vector<Failed> failures_;    // every rank that failed, stopped ones too, in the order reaped
+  std::int64_t failed_at_us_ = 0;   // when the first failure was seen (dtrain::detail::unix_now_us)
   const dtrain::RunOptions& opts_;
   dtrain::GroupLayout layout_;
   const std::string& path_;
@@ -589,6 +635,24 @@ int launch(const dtrain::RunOptions& opts) {
   } else if (opts.log_dir) {
     say("--log-dir without --redirects or --tee writes no logs (as torchrun); add --tee 3 to copy them there");
   }
+  // The ranks' error records (rank_error_file) go beside their logs, else
+  // into a private folder removed when dtrain-run ends; without one the
+  // failure reported is the first rank to end.
+  std::string error_dir = log_dir;
+  if (error_dir.empty()) {
+    std::error_code ec;
+    std::string pattern = (std::filesystem::temp_directory_path(ec) / "dtrain-run-errors-XXXXXX").string();
+    if (!ec && ::mkdtemp(pattern.data())) error_dir = pattern;
+  }
+  struct RemoveAtEnd {
+    std::string dir;
+    void now() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+      dir.clear();
+    }
+    ~RemoveAtEnd() { now(); }
+  } private_errors{error_dir == log_dir ? std::string() : error_dir};
   std::vector<std::string> inherited;
   for (char** e = environ; *e; ++e) inherited.emplace_back(*e);
   LauncherSignals signals;
@@ -601,7 +665,8 @@ int launch(const dtrain::RunOptions& opts) {
         .cpu_count = cpus,
         .restart_count = restart,
         .job_id = job_id(restart),
-        .log_dir = log_dir};
+        .log_dir = log_dir,
+        .error_dir = error_dir};
     Group group(opts, layout, path, inherited, signals);
     Outcome outcome = group.run();
     dtrain::remove_job_segments(layout.job_id);
@@ -610,7 +675,10 @@ int launch(const dtrain::RunOptions& opts) {
           std::to_string(preempted_exit_code) + " (requeue the job; resume=latest continues it)");
       return preempted_exit_code;
     }
-    if (outcome.signal) signals.die_by(outcome.signal);
+    if (outcome.signal) {
+      private_errors.now();
+      signals.die_by(outcome.signal);
+    }
     if (!outcome.failure) return 0;
     if (restart >= opts.max_restarts) {
       say("rank " + std::to_string(outcome.failure->rank) + " failed; exiting with code " +

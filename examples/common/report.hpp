@@ -1,6 +1,7 @@
 #pragma once
 // How an example reports the failure that ends it: "<program>: error: <what>"
-// on stderr, once.
+// on stderr, once, and recorded for the launcher (dtrain::record_failure:
+// dtrain-run names the rank whose error came first, and exits with its code).
 //
 // run_training reports a failure while its Trainer, and so its communicator,
 // still exist, and only then lets the exception unwind. The moment this
@@ -28,6 +29,7 @@ inline void report_failure(const std::exception& e) {
   reported = now;
   std::fprintf(stderr, "%s: error: %s\n", program_invocation_short_name, e.what());
   std::fflush(stderr);
+  dtrain::record_failure(e);
 }
 
 // The exit status for the failure that ends the program (dtrain::exit_code).

@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
     return learned ? EXIT_SUCCESS : EXIT_FAILURE;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtrain_consumer: error: %s\n", e.what());
+    dtrain::record_failure(e, EXIT_FAILURE);  // for dtrain-run: the first rank's error is the cause
     return EXIT_FAILURE;
   }
 }

@@ -12,6 +12,11 @@
 //   fail-once DIR CODE         rank 0 exits CODE, once every rank has started,
 //                              unless DIR/failed exists (creating it); then
 //                              every rank prints restart=<DTRAIN_RESTART_COUNT>
+//   echo-failure DIR           rank 0 raises a config_error, records it
+//                              (dtrain::record_failure), writes DIR/raised and
+//                              sleeps, as a rank slow to unwind; every other
+//                              rank then raises a comm_error (the echo), records
+//                              it and exits 1 at once
 
 #include <fcntl.h>
 #include <signal.h>
@@ -25,6 +30,7 @@
 #include <string>
 #include <thread>
 
+#include "dtrain/core/error.hpp"
 #include "dtrain/launch/env.hpp"
 
 namespace {
@@ -127,6 +133,28 @@ int fail_once(int code) {
   return 0;
 }
 
+int echo_failure() {
+  const std::string raised = dir + "/raised";
+  if (rank() == 0) {
+    wait_for_every_rank();
+    try {
+      throw dtrain::config_error("rank 0's own bad setting", "give a good one");
+    } catch (const std::exception& e) {
+      dtrain::record_failure(e);
+    }
+    touch(raised);
+    sleep_long();  // until dtrain-run stops it
+    return 2;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (::access(raised.c_str(), F_OK) != 0)
+    if (std::chrono::steady_clock::now() > deadline) return 93;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // after rank 0's error, measurably
+  dtrain::record_failure(dtrain::comm_error("rank 0 left the communicator"));
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -140,5 +168,6 @@ int main(int argc, char** argv) {
   if (mode == "trap-term") return wait_for_term(true);
   if (mode == "ignore-signals") return wait_for_term(false);
   if (mode == "fail-once" && argc >= 4) return fail_once(std::atoi(argv[3]));
+  if (mode == "echo-failure") return echo_failure();
   return 64;
 }

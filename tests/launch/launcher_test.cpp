@@ -277,9 +277,10 @@ BOOST_AUTO_TEST_CASE(host_facts) {
 BOOST_AUTO_TEST_CASE(rank_environment) {
   auto o = parse({"--nnodes", "2", "--node-rank", "1", "--master-addr", "n0", "p"});
   dtrain::GroupLayout g{
-      .nproc_per_node = 3, .master_port = 777, .cpu_count = 8, .restart_count = 2, .job_id = "r42x2", .log_dir = ""};
+      .nproc_per_node = 3, .master_port = 777, .cpu_count = 8, .restart_count = 2, .job_id = "r42x2", .log_dir = "",
+      .error_dir = "/run/job"};
   std::vector<std::string> inherited{"PATH=/bin", "RANK=99", "OMP_NUM_THREADS=5",
-                                     "MASTER_ADDR=old"};
+                                     "MASTER_ADDR=old", "TORCHELASTIC_ERROR_FILE=/outer.json"};
   auto env = dtrain::rank_environment(o, g, 2, inherited);
   BOOST_TEST(value_of(env, "PATH") == "/bin");
   BOOST_TEST(value_of(env, "RANK") == "5");
@@ -296,6 +297,7 @@ BOOST_AUTO_TEST_CASE(rank_environment) {
   BOOST_TEST(value_of(env, "OPENBLAS_NUM_THREADS") == "2");  // 8 cores / 3 ranks
 
   BOOST_TEST(value_of(env, "TORCHELASTIC_RUN_ID") == "none");  // torchrun's default
+  BOOST_TEST(value_of(env, "TORCHELASTIC_ERROR_FILE") == "/run/job/attempt_2/2/error.json");  // one per rank
 
   g.cpu_count = 2;
   auto crowded = dtrain::rank_environment(o, g, 0, {});
@@ -306,9 +308,10 @@ BOOST_AUTO_TEST_CASE(rank_environment) {
 // launcher's own launcher set (torchrun's agent store, a gpu launch) is
 // dropped, as it is not true of this launch.
 BOOST_AUTO_TEST_CASE(launch_device_and_run_id) {
-  dtrain::GroupLayout g{.nproc_per_node = 2, .master_port = 777, .cpu_count = 8, .restart_count = 0, .job_id = "j", .log_dir = ""};
+  dtrain::GroupLayout g{.nproc_per_node = 2, .master_port = 777, .cpu_count = 8, .restart_count = 0, .job_id = "j",
+                        .log_dir = "", .error_dir = ""};
   std::vector<std::string> inherited{"DTRAIN_LAUNCH_DEVICE=gpu", "TORCHELASTIC_USE_AGENT_STORE=True",
-                                     "TORCHELASTIC_RUN_ID=outer"};
+                                     "TORCHELASTIC_RUN_ID=outer", "TORCHELASTIC_ERROR_FILE=/outer.json"};
   auto gpu = dtrain::rank_environment(parse({"--nproc-per-node", "gpu", "--rdzv-id", "job1", "p"}), g, 0, inherited);
   BOOST_TEST(value_of(gpu, "DTRAIN_LAUNCH_DEVICE") == "gpu");
   BOOST_TEST(value_of(gpu, "TORCHELASTIC_RUN_ID") == "job1");
@@ -317,6 +320,7 @@ BOOST_AUTO_TEST_CASE(launch_device_and_run_id) {
     for (const auto& entry : env) {
       BOOST_TEST(entry.rfind("DTRAIN_LAUNCH_DEVICE=", 0) != 0u, entry);
       BOOST_TEST(entry.rfind("TORCHELASTIC_USE_AGENT_STORE=", 0) != 0u, entry);
+      BOOST_TEST(entry.rfind("TORCHELASTIC_ERROR_FILE=", 0) != 0u, entry);  // no folder: no records
     }
   }
 }

@@ -387,7 +387,8 @@ BOOST_AUTO_TEST_CASE(torchrun_spellings_tee) {
   BOOST_TEST(has_line(mapped.out, "[rank 1] unfinished line from 1"), report(mapped));
   const fs::path mapped_dir = only_run_dir(logs.path(), "none");
   BOOST_TEST(dtrain::test::read_text(mapped_dir / "attempt_0/1/stderr.log") == "to stderr from 1\n");
-  BOOST_TEST(!fs::exists(mapped_dir / "attempt_0/0"));
+  BOOST_TEST(!fs::exists(mapped_dir / "attempt_0/0/stdout.log"));  // (the folder holds its error record's place)
+  BOOST_TEST(!fs::exists(mapped_dir / "attempt_0/0/stderr.log"));
 }
 
 // Each restart logs to a folder of its own, as torchrun's attempt_N; a log
@@ -406,6 +407,32 @@ BOOST_AUTO_TEST_CASE(log_folders_per_restart) {
   BOOST_TEST(bad.exited_with(2), report(bad));
   BOOST_TEST(contains(bad.err, "dtrain-run: error: cannot make a log folder in /proc/dtrain-no-such-dir"), report(bad));
   BOOST_TEST(dtrain::test::recorded_pids(dir).size() == 4u);  // the 2 + 2 of the first run only
+}
+
+// Rank 1 exits first, but only echoing rank 0's error, which rank 0 recorded
+// earlier (dtrain::record_failure) and is slow to exit on: rank 0's error is
+// the cause and its code (2) the exit status, with or without a log folder
+// (its record then stays there, in the form torchrun reads too).
+BOOST_AUTO_TEST_CASE(the_earliest_recorded_error_is_the_cause) {
+  TempDir dir;
+  auto f = run({"--nproc-per-node", "3"}, {"echo-failure", dir.path()});
+  BOOST_TEST(f.exited_with(2), report(f));
+  BOOST_TEST(contains(f.err, "rank 0 failed first (its error was raised "), report(f));
+  BOOST_TEST(contains(f.err, "ended): rank 0's own bad setting\n"), report(f));
+  BOOST_TEST(contains(f.err, "rank 0 failed; exiting with code 2"), report(f));
+  BOOST_TEST(f.seconds < 20);
+  check_no_survivors(dir, 3);
+
+  TempDir logged;
+  auto g = run({"--log-dir", logged / "logs", "--redirects", "3", "--nproc-per-node", "2"},
+               {"echo-failure", logged.path()});
+  BOOST_TEST(g.exited_with(2), report(g));
+  const fs::path run_dir = only_run_dir(logged / "logs", "none");
+  const std::string record = dtrain::test::read_text(run_dir / "attempt_0/0/error.json");
+  BOOST_TEST(contains(record, "{\"message\": \"rank 0's own bad setting\\n  fix: give a good one\\n  at: "), record);
+  BOOST_TEST(contains(record, "\"timestamp\": \""), record);
+  BOOST_TEST(contains(record, "\"exit_code\": 2"), record);
+  BOOST_TEST(contains(dtrain::test::read_text(run_dir / "attempt_0/1/error.json"), "\"exit_code\": 1"));
 }
 
 // Each flag torchrun has but dtrain-run cannot honour: exit 2 before any

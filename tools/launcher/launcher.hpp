@@ -11,17 +11,22 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <filesystem>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
@@ -504,6 +509,9 @@ struct GroupLayout {
   // This run's folder of rank logs (make_log_run_dir); empty when --redirects
   // and --tee send nothing to files.
   std::string log_dir;
+  // This run's folder of the ranks' error records (rank_error_file): the log
+  // folder, or a private one dtrain-run removes; empty for none.
+  std::string error_dir;
 };
 
 // Where one stream (StdStreams::out or ::err) of a local rank goes, by
@@ -526,6 +534,61 @@ inline std::filesystem::path rank_log_file(const std::filesystem::path& run_dir,
                                            int stream) {
   return run_dir / ("attempt_" + std::to_string(restart)) / std::to_string(local_rank) /
          (stream == StdStreams::out ? "stdout.log" : "stderr.log");
+}
+
+// Where a local rank records the error that ends it (TORCHELASTIC_ERROR_FILE,
+// dtrain::record_failure), beside its logs as torchrun keeps it.
+inline std::filesystem::path rank_error_file(const std::filesystem::path& run_dir, int restart, int local_rank) {
+  return run_dir / ("attempt_" + std::to_string(restart)) / std::to_string(local_rank) / "error.json";
+}
+
+// What a rank recorded about the error that ended it (dtrain::record_failure).
+struct ErrorRecord {
+  std::string message;
+  int exit_code = 1;
+  std::int64_t raised_at_us = 0;
+};
+
+// Reads a record dtrain::record_failure wrote; nullopt for a missing file or
+// one without dtrain's fields (torchrun's Python records keep only seconds).
+inline std::optional<ErrorRecord> read_error_record(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) return std::nullopt;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto number = [&](std::string_view key) -> std::optional<std::int64_t> {
+    std::string needle(1, '"');  // built by appending: GCC 12 misreads '"' + key (-Wrestrict)
+    needle += key;
+    needle += "\": ";
+    const auto at = text.find(needle);
+    if (at == std::string::npos) return std::nullopt;
+    const char* first = text.data() + at + key.size() + 4;
+    std::int64_t v = 0;
+    const auto [end, ec] = std::from_chars(first, text.data() + text.size(), v);
+    if (ec != std::errc{} || end == first) return std::nullopt;
+    return v;
+  };
+  const auto raised = number("raised_at_us");
+  const auto code = number("exit_code");
+  if (!raised || !code) return std::nullopt;
+  ErrorRecord r;
+  r.exit_code = static_cast<int>(*code);
+  r.raised_at_us = *raised;
+  constexpr std::string_view key = "{\"message\": \"";
+  if (text.rfind(key, 0) == 0)
+    for (std::size_t i = key.size(); i < text.size() && text[i] != '"'; ++i) {
+      if (text[i] != '\\' || i + 1 >= text.size()) {
+        r.message += text[i];
+        continue;
+      }
+      const char c = text[++i];
+      if (c == 'u') {  // another control character
+        i += 4;
+        r.message += ' ';
+      } else {
+        r.message += c == 'n' ? '\n' : c;
+      }
+    }
+  return r;
 }
 
 // This run's log folder, LOG_DIR/<rdzv id>_XXXXXX (torchrun's naming; LOG_DIR
@@ -581,6 +644,11 @@ inline std::vector<std::string> rank_environment(const RunOptions& o, const Grou
     set.emplace_back(launch_device_variable, "gpu");
   else
     drop.emplace_back(launch_device_variable);
+  // One record per rank; an inherited one would have every rank overwrite it.
+  if (!g.error_dir.empty())
+    set.emplace_back("TORCHELASTIC_ERROR_FILE", rank_error_file(g.error_dir, g.restart_count, local_rank).string());
+  else
+    drop.emplace_back("TORCHELASTIC_ERROR_FILE");
   auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
   auto user_keeps = [](const std::string& name) {
     return name == "OMP_NUM_THREADS" || name == "OPENBLAS_NUM_THREADS";

@@ -6,6 +6,7 @@
 #include <string.h>  // sigabbrev_np
 
 #include <cerrno>
+#include <cstdint>
 #include <exception>
 #include <source_location>
 #include <stdexcept>
@@ -22,6 +23,10 @@ inline std::string errno_text() { return std::system_category().message(errno); 
 
 DTRAIN_DECL std::string format_error(const std::string& what, const std::string& fix,
                                      const std::source_location& where);
+
+// Microseconds since the Unix epoch (the system clock: comparable between
+// the processes of one machine).
+DTRAIN_DECL std::int64_t unix_now_us();
 }  // namespace detail
 
 class error : public std::runtime_error {
@@ -31,16 +36,22 @@ class error : public std::runtime_error {
       : std::runtime_error(detail::format_error(what, fix, where)),
         problem_(what),
         fix_(fix),
-        where_(where) {}
+        where_(where),
+        raised_at_us_(detail::unix_now_us()) {}
 
   const std::string& problem() const noexcept { return problem_; }
   const std::string& fix() const noexcept { return fix_; }
   const std::source_location& where() const noexcept { return where_; }
+  // When the error was made (thrown), in microseconds since the Unix epoch:
+  // how dtrain-run tells the failure that started a job's end from the
+  // failures it caused on other ranks (record_failure).
+  std::int64_t raised_at_us() const noexcept { return raised_at_us_; }
 
  private:
   std::string problem_;
   std::string fix_;
   std::source_location where_;
+  std::int64_t raised_at_us_;
 };
 
 // One subclass per subsystem so callers can catch what they can handle.
@@ -148,6 +159,19 @@ class timeout_error : public comm_error {
 inline int exit_code(const std::exception& e) {
   return dynamic_cast<const config_error*>(&e) || dynamic_cast<const env_error*>(&e) ? 2 : 1;
 }
+
+// Records the failure that ends this rank for the launcher, when it asked for
+// one (torchrun's convention: the file named by TORCHELASTIC_ERROR_FILE,
+// which dtrain-run and torchrun set per rank): the message, when the error
+// was raised (error::raised_at_us; now for other exceptions) and the exit
+// code the program will end with (exit_code(e) unless given). When ranks
+// fail one after another, the first one's error is the cause and the others
+// its echoes ("rank 0 left the communicator"); dtrain-run reports the earliest
+// recorded error and exits with its code, whichever rank ended first. Call it
+// from main's catch handler, before returning; it never throws, and without
+// the variable it does nothing.
+DTRAIN_DECL void record_failure(const std::exception& e, int code) noexcept;
+inline void record_failure(const std::exception& e) noexcept { record_failure(e, exit_code(e)); }
 
 // "SIGTERM", "SIGKILL", ...: how messages name a signal ("signal N" for one
 // without a name).
