@@ -126,6 +126,42 @@ std::vector<int> world_sizes() {
   else return {1, 2, 3};
 }
 
+// What one case trained and what the estimator is given for it. Built by
+// the templates below, compared by compare(), which is not a template: the
+// ~200 instantiations then hold only the training (this file compiles in
+// two thirds of the time it took when each also held the comparison).
+struct Trained {
+  std::string label;
+  std::vector<MemoryUsage> measured;  // per rank
+  EstimateInputs in;
+  bool has_activations = false;
+};
+
+// Compares every rank's measured memory with the estimate.
+void compare(const Trained& t) {
+  const MemoryUsage e = estimate_memory(t.in);
+  ++worst.cases;
+  for (std::size_t r = 0; r < t.measured.size(); ++r) {
+    const MemoryUsage& m = t.measured[r];
+    for (std::size_t c = 0; c < category_names.size(); ++c) {
+      const std::string cat = category_names[c];
+      if (cat == "gathered" || (cat == "activations" && !t.has_activations)) continue;
+      const double d = rel_diff(category(e, c), category(m, c));
+      BOOST_TEST(d <= tolerance, t.label << " rank " << r << " " << cat << ": estimate " << category(e, c)
+                                         << " B, measured " << category(m, c) << " B");
+      if (d > worst.diff[c]) worst.diff[c] = d, worst.where[c] = t.label;
+    }
+    // Gathered buffers: none outside FSDP, and never more than the estimate.
+    BOOST_TEST(m.gathered <= e.gathered, t.label << " rank " << r << " gathered: estimate " << e.gathered
+                                                  << " B below the measured " << m.gathered << " B");
+    if (m.gathered != 0) {
+      const double ratio = static_cast<double>(e.gathered) / static_cast<double>(m.gathered);
+      worst.gathered_ratio_max = std::max(worst.gathered_ratio_max, ratio);
+      worst.gathered_ratio_min = std::min(worst.gathered_ratio_min, ratio);
+    }
+  }
+}
+
 // Trains Case's model with Kind for two steps on n ranks and compares every
 // rank's measured memory with the estimate.
 template <class Case, class Kind, class Prec, int A, class Opt>
@@ -133,11 +169,11 @@ void check(int n, Opt opt, std::size_t optimizer_states) {
   using T = typename Prec::param_type;
   using R = typename Prec::reduce_type;
   const int group = hybrid_group(n);
-  std::vector<MemoryUsage> measured(static_cast<std::size_t>(n));
-  std::vector<UnitNumel> units;
+  Trained t;
+  t.measured.resize(static_cast<std::size_t>(n));
   run_ranks(n, [&](World& w) {
     typename Case::Net net = Case::make();
-    if (w.rank() == 0) units = declared_units(net);
+    if (w.rank() == 0) t.in.units = declared_units(net);
     TrainerOptions o{.seed = 7};
     Trainer<typename Case::Net, Device<Host>, Prec, Accumulate<A>, Strategy<Kind>> trainer(w, net, opt, o,
                                                                                            kind_options<Kind>(group));
@@ -148,45 +184,22 @@ void check(int n, Opt opt, std::size_t optimizer_states) {
                                   static_cast<std::uint64_t>((step * 16 + w.rank()) * 4 + k)));
       trainer.step(mb);
     }
-    measured[static_cast<std::size_t>(w.rank())] = trainer.memory();
+    t.measured[static_cast<std::size_t>(w.rank())] = trainer.memory();
   });
-
-  EstimateInputs in;
-  in.units = units;
-  in.compute_bytes = sizeof(T);
-  in.reduce_bytes = sizeof(R);
-  in.accumulate = A;
-  in.strategy = std::string(Kind::name);
-  in.world = n;
-  in.shard_group = group;
-  in.optimizer_states = optimizer_states;
+  t.in.compute_bytes = sizeof(T);
+  t.in.reduce_bytes = sizeof(R);
+  t.in.accumulate = A;
+  t.in.strategy = std::string(Kind::name);
+  t.in.world = n;
+  t.in.shard_group = group;
+  t.in.optimizer_states = optimizer_states;
   const std::optional<std::size_t> activations = Case::activations(sizeof(T));
-  in.activations = activations.value_or(0);
-  const MemoryUsage e = estimate_memory(in);
-
-  std::ostringstream label;
-  label << Case::name << " " << Kind::name << " world=" << n << " group=" << group << " T=" << sizeof(T)
-        << "B R=" << sizeof(R) << "B A=" << A << " states=" << optimizer_states;
-  ++worst.cases;
-  for (int r = 0; r < n; ++r) {
-    const MemoryUsage& m = measured[static_cast<std::size_t>(r)];
-    for (std::size_t c = 0; c < category_names.size(); ++c) {
-      const std::string cat = category_names[c];
-      if (cat == "gathered" || (cat == "activations" && !activations)) continue;
-      const double d = rel_diff(category(e, c), category(m, c));
-      BOOST_TEST(d <= tolerance, label.str() << " rank " << r << " " << cat << ": estimate " << category(e, c)
-                                             << " B, measured " << category(m, c) << " B");
-      if (d > worst.diff[c]) worst.diff[c] = d, worst.where[c] = label.str();
-    }
-    // Gathered buffers: none outside FSDP, and never more than the estimate.
-    BOOST_TEST(m.gathered <= e.gathered, label.str() << " rank " << r << " gathered: estimate " << e.gathered
-                                                      << " B below the measured " << m.gathered << " B");
-    if (m.gathered != 0) {
-      const double ratio = static_cast<double>(e.gathered) / static_cast<double>(m.gathered);
-      worst.gathered_ratio_max = std::max(worst.gathered_ratio_max, ratio);
-      worst.gathered_ratio_min = std::min(worst.gathered_ratio_min, ratio);
-    }
-  }
+  t.in.activations = activations.value_or(0);
+  t.has_activations = activations.has_value();
+  t.label = std::string(Case::name) + " " + std::string(Kind::name) + " world=" + std::to_string(n) + " group=" +
+            std::to_string(group) + " T=" + std::to_string(sizeof(T)) + "B R=" + std::to_string(sizeof(R)) +
+            "B A=" + std::to_string(A) + " states=" + std::to_string(optimizer_states);
+  compare(t);
 }
 
 template <class Case, class Kind, class Prec, int A>
