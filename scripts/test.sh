@@ -9,4 +9,13 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DTRAIN_SETUP_FOR=tests "$root/scripts/setup.sh"
 build="${DTRAIN_BUILD_DIR:-$root/build}"
+# CTest starts the longest tests first when it knows their times, which it
+# learns from a run: a fresh build starts from the times of a fresh-clone CI
+# run on 2 cores (tests/ctest_cost_data.txt), and CTest updates them as usual.
+# Without them the long tests that come late in the list ran last, alone.
+costs="$build/Testing/Temporary/CTestCostData.txt"
+if [[ ! -f $costs ]]; then
+  mkdir -p "$(dirname "$costs")"
+  cp "$root/tests/ctest_cost_data.txt" "$costs"
+fi
 ctest --test-dir "$build" --output-on-failure -j "$(($(nproc) + 1))" "$@"
