@@ -5,8 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -326,6 +330,42 @@ BOOST_AUTO_TEST_CASE(launch_device_and_run_id) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// A failure recorded for the launcher reads back as written: quotes,
+// backslashes, new lines and other control characters in the message, the
+// exit code and when the error was raised; nothing is written without the
+// variable, and a record without dtrain's fields (torchrun's own) is not one.
+BOOST_AUTO_TEST_CASE(error_records_read_back) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dtrain_records_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "error.json";
+  ::unsetenv("TORCHELASTIC_ERROR_FILE");
+  dtrain::record_failure(dtrain::config_error("nothing to write"));
+  BOOST_TEST(!std::filesystem::exists(file));
+
+  ::setenv("TORCHELASTIC_ERROR_FILE", file.c_str(), 1);
+  const dtrain::config_error e("a \"quoted\" C:\\path\twith a tab", "fix it");
+  dtrain::record_failure(e);
+  auto r = dtrain::read_error_record(file);
+  BOOST_REQUIRE(r.has_value());
+  BOOST_TEST(r->message.rfind("a \"quoted\" C:\\path with a tab\n  fix: fix it\n  at: ", 0) == 0u, r->message);
+  BOOST_TEST(r->exit_code == 2);
+  BOOST_TEST(r->raised_at_us == e.raised_at_us());
+  BOOST_TEST(e.raised_at_us() > 1'700'000'000'000'000);  // microseconds since 1970, after 2023
+
+  dtrain::record_failure(std::runtime_error("not dtrain's"), 7);  // replaces the record; raised now
+  r = dtrain::read_error_record(file);
+  BOOST_REQUIRE(r.has_value());
+  BOOST_TEST(r->message == "not dtrain's");
+  BOOST_TEST(r->exit_code == 7);
+  BOOST_TEST(r->raised_at_us >= e.raised_at_us());
+  ::unsetenv("TORCHELASTIC_ERROR_FILE");
+
+  std::ofstream(file) << R"({"message": {"message": "from Python", "extraInfo": {"timestamp": "1700000000"}}})";
+  BOOST_TEST(!dtrain::read_error_record(file).has_value());
+  BOOST_TEST(!dtrain::read_error_record(dir / "missing.json").has_value());
+  std::filesystem::remove_all(dir);
+}
 
 BOOST_AUTO_TEST_SUITE(line_prefixer)
 
