@@ -4,7 +4,10 @@
 #include <dtrain/comm/host.hpp>
 #include <dtrain/comm/store.hpp>
 #include <dtrain/core/dtype.hpp>
+#include <dtrain/run/preemption.hpp>
 #include <support/ranks.hpp>
+
+#include <signal.h>
 
 #include <atomic>
 #include <chrono>
@@ -385,6 +388,35 @@ BOOST_AUTO_TEST_CASE(store_port_in_use_and_unreachable_master_are_clear_errors) 
   const auto start = std::chrono::steady_clock::now();
   BOOST_CHECK_THROW(TcpStore("127.0.0.1", dead_port, std::chrono::milliseconds(800)), launch_error);
   BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(5)));
+}
+
+// A rank told to stop (a watched signal: dtrain-run stopping the ranks
+// after one failed) while its master is unreachable gives up at its next
+// attempt instead of retrying for the whole timeout; the notice ends with
+// the last watch, and retrying resumes.
+BOOST_AUTO_TEST_CASE(a_stop_signal_ends_the_wait_for_an_unreachable_master) {
+  const int dead_port = [] {
+    TcpStoreServer s(0, "127.0.0.1");
+    return s.port();
+  }();
+  {
+    PreemptionWatch watch({SIGUSR2});
+    ::raise(SIGUSR2);
+    BOOST_REQUIRE(watch.signalled() == SIGUSR2);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      TcpStore("127.0.0.1", dead_port, std::chrono::seconds(60));
+      BOOST_FAIL("reaching a closed port must fail");
+    } catch (const launch_error& e) {
+      BOOST_TEST(e.problem().find("stopped by SIGUSR2 while trying to reach the rendezvous master at 127.0.0.1:") == 0u,
+                 e.problem());
+    }
+    BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(5)));
+  }
+  BOOST_TEST(detail::preemption_signal == 0);
+  const auto start = std::chrono::steady_clock::now();
+  BOOST_CHECK_THROW(TcpStore("127.0.0.1", dead_port, std::chrono::milliseconds(600)), launch_error);
+  BOOST_TEST((std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(600)));  // it retried
 }
 
 BOOST_AUTO_TEST_CASE(store_set_get_add_and_get_timeout) {

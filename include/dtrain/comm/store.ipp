@@ -5,6 +5,7 @@
 #pragma once
 
 #include "dtrain/comm/store.hpp"
+#include "dtrain/core/stop_signal.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
@@ -324,6 +325,13 @@ DTRAIN_DECL auto TcpStore::connect() -> void {
       }
       ::freeaddrinfo(res);
     }
+    // Told to stop (a watched signal: dtrain-run stopping the ranks because
+    // one failed, or a scheduler's notice) with no master to reach: there
+    // is nothing to wait for, and nothing to save yet.
+    if (const int sig = detail::preemption_signal; sig != 0)
+      throw launch_error("stopped by " + signal_name(sig) + " while trying to reach the rendezvous master at " +
+                             detail::endpoint(host_, port_) + " (" + last_error + ")",
+                         "if a rank failed first, its log says why; else start rank 0 (MASTER_ADDR/MASTER_PORT)");
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   } while (detail::steady::now() < deadline);

@@ -24,6 +24,7 @@
 
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/stop_signal.hpp"
 
 namespace dtrain {
 
@@ -32,7 +33,7 @@ namespace dtrain {
 inline constexpr int preempted_exit_code = 75;
 
 namespace detail {
-inline volatile sig_atomic_t preemption_signal = 0;
+// Stores the signal in preemption_signal (core/stop_signal.hpp).
 extern "C" inline void note_preemption(int sig) {
   if (preemption_signal == 0) preemption_signal = sig;
 }

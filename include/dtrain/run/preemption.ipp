@@ -31,6 +31,7 @@ DTRAIN_DECL PreemptionWatch::~PreemptionWatch() {
   for (std::size_t i = 0; i < h.signals.size(); ++i) ::sigaction(h.signals[i], &h.previous[i], nullptr);
   h.signals.clear();
   h.previous.clear();
+  detail::preemption_signal = 0;  // no notice stands without a watch (TcpStore::connect looks at it)
 }
 }  // namespace dtrain
 
