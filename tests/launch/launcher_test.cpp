@@ -348,7 +348,7 @@ BOOST_AUTO_TEST_CASE(error_records_read_back) {
   dtrain::record_failure(e);
   auto r = dtrain::read_error_record(file);
   BOOST_REQUIRE(r.has_value());
-  BOOST_TEST(r->message.rfind("a \"quoted\" C:\\path with a tab\n  fix: fix it\n  at: ", 0) == 0u, r->message);
+  BOOST_TEST(r->message.rfind("a \"quoted\" C:\\path\twith a tab\n  fix: fix it\n  at: ", 0) == 0u, r->message);
   BOOST_TEST(r->exit_code == 2);
   BOOST_TEST(r->raised_at_us == e.raised_at_us());
   BOOST_TEST(e.raised_at_us() > 1'700'000'000'000'000);  // microseconds since 1970, after 2023

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <filesystem>
 #include <cerrno>
 #include <cstdint>
@@ -19,7 +18,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
@@ -30,6 +28,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/io/json.hpp"
 #include "dtrain/launch/env.hpp"
 
 namespace dtrain {
@@ -554,41 +553,15 @@ struct ErrorRecord {
 inline std::optional<ErrorRecord> read_error_record(const std::filesystem::path& file) {
   std::ifstream in(file);
   if (!in) return std::nullopt;
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto number = [&](std::string_view key) -> std::optional<std::int64_t> {
-    std::string needle(1, '"');  // built by appending: GCC 12 misreads '"' + key (-Wrestrict)
-    needle += key;
-    needle += "\": ";
-    const auto at = text.find(needle);
-    if (at == std::string::npos) return std::nullopt;
-    const char* first = text.data() + at + key.size() + 4;
-    std::int64_t v = 0;
-    const auto [end, ec] = std::from_chars(first, text.data() + text.size(), v);
-    if (ec != std::errc{} || end == first) return std::nullopt;
-    return v;
-  };
-  const auto raised = number("raised_at_us");
-  const auto code = number("exit_code");
-  if (!raised || !code) return std::nullopt;
-  ErrorRecord r;
-  r.exit_code = static_cast<int>(*code);
-  r.raised_at_us = *raised;
-  constexpr std::string_view key = "{\"message\": \"";
-  if (text.rfind(key, 0) == 0)
-    for (std::size_t i = key.size(); i < text.size() && text[i] != '"'; ++i) {
-      if (text[i] != '\\' || i + 1 >= text.size()) {
-        r.message += text[i];
-        continue;
-      }
-      const char c = text[++i];
-      if (c == 'u') {  // another control character
-        i += 4;
-        r.message += ' ';
-      } else {
-        r.message += c == 'n' ? '\n' : c;
-      }
-    }
-  return r;
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("dtrain") || !j["dtrain"].is_object()) return std::nullopt;
+  const auto code = detail::json_number<int>(j["dtrain"].value("exit_code", nlohmann::json()));
+  const auto raised = detail::json_number<std::int64_t>(j["dtrain"].value("raised_at_us", nlohmann::json()));
+  if (!code || !raised) return std::nullopt;
+  const auto message = j.find("message");
+  return ErrorRecord{.message = message != j.end() && message->is_string() ? message->get<std::string>() : "",
+                     .exit_code = *code,
+                     .raised_at_us = *raised};
 }
 
 // This run's log folder, LOG_DIR/<rdzv id>_XXXXXX (torchrun's naming; LOG_DIR
