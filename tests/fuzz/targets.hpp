@@ -29,6 +29,8 @@
 //   launcher_flags    dtrain-run's command line, one argument per line
 //   launch_env        a rank's environment, one NAME=VALUE per line, read by
 //                     dtrain::init's discovery (torchrun, Slurm, Open MPI)
+//   error_record      the bytes as a rank's error record (TORCHELASTIC_ERROR_FILE):
+//                     dtrain-run's read_error_record
 
 #include <dtrain/checkpoint/checkpoint.hpp>
 #include <dtrain/data/dataset.hpp>
@@ -247,6 +249,12 @@ inline void launch_env(std::span<const unsigned char> data, const fs::path&) {
   }
 }
 
+inline void error_record(std::span<const unsigned char> data, const fs::path& scratch) {
+  const fs::path file = scratch / "error.json";
+  write_bytes(file, data);
+  (void)read_error_record(file);  // nothing to reject with: an unreadable record is no record
+}
+
 struct Target {
   const char* name;
   void (*run)(std::span<const unsigned char>, const fs::path&);
@@ -258,6 +266,7 @@ inline constexpr Target targets[] = {
     {"config", config},           {"hf_config", hf_config},
     {"adapter_config", adapter_config}, {"npy", npy},
     {"tokens", tokens},           {"sft_records", sft_records},
-    {"launcher_flags", launcher_flags}, {"launch_env", launch_env}};
+    {"launcher_flags", launcher_flags}, {"launch_env", launch_env},
+    {"error_record", error_record}};
 
 }  // namespace dtrain::fuzz
