@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -220,6 +221,60 @@ BOOST_AUTO_TEST_CASE(embedding_gathers_and_scatters) {
                         [](const dtrain::config_error& e) {
                           return std::string(e.what()).find("id 7 at position 4 is outside [0, 7)") != std::string::npos;
                         });
+}
+
+// The host's by-rows forms of the embeddings' gradients (a table row per
+// index, its columns in runs of 64) have the bits of the element forms the
+// GPU runs (an index per table element), in every dtype: rows wider than a
+// run with a tail, ids repeated many times, most of the vocabulary unused.
+BOOST_AUTO_TEST_CASE_TEMPLATE(embedding_gradients_by_rows_have_the_bits_of_the_element_forms, T, t::dtypes) {
+  dtrain::Host dev(2);
+  const std::int64_t vocab = 40, dim = 150, rows = 96;
+  std::mt19937_64 rng(11);
+  std::vector<std::int64_t> ids(rows);
+  for (auto& id : ids) id = static_cast<std::int64_t>(rng() % 9) * 3;  // 9 of 40 ids, each about 11 times
+  std::vector<std::int64_t> index(static_cast<std::size_t>(vocab) + 1 + static_cast<std::size_t>(rows), 0);
+  std::int64_t* offsets = index.data();
+  std::int64_t* order = index.data() + vocab + 1;
+  for (const auto id : ids) ++offsets[id + 1];
+  for (std::int64_t v = 0; v < vocab; ++v) offsets[v + 1] += offsets[v];
+  std::vector<std::int64_t> next(offsets, offsets + vocab);
+  for (std::int64_t r = 0; r < rows; ++r) order[next[static_cast<std::size_t>(ids[static_cast<std::size_t>(r)])]++] = r;
+  std::vector<T> dy;
+  for (const double v : t::random_nonzero(static_cast<std::size_t>(rows * dim), rng)) dy.push_back(T(static_cast<float>(v)));
+  std::vector<T> by_elements(static_cast<std::size_t>(vocab * dim)), by_rows(by_elements.size());
+  dev.for_each(by_elements.size(), dtrain::EmbeddingScatter<T>{offsets, order, dy.data(), by_elements.data(), dim});
+  dev.for_each(static_cast<std::size_t>(vocab),
+               dtrain::EmbeddingScatter<T>{offsets, order, dy.data(), by_rows.data(), dim, true});
+  BOOST_TEST_REQUIRE(std::memcmp(by_rows.data(), by_elements.data(), by_rows.size() * sizeof(T)) == 0);
+  // And both are the float64 sums, to the dtype's rounding.
+  std::vector<double> want(by_rows.size(), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < dim; ++c)
+      want[static_cast<std::size_t>(ids[static_cast<std::size_t>(r)] * dim + c)] +=
+          static_cast<float>(dy[static_cast<std::size_t>(r * dim + c)]);
+  std::vector<double> got;
+  for (const T v : by_rows) got.push_back(static_cast<float>(v));
+  t::expect_close(got, want, std::is_same_v<T, float> ? 1e-5 : 2e-2, "embedding gradient by rows");
+
+  // The positional table's gradient (PositionGrad): rows past the sequence
+  // length are zero; rows 0..time-1 sum the batch in order.
+  const std::int64_t max_len = 40, batch = 4, time = 24;
+  std::vector<T> pos_dy;
+  for (const double v : t::random_nonzero(static_cast<std::size_t>(batch * time * dim), rng))
+    pos_dy.push_back(T(static_cast<float>(v)));
+  std::vector<T> pos_elements(static_cast<std::size_t>(max_len * dim)), pos_rows(pos_elements.size());
+  dev.for_each(pos_elements.size(), dtrain::PositionGrad<T>{pos_dy.data(), pos_elements.data(), batch, time, dim});
+  dev.for_each(static_cast<std::size_t>(max_len),
+               dtrain::PositionGrad<T>{pos_dy.data(), pos_rows.data(), batch, time, dim, true});
+  BOOST_TEST_REQUIRE(std::memcmp(pos_rows.data(), pos_elements.data(), pos_rows.size() * sizeof(T)) == 0);
+  std::vector<double> pos_want(pos_rows.size(), 0.0), pos_got;
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t r = 0; r < time; ++r)
+      for (std::int64_t c = 0; c < dim; ++c)
+        pos_want[static_cast<std::size_t>(r * dim + c)] += static_cast<float>(pos_dy[static_cast<std::size_t>((b * time + r) * dim + c)]);
+  for (const T v : pos_rows) pos_got.push_back(static_cast<float>(v));
+  t::expect_close(pos_got, pos_want, std::is_same_v<T, float> ? 1e-5 : 2e-2, "position gradient by rows");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -219,7 +219,9 @@ struct EmbeddingGather {
 // dtable[v, c] = sum of dy[r, c] over the rows r holding id v, in row order:
 // rows[offsets[v] .. offsets[v + 1]) lists them (built on the host). One
 // index per table element, so no two threads write the same element and the
-// sum is deterministic; run over vocab * dim.
+// sum is deterministic; run over vocab * dim, or over vocab `by_rows` (the
+// host's form: a table row per index, its columns in vectorised runs, the
+// same sums in the same order, no division per element).
 template <Dtype T>
 struct EmbeddingScatter {
   const std::int64_t* offsets;
@@ -227,7 +229,29 @@ struct EmbeddingScatter {
   const T* dy;
   T* dtable;
   std::int64_t dim;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  bool by_rows = false;
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return by_rows ? static_cast<std::size_t>(dim) : 1; }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
+    if (by_rows) {
+      const auto v = static_cast<std::int64_t>(i);
+      T* out = dtable + v * dim;
+      const std::int64_t first = offsets[v], last = offsets[v + 1];
+      // Runs of `run` columns summed in fp32, each element as below: from
+      // 0.f, one row at a time in row order, then rounded once.
+      constexpr std::int64_t run = 64;
+      for (std::int64_t c0 = 0; c0 < dim; c0 += run) {
+        const std::int64_t w = dim - c0 < run ? dim - c0 : run;
+        float acc[run];
+        for (std::int64_t j = 0; j < w; ++j) acc[j] = 0.f;
+        for (std::int64_t k = first; k < last; ++k) {
+          const T* src = dy + rows[k] * dim + c0;
+          for (std::int64_t j = 0; j < w; ++j) acc[j] += static_cast<float>(src[j]);
+        }
+        for (std::int64_t j = 0; j < w; ++j) out[c0 + j] = dtype_cast<T>(acc[j]);
+      }
+      return;
+    }
     const auto n = static_cast<std::int64_t>(i), v = n / dim, c = n % dim;
     float acc = 0.f;
     for (std::int64_t k = offsets[v]; k < offsets[v + 1]; ++k) acc += static_cast<float>(dy[rows[k] * dim + c]);
@@ -266,15 +290,34 @@ struct AddPositions {
 };
 
 // dtable[t, c] = sum over the batch of dy[b * time + t, c] (0 for t >= time);
-// run over max_len * dim.
+// run over max_len * dim, or over max_len `by_rows` (the host's form: a
+// table row per index, the same sums in the same order, vectorised).
 template <Dtype T>
 struct PositionGrad {
   const T* dy;
   T* dtable;
   std::int64_t batch, time, dim;
+  bool by_rows = false;
   // for Host::for_each's split (index_work)
-  std::size_t work_per_index() const { return static_cast<std::size_t>(batch); }
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  std::size_t work_per_index() const { return static_cast<std::size_t>(by_rows ? batch * dim : batch); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
+    if (by_rows) {
+      const auto t = static_cast<std::int64_t>(i);
+      T* out = dtable + t * dim;
+      constexpr std::int64_t run = 64;  // columns summed at once in fp32, from 0.f in batch order
+      for (std::int64_t c0 = 0; c0 < dim; c0 += run) {
+        const std::int64_t w = dim - c0 < run ? dim - c0 : run;
+        float acc[run];
+        for (std::int64_t j = 0; j < w; ++j) acc[j] = 0.f;
+        if (t < time)
+          for (std::int64_t b = 0; b < batch; ++b) {
+            const T* src = dy + (b * time + t) * dim + c0;
+            for (std::int64_t j = 0; j < w; ++j) acc[j] += static_cast<float>(src[j]);
+          }
+        for (std::int64_t j = 0; j < w; ++j) out[c0 + j] = dtype_cast<T>(acc[j]);
+      }
+      return;
+    }
     const auto n = static_cast<std::int64_t>(i), t = n / dim, c = n % dim;
     float acc = 0.f;
     if (t < time)

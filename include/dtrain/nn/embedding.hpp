@@ -77,8 +77,9 @@ class Embedding {
     });
     auto* on_device = dev.template workspace<std::int64_t>(index.size());
     dev.copy_from_host(on_device, index.data(), index.size());
-    dev.for_each(static_cast<std::size_t>(vocab_ * dim_),
-                 EmbeddingScatter<T>{on_device, on_device + vocab_ + 1, dy.data, grad[0].data, dim_});
+    constexpr bool by_rows = Dev::host_accessible;
+    dev.for_each(static_cast<std::size_t>(by_rows ? vocab_ : vocab_ * dim_),
+                 EmbeddingScatter<T>{on_device, on_device + vocab_ + 1, dy.data, grad[0].data, dim_, by_rows});
   }
 
  private:
@@ -149,9 +150,11 @@ class PositionalEmbedding {
     if (!dx.empty()) dev.copy(dx.data, dy.data, static_cast<std::size_t>(dy.size()));
     if (grad[0].empty()) return;
     const DeviceTensor* pos = positions(ctx);
-    if (pos == nullptr)
-      return dev.for_each(static_cast<std::size_t>(max_len_ * dim_),
-                          PositionGrad<T>{dy.data, grad[0].data, ctx.shape.batch, ctx.shape.time, dim_});
+    if (pos == nullptr) {
+      constexpr bool by_rows = Dev::host_accessible;
+      return dev.for_each(static_cast<std::size_t>(by_rows ? max_len_ : max_len_ * dim_),
+                          PositionGrad<T>{dy.data, grad[0].data, ctx.shape.batch, ctx.shape.time, dim_, by_rows});
+    }
     // Packed: the rows of each position bucketed on the host, in row order
     // (offsets[p]..offsets[p+1]), summed per table element as nn::Embedding's.
     const auto n = static_cast<std::size_t>(x.rows);
@@ -165,8 +168,9 @@ class PositionalEmbedding {
     for (std::size_t r = 0; r < n; ++r) rows[next[static_cast<std::size_t>(host[r])]++] = static_cast<std::int64_t>(r);
     auto* on_device = dev.template workspace<std::int64_t>(index.size());
     dev.copy_from_host(on_device, index.data(), index.size());
-    dev.for_each(static_cast<std::size_t>(max_len_ * dim_),
-                 EmbeddingScatter<T>{on_device, on_device + max_len_ + 1, dy.data, grad[0].data, dim_});
+    constexpr bool by_rows = Dev::host_accessible;
+    dev.for_each(static_cast<std::size_t>(by_rows ? max_len_ : max_len_ * dim_),
+                 EmbeddingScatter<T>{on_device, on_device + max_len_ + 1, dy.data, grad[0].data, dim_, by_rows});
   }
 
  private:
