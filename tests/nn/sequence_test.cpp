@@ -224,9 +224,9 @@ BOOST_AUTO_TEST_CASE(embedding_gathers_and_scatters) {
 }
 
 // The host's by-rows forms of the embeddings' gradients (a table row per
-// index, its columns in runs of 64) have the bits of the element forms the
+// index, its columns in groups of math::lanes) have the bits of the element forms the
 // GPU runs (an index per table element), in every dtype: rows wider than a
-// run with a tail, ids repeated many times, most of the vocabulary unused.
+// group with a tail, ids repeated many times, most of the vocabulary unused.
 BOOST_AUTO_TEST_CASE_TEMPLATE(embedding_gradients_by_rows_have_the_bits_of_the_element_forms, T, t::dtypes) {
   dtrain::Host dev(2);
   const std::int64_t vocab = 40, dim = 150, rows = 96;

@@ -220,8 +220,9 @@ struct EmbeddingGather {
 // rows[offsets[v] .. offsets[v + 1]) lists them (built on the host). One
 // index per table element, so no two threads write the same element and the
 // sum is deterministic; run over vocab * dim, or over vocab `by_rows` (the
-// host's form: a table row per index, its columns in vectorised runs, the
-// same sums in the same order, no division per element).
+// host's form: a table row per index, its columns in math::column_sums'
+// vectorised groups, the same sums in the same order, no division per
+// element).
 template <Dtype T>
 struct EmbeddingScatter {
   const std::int64_t* offsets;
@@ -233,23 +234,15 @@ struct EmbeddingScatter {
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return by_rows ? static_cast<std::size_t>(dim) : 1; }
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
-    if (by_rows) {
+    if (by_rows) {  // each element summed as below: from 0.f, in row order, rounded once
       const auto v = static_cast<std::int64_t>(i);
-      T* out = dtable + v * dim;
-      const std::int64_t first = offsets[v], last = offsets[v + 1];
-      // Runs of `run` columns summed in fp32, each element as below: from
-      // 0.f, one row at a time in row order, then rounded once.
-      constexpr std::int64_t run = 64;
-      for (std::int64_t c0 = 0; c0 < dim; c0 += run) {
-        const std::int64_t w = dim - c0 < run ? dim - c0 : run;
-        float acc[run];
-        for (std::int64_t j = 0; j < w; ++j) acc[j] = 0.f;
-        for (std::int64_t k = first; k < last; ++k) {
-          const T* src = dy + rows[k] * dim + c0;
-          for (std::int64_t j = 0; j < w; ++j) acc[j] += static_cast<float>(src[j]);
-        }
-        for (std::int64_t j = 0; j < w; ++j) out[c0 + j] = dtype_cast<T>(acc[j]);
-      }
+      const std::int64_t first = offsets[v];
+      const auto f = [&](std::int64_t k, std::int64_t c) DTRAIN_LAMBDA_INLINE {
+        return static_cast<float>(dy[rows[first + k] * dim + c]);
+      };
+      const auto put = [&](std::int64_t c, float sum) DTRAIN_LAMBDA_INLINE { dtable[v * dim + c] = dtype_cast<T>(sum); };
+      for (std::int64_t c0 = 0; c0 < dim; c0 += math::lanes)
+        math::column_sums<math::lanes>(offsets[v + 1] - first, c0, math::min_i64(math::lanes, dim - c0), f, put);
       return;
     }
     const auto n = static_cast<std::int64_t>(i), v = n / dim, c = n % dim;
@@ -301,21 +294,14 @@ struct PositionGrad {
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(by_rows ? batch * dim : batch); }
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
-    if (by_rows) {
+    if (by_rows) {  // each element summed as below: from 0.f, in batch order, rounded once
       const auto t = static_cast<std::int64_t>(i);
-      T* out = dtable + t * dim;
-      constexpr std::int64_t run = 64;  // columns summed at once in fp32, from 0.f in batch order
-      for (std::int64_t c0 = 0; c0 < dim; c0 += run) {
-        const std::int64_t w = dim - c0 < run ? dim - c0 : run;
-        float acc[run];
-        for (std::int64_t j = 0; j < w; ++j) acc[j] = 0.f;
-        if (t < time)
-          for (std::int64_t b = 0; b < batch; ++b) {
-            const T* src = dy + (b * time + t) * dim + c0;
-            for (std::int64_t j = 0; j < w; ++j) acc[j] += static_cast<float>(src[j]);
-          }
-        for (std::int64_t j = 0; j < w; ++j) out[c0 + j] = dtype_cast<T>(acc[j]);
-      }
+      const auto f = [&](std::int64_t b, std::int64_t c) DTRAIN_LAMBDA_INLINE {
+        return static_cast<float>(dy[(b * time + t) * dim + c]);
+      };
+      const auto put = [&](std::int64_t c, float sum) DTRAIN_LAMBDA_INLINE { dtable[t * dim + c] = dtype_cast<T>(sum); };
+      for (std::int64_t c0 = 0; c0 < dim; c0 += math::lanes)
+        math::column_sums<math::lanes>(t < time ? batch : 0, c0, math::min_i64(math::lanes, dim - c0), f, put);
       return;
     }
     const auto n = static_cast<std::int64_t>(i), t = n / dim, c = n % dim;
