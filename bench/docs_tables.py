@@ -17,18 +17,11 @@ between two markers, which name the table this script makes there:
 docs_test runs --check, so a table edited by hand or a results file
 re-measured without --write fails CI.
 
---check also asks every figure in prose (a number with a unit of time, rate,
-size, ratio or share: "1.15x", "25.0 GB/s", "+2.4%", "130 ms", "64 MiB") for
-its source: its paragraph, list or hand-written table carries a comment
-
-    <!-- source: training.json, gpt.json -->
-
-naming the results files it comes from, or `history` (measured by a run or a
-profile whose results are not kept in bench/results/; the text says when) or
-`setting` (not a measurement: a goal, a size, an option, arithmetic on them).
-The check is that a source is named and exists, not that each value is
-derived correctly from it: the tables are what is compared value by value. Each table's renderer below reads one
-file; a new table is a new function in RENDERERS.
+--check also checks every figure in prose by value against the results field
+it comes from (bench/docs_figures.py says how a paragraph names them), and that
+every results file records its date, commit, dirty flag and machine
+(bench/machine.py). Each table's renderer below reads one file; a new table is
+a new function in RENDERERS.
 """
 
 import argparse
@@ -36,6 +29,9 @@ import json
 import os
 import re
 import sys
+
+import docs_figures
+import machine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -569,16 +565,6 @@ RENDERERS = {
 }
 
 
-# A measured figure in prose: a number with the unit of a time, a rate, a size,
-# a ratio or a share ("1.15x", "25.0 GB/s", "+2.4%", "130 ms", "1650 MiB").
-FIGURE = re.compile(r"(?<![\w.#/-])[-+]?\d[\d,]*(?:\.\d+)?(?:x|\s?(?:%|ms|us|s|GB/s|MB/s|MiB|GiB|MB|GB))(?![\w/])")
-SOURCE = re.compile(r"<!-- source: ([^>]*?) -->")
-# Sources that are not results files: figures measured by runs whose results
-# are no longer kept (kept as history, and the text says so), and figures that
-# are not measurements at all (goals, sizes, settings, arithmetic on them).
-KINDS = ("history", "setting")
-
-
 def blocks(lines):
     """(first line, lines) of each paragraph, list or hand-written table outside code and marked tables."""
     out, cur, start, code, marked = [], [], 0, False, False
@@ -600,24 +586,12 @@ def blocks(lines):
     return out
 
 
-def prose_sources(path, lines):
-    """Each figure in prose names where it comes from: a `<!-- source: ... -->`
-    in its paragraph naming results files under bench/results/, or one of
-    KINDS. Returns the problems."""
+def prose_sources(path, lines, cache):
+    """Each figure in prose against its source (bench/docs_figures.py). Returns the problems."""
+    user_page = not os.path.relpath(path, ROOT).startswith(os.path.join("docs", "dev"))
     problems = []
     for start, block in blocks(lines):
-        text = "\n".join(block)
-        figures = FIGURE.findall(re.sub(r"<!--.*?-->|`[^`]*`|\]\([^)]*\)", "", text, flags=re.S))
-        tags = SOURCE.findall(text)
-        where = f"{os.path.relpath(path, ROOT)}:{start + 1}"
-        for tag in tags:
-            for name in (n.strip() for n in tag.split(",")):
-                if name not in KINDS and not os.path.exists(os.path.join(RESULTS, name)):
-                    problems.append(f"{where}: source '{name}' is neither a file in bench/results/ nor one of "
-                                    f"{', '.join(KINDS)}")
-        if figures and not tags:
-            problems.append(f"{where}: {', '.join(dict.fromkeys(figures))} without a source: add "
-                            f"<!-- source: FILE.json --> (a file in bench/results/), or history / setting")
+        problems += docs_figures.check_block(f"{os.path.relpath(path, ROOT)}:{start + 1}", block, user_page, cache)
     return problems
 
 
@@ -649,11 +623,11 @@ def main():
         for name, (_, f) in RENDERERS.items():
             print(f"{name:28} bench/results/{f}")
         return 0
-    problems, tables = [], 0
+    problems, tables, cache = [], 0, {}
     for path in DOCS:
         found, lines = regions(path)
         if args.check:
-            problems += prose_sources(path, lines)
+            problems += prose_sources(path, lines, cache)
         if not found:
             continue
         out, at = [], 0
@@ -688,6 +662,10 @@ def main():
             print(line)
         return 1 if failed else 0
     if args.check:
+        history = machine.History()
+        for name in machine.results_files():
+            with open(os.path.join(RESULTS, name)) as f:
+                problems += machine.provenance_problems(name, json.load(f), history)
         for line in problems:
             print(line)
         if problems:
