@@ -348,7 +348,7 @@ def check_block(where, block, user_page, cache):
     problems = []
     if not sources:
         if figures:
-            problems.append(f"{where}: {', '.join(dict.fromkeys(figures))} without a source: add "
+            problems.append(f"{where}: {', '.join(dict.fromkeys(' '.join(f.split()) for f in figures))} without a source: add "
                             "<!-- source: FILE.json with a line 'FIGURE = PATH' per figure -->, or setting")
         return problems
     if len(sources) > 1:
@@ -372,7 +372,7 @@ def check_block(where, block, user_page, cache):
         return problems
     seen = set()
     default = src.files[0] if len(src.files) == 1 else None
-    for figure in dict.fromkeys(figures):
+    for figure in dict.fromkeys(" ".join(f.split()) for f in figures):
         key = normal(figure)
         seen.add(key)
         if key in src.listed:

@@ -2,12 +2,12 @@
 # dtrain::runtime's CUDA part) compiles CUDA code for.
 #
 #   DTRAIN_CUDA_ARCHITECTURES  a list of compute capabilities without the dot
-#                              (80;90), or `native`; default: the GPUs this
-#                              machine has (nvidia-smi), else 80;90.
+#                              (80;86;89;90), or `native`; default: the GPUs
+#                              this machine has (nvidia-smi), else 80;86;89;90.
 #
-# 80;90 covers Ampere, Ada and Hopper with machine code: code for 8.0 runs on
-# every 8.x GPU (A100, A10, L4, L40, RTX 30xx and 40xx), code for 9.0 on H100
-# and H200.
+# 80;86;89;90 is machine code for Ampere (A100 and A30: 8.0; A10, A40 and RTX
+# 30xx: 8.6), Ada (L4, L40, RTX 40xx: 8.9) and Hopper (H100, H200: 9.0), so a
+# build made on a machine without a GPU (a login node, CI) runs on all of them.
 #
 # The device code is compiled once, for the lowest architecture of the list
 # (one cicc pass per translation unit, the expensive part), and ptxas turns
@@ -19,8 +19,9 @@
 # Setting CMAKE_CUDA_ARCHITECTURES (or the CUDAARCHS environment variable)
 # instead gives CMake's own behaviour: one compile per listed architecture.
 #
-# DTRAIN_CUDA_CHECK_ONLY=ON (scripts/setup.sh sets it where no GPU is
-# visible; CMake's default is OFF) compiles the CUDA code only to check it:
+# DTRAIN_CUDA_CHECK_ONLY=ON (off unless asked: CI asks for it, through
+# scripts/setup.sh's environment variable of the same name) compiles the CUDA
+# code only to check it:
 # machine code for the lowest architecture of the list and no PTX, the host
 # code at -O0 and the kernels unoptimised (cicc and ptxas at -O0), since
 # nothing runs it on that machine. Every CUDA source still goes through
@@ -74,7 +75,7 @@ macro(dtrain_cuda_architectures)
     message(STATUS "dtrain: CUDA architectures from CMAKE_CUDA_ARCHITECTURES/CUDAARCHS (CMake's own flags)")
   else()
     set(DTRAIN_CUDA_ARCHITECTURES "" CACHE STRING
-        "GPUs to compile for: compute capabilities (80;90) or native; empty: this machine's GPUs, else 80;90")
+        "GPUs to compile for: compute capabilities (80;86;89;90) or native; empty: this machine's GPUs, else 80;86;89;90")
     set(_dtrain_archs "${DTRAIN_CUDA_ARCHITECTURES}")
     set(_dtrain_why "DTRAIN_CUDA_ARCHITECTURES")
     if(_dtrain_archs STREQUAL "" OR _dtrain_archs STREQUAL "native")
@@ -85,7 +86,7 @@ macro(dtrain_cuda_architectures)
           message(FATAL_ERROR "DTRAIN_CUDA_ARCHITECTURES=native but nvidia-smi shows no GPU here: "
                               "name the GPUs' compute capabilities instead (e.g. -DDTRAIN_CUDA_ARCHITECTURES=80;90)")
         endif()
-        set(_dtrain_archs 80 90)
+        set(_dtrain_archs 80 86 89 90)
         set(_dtrain_why "no GPU visible here: Ampere, Ada and Hopper, with PTX for newer GPUs")
       endif()
     endif()

@@ -23,6 +23,13 @@ if [[ "${DTRAIN_SETUP_FOR:-}" == tests ]]; then
   packages+=(python3-numpy python3-venv python3-torch iproute2 openmpi-bin python3-matplotlib doxygen slurm-wlm munge
             clang-16 libclang-rt-16-dev)
 fi
+# The CUDA toolkit is optional: nvcc on PATH, or from /usr/local/cuda.
+if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+# With the toolkit, set-up may fetch wheels from PyPI (NCCL where the toolkit
+# has none, the cudnn-frontend headers) with Debian's pip.
+command -v nvcc >/dev/null && packages+=(python3-pip)
 [[ -n "${DTRAIN_EXTRA_PACKAGES:-}" ]] && packages+=(${DTRAIN_EXTRA_PACKAGES})
 missing=()
 # DTRAIN_DEPS_PROVIDED=1: the libraries come from elsewhere (scripts/gpu_check.sh
@@ -45,11 +52,6 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# The CUDA toolkit is optional: nvcc from /usr/local/cuda when present.
-if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
-  export PATH="/usr/local/cuda/bin:$PATH"
-fi
-
 # The cudnn-frontend headers (header-only, from PyPI, pinned) for fused
 # attention on GPUs, once, into the build folder where CMake looks
 # (cmake/FindCUDNN.cmake); cuDNN itself comes with the CUDA toolkit. Without
@@ -59,12 +61,23 @@ fe_dir="$build/deps/cudnn-frontend"
 
 # fetch_wheel SPEC DEST FOLDER: pip downloads the wheel SPEC (no
 # dependencies) and unpacks the files under FOLDER/ (include/, lib/) into
-# DEST, with FOLDER's own path left out; fails when PyPI cannot be reached.
+# DEST, with FOLDER's own path left out. Debian's Python and pip (installed
+# above) do it, whatever python3 comes first on PATH; on failure pip's own
+# message is shown, and the function fails.
+pip_python=/usr/bin/python3
+[[ -x $pip_python ]] || pip_python=$(command -v python3)
 fetch_wheel() {
   local tmp status=0
   tmp=$(mktemp -d)
-  if python3 -m pip download -q --no-deps "$1" -d "$tmp" >/dev/null 2>&1; then
-    python3 - "$tmp" "$2" "$3" <<'PY'
+  if ! "$pip_python" -m pip --version >/dev/null 2>&1; then
+    echo "dtrain: $pip_python has no pip (Debian's python3-pip) to fetch $1 with" >&2
+    status=1
+  elif ! "$pip_python" -m pip download -q --no-deps "$1" -d "$tmp" >"$tmp/pip.log" 2>&1; then
+    echo "dtrain: pip could not download $1:" >&2
+    tail -n 15 "$tmp/pip.log" | sed 's/^/  pip: /' >&2
+    status=1
+  else
+    "$pip_python" - "$tmp" "$2" "$3" <<'PY' || status=1
 import glob, os, sys, zipfile
 wheel, out, folder = glob.glob(sys.argv[1] + "/*.whl")[0], sys.argv[2], sys.argv[3]
 prefix = folder.strip("/") + "/" if folder.strip("/") else ""
@@ -77,8 +90,6 @@ with zipfile.ZipFile(wheel) as z:
             with z.open(name) as src, open(dest, "wb") as dst:
                 dst.write(src.read())
 PY
-  else
-    status=1
   fi
   rm -rf "$tmp"
   return $status
@@ -86,14 +97,16 @@ PY
 
 if command -v nvcc >/dev/null && [[ ! -f "$fe_dir/include/cudnn_frontend.h" ]] && [[ -z "${DTRAIN_DEPS_PROVIDED:-}" ]]; then
   fetch_wheel "$cudnn_frontend" "$fe_dir" "" ||
-    echo "dtrain: could not download $cudnn_frontend from PyPI: building without cuDNN fused attention"
+    echo "dtrain: could not fetch $cudnn_frontend (above): building without cuDNN fused attention"
 fi
 
 # NCCL, which GPU training needs: beside the toolkit, in the system or at
 # NCCL_ROOT; absent from all of them, PyPI's nvidia-nccl-cu<CUDA major> wheel
 # (pinned) unpacked into the build folder, where CMake is pointed at it.
-# Without it the build is for CPU ranks only: fine on a machine without a GPU,
-# a stop with what to install on one with GPUs.
+# DTRAIN_NCCL_FROM=pypi takes the wheel even where an NCCL is installed (the
+# CTest setup_nccl_fetch runs this path on a machine that has one).
+# Without NCCL the build is for CPU ranks only: fine on a machine without a
+# GPU, a stop with what to install on one with GPUs.
 nccl_version=2.28.9
 nccl_dir="$build/deps/nccl"
 nccl_args=()
@@ -102,18 +115,27 @@ gpus=0
 command -v nvidia-smi >/dev/null && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if command -v nvcc >/dev/null && [[ -z "${DTRAIN_DEPS_PROVIDED:-}" ]]; then
   cuda_home=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-  for d in ${NCCL_ROOT:-} "$cuda_home" /usr /usr/local "$nccl_dir"; do
+  case ${DTRAIN_NCCL_FROM:-auto} in
+    auto) search=(${NCCL_ROOT:-} "$cuda_home" /usr /usr/local "$nccl_dir") ;;
+    pypi) search=("$nccl_dir") ;;
+    *) echo "dtrain: DTRAIN_NCCL_FROM=${DTRAIN_NCCL_FROM}: give auto (the default) or pypi" >&2; exit 2 ;;
+  esac
+  for d in "${search[@]}"; do
     if [[ -f $d/include/nccl.h ]]; then have_nccl=$d; break; fi
   done
   if [[ -z $have_nccl ]]; then
     cuda_major=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
     wheel="nvidia-nccl-cu${cuda_major}==$nccl_version"
-    echo "dtrain: the CUDA toolkit at $cuda_home has no NCCL: fetching $wheel from PyPI into $nccl_dir"
+    if [[ ${DTRAIN_NCCL_FROM:-auto} == pypi ]]; then
+      echo "dtrain: DTRAIN_NCCL_FROM=pypi: fetching $wheel from PyPI into $nccl_dir"
+    else
+      echo "dtrain: the CUDA toolkit at $cuda_home has no NCCL: fetching $wheel from PyPI into $nccl_dir"
+    fi
     if fetch_wheel "$wheel" "$nccl_dir" nvidia/nccl; then
       ln -sf libnccl.so.2 "$nccl_dir/lib/libnccl.so"
       have_nccl=$nccl_dir
     else
-      why="dtrain: the CUDA toolkit at $cuda_home has no NCCL and $wheel could not be fetched: install NCCL (from NVIDIA's CUDA apt repository: apt-get install libnccl2 libnccl-dev; or set NCCL_ROOT to an NCCL folder) and run this again"
+      why="dtrain: the CUDA toolkit at $cuda_home has no NCCL and $wheel could not be fetched (above): install NCCL (from NVIDIA's CUDA apt repository: apt-get install libnccl2 libnccl-dev; or set NCCL_ROOT to an NCCL folder) and run this again"
       if ((gpus > 0)); then
         echo "$why" >&2
         exit 1
@@ -142,18 +164,20 @@ if [[ ! -f "$build/CMakeCache.txt" || ${configure[0]:-} == --fresh ]]; then
     configure+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   fi
 fi
-# Where no GPU is visible, nothing here runs CUDA code: it is compiled to be
-# checked (DTRAIN_CUDA_CHECK_ONLY: lowest architecture, unoptimised, about
-# 40% less compile time). DTRAIN_CUDA_CHECK_ONLY=0 in the environment builds
-# CUDA binaries to copy to a GPU machine instead.
+# DTRAIN_CUDA_CHECK_ONLY=ON in the environment compiles CUDA code only to
+# check it (lowest architecture, unoptimised, about 40% less compile time;
+# CI asks for it): its binaries are not for GPUs. Otherwise, with or without a
+# GPU here, CUDA code is compiled to run: for this machine's GPUs, or for
+# Ampere, Ada and Hopper with PTX for newer GPUs where it has none, so a build
+# made on a login node runs on the GPU nodes.
 if [[ -n $have_nccl ]]; then
   check_only=OFF
-  ((gpus == 0)) && check_only=ON
   case ${DTRAIN_CUDA_CHECK_ONLY:-} in
-    0|OFF|off|no) check_only=OFF ;;
+    ""|0|OFF|off|no) check_only=OFF ;;
     1|ON|on|yes) check_only=ON ;;
+    *) echo "dtrain: DTRAIN_CUDA_CHECK_ONLY=${DTRAIN_CUDA_CHECK_ONLY}: give ON or OFF" >&2; exit 2 ;;
   esac
-  [[ $check_only == ON ]] && echo "dtrain: no GPU here: CUDA code is compiled to be checked, not to run (DTRAIN_CUDA_CHECK_ONLY=0 for GPU binaries)"
+  [[ $check_only == ON ]] && echo "dtrain: DTRAIN_CUDA_CHECK_ONLY=ON: CUDA code is compiled to be checked, not to run"
   configure+=(-DDTRAIN_CUDA_CHECK_ONLY=$check_only)
 fi
 cmake -S "$root" -B "$build" ${configure[@]+"${configure[@]}"} ${nccl_args[@]+"${nccl_args[@]}"} ${DTRAIN_CMAKE_ARGS:-}

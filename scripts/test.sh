@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds everything (every CUDA source with nvcc when
 # the toolkit is present) and runs the whole CTest suite. GPU tests report
-# "skipped" (exit 77) on a machine without a GPU. CTest runs one test more
+# "skipped" (exit 77) on a machine without a GPU; without the CUDA toolkit
+# they are not built, and the last line says so. CTest runs one test more
 # than there are cores: some tests mostly wait (the Slurm test on Slurm's
 # scheduler, Python's imports, the packaging tests' configure steps), and
 # with one per core the cores stood idle a quarter of the time.
@@ -18,4 +19,13 @@ if [[ ! -f $costs ]]; then
   mkdir -p "$(dirname "$costs")"
   cp "$root/tests/ctest_cost_data.txt" "$costs"
 fi
-ctest --test-dir "$build" --output-on-failure -j "$(($(nproc) + 1))" "$@"
+status=0
+ctest --test-dir "$build" --output-on-failure -j "$(($(nproc) + 1))" "$@" || status=$?
+cache="$build/CMakeCache.txt"
+if grep -q '^DTRAIN_CUDA_ENABLED:INTERNAL=OFF' "$cache"; then
+  why=$(sed -n 's/^DTRAIN_NO_CUDA_WHY:INTERNAL=//p' "$cache")
+  echo "dtrain: tested for CPU ranks only (${why:-no CUDA}): no CUDA source was compiled and no GPU test was built or run"
+elif grep -q '^DTRAIN_CUDA_CHECK_ONLY:BOOL=ON' "$cache"; then
+  echo "dtrain: CUDA compiled to be checked only (DTRAIN_CUDA_CHECK_ONLY=ON): these binaries are not for GPUs"
+fi
+exit $status
