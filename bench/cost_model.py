@@ -79,10 +79,20 @@ def main():
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
     comm = load(args.comm)
-    # Derived, not measured: the date, machine and commit are the measured
-    # collectives' (comm_bandwidth.json); strategies_date dates the scaling rows.
-    out = {"source": args.comm, "date": comm.get("date"), "machine": comm.get("machine"), "commit": comm.get("commit"),
-           "model": "t = alpha + factor(N) * S / B", "transports": []}
+    strat = load(args.strategies)
+    # Derived, not measured: the provenance (date, commit, dirty, machine) is
+    # the measured collectives' (comm_bandwidth.json), with its note where it
+    # has one; strategies_* give the scaling rows' (strategies.json). Taken
+    # from the inputs, never from this run, so --check compares like with like.
+    out = {"date": comm.get("date"), "commit": comm.get("commit"), "dirty": comm.get("dirty"),
+           "machine": comm.get("machine")}
+    notes = [f"{name}: {d['provenance_note']}" for name, d in ((args.comm, comm), (args.strategies, strat))
+             if d.get("provenance_note")]
+    if notes:
+        out["provenance_note"] = ("derived by bench/cost_model.py: date, commit, dirty and machine are "
+                                  f"{args.comm}'s, strategies_* are {args.strategies}'s; their notes: "
+                                  + " | ".join(notes))
+    out.update({"source": args.comm, "model": "t = alpha + factor(N) * S / B", "transports": []})
 
     # dtrain's two host transports, PyTorch from PyPI (the release users
     # install) and Debian's PyTorch, each over Gloo.
@@ -123,10 +133,10 @@ def main():
     # Scaling measured on one machine: samples/s at N ranks over samples/s at
     # one rank, every strategy (the machine's cores are shared by the ranks,
     # so this measures what distribution costs on fixed hardware).
-    strat = load(args.strategies)
     out["strategies_date"] = strat.get("date")
     out["strategies_machine"] = strat.get("machine")
     out["strategies_commit"] = strat.get("commit")
+    out["strategies_dirty"] = strat.get("dirty")
     scaling = []
     base = {}
     print(f"\nScaling on one machine ({strat['machine'].get('cores', '?')} cores shared by the ranks; {args.strategies}):\n")

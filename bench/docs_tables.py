@@ -33,6 +33,9 @@ import sys
 import docs_figures
 import machine
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import gpu_report  # noqa: E402  (scripts/gpu_report.py: the GPU records)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 DOCS = [os.path.join(ROOT, "README.md")] + sorted(
@@ -477,11 +480,18 @@ def gemm_engines():
 
 
 def gpu_source(*names):
-    """GPU results record the device, not a machine dict; the commit is noted when recorded afterwards."""
+    """GPU results record the device; the line says when the GPU code has changed since their commit."""
     files = [load(n) for n in names]
     d = files[0]
+    since = gpu_report.gpu_changes_since(d["commit"])
+    age = (f"; {since} commit{'s' if since != 1 else ''} since then change code a GPU runs, so these figures "
+           "predate the current code") if since else ""
     return (f"(`bench/results/{names[0]}`" + "".join(f" and `{n}`" for n in names[1:]) +
-            f": {d['date']}, one {d['device']}, {d['commit']}.)")
+            f": {d['date']}, {d['machine']['gpu']} (driver {d['machine']['driver']}), commit {d['commit']}{age}.)")
+
+
+def gpu_status():
+    return gpu_report.status_lines()
 
 
 def gpu_kernels():
@@ -535,6 +545,7 @@ def comm_waiting():
 
 
 RENDERERS = {
+    "gpu.status": (gpu_status, "gpu_runs/ (the newest GPU check)"),
     "gemm.engines": (gemm_engines, "gemm.json"),
     "gpu.kernels": (gpu_kernels, "gpu_kernels_vector.json"),
     "gpu.training": (gpu_training, "gpu.json"),
@@ -641,6 +652,11 @@ def main():
             else:
                 try:
                     made = RENDERERS[name][0]()
+                except gpu_report.Unknowable as e:
+                    print(f"{where}: table '{name}' not checked: {e}")
+                    out += lines[begin + 1:end]
+                    at = end
+                    continue
                 except (OSError, KeyError, ValueError, TypeError, StopIteration) as e:
                     problems.append(f"{where}: table '{name}' cannot be made from bench/results/"
                                     f"{RENDERERS[name][1]}: {type(e).__name__}: {e}")

@@ -186,8 +186,10 @@ fi
 
 mkdir -p "$(dirname "$json")"
 python3 - "$rows" "$json" "$repo" "$before" "$opt" "$smoke" <<'EOF'
-import datetime, json, os, platform, statistics, subprocess, sys
+import json, os, statistics, sys
 rows_path, out, repo, before, opt, smoke = sys.argv[1:]
+sys.path.insert(0, os.path.join(repo, "bench"))
+from machine import run_record  # noqa: E402  (bench/machine.py: date, commit, dirty, machine)
 # One row per translation unit: the rounds of (a) each wrote one run.
 rows = []
 for line in open(rows_path):
@@ -199,8 +201,6 @@ for line in open(rows_path):
         same["runs"] += r["runs"]
         same["seconds"] = round(statistics.median(same["runs"]), 2)
         same["peak_mib"] = max(same["peak_mib"], r["peak_mib"])
-commit = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
 def pick(kind, compiler, mode):
     return next((r["seconds"] for r in rows if r["kind"] == kind and r["name"] == "quickstart"
                  and r["compiler"] == compiler and r["mode"] == mode), None)
@@ -212,8 +212,7 @@ for k, limit in ({} if smoke == "1" else goals).items():
     s = pick("after", compiler, mode)
     if s is not None:
         met[k] = {"seconds": s, "goal": limit, "met": s <= limit}
-doc = {"benchmark": "compile", "date": datetime.date.today().isoformat(), "commit": commit,
-       "before": before or None, "machine": {"cpu": cpu, "cores": os.cpu_count()},
+doc = {"benchmark": "compile", **run_record(os.cpu_count()), "before": before or None,
        "flags": opt, "smoke": smoke == "1", "rows": rows, "goals": met}
 with open(out, "w") as f:
     json.dump(doc, f, indent=1)

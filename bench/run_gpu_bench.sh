@@ -30,7 +30,8 @@
 # the median of the N runs. bench/gpu/summarize.py prints the tables and
 # writes the JSON (default bench/results/gpu.json), keeping the parts this
 # run did not measure from the file as it was (each part records its own
-# commit and date). DTRAIN_GPU_BENCH_PARTS=kernels,mlp,gpt,lm,attention (the
+# date, commit and dirty; the top level has this run's, bench/machine.py's
+# run_record with the GPU and its driver). DTRAIN_GPU_BENCH_PARTS=kernels,mlp,gpt,lm,attention (the
 # default: all) picks parts, so that a short GPU loan can run them one call each.
 # dtrain's new GPU paths (docs/gpu.md, "Kernel paths") are taken from the
 # environment as set, so the same script measures them on and off.
@@ -201,7 +202,7 @@ done
 
 mkdir -p "$(dirname "$json")"
 "$python" "$repo/bench/gpu/summarize.py" "$work" --repeat "$repeat" --mlp-warmup $mlp_warmup \
-  --gpt-warmup $gpt_warmup --vocab "$vocab" --json "$json" --lm-warmup $lm_warmup --peak-tflops $peak_tflops \
+  --gpt-warmup $gpt_warmup --vocab "$vocab" --json "$json" --cores "$cores" --lm-warmup $lm_warmup --peak-tflops $peak_tflops \
   --lm-config "${lm_gpt[0]} block ${lm_gpt[1]} batch ${lm_gpt[2]} DDP; ${lm_llama[0]} block ${lm_llama[1]} batch ${lm_llama[2]} FSDP full shard; bf16, AdamW, $lm_steps steps, warm-up $lm_warmup" \
   --mlp-config "hidden $mlp_hidden, GELU, batch $mlp_batch, AdamW, $mlp_steps steps, warm-up $mlp_warmup" \
   --gpt-config "$gpt_layers layers, d $gpt_embd, $gpt_heads heads, block $gpt_block, batch $gpt_batch, AdamW, $gpt_steps steps, warm-up $gpt_warmup"

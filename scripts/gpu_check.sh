@@ -46,6 +46,9 @@
 # everything; the script's exit status is the first failure's. Environment:
 #   DTRAIN_COMMIT        the commit under test (the GPU machine gets a copy of
 #                        the work tree without .git): recorded in the report
+#   DTRAIN_DIRTY         true when that copy has changes the commit lacks
+#                        (`git status --porcelain --untracked-files=no` not
+#                        empty on the sending machine), else false
 #   DTRAIN_BUILD_DIR     build folder (default build-gpu)
 #   DTRAIN_DEPS_PREFIX   where the .debs are unpacked (default /tmp/dtrain-deps)
 #   DTRAIN_CMAKE_ARGS    extra configure arguments (e.g. -DDTRAIN_WARNINGS_AS_ERRORS=OFF)
@@ -251,7 +254,10 @@ probe() {
     echo "driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2> /dev/null | head -1)"
     echo "cuda=$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
     echo "commit=$(commit_under_test)"
+    echo "dirty=$(tree_dirty)"
+    echo "cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
     echo "cpus=$(nproc)"
+    echo "gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)"
     echo "compiler=$(g++ --version | head -1)"
     echo "cmake=$(cmake --version | head -1)"
     echo "torch=$(python3 -c 'import torch; print(torch.__version__)' 2> /dev/null)"
@@ -263,9 +269,19 @@ commit_under_test() {
   if [[ -n ${DTRAIN_COMMIT:-} ]]; then
     echo "$DTRAIN_COMMIT"
   elif git -C "$root" rev-parse HEAD > /dev/null 2>&1; then
-    local dirty=""
-    [[ -n $(git -C "$root" status --porcelain --untracked-files=no) ]] && dirty=+dirty
-    echo "$(git -C "$root" rev-parse HEAD)$dirty"
+    git -C "$root" rev-parse HEAD
+  else
+    echo unknown
+  fi
+}
+
+# Whether the tree under test differs from that commit: DTRAIN_DIRTY (true or
+# false, from the machine that sent the tree), else git's view of this tree.
+tree_dirty() {
+  if [[ -n ${DTRAIN_DIRTY:-} ]]; then
+    echo "$DTRAIN_DIRTY"
+  elif git -C "$root" rev-parse HEAD > /dev/null 2>&1; then
+    [[ -n $(git -C "$root" status --porcelain --untracked-files=no -- . ':!bench/results' ':!docs') ]] && echo true || echo false
   else
     echo unknown
   fi

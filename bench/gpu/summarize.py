@@ -8,20 +8,59 @@ PyTorch's (below 1: dtrain is faster).
 """
 
 import argparse
-import datetime
 import json
 import os
+import re
 import statistics
-import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import machine  # noqa: E402  (bench/machine.py)
+
+PROVENANCE = ("date", "commit", "dirty", "machine")
 
 
-def commit():
-    """The full hash of the commit the benchmark ran, with "+dirty" when the tree had changes."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    head = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return (head or "unknown") + ("+dirty" if dirty else "")
+def gpu_record(cores, torch):
+    """machine.run_record with the GPU and its driver: nvidia-smi's where it answers, else the
+    GPUs PyTorch sees and the kernel module's version (/proc/driver/nvidia/version)."""
+    record = machine.run_record(cores)
+    m = record["machine"]
+    if m.get("gpu") in (None, "none") and torch.cuda.is_available():
+        m["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+        try:
+            with open("/proc/driver/nvidia/version") as f:
+                found = re.search(r"Kernel Module\s+(\S+)", f.read())
+        except OSError:
+            found = None
+        m["driver"] = found.group(1) if found else "unknown (no nvidia-smi, no /proc/driver/nvidia/version)"
+    return record
+
+
+def stamp_kept_parts(result):
+    """A file from before the parts carried their own provenance: the parts this run keeps get the
+    file's top-level date, commit and dirty (and its provenance note), before the top level
+    becomes this run's."""
+    def unsuffixed(stamp):  # the writer before bench/machine.py's dirty() wrote "<hash>+dirty"
+        c = stamp.get("commit")
+        if isinstance(c, str) and c.endswith("+dirty"):
+            stamp["commit"], stamp["dirty"] = c[:-len("+dirty")], True
+
+    old = {k: result[k] for k in ("date", "commit", "dirty") if k in result}
+    for part in [result.get("kernels_run") or {}] + [row for key in ("training", "language_models", "attention")
+                                                     for row in result.get(key, [])]:
+        unsuffixed(part)
+    if not old:
+        return
+    unsuffixed(old)
+    for k in ("provenance_note", "commit_note"):
+        if k in result:
+            old[k] = result[k]
+    if "kernels" in result and "kernels_run" not in result:
+        result["kernels_run"] = dict(old)
+    for key in ("training", "language_models", "attention"):
+        for row in result.get(key, []):
+            if "commit" not in row:
+                row.update(old)
 
 
 def load_jsonl(path):
@@ -167,6 +206,7 @@ def main():
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--vocab", type=int, required=True)
     parser.add_argument("--json", required=True)
+    parser.add_argument("--cores", type=int, default=os.cpu_count())
     parser.add_argument("--mlp-config", default="hidden 1024,1024,1024, GELU, batch 256, AdamW, 300 steps, warm-up 20")
     parser.add_argument("--gpt-config", default="6 layers, d 384, 6 heads, block 256, batch 16, AdamW, 60 steps, "
                                                 "warm-up 10")
@@ -174,13 +214,18 @@ def main():
     a = parser.parse_args()
     w = lambda name: os.path.join(a.work, name)  # noqa: E731
 
-    # The parts this run measured replace theirs in the file; the others stay as they were.
+    # The parts this run measured replace theirs in the file; the others stay as they were, each
+    # with its own date, commit and dirty. The top level's provenance is this run's (the newest).
     result = {}
     if os.path.exists(a.json):
         with open(a.json) as f:
             result = json.load(f)
-    stamp = {"commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+        stamp_kept_parts(result)
     import torch  # the side's version and the GPU, as PyTorch names it
+    record = gpu_record(a.cores, torch)
+    stamp = {k: record[k] for k in ("date", "commit", "dirty")}
+    result = {**record, **{k: v for k, v in result.items()
+                           if k not in PROVENANCE and k not in ("provenance_note", "commit_note")}}
     result.update({"device": torch.cuda.get_device_name(0), "torch": torch.__version__})
     result.setdefault("configs", {})
     if os.path.exists(w("kernels_dtrain.json")):

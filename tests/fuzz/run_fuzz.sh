@@ -11,7 +11,8 @@
 #
 # Defaults: 10,000,000 executions per target, every target, the run appended
 # to the "runs" of bench/results/fuzz.json (the record of every full run,
-# with notes added by hand on findings). --smoke: what CI runs
+# each with its date, commit, dirty and machine from bench/machine.py, the
+# top level the newest run's; notes added by hand on findings). --smoke: what CI runs
 # (CTest fuzz_smoke): an unoptimised (-O0) build, 2 seconds per target, nothing installed
 # (exit 77 naming what is missing), the JSON in the work directory. Each
 # target starts from a copy of its corpus tests/corpus/<target>/ (new inputs
@@ -96,16 +97,20 @@ for t in "${list[@]}"; do
 done
 
 {
-  echo "{\"date\": \"$(date +%F)\", \"commit\": \"$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)\","
-  echo " \"limit\": \"${limit#-}\", \"compiler\": \"$(clang++-16 --version | head -1)\", \"targets\": ["
+  echo "{\"limit\": \"${limit#-}\", \"compiler\": \"$(clang++-16 --version | head -1)\", \"targets\": ["
   (IFS=,; echo "${rows[*]}")
   echo "]}"
 } > "$work/run.json"
-/usr/bin/python3 - "$work/run.json" "$json" <<'PY'
+/usr/bin/python3 - "$work/run.json" "$json" "$repo" <<'PY'
 import json, os, sys
-run = json.load(open(sys.argv[1]))
+sys.path.insert(0, os.path.join(sys.argv[3], "bench"))
+from machine import run_record  # noqa: E402  (bench/machine.py: date, commit, dirty, machine)
+# Each run records its own provenance; the file's top level is the newest run's.
+provenance = run_record(os.cpu_count())
+run = {**provenance, **json.load(open(sys.argv[1]))}
 record = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) else {"runs": []}
 record["runs"].append(run)
+record = {**provenance, **{k: v for k, v in record.items() if k not in provenance and k != "provenance_note"}}
 with open(sys.argv[2], "w") as f:
     json.dump(record, f, indent=1)
     f.write("\n")
