@@ -142,7 +142,8 @@ def _member(item, key):
     return item[key]
 
 
-_PATH = re.compile(r"(?:(?P<file>[\w.-]+\.json):)?(?P<head>[A-Za-z_][\w-]*)(?P<rest>(?:\.[A-Za-z_][\w-]*|\[[^\]]*\])*)")
+_PATH = re.compile(r"(?:(?P<file>[\w.-]+\.json):)?(?:(?P<head>[A-Za-z_][\w-]*)|(?=\[))"
+                   r"(?P<rest>(?:\.[A-Za-z_][\w-]*|\[[^\]]*\])*)")
 
 
 def resolve(path_match, files, default):
@@ -153,7 +154,8 @@ def resolve(path_match, files, default):
     if name not in files:
         raise ExpressionError(f"'{name}' is not among the files the source names ({', '.join(files)})")
     current, many = [files[name]], False
-    steps = [("key", path_match.group("head"))] + [
+    head = path_match.group("head")
+    steps = ([("key", head)] if head else []) + [
         ("key", m.group(1)) if m.group(1) else ("sel", m.group(2))
         for m in re.finditer(r"\.([A-Za-z_][\w-]*)|\[([^\]]*)\]", path_match.group("rest"))]
     for kind, arg in steps:
@@ -187,7 +189,7 @@ def evaluate(expr, files, default):
             i += len(num.group(0))
             continue
         m = _PATH.match(expr, i)
-        if not m:
+        if not m or not m.group(0):
             raise ExpressionError(f"cannot read '{expr[i:]}'")
         if expr[m.end():].lstrip().startswith("(") and not m.group("file") and not m.group("rest"):
             if m.group("head") not in FUNCTIONS:

@@ -64,6 +64,10 @@ echo "work directory: $work"
 [[ -n $smoke ]] && json=$work/fuzz.json
 mkdir -p "$(dirname "$json")"
 level=$([[ -n $smoke ]] && echo -O0 || echo -O2)
+# The code fuzzed is the tree the harness is built from: its commit and dirty
+# now, not at the end (a full run takes hours, and commits may land meanwhile).
+/usr/bin/python3 -c 'import json, sys; sys.path.insert(0, sys.argv[1]); import machine
+print(json.dumps({"commit": machine.commit(), "dirty": machine.dirty()}))' "$repo/bench" > "$work/built.json"
 echo "== building the harness ($level)"
 clang++-16 -std=c++20 "$level" -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$repo/include" -I"$repo/tests" -I"$repo/examples" -I"$repo/tools" \
@@ -105,8 +109,9 @@ done
 import json, os, sys
 sys.path.insert(0, os.path.join(sys.argv[3], "bench"))
 from machine import run_record  # noqa: E402  (bench/machine.py: date, commit, dirty, machine)
-# Each run records its own provenance; the file's top level is the newest run's.
-provenance = run_record(os.cpu_count())
+# Each run records its own provenance (commit and dirty as the harness was built); the
+# file's top level is the newest run's.
+provenance = {**run_record(os.cpu_count()), **json.load(open(os.path.join(os.path.dirname(sys.argv[1]), "built.json")))}
 run = {**provenance, **json.load(open(sys.argv[1]))}
 record = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) else {"runs": []}
 record["runs"].append(run)

@@ -38,10 +38,14 @@ DTRAIN_FAULT_RUNS=$runs DTRAIN_FAULT_SEED=$seed DTRAIN_FAULT_JSON=$json.jsonl \
   "$build/tests/reliability/reliability_faults_test" --log_level=test_suite || status=$?
 DTRAIN_FAULT_RUNS=$runs DTRAIN_FAULT_SEED=$seed DTRAIN_FAULT_JSON=$json.jsonl \
   "$build/tests/reliability/reliability_preempt_test" --log_level=test_suite || status=$?
-/usr/bin/python3 - "$json.jsonl" "$json" <<'PY'
+/usr/bin/python3 - "$json.jsonl" "$json" "$repo" <<'PY'
 import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[3], "bench"))
+from machine import run_record  # noqa: E402  (bench/machine.py: date, commit, dirty, machine)
 rows = [json.loads(line) for line in open(sys.argv[1])]
-out = {"scenarios": rows}
+# The scenarios are this run's, and so is the top level's provenance; the soak
+# (run_soak.sh --record) is kept as it was, with the provenance it carries.
+out = {**run_record(os.cpu_count()), "scenarios": rows}
 if os.path.exists(sys.argv[2]):
     old = json.load(open(sys.argv[2]))
     if "soak" in old:
