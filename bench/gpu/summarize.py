@@ -26,13 +26,15 @@ def gpu_record(cores, torch):
     record = machine.run_record(cores)
     m = record["machine"]
     if m.get("gpu") in (None, "none") and torch.cuda.is_available():
-        m["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
         try:
             with open("/proc/driver/nvidia/version") as f:
                 found = re.search(r"Kernel Module\s+(\S+)", f.read())
         except OSError:
             found = None
-        m["driver"] = found.group(1) if found else "unknown (no nvidia-smi, no /proc/driver/nvidia/version)"
+        gpu = {"gpu": f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}",
+               "driver": found.group(1) if found else "unknown (no nvidia-smi, no /proc/driver/nvidia/version)"}
+        record["machine"] = {**{k: v for k, v in m.items() if k in ("cpu", "cpu_flags", "cores")}, **gpu,
+                             **{k: v for k, v in m.items() if k not in ("cpu", "cpu_flags", "cores", "gpu", "driver")}}
     return record
 
 

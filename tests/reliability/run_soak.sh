@@ -268,8 +268,13 @@ if out:
         json.dump(result, f, indent=1)
         f.write("\n")
 if record:
+    # The soak's own provenance, and the file's as the newest run's (bench/machine.py).
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(record))), ""))
+    import machine
+    stamp = machine.run_record(os.cpu_count())
     faults = json.load(open(record)) if os.path.exists(record) else {}
-    faults["soak"] = result
+    faults["soak"] = {**stamp, **result}
+    faults.update(stamp)
     with open(record, "w") as f:
         json.dump(faults, f, indent=1)
         f.write("\n")
