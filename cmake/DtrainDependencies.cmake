@@ -22,9 +22,10 @@ find_package(nlohmann_json 3.10 REQUIRED)
 if(NOT DEFINED DTRAIN_CUDA)
   set(DTRAIN_CUDA AUTO)
 endif()
-# The oldest CUDA toolkit dtrain's CUDA code is compiled and tested with
-# (docs/building.md#cuda-toolkit-versions says how it was checked).
-set(DTRAIN_MIN_CUDA_VERSION 12.0)
+# The oldest CUDA toolkit and NCCL dtrain's CUDA code compiles with
+# (docs/building.md#cuda-toolkit-versions says how that was checked).
+set(DTRAIN_MIN_CUDA_VERSION 12.4)
+set(DTRAIN_MIN_NCCL_VERSION 2.14)
 set(DTRAIN_WITH_CUDA OFF)
 set(DTRAIN_NO_CUDA_WHY "")
 if(DTRAIN_CUDA STREQUAL "OFF")
@@ -53,9 +54,20 @@ else()
       find_package(NCCL QUIET)
     endif()
   endif()
+  if(NCCL_FOUND AND NCCL_VERSION VERSION_LESS DTRAIN_MIN_NCCL_VERSION)
+    set(_dtrain_old_nccl "the NCCL at ${NCCL_INCLUDE_DIR} is ${NCCL_VERSION}, older than the ${DTRAIN_MIN_NCCL_VERSION} "
+                         "dtrain needs (ncclCommInitRankConfig, ncclCommFinalize): install a newer NCCL or set "
+                         "NCCL_ROOT to one")
+    if(DTRAIN_CUDA STREQUAL "ON")
+      message(FATAL_ERROR "dtrain: ${_dtrain_old_nccl}")
+    endif()
+    message(WARNING "dtrain: ${_dtrain_old_nccl}; building for CPU ranks only")
+    set(DTRAIN_NO_CUDA_WHY "${_dtrain_old_nccl}")
+    set(NCCL_FOUND OFF)
+  endif()
   if(CUDAToolkit_FOUND AND NCCL_FOUND)
     set(DTRAIN_WITH_CUDA ON)
-  elseif(CUDAToolkit_FOUND)
+  elseif(CUDAToolkit_FOUND AND NOT DTRAIN_NO_CUDA_WHY)
     set(DTRAIN_NO_CUDA_WHY "the CUDA toolkit (${CUDAToolkit_BIN_DIR}) is here but NCCL is not")
     message(WARNING "dtrain: the CUDA toolkit (${CUDAToolkit_BIN_DIR}) is here but NCCL is not: building for CPU "
                     "ranks only. For GPU training install NCCL (apt-get install libnccl2 libnccl-dev from NVIDIA's "
