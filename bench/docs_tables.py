@@ -495,7 +495,7 @@ def gpu_status():
 
 
 def gpu_kernels():
-    d, v = load("gpu.json"), load("gpu_kernels_vector.json")
+    d, v = load("gpu.json"), load("gpu_kernels_adamw_4wide.json")
     ours = {(r["pass"], r["elements"]): r for r in v["rows"]}
     peer = {(r["pass"], r["elements"]): r for r in d["kernels"]}
     label = {"adamw": "AdamW, fp32 (4-wide)", "cast_bf16": "cast fp32 → bf16",
@@ -517,7 +517,7 @@ def gpu_kernels():
     peer_name = torch_minor(d["torch"])
     header = ["pass", "elements", "dtrain ms", "GB/s", "share of copy", f"{peer_name} ms", "GB/s", "share of copy",
               f"dtrain time / {peer_name}'s"]
-    return table(header, "ll" + "r" * 7, rows) + ["", gpu_source("gpu_kernels_vector.json", "gpu.json")]
+    return table(header, "ll" + "r" * 7, rows) + ["", gpu_source("gpu_kernels_adamw_4wide.json", "gpu.json")]
 
 
 def gpu_training():
@@ -547,7 +547,7 @@ def comm_waiting():
 RENDERERS = {
     "gpu.status": (gpu_status, "gpu_runs/ (the newest GPU check)"),
     "gemm.engines": (gemm_engines, "gemm.json"),
-    "gpu.kernels": (gpu_kernels, "gpu_kernels_vector.json"),
+    "gpu.kernels": (gpu_kernels, "gpu_kernels_adamw_4wide.json"),
     "gpu.training": (gpu_training, "gpu.json"),
     "comm.waiting": (comm_waiting, "comm_bandwidth.json"),
     "cost_model.fit": (cost_model_fit, "cost_model.json"),

@@ -343,7 +343,7 @@ BOOST_AUTO_TEST_CASE(mismatched_checkpoints_and_sequences_are_errors) {
     std::vector<std::int32_t> ids(9, 1);
     Batch b;
     b.set("x", HostTensor::of(ids, {1, 9}));
-    dtrain::testing::require_throws<config_error>([&] { tw.logits(b); });
+    dtrain::testing::require_throws<config_error>([&] { tw.predict(b); });
   });
   BOOST_CHECK_THROW(hf::open_checkpoint(fresh("empty_model"), {}), checkpoint_error);
 }

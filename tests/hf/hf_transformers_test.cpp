@@ -76,7 +76,7 @@ std::vector<float> dtrain_logits(const fs::path& dir, const Expected& e, int ran
     require(r.missing.empty() && r.unexpected.empty() && r.mismatched.empty(), "every tensor loads");
     Batch b;
     b.set("x", HostTensor::of(e.ids, {2, static_cast<std::int64_t>(e.ids.size()) / 2}));
-    std::vector<float> logits = trainer.logits(b);
+    std::vector<float> logits = trainer.predict(b);
     if (w.rank() == 0) out = std::move(logits);
   });
   return out;
@@ -169,7 +169,7 @@ void fine_tuned_model_loads_in_transformers(const std::string& name, const std::
     for (int s = 0; s < 2; ++s) trainer.step(std::span(&b, 1));
     hf::save_pretrained(trainer, saved, config);              // what from_pretrained reads
     // [/snippet:hf_fine_tune]
-    std::vector<float> logits = trainer.logits(b);
+    std::vector<float> logits = trainer.predict(b);
     if (w.rank() == 0) ours = std::move(logits);
   });
   const fs::path out = saved.parent_path() / (name + "_tuned_logits.safetensors");
@@ -222,7 +222,7 @@ std::vector<float> adapted_logits(const fs::path& model, const fs::path& adapter
     require(!r.loaded.empty(), "the adapter loads");
     for (int s = 0; s < steps; ++s) trainer.step(std::span(&b, 1));
     if (!save.empty()) hf::save_adapter(trainer, save, lm, model.string());
-    std::vector<float> logits = trainer.logits(b);
+    std::vector<float> logits = trainer.predict(b);
     if (w.rank() == 0) out = std::move(logits);
   });
   return out;

@@ -270,7 +270,7 @@ BOOST_AUTO_TEST_CASE(dropout_in_composite_units) {
                         s.rows(), 8, s, "SwiGLU MLP");
 }
 
-// Out of training (evaluate(), logits()) the adapter sees x: the same outputs
+// Out of training (evaluate(), predict()) the adapter sees x: the same outputs
 // as without dropout; in training some inputs are dropped.
 BOOST_AUTO_TEST_CASE(dropout_only_in_training) {
   dtrain::Host dev(1);

@@ -30,15 +30,15 @@ struct NoValidate {
   static constexpr std::string_view name = "no_validate";
   float lr = 1.f;
 };
-static_assert(dtrain::OptimizerConfig<AdamW>);
-static_assert(dtrain::OptimizerConfig<SGD>);
+static_assert(dtrain::Optimizer<AdamW>);
+static_assert(dtrain::Optimizer<SGD>);
 // Settings alone are not an optimizer: the concept needs the rule too
 // (optimizer_test has a complete user optimizer).
 static_assert(!dtrain::Optimizer<NamedConfig>);
-static_assert(!dtrain::OptimizerConfig<NoName>);
-static_assert(!dtrain::OptimizerConfig<NoValidate>);
-static_assert(!dtrain::OptimizerConfig<ClipOptions>);  // settings, not an optimizer
-static_assert(!dtrain::OptimizerConfig<int>);
+static_assert(!dtrain::Optimizer<NoName>);
+static_assert(!dtrain::Optimizer<NoValidate>);
+static_assert(!dtrain::Optimizer<ClipOptions>);  // settings, not an optimizer
+static_assert(!dtrain::Optimizer<int>);
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(defaults_are_pytorchs_and_valid) {

@@ -12,7 +12,6 @@
 namespace dtrain {
 
 enum class init_kind { zeros, ones, constant, uniform, normal };
-using InitKind [[deprecated("dtrain::InitKind is now dtrain::init_kind")]] = init_kind;
 
 struct Init {
   init_kind kind = init_kind::zeros;

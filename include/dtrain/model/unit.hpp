@@ -80,7 +80,7 @@ struct SeqShape {
 
 // What a unit may need beyond its parameters and activations (see above):
 // the sequence shape, its saved view, whether this is a training forward
-// (false for evaluate() and logits()), and its random stream. A unit that
+// (false for evaluate() and predict()), and its random stream. A unit that
 // draws random numbers (nn::Dropout) takes them from `stream` and the
 // element index only (detail::uniform01), so a forward recomputed under
 // activation checkpointing, and a run resumed from a checkpoint, draw the

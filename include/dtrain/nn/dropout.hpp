@@ -1,7 +1,7 @@
 #pragma once
 // nn::Dropout(p): in a training forward each element is zeroed with
 // probability p and the rest scaled by 1 / (1 - p) (inverted dropout, as
-// PyTorch's nn.Dropout); in evaluate() and logits() it is the identity.
+// PyTorch's nn.Dropout); in evaluate() and predict() it is the identity.
 // Whether element i is kept is a pure function of the unit's random stream
 // (UnitContext::stream: seed, rank, step, micro-batch, unit) and i, so the
 // backward pass, a forward recomputed under activation checkpointing and a

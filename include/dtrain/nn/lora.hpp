@@ -31,7 +31,7 @@
 // gate_proj and up_proj have a dropout each) draws its own mask from the
 // unit's random stream (a pure function of the stream and the element, as
 // nn::Dropout's), so a forward recomputed under activation checkpointing
-// drops the same elements. Evaluation and logits() use x.
+// drops the same elements. Evaluation and predict() use x.
 
 #include <cmath>
 #include <cstddef>

@@ -136,7 +136,6 @@ struct ClipOptions {
   bool enabled() const { return max_norm > 0.f; }
   void validate() const { detail::check_field("ClipOptions", "max_norm", max_norm, detail::non_negative); }
 };
-using ClipConfig [[deprecated("dtrain::ClipConfig is now dtrain::ClipOptions")]] = ClipOptions;
 
 // An optimizer: an element-wise rule over fp32 master weights, a gradient
 // and up to max_states fp32 state buffers per element. dtrain runs it in one
@@ -163,9 +162,5 @@ concept Optimizer =
       { c.coefficients_for(h) } -> std::same_as<typename C::coefficients>;
       C::update(p, g, s, k);
     };
-
-// The earlier name of the concept, kept for programs written against it.
-template <class C>
-concept OptimizerConfig = Optimizer<C>;
 
 }  // namespace dtrain

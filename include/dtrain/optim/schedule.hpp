@@ -240,7 +240,6 @@ inline Schedule make_schedule(std::string_view name, const ScheduleParams& p) {
 // How a learning rate tuned at one batch size follows a larger effective
 // batch: linear (Goyal et al., for SGD) or square root (common for Adam).
 enum class lr_scaling_rule { none, linear, sqrt };
-using LrScaling [[deprecated("dtrain::LrScaling is now dtrain::lr_scaling_rule")]] = lr_scaling_rule;
 
 // batch_multiplier: the effective batch over the batch lr was tuned at,
 // usually the world size (times Accumulate<N> if tuned without accumulation).

@@ -203,8 +203,6 @@ class TrainerCore {
   // only: no gradient, no loss, no optimizer. The batch needs no targets.
   // Collective like evaluate.
   std::vector<float> predict(const Batch& batch) { return evaluator_.predict(batch, state_.step + 1); }
-  // The same, under its earlier name.
-  std::vector<float> logits(const Batch& batch) { return predict(batch); }
 
   // ---- checkpoints and parameter files (CheckpointIO; all collective) ----
 
