@@ -1,44 +1,19 @@
-// The definitions fit.hpp declares with DTRAIN_DECL: included at the
-// end of the header when DTRAIN_DEFINE_IMPL (core/macros.hpp), so they are
-// compiled into every user translation unit (header-only) or once, into
+// The definitions fit_reporter.hpp declares with DTRAIN_DECL: included at
+// the end of the header when DTRAIN_DEFINE_IMPL (core/macros.hpp), so they
+// are compiled into every user translation unit (header-only) or once, into
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include "dtrain/run/fit.hpp"
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ios>
+#include <system_error>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/run/fit_reporter.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
-
-namespace dtrain {
-
-DTRAIN_DECL void FitOptions::validate() const {
-  const auto require = [](bool ok, const std::string& what, const std::string& fix) {
-    if (!ok) throw config_error("FitOptions: " + what, fix);
-  };
-  require(steps >= 1, "steps = " + std::to_string(steps) + " is not at least 1", "set .steps to the steps to train");
-  require(batch_size >= 1, "batch_size = " + std::to_string(batch_size) + " is not at least 1",
-          "set .batch_size, the rows per rank per micro-batch");
-  require(num_workers >= 0, "num_workers is negative", "set .num_workers >= 0 (0: gather on the training thread)");
-  require(save_every >= 0 && keep_last >= 0, "save_every and keep_last must be >= 0",
-          "set .save_every = N to checkpoint every N steps, .keep_last = K to keep the newest K");
-  require(eval_every >= 0 && eval_batches >= 0, "eval_every and eval_batches must be >= 0",
-          "set .eval_every = N to evaluate every N steps, .eval_batches = B per rank (0: the whole source)");
-  require(patience >= 0 && min_delta >= 0, "patience and min_delta must be >= 0",
-          "set .patience = K evaluations without improvement before stopping (0: never)");
-  require(log_every >= 1, "log_every must be at least 1", "set .log_every = 20");
-  require(straggler_factor == 0 || straggler_factor >= 1,
-          "straggler_factor = " + std::to_string(straggler_factor) + " is neither 0 nor at least 1",
-          "set .straggler_factor = 1.5 (name a rank computing 1.5x as long as the median) or 0 (off)");
-  require(on_nonfinite != nonfinite_policy::skip, "FitOptions::on_nonfinite = skip",
-          "skipping is the Trainer's: set TrainerOptions::on_nonfinite = skip; fit's choices are stop and rollback");
-  require(max_rollbacks >= 0, "max_rollbacks is negative", "set .max_rollbacks = 3");
-  require(peak_tflops >= 0, "peak_tflops is negative", "set .peak_tflops to one rank's peak TFLOP/s, or 0");
-  std::error_code looked;
-  require(resume.empty() || resume == "latest" || std::filesystem::exists(resume, looked),
-          "resume = '" + resume + "' is neither latest nor an existing directory" +
-              (looked ? " (" + looked.message() + ")" : ""),
-          "use resume = \"latest\" (the newest checkpoint in checkpoint_dir) or a checkpoint's path");
-}
-}  // namespace dtrain
 
 namespace dtrain {
 
@@ -48,23 +23,6 @@ DTRAIN_DECL std::string mib_text(std::size_t bytes) {
   char t[32];
   std::snprintf(t, sizeof t, "%.2f", static_cast<double>(bytes) / (1 << 20));
   return t;
-}
-
-DTRAIN_DECL Stragglers compare_ranks(World& world, const StepStats& st) {
-  Stragglers s;
-  std::vector<double> busy;
-  for (const RankTimes& t : world.all_gather("straggler-times", RankTimes{st.step_ms, st.wait_ms})) {
-    s.step_ms.push_back(t.step_ms);
-    s.wait_ms.push_back(t.wait_ms);
-    busy.push_back(std::max(0.0, t.step_ms - t.wait_ms));
-  }
-  s.slowest = static_cast<int>(std::max_element(busy.begin(), busy.end()) - busy.begin());
-  std::vector<double> sorted = busy;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[(sorted.size() - 1) / 2];
-  s.lag = median > 0 ? busy[static_cast<std::size_t>(s.slowest)] / median : 1.0;
-  s.excess_ms = busy[static_cast<std::size_t>(s.slowest)] - median;
-  return s;
 }
 
 DTRAIN_DECL std::string memory_text(const MemoryUsage& m) {
@@ -86,7 +44,8 @@ DTRAIN_DECL std::string json_number(double v) {
   return t;
 }
 
-DTRAIN_DECL FitReporter::FitReporter(const FitOptions& o, bool rank0, bool resumed, std::int64_t first_step) : o_(o), rank0_(rank0) {
+DTRAIN_DECL FitReporter::FitReporter(const FitOptions& o, bool rank0, bool resumed, std::int64_t first_step)
+    : o_(o), rank0_(rank0) {
   if (!rank0_) return;
   // The events file first: it is a new file, while opening the metrics
   // file may truncate one, so a bad tensorboard_dir leaves that as it was.
@@ -111,7 +70,8 @@ DTRAIN_DECL FitReporter::FitReporter(const FitOptions& o, bool rank0, bool resum
   if (tensorboard_) tensorboard_->write_session_start(first_step + 1);
 }
 
-DTRAIN_DECL auto FitReporter::step(const StepStats& st, int world_size, std::string_view strategy, std::size_t params, bool last, const Stragglers* lag) -> void {
+DTRAIN_DECL auto FitReporter::step(const StepStats& st, int world_size, std::string_view strategy, std::size_t params,
+                                   bool last, const Stragglers* lag) -> void {
   if (!rank0_) return;
   const double seconds = st.step_ms / 1000.0;
   const double sps = st.samples / seconds, tps = st.positions / seconds;
@@ -184,7 +144,8 @@ DTRAIN_DECL auto FitReporter::step(const StepStats& st, int world_size, std::str
   std::fflush(stdout);
 }
 
-DTRAIN_DECL auto FitReporter::rollback(std::int64_t failed, std::int64_t resumed, const std::filesystem::path& from, const std::string& why) -> void {
+DTRAIN_DECL auto FitReporter::rollback(std::int64_t failed, std::int64_t resumed, const std::filesystem::path& from,
+                                       const std::string& why) -> void {
   if (!rank0_) return;
   if (metrics_.is_open()) {
     metrics_ << "{\"step\": " << failed << ", \"rollback_to\": " << resumed << ", \"skipped_step\": " << failed
@@ -223,11 +184,6 @@ DTRAIN_DECL auto FitReporter::line(const std::string& text) -> void {
   if (!rank0_ || !o_.progress) return;
   std::printf("%s\n", text.c_str());
   std::fflush(stdout);
-}
-
-DTRAIN_DECL bool any_rank(World& world, std::string_view what, bool mine) {
-  const std::vector<bool> all = world.all_gather(what, mine);
-  return std::find(all.begin(), all.end(), true) != all.end();
 }
 }  // namespace detail
 }  // namespace dtrain
