@@ -11,12 +11,11 @@
 
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/model.hpp>
+#include <dtrain/models/causal_lm.hpp>  // the examples' models and their keys' defaults
+#include <dtrain/models/gpt.hpp>
+#include <dtrain/models/mlp.hpp>
+#include <dtrain/models/policy.hpp>
 #include <dtrain/train/estimate.hpp>
-
-#include <gpt/gpt.hpp>        // the examples' Configs (their keys' defaults) and models
-#include <lm/lm.hpp>
-#include <mlp/mlp.hpp>
-#include <policy/policy.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -256,11 +255,11 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
   else if (key == "checkpoint_every") c.checkpoint_every = integer();
   else if (key == "checkpoint_units") c.checkpoint_units = widths(0);
   else if (key == "checkpoint_budget_mib") c.checkpoint_budget_mib = as(std::type_identity<double>{});
-  else if constexpr (std::is_same_v<Config, mlp::Config>) {
+  else if constexpr (std::is_same_v<Config, models::MlpConfig>) {
     if (key == "hidden") c.hidden = widths();
     else if (key == "features") c.features = integer();
     else if (key == "classes") c.classes = integer();
-  } else if constexpr (std::is_same_v<Config, gpt::Config>) {
+  } else if constexpr (std::is_same_v<Config, models::GptConfig>) {
     if (key == "n_layer") c.n_layer = integer();
     else if (key == "n_head") c.n_head = integer();
     else if (key == "n_embd") c.n_embd = integer();
@@ -268,7 +267,7 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
     else if (key == "data") c.data = text();
     else if (key == "corpus_bytes") c.corpus_bytes = integer();
     else if (key == "data_seed") c.data_seed = as(std::type_identity<std::uint64_t>{});
-  } else if constexpr (std::is_same_v<Config, lm::Config>) {
+  } else if constexpr (std::is_same_v<Config, models::CausalLmConfig>) {
     if (key == "model") c.model = text();
     else if (key == "config") c.config = text();
     else if (key == "block_size") c.block_size = integer();
@@ -422,7 +421,7 @@ Inputs parse(int argc, char** argv) {
       throw usage_error{std::string(fraction ? "--trainable-fraction" : "--units") + " needs --params",
                         "the example's model gives the units"};
     if (!world) throw usage_error{"--config needs --world N", "pass the number of ranks the example will run on"};
-    const auto common = [&](const examples::Common& c) {
+    const auto common = [&](const models::RunConfig& c) {
       in.precision = one_of("precision", c.precision, precisions);
       in.reduce_dtype = one_of("reduce_dtype", c.reduce_dtype, reduce_dtypes);
       in.optimizer = one_of("optimizer", c.optimizer, optimizers);
@@ -433,7 +432,7 @@ Inputs parse(int argc, char** argv) {
       in.checkpointing = c.activation_checkpointing;
       in.checkpoint_every = static_cast<std::size_t>(std::max<std::int64_t>(c.checkpoint_every, 1));
       for (const auto u : c.checkpoint_units) in.checkpoint_units.push_back(static_cast<std::size_t>(u));
-      in.checkpoint_budget = examples::trainer_options(c).checkpoint_budget_bytes;
+      in.checkpoint_budget = models::trainer_options(c).checkpoint_budget_bytes;
       in.micro_batch = c.batch_size;
       if (c.shard_group > 0) shard_group = shard_group.value_or(c.shard_group);
       if (c.batch_size < 1 || c.shard_group < 0 || c.accumulate < 1)
@@ -450,21 +449,21 @@ Inputs parse(int argc, char** argv) {
     };
     try {
       if (example == "mlp") {
-        const auto c = read_config<mlp::Config>(*config, overrides);
+        const auto c = read_config<models::MlpConfig>(*config, overrides);
         common(c);
         if (c.hidden.empty() || c.features < 1 || c.classes < 1)
           throw usage_error{"the config's hidden, features or classes is out of range",
                             "give positive sizes, e.g. hidden=256,256 features=32"};
-        mlp::Model model(c, c.features, c.classes);
+        models::MlpClassifier model(c, c.features, c.classes);
         from_model(model, {c.batch_size, 1}, c.features, static_cast<std::size_t>(c.batch_size) * sizeof(std::int32_t));
         in.source = "train_mlp config " + *config + " (MLP " + std::to_string(c.features);
         for (auto h : c.hidden) in.source += "-" + std::to_string(h);
         in.source += "-" + std::to_string(c.classes) + ")";
       } else if (example == "gpt") {
-        const auto c = read_config<gpt::Config>(*config, overrides);
+        const auto c = read_config<models::GptConfig>(*config, overrides);
         common(c);
-        const gpt::Corpus corpus = gpt::make_corpus(c);
-        gpt::Model model(corpus.tokenizer.vocab(), c.block_size, c.n_layer, c.n_head, c.n_embd);
+        const models::Corpus corpus = models::make_corpus(c);
+        models::Gpt model(corpus.tokenizer.vocab(), c.block_size, c.n_layer, c.n_head, c.n_embd);
         from_model(model, {c.batch_size, c.block_size}, 0,
                    2 * static_cast<std::size_t>(c.batch_size * c.block_size) * sizeof(std::int32_t));
         in.micro_batch = c.batch_size * c.block_size;
@@ -472,7 +471,7 @@ Inputs parse(int argc, char** argv) {
                     std::to_string(c.n_embd) + ", " + std::to_string(c.block_size) + " positions, vocabulary " +
                     std::to_string(corpus.tokenizer.vocab()) + ")";
       } else if (example == "lm") {
-        const auto c = read_config<lm::Config>(*config, overrides);
+        const auto c = read_config<models::CausalLmConfig>(*config, overrides);
         common(c);
         if (c.model.empty() == c.config.empty())
           throw usage_error{"a train_lm config needs one of model and config",
@@ -491,13 +490,13 @@ Inputs parse(int argc, char** argv) {
                     " positions, vocabulary " + std::to_string(hc.vocab_size) +
                     (c.lora().r > 0 ? ", LoRA rank " + std::to_string(c.lora().r) : std::string()) + ")";
       } else {
-        const auto c = read_config<policy::Config>(*config, overrides);
+        const auto c = read_config<models::PolicyConfig>(*config, overrides);
         common(c);
-        policy::Model model(c);
-        from_model(model, {c.batch_size, 1}, policy::observation_dim(c),
-                   static_cast<std::size_t>(c.batch_size * policy::action_dim * c.horizon) * sizeof(float));
-        in.source = "train_policy config " + *config + " (observation " + std::to_string(policy::observation_dim(c)) +
-                    ", action chunk " + std::to_string(c.horizon) + " x " + std::to_string(policy::action_dim) + ")";
+        models::Policy model(c);
+        from_model(model, {c.batch_size, 1}, models::observation_dim(c),
+                   static_cast<std::size_t>(c.batch_size * models::action_dim * c.horizon) * sizeof(float));
+        in.source = "train_policy config " + *config + " (observation " + std::to_string(models::observation_dim(c)) +
+                    ", action chunk " + std::to_string(c.horizon) + " x " + std::to_string(models::action_dim) + ")";
       }
     } catch (const dtrain::error& e) {
       throw usage_error{e.problem(), e.fix()};

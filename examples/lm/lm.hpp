@@ -18,6 +18,7 @@
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/lora.hpp>
 #include <dtrain/hf/model.hpp>
+#include <dtrain/models/causal_lm.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -40,40 +41,17 @@
 
 namespace lm {
 
-struct Config : examples::Common {
-  std::string model;             // a transformers model directory to fine-tune
-  std::string config;            // or a config.json to train from scratch
+// The model's keys (dtrain/models/causal_lm.hpp, which dtrain-estimate reads
+// too) and the run's own.
+struct Config : dtrain::models::CausalLmConfig {
   std::string data;              // the token file (.npy or .bin)
-  std::int64_t block_size = 128; // positions per sequence
   std::string save_hf;           // write the trained model here as a transformers directory
   std::int64_t eval_batches = 8; // held-out batches per rank evaluated at the end
   std::int64_t generate = 0;     // at the end, continue the prompt by this many tokens
   std::vector<std::int64_t> prompt;  // its ids (default: the first 8 held-out tokens)
   std::int64_t top_k = 0;        // 0: greedy; k: sample among the k likeliest (seeded by seed)
-  // LoRA (hf/lora.hpp): adapters of rank lora_r on the lora_targets, the rest frozen
-  std::int64_t lora_r = 0;
-  float lora_alpha = 8.f;
-  float lora_dropout = 0.f;
-  bool lora_rslora = false;
-  std::vector<std::string> lora_targets;
-  std::vector<std::string> lora_modules_to_save;  // PEFT's modules_to_save: embeddings or head trained whole
-  std::string adapter;           // a PEFT adapter directory to load (and continue training)
   std::string save_adapter;      // write the adapters here in PEFT's format
-  bool packing = false;          // pack the training records into full blocks (position_ids restart per record)
   std::vector<std::string> checkpoint_modules;  // recompute the units of these modules (hf::units_named)
-
-  // The adapters to build: those of `adapter` (whose config it reads, its
-  // lora_dropout included), else the lora_ keys.
-  dtrain::hf::LoraConfig lora() const {
-    if (adapter.empty())
-      return {.r = lora_r,
-              .alpha = lora_alpha,
-              .dropout = lora_dropout,
-              .rslora = lora_rslora,
-              .targets = lora_targets,
-              .modules_to_save = lora_modules_to_save};
-    return dtrain::hf::read_adapter_config(adapter);
-  }
 };
 
 // This process's peak resident set so far (Linux reports ru_maxrss in KiB).
@@ -105,7 +83,7 @@ std::vector<std::int64_t> generate(Trainer& trainer, std::vector<std::int64_t> i
     const std::vector<std::int64_t> window(ids.end() - keep, ids.end());
     dtrain::Batch b;
     b.set("x", dtrain::HostTensor::of(window, {1, keep}));
-    const std::vector<float> logits = trainer.logits(b);
+    const std::vector<float> logits = trainer.predict(b);
     const float* last = logits.data() + (keep - 1) * vocab;
     std::vector<std::int64_t> order(static_cast<std::size_t>(vocab));
     for (std::int64_t v = 0; v < vocab; ++v) order[static_cast<std::size_t>(v)] = v;

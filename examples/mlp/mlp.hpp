@@ -1,8 +1,10 @@
 #pragma once
-// The train_mlp example: its configuration (examples::Common plus the model
-// and data keys), model, data, and the dispatch from the config's strategy
-// name to a compiled strategy (examples/common/loop.hpp runs the training).
+// The train_mlp example: its configuration (the ready model's keys,
+// dtrain/models/mlp.hpp, plus the data's), model, data, and the dispatch
+// from the config's strategy name to a compiled strategy
+// (examples/common/loop.hpp runs the training).
 
+#include <dtrain/models/mlp.hpp>
 #include <dtrain/trainer.hpp>
 
 #include "common/config.hpp"
@@ -11,44 +13,22 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <tuple>
-#include <type_traits>
 #include <vector>
 
 namespace mlp {
 
-struct Config : examples::Common {
-  std::vector<std::int64_t> hidden = {256, 256};
-  std::string activation = "gelu";    // gelu | relu
+// The model's keys (dtrain/models/mlp.hpp, which dtrain-estimate reads too)
+// and the data's.
+struct Config : dtrain::models::MlpConfig {
   // data: "synthetic", a .safetensors file with x and y, or "X.npy,Y.npy"
   std::string data = "synthetic";
-  std::int64_t samples = 16384;       // synthetic
-  std::int64_t features = 32;         // synthetic
-  std::int64_t classes = 10;          // synthetic (files: 1 + the largest label)
+  std::int64_t samples = 16384;  // synthetic
 };
 
 Config load_config(int argc, char** argv);  // train_mlp.cpp: --config FILE key=value...
 
-// A network whose layer list comes from the config: Linear + activation per
-// hidden width, then a Linear head, with softmax cross-entropy.
-struct Model {
-  std::vector<dtrain::nn::AnyUnit> layers;
-  dtrain::nn::SoftmaxCrossEntropy loss;
-
-  Model(const Config& c, std::int64_t features, std::int64_t classes) {
-    std::int64_t in = features;
-    for (auto h : c.hidden) {
-      layers.emplace_back(dtrain::nn::Linear(in, h));
-      if (c.activation == "relu")
-        layers.emplace_back(dtrain::nn::ReLU{});
-      else
-        layers.emplace_back(dtrain::nn::GELU{});
-      in = h;
-    }
-    layers.emplace_back(dtrain::nn::Linear(in, classes));
-  }
-  auto units() { return std::tie(layers); }
-};
+// Linear + activation per hidden width, then a Linear head, with softmax cross-entropy.
+using Model = dtrain::models::MlpClassifier;
 
 // A classification task a correct trainer visibly learns: x ~ N(0, 1), and
 // the label is the argmax of a fixed random two-layer teacher network.

@@ -9,8 +9,8 @@
 
 #include <dtrain/train/estimate.hpp>
 #include <dtrain/trainer.hpp>
-#include <gpt/gpt.hpp>
-#include <mlp/mlp.hpp>
+#include <dtrain/models/gpt.hpp>
+#include <dtrain/models/mlp.hpp>
 #include <strategy/common.hpp>
 #include <support/ranks.hpp>
 #include <support/strategy_options.hpp>
@@ -65,15 +65,15 @@ Batch random_batch(std::int64_t features, std::int64_t classes, std::int64_t row
   return Batch::table(x, y, rows, features);
 }
 
-// train_mlp's own model (examples/mlp/mlp.hpp): Linear 32->128, GELU,
+// train_mlp's own model (dtrain/models/mlp.hpp): Linear 32->128, GELU,
 // Linear 128->128, GELU, Linear 128->10.
 struct MlpCase {
   static constexpr const char* name = "mlp";
-  using Net = mlp::Model;
+  using Net = models::MlpClassifier;
   static constexpr std::int64_t features = 32, classes = 10, rows = 8;
   static inline const std::vector<std::int64_t> hidden = {128, 128};
-  static mlp::Config config() {
-    mlp::Config c;
+  static models::MlpConfig config() {
+    models::MlpConfig c;
     c.hidden = hidden;
     return c;
   }
@@ -248,7 +248,7 @@ void check_gpt_activations() {
   // What each block keeps for backward, and all units together.
   std::size_t block = 0, all = 0;
   {
-    gpt::Model net(vocab, shape.time, 3, 4, 32);
+    models::Gpt net(vocab, shape.time, 3, 4, 32);
     std::int64_t width = 0;
     dtrain::detail::for_each_unit(net.units(), [&](std::size_t u, auto& unit) {
       const auto s = static_cast<std::size_t>(dtrain::saved_size_of(unit, shape, width)) * sizeof(T);
@@ -266,12 +266,12 @@ void check_gpt_activations() {
     const std::size_t budget = mode == 3 ? all - block : 0;
     std::size_t m = 0, e = 0;
     run_ranks(2, [&](World& w) {
-      gpt::Model net(vocab, shape.time, 3, 4, 32);
+      models::Gpt net(vocab, shape.time, 3, 4, 32);
       TrainerOptions o{.seed = 3};
       o.activation_checkpointing = recompute;
       o.checkpoint_every = every;
       o.checkpoint_budget_bytes = budget;
-      Trainer<gpt::Model, Device<Host>, Prec, Strategy<Kind>> trainer(w, net, AdamW{.lr = 1e-3f}, o);
+      Trainer<models::Gpt, Device<Host>, Prec, Strategy<Kind>> trainer(w, net, AdamW{.lr = 1e-3f}, o);
       std::vector<std::int32_t> x, y;
       for (std::int64_t i = 0; i < shape.rows(); ++i) {
         x.push_back(static_cast<std::int32_t>((i * 7 + w.rank()) % vocab));

@@ -9,26 +9,24 @@
 // "mlp.c_proj", "layers.3.self_attn.q_proj"); "all-linear" is every linear
 // layer of the blocks (never the output head, as in PEFT); with `regex` the
 // one target is a regular expression over the whole name (PEFT's string
-// form). The output head "lm_head" is adapted when a target names it and
-// it is not tied to the embedding (tie_word_embeddings). The
-// layers: Llama family q_proj k_proj v_proj o_proj gate_proj up_proj
-// down_proj; GPT-2 c_attn c_proj (attention and MLP: PEFT's suffix "c_proj"
-// matches both) c_fc. Llama's gate_proj and up_proj are one fused
-// projection in dtrain with an adapter per half, so they are adapted
-// together or not at all.
+// form; io/pattern.hpp says what it takes). The output head "lm_head" is
+// adapted when a target names it and it is not tied to the embedding
+// (tie_word_embeddings). The layers: Llama family q_proj k_proj v_proj
+// o_proj gate_proj up_proj down_proj; GPT-2 c_attn c_proj (attention and
+// MLP: PEFT's suffix "c_proj" matches both) c_fc. Llama's gate_proj and
+// up_proj are one fused projection in dtrain with an adapter per half, so
+// they are adapted together or not at all.
 //
 // With adapters on, every other parameter of the model is frozen (PEFT's
 // default: bias "none", no modules_to_save), so only the adapters have
 // gradients, master copies and optimizer state; modules_to_save names the
 // embeddings or the output head to train whole beside them.
 
-#include <bitset>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
@@ -44,7 +42,7 @@ struct LoraConfig {
   float dropout = 0.f;     // lora_dropout: dropout on the adapters' input in training, in [0, 1)
   bool rslora = false;     // use_rslora: scale alpha / sqrt(r)
   std::vector<std::string> targets{};  // target_modules
-  bool regex = false;      // targets[0] is a regular expression over whole names
+  bool regex = false;      // targets[0] is a regular expression over whole names (RegexPattern)
   // PEFT's modules_to_save: modules trained whole (not frozen) and saved
   // beside the adapters. dtrain takes the embeddings and the output head
   // ("embed_tokens", "lm_head"; GPT-2's "wpe"), untied ones only.
@@ -62,35 +60,6 @@ struct LinearModule {
   std::string ours;
   int part = -1;
 };
-
-namespace detail {
-
-// A regular expression over module names, as PEFT's string target_modules
-// (Python's re.fullmatch): literals, `.`, classes `[a-z_]` `[^0-9]`, the
-// escapes \d \w \s (and \D \W \S) and escaped punctuation, groups
-// `(...)` `(?:...)` `(?P<name>...)`, `|`, one quantifier per atom (`*` `+`
-// `?` `{m}` `{m,}` `{,n}` `{m,n}`, lazy or not: the same names match), `^`
-// first and `$` last. Matched by simulating its automaton, in time linear in
-// the name whatever the pattern (std::regex backtracks: fuzzing found a
-// pattern that took it minutes). Anything else (back-references,
-// look-arounds, possessive or stacked quantifiers, counts over 1000, more
-// than 20,000 states) is a config_error naming it.
-class ModulePattern {
- public:
-  DTRAIN_DECL explicit ModulePattern(std::string_view pattern);
-  DTRAIN_DECL bool matches(std::string_view name) const;
-
- private:
-  struct Inst {
-    enum Op : std::uint8_t { chars, split, jump, match } op;
-    std::int32_t x = 0, y = 0;
-    std::bitset<256> set{};
-  };
-  std::vector<Inst> prog_;
-  friend struct PatternCompiler;
-};
-
-}  // namespace detail
 
 // The linear layers of block `layer`, in dtrain's order of projections.
 DTRAIN_DECL std::vector<LinearModule> block_linears(const LmConfig& c, std::int64_t layer);

@@ -2,12 +2,12 @@
 #pragma once
 
 #include <fstream>
-#include <cctype>
 #include <map>
 #include <optional>
 #include <string>
 
 #include "dtrain/io/json.hpp"
+#include "dtrain/io/pattern.hpp"
 
 #include "dtrain/hf/lora.hpp"
 
@@ -35,308 +35,6 @@ namespace detail {
 // PEFT's match of a listed name: the module's whole name, or a suffix after a dot.
 inline bool names_module(const std::string& name, const std::string& module) {
   return module == name || (module.size() > name.size() && module.ends_with("." + name));
-}
-
-// The parse of a pattern into a tree, then its automaton (Thompson's
-// construction: sets of characters, splits and jumps).
-struct PatternNode {
-  enum Kind : std::uint8_t { chars, cat, alt, repeat } kind = cat;
-  std::bitset<256> set{};
-  std::vector<PatternNode> kids{};
-  int min = 1, max = 1;  // repeat: max -1 is unbounded
-};
-
-struct PatternCompiler {
-  static constexpr std::size_t max_states = 20000;
-  static constexpr int max_count = 1000;
-  std::string_view p;
-  std::size_t at = 0;
-  ModulePattern& out;
-
-  [[noreturn]] void refuse(const std::string& why) const {
-    throw config_error("the pattern \"" + std::string(p) + "\" is not a regular expression dtrain takes: " + why +
-                           " (at character " + std::to_string(std::min(at, p.size())) + ")",
-                       "write it with literals, ., [classes], \\d \\w \\s, (groups), | and one quantifier per "
-                       "item, or give module names");
-  }
-  bool end() const { return at >= p.size(); }
-  char peek() const { return end() ? '\0' : p[at]; }
-
-  static std::bitset<256> one(unsigned char c) {
-    std::bitset<256> b;
-    b.set(c);
-    return b;
-  }
-  static std::bitset<256> range(unsigned char lo, unsigned char hi) {
-    std::bitset<256> b;
-    for (unsigned c = lo; c <= hi; ++c) b.set(c);
-    return b;
-  }
-  // \d \w \s and their complements; empty when `c` names no class.
-  static std::optional<std::bitset<256>> class_escape(char c) {
-    std::bitset<256> b;
-    switch (c) {
-      case 'd': case 'D': b = range('0', '9'); break;
-      case 'w': case 'W': b = range('0', '9') | range('a', 'z') | range('A', 'Z') | one('_'); break;
-      case 's': case 'S': for (char w : {' ', '\t', '\n', '\r', '\f', '\v'}) b.set(static_cast<unsigned char>(w)); break;
-      default: return std::nullopt;
-    }
-    return std::isupper(static_cast<unsigned char>(c)) ? ~b : b;
-  }
-  // The character an escape stands for (after the backslash, at `at`).
-  unsigned char escaped_char() {
-    const char c = p[at];
-    const char* controls = "n\nt\tr\rf\fv\v";
-    for (const char* k = controls; *k; k += 2)
-      if (c == k[0]) return ++at, static_cast<unsigned char>(k[1]);
-    if (std::isdigit(static_cast<unsigned char>(c))) refuse("back-references are not supported");
-    if (std::isalpha(static_cast<unsigned char>(c)))
-      refuse(std::string("the escape \\") + c + " is not supported");
-    ++at;
-    return static_cast<unsigned char>(c);
-  }
-
-  PatternNode alternatives() {
-    PatternNode first = sequence();
-    if (peek() != '|') return first;
-    PatternNode n{.kind = PatternNode::alt};
-    n.kids.push_back(std::move(first));
-    while (peek() == '|') {
-      ++at;
-      n.kids.push_back(sequence());
-    }
-    return n;
-  }
-  PatternNode sequence() {
-    PatternNode n{.kind = PatternNode::cat};
-    while (!end() && peek() != '|' && peek() != ')') n.kids.push_back(repeated());
-    return n;
-  }
-  // {m}, {m,}, {,n} or {m,n} at `at`; as Python, a brace that is none of
-  // them is a literal.
-  bool braces(int& min, int& max) {
-    std::size_t i = at + 1;
-    const auto number = [&](int& v) {
-      const std::size_t from = i;
-      long long n = 0;
-      while (i < p.size() && std::isdigit(static_cast<unsigned char>(p[i]))) n = std::min(n * 10 + (p[i++] - '0'), 1LL << 40);
-      if (i == from) return false;
-      if (n > max_count) at = from, refuse("a count over " + std::to_string(max_count));
-      v = static_cast<int>(n);
-      return true;
-    };
-    int lo = 0, hi = -1;
-    const bool has_lo = number(lo);
-    if (i < p.size() && p[i] == '}') {
-      if (!has_lo) return false;
-      hi = lo;
-    } else if (i < p.size() && p[i] == ',') {
-      ++i;
-      number(hi);
-      if (i >= p.size() || p[i] != '}') return false;
-    } else {
-      return false;
-    }
-    if (hi >= 0 && hi < lo) refuse("a count range {m,n} with n below m");
-    at = i + 1;
-    min = lo;
-    max = hi;
-    return true;
-  }
-  bool quantifier_next() {
-    const char q = peek();
-    if (q == '*' || q == '+' || q == '?') return true;
-    if (q != '{') return false;
-    const auto keep = at;
-    int lo = 0, hi = 0;
-    const bool is = braces(lo, hi);
-    at = keep;
-    return is;
-  }
-  PatternNode repeated() {
-    PatternNode atom_node = atom();
-    int min = 1, max = 1;
-    const char c = peek();
-    if (c == '*') min = 0, max = -1, ++at;
-    else if (c == '+') min = 1, max = -1, ++at;
-    else if (c == '?') min = 0, max = 1, ++at;
-    else if (c == '{' && braces(min, max)) {}
-    else return atom_node;
-    if (peek() == '?') ++at;  // lazy: the same names match in full
-    if (quantifier_next()) refuse("stacked or possessive quantifiers are not supported");
-    PatternNode n{.kind = PatternNode::repeat, .min = min, .max = max};
-    n.kids.push_back(std::move(atom_node));
-    return n;
-  }
-  PatternNode atom() {
-    const char c = p[at];
-    if (c == '*' || c == '+' || c == '?') refuse("nothing to repeat");
-    if (c == '(') {
-      ++at;
-      if (peek() == '?') {
-        if (p.substr(at, 2) == "?:") {
-          at += 2;
-        } else if (p.substr(at, 3) == "?P<") {
-          const auto close = p.find('>', at);
-          if (close == std::string_view::npos) refuse("an unterminated group name");
-          at = close + 1;
-        } else {
-          refuse("(? groups other than (?:...) and (?P<name>...) are not supported");
-        }
-      }
-      PatternNode inner = alternatives();
-      if (peek() != ')') refuse("a missing )");
-      ++at;
-      return inner;
-    }
-    if (c == ')') refuse("an unbalanced )");
-    if (c == '[') return bracket();
-    if (c == '.') return ++at, PatternNode{.kind = PatternNode::chars, .set = ~one('\n')};
-    if (c == '\\') {
-      if (++at >= p.size()) refuse("a trailing backslash");
-      if (const auto b = class_escape(p[at])) return ++at, PatternNode{.kind = PatternNode::chars, .set = *b};
-      return PatternNode{.kind = PatternNode::chars, .set = one(escaped_char())};
-    }
-    if (c == '^') {
-      if (at != 0) refuse("^ other than first");
-      return ++at, PatternNode{.kind = PatternNode::cat};
-    }
-    if (c == '$') {
-      if (at + 1 != p.size()) refuse("$ other than last");
-      return ++at, PatternNode{.kind = PatternNode::cat};
-    }
-    return ++at, PatternNode{.kind = PatternNode::chars, .set = one(static_cast<unsigned char>(c))};
-  }
-  PatternNode bracket() {
-    ++at;  // '['
-    const bool negate = peek() == '^';
-    if (negate) ++at;
-    std::bitset<256> set;
-    for (bool first = true; first || peek() != ']'; first = false) {
-      if (end()) refuse("an unterminated [");
-      std::optional<unsigned char> lo;
-      if (p[at] == '\\') {
-        if (++at >= p.size()) refuse("a trailing backslash");
-        if (const auto b = class_escape(p[at])) {
-          set |= *b;
-          ++at;
-          continue;
-        }
-        lo = escaped_char();
-      } else {
-        lo = static_cast<unsigned char>(p[at++]);
-      }
-      if (peek() == '-' && at + 1 < p.size() && p[at + 1] != ']') {
-        ++at;
-        unsigned char hi = static_cast<unsigned char>(p[at]);
-        if (hi == '\\') {
-          if (++at >= p.size()) refuse("a trailing backslash");
-          if (class_escape(p[at])) refuse("a class escape as the end of a range");
-          hi = escaped_char();
-        } else {
-          ++at;
-        }
-        if (hi < *lo) refuse("a range whose end comes before its start");
-        set |= range(*lo, hi);
-      } else {
-        set.set(*lo);
-      }
-    }
-    ++at;  // ']'
-    return PatternNode{.kind = PatternNode::chars, .set = negate ? ~set : set};
-  }
-
-  std::int32_t push(ModulePattern::Inst i) {
-    if (out.prog_.size() >= max_states) refuse("more than " + std::to_string(max_states) + " states once its counts are expanded");
-    out.prog_.push_back(i);
-    return static_cast<std::int32_t>(out.prog_.size() - 1);
-  }
-  std::int32_t here() const { return static_cast<std::int32_t>(out.prog_.size()); }
-  void emit(const PatternNode& n) {
-    using I = ModulePattern::Inst;
-    switch (n.kind) {
-      case PatternNode::chars: push({.op = I::chars, .set = n.set}); return;
-      case PatternNode::cat:
-        for (const auto& k : n.kids) emit(k);
-        return;
-      case PatternNode::alt: {
-        std::vector<std::int32_t> jumps;
-        for (std::size_t i = 0; i + 1 < n.kids.size(); ++i) {
-          const auto s = push({.op = I::split});
-          out.prog_[s].x = here();
-          emit(n.kids[i]);
-          jumps.push_back(push({.op = I::jump}));
-          out.prog_[s].y = here();
-        }
-        emit(n.kids.back());
-        for (const auto j : jumps) out.prog_[j].x = here();
-        return;
-      }
-      case PatternNode::repeat: {
-        for (int i = 0; i < n.min; ++i) emit(n.kids[0]);
-        if (n.max < 0) {  // a loop: split into the body or out; the body jumps back
-          const auto s = push({.op = I::split});
-          out.prog_[s].x = here();
-          emit(n.kids[0]);
-          const auto j = push({.op = I::jump});
-          out.prog_[j].x = s;
-          out.prog_[s].y = here();
-          return;
-        }
-        std::vector<std::int32_t> exits;  // each optional copy may be the last
-        for (int i = n.min; i < n.max; ++i) {
-          exits.push_back(push({.op = I::split}));
-          out.prog_[exits.back()].x = here();
-          emit(n.kids[0]);
-        }
-        for (const auto e : exits) out.prog_[e].y = here();
-        return;
-      }
-    }
-  }
-};
-
-DTRAIN_DECL ModulePattern::ModulePattern(std::string_view pattern) {
-  PatternCompiler c{.p = pattern, .out = *this};
-  const PatternNode tree = c.alternatives();
-  if (!c.end()) c.refuse("an unbalanced )");
-  c.emit(tree);
-  c.push({.op = Inst::match});
-}
-
-DTRAIN_DECL bool ModulePattern::matches(std::string_view name) const {
-  // Every state the automaton can be in after each character (Thompson):
-  // each state once per step, so the work is name length x states.
-  std::vector<std::int32_t> now, next, stack;
-  std::vector<std::size_t> seen(prog_.size(), 0);
-  std::size_t step = 1;
-  const auto add = [&](std::vector<std::int32_t>& list, std::int32_t start) {
-    stack.assign(1, start);
-    while (!stack.empty()) {
-      const auto pc = stack.back();
-      stack.pop_back();
-      if (seen[static_cast<std::size_t>(pc)] == step) continue;
-      seen[static_cast<std::size_t>(pc)] = step;
-      const Inst& i = prog_[static_cast<std::size_t>(pc)];
-      if (i.op == Inst::jump) stack.push_back(i.x);
-      else if (i.op == Inst::split) stack.push_back(i.y), stack.push_back(i.x);
-      else list.push_back(pc);
-    }
-  };
-  add(now, 0);
-  for (const char ch : name) {
-    ++step;
-    next.clear();
-    for (const auto pc : now) {
-      const Inst& i = prog_[static_cast<std::size_t>(pc)];
-      if (i.op == Inst::chars && i.set.test(static_cast<unsigned char>(ch))) add(next, pc + 1);
-    }
-    now.swap(next);
-    if (now.empty()) return false;
-  }
-  for (const auto pc : now)
-    if (prog_[static_cast<std::size_t>(pc)].op == Inst::match) return true;
-  return false;
 }
 
 // The modules a LoRA model can save whole: the token embedding, GPT-2's
@@ -403,10 +101,16 @@ DTRAIN_DECL LoraPlan plan_lora(const LmConfig& c, const LoraConfig& lora) {
   if (lora.regex && lora.targets.size() != 1)
     throw config_error("a regular expression target is one pattern, not " + std::to_string(lora.targets.size()),
                        "give one pattern, or a list of module names");
-  std::optional<detail::ModulePattern> pattern;
-  if (lora.regex) pattern.emplace(lora.targets[0]);
+  std::optional<RegexPattern> pattern;
+  if (lora.regex) {
+    try {
+      pattern.emplace(lora.targets[0]);
+    } catch (const config_error& e) {  // the pattern's fix, and LoRA's other way to name targets
+      throw config_error(e.problem(), e.fix() + ", or give module names");
+    }
+  }
   const auto matches = [&](const std::string& target, const std::string& module) {
-    if (pattern) return pattern->matches(module);
+    if (pattern) return pattern->full_match(module);
     return target == "all-linear" || detail::names_module(target, module);
   };
   std::map<std::string, std::size_t> hits;
