@@ -13,9 +13,9 @@
 #error "dtrain_runtime.cpp is compiled only with DTRAIN_SEPARATE_COMPILATION=1 (link dtrain::runtime)"
 #endif
 #include <dtrain/checkpoint/checkpoint.hpp>
-#include <dtrain/comm/gloo.hpp>
-#include <dtrain/comm/host.hpp>
-#include <dtrain/comm/shm.hpp>
+#include <dtrain/backend/host/comm_gloo.hpp>
+#include <dtrain/backend/host/comm.hpp>
+#include <dtrain/backend/host/comm_shm.hpp>
 #include <dtrain/comm/store.hpp>
 #include <dtrain/comm/tracker.hpp>
 #include <dtrain/comm/world.hpp>
@@ -27,8 +27,8 @@
 #include <dtrain/data/dataset.hpp>
 #include <dtrain/data/loader.hpp>
 #include <dtrain/data/sampler.hpp>
-#include <dtrain/device/host.hpp>
-#include <dtrain/device/host_isa.hpp>
+#include <dtrain/backend/host/device.hpp>
+#include <dtrain/backend/host/device_isa.hpp>
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/lora.hpp>

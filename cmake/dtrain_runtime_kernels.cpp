@@ -2,7 +2,7 @@
 // and Host::sum run for dtrain's built-in functors (units, losses, sequence
 // and matrix kernels), each compiled once for every instruction-set level.
 // The functors' headers list them (DTRAIN_INSTANTIATE_HOST_FOR_EACH,
-// device/host.hpp); this source instantiates them, and every other
+// backend/host/device.hpp); this source instantiates them, and every other
 // translation unit built with separate compilation takes them as extern
 // templates. A source of its own beside dtrain_runtime.cpp, so that a
 // parallel build compiles the two at once.

@@ -44,7 +44,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 DEFAULT = os.path.join(RESULTS, "gpu_check.json")
 # What runs on a GPU: the device, its kernels, the NCCL and GPU bindings, and
 # every header a Cuda trainer compiles (units, strategies, the Trainer).
-CUDA_PATHS = ["include/dtrain/device", "include/dtrain/kernels", "include/dtrain/comm/nccl.hpp",
+CUDA_PATHS = ["include/dtrain/device", "include/dtrain/kernels", "include/dtrain/backend/cuda/comm_nccl.hpp",
               "include/dtrain/strategy", "include/dtrain/nn", "include/dtrain/optim", "include/dtrain/train",
               "include/dtrain/hf/model.hpp", "tests/kernels/kernels_cuda_test.cu", "tests/nn/nn_cuda_test.cu",
               "tests/strategy/strategies_cuda_test.cu", "tests/hf/hf_cuda_test.cu", "tests/comm/nccl_test.cpp"]

@@ -6,7 +6,7 @@
 #include <dtrain/strategy/fsdp.hpp>
 #include <dtrain/strategy/zero1.hpp>
 #if DTRAIN_HAS_CUDA
-#include <dtrain/comm/cuda_binding.hpp>
+#include <dtrain/backend/cuda/comm_binding.hpp>
 #endif
 
 #include <cstddef>

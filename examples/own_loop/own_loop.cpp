@@ -15,7 +15,7 @@
 #include "mlp/mlp.hpp"
 
 #include <dtrain/io/safetensors.hpp>
-#include <dtrain/comm/host.hpp>
+#include <dtrain/backend/host/comm.hpp>
 #include <dtrain/data/loader.hpp>
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/kernels/elementwise.hpp>

@@ -21,7 +21,7 @@
 #include "dtrain/core/fault.hpp"
 #include "dtrain/data/loader.hpp"
 #include "dtrain/data/sampler.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/hf/checkpoint.hpp"
 #include "dtrain/hf/config.hpp"
 #include "dtrain/hf/model.hpp"
@@ -60,5 +60,5 @@
 #include "dtrain/train/trainer.hpp"
 #include "dtrain/version.hpp"
 #if DTRAIN_HAS_CUDA
-#include "dtrain/comm/cuda_binding.hpp"
+#include "dtrain/backend/cuda/comm_binding.hpp"
 #endif

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dtrain/core/tensor.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/nn/attention.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
 #include "dtrain/nn/embedding.hpp"

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/checkpoint/checkpoint.hpp"
 #include "dtrain/io/crc32c.hpp"
 #include "dtrain/io/safetensors.hpp"

@@ -4,15 +4,15 @@
 //
 // On the host, compute is synchronous, so a gradient slice is final when the
 // unit's backward returns and the collective can start at once on the host
-// communicator's progress thread (shared memory within a node, Gloo across). The CUDA binding (comm/cuda_binding.hpp) instead
+// communicator's progress thread (shared memory within a node, Gloo across). The CUDA binding (backend/cuda/comm_binding.hpp) instead
 // orders NCCL on a communication stream behind an event of the compute stream.
 
 #include <memory>
 #include <span>
 
-#include "dtrain/comm/host.hpp"
+#include "dtrain/backend/host/comm.hpp"
 #include "dtrain/comm/world.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 
 namespace dtrain {
 
@@ -20,7 +20,7 @@ template <class Dev>
 struct CommBinding {
   static_assert(sizeof(Dev) == 0,
                 "dtrain: no communicator binding for this Device: use Host, or Cuda in a translation unit "
-                "that includes <dtrain/comm/cuda_binding.hpp> (done by <dtrain/trainer.hpp>)");
+                "that includes <dtrain/backend/cuda/comm_binding.hpp> (done by <dtrain/trainer.hpp>)");
 };
 
 template <>

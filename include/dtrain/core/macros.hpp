@@ -27,7 +27,7 @@
 #endif
 
 // A loop driver whose callees must all be inlined into it (Host's functor
-// loops, compiled once per instruction level: device/host_isa.hpp).
+// loops, compiled once per instruction level: backend/host/device_isa.hpp).
 #if defined(__GNUC__)
 #define DTRAIN_FLATTEN __attribute__((flatten))
 #else
@@ -119,7 +119,7 @@
 // CUDA, which then defines DTRAIN_RUNTIME_CUDA=1 for its users): `extern
 // template` in a user translation unit that nvcc compiles, `template` in
 // that source, nothing otherwise (a g++ translation unit never instantiates
-// Cuda code). The list is train/cuda_instances.hpp.
+// Cuda code). The list is backend/cuda/train_instances.hpp.
 #if DTRAIN_SEPARATE_COMPILATION && defined(DTRAIN_RUNTIME_CUDA_SOURCE)
 #define DTRAIN_INSTANTIATE_CUDA(...) template __VA_ARGS__;
 #elif DTRAIN_EXTERN_INSTANCES && DTRAIN_HAS_CUDA && defined(__CUDACC__) && defined(DTRAIN_RUNTIME_CUDA) && \
@@ -131,7 +131,7 @@
 
 // DTRAIN_INSTANTIATE_KERNEL(declaration): the same for the host loops of
 // the built-in functors (DTRAIN_INSTANTIATE_HOST_FOR_EACH and _SUM,
-// device/host.hpp), compiled once into dtrain::runtime by a source of their
+// backend/host/device.hpp), compiled once into dtrain::runtime by a source of their
 // own, cmake/dtrain_runtime_kernels.cpp (DTRAIN_RUNTIME_KERNELS_SOURCE):
 // `template` there, `extern template` in every other translation unit
 // built with separate compilation (the runtime's other sources included),
@@ -148,5 +148,5 @@
 // instantiations above: X(param, reduce) once per pair.
 #define DTRAIN_FOR_EACH_PRECISION(X) X(float, float) X(bf16, float) X(bf16, bf16) X(fp16, float) X(fp16, fp16)
 // The parameter types alone, qualified so that a list at global scope can
-// use them too (the host loops', device/host.hpp).
+// use them too (the host loops', backend/host/device.hpp).
 #define DTRAIN_FOR_EACH_DTYPE(X) X(float) X(::dtrain::bf16) X(::dtrain::fp16)

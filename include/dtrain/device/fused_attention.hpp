@@ -2,7 +2,7 @@
 // Fused causal attention for the attention units, on any device: whether a
 // call can take it (use_fused_attention) and the calls themselves, which on
 // a GPU built with cuDNN (DTRAIN_HAS_CUDNN) go to cuDNN's flash attention
-// (device/cudnn_attention.hpp) and elsewhere are never reached. The units
+// (backend/cuda/device_attention.hpp) and elsewhere are never reached. The units
 // keep their reference path (GEMMs and the causal softmax) for everything
 // else: the host, fp32, a build without cuDNN, DTRAIN_ATTENTION=reference
 // (the default until a GPU run has proven the fused path), or a problem
@@ -16,11 +16,11 @@
 #include "dtrain/core/macros.hpp"
 
 #if DTRAIN_HAS_CUDA
-#include "dtrain/device/cuda.hpp"
+#include "dtrain/backend/cuda/device.hpp"
 #endif
 #include "dtrain/device/attention_shape.hpp"
 #if DTRAIN_HAS_CUDA && DTRAIN_HAS_CUDNN
-#include "dtrain/device/cudnn_attention.hpp"
+#include "dtrain/backend/cuda/device_attention.hpp"
 #endif
 
 namespace dtrain {

@@ -281,7 +281,7 @@ DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float lane_max(std::int64_t n, float low
 // element loops as lanes.each, and declares `row_lanes = math::lanes`:
 //   SerialRow   every lane in this thread: the host, and the GPU's one
 //               thread per row (operator()(i) = row(i, SerialRow{}));
-//   LaneGroup   (device/cuda_launch.cuh) row_lanes threads of a warp, one per
+//   LaneGroup   (backend/cuda/device_launch.cuh) row_lanes threads of a warp, one per
 //               lane, each summing its own lane's elements in the same order
 //               and combining the lanes in the same pairwise tree, so both
 //               forms give the same bits. lanes.each gives element j to lane

@@ -10,7 +10,7 @@
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/math.hpp"
 
 namespace dtrain {
@@ -72,7 +72,7 @@ void column_sum(Dev& dev, MatView<const T> m, T* out) {
 }  // namespace dtrain
 
 // The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, backend/host/device.hpp).
 #define DTRAIN_MAT_HOST_LOOPS(T) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::ColumnSum<T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::BroadcastRow<T>)

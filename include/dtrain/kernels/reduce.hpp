@@ -14,7 +14,7 @@
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/math.hpp"
 
 namespace dtrain {
@@ -52,7 +52,7 @@ std::size_t count_non_finite(Dev& dev, std::span<T> x) {
 }  // namespace dtrain
 
 // The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, backend/host/device.hpp).
 #define DTRAIN_RED_HOST_LOOPS(T) \
   DTRAIN_INSTANTIATE_HOST_SUM(::dtrain::SquaredNorm<T>) \
   DTRAIN_INSTANTIATE_HOST_SUM(::dtrain::NonFiniteCount<T>)

@@ -11,7 +11,7 @@
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/math.hpp"
 
@@ -315,7 +315,7 @@ struct PositionGrad {
 }  // namespace dtrain
 
 // The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, backend/host/device.hpp).
 #define DTRAIN_SEQ_HOST_LOOPS(T) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::CausalSoftmax<T, std::int32_t>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::CausalSoftmax<T, std::int64_t>) \

@@ -16,8 +16,8 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
-#include "dtrain/device/host.hpp"
-#include "dtrain/device/host_isa.hpp"
+#include "dtrain/backend/host/device.hpp"
+#include "dtrain/backend/host/device_isa.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/model/param.hpp"
@@ -151,7 +151,7 @@ struct silu_op {
 };
 
 // y[r, j] = silu(x[r, j]) * x[r, hidden + j]: the gate half, then the up half.
-// (span: the host's row loops, device/host_isa.hpp.)
+// (span: the host's row loops, backend/host/device_isa.hpp.)
 template <class T>
 struct SwiGluForward {
   MatView<const T> x;
@@ -266,7 +266,7 @@ struct SwiGLU {
 }  // namespace dtrain::nn
 
 // The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, backend/host/device.hpp).
 #define DTRAIN_ACT_HOST_LOOPS(T) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::relu_op, T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::relu_op, T>) \

@@ -28,7 +28,7 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/checks.hpp"
@@ -185,7 +185,7 @@ class SoftmaxCrossEntropy {
 }  // namespace dtrain::nn
 
 // The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, backend/host/device.hpp).
 #define DTRAIN_CE_HOST_LOOPS(T) \
   DTRAIN_INSTANTIATE_HOST_SUM(::dtrain::nn::detail::CrossEntropyRowLoss<T, std::int32_t>) \
   DTRAIN_INSTANTIATE_HOST_SUM(::dtrain::nn::detail::CrossEntropyRowLoss<T, std::int64_t>) \

@@ -17,7 +17,7 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/random.hpp"
 #include "dtrain/core/view.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/checks.hpp"
@@ -96,7 +96,7 @@ class Dropout {
 }  // namespace dtrain::nn
 
 // The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, backend/host/device.hpp).
 #define DTRAIN_DROP_HOST_LOOPS(T) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::DropoutApply<T, false>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::DropoutApply<T, true>)

@@ -13,7 +13,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
@@ -170,7 +170,7 @@ class RMSNorm {
 }  // namespace dtrain::nn
 
 // The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, backend/host/device.hpp).
 #define DTRAIN_RMS_HOST_LOOPS(T) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RmsNormForward<T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RmsNormBackwardInput<T>) \

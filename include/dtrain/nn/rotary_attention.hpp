@@ -37,8 +37,8 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/fused_attention.hpp"
-#include "dtrain/device/host.hpp"
-#include "dtrain/device/host_isa.hpp"
+#include "dtrain/backend/host/device.hpp"
+#include "dtrain/backend/host/device_isa.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
@@ -151,7 +151,7 @@ struct ToRotatedHeads {
     }
     q[n] = dtype_cast<T>(out);
   }
-  // The host's loops (device/host_isa.hpp): one head row of head_dim at a
+  // The host's loops (backend/host/device_isa.hpp): one head row of head_dim at a
   // time, its first half and its second half each a contiguous loop.
   void span(std::size_t begin, std::size_t end) const {
     const std::int64_t hd = s.head_dim, half = hd / 2, per = s.head_elems();
@@ -216,7 +216,7 @@ struct FromRotatedHeads {
       sum += is_k ? unrotate(head_row(base, h), p, d) : static_cast<float>(head_row(base, h)[d]);
     (is_k ? dk_rows : dv_rows)[row * kv_cols + c] = dtype_cast<T>(sum);
   }
-  // The host's loops (device/host_isa.hpp): each output row in pieces of
+  // The host's loops (backend/host/device_isa.hpp): each output row in pieces of
   // one head, the unrotation as two contiguous loops over the halves, a key
   // or value head's group summed head by head into 64 accumulators (each
   // element's sum in the order operator() adds it).
@@ -633,7 +633,7 @@ class RotaryAttention {
 }  // namespace dtrain::nn
 
 // The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
+// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, backend/host/device.hpp).
 #define DTRAIN_ROPE_HOST_LOOPS(T) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ToRotatedHeads<T>) \
   DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::FromRotatedHeads<T>) \

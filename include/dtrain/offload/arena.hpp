@@ -14,7 +14,7 @@
 // with the vectorised host kernels. With a Host compute device the offloaded
 // states are still separate buffers and every copy is really made, so the
 // whole offload path runs, and is tested, without a GPU; on a GPU the copies
-// go through OffloadCopies<Cuda> (offload/cuda_arena.hpp): a copy stream
+// go through OffloadCopies<Cuda> (backend/cuda/offload.hpp): a copy stream
 // of its own, ordered against the compute stream by events, so a unit's
 // gradient shard travels to the host while backward goes on.
 //
@@ -50,7 +50,7 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/device/buffer.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/policy/offload.hpp"
 
 namespace dtrain {
@@ -63,11 +63,11 @@ inline constexpr bool no_offload_copies = false;
 // The copies between a compute device and offloaded host memory. This
 // primary template serves devices whose memory the host reads directly
 // (Host): plain copies, done when they return. A GPU specialises it
-// (offload/cuda_arena.hpp).
+// (backend/cuda/offload.hpp).
 template <class Dev>
 class OffloadCopies {
   static_assert(Dev::host_accessible || detail::no_offload_copies<Dev>,
-                "dtrain: no OffloadCopies for this device: include <dtrain/offload/cuda_arena.hpp> "
+                "dtrain: no OffloadCopies for this device: include <dtrain/backend/cuda/offload.hpp> "
                 "(<dtrain/trainer.hpp> does when CUDA is found) or specialise dtrain::OffloadCopies<Dev>");
 
  public:

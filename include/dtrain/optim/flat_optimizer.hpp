@@ -25,7 +25,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/device/buffer.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/optim/config.hpp"
 #include "dtrain/optim/lion.hpp"

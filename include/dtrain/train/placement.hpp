@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/offload/arena.hpp"

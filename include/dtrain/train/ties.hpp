@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/kernels/elementwise.hpp"

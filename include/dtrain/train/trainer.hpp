@@ -49,10 +49,10 @@
 #include "dtrain/train/rank_sums.hpp"
 #include "dtrain/train/step_guard.hpp"
 #if DTRAIN_HAS_CUDA
-#include "dtrain/comm/cuda_binding.hpp"
-#include "dtrain/offload/cuda_arena.hpp"
+#include "dtrain/backend/cuda/comm_binding.hpp"
+#include "dtrain/backend/cuda/offload.hpp"
 #endif
-#include "dtrain/train/cuda_instances.hpp"
+#include "dtrain/backend/cuda/train_instances.hpp"
 
 namespace dtrain {
 

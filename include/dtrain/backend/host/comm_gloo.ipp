@@ -4,7 +4,7 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include "dtrain/comm/gloo.hpp"
+#include "dtrain/backend/host/comm_gloo.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 

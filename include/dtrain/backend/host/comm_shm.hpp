@@ -360,5 +360,5 @@ class ShmEngine {
 }  // namespace dtrain::detail
 
 #if DTRAIN_DEFINE_IMPL
-#include "dtrain/comm/shm.ipp"
+#include "dtrain/backend/host/comm_shm.ipp"
 #endif

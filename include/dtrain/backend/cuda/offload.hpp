@@ -19,7 +19,7 @@
 
 #include <cstddef>
 
-#include "dtrain/device/cuda.hpp"
+#include "dtrain/backend/cuda/device.hpp"
 #include "dtrain/offload/arena.hpp"
 
 namespace dtrain {

@@ -4,7 +4,7 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include "dtrain/comm/shm.hpp"
+#include "dtrain/backend/host/comm_shm.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 

@@ -47,7 +47,7 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/device/device.hpp"
-#include "dtrain/device/host_isa.hpp"
+#include "dtrain/backend/host/device_isa.hpp"
 
 // Declared here rather than taken from <cblas.h>: only OpenBLAS's cblas.h
 // declares them, and a system may point <cblas.h> at another vendor's header.
@@ -501,7 +501,7 @@ class Host {
     detail::run_range(f, 0, n);
   }
 
-  // Vectorised at the instruction level (device/host_isa.hpp: sum_range)
+  // Vectorised at the instruction level (backend/host/device_isa.hpp: sum_range)
   // over fixed blocks of sum_block elements (whole rows for a row functor),
   // whose sums are then added in order: the blocks do not depend on the
   // threads, so the result is the same on every run, at every thread count
@@ -608,5 +608,5 @@ static_assert(ComputeDevice<Host>);
 }  // namespace dtrain
 
 #if DTRAIN_DEFINE_IMPL
-#include "dtrain/device/host.ipp"
+#include "dtrain/backend/host/device.ipp"
 #endif

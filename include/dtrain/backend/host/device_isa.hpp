@@ -224,5 +224,5 @@ void run_range(const F& f, std::size_t begin, std::size_t end) {
 }  // namespace dtrain
 
 #if DTRAIN_DEFINE_IMPL
-#include "dtrain/device/host_isa.ipp"
+#include "dtrain/backend/host/device_isa.ipp"
 #endif

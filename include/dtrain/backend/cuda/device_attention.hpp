@@ -35,7 +35,7 @@
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/device/attention_shape.hpp"
-#include "dtrain/device/cuda.hpp"
+#include "dtrain/backend/cuda/device.hpp"
 
 namespace dtrain {
 

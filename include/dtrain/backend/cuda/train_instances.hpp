@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "dtrain/checkpoint/state_io.hpp"
-#include "dtrain/comm/cuda_binding.hpp"
-#include "dtrain/device/cuda.hpp"
-#include "dtrain/offload/cuda_arena.hpp"
+#include "dtrain/backend/cuda/comm_binding.hpp"
+#include "dtrain/backend/cuda/device.hpp"
+#include "dtrain/backend/cuda/offload.hpp"
 #include "dtrain/optim/flat_optimizer.hpp"
 #include "dtrain/optim/lion.hpp"
 #include "dtrain/strategy/ddp.hpp"

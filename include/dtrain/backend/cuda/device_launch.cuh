@@ -3,7 +3,7 @@
 // loop calling a functor per index, and the same loop summing the functor's
 // values into one double per block; and for row functors (kernels/math.hpp,
 // SerialRow) the same two with a group of threads per row (LaneGroup).
-// dtrain::Cuda (device/cuda.hpp) includes this file when nvcc compiles the
+// dtrain::Cuda (backend/cuda/device.hpp) includes this file when nvcc compiles the
 // translation unit.
 
 #if defined(__CUDACC__)

@@ -40,7 +40,7 @@
 #include "dtrain/device/device.hpp"
 
 #if defined(__CUDACC__)
-#include "dtrain/device/cuda_launch.cuh"
+#include "dtrain/backend/cuda/device_launch.cuh"
 #endif
 
 namespace dtrain {

@@ -22,10 +22,10 @@
 #include <span>
 #include <vector>
 
-#include "dtrain/comm/host.hpp"
-#include "dtrain/comm/nccl.hpp"
+#include "dtrain/backend/host/comm.hpp"
+#include "dtrain/backend/cuda/comm_nccl.hpp"
 #include "dtrain/comm/world.hpp"
-#include "dtrain/device/cuda.hpp"
+#include "dtrain/backend/cuda/device.hpp"
 #include "dtrain/comm/binding.hpp"
 
 namespace dtrain {

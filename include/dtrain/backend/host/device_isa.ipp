@@ -4,7 +4,7 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include "dtrain/device/host_isa.hpp"
+#include "dtrain/backend/host/device_isa.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 

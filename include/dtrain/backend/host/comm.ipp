@@ -4,7 +4,7 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include "dtrain/comm/host.hpp"
+#include "dtrain/backend/host/comm.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 

@@ -1,6 +1,6 @@
 #pragma once
 // Host collectives on Gloo over TCP, between processes on any machines: the
-// blocking algorithms (GlooEngine) that HostCommunicator (comm/host.hpp) runs
+// blocking algorithms (GlooEngine) that HostCommunicator (backend/host/comm.hpp) runs
 // on its progress thread, across nodes or wherever shared memory cannot
 // reach, and the completion handle every host collective returns.
 //
@@ -167,5 +167,5 @@ class GlooEngine {
 }  // namespace dtrain
 
 #if DTRAIN_DEFINE_IMPL
-#include "dtrain/comm/gloo.ipp"
+#include "dtrain/backend/host/comm_gloo.ipp"
 #endif

@@ -10,7 +10,7 @@
 #include <map>
 #include <mutex>
 
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
