@@ -21,7 +21,6 @@
 #include "dtrain/core/fault.hpp"
 #include "dtrain/data/loader.hpp"
 #include "dtrain/data/sampler.hpp"
-#include "dtrain/backend/host/device.hpp"
 #include "dtrain/hf/checkpoint.hpp"
 #include "dtrain/hf/config.hpp"
 #include "dtrain/hf/model.hpp"
@@ -51,7 +50,6 @@
 #include "dtrain/optim/schedule.hpp"
 #include "dtrain/policy/policies.hpp"
 #include "dtrain/strategy/any_strategy.hpp"
-#include "dtrain/comm/binding.hpp"
 #include "dtrain/strategy/ddp.hpp"
 #include "dtrain/strategy/fsdp.hpp"
 #include "dtrain/strategy/strategy.hpp"
@@ -59,6 +57,6 @@
 #include "dtrain/train/options.hpp"
 #include "dtrain/train/trainer.hpp"
 #include "dtrain/version.hpp"
-#if DTRAIN_HAS_CUDA
-#include "dtrain/backend/cuda/comm_binding.hpp"
-#endif
+// Last: the backends (Host, and Cuda where CUDA is found) with their
+// instance lists, which name the templates above.
+#include "dtrain/backend/backends.hpp"

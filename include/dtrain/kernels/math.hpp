@@ -349,4 +349,21 @@ inline std::size_t column_groups(std::int64_t cols, std::int64_t group) {
   return static_cast<std::size_t>((cols + group - 1) / group);
 }
 
+namespace detail {
+// A functor's span(begin, end), the host's form of its index range
+// (backend/host/device_isa.hpp, HostSpanFunctor), walks whole rows:
+// g(r, j0, j1) for each row's piece [j0, j1) of the flat range
+// [begin, end) of a row-major matrix `cols` wide, in order.
+template <class G>
+DTRAIN_ALWAYS_INLINE void row_pieces(std::size_t begin, std::size_t end, std::int64_t cols, G&& g) {
+  auto n = static_cast<std::int64_t>(begin);
+  const auto stop = static_cast<std::int64_t>(end);
+  while (n < stop) {
+    const std::int64_t r = n / cols, j0 = n % cols, j1 = j0 + (stop - n) < cols ? j0 + (stop - n) : cols;
+    g(r, j0, j1);
+    n += j1 - j0;
+  }
+}
+}  // namespace detail
+
 }  // namespace dtrain

@@ -37,8 +37,7 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/fused_attention.hpp"
-#include "dtrain/backend/host/device.hpp"
-#include "dtrain/backend/host/device_isa.hpp"
+#include "dtrain/kernels/math.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
@@ -632,11 +631,10 @@ class RotaryAttention {
 
 }  // namespace dtrain::nn
 
-// The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, backend/host/device.hpp).
-#define DTRAIN_ROPE_HOST_LOOPS(T) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ToRotatedHeads<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::FromRotatedHeads<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RotatePairs<T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_ROPE_HOST_LOOPS)
-#undef DTRAIN_ROPE_HOST_LOOPS
+// The functors whose host loops are compiled once, for dtype T, fully
+// qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
+// gathers the lists, backend/host/train_instances.hpp applies them).
+#define DTRAIN_ROTARY_ATTENTION_FUNCTORS(EACH, SUM, T) \
+  EACH(::dtrain::nn::detail::ToRotatedHeads<T>) \
+  EACH(::dtrain::nn::detail::FromRotatedHeads<T>) \
+  EACH(::dtrain::nn::detail::RotatePairs<T>)

@@ -48,7 +48,6 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/backend/host/device.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/kernels/elementwise.hpp"
@@ -337,13 +336,10 @@ struct strategy_impl<FSDP<Mode>, Dev, T, R> {
   using type = FsdpStrategy<Mode, Dev, T, R>;
 };
 
-// Compiled once, in dtrain::runtime, under separate compilation.
-#define DTRAIN_FSDP_INSTANCES(T, R)                                  \
-  DTRAIN_INSTANTIATE(class FsdpStrategy<FullShard, Host, T, R>)   \
-  DTRAIN_INSTANTIATE(class FsdpStrategy<ShardGradOp, Host, T, R>) \
-  DTRAIN_INSTANTIATE(class FsdpStrategy<NoShard, Host, T, R>)     \
-  DTRAIN_INSTANTIATE(class FsdpStrategy<HybridShard, Host, T, R>)
-DTRAIN_FOR_EACH_PRECISION(DTRAIN_FSDP_INSTANCES)
-#undef DTRAIN_FSDP_INSTANCES
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_FSDP_TEMPLATES(X, Dev, T, R)                                                                \
+  X(class FsdpStrategy<FullShard, Dev, T, R>) X(class FsdpStrategy<ShardGradOp, Dev, T, R>)             \
+  X(class FsdpStrategy<NoShard, Dev, T, R>) X(class FsdpStrategy<HybridShard, Dev, T, R>)
 
 }  // namespace dtrain

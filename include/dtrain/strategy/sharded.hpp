@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/backend/host/device.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
@@ -559,11 +558,9 @@ void look_ahead(const ModelLayout& layout, std::size_t pos, bool wrap, int depth
 
 }  // namespace detail
 
-// Compiled once, in dtrain::runtime, under separate compilation.
-DTRAIN_INSTANTIATE(class ShardGroups<Host>)
-#define DTRAIN_SHARDED_INSTANCES(T) \
-  DTRAIN_INSTANTIATE(class ShardedParams<Host, T>) DTRAIN_INSTANTIATE(class ShardReducer<Host, T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_SHARDED_INSTANCES)
-#undef DTRAIN_SHARDED_INSTANCES
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_SHARD_GROUPS_TEMPLATES(X, Dev) X(class ShardGroups<Dev>)
+#define DTRAIN_SHARDED_TEMPLATES(X, Dev, T) X(class ShardedParams<Dev, T>) X(class ShardReducer<Dev, T>)
 
 }  // namespace dtrain

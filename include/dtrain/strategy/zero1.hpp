@@ -28,7 +28,6 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/backend/host/device.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/reduce.hpp"
@@ -267,9 +266,8 @@ struct strategy_impl<ZeRO1, Dev, T, R> {
   using type = Zero1Strategy<Dev, T, R>;
 };
 
-// Compiled once, in dtrain::runtime, under separate compilation.
-#define DTRAIN_ZERO1_INSTANCES(T, R) DTRAIN_INSTANTIATE(class Zero1Strategy<Host, T, R>)
-DTRAIN_FOR_EACH_PRECISION(DTRAIN_ZERO1_INSTANCES)
-#undef DTRAIN_ZERO1_INSTANCES
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_ZERO1_TEMPLATES(X, Dev, T, R) X(class Zero1Strategy<Dev, T, R>)
 
 }  // namespace dtrain

@@ -48,11 +48,6 @@
 #include "dtrain/train/placement.hpp"
 #include "dtrain/train/rank_sums.hpp"
 #include "dtrain/train/step_guard.hpp"
-#if DTRAIN_HAS_CUDA
-#include "dtrain/backend/cuda/comm_binding.hpp"
-#include "dtrain/backend/cuda/offload.hpp"
-#endif
-#include "dtrain/backend/cuda/train_instances.hpp"
 
 namespace dtrain {
 

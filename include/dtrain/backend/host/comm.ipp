@@ -158,10 +158,9 @@ DTRAIN_DECL auto HostCommunicator::attach_shm(World& world, const std::string& p
   detail::ShmOptions cfg;
   cfg.part_bytes = opt.shm_part_bytes;
   cfg.wait = opt.wait;
-  // auto: spin long enough to cover a peer that is a step behind when every
-  // local rank has a core; barely at all when ranks outnumber the cores, where
-  // a spinning rank takes the core its peer needs (bench/run_comm_bench.sh).
-  cfg.spin = local_size <= usable_cpu_count() ? std::chrono::microseconds(200) : std::chrono::microseconds(2);
+  // auto: spin to cover a peer a step behind, barely at all where ranks
+  // outnumber the cores (HostTuning).
+  cfg.spin = local_size <= usable_cpu_count() ? detail::HostTuning::shm_spin : detail::HostTuning::shm_spin_oversubscribed;
   const std::size_t bytes = detail::shm_segment_bytes(local_size, cfg);
   const std::string key = prefix + "shm/" + std::to_string(nodes_.node);
   auto& store = *world.store();
