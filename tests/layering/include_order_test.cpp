@@ -103,8 +103,8 @@ std::vector<Violation> bad_includes(const std::string& file, const Place& me, co
     ++includes_seen;
     const Place target = place_of(m[1].str());
     const bool ordered = rank.contains(target.layer) && rank.at(target.layer) <= rank.at(me.layer);
-    const bool reachable =
-        target.backend.empty() || (!me.backend.empty() && (target.backend == me.backend || target.backend == base_backend));
+    const bool own_or_base = target.backend == me.backend || target.backend == base_backend;
+    const bool reachable = target.backend.empty() || (!me.backend.empty() && own_or_base);
     if (!ordered || !reachable) out.push_back({"dtrain/" + file + ":" + std::to_string(line_no), line});
   }
   return out;
@@ -225,7 +225,8 @@ BOOST_AUTO_TEST_CASE(the_backend_check_can_fail) {
       "#include \"dtrain/backend/cuda/offload.hpp\"\n" // its own backend, above: reported
       "#include \"dtrain/backend/rocm/device.hpp\"\n"  // another backend: reported
       "#include \"dtrain/backend/backends.hpp\"\n";    // the umbrella's list: reported
-  const auto bad = bad_includes("backend/cuda/comm_fake.hpp", place_of("backend/cuda/comm_fake.hpp"), text, order, seen);
+  const std::string fake = "backend/cuda/comm_fake.hpp";
+  const auto bad = bad_includes(fake, place_of(fake), text, order, seen);
   BOOST_TEST_REQUIRE(bad.size() == 3u);
   BOOST_TEST(bad[0].where == "dtrain/backend/cuda/comm_fake.hpp:4");
   BOOST_TEST(bad[1].where == "dtrain/backend/cuda/comm_fake.hpp:5");

@@ -263,9 +263,9 @@ void FlatOptimizer<Dev>::Model<Opt>::step(FlatOptimizer& o, const Pass<fp16>& p)
 // The built-in optimizers' passes (every precision; on the host every ISA
 // level), compiled once by each backend (train/builtin_templates.hpp gathers
 // the lists, backend/<name>/train_instances.hpp applies them).
-#define DTRAIN_FLAT_OPTIMIZER_TEMPLATES(X, Dev, Opt)                                                  \
-  X(struct FlatOptimizer<Dev>::Model<Opt>)                                                            \
-  X(FlatOptimizer<Dev>::FlatOptimizer(Dev&, Opt, std::size_t, std::vector<GroupRate>, const std::vector<std::uint8_t>&, \
-                                      const StateAllocator&))
+#define DTRAIN_FLAT_OPTIMIZER_TEMPLATES(X, Dev, Opt)                                       \
+  X(struct FlatOptimizer<Dev>::Model<Opt>)                                                 \
+  X(FlatOptimizer<Dev>::FlatOptimizer(Dev&, Opt, std::size_t, std::vector<GroupRate>,     \
+                                      const std::vector<std::uint8_t>&, const StateAllocator&))
 
 }  // namespace dtrain

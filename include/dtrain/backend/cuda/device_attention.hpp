@@ -73,7 +73,8 @@ struct FusedAttention<Cuda> {
 
   template <class T>
   static bool supported(Cuda& dev, const FusedAttentionShape& s) {
-    return dev.paths().attention == attention_kernels::cudnn && cudnn_attention_supported(dev, s, attention_dtype_of<T>());
+    return dev.paths().attention == attention_kernels::cudnn &&
+           cudnn_attention_supported(dev, s, attention_dtype_of<T>());
   }
   template <class T>
   static void forward(Cuda& dev, const FusedAttentionShape& s, float scale, const T* q, const T* k, const T* v,

@@ -160,7 +160,8 @@ DTRAIN_DECL auto HostCommunicator::attach_shm(World& world, const std::string& p
   cfg.wait = opt.wait;
   // auto: spin to cover a peer a step behind, barely at all where ranks
   // outnumber the cores (HostTuning).
-  cfg.spin = local_size <= usable_cpu_count() ? detail::HostTuning::shm_spin : detail::HostTuning::shm_spin_oversubscribed;
+  using tuning = detail::HostTuning;
+  cfg.spin = local_size <= usable_cpu_count() ? tuning::shm_spin : tuning::shm_spin_oversubscribed;
   const std::size_t bytes = detail::shm_segment_bytes(local_size, cfg);
   const std::string key = prefix + "shm/" + std::to_string(nodes_.node);
   auto& store = *world.store();
