@@ -1,7 +1,8 @@
 #pragma once
 // dtrain's umbrella header: every public piece a training program uses, the
-// Trainer among them (train/trainer.hpp). It holds no code of its own;
-// include the piece's own header instead to compile less.
+// Trainer among them (train/trainer.hpp), and the backends
+// (backend/backends.hpp). It holds no code of its own; include the piece's
+// own header and the backend you train on instead to compile less.
 //
 //   auto world = dtrain::init();
 //   dtrain::Trainer<MyModel, dtrain::Precision<dtrain::bf16>, dtrain::Accumulate<4>>

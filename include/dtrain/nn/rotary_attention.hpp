@@ -254,7 +254,7 @@ struct FromRotatedHeads {
         const std::int64_t last = first + (j1 - col) < hd ? first + (j1 - col) : hd;
         T* out = is_q ? dq_rows + row * q_cols + head * hd
                       : (is_k ? dk_rows : dv_rows) + row * kv_cols + head * hd;
-        constexpr std::int64_t chunk = 64;
+        constexpr std::int64_t chunk = 64;  // this host form's own stack scratch, not a backend's knob
         float acc[chunk];
         for (std::int64_t d0 = first; d0 < last; d0 += chunk) {
           const std::int64_t d1 = d0 + chunk < last ? d0 + chunk : last;

@@ -328,7 +328,10 @@ class ShardReducer {
   using buffer = typename Dev::template buffer<E>;
 
  public:
-  // Slots (unit-sized gradient buffers) in flight at most.
+  // Slots (unit-sized gradient buffers) in flight at most: two, so a unit's
+  // reduction overlaps the backward of the unit before it. The same on every
+  // device, and a contract rather than a backend's knob: the memory estimate
+  // (train/estimate.hpp) counts these slots.
   static constexpr std::size_t max_in_flight = 2;
 
   // `grad_shard`: the fp32 gradient shards, on the device, or on the host
