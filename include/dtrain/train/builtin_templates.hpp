@@ -11,9 +11,10 @@
 //
 // X(declaration) is called once per template with the declaration an
 // explicit instantiation names (DTRAIN_INSTANTIATE, DTRAIN_INSTANTIATE_CUDA:
-// core/macros.hpp), e.g.
+// core/macros.hpp). DTRAIN_BUILTIN_TEMPLATES(X, Dev) applies the four
+// template lists to a device, each over its built-in types, e.g.
 //
-//   DTRAIN_FOR_EACH_PRECISION(DTRAIN_BUILTIN_PRECISION_TEMPLATES, DTRAIN_INSTANTIATE, Host)
+//   DTRAIN_BUILTIN_TEMPLATES(DTRAIN_INSTANTIATE, Host)
 //     -> DTRAIN_INSTANTIATE(class DdpStrategy<Host, float, float>) ...
 //
 // A new built-in template goes into its header's list only; a new header
@@ -51,6 +52,12 @@
 #define DTRAIN_BUILTIN_DEVICE_TEMPLATES(X, Dev) DTRAIN_SHARD_GROUPS_TEMPLATES(X, Dev) DTRAIN_OFFLOAD_TEMPLATES(X, Dev)
 
 #define DTRAIN_BUILTIN_OPTIMIZER_TEMPLATES(X, Dev, Opt) DTRAIN_FLAT_OPTIMIZER_TEMPLATES(X, Dev, Opt)
+
+#define DTRAIN_BUILTIN_TEMPLATES(X, Dev)                                \
+  DTRAIN_FOR_EACH_PRECISION(DTRAIN_BUILTIN_PRECISION_TEMPLATES, X, Dev) \
+  DTRAIN_FOR_EACH_DTYPE(DTRAIN_BUILTIN_DTYPE_TEMPLATES, X, Dev)         \
+  DTRAIN_BUILTIN_DEVICE_TEMPLATES(X, Dev)                               \
+  DTRAIN_FOR_EACH_OPTIMIZER(DTRAIN_BUILTIN_OPTIMIZER_TEMPLATES, X, Dev)
 
 #define DTRAIN_BUILTIN_FUNCTORS(EACH, SUM, T)                                                                \
   DTRAIN_ACTIVATION_FUNCTORS(EACH, SUM, T) DTRAIN_ATTENTION_FUNCTORS(EACH, SUM, T)                           \
