@@ -1,4 +1,4 @@
-// The definitions host.hpp declares with DTRAIN_DECL: included at the
+// The definitions comm.hpp declares with DTRAIN_DECL: included at the
 // end of the header when DTRAIN_DEFINE_IMPL (core/macros.hpp), so they are
 // compiled into every user translation unit (header-only) or once, into
 // dtrain::runtime (separate compilation).

@@ -3,7 +3,7 @@
 // GEMMs go to oneDNN or OpenBLAS (host_gemm below), and for_each splits a
 // large range over the rank's
 // threads (see for_each) and runs each part with the widest vector
-// instructions the processor has (host_isa.hpp). The rank's threads are a
+// instructions the processor has (device_isa.hpp). The rank's threads are a
 // pool of dtrain's own that also splits the GEMMs (host_threads below).
 //
 // Threads per rank: every process starts one OpenBLAS pool with a thread

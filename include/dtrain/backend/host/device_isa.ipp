@@ -1,4 +1,4 @@
-// The definitions host_isa.hpp declares with DTRAIN_DECL: included at the end
+// The definitions device_isa.hpp declares with DTRAIN_DECL: included at the end
 // of the header when DTRAIN_DEFINE_IMPL (core/macros.hpp), so they are
 // compiled into every user translation unit (header-only) or once, into
 // dtrain::runtime (separate compilation).
