@@ -14,7 +14,7 @@
 // median over iterations; reported, the slowest rank's median. The iteration
 // count depends only on the size, so every rank runs the same sequence.
 
-#include <dtrain/comm/host.hpp>
+#include <dtrain/backend/host/comm.hpp>
 #include <dtrain/launch/init.hpp>
 
 #include <algorithm>

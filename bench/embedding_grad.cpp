@@ -7,7 +7,7 @@
 //
 // usage: bench_embedding_grad [--vocab 32000,50257] [--dim 768] [--rows 512] [--iters 15] [--json PATH]
 
-#include <dtrain/device/host.hpp>
+#include <dtrain/backend/host/device.hpp>
 #include <dtrain/kernels/sequence.hpp>
 
 #include <algorithm>

@@ -12,10 +12,12 @@
 #if !DTRAIN_SEPARATE_COMPILATION
 #error "dtrain_runtime.cpp is compiled only with DTRAIN_SEPARATE_COMPILATION=1 (link dtrain::runtime)"
 #endif
+#include <dtrain/backend/host/comm.hpp>
+#include <dtrain/backend/host/comm_gloo.hpp>
+#include <dtrain/backend/host/comm_shm.hpp>
+#include <dtrain/backend/host/device.hpp>
+#include <dtrain/backend/host/device_isa.hpp>
 #include <dtrain/checkpoint/checkpoint.hpp>
-#include <dtrain/comm/gloo.hpp>
-#include <dtrain/comm/host.hpp>
-#include <dtrain/comm/shm.hpp>
 #include <dtrain/comm/store.hpp>
 #include <dtrain/comm/tracker.hpp>
 #include <dtrain/comm/world.hpp>
@@ -27,8 +29,6 @@
 #include <dtrain/data/dataset.hpp>
 #include <dtrain/data/loader.hpp>
 #include <dtrain/data/sampler.hpp>
-#include <dtrain/device/host.hpp>
-#include <dtrain/device/host_isa.hpp>
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/lora.hpp>
@@ -65,3 +65,13 @@
 #include <dtrain/train/recompute.hpp>
 #include <dtrain/train/step_guard.hpp>
 #include <dtrain/trainer.hpp>
+// The CUDA backend's non-template code: host code, which g++ compiles
+// against the CUDA runtime and NCCL.
+#if DTRAIN_HAS_CUDA
+#include <dtrain/backend/cuda/comm_binding.hpp>
+#include <dtrain/backend/cuda/comm_host_transport.hpp>
+#include <dtrain/backend/cuda/comm_nccl.hpp>
+#include <dtrain/backend/cuda/comm_nccl_transport.hpp>
+#include <dtrain/backend/cuda/device.hpp>
+#include <dtrain/backend/cuda/offload.hpp>
+#endif

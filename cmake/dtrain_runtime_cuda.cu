@@ -1,5 +1,5 @@
 // dtrain::runtime's CUDA part (docs/building.md, separate compilation): the
-// built-in templates on dtrain::Cuda (train/cuda_instances.hpp), compiled
+// built-in templates on dtrain::Cuda (backend/cuda/train_instances.hpp), compiled
 // once by nvcc, host code and kernels, for the programs whose translation
 // units nvcc compiles against dtrain::runtime. Built when the project has
 // enabled CUDA; the non-template code is dtrain_runtime.cpp's.

@@ -42,12 +42,20 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 DEFAULT = os.path.join(RESULTS, "gpu_check.json")
-# What runs on a GPU: the device, its kernels, the NCCL and GPU bindings, and
-# every header a Cuda trainer compiles (units, strategies, the Trainer).
-CUDA_PATHS = ["include/dtrain/device", "include/dtrain/kernels", "include/dtrain/comm/nccl.hpp",
-              "include/dtrain/strategy", "include/dtrain/nn", "include/dtrain/optim", "include/dtrain/train",
-              "include/dtrain/hf/model.hpp", "tests/kernels/kernels_cuda_test.cu", "tests/nn/nn_cuda_test.cu",
-              "tests/strategy/strategies_cuda_test.cu", "tests/hf/hf_cuda_test.cu", "tests/comm/nccl_test.cpp"]
+# What runs on a GPU: the CUDA backend (its device, kernels, NCCL and host
+# transports, binding, offload copies, instance list), cuDNN's fused attention
+# and the runtime's CUDA part, and every generic header a Cuda trainer
+# compiles (the device concept and fused-attention hook, kernels, units,
+# strategies, the Trainer); for records older than include/dtrain/backend/,
+# the CUDA communicator's paths before it (the other old paths are in the
+# folders named).
+CUDA_PATHS = ["include/dtrain/backend/cuda", "cmake/dtrain_cudnn.cpp", "cmake/dtrain_runtime_cuda.cu",
+              "include/dtrain/comm/nccl.hpp", "include/dtrain/comm/cuda_binding.hpp",
+              "include/dtrain/device", "include/dtrain/kernels", "include/dtrain/comm/binding.hpp",
+              "include/dtrain/offload", "include/dtrain/strategy", "include/dtrain/nn", "include/dtrain/optim",
+              "include/dtrain/train", "include/dtrain/hf/model.hpp", "tests/kernels/kernels_cuda_test.cu",
+              "tests/nn/nn_cuda_test.cu", "tests/strategy/strategies_cuda_test.cu", "tests/hf/hf_cuda_test.cu",
+              "tests/comm/nccl_test.cpp"]
 
 
 def read_env(path):

@@ -12,11 +12,11 @@
 // prints an nccl-tests-style bandwidth table. Exit status 0: all checks
 // passed; 1: a check failed or a collective threw; 2: bad arguments.
 
-#include <dtrain/comm/host.hpp>
-#include <dtrain/comm/nccl.hpp>
+#include <dtrain/backend/host/comm.hpp>
+#include <dtrain/backend/cuda/comm_nccl.hpp>
 #include <dtrain/comm/world.hpp>
-#include <dtrain/device/host.hpp>
-#include <dtrain/device/host_isa.hpp>
+#include <dtrain/backend/host/device.hpp>
+#include <dtrain/backend/host/device_isa.hpp>
 #include <dtrain/launch/env.hpp>
 #include <dtrain/version.hpp>
 
@@ -143,7 +143,7 @@ void print_host() {
   std::printf("dtrain-doctor %s\n\n", dtrain::version.data());
   std::printf("host            %s\n", name);
   std::printf("cpu cores       %u online, %d usable by this process\n", std::thread::hardware_concurrency(), usable);
-  // What a CPU rank started here with this environment runs (device/host.hpp).
+  // What a CPU rank started here with this environment runs (backend/host/device.hpp).
   if (const char* set = std::getenv("OPENBLAS_NUM_THREADS"); set && *set) {
     std::printf("blas threads    %s per rank (OPENBLAS_NUM_THREADS)\n", set);
   } else {
@@ -163,7 +163,7 @@ void print_host() {
       std::printf("blas threads    unknown: %s\n", e.what());
     }
   }
-  // The vector level of the host's kernels (device/host_isa.hpp).
+  // The vector level of the host's kernels (backend/host/device_isa.hpp).
   try {
     const dtrain::host_isa isa = dtrain::current_host_isa();
     const dtrain::host_isa widest = dtrain::detail::widest_host_isa();

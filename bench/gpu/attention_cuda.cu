@@ -9,7 +9,7 @@
 // backward does 2.5 times the forward's (FlashAttention-2's count): in all
 // 3.5 * 2 B H T^2 d. Each size runs `iters` times after 3 warm-ups, each timed
 // alone with CUDA events; the median is reported.
-#include <dtrain/device/cuda.hpp>
+#include <dtrain/backend/cuda/device.hpp>
 #include <dtrain/device/fused_attention.hpp>
 #include <dtrain/kernels/elementwise.hpp>
 

@@ -18,7 +18,7 @@
 //   norm        4 read (one pass, per-block double partial sums)
 // Each pass runs `iters` times after 3 warm-ups, each timed alone with CUDA
 // events; the median is reported.
-#include <dtrain/device/cuda.hpp>
+#include <dtrain/backend/cuda/device.hpp>
 #include <dtrain/kernels/elementwise.hpp>
 #include <dtrain/kernels/optimizer.hpp>
 #include <dtrain/kernels/reduce.hpp>

@@ -7,7 +7,8 @@
 // the state's disk traffic per second (2 buffers x 4 bytes x n, read and
 // written: 16 n bytes per pass); bench/run_offload_bench.sh sets it beside
 // dd's direct-I/O figures for the same directory.
-#include <dtrain/device/host.hpp>
+#include <dtrain/backend/host/device.hpp>
+#include <dtrain/backend/host/offload.hpp>
 #include <dtrain/model/init.hpp>
 #include <dtrain/optim/flat_optimizer.hpp>
 #include <dtrain/offload/arena.hpp>

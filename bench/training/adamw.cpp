@@ -16,7 +16,7 @@
 // as the Host device does (OPENBLAS_NUM_THREADS, else the rank's share of the
 // cores), each thread memcpy'ing its own contiguous part.
 
-#include <dtrain/device/host.hpp>
+#include <dtrain/backend/host/device.hpp>
 #include <dtrain/kernels/optimizer.hpp>
 #include <dtrain/model/init.hpp>
 #include "../size_options.hpp"

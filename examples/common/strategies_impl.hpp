@@ -2,12 +2,10 @@
 // strategy_for's definition: the config's strategy name picks one of
 // dtrain::builtin_strategies, the config's keys fill its options.
 
+#include <dtrain/backend/backends.hpp>
 #include <dtrain/strategy/ddp.hpp>
 #include <dtrain/strategy/fsdp.hpp>
 #include <dtrain/strategy/zero1.hpp>
-#if DTRAIN_HAS_CUDA
-#include <dtrain/comm/cuda_binding.hpp>
-#endif
 
 #include <cstddef>
 #include <tuple>

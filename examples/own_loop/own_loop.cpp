@@ -14,8 +14,9 @@
 
 #include "mlp/mlp.hpp"
 
+#include <dtrain/backend/host/comm.hpp>
+#include <dtrain/backend/host/comm_binding.hpp>
 #include <dtrain/io/safetensors.hpp>
-#include <dtrain/comm/host.hpp>
 #include <dtrain/data/loader.hpp>
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/kernels/elementwise.hpp>

@@ -1,7 +1,8 @@
 #pragma once
 // dtrain's umbrella header: every public piece a training program uses, the
-// Trainer among them (train/trainer.hpp). It holds no code of its own;
-// include the piece's own header instead to compile less.
+// Trainer among them (train/trainer.hpp), and the backends
+// (backend/backends.hpp). It holds no code of its own; include the piece's
+// own header and the backend you train on instead to compile less.
 //
 //   auto world = dtrain::init();
 //   dtrain::Trainer<MyModel, dtrain::Precision<dtrain::bf16>, dtrain::Accumulate<4>>
@@ -21,7 +22,6 @@
 #include "dtrain/core/fault.hpp"
 #include "dtrain/data/loader.hpp"
 #include "dtrain/data/sampler.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/hf/checkpoint.hpp"
 #include "dtrain/hf/config.hpp"
 #include "dtrain/hf/model.hpp"
@@ -51,7 +51,6 @@
 #include "dtrain/optim/schedule.hpp"
 #include "dtrain/policy/policies.hpp"
 #include "dtrain/strategy/any_strategy.hpp"
-#include "dtrain/comm/binding.hpp"
 #include "dtrain/strategy/ddp.hpp"
 #include "dtrain/strategy/fsdp.hpp"
 #include "dtrain/strategy/strategy.hpp"
@@ -59,6 +58,6 @@
 #include "dtrain/train/options.hpp"
 #include "dtrain/train/trainer.hpp"
 #include "dtrain/version.hpp"
-#if DTRAIN_HAS_CUDA
-#include "dtrain/comm/cuda_binding.hpp"
-#endif
+// Last: the backends (Host, and Cuda where CUDA is found) with their
+// instance lists, which name the templates above.
+#include "dtrain/backend/backends.hpp"

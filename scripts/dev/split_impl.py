@@ -4,7 +4,7 @@ the non-template classes in a dtrain header into the header's .ipp file
 (the Asio layout: the header declares them with DTRAIN_DECL, the .ipp
 defines them, included at the header's end when DTRAIN_DEFINE_IMPL).
 
-  scripts/dev/split_impl.py include/dtrain/comm/host.hpp [Class ...] [--all-free] [--templates]
+  scripts/dev/split_impl.py include/dtrain/backend/host/comm.hpp [Class ...] [--all-free] [--templates]
 
 With --templates, the members of class templates move out of the class
 into the header itself, right after it (so that `extern template` can keep

@@ -12,7 +12,7 @@
 //             what dtrain-run must clean up
 // Exit codes: 0 success, 3 the expected failure was detected (the message is
 // printed), 1 anything else.
-#include <dtrain/comm/host.hpp>
+#include <dtrain/backend/host/comm.hpp>
 #include <dtrain/launch/init.hpp>
 
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 #define BOOST_TEST_MODULE comm_gloo
 #include <boost/test/unit_test.hpp>
 
-#include <dtrain/comm/host.hpp>
+#include <dtrain/backend/host/comm.hpp>
 #include <dtrain/comm/store.hpp>
 #include <dtrain/core/dtype.hpp>
 #include <dtrain/run/preemption.hpp>

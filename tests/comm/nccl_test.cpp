@@ -4,7 +4,7 @@
 // their failures as text: Boost.Test assertions are not thread-safe.
 #include "support/gpu_main.hpp"
 
-#include <dtrain/comm/nccl.hpp>
+#include <dtrain/backend/cuda/comm_nccl.hpp>
 
 #include <chrono>
 #include <cmath>

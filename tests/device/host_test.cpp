@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/launch/env.hpp"
 #if DTRAIN_HAS_CUDA
-#include "dtrain/device/cuda.hpp"
+#include "dtrain/backend/cuda/device.hpp"
 #endif
 #include "kernels/numeric.hpp"
 

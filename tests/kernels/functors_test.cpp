@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/kernels/reduce.hpp"

@@ -2,7 +2,7 @@
 """Every functor inlined into the host loops compiled per instruction level.
 
 Host::for_each and Host::sum run a functor through loops compiled once for
-each instruction level (device/host_isa.hpp: run_range_avx2/avx512,
+each instruction level (backend/host/device_isa.hpp: run_range_avx2/avx512,
 sum_range_avx2/avx512). They are only as fast as what gets inlined into
 them: a call GCC leaves out of line is compiled for the baseline level
 (SSE2) and runs there. GCC's `flatten` does not override its stack-frame

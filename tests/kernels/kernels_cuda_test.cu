@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/device/cuda.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/cuda/device.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/kernels/reduce.hpp"

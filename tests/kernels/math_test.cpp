@@ -1,7 +1,7 @@
 // dtrain's own host exp, erf and sqrt (kernels/math.hpp) against float64 libm.
 #include <boost/test/unit_test.hpp>
 
-#include <dtrain/device/host.hpp>
+#include <dtrain/backend/host/device.hpp>
 #include <dtrain/kernels/math.hpp>
 
 #include <bit>

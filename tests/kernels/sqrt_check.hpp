@@ -7,7 +7,7 @@
 // infinities, NaNs and negatives included.
 #include <boost/test/unit_test.hpp>
 
-#include <dtrain/device/host.hpp>
+#include <dtrain/backend/host/device.hpp>
 
 #include <bit>
 #include <cmath>

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "kernels/numeric.hpp"
 #include "model/custom_model.hpp"
@@ -22,7 +22,7 @@
 #include "support/batches.hpp"
 
 #if DTRAIN_HAS_CUDA
-#include "dtrain/device/cuda.hpp"
+#include "dtrain/backend/cuda/device.hpp"
 static_assert(dtrain::Unit<FeatureGain, dtrain::Cuda, dtrain::bf16>);
 #endif
 static_assert(dtrain::Unit<FeatureGain, dtrain::Host, float>);

@@ -11,7 +11,7 @@
 #include <vector>
 
 // [snippet:model_huber_loss]
-#include <dtrain/device/host.hpp>
+#include <dtrain/backend/host/device.hpp>
 #include <dtrain/nn/activation.hpp>
 #include <dtrain/nn/linear.hpp>
 

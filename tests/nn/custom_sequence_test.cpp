@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "kernels/numeric.hpp"
 #include "nn/custom_sequence.hpp"
 #include "nn/reference.hpp"
@@ -21,7 +21,7 @@
 #include "support/ranks.hpp"
 
 #if DTRAIN_HAS_CUDA
-#include "dtrain/device/cuda.hpp"
+#include "dtrain/backend/cuda/device.hpp"
 static_assert(dtrain::Unit<CausalMeanMix, dtrain::Cuda, dtrain::bf16>);
 static_assert(dtrain::Loss<HuberLoss, dtrain::Cuda, dtrain::bf16>);
 #endif

@@ -1,5 +1,5 @@
 // Host::for_each runs every functor loop at the widest vector level the
-// processor has (device/host_isa.hpp). The units whose kernels reduce rows
+// processor has (backend/host/device_isa.hpp). The units whose kernels reduce rows
 // in lanes or columns in groups (LayerNorm, RMSNorm, Linear's bias, the
 // causal softmax with and without a padding mask, cross-entropy) and the
 // GELU that shares its exp, checked at every level this machine runs against
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
-#include "dtrain/device/host.hpp"
-#include "dtrain/device/host_isa.hpp"
+#include "dtrain/backend/host/device.hpp"
+#include "dtrain/backend/host/device_isa.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/nn/activation.hpp"

@@ -15,7 +15,7 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/random.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/nn/attention.hpp"
 #include "dtrain/nn/linear.hpp"
 #include "dtrain/nn/lora.hpp"

@@ -10,8 +10,8 @@
 #include <tuple>
 #include <vector>
 
-#include "dtrain/device/cuda.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/cuda/device.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/nn/activation.hpp"
 #include "dtrain/nn/attention.hpp"
 #include "dtrain/nn/rms_norm.hpp"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/nn/activation.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
 #include "dtrain/nn/layer_norm.hpp"
@@ -26,7 +26,7 @@
 #include "nn/unit_harness.hpp"
 
 #if DTRAIN_HAS_CUDA
-#include "dtrain/device/cuda.hpp"
+#include "dtrain/backend/cuda/device.hpp"
 #endif
 
 namespace {

@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "nn/unit_harness.hpp"
 
 namespace dtrain::testing {

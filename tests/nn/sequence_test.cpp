@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dtrain/core/tensor.hpp"
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 #include "dtrain/nn/attention.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
 #include "dtrain/nn/embedding.hpp"
@@ -100,14 +100,15 @@ BOOST_AUTO_TEST_CASE(causal_row_blocks_never_read_past_a_block) {
   const auto rows = static_cast<std::size_t>(heads * time);
   d::causal_gemm_batched(dev, d::causal_product::scores, time, hd, scale, q.data(), hd, th, k.data(), hd, th,
                          att.data(), time, tt, heads);
-  dev.for_each(rows, dtrain::CausalSoftmax<float>{att.data(), time, nullptr, heads, nullptr, d::causal_block});
+  constexpr std::int64_t block = d::causal_block_on<dtrain::Host>;
+  dev.for_each(rows, dtrain::CausalSoftmax<float>{att.data(), time, nullptr, heads, nullptr, block});
   d::causal_gemm_batched(dev, d::causal_product::apply, time, hd, 1.f, att.data(), time, tt, v.data(), hd, th, o.data(),
                          hd, th, heads);
   d::causal_gemm_batched(dev, d::causal_product::scores, time, hd, 1.f, d_o.data(), hd, th, v.data(), hd, th,
                          d_att.data(), time, tt, heads);
   d::causal_gemm_batched(dev, d::causal_product::apply_transposed, time, hd, 1.f, att.data(), time, tt, d_o.data(), hd,
                          th, dv.data(), hd, th, heads);
-  dev.for_each(rows, dtrain::CausalSoftmaxBackward<float>{att.data(), d_att.data(), time, scale, d::causal_block});
+  dev.for_each(rows, dtrain::CausalSoftmaxBackward<float>{att.data(), d_att.data(), time, scale, block});
   d::causal_gemm_batched(dev, d::causal_product::apply, time, hd, 1.f, d_att.data(), time, tt, k.data(), hd, th,
                          dq.data(), hd, th, heads);
   d::causal_gemm_batched(dev, d::causal_product::apply_transposed, time, hd, 1.f, d_att.data(), time, tt, q.data(), hd,

@@ -1,4 +1,4 @@
-// Host functors with a span(begin, end) (device/host_isa.hpp: row loops the
+// Host functors with a span(begin, end) (backend/host/device_isa.hpp: row loops the
 // host runs instead of one index at a time) must write exactly what their
 // per-index operator() writes, the one a GPU runs: SwiGLU forward and
 // backward, and the rotary attention's layout into the heads and back
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dtrain/core/view.hpp"
-#include "dtrain/device/host_isa.hpp"
+#include "dtrain/backend/host/device_isa.hpp"
 #include "dtrain/nn/activation.hpp"
 #include "dtrain/nn/rotary_attention.hpp"
 

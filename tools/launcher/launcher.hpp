@@ -502,7 +502,7 @@ struct GroupLayout {
   int master_port = default_master_port;
   int cpu_count = 1;
   int restart_count = 0;
-  // Names this launch's shared-memory segments (comm/host.hpp), so that
+  // Names this launch's shared-memory segments (backend/host/comm.hpp), so that
   // remove_job_segments() can clear what a killed rank left behind.
   std::string job_id;
   // This run's folder of rank logs (make_log_run_dir); empty when --redirects

@@ -28,7 +28,6 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/checkpoint/checkpoint.hpp"
 #include "dtrain/io/crc32c.hpp"
 #include "dtrain/io/safetensors.hpp"
@@ -616,9 +615,8 @@ auto CheckpointIO<Dev, T>::copy_owned(float* dst, const float* src, std::size_t 
   else dev_.copy_to_host(dst, src, n);
 }
 
-// Compiled once, in dtrain::runtime, under separate compilation.
-#define DTRAIN_CHECKPOINT_IO_INSTANCES(T) DTRAIN_INSTANTIATE(class CheckpointIO<Host, T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_CHECKPOINT_IO_INSTANCES)
-#undef DTRAIN_CHECKPOINT_IO_INSTANCES
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_CHECKPOINT_IO_TEMPLATES(X, Dev, T) X(class CheckpointIO<Dev, T>)
 
 }  // namespace dtrain

@@ -1,63 +1,40 @@
 #pragma once
-// How a strategy reaches the communicator of its device: which backend a
+// How a strategy reaches the communicator of its device: which communicator a
 // device uses, and how a collective is ordered against the device's own work.
+// Each backend specialises CommBinding for its device, beside its
+// communicators (backend/<name>/comm_binding.hpp):
+//
+//   comm_type, work_type          the communicator and its completion handle
+//   make(world, dev)              a communicator over `world`'s ranks (unique_ptr)
+//   all_reduce(comm, dev, data, op), broadcast(comm, dev, data, root),
+//   reduce_scatter(comm, dev, in, out, op), all_gather(comm, dev, in, out)
+//                                 a collective on device memory, after the
+//                                 device work queued so far
+//   join(work, dev)               after it the device may read the result
+//   ready(work)                   whether a collective that depends on `work`
+//                                 can be issued without blocking the host
+//   done(work)                    whether `work` has completed (joining is free)
+//   then(work, next)              orders the collectives issued next on
+//                                 communicator `next` after `work`
+//   host_barrier(comm, dev)       blocks the calling thread until every rank got here
+//   device_for(world)             (optional) the device index a rank computes on
 //
 // On the host, compute is synchronous, so a gradient slice is final when the
 // unit's backward returns and the collective can start at once on the host
-// communicator's progress thread (shared memory within a node, Gloo across). The CUDA binding (comm/cuda_binding.hpp) instead
-// orders NCCL on a communication stream behind an event of the compute stream.
+// communicator's progress thread. The CUDA binding instead orders NCCL on a
+// communication stream behind an event of the compute stream.
 
-#include <memory>
-#include <span>
-
-#include "dtrain/comm/host.hpp"
+#include "dtrain/comm/communicator.hpp"
 #include "dtrain/comm/world.hpp"
-#include "dtrain/device/host.hpp"
 
 namespace dtrain {
 
 template <class Dev>
 struct CommBinding {
   static_assert(sizeof(Dev) == 0,
-                "dtrain: no communicator binding for this Device: use Host, or Cuda in a translation unit "
-                "that includes <dtrain/comm/cuda_binding.hpp> (done by <dtrain/trainer.hpp>)");
-};
-
-template <>
-struct CommBinding<Host> {
-  using comm_type = HostCommunicator;
-  using work_type = HostWork;
-
-  static std::unique_ptr<comm_type> make(World& world, Host&) { return std::make_unique<comm_type>(world); }
-
-  template <class T>
-  static work_type all_reduce(comm_type& comm, Host&, std::span<T> data, reduce_op op) {
-    return comm.all_reduce(data, op);
-  }
-  template <class T>
-  static work_type broadcast(comm_type& comm, Host&, std::span<T> data, int root) {
-    return comm.broadcast(data, root);
-  }
-  template <class T>
-  static work_type reduce_scatter(comm_type& comm, Host&, std::span<const T> in, std::span<T> out, reduce_op op) {
-    return comm.reduce_scatter(in, out, op);
-  }
-  template <class T>
-  static work_type all_gather(comm_type& comm, Host&, std::span<const T> in, std::span<T> out) {
-    return comm.all_gather(in, out);
-  }
-  // After join() the device may read the collective's result.
-  static void join(work_type& work, Host&) { work.wait(); }
-  // Whether a collective that depends on `work` can be issued without
-  // blocking the host (on CUDA always: events order the streams).
-  static bool ready(const work_type& work) { return work.done(); }
-  // Whether `work` has completed, so joining it costs nothing.
-  static bool done(const work_type& work) { return work.done(); }
-  // Orders the collectives issued next on `next` after `work` (on the host
-  // by waiting for it; callers poll ready() first, so this does not block).
-  static void then(work_type& work, comm_type&) { work.wait(); }
-  // Blocks the calling thread until every rank got here.
-  static void host_barrier(comm_type& comm, Host&) { comm.barrier().wait(); }
+                "dtrain: no communicator binding for this Device: include its backend (<dtrain/trainer.hpp> "
+                "includes the built-in ones: Host, and Cuda where CUDA is found) or specialise "
+                "dtrain::CommBinding<Dev>");
 };
 
 }  // namespace dtrain

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -65,6 +66,17 @@ struct CommOptions {
   std::size_t shm_part_bytes = std::size_t{256} << 10;
   gpu_transport gpu = gpu_transport::nccl;
 };
+
+namespace detail {
+// Nanoseconds the calling thread (a rank's training thread) has spent
+// blocked waiting for collectives (HostWork::wait adds to it): the time it
+// waited for its peers and the network (dtrain::fit's straggler report
+// reads it).
+inline thread_local std::uint64_t collective_wait_ns = 0;
+}  // namespace detail
+
+// The calling thread's time blocked waiting for host collectives, in ns.
+inline std::uint64_t collective_wait_ns() { return detail::collective_wait_ns; }
 
 template <class W>
 concept CommWork = requires(W& w) {

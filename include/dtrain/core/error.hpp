@@ -65,7 +65,7 @@ class config_error : public error {
       : error(what, fix, where) {}
 };
 
-// OpenBLAS's thread pool does not fit the address-space limit (device/host.hpp).
+// OpenBLAS's thread pool does not fit the address-space limit (backend/host/device.hpp).
 // Some of its threads may be retrying forever for their buffers, and a
 // normal exit joins them: a program that catches this should end with
 // std::_Exit after flushing its output, as dtrain's programs do.

@@ -27,7 +27,7 @@
 #endif
 
 // A loop driver whose callees must all be inlined into it (Host's functor
-// loops, compiled once per instruction level: device/host_isa.hpp).
+// loops, compiled once per instruction level: backend/host/device_isa.hpp).
 #if defined(__GNUC__)
 #define DTRAIN_FLATTEN __attribute__((flatten))
 #else
@@ -104,7 +104,11 @@
 // built-in template that dtrain::runtime compiles: `extern template` in a
 // user translation unit under separate compilation (so it neither
 // instantiates nor optimises it), `template` in the runtime's source, and
-// nothing header-only. Written at the end of the template's header.
+// nothing header-only. A template's header lists its built-in instances as
+// an X-macro over the device (e.g. DTRAIN_DDP_TEMPLATES(X, Dev, T, R));
+// train/builtin_templates.hpp gathers the lists, and each backend's
+// train_instances.hpp applies them to its device (the host backend's with
+// this macro).
 #if DTRAIN_EXTERN_INSTANCES
 #define DTRAIN_INSTANTIATE(...) extern template __VA_ARGS__;
 #elif DTRAIN_SEPARATE_COMPILATION && defined(DTRAIN_RUNTIME_SOURCE)
@@ -119,7 +123,7 @@
 // CUDA, which then defines DTRAIN_RUNTIME_CUDA=1 for its users): `extern
 // template` in a user translation unit that nvcc compiles, `template` in
 // that source, nothing otherwise (a g++ translation unit never instantiates
-// Cuda code). The list is train/cuda_instances.hpp.
+// Cuda code). backend/cuda/train_instances.hpp applies the lists with it.
 #if DTRAIN_SEPARATE_COMPILATION && defined(DTRAIN_RUNTIME_CUDA_SOURCE)
 #define DTRAIN_INSTANTIATE_CUDA(...) template __VA_ARGS__;
 #elif DTRAIN_EXTERN_INSTANCES && DTRAIN_HAS_CUDA && defined(__CUDACC__) && defined(DTRAIN_RUNTIME_CUDA) && \
@@ -131,8 +135,9 @@
 
 // DTRAIN_INSTANTIATE_KERNEL(declaration): the same for the host loops of
 // the built-in functors (DTRAIN_INSTANTIATE_HOST_FOR_EACH and _SUM,
-// device/host.hpp), compiled once into dtrain::runtime by a source of their
-// own, cmake/dtrain_runtime_kernels.cpp (DTRAIN_RUNTIME_KERNELS_SOURCE):
+// backend/host/train_instances.hpp), compiled once into dtrain::runtime by a
+// source of their own, cmake/dtrain_runtime_kernels.cpp
+// (DTRAIN_RUNTIME_KERNELS_SOURCE):
 // `template` there, `extern template` in every other translation unit
 // built with separate compilation (the runtime's other sources included),
 // nothing header-only.
@@ -145,8 +150,16 @@
 #endif
 
 // The (parameter, reduce) type pairs of the built-in precisions, for the
-// instantiations above: X(param, reduce) once per pair.
-#define DTRAIN_FOR_EACH_PRECISION(X) X(float, float) X(bf16, float) X(bf16, bf16) X(fp16, float) X(fp16, fp16)
-// The parameter types alone, qualified so that a list at global scope can
-// use them too (the host loops', device/host.hpp).
-#define DTRAIN_FOR_EACH_DTYPE(X) X(float) X(::dtrain::bf16) X(::dtrain::fp16)
+// instantiations above: X(args..., param, reduce) once per pair, the
+// arguments after X first (a backend applies a template list to its
+// device: DTRAIN_FOR_EACH_PRECISION(LIST, DTRAIN_INSTANTIATE, Host)).
+#define DTRAIN_FOR_EACH_PRECISION(X, ...)                                                            \
+  X(__VA_ARGS__ __VA_OPT__(, ) float, float) X(__VA_ARGS__ __VA_OPT__(, ) bf16, float)               \
+  X(__VA_ARGS__ __VA_OPT__(, ) bf16, bf16) X(__VA_ARGS__ __VA_OPT__(, ) fp16, float)                 \
+  X(__VA_ARGS__ __VA_OPT__(, ) fp16, fp16)
+// The parameter types alone, the same way, qualified so that a list at
+// global scope can use them too (the host loops',
+// backend/host/train_instances.hpp).
+#define DTRAIN_FOR_EACH_DTYPE(X, ...)                                                                    \
+  X(__VA_ARGS__ __VA_OPT__(, ) float) X(__VA_ARGS__ __VA_OPT__(, )::dtrain::bf16)                        \
+  X(__VA_ARGS__ __VA_OPT__(, )::dtrain::fp16)

@@ -15,6 +15,9 @@
 //   for_each(n, f)   f(i) for i in [0, n), f a DTRAIN_HOST_DEVICE functor
 //   sum(n, f)        the sum of f(i) as a double, read back to the host
 //   workspace<T>(n)  device scratch valid until the next workspace call
+//   tuning           the backend's tuning table (backend/<name>/device_tuning.hpp),
+//                    for generic code that sizes its work by device
+//                    (Dev::tuning::causal_block)
 // Copies take (dst, src, count) like memcpy. Work is ordered on the device's
 // stream; copy_to_host and copy_from_host block until the data has arrived.
 

@@ -19,7 +19,9 @@ namespace dtrain {
 // GPU's vector paths (Cuda::for_each uses a functor's apply_vector when its
 // vector_ok() says every buffer is so aligned). A functor whose vector form
 // no GPU run has proven yet says `wide_path = true`: Cuda uses that form
-// only with DTRAIN_ELEMENTWISE=wide (CudaPaths).
+// only with DTRAIN_ELEMENTWISE=wide (CudaPaths). A functor's vector_width is
+// its apply_vector's four elements: a contract of its code, not a tuning
+// knob (backend/cuda/device_tuning.hpp says so).
 template <class T>
 struct alignas(4 * sizeof(T)) Vec4 {
   T v[4];

@@ -281,7 +281,7 @@ DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float lane_max(std::int64_t n, float low
 // element loops as lanes.each, and declares `row_lanes = math::lanes`:
 //   SerialRow   every lane in this thread: the host, and the GPU's one
 //               thread per row (operator()(i) = row(i, SerialRow{}));
-//   LaneGroup   (device/cuda_launch.cuh) row_lanes threads of a warp, one per
+//   LaneGroup   (backend/cuda/device_launch.cuh) row_lanes threads of a warp, one per
 //               lane, each summing its own lane's elements in the same order
 //               and combining the lanes in the same pairwise tree, so both
 //               forms give the same bits. lanes.each gives element j to lane
@@ -348,5 +348,22 @@ constexpr std::int64_t column_group() {
 inline std::size_t column_groups(std::int64_t cols, std::int64_t group) {
   return static_cast<std::size_t>((cols + group - 1) / group);
 }
+
+namespace detail {
+// A functor's span(begin, end), the host's form of its index range
+// (backend/host/device_isa.hpp, HostSpanFunctor), walks whole rows:
+// g(r, j0, j1) for each row's piece [j0, j1) of the flat range
+// [begin, end) of a row-major matrix `cols` wide, in order.
+template <class G>
+DTRAIN_ALWAYS_INLINE void row_pieces(std::size_t begin, std::size_t end, std::int64_t cols, G&& g) {
+  auto n = static_cast<std::int64_t>(begin);
+  const auto stop = static_cast<std::int64_t>(end);
+  while (n < stop) {
+    const std::int64_t r = n / cols, j0 = n % cols, j1 = j0 + (stop - n) < cols ? j0 + (stop - n) : cols;
+    g(r, j0, j1);
+    n += j1 - j0;
+  }
+}
+}  // namespace detail
 
 }  // namespace dtrain

@@ -10,7 +10,6 @@
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/math.hpp"
 
 namespace dtrain {
@@ -71,10 +70,9 @@ void column_sum(Dev& dev, MatView<const T> m, T* out) {
 
 }  // namespace dtrain
 
-// The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
-#define DTRAIN_MAT_HOST_LOOPS(T) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::ColumnSum<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::BroadcastRow<T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_MAT_HOST_LOOPS)
-#undef DTRAIN_MAT_HOST_LOOPS
+// The functors whose host loops are compiled once, for dtype T, fully
+// qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
+// gathers the lists, backend/host/train_instances.hpp applies them).
+#define DTRAIN_MATRIX_FUNCTORS(EACH, SUM, T) \
+  EACH(::dtrain::ColumnSum<T>) \
+  EACH(::dtrain::BroadcastRow<T>)

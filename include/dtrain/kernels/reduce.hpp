@@ -14,7 +14,6 @@
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/math.hpp"
 
 namespace dtrain {
@@ -51,10 +50,9 @@ std::size_t count_non_finite(Dev& dev, std::span<T> x) {
 
 }  // namespace dtrain
 
-// The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
-#define DTRAIN_RED_HOST_LOOPS(T) \
-  DTRAIN_INSTANTIATE_HOST_SUM(::dtrain::SquaredNorm<T>) \
-  DTRAIN_INSTANTIATE_HOST_SUM(::dtrain::NonFiniteCount<T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_RED_HOST_LOOPS)
-#undef DTRAIN_RED_HOST_LOOPS
+// The functors whose host loops are compiled once, for dtype T, fully
+// qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
+// gathers the lists, backend/host/train_instances.hpp applies them).
+#define DTRAIN_REDUCE_FUNCTORS(EACH, SUM, T) \
+  SUM(::dtrain::SquaredNorm<T>) \
+  SUM(::dtrain::NonFiniteCount<T>)

@@ -11,7 +11,6 @@
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/math.hpp"
 
@@ -314,18 +313,17 @@ struct PositionGrad {
 
 }  // namespace dtrain
 
-// The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
-#define DTRAIN_SEQ_HOST_LOOPS(T) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::CausalSoftmax<T, std::int32_t>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::CausalSoftmax<T, std::int64_t>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::CausalSoftmaxBackward<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::HeadPermuteRuns<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::EmbeddingScatter<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::EmbeddingGather<T, std::int32_t>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::EmbeddingGather<T, std::int64_t>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::PositionGrad<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::AddPositions<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::AddElements<T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_SEQ_HOST_LOOPS)
-#undef DTRAIN_SEQ_HOST_LOOPS
+// The functors whose host loops are compiled once, for dtype T, fully
+// qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
+// gathers the lists, backend/host/train_instances.hpp applies them).
+#define DTRAIN_SEQUENCE_FUNCTORS(EACH, SUM, T) \
+  EACH(::dtrain::CausalSoftmax<T, std::int32_t>) \
+  EACH(::dtrain::CausalSoftmax<T, std::int64_t>) \
+  EACH(::dtrain::CausalSoftmaxBackward<T>) \
+  EACH(::dtrain::HeadPermuteRuns<T>) \
+  EACH(::dtrain::EmbeddingScatter<T>) \
+  EACH(::dtrain::EmbeddingGather<T, std::int32_t>) \
+  EACH(::dtrain::EmbeddingGather<T, std::int64_t>) \
+  EACH(::dtrain::PositionGrad<T>) \
+  EACH(::dtrain::AddPositions<T>) \
+  EACH(::dtrain::AddElements<T>)

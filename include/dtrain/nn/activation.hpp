@@ -16,8 +16,6 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
-#include "dtrain/device/host.hpp"
-#include "dtrain/device/host_isa.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/model/param.hpp"
@@ -151,7 +149,7 @@ struct silu_op {
 };
 
 // y[r, j] = silu(x[r, j]) * x[r, hidden + j]: the gate half, then the up half.
-// (span: the host's row loops, device/host_isa.hpp.)
+// (span: the host's row loops, backend/host/device_isa.hpp.)
 template <class T>
 struct SwiGluForward {
   MatView<const T> x;
@@ -265,22 +263,21 @@ struct SwiGLU {
 
 }  // namespace dtrain::nn
 
-// The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
-#define DTRAIN_ACT_HOST_LOOPS(T) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::relu_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::relu_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::relu_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_tanh_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::silu_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::silu_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::silu_op, T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::SwiGluForward<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::SwiGluBackward<T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_ACT_HOST_LOOPS)
-#undef DTRAIN_ACT_HOST_LOOPS
+// The functors whose host loops are compiled once, for dtype T, fully
+// qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
+// gathers the lists, backend/host/train_instances.hpp applies them).
+#define DTRAIN_ACTIVATION_FUNCTORS(EACH, SUM, T) \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::relu_op, T>) \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::relu_op, T>) \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::relu_op, T>) \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_op, T>) \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_op, T>) \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_op, T>) \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>) \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_tanh_op, T>) \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>) \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::silu_op, T>) \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::silu_op, T>) \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::silu_op, T>) \
+  EACH(::dtrain::nn::detail::SwiGluForward<T>) \
+  EACH(::dtrain::nn::detail::SwiGluBackward<T>)

@@ -42,7 +42,6 @@
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/fused_attention.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/sequence.hpp"
@@ -110,19 +109,20 @@ const DeviceTensor* position_ids(const char* unit, const UnitContext<T>& ctx) {
 //   scores            S = alpha A B^T, of which only S[t, j <= t] is used
 //   apply             C = S B, S zero past the diagonal
 //   apply_transposed  C = S^T B
-// On the host in blocks of causal_block rows, each multiplying only what
-// the mask leaves: at 128 positions 3/4 of the full products, at 512 about
-// 9/16. Nothing reads a row of S past its block's end, so nothing writes it
-// there either: the scores products leave it, the causal softmax and its
-// backward (block = causal_block_on<Dev>) read a row only to the end of its
-// lane group, which a block's end (a multiple of math::lanes) bounds, and
-// write it to the block's end. On the GPU one product each, whole rows.
+// In blocks of the device's causal_block rows (Dev::tuning: on the host,
+// each block multiplying only what the mask leaves), or 0: one product
+// each, whole rows (the GPU). Nothing reads a row of S past its block's end,
+// so nothing writes it there either: the scores products leave it, the
+// causal softmax and its backward (block = causal_block_on<Dev>) read a row
+// only to the end of its lane group, which a block's end (a multiple of
+// math::lanes) bounds, and write it to the block's end.
 enum class causal_product { scores, apply, apply_transposed };
-inline constexpr std::int64_t causal_block = 64;
-static_assert(causal_block % math::lanes == 0, "a block must end on a lane group");
-// The block the softmax kernels write to (CausalSoftmax::block): 0, whole rows, on the GPU.
+// The block the softmax kernels write to (CausalSoftmax::block): 0, whole rows.
 template <class Dev>
-constexpr std::int64_t causal_block_on = Dev::host_accessible ? causal_block : 0;
+constexpr std::int64_t causal_block_on = [] {
+  static_assert(Dev::tuning::causal_block % math::lanes == 0, "a block must end on a lane group");
+  return Dev::tuning::causal_block;
+}();
 
 template <class Dev, class T>
 void causal_gemm_batched(Dev& dev, causal_product kind, std::int64_t time, std::int64_t head_dim, float alpha,
@@ -543,10 +543,9 @@ class CausalSelfAttention {
 
 }  // namespace dtrain::nn
 
-// The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
-#define DTRAIN_ATT_HOST_LOOPS(T) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::KeyBias<T, std::int32_t>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::KeyBias<T, std::int64_t>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_ATT_HOST_LOOPS)
-#undef DTRAIN_ATT_HOST_LOOPS
+// The functors whose host loops are compiled once, for dtype T, fully
+// qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
+// gathers the lists, backend/host/train_instances.hpp applies them).
+#define DTRAIN_ATTENTION_FUNCTORS(EACH, SUM, T) \
+  EACH(::dtrain::nn::detail::KeyBias<T, std::int32_t>) \
+  EACH(::dtrain::nn::detail::KeyBias<T, std::int64_t>)

@@ -28,7 +28,6 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/checks.hpp"
@@ -184,12 +183,11 @@ class SoftmaxCrossEntropy {
 
 }  // namespace dtrain::nn
 
-// The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
-#define DTRAIN_CE_HOST_LOOPS(T) \
-  DTRAIN_INSTANTIATE_HOST_SUM(::dtrain::nn::detail::CrossEntropyRowLoss<T, std::int32_t>) \
-  DTRAIN_INSTANTIATE_HOST_SUM(::dtrain::nn::detail::CrossEntropyRowLoss<T, std::int64_t>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::CrossEntropyRowGrad<T, std::int32_t>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::CrossEntropyRowGrad<T, std::int64_t>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_CE_HOST_LOOPS)
-#undef DTRAIN_CE_HOST_LOOPS
+// The functors whose host loops are compiled once, for dtype T, fully
+// qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
+// gathers the lists, backend/host/train_instances.hpp applies them).
+#define DTRAIN_CROSS_ENTROPY_FUNCTORS(EACH, SUM, T) \
+  SUM(::dtrain::nn::detail::CrossEntropyRowLoss<T, std::int32_t>) \
+  SUM(::dtrain::nn::detail::CrossEntropyRowLoss<T, std::int64_t>) \
+  EACH(::dtrain::nn::detail::CrossEntropyRowGrad<T, std::int32_t>) \
+  EACH(::dtrain::nn::detail::CrossEntropyRowGrad<T, std::int64_t>)

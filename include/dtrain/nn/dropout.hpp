@@ -17,7 +17,6 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/random.hpp"
 #include "dtrain/core/view.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/checks.hpp"
@@ -95,10 +94,9 @@ class Dropout {
 
 }  // namespace dtrain::nn
 
-// The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
-#define DTRAIN_DROP_HOST_LOOPS(T) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::DropoutApply<T, false>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::DropoutApply<T, true>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_DROP_HOST_LOOPS)
-#undef DTRAIN_DROP_HOST_LOOPS
+// The functors whose host loops are compiled once, for dtype T, fully
+// qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
+// gathers the lists, backend/host/train_instances.hpp applies them).
+#define DTRAIN_DROPOUT_FUNCTORS(EACH, SUM, T) \
+  EACH(::dtrain::nn::detail::DropoutApply<T, false>) \
+  EACH(::dtrain::nn::detail::DropoutApply<T, true>)

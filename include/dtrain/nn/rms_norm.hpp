@@ -13,7 +13,6 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
@@ -169,11 +168,10 @@ class RMSNorm {
 
 }  // namespace dtrain::nn
 
-// The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
-#define DTRAIN_RMS_HOST_LOOPS(T) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RmsNormForward<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RmsNormBackwardInput<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RmsNormBackwardWeight<T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_RMS_HOST_LOOPS)
-#undef DTRAIN_RMS_HOST_LOOPS
+// The functors whose host loops are compiled once, for dtype T, fully
+// qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
+// gathers the lists, backend/host/train_instances.hpp applies them).
+#define DTRAIN_RMS_NORM_FUNCTORS(EACH, SUM, T) \
+  EACH(::dtrain::nn::detail::RmsNormForward<T>) \
+  EACH(::dtrain::nn::detail::RmsNormBackwardInput<T>) \
+  EACH(::dtrain::nn::detail::RmsNormBackwardWeight<T>)

@@ -37,8 +37,7 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/fused_attention.hpp"
-#include "dtrain/device/host.hpp"
-#include "dtrain/device/host_isa.hpp"
+#include "dtrain/kernels/math.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
@@ -151,7 +150,7 @@ struct ToRotatedHeads {
     }
     q[n] = dtype_cast<T>(out);
   }
-  // The host's loops (device/host_isa.hpp): one head row of head_dim at a
+  // The host's loops (backend/host/device_isa.hpp): one head row of head_dim at a
   // time, its first half and its second half each a contiguous loop.
   void span(std::size_t begin, std::size_t end) const {
     const std::int64_t hd = s.head_dim, half = hd / 2, per = s.head_elems();
@@ -216,7 +215,7 @@ struct FromRotatedHeads {
       sum += is_k ? unrotate(head_row(base, h), p, d) : static_cast<float>(head_row(base, h)[d]);
     (is_k ? dk_rows : dv_rows)[row * kv_cols + c] = dtype_cast<T>(sum);
   }
-  // The host's loops (device/host_isa.hpp): each output row in pieces of
+  // The host's loops (backend/host/device_isa.hpp): each output row in pieces of
   // one head, the unrotation as two contiguous loops over the halves, a key
   // or value head's group summed head by head into 64 accumulators (each
   // element's sum in the order operator() adds it).
@@ -255,7 +254,7 @@ struct FromRotatedHeads {
         const std::int64_t last = first + (j1 - col) < hd ? first + (j1 - col) : hd;
         T* out = is_q ? dq_rows + row * q_cols + head * hd
                       : (is_k ? dk_rows : dv_rows) + row * kv_cols + head * hd;
-        constexpr std::int64_t chunk = 64;
+        constexpr std::int64_t chunk = 64;  // this host form's own stack scratch, not a backend's knob
         float acc[chunk];
         for (std::int64_t d0 = first; d0 < last; d0 += chunk) {
           const std::int64_t d1 = d0 + chunk < last ? d0 + chunk : last;
@@ -632,11 +631,10 @@ class RotaryAttention {
 
 }  // namespace dtrain::nn
 
-// The host loops of these functors, compiled once by dtrain::runtime under
-// separate compilation (DTRAIN_INSTANTIATE_HOST_FOR_EACH, device/host.hpp).
-#define DTRAIN_ROPE_HOST_LOOPS(T) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::ToRotatedHeads<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::FromRotatedHeads<T>) \
-  DTRAIN_INSTANTIATE_HOST_FOR_EACH(::dtrain::nn::detail::RotatePairs<T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_ROPE_HOST_LOOPS)
-#undef DTRAIN_ROPE_HOST_LOOPS
+// The functors whose host loops are compiled once, for dtype T, fully
+// qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
+// gathers the lists, backend/host/train_instances.hpp applies them).
+#define DTRAIN_ROTARY_ATTENTION_FUNCTORS(EACH, SUM, T) \
+  EACH(::dtrain::nn::detail::ToRotatedHeads<T>) \
+  EACH(::dtrain::nn::detail::FromRotatedHeads<T>) \
+  EACH(::dtrain::nn::detail::RotatePairs<T>)

@@ -13,10 +13,12 @@
 // compute device's, and its for_each runs the optimizer over the rank's cores
 // with the vectorised host kernels. With a Host compute device the offloaded
 // states are still separate buffers and every copy is really made, so the
-// whole offload path runs, and is tested, without a GPU; on a GPU the copies
-// go through OffloadCopies<Cuda> (offload/cuda_arena.hpp): a copy stream
-// of its own, ordered against the compute stream by events, so a unit's
-// gradient shard travels to the host while backward goes on.
+// whole offload path runs, and is tested, without a GPU (OffloadCopies<Host>,
+// backend/host/offload.hpp: plain copies); on a GPU the copies go through
+// OffloadCopies<Cuda> (backend/cuda/offload.hpp): a copy stream of its own,
+// ordered against the compute stream by events, so a unit's gradient shard
+// travels to the host while backward goes on. Each backend's offload.hpp
+// specialises OffloadCopies for its device.
 //
 // How each strategy uses it:
 //   DDP        master, optimizer state and an fp32 gradient copy on the host;
@@ -43,75 +45,72 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/device/buffer.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/policy/offload.hpp"
 
 namespace dtrain {
 
-namespace detail {
-template <class>
-inline constexpr bool no_offload_copies = false;
-}  // namespace detail
+// The device offloaded state lives on and the optimizer runs on there: the
+// host backend's (backend/host/device.hpp), named here and included by the
+// backends that instantiate an arena, so this generic header includes none.
+class Host;
 
-// The copies between a compute device and offloaded host memory. This
-// primary template serves devices whose memory the host reads directly
-// (Host): plain copies, done when they return. A GPU specialises it
-// (offload/cuda_arena.hpp).
+// The copies between a compute device and offloaded host memory, one
+// specialisation per backend (backend/<name>/offload.hpp):
+//   to_host(host_dst, dev_src, n)    D2H after the device work queued so far,
+//                                    complete after wait_to_host()
+//   wait_to_host()
+//   to_device(dev_dst, host_src, n)  H2D, ordered before the device work
+//                                    queued after it; the host source must
+//                                    stay unchanged until the next wait_to_host()
+//   pin(p, bytes), unpin(p)          pages the device copies from or to
 template <class Dev>
 class OffloadCopies {
-  static_assert(Dev::host_accessible || detail::no_offload_copies<Dev>,
-                "dtrain: no OffloadCopies for this device: include <dtrain/offload/cuda_arena.hpp> "
-                "(<dtrain/trainer.hpp> does when CUDA is found) or specialise dtrain::OffloadCopies<Dev>");
-
- public:
-  explicit OffloadCopies(Dev&) {}
-
-  // D2H after the device work queued so far; complete after wait_to_host().
-  template <class E>
-  void to_host(E* host_dst, const E* dev_src, std::size_t n) {
-    if (n) std::memcpy(static_cast<void*>(host_dst), dev_src, n * sizeof(E));
-  }
-  void wait_to_host() {}
-  // H2D, ordered before the device work queued after it. The host source
-  // must stay unchanged until the next wait_to_host().
-  template <class E>
-  void to_device(E* dev_dst, const E* host_src, std::size_t n) {
-    if (n) std::memcpy(static_cast<void*>(dev_dst), host_src, n * sizeof(E));
-  }
-  // Pages the device copies from or to (a GPU pins them; nothing here).
-  void pin(void*, std::size_t) {}
-  void unpin(void*) noexcept {}
+  static_assert(sizeof(Dev) == 0,
+                "dtrain: no OffloadCopies for this device: include its backend (<dtrain/trainer.hpp> includes the "
+                "built-in ones) or specialise dtrain::OffloadCopies<Dev>");
 };
 
-// A host buffer of offloaded state: allocated through the arena's Host
+// A host buffer of offloaded state: allocated through the arena's host
 // device (counted by category in its statistics) and, on a GPU, pinned for
-// asynchronous copies for as long as it lives.
+// asynchronous copies for as long as it lives. Move-only; `owner` holds the
+// host device's buffer and its pinning, so this type does not name the
+// host device.
 template <class E>
 class OffloadBuffer {
  public:
   OffloadBuffer() = default;
-  OffloadBuffer(Host::buffer<E> data, std::shared_ptr<void> pin) : data_(std::move(data)), pin_(std::move(pin)) {}
+  OffloadBuffer(std::span<E> data, std::shared_ptr<void> owner) : data_(data), owner_(std::move(owner)) {}
+  OffloadBuffer(OffloadBuffer&& o) noexcept : data_(std::exchange(o.data_, {})), owner_(std::move(o.owner_)) {}
+  OffloadBuffer& operator=(OffloadBuffer&& o) noexcept {
+    data_ = std::exchange(o.data_, {});
+    owner_ = std::move(o.owner_);
+    return *this;
+  }
 
   E* data() noexcept { return data_.data(); }
   const E* data() const noexcept { return data_.data(); }
   std::size_t size() const noexcept { return data_.size(); }
-  std::span<E> span() noexcept { return data_.span(); }
+  std::span<E> span() noexcept { return data_; }
 
  private:
-  Host::buffer<E> data_;
-  std::shared_ptr<void> pin_;  // declared after data_: unpinned before the memory is freed
+  std::span<E> data_;
+  std::shared_ptr<void> owner_;
 };
 
-template <class Dev>
+template <class Dev, class HostDev = Host>
 class OffloadArena {
  public:
+  using host_device = HostDev;
+
   OffloadArena(Dev& dev, offload_kind kind);
   OffloadArena(const OffloadArena&) = delete;
   OffloadArena& operator=(const OffloadArena&) = delete;
@@ -119,7 +118,7 @@ class OffloadArena {
   // The compute-dtype parameter shards live here too (Offload<ParamShards>).
   bool params() const { return kind_ == offload_kind::params; }
   // The host the offloaded states live on and the optimizer runs on.
-  Host& host() { return host_; }
+  HostDev& host() { return host_; }
   MemoryUsage memory() const { return host_.memory_by_category(); }
 
   // n elements of host memory for `category`, zero-filled when asked; a
@@ -127,7 +126,8 @@ class OffloadArena {
   template <class E>
   OffloadBuffer<E> allocate(std::size_t n, memory_category category, bool zero = false) {
     if (n == 0) return {};
-    Host::buffer<E> b;
+    using host_buffer = typename HostDev::template buffer<E>;
+    host_buffer b;
     try {
       b = zero ? make_buffer<E>(host_, n, zero_init, category) : make_buffer<E>(host_, n, category);
     } catch (const error&) {
@@ -136,10 +136,12 @@ class OffloadArena {
                   "free host memory, use more ranks (sharded strategies split the states), or offload less "
                   "(Offload<OptimizerState> keeps the parameter shards on the device)");
     }
-    E* p = b.data();
+    auto held = std::make_shared<host_buffer>(std::move(b));
+    E* p = held->data();
     copies_.pin(p, n * sizeof(E));
     OffloadCopies<Dev>* copies = &copies_;
-    return {std::move(b), std::shared_ptr<void>(p, [copies](void* q) { copies->unpin(q); })};
+    // Unpinned first, then (as the deleter goes) freed.
+    return {held->span(), std::shared_ptr<void>(p, [copies, held](void* q) { copies->unpin(q); })};
   }
 
   // ---- optimizer state in files on a local disk (offload=nvme:DIR) ----
@@ -188,21 +190,21 @@ class OffloadArena {
   };
 
   offload_kind kind_;
-  Host host_;
+  HostDev host_;
   OffloadCopies<Dev> copies_;
   std::filesystem::path state_dir_;
   std::vector<StateFile> files_;
   std::size_t disk_bytes_ = 0;
 };
 
-template <class Dev>
-OffloadArena<Dev>::OffloadArena(Dev& dev, offload_kind kind) : kind_(kind), copies_(dev) {
+template <class Dev, class HostDev>
+OffloadArena<Dev, HostDev>::OffloadArena(Dev& dev, offload_kind kind) : kind_(kind), copies_(dev) {
   if (kind == offload_kind::none)
     throw error("OffloadArena without an offload", "construct one only when something is offloaded");
 }
 
-template <class Dev>
-auto OffloadArena<Dev>::use_state_dir(const std::filesystem::path& dir) -> void {
+template <class Dev, class HostDev>
+auto OffloadArena<Dev, HostDev>::use_state_dir(const std::filesystem::path& dir) -> void {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec))
     throw config_error("offload directory '" + dir.string() + "' does not exist or is not a directory",
@@ -213,8 +215,8 @@ auto OffloadArena<Dev>::use_state_dir(const std::filesystem::path& dir) -> void 
   state_dir_ = dir;
 }
 
-template <class Dev>
-auto OffloadArena<Dev>::check_state_space(std::size_t bytes) const -> void {
+template <class Dev, class HostDev>
+auto OffloadArena<Dev, HostDev>::check_state_space(std::size_t bytes) const -> void {
   struct statvfs fs {};
   if (::statvfs(state_dir_.c_str(), &fs) != 0) return;  // the allocation below reports it
   const auto free_bytes = static_cast<std::size_t>(fs.f_bavail) * static_cast<std::size_t>(fs.f_frsize);
@@ -225,8 +227,8 @@ auto OffloadArena<Dev>::check_state_space(std::size_t bytes) const -> void {
                        "sharded strategy");
 }
 
-template <class Dev>
-auto OffloadArena<Dev>::allocate_state_file(std::size_t n) -> StateStorage {
+template <class Dev, class HostDev>
+auto OffloadArena<Dev, HostDev>::allocate_state_file(std::size_t n) -> StateStorage {
   const std::size_t bytes = n * sizeof(float);
   std::string name = (state_dir_ / "dtrain-optimizer-state-XXXXXX").string();
   const int fd = ::mkstemp(name.data());
@@ -269,8 +271,8 @@ auto OffloadArena<Dev>::allocate_state_file(std::size_t n) -> StateStorage {
           })};
 }
 
-template <class Dev>
-auto OffloadArena<Dev>::after_state_pass(bool wait) -> void {
+template <class Dev, class HostDev>
+auto OffloadArena<Dev, HostDev>::after_state_pass(bool wait) -> void {
   for (const StateFile& f : files_) {
     if (wait) ::fdatasync(f.fd);
     ::madvise(f.map, f.bytes, MADV_DONTNEED);  // unmapped from this process; the page cache keeps dirty data
@@ -281,8 +283,8 @@ auto OffloadArena<Dev>::after_state_pass(bool wait) -> void {
   }
 }
 
-template <class Dev>
-auto OffloadArena<Dev>::category_name(memory_category c) -> const char* {
+template <class Dev, class HostDev>
+auto OffloadArena<Dev, HostDev>::category_name(memory_category c) -> const char* {
   switch (c) {
     case memory_category::params: return "parameters";
     case memory_category::grads: return "gradients";
@@ -313,7 +315,8 @@ struct offload_strategy_diagnostic {
 };
 }  // namespace detail
 
-// Compiled once, in dtrain::runtime, under separate compilation.
-DTRAIN_INSTANTIATE(class OffloadArena<Host>)
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_OFFLOAD_TEMPLATES(X, Dev) X(class OffloadArena<Dev>)
 
 }  // namespace dtrain

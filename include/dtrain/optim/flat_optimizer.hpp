@@ -25,7 +25,6 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/device/buffer.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/optim/config.hpp"
 #include "dtrain/optim/lion.hpp"
@@ -258,15 +257,15 @@ void FlatOptimizer<Dev>::Model<Opt>::step(FlatOptimizer& o, const Pass<fp16>& p)
   o.run(config, p);
 }
 
-// The built-in optimizers' host passes (every precision, every ISA level):
-// compiled once into dtrain::runtime under separate compilation.
-#define DTRAIN_FLAT_OPTIMIZER_INSTANCES(Opt)                                                               \
-  DTRAIN_INSTANTIATE(struct FlatOptimizer<Host>::Model<Opt>)                                             \
-  DTRAIN_INSTANTIATE(FlatOptimizer<Host>::FlatOptimizer(Host&, Opt, std::size_t, std::vector<GroupRate>, \
-                                                        const std::vector<std::uint8_t>&, const StateAllocator&))
-DTRAIN_FLAT_OPTIMIZER_INSTANCES(AdamW)
-DTRAIN_FLAT_OPTIMIZER_INSTANCES(SGD)
-DTRAIN_FLAT_OPTIMIZER_INSTANCES(Lion)
-#undef DTRAIN_FLAT_OPTIMIZER_INSTANCES
+// The built-in optimizers: M(args..., Opt) for each, the arguments after M
+// first (as DTRAIN_FOR_EACH_DTYPE).
+#define DTRAIN_FOR_EACH_OPTIMIZER(M, ...) M(__VA_ARGS__, AdamW) M(__VA_ARGS__, SGD) M(__VA_ARGS__, Lion)
+// The built-in optimizers' passes (every precision; on the host every ISA
+// level), compiled once by each backend (train/builtin_templates.hpp gathers
+// the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_FLAT_OPTIMIZER_TEMPLATES(X, Dev, Opt)                                       \
+  X(struct FlatOptimizer<Dev>::Model<Opt>)                                                 \
+  X(FlatOptimizer<Dev>::FlatOptimizer(Dev&, Opt, std::size_t, std::vector<GroupRate>,     \
+                                      const std::vector<std::uint8_t>&, const StateAllocator&))
 
 }  // namespace dtrain

@@ -32,24 +32,29 @@ inline void check_step(std::int64_t step) {
     throw error("LR schedule evaluated at step " + std::to_string(step),
                 "schedules count optimizer steps from 0; pass the number of steps taken so far");
 }
-// The checks of a schedule that warms up to peak_lr and decays to min_lr at
-// total_steps.
-inline void check_decay_schedule(std::string_view schedule, float peak_lr, std::int64_t warmup_steps,
-                                 std::int64_t total_steps, float min_lr, float warmup_start) {
-  const std::string s(schedule);
-  check_field(s, "peak_lr", peak_lr, positive);
-  check_field(s, "warmup_steps", warmup_steps, step_count);
-  check_field(s, "total_steps", total_steps, positive_step_count);
-  check_field(s, "min_lr", min_lr, non_negative);
-  check_field(s, "warmup_start", warmup_start, fraction);
-  if (warmup_steps > total_steps)
-    throw config_error(s + ".warmup_steps = " + std::to_string(warmup_steps) + " exceeds total_steps = " +
-                           std::to_string(total_steps),
-                       "warmup must end by total_steps: lower .warmup_steps or raise .total_steps");
-  if (min_lr > peak_lr)
-    throw config_error(s + ".min_lr = " + number_text(min_lr) + " exceeds peak_lr = " + number_text(peak_lr),
-                       "set .min_lr <= .peak_lr (often peak_lr / 10, or 0)");
+
+// The rate at a step of the linear warmup from warmup_start * peak (step 0)
+// to peak (step warmup_steps), in double.
+inline float warmup_rate(double peak, std::int64_t step, std::int64_t warmup_steps, float warmup_start) {
+  const double t = static_cast<double>(step) / static_cast<double>(warmup_steps);
+  return static_cast<float>(peak * (warmup_start + (1.0 - warmup_start) * t));
 }
+
+// The decays of WarmupDecayLR after its warmup: the fraction of
+// (peak_lr - min_lr) left at `step`, warmup_steps <= step < total_steps.
+struct CosineDecay {
+  static constexpr std::string_view name = "cosine", type = "WarmupCosineLR";
+  static double left(std::int64_t step, std::int64_t warmup_steps, std::int64_t total_steps) {
+    const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+    return 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  }
+};
+struct LinearDecay {
+  static constexpr std::string_view name = "linear", type = "LinearLR";
+  static double left(std::int64_t step, std::int64_t warmup_steps, std::int64_t total_steps) {
+    return static_cast<double>(total_steps - step) / static_cast<double>(total_steps - warmup_steps);
+  }
+};
 }  // namespace detail
 
 // The same rate at every step.
@@ -66,11 +71,10 @@ struct ConstantLR {
 };
 
 // Linear warmup from warmup_start * peak_lr (step 0) to peak_lr (step
-// warmup_steps), then half a cosine down to min_lr at total_steps, and min_lr
-// after. Step 0 runs at lr 0 with the default warmup_start, as in Hugging
-// Face's get_cosine_schedule_with_warmup, so PyTorch references line up.
-struct WarmupCosineLR {
-  static constexpr std::string_view name = "cosine";
+// warmup_steps), then Decay down to min_lr at total_steps, and min_lr after.
+template <class Decay>
+struct WarmupDecayLR {
+  static constexpr std::string_view name = Decay::name;
 
   float peak_lr = 0.f;            // required
   std::int64_t warmup_steps = 0;  // 0: start at peak_lr
@@ -80,52 +84,43 @@ struct WarmupCosineLR {
 
   float operator()(std::int64_t step) const {
     detail::check_step(step);
-    // In double: the cosine of a step near total_steps is close to -1, where
-    // float would lose most of the small difference to min_lr.
+    // In double: near total_steps what is left of the decay is small (the
+    // cosine close to -1), and float would lose most of the difference to
+    // min_lr.
     const double peak = peak_lr;
-    if (step < warmup_steps) {
-      const double t = static_cast<double>(step) / static_cast<double>(warmup_steps);
-      return static_cast<float>(peak * (warmup_start + (1.0 - warmup_start) * t));
-    }
+    if (step < warmup_steps) return detail::warmup_rate(peak, step, warmup_steps, warmup_start);
     if (step >= total_steps) return min_lr;
-    const double progress =
-        static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
-    return static_cast<float>(min_lr + (peak - min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
+    return static_cast<float>(min_lr + (peak - min_lr) * Decay::left(step, warmup_steps, total_steps));
   }
 
   void validate() const {
-    detail::check_decay_schedule("WarmupCosineLR", peak_lr, warmup_steps, total_steps, min_lr, warmup_start);
+    const std::string s(Decay::type);
+    detail::check_field(s, "peak_lr", peak_lr, detail::positive);
+    detail::check_field(s, "warmup_steps", warmup_steps, detail::step_count);
+    detail::check_field(s, "total_steps", total_steps, detail::positive_step_count);
+    detail::check_field(s, "min_lr", min_lr, detail::non_negative);
+    detail::check_field(s, "warmup_start", warmup_start, detail::fraction);
+    if (warmup_steps > total_steps)
+      throw config_error(s + ".warmup_steps = " + std::to_string(warmup_steps) + " exceeds total_steps = " +
+                             std::to_string(total_steps),
+                         "warmup must end by total_steps: lower .warmup_steps or raise .total_steps");
+    if (min_lr > peak_lr)
+      throw config_error(s + ".min_lr = " + detail::number_text(min_lr) + " exceeds peak_lr = " +
+                             detail::number_text(peak_lr),
+                         "set .min_lr <= .peak_lr (often peak_lr / 10, or 0)");
   }
-
 };
 
-// Linear warmup as WarmupCosineLR's, then a straight line from peak_lr down
-// to min_lr at total_steps, and min_lr after (Hugging Face's
+// Linear warmup, then half a cosine down to min_lr at total_steps, and
+// min_lr after. Step 0 runs at lr 0 with the default warmup_start, as in
+// Hugging Face's get_cosine_schedule_with_warmup, so PyTorch references line
+// up.
+using WarmupCosineLR = WarmupDecayLR<detail::CosineDecay>;
+
+// Linear warmup, then a straight line from peak_lr down to min_lr at
+// total_steps, and min_lr after (Hugging Face's
 // get_linear_schedule_with_warmup with min_lr 0).
-struct LinearLR {
-  static constexpr std::string_view name = "linear";
-
-  float peak_lr = 0.f;            // required
-  std::int64_t warmup_steps = 0;  // 0: start at peak_lr
-  std::int64_t total_steps = 0;   // required; warmup_steps <= total_steps
-  float min_lr = 0.f;
-  float warmup_start = 0.f;  // fraction of peak_lr at step 0
-
-  float operator()(std::int64_t step) const {
-    detail::check_step(step);
-    const double peak = peak_lr;
-    if (step < warmup_steps) {
-      const double t = static_cast<double>(step) / static_cast<double>(warmup_steps);
-      return static_cast<float>(peak * (warmup_start + (1.0 - warmup_start) * t));
-    }
-    if (step >= total_steps) return min_lr;
-    const double left =
-        static_cast<double>(total_steps - step) / static_cast<double>(total_steps - warmup_steps);
-    return static_cast<float>(min_lr + (peak - min_lr) * left);
-  }
-
-  void validate() const { detail::check_decay_schedule("LinearLR", peak_lr, warmup_steps, total_steps, min_lr, warmup_start); }
-};
+using LinearLR = WarmupDecayLR<detail::LinearDecay>;
 
 // Linear warmup to peak_lr at warmup_steps, then peak_lr x sqrt(warmup_steps
 // / step): the original Transformer's schedule, which needs no run length
@@ -140,10 +135,7 @@ struct InverseSqrtLR {
   float operator()(std::int64_t step) const {
     detail::check_step(step);
     const double peak = peak_lr;
-    if (step < warmup_steps) {
-      const double t = static_cast<double>(step) / static_cast<double>(warmup_steps);
-      return static_cast<float>(peak * (warmup_start + (1.0 - warmup_start) * t));
-    }
+    if (step < warmup_steps) return detail::warmup_rate(peak, step, warmup_steps, warmup_start);
     const double pivot = static_cast<double>(std::max<std::int64_t>(warmup_steps, 1));
     return static_cast<float>(peak * std::sqrt(pivot / static_cast<double>(std::max<std::int64_t>(step, 1))));
   }
@@ -215,18 +207,15 @@ inline Schedule make_schedule(std::string_view name, const ScheduleParams& p) {
                          "use 'cosine', 'linear' or 'inverse_sqrt' for warmup and decay, or leave those settings at 0");
     return ConstantLR{.lr = p.lr};
   }
-  if (name == WarmupCosineLR::name)
-    return WarmupCosineLR{.peak_lr = p.lr,
-                          .warmup_steps = p.warmup_steps,
-                          .total_steps = p.total_steps,
-                          .min_lr = p.min_lr,
-                          .warmup_start = p.warmup_start};
-  if (name == LinearLR::name)
-    return LinearLR{.peak_lr = p.lr,
-                    .warmup_steps = p.warmup_steps,
-                    .total_steps = p.total_steps,
-                    .min_lr = p.min_lr,
-                    .warmup_start = p.warmup_start};
+  const auto warmup_decay = [&p]<class S>(std::type_identity<S>) -> Schedule {
+    return S{.peak_lr = p.lr,
+             .warmup_steps = p.warmup_steps,
+             .total_steps = p.total_steps,
+             .min_lr = p.min_lr,
+             .warmup_start = p.warmup_start};
+  };
+  if (name == WarmupCosineLR::name) return warmup_decay(std::type_identity<WarmupCosineLR>{});
+  if (name == LinearLR::name) return warmup_decay(std::type_identity<LinearLR>{});
   if (name == InverseSqrtLR::name) {
     if (p.min_lr != 0.f)
       throw config_error("LR schedule 'inverse_sqrt' takes no min_lr: it decays without end",

@@ -1,7 +1,7 @@
 #pragma once
 // The Device slot: where a rank computes. Device<Cuda> or Device<Host>.
 //
-// The device types themselves (device/cuda.hpp, device/host.hpp) pull in the
+// The device types themselves (backend/cuda/device.hpp, backend/host/device.hpp) pull in the
 // CUDA runtime, cuBLAS and OpenBLAS; a policy only names them, so forward
 // declarations keep this header, and everything that composes policies, light.
 

@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/reduce.hpp"
@@ -356,13 +355,9 @@ struct strategy_impl<DDP, Dev, T, R> {
   using type = DdpStrategy<Dev, T, R>;
 };
 
-// Compiled once, in dtrain::runtime, under separate compilation.
-#define DTRAIN_DDP_INSTANCES(T, R) DTRAIN_INSTANTIATE(class DdpStrategy<Host, T, R>)
-#define DTRAIN_DDP_PARTS(T) \
-  DTRAIN_INSTANTIATE(class GradReducer<Host, T>) DTRAIN_INSTANTIATE(class detail::FullGradients<Host, T>)
-DTRAIN_FOR_EACH_PRECISION(DTRAIN_DDP_INSTANCES)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_DDP_PARTS)
-#undef DTRAIN_DDP_INSTANCES
-#undef DTRAIN_DDP_PARTS
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_DDP_TEMPLATES(X, Dev, T, R) X(class DdpStrategy<Dev, T, R>)
+#define DTRAIN_DDP_PART_TEMPLATES(X, Dev, T) X(class GradReducer<Dev, T>) X(class detail::FullGradients<Dev, T>)
 
 }  // namespace dtrain

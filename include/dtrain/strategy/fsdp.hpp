@@ -48,7 +48,6 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/kernels/elementwise.hpp"
@@ -78,6 +77,7 @@ class FsdpStrategy {
   using buffer = typename Dev::template buffer<E>;
 
   static constexpr bool reshard_after_forward = std::is_same_v<Mode, FullShard> || std::is_same_v<Mode, HybridShard>;
+  using shard_source = typename ShardedState<Dev, T, R>::shard_source;
 
  public:
   using options = FsdpOptions;
@@ -90,17 +90,10 @@ class FsdpStrategy {
         layout_(ctx.layout),
         prefetch_(opts.prefetch),
         last_micro_batch_(ctx.accumulate - 1),
-        groups_(ctx.world, ctx.dev, ctx.comm, static_cast<int>(ctx.layout.shards())),
-        offload_(ctx.offload),
-        params_(dev_, layout_, groups_, ctx.seed,
-                std::is_same_v<T, float> ? memory_category::params : memory_category::master, true, ctx.offload,
-                ctx.offload && ctx.offload->params() ? ShardedParams<Dev, T>::shard_source::host_shard
-                                                     : ShardedParams<Dev, T>::shard_source::device_shard),
-        grad_shard_(offload_ ? buffer<float>{}
-                             : make_buffer<float>(dev_, params_.size(), zero_init, memory_category::grads)),
-        host_grad_(offload_ ? offload_->template allocate<float>(params_.size(), memory_category::grads, true)
-                            : OffloadBuffer<float>{}),
-        reducer_(dev_, layout_, groups_, grad_data(), ctx.offload, ctx.accumulate),
+        shards_(ctx, static_cast<int>(ctx.layout.shards()),
+                std::is_same_v<T, float> ? memory_category::params : memory_category::master, true,
+                ctx.offload && ctx.offload->params() ? shard_source::host_shard : shard_source::device_shard,
+                ctx.accumulate),
         units_(layout_.units().size()) {
     std::size_t params_units = 0;
     for (const auto& unit : layout_.units()) {
@@ -121,25 +114,27 @@ class FsdpStrategy {
   UnitParams<const T> params(std::size_t u) const { return units_[u].const_views; }
   UnitParams<T> grads(std::size_t u) const { return units_[u].grad_views; }
 
-  void finish_gradients() { reducer_.drain(); }
+  void finish_gradients() { shards_.reducer.drain(); }
 
   double grad_norm_squared();
 
   OwnedFlat<T> owned();
   // Not offloaded, the next gather casts the updated master shards;
   // offloaded, the updated compute-dtype shards go up (or wait for their gather).
-  void after_optimizer() { params_.after_update(); }
-  std::span<T> frozen_storage() { return {params_.frozen(), layout_.frozen_flat_size() / layout_.shards()}; }
+  void after_optimizer() { shards_.params.after_update(); }
+  std::span<T> frozen_storage() { return {shards_.params.frozen(), layout_.frozen_flat_size() / layout_.shards()}; }
   // Between steps nothing is gathered: the next gathers read what was loaded.
-  void after_load() { params_.after_load(); }
+  void after_load() { shards_.params.after_load(); }
 
-  void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) { params_.read_unit(u, train, frozen); }
+  void read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) {
+    shards_.params.read_unit(u, train, frozen);
+  }
 
   // This rank's shard of every unit; copy 0 of each shard (the first shard
   // group) writes it.
   Ownership ownership() const;
 
-  const ShardGroups<Dev>& groups() const { return groups_; }
+  const ShardGroups<Dev>& groups() const { return shards_.groups; }
   // Gathered units alive at once at most so far (the buffers never shrink).
   std::size_t gathered_units_peak() const { return slots_.size(); }
   // Unit all-gathers issued so far (a FullShard unit is gathered for its
@@ -173,18 +168,11 @@ class FsdpStrategy {
 
   void release(std::size_t u);
 
-  float* grad_data() { return offload_ ? host_grad_.data() : grad_shard_.data(); }
-
   Dev& dev_;
   const ModelLayout& layout_;
   int prefetch_;
   int last_micro_batch_;
-  ShardGroups<Dev> groups_;
-  OffloadArena<Dev>* offload_;
-  ShardedParams<Dev, T> params_;
-  buffer<float> grad_shard_;          // fp32 gradient shards, the optimizer's gradient
-  OffloadBuffer<float> host_grad_;    // the same on the host, offloaded
-  ShardReducer<Dev, R> reducer_;
+  ShardedState<Dev, T, R> shards_;
   std::vector<UnitState> units_;
   std::vector<Slot> slots_;
   std::size_t live_limit_ = 0;
@@ -224,7 +212,7 @@ auto FsdpStrategy<Mode, Dev, T, R>::before_backward(std::size_t u, int k) -> voi
   if (!unit.has_params()) return;
   T* grad = nullptr;  // frozen-only units get empty gradient views
   if (unit.train_size) {
-    if constexpr (std::is_same_v<T, R>) grad = reducer_.input(u);
+    if constexpr (std::is_same_v<T, R>) grad = shards_.reducer.input(u);
     else grad = unit_grad_.data();
   }
   UnitState& st = units_[u];
@@ -237,31 +225,27 @@ auto FsdpStrategy<Mode, Dev, T, R>::after_backward(std::size_t u, int k) -> void
   const auto& unit = layout_.units()[u];
   if (unit.train_size) {
     if constexpr (!std::is_same_v<T, R>)
-      dev_.for_each(unit.train_size, Cast<T, R>{unit_grad_.data(), reducer_.input(u)});
-    reducer_.submit(u, k);
+      dev_.for_each(unit.train_size, Cast<T, R>{unit_grad_.data(), shards_.reducer.input(u)});
+    shards_.reducer.submit(u, k);
   }
   if (unit.has_params() && (reshard_after_forward || k == last_micro_batch_)) release(u);
 }
 
 template <class Mode, class Dev, Dtype T, Dtype R>
 auto FsdpStrategy<Mode, Dev, T, R>::grad_norm_squared() -> double {
-  const std::size_t n = params_.size();
-  double local = 0.0;
-  if (n && offload_) local = offload_->host().sum(n, SquaredNorm<float>{host_grad_.data()});
-  else if (n) local = dev_.sum(n, SquaredNorm<float>{grad_shard_.data()});
-  return groups_.sum_over_shard(local);
+  return shards_.grad_norm_squared(dev_);
 }
 
 template <class Mode, class Dev, Dtype T, Dtype R>
 auto FsdpStrategy<Mode, Dev, T, R>::owned() -> OwnedFlat<T> {
-  return {params_.master(), grad_data(), params_.param_out(), params_.size(), offload_ != nullptr};
+  return shards_.owned();
 }
 
 template <class Mode, class Dev, Dtype T, Dtype R>
 auto FsdpStrategy<Mode, Dev, T, R>::ownership() const -> Ownership {
   Ownership o;
-  const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
-  const bool writer = groups_.replica_index() == 0;
+  const std::size_t G = layout_.shards(), g = static_cast<std::size_t>(shards_.groups.rank());
+  const bool writer = shards_.groups.replica_index() == 0;
   for (std::size_t u = 0; u < layout_.units().size(); ++u) {
     const auto& unit = layout_.units()[u];
     if (const auto r = shard_range(unit.train_size, unit.train_padded / G, g); r.second)
@@ -304,7 +288,7 @@ auto FsdpStrategy<Mode, Dev, T, R>::issue_gather(std::size_t u) -> bool {
   detail::grow_unit_buffer<Dev, T>(dev_, slot.frozen, unit.frozen_padded);
   UnitState& st = units_[u];
   st.slot = i;
-  st.gather = params_.gather(u, slot.train.data(), slot.frozen.data());
+  st.gather = shards_.params.gather(u, slot.train.data(), slot.frozen.data());
   st.gathering = true;
   ++gathers_issued_;
   detail::unit_views(unit, slot.train.data(), slot.frozen.data(), st.views);
@@ -337,13 +321,10 @@ struct strategy_impl<FSDP<Mode>, Dev, T, R> {
   using type = FsdpStrategy<Mode, Dev, T, R>;
 };
 
-// Compiled once, in dtrain::runtime, under separate compilation.
-#define DTRAIN_FSDP_INSTANCES(T, R)                                  \
-  DTRAIN_INSTANTIATE(class FsdpStrategy<FullShard, Host, T, R>)   \
-  DTRAIN_INSTANTIATE(class FsdpStrategy<ShardGradOp, Host, T, R>) \
-  DTRAIN_INSTANTIATE(class FsdpStrategy<NoShard, Host, T, R>)     \
-  DTRAIN_INSTANTIATE(class FsdpStrategy<HybridShard, Host, T, R>)
-DTRAIN_FOR_EACH_PRECISION(DTRAIN_FSDP_INSTANCES)
-#undef DTRAIN_FSDP_INSTANCES
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_FSDP_TEMPLATES(X, Dev, T, R)                                                                \
+  X(class FsdpStrategy<FullShard, Dev, T, R>) X(class FsdpStrategy<ShardGradOp, Dev, T, R>)             \
+  X(class FsdpStrategy<NoShard, Dev, T, R>) X(class FsdpStrategy<HybridShard, Dev, T, R>)
 
 }  // namespace dtrain

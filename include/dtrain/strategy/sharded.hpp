@@ -12,6 +12,8 @@
 //                  gradient over the shard group, all-reduces the shard over
 //                  the replica group, and writes or adds it into the fp32
 //                  gradient shard
+//   ShardedState   the three over one shard group, with the fp32 gradient
+//                  shards, their norm and the optimizer's owned flat
 //
 // Shard arithmetic is the layout's (model/layout.hpp): rank g of a group of G
 // holds elements [g*s, (g+1)*s) of a unit's padded segment, s = padded / G,
@@ -30,7 +32,6 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
@@ -41,6 +42,7 @@
 #include "dtrain/model/layout.hpp"
 #include "dtrain/comm/binding.hpp"
 #include "dtrain/offload/arena.hpp"
+#include "dtrain/strategy/strategy.hpp"
 
 namespace dtrain {
 
@@ -326,7 +328,10 @@ class ShardReducer {
   using buffer = typename Dev::template buffer<E>;
 
  public:
-  // Slots (unit-sized gradient buffers) in flight at most.
+  // Slots (unit-sized gradient buffers) in flight at most: two, so a unit's
+  // reduction overlaps the backward of the unit before it. The same on every
+  // device, and a contract rather than a backend's knob: the memory estimate
+  // (train/estimate.hpp) counts these slots.
   static constexpr std::size_t max_in_flight = 2;
 
   // `grad_shard`: the fp32 gradient shards, on the device, or on the host
@@ -531,6 +536,63 @@ auto ShardReducer<Dev, R>::finish_on_host(const Pending& p, std::size_t s, float
     offload_->host().for_each(s, AccumulateInto<R>{dst, staged});
 }
 
+// What FSDP and ZeRO1 build a step on: this rank's shard groups, its fp32
+// master shards (ShardedParams), its fp32 gradient shards (on the device,
+// or on the offload arena's host) and the ShardReducer that fills them;
+// the gradient's squared norm and the owned flat the optimizer updates
+// over them. Members in construction order: groups before the shards that
+// split over them, the gradient shards before the reducer that writes them.
+template <class Dev, Dtype T, Dtype R>
+class ShardedState {
+  template <class E>
+  using buffer = typename Dev::template buffer<E>;
+
+ public:
+  using shard_source = typename ShardedParams<Dev, T>::shard_source;
+
+  // A shard group of `group_size` ranks; `master_category`, `shard_frozen`
+  // and `source` as ShardedParams takes them, `accumulate` as ShardReducer.
+  ShardedState(const StrategyContext<Dev>& ctx, int group_size, memory_category master_category, bool shard_frozen,
+               shard_source source, int accumulate = 1)
+      : groups(ctx.world, ctx.dev, ctx.comm, group_size),
+        offload(ctx.offload),
+        params(ctx.dev, ctx.layout, groups, ctx.seed, master_category, shard_frozen, ctx.offload, source),
+        grad_shard(offload ? buffer<float>{}
+                           : make_buffer<float>(ctx.dev, params.size(), zero_init, memory_category::grads)),
+        host_grad(offload ? offload->template allocate<float>(params.size(), memory_category::grads, true)
+                          : OffloadBuffer<float>{}),
+        reducer(ctx.dev, ctx.layout, groups, grad_data(), ctx.offload, accumulate) {}
+
+  // The fp32 gradient shards, wherever they are.
+  float* grad_data() { return offload ? host_grad.data() : grad_shard.data(); }
+  // The squared L2 norm of the model's gradient: this rank's shards, summed
+  // over the shard group.
+  double grad_norm_squared(Dev& dev);
+  // What the optimizer updates on this rank.
+  OwnedFlat<T> owned();
+
+  ShardGroups<Dev> groups;
+  OffloadArena<Dev>* offload;
+  ShardedParams<Dev, T> params;
+  buffer<float> grad_shard;        // fp32 gradient shards, the optimizer's gradient
+  OffloadBuffer<float> host_grad;  // the same on the host, offloaded
+  ShardReducer<Dev, R> reducer;
+};
+
+template <class Dev, Dtype T, Dtype R>
+auto ShardedState<Dev, T, R>::grad_norm_squared(Dev& dev) -> double {
+  const std::size_t n = params.size();
+  double local = 0.0;
+  if (n && offload) local = offload->host().sum(n, SquaredNorm<float>{host_grad.data()});
+  else if (n) local = dev.sum(n, SquaredNorm<float>{grad_shard.data()});
+  return groups.sum_over_shard(local);
+}
+
+template <class Dev, Dtype T, Dtype R>
+auto ShardedState<Dev, T, R>::owned() -> OwnedFlat<T> {
+  return {params.master(), grad_data(), params.param_out(), params.size(), offload != nullptr};
+}
+
 namespace detail {
 
 // The order in which one micro-batch uses its units: forward 0..U-1, then
@@ -559,11 +621,9 @@ void look_ahead(const ModelLayout& layout, std::size_t pos, bool wrap, int depth
 
 }  // namespace detail
 
-// Compiled once, in dtrain::runtime, under separate compilation.
-DTRAIN_INSTANTIATE(class ShardGroups<Host>)
-#define DTRAIN_SHARDED_INSTANCES(T) \
-  DTRAIN_INSTANTIATE(class ShardedParams<Host, T>) DTRAIN_INSTANTIATE(class ShardReducer<Host, T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_SHARDED_INSTANCES)
-#undef DTRAIN_SHARDED_INSTANCES
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_SHARD_GROUPS_TEMPLATES(X, Dev) X(class ShardGroups<Dev>)
+#define DTRAIN_SHARDED_TEMPLATES(X, Dev, T) X(class ShardedParams<Dev, T>) X(class ShardReducer<Dev, T>)
 
 }  // namespace dtrain

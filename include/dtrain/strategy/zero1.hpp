@@ -28,7 +28,6 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/reduce.hpp"
@@ -67,16 +66,9 @@ class Zero1Strategy {
         layout_(ctx.layout),
         prefetch_(opts.prefetch),
         last_micro_batch_(ctx.accumulate - 1),
-        groups_(ctx.world, ctx.dev, ctx.comm, ctx.world.size()),
-        offload_(ctx.offload),
-        master_(dev_, layout_, groups_, ctx.seed, memory_category::master, false, ctx.offload,
-                ShardedParams<Dev, T>::shard_source::host_shard),
+        shards_(ctx, ctx.world.size(), memory_category::master, false,
+                ShardedState<Dev, T, R>::shard_source::host_shard),
         grads_(dev_, layout_, ctx.accumulate),
-        grad_shard_(offload_ ? buffer<float>{}
-                             : make_buffer<float>(dev_, master_.size(), zero_init, memory_category::grads)),
-        host_grad_(offload_ ? offload_->template allocate<float>(master_.size(), memory_category::grads, true)
-                            : OffloadBuffer<float>{}),
-        reducer_(dev_, layout_, groups_, grad_data(), ctx.offload),
         stale_(layout_.units().size()),
         gathering_(layout_.units().size()),
         gathers_(layout_.units().size()) {
@@ -85,7 +77,7 @@ class Zero1Strategy {
     frozen_ = make_buffer<T>(dev_, layout_.frozen_flat_size(), memory_category::params);
     if constexpr (stage_in_r) staging_ = make_buffer<R>(dev_, layout_.trainable_flat_size(), zero_init, memory_category::grads);
     // Offloaded, the reduced shards land on the device before going down.
-    if (stage_in_r || offload_) shard_r_ = make_buffer<R>(dev_, master_.size(), memory_category::grads);
+    if (stage_in_r || shards_.offload) shard_r_ = make_buffer<R>(dev_, shards_.params.size(), memory_category::grads);
     init_frozen(ctx.seed);
     for (const auto& unit : layout_.units()) {
       auto& pv = views_.emplace_back();
@@ -102,12 +94,12 @@ class Zero1Strategy {
   UnitParams<const T> params(std::size_t u) const { return const_views_[u]; }
   UnitParams<T> grads(std::size_t u) const { return grad_views_[u]; }
 
-  void finish_gradients() { reducer_.drain(); }
+  void finish_gradients() { shards_.reducer.drain(); }
 
   double grad_norm_squared();
 
   OwnedFlat<T> owned();
-  const ShardGroups<Dev>& groups() const { return groups_; }
+  const ShardGroups<Dev>& groups() const { return shards_.groups; }
   void after_optimizer();
   std::span<T> frozen_storage() { return frozen_.span(); }
   void after_load();
@@ -126,19 +118,12 @@ class Zero1Strategy {
   // Frozen parameters are replicated; every rank computes them from the seed.
   void init_frozen(std::uint64_t seed);
 
-  float* grad_data() { return offload_ ? host_grad_.data() : grad_shard_.data(); }
-
   Dev& dev_;
   const ModelLayout& layout_;
   int prefetch_;
   int last_micro_batch_;
-  ShardGroups<Dev> groups_;
-  OffloadArena<Dev>* offload_;
-  ShardedParams<Dev, T> master_;        // this rank's fp32 master shards
+  ShardedState<Dev, T, R> shards_;      // this rank's fp32 master and reduced gradient shards
   detail::FullGradients<Dev, T> grads_;
-  buffer<float> grad_shard_;            // the rank's reduced fp32 gradient shards
-  OffloadBuffer<float> host_grad_;      // the same on the host, offloaded
-  ShardReducer<Dev, R> reducer_;
   buffer<T> params_;                    // replicated compute-dtype parameters (padded per unit)
   buffer<T> frozen_;                    // replicated frozen parameters
   buffer<R> staging_;                   // R != fp32: the accumulated gradient cast for the reduce-scatter
@@ -178,51 +163,47 @@ auto Zero1Strategy<Dev, T, R>::after_backward(std::size_t u, int k) -> void {
   const std::size_t at = unit.train_offset / layout_.shards();
   if constexpr (stage_in_r) {
     dev_.for_each(unit.train_size, Cast<float, R>{full, staging_.data() + unit.train_offset});
-    reducer_.submit(u, 0, staging_.data() + unit.train_offset, shard_r_.data() + at);
-  } else if (offload_) {
-    reducer_.submit(u, 0, full, shard_r_.data() + at);
+    shards_.reducer.submit(u, 0, staging_.data() + unit.train_offset, shard_r_.data() + at);
+  } else if (shards_.offload) {
+    shards_.reducer.submit(u, 0, full, shard_r_.data() + at);
   } else {
-    reducer_.submit(u, 0, full, grad_shard_.data() + at);
+    shards_.reducer.submit(u, 0, full, shards_.grad_shard.data() + at);
   }
 }
 
 template <class Dev, Dtype T, Dtype R>
 auto Zero1Strategy<Dev, T, R>::grad_norm_squared() -> double {
-  const std::size_t n = master_.size();
-  double local = 0.0;
-  if (n && offload_) local = offload_->host().sum(n, SquaredNorm<float>{host_grad_.data()});
-  else if (n) local = dev_.sum(n, SquaredNorm<float>{grad_shard_.data()});
-  return groups_.sum_over_shard(local);
+  return shards_.grad_norm_squared(dev_);
 }
 
 template <class Dev, Dtype T, Dtype R>
 auto Zero1Strategy<Dev, T, R>::owned() -> OwnedFlat<T> {
-  return {master_.master(), grad_data(), master_.param_out(), master_.size(), offload_ != nullptr};
+  return shards_.owned();
 }
 
 template <class Dev, Dtype T, Dtype R>
 auto Zero1Strategy<Dev, T, R>::after_optimizer() -> void {
-  master_.after_update();
+  shards_.params.after_update();
   mark_stale();
 }
 
 template <class Dev, Dtype T, Dtype R>
 auto Zero1Strategy<Dev, T, R>::after_load() -> void {
-  master_.after_load();
+  shards_.params.after_load();
   mark_stale();
 }
 
 template <class Dev, Dtype T, Dtype R>
 auto Zero1Strategy<Dev, T, R>::read_unit(std::size_t u, std::span<float> train, std::span<T> frozen) -> void {
   const auto& unit = layout_.units()[u];
-  master_.read_unit(u, train, {});
+  shards_.params.read_unit(u, train, {});
   dev_.copy_to_host(frozen.data(), frozen_.data() + unit.frozen_offset, unit.frozen_size);
 }
 
 template <class Dev, Dtype T, Dtype R>
 auto Zero1Strategy<Dev, T, R>::ownership() const -> Ownership {
   Ownership o;
-  const std::size_t W = layout_.shards(), g = static_cast<std::size_t>(groups_.rank());
+  const std::size_t W = layout_.shards(), g = static_cast<std::size_t>(shards_.groups.rank());
   for (std::size_t u = 0; u < layout_.units().size(); ++u) {
     const auto& unit = layout_.units()[u];
     const std::size_t s = unit.train_padded / W;
@@ -237,7 +218,7 @@ auto Zero1Strategy<Dev, T, R>::ownership() const -> Ownership {
 template <class Dev, Dtype T, Dtype R>
 auto Zero1Strategy<Dev, T, R>::gather(std::size_t u) -> void {
   const auto& unit = layout_.units()[u];
-  gathers_[u] = master_.gather(u, params_.data() + unit.train_offset, nullptr);
+  gathers_[u] = shards_.params.gather(u, params_.data() + unit.train_offset, nullptr);
   stale_[u] = false;
   gathering_[u] = true;
 }
@@ -267,9 +248,8 @@ struct strategy_impl<ZeRO1, Dev, T, R> {
   using type = Zero1Strategy<Dev, T, R>;
 };
 
-// Compiled once, in dtrain::runtime, under separate compilation.
-#define DTRAIN_ZERO1_INSTANCES(T, R) DTRAIN_INSTANTIATE(class Zero1Strategy<Host, T, R>)
-DTRAIN_FOR_EACH_PRECISION(DTRAIN_ZERO1_INSTANCES)
-#undef DTRAIN_ZERO1_INSTANCES
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_ZERO1_TEMPLATES(X, Dev, T, R) X(class Zero1Strategy<Dev, T, R>)
 
 }  // namespace dtrain

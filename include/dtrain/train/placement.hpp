@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/offload/arena.hpp"
@@ -71,7 +70,7 @@ class OptimizerPlacement {
   AnyStrategy<T>& strategy_;
   OffloadArena<Dev>* arena_;
   std::optional<FlatOptimizer<Dev>> device_;  // on the compute device
-  std::optional<FlatOptimizer<Host>> host_;   // offloaded: on the arena's host
+  std::optional<FlatOptimizer<typename OffloadArena<Dev>::host_device>> host_;  // offloaded: on the arena's host
 };
 
 template <class Dev, class T>
@@ -109,17 +108,13 @@ auto OptimizerPlacement<Dev, T>::step(const OptimizerStep& s) -> void {
   }
 }
 
-// Compiled once, in dtrain::runtime, under separate compilation.
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
 // The constructor is a template over the optimizer: the built-in ones' too.
-#define DTRAIN_PLACEMENT_CTOR(T, Opt)                                                                    \
-  DTRAIN_INSTANTIATE(OptimizerPlacement<Host, T>::OptimizerPlacement(Host&, Opt, AnyStrategy<T>&,      \
-                                                                     OffloadArena<Host>*, const ModelLayout&, \
-                                                                     const GroupPlan&))
-#define DTRAIN_PLACEMENT_INSTANCES(T)                                                              \
-  DTRAIN_INSTANTIATE(class OptimizerPlacement<Host, T>)                                            \
-  DTRAIN_PLACEMENT_CTOR(T, AdamW) DTRAIN_PLACEMENT_CTOR(T, SGD) DTRAIN_PLACEMENT_CTOR(T, Lion)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_PLACEMENT_INSTANCES)
-#undef DTRAIN_PLACEMENT_INSTANCES
-#undef DTRAIN_PLACEMENT_CTOR
+#define DTRAIN_PLACEMENT_CTOR_TEMPLATE(X, Dev, T, Opt) \
+  X(OptimizerPlacement<Dev, T>::OptimizerPlacement(Dev&, Opt, AnyStrategy<T>&, OffloadArena<Dev>*, const ModelLayout&, \
+                                                   const GroupPlan&))
+#define DTRAIN_PLACEMENT_TEMPLATES(X, Dev, T) \
+  X(class OptimizerPlacement<Dev, T>) DTRAIN_FOR_EACH_OPTIMIZER(DTRAIN_PLACEMENT_CTOR_TEMPLATE, X, Dev, T)
 
 }  // namespace dtrain

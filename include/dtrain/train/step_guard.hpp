@@ -141,10 +141,9 @@ std::string StepGuard<Dev, T>::first_nonfinite(World& world, Dev& dev, const Mod
   return detail::first_nonfinite_text(world, mine);
 }
 
-// Compiled once, in dtrain::runtime, under separate compilation.
-#define DTRAIN_STEP_GUARD_INSTANCES(T) DTRAIN_INSTANTIATE(class StepGuard<Host, T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_STEP_GUARD_INSTANCES)
-#undef DTRAIN_STEP_GUARD_INSTANCES
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_STEP_GUARD_TEMPLATES(X, Dev, T) X(class StepGuard<Dev, T>)
 
 }  // namespace dtrain
 

@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
-#include "dtrain/device/host.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/kernels/elementwise.hpp"
@@ -138,9 +137,8 @@ auto TiedParams<Dev, T>::view(const TiedSlot& tie, buffer<T>& b) -> MatView<T> {
   return {b.data(), rows, tie.spec.numel() / rows};
 }
 
-// Compiled once, in dtrain::runtime, under separate compilation.
-#define DTRAIN_TIES_INSTANCES(T) DTRAIN_INSTANTIATE(class TiedParams<Host, T>)
-DTRAIN_FOR_EACH_DTYPE(DTRAIN_TIES_INSTANCES)
-#undef DTRAIN_TIES_INSTANCES
+// The built-in instances a backend compiles once (train/builtin_templates.hpp
+// gathers the lists, backend/<name>/train_instances.hpp applies them).
+#define DTRAIN_TIES_TEMPLATES(X, Dev, T) X(class TiedParams<Dev, T>)
 
 }  // namespace dtrain

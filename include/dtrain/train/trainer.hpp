@@ -48,11 +48,6 @@
 #include "dtrain/train/placement.hpp"
 #include "dtrain/train/rank_sums.hpp"
 #include "dtrain/train/step_guard.hpp"
-#if DTRAIN_HAS_CUDA
-#include "dtrain/comm/cuda_binding.hpp"
-#include "dtrain/offload/cuda_arena.hpp"
-#endif
-#include "dtrain/train/cuda_instances.hpp"
 
 namespace dtrain {
 

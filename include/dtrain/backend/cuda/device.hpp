@@ -34,44 +34,30 @@
 #include <typeinfo>
 #include <utility>
 
+#include "dtrain/backend/cuda/device_tuning.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/device/device.hpp"
 
 #if defined(__CUDACC__)
-#include "dtrain/device/cuda_launch.cuh"
+#include "dtrain/backend/cuda/device_launch.cuh"
 #endif
 
 namespace dtrain {
 
 namespace detail {
 
-inline std::string cuda_fix(cudaError_t status) {
-  switch (status) {
-    case cudaErrorMemoryAllocation:
-      return "free GPU memory: a smaller (micro-)batch, FSDP<FullShard>, or activation checkpointing";
-    case cudaErrorNoDevice:
-    case cudaErrorInvalidDevice:
-      return "check CUDA_VISIBLE_DEVICES and that each local rank has its own visible GPU";
-    case cudaErrorInsufficientDriver:
-    case cudaErrorUnsupportedPtxVersion:
-      return "install an NVIDIA driver that supports this CUDA toolkit";
-    case cudaErrorNoKernelImageForDevice:
-    case cudaErrorInvalidKernelImage:
-      return "the program holds no code for this GPU: rebuild it for the GPU's compute capability "
-             "(dtrain's build: -DDTRAIN_CUDA_ARCHITECTURES=native; your own: CMAKE_CUDA_ARCHITECTURES)";
-    default:
-      return "run with CUDA_LAUNCH_BLOCKING=1 or under compute-sanitizer to find the failing kernel; "
-             "after an illegal address or launch failure the GPU context is unusable: restart the process";
-  }
-}
+// What to do about a CUDA error: the fix a cuda_error carries.
+DTRAIN_DECL std::string cuda_fix(cudaError_t status);
 
-inline std::string format_bytes(std::size_t bytes) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return text;
-}
+// `bytes` as "12.34 MiB".
+DTRAIN_DECL std::string format_bytes(std::size_t bytes);
+
+// The cuda_error of a failed call (cuda_check, cublas_check).
+[[noreturn]] DTRAIN_DECL void cuda_failed(cudaError_t status, std::string_view call, std::source_location where);
+[[noreturn]] DTRAIN_DECL void cublas_failed(cublasStatus_t status, std::string_view call,
+                                            std::source_location where);
 
 }  // namespace detail
 
@@ -79,19 +65,12 @@ inline std::string format_bytes(std::size_t bytes) {
 // location when `status` is not cudaSuccess.
 inline void cuda_check(cudaError_t status, std::string_view call,
                        std::source_location where = std::source_location::current()) {
-  if (status == cudaSuccess) return;
-  throw cuda_error(std::string(call) + " failed: " + cudaGetErrorName(status) + ": " + cudaGetErrorString(status),
-                   detail::cuda_fix(status), where);
+  if (status != cudaSuccess) detail::cuda_failed(status, call, where);
 }
 
 inline void cublas_check(cublasStatus_t status, std::string_view call,
                          std::source_location where = std::source_location::current()) {
-  if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw cuda_error(std::string(call) + " failed: " + cublasGetStatusString(status),
-                   status == CUBLAS_STATUS_ALLOC_FAILED
-                       ? detail::cuda_fix(cudaErrorMemoryAllocation)
-                       : "check the matrix sizes and leading dimensions; run under compute-sanitizer",
-                   where);
+  if (status != CUBLAS_STATUS_SUCCESS) detail::cublas_failed(status, call, where);
 }
 
 namespace detail {
@@ -154,22 +133,7 @@ struct CudaPaths {
   elementwise_kernels elementwise = elementwise_kernels::scalar;
 
   // The defaults, overridden by the environment.
-  static CudaPaths from_env() {
-    CudaPaths p;
-    p.rows = detail::env_switch("DTRAIN_ROW_KERNELS",
-                                {std::pair{std::string_view("thread"), row_kernels::thread},
-                                 std::pair{std::string_view("lanes"), row_kernels::lanes}},
-                                p.rows);
-    p.attention = detail::env_switch("DTRAIN_ATTENTION",
-                                     {std::pair{std::string_view("reference"), attention_kernels::reference},
-                                      std::pair{std::string_view("cudnn"), attention_kernels::cudnn}},
-                                     p.attention);
-    p.elementwise = detail::env_switch("DTRAIN_ELEMENTWISE",
-                                       {std::pair{std::string_view("scalar"), elementwise_kernels::scalar},
-                                        std::pair{std::string_view("wide"), elementwise_kernels::wide}},
-                                       p.elementwise);
-    return p;
-  }
+  DTRAIN_DECL static CudaPaths from_env();
 };
 
 namespace detail {
@@ -178,35 +142,10 @@ namespace detail {
 // buffer that outlives its Cuda object still frees on the right device.
 class cuda_state {
  public:
-  cuda_state(int device, cudaStream_t stream)
-      : device_(device), stream_(stream), owns_stream_(stream == nullptr), paths_(CudaPaths::from_env()) {
-    int count = 0;
-    cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
-    if (device < 0 || device >= count)
-      throw cuda_error("GPU " + std::to_string(device) + " requested but " + std::to_string(count) +
-                           " are visible to this process",
-                       cuda_fix(cudaErrorInvalidDevice));
-    try {
-      cuda_check(cudaSetDevice(device), "cudaSetDevice");
-      // Non-blocking: the legacy default stream must not serialise our work.
-      if (owns_stream_) cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-      cublas_check(cublasCreate(&blas_), "cublasCreate");
-      cublas_check(cublasSetStream(blas_, stream_), "cublasSetStream");
-      cuda_check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device),
-                 "cudaDeviceGetAttribute(multiProcessorCount)");
-      cuda_check(cudaMalloc(&partials_, max_partials * sizeof(double)), "cudaMalloc(sum partials)");
-      cuda_check(cudaMallocHost(&host_partials_, max_partials * sizeof(double)), "cudaMallocHost(sum partials)");
-    } catch (...) {
-      release();
-      throw;
-    }
-  }
+  DTRAIN_DECL cuda_state(int device, cudaStream_t stream);
   cuda_state(const cuda_state&) = delete;
   cuda_state& operator=(const cuda_state&) = delete;
   ~cuda_state() { release(); }
-
-  // Must equal max_partial_sums in cuda_launch.cuh (Cuda::sum static_asserts it under nvcc).
-  static constexpr unsigned max_partials = 1024;
 
   int device() const noexcept { return device_; }
   cudaStream_t stream() const noexcept { return stream_; }
@@ -227,34 +166,12 @@ class cuda_state {
   }
   // Device memory beside the units' workspace (a library's scratch, e.g.
   // cuDNN's), grown to the largest request and counted as activations.
-  std::byte* extra_workspace(std::size_t bytes) {
-    if (bytes <= extra_bytes_) return extra_;
-    if (extra_ != nullptr) {
-      cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-      cudaFree(extra_);
-      stats_.on_release(memory_category::activations, extra_bytes_);
-      extra_ = nullptr;
-      extra_bytes_ = 0;
-    }
-    void* p = nullptr;
-    cuda_check(cudaMalloc(&p, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes of library workspace)");
-    stats_.on_allocate(memory_category::activations, bytes);
-    extra_ = static_cast<std::byte*>(p);
-    extra_bytes_ = bytes;
-    return extra_;
-  }
+  DTRAIN_DECL std::byte* extra_workspace(std::size_t bytes);
 
  private:
   // Destructors never throw: errors while tearing down (e.g. the driver
   // already unloading at process exit) are ignored.
-  void release() noexcept {
-    extensions_.clear();
-    if (extra_ != nullptr) cudaFree(extra_);
-    if (host_partials_ != nullptr) cudaFreeHost(host_partials_);
-    if (partials_ != nullptr) cudaFree(partials_);
-    if (blas_ != nullptr) cublasDestroy(blas_);
-    if (owns_stream_ && stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
+  DTRAIN_DECL void release() noexcept;
 
   int device_;
   cudaStream_t stream_;
@@ -276,28 +193,8 @@ class CudaAllocator {
   CudaAllocator(std::shared_ptr<cuda_state> state, memory_category category)
       : state_(std::move(state)), category_(category) {}
 
-  void* allocate(std::size_t bytes) {
-    void* p = nullptr;
-    const cudaError_t status = cudaMalloc(&p, bytes);
-    if (status == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();  // out of memory is not sticky: clear it so later calls do not report it
-      std::size_t free = 0, total = 0;
-      (void)cudaMemGetInfo(&free, &total);  // best effort: the message shows 0 if even this fails
-      throw cuda_error("cudaMalloc of " + format_bytes(bytes) + " (" + std::to_string(bytes) + " bytes) failed on GPU " +
-                           std::to_string(state_->device()) + ": out of memory; the GPU has " + format_bytes(free) +
-                           " free of " + format_bytes(total) + ", dtrain buffers hold " +
-                           format_bytes(state_->stats().total().allocated()) + " (peak " +
-                           format_bytes(state_->stats().total().peak()) + ")",
-                       cuda_fix(status));
-    }
-    cuda_check(status, "cudaMalloc(" + std::to_string(bytes) + " bytes)");
-    state_->stats().on_allocate(category_, bytes);
-    return p;
-  }
-  void deallocate(void* p, std::size_t bytes) noexcept {
-    cudaFree(p);
-    state_->stats().on_release(category_, bytes);
-  }
+  DTRAIN_DECL void* allocate(std::size_t bytes);
+  DTRAIN_DECL void deallocate(void* p, std::size_t bytes) noexcept;
   void fill_zero(void* p, std::size_t bytes) {
     cuda_check(cudaMemsetAsync(p, 0, bytes, state_->stream()), "cudaMemsetAsync");
   }
@@ -312,6 +209,8 @@ class CudaAllocator {
 class Cuda {
  public:
   static constexpr const char* name = "cuda";
+  // This backend's tuning table (backend/cuda/device_tuning.hpp).
+  using tuning = detail::CudaTuning;
   static constexpr bool host_accessible = false;
   template <class T>
   using buffer = Buffer<T, detail::CudaAllocator>;
@@ -404,8 +303,7 @@ class Cuda {
   void for_each([[maybe_unused]] std::size_t n, [[maybe_unused]] F f) {
 #if defined(__CUDACC__)
     static_assert(std::is_trivially_copyable_v<F>, "a functor passed to a kernel must be trivially copyable");
-    // A few resident blocks per SM keep the GPU busy; the grid-stride loop does the rest.
-    const unsigned max_blocks = static_cast<unsigned>(state_->sm_count()) * 8u;
+    const unsigned max_blocks = static_cast<unsigned>(state_->sm_count()) * tuning::blocks_per_sm;
     if constexpr (detail::LaneRowFunctor<F>) {
       if (paths().rows == row_kernels::lanes) {
         cuda_check(detail::launch_lane_rows(stream(), n, f, max_blocks), "for_each (lane rows) kernel launch");
@@ -424,18 +322,17 @@ class Cuda {
   double sum([[maybe_unused]] std::size_t n, [[maybe_unused]] F f) {
 #if defined(__CUDACC__)
     static_assert(std::is_trivially_copyable_v<F>, "a functor passed to a kernel must be trivially copyable");
-    static_assert(detail::cuda_state::max_partials == detail::max_partial_sums);
     if (n == 0) return 0.0;
     unsigned blocks = 0;
     if constexpr (detail::LaneRowFunctor<F>) {
       if (paths().rows == row_kernels::lanes) {
         cuda_check(detail::launch_lane_row_sums(stream(), n, f, state_->partials()), "sum (lane rows) kernel launch");
-        blocks = detail::grid_size(n * F::row_lanes, detail::max_partial_sums);
+        blocks = detail::grid_size(n * F::row_lanes, tuning::max_partial_sums);
       }
     }
     if (blocks == 0) {
       cuda_check(detail::launch_partial_sums(stream(), n, f, state_->partials()), "sum kernel launch");
-      blocks = detail::grid_size(n, detail::max_partial_sums);
+      blocks = detail::grid_size(n, tuning::max_partial_sums);
     }
     cuda_check(cudaMemcpyAsync(state_->host_partials(), state_->partials(), blocks * sizeof(double),
                                cudaMemcpyDeviceToHost, stream()),
@@ -470,5 +367,13 @@ class Cuda {
 static_assert(ComputeDevice<Cuda>);
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/backend/cuda/device.ipp"
+#endif
+
+// The attention units' fused path on this device (FusedAttention<Cuda>),
+// seen wherever Cuda can be named.
+#include "dtrain/backend/cuda/device_attention.hpp"
 
 #endif  // DTRAIN_HAS_CUDA

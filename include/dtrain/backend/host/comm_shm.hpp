@@ -60,6 +60,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/backend/host/device_tuning.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/core/dtype.hpp"
@@ -102,9 +103,9 @@ struct alignas(64) ShmHeader {
 DTRAIN_DECL std::string_view shm_wait_name(shm_wait w);
 
 struct ShmOptions {
-  std::size_t part_bytes = std::size_t{256} << 10;  // one rank's share of a chunk
+  std::size_t part_bytes = CommOptions{}.shm_part_bytes;  // one rank's share of a chunk
   shm_wait wait = shm_wait::automatic;
-  std::chrono::microseconds spin = std::chrono::microseconds(200);  // auto: spin this long, then sleep
+  std::chrono::microseconds spin = HostTuning::shm_spin;  // auto: spin this long, then sleep
 };
 
 // The mapping of one segment. Move-only; unmaps on destruction. The name is
@@ -149,11 +150,10 @@ DTRAIN_DECL std::size_t shm_control_bytes(int ranks);
 DTRAIN_DECL std::size_t shm_segment_bytes(int ranks, const ShmOptions& c);
 
 // fp32 accumulation of `sources` arrays of T in the given order, rounded once
-// into every non-null destination. Blocked so the accumulator stays in L1
-// and each pass is a plain loop the compiler vectorises.
+// into every non-null destination, in blocks of HostTuning::shm_sum_block.
 template <class T>
 void sum_into(std::span<const T* const> sources, std::size_t n, float divisor, T* out_a, T* out_b) {
-  constexpr std::size_t block = 2048;
+  constexpr std::size_t block = HostTuning::shm_sum_block;
   alignas(64) float acc[block];
   for (std::size_t b0 = 0; b0 < n; b0 += block) {
     const std::size_t m = std::min(block, n - b0);
@@ -360,5 +360,5 @@ class ShmEngine {
 }  // namespace dtrain::detail
 
 #if DTRAIN_DEFINE_IMPL
-#include "dtrain/comm/shm.ipp"
+#include "dtrain/backend/host/comm_shm.ipp"
 #endif

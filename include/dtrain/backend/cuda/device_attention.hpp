@@ -18,14 +18,16 @@
 // cuDNN's deterministic algorithm, so a step is reproducible as the rest of
 // dtrain's is.
 //
-// These are declarations: the definitions (cudnn_attention.ipp) include the
+// These are declarations: the definitions (cmake/dtrain_cudnn.cpp) include the
 // cudnn-frontend headers, which take over a minute to compile under nvcc, so
 // they are compiled once per program: dtrain's own build links the
 // dtrain_cudnn library, a program using the installed package links
 // dtrain::cudnn. Both define DTRAIN_HAS_CUDNN; the units call these only
-// then, and only with DTRAIN_ATTENTION=cudnn (CudaPaths,
-// device/fused_attention.hpp); on a problem cuDNN cannot serve they run
-// their reference path.
+// then, and only with DTRAIN_ATTENTION=cudnn (CudaPaths), through
+// FusedAttention<Cuda>, the device's specialisation of the attention units'
+// customisation point (device/fused_attention.hpp), at the end of this file;
+// backend/cuda/device.hpp includes it. On a problem cuDNN cannot serve the
+// units run their reference path.
 
 #include "dtrain/core/macros.hpp"
 
@@ -33,9 +35,10 @@
 
 #include <type_traits>
 
+#include "dtrain/backend/cuda/device.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/device/attention_shape.hpp"
-#include "dtrain/device/cuda.hpp"
+#include "dtrain/device/fused_attention.hpp"
 
 namespace dtrain {
 
@@ -60,6 +63,30 @@ void cudnn_attention_forward(Cuda& dev, const FusedAttentionShape& s, attention_
 void cudnn_attention_backward(Cuda& dev, const FusedAttentionShape& s, attention_dtype t, float scale, const void* q,
                               const void* k, const void* v, const void* o, const void* d_o, const float* stats,
                               const void* bias, void* dq, void* dk, void* dv);
+
+// The attention units' fused path on a GPU: cuDNN, in bf16 and fp16, when
+// DTRAIN_ATTENTION=cudnn and cuDNN serves the problem.
+template <>
+struct FusedAttention<Cuda> {
+  template <class T>
+  static constexpr bool takes = std::is_same_v<T, bf16> || std::is_same_v<T, fp16>;
+
+  template <class T>
+  static bool supported(Cuda& dev, const FusedAttentionShape& s) {
+    return dev.paths().attention == attention_kernels::cudnn &&
+           cudnn_attention_supported(dev, s, attention_dtype_of<T>());
+  }
+  template <class T>
+  static void forward(Cuda& dev, const FusedAttentionShape& s, float scale, const T* q, const T* k, const T* v,
+                      const T* bias, T* o, float* stats) {
+    cudnn_attention_forward(dev, s, attention_dtype_of<T>(), scale, q, k, v, bias, o, stats);
+  }
+  template <class T>
+  static void backward(Cuda& dev, const FusedAttentionShape& s, float scale, const T* q, const T* k, const T* v,
+                       const T* o, const T* d_o, const float* stats, const T* bias, T* dq, T* dk, T* dv) {
+    cudnn_attention_backward(dev, s, attention_dtype_of<T>(), scale, q, k, v, o, d_o, stats, bias, dq, dk, dv);
+  }
+};
 
 }  // namespace dtrain
 

@@ -1,10 +1,10 @@
-// The definitions shm.hpp declares with DTRAIN_DECL: included at the
+// The definitions comm_shm.hpp declares with DTRAIN_DECL: included at the
 // end of the header when DTRAIN_DEFINE_IMPL (core/macros.hpp), so they are
 // compiled into every user translation unit (header-only) or once, into
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include "dtrain/comm/shm.hpp"
+#include "dtrain/backend/host/comm_shm.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
@@ -153,7 +153,8 @@ DTRAIN_DECL auto ShmEngine::describe_sig(std::uint64_t s) -> std::string {
 
 DTRAIN_DECL auto ShmEngine::split(std::size_t len) const -> std::size_t {
   const std::size_t q = (len + static_cast<std::size_t>(n_) - 1) / static_cast<std::size_t>(n_);
-  return (q + 15) / 16 * 16;
+  constexpr std::size_t align = HostTuning::shm_part_align;
+  return (q + align - 1) / align * align;
 }
 
 DTRAIN_DECL auto ShmEngine::begin(std::uint64_t signature) -> void {

@@ -2,7 +2,7 @@
 // HostCommunicator: the collectives of CPU ranks, whichever way they reach
 // each other.
 //
-//   all ranks on one node    shared memory (comm/shm.hpp)
+//   all ranks on one node    shared memory (backend/host/comm_shm.hpp)
 //   several nodes, equal     shared memory within each node, Gloo between
 //   numbers of ranks         nodes: local rank i of every node forms one Gloo
 //                            group ("slice" i), so every link carries 1/L of
@@ -53,8 +53,8 @@
 
 #include "dtrain/core/macros.hpp"
 #include "dtrain/comm/communicator.hpp"
-#include "dtrain/comm/gloo.hpp"
-#include "dtrain/comm/shm.hpp"
+#include "dtrain/backend/host/comm_gloo.hpp"
+#include "dtrain/backend/host/comm_shm.hpp"
 #include "dtrain/comm/tracker.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
@@ -354,5 +354,5 @@ static_assert(Communicator<GlooCommunicator>);
 }  // namespace dtrain
 
 #if DTRAIN_DEFINE_IMPL
-#include "dtrain/comm/host.ipp"
+#include "dtrain/backend/host/comm.ipp"
 #endif

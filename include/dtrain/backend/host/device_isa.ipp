@@ -1,10 +1,10 @@
-// The definitions host_isa.hpp declares with DTRAIN_DECL: included at the end
+// The definitions device_isa.hpp declares with DTRAIN_DECL: included at the end
 // of the header when DTRAIN_DEFINE_IMPL (core/macros.hpp), so they are
 // compiled into every user translation unit (header-only) or once, into
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include "dtrain/device/host_isa.hpp"
+#include "dtrain/backend/host/device_isa.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 

@@ -19,7 +19,8 @@
 
 #include <cstddef>
 
-#include "dtrain/device/cuda.hpp"
+#include "dtrain/backend/cuda/device.hpp"
+#include "dtrain/backend/host/device.hpp"  // the arena's host side: OffloadArena<Cuda> keeps its states on Host
 #include "dtrain/offload/arena.hpp"
 
 namespace dtrain {
@@ -27,18 +28,10 @@ namespace dtrain {
 template <>
 class OffloadCopies<Cuda> {
  public:
-  explicit OffloadCopies(Cuda& dev) : dev_(dev) {
-    dev_.make_current();
-    cuda_check(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate(offload copies)");
-  }
+  DTRAIN_DECL explicit OffloadCopies(Cuda& dev);
   OffloadCopies(const OffloadCopies&) = delete;
   OffloadCopies& operator=(const OffloadCopies&) = delete;
-  ~OffloadCopies() {
-    if (copy_ != nullptr) {
-      cudaStreamSynchronize(copy_);
-      cudaStreamDestroy(copy_);
-    }
-  }
+  DTRAIN_DECL ~OffloadCopies();
 
   template <class E>
   void to_host(E* host_dst, const E* dev_src, std::size_t n) {
@@ -64,17 +57,16 @@ class OffloadCopies<Cuda> {
 
  private:
   // `after` waits for everything queued on `before` so far.
-  static void order(cudaStream_t before, cudaStream_t after) {
-    cudaEvent_t e = nullptr;
-    cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    cuda_check(cudaEventRecord(e, before), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(after, e, 0), "cudaStreamWaitEvent");
-    cudaEventDestroy(e);  // released by the runtime once the wait is satisfied
-  }
+  DTRAIN_DECL static void order(cudaStream_t before, cudaStream_t after);
 
   Cuda& dev_;
   cudaStream_t copy_ = nullptr;
 };
 
 }  // namespace dtrain
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/backend/cuda/offload.ipp"
 #endif
+
+#endif  // DTRAIN_HAS_CUDA

@@ -3,7 +3,7 @@
 // GEMMs go to oneDNN or OpenBLAS (host_gemm below), and for_each splits a
 // large range over the rank's
 // threads (see for_each) and runs each part with the widest vector
-// instructions the processor has (host_isa.hpp). The rank's threads are a
+// instructions the processor has (device_isa.hpp). The rank's threads are a
 // pool of dtrain's own that also splits the GEMMs (host_threads below).
 //
 // Threads per rank: every process starts one OpenBLAS pool with a thread
@@ -47,7 +47,8 @@
 #include "dtrain/core/macros.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/device/device.hpp"
-#include "dtrain/device/host_isa.hpp"
+#include "dtrain/backend/host/device_isa.hpp"
+#include "dtrain/backend/host/device_tuning.hpp"
 
 // Declared here rather than taken from <cblas.h>: only OpenBLAS's cblas.h
 // declares them, and a system may point <cblas.h> at another vendor's header.
@@ -60,8 +61,6 @@ namespace dtrain {
 
 namespace detail {
 
-inline constexpr std::size_t host_alignment = 64;  // a cache line, and AVX-512 loads
-
 class HostAllocator {
  public:
   HostAllocator() = default;
@@ -69,7 +68,7 @@ class HostAllocator {
       : stats_(std::move(stats)), category_(category) {}
 
   void* allocate(std::size_t bytes) {
-    void* p = ::operator new(bytes, std::align_val_t{host_alignment}, std::nothrow);
+    void* p = ::operator new(bytes, std::align_val_t{HostTuning::alignment}, std::nothrow);
     if (p == nullptr)
       throw error("host allocation of " + std::to_string(bytes) + " bytes failed (out of memory)",
                   "reduce the batch size or the model, or use more ranks with a sharded strategy");
@@ -77,7 +76,7 @@ class HostAllocator {
     return p;
   }
   void deallocate(void* p, std::size_t bytes) noexcept {
-    ::operator delete(p, std::align_val_t{host_alignment});
+    ::operator delete(p, std::align_val_t{HostTuning::alignment});
     if (stats_) stats_->on_release(category_, bytes);
   }
   void fill_zero(void* p, std::size_t bytes) { std::memset(p, 0, bytes); }
@@ -190,18 +189,6 @@ DTRAIN_DECL const std::string& onednn_unavailable();
 [[noreturn]] DTRAIN_DECL void sgemm_failed(host_gemm engine, int status, std::int64_t m, std::int64_t n,
                                            std::int64_t k);
 
-// Elements per thread below which for_each stays on the calling thread:
-// starting and joining a thread costs about 10 us, what the cheapest
-// functors (a copy, a cast) spend on this many elements; an AdamW step spends
-// ten times that. The pool hands a job to a waiting thread in about a
-// microsecond, so its grain is smaller.
-inline constexpr std::size_t for_each_grain = std::size_t{1} << 15;
-inline constexpr std::size_t pool_grain = std::size_t{1} << 13;
-// Host::sum adds blocks of about this many elements (a multiple of
-// sum_lanes_count), each in sum_range's fixed order, then the blocks' sums
-// in order.
-inline constexpr std::size_t sum_block = std::size_t{1} << 14;
-
 // The elements one index of f touches: a row functor (one index per row of
 // a softmax, a norm, a loss) states its row length as work_per_index(), so
 // the pool splits 4096 rows of 128 as it splits 512K elements.
@@ -218,13 +205,13 @@ std::size_t index_work(const F& f) {
 template <class F>
 std::size_t sum_block_indices(const F& f) {
   const std::size_t work = index_work(f);
-  return work > 1 ? std::max<std::size_t>(1, sum_block / work) : sum_block;
+  return work > 1 ? std::max<std::size_t>(1, HostTuning::sum_block / work) : HostTuning::sum_block;
 }
 
 // dtrain's threads for one Host (host_threads::pool): threads() - 1 workers
 // and the calling thread. try_run hands every worker the job's parts at
 // once and runs part 0 itself. A worker that finds no job spins for
-// pool_spin before it sleeps (a futex), so the jobs of one step reach a
+// HostTuning::pool_spin before it sleeps (a futex), so the jobs of one step reach a
 // running thread.
 class HostPool {
  public:
@@ -290,13 +277,12 @@ void run_ranges(HostPool* pool, std::size_t count, std::size_t parts, std::size_
 
 // f(i) for i in [0, n) on `parts` threads, the calling thread included, each
 // over one contiguous range: the pool's when there is one, else threads
-// started for this call. Ranges start at multiples of 64 elements, so two
-// threads never write into the same cache line of a 64-byte aligned buffer
-// (a row functor's at whole rows, which share at most the line where one
-// range ends). Each thread runs its own copy of f (run_range makes it).
+// started for this call. Ranges start at multiples of HostTuning::range_align
+// elements (a row functor's at whole rows, which share at most the line where
+// one range ends). Each thread runs its own copy of f (run_range makes it).
 template <class F>
 void parallel_for(HostPool* pool, std::size_t n, std::size_t parts, const F& f) {
-  const std::size_t line = index_work(f) > 1 ? 1 : 64;
+  const std::size_t line = index_work(f) > 1 ? 1 : HostTuning::range_align;
   auto run = [&f](std::size_t begin, std::size_t end) { run_range(f, begin, end); };
   if (pool != nullptr) return run_ranges(pool, n, parts, line, run);
   const std::size_t chunk = range_chunk(n, parts, line);
@@ -307,7 +293,8 @@ void parallel_for(HostPool* pool, std::size_t n, std::size_t parts, const F& f) 
 }
 
 // How the pool cuts a product's C: `parts` blocks of whole rows (by_rows,
-// when m >= n) or columns, each `chunk` long (a multiple of 16; the last
+// when m >= n) or columns, each `chunk` long (a multiple of
+// HostTuning::gemm_block; the last
 // may be shorter); parts 1 when the product is too small to be worth it.
 struct GemmSplit {
   std::int64_t parts = 1, chunk = 0;
@@ -345,41 +332,11 @@ DTRAIN_DECL int pool_sgemm(HostPool* pool, int threads, SgemmFn engine, bool tra
 
 }  // namespace detail
 
-// DTRAIN_INSTANTIATE_HOST_FOR_EACH(F) and DTRAIN_INSTANTIATE_HOST_SUM(F), at
-// global scope with F fully qualified: the loops that Host::for_each or
-// Host::sum runs for a built-in functor F (each instruction-set level's,
-// the dispatch between them and, for for_each, the threads), compiled once
-// by dtrain::runtime under separate compilation (DTRAIN_INSTANTIATE_KERNEL,
-// core/macros.hpp) instead of in every translation unit that trains: three
-// vectorised copies of each loop were a third of a test's object code.
-#if DTRAIN_HOST_ISA_DISPATCH
-#define DTRAIN_HOST_ISA_LOOPS(R, loop, ...)                                                                      \
-  DTRAIN_INSTANTIATE_KERNEL(R ::dtrain::detail::loop##_avx2<__VA_ARGS__>(const __VA_ARGS__&, std::size_t,      \
-                                                                           std::size_t))                        \
-  DTRAIN_INSTANTIATE_KERNEL(R ::dtrain::detail::loop##_avx512<__VA_ARGS__>(const __VA_ARGS__&, std::size_t,    \
-                                                                             std::size_t))
-#else
-#define DTRAIN_HOST_ISA_LOOPS(R, loop, ...)
-#endif
-#define DTRAIN_INSTANTIATE_HOST_FOR_EACH(...)                                                                    \
-  DTRAIN_INSTANTIATE_KERNEL(void ::dtrain::detail::run_range_baseline<__VA_ARGS__>(const __VA_ARGS__&,          \
-                                                                                    std::size_t, std::size_t))  \
-  DTRAIN_HOST_ISA_LOOPS(void, run_range, __VA_ARGS__)                                                          \
-  DTRAIN_INSTANTIATE_KERNEL(void ::dtrain::detail::run_range<__VA_ARGS__>(const __VA_ARGS__&, std::size_t,      \
-                                                                           std::size_t))                        \
-  DTRAIN_INSTANTIATE_KERNEL(void ::dtrain::detail::parallel_for<__VA_ARGS__>(::dtrain::detail::HostPool*,       \
-                                                                              std::size_t, std::size_t,          \
-                                                                              const __VA_ARGS__&))
-#define DTRAIN_INSTANTIATE_HOST_SUM(...)                                                                         \
-  DTRAIN_INSTANTIATE_KERNEL(double ::dtrain::detail::sum_range_baseline<__VA_ARGS__>(const __VA_ARGS__&,        \
-                                                                                      std::size_t, std::size_t)) \
-  DTRAIN_HOST_ISA_LOOPS(double, sum_range, __VA_ARGS__)                                                        \
-  DTRAIN_INSTANTIATE_KERNEL(double ::dtrain::detail::sum_range<__VA_ARGS__>(const __VA_ARGS__&, std::size_t,    \
-                                                                             std::size_t))
-
 class Host {
  public:
   static constexpr const char* name = "host";
+  // This backend's tuning table (backend/host/device_tuning.hpp).
+  using tuning = detail::HostTuning;
   static constexpr bool host_accessible = true;
   template <class T>
   using buffer = Buffer<T, detail::HostAllocator>;
@@ -492,8 +449,8 @@ class Host {
   template <class F>
   void for_each(std::size_t n, F f) {
     const std::size_t parts =
-        pool_ ? std::min(static_cast<std::size_t>(threads_), n * detail::index_work(f) / detail::pool_grain)
-              : std::min(static_cast<std::size_t>(threads_), n / detail::for_each_grain);
+        pool_ ? std::min(static_cast<std::size_t>(threads_), n * detail::index_work(f) / tuning::pool_grain)
+              : std::min(static_cast<std::size_t>(threads_), n / tuning::for_each_grain);
     if (parts > 1) {
       detail::parallel_for(pool_.get(), n, std::min(n, parts), f);
       return;
@@ -501,8 +458,8 @@ class Host {
     detail::run_range(f, 0, n);
   }
 
-  // Vectorised at the instruction level (device/host_isa.hpp: sum_range)
-  // over fixed blocks of sum_block elements (whole rows for a row functor),
+  // Vectorised at the instruction level (backend/host/device_isa.hpp: sum_range)
+  // over fixed blocks of tuning::sum_block elements (whole rows for a row functor),
   // whose sums are then added in order: the blocks do not depend on the
   // threads, so the result is the same on every run, at every thread count
   // and in both thread modes. The pool sums the blocks in parallel. The
@@ -608,5 +565,5 @@ static_assert(ComputeDevice<Host>);
 }  // namespace dtrain
 
 #if DTRAIN_DEFINE_IMPL
-#include "dtrain/device/host.ipp"
+#include "dtrain/backend/host/device.ipp"
 #endif

@@ -1,6 +1,6 @@
 #pragma once
 // Host collectives on Gloo over TCP, between processes on any machines: the
-// blocking algorithms (GlooEngine) that HostCommunicator (comm/host.hpp) runs
+// blocking algorithms (GlooEngine) that HostCommunicator (backend/host/comm.hpp) runs
 // on its progress thread, across nodes or wherever shared memory cannot
 // reach, and the completion handle every host collective returns.
 //
@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
+#include "dtrain/backend/host/device_tuning.hpp"
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/comm/tracker.hpp"
 #include "dtrain/comm/world.hpp"
@@ -47,17 +48,11 @@ namespace dtrain {
 
 namespace detail {
 
-// Waiting first spins (yielding) for a short while before sleeping on the
-// condition variable: a futex sleep/wake round trip on a busy machine can cost
-// a scheduler tick (measured under load: a 1 MiB broadcast took ~4 ms through
-// a sleeping hand-off, ~0.2 ms with a 200 us spin). A long spin steals the
-// core from a rank still computing when ranks share few cores, so it is kept
-// short (50 us: no measurable cost to a 2-rank step on 2 cores).
-constexpr auto spin_before_sleep = std::chrono::microseconds(50);
-
+// Waiting first spins (yielding) for HostTuning::gloo_spin before sleeping
+// on the condition variable.
 template <class Ready>
 bool spin_until(Ready&& ready) {
-  const auto until = std::chrono::steady_clock::now() + spin_before_sleep;
+  const auto until = std::chrono::steady_clock::now() + HostTuning::gloo_spin;
   while (!ready()) {
     if (std::chrono::steady_clock::now() >= until) return false;
     std::this_thread::yield();
@@ -99,16 +94,6 @@ inline void add_into(float* acc, const float* x, std::size_t n) {
 constexpr std::uint8_t ring_slot_prefix = 0x7d;
 
 }  // namespace detail
-
-namespace detail {
-// Nanoseconds the calling thread (a rank's training thread) has spent
-// blocked in HostWork::wait: the time it waited for its peers and the
-// network (dtrain::fit's straggler report reads it).
-inline thread_local std::uint64_t collective_wait_ns = 0;
-}  // namespace detail
-
-// The calling thread's time blocked waiting for host collectives, in ns.
-inline std::uint64_t collective_wait_ns() { return detail::collective_wait_ns; }
 
 // Completion handle of a host collective. wait() blocks until the collective
 // finished and rethrows its error (comm_error, timeout_error).
@@ -167,5 +152,5 @@ class GlooEngine {
 }  // namespace dtrain
 
 #if DTRAIN_DEFINE_IMPL
-#include "dtrain/comm/gloo.ipp"
+#include "dtrain/backend/host/comm_gloo.ipp"
 #endif

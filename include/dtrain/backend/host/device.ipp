@@ -1,4 +1,4 @@
-// The definitions host.hpp declares with DTRAIN_DECL: included at the end
+// The definitions device.hpp declares with DTRAIN_DECL: included at the end
 // of the header when DTRAIN_DEFINE_IMPL (core/macros.hpp), so they are
 // compiled into every user translation unit (header-only) or once, into
 // dtrain::runtime (separate compilation).
@@ -10,7 +10,7 @@
 #include <map>
 #include <mutex>
 
-#include "dtrain/device/host.hpp"
+#include "dtrain/backend/host/device.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
@@ -161,16 +161,11 @@ DTRAIN_DECL void sgemm_failed(host_gemm engine, int status, std::int64_t m, std:
               "set DTRAIN_HOST_GEMM=openblas to use the other engine, and report the shapes");
 }
 
-// How long a worker without a job keeps polling before it sleeps: longer
-// than the gaps between the jobs of a step (a GEMM's packing, a serial
-// kernel), far shorter than a step.
-inline constexpr auto pool_spin = std::chrono::microseconds(200);
-
-// Polls `a` until it differs from `old` (spinning for pool_spin, then
-// sleeping) and returns the new value.
+// Polls `a` until it differs from `old` (spinning for HostTuning::pool_spin,
+// then sleeping) and returns the new value.
 template <class T>
 T await_change(const std::atomic<T>& a, T old) {
-  const auto until = std::chrono::steady_clock::now() + pool_spin;
+  const auto until = std::chrono::steady_clock::now() + HostTuning::pool_spin;
   for (unsigned i = 1;; ++i) {
     const T now = a.load(std::memory_order_acquire);
     if (now != old) return now;
@@ -242,8 +237,7 @@ DTRAIN_DECL std::shared_ptr<HostPool> shared_host_pool(int threads) {
 }
 
 DTRAIN_DECL GemmSplit gemm_split(int threads, std::int64_t m, std::int64_t n, std::int64_t k) {
-  // Below about 2^18 multiply-adds a GEMM takes microseconds: not worth a split.
-  constexpr std::int64_t min_work = std::int64_t{1} << 18, block = 16;
+  constexpr std::int64_t min_work = HostTuning::gemm_min_work, block = HostTuning::gemm_block;
   GemmSplit split;
   split.by_rows = m >= n;
   const std::int64_t dim = split.by_rows ? m : n;

@@ -1,10 +1,10 @@
-// The definitions host.hpp declares with DTRAIN_DECL: included at the
+// The definitions comm.hpp declares with DTRAIN_DECL: included at the
 // end of the header when DTRAIN_DEFINE_IMPL (core/macros.hpp), so they are
 // compiled into every user translation unit (header-only) or once, into
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include "dtrain/comm/host.hpp"
+#include "dtrain/backend/host/comm.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
@@ -158,10 +158,10 @@ DTRAIN_DECL auto HostCommunicator::attach_shm(World& world, const std::string& p
   detail::ShmOptions cfg;
   cfg.part_bytes = opt.shm_part_bytes;
   cfg.wait = opt.wait;
-  // auto: spin long enough to cover a peer that is a step behind when every
-  // local rank has a core; barely at all when ranks outnumber the cores, where
-  // a spinning rank takes the core its peer needs (bench/run_comm_bench.sh).
-  cfg.spin = local_size <= usable_cpu_count() ? std::chrono::microseconds(200) : std::chrono::microseconds(2);
+  // auto: spin to cover a peer a step behind, barely at all where ranks
+  // outnumber the cores (HostTuning).
+  using tuning = detail::HostTuning;
+  cfg.spin = local_size <= usable_cpu_count() ? tuning::shm_spin : tuning::shm_spin_oversubscribed;
   const std::size_t bytes = detail::shm_segment_bytes(local_size, cfg);
   const std::string key = prefix + "shm/" + std::to_string(nodes_.node);
   auto& store = *world.store();

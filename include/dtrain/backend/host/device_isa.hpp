@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 
+#include "dtrain/backend/host/device_tuning.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 
@@ -108,19 +109,6 @@ namespace detail {
 template <class F>
 concept HostSpanFunctor = requires(F& f, std::size_t i) { f.span(i, i); };
 
-// For span: g(r, j0, j1) for each row's piece [j0, j1) of the flat range
-// [begin, end) of a row-major matrix `cols` wide, in order.
-template <class G>
-DTRAIN_ALWAYS_INLINE void row_pieces(std::size_t begin, std::size_t end, std::int64_t cols, G&& g) {
-  auto n = static_cast<std::int64_t>(begin);
-  const auto stop = static_cast<std::int64_t>(end);
-  while (n < stop) {
-    const std::int64_t r = n / cols, j0 = n % cols, j1 = j0 + (stop - n) < cols ? j0 + (stop - n) : cols;
-    g(r, j0, j1);
-    n += j1 - j0;
-  }
-}
-
 template <class F>
 DTRAIN_ALWAYS_INLINE void run_indices(F& f, std::size_t begin, std::size_t end) {
   if constexpr (HostSpanFunctor<F>) {
@@ -152,16 +140,13 @@ __attribute__((flatten, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) 
 #endif
 
 // The sum of f(i) over [begin, end) in double, compiled for each level as
-// run_range is: 32 independent partial sums in a fixed order (element i
-// goes to partial i % 32, the partials are added pairwise at the end). Four
-// AVX-512 (eight AVX2) accumulators keep the additions from waiting on each
-// other's latency, and the result depends only on the inputs and the level
-// (fused multiply-adds round once), never on timing or threads.
-inline constexpr std::size_t sum_lanes_count = 32;
-
+// run_range is: HostTuning::sum_lanes independent partial sums in a fixed
+// order (element i goes to partial i % sum_lanes, the partials are added
+// pairwise at the end), so the result depends only on the inputs and the
+// level (fused multiply-adds round once), never on timing or threads.
 template <class F>
 DTRAIN_ALWAYS_INLINE double sum_lanes(const F& f, std::size_t begin, std::size_t end) {
-  constexpr std::size_t w = sum_lanes_count;
+  constexpr std::size_t w = HostTuning::sum_lanes;
   double lane[w] = {};
   const std::size_t whole = begin + (end - begin) / w * w;
   std::size_t i = begin;
@@ -224,5 +209,5 @@ void run_range(const F& f, std::size_t begin, std::size_t end) {
 }  // namespace dtrain
 
 #if DTRAIN_DEFINE_IMPL
-#include "dtrain/device/host_isa.ipp"
+#include "dtrain/backend/host/device_isa.ipp"
 #endif

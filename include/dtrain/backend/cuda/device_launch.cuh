@@ -3,7 +3,7 @@
 // loop calling a functor per index, and the same loop summing the functor's
 // values into one double per block; and for row functors (kernels/math.hpp,
 // SerialRow) the same two with a group of threads per row (LaneGroup).
-// dtrain::Cuda (device/cuda.hpp) includes this file when nvcc compiles the
+// dtrain::Cuda (backend/cuda/device.hpp) includes this file when nvcc compiles the
 // translation unit.
 
 #if defined(__CUDACC__)
@@ -15,12 +15,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "dtrain/backend/cuda/device_tuning.hpp"
+
 namespace dtrain::detail {
 
-inline constexpr unsigned kernel_block = 256;
-// Enough blocks to fill the largest GPU several times over; the grid-stride
-// loop covers any n with a bounded grid.
-inline constexpr unsigned max_partial_sums = 1024;
+inline constexpr unsigned kernel_block = CudaTuning::kernel_block;
 
 inline unsigned grid_size(std::size_t n, unsigned max_blocks) {
   const std::size_t needed = (n + kernel_block - 1) / kernel_block;
@@ -33,16 +32,13 @@ __global__ void __launch_bounds__(kernel_block) for_each_kernel(std::size_t n, F
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
 
-// Per-block partial sums in a fixed order (no atomics), so the same input on
-// the same GPU gives the same bits every time: the gradient norm drives
-// clipping and the loss scale, and a step must be reproducible.
-template <class F>
-__global__ void __launch_bounds__(kernel_block) partial_sums_kernel(std::size_t n, F f, double* partials) {
+// Writes the sum of every thread's `acc` over the block to partials[block],
+// in a fixed order (a tree over the threads' indices, no atomics), so the
+// same input on the same GPU gives the same bits every time: the gradient
+// norm drives clipping and the loss scale, and a step must be reproducible.
+// Called by every thread of the block.
+__device__ inline void block_partial_sum(double acc, double* partials) {
   __shared__ double shared[kernel_block];
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  double acc = 0.0;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    acc += static_cast<double>(f(i));
   shared[threadIdx.x] = acc;
   __syncthreads();
   for (unsigned half = kernel_block / 2; half > 0; half /= 2) {
@@ -50,6 +46,16 @@ __global__ void __launch_bounds__(kernel_block) partial_sums_kernel(std::size_t 
     __syncthreads();
   }
   if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
+}
+
+// Per-block partial sums of f over a grid-stride loop.
+template <class F>
+__global__ void __launch_bounds__(kernel_block) partial_sums_kernel(std::size_t n, F f, double* partials) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  double acc = 0.0;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    acc += static_cast<double>(f(i));
+  block_partial_sum(acc, partials);
 }
 
 // A functor that can also do F::vector_width consecutive elements at once
@@ -147,7 +153,6 @@ __global__ void __launch_bounds__(kernel_block) lane_rows_kernel(std::size_t row
 template <LaneRowFunctor F>
 __global__ void __launch_bounds__(kernel_block) lane_row_sums_kernel(std::size_t rows, F f, double* partials) {
   constexpr unsigned L = F::row_lanes;
-  __shared__ double shared[kernel_block];
   const LaneGroup<L> g = lane_group<F>();
   const std::size_t groups = static_cast<std::size_t>(gridDim.x) * blockDim.x / L;
   double acc = 0.0;
@@ -155,13 +160,7 @@ __global__ void __launch_bounds__(kernel_block) lane_row_sums_kernel(std::size_t
     const double v = static_cast<double>(f.row(r, g));
     if (g.leader()) acc += v;
   }
-  shared[threadIdx.x] = acc;
-  __syncthreads();
-  for (unsigned half = kernel_block / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
+  block_partial_sum(acc, partials);
 }
 
 template <LaneRowFunctor F>
@@ -173,8 +172,8 @@ cudaError_t launch_lane_rows(cudaStream_t stream, std::size_t rows, const F& f, 
 
 template <LaneRowFunctor F>
 cudaError_t launch_lane_row_sums(cudaStream_t stream, std::size_t rows, const F& f, double* partials) {
-  lane_row_sums_kernel<<<grid_size(rows * F::row_lanes, max_partial_sums), kernel_block, 0, stream>>>(rows, f,
-                                                                                                       partials);
+  const unsigned blocks = grid_size(rows * F::row_lanes, CudaTuning::max_partial_sums);
+  lane_row_sums_kernel<<<blocks, kernel_block, 0, stream>>>(rows, f, partials);
   return cudaGetLastError();
 }
 
@@ -197,10 +196,10 @@ cudaError_t launch_for_each(cudaStream_t stream, std::size_t n, const F& f, unsi
   return cudaGetLastError();
 }
 
-// Writes grid_size(n, max_partial_sums) partial sums to `partials`.
+// Writes grid_size(n, CudaTuning::max_partial_sums) partial sums to `partials`.
 template <class F>
 cudaError_t launch_partial_sums(cudaStream_t stream, std::size_t n, const F& f, double* partials) {
-  partial_sums_kernel<<<grid_size(n, max_partial_sums), kernel_block, 0, stream>>>(n, f, partials);
+  partial_sums_kernel<<<grid_size(n, CudaTuning::max_partial_sums), kernel_block, 0, stream>>>(n, f, partials);
   return cudaGetLastError();
 }
 
