@@ -19,9 +19,10 @@ packages=(cmake g++ make ninja-build pkg-config libgloo-dev librange-v3-dev libb
 # python3-matplotlib: scripts/plot_metrics.py. doxygen: the API reference (scripts/api_reference.sh).
 # slurm-wlm, munge: the Slurm test's own cluster (tests/launch/slurm_test.sh starts and stops its daemons).
 # clang-16, libclang-rt-16-dev: libFuzzer, for the short fuzz of every parser (CTest fuzz_smoke).
+# clang-format: the formatting check (CTest format_check, scripts/format.sh).
 if [[ "${DTRAIN_SETUP_FOR:-}" == tests ]]; then
   packages+=(python3-numpy python3-venv python3-torch iproute2 openmpi-bin python3-matplotlib doxygen slurm-wlm munge
-            clang-16 libclang-rt-16-dev)
+            clang-16 libclang-rt-16-dev clang-format)
 fi
 # The CUDA toolkit is optional: nvcc on PATH, or from /usr/local/cuda.
 if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
