@@ -320,6 +320,12 @@ auto ShardedParams<Dev, T>::read_unit(std::size_t u, std::span<float> train, std
 // The head advances whenever its collective is done, without blocking, so a
 // unit's reduction overlaps the backward of the units before it. Every
 // communicator sees its collectives in unit order on every rank.
+namespace detail {
+// ShardReducer::max_in_flight (below), outside the template: the memory
+// estimate (train/estimate.hpp) counts these slots with no device to name.
+inline constexpr std::size_t shard_reducer_max_in_flight = 2;
+}  // namespace detail
+
 template <class Dev, Dtype R>
 class ShardReducer {
   using binding = CommBinding<Dev>;
@@ -332,7 +338,7 @@ class ShardReducer {
   // reduction overlaps the backward of the unit before it. The same on every
   // device, and a contract rather than a backend's knob: the memory estimate
   // (train/estimate.hpp) counts these slots.
-  static constexpr std::size_t max_in_flight = 2;
+  static constexpr std::size_t max_in_flight = detail::shard_reducer_max_in_flight;
 
   // `grad_shard`: the fp32 gradient shards, on the device, or on the host
   // when `offload` is given: each reduced shard then travels to the host as
