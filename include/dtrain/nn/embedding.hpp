@@ -25,6 +25,32 @@
 
 namespace dtrain::nn {
 
+namespace detail {
+
+// dtable[k] = the sum of the rows of dy [n, dim] whose key is k, for the
+// keys [0, table_rows) (EmbeddingScatter: in row order, deterministic). The
+// rows are bucketed by key on the host, where the keys are, and the buckets
+// uploaded: offsets[k]..offsets[k + 1] index the rows of key k, in
+// increasing row order.
+template <class Dev, class T, class Key>
+void scatter_rows(Dev& dev, const Key* keys, std::size_t n, std::int64_t table_rows, const T* dy, T* dtable,
+                  std::int64_t dim) {
+  std::vector<std::int64_t> index(static_cast<std::size_t>(table_rows) + 1 + n, 0);
+  std::int64_t* offsets = index.data();
+  std::int64_t* rows = offsets + table_rows + 1;
+  for (std::size_t r = 0; r < n; ++r) ++offsets[static_cast<std::int64_t>(keys[r]) + 1];
+  for (std::int64_t v = 0; v < table_rows; ++v) offsets[v + 1] += offsets[v];
+  std::vector<std::int64_t> next(offsets, offsets + table_rows);
+  for (std::size_t r = 0; r < n; ++r) rows[next[static_cast<std::size_t>(keys[r])]++] = static_cast<std::int64_t>(r);
+  auto* on_device = dev.template workspace<std::int64_t>(index.size());
+  dev.copy_from_host(on_device, index.data(), index.size());
+  constexpr bool by_rows = Dev::host_accessible;
+  dev.for_each(static_cast<std::size_t>(by_rows ? table_rows : table_rows * dim),
+               EmbeddingScatter<T>{on_device, on_device + table_rows + 1, dy, dtable, dim, by_rows});
+}
+
+}  // namespace detail
+
 struct EmbeddingOptions {
   std::string input = "x";  // the batch tensor of ids
   float init_std = 0.02f;   // weight ~ N(0, init_std), as GPT-2
@@ -62,24 +88,10 @@ class Embedding {
                 MatView<const T> dy, const UnitContext<T>&) {
     if (grad[0].empty()) return;  // frozen
     const DeviceTensor& ids = checked_ids(batch, y.rows);
-    // Bucket the rows by id on the host: offsets[v]..offsets[v+1] index the
-    // rows holding id v, in increasing row order.
-    const auto n = static_cast<std::size_t>(ids.numel());
-    std::vector<std::int64_t> index(static_cast<std::size_t>(vocab_) + 1 + n, 0);
-    std::int64_t* offsets = index.data();
-    std::int64_t* rows = index.data() + vocab_ + 1;
     dispatch(ids, [&]<class Id>() {
-      const Id* host = ids.host_data<Id>();
-      for (std::size_t r = 0; r < n; ++r) ++offsets[static_cast<std::int64_t>(host[r]) + 1];
-      for (std::int64_t v = 0; v < vocab_; ++v) offsets[v + 1] += offsets[v];
-      std::vector<std::int64_t> next(offsets, offsets + vocab_);
-      for (std::size_t r = 0; r < n; ++r) rows[next[static_cast<std::size_t>(host[r])]++] = static_cast<std::int64_t>(r);
+      detail::scatter_rows(dev, ids.host_data<Id>(), static_cast<std::size_t>(ids.numel()), vocab_, dy.data,
+                           grad[0].data, dim_);
     });
-    auto* on_device = dev.template workspace<std::int64_t>(index.size());
-    dev.copy_from_host(on_device, index.data(), index.size());
-    constexpr bool by_rows = Dev::host_accessible;
-    dev.for_each(static_cast<std::size_t>(by_rows ? vocab_ : vocab_ * dim_),
-                 EmbeddingScatter<T>{on_device, on_device + vocab_ + 1, dy.data, grad[0].data, dim_, by_rows});
   }
 
  private:
@@ -155,22 +167,9 @@ class PositionalEmbedding {
       return dev.for_each(static_cast<std::size_t>(by_rows ? max_len_ : max_len_ * dim_),
                           PositionGrad<T>{dy.data, grad[0].data, ctx.shape.batch, ctx.shape.time, dim_, by_rows});
     }
-    // Packed: the rows of each position bucketed on the host, in row order
-    // (offsets[p]..offsets[p+1]), summed per table element as nn::Embedding's.
-    const auto n = static_cast<std::size_t>(x.rows);
-    std::vector<std::int64_t> index(static_cast<std::size_t>(max_len_) + 1 + n, 0);
-    std::int64_t* offsets = index.data();
-    std::int64_t* rows = offsets + max_len_ + 1;
-    const std::int64_t* host = pos->host_data<std::int64_t>();
-    for (std::size_t r = 0; r < n; ++r) ++offsets[host[r] + 1];
-    for (std::int64_t v = 0; v < max_len_; ++v) offsets[v + 1] += offsets[v];
-    std::vector<std::int64_t> next(offsets, offsets + max_len_);
-    for (std::size_t r = 0; r < n; ++r) rows[next[static_cast<std::size_t>(host[r])]++] = static_cast<std::int64_t>(r);
-    auto* on_device = dev.template workspace<std::int64_t>(index.size());
-    dev.copy_from_host(on_device, index.data(), index.size());
-    constexpr bool by_rows = Dev::host_accessible;
-    dev.for_each(static_cast<std::size_t>(by_rows ? max_len_ : max_len_ * dim_),
-                 EmbeddingScatter<T>{on_device, on_device + max_len_ + 1, dy.data, grad[0].data, dim_, by_rows});
+    // Packed: each position's rows summed per table element as nn::Embedding's.
+    detail::scatter_rows(dev, pos->host_data<std::int64_t>(), static_cast<std::size_t>(x.rows), max_len_, dy.data,
+                         grad[0].data, dim_);
   }
 
  private:

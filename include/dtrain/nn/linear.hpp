@@ -111,10 +111,8 @@ class Linear {
   }
   template <class T>
   void check_saved(MatView<const T> x, const UnitContext<T>& ctx) const {
-    if (ctx.saved.size() < lora_.saved_size(x.rows))
-      throw config_error("nn::Linear: " + std::to_string(ctx.saved.size()) + " saved elements for " +
-                             std::to_string(lora_.saved_size(x.rows)),
-                         "size the saved view with saved_size(shape, in)");
+    detail::check_saved("nn::Linear", ctx.saved.size(), lora_.saved_size(x.rows),
+                        "size the saved view with saved_size(shape, in)");
   }
 
   // With a bias, y starts as the broadcast bias and the GEMM adds x * W^T

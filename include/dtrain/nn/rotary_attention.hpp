@@ -292,7 +292,7 @@ struct RotaryAttentionOptions {
   LoraOptions o_lora{};
 };
 
-class RotaryAttention {
+class RotaryAttention : public detail::AttentionPaths<RotaryAttention> {
  public:
   RotaryAttention(std::int64_t dim, std::int64_t heads, RotaryAttentionOptions options = {})
       : dim_(dim), heads_(heads), kv_heads_(options.kv_heads == 0 ? heads : options.kv_heads), options_(options) {
@@ -338,17 +338,15 @@ class RotaryAttention {
   }
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::RotaryAttention", in, dim_); }
 
-  // (the adapters' rows after the attention's own activations)
+  // (the adapters' rows after the attention's own activations; saved_size_on,
+  // forward and backward: detail::AttentionPaths)
   std::int64_t saved_size(SeqShape s, std::int64_t) const { return own_saved(s) + lora_.saved_size(s.rows()); }
-  template <class Dev, class T>
-  std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t in) const {
-    if (!detail::fused_attention<Dev, T>(dev, fused_shape(s))) return saved_size(s, in);
-    return fused_saved<T>(s) + lora_.saved_size(s.rows());
-  }
+
+ private:
+  friend class detail::AttentionPaths<RotaryAttention>;
 
   template <class Dev, class T>
-  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
-    if (detail::fused_attention<Dev, T>(dev, fused_shape(ctx.shape))) return fused_forward(dev, p, x, y, ctx);
+  void own_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     const Parts<T> s = parts(p, x, ctx);
     detail::check_shape("nn::RotaryAttention", "output", y, x.rows, dim_);
     const std::int64_t N = x.rows, kv = kv_heads_ * head_dim();
@@ -366,26 +364,19 @@ class RotaryAttention {
       lora_.forward(dev, i, p, x, i == 0 ? q_rows : i == 1 ? k_rows : v_rows, lora, lora_draw(ctx));
     dev.for_each(static_cast<std::size_t>(3 * s.g.head_elems()),
                  detail::ToRotatedHeads<T>{s.g, q_rows, k_rows, v_rows, rope.cos_t, rope.sin_t, s.q});
-    const std::int64_t T_ = s.g.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd, bh = s.g.batch * heads_;
-    detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, 1.f / std::sqrt(static_cast<float>(hd)),
-                                s.q, hd, th, s.k, hd, th, s.att, T_, tt, bh);
-    detail::attention_softmax(dev, "nn::RotaryAttention", s.att, heads_, ctx);
-    detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, s.att, T_, tt, s.v, hd, th, o, hd, th,
-                                bh);
-    detail::permute_heads(dev, s.heads_layout(), o, s.merged, false);
-    detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
-    lora_.forward(dev, 3, p, MatView<const T>{s.merged, N, dim_}, y.data, lora, lora_draw(ctx));
+    detail::heads_attention(dev, "nn::RotaryAttention", s.heads_layout(), s.q, s.k, s.v, s.att, o, s.merged, ctx);
+    detail::output_projection(dev, lora_, 3, p, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y,
+                              lora, lora_draw(ctx));
   }
 
   template <class Dev, class T>
-  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
-                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
-    if (detail::fused_attention<Dev, T>(dev, fused_shape(ctx.shape))) return fused_backward(dev, p, grad, x, dy, dx, ctx);
+  void own_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> dy,
+                    MatView<T> dx, const UnitContext<T>& ctx) {
     const Parts<T> s = parts(p, x, ctx);
     detail::check_count("nn::RotaryAttention", "gradients", grad.size(), p.size());
     detail::check_shape("nn::RotaryAttention", "output gradient", dy, x.rows, dim_);
-    const std::int64_t N = x.rows, C = dim_, kv = kv_heads_ * head_dim(), T_ = s.g.time, hd = head_dim();
-    const std::int64_t tt = T_ * T_, th = T_ * hd, bh = s.g.batch * heads_;
+    const std::int64_t N = x.rows, C = dim_, kv = kv_heads_ * head_dim(), T_ = s.g.time;
+    const std::int64_t tt = T_ * T_, bh = s.g.batch * heads_;
     // workspace: d_merged [N, C] | d_o | d_att | d_q d_k d_v (heads layout) | dq dk dv rows | rope
     const std::size_t n_ws = static_cast<std::size_t>(5 * N * C + bh * tt + N * (C + 2 * kv)) + rope_elems<T>(s.g);
     T* d_merged = dev.template workspace<T>(n_ws);
@@ -400,28 +391,14 @@ class RotaryAttention {
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(dv_rows + N * kv));
 
     T* lora = ctx.saved.data + own_saved(ctx.shape);
-    dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[3].data, C, 0.f, d_merged, C);
-    detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[3], bias(grad, 3));
-    lora_.backward(dev, 3, p, grad, MatView<const T>{s.merged, N, C}, dy.data, lora, MatView<T>{d_merged, N, C},
-                   lora_draw(ctx));
-    detail::permute_heads(dev, s.heads_layout(), d_merged, d_o, true);
-    detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, d_att, T_,
-                                tt, bh);
-    detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, s.att, T_, tt, d_o, hd, th,
-                                d_v, hd, th, bh);
-    dev.for_each(static_cast<std::size_t>(bh * T_),
-                 CausalSoftmaxBackward<T>{s.att, d_att, T_, 1.f / std::sqrt(static_cast<float>(hd)),
-                                          detail::causal_block_on<Dev>});
-    detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, d_att, T_, tt, s.k, hd, th, d_q, hd, th,
-                                bh);
-    detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, d_att, T_, tt, s.q, hd, th,
-                                d_k, hd, th, bh);
+    detail::output_projection_backward(dev, lora_, 3, p, grad, MatView<const T>{s.merged, N, C}, dy, p[3].data,
+                                       grad[3], bias(grad, 3), d_merged, lora, lora_draw(ctx));
+    detail::heads_attention_backward(dev, s.heads_layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v);
     dev.for_each(static_cast<std::size_t>(N * (C + 2 * kv)),
                  detail::FromRotatedHeads<T>{s.g, d_q, rope.cos_t, rope.sin_t, dq_rows, dk_rows, dv_rows});
     projections_backward(dev, p, grad, x, dq_rows, dk_rows, dv_rows, lora, dx, lora_draw(ctx));
   }
 
- private:
   std::size_t base_count() const { return 4 + (options_.qkv_bias ? 3 : 0) + (options_.out_bias ? 1 : 0); }
   std::int64_t own_saved(SeqShape s) const { return 4 * s.rows() * dim_ + s.batch * heads_ * s.time * s.time; }
   template <class T>
@@ -514,12 +491,9 @@ class RotaryAttention {
     for (std::size_t i = 0; i < 3; ++i)
       lora_.forward(dev, i, p, x, i == 0 ? s.q : i == 1 ? s.k : s.v, s.lora, lora_draw(ctx));
     rotate_rows(dev, s.g, rope, s.q, s.k, false);
-    FusedAttentionShape shape = fused_shape(ctx.shape);
-    shape.key_bias = kb != nullptr;
-    fused_attention_forward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.q, s.k, s.v, kb,
-                                    s.merged, s.stats);
-    detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
-    lora_.forward(dev, 3, p, MatView<const T>{s.merged, N, dim_}, y.data, s.lora, lora_draw(ctx));
+    detail::fused_heads(dev, fused_shape(ctx.shape), kb, s.q, s.k, s.v, s.merged, s.stats);
+    detail::output_projection(dev, lora_, 3, p, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y,
+                              s.lora, lora_draw(ctx));
   }
 
   template <class Dev, class T>
@@ -538,14 +512,10 @@ class RotaryAttention {
     T* dv = dk + N * kv;
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(dv + N * kv));
     const T* kb = detail::key_bias(dev, "nn::RotaryAttention", ctx, bias_ws);
-    dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[3].data, C, 0.f, d_merged, C);
-    detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[3], bias(grad, 3));
-    lora_.backward(dev, 3, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C},
-                   lora_draw(ctx));
-    FusedAttentionShape shape = fused_shape(ctx.shape);
-    shape.key_bias = kb != nullptr;
-    fused_attention_backward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.q, s.k, s.v,
-                                     s.merged, d_merged, s.stats, kb, dq, dk, dv);
+    detail::output_projection_backward(dev, lora_, 3, p, grad, MatView<const T>{s.merged, N, C}, dy, p[3].data,
+                                       grad[3], bias(grad, 3), d_merged, s.lora, lora_draw(ctx));
+    detail::fused_heads_backward(dev, fused_shape(ctx.shape), kb, s.q, s.k, s.v, s.merged, d_merged, s.stats, dq, dk,
+                                 dv);
     rotate_rows(dev, s.g, rope, dq, dk, true);  // the gradients of the projections' (unrotated) outputs
     projections_backward(dev, p, grad, x, dq, dk, dv, s.lora, dx, lora_draw(ctx));
   }
@@ -593,10 +563,8 @@ class RotaryAttention {
   void check_call(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx, std::int64_t want) const {
     detail::check_count("nn::RotaryAttention", "parameters", p.size(), base_count() + lora_.param_count());
     detail::check_shape("nn::RotaryAttention", "input", x, ctx.shape.rows(), dim_);
-    if (ctx.saved.size() < want)
-      throw config_error("nn::RotaryAttention: " + std::to_string(ctx.saved.size()) + " saved elements for " +
-                             std::to_string(want),
-                         "size the saved view with saved_size_of<T>(unit, device, shape, in)");
+    detail::check_saved("nn::RotaryAttention", ctx.saved.size(), want,
+                        "size the saved view with saved_size_of<T>(unit, device, shape, in)");
     if (options_.max_positions > 0 && ctx.shape.time > options_.max_positions)
       throw config_error("nn::RotaryAttention: a sequence of " + std::to_string(ctx.shape.time) +
                              " positions is longer than the model's " + std::to_string(options_.max_positions) +

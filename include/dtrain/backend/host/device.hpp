@@ -332,7 +332,7 @@ DTRAIN_DECL int pool_sgemm(HostPool* pool, int threads, SgemmFn engine, bool tra
 
 }  // namespace detail
 
-class Host {
+class Host : public detail::DeviceMemory<Host, detail::HostAllocator> {
  public:
   static constexpr const char* name = "host";
   // This backend's tuning table (backend/host/device_tuning.hpp).
@@ -378,9 +378,6 @@ class Host {
   void zero(T* dst, std::size_t n) {
     if (n != 0) std::memset(static_cast<void*>(dst), 0, n * sizeof(T));
   }
-
-  template <class T>
-  T* workspace(std::size_t n) { return workspace_.template get<T>(allocator(memory_category::activations), n); }
 
   // Row-major C = alpha * op(A) * op(B) + beta * C. bf16/fp16 are widened to
   // fp32, multiplied by sgemm and rounded once on the way back: the same
@@ -479,13 +476,12 @@ class Host {
     return total;
   }
 
-  std::size_t memory_allocated() const noexcept { return stats_->total().allocated(); }
-  std::size_t peak_memory_allocated() const noexcept { return stats_->total().peak(); }
-  void reset_peak_memory_allocated() noexcept { stats_->total().reset_peak(); }
-  MemoryUsage memory_by_category() const noexcept { return stats_->current(); }
-  MemoryUsage peak_memory_by_category() const noexcept { return stats_->peak(); }
+  // (workspace and the memory reports: detail::DeviceMemory)
 
  private:
+  friend class detail::DeviceMemory<Host, detail::HostAllocator>;
+  detail::device_memory& device_stats() const noexcept { return *stats_; }
+
   struct from_env {};
   // blas_env == 0: OPENBLAS_NUM_THREADS is unset, so we choose. Otherwise
   // OpenBLAS already read it when it loaded and we only report it.
@@ -557,7 +553,6 @@ class Host {
   detail::Bf16GemmFn bf16_gemm_;  // nullptr: bf16 products widened to fp32 for sgemm_
   std::shared_ptr<detail::HostPool> pool_;  // host_threads::pool with threads_ > 1
   std::shared_ptr<detail::device_memory> stats_ = std::make_shared<detail::device_memory>();
-  detail::Workspace<detail::HostAllocator> workspace_;
 };
 
 static_assert(ComputeDevice<Host>);
