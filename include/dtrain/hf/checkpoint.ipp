@@ -84,7 +84,8 @@ DTRAIN_DECL ParamSources open_checkpoint(const std::filesystem::path& dir, const
       throw checkpoint_error("\"" + index.string() + "\" has no weight_map", "re-save the model with save_pretrained");
     std::map<std::string, std::size_t> opened;
     for (const auto& [tensor, file] : j.at("weight_map").items()) {
-      if (!file.is_string()) throw checkpoint_error("\"" + index.string() + "\": weight_map[\"" + tensor + "\"] is not a file name");
+      if (!file.is_string())
+        throw checkpoint_error("\"" + index.string() + "\": weight_map[\"" + tensor + "\"] is not a file name");
       const std::string f = file.get<std::string>();
       if (f.find('/') != std::string::npos || f == "..")
         throw checkpoint_error("\"" + index.string() + "\": shard \"" + f + "\" is not a file name in the directory",
@@ -96,7 +97,8 @@ DTRAIN_DECL ParamSources open_checkpoint(const std::filesystem::path& dir, const
     for (std::size_t i = 0; i < s.files.size(); ++i)
       for (const auto& n : s.files[i].names())
         if (!file_of.contains(n))
-          throw checkpoint_error("\"" + s.files[i].path().string() + "\" holds \"" + n + "\", which the index does not list",
+          throw checkpoint_error("\"" + s.files[i].path().string() + "\" holds \"" + n +
+                                     "\", which the index does not list",
                                  "re-save the model with save_pretrained");
   } else if (fs::exists(single)) {
     s.files.push_back(SafetensorsFile::open(single));
@@ -171,7 +173,8 @@ DTRAIN_DECL void detail::merge_lora(std::vector<std::pair<ParamSlot, std::vector
         for (std::int64_t i = 0; i < in; ++i) row[static_cast<std::size_t>(i)] += bk * ak[i];
       }
       float* wo = w->second.data() + o * in;
-      for (std::int64_t i = 0; i < in; ++i) wo[i] = static_cast<float>(wo[i] + scale * row[static_cast<std::size_t>(i)]);
+      for (std::int64_t i = 0; i < in; ++i)
+        wo[i] = static_cast<float>(wo[i] + scale * row[static_cast<std::size_t>(i)]);
     }
   }
   std::erase_if(unit, [](const auto& t) {

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/fused_attention.hpp"
@@ -73,7 +74,8 @@ const DeviceTensor* attention_mask(const char* unit, const UnitContext<T>& ctx) 
                            std::to_string(ctx.shape.batch) + " sequences of " + std::to_string(ctx.shape.time),
                        "give attention_mask [B, T] like the ids: 1 for a token, 0 for padding");
   if (mask->type != element_type::i32 && mask->type != element_type::i64)
-    throw config_error(std::string(unit) + ": the batch's attention_mask holds " + std::string(element_name(mask->type)),
+    throw config_error(std::string(unit) + ": the batch's attention_mask holds " +
+                           std::string(element_name(mask->type)),
                        "give attention_mask as int32 or int64 (1: token, 0: padding)");
   return mask;
 }
@@ -96,8 +98,8 @@ const DeviceTensor* position_ids(const char* unit, const UnitContext<T>& ctx) {
     const std::int64_t t = r % time, want_next = t == 0 ? 0 : p[r - 1] + 1;
     if (p[r] != 0 && p[r] != want_next)
       throw config_error(std::string(unit) + ": position_ids of sequence " + std::to_string(r / time) + " go " +
-                             (t == 0 ? std::string("from ") : std::to_string(p[r - 1]) + " to ") + std::to_string(p[r]) +
-                             " at position " + std::to_string(t),
+                             (t == 0 ? std::string("from ") : std::to_string(p[r - 1]) + " to ") +
+                             std::to_string(p[r]) + " at position " + std::to_string(t),
                          "number each packed record's tokens 0, 1, 2, ... from its first");
   }
   return pos;
@@ -380,29 +382,12 @@ struct AttentionOptions {
 
 class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
  public:
-  CausalSelfAttention(std::int64_t dim, std::int64_t heads, AttentionOptions options = {})
-      : dim_(dim), heads_(heads), options_(options) {
-    if (dim < 1 || heads < 1 || dim % heads != 0)
-      throw config_error("nn::CausalSelfAttention(" + std::to_string(dim) + ", " + std::to_string(heads) +
-                             "): the width must be a positive multiple of the head count",
-                         "choose dim = heads x head_dim, e.g. 128 with 4 heads");
-    lora_ = detail::LoraSet(4, {detail::LoraSite("nn::CausalSelfAttention", "qkv", options.qkv_lora, dim, 3 * dim),
-                                detail::LoraSite("nn::CausalSelfAttention", "proj", options.proj_lora, dim, dim)});
-  }
+  DTRAIN_DECL CausalSelfAttention(std::int64_t dim, std::int64_t heads, AttentionOptions options = {});
 
   std::int64_t dim() const { return dim_; }
   std::int64_t heads() const { return heads_; }
 
-  std::vector<ParamSpec> params() const {
-    const Init w = Init::normal(0.f, options_.init_std);
-    const bool qkv = options_.trainable && !lora_.on(0), proj = options_.trainable && !lora_.on(1);
-    std::vector<ParamSpec> p{{"qkv.weight", {3 * dim_, dim_}, w, qkv},
-                             {"qkv.bias", {3 * dim_}, Init::zeros(), qkv, {}, {"bias"}},
-                             {"proj.weight", {dim_, dim_}, w, proj},
-                             {"proj.bias", {dim_}, Init::zeros(), proj, {}, {"bias"}}};
-    for (auto& a : lora_.params()) p.push_back(std::move(a));
-    return p;
-  }
+  DTRAIN_DECL std::vector<ParamSpec> params() const;
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::CausalSelfAttention", in, dim_); }
 
   // (the adapters' rows after the attention's own activations; saved_size_on,
@@ -624,3 +609,7 @@ class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
 #define DTRAIN_ATTENTION_FUNCTORS(EACH, SUM, T) \
   EACH(::dtrain::nn::detail::KeyBias<T, std::int32_t>) \
   EACH(::dtrain::nn::detail::KeyBias<T, std::int64_t>)
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/attention.ipp"
+#endif

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/kernels/sequence.hpp"
@@ -59,13 +60,7 @@ struct EmbeddingOptions {
 
 class Embedding {
  public:
-  Embedding(std::int64_t vocab, std::int64_t dim, EmbeddingOptions options = {})
-      : vocab_(vocab), dim_(dim), options_(std::move(options)) {
-    if (vocab < 1 || dim < 1)
-      throw config_error("nn::Embedding(" + std::to_string(vocab) + ", " + std::to_string(dim) +
-                             "): vocabulary and width must be >= 1",
-                         "give the number of distinct ids and the vector width");
-  }
+  DTRAIN_DECL Embedding(std::int64_t vocab, std::int64_t dim, EmbeddingOptions options = {});
 
   std::int64_t vocab() const { return vocab_; }
   std::vector<ParamSpec> params() const {
@@ -105,22 +100,7 @@ class Embedding {
 
   // One id per output row, each in [0, vocab): checked on the host copy so a
   // bad id never reaches a kernel.
-  const DeviceTensor& checked_ids(const DeviceBatch& batch, std::int64_t rows) const {
-    const DeviceTensor& ids = batch.at(options_.input);
-    if (ids.numel() != rows)
-      throw config_error("nn::Embedding: " + std::to_string(ids.numel()) + " ids " + shape_text(ids.shape) + " for " +
-                             std::to_string(rows) + " output rows",
-                         "give one id per position: ids [B, T]");
-    dispatch(ids, [&]<class Id>() {
-      const Id* host = ids.host_data<Id>();
-      for (std::int64_t r = 0; r < rows; ++r)
-        if (host[r] < 0 || static_cast<std::int64_t>(host[r]) >= vocab_)
-          throw config_error("nn::Embedding: id " + std::to_string(static_cast<std::int64_t>(host[r])) +
-                                 " at position " + std::to_string(r) + " is outside [0, " + std::to_string(vocab_) + ")",
-                             "ids index the vocabulary: check the tokenizer and the model's vocabulary size");
-    });
-    return ids;
-  }
+  DTRAIN_DECL const DeviceTensor& checked_ids(const DeviceBatch& batch, std::int64_t rows) const;
 
   std::int64_t vocab_;
   std::int64_t dim_;
@@ -129,13 +109,8 @@ class Embedding {
 
 class PositionalEmbedding {
  public:
-  PositionalEmbedding(std::int64_t max_len, std::int64_t dim, float init_std = 0.02f, bool trainable = true)
-      : max_len_(max_len), dim_(dim), init_std_(init_std), trainable_(trainable) {
-    if (max_len < 1 || dim < 1)
-      throw config_error("nn::PositionalEmbedding(" + std::to_string(max_len) + ", " + std::to_string(dim) +
-                             "): length and width must be >= 1",
-                         "give the longest sequence and the vector width");
-  }
+  DTRAIN_DECL PositionalEmbedding(std::int64_t max_len, std::int64_t dim, float init_std = 0.02f,
+                                  bool trainable = true);
 
   std::vector<ParamSpec> params() const {
     return {{"weight", {max_len_, dim_}, Init::normal(0.f, init_std_), trainable_, {}, {"embedding"}}};
@@ -207,3 +182,7 @@ class PositionalEmbedding {
 };
 
 }  // namespace dtrain::nn
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/embedding.ipp"
+#endif

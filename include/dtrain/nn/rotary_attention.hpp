@@ -140,7 +140,8 @@ struct ToRotatedHeads {
     const std::int64_t b = bh / s.heads, h = bh % s.heads;
     const std::int64_t src_head = part == 0 ? h : h / s.group();
     const std::int64_t width = (part == 0 ? s.heads : s.kv_heads) * s.head_dim;
-    const T* row = (part == 0 ? q_rows : part == 1 ? k_rows : v_rows) + (b * s.time + t) * width + src_head * s.head_dim;
+    const T* row =
+        (part == 0 ? q_rows : part == 1 ? k_rows : v_rows) + (b * s.time + t) * width + src_head * s.head_dim;
     float out = static_cast<float>(row[d]);
     if (s.rope && part < 2) {
       const std::int64_t half = s.head_dim / 2, f = d % half, p = s.position(b, t);
@@ -167,7 +168,8 @@ struct ToRotatedHeads {
       const float* c = cos_t + s.position(b, t) * half;
       const float* sn = sin_t + s.position(b, t) * half;
       for (std::int64_t d = d0; d < (d1 < half ? d1 : half); ++d)
-        out[d] = dtype_cast<T>(rotate_pair(static_cast<float>(row[d]), static_cast<float>(row[d + half]), c[d], sn[d]).a);
+        out[d] =
+            dtype_cast<T>(rotate_pair(static_cast<float>(row[d]), static_cast<float>(row[d + half]), c[d], sn[d]).a);
       for (std::int64_t d = (d0 > half ? d0 : half); d < d1; ++d) {
         const std::int64_t f = d - half;
         out[d] = dtype_cast<T>(rotate_pair(static_cast<float>(row[f]), static_cast<float>(row[d]), c[f], sn[f]).b);
@@ -294,48 +296,14 @@ struct RotaryAttentionOptions {
 
 class RotaryAttention : public detail::AttentionPaths<RotaryAttention> {
  public:
-  RotaryAttention(std::int64_t dim, std::int64_t heads, RotaryAttentionOptions options = {})
-      : dim_(dim), heads_(heads), kv_heads_(options.kv_heads == 0 ? heads : options.kv_heads), options_(options) {
-    const std::string what = "nn::RotaryAttention(" + std::to_string(dim) + ", " + std::to_string(heads) + ")";
-    if (dim < 1 || heads < 1 || dim % heads != 0)
-      throw config_error(what + ": the width must be a positive multiple of the head count",
-                         "choose dim = heads x head_dim, e.g. 128 with 4 heads");
-    if (kv_heads_ < 1 || heads % kv_heads_ != 0)
-      throw config_error(what + ": kv_heads " + std::to_string(options.kv_heads) + " does not divide the heads",
-                         "give num_key_value_heads dividing num_attention_heads (1 for multi-query)");
-    if (options.rope_theta < 0.f || (options.rope_theta > 0.f && head_dim() % 2 != 0))
-      throw config_error(what + ": rotary embedding needs an even head_dim and rope_theta >= 0",
-                         "use an even head_dim, or rope_theta = 0 for no rotary embedding");
-    const std::int64_t kv = kv_heads_ * head_dim();
-    lora_ = detail::LoraSet(base_count(), {detail::LoraSite(what, "q", options.q_lora, dim, dim),
-                                           detail::LoraSite(what, "k", options.k_lora, dim, kv),
-                                           detail::LoraSite(what, "v", options.v_lora, dim, kv),
-                                           detail::LoraSite(what, "o", options.o_lora, dim, dim)});
-  }
+  DTRAIN_DECL RotaryAttention(std::int64_t dim, std::int64_t heads, RotaryAttentionOptions options = {});
 
   std::int64_t dim() const { return dim_; }
   std::int64_t heads() const { return heads_; }
   std::int64_t kv_heads() const { return kv_heads_; }
   std::int64_t head_dim() const { return dim_ / heads_; }
 
-  std::vector<ParamSpec> params() const {
-    const Init w = Init::normal(0.f, options_.init_std);
-    const std::int64_t hd = head_dim(), kv = kv_heads_ * hd;
-    // a projection with an adapter is frozen, its bias too
-    const auto train = [&](std::size_t i) { return options_.trainable && !lora_.on(i); };
-    std::vector<ParamSpec> p{{"q.weight", {dim_, dim_}, w, train(0)},
-                             {"k.weight", {kv, dim_}, w, train(1)},
-                             {"v.weight", {kv, dim_}, w, train(2)},
-                             {"o.weight", {dim_, dim_}, w, train(3)}};
-    if (options_.qkv_bias) {
-      p.push_back({"q.bias", {dim_}, Init::zeros(), train(0), {}, {"bias"}});
-      p.push_back({"k.bias", {kv}, Init::zeros(), train(1), {}, {"bias"}});
-      p.push_back({"v.bias", {kv}, Init::zeros(), train(2), {}, {"bias"}});
-    }
-    if (options_.out_bias) p.push_back({"o.bias", {dim_}, Init::zeros(), train(3), {}, {"bias"}});
-    for (auto& a : lora_.params()) p.push_back(std::move(a));
-    return p;
-  }
+  DTRAIN_DECL std::vector<ParamSpec> params() const;
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::RotaryAttention", in, dim_); }
 
   // (the adapters' rows after the attention's own activations; saved_size_on,
@@ -472,8 +440,9 @@ class RotaryAttention : public detail::AttentionPaths<RotaryAttention> {
     const std::int64_t half = g.head_dim / 2;
     dev.for_each(static_cast<std::size_t>(g.rows() * g.heads * half),
                  detail::RotatePairs<T>{q, g.heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse, g.positions});
-    dev.for_each(static_cast<std::size_t>(g.rows() * g.kv_heads * half),
-                 detail::RotatePairs<T>{k, g.kv_heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse, g.positions});
+    dev.for_each(
+        static_cast<std::size_t>(g.rows() * g.kv_heads * half),
+        detail::RotatePairs<T>{k, g.kv_heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse, g.positions});
   }
 
   template <class Dev, class T>
@@ -606,3 +575,7 @@ class RotaryAttention : public detail::AttentionPaths<RotaryAttention> {
   EACH(::dtrain::nn::detail::ToRotatedHeads<T>) \
   EACH(::dtrain::nn::detail::FromRotatedHeads<T>) \
   EACH(::dtrain::nn::detail::RotatePairs<T>)
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/rotary_attention.ipp"
+#endif

@@ -299,8 +299,8 @@ struct TransformerBlockOptions {
 class TransformerBlock : public PreNormBlock<LayerNorm, CausalSelfAttention, GeluMLP> {
  public:
   TransformerBlock(std::int64_t dim, std::int64_t heads, TransformerBlockOptions options = {})
-      : PreNormBlock(dim, LayerNorm(dim, {.eps = options.eps}), CausalSelfAttention(dim, heads), LayerNorm(dim, {.eps = options.eps}),
-                     GeluMLP(dim, options.mlp_ratio * dim)) {}
+      : PreNormBlock(dim, LayerNorm(dim, {.eps = options.eps}), CausalSelfAttention(dim, heads),
+                     LayerNorm(dim, {.eps = options.eps}), GeluMLP(dim, options.mlp_ratio * dim)) {}
 };
 
 }  // namespace dtrain::nn

@@ -88,7 +88,12 @@ class ShardGroups {
 };
 
 template <class Dev>
-ShardGroups<Dev>::ShardGroups(World& world, Dev& dev, comm_type& world_comm, int group_size) : dev_(dev), size_(group_size), rank_(world.rank() % std::max(group_size, 1)), replicas_(world.size() / std::max(group_size, 1)), replica_index_(world.rank() / std::max(group_size, 1)) {
+ShardGroups<Dev>::ShardGroups(World& world, Dev& dev, comm_type& world_comm, int group_size)
+    : dev_(dev),
+      size_(group_size),
+      rank_(world.rank() % std::max(group_size, 1)),
+      replicas_(world.size() / std::max(group_size, 1)),
+      replica_index_(world.rank() / std::max(group_size, 1)) {
   if (group_size < 1 || world.size() % group_size != 0)
     throw config_error("a shard group of " + std::to_string(group_size) + " ranks does not divide the world of " +
                            std::to_string(world.size()) + " ranks",
@@ -171,7 +176,9 @@ class ShardedParams {
   // parameters at rest (FSDP with fp32 compute), else master. With an
   // offload arena the fp32 shards and the compute-dtype shards the optimizer
   // writes live on the host; `source` says where gathers read.
-  ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed, memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload = nullptr, shard_source source = shard_source::master);
+  ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed,
+                memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload = nullptr,
+                shard_source source = shard_source::master);
 
   float* master() { return offload_ ? host_master_.data() : master_.data(); }
   std::size_t size() const { return layout_.trainable_flat_size() / layout_.shards(); }
@@ -219,7 +226,15 @@ class ShardedParams {
 };
 
 template <class Dev, Dtype T>
-ShardedParams<Dev, T>::ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed, memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload, shard_source source) : dev_(dev), layout_(layout), groups_(groups), shard_frozen_(shard_frozen), offload_(offload), source_(offload ? source : shard_source::master) {
+ShardedParams<Dev, T>::ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed,
+                                     memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload,
+                                     shard_source source)
+    : dev_(dev),
+      layout_(layout),
+      groups_(groups),
+      shard_frozen_(shard_frozen),
+      offload_(offload),
+      source_(offload ? source : shard_source::master) {
   if (offload && source == shard_source::master)
     throw error("ShardedParams: an offloaded master shard cannot be cast on the device",
                 "pass shard_source::device_shard or host_shard with an offload arena");
@@ -264,7 +279,8 @@ template <class Dev, Dtype T>
 auto ShardedParams<Dev, T>::after_load() -> void {
   if (!offload_) return;
   offload_->wait_to_host();  // no upload still reads the host shards
-  if (const std::size_t n = size()) offload_->host().for_each(n, Cast<float, T>{host_master_.data(), host_shard_.data()});
+  if (const std::size_t n = size())
+    offload_->host().for_each(n, Cast<float, T>{host_master_.data(), host_shard_.data()});
   after_update();
 }
 
@@ -344,7 +360,8 @@ class ShardReducer {
   // when `offload` is given: each reduced shard then travels to the host as
   // its reduction completes and is written or added there (through a host
   // staging copy in R, unless R is fp32 and nothing accumulates).
-  ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard, OffloadArena<Dev>* offload = nullptr, int accumulate = 1);
+  ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard,
+               OffloadArena<Dev>* offload = nullptr, int accumulate = 1);
 
   // A buffer of unit u's padded size for its full gradient; waits for the
   // reduction that last used it. Slots take turns (reductions finish in the
@@ -412,7 +429,9 @@ class ShardReducer {
 };
 
 template <class Dev, Dtype R>
-ShardReducer<Dev, R>::ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard, OffloadArena<Dev>* offload, int accumulate) : dev_(dev), layout_(layout), groups_(groups), grad_shard_(grad_shard), offload_(offload) {
+ShardReducer<Dev, R>::ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard,
+                                   OffloadArena<Dev>* offload, int accumulate)
+    : dev_(dev), layout_(layout), groups_(groups), grad_shard_(grad_shard), offload_(offload) {
   const auto trainable_units = static_cast<std::size_t>(
       std::ranges::count_if(layout.units(), [](const auto& unit) { return unit.train_size > 0; }));
   slot_count_ = std::clamp<std::size_t>(trainable_units, 1, max_in_flight);

@@ -360,8 +360,10 @@ std::size_t model_activation_bytes(Model& model, SeqShape shape, std::int64_t in
     widths.push_back(unit.out_features(widths.back()));
   });
   // recomputed as the Trainer chooses
-  const RecomputePolicy policy{
-      .on = checkpointing, .every = checkpoint_every, .units = checkpoint_units, .budget_bytes = checkpoint_budget_bytes};
+  const RecomputePolicy policy{.on = checkpointing,
+                               .every = checkpoint_every,
+                               .units = checkpoint_units,
+                               .budget_bytes = checkpoint_budget_bytes};
   detail::check_recompute_policy(policy, saved.size());
   const std::vector<char> recomputed = detail::recomputed_units(saved, compute_bytes, policy);
   std::int64_t kept = 0, shared = 0;
