@@ -46,9 +46,15 @@
 #include <dtrain/models/causal_lm.hpp>
 #include <dtrain/models/gpt.hpp>
 #include <dtrain/models/run_config.hpp>
+#include <dtrain/nn/attention.hpp>
 #include <dtrain/nn/checks.hpp>
+#include <dtrain/nn/dropout.hpp>
+#include <dtrain/nn/embedding.hpp>
+#include <dtrain/nn/layer_norm.hpp>
 #include <dtrain/nn/linear.hpp>
 #include <dtrain/nn/lora.hpp>
+#include <dtrain/nn/rms_norm.hpp>
+#include <dtrain/nn/rotary_attention.hpp>
 #include <dtrain/optim/param_groups.hpp>
 #include <dtrain/run/fit.hpp>
 #include <dtrain/run/fit_checkpointer.hpp>

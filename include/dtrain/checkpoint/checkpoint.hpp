@@ -187,7 +187,8 @@ void require_finite(const HostState<T>& s, const Ownership& own, const ModelLayo
         const std::size_t at = unit.train_offset + r.begin + i;
         std::string name = "unit " + std::to_string(r.unit);
         for (const auto& slot : unit.params)
-          if (slot.spec.trainable && slot.offset <= at && at < slot.offset + static_cast<std::size_t>(slot.spec.numel()))
+          if (slot.spec.trainable && slot.offset <= at &&
+              at < slot.offset + static_cast<std::size_t>(slot.spec.numel()))
             name = slot.name;
         throw checkpoint_error("refusing to save: " + what + " of " + name + " holds " + std::to_string(v),
                                "a checkpoint never holds inf or NaN; find the step that produced it (the metrics' "
@@ -219,23 +220,8 @@ struct OwnedPiece {
 };
 
 // Splits owned ranges (of trainable or of frozen segments) into per-parameter pieces.
-inline std::vector<OwnedPiece> owned_pieces(const ModelLayout& layout, std::span<const OwnedRange> ranges,
-                                            bool frozen, bool writers_only) {
-  std::vector<OwnedPiece> out;
-  for (const OwnedRange& r : ranges) {
-    if (writers_only && !r.writer) continue;
-    const UnitSlots& unit = layout.units()[r.unit];
-    const std::size_t segment = frozen ? unit.frozen_offset : unit.train_offset;
-    for (const ParamSlot& slot : unit.params) {
-      if (slot.spec.trainable == frozen) continue;
-      const std::size_t first = slot.offset - segment, n = static_cast<std::size_t>(slot.spec.numel());
-      const std::size_t lo = std::max(first, r.begin), hi = std::min(first + n, r.begin + r.count);
-      if (lo >= hi) continue;
-      out.push_back({&slot, lo - first, hi - lo, r.offset + (lo - r.begin)});
-    }
-  }
-  return out;
-}
+DTRAIN_DECL std::vector<OwnedPiece> owned_pieces(const ModelLayout& layout, std::span<const OwnedRange> ranges,
+                                                 bool frozen, bool writers_only);
 
 // Converts `count` elements of dtype `from` (F32, BF16, F16) into T.
 template <Dtype T>
@@ -398,7 +384,8 @@ class PieceReader {
       : dir_(dir), sizes_(sizes) {}
 
   // The bytes of `p` (whole piece), verified.
-  DTRAIN_DECL std::span<const std::byte> bytes(const std::string& tensor, const std::string& kind, const CheckpointPiece& p);
+  DTRAIN_DECL std::span<const std::byte> bytes(const std::string& tensor, const std::string& kind,
+                                               const CheckpointPiece& p);
 
  private:
   DTRAIN_DECL const SafetensorsFile& open(const std::string& file);
@@ -417,7 +404,8 @@ void read_elements(PieceReader& reader, const std::string& tensor, const std::st
   std::size_t at = begin;
   const std::size_t end = begin + count;
   while (at < end) {
-    const auto it = std::ranges::find_if(pieces, [&](const CheckpointPiece& p) { return p.begin <= at && at < p.begin + p.count; });
+    const auto it =
+        std::ranges::find_if(pieces, [&](const CheckpointPiece& p) { return p.begin <= at && at < p.begin + p.count; });
     if (it == pieces.end())
       throw checkpoint_error("the checkpoint holds no " + kind + " for elements [" + std::to_string(at) + ", " +
                                  std::to_string(end) + ") of tensor '" + tensor + "'",

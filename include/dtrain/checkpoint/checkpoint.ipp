@@ -92,6 +92,24 @@ DTRAIN_DECL std::string piece_key(std::string_view kind, std::string_view tensor
   return std::string(kind) + "/" + std::string(tensor) + "/" + std::to_string(first);
 }
 
+DTRAIN_DECL std::vector<OwnedPiece> owned_pieces(const ModelLayout& layout, std::span<const OwnedRange> ranges,
+                                                 bool frozen, bool writers_only) {
+  std::vector<OwnedPiece> out;
+  for (const OwnedRange& r : ranges) {
+    if (writers_only && !r.writer) continue;
+    const UnitSlots& unit = layout.units()[r.unit];
+    const std::size_t segment = frozen ? unit.frozen_offset : unit.train_offset;
+    for (const ParamSlot& slot : unit.params) {
+      if (slot.spec.trainable == frozen) continue;
+      const std::size_t first = slot.offset - segment, n = static_cast<std::size_t>(slot.spec.numel());
+      const std::size_t lo = std::max(first, r.begin), hi = std::min(first + n, r.begin + r.count);
+      if (lo >= hi) continue;
+      out.push_back({&slot, lo - first, hi - lo, r.offset + (lo - r.begin)});
+    }
+  }
+  return out;
+}
+
 DTRAIN_DECL std::string shard_file_name(int rank, int world) {
   char name[64];
   std::snprintf(name, sizeof name, "shard-%05d-of-%05d.safetensors", rank, world);
@@ -159,7 +177,8 @@ DTRAIN_DECL CheckpointIndex parse_index(const std::filesystem::path& dir) {
   std::ifstream in(path);
   if (!in)
     throw checkpoint_error(quoted_path(dir) + " is not a checkpoint: it has no " + std::string(checkpoint_index_name) +
-                               (std::filesystem::exists(dir) ? " (a save that did not finish leaves none)" : " (the directory does not exist)"),
+                               (std::filesystem::exists(dir) ? " (a save that did not finish leaves none)"
+                                                             : " (the directory does not exist)"),
                            "pass a checkpoint directory, or resume=latest to take the newest complete one");
   nlohmann::ordered_json j;  // ordered: the tensors' order is the model's
   try {
@@ -192,7 +211,8 @@ DTRAIN_DECL CheckpointIndex parse_index(const std::filesystem::path& dir) {
     if (const auto& o = j.at("optimizer"); o.contains("param_groups"))
       for (const auto& g : o.at("param_groups"))
         i.param_groups.push_back({g.at("name").get<std::string>(), index_number<float>(g.at("lr"), "lr", path),
-                                  index_number<float>(g.at("weight_decay"), "weight_decay", path), g.at("params").get<std::vector<std::string>>()});
+                                  index_number<float>(g.at("weight_decay"), "weight_decay", path),
+                                  g.at("params").get<std::vector<std::string>>()});
     if (const auto& s = j.at("sampler"); !s.is_null())
       i.sampler = SamplerProgress{integer(s.at("epoch"), "epoch"),
                                   integer(s.at("global_position"), "global_position"),
@@ -321,13 +341,15 @@ DTRAIN_DECL void clear_partial_save(const std::filesystem::path& dir) {
   }
 }
 
-DTRAIN_DECL auto PieceReader::bytes(const std::string& tensor, const std::string& kind, const CheckpointPiece& p) -> std::span<const std::byte> {
+DTRAIN_DECL auto PieceReader::bytes(const std::string& tensor, const std::string& kind, const CheckpointPiece& p)
+    -> std::span<const std::byte> {
   const std::string what = "piece '" + p.key + "' (" + kind + " of " + tensor + ", elements [" +
                             std::to_string(p.begin) + ", " + std::to_string(p.begin + p.count) + ")) in " +
                             quoted_path(dir_ / p.file);
   const SafetensorsFile& f = open(p.file);
   if (!f.contains(p.key))
-    throw checkpoint_error(what + " is missing from the file", "the file does not belong to this checkpoint; restore it or load an older checkpoint");
+    throw checkpoint_error(what + " is missing from the file",
+                           "the file does not belong to this checkpoint; restore it or load an older checkpoint");
   const auto t = f.tensor(p.key);
   if (t.dtype != p.dtype || static_cast<std::size_t>(t.numel()) != p.count)
     throw checkpoint_error(what + " has dtype " + std::string(safetensors_name(t.dtype)) + " and " +

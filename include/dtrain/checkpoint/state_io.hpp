@@ -196,7 +196,8 @@ class CheckpointIO {
   std::string stream_parameters(const std::filesystem::path& path, std::string& error);
 
   // Rank 0: merges every rank's pieces into the index and commits it.
-  void commit_index(const std::filesystem::path& dir, const CheckpointInfo& info, const std::vector<detail::RankSave>& ranks);
+  void commit_index(const std::filesystem::path& dir, const CheckpointInfo& info,
+                    const std::vector<detail::RankSave>& ranks);
 
   // The checkpoint must hold exactly this model's tensors, in this order,
   // with the same shapes and trainability; the first difference is named.
@@ -232,7 +233,8 @@ auto CheckpointIO<Dev, T>::save_params(const std::filesystem::path& path) -> voi
 }
 
 template <class Dev, class T>
-auto CheckpointIO<Dev, T>::save(const std::filesystem::path& dir, const SaveOptions& options, CheckpointInfo info) -> void {
+auto CheckpointIO<Dev, T>::save(const std::filesystem::path& dir, const SaveOptions& options, CheckpointInfo info)
+    -> void {
   if (is_checkpoint(dir))
     throw checkpoint_error(detail::quoted_path(dir) + " already holds a checkpoint (step " +
                                std::to_string(checkpoint_info(dir).step) + ")",
@@ -328,7 +330,8 @@ auto CheckpointIO<Dev, T>::load(const std::filesystem::path& dir, const LoadOpti
 }
 
 template <class Dev, class T>
-auto CheckpointIO<Dev, T>::load_params(const std::filesystem::path& file, const LoadParamsOptions& options) -> LoadParamsReport {
+auto CheckpointIO<Dev, T>::load_params(const std::filesystem::path& file, const LoadParamsOptions& options)
+    -> LoadParamsReport {
   ParamSources sources;
   sources.what = detail::quoted_path(file);
   sources.files.push_back(SafetensorsFile::open(file));
@@ -340,7 +343,8 @@ auto CheckpointIO<Dev, T>::load_params(const std::filesystem::path& file, const 
 }
 
 template <class Dev, class T>
-auto CheckpointIO<Dev, T>::load_params(const ParamSources& sources, const LoadParamsOptions& options) -> LoadParamsReport {
+auto CheckpointIO<Dev, T>::load_params(const ParamSources& sources, const LoadParamsOptions& options)
+    -> LoadParamsReport {
   LoadParamsReport report;
   std::map<std::pair<std::size_t, std::string>, bool> used;
   const auto tagged = [&](const ParamSlot& slot, const std::vector<std::string>& tags) {
@@ -506,7 +510,8 @@ auto CheckpointIO<Dev, T>::stream_parameters(const std::filesystem::path& path, 
           v = std::span(train).subspan(slot.offset - unit.train_offset, n);
         } else {
           widened.resize(n);
-          for (std::size_t i = 0; i < n; ++i) widened[i] = static_cast<float>(frozen[slot.offset - unit.frozen_offset + i]);
+          for (std::size_t i = 0; i < n; ++i)
+            widened[i] = static_cast<float>(frozen[slot.offset - unit.frozen_offset + i]);
           v = widened;
         }
         const auto bytes = std::as_bytes(v);
@@ -531,7 +536,8 @@ auto CheckpointIO<Dev, T>::stream_parameters(const std::filesystem::path& path, 
 }
 
 template <class Dev, class T>
-auto CheckpointIO<Dev, T>::commit_index(const std::filesystem::path& dir, const CheckpointInfo& info, const std::vector<detail::RankSave>& ranks) -> void {
+auto CheckpointIO<Dev, T>::commit_index(const std::filesystem::path& dir, const CheckpointInfo& info,
+                                        const std::vector<detail::RankSave>& ranks) -> void {
   CheckpointIndex index;
   index.info = info;
   for (const auto& unit : layout_.units())
@@ -562,8 +568,11 @@ auto CheckpointIO<Dev, T>::check_checkpoint_model(const CheckpointIndex& index) 
     const ParamSlot& slot = *mine[i];
     if (i >= index.order.size() || index.order[i] != slot.name)
       throw config_error(where + "this model's tensor '" + slot.name + "' " +
-                             (index.tensors.contains(slot.name) ? "is at another position in it"
-                                                                 : "is not in it" + std::string(i < index.order.size() ? " (it has '" + index.order[i] + "' there)" : "")),
+                             (index.tensors.contains(slot.name)
+                                  ? "is at another position in it"
+                                  : "is not in it" + std::string(i < index.order.size()
+                                                                     ? " (it has '" + index.order[i] + "' there)"
+                                                                     : "")),
                          fix);
     const CheckpointTensor& t = index.tensors.at(slot.name);
     if (t.shape != slot.spec.shape)

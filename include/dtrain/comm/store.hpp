@@ -104,33 +104,7 @@ class TcpStoreServer {
  public:
   // port 0 picks a free port (see port()). Binds all interfaces so ranks on
   // other nodes can reach it.
-  explicit TcpStoreServer(int port, std::string_view bind_addr = "0.0.0.0") {
-    detail::Fd fd{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
-    if (fd.get() < 0) throw launch_error("cannot create the rendezvous socket: " + detail::errno_text());
-    const int one = 1;
-    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(port));
-    if (::inet_pton(AF_INET, std::string(bind_addr).c_str(), &addr.sin_addr) != 1)
-      throw launch_error("invalid rendezvous bind address '" + std::string(bind_addr) + "'",
-                         "give an IPv4 address such as 0.0.0.0");
-    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      const bool in_use = errno == EADDRINUSE;
-      throw launch_error(
-          "rank 0 cannot host the rendezvous on port " + std::to_string(port) + ": " + detail::errno_text(),
-          in_use ? "another job (or a stale process) holds this port: choose another with "
-                   "--master-port / MASTER_PORT, or stop the other process"
-                 : "check MASTER_PORT and that this process may bind it");
-    }
-    if (::listen(fd.get(), 1024) != 0) throw launch_error("cannot listen on the rendezvous socket: " + detail::errno_text());
-    socklen_t len = sizeof addr;
-    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-    if (::pipe2(wake_, O_CLOEXEC) != 0) throw launch_error("cannot create a pipe: " + detail::errno_text());
-    listen_ = std::move(fd);
-    thread_ = std::thread([this] { serve(); });
-  }
+  DTRAIN_DECL explicit TcpStoreServer(int port, std::string_view bind_addr = "0.0.0.0");
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   DTRAIN_DECL ~TcpStoreServer();
@@ -198,7 +172,8 @@ class TcpStore {
   // store's by default). `setters`: the ranks (as announced) the key waits
   // on; if one of them has left the job and the key is still missing,
   // throws comm_error naming it.
-  DTRAIN_DECL std::string get(std::string_view key, std::optional<std::chrono::milliseconds> timeout = {}, std::span<const int> setters = {});
+  DTRAIN_DECL std::string get(std::string_view key, std::optional<std::chrono::milliseconds> timeout = {},
+                              std::span<const int> setters = {});
 
   // Which of `ranks` the server lists as departed ("" if none, else "r" or "r1, r2").
   DTRAIN_DECL std::string departed_among(std::span<const int> ranks);
@@ -209,7 +184,8 @@ class TcpStore {
   DTRAIN_DECL void connect();
 
   // GET or AGE: whether the key exists, its value, and for AGE its age.
-  DTRAIN_DECL std::tuple<bool, std::string, std::chrono::milliseconds> lookup(detail::store_cmd cmd, std::string_view key);
+  DTRAIN_DECL std::tuple<bool, std::string, std::chrono::milliseconds> lookup(detail::store_cmd cmd,
+                                                                            std::string_view key);
 
   DTRAIN_DECL void send_all(std::string_view data, std::string_view key);
 

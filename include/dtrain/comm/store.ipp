@@ -76,6 +76,35 @@ DTRAIN_DECL std::size_t parse_request(std::string_view buf, store_cmd& cmd, std:
 
 namespace dtrain {
 
+DTRAIN_DECL TcpStoreServer::TcpStoreServer(int port, std::string_view bind_addr) {
+  detail::Fd fd{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  if (fd.get() < 0) throw launch_error("cannot create the rendezvous socket: " + detail::errno_text());
+  const int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::inet_pton(AF_INET, std::string(bind_addr).c_str(), &addr.sin_addr) != 1)
+    throw launch_error("invalid rendezvous bind address '" + std::string(bind_addr) + "'",
+                       "give an IPv4 address such as 0.0.0.0");
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const bool in_use = errno == EADDRINUSE;
+    throw launch_error(
+        "rank 0 cannot host the rendezvous on port " + std::to_string(port) + ": " + detail::errno_text(),
+        in_use ? "another job (or a stale process) holds this port: choose another with "
+                 "--master-port / MASTER_PORT, or stop the other process"
+               : "check MASTER_PORT and that this process may bind it");
+  }
+  if (::listen(fd.get(), 1024) != 0)
+    throw launch_error("cannot listen on the rendezvous socket: " + detail::errno_text());
+  socklen_t len = sizeof addr;
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = ntohs(addr.sin_port);
+  if (::pipe2(wake_, O_CLOEXEC) != 0) throw launch_error("cannot create a pipe: " + detail::errno_text());
+  listen_ = std::move(fd);
+  thread_ = std::thread([this] { serve(); });
+}
+
 DTRAIN_DECL TcpStoreServer::~TcpStoreServer() {
   // Rank 0 may finish first while other ranks still read keys it wrote (a
   // last agreement, a final barrier): stay until every client has hung up,
@@ -196,7 +225,8 @@ DTRAIN_DECL auto TcpStoreServer::read_and_answer(Client& c) -> bool {
   return true;
 }
 
-DTRAIN_DECL TcpStore::TcpStore(std::string host, int port, std::chrono::milliseconds timeout) : host_(std::move(host)), port_(port), timeout_(timeout) {
+DTRAIN_DECL TcpStore::TcpStore(std::string host, int port, std::chrono::milliseconds timeout)
+    : host_(std::move(host)), port_(port), timeout_(timeout) {
   connect();
 }
 
@@ -229,7 +259,8 @@ DTRAIN_DECL auto TcpStore::announce(int rank) -> void {
   recv_exact(1, "announce");
 }
 
-DTRAIN_DECL auto TcpStore::get(std::string_view key, std::optional<std::chrono::milliseconds> timeout, std::span<const int> setters) -> std::string {
+DTRAIN_DECL auto TcpStore::get(std::string_view key, std::optional<std::chrono::milliseconds> timeout,
+                               std::span<const int> setters) -> std::string {
   const auto deadline = detail::steady::now() + timeout.value_or(timeout_);
   auto backoff = std::chrono::microseconds(200);
   for (;;) {
@@ -341,7 +372,8 @@ DTRAIN_DECL auto TcpStore::connect() -> void {
                      "is running, and that no firewall blocks the port");
 }
 
-DTRAIN_DECL auto TcpStore::lookup(detail::store_cmd cmd, std::string_view key) -> std::tuple<bool, std::string, std::chrono::milliseconds> {
+DTRAIN_DECL auto TcpStore::lookup(detail::store_cmd cmd, std::string_view key)
+    -> std::tuple<bool, std::string, std::chrono::milliseconds> {
   std::string req(1, static_cast<char>(cmd));
   detail::put_str(req, key);
   std::lock_guard lock(mu_);

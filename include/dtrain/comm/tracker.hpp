@@ -65,7 +65,8 @@ class CollectiveTracker {
   // `peers`: the ranks this one was exchanging with over TCP in the
   // collective, named when the store cannot tell which of them lagged (this
   // rank is cut off from rank 0's node): they are the ones it lost.
-  DTRAIN_DECL std::string describe(std::string_view what, std::uint64_t seq, std::string_view cause, bool with_laggards = true, std::span<const int> peers = {});
+  DTRAIN_DECL std::string describe(std::string_view what, std::uint64_t seq, std::string_view cause,
+                                   bool with_laggards = true, std::span<const int> peers = {});
 
  private:
   std::string key(int r) const { return prefix_ + "seq/" + std::to_string(r); }

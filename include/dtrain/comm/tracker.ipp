@@ -19,7 +19,8 @@ DTRAIN_DECL CollectiveTracker::~CollectiveTracker() {
   if (heartbeat_.joinable()) heartbeat_.join();
 }
 
-DTRAIN_DECL auto CollectiveTracker::describe(std::string_view what, std::uint64_t seq, std::string_view cause, bool with_laggards, std::span<const int> peers) -> std::string {
+DTRAIN_DECL auto CollectiveTracker::describe(std::string_view what, std::uint64_t seq, std::string_view cause,
+                                             bool with_laggards, std::span<const int> peers) -> std::string {
   std::string msg = std::string(what) + " (collective #" + std::to_string(seq) + " on rank " +
                     name_(rank_) + " of " + std::to_string(size_) + ") did not complete: " +
                     std::string(cause);

@@ -39,7 +39,8 @@ class World {
 
   // Joins the rendezvous at master_addr:master_port. Rank 0 hosts it unless a
   // server is handed in (threads sharing one process share one server).
-  DTRAIN_DECL World(Layout layout, std::string master_addr, int master_port, CommOptions options = {}, std::shared_ptr<TcpStoreServer> server = nullptr);
+  DTRAIN_DECL World(Layout layout, std::string master_addr, int master_port, CommOptions options = {},
+                    std::shared_ptr<TcpStoreServer> server = nullptr);
 
   int rank() const { return state_->layout.rank; }
   int size() const { return state_->layout.size; }

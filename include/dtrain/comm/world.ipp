@@ -10,7 +10,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
 namespace dtrain {
 
-DTRAIN_DECL World::World(Layout layout, std::string master_addr, int master_port, CommOptions options, std::shared_ptr<TcpStoreServer> server) : state_(std::make_shared<State>()) {
+DTRAIN_DECL World::World(Layout layout, std::string master_addr, int master_port, CommOptions options,
+                         std::shared_ptr<TcpStoreServer> server)
+    : state_(std::make_shared<State>()) {
   validate(layout);
   state_->layout = layout;
   state_->options = options;
@@ -85,7 +87,8 @@ DTRAIN_DECL std::vector<World> make_local_worlds(int n, CommOptions options) {
   auto server = std::make_shared<TcpStoreServer>(0, "127.0.0.1");
   std::vector<World> worlds;
   worlds.reserve(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) worlds.emplace_back(World::Layout{r, n, r, n, {}}, "127.0.0.1", server->port(), options, server);
+  for (int r = 0; r < n; ++r)
+    worlds.emplace_back(World::Layout{r, n, r, n, {}}, "127.0.0.1", server->port(), options, server);
   return worlds;
 }
 }  // namespace dtrain

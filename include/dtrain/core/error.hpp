@@ -175,22 +175,7 @@ inline void record_failure(const std::exception& e) noexcept { record_failure(e,
 
 // "SIGTERM", "SIGKILL", ...: how messages name a signal ("signal N" for one
 // without a name).
-inline std::string signal_name(int sig) {
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 32)
-  if (const char* abbrev = ::sigabbrev_np(sig)) return std::string("SIG") + abbrev;
-#else
-  switch (sig) {
-    case SIGTERM: return "SIGTERM";
-    case SIGKILL: return "SIGKILL";
-    case SIGINT: return "SIGINT";
-    case SIGHUP: return "SIGHUP";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGUSR2: return "SIGUSR2";
-    default: break;
-  }
-#endif
-  return "signal " + std::to_string(sig);
-}
+DTRAIN_DECL std::string signal_name(int sig);
 
 }  // namespace dtrain
 

@@ -53,7 +53,8 @@ DTRAIN_DECL std::optional<detail::Plan> parse(std::string_view text, int rank, i
   if (!known) throw bad("names an unknown point");
   const auto who = dtrain::detail::parse_integer(text.substr(c1 + 1, c2 - c1 - 1));
   const auto nth = dtrain::detail::parse_integer(text.substr(c2 + 1));
-  if (!who || *who < 0 || *who >= world_size) throw bad("names no rank of this job (world size " + std::to_string(world_size) + ")");
+  if (!who || *who < 0 || *who >= world_size)
+    throw bad("names no rank of this job (world size " + std::to_string(world_size) + ")");
   if (!nth || *nth < 1) throw bad("needs a count n >= 1");
   plan.nth = *nth;
   if (*who != rank) return std::nullopt;
@@ -62,11 +63,12 @@ DTRAIN_DECL std::optional<detail::Plan> parse(std::string_view text, int rank, i
 
 DTRAIN_DECL long long parse_delay(std::string_view text, int rank, int world_size) {
   const auto colon = text.find(':');
-  const auto who = colon == std::string_view::npos ? std::nullopt : dtrain::detail::parse_integer(text.substr(0, colon));
-  const auto ms = colon == std::string_view::npos ? std::nullopt : dtrain::detail::parse_integer(text.substr(colon + 1));
+  const bool pair = colon != std::string_view::npos;
+  const auto who = pair ? dtrain::detail::parse_integer(text.substr(0, colon)) : std::nullopt;
+  const auto ms = pair ? dtrain::detail::parse_integer(text.substr(colon + 1)) : std::nullopt;
   if (!who || !ms || *who < 0 || *who >= world_size || *ms < 0)
-    throw env_error("DTRAIN_FAULT_DELAY='" + std::string(text) + "' is not <rank>:<ms> for a rank of this job (world size " +
-                        std::to_string(world_size) + ")",
+    throw env_error("DTRAIN_FAULT_DELAY='" + std::string(text) +
+                        "' is not <rank>:<ms> for a rank of this job (world size " + std::to_string(world_size) + ")",
                     "write DTRAIN_FAULT_DELAY=1:20 (rank 1 sleeps 20 ms in every forward), or unset it");
   return *who == rank ? *ms : 0;
 }

@@ -32,17 +32,8 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 namespace detail {
 
 // Reads an integer variable that must be >= 0 and fit an int.
-inline std::optional<int> env_count(const EnvLookup& env, const std::string& name,
-                                    const std::string& fix) {
-  auto text = env(name);
-  if (!text) return std::nullopt;
-  auto value = parse_integer(*text);
-  if (!value) throw env_error(name + "='" + *text + "' is not an integer", fix);
-  if (*value < 0) throw env_error(name + "=" + *text + " is negative", fix);
-  if (*value > std::numeric_limits<int>::max())
-    throw env_error(name + "=" + *text + " is too large", fix);
-  return static_cast<int>(*value);
-}
+DTRAIN_DECL std::optional<int> env_count(const EnvLookup& env, const std::string& name,
+                                         const std::string& fix);
 
 // Slurm compresses per-node task counts: "4(x2),3" means nodes with 4, 4 and 3.
 DTRAIN_DECL std::vector<int> expand_slurm_counts(const std::string& name, const std::string& text);

@@ -12,6 +12,18 @@ namespace dtrain {
 
 namespace detail {
 
+DTRAIN_DECL std::optional<int> env_count(const EnvLookup& env, const std::string& name,
+                                         const std::string& fix) {
+  auto text = env(name);
+  if (!text) return std::nullopt;
+  auto value = parse_integer(*text);
+  if (!value) throw env_error(name + "='" + *text + "' is not an integer", fix);
+  if (*value < 0) throw env_error(name + "=" + *text + " is negative", fix);
+  if (*value > std::numeric_limits<int>::max())
+    throw env_error(name + "=" + *text + " is too large", fix);
+  return static_cast<int>(*value);
+}
+
 DTRAIN_DECL std::vector<int> expand_slurm_counts(const std::string& name, const std::string& text) {
   const std::string fix = "this variable is set by Slurm; unset it or run the program with srun";
   std::vector<int> counts;

@@ -95,7 +95,8 @@ struct Batch {
 
   // The classic classification table: float features x [rows, features] and
   // int32 class labels y [rows].
-  DTRAIN_DECL static Batch table(std::span<const float> x, std::span<const std::int32_t> y, std::int64_t rows, std::int64_t features);
+  DTRAIN_DECL static Batch table(std::span<const float> x, std::span<const std::int32_t> y, std::int64_t rows,
+                                 std::int64_t features);
 
   void set(std::string name, HostTensor t) { tensors.insert_or_assign(std::move(name), std::move(t)); }
   bool contains(std::string_view name) const { return tensors.find(name) != tensors.end(); }

@@ -14,7 +14,8 @@ DTRAIN_DECL auto HostTensor::numel() const -> std::int64_t {
   return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>{});
 }
 
-DTRAIN_DECL auto Batch::table(std::span<const float> x, std::span<const std::int32_t> y, std::int64_t rows, std::int64_t features) -> Batch {
+DTRAIN_DECL auto Batch::table(std::span<const float> x, std::span<const std::int32_t> y, std::int64_t rows,
+                              std::int64_t features) -> Batch {
   Batch b;
   b.set("x", HostTensor::of(x, {rows, features}));
   b.set("y", HostTensor::of(y, {rows}));

@@ -200,7 +200,9 @@ std::optional<Difference> first_difference(const T& a, const T& b, const std::st
       index += ']';
       if (auto d = first_difference(a[i], b[i], join(index, true))) return d;
     }
-    if (a.size() != b.size()) return Difference{where.empty() ? std::string("size") : where + " size", std::to_string(a.size()), std::to_string(b.size())};
+    if (a.size() != b.size())
+      return Difference{where.empty() ? std::string("size") : where + " size", std::to_string(a.size()),
+                        std::to_string(b.size())};
     return std::nullopt;
   } else if constexpr (std::equality_comparable<T>) {
     if (a == b) return std::nullopt;

@@ -59,6 +59,27 @@ namespace dtrain {
 
 namespace detail {
 
+DTRAIN_DECL Dataset assemble_dataset(std::vector<float> x, std::span<const std::int64_t> x_shape,
+                                     std::vector<std::int32_t> y, std::span<const std::int64_t> y_shape,
+                                     const std::string& source) {
+  if (x_shape.size() != 2)
+    throw config_error(source + ": features x have shape " + shape_text(x_shape) + ", expected [rows, features]",
+                       "store x as a 2-D array");
+  if (y_shape.size() != 1)
+    throw config_error(source + ": labels y have shape " + shape_text(y_shape) + ", expected [rows]",
+                       "store y as a 1-D array of class indices");
+  if (x_shape[0] != y_shape[0])
+    throw config_error(source + ": x has " + std::to_string(x_shape[0]) + " rows but y has " +
+                           std::to_string(y_shape[0]) + " labels",
+                       "x and y must describe the same rows");
+  Dataset d;
+  d.x = std::move(x);
+  d.y = std::move(y);
+  d.rows = x_shape[0];
+  d.features = x_shape[1];
+  return d;
+}
+
 DTRAIN_DECL std::vector<float> npy_features(const NpyArray& a, const std::string& source) {
   if (a.descr == "<f4") return decode_to_float<float>(a.data, [](float v) { return v; });
   if (a.descr == "<f8") return decode_to_float<double>(a.data, [](double v) { return static_cast<float>(v); });

@@ -66,18 +66,8 @@ class SplitMix64 {
 // The permutation of [0, n) for (seed, epoch), identical on every rank.
 // Generator state: splitmix64_mix(seed ^ splitmix64_mix(epoch)); Fisher-Yates
 // from the back: for i = n-1 .. 1, swap p[i] with p[below(i + 1)].
-inline std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch,
-                                                   bool shuffle) {
-  std::vector<std::int64_t> p(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = i;
-  if (!shuffle) return p;
-  SplitMix64 rng(splitmix64_mix(seed ^ splitmix64_mix(static_cast<std::uint64_t>(epoch))));
-  for (std::int64_t i = n - 1; i > 0; --i) {
-    const auto j = static_cast<std::size_t>(rng.below(static_cast<std::uint64_t>(i) + 1));
-    std::swap(p[static_cast<std::size_t>(i)], p[j]);
-  }
-  return p;
-}
+DTRAIN_DECL std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch,
+                                                        bool shuffle);
 
 }  // namespace detail
 

@@ -19,12 +19,27 @@ DTRAIN_DECL auto SplitMix64::below(std::uint64_t bound) -> std::uint64_t {
     if (r >= threshold) return r % bound;
   }
 }
+DTRAIN_DECL std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch,
+                                                        bool shuffle) {
+  std::vector<std::int64_t> p(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = i;
+  if (!shuffle) return p;
+  SplitMix64 rng(splitmix64_mix(seed ^ splitmix64_mix(static_cast<std::uint64_t>(epoch))));
+  for (std::int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<std::size_t>(rng.below(static_cast<std::uint64_t>(i) + 1));
+    std::swap(p[static_cast<std::size_t>(i)], p[j]);
+  }
+  return p;
+}
+
 }  // namespace detail
 }  // namespace dtrain
 
 namespace dtrain {
 
-DTRAIN_DECL DistributedSampler::DistributedSampler(std::int64_t dataset_size, int rank, int world_size, SamplerOptions options) : dataset_size_(dataset_size), rank_(rank), world_size_(world_size), options_(options) {
+DTRAIN_DECL DistributedSampler::DistributedSampler(std::int64_t dataset_size, int rank, int world_size,
+                                                   SamplerOptions options)
+    : dataset_size_(dataset_size), rank_(rank), world_size_(world_size), options_(options) {
   if (world_size < 1)
     throw config_error("DistributedSampler: world size " + std::to_string(world_size) + " is not positive",
                        "pass the number of ranks (at least 1)");

@@ -35,6 +35,31 @@ namespace detail {
 struct device_probe {
   DTRAIN_HOST_DEVICE float operator()(std::size_t) const { return 0.f; }
 };
+
+// The memory calls every device answers alike (the workspace and the
+// memory_* reports of the concept below), over the statistics its
+// allocators count into. A device derives from DeviceMemory<itself, its
+// allocator type> and gives it allocator(category) and, as a friend,
+// device_stats(): its device_memory.
+template <class Dev, BufferAllocator Alloc>
+class DeviceMemory {
+ public:
+  template <class T>
+  T* workspace(std::size_t n) {
+    return workspace_.template get<T>(static_cast<Dev&>(*this).allocator(memory_category::activations), n);
+  }
+
+  std::size_t memory_allocated() const noexcept { return stats().total().allocated(); }
+  std::size_t peak_memory_allocated() const noexcept { return stats().total().peak(); }
+  void reset_peak_memory_allocated() noexcept { stats().total().reset_peak(); }
+  MemoryUsage memory_by_category() const noexcept { return stats().current(); }
+  MemoryUsage peak_memory_by_category() const noexcept { return stats().peak(); }
+
+ private:
+  device_memory& stats() const noexcept { return static_cast<const Dev&>(*this).device_stats(); }
+
+  Workspace<Alloc> workspace_;
+};
 }  // namespace detail
 
 template <class D>

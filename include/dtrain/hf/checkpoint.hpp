@@ -17,6 +17,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
@@ -80,6 +81,24 @@ DTRAIN_DECL void merge_lora(std::vector<std::pair<ParamSlot, std::vector<float>>
 DTRAIN_DECL void write_pretrained_json(const std::filesystem::path& partial,
                                        const std::map<std::string, std::string>& file_of, std::size_t shards,
                                        std::uint64_t total_bytes, const LmConfig& config);
+
+// The steps of a save that rank 0 writes to `dir` through `partial`
+// ("<dir>.partial"), so that `dir` appears complete or not at all; `call`
+// names the saving function in messages.
+// Rank 0, first: refuses a `dir` that exists and is not empty, and makes an
+// empty `partial` (removing what an interrupted save of ours left there).
+DTRAIN_DECL void begin_save(const std::filesystem::path& dir, const std::filesystem::path& partial,
+                            std::string_view call);
+// Rank 0, last: renames `partial` to `dir` and syncs its parent directory
+// (`what`: the saved thing, for the message should that fail).
+DTRAIN_DECL void commit_save(const std::filesystem::path& dir, const std::filesystem::path& partial,
+                             const std::string& what);
+// Every rank, at the end: `error` is rank 0's failure ("" on the others, or
+// when it succeeded); after one, rank 0 removes `partial` and every rank
+// throws it. `key` names the gather in the store.
+DTRAIN_DECL void end_save(World& world, std::string_view key, std::string_view call,
+                          const std::filesystem::path& dir, const std::filesystem::path& partial,
+                          const std::string& error);
 }  // namespace detail
 
 // Writes the trainer's hf::CausalLm to `dir` as save_pretrained does: config.json
@@ -104,13 +123,7 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
       error = e.what();
     }
   };
-  guarded([&] {
-    if (fs::exists(dir) && !(fs::is_directory(dir) && fs::is_empty(dir)))
-      throw checkpoint_error("\"" + dir.string() + "\" exists and is not empty; save_pretrained never overwrites",
-                             "save to a new directory");
-    fs::remove_all(partial);  // what an interrupted save of ours left
-    fs::create_directories(partial);
-  });
+  guarded([&] { detail::begin_save(dir, partial, "save_pretrained"); });
   const auto theirs_of = transformers_names(config);
 
   struct Pending {
@@ -189,18 +202,9 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
       for (const auto& t : shards[i]) sorted[t] = file;
     }
     detail::write_pretrained_json(partial, sorted, n, total_bytes, config);
-    if (fs::exists(dir)) fs::remove(dir);  // empty, checked above
-    fs::rename(partial, dir);
-    dtrain::detail::sync_directory(dir.parent_path().empty() ? fs::path(".") : dir.parent_path(), "the saved model");
+    detail::commit_save(dir, partial, "the saved model");
   });
-  if (writer && !error.empty()) {
-    std::error_code ignored;
-    fs::remove_all(partial, ignored);
-  }
-  const auto all = world.all_gather("hf-save-pretrained", error);
-  if (!all[0].empty())
-    throw checkpoint_error("save_pretrained to \"" + dir.string() + "\" failed: " + all[0],
-                           "fix the cause (space, permissions) and save again; nothing was left at that path");
+  detail::end_save(world, "hf-save-pretrained", "save_pretrained", dir, partial, error);
 }
 
 // The same for a model with adapters: merged into the weights (see
@@ -247,26 +251,15 @@ void save_adapter(Trainer& trainer, const std::filesystem::path& dir, const Caus
   });
   if (writer) {
     try {
-      if (fs::exists(dir) && !(fs::is_directory(dir) && fs::is_empty(dir)))
-        throw checkpoint_error("\"" + dir.string() + "\" exists and is not empty; save_adapter never overwrites",
-                               "save to a new directory");
-      fs::remove_all(partial);
-      fs::create_directories(partial);
+      detail::begin_save(dir, partial, "save_adapter");
       w.write(partial / "adapter_model.safetensors");
       std::ofstream(partial / "adapter_config.json") << adapter_config_json(model.config, model.lora.config, base);
-      if (fs::exists(dir)) fs::remove(dir);
-      fs::rename(partial, dir);
-      dtrain::detail::sync_directory(dir.parent_path().empty() ? fs::path(".") : dir.parent_path(), "the adapter");
+      detail::commit_save(dir, partial, "the adapter");
     } catch (const std::exception& e) {
       error = e.what();
-      std::error_code ignored;
-      fs::remove_all(partial, ignored);
     }
   }
-  const auto all = world.all_gather("hf-save-adapter", error);
-  if (!all[0].empty())
-    throw checkpoint_error("save_adapter to \"" + dir.string() + "\" failed: " + all[0],
-                           "fix the cause (space, permissions) and save again; nothing was left at that path");
+  detail::end_save(world, "hf-save-adapter", "save_adapter", dir, partial, error);
 }
 
 // Loads the LoRA adapters in `dir` (adapter_model.safetensors, PEFT's names,

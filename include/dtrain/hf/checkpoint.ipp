@@ -33,6 +33,38 @@ DTRAIN_DECL void detail::write_pretrained_json(const std::filesystem::path& part
   write_json(partial / "config.json", cfg);
 }
 
+DTRAIN_DECL void detail::begin_save(const std::filesystem::path& dir, const std::filesystem::path& partial,
+                                    std::string_view call) {
+  namespace fs = std::filesystem;
+  if (fs::exists(dir) && !(fs::is_directory(dir) && fs::is_empty(dir)))
+    throw checkpoint_error("\"" + dir.string() + "\" exists and is not empty; " + std::string(call) +
+                               " never overwrites",
+                           "save to a new directory");
+  fs::remove_all(partial);  // what an interrupted save of ours left
+  fs::create_directories(partial);
+}
+
+DTRAIN_DECL void detail::commit_save(const std::filesystem::path& dir, const std::filesystem::path& partial,
+                                     const std::string& what) {
+  namespace fs = std::filesystem;
+  if (fs::exists(dir)) fs::remove(dir);  // empty, checked by begin_save
+  fs::rename(partial, dir);
+  dtrain::detail::sync_directory(dir.parent_path().empty() ? fs::path(".") : dir.parent_path(), what);
+}
+
+DTRAIN_DECL void detail::end_save(World& world, std::string_view key, std::string_view call,
+                                  const std::filesystem::path& dir, const std::filesystem::path& partial,
+                                  const std::string& error) {
+  if (world.rank() == 0 && !error.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(partial, ignored);
+  }
+  const auto all = world.all_gather(key, error);
+  if (!all[0].empty())
+    throw checkpoint_error(std::string(call) + " to \"" + dir.string() + "\" failed: " + all[0],
+                           "fix the cause (space, permissions) and save again; nothing was left at that path");
+}
+
 DTRAIN_DECL ParamSources open_checkpoint(const std::filesystem::path& dir, const TransformersNames& names) {
   namespace fs = std::filesystem;
   ParamSources s;
@@ -52,7 +84,8 @@ DTRAIN_DECL ParamSources open_checkpoint(const std::filesystem::path& dir, const
       throw checkpoint_error("\"" + index.string() + "\" has no weight_map", "re-save the model with save_pretrained");
     std::map<std::string, std::size_t> opened;
     for (const auto& [tensor, file] : j.at("weight_map").items()) {
-      if (!file.is_string()) throw checkpoint_error("\"" + index.string() + "\": weight_map[\"" + tensor + "\"] is not a file name");
+      if (!file.is_string())
+        throw checkpoint_error("\"" + index.string() + "\": weight_map[\"" + tensor + "\"] is not a file name");
       const std::string f = file.get<std::string>();
       if (f.find('/') != std::string::npos || f == "..")
         throw checkpoint_error("\"" + index.string() + "\": shard \"" + f + "\" is not a file name in the directory",
@@ -64,7 +97,8 @@ DTRAIN_DECL ParamSources open_checkpoint(const std::filesystem::path& dir, const
     for (std::size_t i = 0; i < s.files.size(); ++i)
       for (const auto& n : s.files[i].names())
         if (!file_of.contains(n))
-          throw checkpoint_error("\"" + s.files[i].path().string() + "\" holds \"" + n + "\", which the index does not list",
+          throw checkpoint_error("\"" + s.files[i].path().string() + "\" holds \"" + n +
+                                     "\", which the index does not list",
                                  "re-save the model with save_pretrained");
   } else if (fs::exists(single)) {
     s.files.push_back(SafetensorsFile::open(single));
@@ -139,7 +173,8 @@ DTRAIN_DECL void detail::merge_lora(std::vector<std::pair<ParamSlot, std::vector
         for (std::int64_t i = 0; i < in; ++i) row[static_cast<std::size_t>(i)] += bk * ak[i];
       }
       float* wo = w->second.data() + o * in;
-      for (std::int64_t i = 0; i < in; ++i) wo[i] = static_cast<float>(wo[i] + scale * row[static_cast<std::size_t>(i)]);
+      for (std::int64_t i = 0; i < in; ++i)
+        wo[i] = static_cast<float>(wo[i] + scale * row[static_cast<std::size_t>(i)]);
     }
   }
   std::erase_if(unit, [](const auto& t) {

@@ -20,12 +20,13 @@ template <class V>
 V number(const nlohmann::ordered_json& j, const std::string& where, const char* key, const V* fallback = nullptr) {
   if (!j.contains(key) || j.at(key).is_null()) {
     if (fallback != nullptr) return *fallback;
-    throw config_error(where + ": the key \"" + key + "\" is missing", "give the model's config.json as transformers wrote it");
+    throw config_error(where + ": the key \"" + key + "\" is missing",
+                       "give the model's config.json as transformers wrote it");
   }
   if (const auto x = ::dtrain::detail::json_number<V>(j.at(key))) return *x;
   throw config_error(where + ": \"" + key + "\" must be a number" +
-                         (std::is_integral_v<V> ? " (a whole one in range)" : " (finite, in float's range)") + ", not " +
-                         ::dtrain::detail::json_shown(j.at(key)),
+                         (std::is_integral_v<V> ? " (a whole one in range)" : " (finite, in float's range)") +
+                         ", not " + ::dtrain::detail::json_shown(j.at(key)),
                      "give the model's config.json as transformers wrote it");
 }
 
@@ -44,7 +45,8 @@ inline float rope_theta(const nlohmann::ordered_json& j, const std::string& wher
   const auto& rp = j.at("rope_parameters");
   const std::string in = where + ": rope_parameters";
   if (!rp.is_object())
-    throw config_error(in + " " + rp.dump() + " is not an object", "give the model's config.json as transformers wrote it");
+    throw config_error(in + " " + rp.dump() + " is not an object",
+                       "give the model's config.json as transformers wrote it");
   for (const auto& [key, value] : rp.items()) {
     if (key == "rope_theta") continue;
     if (key == "rope_type" || key == "type") {
@@ -77,14 +79,16 @@ DTRAIN_DECL void check_sizes(const LmConfig& c, const std::string& where, const 
                                  c.max_position_embeddings};
   for (std::size_t i = 0; i < keys.size(); ++i)
     if (values[i] < 1)
-      throw config_error(where + ": \"" + std::string(keys[i]) + "\" is " + std::to_string(values[i]) + "; it must be >= 1",
+      throw config_error(where + ": \"" + std::string(keys[i]) + "\" is " + std::to_string(values[i]) +
+                             "; it must be >= 1",
                          "give the model's config.json as transformers wrote it");
   // Every tensor's size (and offsets into the flat parameter buffer) is an
   // int64 product of these: a config whose parameters would not fit 2^53 is
   // refused before anything multiplies them.
   const long double h = static_cast<long double>(c.hidden_size);
-  const long double params = 2.0L * c.vocab_size * h + static_cast<long double>(c.max_position_embeddings) * h +
-                             static_cast<long double>(c.num_hidden_layers) * (4.0L * h * h + 3.0L * h * c.intermediate_size);
+  const long double params =
+      2.0L * c.vocab_size * h + static_cast<long double>(c.max_position_embeddings) * h +
+      static_cast<long double>(c.num_hidden_layers) * (4.0L * h * h + 3.0L * h * c.intermediate_size);
   if (params > 9007199254740992.0L)
     throw config_error(where + " describes about " + std::to_string(static_cast<double>(params)) +
                            " parameters, more than the 2^53 dtrain can address",
@@ -141,9 +145,11 @@ namespace dtrain::hf {
 
 DTRAIN_DECL LmConfig parse_config(const nlohmann::ordered_json& j, const std::string& where) {
   if (!j.is_object()) throw config_error(where + ": not a JSON object", "give the model's config.json");
-  const std::string type = j.contains("model_type") && j.at("model_type").is_string() ? j.at("model_type").get<std::string>() : "";
+  const std::string type =
+      j.contains("model_type") && j.at("model_type").is_string() ? j.at("model_type").get<std::string>() : "";
   if (type != "gpt2" && type != "llama" && type != "mistral" && type != "qwen2")
-    throw config_error(where + ": model_type \"" + type + "\" is not supported (supported: " + detail::supported_types() + ")",
+    throw config_error(where + ": model_type \"" + type + "\" is not supported (supported: " +
+                           detail::supported_types() + ")",
                        "fine-tune one of the supported architectures");
   if (type == "gpt2") return detail::parse_gpt2(j, where);
   LmConfig c;
@@ -174,8 +180,10 @@ DTRAIN_DECL LmConfig parse_config(const nlohmann::ordered_json& j, const std::st
     unsupported("head_dim " + j.at("head_dim").dump() + " other than hidden_size / num_attention_heads (" +
                     std::to_string(c.head_dim()) + ")",
                 "use a model whose head_dim is hidden_size / num_attention_heads");
-  const std::string act = j.contains("hidden_act") && j.at("hidden_act").is_string() ? j.at("hidden_act").get<std::string>() : "silu";
-  if (act != "silu") unsupported("hidden_act \"" + act + "\"", "dtrain's Llama-family MLP is SwiGLU (hidden_act \"silu\")");
+  const std::string act =
+      j.contains("hidden_act") && j.at("hidden_act").is_string() ? j.at("hidden_act").get<std::string>() : "silu";
+  if (act != "silu")
+    unsupported("hidden_act \"" + act + "\"", "dtrain's Llama-family MLP is SwiGLU (hidden_act \"silu\")");
   if (detail::flag(j, "mlp_bias", false)) unsupported("mlp_bias true", "use a model without MLP biases");
   if (type == "mistral" && j.contains("sliding_window") && !j.at("sliding_window").is_null() &&
       detail::number<std::int64_t>(j, where, "sliding_window") < c.max_position_embeddings)

@@ -77,12 +77,8 @@ struct LoraPlan {
   // An adapter on the output head (untied heads only).
   bool head = false;
 
-  bool adapted(std::int64_t layer, const std::string& ours) const {
-    if (!config.on()) return false;
-    for (const auto& o : layers.at(static_cast<std::size_t>(layer)))
-      if (o == ours) return true;
-    return false;
-  }
+  // Whether layer `layer`'s module `ours` has an adapter.
+  DTRAIN_DECL bool adapted(std::int64_t layer, const std::string& ours) const;
 };
 
 // Resolves the targets and modules_to_save on this model. Errors

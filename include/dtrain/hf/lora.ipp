@@ -89,6 +89,13 @@ inline void plan_saved_modules(const LmConfig& c, LoraPlan& plan) {
 }
 }  // namespace detail
 
+DTRAIN_DECL bool LoraPlan::adapted(std::int64_t layer, const std::string& ours) const {
+  if (!config.on()) return false;
+  for (const auto& o : layers.at(static_cast<std::size_t>(layer)))
+    if (o == ours) return true;
+  return false;
+}
+
 DTRAIN_DECL LoraPlan plan_lora(const LmConfig& c, const LoraConfig& lora) {
   LoraPlan plan{lora, std::vector<std::vector<std::string>>(static_cast<std::size_t>(c.num_hidden_layers))};
   if (lora.r < 0) throw config_error("lora_r " + std::to_string(lora.r) + " is negative", "give lora_r >= 1");
@@ -245,13 +252,15 @@ DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir) {
   };
   if (get("peft_type").is_string() && get("peft_type").get<std::string>() != "LORA")
     refuse("peft_type " + get("peft_type").get<std::string>(), "give a LoRA adapter");
-  if (get("use_dora").is_boolean() && get("use_dora").get<bool>()) refuse("use_dora (DoRA)", "train a plain LoRA adapter");
+  if (get("use_dora").is_boolean() && get("use_dora").get<bool>())
+    refuse("use_dora (DoRA)", "train a plain LoRA adapter");
   if (get("bias").is_string() && get("bias").get<std::string>() != "none")
     refuse("bias \"" + get("bias").get<std::string>() + "\"", "train the adapter with bias=\"none\"");
   for (const char* k : {"rank_pattern", "alpha_pattern"})
     if (!get(k).is_null() && !(get(k).is_object() && get(k).empty()))
       refuse(k, "train the adapter with one rank and alpha for every layer");
-  if (!get("layers_to_transform").is_null()) refuse("layers_to_transform", "adapt every layer, or name the layers' modules in target_modules");
+  if (!get("layers_to_transform").is_null())
+    refuse("layers_to_transform", "adapt every layer, or name the layers' modules in target_modules");
   LoraConfig lora;
   try {
     const auto number = [&]<class T>(const char* key, T& out) {
@@ -265,7 +274,8 @@ DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir) {
     if (!get("lora_alpha").is_null()) number("lora_alpha", lora.alpha);
     if (!get("lora_dropout").is_null()) number("lora_dropout", lora.dropout);
     if (get("use_rslora").is_boolean()) lora.rslora = get("use_rslora").get<bool>();
-    if (!get("modules_to_save").is_null()) lora.modules_to_save = get("modules_to_save").get<std::vector<std::string>>();
+    if (!get("modules_to_save").is_null())
+      lora.modules_to_save = get("modules_to_save").get<std::vector<std::string>>();
     const auto& t = get("target_modules");
     if (t.is_string()) {
       lora.targets = {t.get<std::string>()};
@@ -278,7 +288,8 @@ DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir) {
                                    "missing or of the wrong type (" + e.what() + ")",
                            "re-save the adapter with PEFT");
   }
-  if (lora.r < 1) throw checkpoint_error(where + ": r " + std::to_string(lora.r) + " is not a rank", "re-save the adapter");
+  if (lora.r < 1)
+    throw checkpoint_error(where + ": r " + std::to_string(lora.r) + " is not a rank", "re-save the adapter");
   return lora;
 }
 

@@ -83,12 +83,7 @@ struct TransformersNames {
   std::string optional_prefix;
   // Tensors a checkpoint may hold that are not parameters: GPT-2's causal
   // mask buffers, and lm_head.weight when the head is tied.
-  bool ignored(const std::string& name) const {
-    auto ends_with = [&](const std::string& s) {
-      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-    };
-    return (tied && name == "lm_head.weight") || (gpt2 && (ends_with(".attn.bias") || ends_with(".attn.masked_bias")));
-  }
+  DTRAIN_DECL bool ignored(const std::string& name) const;
   bool tied = false;
   bool gpt2 = false;
 };

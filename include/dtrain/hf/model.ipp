@@ -21,8 +21,9 @@ DTRAIN_DECL Block make_block(const LmConfig& c, const LoraPlan& lora, std::int64
     const nn::LayerNormOptions norm{.eps = c.norm_eps, .trainable = train};
     return Gpt2Block(
         c.hidden_size, nn::LayerNorm(c.hidden_size, norm),
-        nn::CausalSelfAttention(c.hidden_size, c.num_attention_heads,
-                                {.trainable = train, .qkv_lora = adapter("attn.qkv"), .proj_lora = adapter("attn.proj")}),
+        nn::CausalSelfAttention(
+            c.hidden_size, c.num_attention_heads,
+            {.trainable = train, .qkv_lora = adapter("attn.qkv"), .proj_lora = adapter("attn.proj")}),
         nn::LayerNorm(c.hidden_size, norm),
         nn::MLP<nn::GELUTanh>(c.hidden_size, c.intermediate_size,
                               {.trainable = train, .fc1_lora = adapter("mlp.fc1"), .fc2_lora = adapter("mlp.fc2")}));
@@ -64,7 +65,8 @@ DTRAIN_DECL CausalLm::CausalLm(LmConfig c, const LoraConfig& adapters)
             .tie_weight = config.tie_word_embeddings ? "0.weight" : "",
             .lora = lora.head ? adapters.options() : nn::LoraOptions{}}) {
   if (config.gpt2())
-    positions.emplace_back(config.max_position_embeddings, config.hidden_size, 0.02f, !adapters.on() || lora.save_positions);
+    positions.emplace_back(config.max_position_embeddings, config.hidden_size, 0.02f,
+                           !adapters.on() || lora.save_positions);
   blocks.reserve(static_cast<std::size_t>(config.num_hidden_layers));
   for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) blocks.push_back(make_block(config, lora, l));
 }
@@ -73,7 +75,8 @@ DTRAIN_DECL std::vector<std::string> unit_modules(const LmConfig& c) {
   const std::string base = c.gpt2() ? "transformer." : "model.";
   std::vector<std::string> m{base + (c.gpt2() ? "wte" : "embed_tokens")};
   if (c.gpt2()) m.push_back(base + "wpe");
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) m.push_back(base + (c.gpt2() ? "h." : "layers.") + std::to_string(l));
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    m.push_back(base + (c.gpt2() ? "h." : "layers.") + std::to_string(l));
   m.push_back(base + (c.gpt2() ? "ln_f" : "norm"));
   m.push_back("lm_head");
   return m;
@@ -104,6 +107,13 @@ DTRAIN_DECL std::vector<std::size_t> units_named(const LmConfig& c, const std::v
   for (std::size_t u = 0; u < modules.size(); ++u)
     if (chosen[u]) units.push_back(u);
   return units;
+}
+
+DTRAIN_DECL bool TransformersNames::ignored(const std::string& name) const {
+  auto ends_with = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return (tied && name == "lm_head.weight") || (gpt2 && (ends_with(".attn.bias") || ends_with(".attn.masked_bias")));
 }
 
 DTRAIN_DECL TransformersNames transformers_names(const LmConfig& c) {

@@ -53,13 +53,7 @@ DTRAIN_DECL void sync_directory(std::filesystem::path dir, const std::string& wh
 // and an existing file at `path` is untouched.
 class AtomicFile {
  public:
-  explicit AtomicFile(std::filesystem::path path) : path_(std::move(path)), tmp_(path_) {
-    tmp_ += ".tmp";
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      throw checkpoint_error("cannot create " + quoted_path(tmp_) + ": " + errno_text(),
-                             "check that the directory exists and is writable");
-  }
+  DTRAIN_DECL explicit AtomicFile(std::filesystem::path path);
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   DTRAIN_DECL ~AtomicFile();
@@ -74,12 +68,9 @@ class AtomicFile {
   bool committed_ = false;
 };
 
-inline void write_file_atomically(const std::filesystem::path& path,
-                                  std::span<const std::span<const std::byte>> pieces) {
-  AtomicFile file(path);
-  for (const auto piece : pieces) file.write(piece);
-  file.commit();
-}
+// `pieces` written one after the other to `path`, atomically (AtomicFile).
+DTRAIN_DECL void write_file_atomically(const std::filesystem::path& path,
+                                       std::span<const std::span<const std::byte>> pieces);
 
 }  // namespace dtrain::detail
 

@@ -38,6 +38,14 @@ DTRAIN_DECL void sync_directory(std::filesystem::path dir, const std::string& wh
                            "the file is complete, but a crash now could lose it; check the file system");
 }
 
+DTRAIN_DECL AtomicFile::AtomicFile(std::filesystem::path path) : path_(std::move(path)), tmp_(path_) {
+  tmp_ += ".tmp";
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw checkpoint_error("cannot create " + quoted_path(tmp_) + ": " + errno_text(),
+                           "check that the directory exists and is writable");
+}
+
 DTRAIN_DECL AtomicFile::~AtomicFile() {
   if (fd_ >= 0) ::close(fd_);
   if (!committed_) ::unlink(tmp_.c_str());
@@ -57,5 +65,14 @@ DTRAIN_DECL auto AtomicFile::commit() -> void {
   committed_ = true;
   sync_directory(path_.parent_path(), "wrote " + quoted_path(path_));
 }
+
+DTRAIN_DECL void write_file_atomically(const std::filesystem::path& path,
+                                       std::span<const std::span<const std::byte>> pieces) {
+  AtomicFile file(path);
+  for (const auto piece : pieces) file.write(piece);
+  file.commit();
+}
+
 }  // namespace dtrain::detail
+
 DTRAIN_IMPL_END

@@ -82,28 +82,7 @@ DTRAIN_DECL std::string encode_safetensors_header(std::span<const SafetensorsEnt
 // A read-only, private memory map of a whole file.
 class MappedFile {
  public:
-  explicit MappedFile(const std::filesystem::path& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw checkpoint_error("cannot open " + quoted_path(path) + ": " + errno_text(), "check the path");
-    struct ::stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const auto why = errno_text();
-      ::close(fd);
-      throw checkpoint_error("cannot stat " + quoted_path(path) + ": " + why, "check the path");
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
-    // mmap rejects length 0; an empty file simply has no bytes.
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        const auto why = errno_text();
-        ::close(fd);
-        throw checkpoint_error("cannot map " + quoted_path(path) + ": " + why, "check the file and free memory");
-      }
-      data_ = static_cast<const std::byte*>(p);
-    }
-    ::close(fd);  // the mapping keeps the file alive
-  }
+  DTRAIN_DECL explicit MappedFile(const std::filesystem::path& path);
   MappedFile(MappedFile&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   MappedFile& operator=(MappedFile&& o) noexcept {
     if (this != &o) {
@@ -131,7 +110,8 @@ class SafetensorsWriter {
  public:
   // Adds a tensor. The bytes are referenced, not copied (checkpoints are
   // large): they must stay valid until write() returns.
-  DTRAIN_DECL void add(std::string name, element_type dtype, std::vector<std::int64_t> shape, std::span<const std::byte> bytes);
+  DTRAIN_DECL void add(std::string name, element_type dtype, std::vector<std::int64_t> shape,
+                       std::span<const std::byte> bytes);
 
   // Typed form: the dtype follows from the element type. Temporaries are
   // refused at compile time, since the writer keeps only a view.
@@ -167,7 +147,8 @@ class SafetensorsWriter {
 // commit() makes the file appear atomically (as SafetensorsWriter does).
 class SafetensorsStreamWriter {
  public:
-  DTRAIN_DECL SafetensorsStreamWriter(const std::filesystem::path& path, std::vector<SafetensorsEntry> entries, const std::map<std::string, std::string>& metadata = {});
+  DTRAIN_DECL SafetensorsStreamWriter(const std::filesystem::path& path, std::vector<SafetensorsEntry> entries,
+                                      const std::map<std::string, std::string>& metadata = {});
 
   // The next tensor's bytes (entries in declaration order), whole.
   DTRAIN_DECL void write(std::span<const std::byte> bytes);

@@ -25,6 +25,29 @@ DTRAIN_DECL std::optional<std::uint64_t> shape_bytes(std::span<const std::int64_
   return n;
 }
 
+DTRAIN_DECL MappedFile::MappedFile(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw checkpoint_error("cannot open " + quoted_path(path) + ": " + errno_text(), "check the path");
+  struct ::stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const auto why = errno_text();
+    ::close(fd);
+    throw checkpoint_error("cannot stat " + quoted_path(path) + ": " + why, "check the path");
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  // mmap rejects length 0; an empty file simply has no bytes.
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const auto why = errno_text();
+      ::close(fd);
+      throw checkpoint_error("cannot map " + quoted_path(path) + ": " + why, "check the file and free memory");
+    }
+    data_ = static_cast<const std::byte*>(p);
+  }
+  ::close(fd);  // the mapping keeps the file alive
+}
+
 DTRAIN_DECL auto MappedFile::unmap() noexcept -> void {
   if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
 }
@@ -40,7 +63,9 @@ DTRAIN_DECL std::string encode_safetensors_header(std::span<const SafetensorsEnt
     if (!bytes)
       throw checkpoint_error("safetensors tensor '" + e.name + "' has an invalid shape " + shape_text(e.shape),
                              "give every dimension a non-negative size");
-    header[e.name] = {{"dtype", safetensors_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + *bytes}}};
+    header[e.name] = {{"dtype", safetensors_name(e.dtype)},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + *bytes}}};
     offset += *bytes;
   }
   std::string text;
@@ -60,7 +85,8 @@ DTRAIN_DECL std::string encode_safetensors_header(std::span<const SafetensorsEnt
 
 namespace dtrain {
 
-DTRAIN_DECL auto SafetensorsWriter::add(std::string name, element_type dtype, std::vector<std::int64_t> shape, std::span<const std::byte> bytes) -> void {
+DTRAIN_DECL auto SafetensorsWriter::add(std::string name, element_type dtype, std::vector<std::int64_t> shape,
+                                        std::span<const std::byte> bytes) -> void {
   if (name.empty() || name == "__metadata__")
     throw checkpoint_error("safetensors tensor name '" + name + "' is reserved or empty", "rename the tensor");
   if (std::ranges::any_of(tensors_, [&](const Entry& e) { return e.name == name; }))
@@ -89,7 +115,10 @@ DTRAIN_DECL auto SafetensorsWriter::write(const std::filesystem::path& path) con
   file.commit();
 }
 
-DTRAIN_DECL SafetensorsStreamWriter::SafetensorsStreamWriter(const std::filesystem::path& path, std::vector<SafetensorsEntry> entries, const std::map<std::string, std::string>& metadata) : path_(path), entries_(std::move(entries)), file_(path) {
+DTRAIN_DECL SafetensorsStreamWriter::SafetensorsStreamWriter(const std::filesystem::path& path,
+                                                             std::vector<SafetensorsEntry> entries,
+                                                             const std::map<std::string, std::string>& metadata)
+    : path_(path), entries_(std::move(entries)), file_(path) {
   const std::string header = detail::encode_safetensors_header(entries_, metadata, path);
   file_.write(std::as_bytes(std::span(header)));
 }
@@ -102,8 +131,8 @@ DTRAIN_DECL auto SafetensorsStreamWriter::write(std::span<const std::byte> bytes
   const auto& e = entries_[next_];
   const auto expected = *detail::shape_bytes(e.shape, element_bytes(e.dtype));
   if (bytes.size() != expected)
-    throw checkpoint_error("SafetensorsStreamWriter: tensor '" + e.name + "' was given " + std::to_string(bytes.size()) +
-                               " bytes, not " + std::to_string(expected),
+    throw checkpoint_error("SafetensorsStreamWriter: tensor '" + e.name + "' was given " +
+                               std::to_string(bytes.size()) + " bytes, not " + std::to_string(expected),
                            "write product(shape) * element size bytes per tensor");
   file_.write(bytes);
   ++next_;
@@ -157,7 +186,8 @@ DTRAIN_DECL auto SafetensorsFile::read_i64(std::string_view name) const -> std::
   }
 }
 
-DTRAIN_DECL auto SafetensorsFile::conversion_error(std::string_view name, element_type dtype, const char* supported) const -> checkpoint_error {
+DTRAIN_DECL auto SafetensorsFile::conversion_error(std::string_view name, element_type dtype,
+                                                   const char* supported) const -> checkpoint_error {
   return checkpoint_error("tensor '" + std::string(name) + "' in " + detail::quoted_path(path_) + " has dtype " +
                               std::string(safetensors_name(dtype)) + "; " + supported,
                           "read it with tensor(name) and convert it yourself");
@@ -218,7 +248,8 @@ DTRAIN_DECL auto SafetensorsFile::parse_tensor(const std::string& name, const nl
   if (!shape_json.is_array()) corrupt(what + " has a shape that is not an array");
   std::vector<std::int64_t> shape;
   for (const auto& d : shape_json) {
-    if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    if (!d.is_number_unsigned() ||
+        d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
       corrupt(what + " has an invalid dimension " + d.dump());
     shape.push_back(d.get<std::int64_t>());
   }

@@ -182,7 +182,8 @@ DTRAIN_ALWAYS_INLINE float sqrt_host(float x) {
   const u32 r = std::bit_cast<u32>(static_cast<float>(s));
   const u32 regular = -static_cast<u32>(bits - 1u < 0x7f7fffffu);  // 0 < x < +inf
   const u32 magnitude = bits & 0x7fffffffu;
-  const u32 pass = -static_cast<u32>(magnitude == 0u || magnitude > 0x7f800000u || bits == 0x7f800000u);  // +-0, NaN, +inf
+  // +-0, NaN, +inf
+  const u32 pass = -static_cast<u32>(magnitude == 0u || magnitude > 0x7f800000u || bits == 0x7f800000u);
   const u32 special = (bits & pass) | (0xffc00000u & ~pass);  // negative: the default NaN
   return std::bit_cast<float>((r & regular) | (special & ~regular));
 }

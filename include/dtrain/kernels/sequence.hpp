@@ -124,7 +124,8 @@ struct CausalSoftmax {
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void softmax_row(T* row, std::int64_t t, On on, const Row& lanes) const {
     const std::int64_t span = math::min_i64(time, (t + math::lanes) / math::lanes * math::lanes);
     constexpr float lowest = -3.0e38f;
-    const float mx = lanes.max(span, lowest, [&](std::int64_t j) { return on(j) ? static_cast<float>(row[j]) : lowest; });
+    const float mx =
+        lanes.max(span, lowest, [&](std::int64_t j) { return on(j) ? static_cast<float>(row[j]) : lowest; });
     // A column left out takes exp of a large negative number, exactly 0: a
     // select on the argument, not a branch around the exp, so the loops
     // over a row vectorise.
@@ -239,7 +240,9 @@ struct EmbeddingScatter {
       const auto f = [&](std::int64_t k, std::int64_t c) DTRAIN_LAMBDA_INLINE {
         return static_cast<float>(dy[rows[first + k] * dim + c]);
       };
-      const auto put = [&](std::int64_t c, float sum) DTRAIN_LAMBDA_INLINE { dtable[v * dim + c] = dtype_cast<T>(sum); };
+      const auto put = [&](std::int64_t c, float sum) DTRAIN_LAMBDA_INLINE {
+        dtable[v * dim + c] = dtype_cast<T>(sum);
+      };
       for (std::int64_t c0 = 0; c0 < dim; c0 += math::lanes)
         math::column_sums<math::lanes>(offsets[v + 1] - first, c0, math::min_i64(math::lanes, dim - c0), f, put);
       return;
@@ -273,7 +276,8 @@ struct AddPositions {
       const T* xr = x + r * dim;
       const T* tr = table + position(r) * dim;
       T* yr = y + r * dim;
-      for (std::int64_t c = 0; c < dim; ++c) yr[c] = dtype_cast<T>(static_cast<float>(xr[c]) + static_cast<float>(tr[c]));
+      for (std::int64_t c = 0; c < dim; ++c)
+        yr[c] = dtype_cast<T>(static_cast<float>(xr[c]) + static_cast<float>(tr[c]));
     } else {
       const auto n = static_cast<std::int64_t>(i), r = n / dim, c = n % dim;
       y[n] = dtype_cast<T>(static_cast<float>(x[n]) + static_cast<float>(table[position(r) * dim + c]));
@@ -298,7 +302,9 @@ struct PositionGrad {
       const auto f = [&](std::int64_t b, std::int64_t c) DTRAIN_LAMBDA_INLINE {
         return static_cast<float>(dy[(b * time + t) * dim + c]);
       };
-      const auto put = [&](std::int64_t c, float sum) DTRAIN_LAMBDA_INLINE { dtable[t * dim + c] = dtype_cast<T>(sum); };
+      const auto put = [&](std::int64_t c, float sum) DTRAIN_LAMBDA_INLINE {
+        dtable[t * dim + c] = dtype_cast<T>(sum);
+      };
       for (std::int64_t c0 = 0; c0 < dim; c0 += math::lanes)
         math::column_sums<math::lanes>(t < time ? batch : 0, c0, math::min_i64(math::lanes, dim - c0), f, put);
       return;

@@ -43,22 +43,12 @@ struct EvalBatch {
 // Named (sum, count) pairs; a metric's value is sum / count over all ranks.
 class MetricSums {
  public:
-  void add(std::string_view name, double sum, double count = 1) {
-    if (name.empty())
-      throw config_error("a metric added a sum with an empty name", "name every metric sum");
-    auto& e = sums_[std::string(name)];
-    e.first += sum;
-    e.second += count;
-  }
+  DTRAIN_DECL void add(std::string_view name, double sum, double count = 1);
   std::pair<double, double> get(const std::string& name) const {
     const auto it = sums_.find(name);
     return it == sums_.end() ? std::pair{0.0, 0.0} : it->second;
   }
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& [n, v] : sums_) out.push_back(n);
-    return out;
-  }
+  DTRAIN_DECL std::vector<std::string> names() const;
 
  private:
   std::map<std::string, std::pair<double, double>> sums_;

@@ -8,6 +8,23 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
+namespace dtrain {
+
+DTRAIN_DECL void MetricSums::add(std::string_view name, double sum, double count) {
+  if (name.empty()) throw config_error("a metric added a sum with an empty name", "name every metric sum");
+  auto& e = sums_[std::string(name)];
+  e.first += sum;
+  e.second += count;
+}
+
+DTRAIN_DECL std::vector<std::string> MetricSums::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, v] : sums_) out.push_back(n);
+  return out;
+}
+
+}  // namespace dtrain
+
 namespace dtrain::metrics {
 
 namespace detail {

@@ -117,34 +117,7 @@ class TensorBoardWriter {
  public:
   // Creates `dir` (with its parents) if needed and a new events file in it.
   // Throws dtrain::error naming the path when either cannot be created.
-  explicit TensorBoardWriter(const std::filesystem::path& dir) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec)
-      throw error("cannot create the TensorBoard folder " + detail::quoted_path(dir) + ": " + ec.message(),
-                  "choose a folder you can write to (or create it first)");
-    const double now = detail::unix_seconds_now();
-    const std::string base = "events.out.tfevents." + std::to_string(static_cast<std::int64_t>(now)) + "." +
-                             detail::host_name();
-    // O_EXCL: never append to, or truncate, another writer's file.
-    for (int n = 0; fd_ < 0; ++n) {
-      path_ = dir / (n == 0 ? base : base + "." + std::to_string(n));
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-      if (fd_ < 0 && errno != EEXIST)
-        throw error("cannot create the TensorBoard events file " + detail::quoted_path(path_) + ": " +
-                        detail::errno_text(),
-                    "check that the folder is writable and the disk not full");
-    }
-    detail::ProtoBuffer event;
-    event.double_field(1, now);                // Event.wall_time
-    event.bytes_field(3, "brain.Event:2");     // Event.file_version
-    try {
-      write_event(event);
-    } catch (...) {
-      close();
-      throw;
-    }
-  }
+  DTRAIN_DECL explicit TensorBoardWriter(const std::filesystem::path& dir);
 
   TensorBoardWriter(TensorBoardWriter&& other) noexcept
       : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), size_(other.size_) {}

@@ -83,7 +83,8 @@ DTRAIN_DECL auto ModelLayout::resolve(TiedSlot& t) const -> void {
   if (it == owner.end()) {
     std::string have;
     for (const auto& p : owner) have += (have.empty() ? "" : ", ") + p.name;
-    fail("which unit " + std::to_string(owner_unit) + " does not store (it has: " + (have.empty() ? "none" : have) + ")",
+    fail("which unit " + std::to_string(owner_unit) + " does not store (it has: " + (have.empty() ? "none" : have) +
+             ")",
          "name a stored parameter; a tied parameter cannot own another");
   }
   if (it->spec.shape != t.spec.shape)
@@ -112,7 +113,8 @@ DTRAIN_DECL auto ModelLayout::init_text(const Init& init) -> std::string {
 
 namespace dtrain {
 
-DTRAIN_DECL ModelLayout::ModelLayout(const std::vector<std::vector<ParamSpec>>& unit_params, std::size_t shards) : shards_(shards) {
+DTRAIN_DECL ModelLayout::ModelLayout(const std::vector<std::vector<ParamSpec>>& unit_params, std::size_t shards)
+    : shards_(shards) {
   if (shards < 1) throw config_error("ModelLayout: the shard count must be >= 1");
   units_.resize(unit_params.size());
   for (std::size_t u = unit_params.size(); u-- > 0;) {

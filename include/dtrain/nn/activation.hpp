@@ -108,7 +108,9 @@ struct relu_op {
 struct gelu_op {
   static constexpr float inv_sqrt2 = 0.70710678118654752f;
   static constexpr float inv_sqrt_2pi = 0.39894228040143268f;
-  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float forward(float x) { return 0.5f * x * (1.f + math::erf(x * inv_sqrt2)); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float forward(float x) {
+    return 0.5f * x * (1.f + math::erf(x * inv_sqrt2));
+  }
   // d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float backward(float x, float, float dy) {
     const float z = x * inv_sqrt2;
@@ -240,7 +242,8 @@ struct SwiGLU {
   std::int64_t out_features(std::int64_t in) const {
     if (in < 2 || in % 2 != 0)
       throw config_error("nn::SwiGLU: the input width " + std::to_string(in) + " is not 2 x hidden",
-                         "feed it a Linear(dim, 2 * hidden) whose first half is the gate, the second the up projection");
+                         "feed it a Linear(dim, 2 * hidden) whose first half is the gate, the second the up "
+                         "projection");
     return in / 2;
   }
 

@@ -57,8 +57,9 @@ class OneOf {
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> y,
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
-    std::visit([&]<class U>(U& u) { dtrain::detail::unit_backward<Dev, T>(u, dev, p, grad, no_batch(), x, y, dy, dx, ctx); },
-               unit_);
+    std::visit(
+        [&]<class U>(U& u) { dtrain::detail::unit_backward<Dev, T>(u, dev, p, grad, no_batch(), x, y, dy, dx, ctx); },
+        unit_);
   }
 
   // Without a context, as a hand-written loop calls plain units: rows are

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/fused_attention.hpp"
@@ -73,7 +74,8 @@ const DeviceTensor* attention_mask(const char* unit, const UnitContext<T>& ctx) 
                            std::to_string(ctx.shape.batch) + " sequences of " + std::to_string(ctx.shape.time),
                        "give attention_mask [B, T] like the ids: 1 for a token, 0 for padding");
   if (mask->type != element_type::i32 && mask->type != element_type::i64)
-    throw config_error(std::string(unit) + ": the batch's attention_mask holds " + std::string(element_name(mask->type)),
+    throw config_error(std::string(unit) + ": the batch's attention_mask holds " +
+                           std::string(element_name(mask->type)),
                        "give attention_mask as int32 or int64 (1: token, 0: padding)");
   return mask;
 }
@@ -96,8 +98,8 @@ const DeviceTensor* position_ids(const char* unit, const UnitContext<T>& ctx) {
     const std::int64_t t = r % time, want_next = t == 0 ? 0 : p[r - 1] + 1;
     if (p[r] != 0 && p[r] != want_next)
       throw config_error(std::string(unit) + ": position_ids of sequence " + std::to_string(r / time) + " go " +
-                             (t == 0 ? std::string("from ") : std::to_string(p[r - 1]) + " to ") + std::to_string(p[r]) +
-                             " at position " + std::to_string(t),
+                             (t == 0 ? std::string("from ") : std::to_string(p[r - 1]) + " to ") +
+                             std::to_string(p[r]) + " at position " + std::to_string(t),
                          "number each packed record's tokens 0, 1, 2, ... from its first");
   }
   return pos;
@@ -257,6 +259,116 @@ void projection_grads(Dev& dev, MatView<const T> in, MatView<const T> d_out, Mat
   if (!db.empty()) column_sum(dev, d_out, db.data);
 }
 
+// What the attention units (CausalSelfAttention, RotaryAttention) compute
+// alike, whatever their projections and positions.
+
+// The projection each unit ends with, y = merged Wo^T + bo (b may be null),
+// and the adapter on it: LoRA site `site` of the unit's adapters, whose saved
+// rows start at `lora_saved`.
+template <class Dev, class T>
+void output_projection(Dev& dev, const LoraSet& lora, std::size_t site, UnitParams<const T> p,
+                       MatView<const T> merged, const T* w, const T* b, MatView<T> y, T* lora_saved, LoraDraw draw) {
+  project(dev, merged, w, b, y.data, y.cols);
+  lora.forward(dev, site, p, merged, y.data, lora_saved, draw);
+}
+
+// Its backward: d_merged = dy Wo, the gradients of Wo and bo (dw, db: each
+// skipped when empty) and the adapter's, which adds its part to d_merged.
+template <class Dev, class T>
+void output_projection_backward(Dev& dev, const LoraSet& lora, std::size_t site, UnitParams<const T> p,
+                                UnitParams<T> grad, MatView<const T> merged, MatView<const T> dy, const T* w,
+                                MatView<T> dw, MatView<T> db, T* d_merged, T* lora_saved, LoraDraw draw) {
+  const std::int64_t N = merged.rows, in = merged.cols, out = dy.cols;
+  dev.gemm(false, false, N, in, out, 1.f, dy.data, out, w, in, 0.f, d_merged, in);
+  projection_grads(dev, merged, dy, dw, db);
+  lora.backward(dev, site, p, grad, merged, dy.data, lora_saved, MatView<T>{d_merged, N, in}, draw);
+}
+
+// The reference attention on q, k, v in the head layout [B, heads, T, hd]
+// (`l`, one part): the probabilities into att [B heads, T, T], o = att v
+// (head layout, scratch), then o merged into rows [B T, heads hd].
+template <class Dev, class T>
+void heads_attention(Dev& dev, const char* unit, HeadLayout l, const T* q, const T* k, const T* v, T* att, T* o,
+                     T* merged, const UnitContext<T>& ctx) {
+  const std::int64_t T_ = l.time, hd = l.head_dim, tt = T_ * T_, th = T_ * hd, bh = l.batch * l.heads;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  causal_gemm_batched(dev, causal_product::scores, T_, hd, scale, q, hd, th, k, hd, th, att, T_, tt, bh);
+  attention_softmax(dev, unit, att, l.heads, ctx);
+  causal_gemm_batched(dev, causal_product::apply, T_, hd, 1.f, att, T_, tt, v, hd, th, o, hd, th, bh);
+  permute_heads(dev, l, o, merged, false);
+}
+
+// Its backward from the merged heads' gradient d_merged: d_o (d_merged in
+// the head layout), d_att (the probabilities' gradient, then in place the
+// scores'), and d_q, d_k, d_v in the head layout.
+template <class Dev, class T>
+void heads_attention_backward(Dev& dev, HeadLayout l, const T* q, const T* k, const T* v, const T* att,
+                              const T* d_merged, T* d_o, T* d_att, T* d_q, T* d_k, T* d_v) {
+  const std::int64_t T_ = l.time, hd = l.head_dim, tt = T_ * T_, th = T_ * hd, bh = l.batch * l.heads;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  permute_heads(dev, l, d_merged, d_o, true);
+  causal_gemm_batched(dev, causal_product::scores, T_, hd, 1.f, d_o, hd, th, v, hd, th, d_att, T_, tt, bh);
+  causal_gemm_batched(dev, causal_product::apply_transposed, T_, hd, 1.f, att, T_, tt, d_o, hd, th, d_v, hd, th, bh);
+  dev.for_each(static_cast<std::size_t>(bh * T_),
+               CausalSoftmaxBackward<T>{att, d_att, T_, scale, causal_block_on<Dev>});
+  causal_gemm_batched(dev, causal_product::apply, T_, hd, 1.f, d_att, T_, tt, k, hd, th, d_q, hd, th, bh);
+  causal_gemm_batched(dev, causal_product::apply_transposed, T_, hd, 1.f, d_att, T_, tt, q, hd, th, d_k, hd, th, bh);
+}
+
+// cuDNN's fused attention (device/fused_attention.hpp) on a unit's q, k, v,
+// strided as `shape` says, into the merged heads, with the batch's key bias
+// (key_bias) or none, scaled by 1 / sqrt(head_dim) as heads_attention is.
+template <class Dev, class T>
+void fused_heads(Dev& dev, FusedAttentionShape shape, const T* bias, const T* q, const T* k, const T* v, T* merged,
+                 float* stats) {
+  shape.key_bias = bias != nullptr;
+  fused_attention_forward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(shape.head_dim)), q, k, v, bias,
+                                  merged, stats);
+}
+
+// Its backward: dq, dk, dv from the merged heads' gradient d_merged.
+template <class Dev, class T>
+void fused_heads_backward(Dev& dev, FusedAttentionShape shape, const T* bias, const T* q, const T* k, const T* v,
+                          const T* merged, const T* d_merged, const float* stats, T* dq, T* dk, T* dv) {
+  shape.key_bias = bias != nullptr;
+  fused_attention_backward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(shape.head_dim)), q, k, v, merged,
+                                   d_merged, stats, bias, dq, dk, dv);
+}
+
+// The choice every call of an attention unit makes: cuDNN's fused path where
+// it serves the call's shape (fused_attention), the unit's own GEMMs and
+// softmax otherwise; and the saved elements that path keeps, the adapters'
+// rows after them. A unit derives from AttentionPaths<itself> and lets it
+// (a friend) call its fused_shape, fused_saved<T>, lora_ and its paths:
+// fused_forward and fused_backward, own_forward and own_backward.
+template <class Unit>
+class AttentionPaths {
+ public:
+  template <class Dev, class T>
+  std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t in) const {
+    if (!fused_attention<Dev, T>(dev, unit().fused_shape(s))) return unit().saved_size(s, in);
+    return unit().template fused_saved<T>(s) + unit().lora_.saved_size(s.rows());
+  }
+
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    if (fused_attention<Dev, T>(dev, unit().fused_shape(ctx.shape))) return unit().fused_forward(dev, p, x, y, ctx);
+    unit().own_forward(dev, p, x, y, ctx);
+  }
+
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
+                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+    if (fused_attention<Dev, T>(dev, unit().fused_shape(ctx.shape)))
+      return unit().fused_backward(dev, p, grad, x, dy, dx, ctx);
+    unit().own_backward(dev, p, grad, x, dy, dx, ctx);
+  }
+
+ private:
+  Unit& unit() { return static_cast<Unit&>(*this); }
+  const Unit& unit() const { return static_cast<const Unit&>(*this); }
+};
+
 }  // namespace detail
 
 struct AttentionOptions {
@@ -268,51 +380,32 @@ struct AttentionOptions {
   LoraOptions proj_lora{};
 };
 
-class CausalSelfAttention {
+class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
  public:
-  CausalSelfAttention(std::int64_t dim, std::int64_t heads, AttentionOptions options = {})
-      : dim_(dim), heads_(heads), options_(options) {
-    if (dim < 1 || heads < 1 || dim % heads != 0)
-      throw config_error("nn::CausalSelfAttention(" + std::to_string(dim) + ", " + std::to_string(heads) +
-                             "): the width must be a positive multiple of the head count",
-                         "choose dim = heads x head_dim, e.g. 128 with 4 heads");
-    lora_ = detail::LoraSet(4, {detail::LoraSite("nn::CausalSelfAttention", "qkv", options.qkv_lora, dim, 3 * dim),
-                                detail::LoraSite("nn::CausalSelfAttention", "proj", options.proj_lora, dim, dim)});
-  }
+  DTRAIN_DECL CausalSelfAttention(std::int64_t dim, std::int64_t heads, AttentionOptions options = {});
 
   std::int64_t dim() const { return dim_; }
   std::int64_t heads() const { return heads_; }
 
-  std::vector<ParamSpec> params() const {
-    const Init w = Init::normal(0.f, options_.init_std);
-    const bool qkv = options_.trainable && !lora_.on(0), proj = options_.trainable && !lora_.on(1);
-    std::vector<ParamSpec> p{{"qkv.weight", {3 * dim_, dim_}, w, qkv},
-                             {"qkv.bias", {3 * dim_}, Init::zeros(), qkv, {}, {"bias"}},
-                             {"proj.weight", {dim_, dim_}, w, proj},
-                             {"proj.bias", {dim_}, Init::zeros(), proj, {}, {"bias"}}};
-    for (auto& a : lora_.params()) p.push_back(std::move(a));
-    return p;
-  }
+  DTRAIN_DECL std::vector<ParamSpec> params() const;
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::CausalSelfAttention", in, dim_); }
 
-  // (the adapters' rows after the attention's own activations)
+  // (the adapters' rows after the attention's own activations; saved_size_on,
+  // forward and backward: detail::AttentionPaths)
   std::int64_t saved_size(SeqShape s, std::int64_t) const {
     return 4 * s.rows() * dim_ + s.batch * heads_ * s.time * s.time + lora_.saved_size(s.rows());
   }
-  template <class Dev, class T>
-  std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t in) const {
-    if (!detail::fused_attention<Dev, T>(dev, fused_shape(s))) return saved_size(s, in);
-    return fused_saved<T>(s) + lora_.saved_size(s.rows());
-  }
+
+ private:
+  friend class detail::AttentionPaths<CausalSelfAttention>;
 
   template <class Dev, class T>
-  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
-    if (detail::fused_attention<Dev, T>(dev, fused_shape(ctx.shape))) return fused_forward(dev, p, x, y, ctx);
+  void own_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     const Parts<T> s = parts(p, x, ctx);
     detail::check_shape("nn::CausalSelfAttention", "output", y, x.rows, dim_);
-    const std::int64_t T_ = s.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd;
-    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
     if constexpr (Dev::host_accessible) {
+      const std::int64_t T_ = s.time, hd = head_dim(), tt = T_ * T_;
+      const float scale = 1.f / std::sqrt(static_cast<float>(hd));
       // q | k | v stay in the projection's rows: each (batch, head) is a
       // [time, head_dim] block with leading dimension 3 dim, read in place
       const std::int64_t C = dim_, ld = 3 * C;
@@ -333,40 +426,31 @@ class CausalSelfAttention {
       detail::project(dev, x, p[0].data, p[1].data, qkv, 3 * dim_);
       lora_.forward(dev, 0, p, x, qkv, s.lora, lora_draw(ctx));
       detail::permute_heads(dev, s.layout(3), qkv, s.q, true);
-      detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, scale, s.q, hd, th, s.k, hd, th, s.att,
-                                  T_, tt, s.bh);
-      detail::attention_softmax(dev, "nn::CausalSelfAttention", s.att, heads_, ctx);
-      detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, s.att, T_, tt, s.v, hd, th, o, hd,
-                                  th, s.bh);
-      detail::permute_heads(dev, s.layout(1), o, s.merged, false);
+      detail::heads_attention(dev, "nn::CausalSelfAttention", s.layout(1), s.q, s.k, s.v, s.att, o, s.merged, ctx);
     }
-    const MatView<const T> merged{s.merged, s.rows, dim_};
-    detail::project(dev, merged, p[2].data, p[3].data, y.data, dim_);
-    lora_.forward(dev, 1, p, merged, y.data, s.lora, lora_draw(ctx));
+    detail::output_projection(dev, lora_, 1, p, MatView<const T>{s.merged, s.rows, dim_}, p[2].data, p[3].data, y,
+                              s.lora, lora_draw(ctx));
   }
 
   template <class Dev, class T>
-  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
-                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
-    if (detail::fused_attention<Dev, T>(dev, fused_shape(ctx.shape))) return fused_backward(dev, p, grad, x, dy, dx, ctx);
+  void own_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> dy,
+                    MatView<T> dx, const UnitContext<T>& ctx) {
     const Parts<T> s = parts(p, x, ctx);
     detail::check_count("nn::CausalSelfAttention", "gradients", grad.size(), p.size());
     detail::check_shape("nn::CausalSelfAttention", "output gradient", dy, x.rows, dim_);
-    const std::int64_t N = s.rows, C = dim_, T_ = s.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd;
-    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    const std::int64_t N = s.rows, C = dim_, T_ = s.time, hd = head_dim(), tt = T_ * T_;
     // workspace: d_merged [N, C] | d_att | d_qkv [N, 3C] | (GPU) d_o, d_q d_k d_v in the head layout
     T* ws = dev.template workspace<T>(static_cast<std::size_t>((Dev::host_accessible ? 4 : 8) * N * C + s.bh * tt));
     T* d_merged = ws;
     T* d_att = d_merged + N * C;
     T* d_qkv = d_att + s.bh * tt;
-    dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[2].data, C, 0.f, d_merged, C);
-    detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
-    lora_.backward(dev, 1, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C},
-                   lora_draw(ctx));
+    detail::output_projection_backward(dev, lora_, 1, p, grad, MatView<const T>{s.merged, N, C}, dy, p[2].data,
+                                       grad[2], grad[3], d_merged, s.lora, lora_draw(ctx));
     if constexpr (Dev::host_accessible) {
       // the saved q | k | v and d_merged, d_qkv are read and written in their
       // rows, as in forward
       const std::int64_t ld = 3 * C;
+      const float scale = 1.f / std::sqrt(static_cast<float>(hd));
       for (std::int64_t b = 0; b < s.batch; ++b) {
         const T* qkv = s.q + b * T_ * ld;
         const T* d_o = d_merged + b * T_ * C;
@@ -393,23 +477,12 @@ class CausalSelfAttention {
       T* d_q = d_o + N * C;
       T* d_k = d_q + N * C;
       T* d_v = d_k + N * C;
-      detail::permute_heads(dev, s.layout(1), d_merged, d_o, true);
-      detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, d_att,
-                                  T_, tt, s.bh);
-      detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, s.att, T_, tt, d_o, hd,
-                                  th, d_v, hd, th, s.bh);
-      dev.for_each(static_cast<std::size_t>(s.bh * T_),
-                   CausalSoftmaxBackward<T>{s.att, d_att, T_, scale, detail::causal_block_on<Dev>});
-      detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, d_att, T_, tt, s.k, hd, th, d_q, hd,
-                                  th, s.bh);
-      detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, d_att, T_, tt, s.q, hd,
-                                  th, d_k, hd, th, s.bh);
+      detail::heads_attention_backward(dev, s.layout(1), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v);
       detail::permute_heads(dev, s.layout(3), d_q, d_qkv, false);
     }
     qkv_backward(dev, p, grad, x, d_qkv, s.lora, dx, lora_draw(ctx));
   }
 
- private:
   // The fused path: q | k | v stay in the projection's rows [N, 3 dim], the
   // attention writes the merged heads [N, dim] directly; kept: those two and
   // the statistics (float-aligned after them).
@@ -450,11 +523,8 @@ class CausalSelfAttention {
   Fused<T> fused_parts(Dev& dev, UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
     detail::check_count("nn::CausalSelfAttention", "parameters", p.size(), 4 + lora_.param_count());
     detail::check_shape("nn::CausalSelfAttention", "input", x, ctx.shape.rows(), dim_);
-    const std::int64_t want = saved_size_on<Dev, T>(dev, ctx.shape, dim_);
-    if (ctx.saved.size() < want)
-      throw config_error("nn::CausalSelfAttention: " + std::to_string(ctx.saved.size()) + " saved elements for " +
-                             std::to_string(want),
-                         "size the saved view with saved_size_of<T>(unit, device, shape, in)");
+    detail::check_saved("nn::CausalSelfAttention", ctx.saved.size(), saved_size_on<Dev, T>(dev, ctx.shape, dim_),
+                        "size the saved view with saved_size_of<T>(unit, device, shape, in)");
     const std::int64_t n = x.rows * dim_;
     return {ctx.saved.data, ctx.saved.data + 3 * n,
             reinterpret_cast<float*>(ctx.saved.data + detail::float_aligned<T>(4 * n)),
@@ -471,13 +541,9 @@ class CausalSelfAttention {
     const T* bias = detail::key_bias(dev, "nn::CausalSelfAttention", ctx, bias_ws);
     detail::project(dev, x, p[0].data, p[1].data, s.qkv, 3 * C);
     lora_.forward(dev, 0, p, x, s.qkv, s.lora, lora_draw(ctx));
-    FusedAttentionShape shape = fused_shape(ctx.shape);
-    shape.key_bias = bias != nullptr;
-    fused_attention_forward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.qkv, s.qkv + C,
-                                    s.qkv + 2 * C, bias, s.merged, s.stats);
-    const MatView<const T> merged{s.merged, x.rows, C};
-    detail::project(dev, merged, p[2].data, p[3].data, y.data, C);
-    lora_.forward(dev, 1, p, merged, y.data, s.lora, lora_draw(ctx));
+    detail::fused_heads(dev, fused_shape(ctx.shape), bias, s.qkv, s.qkv + C, s.qkv + 2 * C, s.merged, s.stats);
+    detail::output_projection(dev, lora_, 1, p, MatView<const T>{s.merged, x.rows, C}, p[2].data, p[3].data, y,
+                              s.lora, lora_draw(ctx));
   }
 
   template <class Dev, class T>
@@ -492,14 +558,10 @@ class CausalSelfAttention {
     T* d_merged = bias_ws + bt;
     T* d_qkv = d_merged + N * C;
     const T* bias = detail::key_bias(dev, "nn::CausalSelfAttention", ctx, bias_ws);
-    dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[2].data, C, 0.f, d_merged, C);
-    detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[2], grad[3]);
-    lora_.backward(dev, 1, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C},
-                   lora_draw(ctx));
-    FusedAttentionShape shape = fused_shape(ctx.shape);
-    shape.key_bias = bias != nullptr;
-    fused_attention_backward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.qkv, s.qkv + C,
-                                     s.qkv + 2 * C, s.merged, d_merged, s.stats, bias, d_qkv, d_qkv + C, d_qkv + 2 * C);
+    detail::output_projection_backward(dev, lora_, 1, p, grad, MatView<const T>{s.merged, N, C}, dy, p[2].data,
+                                       grad[2], grad[3], d_merged, s.lora, lora_draw(ctx));
+    detail::fused_heads_backward(dev, fused_shape(ctx.shape), bias, s.qkv, s.qkv + C, s.qkv + 2 * C, s.merged,
+                                 d_merged, s.stats, d_qkv, d_qkv + C, d_qkv + 2 * C);
     qkv_backward(dev, p, grad, x, d_qkv, s.lora, dx, lora_draw(ctx));
   }
 
@@ -522,10 +584,8 @@ class CausalSelfAttention {
   Parts<T> parts(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
     detail::check_count("nn::CausalSelfAttention", "parameters", p.size(), 4 + lora_.param_count());
     detail::check_shape("nn::CausalSelfAttention", "input", x, ctx.shape.rows(), dim_);
-    if (ctx.saved.size() < saved_size(ctx.shape, dim_))
-      throw config_error("nn::CausalSelfAttention: " + std::to_string(ctx.saved.size()) +
-                             " saved elements for " + std::to_string(saved_size(ctx.shape, dim_)),
-                         "pass the unit a UnitContext whose saved view holds saved_size(shape) elements");
+    detail::check_saved("nn::CausalSelfAttention", ctx.saved.size(), saved_size(ctx.shape, dim_),
+                        "pass the unit a UnitContext whose saved view holds saved_size(shape) elements");
     const std::int64_t n = x.rows * dim_;
     T* q = ctx.saved.data;
     T* att = q + 3 * n;
@@ -549,3 +609,7 @@ class CausalSelfAttention {
 #define DTRAIN_ATTENTION_FUNCTORS(EACH, SUM, T) \
   EACH(::dtrain::nn::detail::KeyBias<T, std::int32_t>) \
   EACH(::dtrain::nn::detail::KeyBias<T, std::int64_t>)
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/attention.ipp"
+#endif

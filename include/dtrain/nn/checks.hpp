@@ -23,6 +23,8 @@ DTRAIN_DECL std::string shape_string(std::int64_t rows, std::int64_t cols);
 [[noreturn]] DTRAIN_DECL void count_mismatch(std::string_view unit, std::string_view what, std::size_t got,
                                              std::size_t expected);
 [[noreturn]] DTRAIN_DECL void width_mismatch(std::string_view unit, std::int64_t in, std::int64_t expected);
+[[noreturn]] DTRAIN_DECL void saved_shortfall(std::string_view unit, std::int64_t have, std::int64_t want,
+                                              std::string_view fix);
 
 template <class T>
 void check_shape(std::string_view unit, std::string_view what, const MatView<T>& v, std::int64_t rows,
@@ -38,6 +40,12 @@ inline void check_count(std::string_view unit, std::string_view what, std::size_
 inline std::int64_t check_width(std::string_view unit, std::int64_t in, std::int64_t expected) {
   if (in != expected) width_mismatch(unit, in, expected);
   return expected;
+}
+
+// A call's saved view (UnitContext::saved) holds at least what the unit
+// keeps; `fix` says how the caller sizes it.
+inline void check_saved(std::string_view unit, std::int64_t have, std::int64_t want, std::string_view fix) {
+  if (have < want) saved_shortfall(unit, have, want, fix);
 }
 
 }  // namespace dtrain::nn::detail

@@ -34,6 +34,11 @@ DTRAIN_DECL void width_mismatch(std::string_view unit, std::int64_t in, std::int
                      "set the unit's feature count to the previous unit's out_features");
 }
 
+DTRAIN_DECL void saved_shortfall(std::string_view unit, std::int64_t have, std::int64_t want, std::string_view fix) {
+  throw config_error(std::string(unit) + ": " + std::to_string(have) + " saved elements for " + std::to_string(want),
+                     std::string(fix));
+}
+
 }  // namespace dtrain::nn::detail
 
 DTRAIN_IMPL_END

@@ -55,11 +55,7 @@ struct CopyElements {
 
 class Dropout {
  public:
-  explicit Dropout(float p = 0.1f) : p_(p) {
-    if (!(p >= 0.f && p < 1.f))
-      throw config_error("nn::Dropout(" + std::to_string(p) + "): the drop probability must be in [0, 1)",
-                         "use e.g. 0.1, or 0 for none");
-  }
+  DTRAIN_DECL explicit Dropout(float p = 0.1f);
 
   float p() const { return p_; }
   std::vector<ParamSpec> params() const { return {}; }
@@ -100,3 +96,7 @@ class Dropout {
 #define DTRAIN_DROPOUT_FUNCTORS(EACH, SUM, T) \
   EACH(::dtrain::nn::detail::DropoutApply<T, false>) \
   EACH(::dtrain::nn::detail::DropoutApply<T, true>)
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/dropout.ipp"
+#endif

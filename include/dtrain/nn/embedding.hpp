@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/kernels/sequence.hpp"
@@ -25,6 +26,32 @@
 
 namespace dtrain::nn {
 
+namespace detail {
+
+// dtable[k] = the sum of the rows of dy [n, dim] whose key is k, for the
+// keys [0, table_rows) (EmbeddingScatter: in row order, deterministic). The
+// rows are bucketed by key on the host, where the keys are, and the buckets
+// uploaded: offsets[k]..offsets[k + 1] index the rows of key k, in
+// increasing row order.
+template <class Dev, class T, class Key>
+void scatter_rows(Dev& dev, const Key* keys, std::size_t n, std::int64_t table_rows, const T* dy, T* dtable,
+                  std::int64_t dim) {
+  std::vector<std::int64_t> index(static_cast<std::size_t>(table_rows) + 1 + n, 0);
+  std::int64_t* offsets = index.data();
+  std::int64_t* rows = offsets + table_rows + 1;
+  for (std::size_t r = 0; r < n; ++r) ++offsets[static_cast<std::int64_t>(keys[r]) + 1];
+  for (std::int64_t v = 0; v < table_rows; ++v) offsets[v + 1] += offsets[v];
+  std::vector<std::int64_t> next(offsets, offsets + table_rows);
+  for (std::size_t r = 0; r < n; ++r) rows[next[static_cast<std::size_t>(keys[r])]++] = static_cast<std::int64_t>(r);
+  auto* on_device = dev.template workspace<std::int64_t>(index.size());
+  dev.copy_from_host(on_device, index.data(), index.size());
+  constexpr bool by_rows = Dev::host_accessible;
+  dev.for_each(static_cast<std::size_t>(by_rows ? table_rows : table_rows * dim),
+               EmbeddingScatter<T>{on_device, on_device + table_rows + 1, dy, dtable, dim, by_rows});
+}
+
+}  // namespace detail
+
 struct EmbeddingOptions {
   std::string input = "x";  // the batch tensor of ids
   float init_std = 0.02f;   // weight ~ N(0, init_std), as GPT-2
@@ -33,13 +60,7 @@ struct EmbeddingOptions {
 
 class Embedding {
  public:
-  Embedding(std::int64_t vocab, std::int64_t dim, EmbeddingOptions options = {})
-      : vocab_(vocab), dim_(dim), options_(std::move(options)) {
-    if (vocab < 1 || dim < 1)
-      throw config_error("nn::Embedding(" + std::to_string(vocab) + ", " + std::to_string(dim) +
-                             "): vocabulary and width must be >= 1",
-                         "give the number of distinct ids and the vector width");
-  }
+  DTRAIN_DECL Embedding(std::int64_t vocab, std::int64_t dim, EmbeddingOptions options = {});
 
   std::int64_t vocab() const { return vocab_; }
   std::vector<ParamSpec> params() const {
@@ -62,24 +83,10 @@ class Embedding {
                 MatView<const T> dy, const UnitContext<T>&) {
     if (grad[0].empty()) return;  // frozen
     const DeviceTensor& ids = checked_ids(batch, y.rows);
-    // Bucket the rows by id on the host: offsets[v]..offsets[v+1] index the
-    // rows holding id v, in increasing row order.
-    const auto n = static_cast<std::size_t>(ids.numel());
-    std::vector<std::int64_t> index(static_cast<std::size_t>(vocab_) + 1 + n, 0);
-    std::int64_t* offsets = index.data();
-    std::int64_t* rows = index.data() + vocab_ + 1;
     dispatch(ids, [&]<class Id>() {
-      const Id* host = ids.host_data<Id>();
-      for (std::size_t r = 0; r < n; ++r) ++offsets[static_cast<std::int64_t>(host[r]) + 1];
-      for (std::int64_t v = 0; v < vocab_; ++v) offsets[v + 1] += offsets[v];
-      std::vector<std::int64_t> next(offsets, offsets + vocab_);
-      for (std::size_t r = 0; r < n; ++r) rows[next[static_cast<std::size_t>(host[r])]++] = static_cast<std::int64_t>(r);
+      detail::scatter_rows(dev, ids.host_data<Id>(), static_cast<std::size_t>(ids.numel()), vocab_, dy.data,
+                           grad[0].data, dim_);
     });
-    auto* on_device = dev.template workspace<std::int64_t>(index.size());
-    dev.copy_from_host(on_device, index.data(), index.size());
-    constexpr bool by_rows = Dev::host_accessible;
-    dev.for_each(static_cast<std::size_t>(by_rows ? vocab_ : vocab_ * dim_),
-                 EmbeddingScatter<T>{on_device, on_device + vocab_ + 1, dy.data, grad[0].data, dim_, by_rows});
   }
 
  private:
@@ -93,22 +100,7 @@ class Embedding {
 
   // One id per output row, each in [0, vocab): checked on the host copy so a
   // bad id never reaches a kernel.
-  const DeviceTensor& checked_ids(const DeviceBatch& batch, std::int64_t rows) const {
-    const DeviceTensor& ids = batch.at(options_.input);
-    if (ids.numel() != rows)
-      throw config_error("nn::Embedding: " + std::to_string(ids.numel()) + " ids " + shape_text(ids.shape) + " for " +
-                             std::to_string(rows) + " output rows",
-                         "give one id per position: ids [B, T]");
-    dispatch(ids, [&]<class Id>() {
-      const Id* host = ids.host_data<Id>();
-      for (std::int64_t r = 0; r < rows; ++r)
-        if (host[r] < 0 || static_cast<std::int64_t>(host[r]) >= vocab_)
-          throw config_error("nn::Embedding: id " + std::to_string(static_cast<std::int64_t>(host[r])) +
-                                 " at position " + std::to_string(r) + " is outside [0, " + std::to_string(vocab_) + ")",
-                             "ids index the vocabulary: check the tokenizer and the model's vocabulary size");
-    });
-    return ids;
-  }
+  DTRAIN_DECL const DeviceTensor& checked_ids(const DeviceBatch& batch, std::int64_t rows) const;
 
   std::int64_t vocab_;
   std::int64_t dim_;
@@ -117,13 +109,8 @@ class Embedding {
 
 class PositionalEmbedding {
  public:
-  PositionalEmbedding(std::int64_t max_len, std::int64_t dim, float init_std = 0.02f, bool trainable = true)
-      : max_len_(max_len), dim_(dim), init_std_(init_std), trainable_(trainable) {
-    if (max_len < 1 || dim < 1)
-      throw config_error("nn::PositionalEmbedding(" + std::to_string(max_len) + ", " + std::to_string(dim) +
-                             "): length and width must be >= 1",
-                         "give the longest sequence and the vector width");
-  }
+  DTRAIN_DECL PositionalEmbedding(std::int64_t max_len, std::int64_t dim, float init_std = 0.02f,
+                                  bool trainable = true);
 
   std::vector<ParamSpec> params() const {
     return {{"weight", {max_len_, dim_}, Init::normal(0.f, init_std_), trainable_, {}, {"embedding"}}};
@@ -155,22 +142,9 @@ class PositionalEmbedding {
       return dev.for_each(static_cast<std::size_t>(by_rows ? max_len_ : max_len_ * dim_),
                           PositionGrad<T>{dy.data, grad[0].data, ctx.shape.batch, ctx.shape.time, dim_, by_rows});
     }
-    // Packed: the rows of each position bucketed on the host, in row order
-    // (offsets[p]..offsets[p+1]), summed per table element as nn::Embedding's.
-    const auto n = static_cast<std::size_t>(x.rows);
-    std::vector<std::int64_t> index(static_cast<std::size_t>(max_len_) + 1 + n, 0);
-    std::int64_t* offsets = index.data();
-    std::int64_t* rows = offsets + max_len_ + 1;
-    const std::int64_t* host = pos->host_data<std::int64_t>();
-    for (std::size_t r = 0; r < n; ++r) ++offsets[host[r] + 1];
-    for (std::int64_t v = 0; v < max_len_; ++v) offsets[v + 1] += offsets[v];
-    std::vector<std::int64_t> next(offsets, offsets + max_len_);
-    for (std::size_t r = 0; r < n; ++r) rows[next[static_cast<std::size_t>(host[r])]++] = static_cast<std::int64_t>(r);
-    auto* on_device = dev.template workspace<std::int64_t>(index.size());
-    dev.copy_from_host(on_device, index.data(), index.size());
-    constexpr bool by_rows = Dev::host_accessible;
-    dev.for_each(static_cast<std::size_t>(by_rows ? max_len_ : max_len_ * dim_),
-                 EmbeddingScatter<T>{on_device, on_device + max_len_ + 1, dy.data, grad[0].data, dim_, by_rows});
+    // Packed: each position's rows summed per table element as nn::Embedding's.
+    detail::scatter_rows(dev, pos->host_data<std::int64_t>(), static_cast<std::size_t>(x.rows), max_len_, dy.data,
+                         grad[0].data, dim_);
   }
 
  private:
@@ -208,3 +182,7 @@ class PositionalEmbedding {
 };
 
 }  // namespace dtrain::nn
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/embedding.ipp"
+#endif

@@ -139,11 +139,7 @@ struct LayerNormOptions {
 
 class LayerNorm {
  public:
-  explicit LayerNorm(std::int64_t features, LayerNormOptions options = {}) : features_(features), options_(options) {
-    if (features < 1)
-      throw config_error("nn::LayerNorm(" + std::to_string(features) + "): the feature count must be >= 1",
-                         "give the width of the rows to normalise");
-  }
+  DTRAIN_DECL explicit LayerNorm(std::int64_t features, LayerNormOptions options = {});
 
   std::int64_t features() const noexcept { return features_; }
 
@@ -207,3 +203,7 @@ class LayerNorm {
   EACH(::dtrain::nn::detail::LayerNormForward<T>) \
   EACH(::dtrain::nn::detail::LayerNormBackwardInput<T>) \
   EACH(::dtrain::nn::detail::LayerNormBackwardParams<T>)
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/layer_norm.ipp"
+#endif

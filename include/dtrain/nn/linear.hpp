@@ -104,17 +104,12 @@ class Linear {
 
  private:
   std::size_t base_params() const { return options_.bias ? 2 : 1; }
-  void no_lora_here() const {
-    if (lora_.any())
-      throw config_error("nn::Linear: a LoRA adapter needs the call with a UnitContext (its saved view)",
-                         "call forward/backward with the context (saved_size(shape, in) elements)");
-  }
+  // Throws when the unit has an adapter (a call without a UnitContext).
+  DTRAIN_DECL void no_lora_here() const;
   template <class T>
   void check_saved(MatView<const T> x, const UnitContext<T>& ctx) const {
-    if (ctx.saved.size() < lora_.saved_size(x.rows))
-      throw config_error("nn::Linear: " + std::to_string(ctx.saved.size()) + " saved elements for " +
-                             std::to_string(lora_.saved_size(x.rows)),
-                         "size the saved view with saved_size(shape, in)");
+    detail::check_saved("nn::Linear", ctx.saved.size(), lora_.saved_size(x.rows),
+                        "size the saved view with saved_size(shape, in)");
   }
 
   // With a bias, y starts as the broadcast bias and the GEMM adds x * W^T

@@ -31,6 +31,12 @@ DTRAIN_DECL std::vector<ParamSpec> Linear::params() const {
   return specs;
 }
 
+DTRAIN_DECL void Linear::no_lora_here() const {
+  if (lora_.any())
+    throw config_error("nn::Linear: a LoRA adapter needs the call with a UnitContext (its saved view)",
+                       "call forward/backward with the context (saved_size(shape, in) elements)");
+}
+
 }  // namespace dtrain::nn
 
 DTRAIN_IMPL_END

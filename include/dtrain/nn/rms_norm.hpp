@@ -24,7 +24,8 @@ namespace detail {
 
 template <class T, class Row>
 DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE float inverse_rms(const T* row, std::int64_t n, float eps, const Row& lanes) {
-  const float sq = lanes.sum(n, [&](std::int64_t c) { return static_cast<float>(row[c]) * static_cast<float>(row[c]); });
+  const float sq =
+      lanes.sum(n, [&](std::int64_t c) { return static_cast<float>(row[c]) * static_cast<float>(row[c]); });
   return 1.f / math::sqrt(sq / static_cast<float>(n) + eps);
 }
 
@@ -112,19 +113,14 @@ struct RmsNormOptions {
 
 class RMSNorm {
  public:
-  explicit RMSNorm(std::int64_t features, RmsNormOptions options = {}) : features_(features), options_(options) {
-    if (features < 1)
-      throw config_error("nn::RMSNorm(" + std::to_string(features) + "): the feature count must be >= 1",
-                         "give the width of the rows to normalise");
-    if (!(options.eps > 0.f))
-      throw config_error("nn::RMSNorm: eps must be > 0 (got " + std::to_string(options.eps) + ")",
-                         "use the model's rms_norm_eps, e.g. 1e-6 or 1e-5");
-  }
+  DTRAIN_DECL explicit RMSNorm(std::int64_t features, RmsNormOptions options = {});
 
   std::int64_t features() const noexcept { return features_; }
   float eps() const noexcept { return options_.eps; }
 
-  std::vector<ParamSpec> params() const { return {{"weight", {features_}, Init::ones(), options_.trainable, {}, {"norm"}}}; }
+  std::vector<ParamSpec> params() const {
+    return {{"weight", {features_}, Init::ones(), options_.trainable, {}, {"norm"}}};
+  }
 
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::RMSNorm", in, features_); }
 
@@ -175,3 +171,7 @@ class RMSNorm {
   EACH(::dtrain::nn::detail::RmsNormForward<T>) \
   EACH(::dtrain::nn::detail::RmsNormBackwardInput<T>) \
   EACH(::dtrain::nn::detail::RmsNormBackwardWeight<T>)
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/rms_norm.ipp"
+#endif

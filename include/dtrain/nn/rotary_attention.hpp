@@ -140,7 +140,8 @@ struct ToRotatedHeads {
     const std::int64_t b = bh / s.heads, h = bh % s.heads;
     const std::int64_t src_head = part == 0 ? h : h / s.group();
     const std::int64_t width = (part == 0 ? s.heads : s.kv_heads) * s.head_dim;
-    const T* row = (part == 0 ? q_rows : part == 1 ? k_rows : v_rows) + (b * s.time + t) * width + src_head * s.head_dim;
+    const T* row =
+        (part == 0 ? q_rows : part == 1 ? k_rows : v_rows) + (b * s.time + t) * width + src_head * s.head_dim;
     float out = static_cast<float>(row[d]);
     if (s.rope && part < 2) {
       const std::int64_t half = s.head_dim / 2, f = d % half, p = s.position(b, t);
@@ -167,7 +168,8 @@ struct ToRotatedHeads {
       const float* c = cos_t + s.position(b, t) * half;
       const float* sn = sin_t + s.position(b, t) * half;
       for (std::int64_t d = d0; d < (d1 < half ? d1 : half); ++d)
-        out[d] = dtype_cast<T>(rotate_pair(static_cast<float>(row[d]), static_cast<float>(row[d + half]), c[d], sn[d]).a);
+        out[d] =
+            dtype_cast<T>(rotate_pair(static_cast<float>(row[d]), static_cast<float>(row[d + half]), c[d], sn[d]).a);
       for (std::int64_t d = (d0 > half ? d0 : half); d < d1; ++d) {
         const std::int64_t f = d - half;
         out[d] = dtype_cast<T>(rotate_pair(static_cast<float>(row[f]), static_cast<float>(row[d]), c[f], sn[f]).b);
@@ -292,63 +294,27 @@ struct RotaryAttentionOptions {
   LoraOptions o_lora{};
 };
 
-class RotaryAttention {
+class RotaryAttention : public detail::AttentionPaths<RotaryAttention> {
  public:
-  RotaryAttention(std::int64_t dim, std::int64_t heads, RotaryAttentionOptions options = {})
-      : dim_(dim), heads_(heads), kv_heads_(options.kv_heads == 0 ? heads : options.kv_heads), options_(options) {
-    const std::string what = "nn::RotaryAttention(" + std::to_string(dim) + ", " + std::to_string(heads) + ")";
-    if (dim < 1 || heads < 1 || dim % heads != 0)
-      throw config_error(what + ": the width must be a positive multiple of the head count",
-                         "choose dim = heads x head_dim, e.g. 128 with 4 heads");
-    if (kv_heads_ < 1 || heads % kv_heads_ != 0)
-      throw config_error(what + ": kv_heads " + std::to_string(options.kv_heads) + " does not divide the heads",
-                         "give num_key_value_heads dividing num_attention_heads (1 for multi-query)");
-    if (options.rope_theta < 0.f || (options.rope_theta > 0.f && head_dim() % 2 != 0))
-      throw config_error(what + ": rotary embedding needs an even head_dim and rope_theta >= 0",
-                         "use an even head_dim, or rope_theta = 0 for no rotary embedding");
-    const std::int64_t kv = kv_heads_ * head_dim();
-    lora_ = detail::LoraSet(base_count(), {detail::LoraSite(what, "q", options.q_lora, dim, dim),
-                                           detail::LoraSite(what, "k", options.k_lora, dim, kv),
-                                           detail::LoraSite(what, "v", options.v_lora, dim, kv),
-                                           detail::LoraSite(what, "o", options.o_lora, dim, dim)});
-  }
+  DTRAIN_DECL RotaryAttention(std::int64_t dim, std::int64_t heads, RotaryAttentionOptions options = {});
 
   std::int64_t dim() const { return dim_; }
   std::int64_t heads() const { return heads_; }
   std::int64_t kv_heads() const { return kv_heads_; }
   std::int64_t head_dim() const { return dim_ / heads_; }
 
-  std::vector<ParamSpec> params() const {
-    const Init w = Init::normal(0.f, options_.init_std);
-    const std::int64_t hd = head_dim(), kv = kv_heads_ * hd;
-    // a projection with an adapter is frozen, its bias too
-    const auto train = [&](std::size_t i) { return options_.trainable && !lora_.on(i); };
-    std::vector<ParamSpec> p{{"q.weight", {dim_, dim_}, w, train(0)},
-                             {"k.weight", {kv, dim_}, w, train(1)},
-                             {"v.weight", {kv, dim_}, w, train(2)},
-                             {"o.weight", {dim_, dim_}, w, train(3)}};
-    if (options_.qkv_bias) {
-      p.push_back({"q.bias", {dim_}, Init::zeros(), train(0), {}, {"bias"}});
-      p.push_back({"k.bias", {kv}, Init::zeros(), train(1), {}, {"bias"}});
-      p.push_back({"v.bias", {kv}, Init::zeros(), train(2), {}, {"bias"}});
-    }
-    if (options_.out_bias) p.push_back({"o.bias", {dim_}, Init::zeros(), train(3), {}, {"bias"}});
-    for (auto& a : lora_.params()) p.push_back(std::move(a));
-    return p;
-  }
+  DTRAIN_DECL std::vector<ParamSpec> params() const;
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::RotaryAttention", in, dim_); }
 
-  // (the adapters' rows after the attention's own activations)
+  // (the adapters' rows after the attention's own activations; saved_size_on,
+  // forward and backward: detail::AttentionPaths)
   std::int64_t saved_size(SeqShape s, std::int64_t) const { return own_saved(s) + lora_.saved_size(s.rows()); }
-  template <class Dev, class T>
-  std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t in) const {
-    if (!detail::fused_attention<Dev, T>(dev, fused_shape(s))) return saved_size(s, in);
-    return fused_saved<T>(s) + lora_.saved_size(s.rows());
-  }
+
+ private:
+  friend class detail::AttentionPaths<RotaryAttention>;
 
   template <class Dev, class T>
-  void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
-    if (detail::fused_attention<Dev, T>(dev, fused_shape(ctx.shape))) return fused_forward(dev, p, x, y, ctx);
+  void own_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     const Parts<T> s = parts(p, x, ctx);
     detail::check_shape("nn::RotaryAttention", "output", y, x.rows, dim_);
     const std::int64_t N = x.rows, kv = kv_heads_ * head_dim();
@@ -366,26 +332,19 @@ class RotaryAttention {
       lora_.forward(dev, i, p, x, i == 0 ? q_rows : i == 1 ? k_rows : v_rows, lora, lora_draw(ctx));
     dev.for_each(static_cast<std::size_t>(3 * s.g.head_elems()),
                  detail::ToRotatedHeads<T>{s.g, q_rows, k_rows, v_rows, rope.cos_t, rope.sin_t, s.q});
-    const std::int64_t T_ = s.g.time, hd = head_dim(), tt = T_ * T_, th = T_ * hd, bh = s.g.batch * heads_;
-    detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, 1.f / std::sqrt(static_cast<float>(hd)),
-                                s.q, hd, th, s.k, hd, th, s.att, T_, tt, bh);
-    detail::attention_softmax(dev, "nn::RotaryAttention", s.att, heads_, ctx);
-    detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, s.att, T_, tt, s.v, hd, th, o, hd, th,
-                                bh);
-    detail::permute_heads(dev, s.heads_layout(), o, s.merged, false);
-    detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
-    lora_.forward(dev, 3, p, MatView<const T>{s.merged, N, dim_}, y.data, lora, lora_draw(ctx));
+    detail::heads_attention(dev, "nn::RotaryAttention", s.heads_layout(), s.q, s.k, s.v, s.att, o, s.merged, ctx);
+    detail::output_projection(dev, lora_, 3, p, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y,
+                              lora, lora_draw(ctx));
   }
 
   template <class Dev, class T>
-  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
-                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
-    if (detail::fused_attention<Dev, T>(dev, fused_shape(ctx.shape))) return fused_backward(dev, p, grad, x, dy, dx, ctx);
+  void own_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> dy,
+                    MatView<T> dx, const UnitContext<T>& ctx) {
     const Parts<T> s = parts(p, x, ctx);
     detail::check_count("nn::RotaryAttention", "gradients", grad.size(), p.size());
     detail::check_shape("nn::RotaryAttention", "output gradient", dy, x.rows, dim_);
-    const std::int64_t N = x.rows, C = dim_, kv = kv_heads_ * head_dim(), T_ = s.g.time, hd = head_dim();
-    const std::int64_t tt = T_ * T_, th = T_ * hd, bh = s.g.batch * heads_;
+    const std::int64_t N = x.rows, C = dim_, kv = kv_heads_ * head_dim(), T_ = s.g.time;
+    const std::int64_t tt = T_ * T_, bh = s.g.batch * heads_;
     // workspace: d_merged [N, C] | d_o | d_att | d_q d_k d_v (heads layout) | dq dk dv rows | rope
     const std::size_t n_ws = static_cast<std::size_t>(5 * N * C + bh * tt + N * (C + 2 * kv)) + rope_elems<T>(s.g);
     T* d_merged = dev.template workspace<T>(n_ws);
@@ -400,28 +359,14 @@ class RotaryAttention {
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(dv_rows + N * kv));
 
     T* lora = ctx.saved.data + own_saved(ctx.shape);
-    dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[3].data, C, 0.f, d_merged, C);
-    detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[3], bias(grad, 3));
-    lora_.backward(dev, 3, p, grad, MatView<const T>{s.merged, N, C}, dy.data, lora, MatView<T>{d_merged, N, C},
-                   lora_draw(ctx));
-    detail::permute_heads(dev, s.heads_layout(), d_merged, d_o, true);
-    detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, 1.f, d_o, hd, th, s.v, hd, th, d_att, T_,
-                                tt, bh);
-    detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, s.att, T_, tt, d_o, hd, th,
-                                d_v, hd, th, bh);
-    dev.for_each(static_cast<std::size_t>(bh * T_),
-                 CausalSoftmaxBackward<T>{s.att, d_att, T_, 1.f / std::sqrt(static_cast<float>(hd)),
-                                          detail::causal_block_on<Dev>});
-    detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, d_att, T_, tt, s.k, hd, th, d_q, hd, th,
-                                bh);
-    detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, d_att, T_, tt, s.q, hd, th,
-                                d_k, hd, th, bh);
+    detail::output_projection_backward(dev, lora_, 3, p, grad, MatView<const T>{s.merged, N, C}, dy, p[3].data,
+                                       grad[3], bias(grad, 3), d_merged, lora, lora_draw(ctx));
+    detail::heads_attention_backward(dev, s.heads_layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v);
     dev.for_each(static_cast<std::size_t>(N * (C + 2 * kv)),
                  detail::FromRotatedHeads<T>{s.g, d_q, rope.cos_t, rope.sin_t, dq_rows, dk_rows, dv_rows});
     projections_backward(dev, p, grad, x, dq_rows, dk_rows, dv_rows, lora, dx, lora_draw(ctx));
   }
 
- private:
   std::size_t base_count() const { return 4 + (options_.qkv_bias ? 3 : 0) + (options_.out_bias ? 1 : 0); }
   std::int64_t own_saved(SeqShape s) const { return 4 * s.rows() * dim_ + s.batch * heads_ * s.time * s.time; }
   template <class T>
@@ -495,8 +440,9 @@ class RotaryAttention {
     const std::int64_t half = g.head_dim / 2;
     dev.for_each(static_cast<std::size_t>(g.rows() * g.heads * half),
                  detail::RotatePairs<T>{q, g.heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse, g.positions});
-    dev.for_each(static_cast<std::size_t>(g.rows() * g.kv_heads * half),
-                 detail::RotatePairs<T>{k, g.kv_heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse, g.positions});
+    dev.for_each(
+        static_cast<std::size_t>(g.rows() * g.kv_heads * half),
+        detail::RotatePairs<T>{k, g.kv_heads, g.head_dim, g.time, rope.cos_t, rope.sin_t, inverse, g.positions});
   }
 
   template <class Dev, class T>
@@ -514,12 +460,9 @@ class RotaryAttention {
     for (std::size_t i = 0; i < 3; ++i)
       lora_.forward(dev, i, p, x, i == 0 ? s.q : i == 1 ? s.k : s.v, s.lora, lora_draw(ctx));
     rotate_rows(dev, s.g, rope, s.q, s.k, false);
-    FusedAttentionShape shape = fused_shape(ctx.shape);
-    shape.key_bias = kb != nullptr;
-    fused_attention_forward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.q, s.k, s.v, kb,
-                                    s.merged, s.stats);
-    detail::project(dev, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y.data, dim_);
-    lora_.forward(dev, 3, p, MatView<const T>{s.merged, N, dim_}, y.data, s.lora, lora_draw(ctx));
+    detail::fused_heads(dev, fused_shape(ctx.shape), kb, s.q, s.k, s.v, s.merged, s.stats);
+    detail::output_projection(dev, lora_, 3, p, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y,
+                              s.lora, lora_draw(ctx));
   }
 
   template <class Dev, class T>
@@ -538,14 +481,10 @@ class RotaryAttention {
     T* dv = dk + N * kv;
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(dv + N * kv));
     const T* kb = detail::key_bias(dev, "nn::RotaryAttention", ctx, bias_ws);
-    dev.gemm(false, false, N, C, C, 1.f, dy.data, C, p[3].data, C, 0.f, d_merged, C);
-    detail::projection_grads(dev, MatView<const T>{s.merged, N, C}, dy, grad[3], bias(grad, 3));
-    lora_.backward(dev, 3, p, grad, MatView<const T>{s.merged, N, C}, dy.data, s.lora, MatView<T>{d_merged, N, C},
-                   lora_draw(ctx));
-    FusedAttentionShape shape = fused_shape(ctx.shape);
-    shape.key_bias = kb != nullptr;
-    fused_attention_backward<Dev, T>(dev, shape, 1.f / std::sqrt(static_cast<float>(head_dim())), s.q, s.k, s.v,
-                                     s.merged, d_merged, s.stats, kb, dq, dk, dv);
+    detail::output_projection_backward(dev, lora_, 3, p, grad, MatView<const T>{s.merged, N, C}, dy, p[3].data,
+                                       grad[3], bias(grad, 3), d_merged, s.lora, lora_draw(ctx));
+    detail::fused_heads_backward(dev, fused_shape(ctx.shape), kb, s.q, s.k, s.v, s.merged, d_merged, s.stats, dq, dk,
+                                 dv);
     rotate_rows(dev, s.g, rope, dq, dk, true);  // the gradients of the projections' (unrotated) outputs
     projections_backward(dev, p, grad, x, dq, dk, dv, s.lora, dx, lora_draw(ctx));
   }
@@ -593,10 +532,8 @@ class RotaryAttention {
   void check_call(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx, std::int64_t want) const {
     detail::check_count("nn::RotaryAttention", "parameters", p.size(), base_count() + lora_.param_count());
     detail::check_shape("nn::RotaryAttention", "input", x, ctx.shape.rows(), dim_);
-    if (ctx.saved.size() < want)
-      throw config_error("nn::RotaryAttention: " + std::to_string(ctx.saved.size()) + " saved elements for " +
-                             std::to_string(want),
-                         "size the saved view with saved_size_of<T>(unit, device, shape, in)");
+    detail::check_saved("nn::RotaryAttention", ctx.saved.size(), want,
+                        "size the saved view with saved_size_of<T>(unit, device, shape, in)");
     if (options_.max_positions > 0 && ctx.shape.time > options_.max_positions)
       throw config_error("nn::RotaryAttention: a sequence of " + std::to_string(ctx.shape.time) +
                              " positions is longer than the model's " + std::to_string(options_.max_positions) +
@@ -638,3 +575,7 @@ class RotaryAttention {
   EACH(::dtrain::nn::detail::ToRotatedHeads<T>) \
   EACH(::dtrain::nn::detail::FromRotatedHeads<T>) \
   EACH(::dtrain::nn::detail::RotatePairs<T>)
+
+#if DTRAIN_DEFINE_IMPL
+#include "dtrain/nn/rotary_attention.ipp"
+#endif

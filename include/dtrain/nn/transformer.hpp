@@ -180,10 +180,8 @@ class MLP {
   template <class T>
   void check(UnitParams<const T> p, const UnitContext<T>& ctx) const {
     detail::check_count("nn::MLP", "parameters", p.size(), n1_ + n2_);
-    if (ctx.saved.size() < saved_size(ctx.shape, dim_))
-      throw config_error("nn::MLP: " + std::to_string(ctx.saved.size()) + " saved elements for " +
-                             std::to_string(saved_size(ctx.shape, dim_)),
-                         "pass a UnitContext whose saved view holds saved_size(shape) elements");
+    detail::check_saved("nn::MLP", ctx.saved.size(), saved_size(ctx.shape, dim_),
+                        "pass a UnitContext whose saved view holds saved_size(shape) elements");
   }
 
   std::int64_t dim_, hidden_;
@@ -267,11 +265,8 @@ class PreNormBlock {
   Parts<T> parts(Dev& dev, UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
     detail::check_count("nn::PreNormBlock", "parameters", p.size(), n_[0] + n_[1] + n_[2] + n_[3]);
     detail::check_shape("nn::PreNormBlock", "input", x, ctx.shape.rows(), dim_);
-    const std::int64_t want = saved_size_on<Dev, T>(dev, ctx.shape, dim_);
-    if (ctx.saved.size() < want)
-      throw config_error("nn::PreNormBlock: " + std::to_string(ctx.saved.size()) + " saved elements for " +
-                             std::to_string(want),
-                         "pass a UnitContext whose saved view holds saved_size(shape) elements");
+    detail::check_saved("nn::PreNormBlock", ctx.saved.size(), saved_size_on<Dev, T>(dev, ctx.shape, dim_),
+                        "pass a UnitContext whose saved view holds saved_size(shape) elements");
     detail::Carve<T> c(ctx.saved.data);
     const std::int64_t n = x.rows * dim_, na = saved_size_of<T>(attn_, dev, ctx.shape, dim_),
                        nm = saved_size_of<T>(mlp_, dev, ctx.shape, dim_);
@@ -304,8 +299,8 @@ struct TransformerBlockOptions {
 class TransformerBlock : public PreNormBlock<LayerNorm, CausalSelfAttention, GeluMLP> {
  public:
   TransformerBlock(std::int64_t dim, std::int64_t heads, TransformerBlockOptions options = {})
-      : PreNormBlock(dim, LayerNorm(dim, {.eps = options.eps}), CausalSelfAttention(dim, heads), LayerNorm(dim, {.eps = options.eps}),
-                     GeluMLP(dim, options.mlp_ratio * dim)) {}
+      : PreNormBlock(dim, LayerNorm(dim, {.eps = options.eps}), CausalSelfAttention(dim, heads),
+                     LayerNorm(dim, {.eps = options.eps}), GeluMLP(dim, options.mlp_ratio * dim)) {}
 };
 
 }  // namespace dtrain::nn

@@ -88,7 +88,8 @@ std::vector<std::uint8_t> element_groups(const ModelLayout& layout, const GroupP
     for (std::size_t i = 0; i < unit.params.size(); ++i) {
       const ParamSlot& slot = unit.params[i];
       if (!slot.spec.trainable) continue;
-      const std::size_t first = slot.offset - unit.train_offset, last = first + static_cast<std::size_t>(slot.spec.numel());
+      const std::size_t first = slot.offset - unit.train_offset;
+      const std::size_t last = first + static_cast<std::size_t>(slot.spec.numel());
       const std::size_t lo = std::max(first, r.begin), hi = std::min(last, r.begin + r.count);
       for (std::size_t e = lo; e < hi; ++e) ids[r.offset + (e - r.begin)] = plan.group_of[r.unit][i];
     }

@@ -51,7 +51,8 @@ class ConfigReader {
   // (a YAML list or "256,256") or std::vector<std::string>.
   template <class T>
   ConfigReader& add(std::string key, T& target, std::string help) {
-    add_key(key, std::move(help), form<T>(), show(target), [key, &target](const YAML::Node& v) { target = as<T>(v, key); });
+    add_key(key, std::move(help), form<T>(), show(target),
+            [key, &target](const YAML::Node& v) { target = as<T>(v, key); });
     return *this;
   }
 
@@ -126,7 +127,8 @@ class ConfigReader {
   // Sets one declared key from a YAML value.
   void set(const std::string& key, const YAML::Node& value) {
     for (const Key& k : keys_)
-      if (k.name == key && k.set) return k.set(value);  // a section heading has a name "" and no setter (found by fuzzing)
+      // a section heading has a name "" and no setter (found by fuzzing)
+      if (k.name == key && k.set) return k.set(value);
     throw config_error("unknown config key '" + key + "'", "run " + program_ + " --help for the list of keys");
   }
 
@@ -170,7 +172,8 @@ class ConfigReader {
       throw config_error("config '" + file + "' is not a mapping of keys to values", "write one `key: value` per line");
     for (const auto& kv : root) {
       if (!kv.first.IsScalar())
-        throw config_error("config '" + file + "' has a key that is not a plain name", "write one `key: value` per line");
+        throw config_error("config '" + file + "' has a key that is not a plain name",
+                           "write one `key: value` per line");
       set(kv.first.as<std::string>(), kv.second);
     }
   }
@@ -214,7 +217,10 @@ class ConfigReader {
   template <class T>
   static T as(const YAML::Node& n, const std::string& key) {
     const auto fail = [&]() -> T {
-      std::string value = n.IsScalar() ? "'" + n.Scalar() + "'" : n.IsSequence() ? "a list" : n.IsMap() ? "a map" : "nothing";
+      std::string value = n.IsScalar()     ? "'" + n.Scalar() + "'"
+                          : n.IsSequence() ? "a list"
+                          : n.IsMap()      ? "a map"
+                                           : "nothing";
       throw config_error("config key '" + key + "' = " + value + " is not " + form_phrase<T>(),
                          "give " + key + " " + form_phrase<T>());
     };

@@ -50,7 +50,8 @@ class GradReducer {
 
   // grads: the fp32 flat gradient laid out as in ModelLayout (reverse unit
   // order). When R is not fp32 the reducer owns a staging buffer in R.
-  GradReducer(Dev& dev, typename binding::comm_type& comm, std::vector<Bucket> buckets, float* grads, [[maybe_unused]] std::size_t numel);
+  GradReducer(Dev& dev, typename binding::comm_type& comm, std::vector<Bucket> buckets, float* grads,
+              std::size_t numel);
 
   // Backward finished unit u of the communicating micro-batch.
   void unit_done(std::size_t u);
@@ -71,7 +72,9 @@ class GradReducer {
 };
 
 template <class Dev, Dtype R>
-GradReducer<Dev, R>::GradReducer(Dev& dev, typename binding::comm_type& comm, std::vector<Bucket> buckets, float* grads, [[maybe_unused]] std::size_t numel) : dev_(dev), comm_(comm), buckets_(std::move(buckets)), grads_(grads) {
+GradReducer<Dev, R>::GradReducer(Dev& dev, typename binding::comm_type& comm, std::vector<Bucket> buckets, float* grads,
+                                 [[maybe_unused]] std::size_t numel)
+    : dev_(dev), comm_(comm), buckets_(std::move(buckets)), grads_(grads) {
   if constexpr (!std::is_same_v<R, float>) staging_ = make_buffer<R>(dev_, numel, memory_category::grads);
 }
 
@@ -97,7 +100,8 @@ auto GradReducer<Dev, R>::launch(const Bucket& b) -> void {
     works_.push_back(binding::all_reduce(comm_, dev_, std::span<float>(grads_ + b.offset, b.size), reduce_op::sum));
   } else {
     dev_.for_each(b.size, Cast<float, R>{grads_ + b.offset, staging_.data() + b.offset});
-    works_.push_back(binding::all_reduce(comm_, dev_, std::span<R>(staging_.data() + b.offset, b.size), reduce_op::sum));
+    works_.push_back(
+        binding::all_reduce(comm_, dev_, std::span<R>(staging_.data() + b.offset, b.size), reduce_op::sum));
   }
 }
 
@@ -131,7 +135,8 @@ class FullGradients {
 };
 
 template <class Dev, Dtype T>
-FullGradients<Dev, T>::FullGradients(Dev& dev, const ModelLayout& layout, int accumulate) : dev_(dev), layout_(layout), separate_(accumulate > 1 || !std::is_same_v<T, float>) {
+FullGradients<Dev, T>::FullGradients(Dev& dev, const ModelLayout& layout, int accumulate)
+    : dev_(dev), layout_(layout), separate_(accumulate > 1 || !std::is_same_v<T, float>) {
   const std::size_t n = layout.trainable_flat_size();
   grads_ = make_buffer<T>(dev, n, zero_init, memory_category::grads);  // zero padding, never written
   if (separate_) accum_ = make_buffer<float>(dev, n, zero_init, memory_category::grads);
@@ -230,7 +235,14 @@ auto DdpStrategy<Dev, T, R>::shard_count(const World&, const options& o) -> std:
 }
 
 template <class Dev, Dtype T, Dtype R>
-DdpStrategy<Dev, T, R>::DdpStrategy(const StrategyContext<Dev>& ctx, const options& opts) : dev_(ctx.dev), layout_(ctx.layout), comm_(ctx.comm), rank_(ctx.world.rank()), last_micro_batch_(ctx.accumulate - 1), offload_(ctx.offload), grads_(dev_, layout_, ctx.accumulate) {
+DdpStrategy<Dev, T, R>::DdpStrategy(const StrategyContext<Dev>& ctx, const options& opts)
+    : dev_(ctx.dev),
+      layout_(ctx.layout),
+      comm_(ctx.comm),
+      rank_(ctx.world.rank()),
+      last_micro_batch_(ctx.accumulate - 1),
+      offload_(ctx.offload),
+      grads_(dev_, layout_, ctx.accumulate) {
   const std::size_t n = layout_.trainable_flat_size();
   if (offload_) {
     // The master weights, a compute-dtype copy for the upload and the

@@ -257,7 +257,8 @@ auto FsdpStrategy<Mode, Dev, T, R>::ownership() const -> Ownership {
 }
 
 template <class Mode, class Dev, Dtype T, Dtype R>
-auto FsdpStrategy<Mode, Dev, T, R>::shard_range(std::size_t size, std::size_t s, std::size_t g) -> std::pair<std::size_t, std::size_t> {
+auto FsdpStrategy<Mode, Dev, T, R>::shard_range(std::size_t size, std::size_t s, std::size_t g)
+    -> std::pair<std::size_t, std::size_t> {
   const std::size_t first = std::min(size, g * s);
   return {first, std::min(size, first + s) - first};
 }
@@ -269,9 +270,9 @@ auto FsdpStrategy<Mode, Dev, T, R>::use(std::size_t u, bool backward, int k) -> 
     throw error("FSDP: no gathered buffer free for unit " + std::to_string(u) + " (internal limit " +
                     std::to_string(live_limit_) + ")",
                 "report this as a dtrain bug");
-  detail::look_ahead(layout_, detail::use_position(layout_.units().size(), u, backward), k < last_micro_batch_, prefetch_,
-                     [&](std::size_t v) { return units_[v].slot < 0; },
-                     [&](std::size_t v) { return issue_gather(v); });
+  detail::look_ahead(
+      layout_, detail::use_position(layout_.units().size(), u, backward), k < last_micro_batch_, prefetch_,
+      [&](std::size_t v) { return units_[v].slot < 0; }, [&](std::size_t v) { return issue_gather(v); });
   if (units_[u].gathering) {
     units_[u].gather.join(dev_);
     units_[u].gathering = false;

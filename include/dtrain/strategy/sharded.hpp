@@ -88,7 +88,12 @@ class ShardGroups {
 };
 
 template <class Dev>
-ShardGroups<Dev>::ShardGroups(World& world, Dev& dev, comm_type& world_comm, int group_size) : dev_(dev), size_(group_size), rank_(world.rank() % std::max(group_size, 1)), replicas_(world.size() / std::max(group_size, 1)), replica_index_(world.rank() / std::max(group_size, 1)) {
+ShardGroups<Dev>::ShardGroups(World& world, Dev& dev, comm_type& world_comm, int group_size)
+    : dev_(dev),
+      size_(group_size),
+      rank_(world.rank() % std::max(group_size, 1)),
+      replicas_(world.size() / std::max(group_size, 1)),
+      replica_index_(world.rank() / std::max(group_size, 1)) {
   if (group_size < 1 || world.size() % group_size != 0)
     throw config_error("a shard group of " + std::to_string(group_size) + " ranks does not divide the world of " +
                            std::to_string(world.size()) + " ranks",
@@ -171,7 +176,9 @@ class ShardedParams {
   // parameters at rest (FSDP with fp32 compute), else master. With an
   // offload arena the fp32 shards and the compute-dtype shards the optimizer
   // writes live on the host; `source` says where gathers read.
-  ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed, memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload = nullptr, shard_source source = shard_source::master);
+  ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed,
+                memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload = nullptr,
+                shard_source source = shard_source::master);
 
   float* master() { return offload_ ? host_master_.data() : master_.data(); }
   std::size_t size() const { return layout_.trainable_flat_size() / layout_.shards(); }
@@ -219,7 +226,15 @@ class ShardedParams {
 };
 
 template <class Dev, Dtype T>
-ShardedParams<Dev, T>::ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed, memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload, shard_source source) : dev_(dev), layout_(layout), groups_(groups), shard_frozen_(shard_frozen), offload_(offload), source_(offload ? source : shard_source::master) {
+ShardedParams<Dev, T>::ShardedParams(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, std::uint64_t seed,
+                                     memory_category master_category, bool shard_frozen, OffloadArena<Dev>* offload,
+                                     shard_source source)
+    : dev_(dev),
+      layout_(layout),
+      groups_(groups),
+      shard_frozen_(shard_frozen),
+      offload_(offload),
+      source_(offload ? source : shard_source::master) {
   if (offload && source == shard_source::master)
     throw error("ShardedParams: an offloaded master shard cannot be cast on the device",
                 "pass shard_source::device_shard or host_shard with an offload arena");
@@ -264,7 +279,8 @@ template <class Dev, Dtype T>
 auto ShardedParams<Dev, T>::after_load() -> void {
   if (!offload_) return;
   offload_->wait_to_host();  // no upload still reads the host shards
-  if (const std::size_t n = size()) offload_->host().for_each(n, Cast<float, T>{host_master_.data(), host_shard_.data()});
+  if (const std::size_t n = size())
+    offload_->host().for_each(n, Cast<float, T>{host_master_.data(), host_shard_.data()});
   after_update();
 }
 
@@ -320,6 +336,12 @@ auto ShardedParams<Dev, T>::read_unit(std::size_t u, std::span<float> train, std
 // The head advances whenever its collective is done, without blocking, so a
 // unit's reduction overlaps the backward of the units before it. Every
 // communicator sees its collectives in unit order on every rank.
+namespace detail {
+// ShardReducer::max_in_flight (below), outside the template: the memory
+// estimate (train/estimate.hpp) counts these slots with no device to name.
+inline constexpr std::size_t shard_reducer_max_in_flight = 2;
+}  // namespace detail
+
 template <class Dev, Dtype R>
 class ShardReducer {
   using binding = CommBinding<Dev>;
@@ -332,13 +354,14 @@ class ShardReducer {
   // reduction overlaps the backward of the unit before it. The same on every
   // device, and a contract rather than a backend's knob: the memory estimate
   // (train/estimate.hpp) counts these slots.
-  static constexpr std::size_t max_in_flight = 2;
+  static constexpr std::size_t max_in_flight = detail::shard_reducer_max_in_flight;
 
   // `grad_shard`: the fp32 gradient shards, on the device, or on the host
   // when `offload` is given: each reduced shard then travels to the host as
   // its reduction completes and is written or added there (through a host
   // staging copy in R, unless R is fp32 and nothing accumulates).
-  ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard, OffloadArena<Dev>* offload = nullptr, int accumulate = 1);
+  ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard,
+               OffloadArena<Dev>* offload = nullptr, int accumulate = 1);
 
   // A buffer of unit u's padded size for its full gradient; waits for the
   // reduction that last used it. Slots take turns (reductions finish in the
@@ -406,7 +429,9 @@ class ShardReducer {
 };
 
 template <class Dev, Dtype R>
-ShardReducer<Dev, R>::ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard, OffloadArena<Dev>* offload, int accumulate) : dev_(dev), layout_(layout), groups_(groups), grad_shard_(grad_shard), offload_(offload) {
+ShardReducer<Dev, R>::ShardReducer(Dev& dev, const ModelLayout& layout, ShardGroups<Dev>& groups, float* grad_shard,
+                                   OffloadArena<Dev>* offload, int accumulate)
+    : dev_(dev), layout_(layout), groups_(groups), grad_shard_(grad_shard), offload_(offload) {
   const auto trainable_units = static_cast<std::size_t>(
       std::ranges::count_if(layout.units(), [](const auto& unit) { return unit.train_size > 0; }));
   slot_count_ = std::clamp<std::size_t>(trainable_units, 1, max_in_flight);

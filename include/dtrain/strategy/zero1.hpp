@@ -75,7 +75,8 @@ class Zero1Strategy {
     mark_stale();
     params_ = make_buffer<T>(dev_, layout_.trainable_flat_size(), memory_category::params);
     frozen_ = make_buffer<T>(dev_, layout_.frozen_flat_size(), memory_category::params);
-    if constexpr (stage_in_r) staging_ = make_buffer<R>(dev_, layout_.trainable_flat_size(), zero_init, memory_category::grads);
+    if constexpr (stage_in_r)
+      staging_ = make_buffer<R>(dev_, layout_.trainable_flat_size(), zero_init, memory_category::grads);
     // Offloaded, the reduced shards land on the device before going down.
     if (stage_in_r || shards_.offload) shard_r_ = make_buffer<R>(dev_, shards_.params.size(), memory_category::grads);
     init_frozen(ctx.seed);

@@ -39,6 +39,7 @@
 #include "dtrain/model/unit.hpp"
 #include "dtrain/policy/offload.hpp"
 #include "dtrain/policy/strategy.hpp"
+#include "dtrain/strategy/sharded.hpp"
 #include "dtrain/train/recompute.hpp"
 
 namespace dtrain {
@@ -184,10 +185,11 @@ inline PaddedModel padded_model(const std::vector<UnitNumel>& units, std::size_t
 // once, in a buffer of that unit's padded size; the resharding modes
 // (FullShard, HybridShard) hold at most prefetch + 1 units, but a buffer is
 // reused by other units and grows to the largest it held, so each is counted
-// at the largest unit: an upper bound. Gradients: the reducer's two slots
-// (full padded gradient + its shard, in R) take turns, one per unit with
-// trainable parameters at most, each counted at the largest unit; plus
-// a unit gradient in T when T != R (backward writes T, the reducer reads R).
+// at the largest unit: an upper bound. Gradients: the reducer's slots
+// (ShardReducer::max_in_flight, each a full padded gradient + its shard, in
+// R) take turns, one per unit with trainable parameters at most, each
+// counted at the largest unit; plus a unit gradient in T when T != R
+// (backward writes T, the reducer reads R).
 inline std::size_t fsdp_gathered(const PaddedModel& m, const EstimatePlan& plan, const EstimateInputs& in) {
   const std::size_t T = in.compute_bytes, R = in.reduce_bytes;
   std::size_t params = (m.trainable + m.frozen) * T;
@@ -195,7 +197,7 @@ inline std::size_t fsdp_gathered(const PaddedModel& m, const EstimatePlan& plan,
     const std::size_t buffers = std::min<std::size_t>(static_cast<std::size_t>(in.prefetch) + 1, m.units_with_params);
     params = buffers * (m.max_trainable + m.max_frozen) * T;
   }
-  const std::size_t reducer_slots = std::min<std::size_t>(2, m.units_with_trainable);
+  const std::size_t reducer_slots = std::min(detail::shard_reducer_max_in_flight, m.units_with_trainable);
   const std::size_t grads = reducer_slots * (m.max_trainable + m.max_trainable / plan.shards) * R;
   const std::size_t unit_grad = T != R ? m.max_trainable * T : 0;
   return params + grads + unit_grad;
@@ -358,8 +360,10 @@ std::size_t model_activation_bytes(Model& model, SeqShape shape, std::int64_t in
     widths.push_back(unit.out_features(widths.back()));
   });
   // recomputed as the Trainer chooses
-  const RecomputePolicy policy{
-      .on = checkpointing, .every = checkpoint_every, .units = checkpoint_units, .budget_bytes = checkpoint_budget_bytes};
+  const RecomputePolicy policy{.on = checkpointing,
+                               .every = checkpoint_every,
+                               .units = checkpoint_units,
+                               .budget_bytes = checkpoint_budget_bytes};
   detail::check_recompute_policy(policy, saved.size());
   const std::vector<char> recomputed = detail::recomputed_units(saved, compute_bytes, policy);
   std::int64_t kept = 0, shared = 0;

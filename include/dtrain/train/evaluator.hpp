@@ -74,14 +74,16 @@ class Evaluator {
   // (Trainer::evaluate). Collective: every rank calls it, with its own
   // batches (possibly none).
   EvalResult evaluate(std::span<const Batch> batches, std::span<const Metric> metrics, std::int64_t step) {
-    for (const Batch& b : detail::eval_padding(world_, batches)) pipeline_.forward(b, step, nullptr, [](double) { return 0.f; });
+    for (const Batch& b : detail::eval_padding(world_, batches))
+      pipeline_.forward(b, step, nullptr, [](double) { return 0.f; });
     double sum = 0, count = 0;
     MetricSums sums;
     for (const Batch& b : batches) {
       const double c = model_.loss.count(b);
       double batch_loss = 0;
       std::vector<float> outputs;
-      pipeline_.forward(b, step, metrics.empty() ? nullptr : &outputs, [&](double loss) { return batch_loss = loss, 0.f; });
+      pipeline_.forward(b, step, metrics.empty() ? nullptr : &outputs,
+                        [&](double loss) { return batch_loss = loss, 0.f; });
       sum += batch_loss;
       count += c;
       if (metrics.empty()) continue;

@@ -53,7 +53,8 @@ DTRAIN_DECL std::vector<double> eval_values(double sum, double count, const Metr
 
 DTRAIN_DECL EvalResult eval_result(const std::vector<double>& values, const std::vector<std::string>& names) {
   if (values[1] <= 0)
-    throw config_error("Trainer::evaluate: the batches count no targets on any rank", "evaluate on batches with targets");
+    throw config_error("Trainer::evaluate: the batches count no targets on any rank",
+                       "evaluate on batches with targets");
   EvalResult r;
   r.loss = values[0] / values[1];
   r.count = values[1];

@@ -91,7 +91,9 @@ struct TrainerOptions {
 
 struct StepStats {
   std::int64_t step = 0;       // optimizer steps taken, this one included
-  double loss = 0.0;           // the step's loss: the sum over every counted target (the loss's count), all ranks, divided by their number
+  // the step's loss: the sum over every counted target (the loss's count),
+  // all ranks, divided by their number
+  double loss = 0.0;
   float lr = 0.f;
   double grad_norm = 0.0;      // global L2 norm of the averaged gradient, before clipping
   bool skipped = false;        // inf/NaN loss or gradients: step not applied (fp16, or on_nonfinite = skip)

@@ -174,7 +174,8 @@ class UnitPipeline {
     // units activation checkpointing recomputes one buffer they take in turn
     // (saved_'s last).
     std::vector<std::int64_t> saved(num_units_);
-    detail::for_each_unit(units, [&](std::size_t u, auto& unit) { saved[u] = saved_size_of<T>(unit, dev_, shape, width[u]); });
+    detail::for_each_unit(units,
+                          [&](std::size_t u, auto& unit) { saved[u] = saved_size_of<T>(unit, dev_, shape, width[u]); });
     const std::vector<char> recompute = recomputed(saved);
     for (std::size_t u = 0; u < num_units_; ++u)
       if (saved[u] > 0) ensure(recompute[u] ? saved_[num_units_] : saved_[u], static_cast<std::size_t>(saved[u]));

@@ -32,7 +32,8 @@ class OptimizerPlacement {
   // The arena for TrainerOptions::offload (null without one), checked
   // against what the strategy can offload. Made before the strategy, which
   // keeps its owned flat in it.
-  static std::unique_ptr<OffloadArena<Dev>> make_arena(Dev& dev, const TrainerOptions& options, const StrategyFactory<Dev, T>& factory);
+  static std::unique_ptr<OffloadArena<Dev>> make_arena(Dev& dev, const TrainerOptions& options,
+                                                       const StrategyFactory<Dev, T>& factory);
 
   // The optimizer over the strategy's owned flat, with every element's
   // parameter group when there is more than one.
@@ -74,7 +75,9 @@ class OptimizerPlacement {
 };
 
 template <class Dev, class T>
-auto OptimizerPlacement<Dev, T>::make_arena(Dev& dev, const TrainerOptions& options, const StrategyFactory<Dev, T>& factory) -> std::unique_ptr<OffloadArena<Dev>> {
+auto OptimizerPlacement<Dev, T>::make_arena(Dev& dev, const TrainerOptions& options,
+                                            const StrategyFactory<Dev, T>& factory)
+    -> std::unique_ptr<OffloadArena<Dev>> {
   const offload_kind want = options.offload;
   if (want == offload_kind::none && !options.offload_dir.empty())
     throw config_error("TrainerOptions::offload_dir is set ('" + options.offload_dir.string() +

@@ -61,7 +61,9 @@ class StepGuard {
   StepGuard(const TrainerOptions& options, bool loss_scaling) : options_(options), loss_scaling_(loss_scaling) {}
 
   // A new run's state: the initial loss scale under fp16.
-  TrainState initial_state() const { return {0, loss_scaling_ ? static_cast<double>(options_.loss_scale.initial) : 1.0, 0}; }
+  TrainState initial_state() const {
+    return {0, loss_scaling_ ? static_cast<double>(options_.loss_scale.initial) : 1.0, 0};
+  }
 
   // After the step's gradients are final (`loss` is the step's mean loss).
   // Updates the loss scale in `state`; throws nonfinite_error (naming where)
@@ -132,7 +134,8 @@ std::string StepGuard<Dev, T>::first_nonfinite(World& world, Dev& dev, const Mod
           mine.key = key;
           mine.name.clear();
           for (const auto& slot : unit.params)
-            if (slot.spec.trainable && slot.offset <= at && at < slot.offset + static_cast<std::size_t>(slot.spec.numel()))
+            if (slot.spec.trainable && slot.offset <= at &&
+                at < slot.offset + static_cast<std::size_t>(slot.spec.numel()))
               mine.name = slot.name;
         }
         break;

@@ -73,7 +73,8 @@ class TiedParams {
 };
 
 template <class Dev, class T>
-TiedParams<Dev, T>::TiedParams(Dev& dev, const ModelLayout& layout, AnyStrategy<T>& strategy) : dev_(dev), layout_(layout), strategy_(strategy) {
+TiedParams<Dev, T>::TiedParams(Dev& dev, const ModelLayout& layout, AnyStrategy<T>& strategy)
+    : dev_(dev), layout_(layout), strategy_(strategy) {
   const auto& ties = layout.ties();
   if (ties.empty()) return;
   const std::size_t units = layout.units().size();
@@ -92,7 +93,8 @@ TiedParams<Dev, T>::TiedParams(Dev& dev, const ModelLayout& layout, AnyStrategy<
     if (plan.empty()) plan.assign(layout.units()[tie.unit].params.size(), stored);
     plan.push_back(stored);  // one more declared parameter
   }
-  for (std::size_t t = 0; t < ties.size(); ++t) plan_[ties[t].unit][ties[t].index] = -1 - static_cast<std::ptrdiff_t>(t);
+  for (std::size_t t = 0; t < ties.size(); ++t)
+    plan_[ties[t].unit][ties[t].index] = -1 - static_cast<std::ptrdiff_t>(t);
   for (auto& plan : plan_) {
     std::ptrdiff_t next = 0;
     for (auto& i : plan)

@@ -388,7 +388,8 @@ class TrainerCore {
 //                                                  dtrain::FsdpOptions{.prefetch = 2}};
 //   auto stats = trainer.step(micro_batches);   // exactly Accumulate<N> batches
 template <Model M, class... Policies>
-class Trainer : public TrainerCore<M, typename policies<Policies...>::device, typename policies<Policies...>::precision> {
+class Trainer
+    : public TrainerCore<M, typename policies<Policies...>::device, typename policies<Policies...>::precision> {
   using P = policies<Policies...>;
   using Core = TrainerCore<M, typename P::device, typename P::precision>;
   using T = typename P::param_type;

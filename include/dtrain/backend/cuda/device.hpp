@@ -206,7 +206,7 @@ class CudaAllocator {
 
 }  // namespace detail
 
-class Cuda {
+class Cuda : public detail::DeviceMemory<Cuda, detail::CudaAllocator> {
  public:
   static constexpr const char* name = "cuda";
   // This backend's tuning table (backend/cuda/device_tuning.hpp).
@@ -260,9 +260,6 @@ class Cuda {
   void zero(T* dst, std::size_t n) {
     if (n != 0) cuda_check(cudaMemsetAsync(dst, 0, n * sizeof(T), stream()), "cudaMemsetAsync");
   }
-
-  template <class T>
-  T* workspace(std::size_t n) { return workspace_.template get<T>(allocator(memory_category::activations), n); }
 
   // Row-major C = alpha * op(A) * op(B) + beta * C. cuBLAS is column-major and
   // a row-major matrix is its column-major transpose, so we ask for
@@ -348,20 +345,18 @@ class Cuda {
 #endif
   }
 
-  std::size_t memory_allocated() const noexcept { return state_->stats().total().allocated(); }
-  std::size_t peak_memory_allocated() const noexcept { return state_->stats().total().peak(); }
-  void reset_peak_memory_allocated() noexcept { state_->stats().total().reset_peak(); }
-  MemoryUsage memory_by_category() const noexcept { return state_->stats().current(); }
-  MemoryUsage peak_memory_by_category() const noexcept { return state_->stats().peak(); }
+  // (workspace and the memory reports: detail::DeviceMemory)
 
  private:
+  friend class detail::DeviceMemory<Cuda, detail::CudaAllocator>;
+  detail::device_memory& device_stats() const noexcept { return state_->stats(); }
+
   template <class T>
   void copy_kind(T* dst, const T* src, std::size_t n, cudaMemcpyKind kind) {
     if (n != 0) cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), kind, stream()), "cudaMemcpyAsync");
   }
 
   std::shared_ptr<detail::cuda_state> state_;
-  detail::Workspace<detail::CudaAllocator> workspace_;
 };
 
 static_assert(ComputeDevice<Cuda>);

@@ -94,14 +94,7 @@ class HostCommunicator {
   // Collective over all ranks of `world`: every rank must construct it, in the
   // same order relative to its other communicators. `force` overrides the
   // world's CommOptions::host.
-  explicit HostCommunicator(World& world, std::optional<host_transport> force = std::nullopt)
-      : rank_(world.rank()), size_(world.size()), timeout_(world.options().timeout) {
-    const std::string prefix = world.next_prefix("host");
-    tracker_ = std::make_unique<detail::CollectiveTracker>(world.store(), prefix, rank_, size_, timeout_,
-                                                           world.rank_namer());
-    if (size_ > 1) connect(world, prefix, force.value_or(world.options().host));
-    worker_ = std::thread([this] { run(); });
-  }
+  DTRAIN_DECL explicit HostCommunicator(World& world, std::optional<host_transport> force = std::nullopt);
   HostCommunicator(const HostCommunicator&) = delete;
   HostCommunicator& operator=(const HostCommunicator&) = delete;
   DTRAIN_DECL ~HostCommunicator();
@@ -267,7 +260,8 @@ class HostCommunicator {
       out[i] = dtype_cast<T>(op == reduce_op::avg ? sum[i] / divisor : sum[i]);
   }
 
-  DTRAIN_DECL void check_sizes(const char* what, const char* big_name, std::size_t big, const char* small_name, std::size_t small_n) const;
+  DTRAIN_DECL void check_sizes(const char* what, const char* big_name, std::size_t big, const char* small_name,
+                               std::size_t small_n) const;
 
   // Scratch lives as long as the communicator and only grows: a training
   // step issues the same collectives every time, and fresh allocations of

@@ -46,6 +46,15 @@ DTRAIN_DECL NodeMap map_nodes(const std::vector<std::string>& ids, int me) {
 
 namespace dtrain {
 
+DTRAIN_DECL HostCommunicator::HostCommunicator(World& world, std::optional<host_transport> force)
+    : rank_(world.rank()), size_(world.size()), timeout_(world.options().timeout) {
+  const std::string prefix = world.next_prefix("host");
+  tracker_ = std::make_unique<detail::CollectiveTracker>(world.store(), prefix, rank_, size_, timeout_,
+                                                         world.rank_namer());
+  if (size_ > 1) connect(world, prefix, force.value_or(world.options().host));
+  worker_ = std::thread([this] { run(); });
+}
+
 DTRAIN_DECL HostCommunicator::~HostCommunicator() {
   {
     std::lock_guard lock(mu_);
@@ -152,7 +161,8 @@ DTRAIN_DECL auto HostCommunicator::connect(World& world, const std::string& pref
   }
 }
 
-DTRAIN_DECL auto HostCommunicator::attach_shm(World& world, const std::string& prefix, const CommOptions& opt) -> std::string {
+DTRAIN_DECL auto HostCommunicator::attach_shm(World& world, const std::string& prefix, const CommOptions& opt)
+    -> std::string {
   const auto& mine = nodes_.members[static_cast<std::size_t>(nodes_.node)];
   const int local_size = static_cast<int>(mine.size());
   detail::ShmOptions cfg;
@@ -220,7 +230,8 @@ DTRAIN_DECL auto HostCommunicator::rank_of_member(int local, int k) const -> int
   return slice_ranks_[static_cast<std::size_t>(local)][static_cast<std::size_t>(k)];
 }
 
-DTRAIN_DECL auto HostCommunicator::check_sizes(const char* what, const char* big_name, std::size_t big, const char* small_name, std::size_t small_n) const -> void {
+DTRAIN_DECL auto HostCommunicator::check_sizes(const char* what, const char* big_name, std::size_t big,
+                                               const char* small_name, std::size_t small_n) const -> void {
   if (big != small_n * static_cast<std::size_t>(size_))
     throw config_error(std::string(what) + ": " + big_name + " has " + std::to_string(big) + " elements but " +
                            small_name + " has " + std::to_string(small_n) + " and the world has " +

@@ -30,7 +30,8 @@ DTRAIN_DECL auto GlooStoreAdapter::get(const std::string& key) -> std::vector<ch
   return {v.begin(), v.end()};
 }
 
-DTRAIN_DECL auto GlooStoreAdapter::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) -> void {
+DTRAIN_DECL auto GlooStoreAdapter::wait(const std::vector<std::string>& keys,
+                                         const std::chrono::milliseconds& timeout) -> void {
   for (const auto& k : keys) store_->get(prefix_ + k, timeout);
 }
 
@@ -61,7 +62,8 @@ namespace dtrain {
 
 namespace detail {
 
-DTRAIN_DECL GlooEngine::GlooEngine(World& world, const std::string& prefix) : rank_(world.rank()), size_(world.size()), timeout_(world.options().timeout) {
+DTRAIN_DECL GlooEngine::GlooEngine(World& world, const std::string& prefix)
+    : rank_(world.rank()), size_(world.size()), timeout_(world.options().timeout) {
   if (size_ > 1) connect(world, prefix);
 }
 

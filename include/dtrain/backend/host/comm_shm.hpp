@@ -182,7 +182,8 @@ class ShmEngine {
   // `segment` is mapped; rank `me` of `ranks`; `pids[r]` the process of rank
   // r (this process for ranks that are threads of it); `name(r)` how errors
   // call local rank r.
-  DTRAIN_DECL ShmEngine(ShmSegment segment, int me, int ranks, ShmOptions config, std::chrono::milliseconds timeout, std::function<std::string(int)> name);
+  DTRAIN_DECL ShmEngine(ShmSegment segment, int me, int ranks, ShmOptions config, std::chrono::milliseconds timeout,
+                        std::function<std::string(int)> name);
   // The creator writes the header before publishing the name.
   DTRAIN_DECL static void format(ShmSegment& seg, int ranks, const ShmOptions& c);
   DTRAIN_DECL bool matches(int ranks, const ShmOptions& c) const;
@@ -335,9 +336,11 @@ class ShmEngine {
   // Waits until `field` >= t on every peer (only == only, when >= 0).
   // `check`: compare the peer's call with ours (only on data waits: at
   // next_step a fast peer may already have moved on to the next call).
-  DTRAIN_DECL void wait_all(std::atomic<std::uint64_t> ShmRankCtl::*field, std::uint64_t t, int only, const char* what, bool check);
+  DTRAIN_DECL void wait_all(std::atomic<std::uint64_t> ShmRankCtl::*field, std::uint64_t t, int only, const char* what,
+                            bool check);
 
-  DTRAIN_DECL void wait_one(ShmRankCtl& peer, std::atomic<std::uint64_t> ShmRankCtl::*field, std::uint64_t t, int j, const char* what);
+  DTRAIN_DECL void wait_one(ShmRankCtl& peer, std::atomic<std::uint64_t> ShmRankCtl::*field, std::uint64_t t, int j,
+                            const char* what);
 
   DTRAIN_DECL void check_peer(ShmRankCtl& peer, int j, const char* what);
 

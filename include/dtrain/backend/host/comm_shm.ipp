@@ -90,10 +90,13 @@ DTRAIN_DECL std::size_t shm_control_bytes(int ranks) {
 }
 
 DTRAIN_DECL std::size_t shm_segment_bytes(int ranks, const ShmOptions& c) {
-  return shm_control_bytes(ranks) + static_cast<std::size_t>(ranks) * 2 * static_cast<std::size_t>(ranks) * c.part_bytes;
+  return shm_control_bytes(ranks) +
+         static_cast<std::size_t>(ranks) * 2 * static_cast<std::size_t>(ranks) * c.part_bytes;
 }
 
-DTRAIN_DECL ShmEngine::ShmEngine(ShmSegment segment, int me, int ranks, ShmOptions config, std::chrono::milliseconds timeout, std::function<std::string(int)> name) : seg_(std::move(segment)), me_(me), n_(ranks), cfg_(config), timeout_(timeout), name_(std::move(name)) {
+DTRAIN_DECL ShmEngine::ShmEngine(ShmSegment segment, int me, int ranks, ShmOptions config,
+                                 std::chrono::milliseconds timeout, std::function<std::string(int)> name)
+    : seg_(std::move(segment)), me_(me), n_(ranks), cfg_(config), timeout_(timeout), name_(std::move(name)) {
   auto* base = seg_.data();
   header_ = reinterpret_cast<ShmHeader*>(base);
   ctl_ = reinterpret_cast<ShmRankCtl*>(base + sizeof(ShmHeader));
@@ -132,7 +135,8 @@ DTRAIN_DECL auto ShmEngine::barrier() -> void {
   post(&ShmRankCtl::done, t);
 }
 
-DTRAIN_DECL auto ShmEngine::sig(std::uint64_t op, element_type dt, std::size_t count, std::uint64_t root) -> std::uint64_t {
+DTRAIN_DECL auto ShmEngine::sig(std::uint64_t op, element_type dt, std::size_t count, std::uint64_t root)
+    -> std::uint64_t {
   return (op << 56) ^ (static_cast<std::uint64_t>(dt) << 48) ^ (root << 40) ^ static_cast<std::uint64_t>(count);
 }
 
@@ -179,7 +183,8 @@ DTRAIN_DECL auto ShmEngine::notify() -> void {
   if (header_->sleepers.load(std::memory_order_seq_cst) != 0) futex(&header_->epoch, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-DTRAIN_DECL auto ShmEngine::wait_all(std::atomic<std::uint64_t> ShmRankCtl::*field, std::uint64_t t, int only, const char* what, bool check) -> void {
+DTRAIN_DECL auto ShmEngine::wait_all(std::atomic<std::uint64_t> ShmRankCtl::*field, std::uint64_t t, int only,
+                                     const char* what, bool check) -> void {
   for (int j = 0; j < n_; ++j) {
     if (j == me_ || (only >= 0 && j != only)) continue;
     wait_one(ctl_[j], field, t, j, what);
@@ -193,7 +198,8 @@ DTRAIN_DECL auto ShmEngine::wait_all(std::atomic<std::uint64_t> ShmRankCtl::*fie
   }
 }
 
-DTRAIN_DECL auto ShmEngine::wait_one(ShmRankCtl& peer, std::atomic<std::uint64_t> ShmRankCtl::*field, std::uint64_t t, int j, const char* what) -> void {
+DTRAIN_DECL auto ShmEngine::wait_one(ShmRankCtl& peer, std::atomic<std::uint64_t> ShmRankCtl::*field, std::uint64_t t,
+                                     int j, const char* what) -> void {
   auto ready = [&] { return (peer.*field).load(std::memory_order_acquire) >= t; };
   if (ready()) return;
   using clock = std::chrono::steady_clock;

@@ -67,18 +67,8 @@ class HostAllocator {
   HostAllocator(std::shared_ptr<device_memory> stats, memory_category category)
       : stats_(std::move(stats)), category_(category) {}
 
-  void* allocate(std::size_t bytes) {
-    void* p = ::operator new(bytes, std::align_val_t{HostTuning::alignment}, std::nothrow);
-    if (p == nullptr)
-      throw error("host allocation of " + std::to_string(bytes) + " bytes failed (out of memory)",
-                  "reduce the batch size or the model, or use more ranks with a sharded strategy");
-    if (stats_) stats_->on_allocate(category_, bytes);
-    return p;
-  }
-  void deallocate(void* p, std::size_t bytes) noexcept {
-    ::operator delete(p, std::align_val_t{HostTuning::alignment});
-    if (stats_) stats_->on_release(category_, bytes);
-  }
+  DTRAIN_DECL void* allocate(std::size_t bytes);
+  DTRAIN_DECL void deallocate(void* p, std::size_t bytes) noexcept;
   void fill_zero(void* p, std::size_t bytes) { std::memset(p, 0, bytes); }
 
  private:
@@ -110,7 +100,8 @@ template <class T>
 std::vector<float> widen(const T* src, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) out[static_cast<std::size_t>(r * cols + c)] = static_cast<float>(src[r * ld + c]);
+    for (std::int64_t c = 0; c < cols; ++c)
+      out[static_cast<std::size_t>(r * cols + c)] = static_cast<float>(src[r * ld + c]);
   return out;
 }
 
@@ -288,7 +279,8 @@ void parallel_for(HostPool* pool, std::size_t n, std::size_t parts, const F& f) 
   const std::size_t chunk = range_chunk(n, parts, line);
   std::vector<std::jthread> workers;
   workers.reserve(parts - 1);
-  for (std::size_t begin = chunk; begin < n; begin += chunk) workers.emplace_back(run, begin, std::min(n, begin + chunk));
+  for (std::size_t begin = chunk; begin < n; begin += chunk)
+    workers.emplace_back(run, begin, std::min(n, begin + chunk));
   run(0, std::min(n, chunk));
 }
 
@@ -315,7 +307,8 @@ int run_gemm_blocks(HostPool* pool, const GemmSplit& split, std::int64_t m, std:
     const std::int64_t begin = static_cast<std::int64_t>(p) * split.chunk;
     const std::int64_t size = std::min(dim, begin + split.chunk) - begin;
     if (size <= 0) return;
-    if (const int status = block(split.by_rows, begin, size); status != 0) failed.store(status, std::memory_order_relaxed);
+    if (const int status = block(split.by_rows, begin, size); status != 0)
+      failed.store(status, std::memory_order_relaxed);
   };
   using Part = decltype(part);
   const auto task = [](const void* job, std::size_t p) { (*static_cast<const Part*>(job))(p); };
@@ -332,7 +325,7 @@ DTRAIN_DECL int pool_sgemm(HostPool* pool, int threads, SgemmFn engine, bool tra
 
 }  // namespace detail
 
-class Host {
+class Host : public detail::DeviceMemory<Host, detail::HostAllocator> {
  public:
   static constexpr const char* name = "host";
   // This backend's tuning table (backend/host/device_tuning.hpp).
@@ -345,15 +338,7 @@ class Host {
   Host() : Host(detail::positive_env_int("OPENBLAS_NUM_THREADS", 0), from_env{}) {}
   explicit Host(int threads) : Host(threads, detail::host_threads_from_env()) {}
   Host(int threads, host_threads mode) : Host(threads, mode, detail::host_gemm_from_env()) {}
-  Host(int threads, host_threads mode, host_gemm gemm)
-      : threads_(threads), gemm_(gemm), sgemm_(detail::sgemm_of(gemm)), bf16_gemm_(detail::bf16_gemm_of(gemm)) {
-    if (threads < 1)
-      throw config_error("dtrain::Host(" + std::to_string(threads) + "): the thread count must be >= 1",
-                         "pass a positive thread count, or use Host() for the rank's share of the cores");
-    check_blas_pool();
-    start_pool(mode);
-    apply_blas_threads();
-  }
+  DTRAIN_DECL Host(int threads, host_threads mode, host_gemm gemm);
 
   int threads() const noexcept { return threads_; }
   // How this Host's threads share the work (DTRAIN_HOST_THREADS).
@@ -378,9 +363,6 @@ class Host {
   void zero(T* dst, std::size_t n) {
     if (n != 0) std::memset(static_cast<void*>(dst), 0, n * sizeof(T));
   }
-
-  template <class T>
-  T* workspace(std::size_t n) { return workspace_.template get<T>(allocator(memory_category::activations), n); }
 
   // Row-major C = alpha * op(A) * op(B) + beta * C. bf16/fp16 are widened to
   // fp32, multiplied by sgemm and rounded once on the way back: the same
@@ -472,49 +454,36 @@ class Host {
     std::vector<double> partial(blocks);
     const std::size_t parts = pool_ ? std::min(static_cast<std::size_t>(threads_), blocks) : 1;
     detail::run_ranges(pool_.get(), blocks, parts, 1, [&](std::size_t first, std::size_t last) {
-      for (std::size_t b = first; b < last; ++b) partial[b] = detail::sum_range(f, b * block, std::min(n, b * block + block));
+      for (std::size_t b = first; b < last; ++b)
+        partial[b] = detail::sum_range(f, b * block, std::min(n, b * block + block));
     });
     double total = 0.0;
     for (const double v : partial) total += v;
     return total;
   }
 
-  std::size_t memory_allocated() const noexcept { return stats_->total().allocated(); }
-  std::size_t peak_memory_allocated() const noexcept { return stats_->total().peak(); }
-  void reset_peak_memory_allocated() noexcept { stats_->total().reset_peak(); }
-  MemoryUsage memory_by_category() const noexcept { return stats_->current(); }
-  MemoryUsage peak_memory_by_category() const noexcept { return stats_->peak(); }
+  // (workspace and the memory reports: detail::DeviceMemory)
 
  private:
+  friend class detail::DeviceMemory<Host, detail::HostAllocator>;
+  detail::device_memory& device_stats() const noexcept { return *stats_; }
+
   struct from_env {};
   // blas_env == 0: OPENBLAS_NUM_THREADS is unset, so we choose. Otherwise
   // OpenBLAS already read it when it loaded and we only report it.
-  Host(int blas_env, from_env)
-      : threads_(blas_env != 0 ? blas_env : blas_threads_per_rank(process_env)),
-        gemm_(detail::host_gemm_from_env()),
-        sgemm_(detail::sgemm_of(gemm_)),
-        bf16_gemm_(detail::bf16_gemm_of(gemm_)) {
-    check_blas_pool();
-    start_pool(detail::host_threads_from_env());
-    if (blas_env == 0 || pool_) apply_blas_threads();
-  }
-  void start_pool(host_threads mode) {
-    if (threads_ > 1 && mode == host_threads::pool)
-      pool_ = detail::shared_host_pool(threads_);
-  }
-  void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
-             std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-    const int status =
-        pool_ ? detail::pool_sgemm(pool_.get(), threads_, sgemm_, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb,
-                                   beta, C, ldc)
-              : sgemm_(threads_, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-    if (status != 0) detail::sgemm_failed(gemm_, status, m, n, k);
-  }
+  DTRAIN_DECL Host(int blas_env, from_env);
+  DTRAIN_DECL void start_pool(host_threads mode);
+  // The engine's sgemm, on the pool (detail::pool_sgemm) when there is one.
+  DTRAIN_DECL void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                         const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                         std::int64_t ldc);
   // bf16 x bf16 summed in fp32 by the engine (oneDNN: the processor's bf16
   // dot products where it has them), the same products as widening to fp32
   // (a product of two bf16 values is exact in fp32), rounded once into C.
   // Each block of C goes through an fp32 scratch that the thread computing
-  // it reads C into (beta != 0) and rounds back from.
+  // it reads C into (beta != 0) and rounds back from. (Inline, unlike the
+  // rest of Host's non-template code: its loops over C run in the step,
+  // which header-only builds would compile at -O1 in the .ipp.)
   void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                  const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta,
                  bf16* C, std::int64_t ldc) {
@@ -542,14 +511,7 @@ class Host {
   }
   // The pool OpenBLAS started as it loaded, against the address-space limit.
   DTRAIN_DECL static void check_blas_pool();
-  void apply_blas_threads() const {
-    // Changing the pool while another thread is inside a BLAS call is not
-    // safe in every OpenBLAS build; skip the call when nothing would change.
-    // OpenBLAS runs on one thread under dtrain's pool or when oneDNN
-    // multiplies.
-    const int blas = pool_ || gemm_ != host_gemm::openblas ? 1 : threads_;
-    if (openblas_get_num_threads() != blas) openblas_set_num_threads(blas);
-  }
+  DTRAIN_DECL void apply_blas_threads() const;
 
   int threads_;
   host_gemm gemm_;
@@ -557,7 +519,6 @@ class Host {
   detail::Bf16GemmFn bf16_gemm_;  // nullptr: bf16 products widened to fp32 for sgemm_
   std::shared_ptr<detail::HostPool> pool_;  // host_threads::pool with threads_ > 1
   std::shared_ptr<detail::device_memory> stats_ = std::make_shared<detail::device_memory>();
-  detail::Workspace<detail::HostAllocator> workspace_;
 };
 
 static_assert(ComputeDevice<Host>);

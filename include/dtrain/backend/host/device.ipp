@@ -17,6 +17,20 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 namespace dtrain {
 namespace detail {
 
+DTRAIN_DECL void* HostAllocator::allocate(std::size_t bytes) {
+  void* p = ::operator new(bytes, std::align_val_t{HostTuning::alignment}, std::nothrow);
+  if (p == nullptr)
+    throw error("host allocation of " + std::to_string(bytes) + " bytes failed (out of memory)",
+                "reduce the batch size or the model, or use more ranks with a sharded strategy");
+  if (stats_) stats_->on_allocate(category_, bytes);
+  return p;
+}
+
+DTRAIN_DECL void HostAllocator::deallocate(void* p, std::size_t bytes) noexcept {
+  ::operator delete(p, std::align_val_t{HostTuning::alignment});
+  if (stats_) stats_->on_release(category_, bytes);
+}
+
 DTRAIN_DECL int positive_env_int(const char* name, int fallback) {
   const char* raw = std::getenv(name);
   if (raw == nullptr || *raw == '\0') return fallback;
@@ -70,7 +84,8 @@ DTRAIN_DECL const OneDnnLibrary& onednn_library() {
     void* handle = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
       const char* why = dlerror();
-      l.unavailable = std::string("libdnnl.so.2 could not be loaded (") + (why != nullptr ? why : "no reason given") + ")";
+      l.unavailable =
+          std::string("libdnnl.so.2 could not be loaded (") + (why != nullptr ? why : "no reason given") + ")";
       return l;
     }
     // dlsym on the handle also searches its dependencies (libgomp).
@@ -256,15 +271,59 @@ DTRAIN_DECL int pool_sgemm(HostPool* pool, int threads, SgemmFn engine, bool tra
   // process: check the dimensions here (each block's are no larger).
   (void)blas_int(m, "m"), (void)blas_int(n, "n"), (void)blas_int(k, "k");
   (void)blas_int(lda, "lda"), (void)blas_int(ldb, "ldb"), (void)blas_int(ldc, "ldc");
-  return run_gemm_blocks(pool, gemm_split(threads, m, n, k), m, n, [&](bool by_rows, std::int64_t begin, std::int64_t size) {
+  const auto block = [&](bool by_rows, std::int64_t begin, std::int64_t size) {
     return by_rows ? engine(1, trans_a, trans_b, size, n, k, alpha, trans_a ? A + begin : A + begin * lda, lda, B, ldb,
                             beta, C + begin * ldc, ldc)
                    : engine(1, trans_a, trans_b, m, size, k, alpha, A, lda, trans_b ? B + begin * ldb : B + begin, ldb,
                             beta, C + begin, ldc);
-  });
+  };
+  return run_gemm_blocks(pool, gemm_split(threads, m, n, k), m, n, block);
 }
 
 }  // namespace detail
+
+DTRAIN_DECL Host::Host(int threads, host_threads mode, host_gemm gemm)
+    : threads_(threads), gemm_(gemm), sgemm_(detail::sgemm_of(gemm)), bf16_gemm_(detail::bf16_gemm_of(gemm)) {
+  if (threads < 1)
+    throw config_error("dtrain::Host(" + std::to_string(threads) + "): the thread count must be >= 1",
+                       "pass a positive thread count, or use Host() for the rank's share of the cores");
+  check_blas_pool();
+  start_pool(mode);
+  apply_blas_threads();
+}
+
+DTRAIN_DECL Host::Host(int blas_env, from_env)
+    : threads_(blas_env != 0 ? blas_env : blas_threads_per_rank(process_env)),
+      gemm_(detail::host_gemm_from_env()),
+      sgemm_(detail::sgemm_of(gemm_)),
+      bf16_gemm_(detail::bf16_gemm_of(gemm_)) {
+  check_blas_pool();
+  start_pool(detail::host_threads_from_env());
+  if (blas_env == 0 || pool_) apply_blas_threads();
+}
+
+DTRAIN_DECL void Host::start_pool(host_threads mode) {
+  if (threads_ > 1 && mode == host_threads::pool) pool_ = detail::shared_host_pool(threads_);
+}
+
+DTRAIN_DECL void Host::sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                             const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                             std::int64_t ldc) {
+  const int status =
+      pool_ ? detail::pool_sgemm(pool_.get(), threads_, sgemm_, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta,
+                                 C, ldc)
+            : sgemm_(threads_, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (status != 0) detail::sgemm_failed(gemm_, status, m, n, k);
+}
+
+DTRAIN_DECL void Host::apply_blas_threads() const {
+  // Changing the pool while another thread is inside a BLAS call is not
+  // safe in every OpenBLAS build; skip the call when nothing would change.
+  // OpenBLAS runs on one thread under dtrain's pool or when oneDNN
+  // multiplies.
+  const int blas = pool_ || gemm_ != host_gemm::openblas ? 1 : threads_;
+  if (openblas_get_num_threads() != blas) openblas_set_num_threads(blas);
+}
 
 DTRAIN_DECL void Host::check_blas_pool() {
   const auto limit = address_space_limit();

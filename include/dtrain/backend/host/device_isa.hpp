@@ -50,17 +50,7 @@ namespace detail {
 
 // The widest level this processor runs (AVX2 needs FMA as well; AVX-512
 // needs the F, VL, BW and DQ subsets GCC uses for float and integer lanes).
-inline host_isa widest_host_isa() {
-#if DTRAIN_HOST_ISA_DISPATCH
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
-  return avx512 ? host_isa::avx512 : (avx2 ? host_isa::avx2 : host_isa::baseline);
-#else
-  return host_isa::baseline;
-#endif
-}
+DTRAIN_DECL host_isa widest_host_isa();
 
 // DTRAIN_HOST_ISA, or the widest level when unset.
 DTRAIN_DECL host_isa host_isa_from_env();
@@ -77,14 +67,7 @@ inline host_isa current_host_isa() { return detail::host_isa_slot(); }
 
 // Pins the level for the rest of the process (tests compare the levels);
 // a level the processor lacks is a config_error.
-inline void set_host_isa(host_isa isa) {
-  const host_isa widest = detail::widest_host_isa();
-  if (static_cast<int>(isa) > static_cast<int>(widest))
-    throw config_error(std::string("set_host_isa(") + host_isa_name(isa) + "): this processor's widest level is " +
-                           host_isa_name(widest),
-                       "ask for a level up to widest_host_isa()");
-  detail::host_isa_slot() = isa;
-}
+DTRAIN_DECL void set_host_isa(host_isa isa);
 
 namespace detail {
 
@@ -132,8 +115,8 @@ __attribute__((flatten, target("avx2,fma"))) void run_range_avx2(const F& f, std
 }
 
 template <class F>
-__attribute__((flatten, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void run_range_avx512(const F& f, std::size_t begin,
-                                                                                            std::size_t end) {
+__attribute__((flatten, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void run_range_avx512(
+    const F& f, std::size_t begin, std::size_t end) {
   F local = f;
   run_indices(local, begin, end);
 }

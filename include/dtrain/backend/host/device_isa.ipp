@@ -8,7 +8,21 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain::detail {
+namespace dtrain {
+
+namespace detail {
+
+DTRAIN_DECL host_isa widest_host_isa() {
+#if DTRAIN_HOST_ISA_DISPATCH
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  return avx512 ? host_isa::avx512 : (avx2 ? host_isa::avx2 : host_isa::baseline);
+#else
+  return host_isa::baseline;
+#endif
+}
 
 DTRAIN_DECL host_isa host_isa_from_env() {
   const host_isa widest = widest_host_isa();
@@ -30,6 +44,17 @@ DTRAIN_DECL host_isa host_isa_from_env() {
   return want;
 }
 
-}  // namespace dtrain::detail
+}  // namespace detail
+
+DTRAIN_DECL void set_host_isa(host_isa isa) {
+  const host_isa widest = detail::widest_host_isa();
+  if (static_cast<int>(isa) > static_cast<int>(widest))
+    throw config_error(std::string("set_host_isa(") + host_isa_name(isa) + "): this processor's widest level is " +
+                           host_isa_name(widest),
+                       "ask for a level up to widest_host_isa()");
+  detail::host_isa_slot() = isa;
+}
+
+}  // namespace dtrain
 
 DTRAIN_IMPL_END
