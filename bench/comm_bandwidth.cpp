@@ -14,9 +14,6 @@
 // median over iterations; reported, the slowest rank's median. The iteration
 // count depends only on the size, so every rank runs the same sequence.
 
-#include <dtrain/backend/host/comm.hpp>
-#include <dtrain/launch/init.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +22,9 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <dtrain/backend/host/comm.hpp>
+#include <dtrain/launch/init.hpp>
 
 namespace {
 
@@ -42,7 +42,8 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (i + 1 >= argc)
-      throw config_error("usage: bench_comm_bandwidth [--min-mib N] [--max-mib N] [--json PATH] [--transport auto|shm|gloo]");
+      throw config_error(
+          "usage: bench_comm_bandwidth [--min-mib N] [--max-mib N] [--json PATH] [--transport auto|shm|gloo]");
     const std::string value = argv[++i];
     if (arg == "--min-mib")
       o.min_bytes = std::stoull(value) << 20;
@@ -161,8 +162,7 @@ int main(int argc, char** argv) {
                       time_collective(comm, iters, [&] { return comm.all_reduce(whole, reduce_op::sum); })});
       rows.push_back({"reduce_scatter", bytes, iters, time_collective(comm, iters, [&] {
                         return comm.reduce_scatter(std::span<const float>(whole).first(chunk * n_ranks),
-                                                   std::span<float>(out).first(chunk),
-                                                   reduce_op::sum);
+                                                   std::span<float>(out).first(chunk), reduce_op::sum);
                       })});
       rows.push_back({"all_gather", bytes, iters, time_collective(comm, iters, [&] {
                         return comm.all_gather(std::span<const float>(in).first(chunk),

@@ -7,9 +7,6 @@
 //
 // usage: bench_embedding_grad [--vocab 32000,50257] [--dim 768] [--rows 512] [--iters 15] [--json PATH]
 
-#include <dtrain/backend/host/device.hpp>
-#include <dtrain/kernels/sequence.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -22,6 +19,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <dtrain/backend/host/device.hpp>
+#include <dtrain/kernels/sequence.hpp>
 
 namespace {
 
@@ -43,7 +43,8 @@ struct Options {
 std::int64_t positive(const std::string& flag, const std::string& text) {
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (end == text.c_str() || *end != '\0' || v <= 0) usage_error(flag + " needs a positive integer, got '" + text + "'");
+  if (end == text.c_str() || *end != '\0' || v <= 0)
+    usage_error(flag + " needs a positive integer, got '" + text + "'");
   return v;
 }
 
@@ -111,22 +112,25 @@ int main(int argc, char** argv) {
     for (const auto id : ids) ++offsets[id + 1];
     for (std::int64_t v = 0; v < vocab; ++v) offsets[v + 1] += offsets[v];
     std::vector<std::int64_t> next(offsets, offsets + vocab);
-    for (std::int64_t r = 0; r < o.rows; ++r) order[next[static_cast<std::size_t>(ids[static_cast<std::size_t>(r)])]++] = r;
+    for (std::int64_t r = 0; r < o.rows; ++r)
+      order[next[static_cast<std::size_t>(ids[static_cast<std::size_t>(r)])]++] = r;
     std::vector<float> dy(static_cast<std::size_t>(o.rows * o.dim));
     std::uniform_real_distribution<float> u(-1.f, 1.f);
     for (auto& x : dy) x = u(rng);
     std::vector<float> by_elements(static_cast<std::size_t>(vocab * o.dim)), by_rows(by_elements.size());
     for (const int threads : thread_counts) {
       dtrain::Host dev(threads);
-      const Row row{vocab, threads,
-                    median_ms(o.iters, [&] {
-                      dev.for_each(by_elements.size(),
-                                   dtrain::EmbeddingScatter<float>{offsets, order, dy.data(), by_elements.data(), o.dim});
+      const Row row{
+          vocab, threads,
+          median_ms(o.iters,
+                    [&] {
+                      dev.for_each(by_elements.size(), dtrain::EmbeddingScatter<float>{offsets, order, dy.data(),
+                                                                                       by_elements.data(), o.dim});
                     }),
-                    median_ms(o.iters, [&] {
-                      dev.for_each(static_cast<std::size_t>(vocab), dtrain::EmbeddingScatter<float>{
-                                                                        offsets, order, dy.data(), by_rows.data(), o.dim, true});
-                    })};
+          median_ms(o.iters, [&] {
+            dev.for_each(static_cast<std::size_t>(vocab),
+                         dtrain::EmbeddingScatter<float>{offsets, order, dy.data(), by_rows.data(), o.dim, true});
+          })};
       if (std::memcmp(by_rows.data(), by_elements.data(), by_rows.size() * sizeof(float)) != 0) {
         std::fprintf(stderr, "bench_embedding_grad: the two forms differ (vocab %lld, %d threads)\n",
                      static_cast<long long>(vocab), threads);
@@ -135,7 +139,8 @@ int main(int argc, char** argv) {
       rows.push_back(row);
     }
   }
-  std::printf("| table | threads | an index per element ms | a row per index ms | speed-up |\n|---|---:|---:|---:|---:|\n");
+  std::printf(
+      "| table | threads | an index per element ms | a row per index ms | speed-up |\n|---|---:|---:|---:|---:|\n");
   std::ostringstream json;
   json << "{\"benchmark\": \"embedding_grad\", \"dim\": " << o.dim << ", \"token_rows\": " << o.rows
        << ", \"iters\": " << o.iters << ", \"rows\": [";

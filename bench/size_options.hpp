@@ -4,13 +4,13 @@
 //   --sizes-m 10,50   element counts, in millions
 //   --iters N         timed runs per pass (at least 1)
 //   --json PATH       where the results go
-#include <dtrain/core/error.hpp>
-
 #include <algorithm>
 #include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <dtrain/core/error.hpp>
 
 namespace dtrain::bench {
 

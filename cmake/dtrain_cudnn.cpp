@@ -21,10 +21,9 @@
 
 #if DTRAIN_HAS_CUDA && DTRAIN_HAS_CUDNN
 
-#include <dlfcn.h>
-
 #include <cudnn.h>
 #include <cudnn_frontend.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -64,7 +63,17 @@ inline void load_cudnn() {
 }
 
 enum attention_uid : fe::graph::Tensor_attributes::uid_t {
-  uid_q = 1, uid_k, uid_v, uid_o, uid_stats, uid_bias, uid_scale, uid_do, uid_dq, uid_dk, uid_dv
+  uid_q = 1,
+  uid_k,
+  uid_v,
+  uid_o,
+  uid_stats,
+  uid_bias,
+  uid_scale,
+  uid_do,
+  uid_dq,
+  uid_dk,
+  uid_dv
 };
 
 inline void cudnn_check(cudnnStatus_t status, const char* what) {
@@ -188,8 +197,10 @@ class CudnnAttentionState {
     options.set_attn_scale(scale(*g)).set_causal_mask(true);
     if (s.key_bias) options.set_bias(bias(*g, s));
     auto [o, st] = g->sdpa(q, k, v, options);
-    o->set_output(true).set_uid(uid_o).set_dim({s.batch, s.heads, s.time, s.head_dim}).set_stride(
-        {s.o.batch, s.o.head, s.o.row, 1});
+    o->set_output(true)
+        .set_uid(uid_o)
+        .set_dim({s.batch, s.heads, s.time, s.head_dim})
+        .set_stride({s.o.batch, s.o.head, s.o.row, 1});
     st->set_output(true)
         .set_uid(uid_stats)
         .set_data_type(fe::DataType_t::FLOAT)
@@ -211,8 +222,10 @@ class CudnnAttentionState {
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats(*g, s), options);
     const auto out = [&](std::shared_ptr<fe::graph::Tensor_attributes>& t, fe::graph::Tensor_attributes::uid_t uid,
                          std::int64_t heads, const AttentionStrides& st) {
-      t->set_output(true).set_uid(uid).set_dim({s.batch, heads, s.time, s.head_dim}).set_stride(
-          {st.batch, st.head, st.row, 1});
+      t->set_output(true)
+          .set_uid(uid)
+          .set_dim({s.batch, heads, s.time, s.head_dim})
+          .set_stride({st.batch, st.head, st.row, 1});
     };
     out(dq, uid_dq, s.heads, s.q);
     out(dk, uid_dk, s.kv_heads, s.k);
@@ -238,14 +251,15 @@ void cudnn_attention_forward(Cuda& dev, const FusedAttentionShape& s, attention_
   auto& st = dev.extension<detail::CudnnAttentionState>();
   const auto* g = st.graph(s, false, t);
   if (g == nullptr)
-    throw config_error("cuDNN has no fused attention for this problem (head dim " + std::to_string(s.head_dim) +
-                           ", " + std::to_string(s.heads) + " heads, " + std::to_string(s.kv_heads) +
-                           " key/value heads)",
+    throw config_error("cuDNN has no fused attention for this problem (head dim " + std::to_string(s.head_dim) + ", " +
+                           std::to_string(s.heads) + " heads, " + std::to_string(s.kv_heads) + " key/value heads)",
                        "check cudnn_attention_supported first, or set DTRAIN_ATTENTION=reference");
-  std::unordered_map<detail::fe::graph::Tensor_attributes::uid_t, void*> pack{
-      {detail::uid_q, const_cast<void*>(q)}, {detail::uid_k, const_cast<void*>(k)},
-      {detail::uid_v, const_cast<void*>(v)}, {detail::uid_o, o},
-      {detail::uid_stats, stats},            {detail::uid_scale, &scale}};
+  std::unordered_map<detail::fe::graph::Tensor_attributes::uid_t, void*> pack{{detail::uid_q, const_cast<void*>(q)},
+                                                                              {detail::uid_k, const_cast<void*>(k)},
+                                                                              {detail::uid_v, const_cast<void*>(v)},
+                                                                              {detail::uid_o, o},
+                                                                              {detail::uid_stats, stats},
+                                                                              {detail::uid_scale, &scale}};
   if (s.key_bias) pack[detail::uid_bias] = const_cast<void*>(bias);
   st.run(*g, pack);
 }
@@ -256,15 +270,20 @@ void cudnn_attention_backward(Cuda& dev, const FusedAttentionShape& s, attention
   auto& st = dev.extension<detail::CudnnAttentionState>();
   const auto* g = st.graph(s, true, t);
   if (g == nullptr)
-    throw config_error("cuDNN has no fused attention backward for this problem (head dim " +
-                           std::to_string(s.head_dim) + ")",
-                       "check cudnn_attention_supported first, or set DTRAIN_ATTENTION=reference");
+    throw config_error(
+        "cuDNN has no fused attention backward for this problem (head dim " + std::to_string(s.head_dim) + ")",
+        "check cudnn_attention_supported first, or set DTRAIN_ATTENTION=reference");
   std::unordered_map<detail::fe::graph::Tensor_attributes::uid_t, void*> pack{
-      {detail::uid_q, const_cast<void*>(q)},    {detail::uid_k, const_cast<void*>(k)},
-      {detail::uid_v, const_cast<void*>(v)},    {detail::uid_o, const_cast<void*>(o)},
-      {detail::uid_do, const_cast<void*>(d_o)}, {detail::uid_stats, const_cast<float*>(stats)},
-      {detail::uid_dq, dq},                     {detail::uid_dk, dk},
-      {detail::uid_dv, dv},                     {detail::uid_scale, &scale}};
+      {detail::uid_q, const_cast<void*>(q)},
+      {detail::uid_k, const_cast<void*>(k)},
+      {detail::uid_v, const_cast<void*>(v)},
+      {detail::uid_o, const_cast<void*>(o)},
+      {detail::uid_do, const_cast<void*>(d_o)},
+      {detail::uid_stats, const_cast<float*>(stats)},
+      {detail::uid_dq, dq},
+      {detail::uid_dk, dk},
+      {detail::uid_dv, dv},
+      {detail::uid_scale, &scale}};
   if (s.key_bias) pack[detail::uid_bias] = const_cast<void*>(bias);
   st.run(*g, pack);
 }

@@ -2,14 +2,14 @@
 // few steps through dtrain's Trainer (so the headers, Gloo and OpenBLAS all
 // link and run) and fails unless the loss goes down.
 
-#include <dtrain/trainer.hpp>
-#include <dtrain/version.hpp>
-
 #include <cstdio>
-#include <vector>
 #include <cstdlib>
 #include <exception>
 #include <span>
+#include <vector>
+
+#include <dtrain/trainer.hpp>
+#include <dtrain/version.hpp>
 
 struct Classifier {
   dtrain::nn::Linear fc{4, 2};

@@ -12,14 +12,6 @@
 // prints an nccl-tests-style bandwidth table. Exit status 0: all checks
 // passed; 1: a check failed or a collective threw; 2: bad arguments.
 
-#include <dtrain/backend/host/comm.hpp>
-#include <dtrain/backend/cuda/comm_nccl.hpp>
-#include <dtrain/comm/world.hpp>
-#include <dtrain/backend/host/device.hpp>
-#include <dtrain/backend/host/device_isa.hpp>
-#include <dtrain/launch/env.hpp>
-#include <dtrain/version.hpp>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +29,14 @@
 #include <string_view>
 #include <thread>
 #include <vector>
+
+#include <dtrain/backend/cuda/comm_nccl.hpp>
+#include <dtrain/backend/host/comm.hpp>
+#include <dtrain/backend/host/device.hpp>
+#include <dtrain/backend/host/device_isa.hpp>
+#include <dtrain/comm/world.hpp>
+#include <dtrain/launch/env.hpp>
+#include <dtrain/version.hpp>
 
 extern char** environ;
 
@@ -152,10 +152,11 @@ void print_host() {
       const int share = dtrain::cores_per_local_rank(dtrain::process_env);
       const int threads = dtrain::blas_threads_per_rank(dtrain::process_env);
       if (threads < share)
-        std::printf("blas threads    %d per rank (a quarter of ulimit -v, %llu MiB, at %llu MiB per thread; the "
-                    "cores would give %d)\n",
-                    threads, static_cast<unsigned long long>(*dtrain::address_space_limit() >> 20),
-                    static_cast<unsigned long long>(dtrain::blas_thread_address_space >> 20), share);
+        std::printf(
+            "blas threads    %d per rank (a quarter of ulimit -v, %llu MiB, at %llu MiB per thread; the "
+            "cores would give %d)\n",
+            threads, static_cast<unsigned long long>(*dtrain::address_space_limit() >> 20),
+            static_cast<unsigned long long>(dtrain::blas_thread_address_space >> 20), share);
       else
         std::printf("blas threads    %d per rank (%d usable cores / %d rank%s on this node)\n", threads, usable, local,
                     local == 1 ? "" : "s");
@@ -185,12 +186,13 @@ void print_host() {
 
 void print_environment() {
   // Always shown, "(unset)" included: a missing one is often the problem.
-  constexpr const char* named[] = {"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-                                   "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                   "DTRAIN_HOST_TRANSPORT"};
+  constexpr const char* named[] = {
+      "CUDA_VISIBLE_DEVICES", "MASTER_ADDR",          "MASTER_PORT",      "RANK",
+      "WORLD_SIZE",           "LOCAL_RANK",           "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
+      "OPENBLAS_NUM_THREADS", "DTRAIN_HOST_TRANSPORT"};
   // Every variable with these prefixes is shown when set.
-  constexpr std::string_view prefixes[] = {"NCCL_", "GLOO_", "DTRAIN_", "CUDA_", "SLURM_", "OMPI_COMM_WORLD_",
-                                           "TORCHELASTIC_", "UCX_", "FI_"};
+  constexpr std::string_view prefixes[] = {"NCCL_",         "GLOO_", "DTRAIN_", "CUDA_", "SLURM_", "OMPI_COMM_WORLD_",
+                                           "TORCHELASTIC_", "UCX_",  "FI_"};
   std::printf("\nenvironment\n");
   for (const char* n : named) {
     const char* v = std::getenv(n);
@@ -201,8 +203,8 @@ void print_environment() {
     const std::string_view kv = *e;
     const std::string_view key = kv.substr(0, kv.find('='));
     const bool shown = std::find(std::begin(named), std::end(named), key) != std::end(named);
-    const bool wanted = std::any_of(std::begin(prefixes), std::end(prefixes),
-                                    [&](std::string_view p) { return key.starts_with(p); });
+    const bool wanted =
+        std::any_of(std::begin(prefixes), std::end(prefixes), [&](std::string_view p) { return key.starts_with(p); });
     if (wanted && !shown) extra.emplace_back(kv);
   }
   std::sort(extra.begin(), extra.end());
@@ -352,7 +354,9 @@ struct HostBackend {
     explicit Buffer(std::size_t n) : data_(n) {}
     std::span<T> span(std::size_t n) { return std::span<T>(data_).first(n); }
     void upload(const std::vector<T>& host) { std::copy(host.begin(), host.end(), data_.begin()); }
-    std::vector<T> download(std::size_t n) const { return {data_.begin(), data_.begin() + static_cast<std::ptrdiff_t>(n)}; }
+    std::vector<T> download(std::size_t n) const {
+      return {data_.begin(), data_.begin() + static_cast<std::ptrdiff_t>(n)};
+    }
 
    private:
     std::vector<T> data_;
@@ -444,7 +448,8 @@ class RankRunner {
     for (std::size_t i = 0; i < got_n; ++i) {
       const double expect = expected(c, rank, i, chunk);
       const double g = static_cast<float>(got[i]);
-      const double tol = (c == Coll::all_gather || c == Coll::broadcast) ? 0.0 : (n + 1) * dtype_traits<T>::epsilon * expect;
+      const double tol =
+          (c == Coll::all_gather || c == Coll::broadcast) ? 0.0 : (n + 1) * dtype_traits<T>::epsilon * expect;
       if (std::abs(g - expect) <= tol) continue;
       report_.fail("rank " + std::to_string(rank) + ": " + info(c).name + " " + info(c).op + " " +
                    std::string(dtype_traits<T>::name) + " of " + std::to_string(total) + " elements: element " +
@@ -565,15 +570,15 @@ void run_threads(int n, Report& report, const std::function<void(int)>& rank_mai
 }
 
 void print_table(const Report& report, int n) {
-  std::printf("\n%14s %12s %6s %-15s %-4s %12s %12s %12s\n", "size(B)", "count", "type", "collective", "op",
-              "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+  std::printf("\n%14s %12s %6s %-15s %-4s %12s %12s %12s\n", "size(B)", "count", "type", "collective", "op", "time(us)",
+              "algbw(GB/s)", "busbw(GB/s)");
   for (const Coll c : all_colls)
     for (const auto& [key, per_rank] : report.times()) {
       if (key.first != c) continue;
       const double us = Report::median_of_max(per_rank);
       const double algbw = static_cast<double>(key.second) / us / 1e3;
-      std::printf("%14zu %12zu %6s %-15s %-4s %12.1f %12.3f %12.3f\n", key.second, key.second / sizeof(float),
-                  "fp32", info(c).name, info(c).op, us, algbw, algbw * bus_factor(c, n));
+      std::printf("%14zu %12zu %6s %-15s %-4s %12.1f %12.3f %12.3f\n", key.second, key.second / sizeof(float), "fp32",
+                  info(c).name, info(c).op, us, algbw, algbw * bus_factor(c, n));
     }
   if (const auto it = report.times().find({Coll::barrier, 0}); it != report.times().end())
     std::printf("%14d %12d %6s %-15s %-4s %12.1f %12s %12s\n", 0, 0, "-", "barrier", "-",
@@ -620,8 +625,9 @@ CommOptions comm_options(const Options& opt) {
 
 void print_timeout(const Options& opt) {
   const auto [seconds, source] = timeout_in_force(opt);
-  std::printf("\ncollective timeout  %g s (%s; a job takes timeout_s=, DTRAIN_COMM_TIMEOUT_S or CommOptions::timeout)\n",
-              seconds, source);
+  std::printf(
+      "\ncollective timeout  %g s (%s; a job takes timeout_s=, DTRAIN_COMM_TIMEOUT_S or CommOptions::timeout)\n",
+      seconds, source);
 }
 
 int run_host(const Options& opt) {
@@ -632,9 +638,10 @@ int run_host(const Options& opt) {
     HostCommunicator comm(worlds[static_cast<std::size_t>(r)]);
     if (r == 0) {
       std::printf("\nhost transport  %s\n", comm.description().c_str());
-      std::printf("collectives     %d CPU ranks (threads of this process), median of %d iterations after %d "
-                  "warmup, slowest rank\n",
-                  n, opt.iters, opt.warmup);
+      std::printf(
+          "collectives     %d CPU ranks (threads of this process), median of %d iterations after %d "
+          "warmup, slowest rank\n",
+          n, opt.iters, opt.warmup);
       std::fflush(stdout);
     }
     run_rank<HostBackend>(comm, report, opt);
@@ -646,9 +653,10 @@ int run_host(const Options& opt) {
 int run_gpus(const Options& opt, int gpus) {
   const int n = opt.ranks.value_or(gpus);
   if (n > gpus) throw usage_error{"--ranks " + std::to_string(n) + ": only " + std::to_string(gpus) + " GPUs"};
-  std::printf("\ncollectives     NCCL, %d GPUs (one thread each), median of %d iterations after %d warmup, "
-              "slowest rank\n",
-              n, opt.iters, opt.warmup);
+  std::printf(
+      "\ncollectives     NCCL, %d GPUs (one thread each), median of %d iterations after %d warmup, "
+      "slowest rank\n",
+      n, opt.iters, opt.warmup);
   std::fflush(stdout);
   Report report;
   auto worlds = make_local_worlds(n, comm_options(opt));

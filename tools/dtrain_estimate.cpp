@@ -9,15 +9,6 @@
 //
 // Exit status: 0 printed, 2 bad input (one line naming the problem and the fix).
 
-#include <dtrain/hf/config.hpp>
-#include <dtrain/hf/model.hpp>
-#include <dtrain/models/causal_lm.hpp>  // the examples' models and their keys' defaults
-#include <dtrain/models/gpt.hpp>
-#include <dtrain/models/mlp.hpp>
-#include <dtrain/models/policy.hpp>
-#include <dtrain/train/estimate.hpp>
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -28,6 +19,16 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include <dtrain/hf/config.hpp>
+#include <dtrain/hf/model.hpp>
+#include <dtrain/models/causal_lm.hpp>  // the examples' models and their keys' defaults
+#include <dtrain/models/gpt.hpp>
+#include <dtrain/models/mlp.hpp>
+#include <dtrain/models/policy.hpp>
+#include <dtrain/train/estimate.hpp>
 
 namespace {
 
@@ -123,7 +124,7 @@ std::string number_text(double v) {
 
 // Everything the command line and the config decide.
 struct Inputs {
-  std::string source;                  // --config: the file and the MLP's shape
+  std::string source;  // --config: the file and the MLP's shape
   std::vector<UnitNumel> units;
   std::size_t parameters = 0, trainable = 0;
   std::string precision = "fp32", reduce_dtype = "fp32", optimizer = "adamw";
@@ -132,13 +133,13 @@ struct Inputs {
   std::optional<std::int64_t> micro_batch;  // rows, when activations were worked out
   std::size_t activations = 0;
   std::string strategy = "all";
-  std::string offload = "none";             // none | optimizer | params | all
-  bool state_on_disk = false;               // --state-on-disk
-  std::string config_strategy;              // --config: the config's strategy= (marked in the table)
-  bool checkpointing = false;               // --config: activation_checkpointing=true
-  std::size_t checkpoint_every = 1;         // --config: checkpoint_every=K
+  std::string offload = "none";               // none | optimizer | params | all
+  bool state_on_disk = false;                 // --state-on-disk
+  std::string config_strategy;                // --config: the config's strategy= (marked in the table)
+  bool checkpointing = false;                 // --config: activation_checkpointing=true
+  std::size_t checkpoint_every = 1;           // --config: checkpoint_every=K
   std::vector<std::size_t> checkpoint_units;  // --config: checkpoint_units=A,B
-  std::size_t checkpoint_budget = 0;         // --config: checkpoint_budget_mib=M, in bytes
+  std::size_t checkpoint_budget = 0;          // --config: checkpoint_budget_mib=M, in bytes
   bool json = false;
 };
 
@@ -167,11 +168,15 @@ std::size_t parse_count(std::string_view text) {
   std::string_view digits = text;
   if (!text.empty()) {
     const char s = text.back();
-    scale = s == 'K' || s == 'k' ? 1e3 : s == 'M' || s == 'm' ? 1e6 : s == 'B' || s == 'b' || s == 'G' || s == 'g' ? 1e9 : 1;
+    scale = s == 'K' || s == 'k'                           ? 1e3
+            : s == 'M' || s == 'm'                         ? 1e6
+            : s == 'B' || s == 'b' || s == 'G' || s == 'g' ? 1e9
+                                                           : 1;
     if (scale != 1) digits.remove_suffix(1);
   }
   const double n = parse_number<double>("--params", digits, 1, 1e18) * scale;
-  if (n != std::floor(n)) throw usage_error{"--params " + in_quotes(text) + " is not a whole number", "e.g. --params 1.5B"};
+  if (n != std::floor(n))
+    throw usage_error{"--params " + in_quotes(text) + " is not a whole number", "e.g. --params 1.5B"};
   return static_cast<std::size_t>(n);
 }
 
@@ -242,61 +247,96 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
     for (const auto& w : list_items(v)) out.push_back(parse_number<std::int64_t>(key, w, least, 1e12));
     return out;
   };
-  if (key == "precision") c.precision = text();
-  else if (key == "reduce_dtype") c.reduce_dtype = text();
-  else if (key == "accumulate") c.accumulate = static_cast<int>(integer());
-  else if (key == "batch_size") c.batch_size = integer();
-  else if (key == "optimizer") c.optimizer = text();
-  else if (key == "momentum") c.momentum = static_cast<float>(as(std::type_identity<double>{}));
-  else if (key == "strategy") c.strategy = text();
-  else if (key == "shard_group") c.shard_group = static_cast<int>(integer());
-  else if (key == "prefetch") c.prefetch = static_cast<int>(integer());
-  else if (key == "activation_checkpointing") c.activation_checkpointing = as(std::type_identity<bool>{});
-  else if (key == "checkpoint_every") c.checkpoint_every = integer();
-  else if (key == "checkpoint_units") c.checkpoint_units = widths(0);
-  else if (key == "checkpoint_budget_mib") c.checkpoint_budget_mib = as(std::type_identity<double>{});
+  if (key == "precision")
+    c.precision = text();
+  else if (key == "reduce_dtype")
+    c.reduce_dtype = text();
+  else if (key == "accumulate")
+    c.accumulate = static_cast<int>(integer());
+  else if (key == "batch_size")
+    c.batch_size = integer();
+  else if (key == "optimizer")
+    c.optimizer = text();
+  else if (key == "momentum")
+    c.momentum = static_cast<float>(as(std::type_identity<double>{}));
+  else if (key == "strategy")
+    c.strategy = text();
+  else if (key == "shard_group")
+    c.shard_group = static_cast<int>(integer());
+  else if (key == "prefetch")
+    c.prefetch = static_cast<int>(integer());
+  else if (key == "activation_checkpointing")
+    c.activation_checkpointing = as(std::type_identity<bool>{});
+  else if (key == "checkpoint_every")
+    c.checkpoint_every = integer();
+  else if (key == "checkpoint_units")
+    c.checkpoint_units = widths(0);
+  else if (key == "checkpoint_budget_mib")
+    c.checkpoint_budget_mib = as(std::type_identity<double>{});
   else if constexpr (std::is_same_v<Config, models::MlpConfig>) {
-    if (key == "hidden") c.hidden = widths();
-    else if (key == "features") c.features = integer();
-    else if (key == "classes") c.classes = integer();
+    if (key == "hidden")
+      c.hidden = widths();
+    else if (key == "features")
+      c.features = integer();
+    else if (key == "classes")
+      c.classes = integer();
   } else if constexpr (std::is_same_v<Config, models::GptConfig>) {
-    if (key == "n_layer") c.n_layer = integer();
-    else if (key == "n_head") c.n_head = integer();
-    else if (key == "n_embd") c.n_embd = integer();
-    else if (key == "block_size") c.block_size = integer();
-    else if (key == "data") c.data = text();
-    else if (key == "corpus_bytes") c.corpus_bytes = integer();
-    else if (key == "data_seed") c.data_seed = as(std::type_identity<std::uint64_t>{});
+    if (key == "n_layer")
+      c.n_layer = integer();
+    else if (key == "n_head")
+      c.n_head = integer();
+    else if (key == "n_embd")
+      c.n_embd = integer();
+    else if (key == "block_size")
+      c.block_size = integer();
+    else if (key == "data")
+      c.data = text();
+    else if (key == "corpus_bytes")
+      c.corpus_bytes = integer();
+    else if (key == "data_seed")
+      c.data_seed = as(std::type_identity<std::uint64_t>{});
   } else if constexpr (std::is_same_v<Config, models::CausalLmConfig>) {
-    if (key == "model") c.model = text();
-    else if (key == "config") c.config = text();
-    else if (key == "block_size") c.block_size = integer();
-    else if (key == "packing") c.packing = as(std::type_identity<bool>{});
-    else if (key == "lora_r") c.lora_r = integer();
-    else if (key == "lora_alpha") c.lora_alpha = static_cast<float>(as(std::type_identity<double>{}));
-    else if (key == "lora_dropout") c.lora_dropout = static_cast<float>(as(std::type_identity<double>{}));
-    else if (key == "lora_rslora") c.lora_rslora = as(std::type_identity<bool>{});
+    if (key == "model")
+      c.model = text();
+    else if (key == "config")
+      c.config = text();
+    else if (key == "block_size")
+      c.block_size = integer();
+    else if (key == "packing")
+      c.packing = as(std::type_identity<bool>{});
+    else if (key == "lora_r")
+      c.lora_r = integer();
+    else if (key == "lora_alpha")
+      c.lora_alpha = static_cast<float>(as(std::type_identity<double>{}));
+    else if (key == "lora_dropout")
+      c.lora_dropout = static_cast<float>(as(std::type_identity<double>{}));
+    else if (key == "lora_rslora")
+      c.lora_rslora = as(std::type_identity<bool>{});
     else if (key == "lora_targets") {
       if (!v.IsSequence()) text();  // a scalar, or the key's type error
       c.lora_targets = list_items(v);
-    }
-    else if (key == "lora_modules_to_save") {
+    } else if (key == "lora_modules_to_save") {
       if (!v.IsSequence()) text();
       c.lora_modules_to_save = list_items(v);
-    }
-    else if (key == "adapter") c.adapter = text();
+    } else if (key == "adapter")
+      c.adapter = text();
   } else {
-    if (key == "hidden") c.hidden = widths();
-    else if (key == "horizon") c.horizon = integer();
-    else if (key == "image") c.image = as(std::type_identity<bool>{});
-    else if (key == "image_size") c.image_size = integer();
+    if (key == "hidden")
+      c.hidden = widths();
+    else if (key == "horizon")
+      c.horizon = integer();
+    else if (key == "image")
+      c.image = as(std::type_identity<bool>{});
+    else if (key == "image_size")
+      c.image_size = integer();
   }
 }
 
 template <class Config>
 Config read_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (!std::filesystem::is_regular_file(path))
-    throw usage_error{"config file " + in_quotes(path) + " does not exist", "pass the path of an example's YAML config"};
+    throw usage_error{"config file " + in_quotes(path) + " does not exist",
+                      "pass the path of an example's YAML config"};
   Config c;
   YAML::Node root;
   try {
@@ -347,29 +387,52 @@ Inputs parse(int argc, char** argv) {
     if (arg == "-h" || arg == "--help") {
       std::fputs(usage.data(), stdout);
       std::exit(0);
-    } else if (arg == "--params") params = parse_count(value());
-    else if (arg == "--hf-config") hf_config = value();
-    else if (arg == "--lora-r") lora.r = parse_number<std::int64_t>(arg, value(), 1, 1e6);
-    else if (arg == "--lora-targets") lora.targets = list_items(YAML::Node(value()));
-    else if (arg == "--units") unit_count = parse_number<std::size_t>(arg, value(), 1, 1e9);
-    else if (arg == "--trainable-fraction") fraction = parse_number<double>(arg, value(), 0, 1);
-    else if (arg == "--config") config = value();
-    else if (arg == "--example") example = one_of(arg, value(), examples_known);
-    else if (arg == "--precision") in.precision = one_of(arg, value(), precisions);
-    else if (arg == "--reduce-dtype") in.reduce_dtype = one_of(arg, value(), reduce_dtypes);
-    else if (arg == "--optimizer") in.optimizer = one_of(arg, value(), optimizers);
-    else if (arg == "--momentum") in.momentum = parse_number<double>(arg, value(), 0, 1);
-    else if (arg == "--accumulate") in.accumulate = parse_number<int>(arg, value(), 1, 1e6);
-    else if (arg == "--prefetch") in.prefetch = parse_number<int>(arg, value(), 0, 1e6);
-    else if (arg == "--world") world = parse_number<int>(arg, value(), 1, 1e7);
-    else if (arg == "--shard-group") shard_group = parse_number<int>(arg, value(), 1, 1e7);
-    else if (arg == "--strategy") in.strategy = value();
-    else if (arg == "--offload") in.offload = one_of(arg, value(), offloads);
-    else if (arg == "--state-on-disk") in.state_on_disk = true;
-    else if (arg == "--activations-bytes") activations = parse_number<std::size_t>(arg, value(), 0, 1e18);
-    else if (arg == "--json") in.json = true;
-    else if (!arg.starts_with("-") && arg.find('=') != std::string::npos && arg.find('=') != 0) overrides.push_back(arg);
-    else throw usage_error{"unknown argument " + in_quotes(arg), "run dtrain-estimate --help"};
+    } else if (arg == "--params")
+      params = parse_count(value());
+    else if (arg == "--hf-config")
+      hf_config = value();
+    else if (arg == "--lora-r")
+      lora.r = parse_number<std::int64_t>(arg, value(), 1, 1e6);
+    else if (arg == "--lora-targets")
+      lora.targets = list_items(YAML::Node(value()));
+    else if (arg == "--units")
+      unit_count = parse_number<std::size_t>(arg, value(), 1, 1e9);
+    else if (arg == "--trainable-fraction")
+      fraction = parse_number<double>(arg, value(), 0, 1);
+    else if (arg == "--config")
+      config = value();
+    else if (arg == "--example")
+      example = one_of(arg, value(), examples_known);
+    else if (arg == "--precision")
+      in.precision = one_of(arg, value(), precisions);
+    else if (arg == "--reduce-dtype")
+      in.reduce_dtype = one_of(arg, value(), reduce_dtypes);
+    else if (arg == "--optimizer")
+      in.optimizer = one_of(arg, value(), optimizers);
+    else if (arg == "--momentum")
+      in.momentum = parse_number<double>(arg, value(), 0, 1);
+    else if (arg == "--accumulate")
+      in.accumulate = parse_number<int>(arg, value(), 1, 1e6);
+    else if (arg == "--prefetch")
+      in.prefetch = parse_number<int>(arg, value(), 0, 1e6);
+    else if (arg == "--world")
+      world = parse_number<int>(arg, value(), 1, 1e7);
+    else if (arg == "--shard-group")
+      shard_group = parse_number<int>(arg, value(), 1, 1e7);
+    else if (arg == "--strategy")
+      in.strategy = value();
+    else if (arg == "--offload")
+      in.offload = one_of(arg, value(), offloads);
+    else if (arg == "--state-on-disk")
+      in.state_on_disk = true;
+    else if (arg == "--activations-bytes")
+      activations = parse_number<std::size_t>(arg, value(), 0, 1e18);
+    else if (arg == "--json")
+      in.json = true;
+    else if (!arg.starts_with("-") && arg.find('=') != std::string::npos && arg.find('=') != 0)
+      overrides.push_back(arg);
+    else
+      throw usage_error{"unknown argument " + in_quotes(arg), "run dtrain-estimate --help"};
   }
 
   if (in.state_on_disk && in.offload == "none")
@@ -394,8 +457,9 @@ Inputs parse(int argc, char** argv) {
       hf::CausalLm model(c, lora);
       in.units = declared_units(model);
       for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
-      in.source = "transformers config " + *hf_config + " (" + c.model_type + ", " + std::to_string(c.num_hidden_layers) +
-                  " layers x " + std::to_string(c.hidden_size) + ", vocabulary " + std::to_string(c.vocab_size) + ")";
+      in.source = "transformers config " + *hf_config + " (" + c.model_type + ", " +
+                  std::to_string(c.num_hidden_layers) + " layers x " + std::to_string(c.hidden_size) + ", vocabulary " +
+                  std::to_string(c.vocab_size) + ")";
     } catch (const dtrain::error& e) {
       throw usage_error{e.problem(), e.fix()};
     }
@@ -443,9 +507,9 @@ Inputs parse(int argc, char** argv) {
     const auto from_model = [&](auto& model, dtrain::SeqShape shape, std::int64_t in_width, std::size_t batch_bytes) {
       in.units = declared_units(model);
       for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
-      in.activations = model_activation_bytes(model, shape, in_width, batch_bytes, dtype_bytes(in.precision),
-                                              in.checkpointing, in.checkpoint_every, in.checkpoint_units,
-                                              in.checkpoint_budget);
+      in.activations =
+          model_activation_bytes(model, shape, in_width, batch_bytes, dtype_bytes(in.precision), in.checkpointing,
+                                 in.checkpoint_every, in.checkpoint_units, in.checkpoint_budget);
     };
     try {
       if (example == "mlp") {
@@ -482,8 +546,8 @@ Inputs parse(int argc, char** argv) {
         hf::CausalLm model(hc, c.lora());
         // x and y int32 [B, T], and packed records' position_ids int64
         const auto tokens = static_cast<std::size_t>(c.batch_size * c.block_size);
-        from_model(model, {c.batch_size, c.block_size}, 0, tokens * (2 * sizeof(std::int32_t) +
-                                                                      (c.packing ? sizeof(std::int64_t) : 0)));
+        from_model(model, {c.batch_size, c.block_size}, 0,
+                   tokens * (2 * sizeof(std::int32_t) + (c.packing ? sizeof(std::int64_t) : 0)));
         in.micro_batch = c.batch_size * c.block_size;
         in.source = "train_lm config " + *config + " (" + hc.model_type + ", " + std::to_string(hc.num_hidden_layers) +
                     " layers x " + std::to_string(hc.hidden_size) + ", " + std::to_string(c.block_size) +
@@ -519,8 +583,8 @@ Inputs parse(int argc, char** argv) {
 struct Row {
   std::string_view strategy;
   offload_kind offload = offload_kind::none;
-  MemoryUsage memory;  // on the compute device
-  MemoryUsage host;    // offloaded, in host memory
+  MemoryUsage memory;    // on the compute device
+  MemoryUsage host;      // offloaded, in host memory
   std::size_t disk = 0;  // optimizer state in files
 };
 
@@ -536,8 +600,10 @@ std::vector<Row> estimate(const Inputs& in) {
   e.optimizer_states = optimizer_states(in);
   e.activations = in.activations;
   std::vector<offload_kind> offloads;
-  if (in.offload == "all") offloads = {offload_kind::none, offload_kind::optimizer, offload_kind::params};
-  else offloads = {parse_offload(in.offload)};
+  if (in.offload == "all")
+    offloads = {offload_kind::none, offload_kind::optimizer, offload_kind::params};
+  else
+    offloads = {parse_offload(in.offload)};
   std::vector<Row> rows;
   for (auto name : estimate_strategies) {
     if (in.strategy != "all" && in.strategy != name) continue;
@@ -594,12 +660,12 @@ std::string describe(const Inputs& in) {
 void print_table(const Inputs& in, const std::vector<Row>& rows) {
   std::printf("dtrain-estimate: %s%s%s\n", in.source.c_str(), in.source.empty() ? "" : ": ", describe(in).c_str());
   std::printf("activations: %s\n\n", in.micro_batch ? "the Trainer's buffers for one micro-batch (units' transient "
-                                                       "workspace not included)"
-                                                     : "as given by --activations-bytes (default 0)");
+                                                      "workspace not included)"
+                                                    : "as given by --activations-bytes (default 0)");
   // With an offload the columns are the device's, then the offloaded host bytes.
   const bool offloading = in.offload != "none";
-  std::vector<std::vector<std::string>> table = {{"strategy (MiB)", "params", "grads", "optimizer state", "master",
-                                                  "gathered", "activations", "total per rank"}};
+  std::vector<std::vector<std::string>> table = {
+      {"strategy (MiB)", "params", "grads", "optimizer state", "master", "gathered", "activations", "total per rank"}};
   if (offloading) {
     table[0].insert(table[0].begin() + 1, "offload");
     table[0].back() = "device total";
@@ -655,24 +721,26 @@ std::string json_string(std::string_view s) {
 }
 
 void print_json(const Inputs& in, const std::vector<Row>& rows) {
-  std::printf("{\n  \"inputs\": {\"model\": %s, \"parameters\": %zu, \"trainable\": %zu, \"precision\": %s, "
-              "\"reduce_dtype\": %s, \"optimizer\": %s, \"optimizer_states\": %zu, \"world\": %d, "
-              "\"shard_group\": %d, \"micro_batch\": %s, \"accumulate\": %d, \"prefetch\": %d, "
-              "\"config_strategy\": %s},\n  \"unit\": \"bytes\",\n  \"strategies\": [",
-              in.source.empty() ? "null" : json_string(in.source).c_str(), in.parameters, in.trainable, json_string(in.precision).c_str(),
-              json_string(reduce_name(in)).c_str(), json_string(in.optimizer).c_str(), optimizer_states(in), in.world,
-              in.shard_group, in.micro_batch ? std::to_string(*in.micro_batch).c_str() : "null", in.accumulate,
-              in.prefetch, in.config_strategy.empty() ? "null" : json_string(in.config_strategy).c_str());
+  std::printf(
+      "{\n  \"inputs\": {\"model\": %s, \"parameters\": %zu, \"trainable\": %zu, \"precision\": %s, "
+      "\"reduce_dtype\": %s, \"optimizer\": %s, \"optimizer_states\": %zu, \"world\": %d, "
+      "\"shard_group\": %d, \"micro_batch\": %s, \"accumulate\": %d, \"prefetch\": %d, "
+      "\"config_strategy\": %s},\n  \"unit\": \"bytes\",\n  \"strategies\": [",
+      in.source.empty() ? "null" : json_string(in.source).c_str(), in.parameters, in.trainable,
+      json_string(in.precision).c_str(), json_string(reduce_name(in)).c_str(), json_string(in.optimizer).c_str(),
+      optimizer_states(in), in.world, in.shard_group, in.micro_batch ? std::to_string(*in.micro_batch).c_str() : "null",
+      in.accumulate, in.prefetch, in.config_strategy.empty() ? "null" : json_string(in.config_strategy).c_str());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const MemoryUsage& m = rows[i].memory;
     const MemoryUsage& h = rows[i].host;
-    std::printf("%s\n    {\"strategy\": %s, \"offload\": %s, \"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
-                "\"master\": %zu, \"gathered\": %zu, \"activations\": %zu, \"other\": %zu, \"total\": %zu, "
-                "\"host\": {\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"master\": %zu, \"total\": %zu}, "
-                "\"disk\": %zu}",
-                i ? "," : "", json_string(rows[i].strategy).c_str(), json_string(offload_name(rows[i].offload)).c_str(),
-                m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.other, m.total(), h.params,
-                h.grads, h.optimizer, h.master, h.total(), rows[i].disk);
+    std::printf(
+        "%s\n    {\"strategy\": %s, \"offload\": %s, \"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
+        "\"master\": %zu, \"gathered\": %zu, \"activations\": %zu, \"other\": %zu, \"total\": %zu, "
+        "\"host\": {\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"master\": %zu, \"total\": %zu}, "
+        "\"disk\": %zu}",
+        i ? "," : "", json_string(rows[i].strategy).c_str(), json_string(offload_name(rows[i].offload)).c_str(),
+        m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.other, m.total(), h.params, h.grads,
+        h.optimizer, h.master, h.total(), rows[i].disk);
   }
   std::printf("\n  ]\n}\n");
 }

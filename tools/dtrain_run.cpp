@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "launcher/launcher.hpp"
+
 #include "dtrain/version.hpp"
 
 namespace {
@@ -111,8 +112,7 @@ class LauncherSignals {
 
   // Async-signal-safe: runs in the forked rank before exec.
   void restore_in_child() const noexcept {
-    for (std::size_t i = 0; i < handled_signals.size(); ++i)
-      ::sigaction(handled_signals[i], &inherited_[i], nullptr);
+    for (std::size_t i = 0; i < handled_signals.size(); ++i) ::sigaction(handled_signals[i], &inherited_[i], nullptr);
     ::sigprocmask(SIG_SETMASK, &inherited_mask_, nullptr);
   }
 
@@ -122,8 +122,7 @@ class LauncherSignals {
     std::vector<int> sigs;
     unsigned char buf[64];
     ssize_t n;
-    while ((n = ::read(signal_pipe[0], buf, sizeof(buf))) > 0)
-      sigs.insert(sigs.end(), buf, buf + n);
+    while ((n = ::read(signal_pipe[0], buf, sizeof(buf))) > 0) sigs.insert(sigs.end(), buf, buf + n);
     return sigs;
   }
 
@@ -149,8 +148,7 @@ class LauncherSignals {
 std::string find_program(const std::string& name) {
   auto runnable = [](const std::string& path) {
     struct stat st {};
-    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-           ::access(path.c_str(), X_OK) == 0;
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
   };
   if (name.find('/') != std::string::npos) {
     if (runnable(name)) return name;
@@ -177,10 +175,10 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
 }
 
 struct Stream {
-  int fd = -1;      // read end of the rank's pipe; -1 once closed
-  int target = 1;   // dtrain-run's own stdout or stderr
+  int fd = -1;     // read end of the rank's pipe; -1 once closed
+  int target = 1;  // dtrain-run's own stdout or stderr
   dtrain::LinePrefixer lines;
-  int log = -1;     // the rank's log file under --tee, written as it comes; -1 for none
+  int log = -1;  // the rank's log file under --tee, written as it comes; -1 for none
 };
 
 struct Rank {
@@ -281,8 +279,7 @@ class Group {
     std::array<int, 2> logs{-1, -1}, exec_status{-1, -1};
     std::array<dtrain::StreamRoute, 2> routes;
     const auto close_everything = [&] {
-      close_all({pipes[0][0], pipes[0][1], pipes[1][0], pipes[1][1], logs[0], logs[1], exec_status[0],
-                 exec_status[1]});
+      close_all({pipes[0][0], pipes[0][1], pipes[1][0], pipes[1][1], logs[0], logs[1], exec_status[0], exec_status[1]});
     };
     const std::string failed_start = "could not start rank " + std::to_string(r.rank) + ": ";
     if (!layout_.error_dir.empty()) {  // a fresh place for its error record (restarts reuse none)
@@ -320,8 +317,7 @@ class Group {
       throw dtrain::launch_error(failed_start + reason);
     }
     std::array<int, 2> child_fds{};
-    for (int k = 0; k < 2; ++k)
-      child_fds[k] = pipes[k][1] >= 0 ? pipes[k][1] : routes[k].console ? -1 : logs[k];
+    for (int k = 0; k < 2; ++k) child_fds[k] = pipes[k][1] >= 0 ? pipes[k][1] : routes[k].console ? -1 : logs[k];
 
     // Signals stay blocked across fork so no handler of ours runs in the
     // child before it has restored the inherited dispositions.
@@ -330,8 +326,7 @@ class Group {
     ::sigprocmask(SIG_BLOCK, &all, &old);
     pid_t launcher = ::getpid();
     pid_t pid = ::fork();
-    if (pid == 0)
-      exec_rank(launcher, devnull, child_fds[0], child_fds[1], exec_status[1], argv.data(), envp.data());
+    if (pid == 0) exec_rank(launcher, devnull, child_fds[0], child_fds[1], exec_status[1], argv.data(), envp.data());
     int fork_errno = errno;
     ::sigprocmask(SIG_SETMASK, &old, nullptr);
     close_all({devnull, pipes[0][1], pipes[1][1], exec_status[1]});
@@ -361,14 +356,14 @@ class Group {
     }
     ::close(exec_status[0]);
     if (n > 0)  // the rank exits 127 and is reaped by the loop
-      throw dtrain::launch_error("could not start rank " + std::to_string(r.rank) + ": exec " +
-                                 path_ + ": " + std::strerror(child_errno));
+      throw dtrain::launch_error("could not start rank " + std::to_string(r.rank) + ": exec " + path_ + ": " +
+                                 std::strerror(child_errno));
   }
 
   // Runs in the forked child: async-signal-safe calls only, since the parent
   // may have threads (the CUDA driver's, after cuInit).
-  [[noreturn]] void exec_rank(pid_t launcher, int devnull, int out, int err, int exec_status,
-                              char* const* argv, char* const* envp) const noexcept {
+  [[noreturn]] void exec_rank(pid_t launcher, int devnull, int out, int err, int exec_status, char* const* argv,
+                              char* const* envp) const noexcept {
     ::setpgid(0, 0);
 #ifdef __linux__
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -556,8 +551,8 @@ class Group {
       say("stopping the other " + std::to_string(live) + " rank(s) with SIGTERM");
     stopping_ = true;
     if (!kill_at_)
-      kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(opts_.grace_period_s));
+      kill_at_ = Clock::now() +
+                 std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.grace_period_s));
   }
 
   void kill_now() {
@@ -577,8 +572,8 @@ class Group {
     int rank, local, code;
     bool signalled;
   };
-  std::vector<Failed> failures_;    // every rank that failed, stopped ones too, in the order reaped
-  std::int64_t failed_at_us_ = 0;   // when the first failure was seen (dtrain::detail::unix_now_us)
+  std::vector<Failed> failures_;   // every rank that failed, stopped ones too, in the order reaped
+  std::int64_t failed_at_us_ = 0;  // when the first failure was seen (dtrain::detail::unix_now_us)
   const dtrain::RunOptions& opts_;
   dtrain::GroupLayout layout_;
   const std::string& path_;
@@ -610,8 +605,8 @@ int launch(const dtrain::RunOptions& opts) {
   int nproc = 0;
   std::string path;
   try {
-    bool need_gpus = opts.nproc.kind == dtrain::NprocSpec::Kind::gpu ||
-                     opts.nproc.kind == dtrain::NprocSpec::Kind::automatic;
+    bool need_gpus =
+        opts.nproc.kind == dtrain::NprocSpec::Kind::gpu || opts.nproc.kind == dtrain::NprocSpec::Kind::automatic;
     nproc = dtrain::resolve_nproc(opts.nproc, need_gpus ? dtrain::cuda_device_count() : 0, cpus);
   } catch (const dtrain::launch_error& e) {
     report(e);
@@ -660,8 +655,7 @@ int launch(const dtrain::RunOptions& opts) {
   for (int restart = 0;; ++restart) {
     dtrain::GroupLayout layout{
         .nproc_per_node = nproc,
-        .master_port = pick_port ? dtrain::free_tcp_port()
-                                 : opts.master_port.value_or(dtrain::default_master_port),
+        .master_port = pick_port ? dtrain::free_tcp_port() : opts.master_port.value_or(dtrain::default_master_port),
         .cpu_count = cpus,
         .restart_count = restart,
         .job_id = job_id(restart),
@@ -685,8 +679,8 @@ int launch(const dtrain::RunOptions& opts) {
           std::to_string(outcome.failure->exit_code));
       return outcome.failure->exit_code;
     }
-    say("restarting all " + std::to_string(nproc) + " local rank(s) (restart " +
-        std::to_string(restart + 1) + " of " + std::to_string(opts.max_restarts) + ")");
+    say("restarting all " + std::to_string(nproc) + " local rank(s) (restart " + std::to_string(restart + 1) + " of " +
+        std::to_string(opts.max_restarts) + ")");
   }
 }
 

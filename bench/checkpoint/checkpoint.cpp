@@ -3,15 +3,15 @@
 // then per repetition a sharded save, a consolidated save and a load of each.
 // Launched by dtrain-run; rank 0 writes one JSON object to --json.
 //   bench_checkpoint --dir D --json OUT [--strategy ddp|fsdp-full] [--hidden 2048] [--layers 6] [--repeat 3]
-#include <array>
-#include <dtrain/trainer.hpp>
-
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include <dtrain/trainer.hpp>
 
 namespace {
 
@@ -72,13 +72,14 @@ int run(dtrain::World& world, const std::filesystem::path& dir, const std::strin
     }
     std::FILE* out = std::fopen(json.c_str(), "w");
     if (!out) throw dtrain::config_error("cannot write " + json, "check the path");
-    std::fprintf(out, "{\"strategy\": \"%s\", \"ranks\": %d, \"parameters\": %zu, \"save_sharded_s\": %.4f, "
-                "\"save_consolidated_s\": %.4f, \"load_sharded_s\": %.4f, \"load_consolidated_s\": %.4f, "
-                "\"sharded_bytes_per_rank\": %s], \"consolidated_shard_bytes_per_rank\": %s], "
-                "\"model_safetensors_bytes\": %ju}\n",
-                std::string(Kind::name).c_str(), world.size(), trainer.layout().trainable_numel(),
-                median(save_sharded), median(save_full), median(load_sharded), median(load_full), per_rank.c_str(),
-                per_rank_full.c_str(), model_bytes);
+    std::fprintf(out,
+                 "{\"strategy\": \"%s\", \"ranks\": %d, \"parameters\": %zu, \"save_sharded_s\": %.4f, "
+                 "\"save_consolidated_s\": %.4f, \"load_sharded_s\": %.4f, \"load_consolidated_s\": %.4f, "
+                 "\"sharded_bytes_per_rank\": %s], \"consolidated_shard_bytes_per_rank\": %s], "
+                 "\"model_safetensors_bytes\": %ju}\n",
+                 std::string(Kind::name).c_str(), world.size(), trainer.layout().trainable_numel(),
+                 median(save_sharded), median(save_full), median(load_sharded), median(load_full), per_rank.c_str(),
+                 per_rank_full.c_str(), model_bytes);
     std::fclose(out);
   }
   return 0;
@@ -94,12 +95,18 @@ int main(int argc, char** argv) {
     int layers = 6, repeat = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string k = argv[i], v = argv[i + 1];
-      if (k == "--dir") dir = v;
-      else if (k == "--json") json = v;
-      else if (k == "--strategy") strategy = v;
-      else if (k == "--hidden") hidden = std::stoll(v);
-      else if (k == "--layers") layers = std::stoi(v);
-      else if (k == "--repeat") repeat = std::stoi(v);
+      if (k == "--dir")
+        dir = v;
+      else if (k == "--json")
+        json = v;
+      else if (k == "--strategy")
+        strategy = v;
+      else if (k == "--hidden")
+        hidden = std::stoll(v);
+      else if (k == "--layers")
+        layers = std::stoi(v);
+      else if (k == "--repeat")
+        repeat = std::stoi(v);
     }
     if (dir.empty() || json.empty())
       throw dtrain::config_error("--dir and --json are required", "pass --dir <scratch directory> --json <file>");

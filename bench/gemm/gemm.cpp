@@ -32,8 +32,8 @@
 
 namespace {
 
-using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
-                            float*, int);
+using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
+                            int);
 using DnnlSgemm = int (*)(char, char, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
                           const float*, std::int64_t, float, float*, std::int64_t);
 constexpr int row_major = 101, no_trans = 111, trans = 112;  // CBLAS's enum values
@@ -59,10 +59,13 @@ struct Linear {
 
 std::vector<Linear> model_linears(const std::string& model) {
   if (model == "gpt2-124m")  // 12 layers of width 768, MLP 3072, the tied head over 50257 tokens
-    return {{"attn.qkv", 768, 2304, 12}, {"attn.proj", 768, 768, 12}, {"mlp.fc", 768, 3072, 12},
-            {"mlp.proj", 3072, 768, 12}, {"lm_head", 768, 50257, 1}};
+    return {{"attn.qkv", 768, 2304, 12},
+            {"attn.proj", 768, 768, 12},
+            {"mlp.fc", 768, 3072, 12},
+            {"mlp.proj", 3072, 768, 12},
+            {"lm_head", 768, 50257, 1}};
   if (model == "llama-100m")  // 8 layers of width 768, 4 key/value heads of 64, SwiGLU 2048, 32000 tokens
-    return {{"q_proj", 768, 768, 8},     {"k_proj", 768, 256, 8},  {"v_proj", 768, 256, 8},
+    return {{"q_proj", 768, 768, 8},     {"k_proj", 768, 256, 8},     {"v_proj", 768, 256, 8},
             {"o_proj", 768, 768, 8},     {"gate_proj", 768, 2048, 8}, {"up_proj", 768, 2048, 8},
             {"down_proj", 2048, 768, 8}, {"lm_head", 768, 32000, 1}};
   if (model == "tiny") return {{"fc", 64, 96, 2}, {"head", 64, 128, 1}};  // the smoke run
@@ -74,7 +77,8 @@ double check(bool ta, bool tb, int m, int n, int k, const std::vector<float>& a,
              const std::vector<float>& c, std::mt19937& rng) {
   double worst = 0;
   for (int s = 0; s < 32; ++s) {
-    const int i = static_cast<int>(rng() % static_cast<unsigned>(m)), j = static_cast<int>(rng() % static_cast<unsigned>(n));
+    const int i = static_cast<int>(rng() % static_cast<unsigned>(m)),
+              j = static_cast<int>(rng() % static_cast<unsigned>(n));
     double want = 0, scale = 0;
     for (int p = 0; p < k; ++p) {
       const double x = ta ? a[static_cast<std::size_t>(p) * m + i] : a[static_cast<std::size_t>(i) * k + p];
@@ -94,21 +98,29 @@ int main(int argc, char** argv) {
   int tokens = 512, repeat = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
-    if (key == "--engine") engine_name = value;
-    else if (key == "--library") library = value;
-    else if (key == "--api") api = value;
-    else if (key == "--model") model = value;
-    else if (key == "--tokens") tokens = std::atoi(value.c_str());
-    else if (key == "--repeat") repeat = std::atoi(value.c_str());
-    else if (key == "--json") json = value;
+    if (key == "--engine")
+      engine_name = value;
+    else if (key == "--library")
+      library = value;
+    else if (key == "--api")
+      api = value;
+    else if (key == "--model")
+      model = value;
+    else if (key == "--tokens")
+      tokens = std::atoi(value.c_str());
+    else if (key == "--repeat")
+      repeat = std::atoi(value.c_str());
+    else if (key == "--json")
+      json = value;
     else {
       std::fprintf(stderr, "bench_gemm: unknown option %s\n", key.c_str());
       return 2;
     }
   }
   if (engine_name.empty() || library.empty() || tokens < 1 || repeat < 1 || (api != "cblas" && api != "dnnl")) {
-    std::fprintf(stderr, "usage: bench_gemm --engine NAME --library PATH --api cblas|dnnl --model M --tokens N "
-                         "[--repeat N] [--json PATH]\n");
+    std::fprintf(stderr,
+                 "usage: bench_gemm --engine NAME --library PATH --api cblas|dnnl --model M --tokens N "
+                 "[--repeat N] [--json PATH]\n");
     return 2;
   }
   void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -123,8 +135,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_gemm: %s has no %s\n", library.c_str(), symbol);
     return 1;
   }
-  if (api == "cblas") engine.cblas = reinterpret_cast<CblasSgemm>(f);
-  else engine.dnnl = reinterpret_cast<DnnlSgemm>(f);
+  if (api == "cblas")
+    engine.cblas = reinterpret_cast<CblasSgemm>(f);
+  else
+    engine.dnnl = reinterpret_cast<DnnlSgemm>(f);
 
   std::FILE* out = json.empty() ? stdout : std::fopen(json.c_str(), "w");
   if (!out) {
@@ -154,8 +168,8 @@ int main(int argc, char** argv) {
       engine.gemm(p.ta, p.tb, p.m, p.n, p.k, p.a->data(), p.b->data(), c.data());  // warm-up
       const double err = check(p.ta, p.tb, p.m, p.n, p.k, *p.a, *p.b, c, rng);
       if (!(err <= 1e-4)) {
-        std::fprintf(stderr, "bench_gemm: %s %s %s: relative error %g against float64\n", engine_name.c_str(),
-                     l.name, p.what, err);
+        std::fprintf(stderr, "bench_gemm: %s %s %s: relative error %g against float64\n", engine_name.c_str(), l.name,
+                     p.what, err);
         return 1;
       }
       std::vector<double> ms;

@@ -9,10 +9,6 @@
 // backward does 2.5 times the forward's (FlashAttention-2's count): in all
 // 3.5 * 2 B H T^2 d. Each size runs `iters` times after 3 warm-ups, each timed
 // alone with CUDA events; the median is reported.
-#include <dtrain/backend/cuda/device.hpp>
-#include <dtrain/device/fused_attention.hpp>
-#include <dtrain/kernels/elementwise.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +17,10 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include <dtrain/backend/cuda/device.hpp>
+#include <dtrain/device/fused_attention.hpp>
+#include <dtrain/kernels/elementwise.hpp>
 
 namespace {
 
@@ -53,13 +53,20 @@ Options parse(int argc, char** argv) {
     const std::string a = argv[i];
     if (i + 1 >= argc) throw config_error(a + " needs a value", usage);
     const char* v = argv[++i];
-    if (a == "--time") o.times = list(v);
-    else if (a == "--batch-tokens") o.batch_tokens = std::stoll(v);
-    else if (a == "--heads") o.heads = std::stoll(v);
-    else if (a == "--head-dim") o.head_dim = std::stoll(v);
-    else if (a == "--iters") o.iters = std::stoi(v);
-    else if (a == "--json") o.json = v;
-    else throw config_error("unknown option " + a, usage);
+    if (a == "--time")
+      o.times = list(v);
+    else if (a == "--batch-tokens")
+      o.batch_tokens = std::stoll(v);
+    else if (a == "--heads")
+      o.heads = std::stoll(v);
+    else if (a == "--head-dim")
+      o.head_dim = std::stoll(v);
+    else if (a == "--iters")
+      o.iters = std::stoi(v);
+    else if (a == "--json")
+      o.json = v;
+    else
+      throw config_error("unknown option " + a, usage);
   }
   return o;
 }
@@ -101,8 +108,8 @@ int main(int argc, char** argv) try {
   if (!o.json.empty()) json.open(o.json);
   json << "{\"implementation\": \"dtrain (cuDNN fused attention)\", \"device\": \"" << prop.name << "\", \"rows\": [";
   for (std::size_t k = 0; k < o.times.size(); ++k) {
-    const std::int64_t T = o.times[k], B = std::max<std::int64_t>(1, o.batch_tokens / T), H = o.heads,
-                       d = o.head_dim, C = H * d, N = B * T;
+    const std::int64_t T = o.times[k], B = std::max<std::int64_t>(1, o.batch_tokens / T), H = o.heads, d = o.head_dim,
+                       C = H * d, N = B * T;
     auto qkv = make_buffer<bf16>(dev, static_cast<std::size_t>(3 * N * C));
     auto dqkv = make_buffer<bf16>(dev, static_cast<std::size_t>(3 * N * C));
     auto out = make_buffer<bf16>(dev, static_cast<std::size_t>(N * C));

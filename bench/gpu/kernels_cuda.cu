@@ -18,13 +18,6 @@
 //   norm        4 read (one pass, per-block double partial sums)
 // Each pass runs `iters` times after 3 warm-ups, each timed alone with CUDA
 // events; the median is reported.
-#include <dtrain/backend/cuda/device.hpp>
-#include <dtrain/kernels/elementwise.hpp>
-#include <dtrain/kernels/optimizer.hpp>
-#include <dtrain/kernels/reduce.hpp>
-#include <dtrain/optim/flat_optimizer.hpp>
-#include "../size_options.hpp"
-
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -32,6 +25,14 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "../size_options.hpp"
+
+#include <dtrain/backend/cuda/device.hpp>
+#include <dtrain/kernels/elementwise.hpp>
+#include <dtrain/kernels/optimizer.hpp>
+#include <dtrain/kernels/reduce.hpp>
+#include <dtrain/optim/flat_optimizer.hpp>
 
 namespace {
 
@@ -91,7 +92,8 @@ int main(int argc, char** argv) try {
     dev.zero(m.data(), n);
     dev.zero(v.data(), n);
     std::vector<float> host(n);
-    for (std::size_t i = 0; i < n; ++i) host[i] = 0.001f * static_cast<float>(static_cast<int>(i % 2001) - 1000) + 1e-4f;
+    for (std::size_t i = 0; i < n; ++i)
+      host[i] = 0.001f * static_cast<float>(static_cast<int>(i % 2001) - 1000) + 1e-4f;
     dev.copy_from_host(param.data(), host.data(), n);
     dev.copy_from_host(grad.data(), host.data(), n);
     dev.for_each(n, Cast<float, fp16>{grad.data(), g16.data()});
@@ -112,13 +114,18 @@ int main(int argc, char** argv) try {
     rows.push_back({"adamw_groups", n, median_ms(dev, o.iters, pass(two, static_cast<float*>(nullptr))), 29 * fn});
     rows.push_back({"adamw_bf16", n, median_ms(dev, o.iters, pass(two, half.data())), 31 * fn});
     rows.push_back({"cast_bf16", n,
-                    median_ms(dev, o.iters, [&] { dev.for_each(n, Cast<float, bf16>{param.data(), half.data()}); }),
+                    median_ms(dev, o.iters,
+                              [&] {
+                                dev.for_each(n, Cast<float, bf16>{param.data(), half.data()});
+                              }),
                     6 * fn});
     std::size_t bad = 0;
-    rows.push_back({"unscale_fp16", n, median_ms(dev, o.iters, [&] {
-                      dev.for_each(n, Scale<fp16>{g16.data(), 1.0f});
-                      bad += count_non_finite(dev, std::span<const fp16>(g16.data(), n));
-                    }),
+    rows.push_back({"unscale_fp16", n,
+                    median_ms(dev, o.iters,
+                              [&] {
+                                dev.for_each(n, Scale<fp16>{g16.data(), 1.0f});
+                                bad += count_non_finite(dev, std::span<const fp16>(g16.data(), n));
+                              }),
                     6 * fn});
     double norm = 0;
     rows.push_back({"grad_norm", n,
@@ -143,8 +150,7 @@ int main(int argc, char** argv) try {
         << ", \"iters\": " << o.iters << ", \"rows\": [";
     for (std::size_t i = 0; i < rows.size(); ++i)
       out << (i ? ", " : "") << "{\"pass\": \"" << rows[i].pass << "\", \"elements\": " << rows[i].n
-          << ", \"ms\": " << rows[i].ms << ", \"bytes\": " << rows[i].bytes << ", \"gbps\": " << rows[i].gbps()
-          << "}";
+          << ", \"ms\": " << rows[i].ms << ", \"bytes\": " << rows[i].bytes << ", \"gbps\": " << rows[i].gbps() << "}";
     out << "]}\n";
     if (!out) throw config_error("cannot write " + o.json, "check the folder exists and is writable");
   }

@@ -7,18 +7,18 @@
 // the state's disk traffic per second (2 buffers x 4 bytes x n, read and
 // written: 16 n bytes per pass); bench/run_offload_bench.sh sets it beside
 // dd's direct-I/O figures for the same directory.
-#include <dtrain/backend/host/device.hpp>
-#include <dtrain/backend/host/offload.hpp>
-#include <dtrain/model/init.hpp>
-#include <dtrain/optim/flat_optimizer.hpp>
-#include <dtrain/offload/arena.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <dtrain/backend/host/device.hpp>
+#include <dtrain/backend/host/offload.hpp>
+#include <dtrain/model/init.hpp>
+#include <dtrain/offload/arena.hpp>
+#include <dtrain/optim/flat_optimizer.hpp>
 
 namespace {
 
@@ -51,13 +51,20 @@ int main(int argc, char** argv) {
     int iters = 5;
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string a = argv[i], v = argv[i + 1];
-      if (a == "--dir") dir = v;
-      else if (a == "--elements-m") n = static_cast<std::size_t>(std::stod(v) * 1e6);
-      else if (a == "--iters") iters = std::max(1, std::stoi(v));
-      else if (a == "--json") json = v;
-      else throw config_error("unknown argument '" + a + "'", "usage: bench_state_disk --dir DIR [--elements-m N] [--iters K] [--json PATH]");
+      if (a == "--dir")
+        dir = v;
+      else if (a == "--elements-m")
+        n = static_cast<std::size_t>(std::stod(v) * 1e6);
+      else if (a == "--iters")
+        iters = std::max(1, std::stoi(v));
+      else if (a == "--json")
+        json = v;
+      else
+        throw config_error("unknown argument '" + a + "'",
+                           "usage: bench_state_disk --dir DIR [--elements-m N] [--iters K] [--json PATH]");
     }
-    if (dir.empty()) throw config_error("no --dir", "usage: bench_state_disk --dir DIR [--elements-m N] [--iters K] [--json PATH]");
+    if (dir.empty())
+      throw config_error("no --dir", "usage: bench_state_disk --dir DIR [--elements-m N] [--iters K] [--json PATH]");
     Host dev;
     OffloadArena<Host> arena(dev, offload_kind::optimizer);
     arena.use_state_dir(dir);
@@ -67,9 +74,12 @@ int main(int argc, char** argv) {
     const AdamW adamw{.lr = 1e-3f, .weight_decay = 1e-2f};
     std::int64_t step = 0;
     FlatOptimizer<Host> in_memory(arena.host(), adamw, n);
-    const double memory_ms = median_ms(iters, [&] { in_memory.step<float>(master.data(), grad.data(), nullptr, {1e-3f, ++step, 1.f}); });
+    const double memory_ms = median_ms(iters, [&] {
+      in_memory.step<float>(master.data(), grad.data(), nullptr, {1e-3f, ++step, 1.f});
+    });
     arena.check_state_space(2 * n * sizeof(float));
-    FlatOptimizer<Host> on_disk(arena.host(), adamw, n, {}, {}, [&](std::size_t k) { return arena.allocate_state_file(k); });
+    FlatOptimizer<Host> on_disk(arena.host(), adamw, n, {}, {},
+                                [&](std::size_t k) { return arena.allocate_state_file(k); });
     step = 0;
     const double disk_ms = median_ms(iters, [&] {
       on_disk.step<float>(master.data(), grad.data(), nullptr, {1e-3f, ++step, 1.f});
@@ -77,12 +87,15 @@ int main(int argc, char** argv) {
     });
     const double state_bytes = 16.0 * static_cast<double>(n);  // 2 buffers, read and written
     char out[512];
-    std::snprintf(out, sizeof out,
-                  "{\"elements\": %zu, \"threads\": %d, \"iters\": %d, \"memory_pass_ms\": %.3f, \"disk_pass_ms\": %.3f, "
-                  "\"state_disk_mb_per_s\": %.1f}\n",
-                  n, dev.threads(), iters, memory_ms, disk_ms, state_bytes / disk_ms / 1e3);
-    if (json.empty()) std::fputs(out, stdout);
-    else std::ofstream(json) << out;
+    std::snprintf(
+        out, sizeof out,
+        "{\"elements\": %zu, \"threads\": %d, \"iters\": %d, \"memory_pass_ms\": %.3f, \"disk_pass_ms\": %.3f, "
+        "\"state_disk_mb_per_s\": %.1f}\n",
+        n, dev.threads(), iters, memory_ms, disk_ms, state_bytes / disk_ms / 1e3);
+    if (json.empty())
+      std::fputs(out, stdout);
+    else
+      std::ofstream(json) << out;
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_state_disk: %s\n", e.what());

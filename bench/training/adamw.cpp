@@ -16,11 +16,6 @@
 // as the Host device does (OPENBLAS_NUM_THREADS, else the rank's share of the
 // cores), each thread memcpy'ing its own contiguous part.
 
-#include <dtrain/backend/host/device.hpp>
-#include <dtrain/kernels/optimizer.hpp>
-#include <dtrain/model/init.hpp>
-#include "../size_options.hpp"
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +25,12 @@
 #include <string_view>
 #include <thread>
 #include <vector>
+
+#include "../size_options.hpp"
+
+#include <dtrain/backend/host/device.hpp>
+#include <dtrain/kernels/optimizer.hpp>
+#include <dtrain/model/init.hpp>
 
 namespace {
 
@@ -116,8 +117,9 @@ Row measure(Host& dev, std::size_t n, int iters) {
   const double adamw_ms = median_ms(iters, [&](int i) {
     dev.for_each(n, AdamWStep<float>({param.data(), grad.data(), m.data(), v.data()}, hyper, i + 1));
   });
-  const double stream_ms =
-      median_ms(iters, [&](int) { dev.for_each(n, StreamTouch{param.data(), grad.data(), m.data(), v.data()}); });
+  const double stream_ms = median_ms(iters, [&](int) {
+    dev.for_each(n, StreamTouch{param.data(), grad.data(), m.data(), v.data()});
+  });
   param = {};
   grad = {};
   m = {};
@@ -130,16 +132,16 @@ Row measure(Host& dev, std::size_t n, int iters) {
 
 std::string to_json(const std::vector<Row>& rows, int threads, int iters) {
   std::string out = "{\"implementation\": \"dtrain AdamWStep<float> via Host::for_each" + std::string(build_flags) +
-                    "\", \"threads\": " +
-                    std::to_string(threads) + ", \"iters\": " + std::to_string(iters) + ", \"results\": [";
+                    "\", \"threads\": " + std::to_string(threads) + ", \"iters\": " + std::to_string(iters) +
+                    ", \"results\": [";
   char line[320];
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::snprintf(line, sizeof line,
                   "%s\n  {\"elements\": %zu, \"adamw_ms\": %.3f, \"adamw_gbps\": %.3f, \"stream_ms\": %.3f, "
                   "\"stream_gbps\": %.3f, \"adamw_vs_stream\": %.3f, \"copy_ms\": %.3f, \"copy_gbps\": %.3f}",
-                  i ? "," : "", r.n, r.adamw_ms, r.adamw_gbps(), r.stream_ms, r.stream_gbps(),
-                  r.stream_ms / r.adamw_ms, r.copy_ms, r.copy_gbps());
+                  i ? "," : "", r.n, r.adamw_ms, r.adamw_gbps(), r.stream_ms, r.stream_gbps(), r.stream_ms / r.adamw_ms,
+                  r.copy_ms, r.copy_gbps());
     out += line;
   }
   return out + "\n]}\n";

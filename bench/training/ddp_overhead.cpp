@@ -13,8 +13,6 @@
 //
 //   bench_ddp_overhead [--rounds R] [--steps S] [--warmup W] [--json PATH]
 
-#include <dtrain/trainer.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,6 +23,8 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include <dtrain/trainer.hpp>
 
 namespace {
 
@@ -37,8 +37,8 @@ constexpr const char* usage = "usage: bench_ddp_overhead [--rounds R] [--steps S
 
 struct Options {
   int rounds = 6;
-  int steps = 100;   // timed steps per loop per round
-  int warmup = 20;   // untimed steps per loop before the first round
+  int steps = 100;  // timed steps per loop per round
+  int warmup = 20;  // untimed steps per loop before the first round
   std::string json;
 };
 
@@ -48,11 +48,16 @@ Options parse(int argc, char** argv) {
     const std::string_view arg = argv[i];
     if (i + 1 >= argc) throw config_error(std::string("missing value after ") + argv[i], usage);
     const std::string value = argv[++i];
-    if (arg == "--rounds") o.rounds = std::max(1, std::stoi(value));
-    else if (arg == "--steps") o.steps = std::max(1, std::stoi(value));
-    else if (arg == "--warmup") o.warmup = std::max(0, std::stoi(value));
-    else if (arg == "--json") o.json = value;
-    else throw config_error("unknown option " + std::string(arg), usage);
+    if (arg == "--rounds")
+      o.rounds = std::max(1, std::stoi(value));
+    else if (arg == "--steps")
+      o.steps = std::max(1, std::stoi(value));
+    else if (arg == "--warmup")
+      o.warmup = std::max(0, std::stoi(value));
+    else if (arg == "--json")
+      o.json = value;
+    else
+      throw config_error("unknown option " + std::string(arg), usage);
   }
   return o;
 }
@@ -70,15 +75,15 @@ struct Mlp {
 template <class Tuple, class F>
 void visit_units(Tuple&& units, F&& f) {
   constexpr std::size_t n = std::tuple_size_v<std::remove_cvref_t<Tuple>>;
-  [&]<std::size_t... I>(std::index_sequence<I...>) { (f(I, std::get<I>(units)), ...); }(std::make_index_sequence<n>{});
+  [&]<std::size_t... I>(std::index_sequence<I...>) { (f(I, std::get<I>(units)), ...); }
+  (std::make_index_sequence<n>{});
 }
 
 template <class Tuple, class F>
 void visit_units_reverse(Tuple&& units, F&& f) {
   constexpr std::size_t n = std::tuple_size_v<std::remove_cvref_t<Tuple>>;
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (f(n - 1 - I, std::get<n - 1 - I>(units)), ...);
-  }(std::make_index_sequence<n>{});
+  [&]<std::size_t... I>(std::index_sequence<I...>) { (f(n - 1 - I, std::get<n - 1 - I>(units)), ...); }
+  (std::make_index_sequence<n>{});
 }
 
 // One process, no communicator: forward, loss, backward into a flat fp32
@@ -119,10 +124,13 @@ class HandLoop {
     dev_.copy_from_host(activations_[0].data(), x.data(), x.size());
     dev_.copy_from_host(labels_.data(), y.values<std::int32_t>().data(), static_cast<std::size_t>(batch_rows));
     DeviceBatch on_device;
-    on_device.set("y", DeviceTensor{y.type, y.shape, reinterpret_cast<const std::byte*>(labels_.data()), y.bytes.data(), {}});
+    on_device.set(
+        "y", DeviceTensor{y.type, y.shape, reinterpret_cast<const std::byte*>(labels_.data()), y.bytes.data(), {}});
     auto units = model_.units();
     auto act = [&](std::size_t u) { return activations_[u].view(batch_rows, widths_[u]); };
-    visit_units(units, [&](std::size_t u, auto& unit) { unit.template forward<Host, float>(dev_, cparams(u), act(u), act(u + 1)); });
+    visit_units(units, [&](std::size_t u, auto& unit) {
+      unit.template forward<Host, float>(dev_, cparams(u), act(u), act(u + 1));
+    });
     const std::size_t last = widths_.size() - 1;
     const MatView<const float> logits = act(last);
     const double loss = model_.loss.template forward<Host, float>(dev_, logits, on_device);
@@ -136,8 +144,8 @@ class HandLoop {
       cur = 1 - cur;
     });
     ++step_;
-    dev_.for_each(params_.size(), AdamWStep<float>({params_.data(), grads_.data(), exp_avg_.data(),
-                                                    exp_avg_sq_.data()}, hyper_, step_));
+    dev_.for_each(params_.size(), AdamWStep<float>({params_.data(), grads_.data(), exp_avg_.data(), exp_avg_sq_.data()},
+                                                   hyper_, step_));
     return loss / batch_rows;
   }
 
@@ -195,9 +203,9 @@ int main(int argc, char** argv) {
     const Options opt = parse(argc, argv);
     World world = init();
     if (world.size() != 1)
-      throw config_error("bench_ddp_overhead measures world size 1 but was launched with " +
-                             std::to_string(world.size()) + " ranks",
-                         "run it directly, without a launcher");
+      throw config_error(
+          "bench_ddp_overhead measures world size 1 but was launched with " + std::to_string(world.size()) + " ranks",
+          "run it directly, without a launcher");
     const auto batches = random_batches(16);
     const AdamW adamw{.lr = 1e-3f, .weight_decay = 1e-2f};
     const AdamWHyper hyper{adamw.lr, adamw.beta1, adamw.beta2, adamw.eps, adamw.weight_decay};
@@ -255,24 +263,27 @@ int main(int argc, char** argv) {
       for (const auto& slot : unit.params) {
         const auto& mine = trained.at(slot.name);
         for (std::size_t i = 0; i < mine.size(); ++i)
-          max_param_diff = std::max(max_param_diff, static_cast<double>(std::abs(mine[i] - hand.params()[slot.offset + i])));
+          max_param_diff =
+              std::max(max_param_diff, static_cast<double>(std::abs(mine[i] - hand.params()[slot.offset + i])));
       }
 
     const double t_ms = median(trainer_ms), h_ms = median(hand_ms), l_ms = median(lean_ms);
     const double overhead = (t_ms / h_ms - 1.0) * 100.0;
     const double lean_overhead = (l_ms / h_ms - 1.0) * 100.0;
     const int threads = trainer.device().threads();
-    std::printf("\nDDP overhead at world size 1 (Host, fp32, %d thread(s), batch %lld, hidden [%lld, %lld], "
-                "median of %zu steps each)\n",
-                threads, static_cast<long long>(batch_rows), static_cast<long long>(hidden),
-                static_cast<long long>(hidden), trainer_ms.size());
+    std::printf(
+        "\nDDP overhead at world size 1 (Host, fp32, %d thread(s), batch %lld, hidden [%lld, %lld], "
+        "median of %zu steps each)\n",
+        threads, static_cast<long long>(batch_rows), static_cast<long long>(hidden), static_cast<long long>(hidden),
+        trainer_ms.size());
     std::printf("%-34s%12s%14s\n", "loop", "step ms", "samples/s");
     std::printf("%-34s%12.3f%14.0f\n", "Trainer<DDP>, world size 1", t_ms, batch_rows / t_ms * 1e3);
     std::printf("%-34s%12.3f%14.0f\n", "Trainer<DDP>, grad_norm = false", l_ms, batch_rows / l_ms * 1e3);
     std::printf("%-34s%12.3f%14.0f\n", "hand-written, no communication", h_ms, batch_rows / h_ms * 1e3);
-    std::printf("overhead: %+.1f%% (grad_norm = false: %+.1f%%)   (same results: max |param diff| %.3g, max |loss "
-                "diff| %.3g)\n",
-                overhead, lean_overhead, max_param_diff, max_loss_diff);
+    std::printf(
+        "overhead: %+.1f%% (grad_norm = false: %+.1f%%)   (same results: max |param diff| %.3g, max |loss "
+        "diff| %.3g)\n",
+        overhead, lean_overhead, max_param_diff, max_loss_diff);
 
     char json[1024];
     std::snprintf(json, sizeof json,
@@ -282,8 +293,7 @@ int main(int argc, char** argv) {
                   "\"max_param_diff\": %.3g, \"max_loss_diff\": %.3g}\n",
                   threads, static_cast<long long>(batch_rows), static_cast<long long>(hidden),
                   static_cast<long long>(hidden), trainer_ms.size(), t_ms, h_ms, overhead, l_ms, lean_overhead,
-                  max_param_diff,
-                  max_loss_diff);
+                  max_param_diff, max_loss_diff);
     if (!opt.json.empty()) std::ofstream(opt.json) << json;
     if (max_param_diff != 0.0) {
       std::fprintf(stderr, "bench_ddp_overhead: the two loops disagree, so the comparison is not like for like\n");

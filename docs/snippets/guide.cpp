@@ -2,17 +2,17 @@
 // batch sizes and learning-rate scaling, mixed precision, accumulation,
 // activation checkpointing, resuming and fine-tuning, data loading and
 // metrics. Each region compiles here and runs once in doc_snippets.
-#include <dtrain/run/fit.hpp>
-#include <dtrain/trainer.hpp>
-
-#include "snippets.hpp"
-
 #include <cstdio>
 #include <filesystem>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "snippets.hpp"
+
+#include <dtrain/run/fit.hpp>
+#include <dtrain/trainer.hpp>
 
 namespace {
 
@@ -21,8 +21,8 @@ using doc::Net;
 
 // [snippet:guide_strategies]
 // One type per choice; everything else about the loop stays the same.
-using Ddp = dtrain::Trainer<Net>;                                                  // the default
-using Zero1 = dtrain::Trainer<Net, dtrain::Strategy<dtrain::ZeRO1>>;               // optimizer state sharded
+using Ddp = dtrain::Trainer<Net>;                                                          // the default
+using Zero1 = dtrain::Trainer<Net, dtrain::Strategy<dtrain::ZeRO1>>;                       // optimizer state sharded
 using GradOp = dtrain::Trainer<Net, dtrain::Strategy<dtrain::FSDP<dtrain::ShardGradOp>>>;  // + gradients
 using Full = dtrain::Trainer<Net, dtrain::Strategy<dtrain::FSDP<dtrain::FullShard>>>;      // + parameters
 using Hybrid = dtrain::Trainer<Net, dtrain::Strategy<dtrain::FSDP<dtrain::HybridShard>>>;  // FullShard within a group
@@ -50,9 +50,9 @@ void strategies(dtrain::World& world, const dtrain::Dataset& data) {
 void batch_and_lr(dtrain::World& world) {
   // [snippet:guide_batch]
   constexpr int accumulate = 4;
-  const std::int64_t per_rank = 32;                                 // rows per micro-batch on one rank
-  const std::int64_t global = per_rank * world.size();              // rows per micro-batch over all ranks
-  const std::int64_t effective = global * accumulate;               // rows per optimizer step
+  const std::int64_t per_rank = 32;                     // rows per micro-batch on one rank
+  const std::int64_t global = per_rank * world.size();  // rows per micro-batch over all ranks
+  const std::int64_t effective = global * accumulate;   // rows per optimizer step
   // The learning rate was tuned at 32 rows per step on one device:
   const float lr = dtrain::scale_lr(3e-4f, dtrain::lr_scaling_rule::sqrt, static_cast<int>(effective / per_rank));
   // [/snippet:guide_batch]
@@ -73,7 +73,7 @@ void precision_and_accumulation(dtrain::World& world, const dtrain::Dataset& dat
       world, net, dtrain::AdamW{.lr = 3e-4f}, options};
   std::vector<dtrain::Batch> micro(4);
   for (auto& b : micro) b = loader.next();
-  const dtrain::StepStats stats = trainer.step(micro);   // one optimizer step over 4 x 16 rows per rank
+  const dtrain::StepStats stats = trainer.step(micro);  // one optimizer step over 4 x 16 rows per rank
   // [/snippet:guide_precision]
   check(stats.samples == 64 * world.size(), "Accumulate<4>");
   // [snippet:guide_fp16]
@@ -107,7 +107,7 @@ void resume_and_finetune(dtrain::World& world, const dtrain::Dataset& data) {
       char name[32];
       std::snprintf(name, sizeof name, "ckpt/step-%08lld", static_cast<long long>(stats.step));
       trainer.save(name, {.sampler = &sampler});
-      dtrain::prune_checkpoints("ckpt", 3);   // keep the newest 3
+      dtrain::prune_checkpoints("ckpt", 3);  // keep the newest 3
     }
   }
   // [/snippet:guide_resume]
@@ -118,7 +118,8 @@ void resume_and_finetune(dtrain::World& world, const dtrain::Dataset& data) {
   Net fresh;
   dtrain::Trainer<Net> finetune{world, fresh, dtrain::AdamW{.lr = 1e-4f}};
   const dtrain::LoadParamsReport report = finetune.load_params("backbone.safetensors", {.strict = false});
-  for (const std::string& name : report.missing) std::printf("not in the file, left as initialised: %s\n", name.c_str());
+  for (const std::string& name : report.missing)
+    std::printf("not in the file, left as initialised: %s\n", name.c_str());
   // [/snippet:guide_finetune]
   check(report.loaded.size() == 4 && report.missing.empty(), "load_params");
 }
@@ -126,11 +127,12 @@ void resume_and_finetune(dtrain::World& world, const dtrain::Dataset& data) {
 void data_loading(dtrain::World& world, const dtrain::Dataset& data) {
   // [snippet:guide_data]
   dtrain::DistributedSampler sampler{data.size(), world, {.shuffle = true, .seed = 42, .drop_last = true}};
-  dtrain::DataLoader loader{data, sampler,
+  dtrain::DataLoader loader{data,
+                            sampler,
                             {.batch_size = 64,
-                             .num_workers = 2,     // threads gathering batches ahead of the training loop
-                             .prefetch = 4,        // batches kept ready, at most
-                             .transform = [](dtrain::Batch& b) {   // runs on a worker thread
+                             .num_workers = 2,  // threads gathering batches ahead of the training loop
+                             .prefetch = 4,     // batches kept ready, at most
+                             .transform = [](dtrain::Batch& b) {  // runs on a worker thread
                                for (float& v : b.at("x").values<float>()) v *= 0.5f;
                              }}};
   // [/snippet:guide_data]
@@ -152,18 +154,30 @@ struct Classifier {
 dtrain::FitResult train_classifier(dtrain::World& world, const dtrain::Dataset& data, const dtrain::Dataset& val) {
   Classifier model;
   dtrain::Trainer<Classifier, dtrain::Strategy<dtrain::FSDP<dtrain::FullShard>>> trainer{
-      world, model, dtrain::AdamW{.lr = 1e-3f, .weight_decay = 0.05f},
+      world,
+      model,
+      dtrain::AdamW{.lr = 1e-3f, .weight_decay = 0.05f},
       {.schedule = dtrain::LinearLR{.peak_lr = 1e-3f, .warmup_steps = 20, .total_steps = 200},
        .param_groups = {dtrain::no_decay_group()}}};
   dtrain::FitCallbacks callbacks;
   callbacks.on_eval = [&](std::int64_t step, const dtrain::EvalResult& r, dtrain::FitControl&) {
-    if (world.rank() == 0) std::printf("step %lld: held-out accuracy %.3f\n", (long long)step, r.metrics.at("accuracy"));
+    if (world.rank() == 0)
+      std::printf("step %lld: held-out accuracy %.3f\n", (long long)step, r.metrics.at("accuracy"));
   };
   return dtrain::fit(trainer, data, &val,
-                     {.steps = 200, .batch_size = 32, .checkpoint_dir = "runs/classifier", .save_every = 50,
-                      .keep_last = 2, .resume = "latest", .eval_every = 50, .metrics = {dtrain::metrics::accuracy()},
-                      .monitor = "accuracy", .maximize = true, .patience = 3,
-                      .metrics_file = "runs/classifier/metrics.jsonl", .tensorboard_dir = "runs/classifier/tb"},
+                     {.steps = 200,
+                      .batch_size = 32,
+                      .checkpoint_dir = "runs/classifier",
+                      .save_every = 50,
+                      .keep_last = 2,
+                      .resume = "latest",
+                      .eval_every = 50,
+                      .metrics = {dtrain::metrics::accuracy()},
+                      .monitor = "accuracy",
+                      .maximize = true,
+                      .patience = 3,
+                      .metrics_file = "runs/classifier/metrics.jsonl",
+                      .tensorboard_dir = "runs/classifier/tb"},
                      callbacks);
 }
 // [/snippet:guide_fit]

@@ -1,11 +1,7 @@
 // The C++ the pages under docs/ show (checkpoints, data, policies, model,
 // reliability; guide.cpp has the guide's), compiled and run by CTest as
-// doc_snippets; docs_test checks the pages against the marked regions. Declarations-only regions (the concepts' signatures) are
-// checked with static_assert against the concepts they document.
-#include <dtrain/trainer.hpp>
-
-#include "snippets.hpp"
-
+// doc_snippets; docs_test checks the pages against the marked regions. Declarations-only regions (the concepts'
+// signatures) are checked with static_assert against the concepts they document.
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -14,6 +10,10 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include "snippets.hpp"
+
+#include <dtrain/trainer.hpp>
 
 namespace {
 
@@ -24,15 +24,13 @@ using doc::Net;
 
 // [snippet:model_unit]
 struct MyUnit {
-  std::vector<dtrain::ParamSpec> params() const;       // what parameters it has
-  std::int64_t out_features(std::int64_t in) const;    // output width for an input width
+  std::vector<dtrain::ParamSpec> params() const;     // what parameters it has
+  std::int64_t out_features(std::int64_t in) const;  // output width for an input width
   template <class Dev, class T>
-  void forward(Dev& dev, dtrain::UnitParams<const T> p,
-               dtrain::MatView<const T> x, dtrain::MatView<T> y);
+  void forward(Dev& dev, dtrain::UnitParams<const T> p, dtrain::MatView<const T> x, dtrain::MatView<T> y);
   template <class Dev, class T>
-  void backward(Dev& dev, dtrain::UnitParams<const T> p, dtrain::UnitParams<T> grad,
-                dtrain::MatView<const T> x, dtrain::MatView<const T> y,
-                dtrain::MatView<const T> dy, dtrain::MatView<T> dx);
+  void backward(Dev& dev, dtrain::UnitParams<const T> p, dtrain::UnitParams<T> grad, dtrain::MatView<const T> x,
+                dtrain::MatView<const T> y, dtrain::MatView<const T> dy, dtrain::MatView<T> dx);
 };
 static_assert(dtrain::Unit<MyUnit, dtrain::Host, float>);
 // [/snippet:model_unit]
@@ -48,7 +46,7 @@ struct MyContextUnit {
   void backward(Dev&, dtrain::UnitParams<const T> p, dtrain::UnitParams<T> grad, dtrain::MatView<const T> x,
                 dtrain::MatView<const T> y, dtrain::MatView<const T> dy, dtrain::MatView<T> dx,
                 const dtrain::UnitContext<T>& ctx);
-  std::int64_t saved_size(dtrain::SeqShape shape, std::int64_t in) const;   // optional
+  std::int64_t saved_size(dtrain::SeqShape shape, std::int64_t in) const;  // optional
   // [/snippet:model_context_unit]
 };
 static_assert(dtrain::Unit<MyContextUnit, dtrain::Host, float>);
@@ -69,23 +67,23 @@ static_assert(dtrain::InputUnit<MyInputUnit, dtrain::Host, float>);
 
 // [snippet:model_loss]
 struct MyLoss {
-  double count(const dtrain::Batch& batch) const;   // this micro-batch's share of the normaliser
+  double count(const dtrain::Batch& batch) const;  // this micro-batch's share of the normaliser
   template <class Dev, class T>
   double forward(Dev& dev, dtrain::MatView<const T> logits, const dtrain::DeviceBatch& batch);
   template <class Dev, class T>
-  void backward(Dev& dev, dtrain::MatView<const T> logits, const dtrain::DeviceBatch& batch,
-                dtrain::MatView<T> dlogits, float scale);
+  void backward(Dev& dev, dtrain::MatView<const T> logits, const dtrain::DeviceBatch& batch, dtrain::MatView<T> dlogits,
+                float scale);
 };
 static_assert(dtrain::Loss<MyLoss, dtrain::Host, float>);
 // [/snippet:model_loss]
 
 // [snippet:model_model]
 struct MyModel {
-  dtrain::nn::Linear a{4, 8};                  // the units: any types satisfying dtrain::Unit
+  dtrain::nn::Linear a{4, 8};  // the units: any types satisfying dtrain::Unit
   dtrain::nn::ReLU b;
   dtrain::nn::Linear c{8, 3};
-  dtrain::nn::SoftmaxCrossEntropy loss;        // any type satisfying dtrain::Loss
-  auto units() { return std::tie(a, b, c); }   // references to the units, in order
+  dtrain::nn::SoftmaxCrossEntropy loss;       // any type satisfying dtrain::Loss
+  auto units() { return std::tie(a, b, c); }  // references to the units, in order
 };
 static_assert(dtrain::Model<MyModel>);
 // [/snippet:model_model]
@@ -114,9 +112,9 @@ void model_batch() {
   std::vector<float> features(rows * F, 0.5f);
   // [snippet:model_batch]
   dtrain::Batch b;
-  b.set("x", dtrain::HostTensor::of(ids, {B, T}));       // std::vector<std::int32_t> token ids
+  b.set("x", dtrain::HostTensor::of(ids, {B, T}));  // std::vector<std::int32_t> token ids
   b.set("y", dtrain::HostTensor::of(next_ids, {B, T}));
-  std::span<const std::int32_t> y = b.at("y").values<std::int32_t>();   // throws if y is not int32
+  std::span<const std::int32_t> y = b.at("y").values<std::int32_t>();  // throws if y is not int32
 
   // The classic classification table: float x [rows, F], int32 labels y [rows].
   auto t = dtrain::Batch::table(features, labels, rows, F);
@@ -129,7 +127,7 @@ void model_batch() {
 
 // [snippet:policies_compose]
 using P = dtrain::policies<dtrain::Accumulate<4>, dtrain::Precision<dtrain::bf16>>;
-static_assert(std::is_same_v<P::strategy, dtrain::DDP>);      // default
+static_assert(std::is_same_v<P::strategy, dtrain::DDP>);  // default
 static_assert(std::is_same_v<P::param_type, dtrain::bf16>);
 static_assert(std::is_same_v<P::reduce_type, dtrain::fp32>);  // default reduce dtype
 static_assert(std::is_same_v<P::master_type, dtrain::fp32>);
@@ -145,8 +143,8 @@ void policies_sharding(dtrain::World& world) {
   dtrain::FsdpOptions fsdp;
   fsdp.shard_group = group;  // HybridShard: ranks per shard group (0, the default: LOCAL_WORLD_SIZE)
   fsdp.prefetch = 1;         // unit all-gathers issued ahead (FullShard holds prefetch + 1 units)
-  dtrain::Trainer<Model, dtrain::Strategy<dtrain::FSDP<dtrain::HybridShard>>, dtrain::Precision<dtrain::bf16>>
-      trainer{world, model, dtrain::AdamW{.lr = 3e-4f}, dtrain::TrainerOptions{}, fsdp};
+  dtrain::Trainer<Model, dtrain::Strategy<dtrain::FSDP<dtrain::HybridShard>>, dtrain::Precision<dtrain::bf16>> trainer{
+      world, model, dtrain::AdamW{.lr = 3e-4f}, dtrain::TrainerOptions{}, fsdp};
   // [/snippet:policies_sharding]
   check(trainer.layout().units().size() == 3, "an FSDP<HybridShard> Trainer over MyModel");
 }
@@ -160,25 +158,26 @@ void offload_page(dtrain::World& world) {
   dtrain::Trainer<Model, dtrain::Strategy<dtrain::FSDP<dtrain::FullShard>>, dtrain::Precision<dtrain::bf16>,
                   dtrain::Offload<dtrain::OptimizerState>>
       trainer{world, model, dtrain::AdamW{.lr = 3e-4f}};
-  dtrain::MemoryUsage on_device = trainer.memory();      // what stays on the compute device
-  dtrain::MemoryUsage in_host = trainer.host_memory();   // what was offloaded
+  dtrain::MemoryUsage on_device = trainer.memory();     // what stays on the compute device
+  dtrain::MemoryUsage in_host = trainer.host_memory();  // what was offloaded
   // [/snippet:offload_policy]
   check(on_device.master == 0 && on_device.optimizer == 0 && in_host.optimizer > 0, "the optimizer state offloaded");
   // [snippet:offload_runtime]
   dtrain::TrainerOptions options;
   options.offload = dtrain::parse_offload("params");  // none | optimizer | params, e.g. from a config file
   dtrain::Trainer<Model, dtrain::Strategy<dtrain::FSDP<dtrain::FullShard>>> chosen{world, other, dtrain::AdamW{},
-                                                                                  options};
+                                                                                   options};
   // [/snippet:offload_runtime]
-  check(chosen.offload() == dtrain::offload_kind::params && chosen.memory().params == 0, "the parameter shards offloaded");
+  check(chosen.offload() == dtrain::offload_kind::params && chosen.memory().params == 0,
+        "the parameter shards offloaded");
 }
 
 void policies_optim() {
   const std::int64_t step = 250;
   // [snippet:policies_optimizers]
-  dtrain::AdamW adamw{.lr = 3e-4f, .weight_decay = 0.1f};   // beta1 0.9, beta2 0.999, eps 1e-8
+  dtrain::AdamW adamw{.lr = 3e-4f, .weight_decay = 0.1f};  // beta1 0.9, beta2 0.999, eps 1e-8
   dtrain::SGD sgd{.lr = 0.1f, .momentum = 0.9f, .nesterov = true};
-  dtrain::ClipOptions clip{.max_norm = 1.f};                 // 0 (the default) turns clipping off
+  dtrain::ClipOptions clip{.max_norm = 1.f};  // 0 (the default) turns clipping off
   // [/snippet:policies_optimizers]
   adamw.validate();
   sgd.validate();
@@ -198,22 +197,23 @@ void data_pages(dtrain::World& world, const dtrain::Dataset& dataset) {
     const int rank = 0, world_size = 1;
     const int e = 1;
     // [snippet:data_sampler]
-    dtrain::DistributedSampler sampler{dataset.size(), rank, world_size,
-                                       {.shuffle = true, .seed = 0, .drop_last = false}};
-    dtrain::DistributedSampler sampler2{dataset.size(), world};   // anything with rank() and size()
-    sampler.set_epoch(e);            // epoch e from its start
-    sampler.indices();               // this rank's indices for the current epoch
-    auto idx = sampler.next(64);     // the next 64, moving into epoch + 1 when this one ends
-    auto st = sampler.state();       // {epoch, position}: save it...
-    sampler.load_state(st);          // ...and continue exactly there
+    dtrain::DistributedSampler sampler{
+        dataset.size(), rank, world_size, {.shuffle = true, .seed = 0, .drop_last = false}};
+    dtrain::DistributedSampler sampler2{dataset.size(), world};  // anything with rank() and size()
+    sampler.set_epoch(e);                                        // epoch e from its start
+    sampler.indices();                                           // this rank's indices for the current epoch
+    auto idx = sampler.next(64);  // the next 64, moving into epoch + 1 when this one ends
+    auto st = sampler.state();    // {epoch, position}: save it...
+    sampler.load_state(st);       // ...and continue exactly there
     // [/snippet:data_sampler]
-    check(idx.size() == 64 && st.position == 64 && sampler2.indices().size() == static_cast<std::size_t>(dataset.size()),
-          "DistributedSampler");
+    check(
+        idx.size() == 64 && st.position == 64 && sampler2.indices().size() == static_cast<std::size_t>(dataset.size()),
+        "DistributedSampler");
   }
   dtrain::DistributedSampler sampler{dataset.size(), world};
   // [snippet:data_loader]
   dtrain::DataLoader loader{dataset, sampler, {.batch_size = 32, .num_workers = 2, .prefetch = 4}};
-  dtrain::Batch b = loader.next();   // b.at("x") [B, F], b.at("y") [B], b.indices
+  dtrain::Batch b = loader.next();  // b.at("x") [B, F], b.at("y") [B], b.indices
   // [/snippet:data_loader]
   check(b.at("x").numel() == 32 * dataset.features, "DataLoader::next");
 
@@ -223,16 +223,16 @@ void data_pages(dtrain::World& world, const dtrain::Dataset& dataset) {
   std::vector<std::int64_t> counts{1000};
   // [snippet:data_safetensors]
   dtrain::SafetensorsWriter w;
-  w.add("layer.weight", {out, in}, weights);              // dtype from the element type
+  w.add("layer.weight", {out, in}, weights);  // dtype from the element type
   w.add("raw", dtrain::element_type::u8, {n}, bytes);
   w.add("step_count", {1}, counts);
   w.set_metadata("step", "1000");
   w.write("model.safetensors");
 
   auto f = dtrain::SafetensorsFile::open("model.safetensors");
-  auto t = f.tensor("layer.weight");                      // dtype, shape, bytes (mapped)
-  std::vector<float> v = f.read_f32("layer.weight");      // from F32, F64, F16, BF16
-  std::vector<std::int64_t> c = f.read_i64("step_count"); // from I8..I64, U8..U32
+  auto t = f.tensor("layer.weight");                       // dtype, shape, bytes (mapped)
+  std::vector<float> v = f.read_f32("layer.weight");       // from F32, F64, F16, BF16
+  std::vector<std::int64_t> c = f.read_i64("step_count");  // from I8..I64, U8..U32
   // [/snippet:data_safetensors]
   check(t.shape.size() == 2 && v.size() == 6 && v[5] == 0.25f && c.at(0) == 1000, "safetensors round trip");
 }
@@ -250,13 +250,12 @@ void checkpoint_page(dtrain::World& world, const dtrain::Dataset& dataset) {
   }
   trainer.save_params("pretrained.safetensors");
   // [snippet:checkpoints_api]
-  trainer.save("ckpt/step-00001000", {.sampler = &sampler});   // every rank; collective
+  trainer.save("ckpt/step-00001000", {.sampler = &sampler});  // every rank; collective
   auto info = trainer.load("ckpt/step-00001000");             // any world size, any strategy
   if (info.sampler) sampler.load_state(info.sampler->state_for(sampler));
   auto report = trainer.load_params("pretrained.safetensors", {.strict = false});
   // [/snippet:checkpoints_api]
-  check(info.step == 3 && report.missing.empty() && !report.loaded.empty(),
-        "save, load and load_params");
+  check(info.step == 3 && report.missing.empty() && !report.loaded.empty(), "save, load and load_params");
 }
 
 // ---- docs/reliability.md ----------------------------------------------------
@@ -297,7 +296,7 @@ dtrain::Dataset make_dataset(std::int64_t rows) {
 
 }  // namespace
 
-int guide_examples(dtrain::World& world, const dtrain::Dataset& dataset);  // guide.cpp
+int guide_examples(dtrain::World& world, const dtrain::Dataset& dataset);                            // guide.cpp
 int migrating_example(int steps, const dtrain::Dataset& train_set, const dtrain::Dataset& val_set);  // migrating.cpp
 
 // Runs every page's code once, as one process, in the folder argv[1].

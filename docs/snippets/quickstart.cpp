@@ -25,7 +25,7 @@ dtrain::Dataset load_dataset(std::int64_t rows = 8192, unsigned seed = 7) {
 #include <dtrain/run/fit.hpp>
 #include <dtrain/trainer.hpp>
 
-struct Mlp {                                     // your model: an ordered list of units + a loss
+struct Mlp {  // your model: an ordered list of units + a loss
   dtrain::nn::Linear l1{32, 256};
   dtrain::nn::GELU act;
   dtrain::nn::Linear l2{256, 10};
@@ -36,20 +36,28 @@ struct Mlp {                                     // your model: an ordered list 
 void train(dtrain::World& world, const dtrain::Dataset& data, const dtrain::Dataset& held_out) {
   Mlp model;
   dtrain::Trainer<Mlp, dtrain::Precision<dtrain::bf16>, dtrain::Accumulate<4>> trainer{
-      world, model, dtrain::AdamW{.lr = 3e-4f, .weight_decay = 0.1f},
-      {.param_groups = {dtrain::no_decay_group()}}};   // no weight decay on biases and norms
-  dtrain::fit(trainer, data, &held_out,             // forward, backward, bucketed all-reduce, AdamW, per step
-              {.steps = 1000, .batch_size = 64,
-               .checkpoint_dir = "ckpt", .save_every = 250, .keep_last = 2,
-               .resume = "latest",                  // run it again: it goes on from the newest checkpoint
-               .eval_every = 250, .metrics = {dtrain::metrics::accuracy()},
-               .log_every = 100, .metrics_file = "metrics.jsonl", .save_params = "model.safetensors"});
+      world,
+      model,
+      dtrain::AdamW{.lr = 3e-4f, .weight_decay = 0.1f},
+      {.param_groups = {dtrain::no_decay_group()}}};  // no weight decay on biases and norms
+  dtrain::fit(trainer, data, &held_out,               // forward, backward, bucketed all-reduce, AdamW, per step
+              {.steps = 1000,
+               .batch_size = 64,
+               .checkpoint_dir = "ckpt",
+               .save_every = 250,
+               .keep_last = 2,
+               .resume = "latest",  // run it again: it goes on from the newest checkpoint
+               .eval_every = 250,
+               .metrics = {dtrain::metrics::accuracy()},
+               .log_every = 100,
+               .metrics_file = "metrics.jsonl",
+               .save_params = "model.safetensors"});
 }
 // [/snippet:quickstart]
 
 // [snippet:quickstart_main]
 int main() {
-  auto world = dtrain::init();                   // rank/size from dtrain-run, torchrun, Slurm or Open MPI
+  auto world = dtrain::init();                          // rank/size from dtrain-run, torchrun, Slurm or Open MPI
   train(world, load_dataset(), load_dataset(1024, 8));  // yours: x [rows, 32] floats, y [rows] class ids
 }
 // [/snippet:quickstart_main]

@@ -1,10 +1,10 @@
 #pragma once
 // What pages.cpp and guide.cpp share: the check that fails doc_snippets, and
 // a model over their data (32 features, labels of 4 classes out of 10).
-#include <dtrain/trainer.hpp>
-
 #include <stdexcept>
 #include <string>
+
+#include <dtrain/trainer.hpp>
 
 namespace doc {
 

@@ -9,8 +9,6 @@
 //                                             },
 //                                             [](const gpt::Config&) {});
 
-#include <dtrain/run/config.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +20,8 @@
 
 #include "common/config.hpp"
 #include "common/dispatch.hpp"
+
+#include <dtrain/run/config.hpp>
 
 namespace examples {
 
@@ -82,8 +82,7 @@ inline void declare_common(dtrain::ConfigReader& r, Common& c) {
         dtrain::nonfinite_policy_names);
   r.add("init_from", c.init_from, "initial weights from a safetensors file (F32/BF16/F16, \"<unit>.<param>\")");
   r.add("init_strict", c.init_strict, "false: load the tensors that match, list the rest");
-  r.add("activation_checkpointing", c.activation_checkpointing,
-        "true: recompute units' inner activations in backward");
+  r.add("activation_checkpointing", c.activation_checkpointing, "true: recompute units' inner activations in backward");
   r.add("checkpoint_every", c.checkpoint_every,
         "with activation_checkpointing: recompute every k-th unit that keeps activations (2: every second block)");
   r.add("checkpoint_units", c.checkpoint_units,
@@ -142,8 +141,8 @@ inline void validate_common(const Common& c) {
 // `declare_extra(reader, config)` declares the example's own keys,
 // `validate_extra(config)` checks them. --help prints every key and exits.
 template <class Config, class DeclareExtra, class ValidateExtra>
-Config parse_cli(int argc, char** argv, std::string_view program, std::string_view about,
-                 DeclareExtra&& declare_extra, ValidateExtra&& validate_extra) {
+Config parse_cli(int argc, char** argv, std::string_view program, std::string_view about, DeclareExtra&& declare_extra,
+                 ValidateExtra&& validate_extra) {
   Config c;
   dtrain::ConfigReader reader{std::string(program), std::string(about)};
   reader.section("Keys of " + std::string(program));

@@ -8,13 +8,13 @@
 // This header is free of yaml-cpp: nvcc compiles the CUDA training code that
 // includes it (examples/common/cli.hpp parses, in g++-only files).
 
-#include <dtrain/models/run_config.hpp>
-#include <dtrain/run/preemption.hpp>
-#include <dtrain/trainer.hpp>
-
 #include <signal.h>
 
 #include <cstdio>
+
+#include <dtrain/models/run_config.hpp>
+#include <dtrain/run/preemption.hpp>
+#include <dtrain/trainer.hpp>
 
 namespace examples {
 

@@ -5,15 +5,15 @@
 // fixes the compute dtype, so it stays a compile-time type, one TrainerCore
 // per precision.
 
-#include <dtrain/core/error.hpp>
-#include <dtrain/policy/precision.hpp>
-#include <dtrain/policy/strategy.hpp>
-
 #include <string>
 #include <tuple>
 #include <type_traits>
 
 #include "common/config.hpp"
+
+#include <dtrain/core/error.hpp>
+#include <dtrain/policy/precision.hpp>
+#include <dtrain/policy/strategy.hpp>
 
 namespace examples {
 

@@ -4,9 +4,6 @@
 // do: pretrained weights (init_from), recording the batches (dump_batches),
 // and the example's own report at the end (`finish(trainer)`).
 
-#include <dtrain/run/fit.hpp>
-#include <dtrain/trainer.hpp>
-
 #include <cstdio>
 #include <filesystem>
 #include <span>
@@ -16,6 +13,9 @@
 #include "common/config.hpp"
 #include "common/report.hpp"
 #include "common/strategies.hpp"
+
+#include <dtrain/run/fit.hpp>
+#include <dtrain/trainer.hpp>
 
 namespace examples {
 
@@ -33,7 +33,7 @@ inline dtrain::FitOptions fit_options(const Common& c) {
           .resume = c.resume,
           .on_save_error = c.on_save_error,
           .on_nonfinite = c.on_nonfinite == dtrain::nonfinite_policy::rollback ? dtrain::nonfinite_policy::rollback
-                                                                              : dtrain::nonfinite_policy::stop,
+                                                                               : dtrain::nonfinite_policy::stop,
           .log_every = c.log_every,
           .metrics_file = c.metrics,
           .tensorboard_dir = c.tensorboard,
@@ -138,7 +138,8 @@ int run_training(const Common& c, dtrain::World& world, Model& model, const Sour
 
 template <class Dev, class Prec, class Model, class Source, class Finish>
 int run_training(const Common& c, dtrain::World& world, Model& model, const Source& data, Finish&& finish) {
-  return run_training<Dev, Prec>(c, world, model, data, [](auto&) {}, finish);
+  return run_training<Dev, Prec>(
+      c, world, model, data, [](auto&) {}, finish);
 }
 
 }  // namespace examples

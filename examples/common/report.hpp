@@ -11,13 +11,13 @@
 // main's handler, after all that, the cause would reach the log after the
 // peers' echoes of it. main's handler then finds the exception reported.
 
+#include <errno.h>  // program_invocation_short_name (glibc): the name the program was started as
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 
 #include "dtrain/core/error.hpp"
-
-#include <errno.h>  // program_invocation_short_name (glibc): the name the program was started as
 
 namespace examples {
 

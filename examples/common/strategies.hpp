@@ -5,9 +5,9 @@
 // once per device for all the examples, and the examples' own translation
 // units compile the training loop once per precision.
 
-#include <dtrain/strategy/any_strategy.hpp>
-
 #include "common/config.hpp"
+
+#include <dtrain/strategy/any_strategy.hpp>
 
 namespace examples {
 

@@ -2,17 +2,17 @@
 // strategy_for's definition: the config's strategy name picks one of
 // dtrain::builtin_strategies, the config's keys fill its options.
 
-#include <dtrain/backend/backends.hpp>
-#include <dtrain/strategy/ddp.hpp>
-#include <dtrain/strategy/fsdp.hpp>
-#include <dtrain/strategy/zero1.hpp>
-
 #include <cstddef>
 #include <tuple>
 #include <type_traits>
 
 #include "common/dispatch.hpp"
 #include "common/strategies.hpp"
+
+#include <dtrain/backend/backends.hpp>
+#include <dtrain/strategy/ddp.hpp>
+#include <dtrain/strategy/fsdp.hpp>
+#include <dtrain/strategy/zero1.hpp>
 
 namespace examples {
 

@@ -4,12 +4,12 @@
 // shift per feature. The library owns its parameters and gradients; the unit
 // only declares them and computes on the views it is handed.
 
-#include <dtrain/core/macros.hpp>
-#include <dtrain/model/unit.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include <dtrain/core/macros.hpp>
+#include <dtrain/model/unit.hpp>
 
 namespace consumer {
 

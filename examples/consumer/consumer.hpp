@@ -4,14 +4,14 @@
 // train_cuda.cu for dtrain::Cuda (nvcc). Only <dtrain/...> headers of the
 // installed package are used; nothing here may pull range-v3 into nvcc.
 
-#include <dtrain/trainer.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
 
 #include "affine.hpp"
+
+#include <dtrain/trainer.hpp>
 
 namespace consumer {
 
@@ -87,7 +87,7 @@ Losses train(dtrain::World& world, const dtrain::Dataset& data, std::int64_t ste
 Losses train_host(dtrain::World& world, const dtrain::Dataset& data, std::int64_t steps);  // main.cpp
 #if CONSUMER_WITH_CUDA
 Losses train_cuda(dtrain::World& world, const dtrain::Dataset& data, std::int64_t steps);  // train_cuda.cu
-int cuda_device_count();                                                                    // train_cuda.cu
+int cuda_device_count();                                                                   // train_cuda.cu
 #endif
 
 }  // namespace consumer

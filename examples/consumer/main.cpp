@@ -13,9 +13,9 @@
 #include <exception>
 #include <string>
 
-#include <dtrain/version.hpp>
-
 #include "consumer.hpp"
+
+#include <dtrain/version.hpp>
 
 consumer::Losses consumer::train_host(dtrain::World& world, const dtrain::Dataset& data, std::int64_t steps) {
   return train<dtrain::Host>(world, data, steps);

@@ -3,14 +3,14 @@
 // the model, its tokenizer and its text, a file's or a generated corpus)
 // trained on windows of the text, and evaluated on its last tenth.
 
-#include <dtrain/models/gpt.hpp>
-#include <dtrain/trainer.hpp>
-
 #include <cstdint>
 
 #include "common/config.hpp"
 #include "common/dispatch.hpp"
 #include "common/windows.hpp"
+
+#include <dtrain/models/gpt.hpp>
+#include <dtrain/trainer.hpp>
 
 namespace gpt {
 

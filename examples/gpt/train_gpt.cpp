@@ -39,9 +39,9 @@ void validate_extra(const Config& c) {
     throw dtrain::config_error("block_size, n_layer, n_head, n_embd and corpus_bytes must be >= 1, eval_batches >= 0",
                                "see train_gpt --help");
   if (c.n_embd % c.n_head != 0)
-    throw dtrain::config_error("n_embd = " + std::to_string(c.n_embd) + " is not a multiple of n_head = " +
-                                   std::to_string(c.n_head),
-                               "choose n_embd = n_head x head width, e.g. n_embd=128 n_head=4");
+    throw dtrain::config_error(
+        "n_embd = " + std::to_string(c.n_embd) + " is not a multiple of n_head = " + std::to_string(c.n_head),
+        "choose n_embd = n_head x head width, e.g. n_embd=128 n_head=4");
 }
 
 }  // namespace
@@ -49,17 +49,18 @@ void validate_extra(const Config& c) {
 
 int main(int argc, char** argv) {
   try {
-    const auto cfg = examples::parse_cli<gpt::Config>(argc, argv, "train_gpt", gpt::usage, gpt::declare_extra,
-                                                      gpt::validate_extra);
+    const auto cfg =
+        examples::parse_cli<gpt::Config>(argc, argv, "train_gpt", gpt::usage, gpt::declare_extra, gpt::validate_extra);
     auto world = examples::init_world(cfg);
     const gpt::Corpus corpus = gpt::make_corpus(cfg);
     if (world.rank() == 0)
-      std::printf("train_gpt: %d rank(s), strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank x %lld "
-                  "positions, %zu characters, vocabulary %lld, %lld layers x %lld wide\n",
-                  world.size(), cfg.strategy.c_str(), cfg.device.c_str(), cfg.precision.c_str(), cfg.accumulate,
-                  static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.block_size), corpus.tokens.size(),
-                  static_cast<long long>(corpus.tokenizer.vocab()), static_cast<long long>(cfg.n_layer),
-                  static_cast<long long>(cfg.n_embd));
+      std::printf(
+          "train_gpt: %d rank(s), strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank x %lld "
+          "positions, %zu characters, vocabulary %lld, %lld layers x %lld wide\n",
+          world.size(), cfg.strategy.c_str(), cfg.device.c_str(), cfg.precision.c_str(), cfg.accumulate,
+          static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.block_size), corpus.tokens.size(),
+          static_cast<long long>(corpus.tokenizer.vocab()), static_cast<long long>(cfg.n_layer),
+          static_cast<long long>(cfg.n_embd));
     if (cfg.device == "cuda") {
 #if DTRAIN_EXAMPLE_CUDA
       return gpt::train_cuda(cfg, world, corpus);

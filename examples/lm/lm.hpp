@@ -12,14 +12,7 @@
 //          instruction records (.jsonl), one sequence each, the loss over
 //          their completion tokens only
 
-#include <dtrain/data/dataset.hpp>
-#include <dtrain/data/sampler.hpp>
-#include <dtrain/hf/checkpoint.hpp>
-#include <dtrain/hf/config.hpp>
-#include <dtrain/hf/lora.hpp>
-#include <dtrain/hf/model.hpp>
-#include <dtrain/models/causal_lm.hpp>
-#include <nlohmann/json.hpp>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
@@ -33,24 +26,31 @@
 #include <string>
 #include <vector>
 
-#include <sys/resource.h>
-
 #include "common/config.hpp"
 #include "common/dispatch.hpp"
 #include "common/windows.hpp"
+#include <nlohmann/json.hpp>
+
+#include <dtrain/data/dataset.hpp>
+#include <dtrain/data/sampler.hpp>
+#include <dtrain/hf/checkpoint.hpp>
+#include <dtrain/hf/config.hpp>
+#include <dtrain/hf/lora.hpp>
+#include <dtrain/hf/model.hpp>
+#include <dtrain/models/causal_lm.hpp>
 
 namespace lm {
 
 // The model's keys (dtrain/models/causal_lm.hpp, which dtrain-estimate reads
 // too) and the run's own.
 struct Config : dtrain::models::CausalLmConfig {
-  std::string data;              // the token file (.npy or .bin)
-  std::string save_hf;           // write the trained model here as a transformers directory
-  std::int64_t eval_batches = 8; // held-out batches per rank evaluated at the end
-  std::int64_t generate = 0;     // at the end, continue the prompt by this many tokens
-  std::vector<std::int64_t> prompt;  // its ids (default: the first 8 held-out tokens)
-  std::int64_t top_k = 0;        // 0: greedy; k: sample among the k likeliest (seeded by seed)
-  std::string save_adapter;      // write the adapters here in PEFT's format
+  std::string data;                             // the token file (.npy or .bin)
+  std::string save_hf;                          // write the trained model here as a transformers directory
+  std::int64_t eval_batches = 8;                // held-out batches per rank evaluated at the end
+  std::int64_t generate = 0;                    // at the end, continue the prompt by this many tokens
+  std::vector<std::int64_t> prompt;             // its ids (default: the first 8 held-out tokens)
+  std::int64_t top_k = 0;                       // 0: greedy; k: sample among the k likeliest (seeded by seed)
+  std::string save_adapter;                     // write the adapters here in PEFT's format
   std::vector<std::string> checkpoint_modules;  // recompute the units of these modules (hf::units_named)
 };
 
@@ -88,14 +88,16 @@ std::vector<std::int64_t> generate(Trainer& trainer, std::vector<std::int64_t> i
     std::vector<std::int64_t> order(static_cast<std::size_t>(vocab));
     for (std::int64_t v = 0; v < vocab; ++v) order[static_cast<std::size_t>(v)] = v;
     const std::int64_t k = top_k > 0 ? std::min(top_k, vocab) : 1;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](std::int64_t a, std::int64_t c) { return last[a] > last[c] || (last[a] == last[c] && a < c); });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int64_t a, std::int64_t c) {
+      return last[a] > last[c] || (last[a] == last[c] && a < c);
+    });
     std::int64_t next = order[0];
     if (k > 1) {  // softmax over the k likeliest
       std::vector<double> w(static_cast<std::size_t>(k));
       double total = 0;
       for (std::int64_t i = 0; i < k; ++i)
-        total += w[static_cast<std::size_t>(i)] = std::exp(static_cast<double>(last[order[static_cast<std::size_t>(i)]] - last[order[0]]));
+        total += w[static_cast<std::size_t>(i)] =
+            std::exp(static_cast<double>(last[order[static_cast<std::size_t>(i)]] - last[order[0]]));
       double u = static_cast<double>(rng.next() >> 11) * 0x1.0p-53 * total;
       next = order[static_cast<std::size_t>(k - 1)];
       for (std::int64_t i = 0; i < k; ++i)
@@ -168,7 +170,7 @@ class Samples {
         block_(block),
         first_(train ? 0 : t.split),
         packed_(train && !t.packs.empty()),
-        count_(packed_ ? static_cast<std::int64_t>(t.packs.size())
+        count_(packed_   ? static_cast<std::int64_t>(t.packs.size())
                : t.sft() ? (train ? t.split : static_cast<std::int64_t>(t.records.size()) - t.split)
                          : windows_.size()) {}
 
@@ -260,8 +262,9 @@ inline std::vector<Record> read_records(const std::string& file, std::int64_t bl
     }
     for (std::size_t i = 0; i < ids.size(); ++i)
       if (ids[i] < 0 || ids[i] >= vocab)
-        bad_record(file, line, "token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
-                                   ", outside the model's vocabulary of " + std::to_string(vocab));
+        bad_record(file, line,
+                   "token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
+                       ", outside the model's vocabulary of " + std::to_string(vocab));
     if (j.contains("labels")) {
       if (!j["labels"].is_array() || j["labels"].size() != ids.size())
         bad_record(file, line, "labels is not a list as long as input_ids");
@@ -289,7 +292,8 @@ inline std::vector<Record> read_records(const std::string& file, std::int64_t bl
       r.y[t] = static_cast<std::int32_t>(labels[t + 1]);
       any = any || labels[t + 1] != -100;
     }
-    if (!any) bad_record(file, line, "no token to learn within block_size + 1 = " + std::to_string(block + 1) + " tokens");
+    if (!any)
+      bad_record(file, line, "no token to learn within block_size + 1 = " + std::to_string(block + 1) + " tokens");
     out.push_back(std::move(r));
   }
   return out;
@@ -305,9 +309,9 @@ inline Tokens read_tokens(const std::string& file, std::int64_t block_size, std:
     const auto n = static_cast<std::int64_t>(t.records.size());
     t.split = n - std::max<std::int64_t>(1, n / 10);
     if (n < 2)
-      throw dtrain::config_error("'" + file + "' has " + std::to_string(n) +
-                                     " record(s): too few for training records and a held-out tenth",
-                                 "give at least 2 records");
+      throw dtrain::config_error(
+          "'" + file + "' has " + std::to_string(n) + " record(s): too few for training records and a held-out tenth",
+          "give at least 2 records");
     return t;
   }
   if (file.ends_with(".npy")) {

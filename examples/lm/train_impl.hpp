@@ -27,8 +27,10 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
       // (each rank maps the files and reads only the elements it owns).
       const auto all = world.all_gather("train-lm-load-rss", std::array{before, peak_rss_mib()});
       if (world.rank() == 0) {
-        std::printf("model %s: loaded %zu tensor(s), %.1f MiB of files; peak resident set per rank after loading "
-                    "(before):", c.model.c_str(), r.loaded.size(), checkpoint_mib(c.model));
+        std::printf(
+            "model %s: loaded %zu tensor(s), %.1f MiB of files; peak resident set per rank after loading "
+            "(before):",
+            c.model.c_str(), r.loaded.size(), checkpoint_mib(c.model));
         for (std::size_t i = 0; i < all.size(); ++i)
           std::printf("%s rank %zu %.0f MiB (%.0f)", i ? "," : "", i, all[i][1], all[i][0]);
         std::printf("\n");
@@ -52,8 +54,8 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
         } else if (prompt.empty()) {
           prompt.assign(tokens.ids.begin() + tokens.split, tokens.ids.begin() + tokens.split + 8);
         }
-        const auto out = generate(trainer, prompt, c.generate, c.top_k, config.max_position_embeddings,
-                                  config.vocab_size, c.seed);
+        const auto out =
+            generate(trainer, prompt, c.generate, c.top_k, config.max_position_embeddings, config.vocab_size, c.seed);
         if (world.rank() == 0) {
           std::printf("generate (%s):", c.top_k > 0 ? ("top-" + std::to_string(c.top_k)).c_str() : "greedy");
           for (std::size_t i = 0; i < out.size(); ++i)

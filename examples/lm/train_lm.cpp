@@ -28,13 +28,15 @@ The last tenth is held out.
 )";
 
 void declare_extra(dtrain::ConfigReader& r, Config& c) {
-  r.add("model", c.model, "a transformers model directory (config.json + model.safetensors or a sharded index) to fine-tune");
+  r.add("model", c.model,
+        "a transformers model directory (config.json + model.safetensors or a sharded index) to fine-tune");
   r.add("config", c.config, "or a config.json to train from scratch (one of the two)");
   r.add("data", c.data, "the token ids (see above)");
   r.add("block_size", c.block_size, "positions per sequence (at most max_position_embeddings)");
   r.add("save_hf", c.save_hf, "at the end, write the model here as a transformers directory");
   r.add("eval_batches", c.eval_batches, "held-out batches per rank evaluated at the end (0 = none)");
-  r.add("generate", c.generate, "at the end, continue a prompt by this many tokens and print the ids (those after \" |\" are generated)");
+  r.add("generate", c.generate,
+        "at the end, continue a prompt by this many tokens and print the ids (those after \" |\" are generated)");
   r.add("prompt", c.prompt, "the prompt's ids, e.g. 1,15,27 (default: the first 8 held-out tokens)");
   r.add("top_k", c.top_k, "0: greedy; k: sample among the k likeliest, seeded by seed");
   r.add("packing", c.packing,
@@ -54,7 +56,8 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
   r.add("lora_modules_to_save", c.lora_modules_to_save,
         "PEFT's modules_to_save: train these whole beside the adapters and save them with them: embed_tokens, "
         "lm_head (untied models), GPT-2's wpe");
-  r.add("adapter", c.adapter, "a PEFT adapter directory to load onto model= (its adapter_config.json sets the lora_ keys)");
+  r.add("adapter", c.adapter,
+        "a PEFT adapter directory to load onto model= (its adapter_config.json sets the lora_ keys)");
   r.add("save_adapter", c.save_adapter, "at the end, write the adapters here for peft.PeftModel.from_pretrained");
 }
 
@@ -63,16 +66,17 @@ void validate_extra(const Config& c) {
     throw dtrain::config_error("give exactly one of model=DIR (fine-tune) and config=FILE (from scratch)",
                                "see train_lm --help");
   if (c.data.empty())
-    throw dtrain::config_error("data= is missing", "pass data=FILE.npy or FILE.bin of token ids, or FILE.jsonl records");
+    throw dtrain::config_error("data= is missing",
+                               "pass data=FILE.npy or FILE.bin of token ids, or FILE.jsonl records");
   if (!c.adapter.empty() && c.model.empty())
     throw dtrain::config_error("adapter= needs the base model it adapts", "give model=DIR too");
   if (!c.adapter.empty() && (c.lora_r != 0 || !c.lora_targets.empty() || !c.lora_modules_to_save.empty()))
     throw dtrain::config_error("adapter= and lora_r/lora_targets/lora_modules_to_save both say which adapters to build",
                                "give one: adapter=DIR reads them from its adapter_config.json");
   if (c.lora_r == 0 && c.adapter.empty() && (!c.lora_targets.empty() || !c.save_adapter.empty()))
-    throw dtrain::config_error(std::string(c.save_adapter.empty() ? "lora_targets" : "save_adapter") +
-                                   " without adapters",
-                               "give lora_r=R (e.g. 16) and lora_targets=..., or adapter=DIR");
+    throw dtrain::config_error(
+        std::string(c.save_adapter.empty() ? "lora_targets" : "save_adapter") + " without adapters",
+        "give lora_r=R (e.g. 16) and lora_targets=..., or adapter=DIR");
   if (c.packing && !c.data.ends_with(".jsonl"))
     throw dtrain::config_error("packing=true needs instruction records (data=FILE.jsonl); '" + c.data +
                                    "' is a token stream, which is cut into full windows already",
@@ -82,9 +86,10 @@ void validate_extra(const Config& c) {
                                "add activation_checkpointing=true");
   if (!c.checkpoint_modules.empty() &&
       (!c.checkpoint_units.empty() || c.checkpoint_every != 1 || c.checkpoint_budget_mib != 0))
-    throw dtrain::config_error("checkpoint_modules and checkpoint_units/checkpoint_every/checkpoint_budget_mib "
-                                   "both choose the recomputed units",
-                               "give one of them");
+    throw dtrain::config_error(
+        "checkpoint_modules and checkpoint_units/checkpoint_every/checkpoint_budget_mib "
+        "both choose the recomputed units",
+        "give one of them");
   if (c.block_size < 1 || c.eval_batches < 0 || c.generate < 0 || c.top_k < 0)
     throw dtrain::config_error("block_size must be >= 1, and eval_batches, generate and top_k >= 0",
                                "see train_lm --help");
@@ -95,39 +100,42 @@ void validate_extra(const Config& c) {
 
 int main(int argc, char** argv) {
   try {
-    auto cfg = examples::parse_cli<lm::Config>(argc, argv, "train_lm", lm::usage, lm::declare_extra,
-                                               lm::validate_extra);
+    auto cfg =
+        examples::parse_cli<lm::Config>(argc, argv, "train_lm", lm::usage, lm::declare_extra, lm::validate_extra);
     const dtrain::hf::LmConfig config = dtrain::hf::read_config(cfg.model.empty() ? cfg.config : cfg.model);
     for (const auto u : dtrain::hf::units_named(config, cfg.checkpoint_modules))
       cfg.checkpoint_units.push_back(static_cast<std::int64_t>(u));
     if (cfg.block_size > config.max_position_embeddings)
       throw dtrain::config_error("block_size " + std::to_string(cfg.block_size) + " is longer than the model's " +
-                                     std::to_string(config.max_position_embeddings) + " positions (max_position_embeddings)",
+                                     std::to_string(config.max_position_embeddings) +
+                                     " positions (max_position_embeddings)",
                                  "use block_size <= " + std::to_string(config.max_position_embeddings));
     lm::Tokens tokens = lm::read_tokens(cfg.data, cfg.block_size, config.vocab_size);
     if (cfg.packing) tokens.packs = lm::pack_records(tokens, cfg.block_size);
     for (const auto id : cfg.prompt)
       if (id < 0 || id >= config.vocab_size)
-        throw dtrain::config_error("prompt id " + std::to_string(id) + " is outside the vocabulary of " +
-                                       std::to_string(config.vocab_size),
-                                   "give prompt ids the model's tokenizer produced");
+        throw dtrain::config_error(
+            "prompt id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(config.vocab_size),
+            "give prompt ids the model's tokenizer produced");
     auto world = examples::init_world(cfg);
     if (world.rank() == 0)
-      std::printf("train_lm: %d rank(s), %s, strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank x %lld "
-                  "positions, %zu %s, vocabulary %lld, %lld layers x %lld wide\n",
-                  world.size(), config.model_type.c_str(), cfg.strategy.c_str(), cfg.device.c_str(),
-                  cfg.precision.c_str(), cfg.accumulate, static_cast<long long>(cfg.batch_size),
-                  static_cast<long long>(cfg.block_size), tokens.sft() ? tokens.records.size() : tokens.ids.size(),
-                  tokens.sft() ? "records" : "tokens", static_cast<long long>(config.vocab_size),
-                  static_cast<long long>(config.num_hidden_layers), static_cast<long long>(config.hidden_size));
+      std::printf(
+          "train_lm: %d rank(s), %s, strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank x %lld "
+          "positions, %zu %s, vocabulary %lld, %lld layers x %lld wide\n",
+          world.size(), config.model_type.c_str(), cfg.strategy.c_str(), cfg.device.c_str(), cfg.precision.c_str(),
+          cfg.accumulate, static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.block_size),
+          tokens.sft() ? tokens.records.size() : tokens.ids.size(), tokens.sft() ? "records" : "tokens",
+          static_cast<long long>(config.vocab_size), static_cast<long long>(config.num_hidden_layers),
+          static_cast<long long>(config.hidden_size));
     if (world.rank() == 0 && cfg.packing) {
       std::int64_t used = 0;
       for (std::int64_t i = 0; i < tokens.split; ++i) used += tokens.records[static_cast<std::size_t>(i)].length;
-      std::printf("packing: %lld training records in %zu blocks of %lld positions (%.1f%% tokens, padded one per "
-                  "sequence %.1f%%)\n",
-                  static_cast<long long>(tokens.split), tokens.packs.size(), static_cast<long long>(cfg.block_size),
-                  100.0 * static_cast<double>(used) / static_cast<double>(tokens.packs.size() * cfg.block_size),
-                  100.0 * static_cast<double>(used) / static_cast<double>(tokens.split * cfg.block_size));
+      std::printf(
+          "packing: %lld training records in %zu blocks of %lld positions (%.1f%% tokens, padded one per "
+          "sequence %.1f%%)\n",
+          static_cast<long long>(tokens.split), tokens.packs.size(), static_cast<long long>(cfg.block_size),
+          100.0 * static_cast<double>(used) / static_cast<double>(tokens.packs.size() * cfg.block_size),
+          100.0 * static_cast<double>(used) / static_cast<double>(tokens.split * cfg.block_size));
     }
     if (cfg.device == "cuda") {
 #if DTRAIN_EXAMPLE_CUDA

@@ -4,16 +4,16 @@
 // from the config's strategy name to a compiled strategy
 // (examples/common/loop.hpp runs the training).
 
-#include <dtrain/models/mlp.hpp>
-#include <dtrain/trainer.hpp>
-
-#include "common/config.hpp"
-#include "common/dispatch.hpp"
-
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "common/config.hpp"
+#include "common/dispatch.hpp"
+
+#include <dtrain/models/mlp.hpp>
+#include <dtrain/trainer.hpp>
 
 namespace mlp {
 
@@ -56,7 +56,8 @@ inline dtrain::Dataset synthetic_dataset(std::int64_t samples, std::int64_t feat
     float best_v = -1e30f;
     for (std::int64_t c = 0; c < classes; ++c) {
       float acc = 0;
-      for (std::int64_t j = 0; j < hidden; ++j) acc += h[static_cast<std::size_t>(j)] * w2[static_cast<std::size_t>(j * classes + c)];
+      for (std::int64_t j = 0; j < hidden; ++j)
+        acc += h[static_cast<std::size_t>(j)] * w2[static_cast<std::size_t>(j * classes + c)];
       if (acc > best_v) best_v = acc, best = c;
     }
     d.y[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(best);

@@ -5,14 +5,13 @@
 //
 // Compiled by g++ only: range-v3 and yaml-cpp stay out of the nvcc translation unit.
 
-#include "mlp.hpp"
-
 #include <cstdio>
 #include <exception>
 #include <string>
 
 #include "common/cli.hpp"
 #include "common/report.hpp"
+#include "mlp.hpp"
 
 namespace mlp {
 
@@ -31,7 +30,8 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
 }
 
 void validate_extra(const Config& c) {
-  if (c.hidden.empty()) throw dtrain::config_error("hidden is empty", "give at least one hidden width, e.g. hidden=256");
+  if (c.hidden.empty())
+    throw dtrain::config_error("hidden is empty", "give at least one hidden width, e.g. hidden=256");
   if (c.activation != "gelu" && c.activation != "relu")
     throw dtrain::config_error("activation = '" + c.activation + "' is unknown", "use gelu or relu");
 }
@@ -63,11 +63,12 @@ int main(int argc, char** argv) {
     }
     data.validate(classes);
     if (world.rank() == 0)
-      std::printf("train_mlp: %d rank(s), strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank, %lld "
-                  "samples x %lld features, %lld classes\n",
-                  world.size(), cfg.strategy.c_str(), cfg.device.c_str(), cfg.precision.c_str(), cfg.accumulate,
-                  static_cast<long long>(cfg.batch_size), static_cast<long long>(data.rows),
-                  static_cast<long long>(data.features), static_cast<long long>(classes));
+      std::printf(
+          "train_mlp: %d rank(s), strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank, %lld "
+          "samples x %lld features, %lld classes\n",
+          world.size(), cfg.strategy.c_str(), cfg.device.c_str(), cfg.precision.c_str(), cfg.accumulate,
+          static_cast<long long>(cfg.batch_size), static_cast<long long>(data.rows),
+          static_cast<long long>(data.features), static_cast<long long>(classes));
     if (cfg.device == "cuda") {
 #if DTRAIN_EXAMPLE_CUDA
       return mlp::train_cuda(cfg, world, data, classes);

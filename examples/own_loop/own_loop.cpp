@@ -12,20 +12,6 @@
 // through the loop). What the Trainer adds on top (other precisions, FSDP,
 // clipping, schedules, checkpoints) is left out: such keys are refused.
 
-#include "mlp/mlp.hpp"
-
-#include <dtrain/backend/host/comm.hpp>
-#include <dtrain/backend/host/comm_binding.hpp>
-#include <dtrain/io/safetensors.hpp>
-#include <dtrain/data/loader.hpp>
-#include <dtrain/data/sampler.hpp>
-#include <dtrain/kernels/elementwise.hpp>
-#include <dtrain/model/init.hpp>
-#include <dtrain/model/layout.hpp>
-#include <dtrain/optim/flat_optimizer.hpp>
-#include <dtrain/strategy/ddp.hpp>
-#include <dtrain/strategy/sharded.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -36,6 +22,19 @@
 
 #include "common/cli.hpp"
 #include "common/report.hpp"
+#include "mlp/mlp.hpp"
+
+#include <dtrain/backend/host/comm.hpp>
+#include <dtrain/backend/host/comm_binding.hpp>
+#include <dtrain/data/loader.hpp>
+#include <dtrain/data/sampler.hpp>
+#include <dtrain/io/safetensors.hpp>
+#include <dtrain/kernels/elementwise.hpp>
+#include <dtrain/model/init.hpp>
+#include <dtrain/model/layout.hpp>
+#include <dtrain/optim/flat_optimizer.hpp>
+#include <dtrain/strategy/ddp.hpp>
+#include <dtrain/strategy/sharded.hpp>
 
 namespace own_loop {
 
@@ -223,8 +222,7 @@ class Net {
     upload(batch);
     auto act = [&](std::size_t i) { return act_[i].view(rows, width_[i]); };
     const std::size_t units = model_.layers.size();
-    for (std::size_t u = 0; u < units; ++u)
-      model_.layers[u].forward<Host, float>(dev_, params_[u], act(u), act(u + 1));
+    for (std::size_t u = 0; u < units; ++u) model_.layers[u].forward<Host, float>(dev_, params_[u], act(u), act(u + 1));
     const double loss = model_.loss.forward<Host, float>(dev_, act(units), on_device_);
     std::size_t cur = 0;
     model_.loss.backward<Host, float>(dev_, act(units), on_device_, dgrad_[cur].view(rows, width_[units]), scale);
@@ -251,8 +249,8 @@ class Net {
     const HostTensor& y = batch.at("y");
     const auto labels = y.values<std::int32_t>();
     dev_.copy_from_host(labels_.data(), labels.data(), labels.size());
-    on_device_.set("y", DeviceTensor{y.type, y.shape, reinterpret_cast<const std::byte*>(labels_.data()),
-                                     y.bytes.data(), {}});
+    on_device_.set(
+        "y", DeviceTensor{y.type, y.shape, reinterpret_cast<const std::byte*>(labels_.data()), y.bytes.data(), {}});
   }
 
   // Layers overwrite their gradient: the first micro-batch's is copied into
@@ -351,7 +349,7 @@ void train_ddp(Job& job) {
 void train_zero1(Job& job) {
   const int W = job.world.size();
   const ModelLayout layout = job.layout(static_cast<std::size_t>(W));  // every unit padded to a multiple of W
-  ShardGroups<Host> groups(job.world, job.dev, job.comm, W);          // one shard group: every rank
+  ShardGroups<Host> groups(job.world, job.dev, job.comm, W);           // one shard group: every rank
   // This rank's shard of every unit, drawn from the seed unit by unit.
   ShardedParams<Host, float> master(job.dev, layout, groups, job.c.seed, memory_category::master, false);
   auto grad_shard = make_buffer<float>(job.dev, master.size(), zero_init);
@@ -391,8 +389,7 @@ void train(const mlp::Config& c, World& world) {
   Job job(c, world);
   if (world.rank() == 0)
     std::printf("own_loop: %d rank(s), strategy=%s accumulate=%d batch=%lld/rank, transport %s\n", world.size(),
-                c.strategy.c_str(), c.accumulate, static_cast<long long>(c.batch_size),
-                job.comm.description().c_str());
+                c.strategy.c_str(), c.accumulate, static_cast<long long>(c.batch_size), job.comm.description().c_str());
   try {
     if (c.strategy == "zero1")
       train_zero1(job);
@@ -410,9 +407,8 @@ void train(const mlp::Config& c, World& world) {
 // [snippet:main]
 int main(int argc, char** argv) {
   try {
-    const mlp::Config c =
-        examples::parse_cli<mlp::Config>(argc, argv, "own_loop", own_loop::usage, own_loop::declare_extra,
-                                         own_loop::validate_extra);
+    const mlp::Config c = examples::parse_cli<mlp::Config>(argc, argv, "own_loop", own_loop::usage,
+                                                           own_loop::declare_extra, own_loop::validate_extra);
     dtrain::World world = examples::init_world(c);
     own_loop::train(c, world);
     std::fflush(stdout);

@@ -17,9 +17,6 @@
 // evaluation reports the held-out action MSE beside predicting the mean
 // chunk.
 
-#include <dtrain/models/policy.hpp>
-#include <dtrain/trainer.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -28,6 +25,9 @@
 
 #include "common/config.hpp"
 #include "common/dispatch.hpp"
+
+#include <dtrain/models/policy.hpp>
+#include <dtrain/trainer.hpp>
 
 namespace policy {
 

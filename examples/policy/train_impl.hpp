@@ -16,7 +16,8 @@ namespace policy {
 template <class Trainer>
 void evaluate(const DataSets& data, dtrain::World& world, Trainer& trainer) {
   std::vector<std::int64_t> mine;  // an equal share on every rank
-  for (std::int64_t k = 0; k < data.held_out.size() / world.size(); ++k) mine.push_back(world.rank() + k * world.size());
+  for (std::int64_t k = 0; k < data.held_out.size() / world.size(); ++k)
+    mine.push_back(world.rank() + k * world.size());
   std::vector<dtrain::Batch> batches{data.held_out.gather(mine)};
   const double mse = trainer.evaluate(batches).loss;
   const auto chunk = static_cast<std::size_t>(data.train.chunk);

@@ -48,12 +48,13 @@ int main(int argc, char** argv) {
     auto world = examples::init_world(cfg);
     const policy::DataSets data = policy::make_demonstrations(cfg);
     if (world.rank() == 0)
-      std::printf("train_policy: %d rank(s), strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank, %lld "
-                  "demonstrations (%lld held out), observation %lld, action chunk %lld x %lld\n",
-                  world.size(), cfg.strategy.c_str(), cfg.device.c_str(), cfg.precision.c_str(), cfg.accumulate,
-                  static_cast<long long>(cfg.batch_size), static_cast<long long>(data.train.size()),
-                  static_cast<long long>(data.held_out.size()), static_cast<long long>(policy::observation_dim(cfg)),
-                  static_cast<long long>(cfg.horizon), static_cast<long long>(policy::action_dim));
+      std::printf(
+          "train_policy: %d rank(s), strategy=%s device=%s precision=%s accumulate=%d batch=%lld/rank, %lld "
+          "demonstrations (%lld held out), observation %lld, action chunk %lld x %lld\n",
+          world.size(), cfg.strategy.c_str(), cfg.device.c_str(), cfg.precision.c_str(), cfg.accumulate,
+          static_cast<long long>(cfg.batch_size), static_cast<long long>(data.train.size()),
+          static_cast<long long>(data.held_out.size()), static_cast<long long>(policy::observation_dim(cfg)),
+          static_cast<long long>(cfg.horizon), static_cast<long long>(policy::action_dim));
     if (cfg.device == "cuda") {
 #if DTRAIN_EXAMPLE_CUDA
       return policy::train_cuda(cfg, world, data);

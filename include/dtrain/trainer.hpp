@@ -14,7 +14,6 @@
 // drives any of them through the TrainingStrategy hooks.
 
 #include "dtrain/checkpoint/checkpoint.hpp"
-#include "dtrain/io/safetensors.hpp"
 #include "dtrain/checkpoint/state_io.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
@@ -25,6 +24,7 @@
 #include "dtrain/hf/checkpoint.hpp"
 #include "dtrain/hf/config.hpp"
 #include "dtrain/hf/model.hpp"
+#include "dtrain/io/safetensors.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/kernels/reduce.hpp"

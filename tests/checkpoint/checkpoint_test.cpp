@@ -3,29 +3,26 @@
 // model checks and pretrained weights. Ranks are threads of this process over
 // real Gloo communicators, files are real.
 #define BOOST_TEST_MODULE checkpoint
-#include <boost/test/unit_test.hpp>
-
-#include <launch/process.hpp>
-#include <strategy/common.hpp>
-
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
-#include <random>
-#include <regex>
-#include <sstream>
-#include <thread>
-
-#include "save_loop_model.hpp"
-#include "support/strategy_options.hpp"
-
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <random>
+#include <regex>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "save_loop_model.hpp"
+#include "support/strategy_options.hpp"
+#include <boost/test/unit_test.hpp>
+#include <launch/process.hpp>
+#include <strategy/common.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -69,7 +66,7 @@ Params run(int n, Opt opt, int first_step, int last_step, const fs::path& resume
   run_ranks(n, [&](World& w) {
     UnevenNet net;
     Trainer<UnevenNet, Device<Host>, Strategy<Kind>, Prec> t(w, net, opt, {.seed = 11},
-                                                           kind_options<Kind>(group_for(n)));
+                                                             kind_options<Kind>(group_for(n)));
     if (!resume.empty()) {
       const auto info = t.load(resume);
       require(info.step == first_step, "loaded step " + std::to_string(info.step));
@@ -132,8 +129,8 @@ BOOST_AUTO_TEST_CASE(saved_at_n_ranks_loads_at_m_ranks_under_any_strategy) {
           const Params resumed = run<Load>(m, sgd, 2, 4, dir);
           std::string where;
           const double d = max_rel_diff(resumed, want, &where);
-          BOOST_TEST(d <= 1e-5, Save::name << " at " << n << " -> " << Load::name << " at " << m << ": " << d
-                                           << " at " << where);
+          BOOST_TEST(d <= 1e-5,
+                     Save::name << " at " << n << " -> " << Load::name << " at " << m << ": " << d << " at " << where);
         });
     }
   });
@@ -299,8 +296,8 @@ BOOST_AUTO_TEST_CASE(an_index_integer_out_of_range_is_an_error_naming_the_field)
       {R"("count": \d+)", R"("count": -1)"},
   };
   for (const auto& [pattern, bad] : cases) {
-    const std::string damaged = std::regex_replace(text.str(), std::regex(pattern), bad,
-                                                   std::regex_constants::format_first_only);
+    const std::string damaged =
+        std::regex_replace(text.str(), std::regex(pattern), bad, std::regex_constants::format_first_only);
     BOOST_REQUIRE(damaged != text.str());
     const auto dir = scratch("index_integers_bad");
     fs::create_directories(dir);
@@ -376,7 +373,8 @@ BOOST_AUTO_TEST_CASE(consolidated_save_writes_a_plain_model_file) {
   }
   BOOST_TEST((file.tensor("5.weight").shape == std::vector<std::int64_t>{17, 16}));
   const auto shard = SafetensorsFile::open(dir / "shard-00001-of-00003.safetensors");
-  for (const auto& n : shard.names()) BOOST_TEST(!n.starts_with("param/"), n << ": parameters belong in model.safetensors");
+  for (const auto& n : shard.names())
+    BOOST_TEST(!n.starts_with("param/"), n << ": parameters belong in model.safetensors");
   Params loaded;
   run_ranks(2, [&](World& w) {
     UnevenNet net;
@@ -416,8 +414,7 @@ namespace {
 
 // A pretrained file: the backbone of UnevenNet (units 0-3) in `dtype`, its
 // names optionally prefixed, plus a tensor the model lacks.
-fs::path pretrained_file(const std::string& name, element_type dtype, const std::string& prefix,
-                         Params& values) {
+fs::path pretrained_file(const std::string& name, element_type dtype, const std::string& prefix, Params& values) {
   Params all;
   run_ranks(1, [&](World& w) {
     UnevenNet net;
@@ -519,7 +516,8 @@ BOOST_AUTO_TEST_CASE(sampler_order_is_independent_of_the_world_size) {
     for (int r = 0; r < world; ++r) {
       DistributedSampler s(n, r, world, {.shuffle = true, .seed = 3});
       const auto idx = s.indices();
-      for (std::size_t i = 0; i < idx.size(); ++i) out[i * static_cast<std::size_t>(world) + static_cast<std::size_t>(r)] = idx[i];
+      for (std::size_t i = 0; i < idx.size(); ++i)
+        out[i * static_cast<std::size_t>(world) + static_cast<std::size_t>(r)] = idx[i];
     }
     return out;
   };
@@ -595,7 +593,8 @@ BOOST_AUTO_TEST_CASE(kill_9_at_any_moment_of_a_save_leaves_a_loadable_checkpoint
     const auto committed = std::chrono::steady_clock::now();
     BOOST_REQUIRE_MESSAGE(dtrain::test::wait_until([&] { return latest_checkpoint(dir) != first; }, 60),
                           "the save loop never committed a second checkpoint: " << child.stderr_so_far());
-    const auto period = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - committed);
+    const auto period =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - committed);
     std::this_thread::sleep_for(std::chrono::microseconds(
         std::uniform_int_distribution<std::int64_t>(0, std::max<std::int64_t>(period.count(), 1))(rng)));
     ::kill(child.pid(), SIGKILL);

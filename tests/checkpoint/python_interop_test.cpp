@@ -4,18 +4,16 @@
 // only when pip cannot install safetensors (no network).
 #define BOOST_TEST_NO_MAIN
 #define BOOST_TEST_ALTERNATIVE_INIT_API
-#include <boost/test/unit_test.hpp>
-
-#include <strategy/common.hpp>
-#include <support/python_venv.hpp>
-
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include <boost/test/unit_test.hpp>
+#include <nlohmann/json.hpp>
+#include <strategy/common.hpp>
+#include <support/python_venv.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -44,7 +42,7 @@ Params train_and_save(const fs::path& dir) {
   run_ranks(3, [&](World& w) {
     UnevenNet net;
     Trainer<UnevenNet, Device<Host>, Strategy<FSDP<FullShard>>, Precision<bf16>> t(w, net, AdamW{.lr = 1e-2f},
-                                                                                     {.seed = 21});
+                                                                                   {.seed = 21});
     for (int s = 0; s < 2; ++s) t.step(micro_batches(s, w.rank(), {4}));
     t.save(dir, {.consolidated = true});
     auto p = t.parameters();
@@ -81,10 +79,10 @@ BOOST_AUTO_TEST_CASE(python_and_torch_read_a_consolidated_checkpoint) {
 BOOST_AUTO_TEST_CASE(weights_python_writes_load_into_a_trainer) {
   for (const char* dtype : {"F32", "F16", "BF16"}) {
     const fs::path file = fs::path(DTRAIN_TEST_BINARY_DIR) / (std::string("from_python_") + dtype + ".safetensors");
-    const nlohmann::json spec = {{"0.weight", {{15, 7}, dtype}}, {"0.bias", {{15}, dtype}}, {"5.weight", {{17, 16}, dtype}}};
-    BOOST_REQUIRE_EQUAL(shell((venv / "bin/python").string() + " " + script + " write " + file.string() + " '" +
-                              spec.dump() + "'"),
-                        0);
+    const nlohmann::json spec = {
+        {"0.weight", {{15, 7}, dtype}}, {"0.bias", {{15}, dtype}}, {"5.weight", {{17, 16}, dtype}}};
+    BOOST_REQUIRE_EQUAL(
+        shell((venv / "bin/python").string() + " " + script + " write " + file.string() + " '" + spec.dump() + "'"), 0);
     run_ranks(2, [&](World& w) {
       UnevenNet net;
       Trainer<UnevenNet, Device<Host>, Strategy<ZeRO1>> t(w, net, AdamW{}, {.seed = 3});
@@ -107,7 +105,8 @@ BOOST_AUTO_TEST_CASE(weights_python_writes_load_into_a_trainer) {
 static bool init_unit_test() { return true; }
 
 int main(int argc, char* argv[]) {
-  if (const std::string why = dtrain::testing::python_venv_with(venv, "safetensors", "safetensors==0.8.0", 300); !why.empty()) {
+  if (const std::string why = dtrain::testing::python_venv_with(venv, "safetensors", "safetensors==0.8.0", 300);
+      !why.empty()) {
     std::printf("%s: test skipped (exit 77)\n", why.c_str());
     return 77;
   }

@@ -2,14 +2,14 @@
 // few MB under FSDP and save checkpoints after every step, keeping the
 // newest two, until killed. Prints "saved <step>" after each commit.
 //   checkpoint_save_loop <checkpoint dir>
-#include <dtrain/trainer.hpp>
-#include <support/ranks.hpp>
-
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 
 #include "save_loop_model.hpp"
+#include <support/ranks.hpp>
+
+#include <dtrain/trainer.hpp>
 
 int main(int argc, char** argv) {
   if (argc != 2) {

@@ -3,10 +3,10 @@
 // saved): 1.3M fp32 parameters, so a checkpoint with AdamW state is ~16 MB
 // and saving dominates each loop iteration (most kills land inside a save).
 
-#include <dtrain/trainer.hpp>
-
 #include <cmath>
 #include <cstdint>
+
+#include <dtrain/trainer.hpp>
 
 namespace dtrain::testing {
 
@@ -23,7 +23,8 @@ struct SaveLoopNet {
 inline Batch save_loop_batch(int step, int rank) {
   std::vector<float> x;
   std::vector<std::int32_t> y;
-  for (std::int64_t i = 0; i < 8 * 256; ++i) x.push_back(std::sin(0.1f * static_cast<float>(i + 977 * step + 31 * rank)) + 0.05f);
+  for (std::int64_t i = 0; i < 8 * 256; ++i)
+    x.push_back(std::sin(0.1f * static_cast<float>(i + 977 * step + 31 * rank)) + 0.05f);
   for (std::int64_t r = 0; r < 8; ++r) y.push_back(static_cast<std::int32_t>((r + step + rank) % 10));
   return Batch::table(x, y, 8, 256);
 }

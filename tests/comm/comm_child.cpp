@@ -12,21 +12,20 @@
 //             what dtrain-run must clean up
 // Exit codes: 0 success, 3 the expected failure was detected (the message is
 // printed), 1 anything else.
-#include <dtrain/backend/host/comm.hpp>
-#include <dtrain/launch/init.hpp>
-
 #include <fcntl.h>
 #include <sys/mman.h>
 
 #include <chrono>
 #include <csignal>
-#include <cstring>
-#include <thread>
-
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <dtrain/backend/host/comm.hpp>
+#include <dtrain/launch/init.hpp>
 
 namespace {
 
@@ -71,7 +70,6 @@ void run_all(dtrain::HostCommunicator& comm, const char* dtype) {
   }
   comm.barrier().wait();
 }
-
 
 // Runs a collective that must fail because of the scenario; exit code 3 and
 // the message when it does.
@@ -134,8 +132,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "die" && me == 1) ::raise(SIGKILL);
     if (mode == "throw" && me == 1) throw std::runtime_error("rank 1 fails on purpose");
-    return expect_failure([&] { comm.all_reduce(std::span<float>(x), dtrain::reduce_op::sum).wait(); },
-                          "a lost peer");
+    return expect_failure([&] { comm.all_reduce(std::span<float>(x), dtrain::reduce_op::sum).wait(); }, "a lost peer");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "comm_child: %s\n", e.what());
     return 1;

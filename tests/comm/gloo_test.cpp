@@ -1,22 +1,22 @@
 #define BOOST_TEST_MODULE comm_gloo
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include <boost/test/unit_test.hpp>
+#include <support/ranks.hpp>
 
 #include <dtrain/backend/host/comm.hpp>
 #include <dtrain/comm/store.hpp>
 #include <dtrain/core/dtype.hpp>
 #include <dtrain/run/preemption.hpp>
-#include <support/ranks.hpp>
-
-#include <signal.h>
-
-#include <atomic>
-#include <chrono>
-#include <cstdlib>
-#include <memory>
-#include <cmath>
-#include <string>
-#include <tuple>
-#include <vector>
 
 using namespace dtrain;
 using dtrain::testing::random_values;
@@ -34,8 +34,8 @@ using Dtypes = std::tuple<float, bf16, fp16>;
 template <class T>
 double rel_tol() {
   if constexpr (std::is_same_v<T, float>) return 1e-6;
-  if constexpr (std::is_same_v<T, bf16>) return 1.0 / 256;   // 2^-8: bf16 has 8 significant bits
-  return 1.0 / 2048;                                          // 2^-11: fp16 has 11
+  if constexpr (std::is_same_v<T, bf16>) return 1.0 / 256;  // 2^-8: bf16 has 8 significant bits
+  return 1.0 / 2048;                                        // 2^-11: fp16 has 11
 }
 
 template <class T>
@@ -95,81 +95,92 @@ void check_transport(const HostCommunicator& comm, const Setup& s) {
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(all_reduce_matches_reference, T, Dtypes) {
   for (const Setup& setup : setups)
-  for (int n = 1; n <= 4; ++n)
-    for (auto op : {reduce_op::sum, reduce_op::avg})
-      run_ranks(n, [&](World& w) {
-        HostCommunicator comm(w);
-        check_transport(comm, setup);
-        for (std::size_t len : sizes) {
-          auto buf = as_dtype<T>(rank_input<T>(len, w.rank(), len));
-          comm.all_reduce(std::span<T>(buf), op).wait();
-          std::vector<double> want(len, 0.0);
-          for (int r = 0; r < n; ++r) {
-            const auto in = rank_input<T>(len, r, len);
-            for (std::size_t i = 0; i < len; ++i) want[i] += in[i];
-          }
-          if (op == reduce_op::avg)
-            for (auto& x : want) x /= n;
-          check_close(buf, want, std::string(setup.name) + " all_reduce " + std::string(reduce_op_name(op)) +
-                                     " n=" + std::to_string(n));
-        }
-      }, options_for(setup));
+    for (int n = 1; n <= 4; ++n)
+      for (auto op : {reduce_op::sum, reduce_op::avg})
+        run_ranks(
+            n,
+            [&](World& w) {
+              HostCommunicator comm(w);
+              check_transport(comm, setup);
+              for (std::size_t len : sizes) {
+                auto buf = as_dtype<T>(rank_input<T>(len, w.rank(), len));
+                comm.all_reduce(std::span<T>(buf), op).wait();
+                std::vector<double> want(len, 0.0);
+                for (int r = 0; r < n; ++r) {
+                  const auto in = rank_input<T>(len, r, len);
+                  for (std::size_t i = 0; i < len; ++i) want[i] += in[i];
+                }
+                if (op == reduce_op::avg)
+                  for (auto& x : want) x /= n;
+                check_close(buf, want,
+                            std::string(setup.name) + " all_reduce " + std::string(reduce_op_name(op)) +
+                                " n=" + std::to_string(n));
+              }
+            },
+            options_for(setup));
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_scatter_matches_reference, T, Dtypes) {
   for (const Setup& setup : setups)
-  for (int n = 1; n <= 4; ++n)
-    for (auto op : {reduce_op::sum, reduce_op::avg})
-      run_ranks(n, [&](World& w) {
-        HostCommunicator comm(w);
-        check_transport(comm, setup);
-        for (std::size_t chunk : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{40001}}) {
-          const std::size_t len = chunk * static_cast<std::size_t>(n);
-          const auto in = as_dtype<T>(rank_input<T>(len, w.rank(), chunk));
-          std::vector<T> out(chunk);
-          comm.reduce_scatter(std::span<const T>(in), std::span<T>(out), op).wait();
-          std::vector<double> want(chunk, 0.0);
-          for (int r = 0; r < n; ++r) {
-            const auto x = rank_input<T>(len, r, chunk);
-            for (std::size_t i = 0; i < chunk; ++i) want[i] += x[static_cast<std::size_t>(w.rank()) * chunk + i];
-          }
-          if (op == reduce_op::avg)
-            for (auto& x : want) x /= n;
-          check_close(out, want, std::string(setup.name) + " reduce_scatter n=" + std::to_string(n));
-        }
-      }, options_for(setup));
+    for (int n = 1; n <= 4; ++n)
+      for (auto op : {reduce_op::sum, reduce_op::avg})
+        run_ranks(
+            n,
+            [&](World& w) {
+              HostCommunicator comm(w);
+              check_transport(comm, setup);
+              for (std::size_t chunk : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{40001}}) {
+                const std::size_t len = chunk * static_cast<std::size_t>(n);
+                const auto in = as_dtype<T>(rank_input<T>(len, w.rank(), chunk));
+                std::vector<T> out(chunk);
+                comm.reduce_scatter(std::span<const T>(in), std::span<T>(out), op).wait();
+                std::vector<double> want(chunk, 0.0);
+                for (int r = 0; r < n; ++r) {
+                  const auto x = rank_input<T>(len, r, chunk);
+                  for (std::size_t i = 0; i < chunk; ++i) want[i] += x[static_cast<std::size_t>(w.rank()) * chunk + i];
+                }
+                if (op == reduce_op::avg)
+                  for (auto& x : want) x /= n;
+                check_close(out, want, std::string(setup.name) + " reduce_scatter n=" + std::to_string(n));
+              }
+            },
+            options_for(setup));
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(all_gather_and_broadcast_are_exact, T, Dtypes) {
   for (const Setup& setup : setups)
-  for (int n = 1; n <= 4; ++n)
-    run_ranks(n, [&](World& w) {
-      HostCommunicator comm(w);
-      check_transport(comm, setup);
-      for (std::size_t len : {std::size_t{0}, std::size_t{3}, std::size_t{50021}}) {
-        const auto mine = as_dtype<T>(random_values(len, 7 + static_cast<std::uint64_t>(w.rank())));
-        std::vector<T> all(len * static_cast<std::size_t>(n));
-        comm.all_gather(std::span<const T>(mine), std::span<T>(all)).wait();
-        for (int r = 0; r < n; ++r) {
-          const auto theirs = as_dtype<T>(random_values(len, 7 + static_cast<std::uint64_t>(r)));
-          for (std::size_t i = 0; i < len; ++i)
-            require(all[static_cast<std::size_t>(r) * len + i] == theirs[i], "all_gather mismatch");
-        }
-        for (int root = 0; root < n; ++root) {
-          auto buf = as_dtype<T>(random_values(len, 100 + static_cast<std::uint64_t>(w.rank())));
-          comm.broadcast(std::span<T>(buf), root).wait();
-          const auto want = as_dtype<T>(random_values(len, 100 + static_cast<std::uint64_t>(root)));
-          require(buf == want, "broadcast mismatch from root " + std::to_string(root));
-        }
-        // In place, as FSDP gathers: this rank's part already sits in its slot.
-        std::vector<T> slots(len * static_cast<std::size_t>(n));
-        std::copy(mine.begin(), mine.end(), slots.begin() + static_cast<std::ptrdiff_t>(len * static_cast<std::size_t>(w.rank())));
-        const std::span<T> own = std::span<T>(slots).subspan(len * static_cast<std::size_t>(w.rank()), len);
-        comm.all_gather(std::span<const T>(own), std::span<T>(slots)).wait();
-        require(slots == all, "in-place all_gather mismatch");
-      }
-      comm.barrier().wait();
-    }, options_for(setup));
+    for (int n = 1; n <= 4; ++n)
+      run_ranks(
+          n,
+          [&](World& w) {
+            HostCommunicator comm(w);
+            check_transport(comm, setup);
+            for (std::size_t len : {std::size_t{0}, std::size_t{3}, std::size_t{50021}}) {
+              const auto mine = as_dtype<T>(random_values(len, 7 + static_cast<std::uint64_t>(w.rank())));
+              std::vector<T> all(len * static_cast<std::size_t>(n));
+              comm.all_gather(std::span<const T>(mine), std::span<T>(all)).wait();
+              for (int r = 0; r < n; ++r) {
+                const auto theirs = as_dtype<T>(random_values(len, 7 + static_cast<std::uint64_t>(r)));
+                for (std::size_t i = 0; i < len; ++i)
+                  require(all[static_cast<std::size_t>(r) * len + i] == theirs[i], "all_gather mismatch");
+              }
+              for (int root = 0; root < n; ++root) {
+                auto buf = as_dtype<T>(random_values(len, 100 + static_cast<std::uint64_t>(w.rank())));
+                comm.broadcast(std::span<T>(buf), root).wait();
+                const auto want = as_dtype<T>(random_values(len, 100 + static_cast<std::uint64_t>(root)));
+                require(buf == want, "broadcast mismatch from root " + std::to_string(root));
+              }
+              // In place, as FSDP gathers: this rank's part already sits in its slot.
+              std::vector<T> slots(len * static_cast<std::size_t>(n));
+              std::copy(mine.begin(), mine.end(),
+                        slots.begin() + static_cast<std::ptrdiff_t>(len * static_cast<std::size_t>(w.rank())));
+              const std::span<T> own = std::span<T>(slots).subspan(len * static_cast<std::size_t>(w.rank()), len);
+              comm.all_gather(std::span<const T>(own), std::span<T>(slots)).wait();
+              require(slots == all, "in-place all_gather mismatch");
+            }
+            comm.barrier().wait();
+          },
+          options_for(setup));
 }
 
 BOOST_AUTO_TEST_CASE(many_collectives_in_flight_complete_in_order) {
@@ -204,51 +215,52 @@ BOOST_AUTO_TEST_CASE(wrong_sizes_are_config_errors) {
   run_ranks(2, [](World& w) {
     GlooCommunicator comm(w);
     std::vector<float> in(5), out(3);
-    require_throws<config_error>([&] { comm.reduce_scatter(std::span<const float>(in), std::span<float>(out), reduce_op::sum); });
+    require_throws<config_error>(
+        [&] { comm.reduce_scatter(std::span<const float>(in), std::span<float>(out), reduce_op::sum); });
     require_throws<config_error>([&] { comm.all_gather(std::span<const float>(out), std::span<float>(in)); });
     require_throws<config_error>([&] { comm.broadcast(std::span<float>(in), 2); });
   });
 }
 
 BOOST_AUTO_TEST_CASE(a_rank_that_never_arrives_times_out_on_every_other_rank) {
- for (auto transport : {host_transport::gloo, host_transport::shm}) {
-  CommOptions opts;
-  opts.host = transport;
-  opts.timeout = std::chrono::milliseconds(1500);
-  std::vector<std::string> messages(3);
-  std::atomic<int> reported{0};
-  const auto start = std::chrono::steady_clock::now();
-  run_ranks(
-      3,
-      [&](World& w) {
-        HostCommunicator comm(w);
-        std::vector<float> x(64, 1.f);
-        comm.all_reduce(std::span<float>(x), reduce_op::sum).wait();  // #1: everyone
-        if (w.rank() == 2) {  // rank 2 hangs (alive, connected) and never reaches #2
-          while (reported < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-          return;
-        }
-        try {
-          comm.all_reduce(std::span<float>(x), reduce_op::sum).wait();
-        } catch (const timeout_error& e) {
-          messages[static_cast<std::size_t>(w.rank())] = e.what();
-        }
-        ++reported;
-        // The communicator is poisoned: later calls fail fast instead of hanging.
-        require_throws<comm_error>([&] { comm.barrier().wait(); });
-      },
-      opts);
-  const auto took = std::chrono::steady_clock::now() - start;
-  BOOST_TEST((took < std::chrono::seconds(15)));
-  for (int r = 0; r < 2; ++r) {
-    const auto& m = messages[static_cast<std::size_t>(r)];
-    BOOST_TEST_INFO("rank " << r << ": " << m);
-    BOOST_TEST(m.find("all_reduce") != std::string::npos);
-    BOOST_TEST(m.find("#2") != std::string::npos);
-    BOOST_TEST(m.find("2 (at #1)") != std::string::npos);
-    BOOST_TEST(m.find(r == 0 ? "1 (at" : "0 (at") == std::string::npos);  // the other waiting rank did arrive
+  for (auto transport : {host_transport::gloo, host_transport::shm}) {
+    CommOptions opts;
+    opts.host = transport;
+    opts.timeout = std::chrono::milliseconds(1500);
+    std::vector<std::string> messages(3);
+    std::atomic<int> reported{0};
+    const auto start = std::chrono::steady_clock::now();
+    run_ranks(
+        3,
+        [&](World& w) {
+          HostCommunicator comm(w);
+          std::vector<float> x(64, 1.f);
+          comm.all_reduce(std::span<float>(x), reduce_op::sum).wait();  // #1: everyone
+          if (w.rank() == 2) {  // rank 2 hangs (alive, connected) and never reaches #2
+            while (reported < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            return;
+          }
+          try {
+            comm.all_reduce(std::span<float>(x), reduce_op::sum).wait();
+          } catch (const timeout_error& e) {
+            messages[static_cast<std::size_t>(w.rank())] = e.what();
+          }
+          ++reported;
+          // The communicator is poisoned: later calls fail fast instead of hanging.
+          require_throws<comm_error>([&] { comm.barrier().wait(); });
+        },
+        opts);
+    const auto took = std::chrono::steady_clock::now() - start;
+    BOOST_TEST((took < std::chrono::seconds(15)));
+    for (int r = 0; r < 2; ++r) {
+      const auto& m = messages[static_cast<std::size_t>(r)];
+      BOOST_TEST_INFO("rank " << r << ": " << m);
+      BOOST_TEST(m.find("all_reduce") != std::string::npos);
+      BOOST_TEST(m.find("#2") != std::string::npos);
+      BOOST_TEST(m.find("2 (at #1)") != std::string::npos);
+      BOOST_TEST(m.find(r == 0 ? "1 (at" : "0 (at") == std::string::npos);  // the other waiting rank did arrive
+    }
   }
-}
 }
 
 BOOST_AUTO_TEST_CASE(a_rank_that_dies_fails_the_others_fast) {
@@ -283,8 +295,7 @@ BOOST_AUTO_TEST_CASE(split_worlds_reduce_within_their_group) {
   run_ranks(4, [&](World& w) {
     World shard = w.split(w.rank() / 2, "shard");
     World replica = w.split(w.rank() % 2, "replica");
-    require(shard.size() == 2 && shard.rank() == w.rank() % 2 && shard.global_rank() == w.rank(),
-            "shard group layout");
+    require(shard.size() == 2 && shard.rank() == w.rank() % 2 && shard.global_rank() == w.rank(), "shard group layout");
     require(replica.size() == 2 && replica.rank() == w.rank() / 2, "replica group layout");
     require(shard.group() == "shard/" + std::to_string(w.rank() / 2), "group name");
     require(shard.local_rank() == w.local_rank(), "the local rank (the GPU) stays the process's");
@@ -361,13 +372,14 @@ BOOST_AUTO_TEST_CASE(agree_names_the_disagreeing_rank_and_field) {
     }
   });
   for (const auto& e : errors)
-    BOOST_TEST(e.find("ranks disagree on the model: rank 2 has [1].shape[1] = 17 where rank 0 has 16") !=
-                   std::string::npos,
-               e);
+    BOOST_TEST(
+        e.find("ranks disagree on the model: rank 2 has [1].shape[1] = 17 where rank 0 has 16") != std::string::npos,
+        e);
   // the same values everywhere: no error; all_gather gives every rank's
   run_ranks(3, [&](World& w) {
     w.agree("the seed", std::uint64_t{42});
-    const std::vector<LayerShape> all = w.all_gather("mine", LayerShape{"r" + std::to_string(w.rank()), {w.rank()}, false});
+    const std::vector<LayerShape> all =
+        w.all_gather("mine", LayerShape{"r" + std::to_string(w.rank()), {w.rank()}, false});
     require(all.size() == 3 && all[2].name == "r2" && all[2].shape == std::vector<std::int64_t>{2} && !all[1].trainable,
             "all_gather returns every rank's value in rank order");
   });

@@ -4,10 +4,6 @@
 // peer killed with SIGKILL, a peer that throws, mismatched calls, and
 // /dev/shm left clean after normal exits, exceptions and kill -9.
 #define BOOST_TEST_MODULE comm_host_processes
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/comm/store.hpp>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +16,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/comm/store.hpp>
 
 namespace fs = std::filesystem;
 using namespace dtrain;
@@ -233,6 +233,5 @@ BOOST_AUTO_TEST_CASE(dev_shm_is_clean_after_normal_exit_and_kill_minus_9) {
 // the name was unlinked, is removed by dtrain-run when the job ends.
 BOOST_AUTO_TEST_CASE(dtrain_run_removes_segments_a_killed_rank_left_behind) {
   BOOST_TEST(run(launcher(1, free_port()) + COMM_CHILD_PATH + " --mode leak") == 128 + SIGKILL);
-  for (const auto& name : segments("dtrain-r"))
-    BOOST_TEST(!name.ends_with("-leak"), name << " was left in /dev/shm");
+  for (const auto& name : segments("dtrain-r")) BOOST_TEST(!name.ends_with("-leak"), name << " was left in /dev/shm");
 }

@@ -2,10 +2,6 @@
 // reduction, at a world of one (one GPU) and, where the machine has several
 // GPUs, with one thread per GPU. Checks run in the rank threads and return
 // their failures as text: Boost.Test assertions are not thread-safe.
-#include "support/gpu_main.hpp"
-
-#include <dtrain/backend/cuda/comm_nccl.hpp>
-
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +11,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "support/gpu_main.hpp"
+
+#include <dtrain/backend/cuda/comm_nccl.hpp>
 
 namespace {
 
@@ -97,8 +97,8 @@ class Failures {
     if (got.size() != ref.size()) return add(what + ": wrong length");
     for (std::size_t i = 0; i < got.size(); ++i)
       if (!(got[i] == ref[i]))
-        return add(what + ": element " + std::to_string(i) + " is " + std::to_string(float(got[i])) +
-                   ", expected " + std::to_string(float(ref[i])));
+        return add(what + ": element " + std::to_string(i) + " is " + std::to_string(float(got[i])) + ", expected " +
+                   std::to_string(float(ref[i])));
   }
 
   void add(const std::string& text) { text_ += "rank " + std::to_string(rank_) + ": " + text + "\n"; }

@@ -1,15 +1,15 @@
 #define BOOST_TEST_MODULE core
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/core/dtype.hpp>
-#include <dtrain/core/element.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/core/dtype.hpp>
+#include <dtrain/core/element.hpp>
 
 #if DTRAIN_HAS_CUDA
 #include <cuda_bf16.h>
@@ -24,9 +24,9 @@ namespace {
 // its infinity), the one nearest to x in float64; ties go to the even
 // (last bit 0) encoding. Built once as sorted tables of positive values.
 struct Table {
-  std::vector<double> value;   // ascending, positive encodings 0x0000.. up to the largest finite
+  std::vector<double> value;  // ascending, positive encodings 0x0000.. up to the largest finite
   std::vector<std::uint16_t> bits;
-  double overflow;             // values at or beyond this round to infinity
+  double overflow;  // values at or beyond this round to infinity
   std::uint16_t inf_bits;
 };
 
@@ -80,9 +80,11 @@ BOOST_AUTO_TEST_CASE(bf16_and_fp16_round_to_nearest_even_like_a_float64_referenc
     float x = random_float(gen);
     if (i % 2) x = std::ldexp(x, -std::ilogb(x) + static_cast<int>(gen() % 40) - 26);  // fp16's range too
     if (bf16(x).bits != reference(tb, x) && bad_b++ < 3)
-      BOOST_TEST_MESSAGE("bf16 " << std::hexfloat << x << ": " << std::hex << bf16(x).bits << " vs " << reference(tb, x));
+      BOOST_TEST_MESSAGE("bf16 " << std::hexfloat << x << ": " << std::hex << bf16(x).bits << " vs "
+                                 << reference(tb, x));
     if (fp16(x).bits != reference(th, x) && bad_h++ < 3)
-      BOOST_TEST_MESSAGE("fp16 " << std::hexfloat << x << ": " << std::hex << fp16(x).bits << " vs " << reference(th, x));
+      BOOST_TEST_MESSAGE("fp16 " << std::hexfloat << x << ": " << std::hex << fp16(x).bits << " vs "
+                                 << reference(th, x));
   }
   BOOST_TEST(bad_b == 0u);
   BOOST_TEST(bad_h == 0u);
@@ -97,7 +99,7 @@ BOOST_AUTO_TEST_CASE(special_values_and_round_trips) {
   BOOST_TEST(std::isinf(static_cast<float>(fp16(65520.f))));  // the midpoint above 65504 ties to infinity
   BOOST_TEST(static_cast<float>(fp16(65519.f)) == 65504.f);
   BOOST_TEST(static_cast<float>(fp16(0x1p-24f)) == 0x1p-24f);  // smallest subnormal
-  BOOST_TEST(fp16(0x1p-25f).bits == 0u);                      // exactly half of it ties to zero
+  BOOST_TEST(fp16(0x1p-25f).bits == 0u);                       // exactly half of it ties to zero
   BOOST_TEST(std::signbit(static_cast<float>(bf16(-0.f))));
   // Every finite encoding survives decode/encode unchanged.
   for (std::uint32_t b = 0; b < 0x10000; ++b) {

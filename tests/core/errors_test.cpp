@@ -1,8 +1,8 @@
+#include <string>
+
 #include <boost/test/unit_test.hpp>
 
 #include <dtrain/core/error.hpp>
-
-#include <string>
 
 BOOST_AUTO_TEST_CASE(errors_carry_problem_fix_and_location) {
   try {

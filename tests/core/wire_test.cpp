@@ -2,12 +2,12 @@
 // value round-trips (trivially copyable values, strings, vectors, structs
 // with named fields, nested); a short or long message is an error;
 // first_difference names the field and the element.
-#include <boost/test/unit_test.hpp>
-
 #include <cstdint>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
 
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/wire.hpp>

@@ -1,4 +1,4 @@
-#include <boost/test/unit_test.hpp>
+#include "dtrain/data/dataset.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -6,9 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/io/safetensors.hpp"
-#include "dtrain/data/dataset.hpp"
 #include "fixture_values.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include "dtrain/io/safetensors.hpp"
 
 using namespace dtrain_test;
 

@@ -1,4 +1,4 @@
-#include <boost/test/unit_test.hpp>
+#include "dtrain/data/loader.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "dtrain/data/loader.hpp"
+#include <boost/test/unit_test.hpp>
 
 using dtrain::Batch;
 using dtrain::DataLoader;
@@ -65,10 +65,11 @@ BOOST_AUTO_TEST_CASE(order_is_independent_of_workers_and_prefetch) {
       BOOST_TEST_CONTEXT("workers=" << workers << " prefetch=" << prefetch) {
         DistributedSampler sampler(rows, 1, 2, sampler_options);
         // Uneven gather times make workers finish out of order.
-        DataLoader loader(data, sampler,
-                          {.batch_size = batch, .num_workers = workers, .prefetch = prefetch, .transform = [](Batch& b) {
-                             std::this_thread::sleep_for(std::chrono::microseconds(300 * (b.indices[0] % 4)));
-                           }});
+        DataLoader loader(
+            data, sampler,
+            {.batch_size = batch, .num_workers = workers, .prefetch = prefetch, .transform = [](Batch& b) {
+               std::this_thread::sleep_for(std::chrono::microseconds(300 * (b.indices[0] % 4)));
+             }});
         for (const auto& e : expected) check_batch(loader.next(), e, data);
         // The caller's sampler reflects consumed batches, not read-ahead.
         BOOST_TEST((sampler.state() == dtrain::SamplerState{5, 5}));  // 100 samples = 5 epochs of 19 + 5

@@ -1,12 +1,12 @@
 #define BOOST_TEST_MODULE data
-#include <boost/test/unit_test.hpp>
+#include "dtrain/data/sampler.hpp"
 
 #include <algorithm>
 #include <cstdint>
 #include <map>
 #include <vector>
 
-#include "dtrain/data/sampler.hpp"
+#include <boost/test/unit_test.hpp>
 
 using dtrain::DistributedSampler;
 using dtrain::SamplerOptions;

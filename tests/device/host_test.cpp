@@ -1,8 +1,6 @@
 // dtrain::Host: buffers, copies, GEMM (row-major, all transposes, all dtypes)
 // against float64, for_each/sum, the workspace and the BLAS thread sizing.
 #define BOOST_TEST_MODULE device
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -15,6 +13,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
 
 #include "dtrain/backend/host/device.hpp"
 #include "dtrain/launch/env.hpp"
@@ -61,7 +61,8 @@ struct Strided {
   std::vector<T> store(double pad) const {
     std::vector<T> out(static_cast<std::size_t>(rows * ld), T(static_cast<float>(pad)));
     for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < cols; ++c) out[static_cast<std::size_t>(r * ld + c)] = T(static_cast<float>(at(r, c)));
+      for (std::int64_t c = 0; c < cols; ++c)
+        out[static_cast<std::size_t>(r * ld + c)] = T(static_cast<float>(at(r, c)));
     return out;
   }
 };
@@ -73,8 +74,8 @@ Strided random_strided(std::int64_t rows, std::int64_t cols, std::mt19937_64& rn
 }
 
 template <class T>
-void check_gemm(dtrain::host_gemm engine, int threads, std::int64_t m, std::int64_t n, std::int64_t k, bool ta,
-                bool tb, float beta) {
+void check_gemm(dtrain::host_gemm engine, int threads, std::int64_t m, std::int64_t n, std::int64_t k, bool ta, bool tb,
+                float beta) {
   dtrain::Host dev(threads, dtrain::host_threads::pool, engine);
   std::mt19937_64 rng(10);
   const Strided a = random_strided<T>(ta ? k : m, ta ? m : k, rng);
@@ -104,10 +105,9 @@ void check_gemm(dtrain::host_gemm engine, int threads, std::int64_t m, std::int6
                          "gemm wrote into C's padding");
   // fp32 accumulation (~k float roundings), then one rounding to T.
   expect_close(got, expected, 1.5 * dtrain::testing::roundoff<T>() + 1e-6,
-               std::string(engine == dtrain::host_gemm::onednn ? "onednn" : "openblas") + " gemm " +
-                   std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " on " +
-                   std::to_string(threads) + " thread(s) " + dtrain::dtype_traits<T>::name.data() +
-                   (ta ? " A^T" : " A") + (tb ? " B^T" : " B"));
+               std::string(engine == dtrain::host_gemm::onednn ? "onednn" : "openblas") + " gemm " + std::to_string(m) +
+                   "x" + std::to_string(n) + "x" + std::to_string(k) + " on " + std::to_string(threads) +
+                   " thread(s) " + dtrain::dtype_traits<T>::name.data() + (ta ? " A^T" : " A") + (tb ? " B^T" : " B"));
 }
 
 // Every GEMM engine this machine has (OpenBLAS always; oneDNN where
@@ -168,7 +168,10 @@ BOOST_AUTO_TEST_CASE(copies_and_zero) {
 // by rows at 3 threads), every dtype (bf16 through oneDNN's bf16 GEMM where
 // this processor runs it).
 BOOST_AUTO_TEST_CASE(gemm_row_major_all_transposes_and_dtypes) {
-  struct Case { int threads; std::int64_t m, n, k; };
+  struct Case {
+    int threads;
+    std::int64_t m, n, k;
+  };
   for (const dtrain::host_gemm engine : engines_here())
     for (const Case c : {Case{1, 5, 7, 9}, Case{3, 203, 67, 91}, Case{3, 37, 301, 64}})
       for (bool ta : {false, true})
@@ -219,17 +222,17 @@ BOOST_AUTO_TEST_CASE(blas_threads_follow_the_rank_share_of_cores) {
   const int cores = dtrain::usable_cpu_count();
   const int half = std::max(1, cores / 2);
   std::list<ScopedEnv> unset;  // whatever launcher runs this test
-  for (const char* name : {"OPENBLAS_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                           "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
-                           "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"})
+  for (const char* name :
+       {"OPENBLAS_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID",
+        "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"})
     unset.emplace_back(name, std::nullopt);
   {
     ScopedEnv local("LOCAL_WORLD_SIZE", "2");  // dtrain-run, torchrun
     const dtrain::Host dev;
     BOOST_TEST(dev.threads() == half);
-    const bool blas_threads = dev.threads_mode() == dtrain::host_threads::openblas &&
-                              dev.gemm_engine() == dtrain::host_gemm::openblas;
+    const bool blas_threads =
+        dev.threads_mode() == dtrain::host_threads::openblas && dev.gemm_engine() == dtrain::host_gemm::openblas;
     BOOST_TEST(openblas_get_num_threads() == (blas_threads ? dev.threads() : 1));
   }
   {
@@ -280,68 +283,73 @@ BOOST_AUTO_TEST_CASE(blas_threads_follow_the_rank_share_of_cores) {
 // Every engine here (engines_here), oneDNN also on its own OpenMP threads.
 
 BOOST_AUTO_TEST_CASE(pool_splits_are_products_and_repeat_bit_for_bit) {
- for (const dtrain::host_gemm engine : engines_here()) {
-  BOOST_TEST_MESSAGE("engine " << (engine == dtrain::host_gemm::onednn ? "onednn" : "openblas"));
-  dtrain::Host serial(1, dtrain::host_threads::pool, engine), pool(3, dtrain::host_threads::pool, engine);
-  // oneDNN on its own OpenMP threads (OpenBLAS's thread count is the
-  // process's, so its own threads are not mixed with the pool here)
-  std::optional<dtrain::Host> own;
-  if (engine == dtrain::host_gemm::onednn) own.emplace(2, dtrain::host_threads::openblas, engine);
-  BOOST_TEST((pool.threads_mode() == dtrain::host_threads::pool));
-  BOOST_TEST((pool.gemm_engine() == engine));
-  BOOST_TEST(openblas_get_num_threads() == 1);
-  std::mt19937_64 rng(45);
-  struct Shape { std::int64_t m, n, k; };
-  // split by rows (m >= n), by columns, uneven tails, and one too small to split
-  for (const Shape s : {Shape{203, 67, 91}, Shape{37, 301, 64}, Shape{130, 129, 33}, Shape{9, 11, 7}})
-    for (bool ta : {false, true})
-      for (bool tb : {false, true}) {
-        const Strided a = random_strided<float>(ta ? s.k : s.m, ta ? s.m : s.k, rng);
-        const Strided b = random_strided<float>(tb ? s.n : s.k, tb ? s.k : s.n, rng);
-        const Strided c = random_strided<float>(s.m, s.n, rng);
-        const double pad = 7.0;
-        const std::vector<float> A = a.store<float>(pad), B = b.store<float>(pad);
-        std::vector<float> C1 = c.store<float>(pad), C3 = C1, again = C1, C2 = C1;
-        serial.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, C1.data(), c.ld);
-        if (own) own->gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, C2.data(), c.ld);
-        pool.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, C3.data(), c.ld);
-        pool.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, again.data(), c.ld);
-        const std::string what = std::string(engine == dtrain::host_gemm::onednn ? "onednn" : "openblas") +
-                                 " gemm " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
-                                 std::to_string(s.k) + (ta ? " A^T" : " A") + (tb ? " B^T" : " B");
-        BOOST_TEST((C3 == again), what << ": two calls differ");
-        // against float64 (fp32 accumulation over k), and beside the unsplit call
-        double worst = 0.0, apart = 0.0, threaded = 0.0;
-        for (std::int64_t i = 0; i < s.m; ++i) {
-          for (std::int64_t j = 0; j < s.n; ++j) {
-            double acc = 0.0;
-            for (std::int64_t p = 0; p < s.k; ++p) acc += (ta ? a.at(p, i) : a.at(i, p)) * (tb ? b.at(j, p) : b.at(p, j));
-            const double want = 0.5 * acc + 0.25 * c.at(i, j);
-            const auto e = static_cast<std::size_t>(i * c.ld + j);
-            worst = std::max(worst, std::abs(C3[e] - want) / (1.0 + std::abs(want)));
-            apart = std::max(apart, std::abs(double{C3[e]} - double{C1[e]}) / (1.0 + std::abs(want)));
-            if (own) threaded = std::max(threaded, std::abs(C2[e] - want) / (1.0 + std::abs(want)));
+  for (const dtrain::host_gemm engine : engines_here()) {
+    BOOST_TEST_MESSAGE("engine " << (engine == dtrain::host_gemm::onednn ? "onednn" : "openblas"));
+    dtrain::Host serial(1, dtrain::host_threads::pool, engine), pool(3, dtrain::host_threads::pool, engine);
+    // oneDNN on its own OpenMP threads (OpenBLAS's thread count is the
+    // process's, so its own threads are not mixed with the pool here)
+    std::optional<dtrain::Host> own;
+    if (engine == dtrain::host_gemm::onednn) own.emplace(2, dtrain::host_threads::openblas, engine);
+    BOOST_TEST((pool.threads_mode() == dtrain::host_threads::pool));
+    BOOST_TEST((pool.gemm_engine() == engine));
+    BOOST_TEST(openblas_get_num_threads() == 1);
+    std::mt19937_64 rng(45);
+    struct Shape {
+      std::int64_t m, n, k;
+    };
+    // split by rows (m >= n), by columns, uneven tails, and one too small to split
+    for (const Shape s : {Shape{203, 67, 91}, Shape{37, 301, 64}, Shape{130, 129, 33}, Shape{9, 11, 7}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          const Strided a = random_strided<float>(ta ? s.k : s.m, ta ? s.m : s.k, rng);
+          const Strided b = random_strided<float>(tb ? s.n : s.k, tb ? s.k : s.n, rng);
+          const Strided c = random_strided<float>(s.m, s.n, rng);
+          const double pad = 7.0;
+          const std::vector<float> A = a.store<float>(pad), B = b.store<float>(pad);
+          std::vector<float> C1 = c.store<float>(pad), C3 = C1, again = C1, C2 = C1;
+          serial.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, C1.data(), c.ld);
+          if (own) own->gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, C2.data(), c.ld);
+          pool.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, C3.data(), c.ld);
+          pool.gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), a.ld, B.data(), b.ld, 0.25f, again.data(), c.ld);
+          const std::string what = std::string(engine == dtrain::host_gemm::onednn ? "onednn" : "openblas") + " gemm " +
+                                   std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) +
+                                   (ta ? " A^T" : " A") + (tb ? " B^T" : " B");
+          BOOST_TEST((C3 == again), what << ": two calls differ");
+          // against float64 (fp32 accumulation over k), and beside the unsplit call
+          double worst = 0.0, apart = 0.0, threaded = 0.0;
+          for (std::int64_t i = 0; i < s.m; ++i) {
+            for (std::int64_t j = 0; j < s.n; ++j) {
+              double acc = 0.0;
+              for (std::int64_t p = 0; p < s.k; ++p)
+                acc += (ta ? a.at(p, i) : a.at(i, p)) * (tb ? b.at(j, p) : b.at(p, j));
+              const double want = 0.5 * acc + 0.25 * c.at(i, j);
+              const auto e = static_cast<std::size_t>(i * c.ld + j);
+              worst = std::max(worst, std::abs(C3[e] - want) / (1.0 + std::abs(want)));
+              apart = std::max(apart, std::abs(double{C3[e]} - double{C1[e]}) / (1.0 + std::abs(want)));
+              if (own) threaded = std::max(threaded, std::abs(C2[e] - want) / (1.0 + std::abs(want)));
+            }
+            for (std::int64_t j = s.n; j < c.ld; ++j) {
+              BOOST_TEST_REQUIRE(C3[static_cast<std::size_t>(i * c.ld + j)] == static_cast<float>(pad),
+                                 what << ": wrote into C's padding");
+              BOOST_TEST_REQUIRE(C2[static_cast<std::size_t>(i * c.ld + j)] == static_cast<float>(pad),
+                                 what << ": wrote into C's padding");
+            }
           }
-          for (std::int64_t j = s.n; j < c.ld; ++j) {
-            BOOST_TEST_REQUIRE(C3[static_cast<std::size_t>(i * c.ld + j)] == static_cast<float>(pad), what << ": wrote into C's padding");
-            BOOST_TEST_REQUIRE(C2[static_cast<std::size_t>(i * c.ld + j)] == static_cast<float>(pad), what << ": wrote into C's padding");
-          }
+          BOOST_TEST(worst < 1e-5, what << ": " << worst << " from float64");
+          BOOST_TEST(threaded < 1e-5, what << " on the engine's threads: " << threaded << " from float64");
+          BOOST_TEST(apart < 1e-5, what << ": " << apart << " from the unsplit call");
         }
-        BOOST_TEST(worst < 1e-5, what << ": " << worst << " from float64");
-        BOOST_TEST(threaded < 1e-5, what << " on the engine's threads: " << threaded << " from float64");
-        BOOST_TEST(apart < 1e-5, what << ": " << apart << " from the unsplit call");
-      }
-  // a batch of GEMMs, split by matrices
-  const std::int64_t batch = 7, m = 33, n = 29, k = 17;
-  const Strided a = random_strided<float>(batch * m, k, rng), b = random_strided<float>(batch * k, n, rng);
-  const std::vector<float> A = a.store<float>(7.0), B = b.store<float>(7.0);
-  std::vector<float> C1(static_cast<std::size_t>(batch * m * n), 3.f), C3 = C1;
-  serial.gemm_batched(false, false, m, n, k, 1.f, A.data(), a.ld, m * a.ld, B.data(), b.ld, k * b.ld, 0.f, C1.data(), n,
+    // a batch of GEMMs, split by matrices
+    const std::int64_t batch = 7, m = 33, n = 29, k = 17;
+    const Strided a = random_strided<float>(batch * m, k, rng), b = random_strided<float>(batch * k, n, rng);
+    const std::vector<float> A = a.store<float>(7.0), B = b.store<float>(7.0);
+    std::vector<float> C1(static_cast<std::size_t>(batch * m * n), 3.f), C3 = C1;
+    serial.gemm_batched(false, false, m, n, k, 1.f, A.data(), a.ld, m * a.ld, B.data(), b.ld, k * b.ld, 0.f, C1.data(),
+                        n, m * n, batch);
+    pool.gemm_batched(false, false, m, n, k, 1.f, A.data(), a.ld, m * a.ld, B.data(), b.ld, k * b.ld, 0.f, C3.data(), n,
                       m * n, batch);
-  pool.gemm_batched(false, false, m, n, k, 1.f, A.data(), a.ld, m * a.ld, B.data(), b.ld, k * b.ld, 0.f, C3.data(), n,
-                    m * n, batch);
-  BOOST_TEST((C1 == C3));
- }
+    BOOST_TEST((C1 == C3));
+  }
 }
 
 // DTRAIN_HOST_GEMM: auto (or unset) takes oneDNN where it loads, each engine
@@ -463,11 +471,10 @@ BOOST_AUTO_TEST_CASE(host_threads_mode_by_name) {
   BOOST_TEST((dtrain::detail::host_threads_named("") == dtrain::host_threads::pool));
   BOOST_TEST((dtrain::detail::host_threads_named("openblas") == dtrain::host_threads::openblas));
   BOOST_TEST((dtrain::detail::host_threads_named("pool") == dtrain::host_threads::pool));
-  BOOST_CHECK_EXCEPTION(dtrain::detail::host_threads_named("omp"), dtrain::config_error,
-                        [](const dtrain::config_error& e) {
-                          return std::string(e.what()).find("DTRAIN_HOST_THREADS='omp' is not a thread mode") !=
-                                 std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      dtrain::detail::host_threads_named("omp"), dtrain::config_error, [](const dtrain::config_error& e) {
+        return std::string(e.what()).find("DTRAIN_HOST_THREADS='omp' is not a thread mode") != std::string::npos;
+      });
   // one thread is one thread: no pool to start
   BOOST_TEST((dtrain::Host(1, dtrain::host_threads::pool).threads_mode() == dtrain::host_threads::openblas));
 }

@@ -15,13 +15,6 @@
 //     TOOLCHAIN and STYLE .md files, or a shared/ folder outside it);
 //   - the API reference (scripts/api_reference.sh) builds without a warning.
 #define BOOST_TEST_MODULE docs
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/policy/strategy.hpp>
-
-#include "examples/run_example.hpp"
-#include "launch/process.hpp"
-
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -46,6 +39,12 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "examples/run_example.hpp"
+#include "launch/process.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/policy/strategy.hpp>
 
 namespace fs = std::filesystem;
 using dtrain::test::Finished;
@@ -78,9 +77,9 @@ std::string rtrim(std::string s) {
 // A fenced block of a page, with the marker comment above it (if any).
 struct Block {
   fs::path page;
-  int line = 0;          // the opening fence's line, from 1
-  std::string lang;      // the fence's info string
-  std::string marker;    // "snippet: ..." / "output: ...", or empty
+  int line = 0;        // the opening fence's line, from 1
+  std::string lang;    // the fence's info string
+  std::string marker;  // "snippet: ..." / "output: ...", or empty
   std::vector<std::string> body;
 };
 
@@ -106,8 +105,8 @@ std::vector<Block> blocks_of(const fs::path& page) {
     std::size_t j = i + 1;
     for (; j < lines.size() && ltrim(lines[j]).rfind("```", 0) != 0; ++j)
       b.body.push_back(rtrim(lines[j].substr(std::min(indent, lines[j].find_first_not_of(' ') == std::string::npos
-                                                                   ? lines[j].size()
-                                                                   : lines[j].find_first_not_of(' ')))));
+                                                                  ? lines[j].size()
+                                                                  : lines[j].find_first_not_of(' ')))));
     BOOST_REQUIRE_MESSAGE(j < lines.size(), page << ":" << b.line << ": a code block that is never closed");
     out.push_back(std::move(b));
     i = j;
@@ -171,8 +170,9 @@ bool line_matches(const std::string& pattern, const std::string& line) {
 std::string mlp_config() { return (repo / "examples/configs/ddp_host.yaml").string(); }
 
 std::vector<std::string> launch_mlp(const std::vector<std::string>& extra) {
-  std::vector<std::string> args{DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--master-port",
-                                std::to_string(dtrain::test::free_port()), TRAIN_MLP_PATH, "--config", mlp_config()};
+  std::vector<std::string> args{
+      DTRAIN_RUN_PATH, "--nproc-per-node", "2",         "--master-port", std::to_string(dtrain::test::free_port()),
+      TRAIN_MLP_PATH,  "--config",         mlp_config()};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -221,9 +221,9 @@ const std::map<std::string, Scenario>& scenarios() {
       // rank saves after the agreed step and the job exits with 75.
       {"preempted",
        [](const fs::path& dir) {
-         const Finished f = dtrain::test::run(
-             launch_mlp({"steps=50", "log_every=1000", "checkpoint_dir=" + (dir / "ck").string()}),
-             {{"DTRAIN_FAULT_INJECT", std::string("forward:1:5:USR1")}});
+         const Finished f =
+             dtrain::test::run(launch_mlp({"steps=50", "log_every=1000", "checkpoint_dir=" + (dir / "ck").string()}),
+                               {{"DTRAIN_FAULT_INJECT", std::string("forward:1:5:USR1")}});
          BOOST_TEST(f.exited_with(75));
          return f.out + f.err;
        }},
@@ -232,8 +232,8 @@ const std::map<std::string, Scenario>& scenarios() {
       {"save_file_too_large",
        [](const fs::path& dir) {
          std::vector<std::string> args{"/bin/sh", "-c", "ulimit -f 8; trap '' XFSZ; exec \"$@\"", "sh"};
-         for (auto& a : launch_mlp({"steps=4", "save_every=2", "log_every=1000",
-                                    "checkpoint_dir=" + (dir / "ck").string()}))
+         for (auto& a :
+              launch_mlp({"steps=4", "save_every=2", "log_every=1000", "checkpoint_dir=" + (dir / "ck").string()}))
            args.push_back(std::move(a));
          const Finished f = dtrain::test::run(args);
          BOOST_TEST(f.exited_with(1));
@@ -280,8 +280,8 @@ const std::map<std::string, Scenario>& scenarios() {
          socklen_t len = sizeof addr;
          ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
          const std::string port = std::to_string(ntohs(addr.sin_port));
-         const Finished f = dtrain::test::run({DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--master-port", port,
-                                               TRAIN_MLP_PATH, "steps=2"});
+         const Finished f = dtrain::test::run(
+             {DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--master-port", port, TRAIN_MLP_PATH, "steps=2"});
          ::close(fd);
          BOOST_TEST(f.exited_with(1));
          return f.out + f.err;
@@ -293,7 +293,8 @@ const std::map<std::string, Scenario>& scenarios() {
          std::vector<std::unique_ptr<Process>> ranks;
          for (const char* r : {"0", "1"})
            ranks.push_back(std::make_unique<Process>(
-               std::vector<std::string>{TRAIN_MLP_PATH, "steps=2", std::string("hidden=64,") + (r[0] == '0' ? "64" : "32")},
+               std::vector<std::string>{TRAIN_MLP_PATH, "steps=2",
+                                        std::string("hidden=64,") + (r[0] == '0' ? "64" : "32")},
                dtrain::test::EnvChanges{{"RANK", std::string(r)},
                                         {"LOCAL_RANK", std::string(r)},
                                         {"WORLD_SIZE", std::string("2")},
@@ -358,14 +359,15 @@ const std::map<std::string, Scenario>& scenarios() {
   return all;
 }
 
-
 // The id GitHub gives a heading: lower case, spaces to '-', ASCII
 // punctuation but '-' and '_' dropped (no page has a non-ASCII heading).
 std::string heading_id(const std::string& heading) {
   std::string id;
   for (const unsigned char c : heading) {
-    if (c == ' ') id += '-';
-    else if (std::isalnum(c) || c == '-' || c == '_' || c >= 0x80) id += static_cast<char>(std::tolower(c));
+    if (c == ' ')
+      id += '-';
+    else if (std::isalnum(c) || c == '-' || c == '_' || c >= 0x80)
+      id += static_cast<char>(std::tolower(c));
   }
   return id;
 }
@@ -377,8 +379,10 @@ std::vector<std::pair<int, std::string>> prose_lines(const fs::path& page) {
   int number = 0;
   for (const auto& line : lines_of(slurp(page))) {
     ++number;
-    if (ltrim(line).rfind("```", 0) == 0) fenced = !fenced;
-    else if (!fenced) out.emplace_back(number, line);
+    if (ltrim(line).rfind("```", 0) == 0)
+      fenced = !fenced;
+    else if (!fenced)
+      out.emplace_back(number, line);
   }
   return out;
 }
@@ -439,7 +443,8 @@ BOOST_AUTO_TEST_CASE(every_relative_link_points_to_a_file_and_heading_that_exist
           BOOST_TEST(fs::exists(file), "the link points to " << file << ", which does not exist");
           if (hash != std::string::npos && file.extension() == ".md" && fs::is_regular_file(file)) {
             const std::string id = target.substr(hash + 1);
-            BOOST_TEST(heading_ids(file).count(id) == 1, fs::relative(file, repo).string() << " has no heading #" << id);
+            BOOST_TEST(heading_ids(file).count(id) == 1, fs::relative(file, repo).string()
+                                                             << " has no heading #" << id);
           }
         }
       }
@@ -453,16 +458,20 @@ BOOST_AUTO_TEST_CASE(every_relative_link_points_to_a_file_and_heading_that_exist
 BOOST_AUTO_TEST_CASE(no_file_cites_notes_the_repository_does_not_hold) {
   const std::vector<std::string> absent{std::string("DESIGN") + ".md", std::string("TOOLCHAIN") + ".md",
                                         std::string("STYLE") + ".md", std::string("../") + "shared/"};
-  const std::set<std::string> text{".md", ".hpp", ".cpp", ".h", ".cu", ".cuh", ".py", ".sh", ".cmake",
-                                   ".txt", ".in", ".yaml", ".supp"};
-  std::vector<fs::path> files{repo / "README.md", repo / "CHANGELOG.md", repo / "CMakeLists.txt", repo / "conanfile.py"};
-  for (const char* root : {"docs", "include", "examples", "tests", "scripts", "tools", "cmake", "bench", "ports", "test_package"}) {
+  const std::set<std::string> text{".md", ".hpp",   ".cpp", ".h",  ".cu",   ".cuh", ".py",
+                                   ".sh", ".cmake", ".txt", ".in", ".yaml", ".supp"};
+  std::vector<fs::path> files{repo / "README.md", repo / "CHANGELOG.md", repo / "CMakeLists.txt",
+                              repo / "conanfile.py"};
+  for (const char* root :
+       {"docs", "include", "examples", "tests", "scripts", "tools", "cmake", "bench", "ports", "test_package"}) {
     if (!fs::is_directory(repo / root)) continue;
     for (auto it = fs::recursive_directory_iterator(repo / root); it != fs::recursive_directory_iterator(); ++it) {
       const auto& name = it->path().filename().string();
       // Fuzz inputs are arbitrary bytes; results are data.
-      if (it->is_directory() && (name == "corpus" || name == "results" || name == "build")) it.disable_recursion_pending();
-      else if (it->is_regular_file() && text.count(it->path().extension().string())) files.push_back(it->path());
+      if (it->is_directory() && (name == "corpus" || name == "results" || name == "build"))
+        it.disable_recursion_pending();
+      else if (it->is_regular_file() && text.count(it->path().extension().string()))
+        files.push_back(it->path());
     }
   }
   int checked = 0;
@@ -475,7 +484,7 @@ BOOST_AUTO_TEST_CASE(no_file_cites_notes_the_repository_does_not_hold) {
       for (const auto& name : absent)
         BOOST_TEST(line.find(name) == std::string::npos,
                    fs::relative(file, repo).string() << ":" << number << " cites " << name
-                                                    << ", which the repository does not hold: state the fact instead");
+                                                     << ", which the repository does not hold: state the fact instead");
     }
   }
   BOOST_TEST(checked >= 100);
@@ -504,9 +513,9 @@ BOOST_AUTO_TEST_CASE(every_cpp_block_is_a_region_of_a_compiled_source) {
         std::size_t i = 0;
         while (i < doc.size() && i < code->size() && doc[i] == (*code)[i]) ++i;
         BOOST_TEST((i == doc.size() && i == code->size()),
-                   "the block differs from " << ref << " at its line " << i + 1 << ":\n  page:   "
-                                             << (i < doc.size() ? doc[i] : "<end>") << "\n  source: "
-                                             << (i < code->size() ? (*code)[i] : "<end>"));
+                   "the block differs from " << ref << " at its line " << i + 1
+                                             << ":\n  page:   " << (i < doc.size() ? doc[i] : "<end>")
+                                             << "\n  source: " << (i < code->size() ? (*code)[i] : "<end>"));
         shown.insert(ref);
         ++checked;
       }
@@ -540,9 +549,9 @@ BOOST_AUTO_TEST_CASE(every_file_block_is_the_whole_file) {
         std::size_t i = 0;
         while (i < b.body.size() && i < lines.size() && b.body[i] == lines[i]) ++i;
         BOOST_TEST((i == b.body.size() && i == lines.size()),
-                   "the block differs from " << file << " at its line " << i + 1 << ":\n  page: "
-                                             << (i < b.body.size() ? b.body[i] : "<end>") << "\n  file: "
-                                             << (i < lines.size() ? lines[i] : "<end>"));
+                   "the block differs from " << file << " at its line " << i + 1
+                                             << ":\n  page: " << (i < b.body.size() ? b.body[i] : "<end>")
+                                             << "\n  file: " << (i < lines.size() ? lines[i] : "<end>"));
         ++checked;
       }
     }
@@ -580,13 +589,14 @@ BOOST_AUTO_TEST_CASE(quoted_outputs_are_what_dtrain_prints) {
           const bool found =
               std::any_of(out.begin(), out.end(), [&](const std::string& l) { return line_matches(want, l); });
           BOOST_TEST(found, "dtrain does not print the documented line\n  " << want << "\nits output was:\n"
-                                                                              << produced[id]);
+                                                                            << produced[id]);
         }
         ++checked;
       }
     }
   BOOST_TEST(checked >= 5);
-  for (const auto& [id, scenario] : scenarios()) BOOST_TEST(quoted.count(id) == 1, "scenario " << id << " is quoted on no page");
+  for (const auto& [id, scenario] : scenarios())
+    BOOST_TEST(quoted.count(id) == 1, "scenario " << id << " is quoted on no page");
 }
 
 BOOST_AUTO_TEST_CASE(the_api_reference_builds_without_warnings) {

@@ -4,11 +4,6 @@
 // losses and parameters match the same models in PyTorch from the same
 // initial weights (tests/examples/parity.py).
 #define BOOST_TEST_MODULE example_models
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/checkpoint/checkpoint.hpp>
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +12,10 @@
 
 #include "examples/run_example.hpp"
 #include "support/python_venv.hpp"
+#include <boost/test/unit_test.hpp>
+#include <nlohmann/json.hpp>
+
+#include <dtrain/checkpoint/checkpoint.hpp>
 
 namespace fs = std::filesystem;
 using dtrain::test::fresh;
@@ -32,8 +31,9 @@ const std::string configs = std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/
 // A GPT small enough for CI: one block, 64 wide, 32 positions.
 // The presets' cosine schedule with warmup needs more steps than most tests take.
 const std::string short_run = " schedule=constant warmup_steps=0 ";
-const std::string small_gpt = short_run + " n_layer=1 n_embd=64 n_head=4 block_size=32 batch_size=8 num_workers=1 "
-                                          "log_every=100 ";
+const std::string small_gpt = short_run +
+                              " n_layer=1 n_embd=64 n_head=4 block_size=32 batch_size=8 num_workers=1 "
+                              "log_every=100 ";
 
 int run_gpt(int ranks, const std::string& args) {
   return dtrain::test::run_example(TRAIN_GPT_PATH, ranks, "--config " + configs + "gpt_host.yaml " + args);
@@ -86,8 +86,8 @@ BOOST_AUTO_TEST_CASE(resume_continues_bit_identically) {
   BOOST_REQUIRE_EQUAL(run_gpt(2, common + "save_params=" + a.string()), 0);
   const auto dir = fresh("gpt_ckpt");
   BOOST_REQUIRE_EQUAL(run_gpt(2, common + "steps=6 save_every=6 checkpoint_dir=" + dir.string()), 0);
-  BOOST_REQUIRE_EQUAL(run_gpt(2, common + "resume=latest checkpoint_dir=" + dir.string() + " save_params=" + b.string()),
-                      0);
+  BOOST_REQUIRE_EQUAL(
+      run_gpt(2, common + "resume=latest checkpoint_dir=" + dir.string() + " save_params=" + b.string()), 0);
   BOOST_TEST(last_log().find("at step 6") != std::string::npos);
   BOOST_TEST((read_file(a) == read_file(b)), "the resumed GPT's parameters differ from the uninterrupted run's");
 }
@@ -96,14 +96,15 @@ BOOST_AUTO_TEST_CASE(resume_continues_bit_identically) {
 // DDP and FSDP, with fewer activation bytes in the metrics' memory object.
 BOOST_AUTO_TEST_CASE(activation_checkpointing_changes_memory_only) {
   for (const std::string strategy : {"ddp", "fsdp-full"}) {
-    const std::string common = short_run + " n_layer=3 n_embd=64 n_head=4 block_size=32 batch_size=8 num_workers=1 "
-                                           "steps=6 strategy=" + strategy + " ";
+    const std::string common = short_run +
+                               " n_layer=3 n_embd=64 n_head=4 block_size=32 batch_size=8 num_workers=1 "
+                               "steps=6 strategy=" +
+                               strategy + " ";
     const auto a = scratch("gpt_keep.safetensors"), b = scratch("gpt_recompute.safetensors");
     const auto ma = scratch("gpt_keep.jsonl"), mb = scratch("gpt_recompute.jsonl");
     BOOST_REQUIRE_EQUAL(run_gpt(2, common + "save_params=" + a.string() + " metrics=" + ma.string()), 0);
-    BOOST_REQUIRE_EQUAL(run_gpt(2, common + "activation_checkpointing=true save_params=" + b.string() +
-                                   " metrics=" + mb.string()),
-                        0);
+    BOOST_REQUIRE_EQUAL(
+        run_gpt(2, common + "activation_checkpointing=true save_params=" + b.string() + " metrics=" + mb.string()), 0);
     BOOST_TEST_INFO(strategy);
     BOOST_TEST((read_file(a) == read_file(b)), strategy << ": checkpointed activations changed the parameters");
     BOOST_TEST(losses(ma) == losses(mb), boost::test_tools::per_element());
@@ -152,7 +153,9 @@ BOOST_AUTO_TEST_CASE(imitates_the_expert_on_two_ranks) {
 BOOST_AUTO_TEST_CASE(trains_with_an_image_and_zero1) {
   const auto metrics = scratch("policy_image.jsonl");
   BOOST_REQUIRE_EQUAL(
-      run_policy(2, short_run + "image=true image_size=6 episodes=200 steps=100 strategy=zero1 metrics=" + metrics.string()), 0);
+      run_policy(
+          2, short_run + "image=true image_size=6 episodes=200 steps=100 strategy=zero1 metrics=" + metrics.string()),
+      0);
   const auto l = losses(metrics);
   BOOST_TEST(mean_tail(l, 10) < l.front());
 }
@@ -168,9 +171,9 @@ BOOST_AUTO_TEST_CASE(every_host_preset_trains) {
     const auto at = text.find("--nproc-per-node ");
     BOOST_REQUIRE_MESSAGE(at != std::string::npos, entry.path() << " does not say how to launch it");
     const int ranks = std::stoi(text.substr(at + 17));
-    const std::string program = text.substr(text.find(' ', at + 17) + 1, text.find(' ', text.find(' ', at + 17) + 1) -
-                                                                              text.find(' ', at + 17) - 1);
-    const std::string path = program == "train_gpt" ? TRAIN_GPT_PATH
+    const std::string program = text.substr(text.find(' ', at + 17) + 1,
+                                            text.find(' ', text.find(' ', at + 17) + 1) - text.find(' ', at + 17) - 1);
+    const std::string path = program == "train_gpt"      ? TRAIN_GPT_PATH
                              : program == "train_policy" ? TRAIN_POLICY_PATH
                              : program == "train_mlp"    ? TRAIN_MLP_PATH
                              : program == "train_lm"     ? TRAIN_LM_PATH
@@ -179,9 +182,10 @@ BOOST_AUTO_TEST_CASE(every_host_preset_trains) {
     BOOST_REQUIRE(!path.empty());
     // steps past any preset's warmup (cosine schedules need warmup <= steps);
     // the GPT presets on a corpus and model small enough for CI
-    std::string small = program == "train_gpt" ? " n_layer=1 n_embd=32 corpus_bytes=20000 eval_batches=1 steps=101"
-                                               : " steps=101";
-    if (program == "train_lm") {  // the model and data a fine-tuning preset leaves to the user: a tiny GPT-2, a token stream
+    std::string small =
+        program == "train_gpt" ? " n_layer=1 n_embd=32 corpus_bytes=20000 eval_batches=1 steps=101" : " steps=101";
+    if (program ==
+        "train_lm") {  // the model and data a fine-tuning preset leaves to the user: a tiny GPT-2, a token stream
       const fs::path config = scratch("lm_preset_config.json"), tokens = scratch("lm_preset_tokens.bin");
       std::ofstream(config) << R"({"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 1, "n_head": 2,
                                    "n_positions": 64})";
@@ -209,18 +213,17 @@ nlohmann::json parity(const std::string& kind, int ranks, const std::string& arg
   const std::string tag = kind + std::to_string(ranks);
   const auto init = scratch(tag + "_init.safetensors"), params = scratch(tag + "_final.safetensors");
   const auto metrics = scratch(tag + "_parity.jsonl"), dump = fresh(tag + "_batches");
-  const auto run = [&](int r, const std::string& a) {
-    return kind == "gpt" ? run_gpt(r, a) : run_policy(r, a);
-  };
+  const auto run = [&](int r, const std::string& a) { return kind == "gpt" ? run_gpt(r, a) : run_policy(r, a); };
   BOOST_REQUIRE_EQUAL(run(1, args + short_run + " steps=1 save_params=" + init.string()), 0);
-  BOOST_REQUIRE_EQUAL(run(ranks, args + short_run + " steps=20 clip=0 init_from=" + init.string() +
-                                     " metrics=" + metrics.string() + " save_params=" + params.string() +
-                                     " dump_batches=" + dump.string()),
-                      0);
+  BOOST_REQUIRE_EQUAL(
+      run(ranks, args + short_run + " steps=20 clip=0 init_from=" + init.string() + " metrics=" + metrics.string() +
+                     " save_params=" + params.string() + " dump_batches=" + dump.string()),
+      0);
   const auto out = scratch(tag + "_parity.json");
-  const std::string cmd = "OPENBLAS_NUM_THREADS=1 " + dtrain::testing::test_python() + " " + std::string(DTRAIN_SOURCE_DIR) +
-                          "/tests/examples/parity.py " + kind + " " + init.string() + " " + dump.string() + " " +
-                          metrics.string() + " " + params.string() + " " + keys + " > " + out.string();
+  const std::string cmd = "OPENBLAS_NUM_THREADS=1 " + dtrain::testing::test_python() + " " +
+                          std::string(DTRAIN_SOURCE_DIR) + "/tests/examples/parity.py " + kind + " " + init.string() +
+                          " " + dump.string() + " " + metrics.string() + " " + params.string() + " " + keys + " > " +
+                          out.string();
   BOOST_REQUIRE_EQUAL(std::system(cmd.c_str()), 0);
   const auto j = nlohmann::json::parse(read_file(out));
   BOOST_TEST_MESSAGE(kind << " at " << ranks << " rank(s): " << j.dump());
@@ -243,10 +246,12 @@ BOOST_AUTO_TEST_SUITE(pytorch_parity)
 // carried through 20 AdamW steps: measured at most 1.7e-7 relative on the
 // losses and 3.1e-6 on the parameters (docs/model.md), bounds ~6-10x that.
 BOOST_AUTO_TEST_CASE(gpt_matches_pytorch_at_one_and_two_ranks) {
-  const std::string args = " n_layer=2 n_embd=32 n_head=4 block_size=16 batch_size=4 num_workers=0 lr=0.003 "
-                           "weight_decay=0.1 ";
+  const std::string args =
+      " n_layer=2 n_embd=32 n_head=4 block_size=16 batch_size=4 num_workers=0 lr=0.003 "
+      "weight_decay=0.1 ";
   const std::string keys = "n_head=4 lr=0.003 weight_decay=0.1";
-  for (const auto& [ranks, extra] : {std::pair{1, std::string(" accumulate=2 ")}, std::pair{2, std::string(" strategy=fsdp-full ")}}) {
+  for (const auto& [ranks, extra] :
+       {std::pair{1, std::string(" accumulate=2 ")}, std::pair{2, std::string(" strategy=fsdp-full ")}}) {
     const auto j = parity("gpt", ranks, args + extra, keys);
     BOOST_TEST(max_of(j.at("loss_rel")) < 1e-6);
     BOOST_TEST(j.at("param_abs").get<double>() < 3e-5);

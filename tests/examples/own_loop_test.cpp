@@ -9,11 +9,6 @@
 // pass), and nothing in that chain depends on timing. Any difference is a
 // real divergence between the two loops.
 #define BOOST_TEST_MODULE example_own_loop
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/io/safetensors.hpp>
-#include "examples/run_example.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -21,6 +16,11 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "examples/run_example.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/io/safetensors.hpp>
 
 namespace fs = std::filesystem;
 using dtrain::test::last_log;
@@ -86,8 +86,8 @@ BOOST_AUTO_TEST_CASE(own_loop_ends_with_the_trainers_parameters) {
     int accumulate;
     std::string optimizer;
   };
-  for (const Case& c : {Case{"ddp", 1, "adamw"}, Case{"ddp", 2, "sgd"}, Case{"zero1", 1, "adamw"},
-                        Case{"zero1", 2, "sgd"}}) {
+  for (const Case& c :
+       {Case{"ddp", 1, "adamw"}, Case{"ddp", 2, "sgd"}, Case{"zero1", 1, "adamw"}, Case{"zero1", 2, "sgd"}}) {
     const std::string args = " steps=15 strategy=" + c.strategy + " accumulate=" + std::to_string(c.accumulate) +
                              " optimizer=" + c.optimizer;
     BOOST_TEST_CONTEXT(args) {

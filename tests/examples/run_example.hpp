@@ -1,20 +1,19 @@
 #pragma once
 // Running an example (train_mlp, train_gpt, train_policy) as real processes
 // launched by dtrain-run, for the example tests.
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/comm/store.hpp>
-
 #include <sys/wait.h>
 
 #include <cerrno>  // program_invocation_short_name (glibc)
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/comm/store.hpp>
 
 namespace dtrain::test {
 
@@ -48,9 +47,9 @@ inline std::string read_file(const fs::path& p) {
 // `program args` on `ranks` CPU ranks through dtrain-run, output to
 // scratch("last.log"); its exit status (128 when it did not exit).
 inline int run_example(const std::string& program, int ranks, const std::string& args) {
-  const std::string cmd = "timeout 300 " + std::string(DTRAIN_RUN_PATH) + " --nproc-per-node " +
-                          std::to_string(ranks) + " --master-port " + std::to_string(free_port()) + " " + program +
-                          " " + args + " > " + scratch("last.log").string() + " 2>&1";
+  const std::string cmd = "timeout 300 " + std::string(DTRAIN_RUN_PATH) + " --nproc-per-node " + std::to_string(ranks) +
+                          " --master-port " + std::to_string(free_port()) + " " + program + " " + args + " > " +
+                          scratch("last.log").string() + " 2>&1";
   const int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }

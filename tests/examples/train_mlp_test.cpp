@@ -1,21 +1,21 @@
 // The train_mlp example end to end, as real processes launched by dtrain-run.
 #define BOOST_TEST_MODULE example_train_mlp
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/checkpoint/checkpoint.hpp>
-#include <dtrain/io/safetensors.hpp>
-#include <launch/process.hpp>
-#include "examples/run_example.hpp"
-
 #include <signal.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <span>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
+
+#include "examples/run_example.hpp"
+#include <boost/test/unit_test.hpp>
+#include <launch/process.hpp>
+
+#include <dtrain/checkpoint/checkpoint.hpp>
+#include <dtrain/io/safetensors.hpp>
 
 namespace fs = std::filesystem;
 using dtrain::test::fresh;
@@ -27,8 +27,8 @@ namespace {
 
 // Runs train_mlp on `ranks` CPU ranks over the ddp_host preset; returns its exit status.
 int train(int ranks, const std::string& args) {
-  return dtrain::test::run_example(TRAIN_MLP_PATH, ranks,
-                                   "--config " + std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/ddp_host.yaml " + args);
+  return dtrain::test::run_example(
+      TRAIN_MLP_PATH, ranks, "--config " + std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/ddp_host.yaml " + args);
 }
 
 std::vector<double> losses(const fs::path& metrics) {
@@ -100,7 +100,8 @@ BOOST_AUTO_TEST_CASE(trains_on_a_users_safetensors_dataset) {
   w.add("y", dtrain::element_type::i32, {n}, std::as_bytes(std::span(y)));
   w.write(file);
   const auto metrics = scratch("user_metrics.jsonl");
-  BOOST_REQUIRE_EQUAL(train(2, "steps=60 batch_size=16 hidden=16 data=" + file.string() + " metrics=" + metrics.string()), 0);
+  BOOST_REQUIRE_EQUAL(
+      train(2, "steps=60 batch_size=16 hidden=16 data=" + file.string() + " metrics=" + metrics.string()), 0);
   const auto l = losses(metrics);
   BOOST_TEST(l.back() < l.front());
 }
@@ -172,16 +173,16 @@ BOOST_AUTO_TEST_CASE(resume_latest_continues_bit_identically) {
   const std::string common = " steps=30 hidden=24,20 batch_size=16 num_workers=1 log_every=100 samples=2048 ";
   const auto a = scratch("uninterrupted.safetensors"), b = scratch("resumed.safetensors");
   const auto dir_a = fresh("ckpt_a"), dir_b = fresh("ckpt_b");
-  BOOST_REQUIRE_EQUAL(train(2, common + "save_every=10 keep_last=2 checkpoint_dir=" + dir_a.string() +
-                                   " save_params=" + a.string()),
-                      0);
+  BOOST_REQUIRE_EQUAL(
+      train(2, common + "save_every=10 keep_last=2 checkpoint_dir=" + dir_a.string() + " save_params=" + a.string()),
+      0);
   BOOST_TEST(!fs::exists(dtrain::checkpoint_path(dir_a, 10)));
   BOOST_TEST(dtrain::is_checkpoint(dtrain::checkpoint_path(dir_a, 20)));
   BOOST_TEST(dtrain::is_checkpoint(dtrain::checkpoint_path(dir_a, 30)));
   BOOST_REQUIRE_EQUAL(train(2, common + "steps=20 save_every=10 checkpoint_dir=" + dir_b.string()), 0);
-  BOOST_REQUIRE_EQUAL(train(2, common + "save_every=10 resume=latest checkpoint_dir=" + dir_b.string() +
-                                   " save_params=" + b.string()),
-                      0);
+  BOOST_REQUIRE_EQUAL(
+      train(2, common + "save_every=10 resume=latest checkpoint_dir=" + dir_b.string() + " save_params=" + b.string()),
+      0);
   BOOST_TEST(last_log().find("resumed from " + dtrain::checkpoint_path(dir_b, 20).string() + " at step 20") !=
              std::string::npos);
   BOOST_TEST((read_file(a) == read_file(b)), "the resumed run's parameters differ from the uninterrupted run's");
@@ -191,8 +192,9 @@ BOOST_AUTO_TEST_CASE(resume_latest_continues_bit_identically) {
 // batches, the same sampler positions, the same parameters up to fp32
 // summation order.
 BOOST_AUTO_TEST_CASE(resume_at_another_world_size_with_the_same_global_batch) {
-  const std::string common = " steps=20 hidden=24,20 optimizer=sgd lr=0.05 momentum=0.9 num_workers=0 samples=1200 "
-                             "log_every=100 ";
+  const std::string common =
+      " steps=20 hidden=24,20 optimizer=sgd lr=0.05 momentum=0.9 num_workers=0 samples=1200 "
+      "log_every=100 ";
   const auto want = scratch("two_by_30.safetensors"), got = scratch("resumed_3x20.safetensors");
   const auto dir = fresh("ckpt_2x30");
   BOOST_REQUIRE_EQUAL(train(2, common + "batch_size=30 save_params=" + want.string()), 0);
@@ -207,23 +209,43 @@ BOOST_AUTO_TEST_CASE(resume_at_another_world_size_with_the_same_global_batch) {
 // mid-run restarts the job from the newest checkpoint, and it ends with the
 // uninterrupted run's parameters, to the bit.
 BOOST_AUTO_TEST_CASE(elastic_restart_after_a_killed_rank) {
-  const std::string common = " steps=40 hidden=24,20 batch_size=16 num_workers=1 log_every=100 samples=2048 "
-                             "save_every=5 keep_last=2 resume=latest ";
+  const std::string common =
+      " steps=40 hidden=24,20 batch_size=16 num_workers=1 log_every=100 samples=2048 "
+      "save_every=5 keep_last=2 resume=latest ";
   const auto want = scratch("elastic_want.safetensors"), got = scratch("elastic_got.safetensors");
-  BOOST_REQUIRE_EQUAL(train(2, common + "checkpoint_dir=" + fresh("elastic_a").string() + " save_params=" + want.string()), 0);
+  BOOST_REQUIRE_EQUAL(
+      train(2, common + "checkpoint_dir=" + fresh("elastic_a").string() + " save_params=" + want.string()), 0);
   const auto dir = fresh("elastic_b"), metrics = scratch("elastic.jsonl");
   fs::remove(metrics);
-  dtrain::test::Process job({DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--max-restarts", "2", "--master-port",
-                             std::to_string(dtrain::test::free_port()), TRAIN_MLP_PATH, "--config",
-                             std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/ddp_host.yaml", "steps=40",
-                             "hidden=24,20", "batch_size=16", "num_workers=1", "log_every=100", "samples=2048",
-                             "save_every=5", "keep_last=2", "resume=latest", "checkpoint_dir=" + dir.string(),
-                             "metrics=" + metrics.string(), "save_params=" + got.string()});
+  dtrain::test::Process job({DTRAIN_RUN_PATH,
+                             "--nproc-per-node",
+                             "2",
+                             "--max-restarts",
+                             "2",
+                             "--master-port",
+                             std::to_string(dtrain::test::free_port()),
+                             TRAIN_MLP_PATH,
+                             "--config",
+                             std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/ddp_host.yaml",
+                             "steps=40",
+                             "hidden=24,20",
+                             "batch_size=16",
+                             "num_workers=1",
+                             "log_every=100",
+                             "samples=2048",
+                             "save_every=5",
+                             "keep_last=2",
+                             "resume=latest",
+                             "checkpoint_dir=" + dir.string(),
+                             "metrics=" + metrics.string(),
+                             "save_params=" + got.string()});
   // Kill rank 1 once step 12 has been logged (checkpoints 5 and 10 exist).
-  BOOST_REQUIRE(dtrain::test::wait_until([&] {
-    std::ifstream in(metrics);
-    return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n') >= 12;
-  }, 120));
+  BOOST_REQUIRE(dtrain::test::wait_until(
+      [&] {
+        std::ifstream in(metrics);
+        return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n') >= 12;
+      },
+      120));
   const std::string children = "pgrep -P " + std::to_string(job.pid()) + " > " + scratch("children").string();
   BOOST_REQUIRE_EQUAL(std::system(children.c_str()), 0);
   std::ifstream pids(scratch("children"));
@@ -254,9 +276,11 @@ BOOST_AUTO_TEST_CASE(init_from_pretrained_weights) {
   writer.add("0.bias", src.tensor("0.bias").shape, b0);
   const auto partial = scratch("backbone_only.safetensors");
   writer.write(partial);
-  BOOST_TEST(train(2, "steps=2 hidden=24,20 init_from=" + partial.string()) == 2);  // a usage error: the file does not match the model
+  BOOST_TEST(train(2, "steps=2 hidden=24,20 init_from=" + partial.string()) ==
+             2);  // a usage error: the file does not match the model
   BOOST_TEST(last_log().find("missing 2.weight, 2.bias, 4.weight, 4.bias;") != std::string::npos);
-  BOOST_REQUIRE_EQUAL(train(2, "steps=2 hidden=24,20 strategy=fsdp-full init_strict=false init_from=" + partial.string()), 0);
+  BOOST_REQUIRE_EQUAL(
+      train(2, "steps=2 hidden=24,20 strategy=fsdp-full init_strict=false init_from=" + partial.string()), 0);
   BOOST_TEST(last_log().find("loaded 2 tensor(s); left as initialised: 2.weight, 2.bias, 4.weight, 4.bias") !=
              std::string::npos);
 }

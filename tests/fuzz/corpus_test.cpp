@@ -3,14 +3,13 @@
 // targets the fuzz harnesses run (targets.hpp): each must be parsed or
 // rejected with a dtrain::error, nothing else.
 #define BOOST_TEST_MODULE fuzz_corpus
-#include <boost/test/data/test_case.hpp>
-#include <boost/test/unit_test.hpp>
-
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 
 #include "fuzz/targets.hpp"
+#include <boost/test/data/test_case.hpp>
+#include <boost/test/unit_test.hpp>
 
 namespace {
 
@@ -48,7 +47,5 @@ BOOST_DATA_TEST_CASE(corpus_replays_cleanly, boost::unit_test::data::make(target
 BOOST_AUTO_TEST_CASE(every_corpus_has_a_target) {
   const auto names = target_names();
   for (const auto& e : fs::directory_iterator(fs::path(DTRAIN_SOURCE_DIR) / "tests" / "corpus"))
-    BOOST_TEST_CONTEXT(e.path()) {
-      BOOST_TEST(std::ranges::count(names, e.path().filename().string()) == 1);
-    }
+    BOOST_TEST_CONTEXT(e.path()) { BOOST_TEST(std::ranges::count(names, e.path().filename().string()) == 1); }
 }

@@ -32,14 +32,6 @@
 //   error_record      the bytes as a rank's error record (TORCHELASTIC_ERROR_FILE):
 //                     dtrain-run's read_error_record
 
-#include <dtrain/checkpoint/checkpoint.hpp>
-#include <dtrain/data/dataset.hpp>
-#include <dtrain/hf/config.hpp>
-#include <dtrain/hf/lora.hpp>
-#include <dtrain/io/npy.hpp>
-#include <dtrain/io/safetensors.hpp>
-#include <dtrain/launch/env.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -52,6 +44,14 @@
 #include "common/cli.hpp"
 #include "launcher/launcher.hpp"
 #include "lm/lm.hpp"
+
+#include <dtrain/checkpoint/checkpoint.hpp>
+#include <dtrain/data/dataset.hpp>
+#include <dtrain/hf/config.hpp>
+#include <dtrain/hf/lora.hpp>
+#include <dtrain/io/npy.hpp>
+#include <dtrain/io/safetensors.hpp>
+#include <dtrain/launch/env.hpp>
 
 namespace dtrain::fuzz {
 
@@ -95,8 +95,10 @@ inline void checkpoint_index(std::span<const unsigned char> data, const fs::path
 inline std::vector<std::string> lines_of(std::span<const unsigned char> data) {
   std::vector<std::string> lines(1);
   for (unsigned char c : data) {
-    if (c == '\n') lines.emplace_back();
-    else lines.back() += static_cast<char>(c);
+    if (c == '\n')
+      lines.emplace_back();
+    else
+      lines.back() += static_cast<char>(c);
   }
   for (auto& l : lines) l.resize(std::min(l.size(), l.find('\0')));
   return lines;
@@ -120,8 +122,8 @@ inline void config(std::span<const unsigned char> data, const fs::path& scratch)
   for (auto& a : args) argv.push_back(a.data());
   try {
     (void)examples::parse_cli<examples::Common>(
-        static_cast<int>(argv.size()), argv.data(), "train", "usage\n",
-        [](dtrain::ConfigReader&, examples::Common&) {}, [](const examples::Common&) {});
+        static_cast<int>(argv.size()), argv.data(), "train", "usage\n", [](dtrain::ConfigReader&, examples::Common&) {},
+        [](const examples::Common&) {});
   } catch (const dtrain::error&) {
   }
 }
@@ -262,11 +264,9 @@ struct Target {
 
 // Every target, by the name its corpus folder (tests/corpus/NAME) has.
 inline constexpr Target targets[] = {
-    {"safetensors", safetensors}, {"checkpoint_index", checkpoint_index},
-    {"config", config},           {"hf_config", hf_config},
-    {"adapter_config", adapter_config}, {"npy", npy},
-    {"tokens", tokens},           {"sft_records", sft_records},
-    {"launcher_flags", launcher_flags}, {"launch_env", launch_env},
-    {"error_record", error_record}};
+    {"safetensors", safetensors}, {"checkpoint_index", checkpoint_index}, {"config", config},
+    {"hf_config", hf_config},     {"adapter_config", adapter_config},     {"npy", npy},
+    {"tokens", tokens},           {"sft_records", sft_records},           {"launcher_flags", launcher_flags},
+    {"launch_env", launch_env},   {"error_record", error_record}};
 
 }  // namespace dtrain::fuzz

@@ -16,25 +16,24 @@ std::string missing_python() {
   const std::string check = dtrain::testing::test_python() +
                             " -c 'import torch, transformers, safetensors; assert torch.cuda.is_available()'"
                             " > /dev/null 2>&1";
-  return std::system(check.c_str()) == 0
-             ? ""
-             : dtrain::testing::test_python() + " lacks PyTorch with CUDA, transformers or safetensors (DTRAIN_PYTHON "
-                                                "names the Python to use)";
+  return std::system(check.c_str()) == 0 ? ""
+                                         : dtrain::testing::test_python() +
+                                               " lacks PyTorch with CUDA, transformers or safetensors (DTRAIN_PYTHON "
+                                               "names the Python to use)";
 }
 }  // namespace
 #define DTRAIN_GPU_TEST_NEEDS missing_python
-#include "support/gpu_main.hpp"
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
-#include <dtrain/hf/checkpoint.hpp>
-#include <dtrain/trainer.hpp>
-
 #include "hf/packing.hpp"
 #include "hf/parity.hpp"
 #include "hf/run_logged.hpp"
+#include "support/gpu_main.hpp"
+
+#include <dtrain/hf/checkpoint.hpp>
+#include <dtrain/trainer.hpp>
 
 namespace fs = std::filesystem;
 using namespace dtrain;
@@ -87,10 +86,12 @@ BOOST_AUTO_TEST_CASE(train_lm_bf16_on_the_gpu) {
                      read_text(work / "numpy.log"));
   const fs::path saved = work / "tuned";
   const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node gpu " + TRAIN_LM_PATH + " --config " +
-                          DTRAIN_SOURCE_DIR + "/examples/configs/lm_finetune_gpu.yaml model=" +
-                          (dir / "model").string() + " data=" + (work / "tokens.npy").string() +
+                          DTRAIN_SOURCE_DIR +
+                          "/examples/configs/lm_finetune_gpu.yaml model=" + (dir / "model").string() +
+                          " data=" + (work / "tokens.npy").string() +
                           " block_size=16 batch_size=8 accumulate=1 lr=3e-3 schedule=constant warmup_steps=0 clip=0 "
-                          "steps=30 log_every=10 eval_batches=2 save_hf=" + saved.string();
+                          "steps=30 log_every=10 eval_batches=2 save_hf=" +
+                          saved.string();
   BOOST_TEST_REQUIRE(run_logged(run, work / "train.log") == 0, read_text(work / "train.log"));
   const std::string log = read_text(work / "train.log");
   const auto loss_at = [&](const std::string& step) {

@@ -2,24 +2,23 @@
 // transformers layout and loaded back (sharded, across strategies and world
 // sizes) bit for bit; bad configs and checkpoints fail with one clear error.
 #define BOOST_TEST_MODULE hf
-#include <boost/test/unit_test.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <list>
 #include <string>
 
-#include <dtrain/hf/checkpoint.hpp>
-#include <dtrain/trainer.hpp>
-
 #include "hf/run_logged.hpp"
 #include "lm/lm.hpp"
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/hf/checkpoint.hpp>
+#include <dtrain/trainer.hpp>
 
 namespace fs = std::filesystem;
 using namespace dtrain;
-using dtrain::testing::require;
 using dtrain::testing::read_text;
+using dtrain::testing::require;
 using dtrain::testing::run_logged;
 using dtrain::testing::run_ranks;
 using Json = nlohmann::ordered_json;
@@ -27,15 +26,21 @@ using Json = nlohmann::ordered_json;
 namespace {
 
 Json tiny_llama() {
-  return Json{{"model_type", "llama"},        {"vocab_size", 37},          {"hidden_size", 16},
-              {"intermediate_size", 24},      {"num_hidden_layers", 2},    {"num_attention_heads", 4},
-              {"num_key_value_heads", 2},     {"max_position_embeddings", 8}, {"rms_norm_eps", 1e-5},
-              {"rope_theta", 10000.0},        {"hidden_act", "silu"},      {"tie_word_embeddings", false}};
+  return Json{
+      {"model_type", "llama"},  {"vocab_size", 37},         {"hidden_size", 16},        {"intermediate_size", 24},
+      {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"max_position_embeddings", 8},
+      {"rms_norm_eps", 1e-5},   {"rope_theta", 10000.0},    {"hidden_act", "silu"},     {"tie_word_embeddings", false}};
 }
 
 Json tiny_gpt2() {
-  return Json{{"model_type", "gpt2"}, {"vocab_size", 37}, {"n_embd", 16},  {"n_layer", 2},
-              {"n_head", 4},          {"n_positions", 8}, {"n_inner", nullptr}, {"layer_norm_epsilon", 1e-5},
+  return Json{{"model_type", "gpt2"},
+              {"vocab_size", 37},
+              {"n_embd", 16},
+              {"n_layer", 2},
+              {"n_head", 4},
+              {"n_positions", 8},
+              {"n_inner", nullptr},
+              {"layer_norm_epsilon", 1e-5},
               {"activation_function", "gelu_new"}};
 }
 
@@ -209,8 +214,9 @@ BOOST_AUTO_TEST_CASE(units_are_named_by_transformers_module) {
   const hf::LmConfig llama = hf::parse_config(big, "llama.json");
   const hf::LmConfig gpt2 = hf::parse_config(tiny_gpt2(), "gpt2.json");
   using Units = std::vector<std::size_t>;
-  BOOST_TEST((hf::unit_modules(gpt2) == std::vector<std::string>{"transformer.wte", "transformer.wpe", "transformer.h.0",
-                                                                 "transformer.h.1", "transformer.ln_f", "lm_head"}));
+  BOOST_TEST(
+      (hf::unit_modules(gpt2) == std::vector<std::string>{"transformer.wte", "transformer.wpe", "transformer.h.0",
+                                                          "transformer.h.1", "transformer.ln_f", "lm_head"}));
   BOOST_TEST(hf::unit_modules(llama).size() == 15u);
   BOOST_TEST(hf::unit_modules(llama)[1] == "model.layers.0");
   BOOST_TEST((hf::units_named(llama, {"layers.*"}) == Units{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
@@ -228,9 +234,9 @@ BOOST_AUTO_TEST_CASE(units_are_named_by_transformers_module) {
     } catch (const config_error& e) {
       message = e.what();
     }
-    BOOST_TEST(message.find("\"" + pattern + "\" names no module of this " + c.model_type + " model") !=
-                   std::string::npos,
-               message);
+    BOOST_TEST(
+        message.find("\"" + pattern + "\" names no module of this " + c.model_type + " model") != std::string::npos,
+        message);
   }
 }
 
@@ -348,21 +354,24 @@ BOOST_AUTO_TEST_CASE(mismatched_checkpoints_and_sequences_are_errors) {
   BOOST_CHECK_THROW(hf::open_checkpoint(fresh("empty_model"), {}), checkpoint_error);
 }
 
-
 // Instruction records: x the ids but the last, y the next ids with -100 on
 // the prompt and the padding (labels or prompt_length), cut to block + 1.
 BOOST_AUTO_TEST_CASE(instruction_records_mask_the_prompt) {
   const fs::path file = fresh("records.jsonl");
-  std::ofstream(file) << R"({"input_ids": [3, 4, 5, 6], "prompt_length": 2})" << "\n\n"
-                      << R"({"input_ids": [1, 2, 3, 4, 5, 6, 7], "labels": [-100, 2, -100, 4, 5, 6, 7]})" << "\n";
+  std::ofstream(file) << R"({"input_ids": [3, 4, 5, 6], "prompt_length": 2})"
+                      << "\n\n"
+                      << R"({"input_ids": [1, 2, 3, 4, 5, 6, 7], "labels": [-100, 2, -100, 4, 5, 6, 7]})"
+                      << "\n";
   const auto r = lm::detail::read_records(file.string(), 5, 37);
   BOOST_TEST_REQUIRE(r.size() == 2u);
   BOOST_TEST((r[0].x == std::vector<std::int32_t>{3, 4, 5, 0, 0}));
   BOOST_TEST((r[0].y == std::vector<std::int32_t>{-100, 5, 6, -100, -100}));
-  BOOST_TEST((r[1].x == std::vector<std::int32_t>{1, 2, 3, 4, 5}));      // cut to 6 tokens
+  BOOST_TEST((r[1].x == std::vector<std::int32_t>{1, 2, 3, 4, 5}));  // cut to 6 tokens
   BOOST_TEST((r[1].y == std::vector<std::int32_t>{2, -100, 4, 5, 6}));
   const auto fails_with = [&](const std::string& line, const std::string& text) {
-    std::ofstream(file) << R"({"input_ids": [1, 2], "prompt_length": 1})" << "\n" << line << "\n";
+    std::ofstream(file) << R"({"input_ids": [1, 2], "prompt_length": 1})"
+                        << "\n"
+                        << line << "\n";
     try {
       lm::detail::read_records(file.string(), 5, 37);
       BOOST_ERROR("no error for " << line);
@@ -392,8 +401,9 @@ BOOST_AUTO_TEST_CASE(train_lm_learns_completions_from_records) {
       out << "{\"input_ids\": [5, 6, 7, " << k << ", " << k + 1 << ", " << k + 2 << "], \"prompt_length\": 3}\n";
     }
   }
-  const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " config=" +
-                          (work / "config.json").string() + " block_size=8 batch_size=8 lr=1e-2 steps=60 log_every=59 ";
+  const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH +
+                          " config=" + (work / "config.json").string() +
+                          " block_size=8 batch_size=8 lr=1e-2 steps=60 log_every=59 ";
   BOOST_TEST_REQUIRE(run_logged(run + "data=" + (work / "records.jsonl").string(), work / "train.log") == 0,
                      read_text(work / "train.log"));
   const std::string log = read_text(work / "train.log");
@@ -405,10 +415,13 @@ BOOST_AUTO_TEST_CASE(train_lm_learns_completions_from_records) {
   // Three targets per record: k (one of 20, ~3.0 nats at best) and two that follow from it (0 at best).
   BOOST_TEST(loss_at("   60") < 0.6 * loss_at("    1"), log);
   BOOST_TEST(log.find("200 records") != std::string::npos, log);
-  std::ofstream(work / "bad.jsonl") << R"({"input_ids": [5, 6], "prompt_length": 1})" << "\n"
-                                    << R"({"input_ids": [5, 99], "prompt_length": 1})" << "\n";
+  std::ofstream(work / "bad.jsonl") << R"({"input_ids": [5, 6], "prompt_length": 1})"
+                                    << "\n"
+                                    << R"({"input_ids": [5, 99], "prompt_length": 1})"
+                                    << "\n";
   BOOST_TEST(run_logged(run + "data=" + (work / "bad.jsonl").string(), work / "bad.log") == 2);
-  BOOST_TEST(read_text(work / "bad.log").find("line 2: token 1 is id 99") != std::string::npos, read_text(work / "bad.log"));
+  BOOST_TEST(read_text(work / "bad.log").find("line 2: token 1 is id 99") != std::string::npos,
+             read_text(work / "bad.log"));
 }
 
 // train_lm with packed records and LoRA adapters, 2 ranks under fsdp-full:
@@ -430,14 +443,14 @@ BOOST_AUTO_TEST_CASE(train_lm_packs_records_and_trains_adapters) {
           << "], \"prompt_length\": 2}\n";
     }
   }
-  const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " config=" +
-                          (work / "config.json").string() + " data=" + (work / "records.jsonl").string() +
+  const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH +
+                          " config=" + (work / "config.json").string() + " data=" + (work / "records.jsonl").string() +
                           " block_size=16 batch_size=4 steps=40 log_every=39 strategy=fsdp-full ";
   const std::string lora = "lr=3e-2 lora_r=4 lora_alpha=8 lora_targets=all-linear packing=true ";
-  BOOST_TEST_REQUIRE(run_logged(run + lora + "save_adapter=" + (work / "adapter").string() + " save_hf=" +
-                                    (work / "merged").string(),
-                                work / "train.log") == 0,
-                     read_text(work / "train.log"));
+  BOOST_TEST_REQUIRE(
+      run_logged(run + lora + "save_adapter=" + (work / "adapter").string() + " save_hf=" + (work / "merged").string(),
+                 work / "train.log") == 0,
+      read_text(work / "train.log"));
   const std::string log = read_text(work / "train.log");
   BOOST_TEST(log.find("packing: 270 training records in ") != std::string::npos, log);
   const auto loss_at = [&](const std::string& step) {
@@ -450,8 +463,8 @@ BOOST_AUTO_TEST_CASE(train_lm_packs_records_and_trains_adapters) {
   BOOST_TEST(fs::exists(work / "merged" / "model.safetensors"));
   BOOST_TEST(hf::read_adapter_config(work / "adapter").r == 4);
   // Continue from the adapter (on the same base: the merged model's config, its weights as the base).
-  BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " model=" +
-                            (work / "merged").string() + " data=" + (work / "records.jsonl").string() +
+  BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH +
+                            " model=" + (work / "merged").string() + " data=" + (work / "records.jsonl").string() +
                             " block_size=16 batch_size=4 steps=2 adapter=" + (work / "adapter").string(),
                         work / "continue.log") == 0,
              read_text(work / "continue.log"));
@@ -461,10 +474,11 @@ BOOST_AUTO_TEST_CASE(train_lm_packs_records_and_trains_adapters) {
   // model's key projection is 8 wide) with dropout on their input, every
   // second block recomputed (the recomputed forward drops the same inputs).
   BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " --config " +
-                            DTRAIN_SOURCE_DIR + "/examples/configs/lm_lora_gpu.yaml device=host precision=fp32 "
+                            DTRAIN_SOURCE_DIR +
+                            "/examples/configs/lm_lora_gpu.yaml device=host precision=fp32 "
                             "reduce_dtype=fp32 block_size=16 batch_size=4 accumulate=1 steps=3 num_workers=0 "
-                            "eval_batches=1 warmup_steps=0 lora_r=4 lora_alpha=8 lora_dropout=0.1 config=" + (work / "config.json").string() + " data=" +
-                            (work / "records.jsonl").string(),
+                            "eval_batches=1 warmup_steps=0 lora_r=4 lora_alpha=8 lora_dropout=0.1 config=" +
+                            (work / "config.json").string() + " data=" + (work / "records.jsonl").string(),
                         work / "preset.log") == 0,
              read_text(work / "preset.log"));
   const auto refused = [&](const std::string& args, const std::string& says) {
@@ -484,9 +498,9 @@ BOOST_AUTO_TEST_CASE(train_lm_packs_records_and_trains_adapters) {
   // Recomputing the blocks named by pattern is recomputing them by number:
   // the same losses to the last digit.
   const auto losses = [&](const std::string& args, const std::string& name) {
-    BOOST_TEST_REQUIRE(run_logged(run + "lr=1e-2 steps=3 log_every=1 activation_checkpointing=true " + args,
-                                  work / name) == 0,
-                       read_text(work / name));
+    BOOST_TEST_REQUIRE(
+        run_logged(run + "lr=1e-2 steps=3 log_every=1 activation_checkpointing=true " + args, work / name) == 0,
+        read_text(work / name));
     std::string out;
     std::istringstream lines(read_text(work / name));
     for (std::string line; std::getline(lines, line);)
@@ -496,8 +510,8 @@ BOOST_AUTO_TEST_CASE(train_lm_packs_records_and_trains_adapters) {
   const std::string by_name = losses("checkpoint_modules=layers.*", "by_name.log");
   BOOST_TEST(!by_name.empty());
   BOOST_TEST(by_name == losses("checkpoint_units=1,2", "by_number.log"));
-  BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 1 " + TRAIN_LM_PATH + " config=" +
-                            (work / "config.json").string() + " data=" + (work / "tokens.npy").string() +
+  BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 1 " + TRAIN_LM_PATH +
+                            " config=" + (work / "config.json").string() + " data=" + (work / "tokens.npy").string() +
                             " packing=true",
                         work / "bad.log") == 2);
   BOOST_TEST(read_text(work / "bad.log").find("packing=true needs instruction records") != std::string::npos,

@@ -7,8 +7,6 @@
 // logits.
 #define BOOST_TEST_NO_MAIN
 #define BOOST_TEST_ALTERNATIVE_INIT_API
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,22 +16,23 @@
 #include <string>
 #include <vector>
 
-#include <dtrain/hf/checkpoint.hpp>
-#include <dtrain/trainer.hpp>
-
 #include "hf/parity.hpp"
 #include "hf/run_logged.hpp"
 #include "support/python_venv.hpp"
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/hf/checkpoint.hpp>
+#include <dtrain/trainer.hpp>
 
 namespace fs = std::filesystem;
 using namespace dtrain;
-using dtrain::testing::require;
-using dtrain::testing::read_text;
-using dtrain::testing::run_logged;
-using dtrain::testing::run_ranks;
 using dtrain::testing::Expected;
 using dtrain::testing::expected;
+using dtrain::testing::read_text;
+using dtrain::testing::require;
+using dtrain::testing::run_logged;
+using dtrain::testing::run_ranks;
 using dtrain::testing::worst;
 
 namespace {
@@ -125,14 +124,15 @@ namespace {
 
 void training_parity(const std::string& name, const std::string& args, std::int64_t pad = 0,
                      const std::string& lora_targets = "") {
-  dtrain::testing::training_parity<Host>({.python = python(), .torch_device = "cpu"}, name,
-                                         args, pad, lora_targets);
+  dtrain::testing::training_parity<Host>({.python = python(), .torch_device = "cpu"}, name, args, pad, lora_targets);
 }
 
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(gpt2_trains_like_transformers) { training_parity("gpt2_train", "gpt2 4 float32 0"); }
-BOOST_AUTO_TEST_CASE(tied_llama_gqa_trains_like_transformers) { training_parity("llama_tied_train", "llama_tied 2 float32 0"); }
+BOOST_AUTO_TEST_CASE(tied_llama_gqa_trains_like_transformers) {
+  training_parity("llama_tied_train", "llama_tied 2 float32 0");
+}
 BOOST_AUTO_TEST_CASE(llama_mha_trains_like_transformers) { training_parity("llama_mha_train", "llama 4 float32 0"); }
 // Left padding through attention_mask.
 BOOST_AUTO_TEST_CASE(padded_gpt2_trains_like_transformers) { training_parity("gpt2_padded", "gpt2 4 float32 0", 3); }
@@ -165,18 +165,17 @@ void fine_tuned_model_loads_in_transformers(const std::string& name, const std::
     const hf::LmConfig config = hf::read_config(pretrained);  // its config.json, checked
     hf::CausalLm model(config);
     Trainer<hf::CausalLm, Strategy<FSDP<FullShard>>> trainer(w, model, AdamW{.lr = 1e-2f});
-    hf::load_pretrained(trainer, pretrained, config);         // each rank reads only what it owns
+    hf::load_pretrained(trainer, pretrained, config);  // each rank reads only what it owns
     for (int s = 0; s < 2; ++s) trainer.step(std::span(&b, 1));
-    hf::save_pretrained(trainer, saved, config);              // what from_pretrained reads
+    hf::save_pretrained(trainer, saved, config);  // what from_pretrained reads
     // [/snippet:hf_fine_tune]
     std::vector<float> logits = trainer.predict(b);
     if (w.rank() == 0) ours = std::move(logits);
   });
   const fs::path out = saved.parent_path() / (name + "_tuned_logits.safetensors");
   const fs::path log = saved.parent_path() / (name + "_tuned_log.txt");
-  BOOST_TEST_REQUIRE(run_logged(python() + " " + DTRAIN_SOURCE_DIR +
-                                    "/tests/hf/transformers_logits.py " + saved.string() + " " +
-                                    (dir / "expected.safetensors").string() + " " + out.string(),
+  BOOST_TEST_REQUIRE(run_logged(python() + " " + DTRAIN_SOURCE_DIR + "/tests/hf/transformers_logits.py " +
+                                    saved.string() + " " + (dir / "expected.safetensors").string() + " " + out.string(),
                                 log) == 0,
                      "transformers could not load the saved model: " << read_text(log));
   const std::vector<float> theirs = SafetensorsFile::open(out).read_f32("logits");
@@ -250,10 +249,11 @@ void lora_both_ways_with_peft(const std::string& name, const std::string& args, 
                                 dir / "peft_load.log") == 0,
                      "peft could not load dtrain's adapter: " << read_text(dir / "peft_load.log"));
   const double back = worst(trained, SafetensorsFile::open(dir / "peft_reload.safetensors").read_f32("logits"));
-  std::printf("%s LoRA (%s%s%s): PEFT's adapter moves the logits %.2e; dtrain with it differs by %.2e (1 rank), "
-              "%.2e (FSDP, 2 ranks); PEFT with dtrain's trained adapter differs by %.2e\n",
-              name.c_str(), targets.c_str(), modules.empty() ? "" : "; modules_to_save ", modules.c_str(), moved, one,
-              two, back);
+  std::printf(
+      "%s LoRA (%s%s%s): PEFT's adapter moves the logits %.2e; dtrain with it differs by %.2e (1 rank), "
+      "%.2e (FSDP, 2 ranks); PEFT with dtrain's trained adapter differs by %.2e\n",
+      name.c_str(), targets.c_str(), modules.empty() ? "" : "; modules_to_save ", modules.c_str(), moved, one, two,
+      back);
   BOOST_TEST(moved > 1e-3, "the adapter changes the model");
   BOOST_TEST(worst(trained, want) > 1e-4, "training changed the adapter");
   BOOST_TEST(one <= tolerance);
@@ -263,10 +263,12 @@ void lora_both_ways_with_peft(const std::string& name, const std::string& args, 
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(llama_lora_both_ways_with_peft, *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
+BOOST_AUTO_TEST_CASE(llama_lora_both_ways_with_peft,
+                     *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
   lora_both_ways_with_peft("llama", "llama 2 float32 0", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
 }
-BOOST_AUTO_TEST_CASE(gpt2_lora_both_ways_with_peft, *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
+BOOST_AUTO_TEST_CASE(gpt2_lora_both_ways_with_peft,
+                     *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
   lora_both_ways_with_peft("gpt2", "gpt2 4 float32 0", "c_attn,c_proj,c_fc");
 }
 // An adapter on the (untied) output head as well, which all-linear leaves out.
@@ -282,8 +284,10 @@ BOOST_AUTO_TEST_CASE(llama_lora_with_modules_to_save_both_ways_with_peft,
 // LoRA training against PEFT + torch's AdamW: the first step's loss and the
 // adapters' gradients, and the adapters after 20 steps, at 1 and 2 ranks
 // under DDP and fsdp-full (the bounds of the full fine-tuning parity).
-BOOST_AUTO_TEST_CASE(llama_lora_trains_like_peft, *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
-  training_parity("llama_lora_train", "llama 2 float32 0", 0, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+BOOST_AUTO_TEST_CASE(llama_lora_trains_like_peft,
+                     *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
+  training_parity("llama_lora_train", "llama 2 float32 0", 0,
+                  "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
 }
 // A Llama whose head is tied to its embedding (both frozen under the adapters), GQA.
 BOOST_AUTO_TEST_CASE(tied_llama_lora_trains_like_peft,
@@ -295,7 +299,8 @@ BOOST_AUTO_TEST_CASE(llama_lora_on_lm_head_trains_like_peft,
                      *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
   training_parity("llama_lora_head_train", "llama 2 float32 0", 0, "q_proj,v_proj,lm_head");
 }
-BOOST_AUTO_TEST_CASE(gpt2_lora_trains_like_peft, *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
+BOOST_AUTO_TEST_CASE(gpt2_lora_trains_like_peft,
+                     *boost::unit_test::precondition([](auto) { return peft_importable(); })) {
   training_parity("gpt2_lora_train", "gpt2 4 float32 0", 0, "c_attn,c_proj,c_fc");
 }
 
@@ -314,12 +319,14 @@ BOOST_AUTO_TEST_CASE(train_lm_fine_tunes_and_saves) {
                                 work / "numpy.log") == 0);
   // The host preset, shortened: a constant rate, no warm-up, 30 steps.
   const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " --config " +
-                          DTRAIN_SOURCE_DIR + "/examples/configs/lm_finetune_host.yaml model=" + (dir / "model").string() +
+                          DTRAIN_SOURCE_DIR +
+                          "/examples/configs/lm_finetune_host.yaml model=" + (dir / "model").string() +
                           " block_size=16 batch_size=8 lr=3e-3 schedule=constant warmup_steps=0 clip=0 steps=30 "
                           "log_every=10 peak_tflops=0.5 ";
   const fs::path saved = work / "tuned";
-  BOOST_TEST_REQUIRE(run_logged(run + "strategy=fsdp-full generate=4 data=" + (work / "tokens.npy").string() + " save_hf=" +
-                                    saved.string(), work / "train.log") == 0,
+  BOOST_TEST_REQUIRE(run_logged(run + "strategy=fsdp-full generate=4 data=" + (work / "tokens.npy").string() +
+                                    " save_hf=" + saved.string(),
+                                work / "train.log") == 0,
                      read_text(work / "train.log"));
   const std::string log = read_text(work / "train.log");
   BOOST_TEST(log.find("loaded 19 tensor(s)") != std::string::npos, log);
@@ -353,8 +360,9 @@ BOOST_AUTO_TEST_CASE(tokenize_data_feeds_train_lm) {
   fs::remove_all(work);
   fs::create_directories(work);
   const std::string py = python(), src = DTRAIN_SOURCE_DIR;
-  BOOST_TEST_REQUIRE(run_logged(py + " " + src + "/tests/hf/make_tokenizer.py " + work.string(), work / "make.log") == 0,
-                     read_text(work / "make.log"));
+  BOOST_TEST_REQUIRE(
+      run_logged(py + " " + src + "/tests/hf/make_tokenizer.py " + work.string(), work / "make.log") == 0,
+      read_text(work / "make.log"));
   const std::string script = py + " " + src + "/scripts/tokenize_data.py ";
   BOOST_TEST_REQUIRE(run_logged(script + "--tokenizer " + (work / "tokenizer.json").string() + " --out " +
                                     (work / "text.bin").string() + " " + (work / "text.txt").string(),
@@ -365,8 +373,8 @@ BOOST_AUTO_TEST_CASE(tokenize_data_feeds_train_lm) {
   const std::string header = read_text(work / "text.bin").substr(0, 8);
   BOOST_TEST(header == "DTRNTOK1");
   BOOST_TEST(fs::file_size(work / "text.bin") == 16u + 2u * 6000u);
-  BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH + " model=" +
-                            (dir / "model").string() + " data=" + (work / "text.bin").string() +
+  BOOST_TEST(run_logged(std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH +
+                            " model=" + (dir / "model").string() + " data=" + (work / "text.bin").string() +
                             " block_size=16 batch_size=4 steps=5",
                         work / "train.log") == 0,
              read_text(work / "train.log"));
@@ -384,7 +392,7 @@ int main(int argc, char* argv[]) {
   if (const char* chosen = chosen_python()) {
     std::printf("transformers from DTRAIN_TRANSFORMERS_PYTHON=%s\n", chosen);
   } else if (const std::string why = dtrain::testing::python_venv_with(venv, "transformers", transformers_pin, 600);
-      !why.empty()) {
+             !why.empty()) {
     std::printf("%s: test skipped (exit 77)\n", why.c_str());
     return 77;
   } else if (const std::string no_peft = dtrain::testing::python_venv_with(venv, "peft", peft_pin, 600);

@@ -2,8 +2,6 @@
 // target matching, frozen base weights, the adapter saved in PEFT's layout
 // and loaded back across strategies bit for bit, the merged save, and the
 // adapter configs dtrain refuses.
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -12,11 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/io/json.hpp>
 #include <dtrain/trainer.hpp>
-
-#include "support/ranks.hpp"
 
 namespace fs = std::filesystem;
 using namespace dtrain;
@@ -111,11 +110,12 @@ BOOST_AUTO_TEST_CASE(targets_resolve_as_peft) {
   };
   using V = std::vector<std::vector<std::string>>;
   BOOST_TEST((layers(l, {.targets = {"q_proj", "v_proj"}}) == V{{"attn.q", "attn.v"}, {"attn.q", "attn.v"}}));
-  BOOST_TEST((layers(l, {.targets = {"all-linear"}}) ==
-              V(2, {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc2", "mlp.fc1"})));
+  BOOST_TEST(
+      (layers(l, {.targets = {"all-linear"}}) == V(2, {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc2", "mlp.fc1"})));
   BOOST_TEST((layers(l, {.targets = {"layers.1.self_attn.q_proj", "gate_proj", "up_proj"}}) ==
               V{{"mlp.fc1"}, {"attn.q", "mlp.fc1"}}));
-  BOOST_TEST((layers(l, {.targets = {R"(.*\.0\.self_attn\.(q|k)_proj)"}, .regex = true}) == V{{"attn.q", "attn.k"}, {}}));
+  BOOST_TEST(
+      (layers(l, {.targets = {R"(.*\.0\.self_attn\.(q|k)_proj)"}, .regex = true}) == V{{"attn.q", "attn.k"}, {}}));
   BOOST_TEST((layers(g, {.targets = {"c_proj"}}) == V(2, {"attn.proj", "mlp.fc2"})));
   BOOST_TEST((layers(g, {.targets = {"attn.c_attn", "mlp.c_proj"}}) == V(2, {"attn.qkv", "mlp.fc2"})));
   auto refused = [](const hf::LmConfig& c, hf::LoraConfig lora, const std::string& says) {
@@ -153,11 +153,11 @@ BOOST_AUTO_TEST_CASE(targets_resolve_as_peft) {
 // With adapters, only they train: no other parameter has a gradient or state.
 BOOST_AUTO_TEST_CASE(only_adapters_train) {
   const hf::CausalLm model(llama(), {.r = 2, .targets = {"q_proj", "down_proj"}});
-  BOOST_TEST(trainable_names(model) ==
-                 (std::vector<std::string>{"1.attn.q.lora_A", "1.attn.q.lora_B", "1.mlp.fc2.lora_A", "1.mlp.fc2.lora_B",
-                                           "2.attn.q.lora_A", "2.attn.q.lora_B", "2.mlp.fc2.lora_A",
-                                           "2.mlp.fc2.lora_B"}),
-             boost::test_tools::per_element());
+  BOOST_TEST(
+      trainable_names(model) ==
+          (std::vector<std::string>{"1.attn.q.lora_A", "1.attn.q.lora_B", "1.mlp.fc2.lora_A", "1.mlp.fc2.lora_B",
+                                    "2.attn.q.lora_A", "2.attn.q.lora_B", "2.mlp.fc2.lora_A", "2.mlp.fc2.lora_B"}),
+      boost::test_tools::per_element());
   BOOST_TEST(trainable_names(hf::CausalLm(gpt2(), {.r = 2, .targets = {"c_fc"}})).size() == 4u);
 }
 
@@ -286,7 +286,7 @@ BOOST_AUTO_TEST_CASE(documented_lora_fine_tune) {
     hf::load_pretrained(trainer, pretrained, config);  // the base; the adapters keep their start
     for (int s = 0; s < 2; ++s) trainer.step(std::span(&b, 1));
     hf::save_adapter(trainer, adapter, model, pretrained.string());  // for peft.PeftModel.from_pretrained
-    hf::save_pretrained(trainer, merged, model);  // W + (alpha / r) B A: transformers alone loads it
+    hf::save_pretrained(trainer, merged, model);                     // W + (alpha / r) B A: transformers alone loads it
     // [/snippet:hf_lora]
     Params p = trainer.parameters();
     if (w.rank() == 0) tuned = std::move(p);
@@ -304,17 +304,16 @@ BOOST_AUTO_TEST_CASE(documented_lora_fine_tune) {
 BOOST_AUTO_TEST_CASE(modules_to_save_train_and_round_trip) {
   const hf::LmConfig config = llama();
   const hf::CausalLm model(config, {.r = 2, .targets = {"q_proj"}, .modules_to_save = {"embed_tokens", "lm_head"}});
-  BOOST_TEST(trainable_names(model) ==
-                 (std::vector<std::string>{"0.weight", "1.attn.q.lora_A", "1.attn.q.lora_B", "2.attn.q.lora_A",
-                                           "2.attn.q.lora_B", "4.weight"}),
+  BOOST_TEST(trainable_names(model) == (std::vector<std::string>{"0.weight", "1.attn.q.lora_A", "1.attn.q.lora_B",
+                                                                 "2.attn.q.lora_A", "2.attn.q.lora_B", "4.weight"}),
              boost::test_tools::per_element());
   BOOST_TEST(trainable_names(hf::CausalLm(gpt2(), {.r = 2, .targets = {"c_fc"}, .modules_to_save = {"wpe"}})).front() ==
              "1.weight");
 
   const fs::path base = fresh("lora_saved_base"), adapter = fresh("lora_saved_adapter");
   const Params base_params = base_model(config, base);
-  const hf::LoraConfig lora{.r = 2, .alpha = 4.f, .targets = {"q_proj", "v_proj"},
-                            .modules_to_save = {"model.embed_tokens", "lm_head"}};
+  const hf::LoraConfig lora{
+      .r = 2, .alpha = 4.f, .targets = {"q_proj", "v_proj"}, .modules_to_save = {"model.embed_tokens", "lm_head"}};
   Params trained;
   run_ranks(1, [&](World& w) {
     hf::CausalLm m(config, lora);
@@ -379,8 +378,9 @@ BOOST_AUTO_TEST_CASE(mismatched_adapter_is_refused) {
 }
 
 BOOST_AUTO_TEST_CASE(unsupported_adapter_configs_are_refused) {
-  const Json good{{"peft_type", "LORA"}, {"r", 4}, {"lora_alpha", 8}, {"target_modules", {"q_proj"}},
-                  {"bias", "none"}, {"use_dora", false}, {"modules_to_save", nullptr}};
+  const Json good{{"peft_type", "LORA"},          {"r", 4},         {"lora_alpha", 8},
+                  {"target_modules", {"q_proj"}}, {"bias", "none"}, {"use_dora", false},
+                  {"modules_to_save", nullptr}};
   auto read = [&](const Json& j) {
     const fs::path d = fresh("lora_config_case");
     fs::create_directories(d);

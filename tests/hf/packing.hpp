@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "support/ranks.hpp"
+
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/io/json.hpp>
 #include <dtrain/trainer.hpp>
-
-#include "support/ranks.hpp"
 
 namespace dtrain::testing::packing {
 
@@ -20,14 +20,26 @@ using Json = nlohmann::ordered_json;
 
 inline hf::LmConfig config_of(const std::string& type) {
   if (type == "gpt2")
-    return hf::parse_config(Json{{"model_type", "gpt2"}, {"vocab_size", 37}, {"n_embd", 16}, {"n_layer", 2},
-                                 {"n_head", 4}, {"n_positions", 16}, {"layer_norm_epsilon", 1e-5},
+    return hf::parse_config(Json{{"model_type", "gpt2"},
+                                 {"vocab_size", 37},
+                                 {"n_embd", 16},
+                                 {"n_layer", 2},
+                                 {"n_head", 4},
+                                 {"n_positions", 16},
+                                 {"layer_norm_epsilon", 1e-5},
                                  {"activation_function", "gelu_new"}},
                             "config.json");
-  return hf::parse_config(Json{{"model_type", "llama"}, {"vocab_size", 37}, {"hidden_size", 16},
-                               {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
-                               {"num_key_value_heads", 2}, {"max_position_embeddings", 16}, {"rms_norm_eps", 1e-5},
-                               {"hidden_act", "silu"}, {"tie_word_embeddings", false}},
+  return hf::parse_config(Json{{"model_type", "llama"},
+                               {"vocab_size", 37},
+                               {"hidden_size", 16},
+                               {"intermediate_size", 24},
+                               {"num_hidden_layers", 2},
+                               {"num_attention_heads", 4},
+                               {"num_key_value_heads", 2},
+                               {"max_position_embeddings", 16},
+                               {"rms_norm_eps", 1e-5},
+                               {"hidden_act", "silu"},
+                               {"tie_word_embeddings", false}},
                           "config.json");
 }
 
@@ -43,7 +55,8 @@ inline std::vector<Record> records(int rank) {
   for (const std::int64_t n : {5, 3, 6}) {
     Record r;
     for (std::int64_t t = 0; t < n; ++t) r.x.push_back((id += 7) % 37);
-    for (std::int64_t t = 0; t < n; ++t) r.y.push_back(t < 2 || t + 1 == n ? -100 : r.x[static_cast<std::size_t>(t + 1)]);
+    for (std::int64_t t = 0; t < n; ++t)
+      r.y.push_back(t < 2 || t + 1 == n ? -100 : r.x[static_cast<std::size_t>(t + 1)]);
     out.push_back(std::move(r));
   }
   return out;
@@ -102,7 +115,6 @@ Result step(const std::string& type, int ranks, bool pack) {
   return out;
 }
 
-
 // The packed step against the records one by one on Dev, for Llama and
 // GPT-2 at one rank (DDP) and two (FSDP): the loss to 1e-6, each
 // gradient to 1e-6 of the largest.
@@ -125,8 +137,8 @@ void packed_records_train_as_the_records_one_by_one() {
             scale = std::max(scale, std::abs(g2));
           }
         }
-        BOOST_TEST_MESSAGE(type << " at " << ranks << ": worst gradient difference " << worst << " (largest "
-                                << scale << ")");
+        BOOST_TEST_MESSAGE(type << " at " << ranks << ": worst gradient difference " << worst << " (largest " << scale
+                                << ")");
         BOOST_TEST(scale > 0.0);
         BOOST_TEST(worst <= 1e-6 * scale);
       }

@@ -4,9 +4,9 @@
 // the same records as separate micro-batches (accumulated), on Llama (rotary
 // positions restart per record) and GPT-2 (learned positions restart), at one
 // rank (DDP) and two (FSDP, each rank its own records).
-#include <boost/test/unit_test.hpp>
-
 #include "hf/packing.hpp"
+
+#include <boost/test/unit_test.hpp>
 
 using namespace dtrain;
 namespace p = dtrain::testing::packing;

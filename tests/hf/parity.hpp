@@ -5,8 +5,6 @@
 // by training_parity on the host (hf_transformers_test, transformers on the
 // CPU) and on the GPU (hf_cuda_test, transformers on the same GPU).
 
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,11 +13,12 @@
 #include <type_traits>
 #include <vector>
 
-#include <dtrain/hf/checkpoint.hpp>
-#include <dtrain/trainer.hpp>
-
 #include "hf/run_logged.hpp"
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/hf/checkpoint.hpp>
+#include <dtrain/trainer.hpp>
 
 namespace dtrain::testing {
 
@@ -34,8 +33,7 @@ inline std::filesystem::path make_model(const std::string& python, const std::st
   const fs::path dir = fs::path(DTRAIN_TEST_BINARY_DIR) / "models" / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::string cmd =
-      python + " " + DTRAIN_SOURCE_DIR + "/tests/hf/make_tiny_lm.py " + dir.string() + " " + args;
+  const std::string cmd = python + " " + DTRAIN_SOURCE_DIR + "/tests/hf/make_tiny_lm.py " + dir.string() + " " + args;
   BOOST_TEST_REQUIRE(run_logged(cmd, dir / "log.txt") == 0,
                      "make_tiny_lm.py " << args << " failed: " << read_text(dir / "log.txt"));
   return dir;
@@ -84,7 +82,8 @@ inline std::vector<float> reference_of(const SafetensorsFile& ref, const std::st
 // first token).
 inline Batch rows_batch(const std::vector<std::int64_t>& ids, std::int64_t first, std::int64_t rows, std::int64_t t,
                         std::int64_t pad) {
-  std::vector<std::int64_t> x(ids.begin() + first * t, ids.begin() + (first + rows) * t), y(x.size()), mask(x.size(), 1);
+  std::vector<std::int64_t> x(ids.begin() + first * t, ids.begin() + (first + rows) * t), y(x.size()),
+      mask(x.size(), 1);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t i = 0; i < t; ++i) {
       const bool padded = first + r == 0 && i < pad, no_target = first + r == 0 && i + 1 <= pad;
@@ -113,11 +112,11 @@ std::vector<float> owned_gradient(Trainer& trainer) {
 
 // Where training parity is checked, and how closely.
 struct ParityRun {
-  std::string python;            // the python with torch and transformers
-  std::string torch_device;      // "cpu" or "cuda": where transformers trains
-  double logits = 1e-5;          // relative to the largest reference logit
-  double gradient = 1e-5;        // relative to each tensor's largest reference value
-  double parameters = 3e-5;      // relative to max(1, |reference|), after 20 AdamW steps
+  std::string python;        // the python with torch and transformers
+  std::string torch_device;  // "cpu" or "cuda": where transformers trains
+  double logits = 1e-5;      // relative to the largest reference logit
+  double gradient = 1e-5;    // relative to each tensor's largest reference value
+  double parameters = 3e-5;  // relative to max(1, |reference|), after 20 AdamW steps
 };
 
 // The first step's loss and every gradient (DDP, one rank), and the
@@ -137,12 +136,12 @@ void training_parity(const ParityRun& how, const std::string& name, const std::s
   const Expected e = expected(dir);
   const fs::path ref_file = dir / "train_reference.safetensors", adapter = dir / "peft_adapter";
   if (!lora_targets.empty())
-    BOOST_TEST_REQUIRE(run_logged(how.python + " " + DTRAIN_SOURCE_DIR + "/tests/hf/peft_adapter.py make " +
-                                      (dir / "model").string() + " " + adapter.string() + " " +
-                                      (dir / "expected.safetensors").string() + " " +
-                                      (dir / "peft_logits.safetensors").string() + " " + lora_targets + " 4 8",
-                                  dir / "peft_log.txt") == 0,
-                       read_text(dir / "peft_log.txt"));
+    BOOST_TEST_REQUIRE(
+        run_logged(how.python + " " + DTRAIN_SOURCE_DIR + "/tests/hf/peft_adapter.py make " + (dir / "model").string() +
+                       " " + adapter.string() + " " + (dir / "expected.safetensors").string() + " " +
+                       (dir / "peft_logits.safetensors").string() + " " + lora_targets + " 4 8",
+                   dir / "peft_log.txt") == 0,
+        read_text(dir / "peft_log.txt"));
   BOOST_TEST_REQUIRE(run_logged(how.python + " " + DTRAIN_SOURCE_DIR + "/tests/hf/transformers_train.py " +
                                     (dir / "model").string() + " " + (dir / "expected.safetensors").string() + " " +
                                     ref_file.string() + " 20 " + std::to_string(pad) + " " + how.torch_device +
@@ -189,7 +188,8 @@ void training_parity(const ParityRun& how, const std::string& name, const std::s
                   err = std::max(err, std::abs(static_cast<double>(grad[slot.offset + i]) - want[i]));
                   scale = std::max(scale, std::abs(static_cast<double>(want[i])));
                 }
-                if (err / std::max(scale, 1e-30) > grad_err) grad_err = err / std::max(scale, 1e-30), grad_at = slot.name;
+                if (err / std::max(scale, 1e-30) > grad_err)
+                  grad_err = err / std::max(scale, 1e-30), grad_at = slot.name;
               }
           }
           const auto params = trainer.parameters();
@@ -222,15 +222,17 @@ void training_parity(const ParityRun& how, const std::string& name, const std::s
                      "the key bias gradient is noise: " << g[static_cast<std::size_t>(i)]);
       }
     const double ref_loss = ref.read_f32("loss")[0];
-    std::printf("%s %s x%d on %s: loss %.8f vs %.8f (diff %.1e)", name.c_str(), std::string(Kind::name).c_str(),
-                ranks, std::string(Dev::name).c_str(), loss, ref_loss, std::abs(loss - ref_loss));
+    std::printf("%s %s x%d on %s: loss %.8f vs %.8f (diff %.1e)", name.c_str(), std::string(Kind::name).c_str(), ranks,
+                std::string(Dev::name).c_str(), loss, ref_loss, std::abs(loss - ref_loss));
     if (ranks == 1) std::printf(", logits %.1e", logit_err);
     if (ranks == 1 && std::is_same_v<Kind, DDP>) std::printf(", worst gradient %.1e (%s)", grad_err, grad_at.c_str());
     std::printf(", parameters after 20 AdamW steps %.1e (%s)\n", param_err, param_at.c_str());
     BOOST_TEST(std::abs(loss - ref_loss) <= 1e-6 * std::max(1.0, std::abs(ref_loss)), name << " loss");
     if (ranks == 1) BOOST_TEST(logit_err <= how.logits, name << " logits");
-    if (ranks == 1 && std::is_same_v<Kind, DDP>) BOOST_TEST(grad_err <= how.gradient, name << " gradient of " << grad_at);
-    BOOST_TEST(param_err <= how.parameters, name << " " << Kind::name << " x" << ranks << " parameters at " << param_at);
+    if (ranks == 1 && std::is_same_v<Kind, DDP>)
+      BOOST_TEST(grad_err <= how.gradient, name << " gradient of " << grad_at);
+    BOOST_TEST(param_err <= how.parameters,
+               name << " " << Kind::name << " x" << ranks << " parameters at " << param_at);
   };
   run(std::type_identity<DDP>{}, 1);
   run(std::type_identity<DDP>{}, 2);

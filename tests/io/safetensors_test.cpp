@@ -1,5 +1,5 @@
 #define BOOST_TEST_MODULE io
-#include <boost/test/unit_test.hpp>
+#include "dtrain/io/safetensors.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/io/safetensors.hpp"
 #include "data/fixture_values.hpp"
+#include <boost/test/unit_test.hpp>
 
 using dtrain::element_type;
 using dtrain::SafetensorsFile;
@@ -116,7 +116,8 @@ BOOST_AUTO_TEST_CASE(round_trip_keeps_every_tensor_aligned) {
   BOOST_TEST(f.tensor("empty").bytes.empty());
   BOOST_TEST(f.tensor("empty").shape == (std::vector<std::int64_t>{0, 3}), boost::test_tools::per_element());
   BOOST_CHECK_EXCEPTION(f.tensor("nope"), dtrain::checkpoint_error, [](const auto& e) {
-    return std::string(e.what()).find("no tensor 'nope' (it has: step, scale, w, empty, h, flags)") != std::string::npos;
+    return std::string(e.what()).find("no tensor 'nope' (it has: step, scale, w, empty, h, flags)") !=
+           std::string::npos;
   });
   BOOST_CHECK_THROW(f.read_f32("step"), dtrain::checkpoint_error);
   BOOST_CHECK_THROW(f.read_i64("w"), dtrain::checkpoint_error);
@@ -132,9 +133,9 @@ BOOST_AUTO_TEST_CASE(writer_output_matches_the_spec_byte_for_byte) {
   w.write(dir / "t.safetensors");
   std::vector<char> data(8);
   std::memcpy(data.data(), t.data(), 8);
-  BOOST_TEST(read_bytes(dir / "t.safetensors") ==
-                 spec_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data),
-             boost::test_tools::per_element());
+  BOOST_TEST(
+      read_bytes(dir / "t.safetensors") == spec_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data),
+      boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(reads_a_file_built_from_the_spec) {
@@ -145,12 +146,11 @@ BOOST_AUTO_TEST_CASE(reads_a_file_built_from_the_spec) {
   append_le(data, 0.25);
   TempDir dir;
   // Not in offset order, with spaces and a metadata map, as other writers may produce.
-  write_bytes(dir / "spec.safetensors",
-              spec_file(R"({"b": {"dtype": "I32", "shape": [1, 1], "data_offsets": [4, 8]},
+  write_bytes(dir / "spec.safetensors", spec_file(R"({"b": {"dtype": "I32", "shape": [1, 1], "data_offsets": [4, 8]},
                             "__metadata__": {"source": "hand"},
                             "c": {"dtype": "F64", "shape": [], "data_offsets": [8, 16]},
                             "a": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})",
-                        data));
+                                                  data));
   const auto f = SafetensorsFile::open(dir / "spec.safetensors");
   BOOST_TEST(f.names() == (std::vector<std::string>{"a", "b", "c"}), boost::test_tools::per_element());
   BOOST_TEST(f.read_f32("a") == (std::vector<float>{1.0f, -2.0f}), boost::test_tools::per_element());
@@ -220,32 +220,29 @@ BOOST_AUTO_TEST_CASE(detects_corruption) {
   expect_corrupt(put("bad_len.safetensors", bad_len), "header length 16777471 exceeds");
   expect_corrupt(put("not_json.safetensors", spec_file("{\"a\": [1, 2", eight)), "not valid JSON");
   expect_corrupt(put("array.safetensors", spec_file("[1, 2]", {})), "not a JSON object");
-  expect_corrupt(put("overlap.safetensors",
-                     spec_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},
+  expect_corrupt(put("overlap.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},
                                    "b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                               eight)),
-                 "tensor 'b' overlaps tensor 'a'");
-  expect_corrupt(put("gap.safetensors",
-                     spec_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight)),
-                 "gap of 4 bytes before tensor 'a'");
-  expect_corrupt(put("tail.safetensors",
-                     spec_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", eight)),
-                 "4 bytes after the last tensor");
-  expect_corrupt(put("dtype.safetensors",
-                     spec_file(R"({"a":{"dtype":"F31","shape":[2],"data_offsets":[0,8]}})", eight)),
-                 "unknown dtype \"F31\"");
-  expect_corrupt(put("shape.safetensors",
-                     spec_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", eight)),
-                 "spans 8 bytes, expected 12");
-  expect_corrupt(put("negative.safetensors",
-                     spec_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", eight)),
-                 "invalid dimension -2");
-  expect_corrupt(put("offsets.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8]}})",
                                                       eight)),
-                 "expected [begin, end]");
-  expect_corrupt(put("reversed.safetensors",
-                     spec_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", eight)),
-                 "data_offsets [8, 0]");
+                 "tensor 'b' overlaps tensor 'a'");
+  expect_corrupt(put("gap.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight)),
+                 "gap of 4 bytes before tensor 'a'");
+  expect_corrupt(put("tail.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", eight)),
+                 "4 bytes after the last tensor");
+  expect_corrupt(
+      put("dtype.safetensors", spec_file(R"({"a":{"dtype":"F31","shape":[2],"data_offsets":[0,8]}})", eight)),
+      "unknown dtype \"F31\"");
+  expect_corrupt(
+      put("shape.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", eight)),
+      "spans 8 bytes, expected 12");
+  expect_corrupt(
+      put("negative.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", eight)),
+      "invalid dimension -2");
+  expect_corrupt(
+      put("offsets.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8]}})", eight)),
+      "expected [begin, end]");
+  expect_corrupt(
+      put("reversed.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", eight)),
+      "data_offsets [8, 0]");
   expect_corrupt(put("no_shape.safetensors", spec_file(R"({"a":{"dtype":"F32","data_offsets":[0,8]}})", eight)),
                  "tensor 'a' has no \"shape\"");
   expect_corrupt(put("meta.safetensors", spec_file(R"({"__metadata__":{"k":1}})", {})),

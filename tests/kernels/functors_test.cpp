@@ -2,19 +2,19 @@
 // formulas (PyTorch's AdamW and SGD), over random non-zero inputs and several
 // steps.
 #define BOOST_TEST_MODULE kernels
-#include <boost/test/unit_test.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "kernels/numeric.hpp"
+#include <boost/test/unit_test.hpp>
+
 #include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/kernels/reduce.hpp"
-#include "kernels/numeric.hpp"
 
 namespace {
 
@@ -77,9 +77,12 @@ BOOST_AUTO_TEST_CASE(adamw_matches_float64_pytorch_formulas) {
     const std::vector<double> grad = dtrain::testing::round_to<float>(random_nonzero(n, rng, 2.0));
     const std::vector<float> g = to_float(grad);
     ref.step(grad, h, t, grad_scale);
-    dev.for_each(n, dtrain::AdamWStep<dtrain::bf16>({.param = param.data(), .grad = g.data(), .exp_avg = m.data(),
-                                                      .exp_avg_sq = v.data(), .param_out = param_out.data()},
-                                                     h, t, static_cast<float>(grad_scale)));
+    dev.for_each(n, dtrain::AdamWStep<dtrain::bf16>({.param = param.data(),
+                                                     .grad = g.data(),
+                                                     .exp_avg = m.data(),
+                                                     .exp_avg_sq = v.data(),
+                                                     .param_out = param_out.data()},
+                                                    h, t, static_cast<float>(grad_scale)));
   }
   expect_close(widen(param), ref.param, optimizer_tol, "param");
   expect_close(widen(m), ref.m, optimizer_tol, "exp_avg");
@@ -113,10 +116,11 @@ BOOST_AUTO_TEST_CASE(sgd_matches_float64_pytorch_formulas) {
         const std::vector<double> grad = dtrain::testing::round_to<float>(random_nonzero(n, rng));
         const std::vector<float> g = to_float(grad);
         ref.step(grad, h, 0.25, t == 1);
-        dev.for_each(n, dtrain::SgdStep<dtrain::fp16>(
-                            {.param = param.data(), .grad = g.data(), .momentum_buffer = buf.data(),
-                             .param_out = param_out.data()},
-                            h, 0.25f));
+        dev.for_each(
+            n,
+            dtrain::SgdStep<dtrain::fp16>(
+                {.param = param.data(), .grad = g.data(), .momentum_buffer = buf.data(), .param_out = param_out.data()},
+                h, 0.25f));
       }
       expect_close(widen(param), ref.param, optimizer_tol, "param");
       if (h.momentum != 0.f) expect_close(widen(buf), ref.buf, optimizer_tol, "momentum buffer");
@@ -125,7 +129,6 @@ BOOST_AUTO_TEST_CASE(sgd_matches_float64_pytorch_formulas) {
     }
   }
 }
-
 
 BOOST_AUTO_TEST_CASE(cast_accumulate_scale_round_once) {
   dtrain::Host dev(1);

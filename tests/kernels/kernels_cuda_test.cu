@@ -1,20 +1,20 @@
 // dtrain::Cuda against dtrain::Host: the same functors, GEMMs and reductions
 // on the same inputs, plus the device's own contract (buffers, copies,
 // memory statistics, errors). Needs a GPU; exits 77 without one.
-#include "support/gpu_main.hpp"
-
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/numeric.hpp"
+#include "support/gpu_main.hpp"
+
 #include "dtrain/backend/cuda/device.hpp"
 #include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/kernels/reduce.hpp"
-#include "kernels/numeric.hpp"
 
 namespace {
 
@@ -73,9 +73,9 @@ void compare_gemm(Cuda& cuda, bool ta, bool tb, float beta) {
   host.gemm(ta, tb, m, n, k, 0.5f, a.host.data(), lda, b.host.data(), ldb, beta, c.host.data(), ldc);
   cuda.gemm(ta, tb, m, n, k, 0.5f, a.device.data(), lda, b.device.data(), ldb, beta, c.device.data(), ldc);
   // Different summation orders in fp32, then possibly one rounding apart in T.
-  t::expect_close(c.device_double(cuda), c.host_double(),
-                  2 * t::roundoff<T>() + 1e-5,
-                  std::string("gemm ") + dtrain::dtype_traits<T>::name.data() + (ta ? " A^T" : " A") + (tb ? " B^T" : " B"));
+  t::expect_close(
+      c.device_double(cuda), c.host_double(), 2 * t::roundoff<T>() + 1e-5,
+      std::string("gemm ") + dtrain::dtype_traits<T>::name.data() + (ta ? " A^T" : " A") + (tb ? " B^T" : " B"));
 }
 
 }  // namespace
@@ -114,20 +114,17 @@ BOOST_AUTO_TEST_CASE(buffers_copies_and_memory_statistics) {
 
 BOOST_AUTO_TEST_CASE(out_of_memory_reports_sizes_and_recovers) {
   Cuda dev(0);
-  BOOST_CHECK_EXCEPTION(dtrain::make_buffer<std::byte>(dev, std::size_t{1} << 52), dtrain::cuda_error,
-                        [](const dtrain::cuda_error& e) {
-                          const std::string what = e.what();
-                          return what.find("out of memory") != std::string::npos &&
-                                 what.find("free of") != std::string::npos &&
-                                 what.find(std::to_string(std::size_t{1} << 52) + " bytes") != std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      dtrain::make_buffer<std::byte>(dev, std::size_t{1} << 52), dtrain::cuda_error, [](const dtrain::cuda_error& e) {
+        const std::string what = e.what();
+        return what.find("out of memory") != std::string::npos && what.find("free of") != std::string::npos &&
+               what.find(std::to_string(std::size_t{1} << 52) + " bytes") != std::string::npos;
+      });
   auto ok = dtrain::make_buffer<float>(dev, 16);  // the error did not stick
   BOOST_TEST(ok.size() == 16u);
 }
 
-BOOST_AUTO_TEST_CASE(invalid_device_is_a_cuda_error) {
-  BOOST_CHECK_THROW(Cuda(100000), dtrain::cuda_error);
-}
+BOOST_AUTO_TEST_CASE(invalid_device_is_a_cuda_error) { BOOST_CHECK_THROW(Cuda(100000), dtrain::cuda_error); }
 
 BOOST_AUTO_TEST_CASE(for_each_visits_every_index_once_and_sum_is_deterministic) {
   Cuda dev(0);
@@ -182,7 +179,8 @@ BOOST_AUTO_TEST_CASE(optimizer_functors_match_host) {
     dev.for_each(n - o, dtrain::AdamWStep<bf16>({p.device.data() + o, g.device.data() + o, m.device.data() + o,
                                                  v.device.data() + o, out.device.data() + o},
                                                 adam, step, 0.5f));
-    host.for_each(n, dtrain::SgdStep<fp16>({sp.host.data(), g.host.data(), buf.host.data(), sout.host.data()}, sgd, 0.5f));
+    host.for_each(n,
+                  dtrain::SgdStep<fp16>({sp.host.data(), g.host.data(), buf.host.data(), sout.host.data()}, sgd, 0.5f));
     dev.for_each(n, dtrain::SgdStep<fp16>({sp.device.data(), g.device.data(), buf.device.data(), sout.device.data()},
                                           sgd, 0.5f));
   }

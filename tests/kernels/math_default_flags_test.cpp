@@ -4,14 +4,13 @@
 // give the correctly rounded square root at every instruction level and
 // leave loops that use it vectorised (bench_adamw measures the speed).
 #define BOOST_TEST_MODULE math_default_flags
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/kernels/math.hpp>
-
 #include <cmath>
 #include <limits>
 
 #include "kernels/sqrt_check.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/kernels/math.hpp>
 
 #if defined(__NO_MATH_ERRNO__)
 #error "math_default_flags_test checks the default flags: build it without -fno-math-errno"

@@ -1,9 +1,4 @@
 // dtrain's own host exp, erf and sqrt (kernels/math.hpp) against float64 libm.
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/backend/host/device.hpp>
-#include <dtrain/kernels/math.hpp>
-
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +6,10 @@
 #include <vector>
 
 #include "kernels/sqrt_check.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/backend/host/device.hpp>
+#include <dtrain/kernels/math.hpp>
 
 BOOST_AUTO_TEST_CASE(host_exp_is_within_one_ulp_of_float64) {
   double worst = 0;
@@ -37,8 +36,8 @@ BOOST_AUTO_TEST_CASE(host_erf_is_within_a_few_ulp_of_float64) {
       worst_abs = std::max(worst_abs, err);
       if (std::abs(x) < 0.5f && x != 0.f) worst_rel_small = std::max(worst_rel_small, err / std::abs(want));
     }
-    BOOST_TEST_MESSAGE((given_exp ? "erf_given_exp" : "erf") << ": worst absolute error " << worst_abs
-                                                             << ", relative below 0.5 " << worst_rel_small);
+    BOOST_TEST_MESSAGE((given_exp ? "erf_given_exp" : "erf")
+                       << ": worst absolute error " << worst_abs << ", relative below 0.5 " << worst_rel_small);
     // the fit's 1.4e-9 and Abramowitz & Stegun 7.1.26's 1.5e-7, plus fp32
     // evaluation (the rational's 2.7e-7 with fused multiply-adds, 3.8e-7 at
     // x86-64's baseline, where this test's own calls run)
@@ -47,8 +46,8 @@ BOOST_AUTO_TEST_CASE(host_erf_is_within_a_few_ulp_of_float64) {
   }
   const double tiny = dtrain::math::erf(1e-30f), tiny_want = 1.1283791670955126 * static_cast<double>(1e-30f);
   BOOST_TEST(std::abs(tiny - tiny_want) <= 1.2e-7 * tiny_want);  // no underflow to 0, one ulp
-  BOOST_TEST(dtrain::math::erf(3.92f) == 1.f);   // the clamp
-  BOOST_TEST(dtrain::math::erf(-50.f) == -1.f);  // past it
+  BOOST_TEST(dtrain::math::erf(3.92f) == 1.f);                   // the clamp
+  BOOST_TEST(dtrain::math::erf(-50.f) == -1.f);                  // past it
 }
 
 BOOST_AUTO_TEST_CASE(host_exp_and_erf_special_values) {

@@ -3,8 +3,6 @@
 // reference: random non-zero inputs, rounding through a dtype, and a
 // tolerance check that reports the worst element. Compiled by g++ and nvcc.
 
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -14,6 +12,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
 
 #include "dtrain/core/dtype.hpp"
 

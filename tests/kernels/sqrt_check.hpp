@@ -5,15 +5,15 @@
 // 2 x 24 + 2 bits: the double rounding is innocuous). A stride prime to 2^32
 // visits ~1 bit pattern in 61 of every exponent: subnormals, zeros,
 // infinities, NaNs and negatives included.
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/backend/host/device.hpp>
-
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/backend/host/device.hpp>
 
 namespace dtrain::testing {
 

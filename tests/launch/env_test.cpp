@@ -1,5 +1,5 @@
 #define BOOST_TEST_MODULE launch
-#include <boost/test/unit_test.hpp>
+#include "dtrain/launch/env.hpp"
 
 #include <cstdint>
 #include <limits>
@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "dtrain/launch/env.hpp"
+#include <boost/test/unit_test.hpp>
 
 namespace {
 
@@ -37,8 +37,10 @@ const Vars torchrun{{"RANK", "3"},
                     {"LOCAL_WORLD_SIZE", "2"},
                     {"MASTER_ADDR", "node0"},
                     {"MASTER_PORT", "1234"}};
-const Vars slurm{{"SLURM_PROCID", "5"},         {"SLURM_NTASKS", "11"},
-                 {"SLURM_LOCALID", "1"},        {"SLURM_NODEID", "1"},
+const Vars slurm{{"SLURM_PROCID", "5"},
+                 {"SLURM_NTASKS", "11"},
+                 {"SLURM_LOCALID", "1"},
+                 {"SLURM_NODEID", "1"},
                  {"SLURM_STEP_ID", "0"},
                  {"SLURM_TASKS_PER_NODE", "4(x2),3"},
                  {"SLURM_JOB_NODELIST", "gpu[01-04,07],cpu3"}};
@@ -97,8 +99,8 @@ BOOST_AUTO_TEST_CASE(torchrun_agent_store_port) {
   BOOST_TEST(discover(with(torchrun, {{"TORCHELASTIC_USE_AGENT_STORE", "False"}})).master_port == 1234);
   check_rejected(with(agent, {{"MASTER_PORT", "65535"}}), "MASTER_PORT=65535 is held by torchrun");
   // Only torchrun's own workers: a process that mpirun or srun started keeps the port.
-  BOOST_TEST(discover(with(openmpi, {{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"MASTER_PORT", "1234"}}))
-                 .master_port == 1234);
+  BOOST_TEST(discover(with(openmpi, {{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"MASTER_PORT", "1234"}})).master_port ==
+             1234);
 }
 
 BOOST_AUTO_TEST_CASE(slurm_variables) {
@@ -139,8 +141,8 @@ BOOST_AUTO_TEST_CASE(slurm_allocation_without_a_task_is_not_a_launch) {
 BOOST_AUTO_TEST_CASE(a_program_run_in_the_batch_script_is_refused) {
   // What the batch script of `sbatch -n2` sees (no srun step): rank 0 of 2,
   // whose rank 1 would never start.
-  const Vars batch{{"SLURM_JOB_ID", "7"},  {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
-                   {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}, {"SLURM_TASKS_PER_NODE", "2"},
+  const Vars batch{{"SLURM_JOB_ID", "7"},       {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+                   {"SLURM_LOCALID", "0"},      {"SLURM_NODEID", "0"}, {"SLURM_TASKS_PER_NODE", "2"},
                    {"SLURM_JOB_NODELIST", "vm"}};
   check_rejected(batch, "runs in the Slurm job's batch script, not as a task of srun");
   // One task, or a task of a step (either spelling of the step id), starts.
@@ -182,8 +184,7 @@ BOOST_AUTO_TEST_CASE(non_integer_values) {
   for (const char* bad : {"abc", "1x", " 1", "+1", "", "1.0", "99999999999"})
     check_rejected(with(torchrun, {{"RANK", bad}}), "RANK");
   check_rejected(with(slurm, {{"SLURM_NTASKS", "many"}}), "SLURM_NTASKS");
-  check_rejected(with(openmpi, {{"OMPI_COMM_WORLD_LOCAL_SIZE", "two"}}),
-                 "OMPI_COMM_WORLD_LOCAL_SIZE");
+  check_rejected(with(openmpi, {{"OMPI_COMM_WORLD_LOCAL_SIZE", "two"}}), "OMPI_COMM_WORLD_LOCAL_SIZE");
 }
 
 BOOST_AUTO_TEST_CASE(negative_values) {
@@ -200,12 +201,10 @@ BOOST_AUTO_TEST_CASE(rank_outside_world) {
 }
 
 BOOST_AUTO_TEST_CASE(local_rank_outside_node) {
-  check_rejected(with(torchrun, {{"LOCAL_RANK", "2"}}),
-                 "LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2");
+  check_rejected(with(torchrun, {{"LOCAL_RANK", "2"}}), "LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2");
   check_rejected(with(torchrun, {{"LOCAL_WORLD_SIZE", "9"}}), "LOCAL_WORLD_SIZE=9");
   check_rejected(with(slurm, {{"SLURM_LOCALID", "4"}}), "SLURM_LOCALID=4");
-  check_rejected(with(openmpi, {{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}),
-                 "OMPI_COMM_WORLD_LOCAL_RANK=2");
+  check_rejected(with(openmpi, {{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}), "OMPI_COMM_WORLD_LOCAL_RANK=2");
 }
 
 BOOST_AUTO_TEST_CASE(missing_master_address) {
@@ -213,8 +212,7 @@ BOOST_AUTO_TEST_CASE(missing_master_address) {
   check_rejected(without(openmpi, "MASTER_ADDR"), "MASTER_ADDR");
   check_rejected(without(slurm, "SLURM_JOB_NODELIST"), "MASTER_ADDR");
   // A single process needs no rendezvous.
-  auto single = discover(
-      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}});
+  auto single = discover({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}});
   BOOST_TEST(single.master_addr.empty());
   BOOST_TEST(single.master_port == 0);
 }

@@ -67,8 +67,7 @@ void wait_for_every_rank() {
 void touch(const std::string& path, const std::string& text = "") {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (fd < 0) std::exit(90);
-  if (!text.empty() && ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
-    std::exit(91);
+  if (!text.empty() && ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) std::exit(91);
   ::close(fd);
 }
 
@@ -84,14 +83,13 @@ extern "C" void on_term(int) {
 
 int print_env() {
   auto e = dtrain::discover_env();
-  std::printf("rank=%d world=%d local=%d local_world=%d addr=%s port=%d source=%s\n", e.rank,
-              e.world_size, e.local_rank, e.local_world_size, e.master_addr.c_str(), e.master_port,
-              e.source.c_str());
-  std::printf("GROUP_RANK=%s DTRAIN_RUN=%s DTRAIN_RESTART_COUNT=%s OMP_NUM_THREADS=%s "
-              "OPENBLAS_NUM_THREADS=%s\n",
-              var("GROUP_RANK").c_str(), var("DTRAIN_RUN").c_str(),
-              var("DTRAIN_RESTART_COUNT").c_str(), var("OMP_NUM_THREADS").c_str(),
-              var("OPENBLAS_NUM_THREADS").c_str());
+  std::printf("rank=%d world=%d local=%d local_world=%d addr=%s port=%d source=%s\n", e.rank, e.world_size,
+              e.local_rank, e.local_world_size, e.master_addr.c_str(), e.master_port, e.source.c_str());
+  std::printf(
+      "GROUP_RANK=%s DTRAIN_RUN=%s DTRAIN_RESTART_COUNT=%s OMP_NUM_THREADS=%s "
+      "OPENBLAS_NUM_THREADS=%s\n",
+      var("GROUP_RANK").c_str(), var("DTRAIN_RUN").c_str(), var("DTRAIN_RESTART_COUNT").c_str(),
+      var("OMP_NUM_THREADS").c_str(), var("OPENBLAS_NUM_THREADS").c_str());
   std::printf("TORCHELASTIC_RUN_ID=%s DTRAIN_LAUNCH_DEVICE=%s\n", var("TORCHELASTIC_RUN_ID").c_str(),
               var("DTRAIN_LAUNCH_DEVICE").c_str());
   std::fprintf(stderr, "to stderr from %d\n", e.rank);
@@ -148,8 +146,10 @@ int echo_failure() {
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (::access(raised.c_str(), F_OK) != 0)
-    if (std::chrono::steady_clock::now() > deadline) return 93;
-    else std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (std::chrono::steady_clock::now() > deadline)
+      return 93;
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // after rank 0's error, measurably
   dtrain::record_failure(dtrain::comm_error("rank 0 left the communicator"));
   return 1;

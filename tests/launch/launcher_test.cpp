@@ -1,4 +1,4 @@
-#include <boost/test/unit_test.hpp>
+#include "launcher/launcher.hpp"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include <boost/test/unit_test.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include "dtrain/run/preemption.hpp"
-#include "launcher/launcher.hpp"
 
 namespace {
 
@@ -64,9 +64,9 @@ BOOST_AUTO_TEST_CASE(defaults) {
 }
 
 BOOST_AUTO_TEST_CASE(every_flag_in_both_spellings) {
-  auto o = parse({"--nproc-per-node", "4", "--nnodes=3", "--node_rank", "2", "--master-addr",
-                  "10.1.1.1", "--master_port=4242", "--max-restarts", "2", "--no-prefix",
-                  "--grace_period", "0.25", "prog", "--nnodes", "9"});
+  auto o = parse({"--nproc-per-node", "4", "--nnodes=3", "--node_rank", "2", "--master-addr", "10.1.1.1",
+                  "--master_port=4242", "--max-restarts", "2", "--no-prefix", "--grace_period", "0.25", "prog",
+                  "--nnodes", "9"});
   BOOST_TEST(o.nproc.count == 4);
   BOOST_TEST(o.nnodes == 3);
   BOOST_TEST(o.node_rank == 2);
@@ -78,8 +78,7 @@ BOOST_AUTO_TEST_CASE(every_flag_in_both_spellings) {
   BOOST_TEST(o.program_args == (std::vector<std::string>{"--nnodes", "9"}));
 
   BOOST_TEST((parse({"--nproc_per_node=gpu", "p"}).nproc.kind == dtrain::NprocSpec::Kind::gpu));
-  BOOST_TEST((parse({"--nproc-per-node", "auto", "p"}).nproc.kind ==
-              dtrain::NprocSpec::Kind::automatic));
+  BOOST_TEST((parse({"--nproc-per-node", "auto", "p"}).nproc.kind == dtrain::NprocSpec::Kind::automatic));
   BOOST_TEST(parse({"--no-prefix", "--prefix", "p"}).prefix);
   BOOST_TEST(parse({"--", "--weird-program-name"}).program == "--weird-program-name");
   BOOST_TEST(*parse({"--master-port", "0", "p"}).master_port == 0);
@@ -100,8 +99,7 @@ BOOST_AUTO_TEST_CASE(bad_flags) {
   check_rejected({"--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "p"}, "--node-rank 2");
   check_rejected({"--node-rank", "-1", "p"}, "--node-rank -1");
   check_rejected({"--nnodes", "2", "--node-rank", "1", "p"}, "needs --master-addr");
-  check_rejected({"--nnodes", "2", "--master-addr", "h", "--master-port", "0", "p"},
-                 "one node only");
+  check_rejected({"--nnodes", "2", "--master-addr", "h", "--master-port", "0", "p"}, "one node only");
   check_rejected({"--master-port", "65536", "p"}, "--master-port 65536");
   check_rejected({"--master-port", "http", "p"}, "--master-port http");
   check_rejected({"--master-addr=", "p"}, "--master-addr is empty");
@@ -177,35 +175,56 @@ BOOST_AUTO_TEST_CASE(the_kubernetes_job_fits_dtrain_run) {
   const auto opts = parse(std::vector<std::string>(command.begin() + 1, command.end()));
   BOOST_TEST(opts.grace_period_s < pod["terminationGracePeriodSeconds"].as<double>());
   BOOST_TEST((opts.nproc.kind == dtrain::NprocSpec::Kind::gpu));
-  BOOST_TEST((std::find(opts.program_args.begin(), opts.program_args.end(), "resume=latest") !=
-              opts.program_args.end()));
+  BOOST_TEST(
+      (std::find(opts.program_args.begin(), opts.program_args.end(), "resume=latest") != opts.program_args.end()));
   BOOST_TEST((std::count_if(opts.program_args.begin(), opts.program_args.end(),
                             [](const std::string& a) { return a.rfind("checkpoint_dir=", 0) == 0; }) == 1));
 }
 
 BOOST_AUTO_TEST_CASE(usage_documents_every_flag) {
   auto usage = dtrain::run_usage();
-  for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
-                           "--master-port", "--max-restarts", "--prefix", "--no-prefix",
-                           "--grace-period", "--help", "--version", "29500", "127.0.0.1",
-                           "--standalone", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--log-dir",
-                           "--redirects", "--tee", "--no-python", "--monitor-interval", "--start-method",
-                           "-m/--module", "--run-path", "TORCHELASTIC_RUN_ID", "DTRAIN_LAUNCH_DEVICE"})
+  for (const char* flag : {"--nproc-per-node",
+                           "--nnodes",
+                           "--node-rank",
+                           "--master-addr",
+                           "--master-port",
+                           "--max-restarts",
+                           "--prefix",
+                           "--no-prefix",
+                           "--grace-period",
+                           "--help",
+                           "--version",
+                           "29500",
+                           "127.0.0.1",
+                           "--standalone",
+                           "--rdzv-backend",
+                           "--rdzv-endpoint",
+                           "--rdzv-id",
+                           "--log-dir",
+                           "--redirects",
+                           "--tee",
+                           "--no-python",
+                           "--monitor-interval",
+                           "--start-method",
+                           "-m/--module",
+                           "--run-path",
+                           "TORCHELASTIC_RUN_ID",
+                           "DTRAIN_LAUNCH_DEVICE"})
     BOOST_TEST(usage.find(flag) != std::string::npos, flag);
 }
 
 // torchrun's flags, as its users write them, mean what they mean there.
 BOOST_AUTO_TEST_CASE(torchrun_flags) {
-  auto standalone = parse({"--standalone", "--nproc_per_node", "2", "--master_port", "1234", "--rdzv_id", "x",
-                           "--no_python", "p"});
+  auto standalone =
+      parse({"--standalone", "--nproc_per_node", "2", "--master_port", "1234", "--rdzv_id", "x", "--no_python", "p"});
   BOOST_TEST(standalone.nnodes == 1);
   BOOST_TEST(standalone.effective_master_addr() == "127.0.0.1");
   BOOST_TEST(*standalone.master_port == 0);  // 0: a free port, whatever else was asked
   BOOST_TEST(standalone.rdzv_id.size() == 32u);
   BOOST_TEST(parse({"--standalone", "p"}).rdzv_id != standalone.rdzv_id);
 
-  auto c10d = parse({"--rdzv_backend=c10d", "--rdzv_endpoint", "node0:4321", "--rdzv_id", "job1", "--nnodes",
-                     "2:2", "--node_rank", "1", "p"});
+  auto c10d = parse({"--rdzv_backend=c10d", "--rdzv_endpoint", "node0:4321", "--rdzv_id", "job1", "--nnodes", "2:2",
+                     "--node_rank", "1", "p"});
   BOOST_TEST(c10d.nnodes == 2);
   BOOST_TEST(c10d.effective_master_addr() == "node0");
   BOOST_TEST(*c10d.master_port == 4321);
@@ -220,8 +239,8 @@ BOOST_AUTO_TEST_CASE(torchrun_flags) {
   BOOST_TEST(fixed.effective_master_addr() == "b");
   BOOST_TEST(*fixed.master_port == 2);
 
-  auto logs = parse({"--log_dir", "L", "-r", "3", "--tee=0:1,2:2", "--monitor_interval", "0.5",
-                     "--start_method", "spawn", "p"});
+  auto logs = parse(
+      {"--log_dir", "L", "-r", "3", "--tee=0:1,2:2", "--monitor_interval", "0.5", "--start_method", "spawn", "p"});
   BOOST_TEST(*logs.log_dir == "L");
   BOOST_TEST(logs.redirects.of(5) == 3);
   BOOST_TEST(logs.tee.of(0) == 1);
@@ -257,10 +276,9 @@ BOOST_AUTO_TEST_CASE(nproc_resolution) {
   BOOST_TEST(dtrain::resolve_nproc({K::automatic, 0}, 0, 6) == 6);
   BOOST_TEST(dtrain::resolve_nproc({K::cpu, 0}, 8, 6) == 6);
   // No GPU: the fix names the CPU alternative.
-  BOOST_CHECK_EXCEPTION(dtrain::resolve_nproc({K::gpu, 0}, 0, 64), dtrain::launch_error,
-                        [](const dtrain::launch_error& e) {
-                          return e.fix().find("--nproc-per-node N") != std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      dtrain::resolve_nproc({K::gpu, 0}, 0, 64), dtrain::launch_error,
+      [](const dtrain::launch_error& e) { return e.fix().find("--nproc-per-node N") != std::string::npos; });
 }
 
 BOOST_AUTO_TEST_CASE(host_facts) {
@@ -280,11 +298,15 @@ BOOST_AUTO_TEST_CASE(host_facts) {
 
 BOOST_AUTO_TEST_CASE(rank_environment) {
   auto o = parse({"--nnodes", "2", "--node-rank", "1", "--master-addr", "n0", "p"});
-  dtrain::GroupLayout g{
-      .nproc_per_node = 3, .master_port = 777, .cpu_count = 8, .restart_count = 2, .job_id = "r42x2", .log_dir = "",
-      .error_dir = "/run/job"};
-  std::vector<std::string> inherited{"PATH=/bin", "RANK=99", "OMP_NUM_THREADS=5",
-                                     "MASTER_ADDR=old", "TORCHELASTIC_ERROR_FILE=/outer.json"};
+  dtrain::GroupLayout g{.nproc_per_node = 3,
+                        .master_port = 777,
+                        .cpu_count = 8,
+                        .restart_count = 2,
+                        .job_id = "r42x2",
+                        .log_dir = "",
+                        .error_dir = "/run/job"};
+  std::vector<std::string> inherited{"PATH=/bin", "RANK=99", "OMP_NUM_THREADS=5", "MASTER_ADDR=old",
+                                     "TORCHELASTIC_ERROR_FILE=/outer.json"};
   auto env = dtrain::rank_environment(o, g, 2, inherited);
   BOOST_TEST(value_of(env, "PATH") == "/bin");
   BOOST_TEST(value_of(env, "RANK") == "5");
@@ -300,7 +322,7 @@ BOOST_AUTO_TEST_CASE(rank_environment) {
   BOOST_TEST(value_of(env, "OMP_NUM_THREADS") == "5");       // the user's choice stays
   BOOST_TEST(value_of(env, "OPENBLAS_NUM_THREADS") == "2");  // 8 cores / 3 ranks
 
-  BOOST_TEST(value_of(env, "TORCHELASTIC_RUN_ID") == "none");  // torchrun's default
+  BOOST_TEST(value_of(env, "TORCHELASTIC_RUN_ID") == "none");                                 // torchrun's default
   BOOST_TEST(value_of(env, "TORCHELASTIC_ERROR_FILE") == "/run/job/attempt_2/2/error.json");  // one per rank
 
   g.cpu_count = 2;
@@ -312,8 +334,13 @@ BOOST_AUTO_TEST_CASE(rank_environment) {
 // launcher's own launcher set (torchrun's agent store, a gpu launch) is
 // dropped, as it is not true of this launch.
 BOOST_AUTO_TEST_CASE(launch_device_and_run_id) {
-  dtrain::GroupLayout g{.nproc_per_node = 2, .master_port = 777, .cpu_count = 8, .restart_count = 0, .job_id = "j",
-                        .log_dir = "", .error_dir = ""};
+  dtrain::GroupLayout g{.nproc_per_node = 2,
+                        .master_port = 777,
+                        .cpu_count = 8,
+                        .restart_count = 0,
+                        .job_id = "j",
+                        .log_dir = "",
+                        .error_dir = ""};
   std::vector<std::string> inherited{"DTRAIN_LAUNCH_DEVICE=gpu", "TORCHELASTIC_USE_AGENT_STORE=True",
                                      "TORCHELASTIC_RUN_ID=outer", "TORCHELASTIC_ERROR_FILE=/outer.json"};
   auto gpu = dtrain::rank_environment(parse({"--nproc-per-node", "gpu", "--rdzv-id", "job1", "p"}), g, 0, inherited);
@@ -336,7 +363,8 @@ BOOST_AUTO_TEST_SUITE_END()
 // exit code and when the error was raised; nothing is written without the
 // variable, and a record without dtrain's fields (torchrun's own) is not one.
 BOOST_AUTO_TEST_CASE(error_records_read_back) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dtrain_records_" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("dtrain_records_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const auto file = dir / "error.json";
   ::unsetenv("TORCHELASTIC_ERROR_FILE");

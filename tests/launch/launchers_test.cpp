@@ -11,13 +11,6 @@
 // A launcher that is not installed is reported as skipped; one that is
 // installed must work.
 #define BOOST_TEST_MODULE launchers
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/io/safetensors.hpp>
-#include <dtrain/comm/store.hpp>
-#include <launcher/launcher.hpp>
-#include <launch/process.hpp>
-
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -38,6 +31,13 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
+#include <launch/process.hpp>
+#include <launcher/launcher.hpp>
+
+#include <dtrain/comm/store.hpp>
+#include <dtrain/io/safetensors.hpp>
 
 extern char** environ;
 
@@ -91,10 +91,22 @@ struct Installed {
 // Every variable a launcher gives its processes, unset, then `extra`: each run
 // sees only what its own launcher sets, whoever started this test.
 EnvChanges clean_env(const EnvChanges& extra = {}) {
-  static const std::array<std::string, 16> exact{
-      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-      "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-      "DTRAIN_RUN", "DTRAIN_JOB_ID", "DTRAIN_RESTART_COUNT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+  static const std::array<std::string, 16> exact{"RANK",
+                                                 "WORLD_SIZE",
+                                                 "LOCAL_RANK",
+                                                 "LOCAL_WORLD_SIZE",
+                                                 "GROUP_RANK",
+                                                 "GROUP_WORLD_SIZE",
+                                                 "ROLE_RANK",
+                                                 "ROLE_NAME",
+                                                 "ROLE_WORLD_SIZE",
+                                                 "MASTER_ADDR",
+                                                 "MASTER_PORT",
+                                                 "DTRAIN_RUN",
+                                                 "DTRAIN_JOB_ID",
+                                                 "DTRAIN_RESTART_COUNT",
+                                                 "OMP_NUM_THREADS",
+                                                 "OPENBLAS_NUM_THREADS"};
   static const std::array<std::string, 5> prefixes{"OMPI_", "PMIX_", "SLURM_", "TORCHELASTIC_", "PET_"};
   EnvChanges env;
   for (char** e = environ; *e; ++e) {
@@ -156,7 +168,8 @@ struct Job {
 // Where a run's parameters or metrics go: the label, spelled for a file name.
 std::string scratch_file(const std::string& label, const std::string& extension) {
   std::string stem = label;
-  std::replace_if(stem.begin(), stem.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
+  std::replace_if(
+      stem.begin(), stem.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
   return scratch() / (stem + extension);
 }
 
@@ -231,8 +244,9 @@ Job srun_simulated(const std::string& label, const std::string& host, const EnvC
 // ranks, and one metrics record per step from a world of two whose loss fell.
 void check_trained(const Job& job) {
   BOOST_TEST_CONTEXT(job.label) {
-    BOOST_REQUIRE_MESSAGE(job.end.exited_with(0),
-                          job.label << " ended with wait status " << job.end.status << "; output:\n" << job.output());
+    BOOST_REQUIRE_MESSAGE(job.end.exited_with(0), job.label << " ended with wait status " << job.end.status
+                                                            << "; output:\n"
+                                                            << job.output());
     BOOST_TEST(job.end.out.find("train_mlp: 2 rank(s)") != std::string::npos, job.output());
     std::ifstream in(job.metrics);
     std::vector<double> loss;
@@ -272,8 +286,8 @@ Difference compare(const std::string& a_path, const std::string& b_path) {
 
 const Job& reference() {
   static const Job job = [] {
-    Job j = launch("dtrain-run", {DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--master-port",
-                                  std::to_string(free_port_pair())});
+    Job j = launch("dtrain-run",
+                   {DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--master-port", std::to_string(free_port_pair())});
     check_trained(j);
     return j;
   }();
@@ -333,20 +347,18 @@ Job on_free_ports(const Launch& launch_on) {
 // notices the workers have ended within a second instead of five.
 BOOST_AUTO_TEST_CASE(torchrun_static_rendezvous, *boost::unit_test::precondition(Installed{"torchrun"})) {
   check_same_as_dtrain_run(on_free_ports([](int port) {
-    return launch("torchrun", {find_program("torchrun"), "--nproc_per_node", "2", "--master_port",
-                               std::to_string(port), "--redirects", "1", "--tee", "1", "--monitor_interval", "1",
-                               "--no_python"});
+    return launch("torchrun", {find_program("torchrun"), "--nproc_per_node", "2", "--master_port", std::to_string(port),
+                               "--redirects", "1", "--tee", "1", "--monitor_interval", "1", "--no_python"});
   }));
 }
 
 // The c10d rendezvous: torchrun hands the workers a free MASTER_PORT of its own.
 BOOST_AUTO_TEST_CASE(torchrun_c10d_rendezvous, *boost::unit_test::precondition(Installed{"torchrun"})) {
-  check_same_as_dtrain_run(
-      on_free_ports([](int port) {
-        return launch("torchrun c10d", {find_program("torchrun"), "--nproc_per_node", "2", "--rdzv_backend", "c10d",
-                                         "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port), "--redirects", "1",
-                                         "--tee", "1", "--monitor_interval", "1", "--no_python"});
-      }));
+  check_same_as_dtrain_run(on_free_ports([](int port) {
+    return launch("torchrun c10d", {find_program("torchrun"), "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+                                    "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port), "--redirects", "1", "--tee",
+                                    "1", "--monitor_interval", "1", "--no_python"});
+  }));
 }
 
 BOOST_AUTO_TEST_CASE(mpirun_with_master_address, *boost::unit_test::precondition(Installed{"mpirun"})) {
@@ -375,10 +387,9 @@ BOOST_AUTO_TEST_CASE(srun_tasks_find_rank_0_on_the_steps_first_node) {
 
 // A task with no node list and no MASTER_ADDR stops at start, saying to use srun.
 BOOST_AUTO_TEST_CASE(srun_task_without_a_node_list_says_what_to_set) {
-  const Job job = srun_simulated("srun no node list", resolvable_host_name(),
-                                 {{"SLURM_STEP_NODELIST", std::nullopt},
-                                  {"SLURM_JOB_NODELIST", std::nullopt},
-                                  {"SLURM_NODELIST", std::nullopt}});
+  const Job job = srun_simulated(
+      "srun no node list", resolvable_host_name(),
+      {{"SLURM_STEP_NODELIST", std::nullopt}, {"SLURM_JOB_NODELIST", std::nullopt}, {"SLURM_NODELIST", std::nullopt}});
   BOOST_TEST(job.end.exited_with(2));  // a usage error
   BOOST_TEST(job.output().find("MASTER_ADDR is not set") != std::string::npos, job.output());
   BOOST_TEST(job.output().find("start the tasks with srun, which sets SLURM_STEP_NODELIST") != std::string::npos,
@@ -390,24 +401,25 @@ BOOST_AUTO_TEST_CASE(srun_task_without_a_node_list_says_what_to_set) {
 // flags, so a torchrun user's script only swaps the program name.
 BOOST_AUTO_TEST_CASE(dtrain_run_takes_torchruns_command_lines) {
   const EnvChanges tmp{{"TMPDIR", scratch().path().string()}};  // where --tee's logs go without --log_dir
-  const Job as_static = launch("dtrain-run as torchrun",
-                               {DTRAIN_RUN_PATH, "--nproc_per_node", "2", "--master_port",
-                                std::to_string(free_port_pair()), "--redirects", "1", "--tee", "1",
-                                "--monitor_interval", "1", "--no_python"},
-                               tmp);
+  const Job as_static =
+      launch("dtrain-run as torchrun",
+             {DTRAIN_RUN_PATH, "--nproc_per_node", "2", "--master_port", std::to_string(free_port_pair()),
+              "--redirects", "1", "--tee", "1", "--monitor_interval", "1", "--no_python"},
+             tmp);
   check_same_as_dtrain_run(as_static);
   // --tee 1 copied rank 0's stdout to its log file.
   const std::string said = "rank logs (--redirects/--tee) go to ";
   const auto at = as_static.end.err.find(said);
   BOOST_REQUIRE_MESSAGE(at != std::string::npos, as_static.output());
-  const std::string run_dir = as_static.end.err.substr(at + said.size(), as_static.end.err.find("/attempt_K", at) - at - said.size());
+  const std::string run_dir =
+      as_static.end.err.substr(at + said.size(), as_static.end.err.find("/attempt_K", at) - at - said.size());
   const std::string log = dtrain::test::read_text(fs::path(run_dir) / "attempt_0" / "0" / "stdout.log");
   BOOST_TEST(log.find("train_mlp: 2 rank(s)") != std::string::npos, run_dir << ":\n" << log);
 
   check_same_as_dtrain_run(launch("dtrain-run as torchrun c10d",
                                   {DTRAIN_RUN_PATH, "--nproc_per_node", "2", "--rdzv_backend", "c10d",
-                                   "--rdzv_endpoint", "127.0.0.1:" + std::to_string(free_port_pair()),
-                                   "--redirects", "1", "--tee", "1", "--monitor_interval", "1", "--no_python"},
+                                   "--rdzv_endpoint", "127.0.0.1:" + std::to_string(free_port_pair()), "--redirects",
+                                   "1", "--tee", "1", "--monitor_interval", "1", "--no_python"},
                                   tmp));
   check_same_as_dtrain_run(
       launch("dtrain-run --standalone", {DTRAIN_RUN_PATH, "--standalone", "--nproc_per_node", "2", "--no_python"}));

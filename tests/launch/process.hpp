@@ -12,9 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <boost/test/unit_test.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -24,6 +23,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
 
 namespace dtrain::test {
 
@@ -147,8 +148,7 @@ class Process {
  public:
   // cpu_limit > 0 restricts the process to that many of our CPUs, so a test
   // of core-count logic behaves the same on a 2-core and a 128-core machine.
-  Process(std::vector<std::string> args, const EnvChanges& env = {}, int cpu_limit = 0,
-          Group group = Group::shared)
+  Process(std::vector<std::string> args, const EnvChanges& env = {}, int cpu_limit = 0, Group group = Group::shared)
       : name_(fs::path(args.at(0)).filename().string()),
         out_(dir_ / "stdout"),
         err_(dir_ / "stderr"),
@@ -299,9 +299,8 @@ bool wait_until(Ready ready, double timeout_s = 20) {
 }
 
 inline bool wait_for_files(const std::vector<std::string>& paths) {
-  return wait_until([&] {
-    return std::all_of(paths.begin(), paths.end(), [](const auto& p) { return fs::exists(p); });
-  });
+  return wait_until(
+      [&] { return std::all_of(paths.begin(), paths.end(), [](const auto& p) { return fs::exists(p); }); });
 }
 
 // The pids the rank programs recorded, and which of them still exist.

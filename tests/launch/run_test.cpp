@@ -1,8 +1,6 @@
 // dtrain-run end to end: the real launcher starting real rank processes
 // (launch_child.cpp), checked from outside.
 
-#include <boost/test/unit_test.hpp>
-
 #include <signal.h>
 
 #include <algorithm>
@@ -12,8 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "launcher/launcher.hpp"
 #include "launch/process.hpp"
+#include "launcher/launcher.hpp"
+#include <boost/test/unit_test.hpp>
 
 namespace {
 
@@ -26,8 +25,7 @@ const std::string launcher = DTRAIN_RUN_PATH;
 const std::string child = DTRAIN_LAUNCH_CHILD_PATH;
 
 // Thread variables unset, so the launcher's own choice is what ranks see.
-const EnvChanges no_thread_vars{{"OMP_NUM_THREADS", std::nullopt},
-                                {"OPENBLAS_NUM_THREADS", std::nullopt}};
+const EnvChanges no_thread_vars{{"OMP_NUM_THREADS", std::nullopt}, {"OPENBLAS_NUM_THREADS", std::nullopt}};
 
 Finished run(std::vector<std::string> flags, std::vector<std::string> child_args,
              const EnvChanges& env = no_thread_vars, int cpu_limit = 0) {
@@ -50,17 +48,14 @@ bool has_line(const std::string& text, const std::string& line) {
   return std::find(all.begin(), all.end(), line) != all.end();
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 std::string report(const Finished& f) {
   return "status " + std::to_string(f.status) + "\nstdout:\n" + f.out + "\nstderr:\n" + f.err;
 }
 
 // The port a rank reported, checking the rest of its line on the way.
-int check_rank_line(const Finished& f, int rank, int world, int local, int local_world,
-                    const std::string& addr) {
+int check_rank_line(const Finished& f, int rank, int world, int local, int local_world, const std::string& addr) {
   std::string head = "[rank " + std::to_string(rank) + "] rank=" + std::to_string(rank) +
                      " world=" + std::to_string(world) + " local=" + std::to_string(local) +
                      " local_world=" + std::to_string(local_world) + " addr=" + addr + " port=";
@@ -94,9 +89,10 @@ BOOST_AUTO_TEST_CASE(two_ranks_see_their_environment) {
   std::string threads = std::to_string(std::max(1, dtrain::usable_cpu_count() / 2));
   for (int r = 0; r < 2; ++r) {
     auto prefix = "[rank " + std::to_string(r) + "] ";
-    BOOST_TEST(has_line(f.out, prefix + "GROUP_RANK=0 DTRAIN_RUN=1 DTRAIN_RESTART_COUNT=0 "
-                                        "OMP_NUM_THREADS=" + threads +
-                                        " OPENBLAS_NUM_THREADS=" + threads),
+    BOOST_TEST(has_line(f.out, prefix +
+                                   "GROUP_RANK=0 DTRAIN_RUN=1 DTRAIN_RESTART_COUNT=0 "
+                                   "OMP_NUM_THREADS=" +
+                                   threads + " OPENBLAS_NUM_THREADS=" + threads),
                report(f));
     // stdout and stderr stay apart; an unfinished last line is still flushed.
     BOOST_TEST(has_line(f.err, prefix + "to stderr from " + std::to_string(r)), report(f));
@@ -129,8 +125,8 @@ BOOST_AUTO_TEST_CASE(blas_threads_fit_the_address_space_limit) {
 
 BOOST_AUTO_TEST_CASE(three_ranks_on_the_second_node) {
   TempDir dir;
-  auto f = run({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "3", "--master-addr",
-                "10.0.0.7", "--master-port", "23456"},
+  auto f = run({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "3", "--master-addr", "10.0.0.7",
+                "--master-port", "23456"},
                {"env", dir.path()}, {{"OMP_NUM_THREADS", "7"}, {"OPENBLAS_NUM_THREADS", "3"}});
   BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
   for (int local = 0; local < 3; ++local) {
@@ -194,8 +190,7 @@ BOOST_AUTO_TEST_CASE(a_rank_killed_by_a_signal_gives_128_plus_signal) {
 
 BOOST_AUTO_TEST_CASE(ranks_ignoring_sigterm_are_killed_after_the_grace_period) {
   TempDir dir;
-  auto f = run({"--nproc-per-node", "2", "--grace-period", "0.5"},
-               {"fail", dir.path(), "1", "4", "ignore"});
+  auto f = run({"--nproc-per-node", "2", "--grace-period", "0.5"}, {"fail", dir.path(), "1", "4", "ignore"});
   BOOST_TEST(f.exited_with(4), report(f));
   BOOST_TEST(f.seconds >= 0.5);
   BOOST_TEST(f.seconds < 20);
@@ -217,13 +212,12 @@ BOOST_AUTO_TEST_CASE(sigterm_is_forwarded_to_every_rank) {
 
 BOOST_AUTO_TEST_CASE(a_second_signal_kills_at_once) {
   TempDir dir;
-  dtrain::test::Process p({launcher, "--nproc-per-node", "2", "--grace-period", "60", child,
-                           "ignore-signals", dir.path()});
+  dtrain::test::Process p(
+      {launcher, "--nproc-per-node", "2", "--grace-period", "60", child, "ignore-signals", dir.path()});
   BOOST_REQUIRE(dtrain::test::wait_for_files({dir / "ready.0", dir / "ready.1"}));
   ::kill(p.pid(), SIGINT);
   // Signals of one kind do not queue: send the second once the first is seen.
-  BOOST_REQUIRE(
-      dtrain::test::wait_until([&] { return contains(p.stderr_so_far(), "forwarding"); }));
+  BOOST_REQUIRE(dtrain::test::wait_until([&] { return contains(p.stderr_so_far(), "forwarding"); }));
   ::kill(p.pid(), SIGINT);
   auto f = p.wait();
   BOOST_TEST(f.killed_by(SIGINT), report(f));
@@ -315,17 +309,15 @@ BOOST_AUTO_TEST_CASE(torchrun_spellings_c10d_and_master_flags) {
   const std::vector<std::vector<std::string>> launches = {
       {"--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:" + port, "--rdzv_id", "job1", "--nnodes", "1",
        "--nproc_per_node", "2", "--no_python"},
-      {"--master_addr", "127.0.0.1", "--master_port", port, "--node_rank", "0", "--nnodes", "1:1",
-       "--nproc_per_node", "2", "--max_restarts", "0", "--monitor_interval", "1", "--start_method", "spawn",
-       "--no_python"}};
+      {"--master_addr", "127.0.0.1", "--master_port", port, "--node_rank", "0", "--nnodes", "1:1", "--nproc_per_node",
+       "2", "--max_restarts", "0", "--monitor_interval", "1", "--start_method", "spawn", "--no_python"}};
   for (const auto& flags : launches) {
     TempDir dir;
     auto f = run(flags, {"env", dir.path()});
     BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
     for (int r = 0; r < 2; ++r) BOOST_TEST(check_rank_line(f, r, 2, r, 2, "127.0.0.1") == std::stoi(port));
     const std::string id = flags.front() == "--rdzv_backend" ? "job1" : "none";
-    BOOST_TEST(has_line(f.out, "[rank 1] TORCHELASTIC_RUN_ID=" + id + " DTRAIN_LAUNCH_DEVICE=<unset>"),
-               report(f));
+    BOOST_TEST(has_line(f.out, "[rank 1] TORCHELASTIC_RUN_ID=" + id + " DTRAIN_LAUNCH_DEVICE=<unset>"), report(f));
     check_no_survivors(dir, 2);
   }
 }
@@ -424,8 +416,8 @@ BOOST_AUTO_TEST_CASE(the_earliest_recorded_error_is_the_cause) {
   check_no_survivors(dir, 3);
 
   TempDir logged;
-  auto g = run({"--log-dir", logged / "logs", "--redirects", "3", "--nproc-per-node", "2"},
-               {"echo-failure", logged.path()});
+  auto g =
+      run({"--log-dir", logged / "logs", "--redirects", "3", "--nproc-per-node", "2"}, {"echo-failure", logged.path()});
   BOOST_TEST(g.exited_with(2), report(g));
   const fs::path run_dir = only_run_dir(logged / "logs", "none");
   const std::string record = dtrain::test::read_text(run_dir / "attempt_0/0/error.json");
@@ -460,8 +452,9 @@ BOOST_AUTO_TEST_CASE(torchrun_flags_without_a_meaning_here) {
   if (dtrain::cuda_device_count() == 0) {
     auto f = run({"--nproc_per_node", "gpu", "--no_python"}, {"env", dir.path()});
     BOOST_TEST(f.exited_with(2), report(f));
-    BOOST_TEST(contains(f.err, "dtrain-run: error: --nproc-per-node gpu, but no CUDA device is visible\n"
-                               "  fix: pass --nproc-per-node N to run N ranks on the CPU"),
+    BOOST_TEST(contains(f.err,
+                        "dtrain-run: error: --nproc-per-node gpu, but no CUDA device is visible\n"
+                        "  fix: pass --nproc-per-node N to run N ranks on the CPU"),
                report(f));
   }
   BOOST_TEST(dtrain::test::recorded_pids(dir).empty());

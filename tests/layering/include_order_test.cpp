@@ -20,8 +20,6 @@
 // layers its files sit at), and one naming convention for test sources
 // (<what>_test.cpp or .cu).
 #define BOOST_TEST_MODULE include_order
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +28,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
 
 namespace fs = std::filesystem;
 
@@ -165,9 +165,9 @@ BOOST_AUTO_TEST_CASE(every_backend_file_sits_at_a_layer_and_every_backend_has_an
                                           << "/ has no train_instances.hpp: every backend lists its instances there");
   for (const auto& e : fs::directory_iterator(repo / "include/dtrain" / backend_dir))
     if (e.is_regular_file())
-      BOOST_TEST(e.path().filename() == "backends.hpp",
-                 "include/dtrain/backend/" << e.path().filename().string()
-                                           << ": only backends.hpp sits beside the backend folders");
+      BOOST_TEST(e.path().filename() == "backends.hpp", "include/dtrain/backend/"
+                                                            << e.path().filename().string()
+                                                            << ": only backends.hpp sits beside the backend folders");
 }
 
 BOOST_AUTO_TEST_CASE(no_header_includes_a_later_layer) {
@@ -185,8 +185,7 @@ BOOST_AUTO_TEST_CASE(no_header_includes_a_later_layer) {
       BOOST_ERROR(v.where << ": " << v.text << ": a " << (me.backend.empty() ? "" : me.backend + " backend's ")
                           << me.layer << " header may include only "
                           << (me.backend.empty() ? "generic headers"
-                                                 : "generic headers and its own or the " + base_backend +
-                                                       " backend's")
+                                                 : "generic headers and its own or the " + base_backend + " backend's")
                           << " of the layers " << allowed(order, me.layer) << " (docs/design.md, Layers)");
   }
   BOOST_TEST(seen > 50, "found only " << seen << " dtrain includes: is the scan looking at the headers?");
@@ -219,12 +218,12 @@ BOOST_AUTO_TEST_CASE(the_backend_check_can_fail) {
   BOOST_TEST(place_of("backend/backends.hpp").layer.empty());
   int seen = 0;
   const std::string text =
-      "#include \"dtrain/core/error.hpp\"\n"          // generic, below: fine
-      "#include \"dtrain/backend/cuda/device.hpp\"\n"  // its own backend, below: fine
-      "#include \"dtrain/backend/host/comm.hpp\"\n"    // the host backend, same layer: fine
-      "#include \"dtrain/backend/cuda/offload.hpp\"\n" // its own backend, above: reported
-      "#include \"dtrain/backend/rocm/device.hpp\"\n"  // another backend: reported
-      "#include \"dtrain/backend/backends.hpp\"\n";    // the umbrella's list: reported
+      "#include \"dtrain/core/error.hpp\"\n"            // generic, below: fine
+      "#include \"dtrain/backend/cuda/device.hpp\"\n"   // its own backend, below: fine
+      "#include \"dtrain/backend/host/comm.hpp\"\n"     // the host backend, same layer: fine
+      "#include \"dtrain/backend/cuda/offload.hpp\"\n"  // its own backend, above: reported
+      "#include \"dtrain/backend/rocm/device.hpp\"\n"   // another backend: reported
+      "#include \"dtrain/backend/backends.hpp\"\n";     // the umbrella's list: reported
   const std::string fake = "backend/cuda/comm_fake.hpp";
   const auto bad = bad_includes(fake, place_of(fake), text, order, seen);
   BOOST_TEST_REQUIRE(bad.size() == 3u);
@@ -239,7 +238,7 @@ BOOST_AUTO_TEST_CASE(the_backend_check_can_fail) {
                           order, seen)
                  .size() == 1u);
   const std::map<std::string, std::vector<std::string>> folders{{"host", {"device.hpp", "train_instances.hpp"}},
-                                                                 {"rocm", {"device.hpp"}}};
+                                                                {"rocm", {"device.hpp"}}};
   BOOST_TEST(backends_without_instances(folders) == std::vector<std::string>{"rocm"});
 }
 
@@ -248,8 +247,8 @@ BOOST_AUTO_TEST_CASE(every_layer_has_a_test_folder) {
   for (const auto& e : fs::directory_iterator(repo / "include/dtrain"))
     if (e.is_directory() && e.path().filename() != backend_dir)
       BOOST_TEST(fs::is_directory(repo / "tests" / e.path().filename()),
-                 "include/dtrain/" << e.path().filename().string() << "/ has no tests/"
-                                   << e.path().filename().string() << "/ folder");
+                 "include/dtrain/" << e.path().filename().string() << "/ has no tests/" << e.path().filename().string()
+                                   << "/ folder");
 }
 
 // Every source that defines test cases is named <what>_test.cpp (or .cu).

@@ -13,17 +13,6 @@
 // /usr/bin/python3 has no matplotlib.
 #define BOOST_TEST_NO_MAIN
 #define BOOST_TEST_ALTERNATIVE_INIT_API
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/checkpoint/checkpoint.hpp>
-#include <dtrain/metrics/tensorboard.hpp>
-
-#include "examples/run_example.hpp"
-#include "strategy/common.hpp"
-#include "support/python_venv.hpp"
-
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -40,6 +29,15 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "examples/run_example.hpp"
+#include "strategy/common.hpp"
+#include "support/python_venv.hpp"
+#include <boost/test/unit_test.hpp>
+#include <nlohmann/json.hpp>
+
+#include <dtrain/checkpoint/checkpoint.hpp>
+#include <dtrain/metrics/tensorboard.hpp>
 
 namespace fs = std::filesystem;
 using dtrain::test::fresh;
@@ -113,7 +111,7 @@ BOOST_AUTO_TEST_CASE(random_scalars_read_back_exactly) {
   const auto dir = fresh("random");
   const std::uint64_t seed = 20251124;
   std::mt19937_64 rng(seed);
-  const std::vector<std::string> tags{"train/loss", "train/lr", "perf/step_ms", "memory/params_bytes",
+  const std::vector<std::string> tags{"train/loss", "train/lr", "perf/step_ms",    "memory/params_bytes",
                                       "x",          "a/b/c",    "unicode/\xce\xbb"};
   std::vector<WrittenEvent> written;
   const double opened = unix_seconds();
@@ -235,8 +233,8 @@ BOOST_AUTO_TEST_CASE(a_second_run_in_the_folder_replaces_the_steps_it_repeats) {
   BOOST_TEST(session.at("kind").get<std::string>() == "session_log");
   BOOST_TEST(session.at("session_status").get<int>() == 1);  // START
   BOOST_TEST(session.at("step").get<int>() == 4);
-  const json want_loss = json::array({{1, 101.0}, {2, 102.0}, {3, 103.0}, {4, 204.0}, {5, 205.0}, {6, 206.0},
-                                      {7, 207.0}, {8, 208.0}});
+  const json want_loss =
+      json::array({{1, 101.0}, {2, 102.0}, {3, 103.0}, {4, 204.0}, {5, 205.0}, {6, 206.0}, {7, 207.0}, {8, 208.0}});
   BOOST_TEST(got.at("scalars").at("train/loss") == want_loss, got.at("scalars").dump());
   BOOST_TEST(got.at("scalars").at("train/lr").size() == 5u);
 }
@@ -320,10 +318,10 @@ BOOST_AUTO_TEST_CASE(train_mlp_scalars_equal_its_metrics_records) {
                            " tensorboard=" + tb.string();
   BOOST_REQUIRE_MESSAGE(dtrain::test::run_example(TRAIN_MLP_PATH, 2, args + " steps=20") == 0,
                         dtrain::test::last_log());
-  BOOST_REQUIRE_MESSAGE(dtrain::test::run_example(TRAIN_MLP_PATH, 2,
-                                                  args + " steps=26 resume=" +
-                                                      dtrain::checkpoint_path(ckpt, 10).string()) == 0,
-                        dtrain::test::last_log());
+  BOOST_REQUIRE_MESSAGE(
+      dtrain::test::run_example(TRAIN_MLP_PATH, 2,
+                                args + " steps=26 resume=" + dtrain::checkpoint_path(ckpt, 10).string()) == 0,
+      dtrain::test::last_log());
 
   std::map<std::int64_t, json> last;  // step -> its newest record
   std::size_t lines = 0;
@@ -385,8 +383,8 @@ BOOST_AUTO_TEST_CASE(train_mlp_scalars_equal_its_metrics_records) {
         const double want = last.at(step).at(where).get<double>(), have = p[1].get<double>();
         const double rel = std::abs(have - want) / std::max(std::abs(want), 1e-300);
         worst = std::max(worst, want == 0 ? std::abs(have) : rel);
-        BOOST_TEST(std::abs(have - want) <= tolerance * std::abs(want), "step " << step << ": " << have
-                                                                                << " (TensorBoard) vs " << want);
+        BOOST_TEST(std::abs(have - want) <= tolerance * std::abs(want),
+                   "step " << step << ": " << have << " (TensorBoard) vs " << want);
         ++compared;
       }
     }
@@ -409,9 +407,9 @@ BOOST_AUTO_TEST_CASE(train_mlp_with_an_unusable_tensorboard_folder_is_a_usage_er
                                        "--config " + source_dir + "/examples/configs/ddp_host.yaml steps=3 metrics=" +
                                            metrics.string() + " tensorboard=" + dir.string()) == 2);
   const std::string log = dtrain::test::last_log();
-  BOOST_TEST(log.find("train_mlp: error: cannot create the TensorBoard folder '" + dir.string() + "'") !=
-                 std::string::npos,
-             log);
+  BOOST_TEST(
+      log.find("train_mlp: error: cannot create the TensorBoard folder '" + dir.string() + "'") != std::string::npos,
+      log);
   BOOST_TEST(read_file(metrics) == "{\"step\": 1}\n");
 }
 
@@ -440,8 +438,8 @@ Png read_png(const fs::path& p) {
 
 // plot_metrics.py with `args`; its exit status, stderr in scratch("plot.err").
 int plot(const std::string& args) {
-  return shell(dtrain::testing::test_python() + " " + plot_script + " " + args + " > " + scratch("plot.out").string() + " 2> " +
-               scratch("plot.err").string());
+  return shell(dtrain::testing::test_python() + " " + plot_script + " " + args + " > " + scratch("plot.out").string() +
+               " 2> " + scratch("plot.err").string());
 }
 
 void require_small_png(const fs::path& p) {
@@ -453,8 +451,7 @@ void require_small_png(const fs::path& p) {
   BOOST_TEST(png.height > 0u);
   BOOST_TEST(png.width <= 1600u);
   BOOST_TEST(fs::file_size(p) < 150'000u);
-  BOOST_TEST_MESSAGE(p.filename() << ": " << png.width << " x " << png.height << ", " << fs::file_size(p)
-                                  << " bytes");
+  BOOST_TEST_MESSAGE(p.filename() << ": " << png.width << " x " << png.height << ", " << fs::file_size(p) << " bytes");
 }
 
 }  // namespace
@@ -466,7 +463,8 @@ BOOST_AUTO_TEST_CASE(a_training_run_plots_to_valid_pngs) {
   BOOST_REQUIRE_MESSAGE(dtrain::test::run_example(TRAIN_MLP_PATH, 2,
                                                   "--config " + source_dir +
                                                       "/examples/configs/ddp_host.yaml num_workers=1 steps=20 "
-                                                      "metrics=" + metrics.string()) == 0,
+                                                      "metrics=" +
+                                                      metrics.string()) == 0,
                         dtrain::test::last_log());
   const auto out = fresh("plots_one");
   BOOST_REQUIRE_MESSAGE(plot(metrics.string() + " --out " + out.string()) == 0, read_file(scratch("plot.err")));
@@ -488,8 +486,9 @@ BOOST_AUTO_TEST_CASE(a_training_run_plots_to_valid_pngs) {
     }
   }
   const auto two = fresh("plots_two");
-  BOOST_REQUIRE_MESSAGE(plot(metrics.string() + " " + tokens.string() + " --labels mlp,seq --smooth 5 --out " + two.string()) == 0,
-                        read_file(scratch("plot.err")));
+  BOOST_REQUIRE_MESSAGE(
+      plot(metrics.string() + " " + tokens.string() + " --labels mlp,seq --smooth 5 --out " + two.string()) == 0,
+      read_file(scratch("plot.err")));
   require_small_png(two / "loss.png");
   require_small_png(two / "throughput.png");
   BOOST_TEST(read_png(two / "throughput.png").height > samples_only.height);  // the second panel

@@ -3,7 +3,7 @@
 // the way a strategy drives units (docs_test keeps docs/model.md in sync
 // with the code).
 #define BOOST_TEST_MODULE model
-#include <boost/test/unit_test.hpp>
+#include "model/custom_model.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -13,13 +13,14 @@
 #include <utility>
 #include <vector>
 
-#include "dtrain/backend/host/device.hpp"
-#include "dtrain/kernels/optimizer.hpp"
 #include "kernels/numeric.hpp"
-#include "model/custom_model.hpp"
 #include "nn/reference.hpp"
 #include "nn/unit_harness.hpp"
 #include "support/batches.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include "dtrain/backend/host/device.hpp"
+#include "dtrain/kernels/optimizer.hpp"
 
 #if DTRAIN_HAS_CUDA
 #include "dtrain/backend/cuda/device.hpp"
@@ -50,7 +51,7 @@ UnitStorage allocate_unit(Host& dev, const U& unit, std::mt19937_64& rng) {
     for (float& v : p.span())
       v = spec.init.kind == dtrain::init_kind::uniform ? uniform(rng)
           : spec.init.kind == dtrain::init_kind::ones  ? 1.f
-                                                      : 0.f;
+                                                       : 0.f;
     auto& g = s.grads.emplace_back(dtrain::make_buffer<float>(dev, n));
     s.pv.push_back(t::param_view<const float>(p.data(), spec));
     s.gv.push_back(t::param_view<float>(g.data(), spec));
@@ -63,8 +64,9 @@ template <bool Reverse, class Tuple, class F>
 void visit_units(Tuple&& units, F&& f) {
   constexpr std::size_t n = std::tuple_size_v<std::remove_cvref_t<Tuple>>;
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (f(std::get<Reverse ? n - 1 - I : I>(units), Reverse ? n - 1 - I : I), ...);
-  }(std::make_index_sequence<n>{});
+    (f(std::get < Reverse ? n - 1 - I : I > (units), Reverse ? n - 1 - I : I), ...);
+  }
+  (std::make_index_sequence<n>{});
 }
 
 // Full-batch SGD on TinyClassifier, driving the units exactly as the unit

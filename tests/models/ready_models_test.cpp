@@ -4,14 +4,14 @@
 // examples train them (tests/examples) and dtrain-estimate sizes them
 // (tests/tools).
 #define BOOST_TEST_MODULE ready_models
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
 
 #include <dtrain/models/causal_lm.hpp>
 #include <dtrain/models/gpt.hpp>

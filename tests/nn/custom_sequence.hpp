@@ -154,8 +154,7 @@ struct CausalMeanMix {
   void forward(Dev& dev, dtrain::UnitParams<const T> p, dtrain::MatView<const T> x, dtrain::MatView<T> y,
                const dtrain::UnitContext<T>& ctx) {
     const dtrain::MatView<T> mean{ctx.saved.data, x.rows, x.cols};
-    dev.for_each(static_cast<std::size_t>(ctx.shape.batch * x.cols),
-                 Forward<T>{x, p[0].data, mean, y, ctx.shape.time});
+    dev.for_each(static_cast<std::size_t>(ctx.shape.batch * x.cols), Forward<T>{x, p[0].data, mean, y, ctx.shape.time});
   }
 
   template <class Dev, class T>
@@ -167,8 +166,7 @@ struct CausalMeanMix {
     // call under activation checkpointing).
     const dtrain::MatView<const T> mean{ctx.saved.data, x.rows, x.cols};
     if (!dx.empty())
-      dev.for_each(static_cast<std::size_t>(ctx.shape.batch * x.cols),
-                   InputGrad<T>{dy, p[0].data, dx, ctx.shape.time});
+      dev.for_each(static_cast<std::size_t>(ctx.shape.batch * x.cols), InputGrad<T>{dy, p[0].data, dx, ctx.shape.time});
     if (!grad[0].empty()) dev.for_each(static_cast<std::size_t>(x.cols), GainGrad<T>{dy, mean, grad[0].data});
   }
 };

@@ -2,9 +2,7 @@
 // docs/model.md): the sequence unit and the loss against float64 references
 // and finite differences, and both models trained by a dtrain::Trainer on two
 // ranks, the sequence model with and without activation checkpointing.
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/trainer.hpp>
+#include "nn/custom_sequence.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -13,12 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/backend/host/device.hpp"
 #include "kernels/numeric.hpp"
-#include "nn/custom_sequence.hpp"
 #include "nn/reference.hpp"
 #include "nn/unit_harness.hpp"
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include "dtrain/backend/host/device.hpp"
+#include <dtrain/trainer.hpp>
 
 #if DTRAIN_HAS_CUDA
 #include "dtrain/backend/cuda/device.hpp"
@@ -198,15 +198,15 @@ BOOST_AUTO_TEST_CASE(huber_loss) {
   const double sum = loss.forward<dtrain::Host, float>(dev, std::as_const(pb).view(rows, width), batch);
   BOOST_TEST(sum == huber_reference(pred, tv, delta), boost::test_tools::tolerance(1e-6));
   loss.backward<dtrain::Host, float>(dev, std::as_const(pb).view(rows, width), batch, db.view(rows, width), 0.25f);
-  t::expect_close(t::download<float>(dev, db),
-                  t::finite_difference([&](const std::vector<double>& v) { return 0.25 * huber_reference(v, tv, delta); },
-                                       pred),
-                  1e-5, "Huber gradient");
+  t::expect_close(
+      t::download<float>(dev, db),
+      t::finite_difference([&](const std::vector<double>& v) { return 0.25 * huber_reference(v, tv, delta); }, pred),
+      1e-5, "Huber gradient");
 
   // Targets of the wrong element type or size are refused.
   dtrain::Batch wrong;
-  wrong.set("y", dtrain::HostTensor::of(std::vector<std::int32_t>(static_cast<std::size_t>(rows * width), 1),
-                                        {rows, width}));
+  wrong.set(
+      "y", dtrain::HostTensor::of(std::vector<std::int32_t>(static_cast<std::size_t>(rows * width), 1), {rows, width}));
   const dtrain::DeviceBatch wrong_type = on_host(wrong);
   const auto forward = [&](const dtrain::DeviceBatch& b, std::int64_t n) {
     return loss.forward<dtrain::Host, float>(dev, std::as_const(pb).view(n, width), b);

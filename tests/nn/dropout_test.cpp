@@ -4,19 +4,18 @@
 // same training under DDP and FSDP, and a resumed run equal to an
 // uninterrupted one.
 #define BOOST_TEST_MODULE dropout
-#include <boost/test/unit_test.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <random>
 #include <vector>
 
-#include <dtrain/trainer.hpp>
-
 #include "kernels/numeric.hpp"
 #include "strategy/common.hpp"
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/trainer.hpp>
 
 using namespace dtrain;
 using dtrain::testing::run_ranks;

@@ -5,8 +5,6 @@
 // GELU that shares its exp, checked at every level this machine runs against
 // the float64 references and finite differences of nn_test, on widths that
 // fill whole groups of math::lanes and widths that leave a tail.
-#include <boost/test/unit_test.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -14,9 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/core/error.hpp"
+#include "kernels/numeric.hpp"
+#include "nn/reference.hpp"
+#include <boost/test/unit_test.hpp>
+
 #include "dtrain/backend/host/device.hpp"
 #include "dtrain/backend/host/device_isa.hpp"
+#include "dtrain/core/error.hpp"
 #include "dtrain/kernels/math.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/nn/activation.hpp"
@@ -25,8 +27,6 @@
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
 #include "dtrain/nn/rms_norm.hpp"
-#include "kernels/numeric.hpp"
-#include "nn/reference.hpp"
 
 namespace t = dtrain::testing;
 using dtrain::host_isa;
@@ -62,9 +62,10 @@ BOOST_AUTO_TEST_CASE(levels_are_named_and_checked) {
   BOOST_TEST(static_cast<int>(dtrain::current_host_isa()) <= static_cast<int>(dtrain::detail::widest_host_isa()));
   // A level above the processor's is refused, naming the widest.
   if (dtrain::detail::widest_host_isa() != host_isa::avx512)
-    BOOST_CHECK_EXCEPTION(dtrain::set_host_isa(host_isa::avx512), dtrain::config_error, [](const dtrain::config_error& e) {
-      return std::string(e.what()).find("widest level is") != std::string::npos;
-    });
+    BOOST_CHECK_EXCEPTION(dtrain::set_host_isa(host_isa::avx512), dtrain::config_error,
+                          [](const dtrain::config_error& e) {
+                            return std::string(e.what()).find("widest level is") != std::string::npos;
+                          });
   // DTRAIN_HOST_ISA is read through host_isa_from_env: a wrong value names the accepted ones.
   ::setenv("DTRAIN_HOST_ISA", "sse9", 1);
   BOOST_CHECK_EXCEPTION(dtrain::detail::host_isa_from_env(), dtrain::config_error, [](const dtrain::config_error& e) {
@@ -97,8 +98,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(causal_softmax_with_and_without_padding, T, t::dty
   std::mt19937_64 rng(11);
   const std::vector<double> scores = t::round_to<T>(t::random_nonzero(batch * heads * time * time, rng, 4.0));
   std::vector<std::int32_t> mask(static_cast<std::size_t>(batch * time), 1);
-  for (std::int64_t j = 0; j < 5; ++j) mask[static_cast<std::size_t>(j)] = 0;                // left padding
-  for (std::int64_t j = 20; j < 23; ++j) mask[static_cast<std::size_t>(time + j)] = 0;      // a hole
+  for (std::int64_t j = 0; j < 5; ++j) mask[static_cast<std::size_t>(j)] = 0;           // left padding
+  for (std::int64_t j = 20; j < 23; ++j) mask[static_cast<std::size_t>(time + j)] = 0;  // a hole
   at_every_level([&] {
     for (const bool padded : {false, true}) {
       BOOST_TEST_CONTEXT((padded ? "padded" : "causal only")) {
@@ -112,7 +113,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(causal_softmax_with_and_without_padding, T, t::dty
           dev.for_each(rows, dtrain::CausalSoftmax<T>{att.data(), time});
         std::vector<double> got(att.size());
         for (std::size_t i = 0; i < att.size(); ++i) got[i] = static_cast<double>(static_cast<float>(att[i]));
-        t::expect_close(got, t::masked_softmax_reference(scores, time, heads, padded ? mask : std::vector<std::int32_t>{}),
+        t::expect_close(got,
+                        t::masked_softmax_reference(scores, time, heads, padded ? mask : std::vector<std::int32_t>{}),
                         t::forward_tol<T>, "probabilities");
       }
     }
@@ -129,7 +131,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(cross_entropy_over_lane_groups, T, t::dtypes) {
     dtrain::Host dev(1);
     const auto [loss, dlogits] = t::run_loss<T>(dev, z, labels, classes, scale);
     BOOST_TEST(loss == t::cross_entropy_reference(z, labels, classes), boost::test_tools::tolerance(1e-5));
-    const auto scaled = [&](const std::vector<double>& v) { return scale * t::cross_entropy_reference(v, labels, classes); };
+    const auto scaled = [&](const std::vector<double>& v) {
+      return scale * t::cross_entropy_reference(v, labels, classes);
+    };
     t::expect_close(dlogits, t::finite_difference(scaled, z), t::backward_tol<T>, "dlogits");
   });
 }

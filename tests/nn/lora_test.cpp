@@ -4,7 +4,7 @@
 // of the adapter), its gradients against central finite differences of that
 // reference (A and B trained, the adapted projections frozen); with
 // lora_dropout, against the reference with the masks the library documents.
-#include <boost/test/unit_test.hpp>
+#include "dtrain/nn/lora.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -13,16 +13,17 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/core/error.hpp"
-#include "dtrain/core/random.hpp"
-#include "dtrain/backend/host/device.hpp"
-#include "dtrain/nn/attention.hpp"
-#include "dtrain/nn/linear.hpp"
-#include "dtrain/nn/lora.hpp"
-#include "dtrain/nn/rotary_attention.hpp"
-#include "dtrain/nn/transformer.hpp"
 #include "nn/reference.hpp"
 #include "nn/sequence_reference.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include "dtrain/backend/host/device.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/random.hpp"
+#include "dtrain/nn/attention.hpp"
+#include "dtrain/nn/linear.hpp"
+#include "dtrain/nn/rotary_attention.hpp"
+#include "dtrain/nn/transformer.hpp"
 
 namespace t = dtrain::testing;
 using dtrain::SeqShape;
@@ -104,19 +105,18 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(gelu_mlp, T, t::dtypes) {
   BOOST_TEST(trainable(unit) == (std::vector<std::string>{"fc1.lora_A", "fc1.lora_B", "fc2.lora_A", "fc2.lora_B"}),
              boost::test_tools::per_element());
   // unit: fc1.weight fc1.bias fc1.lora_A fc1.lora_B fc2.weight fc2.bias fc2.lora_A fc2.lora_B
-  t::check_unit<T>(unit,
-                   merged(t::mlp_reference(6, 10), {0, 1, 4, 5},
-                          {{0, 2, 3, 10, 6, 2, 1, 1.0}, {4, 6, 7, 6, 10, 3, 1, 2.0}}),
-                   7, 6, true, {7, 1}, t::composite<T>(6));
+  t::check_unit<T>(
+      unit, merged(t::mlp_reference(6, 10), {0, 1, 4, 5}, {{0, 2, 3, 10, 6, 2, 1, 1.0}, {4, 6, 7, 6, 10, 3, 1, 2.0}}),
+      7, 6, true, {7, 1}, t::composite<T>(6));
 }
 
 // Llama's MLP: fc1 is gate|up, adapted as two projections (PEFT's gate_proj, up_proj).
 BOOST_AUTO_TEST_CASE_TEMPLATE(swiglu_mlp, T, t::dtypes) {
   const dtrain::nn::MLP<dtrain::nn::SwiGLU> unit(6, 5, {.bias = false, .fc1_lora = {.r = 2}, .fc2_lora = {.r = 2}});
   // unit: fc1.weight fc1.lora_A fc1.lora_B fc2.weight fc2.lora_A fc2.lora_B
-  t::check_unit<T>(unit,
-                   merged(swiglu_mlp_reference(6, 5), {0, 3}, {{0, 1, 2, 10, 6, 2, 2, 4.0}, {3, 4, 5, 6, 5, 2, 1, 4.0}}),
-                   7, 6, true, {7, 1}, t::composite<T>(8));
+  t::check_unit<T>(
+      unit, merged(swiglu_mlp_reference(6, 5), {0, 3}, {{0, 1, 2, 10, 6, 2, 2, 4.0}, {3, 4, 5, 6, 5, 2, 1, 4.0}}), 7, 6,
+      true, {7, 1}, t::composite<T>(8));
 }
 
 // GPT-2's attention: c_attn (q|k|v fused, one adapter, as PEFT) and c_proj.
@@ -187,8 +187,7 @@ RefForward dropout_linear_reference(std::int64_t in, std::int64_t out, std::int6
       const std::uint64_t key = dtrain::nn::detail::lora_stream_key + (static_cast<std::uint64_t>(s) << 16);
       const std::uint64_t st = dtrain::detail::derive_stream(stream, key);
       std::vector<double> xd(x.size());
-      for (std::size_t i = 0; i < x.size(); ++i)
-        xd[i] = dtrain::detail::uniform01(st, i) >= p ? x[i] / (1.0 - p) : 0.0;
+      for (std::size_t i = 0; i < x.size(); ++i) xd[i] = dtrain::detail::uniform01(st, i) >= p ? x[i] / (1.0 - p) : 0.0;
       for (std::int64_t row = 0; row < rows; ++row)
         for (std::int64_t k = 0; k < r; ++k) {
           double tk = 0.0;  // (xd A_s^T)[row, k]
@@ -205,11 +204,9 @@ RefForward dropout_linear_reference(std::int64_t in, std::int64_t out, std::int6
 BOOST_AUTO_TEST_CASE_TEMPLATE(linear_dropout, T, t::dtypes) {
   // the harness's training call uses stream 99
   const dtrain::nn::Linear one(12, 8, {.lora = {.r = 2, .alpha = 3.f, .dropout = 0.3f}});
-  t::check_unit<T>(one, dropout_linear_reference(12, 8, 2, 1, 1.5, 0.3f, 99), 5, 12, true, {5, 1},
-                   t::composite<T>(4));
+  t::check_unit<T>(one, dropout_linear_reference(12, 8, 2, 1, 1.5, 0.3f, 99), 5, 12, true, {5, 1}, t::composite<T>(4));
   const dtrain::nn::Linear two(12, 8, {.lora = {.r = 2, .alpha = 2.f, .dropout = 0.25f}, .lora_segments = 2});
-  t::check_unit<T>(two, dropout_linear_reference(12, 8, 2, 2, 1.0, 0.25f, 99), 5, 12, true, {5, 1},
-                   t::composite<T>(4));
+  t::check_unit<T>(two, dropout_linear_reference(12, 8, 2, 2, 1.0, 0.25f, 99), 5, 12, true, {5, 1}, t::composite<T>(4));
 }
 
 // The units whose adapters share an input or a saved view (attention's
@@ -244,18 +241,24 @@ void check_own_differences(U unit, std::int64_t rows, std::int64_t in, SeqShape 
                  what << " " << name << "[" << i << "]: backward " << grad[i] << ", differences " << fd);
     }
   };
-  check(r.dx, [&](std::size_t i, double h) {
-    t::UnitCase k = c;
-    k.x[i] += h;
-    return k;
-  }, "input gradient");
+  check(
+      r.dx,
+      [&](std::size_t i, double h) {
+        t::UnitCase k = c;
+        k.x[i] += h;
+        return k;
+      },
+      "input gradient");
   for (std::size_t p = 0; p < c.specs.size(); ++p) {
     if (!c.specs[p].trainable) continue;
-    check(r.grads[p], [&](std::size_t i, double h) {
-      t::UnitCase k = c;
-      k.params[p][i] += h;
-      return k;
-    }, c.specs[p].name + " gradient");
+    check(
+        r.grads[p],
+        [&](std::size_t i, double h) {
+          t::UnitCase k = c;
+          k.params[p][i] += h;
+          return k;
+        },
+        c.specs[p].name + " gradient");
   }
 }
 
@@ -287,8 +290,8 @@ BOOST_AUTO_TEST_CASE(dropout_only_in_training) {
   BOOST_TEST(saved_without.size() == 3u * 2u);
   const dtrain::MatView<const float> xv{x.data(), 3, 8};
   const auto run = [&](auto& unit, std::vector<float>& saved, std::vector<float>& y, bool training) {
-    const dtrain::UnitContext<float> ctx{{3, 1}, {saved.data(), 1, static_cast<std::int64_t>(saved.size())},
-                                         training, 7, nullptr};
+    const dtrain::UnitContext<float> ctx{
+        {3, 1}, {saved.data(), 1, static_cast<std::int64_t>(saved.size())}, training, 7, nullptr};
     unit.template forward<dtrain::Host, float>(dev, p, xv, {y.data(), 3, 4}, ctx);
   };
   run(with, saved_with, y0, false);

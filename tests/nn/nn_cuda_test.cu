@@ -1,8 +1,6 @@
 // The nn units and the loss on dtrain::Cuda against dtrain::Host, same random
 // inputs, every dtype; plus the GPU's out-of-range label behaviour. Needs a
 // GPU; exits 77 without one.
-#include "support/gpu_main.hpp"
-
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -10,24 +8,26 @@
 #include <tuple>
 #include <vector>
 
-#include "dtrain/backend/cuda/device.hpp"
-#include "dtrain/backend/host/device.hpp"
-#include "dtrain/nn/activation.hpp"
-#include "dtrain/nn/attention.hpp"
-#include "dtrain/nn/rms_norm.hpp"
-#include "dtrain/nn/rotary_attention.hpp"
-#include "dtrain/nn/embedding.hpp"
-#include "dtrain/nn/transformer.hpp"
-#include "dtrain/nn/cross_entropy.hpp"
-#include "dtrain/nn/dropout.hpp"
-#include "dtrain/nn/layer_norm.hpp"
-#include "dtrain/nn/linear.hpp"
-#include "dtrain/kernels/sequence.hpp"
 #include "kernels/numeric.hpp"
 #include "model/custom_model.hpp"
 #include "nn/reference.hpp"
 #include "nn/sequence_reference.hpp"
 #include "nn/unit_harness.hpp"
+#include "support/gpu_main.hpp"
+
+#include "dtrain/backend/cuda/device.hpp"
+#include "dtrain/backend/host/device.hpp"
+#include "dtrain/kernels/sequence.hpp"
+#include "dtrain/nn/activation.hpp"
+#include "dtrain/nn/attention.hpp"
+#include "dtrain/nn/cross_entropy.hpp"
+#include "dtrain/nn/dropout.hpp"
+#include "dtrain/nn/embedding.hpp"
+#include "dtrain/nn/layer_norm.hpp"
+#include "dtrain/nn/linear.hpp"
+#include "dtrain/nn/rms_norm.hpp"
+#include "dtrain/nn/rotary_attention.hpp"
+#include "dtrain/nn/transformer.hpp"
 
 namespace {
 
@@ -111,16 +111,17 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(lora_units_match_host, T, t::dtypes) {
   compare_unit<T>(dtrain::nn::Linear(64, 48, {.lora = o}), s.rows(), 64, "Linear + LoRA", s, 2, init);
   compare_unit<T>(dtrain::nn::CausalSelfAttention(64, 4, {.qkv_lora = o, .proj_lora = o}), s.rows(), 64,
                   "CausalSelfAttention + LoRA", s, 8, init);
-  compare_unit<T>(dtrain::nn::MLP<dtrain::nn::SwiGLU>(64, 48, {.bias = false, .fc1_lora = o, .fc2_lora = o}),
-                  s.rows(), 64, "SwiGLU MLP + LoRA", s, 4, init);
-  compare_unit<T>(dtrain::nn::RotaryAttention(64, 4, {.kv_heads = 2, .q_lora = o, .k_lora = o, .v_lora = o, .o_lora = o}),
-                  s.rows(), 64, "RotaryAttention + LoRA", s, 8, init);
+  compare_unit<T>(dtrain::nn::MLP<dtrain::nn::SwiGLU>(64, 48, {.bias = false, .fc1_lora = o, .fc2_lora = o}), s.rows(),
+                  64, "SwiGLU MLP + LoRA", s, 4, init);
+  compare_unit<T>(
+      dtrain::nn::RotaryAttention(64, 4, {.kv_heads = 2, .q_lora = o, .k_lora = o, .v_lora = o, .o_lora = o}), s.rows(),
+      64, "RotaryAttention + LoRA", s, 8, init);
   // lora_dropout: the same masks (a function of the stream and the element) on both devices
   const dtrain::nn::LoraOptions d{.r = 4, .alpha = 2.f, .dropout = 0.2f};
-  compare_unit<T>(dtrain::nn::MLP<dtrain::nn::SwiGLU>(64, 48, {.bias = false, .fc1_lora = d, .fc2_lora = d}),
-                  s.rows(), 64, "SwiGLU MLP + LoRA dropout", s, 4, init);
-  compare_unit<T>(dtrain::nn::RotaryAttention(64, 4, {.kv_heads = 2, .q_lora = d, .v_lora = d, .o_lora = d}),
-                  s.rows(), 64, "RotaryAttention + LoRA dropout", s, 8, init);
+  compare_unit<T>(dtrain::nn::MLP<dtrain::nn::SwiGLU>(64, 48, {.bias = false, .fc1_lora = d, .fc2_lora = d}), s.rows(),
+                  64, "SwiGLU MLP + LoRA dropout", s, 4, init);
+  compare_unit<T>(dtrain::nn::RotaryAttention(64, 4, {.kv_heads = 2, .q_lora = d, .v_lora = d, .o_lora = d}), s.rows(),
+                  64, "RotaryAttention + LoRA dropout", s, 8, init);
 }
 
 // Embedding on the GPU: ids read from device memory, the gradient summed per
@@ -140,9 +141,11 @@ BOOST_AUTO_TEST_CASE(embedding_matches_host) {
     const auto wb = t::upload<float>(dev, w), dyb = t::upload<float>(dev, dy);
     auto yb = dtrain::make_buffer<float>(dev, rows * dim), gb = dtrain::make_buffer<float>(dev, vocab * dim);
     dtrain::DeviceBatch batch;
-    batch.set("x", dtrain::DeviceTensor{dtrain::element_type::i32, {4, rows / 4},
+    batch.set("x", dtrain::DeviceTensor{dtrain::element_type::i32,
+                                        {4, rows / 4},
                                         reinterpret_cast<const std::byte*>(idb.data()),
-                                        reinterpret_cast<const std::byte*>(ids.data()), {}});
+                                        reinterpret_cast<const std::byte*>(ids.data()),
+                                        {}});
     const std::vector<dtrain::MatView<const float>> pv{{wb.data(), vocab, dim}};
     const std::vector<dtrain::MatView<float>> gv{{gb.data(), vocab, dim}};
     const dtrain::UnitContext<float> ctx{{4, rows / 4}, {}};
@@ -216,7 +219,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(units_match_float64_on_the_gpu, T, t::dtypes) {
       t::check_unit_on<T>(dev, dtrain::nn::Linear(9, width), t::linear_reference(9, width, true), 21, 9);
     }
   }
-  t::check_unit_on<T>(dev, dtrain::nn::RMSNorm(7, {.eps = 1e-5f, .trainable = false}), t::rms_norm_reference(7, 1e-5), 6, 7);
+  t::check_unit_on<T>(dev, dtrain::nn::RMSNorm(7, {.eps = 1e-5f, .trainable = false}), t::rms_norm_reference(7, 1e-5),
+                      6, 7);
   t::check_unit_on<T>(dev, dtrain::nn::LayerNorm(7, {.trainable = false}), t::layer_norm_reference(7, 1e-5), 6, 7);
   const dtrain::SeqShape s{2, 5};
   t::check_unit_on<T>(dev, dtrain::nn::CausalSelfAttention(8, 2), t::attention_reference(8, 2, s), s.rows(), 8, true, s,
@@ -226,11 +230,13 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(units_match_float64_on_the_gpu, T, t::dtypes) {
     float theta;
     bool qkv_bias, out_bias;
   };
-  for (const Rotary c : {Rotary{4, 10000.f, false, false}, Rotary{2, 10000.f, true, false}, Rotary{1, 500.f, false, true}}) {
+  for (const Rotary c :
+       {Rotary{4, 10000.f, false, false}, Rotary{2, 10000.f, true, false}, Rotary{1, 500.f, false, true}}) {
     BOOST_TEST_CONTEXT("rotary: kv_heads " << c.kv_heads << ", theta " << c.theta) {
-      const dtrain::nn::RotaryAttention unit(16, 4, {.kv_heads = c.kv_heads, .rope_theta = c.theta,
-                                                     .qkv_bias = c.qkv_bias, .out_bias = c.out_bias});
-      t::check_unit_on<T>(dev, unit, t::rotary_attention_reference(16, 4, c.kv_heads, c.theta, c.qkv_bias, c.out_bias, s),
+      const dtrain::nn::RotaryAttention unit(
+          16, 4, {.kv_heads = c.kv_heads, .rope_theta = c.theta, .qkv_bias = c.qkv_bias, .out_bias = c.out_bias});
+      t::check_unit_on<T>(dev, unit,
+                          t::rotary_attention_reference(16, 4, c.kv_heads, c.theta, c.qkv_bias, c.out_bias, s),
                           s.rows(), 16, true, s, t::composite<T>(16));
     }
   }
@@ -381,20 +387,23 @@ void fused_matches_reference(U unit, dtrain::SeqShape s, std::int64_t dim, const
       for (auto& v : p) v /= std::sqrt(static_cast<double>(dim));  // initialisation scale: O(1) scores
     std::vector<std::int32_t> mask(static_cast<std::size_t>(s.rows()), 1);
     if (padded) {
-      for (std::int64_t j = 0; j < 3; ++j) mask[static_cast<std::size_t>(j)] = 0;               // left padding
+      for (std::int64_t j = 0; j < 3; ++j) mask[static_cast<std::size_t>(j)] = 0;  // left padding
       for (std::int64_t j = 9; j < 11; ++j) mask[static_cast<std::size_t>((s.batch - 1) * s.time + j)] = 0;  // a hole
       for (std::size_t r = 0; r < mask.size(); ++r)
         if (mask[r] == 0)
-          for (std::int64_t k = 0; k < dim; ++k) c.dy[r * static_cast<std::size_t>(dim) + static_cast<std::size_t>(k)] = 0;
+          for (std::int64_t k = 0; k < dim; ++k)
+            c.dy[r * static_cast<std::size_t>(dim) + static_cast<std::size_t>(k)] = 0;
     }
     auto run = [&](dtrain::Cuda& dev) {
       auto m = dtrain::make_buffer<std::int32_t>(dev, mask.size());
       dev.copy_from_host(m.data(), mask.data(), mask.size());
       dtrain::DeviceBatch batch;
       if (padded)
-        batch.set("attention_mask", dtrain::DeviceTensor{dtrain::element_type::i32, {s.batch, s.time},
+        batch.set("attention_mask", dtrain::DeviceTensor{dtrain::element_type::i32,
+                                                         {s.batch, s.time},
                                                          reinterpret_cast<const std::byte*>(m.data()),
-                                                         reinterpret_cast<const std::byte*>(mask.data()), {}});
+                                                         reinterpret_cast<const std::byte*>(mask.data()),
+                                                         {}});
       t::UnitResult r = t::run_unit<T>(dev, unit, c, true, s, &batch);
       for (std::int64_t j = 0; padded && j < 3; ++j)  // queries with nothing to attend to
         for (std::int64_t k = 0; k < dim; ++k) r.y[static_cast<std::size_t>(j * dim + k)] = 0;
@@ -416,18 +425,20 @@ using half_types = std::tuple<dtrain::bf16, dtrain::fp16>;
 // GPT-2's fused q|k|v and Llama's separate projections with rotary positions.
 BOOST_AUTO_TEST_CASE_TEMPLATE(cudnn_attention_matches_the_reference, T, half_types) {
   for (const bool padded : {false, true}) {
-    fused_matches_reference<T>(dtrain::nn::CausalSelfAttention(768, 12), {2, 64}, 768, "GPT-2 attention, hd 64", padded);
+    fused_matches_reference<T>(dtrain::nn::CausalSelfAttention(768, 12), {2, 64}, 768, "GPT-2 attention, hd 64",
+                               padded);
     fused_matches_reference<T>(dtrain::nn::CausalSelfAttention(512, 4), {2, 48}, 512, "attention, hd 128", padded);
     fused_matches_reference<T>(dtrain::nn::RotaryAttention(512, 8, {.kv_heads = 2}), {2, 64}, 512,
                                "Llama attention, GQA 8/2, hd 64", padded);
-    fused_matches_reference<T>(dtrain::nn::RotaryAttention(1024, 8, {.kv_heads = 1, .qkv_bias = true}), {1, 80},
-                               1024, "Qwen2-style attention, MQA, hd 128, biases", padded);
+    fused_matches_reference<T>(dtrain::nn::RotaryAttention(1024, 8, {.kv_heads = 1, .qkv_bias = true}), {1, 80}, 1024,
+                               "Qwen2-style attention, MQA, hd 128, biases", padded);
   }
 }
 #else
 BOOST_AUTO_TEST_CASE(cudnn_attention_is_built) {
-  BOOST_FAIL("this CUDA build has no cuDNN fused attention (DTRAIN_HAS_CUDNN): configure with DTRAIN_CUDNN=ON "
-             "(cuDNN 9 and the cudnn-frontend headers, scripts/setup.sh) so the GPU check covers it");
+  BOOST_FAIL(
+      "this CUDA build has no cuDNN fused attention (DTRAIN_HAS_CUDNN): configure with DTRAIN_CUDNN=ON "
+      "(cuDNN 9 and the cudnn-frontend headers, scripts/setup.sh) so the GPU check covers it");
 }
 #endif
 

@@ -6,8 +6,6 @@
 //      rounding plus 1e-4),
 // on random non-zero inputs, parameters and upstream gradients.
 #define BOOST_TEST_MODULE nn
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,15 +13,17 @@
 #include <string>
 #include <vector>
 
+#include "kernels/numeric.hpp"
+#include "nn/reference.hpp"
+#include "nn/unit_harness.hpp"
+#include <boost/test/unit_test.hpp>
+
 #include "dtrain/backend/host/device.hpp"
 #include "dtrain/nn/activation.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
 #include "dtrain/nn/rms_norm.hpp"
-#include "kernels/numeric.hpp"
-#include "nn/reference.hpp"
-#include "nn/unit_harness.hpp"
 
 #if DTRAIN_HAS_CUDA
 #include "dtrain/backend/cuda/device.hpp"
@@ -35,7 +35,7 @@ namespace t = dtrain::testing;
 
 template <class U, class Dev>
 constexpr bool unit_for_all_dtypes =
-    dtrain::Unit<U, Dev, float> && dtrain::Unit<U, Dev, dtrain::bf16> && dtrain::Unit<U, Dev, dtrain::fp16>;
+    dtrain::Unit<U, Dev, float>&& dtrain::Unit<U, Dev, dtrain::bf16>&& dtrain::Unit<U, Dev, dtrain::fp16>;
 
 static_assert(unit_for_all_dtypes<dtrain::nn::Linear, dtrain::Host>);
 static_assert(unit_for_all_dtypes<dtrain::nn::ReLU, dtrain::Host>);
@@ -134,11 +134,10 @@ BOOST_AUTO_TEST_CASE(declared_parameters_follow_pytorch) {
 }
 
 BOOST_AUTO_TEST_CASE(shape_mismatches_name_the_unit) {
-  BOOST_CHECK_EXCEPTION(dtrain::nn::Linear(5, 4).out_features(6), dtrain::config_error,
-                        [](const dtrain::config_error& e) {
-                          return std::string(e.what()).find("nn::Linear expects inputs of width 5, got 6") !=
-                                 std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      dtrain::nn::Linear(5, 4).out_features(6), dtrain::config_error, [](const dtrain::config_error& e) {
+        return std::string(e.what()).find("nn::Linear expects inputs of width 5, got 6") != std::string::npos;
+      });
   BOOST_CHECK_THROW(dtrain::nn::Linear(0, 4), dtrain::config_error);
   BOOST_CHECK_THROW(dtrain::nn::LayerNorm(7).out_features(8), dtrain::config_error);
   BOOST_CHECK_THROW(dtrain::nn::RMSNorm(7).out_features(8), dtrain::config_error);
@@ -170,7 +169,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(matches_float64_and_finite_differences, T, t::dtyp
 
   const double ref = t::cross_entropy_reference(z, labels, classes);
   BOOST_TEST(loss == ref, boost::test_tools::tolerance(1e-5));
-  const auto scaled_loss = [&](const std::vector<double>& v) { return scale * t::cross_entropy_reference(v, labels, classes); };
+  const auto scaled_loss = [&](const std::vector<double>& v) {
+    return scale * t::cross_entropy_reference(v, labels, classes);
+  };
   t::expect_close(dlogits, t::finite_difference(scaled_loss, z), t::backward_tol<T>, "dlogits");
 }
 

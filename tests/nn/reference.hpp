@@ -11,8 +11,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "dtrain/backend/host/device.hpp"
 #include "nn/unit_harness.hpp"
+
+#include "dtrain/backend/host/device.hpp"
 
 namespace dtrain::testing {
 
@@ -180,7 +181,8 @@ inline RefForward layer_norm_reference(std::int64_t features, double eps) {
       const double* row = &x[static_cast<std::size_t>(r * features)];
       double mean = 0.0, var = 0.0;
       for (std::int64_t c = 0; c < features; ++c) mean += row[c] / static_cast<double>(features);
-      for (std::int64_t c = 0; c < features; ++c) var += (row[c] - mean) * (row[c] - mean) / static_cast<double>(features);
+      for (std::int64_t c = 0; c < features; ++c)
+        var += (row[c] - mean) * (row[c] - mean) / static_cast<double>(features);
       for (std::int64_t c = 0; c < features; ++c) {
         const auto k = static_cast<std::size_t>(c);
         y[static_cast<std::size_t>(r * features + c)] = (row[c] - mean) / std::sqrt(var + eps) * p[0][k] + p[1][k];
@@ -220,7 +222,8 @@ inline RefForward attention_reference(std::int64_t dim, std::int64_t heads, SeqS
           for (auto& v : score) sum += (v = std::exp(v - mx));
           for (std::int64_t d = 0; d < hd; ++d) {
             double o = 0.0;
-            for (std::int64_t j = 0; j <= t1; ++j) o += score[static_cast<std::size_t>(j)] / sum * at(b * s.time + j, 2, h, d);
+            for (std::int64_t j = 0; j <= t1; ++j)
+              o += score[static_cast<std::size_t>(j)] / sum * at(b * s.time + j, 2, h, d);
             merged[static_cast<std::size_t>(row * dim + h * hd + d)] = o;
           }
         }
@@ -251,14 +254,17 @@ inline std::vector<double> masked_softmax_reference(const std::vector<double>& a
   const auto rows = static_cast<std::int64_t>(att.size()) / time;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t tq = r % time, seq = r / (heads * time);
-    const auto on = [&](std::int64_t j) { return j <= tq && (mask.empty() || mask[static_cast<std::size_t>(seq * time + j)] != 0); };
+    const auto on = [&](std::int64_t j) {
+      return j <= tq && (mask.empty() || mask[static_cast<std::size_t>(seq * time + j)] != 0);
+    };
     double mx = -1e300, sum = 0.0;
     for (std::int64_t j = 0; j < time; ++j)
       if (on(j)) mx = std::max(mx, att[static_cast<std::size_t>(r * time + j)]);
     for (std::int64_t j = 0; j < time; ++j)
       if (on(j)) sum += std::exp(att[static_cast<std::size_t>(r * time + j)] - mx);
     for (std::int64_t j = 0; j < time; ++j)
-      if (on(j)) out[static_cast<std::size_t>(r * time + j)] = std::exp(att[static_cast<std::size_t>(r * time + j)] - mx) / sum;
+      if (on(j))
+        out[static_cast<std::size_t>(r * time + j)] = std::exp(att[static_cast<std::size_t>(r * time + j)] - mx) / sum;
   }
   return out;
 }

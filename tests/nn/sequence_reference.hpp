@@ -69,7 +69,8 @@ inline RefForward rotary_attention_reference(std::int64_t dim, std::int64_t head
           for (std::int64_t d = 0; d < hd; ++d) {
             double o = 0.0;
             for (std::int64_t j = 0; j <= t1; ++j)
-              o += score[static_cast<std::size_t>(j)] / sum * v[static_cast<std::size_t>((b * s.time + j) * kv + g * hd + d)];
+              o += score[static_cast<std::size_t>(j)] / sum *
+                   v[static_cast<std::size_t>((b * s.time + j) * kv + g * hd + d)];
             merged[static_cast<std::size_t>(row * dim + h * hd + d)] = o;
           }
         }
@@ -89,7 +90,8 @@ inline RefForward mlp_reference(std::int64_t dim, std::int64_t hidden) {
 
 inline RefForward block_reference(std::int64_t dim, std::int64_t heads, SeqShape s) {
   return [=](const Params& p, const std::vector<double>& x) {
-    const auto r = add(x, attention_reference(dim, heads, s)(slice(p, 2, 4), layer_norm_reference(dim, 1e-5)(slice(p, 0, 2), x)));
+    const auto r =
+        add(x, attention_reference(dim, heads, s)(slice(p, 2, 4), layer_norm_reference(dim, 1e-5)(slice(p, 0, 2), x)));
     return add(r, mlp_reference(dim, 4 * dim)(slice(p, 8, 4), layer_norm_reference(dim, 1e-5)(slice(p, 6, 2), r)));
   };
 }

@@ -1,8 +1,6 @@
 // The sequence units (embeddings, causal self-attention, GELU MLP, the
 // transformer block) and the new losses against float64 references and
 // central finite differences of them, on the host in every dtype.
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,17 +10,19 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/core/tensor.hpp"
+#include "kernels/numeric.hpp"
+#include "nn/reference.hpp"
+#include "nn/sequence_reference.hpp"
+#include <boost/test/unit_test.hpp>
+
 #include "dtrain/backend/host/device.hpp"
+#include "dtrain/core/tensor.hpp"
 #include "dtrain/nn/attention.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
 #include "dtrain/nn/embedding.hpp"
 #include "dtrain/nn/regression_loss.hpp"
 #include "dtrain/nn/rotary_attention.hpp"
 #include "dtrain/nn/transformer.hpp"
-#include "kernels/numeric.hpp"
-#include "nn/reference.hpp"
-#include "nn/sequence_reference.hpp"
 
 namespace t = dtrain::testing;
 using dtrain::SeqShape;
@@ -55,8 +55,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(rotary_attention, T, t::dtypes) {
   for (const Case c : {Case{4, 10000.f, false, false}, Case{2, 10000.f, true, false}, Case{1, 500.f, false, true},
                        Case{2, 0.f, false, true}}) {
     BOOST_TEST_CONTEXT("kv_heads " << c.kv_heads << ", theta " << c.theta << ", biases " << c.qkv_bias << c.out_bias) {
-      const dtrain::nn::RotaryAttention unit(16, 4, {.kv_heads = c.kv_heads, .rope_theta = c.theta,
-                                                     .qkv_bias = c.qkv_bias, .out_bias = c.out_bias});
+      const dtrain::nn::RotaryAttention unit(
+          16, 4, {.kv_heads = c.kv_heads, .rope_theta = c.theta, .qkv_bias = c.qkv_bias, .out_bias = c.out_bias});
       t::check_unit<T>(unit, rotary_attention_reference(16, 4, c.kv_heads, c.theta, c.qkv_bias, c.out_bias, s),
                        s.rows(), 16, true, s, composite<T>(16));
     }
@@ -196,8 +196,11 @@ BOOST_AUTO_TEST_CASE(embedding_gathers_and_scatters) {
   const auto wb = t::upload<float>(dev, w), dyb = t::upload<float>(dev, dy);
   auto yb = dtrain::make_buffer<float>(dev, rows * dim), gb = dtrain::make_buffer<float>(dev, vocab * dim);
   dtrain::DeviceBatch batch;
-  batch.set("x", dtrain::DeviceTensor{dtrain::element_type::i64, {2, 5}, reinterpret_cast<const std::byte*>(ids.data()),
-                                      reinterpret_cast<const std::byte*>(ids.data()), {}});
+  batch.set("x", dtrain::DeviceTensor{dtrain::element_type::i64,
+                                      {2, 5},
+                                      reinterpret_cast<const std::byte*>(ids.data()),
+                                      reinterpret_cast<const std::byte*>(ids.data()),
+                                      {}});
   const std::vector<dtrain::MatView<const float>> pv{{wb.data(), vocab, dim}};
   const std::vector<dtrain::MatView<float>> gv{{gb.data(), vocab, dim}};
   const dtrain::UnitContext<float> ctx{{2, 5}, {}};
@@ -215,13 +218,15 @@ BOOST_AUTO_TEST_CASE(embedding_gathers_and_scatters) {
   t::expect_close(t::download<float>(dev, gb), want_g, 1e-6, "embedding gradient");
   std::vector<std::int64_t> bad = ids;
   bad[4] = 7;
-  batch.set("x", dtrain::DeviceTensor{dtrain::element_type::i64, {2, 5}, reinterpret_cast<const std::byte*>(bad.data()),
-                                      reinterpret_cast<const std::byte*>(bad.data()), {}});
+  batch.set("x", dtrain::DeviceTensor{dtrain::element_type::i64,
+                                      {2, 5},
+                                      reinterpret_cast<const std::byte*>(bad.data()),
+                                      reinterpret_cast<const std::byte*>(bad.data()),
+                                      {}});
   const auto forward = [&] { emb.forward<dtrain::Host, float>(dev, pv, batch, yb.view(rows, dim), ctx); };
-  BOOST_CHECK_EXCEPTION(forward(), dtrain::config_error,
-                        [](const dtrain::config_error& e) {
-                          return std::string(e.what()).find("id 7 at position 4 is outside [0, 7)") != std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(forward(), dtrain::config_error, [](const dtrain::config_error& e) {
+    return std::string(e.what()).find("id 7 at position 4 is outside [0, 7)") != std::string::npos;
+  });
 }
 
 // The host's by-rows forms of the embeddings' gradients (a table row per
@@ -242,7 +247,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(embedding_gradients_by_rows_have_the_bits_of_the_e
   std::vector<std::int64_t> next(offsets, offsets + vocab);
   for (std::int64_t r = 0; r < rows; ++r) order[next[static_cast<std::size_t>(ids[static_cast<std::size_t>(r)])]++] = r;
   std::vector<T> dy;
-  for (const double v : t::random_nonzero(static_cast<std::size_t>(rows * dim), rng)) dy.push_back(T(static_cast<float>(v)));
+  for (const double v : t::random_nonzero(static_cast<std::size_t>(rows * dim), rng))
+    dy.push_back(T(static_cast<float>(v)));
   std::vector<T> by_elements(static_cast<std::size_t>(vocab * dim)), by_rows(by_elements.size());
   dev.for_each(by_elements.size(), dtrain::EmbeddingScatter<T>{offsets, order, dy.data(), by_elements.data(), dim});
   dev.for_each(static_cast<std::size_t>(vocab),
@@ -273,7 +279,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(embedding_gradients_by_rows_have_the_bits_of_the_e
   for (std::int64_t b = 0; b < batch; ++b)
     for (std::int64_t r = 0; r < time; ++r)
       for (std::int64_t c = 0; c < dim; ++c)
-        pos_want[static_cast<std::size_t>(r * dim + c)] += static_cast<float>(pos_dy[static_cast<std::size_t>((b * time + r) * dim + c)]);
+        pos_want[static_cast<std::size_t>(r * dim + c)] +=
+            static_cast<float>(pos_dy[static_cast<std::size_t>((b * time + r) * dim + c)]);
   for (const T v : pos_rows) pos_got.push_back(static_cast<float>(v));
   t::expect_close(pos_got, pos_want, std::is_same_v<T, float> ? 1e-5 : 2e-2, "position gradient by rows");
 }
@@ -317,7 +324,8 @@ BOOST_AUTO_TEST_CASE(cross_entropy_ignores_targets) {
       [&](const std::vector<double>& v) {
         std::vector<double> kz;
         for (std::int64_t r = 0; r < rows; ++r)
-          if (labels[static_cast<std::size_t>(r)] != -100) kz.insert(kz.end(), v.begin() + r * classes, v.begin() + (r + 1) * classes);
+          if (labels[static_cast<std::size_t>(r)] != -100)
+            kz.insert(kz.end(), v.begin() + r * classes, v.begin() + (r + 1) * classes);
         return 0.5 * t::cross_entropy_reference(kz, kept, classes);
       },
       z);
@@ -355,11 +363,13 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(regression_losses, Kind, RegressionKinds) {
     const auto pb = t::upload<float>(dev, pred);
     auto db = dtrain::make_buffer<float>(dev, pred.size());
     const double sum = loss.template forward<dtrain::Host, float>(dev, std::as_const(pb).view(rows, width), batch);
-    loss.template backward<dtrain::Host, float>(dev, std::as_const(pb).view(rows, width), batch, db.view(rows, width), 1.f);
+    loss.template backward<dtrain::Host, float>(dev, std::as_const(pb).view(rows, width), batch, db.view(rows, width),
+                                                1.f);
     BOOST_TEST(sum == f(t::round_to<float>(pred), weighted), boost::test_tools::tolerance(1e-5));
-    t::expect_close(t::download<float>(dev, db),
-                    t::finite_difference([&](const std::vector<double>& v) { return f(v, weighted); }, t::round_to<float>(pred)),
-                    1e-4, std::string(Kind::name) + " gradient");
+    t::expect_close(
+        t::download<float>(dev, db),
+        t::finite_difference([&](const std::vector<double>& v) { return f(v, weighted); }, t::round_to<float>(pred)),
+        1e-4, std::string(Kind::name) + " gradient");
   }
 }
 

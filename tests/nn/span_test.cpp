@@ -6,16 +6,16 @@
 // tail). Checked bit for bit at every vector level this machine has, over
 // whole ranges and over random pieces that start and end inside rows, as
 // Host::for_each splits a range over threads.
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
 
-#include "dtrain/core/view.hpp"
+#include <boost/test/unit_test.hpp>
+
 #include "dtrain/backend/host/device_isa.hpp"
+#include "dtrain/core/view.hpp"
 #include "dtrain/nn/activation.hpp"
 #include "dtrain/nn/rotary_attention.hpp"
 
@@ -94,12 +94,18 @@ BOOST_AUTO_TEST_CASE(swiglu_forward_and_backward) {
     const dtrain::MatView<const float> xv{x.data(), rows, 2 * hidden};
     const dtrain::MatView<const float> dyv{dy.data(), rows, hidden};
     BOOST_TEST_CONTEXT("hidden " << hidden) {
-      check_span(y.size(), y, [&] {
-        return dtrain::nn::detail::SwiGluForward<float>{xv, {y.data(), rows, hidden}};
-      }, rng);
-      check_span(dy.size(), dx, [&] {
-        return dtrain::nn::detail::SwiGluBackward<float>{xv, dyv, {dx.data(), rows, 2 * hidden}};
-      }, rng);
+      check_span(
+          y.size(), y,
+          [&] {
+            return dtrain::nn::detail::SwiGluForward<float>{xv, {y.data(), rows, hidden}};
+          },
+          rng);
+      check_span(
+          dy.size(), dx,
+          [&] {
+            return dtrain::nn::detail::SwiGluBackward<float>{xv, dyv, {dx.data(), rows, 2 * hidden}};
+          },
+          rng);
     }
   }
 }
@@ -122,10 +128,13 @@ BOOST_AUTO_TEST_CASE(rotary_heads_both_ways) {
     std::vector<float> heads(static_cast<std::size_t>(3 * g.head_elems()));
     BOOST_TEST_CONTEXT("B " << c.batch << " T " << c.time << " heads " << c.heads << "/" << c.kv_heads << " hd " << hd
                             << " rope " << c.rope) {
-      check_span(heads.size(), heads, [&] {
-        return dtrain::nn::detail::ToRotatedHeads<float>{g, q.data(), k.data(), v.data(), cos_t.data(),
-                                                          sin_t.data(), heads.data()};
-      }, rng);
+      check_span(
+          heads.size(), heads,
+          [&] {
+            return dtrain::nn::detail::ToRotatedHeads<float>{
+                g, q.data(), k.data(), v.data(), cos_t.data(), sin_t.data(), heads.data()};
+          },
+          rng);
       // Back: gradients in the head layout -> the three projections' rows,
       // written into one buffer (q rows, then k, then v).
       const std::vector<float> d_heads = random_values(heads.size(), rng);
@@ -133,9 +142,13 @@ BOOST_AUTO_TEST_CASE(rotary_heads_both_ways) {
       float* dq = back.data();
       float* dk = dq + q.size();
       float* dv = dk + k.size();
-      check_span(static_cast<std::size_t>(rows * (c.heads + 2 * c.kv_heads) * hd), back, [&] {
-        return dtrain::nn::detail::FromRotatedHeads<float>{g, d_heads.data(), cos_t.data(), sin_t.data(), dq, dk, dv};
-      }, rng);
+      check_span(
+          static_cast<std::size_t>(rows * (c.heads + 2 * c.kv_heads) * hd), back,
+          [&] {
+            return dtrain::nn::detail::FromRotatedHeads<float>{g, d_heads.data(), cos_t.data(), sin_t.data(), dq, dk,
+                                                               dv};
+          },
+          rng);
     }
   }
 }

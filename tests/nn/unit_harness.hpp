@@ -11,13 +11,14 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/numeric.hpp"
 #include "support/batches.hpp"
+
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
-#include "kernels/numeric.hpp"
 
 namespace dtrain::testing {
 

@@ -7,17 +7,16 @@
 // settings, strategies and world sizes; the host/device memory split equals
 // dtrain-estimate's; and what cannot be combined is a clear error.
 #define BOOST_TEST_MODULE strategy_offload
-#include <boost/test/unit_test.hpp>
-
-#include "strategy/common.hpp"
-#include "support/strategy_options.hpp"
-
-#include <dtrain/train/estimate.hpp>
-
 #include <filesystem>
 #include <mutex>
 #include <sstream>
 #include <tuple>
+
+#include "strategy/common.hpp"
+#include "support/strategy_options.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/train/estimate.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -70,8 +69,8 @@ void offload_matches(offload_kind offload, int steps = 3) {
     }
   });
   BOOST_TEST(failure.empty(), Kind::name << " offload=" << offload_name(offload) << " "
-                                          << dtype_traits<typename Prec::param_type>::safetensors_name
-                                          << " A=" << A << ": " << failure);
+                                         << dtype_traits<typename Prec::param_type>::safetensors_name << " A=" << A
+                                         << ": " << failure);
 }
 
 template <class Kind>
@@ -184,13 +183,15 @@ Params resume_across(offload_kind off_a, int n_a, offload_kind off_b, int n_b, c
 BOOST_AUTO_TEST_CASE(checkpoints_move_between_offload_settings) {
   const auto dir = std::filesystem::temp_directory_path() / ("dtrain_offload_ckpt_" + std::to_string(::getpid()));
   const Params reference = resume_across<FSDP<FullShard>, DDP>(offload_kind::none, 2, offload_kind::none, 3, dir);
-  const Params saved_offloaded = resume_across<FSDP<FullShard>, DDP>(offload_kind::params, 2, offload_kind::none, 3, dir);
+  const Params saved_offloaded =
+      resume_across<FSDP<FullShard>, DDP>(offload_kind::params, 2, offload_kind::none, 3, dir);
   BOOST_TEST((saved_offloaded == reference), "fsdp-full offload=params x2 -> ddp x3");
   const Params loaded_offloaded =
       resume_across<FSDP<FullShard>, DDP>(offload_kind::none, 2, offload_kind::optimizer, 3, dir);
   BOOST_TEST((loaded_offloaded == reference), "fsdp-full x2 -> ddp offload=optimizer x3");
   const Params zero1 = resume_across<ZeRO1, FSDP<FullShard>>(offload_kind::optimizer, 3, offload_kind::params, 2, dir);
-  const Params zero1_reference = resume_across<ZeRO1, FSDP<FullShard>>(offload_kind::none, 3, offload_kind::none, 2, dir);
+  const Params zero1_reference =
+      resume_across<ZeRO1, FSDP<FullShard>>(offload_kind::none, 3, offload_kind::none, 2, dir);
   BOOST_TEST((zero1 == zero1_reference), "zero1 offload=optimizer x3 -> fsdp-full offload=params x2");
 }
 
@@ -230,8 +231,8 @@ void memory_matches_estimate(offload_kind offload, int n) {
           // A stream, not a chain of std::string +: GCC 12 at -O1 reports a
           // false -Warray-bounds inside the inlined concatenation.
           std::ostringstream line;
-          line << Kind::name << " offload=" << offload_name(offload) << " " << where << " " << name
-               << ": measured " << v.first << ", estimated " << v.second;
+          line << Kind::name << " offload=" << offload_name(offload) << " " << where << " " << name << ": measured "
+               << v.first << ", estimated " << v.second;
           std::lock_guard lock(mu);
           problems.push_back(line.str());
         }
@@ -295,7 +296,7 @@ BOOST_AUTO_TEST_CASE(optimizer_state_on_disk_is_bit_identical) {
     Trainer<UnevenNet, Device<Host>, Accumulate<2>, Strategy<FSDP<FullShard>>> plain(
         w, a, adamw, options_with(offload_kind::none), kind_options<FSDP<FullShard>>(1));
     Trainer<UnevenNet, Device<Host>, Accumulate<2>, Strategy<FSDP<FullShard>>> disk(w, b, adamw, on_disk,
-                                                                                  kind_options<FSDP<FullShard>>(1));
+                                                                                    kind_options<FSDP<FullShard>>(1));
     for (int s = 0; s < 3; ++s) {
       const auto mb = micro_batches(s, w.rank(), sizes_for(2));
       plain.step(mb);

@@ -1,13 +1,13 @@
 #define BOOST_TEST_MODULE optim_config
-#include <boost/test/unit_test.hpp>
+#include "dtrain/optim/config.hpp"
 
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <string>
 
-#include "dtrain/optim/config.hpp"
 #include "optim/expect_config_error.hpp"
+#include <boost/test/unit_test.hpp>
 
 namespace {
 using dtrain::AdamW;
@@ -78,16 +78,14 @@ BOOST_AUTO_TEST_CASE(adamw_rejects_each_bad_field) {
     expect_config_error([&] { AdamW{.beta1 = beta}.validate(); }, "AdamW.beta1");
     expect_config_error([&] { AdamW{.beta2 = beta}.validate(); }, "AdamW.beta2");
   }
-  for (float eps : {0.f, -1e-8f, not_a_number})
-    expect_config_error([&] { AdamW{.eps = eps}.validate(); }, "AdamW.eps");
+  for (float eps : {0.f, -1e-8f, not_a_number}) expect_config_error([&] { AdamW{.eps = eps}.validate(); }, "AdamW.eps");
   expect_config_error([] { AdamW{.weight_decay = -0.01f}.validate(); }, "AdamW.weight_decay");
   // Edges that are valid.
   AdamW{.beta1 = 0.f, .beta2 = 0.f, .weight_decay = 0.f}.validate();
 }
 
 BOOST_AUTO_TEST_CASE(sgd_rejects_each_bad_field) {
-  for (float lr : {0.f, -0.1f, not_a_number})
-    expect_config_error([&] { SGD{.lr = lr}.validate(); }, "SGD.lr");
+  for (float lr : {0.f, -0.1f, not_a_number}) expect_config_error([&] { SGD{.lr = lr}.validate(); }, "SGD.lr");
   expect_config_error([] { SGD{.momentum = -0.9f}.validate(); }, "SGD.momentum");
   expect_config_error([] { SGD{.weight_decay = -1e-4f}.validate(); }, "SGD.weight_decay");
   expect_config_error([] { SGD{.nesterov = true}.validate(); }, "SGD.nesterov");

@@ -2,10 +2,10 @@
 // Shared by the optim tests: the call must throw dtrain::config_error whose
 // problem text names `field` and which carries a fix.
 
-#include <boost/test/unit_test.hpp>
-
 #include <string>
 #include <string_view>
+
+#include <boost/test/unit_test.hpp>
 
 #include "dtrain/core/error.hpp"
 

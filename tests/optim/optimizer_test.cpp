@@ -4,10 +4,6 @@
 // Trainer and every strategy, groups resolved against a model (no weight
 // decay on biases and norms), and groups recorded in checkpoints.
 #define BOOST_TEST_MODULE optimizer
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/trainer.hpp>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +17,9 @@
 
 #include "strategy/common.hpp"
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/trainer.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -68,9 +67,9 @@ struct Group {
 };
 
 // Float64 AdamW (PyTorch's formulas) over the same steps.
-void adamw_reference(std::vector<double>& p, std::vector<double>& m, std::vector<double>& v, const std::vector<float>& g,
-                     const std::vector<std::uint8_t>& ids, const std::vector<Group>& groups, double lr, int step,
-                     double scale) {
+void adamw_reference(std::vector<double>& p, std::vector<double>& m, std::vector<double>& v,
+                     const std::vector<float>& g, const std::vector<std::uint8_t>& ids,
+                     const std::vector<Group>& groups, double lr, int step, double scale) {
   const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
   for (std::size_t i = 0; i < p.size(); ++i) {
     const Group& gr = groups[ids[i]];
@@ -177,12 +176,16 @@ BOOST_AUTO_TEST_CASE(groups_resolve_by_tag_glob_and_predicate) {
     require(g[1].weight_decay == 0.f && g[1].lr == 1e-3f, "no_decay keeps the lr");
     require(g[2].params == std::vector<std::string>{"7.weight"} && g[2].lr == 5e-4f && g[2].weight_decay == 0.1f,
             "head group");
-    Trainer<UnevenNet> p(w, net, AdamW{}, grouped({{.name = "1d", .where = [](const ParamSlot& s) {
-                                                      return s.spec.shape.size() == 1;
-                                                    }, .weight_decay = 0.f}}));
+    Trainer<UnevenNet> p(w, net, AdamW{},
+                         grouped({{.name = "1d",
+                                   .where = [](const ParamSlot& s) { return s.spec.shape.size() == 1; },
+                                   .weight_decay = 0.f}}));
     require(p.param_groups()[1].params.size() == 5, "the predicate selects the five 1-D trainable parameters");
-    require_throws<config_error>([&] { Trainer<UnevenNet>(w, net, AdamW{}, grouped({{.name = "x", .params = {"*.gamma"}}})); });
-    require_throws<config_error>([&] { Trainer<UnevenNet>(w, net, AdamW{}, grouped({no_decay_group(), no_decay_group()})); });
+    require_throws<config_error>(
+        [&] { Trainer<UnevenNet>(w, net, AdamW{}, grouped({{.name = "x", .params = {"*.gamma"}}})); });
+    require_throws<config_error>([&] {
+      Trainer<UnevenNet>(w, net, AdamW{}, grouped({no_decay_group(), no_decay_group()}));
+    });
     require_throws<config_error>([&] { Trainer<UnevenNet>(w, net, AdamW{}, grouped({{.name = "empty"}})); });
     require_throws<config_error>(
         [&] { Trainer<UnevenNet>(w, net, AdamW{}, grouped({{.name = "neg", .params = {"*"}, .lr = -1.f}})); });
@@ -250,7 +253,7 @@ BOOST_AUTO_TEST_CASE(a_users_optimizer_trains_through_the_trainer) {
   run_ranks(2, [&](World& w) {
     UnevenNet net;
     Trainer<UnevenNet, Strategy<FSDP<FullShard>>> t(w, net, Lion{.lr = 1e-2f, .weight_decay = 0.1f},
-                                                     grouped({no_decay_group()}));
+                                                    grouped({no_decay_group()}));
     for (int s = 0; s < 30; ++s) {
       const auto st = t.step(micro_batches(0, w.rank(), {8}));
       if (w.rank() == 0 && s == 0) first = st.loss;

@@ -1,4 +1,4 @@
-#include <boost/test/unit_test.hpp>
+#include "dtrain/optim/schedule.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -6,8 +6,8 @@
 #include <random>
 #include <string>
 
-#include "dtrain/optim/schedule.hpp"
 #include "optim/expect_config_error.hpp"
+#include <boost/test/unit_test.hpp>
 
 namespace tt = boost::test_tools;
 using dtrain::ConstantLR;
@@ -23,22 +23,21 @@ constexpr double rel = 1e-6;
 BOOST_AUTO_TEST_CASE(constant_is_constant) {
   const ConstantLR s{.lr = 3e-4f};
   s.validate();
-  for (std::int64_t step : {0, 1, 1000, 1000000000})
-    BOOST_TEST(s(step) == 3e-4f);
+  for (std::int64_t step : {0, 1, 1000, 1000000000}) BOOST_TEST(s(step) == 3e-4f);
 }
 
 BOOST_AUTO_TEST_CASE(warmup_cosine_at_its_boundaries) {
   const WarmupCosineLR s{.peak_lr = 1e-3f, .warmup_steps = 10, .total_steps = 110, .min_lr = 1e-5f};
   s.validate();
-  BOOST_TEST(s(0) == 0.f);                                // warmup starts at 0
-  BOOST_TEST(s(5) == 5e-4, tt::tolerance(rel));           // half way up
-  BOOST_TEST(s(9) == 9e-4, tt::tolerance(rel));           // last warmup step
-  BOOST_TEST(s(10) == 1e-3, tt::tolerance(rel));          // peak: cosine at progress 0
-  BOOST_TEST(s(35) == 8.55017856687341e-4, tt::tolerance(rel));   // progress 1/4: 1e-5 + 0.99e-3 (1 + cos(pi/4)) / 2
-  BOOST_TEST(s(60) == 5.05e-4, tt::tolerance(rel));       // progress 1/2: the midpoint of peak and min
+  BOOST_TEST(s(0) == 0.f);                                          // warmup starts at 0
+  BOOST_TEST(s(5) == 5e-4, tt::tolerance(rel));                     // half way up
+  BOOST_TEST(s(9) == 9e-4, tt::tolerance(rel));                     // last warmup step
+  BOOST_TEST(s(10) == 1e-3, tt::tolerance(rel));                    // peak: cosine at progress 0
+  BOOST_TEST(s(35) == 8.55017856687341e-4, tt::tolerance(rel));     // progress 1/4: 1e-5 + 0.99e-3 (1 + cos(pi/4)) / 2
+  BOOST_TEST(s(60) == 5.05e-4, tt::tolerance(rel));                 // progress 1/2: the midpoint of peak and min
   BOOST_TEST(s(109) == 1.0244252618962858e-5, tt::tolerance(rel));  // progress 0.99
-  BOOST_TEST(s(110) == 1e-5, tt::tolerance(rel));         // total_steps: min_lr
-  BOOST_TEST(s(111) == 1e-5, tt::tolerance(rel));         // beyond: stays at min_lr
+  BOOST_TEST(s(110) == 1e-5, tt::tolerance(rel));                   // total_steps: min_lr
+  BOOST_TEST(s(111) == 1e-5, tt::tolerance(rel));                   // beyond: stays at min_lr
   BOOST_TEST(s(1000000000000) == 1e-5, tt::tolerance(rel));
 }
 
@@ -83,8 +82,8 @@ BOOST_AUTO_TEST_CASE(warmup_cosine_matches_a_float64_reference_on_random_setting
       if (step < s.warmup_steps) {
         expected = peak * start + peak * (1.0 - start) * static_cast<double>(step) / static_cast<double>(warmup);
       } else if (step < s.total_steps) {
-        const double half_angle = std::numbers::pi / 2 * static_cast<double>(step - warmup) /
-                                  static_cast<double>(s.total_steps - warmup);
+        const double half_angle =
+            std::numbers::pi / 2 * static_cast<double>(step - warmup) / static_cast<double>(s.total_steps - warmup);
         expected = lo + (peak - lo) * std::cos(half_angle) * std::cos(half_angle);
       }
       BOOST_TEST(s(step) == expected, tt::tolerance(rel));
@@ -115,8 +114,7 @@ BOOST_AUTO_TEST_CASE(schedule_wraps_any_schedule_and_validates_it) {
   const WarmupCosineLR cosine{.peak_lr = 1e-3f, .warmup_steps = 10, .total_steps = 110, .min_lr = 1e-5f};
   const Schedule wrapped = cosine;
   BOOST_TEST(wrapped.name() == "cosine");
-  for (std::int64_t step : {0, 5, 10, 35, 110, 500})
-    BOOST_TEST(wrapped(step) == cosine(step));
+  for (std::int64_t step : {0, 5, 10, 35, 110, 500}) BOOST_TEST(wrapped(step) == cosine(step));
 
   const Schedule copy = wrapped;
   BOOST_TEST(copy(35) == cosine(35));
@@ -171,8 +169,8 @@ BOOST_AUTO_TEST_CASE(linear_and_inverse_sqrt_match_a_float64_reference_on_random
     const auto warmup = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(total / 2 + 1));
     const float peak = static_cast<float>(unit(rng) * 1e-2), min_lr = static_cast<float>(unit(rng) * peak * 0.5);
     const float start = static_cast<float>(unit(rng) * 0.5);
-    const dtrain::LinearLR lin{.peak_lr = peak, .warmup_steps = warmup, .total_steps = total, .min_lr = min_lr,
-                               .warmup_start = start};
+    const dtrain::LinearLR lin{
+        .peak_lr = peak, .warmup_steps = warmup, .total_steps = total, .min_lr = min_lr, .warmup_start = start};
     const dtrain::InverseSqrtLR inv{.peak_lr = peak, .warmup_steps = warmup, .warmup_start = start};
     lin.validate();
     inv.validate();
@@ -180,7 +178,7 @@ BOOST_AUTO_TEST_CASE(linear_and_inverse_sqrt_match_a_float64_reference_on_random
       const auto step = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(total + 20));
       const double p = peak, w = static_cast<double>(warmup), st = static_cast<double>(step);
       const double warm = step < warmup ? p * (start + (1 - start) * st / w) : 0;
-      const double lin_ref = step < warmup ? warm
+      const double lin_ref = step < warmup   ? warm
                              : step >= total ? static_cast<double>(min_lr)
                                              : min_lr + (p - min_lr) * (total - st) / (total - w);
       const double inv_ref = step < warmup ? warm : p * std::sqrt(std::max(w, 1.0) / std::max(st, 1.0));

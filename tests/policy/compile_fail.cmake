@@ -1,11 +1,13 @@
 # A compile-fail test: SOURCE must compile with -DDTRAIN_CONTROL (proving the
 # snippet is otherwise sound) and fail without it, with exactly one error whose
-# text contains the snippet's "// expect: <message>" line.
+# text contains the snippet's "// expect: <message>" comment (continued on the
+# "// " lines right below it, joined by one space, as clang-format wraps it).
 #   cmake -DCOMPILER=... -DSTD_FLAG=... -DINCLUDE_DIR=... -DSOURCE=... -P compile_fail.cmake
 # file(READ), not file(STRINGS): a message may contain ';', which a list would split.
 file(READ "${SOURCE}" _text)
-string(REGEX MATCH "// expect: ([^\n]*)" _line "${_text}")
-set(_expect "${CMAKE_MATCH_1}")
+string(REGEX MATCH "// expect: [^\n]*(\n// [^\n]*)*" _line "${_text}")
+string(REPLACE "\n// " " " _line "${_line}")
+string(REGEX REPLACE "^// expect: " "" _expect "${_line}")
 if(_expect STREQUAL "")
   message(FATAL_ERROR "${SOURCE} has no '// expect: <message>' line")
 endif()

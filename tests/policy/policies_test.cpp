@@ -1,10 +1,11 @@
 #define BOOST_TEST_MODULE policy
-#include <boost/test/unit_test.hpp>
+#include "dtrain/policy/policies.hpp"
 
 #include <type_traits>
 
+#include <boost/test/unit_test.hpp>
+
 #include "dtrain/core/dtype.hpp"
-#include "dtrain/policy/policies.hpp"
 
 // Most of this file is checked by the compiler: the concepts on good and bad
 // types, and composition in any order with defaults. The compile-fail tests
@@ -21,9 +22,9 @@ static_assert(StrategyPolicy<Strategy<FSDP<>>>);  // FullShard by default
 static_assert(std::is_same_v<FSDP<>::mode, FullShard>);
 static_assert(StrategyPolicy<Strategy<ZeRO1>>);
 static_assert(!StrategyPolicy<Strategy<int>>);
-static_assert(!StrategyPolicy<Strategy<FSDP<DDP>>>);     // not an FSDP mode
-static_assert(!StrategyPolicy<Strategy<FullShard>>);     // a mode needs FSDP<>
-static_assert(!StrategyPolicy<DDP>);  // the kind alone is not a policy
+static_assert(!StrategyPolicy<Strategy<FSDP<DDP>>>);  // not an FSDP mode
+static_assert(!StrategyPolicy<Strategy<FullShard>>);  // a mode needs FSDP<>
+static_assert(!StrategyPolicy<DDP>);                  // the kind alone is not a policy
 static_assert(!StrategyPolicy<FSDP<FullShard>> && !StrategyPolicy<ZeRO1>);
 
 // The names train_mlp's strategy= key and the docs use.
@@ -73,12 +74,11 @@ static_assert(Precision<fp16>::loss_scaling && !Precision<bf16>::loss_scaling &&
 // Every slot read, so two compositions agree on all of them.
 template <class A, class B>
 constexpr bool same_policies =
-    std::is_same_v<typename A::strategy, typename B::strategy> &&
-    std::is_same_v<typename A::precision, typename B::precision> &&
-    std::is_same_v<typename A::param_type, typename B::param_type> &&
-    std::is_same_v<typename A::reduce_type, typename B::reduce_type> &&
-    std::is_same_v<typename A::master_type, typename B::master_type> && A::accumulate == B::accumulate &&
-    std::is_same_v<typename A::device, typename B::device>;
+    std::is_same_v<typename A::strategy, typename B::strategy>&& std::is_same_v<
+        typename A::precision, typename B::precision>&& std::is_same_v<typename A::param_type, typename B::param_type>&&
+        std::is_same_v<typename A::reduce_type, typename B::reduce_type>&&
+            std::is_same_v<typename A::master_type, typename B::master_type>&& A::accumulate ==
+    B::accumulate&& std::is_same_v<typename A::device, typename B::device>;
 
 using S = Strategy<DDP>;
 using Pr = Precision<fp16, fp16>;

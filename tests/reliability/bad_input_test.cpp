@@ -9,8 +9,6 @@
 // inputs themselves.
 
 #define BOOST_TEST_MODULE reliability_bad_input
-#include <boost/test/unit_test.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "launch/process.hpp"
+#include <boost/test/unit_test.hpp>
 
 namespace {
 
@@ -114,8 +113,12 @@ void rejects(const std::vector<std::string>& args, int status, const std::string
 
 // The launch variables of a torchrun-started rank 0 of 2, then `changes`.
 EnvChanges torchrun_env(EnvChanges changes) {
-  EnvChanges env{{"RANK", "0"},          {"WORLD_SIZE", "2"},         {"LOCAL_RANK", "0"},
-                 {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29999"}};
+  EnvChanges env{{"RANK", "0"},
+                 {"WORLD_SIZE", "2"},
+                 {"LOCAL_RANK", "0"},
+                 {"LOCAL_WORLD_SIZE", "2"},
+                 {"MASTER_ADDR", "127.0.0.1"},
+                 {"MASTER_PORT", "29999"}};
   env.insert(env.end(), changes.begin(), changes.end());
   return env;
 }
@@ -193,7 +196,9 @@ BOOST_AUTO_TEST_CASE(launch_environment) {
   rejects(mlp, 2, "DTRAIN_SHM_WAIT='zz' is not one of", {{"DTRAIN_SHM_WAIT", "zz"}});
   rejects(mlp, 2, "DTRAIN_GPU_TRANSPORT='mpi' is not one of nccl|host", {{"DTRAIN_GPU_TRANSPORT", "mpi"}});
   rejects(mlp, 2, "DTRAIN_SHM_CHUNK_KIB='3' is not a multiple of 4", {{"DTRAIN_SHM_CHUNK_KIB", "3"}});
-  rejects(mlp, 2, "DTRAIN_FAULT_INJECT='backwards:0:1' names an unknown point", {{"DTRAIN_FAULT_INJECT", "backwards:0:1"}});
+  rejects(mlp, 2, "DTRAIN_FAULT_INJECT='backwards:0:1' names an unknown point",
+          {{"DTRAIN_FAULT_INJECT", "backwards:0:1"}});
   // Through the launcher: the ranks' usage error is the job's exit status.
-  rejects(dtrain_run({"--nproc-per-node", "2"}), 2, "DTRAIN_HOST_TRANSPORT='bogus'", {{"DTRAIN_HOST_TRANSPORT", "bogus"}});
+  rejects(dtrain_run({"--nproc-per-node", "2"}), 2, "DTRAIN_HOST_TRANSPORT='bogus'",
+          {{"DTRAIN_HOST_TRANSPORT", "bogus"}});
 }

@@ -18,12 +18,8 @@
 // scenario (runs, passed, worst time to exit).
 
 #define BOOST_TEST_MODULE reliability_faults
-#include <boost/test/unit_test.hpp>
-
 #include <dirent.h>
 #include <signal.h>
-
-#include <dtrain/comm/store.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -38,6 +34,9 @@
 
 #include "launch/process.hpp"
 #include "reliability/jobs.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/comm/store.hpp>
 
 namespace {
 
@@ -165,62 +164,66 @@ void repeat_runs(Tally& tally, Pick pick, Body body) {
 void fail_runs(const std::string& kind) {
   const Params& ref = reference();
   Tally tally{"kill -9 at " + kind, 0, 0, 0};
-  repeat_runs(tally, [&] { return kind; }, [&](const std::string& point, int victim, const std::string& plan) {
-    TempDir dir;
-    Process p(job(dir.path(), false, false), {{"DTRAIN_FAULT_INJECT", plan}});
-    const Finished f = p.wait(timeout_s + 60);
-    const double took = wall_now() - fault_time(f.err, victim);
-    tally.worst_s = std::max(tally.worst_s, took);
-    BOOST_TEST(!f.exited_with(0));
-    BOOST_TEST(took <= timeout_s + 5, "the job took " << took << " s to end after the kill");
-    const auto at = f.err.find("rank " + std::to_string(victim) + " (pid ");
-    const bool named = at != std::string::npos && f.err.find("was killed by SIGKILL", at) != std::string::npos;
-    BOOST_TEST(named, "the launcher did not name rank " << victim << " and SIGKILL:\n" << f.err);
-    const auto left = leftovers(dir.path(), p.pid());
-    BOOST_TEST(left.empty(), "left behind: " << (left.empty() ? "" : left.front()));
-    // A save killed before its commit leaves no complete checkpoint: the
-    // newest complete one is the save before.
-    const auto newest = newest_complete(dir.path());
-    bool as_expected = true;
-    if (point == "save") {
-      const long nth = std::stol(plan.substr(plan.rfind(':') + 1));
-      const long newest_step = newest ? std::stol(newest->filename().string().substr(5)) : 0;
-      as_expected = newest_step == (nth - 1) * save_every;
-      BOOST_TEST(as_expected, "newest complete checkpoint: step " << newest_step << ", expected step "
-                                                                   << (nth - 1) * save_every);
-    }
-    // The last completed checkpoint loads, and the run ends as if never killed.
-    const Finished again = Process(job(dir.path(), false, true)).wait(120);
-    BOOST_TEST_REQUIRE(again.exited_with(0), "resume=latest failed:\n" << again.err << again.out);
-    const std::string loaded = newest ? "resumed from " + newest->string() + " at step" : "no checkpoint in";
-    const bool resumed = again.out.find(loaded) != std::string::npos;
-    BOOST_TEST(resumed, "expected '" << loaded << "' in:\n" << again.out);
-    const bool same = read_params(dir.path() / "final.safetensors") == ref;
-    BOOST_TEST(same, "resumed parameters differ from the uninterrupted run's:\n" << again.out);
-    return !f.exited_with(0) && took <= timeout_s + 5 && named && left.empty() && as_expected && resumed && same;
-  });
+  repeat_runs(
+      tally, [&] { return kind; },
+      [&](const std::string& point, int victim, const std::string& plan) {
+        TempDir dir;
+        Process p(job(dir.path(), false, false), {{"DTRAIN_FAULT_INJECT", plan}});
+        const Finished f = p.wait(timeout_s + 60);
+        const double took = wall_now() - fault_time(f.err, victim);
+        tally.worst_s = std::max(tally.worst_s, took);
+        BOOST_TEST(!f.exited_with(0));
+        BOOST_TEST(took <= timeout_s + 5, "the job took " << took << " s to end after the kill");
+        const auto at = f.err.find("rank " + std::to_string(victim) + " (pid ");
+        const bool named = at != std::string::npos && f.err.find("was killed by SIGKILL", at) != std::string::npos;
+        BOOST_TEST(named, "the launcher did not name rank " << victim << " and SIGKILL:\n" << f.err);
+        const auto left = leftovers(dir.path(), p.pid());
+        BOOST_TEST(left.empty(), "left behind: " << (left.empty() ? "" : left.front()));
+        // A save killed before its commit leaves no complete checkpoint: the
+        // newest complete one is the save before.
+        const auto newest = newest_complete(dir.path());
+        bool as_expected = true;
+        if (point == "save") {
+          const long nth = std::stol(plan.substr(plan.rfind(':') + 1));
+          const long newest_step = newest ? std::stol(newest->filename().string().substr(5)) : 0;
+          as_expected = newest_step == (nth - 1) * save_every;
+          BOOST_TEST(as_expected, "newest complete checkpoint: step " << newest_step << ", expected step "
+                                                                      << (nth - 1) * save_every);
+        }
+        // The last completed checkpoint loads, and the run ends as if never killed.
+        const Finished again = Process(job(dir.path(), false, true)).wait(120);
+        BOOST_TEST_REQUIRE(again.exited_with(0), "resume=latest failed:\n" << again.err << again.out);
+        const std::string loaded = newest ? "resumed from " + newest->string() + " at step" : "no checkpoint in";
+        const bool resumed = again.out.find(loaded) != std::string::npos;
+        BOOST_TEST(resumed, "expected '" << loaded << "' in:\n" << again.out);
+        const bool same = read_params(dir.path() / "final.safetensors") == ref;
+        BOOST_TEST(same, "resumed parameters differ from the uninterrupted run's:\n" << again.out);
+        return !f.exited_with(0) && took <= timeout_s + 5 && named && left.empty() && as_expected && resumed && same;
+      });
 }
 
 void elastic_runs(const std::string& kind) {
   const Params& ref = reference();
   Tally tally{"elastic restart, " + kind, 0, 0, 0};
-  repeat_runs(tally, [&] { return kind; }, [&](const std::string&, int victim, const std::string& plan) {
-    TempDir dir;
-    Process p(job(dir.path(), true, true), {{"DTRAIN_FAULT_INJECT", plan}});
-    const Finished f = p.wait(timeout_s + 120);
-    tally.worst_s = std::max(tally.worst_s, wall_now() - fault_time(f.err, victim));
-    BOOST_TEST_REQUIRE(f.exited_with(0), "the restarted job failed:\n" << f.err);
-    const bool restarted = f.err.find("restarting all 2 local rank(s)") != std::string::npos;
-    BOOST_TEST(restarted, f.err);
-    const bool resumed = f.out.find("resumed from ") != std::string::npos ||
-                         f.out.find("no checkpoint in") != std::string::npos;
-    BOOST_TEST(resumed, "the restarted ranks did not go through resume=latest:\n" << f.out);
-    const auto left = leftovers(dir.path(), p.pid());
-    BOOST_TEST(left.empty(), "left behind: " << (left.empty() ? "" : left.front()));
-    const bool same = read_params(dir.path() / "final.safetensors") == ref;
-    BOOST_TEST(same, "parameters after the restart differ from the uninterrupted run's:\n" << f.out);
-    return restarted && resumed && left.empty() && same;
-  });
+  repeat_runs(
+      tally, [&] { return kind; },
+      [&](const std::string&, int victim, const std::string& plan) {
+        TempDir dir;
+        Process p(job(dir.path(), true, true), {{"DTRAIN_FAULT_INJECT", plan}});
+        const Finished f = p.wait(timeout_s + 120);
+        tally.worst_s = std::max(tally.worst_s, wall_now() - fault_time(f.err, victim));
+        BOOST_TEST_REQUIRE(f.exited_with(0), "the restarted job failed:\n" << f.err);
+        const bool restarted = f.err.find("restarting all 2 local rank(s)") != std::string::npos;
+        BOOST_TEST(restarted, f.err);
+        const bool resumed =
+            f.out.find("resumed from ") != std::string::npos || f.out.find("no checkpoint in") != std::string::npos;
+        BOOST_TEST(resumed, "the restarted ranks did not go through resume=latest:\n" << f.out);
+        const auto left = leftovers(dir.path(), p.pid());
+        BOOST_TEST(left.empty(), "left behind: " << (left.empty() ? "" : left.front()));
+        const bool same = read_params(dir.path() / "final.safetensors") == ref;
+        BOOST_TEST(same, "parameters after the restart differ from the uninterrupted run's:\n" << f.out);
+        return restarted && resumed && left.empty() && same;
+      });
 }
 
 }  // namespace
@@ -266,8 +269,8 @@ BOOST_AUTO_TEST_CASE(kill_on_another_node) {
     const bool named = err.find("was killed by SIGKILL") != std::string::npos;
     BOOST_TEST(named, err);
     const auto left0 = leftovers(dir.path(), n0.pid()), left1 = leftovers(dir.path(), n1.pid());
-    BOOST_TEST((left0.empty() && left1.empty()), "left behind: " << (left0.empty() ? "" : left0.front())
-                                                                 << (left1.empty() ? "" : left1.front()));
+    BOOST_TEST((left0.empty() && left1.empty()),
+               "left behind: " << (left0.empty() ? "" : left0.front()) << (left1.empty() ? "" : left1.front()));
     const Finished again = Process(job(dir.path(), false, true)).wait(120);
     BOOST_TEST_REQUIRE(again.exited_with(0), "resume=latest failed:\n" << again.err << again.out);
     const bool same = read_params(dir.path() / "final.safetensors") == ref;

@@ -4,8 +4,6 @@
 // the library stamps its fault-injection lines with, the run count and the
 // seeded random draws of the fault harnesses.
 
-#include <dtrain/io/safetensors.hpp>
-
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
@@ -15,6 +13,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <dtrain/io/safetensors.hpp>
 
 namespace dtrain::test {
 

@@ -20,8 +20,6 @@
 
 #define BOOST_TEST_NO_MAIN
 #define BOOST_TEST_ALTERNATIVE_INIT_API
-#include <boost/test/unit_test.hpp>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +32,7 @@
 
 #include "launch/process.hpp"
 #include "reliability/jobs.hpp"
+#include <boost/test/unit_test.hpp>
 
 namespace {
 
@@ -66,8 +65,8 @@ class Nodes {
       links_.push_back("dtr" + id + (k ? "b" : "a"));
     }
     for (const auto& n : names_) require(ip({"netns", "add", n}));
-    require(ip({"link", "add", links_[0], "netns", names_[0], "type", "veth", "peer", "name", links_[1], "netns",
-                names_[1]}));
+    require(ip(
+        {"link", "add", links_[0], "netns", names_[0], "type", "veth", "peer", "name", links_[1], "netns", names_[1]}));
     for (int k = 0; k < 2; ++k) {
       require(ip({"-n", names_[k], "addr", "add", address(k) + "/24", "dev", links_[k]}));
       require(ip({"-n", names_[k], "link", "set", "lo", "up"}));
@@ -105,9 +104,21 @@ std::vector<std::string> train_mlp(const fs::path& dir, int steps, int timeout, 
 
 // dtrain-run for node k of two, inside its namespace.
 std::vector<std::string> on_node(const Nodes& nodes, int k, int per_node, const std::vector<std::string>& program) {
-  std::vector<std::string> args{ip_binary(), "netns", "exec", nodes.name(k), DTRAIN_RUN_PATH,
-                                "--nproc-per-node", std::to_string(per_node), "--nnodes", "2", "--node-rank",
-                                std::to_string(k), "--master-addr", Nodes::address(0), "--master-port", "29517"};
+  std::vector<std::string> args{ip_binary(),
+                                "netns",
+                                "exec",
+                                nodes.name(k),
+                                DTRAIN_RUN_PATH,
+                                "--nproc-per-node",
+                                std::to_string(per_node),
+                                "--nnodes",
+                                "2",
+                                "--node-rank",
+                                std::to_string(k),
+                                "--master-addr",
+                                Nodes::address(0),
+                                "--master-port",
+                                "29517"};
   args.insert(args.end(), program.begin(), program.end());
   return args;
 }
@@ -212,8 +223,9 @@ BOOST_AUTO_TEST_CASE(a_cut_link_ends_every_rank_with_the_collective_named) {
 bool namespaces_allowed() {
   const std::string probe = "dtrain" + std::to_string(::getpid()) + "probe";
   if (!ip({"netns", "add", probe}).empty()) return false;
-  const bool allowed = ip({"netns", "exec", probe, ip_binary(), "link", "show"}).empty() &&
-                       ip({"-n", probe, "link", "add", "dtrprobea", "type", "veth", "peer", "name", "dtrprobeb"}).empty();
+  const bool allowed =
+      ip({"netns", "exec", probe, ip_binary(), "link", "show"}).empty() &&
+      ip({"-n", probe, "link", "add", "dtrprobea", "type", "veth", "peer", "name", "dtrprobeb"}).empty();
   return ip({"netns", "del", probe}).empty() && allowed;
 }
 
@@ -224,8 +236,9 @@ int main(int argc, char* argv[]) {
     return 77;
   }
   if (!namespaces_allowed()) {
-    std::puts("network namespaces are not allowed here (ip netns add, ip netns exec and veth pairs need "
-              "CAP_NET_ADMIN and CAP_SYS_ADMIN): multi-node test skipped (exit 77)");
+    std::puts(
+        "network namespaces are not allowed here (ip netns add, ip netns exec and veth pairs need "
+        "CAP_NET_ADMIN and CAP_SYS_ADMIN): multi-node test skipped (exit 77)");
     return 77;
   }
   return boost::unit_test::unit_test_main([] { return true; }, argc, argv);

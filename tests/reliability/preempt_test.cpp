@@ -14,8 +14,6 @@
 // tests/reliability/run_faults.sh uses 20). Seed: DTRAIN_FAULT_SEED.
 
 #define BOOST_TEST_MODULE reliability_preempt
-#include <boost/test/unit_test.hpp>
-
 #include <signal.h>
 
 #include <chrono>
@@ -31,6 +29,7 @@
 
 #include "launch/process.hpp"
 #include "reliability/jobs.hpp"
+#include <boost/test/unit_test.hpp>
 
 namespace {
 
@@ -42,13 +41,26 @@ constexpr int steps = 400, save_every = 100;
 int draw(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng()); }
 
 std::vector<std::string> job(const fs::path& dir, bool resume) {
-  std::vector<std::string> args{DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--grace-period", "30", TRAIN_MLP_PATH,
-                                "steps=" + std::to_string(steps), "hidden=32,32", "samples=512", "features=16",
-                                "classes=4", "batch_size=16", "num_workers=0", "log_every=1000",
-                                "save_every=" + std::to_string(save_every), "keep_last=2",
+  std::vector<std::string> args{DTRAIN_RUN_PATH,
+                                "--nproc-per-node",
+                                "2",
+                                "--grace-period",
+                                "30",
+                                TRAIN_MLP_PATH,
+                                "steps=" + std::to_string(steps),
+                                "hidden=32,32",
+                                "samples=512",
+                                "features=16",
+                                "classes=4",
+                                "batch_size=16",
+                                "num_workers=0",
+                                "log_every=1000",
+                                "save_every=" + std::to_string(save_every),
+                                "keep_last=2",
                                 "checkpoint_dir=" + (dir / "ck").string(),
                                 "metrics=" + (dir / (resume ? "m2.jsonl" : "m1.jsonl")).string(),
-                                "save_params=" + (dir / "final.safetensors").string(), "timeout_s=20"};
+                                "save_params=" + (dir / "final.safetensors").string(),
+                                "timeout_s=20"};
   if (resume) args.emplace_back("resume=latest");
   return args;
 }
@@ -81,17 +93,20 @@ bool check_outcome(const Finished& first, const fs::path& dir) {
     BOOST_TEST(same, "a finished run's parameters differ from the uninterrupted run's");
     return same;
   }
-  BOOST_TEST(first.exited_with(75), "the preempted job did not exit with 75 (" << first.describe() << "):\n" << first.err);
+  BOOST_TEST(first.exited_with(75), "the preempted job did not exit with 75 (" << first.describe() << "):\n"
+                                                                               << first.err);
   BOOST_TEST(first.err.find("saved a checkpoint on a preemption notice; exiting with code 75") != std::string::npos,
-             "dtrain-run did not name the preemption:\n" << first.err);
+             "dtrain-run did not name the preemption:\n"
+                 << first.err);
   const auto stopped = number_after(first.out, R"(preempted(?: \(SIG[A-Z0-9]+\))? after step (\d+))");
   BOOST_TEST(stopped.has_value(), "rank 0 did not report the preemption:\n" << first.out);
   const Finished second = Process(job(dir, true)).wait(300);
   BOOST_TEST(second.exited_with(0), "the resumed run failed:\n" << second.err);
   const auto resumed = number_after(second.out, R"(resumed from \S+ at step (\d+))");
-  BOOST_TEST((resumed && stopped && *resumed == *stopped),
-             "resumed at step " << (resumed ? *resumed : -1) << ", preempted after " << (stopped ? *stopped : -1)
-                                << ":\n" << second.out);
+  BOOST_TEST((resumed && stopped && *resumed == *stopped), "resumed at step " << (resumed ? *resumed : -1)
+                                                                              << ", preempted after "
+                                                                              << (stopped ? *stopped : -1) << ":\n"
+                                                                              << second.out);
   const bool same = fs::exists(dir / "final.safetensors") && read_params(dir / "final.safetensors") == ref;
   BOOST_TEST(same, "parameters after the resumed run differ from the uninterrupted run's");
   return first.exited_with(75) && second.exited_with(0) && same && resumed && stopped && *resumed == *stopped;
@@ -146,8 +161,8 @@ void launcher_notice(int sig, const std::string& name, const std::vector<std::st
       const Finished f = p.wait(300);
       if (f.exited_with(75)) {  // (a notice after the last step finds a finished run)
         BOOST_TEST(f.err.find("received " + name + "; forwarding it to the ranks") != std::string::npos, f.err);
-        BOOST_TEST(f.out.find("preempted (" + name + ")") != std::string::npos,
-                   "rank 0 did not name " << name << ":\n" << f.out);
+        BOOST_TEST(f.out.find("preempted (" + name + ")") != std::string::npos, "rank 0 did not name " << name << ":\n"
+                                                                                                       << f.out);
       }
       if (check_outcome(f, dir.path())) ++tally.passed;
     }
@@ -173,7 +188,8 @@ BOOST_AUTO_TEST_CASE(an_unknown_preempt_signal_is_refused) {
   args.emplace_back("preempt_signals=TERM,USR3");
   const Finished f = Process(args).wait(120);
   BOOST_TEST(!f.exited_with(0));
-  BOOST_TEST(f.err.find("preempt_signals: 'USR3' is not a signal a preemption watch takes") != std::string::npos, f.err);
+  BOOST_TEST(f.err.find("preempt_signals: 'USR3' is not a signal a preemption watch takes") != std::string::npos,
+             f.err);
 }
 
 // A rank slowed down (DTRAIN_FAULT_DELAY: 30 ms in every forward) is found:
@@ -181,9 +197,19 @@ BOOST_AUTO_TEST_CASE(an_unknown_preempt_signal_is_refused) {
 // times, name it as the slowest with its lag, and the progress line names it.
 BOOST_AUTO_TEST_CASE(a_slow_rank_is_named) {
   TempDir dir;
-  std::vector<std::string> args{DTRAIN_RUN_PATH, "--nproc-per-node", "2", TRAIN_MLP_PATH, "steps=6", "hidden=32,32",
-                                "samples=512", "features=16", "classes=4", "batch_size=16", "num_workers=0",
-                                "log_every=2", "metrics=" + (dir.path() / "m.jsonl").string(),
+  std::vector<std::string> args{DTRAIN_RUN_PATH,
+                                "--nproc-per-node",
+                                "2",
+                                TRAIN_MLP_PATH,
+                                "steps=6",
+                                "hidden=32,32",
+                                "samples=512",
+                                "features=16",
+                                "classes=4",
+                                "batch_size=16",
+                                "num_workers=0",
+                                "log_every=2",
+                                "metrics=" + (dir.path() / "m.jsonl").string(),
                                 "checkpoint_dir=" + (dir.path() / "ck").string()};
   const Finished f = Process(args, {{"DTRAIN_FAULT_DELAY", "1:30"}}).wait(120);
   BOOST_REQUIRE_MESSAGE(f.exited_with(0), f.err);
@@ -197,7 +223,8 @@ BOOST_AUTO_TEST_CASE(a_slow_rank_is_named) {
     if (line.find("\"slowest_rank\": 1,") != std::string::npos && lag && *lag >= 2) ++named;
   }
   BOOST_TEST(records == 3, "records at steps 2, 4, 6: " << records);
-  BOOST_TEST(named == records, "rank 1 named as the slowest, at least 2x the median, in " << named << " of " << records);
+  BOOST_TEST(named == records,
+             "rank 1 named as the slowest, at least 2x the median, in " << named << " of " << records);
 }
 
 // straggler_factor decides whether the slow rank is named: 0 turns the
@@ -208,9 +235,19 @@ BOOST_AUTO_TEST_CASE(straggler_factor_decides_when_a_slow_rank_is_named) {
   for (const std::string factor : {"0", "100000"}) {
     BOOST_TEST_CONTEXT("straggler_factor=" << factor) {
       TempDir dir;
-      std::vector<std::string> args{DTRAIN_RUN_PATH, "--nproc-per-node", "2", TRAIN_MLP_PATH, "steps=6",
-                                    "hidden=32,32", "samples=512", "features=16", "classes=4", "batch_size=16",
-                                    "num_workers=0", "log_every=2", "straggler_factor=" + factor,
+      std::vector<std::string> args{DTRAIN_RUN_PATH,
+                                    "--nproc-per-node",
+                                    "2",
+                                    TRAIN_MLP_PATH,
+                                    "steps=6",
+                                    "hidden=32,32",
+                                    "samples=512",
+                                    "features=16",
+                                    "classes=4",
+                                    "batch_size=16",
+                                    "num_workers=0",
+                                    "log_every=2",
+                                    "straggler_factor=" + factor,
                                     "metrics=" + (dir.path() / "m.jsonl").string(),
                                     "checkpoint_dir=" + (dir.path() / "ck").string()};
       const Finished f = Process(args, {{"DTRAIN_FAULT_DELAY", "1:30"}}).wait(120);

@@ -2,16 +2,16 @@
 // key=value arguments in order, --help from the declarations, errors that
 // name the key and the fix, and fit's keys.
 #define BOOST_TEST_MODULE run_config
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/run/config.hpp>
-
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/run/config.hpp>
 
 namespace {
 
@@ -89,8 +89,7 @@ BOOST_AUTO_TEST_CASE(bad_arguments_name_the_key_and_the_fix) {
   BOOST_TEST(error_of([&] { c.parse({"hidden=a,b"}); }).find("is not a list of integers") != std::string::npos);
   BOOST_TEST(error_of([&] { c.parse({"lr"}); }).find("neither --config FILE nor key=value") != std::string::npos);
   BOOST_TEST(error_of([&] { c.parse({"--config"}); }).find("--config needs a file") != std::string::npos);
-  BOOST_TEST(error_of([&] { c.parse({"--config", "/no/such.yaml"}); }).find("cannot read config") !=
-             std::string::npos);
+  BOOST_TEST(error_of([&] { c.parse({"--config", "/no/such.yaml"}); }).find("cannot read config") != std::string::npos);
   BOOST_TEST(error_of([&] { c.parse({"steps=0"}); }).find("FitOptions: steps = 0") != std::string::npos);
   BOOST_TEST(error_of([&] { c.add("lr", s.lr, "again"); }).find("declared twice") != std::string::npos);
 }

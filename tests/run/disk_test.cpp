@@ -18,11 +18,6 @@
 // checks (robust_test) runs everywhere.
 #define BOOST_TEST_NO_MAIN
 #define BOOST_TEST_ALTERNATIVE_INIT_API
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/run/fit.hpp>
-#include <dtrain/trainer.hpp>
-
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -39,6 +34,10 @@
 
 #include "strategy/common.hpp"
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/run/fit.hpp>
+#include <dtrain/trainer.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -53,9 +52,7 @@ fs::path& mount_point() {
   return p;
 }
 
-void write_file(const fs::path& file, const std::string& text) {
-  std::ofstream(file) << text;
-}
+void write_file(const fs::path& file, const std::string& text) { std::ofstream(file) << text; }
 
 // Enters a private mount namespace (as root, or as root of a new user
 // namespace) and mounts the tmpfs. "" on success, else why not.
@@ -163,8 +160,13 @@ BOOST_AUTO_TEST_CASE(a_save_on_a_full_file_system) {
 BOOST_AUTO_TEST_CASE(fit_through_a_disk_that_fills_and_is_freed) {
   DiskDir dir("fit");
   const Dataset data = random_dataset(64, 5);
-  const FitOptions o{.steps = 8, .batch_size = 4, .checkpoint_dir = dir.path / "ck", .save_every = 2,
-                     .keep_last = 1, .on_save_error = dtrain::save_error_policy::keep_going, .progress = false};
+  const FitOptions o{.steps = 8,
+                     .batch_size = 4,
+                     .checkpoint_dir = dir.path / "ck",
+                     .save_every = 2,
+                     .keep_last = 1,
+                     .on_save_error = dtrain::save_error_policy::keep_going,
+                     .progress = false};
   std::vector<FitResult> results(2);
   std::vector<std::string> while_full;  // the checkpoints rank 0 saw while the disk was full
   run_ranks(2, [&](World& w) {

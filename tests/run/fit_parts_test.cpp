@@ -5,17 +5,6 @@
 // skip list, the batches a rewind replays, the progress point (stragglers,
 // stop requests agreed by the ranks, preemption) and the end of a run.
 #define BOOST_TEST_MODULE fit_parts
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/run/fit_batches.hpp>
-#include <dtrain/run/fit_checkpointer.hpp>
-#include <dtrain/run/fit_evaluation.hpp>
-#include <dtrain/run/fit_finish.hpp>
-#include <dtrain/run/fit_progress.hpp>
-#include <dtrain/run/fit_resume.hpp>
-#include <dtrain/run/fit_rollback.hpp>
-#include <dtrain/trainer.hpp>
-
 #include <signal.h>
 #include <unistd.h>
 
@@ -31,6 +20,16 @@
 
 #include "strategy/common.hpp"
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/run/fit_batches.hpp>
+#include <dtrain/run/fit_checkpointer.hpp>
+#include <dtrain/run/fit_evaluation.hpp>
+#include <dtrain/run/fit_finish.hpp>
+#include <dtrain/run/fit_progress.hpp>
+#include <dtrain/run/fit_resume.hpp>
+#include <dtrain/run/fit_rollback.hpp>
+#include <dtrain/trainer.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -305,9 +304,9 @@ BOOST_AUTO_TEST_CASE(resume_candidates_newest_first) {
   make_checkpoints(tmp.path, {2, 4, 6});
   fs::create_directories(tmp.path / "step-00000009");  // a save that died: no index
   const FitOptions latest{.checkpoint_dir = tmp.path, .resume = "latest"};
-  BOOST_TEST((detail::Resumer(latest, false).candidates() ==
-              std::vector<fs::path>{checkpoint_path(tmp.path, 6), checkpoint_path(tmp.path, 4),
-                                    checkpoint_path(tmp.path, 2)}));
+  BOOST_TEST((detail::Resumer(latest, false).candidates() == std::vector<fs::path>{checkpoint_path(tmp.path, 6),
+                                                                                   checkpoint_path(tmp.path, 4),
+                                                                                   checkpoint_path(tmp.path, 2)}));
   const FitOptions named{.checkpoint_dir = tmp.path, .resume = checkpoint_path(tmp.path, 4).string()};
   BOOST_TEST((detail::Resumer(named, false).candidates() == std::vector<fs::path>{checkpoint_path(tmp.path, 4)}));
   BOOST_TEST(detail::Resumer(FitOptions{.checkpoint_dir = tmp.path}, false).candidates().empty());
@@ -438,8 +437,8 @@ BOOST_AUTO_TEST_CASE(checkpointer_saves_prunes_and_reports) {
 BOOST_AUTO_TEST_CASE(rollback_skip_list) {
   TempDir tmp;
   make_checkpoints(tmp.path, {2, 4});
-  const FitOptions o{.checkpoint_dir = tmp.path, .on_nonfinite = nonfinite_policy::rollback, .max_rollbacks = 2,
-                     .progress = false};
+  const FitOptions o{
+      .checkpoint_dir = tmp.path, .on_nonfinite = nonfinite_policy::rollback, .max_rollbacks = 2, .progress = false};
   FitResult result;
   auto report = quiet(o);
   detail::RollbackGuard guard(o, report, result);
@@ -575,7 +574,7 @@ BOOST_AUTO_TEST_CASE(a_stop_request_from_one_rank_is_agreed) {
     for (const std::int64_t step : {5, 6})
       require(!progress.stop_agreed(step, false, false, control), "compared off a progress point");
     require(!progress.stop_agreed(20, true, false, control), "compared at the last step");
-    if (progress.stop_agreed(7, false, true, control)) mine.push_back(7);  // an evaluation step
+    if (progress.stop_agreed(7, false, true, control)) mine.push_back(7);   // an evaluation step
     if (progress.stop_agreed(8, false, false, control)) mine.push_back(8);  // a progress point
     std::lock_guard lock(mu);
     stopped[static_cast<std::size_t>(w.rank())] = mine;
@@ -621,8 +620,9 @@ BOOST_AUTO_TEST_CASE(the_end_of_a_run) {
   const auto finish = [&](const FitOptions& o, const FitResult& r) {
     calls.clear();
     auto report = quiet(o);
-    detail::finish_fit(o, r, report, false, [&] { calls.push_back("evaluate"); }, [&] { calls.push_back("save"); },
-                       [&](const fs::path& p) { calls.push_back("params " + p.string()); });
+    detail::finish_fit(
+        o, r, report, false, [&] { calls.push_back("evaluate"); }, [&] { calls.push_back("save"); },
+        [&](const fs::path& p) { calls.push_back("params " + p.string()); });
     return calls;
   };
   using Calls = std::vector<std::string>;

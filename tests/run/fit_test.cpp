@@ -4,11 +4,6 @@
 // resumed equal bit for bit to one that was not; early stop; stop requests
 // from one rank only; and bad options.
 #define BOOST_TEST_MODULE fit
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/run/fit.hpp>
-#include <dtrain/trainer.hpp>
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -19,6 +14,10 @@
 
 #include "strategy/common.hpp"
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/run/fit.hpp>
+#include <dtrain/trainer.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -66,9 +65,16 @@ using Net = Trainer<UnevenNet, Strategy<FSDP<FullShard>>>;
 BOOST_AUTO_TEST_CASE(checkpoints_evaluation_metrics_and_a_second_run) {
   TempDir tmp;
   const Dataset train = make_data(1), held_out = make_data(2, 40);
-  FitOptions o{.steps = 7, .batch_size = 8, .checkpoint_dir = tmp.path / "ckpt", .save_every = 3, .keep_last = 2,
-               .resume = "latest", .eval_every = 3, .metrics = {metrics::accuracy()},
-               .metrics_file = tmp.path / "logs" / "metrics.jsonl", .save_params = tmp.path / "final.safetensors"};
+  FitOptions o{.steps = 7,
+               .batch_size = 8,
+               .checkpoint_dir = tmp.path / "ckpt",
+               .save_every = 3,
+               .keep_last = 2,
+               .resume = "latest",
+               .eval_every = 3,
+               .metrics = {metrics::accuracy()},
+               .metrics_file = tmp.path / "logs" / "metrics.jsonl",
+               .save_params = tmp.path / "final.safetensors"};
   std::vector<std::int64_t> evals, saves;
   run_ranks(2, [&](World& w) {
     UnevenNet net;
@@ -149,9 +155,16 @@ BOOST_AUTO_TEST_CASE(early_stop_and_stop_requests_from_one_rank) {
   const Dataset train = make_data(4), held_out = make_data(5, 16);
   // Accuracy "maximised" with a min_delta no run can reach: the first
   // evaluation sets the best, the next two fail to beat it: stop at step 6.
-  FitOptions o{.steps = 50, .batch_size = 8, .checkpoint_dir = tmp.path / "c", .eval_every = 2,
-               .metrics = {metrics::accuracy()}, .monitor = "accuracy", .maximize = true, .patience = 2,
-               .min_delta = 2.0, .progress = false};
+  FitOptions o{.steps = 50,
+               .batch_size = 8,
+               .checkpoint_dir = tmp.path / "c",
+               .eval_every = 2,
+               .metrics = {metrics::accuracy()},
+               .monitor = "accuracy",
+               .maximize = true,
+               .patience = 2,
+               .min_delta = 2.0,
+               .progress = false};
   std::int64_t stopped_at = 0, asked_at = 0;
   run_ranks(2, [&](World& w) {
     UnevenNet net;
@@ -162,7 +175,11 @@ BOOST_AUTO_TEST_CASE(early_stop_and_stop_requests_from_one_rank) {
     require(r.last_checkpoint == checkpoint_path(o.checkpoint_dir, 6), "the stopped run is saved");
   });
   // Only rank 1 asks, at step 3; the ranks compare at step 4 (log_every 2).
-  FitOptions p{.steps = 50, .batch_size = 8, .checkpoint_dir = tmp.path / "d", .save_final = false, .log_every = 2,
+  FitOptions p{.steps = 50,
+               .batch_size = 8,
+               .checkpoint_dir = tmp.path / "d",
+               .save_final = false,
+               .log_every = 2,
                .progress = false};
   run_ranks(2, [&](World& w) {
     UnevenNet net;

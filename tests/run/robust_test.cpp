@@ -7,11 +7,6 @@
 // file, the bytes and the free space; the partial files go, the previous
 // checkpoint stays loadable; fit's on_save_error = continue trains on).
 #define BOOST_TEST_MODULE robust
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/run/fit.hpp>
-#include <dtrain/trainer.hpp>
-
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -27,6 +22,10 @@
 
 #include "strategy/common.hpp"
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/run/fit.hpp>
+#include <dtrain/trainer.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -96,7 +95,8 @@ BOOST_AUTO_TEST_CASE(nonfinite_skip_leaves_the_parameters) {
       if (s == 3) before = t.parameters();
       const StepStats st = t.step(std::vector<Batch>{batch_of(s, w.rank(), 3, 0)});
       std::lock_guard lock(mu);
-      if ((s == 3) != st.skipped) failure += "step " + std::to_string(s) + " skipped=" + std::to_string(st.skipped) + "; ";
+      if ((s == 3) != st.skipped)
+        failure += "step " + std::to_string(s) + " skipped=" + std::to_string(st.skipped) + "; ";
       if (s == 3 && t.parameters() != before) failure += "the skipped step changed the parameters; ";
     }
     for (const auto& [name, v] : t.parameters())
@@ -201,9 +201,13 @@ BOOST_AUTO_TEST_CASE(a_save_that_hits_a_file_size_limit) {
   run_ranks(2, [&](World& w) {
     UnevenNet net;
     Trainer<UnevenNet, Strategy<DDP>> t(w, net, AdamW{.lr = 1e-2f});
-    results[static_cast<std::size_t>(w.rank())] =
-        fit(t, data, FitOptions{.steps = 4, .batch_size = 4, .checkpoint_dir = tmp.path / "fit", .save_every = 2,
-                                .on_save_error = dtrain::save_error_policy::keep_going, .progress = false});
+    results[static_cast<std::size_t>(w.rank())] = fit(t, data,
+                                                      FitOptions{.steps = 4,
+                                                                 .batch_size = 4,
+                                                                 .checkpoint_dir = tmp.path / "fit",
+                                                                 .save_every = 2,
+                                                                 .on_save_error = dtrain::save_error_policy::keep_going,
+                                                                 .progress = false});
   });
   ::setrlimit(RLIMIT_FSIZE, &old);
   ::signal(SIGXFSZ, previous);
@@ -222,8 +226,12 @@ BOOST_AUTO_TEST_CASE(fit_rolls_back_past_a_nonfinite_step) {
   TempDir tmp;
   Dataset data = random_dataset(96, 11);
   data.x[70 * features + 2] = std::numeric_limits<float>::quiet_NaN();  // row 70, drawn within the first epoch
-  const FitOptions base{.steps = 10, .batch_size = 4, .shuffle = false, .checkpoint_dir = tmp.path / "ck",
-                        .save_every = 2, .progress = false};
+  const FitOptions base{.steps = 10,
+                        .batch_size = 4,
+                        .shuffle = false,
+                        .checkpoint_dir = tmp.path / "ck",
+                        .save_every = 2,
+                        .progress = false};
   std::vector<std::string> stopped(2);
   run_ranks(2, [&](World& w) {
     UnevenNet net;
@@ -261,7 +269,8 @@ BOOST_AUTO_TEST_CASE(fit_rolls_back_past_a_nonfinite_step) {
   }
   std::ifstream in(tmp.path / "m.jsonl");
   bool recorded = false;
-  for (std::string line; std::getline(in, line);) recorded = recorded || line.find("\"rollback_to\"") != std::string::npos;
+  for (std::string line; std::getline(in, line);)
+    recorded = recorded || line.find("\"rollback_to\"") != std::string::npos;
   BOOST_TEST(recorded, "the metrics file records the rollback");
 }
 
@@ -296,8 +305,8 @@ BOOST_AUTO_TEST_CASE(watches_together_handle_every_watch_s_signals) {
 BOOST_AUTO_TEST_CASE(a_notice_kept_from_start_up_stops_fit_after_one_step) {
   TempDir tmp;
   const Dataset data = random_dataset(32, 3);
-  const FitOptions o{.steps = 6, .batch_size = 4, .checkpoint_dir = tmp.path / "ck", .resume = "latest",
-                     .progress = false};
+  const FitOptions o{
+      .steps = 6, .batch_size = 4, .checkpoint_dir = tmp.path / "ck", .resume = "latest", .progress = false};
   std::vector<FitResult> results(2);
   {
     const PreemptionWatch start_up({SIGTERM, SIGUSR1});

@@ -2,13 +2,14 @@
 // Shared by the strategy tests: a model with uneven shapes (15x7, 16x15
 // frozen, 17x16, 5x17), deterministic batches, and comparisons.
 
-#include <dtrain/trainer.hpp>
-#include <support/ranks.hpp>
-
 #include <cmath>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <support/ranks.hpp>
+
+#include <dtrain/trainer.hpp>
 
 namespace dtrain::testing {
 
@@ -38,7 +39,8 @@ inline Batch rows_of(int step, std::int64_t first, std::int64_t rows) {
   std::vector<float> x;
   std::vector<std::int32_t> y;
   for (std::int64_t r = first; r < first + rows; ++r) {
-    for (double v : random_values(features, static_cast<std::uint64_t>(step * 100003 + r))) x.push_back(static_cast<float>(v));
+    for (double v : random_values(features, static_cast<std::uint64_t>(step * 100003 + r)))
+      x.push_back(static_cast<float>(v));
     y.push_back(static_cast<std::int32_t>((step * 31 + r * 7) % classes));
   }
   return Batch::table(x, y, rows, features);
@@ -79,10 +81,12 @@ inline double max_rel_diff(const Params& a, const Params& b, std::string* where 
     const auto& vb = b.at(name);
     require(va.size() == vb.size(), "different sizes of " + name);
     for (std::size_t i = 0; i < va.size(); ++i) {
-      const double d = std::abs(static_cast<double>(va[i]) - vb[i]) / std::max(1.0, std::abs(static_cast<double>(vb[i])));
+      const double d =
+          std::abs(static_cast<double>(va[i]) - vb[i]) / std::max(1.0, std::abs(static_cast<double>(vb[i])));
       if (d > worst || std::isnan(d)) {
         worst = std::isnan(d) ? INFINITY : d;
-        if (where) *where = name + "[" + std::to_string(i) + "] " + std::to_string(va[i]) + " vs " + std::to_string(vb[i]);
+        if (where)
+          *where = name + "[" + std::to_string(i) + "] " + std::to_string(va[i]) + " vs " + std::to_string(vb[i]);
       }
     }
   }

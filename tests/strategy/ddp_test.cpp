@@ -2,16 +2,15 @@
 // replicas stay identical, accumulation, frozen parameters, mixed precision),
 // with ranks as threads of this process over real Gloo communicators.
 #define BOOST_TEST_MODULE strategy_ddp
-#include <boost/test/unit_test.hpp>
-
-#include "common.hpp"
-
 #include <cmath>
 #include <map>
 #include <mutex>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "common.hpp"
+#include <boost/test/unit_test.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -36,9 +35,9 @@ void require_close(const Params& a, const Params& b, double tol, const std::stri
     const auto& vb = b.at(name);
     for (std::size_t i = 0; i < va.size(); ++i) {
       const double d = std::abs(static_cast<double>(va[i]) - vb[i]);
-      require(d <= tol * std::max(1.0, std::abs(static_cast<double>(vb[i]))),
-              what + ": " + name + "[" + std::to_string(i) + "] " + std::to_string(va[i]) + " vs " +
-                  std::to_string(vb[i]));
+      require(
+          d <= tol * std::max(1.0, std::abs(static_cast<double>(vb[i]))),
+          what + ": " + name + "[" + std::to_string(i) + "] " + std::to_string(va[i]) + " vs " + std::to_string(vb[i]));
     }
   }
 }
@@ -110,7 +109,10 @@ BOOST_AUTO_TEST_CASE(one_rank_matches_float64_reference) {
       // float64 forward/backward of the mean cross-entropy.
       std::map<std::string, std::vector<double>> g;
       for (auto& [k, v] : ref) g[k].assign(v.size(), 0.0);
-      auto& W1 = ref["0.weight"]; auto& b1 = ref["0.bias"]; auto& W2 = ref["2.weight"]; auto& b2 = ref["2.bias"];
+      auto& W1 = ref["0.weight"];
+      auto& b1 = ref["0.bias"];
+      auto& W2 = ref["2.weight"];
+      auto& b2 = ref["2.bias"];
       for (int r = 0; r < rows; ++r) {
         std::vector<double> h(9), z(9), o(classes);
         for (int j = 0; j < 9; ++j) {
@@ -240,8 +242,10 @@ BOOST_AUTO_TEST_CASE(grad_reducer_reduces_in_the_reduce_dtype) {
     for (std::size_t i = 0; i < n; ++i) {
       double want = 0;
       for (int r = 0; r < 3; ++r)
-        want += static_cast<float>(bf16(static_cast<float>(dtrain::testing::random_values(n, 11 + static_cast<std::uint64_t>(r))[i])));
-      require(g[i] == static_cast<float>(bf16(static_cast<float>(want))), "bf16 reduction mismatch at " + std::to_string(i));
+        want += static_cast<float>(
+            bf16(static_cast<float>(dtrain::testing::random_values(n, 11 + static_cast<std::uint64_t>(r))[i])));
+      require(g[i] == static_cast<float>(bf16(static_cast<float>(want))),
+              "bf16 reduction mismatch at " + std::to_string(i));
     }
   });
 }

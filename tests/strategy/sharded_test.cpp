@@ -3,14 +3,13 @@
 // parameters stay frozen and an fp16 overflow skips the step. On the host
 // path, with ranks as threads of this process over real Gloo communicators.
 #define BOOST_TEST_MODULE strategy_sharded
-#include <boost/test/unit_test.hpp>
-
-#include "common.hpp"
-#include "support/strategy_options.hpp"
-
 #include <functional>
 #include <mutex>
 #include <sstream>
+
+#include "common.hpp"
+#include "support/strategy_options.hpp"
+#include <boost/test/unit_test.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -38,8 +37,8 @@ template <class Kind, int A, class Prec, class Opt>
 double versus_ddp(int n, Opt opt, int steps, std::string& where, TrainerOptions o = {.seed = 42}) {
   static_assert(A == 1 || A == 2 || A == 4);
   const std::vector<std::int64_t> all{5, 3, 8, 2};  // uneven micro-batches
-  const std::vector<std::int64_t> sizes = A == 1 ? std::vector<std::int64_t>{6}
-                                                 : std::vector<std::int64_t>(all.begin(), all.begin() + A);
+  const std::vector<std::int64_t> sizes =
+      A == 1 ? std::vector<std::int64_t>{6} : std::vector<std::int64_t>(all.begin(), all.begin() + A);
   Worst worst;
   std::vector<Params> last(static_cast<std::size_t>(n));
   run_ranks(n, [&, o](World& w) mutable {
@@ -81,8 +80,8 @@ void matches_ddp_fp32() {
         d4 = versus_ddp<Kind, 4, Precision<fp32>>(n, SGD{.lr = 0.1f, .momentum = 0.9f}, 3, where);
         BOOST_TEST(d4 <= 1e-5, Kind::name << " SGD n=" << n << " A=4: " << d4 << " at " << where);
       }
-      BOOST_TEST_MESSAGE(Kind::name << (adam ? " AdamW" : " SGD") << " n=" << n << ": max rel diff " << d1
-                                    << " (A=1), " << d4 << " (A=4)");
+      BOOST_TEST_MESSAGE(Kind::name << (adam ? " AdamW" : " SGD") << " n=" << n << ": max rel diff " << d1 << " (A=1), "
+                                    << d4 << " (A=4)");
     }
 }
 
@@ -93,7 +92,6 @@ BOOST_AUTO_TEST_CASE(fsdp_shard_grad_op_matches_ddp) { matches_ddp_fp32<FSDP<Sha
 BOOST_AUTO_TEST_CASE(fsdp_no_shard_matches_ddp) { matches_ddp_fp32<FSDP<NoShard>>(); }
 BOOST_AUTO_TEST_CASE(fsdp_hybrid_shard_matches_ddp) { matches_ddp_fp32<FSDP<HybridShard>>(); }
 BOOST_AUTO_TEST_CASE(zero1_matches_ddp) { matches_ddp_fp32<ZeRO1>(); }
-
 
 namespace {
 
@@ -398,9 +396,10 @@ MemoryUsage measured(int n) {
 // `value` is `whole` split n ways plus at most `slack` (padding).
 void require_share(std::size_t value, std::size_t whole, int n, std::size_t slack, const std::string& what) {
   const std::size_t share = whole / static_cast<std::size_t>(n);
-  require(value >= share && value <= share + slack,
-          what + ": " + std::to_string(value) + " bytes, expected " + std::to_string(whole) + " / " +
-              std::to_string(n) + " = " + std::to_string(share) + " (+ up to " + std::to_string(slack) + " of padding)");
+  require(value >= share && value <= share + slack, what + ": " + std::to_string(value) + " bytes, expected " +
+                                                        std::to_string(whole) + " / " + std::to_string(n) + " = " +
+                                                        std::to_string(share) + " (+ up to " + std::to_string(slack) +
+                                                        " of padding)");
 }
 
 }  // namespace
@@ -423,7 +422,8 @@ BOOST_AUTO_TEST_CASE(memory_per_rank_falls_as_the_zero_paper_says) {
     const std::string at = " at " + std::to_string(n) + " ranks";
     for (const auto& [name, m] : {std::pair{"FullShard", measured<FSDP<FullShard>>(n)},
                                   std::pair{"ShardGradOp", measured<FSDP<ShardGradOp>>(n)}}) {
-      require_share(m.master + m.grads + m.optimizer, 16 * trainable, n, 16 * units, std::string(name) + " master+grads+optimizer" + at);
+      require_share(m.master + m.grads + m.optimizer, 16 * trainable, n, 16 * units,
+                    std::string(name) + " master+grads+optimizer" + at);
       require_share(m.params, 2 * frozen, n, 2 * units, std::string(name) + " frozen params" + at);
     }
     // ZeRO-2 keeps the whole model gathered from forward to backward; FullShard
@@ -438,11 +438,13 @@ BOOST_AUTO_TEST_CASE(memory_per_rank_falls_as_the_zero_paper_says) {
     // optimizer state (fp32 master + moments) split.
     const auto z = measured<ZeRO1>(n);
     require_share(z.master + z.optimizer, 12 * trainable, n, 12 * units, "ZeRO1 master+optimizer" + at);
-    require(z.params >= zero1_1.params && z.params <= zero1_1.params + 2 * units * n, "ZeRO1 params are not replicated" + at);
+    require(z.params >= zero1_1.params && z.params <= zero1_1.params + 2 * units * n,
+            "ZeRO1 params are not replicated" + at);
     require(z.grads < zero1_1.grads && z.grads >= 2 * trainable + 4 * trainable, "ZeRO1 gradients" + at);
     // DDP holds everything everywhere.
     const auto d = measured<DDP>(n);
-    require(d.params == ddp1.params && d.master == ddp1.master && d.grads == ddp1.grads && d.optimizer == ddp1.optimizer,
-            "DDP memory changed with the world size" + at);
+    require(
+        d.params == ddp1.params && d.master == ddp1.master && d.grads == ddp1.grads && d.optimizer == ddp1.optimizer,
+        "DDP memory changed with the world size" + at);
   }
 }

@@ -6,8 +6,6 @@
 // Cuda device: stream and cuBLAS handle; collectives over the host transport,
 // CommOptions::gpu = host).
 
-#include <dtrain/trainer.hpp>
-
 #include <cstdio>
 #include <initializer_list>
 #include <string>
@@ -15,6 +13,8 @@
 
 #include "strategy/common.hpp"
 #include "support/strategy_options.hpp"
+
+#include <dtrain/trainer.hpp>
 
 namespace dtrain::testing {
 
@@ -29,7 +29,7 @@ namespace dtrain::testing {
 template <class Prec>
 constexpr double tolerance = std::is_same_v<typename Prec::param_type, float>  ? 1e-6
                              : std::is_same_v<typename Prec::param_type, bf16> ? 1e-2
-                                                                                : 2e-3;
+                                                                               : 2e-3;
 
 inline const SGD sgd{.lr = 0.1f, .momentum = 0.9f};
 
@@ -62,7 +62,7 @@ Params train(int n, offload_kind offload = offload_kind::none, int steps = 3) {
         TrainerOptions o{.seed = 42};
         o.offload = offload;
         Trainer<Net, Device<Dev>, Strategy<Kind>, Prec, Accumulate<A>> t(w, net, sgd, o,
-                                                                        kind_options<Kind, Dev>(hybrid_group(n)));
+                                                                         kind_options<Kind, Dev>(hybrid_group(n)));
         for (int s = 0; s < steps; ++s) t.step(micro_batches(s, w.rank(), sizes));
         last[static_cast<std::size_t>(w.rank())] = t.parameters();
       },

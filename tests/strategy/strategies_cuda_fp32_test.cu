@@ -1,8 +1,7 @@
 // Every strategy on the GPU against the host and against GPU DDP in fp32
 // (strategies_cuda.hpp).
-#include <boost/test/unit_test.hpp>
-
 #include "strategy/strategies_cuda.hpp"
+#include <boost/test/unit_test.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;

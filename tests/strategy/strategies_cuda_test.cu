@@ -8,14 +8,13 @@
 //  - the allocator's figures against cudaMemGetInfo, and the offloaded
 //    device/host split against the estimate.
 // Exits 77 without a GPU.
-#include <support/gpu_main.hpp>
-
-#include <dtrain/train/estimate.hpp>
-
 #include <cmath>
 #include <tuple>
 
 #include "strategy/strategies_cuda.hpp"
+#include <support/gpu_main.hpp>
+
+#include <dtrain/train/estimate.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -105,11 +104,16 @@ void memory_is_what_the_allocator_reports(offload_kind offload, bool check_total
     const MemorySplit e = estimate_memory_split(in);
     const MemoryUsage dev = t.memory(), host = t.host_memory();
     const std::tuple<const char*, std::size_t, std::size_t> rows[] = {
-        {"device params", dev.params, e.device.params},      {"device grads", dev.grads, e.device.grads},
-        {"device optimizer", dev.optimizer, e.device.optimizer}, {"device master", dev.master, e.device.master},
-        {"host params", host.params, e.host.params},          {"host grads", host.grads, e.host.grads},
-        {"host optimizer", host.optimizer, e.host.optimizer}, {"host master", host.master, e.host.master}};
-    for (const auto& [name, got, want] : rows) BOOST_TEST(got == want, name << ": measured " << got << ", estimated " << want);
+        {"device params", dev.params, e.device.params},
+        {"device grads", dev.grads, e.device.grads},
+        {"device optimizer", dev.optimizer, e.device.optimizer},
+        {"device master", dev.master, e.device.master},
+        {"host params", host.params, e.host.params},
+        {"host grads", host.grads, e.host.grads},
+        {"host optimizer", host.optimizer, e.host.optimizer},
+        {"host master", host.master, e.host.master}};
+    for (const auto& [name, got, want] : rows)
+      BOOST_TEST(got == want, name << ": measured " << got << ", estimated " << want);
   });
 }
 

@@ -5,16 +5,15 @@
 // world size and strategy and resumed at another, and a bad tie is a
 // config_error naming the parameter.
 #define BOOST_TEST_MODULE strategy_tied
-#include <boost/test/unit_test.hpp>
-
-#include "common.hpp"
-#include "support/strategy_options.hpp"
-
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "common.hpp"
+#include "support/strategy_options.hpp"
+#include <boost/test/unit_test.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;

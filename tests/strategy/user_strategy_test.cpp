@@ -12,10 +12,6 @@
 // validation.
 
 #define BOOST_TEST_MODULE user_strategy
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/trainer.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -25,6 +21,9 @@
 #include <vector>
 
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/trainer.hpp>
 
 namespace {
 
@@ -65,7 +64,11 @@ class LocalSgdStrategy {
   }
 
   LocalSgdStrategy(const StrategyContext<Dev>& ctx, const options& o)
-      : dev_(ctx.dev), layout_(ctx.layout), comm_(ctx.comm), world_(ctx.world.size()), rank_(ctx.world.rank()),
+      : dev_(ctx.dev),
+        layout_(ctx.layout),
+        comm_(ctx.comm),
+        world_(ctx.world.size()),
+        rank_(ctx.world.rank()),
         period_(o.period) {
     const std::size_t n = layout_.trainable_flat_size();
     master_ = make_buffer<float>(dev_, n, memory_category::params);
@@ -124,7 +127,8 @@ class LocalSgdStrategy {
   // The norm of every rank's gradient together (one scalar all-reduce), so
   // clipping and fp16 skips decide alike on every rank.
   double grad_norm_squared() {
-    const float mine = grad_.size() ? static_cast<float>(dev_.sum(grad_.size(), SquaredNorm<float>{grad_.data()})) : 0.f;
+    const float mine =
+        grad_.size() ? static_cast<float>(dev_.sum(grad_.size(), SquaredNorm<float>{grad_.data()})) : 0.f;
     dev_.copy_from_host(scalar_.data(), &mine, 1);
     auto w = binding::all_reduce(comm_, dev_, scalar_.span(), reduce_op::sum);
     binding::join(w, dev_);
@@ -229,7 +233,8 @@ struct Reference {
           for (std::int64_t o = 0; o < out_features; ++o) {
             double pred = B[static_cast<std::size_t>(o)];
             for (std::int64_t j = 0; j < in_features; ++j)
-              pred += W[static_cast<std::size_t>(o * in_features + j)] * x[static_cast<std::size_t>(i * in_features + j)];
+              pred +=
+                  W[static_cast<std::size_t>(o * in_features + j)] * x[static_cast<std::size_t>(i * in_features + j)];
             const double d = 2.0 * (pred - y[static_cast<std::size_t>(i * out_features + o)]) / count * world;
             gb[static_cast<std::size_t>(o)] += d;
             for (std::int64_t j = 0; j < in_features; ++j)
@@ -298,8 +303,10 @@ BOOST_AUTO_TEST_CASE(local_sgd_matches_its_float64_reference) {
       for (int r = 0; r < world; ++r) {
         const auto W = ending(final[static_cast<std::size_t>(r)], ".weight");
         const auto B = ending(final[static_cast<std::size_t>(r)], ".bias");
-        for (std::size_t i = 0; i < W.size(); ++i) worst = std::max(worst, std::abs(W[i] - ref.w[static_cast<std::size_t>(r)][i]));
-        for (std::size_t i = 0; i < B.size(); ++i) worst = std::max(worst, std::abs(B[i] - ref.b[static_cast<std::size_t>(r)][i]));
+        for (std::size_t i = 0; i < W.size(); ++i)
+          worst = std::max(worst, std::abs(W[i] - ref.w[static_cast<std::size_t>(r)][i]));
+        for (std::size_t i = 0; i < B.size(); ++i)
+          worst = std::max(worst, std::abs(B[i] - ref.b[static_cast<std::size_t>(r)][i]));
       }
       BOOST_TEST(worst <= 1e-5, "world " << world << ", accumulate " << accumulate << ": " << worst);
       // Step 7 is past the last average (step 6): the replicas differ again.

@@ -9,10 +9,10 @@
 
 #define BOOST_TEST_NO_MAIN
 #define BOOST_TEST_ALTERNATIVE_INIT_API
-#include <boost/test/unit_test.hpp>
-
 #include <cstdio>
 #include <string>
+
+#include <boost/test/unit_test.hpp>
 
 #if DTRAIN_HAS_CUDA
 #include <cuda_runtime.h>

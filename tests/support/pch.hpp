@@ -25,7 +25,7 @@
 #include <tuple>
 #include <vector>
 
-#include <dtrain/trainer.hpp>
 #include <dtrain/comm/store.hpp>
 #include <dtrain/run/fit.hpp>
 #include <dtrain/train/estimate.hpp>
+#include <dtrain/trainer.hpp>

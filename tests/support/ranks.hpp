@@ -2,8 +2,6 @@
 // Test helpers: run a body on N ranks that are threads of this process, and
 // float64 references with random non-zero inputs.
 
-#include <dtrain/comm/world.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -13,6 +11,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <dtrain/comm/world.hpp>
 
 namespace dtrain::testing {
 

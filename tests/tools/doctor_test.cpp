@@ -4,14 +4,13 @@
 // size from 8 B to --max-bytes, each checked, with exit status 0; bad
 // arguments exit 2 naming the problem.
 #define BOOST_TEST_MODULE doctor
-#include <boost/test/unit_test.hpp>
-
-#include <launch/process.hpp>
-
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
+#include <launch/process.hpp>
 
 namespace {
 
@@ -43,9 +42,11 @@ void check_table(const Finished& f, const std::string& transport) {
   BOOST_TEST(f.out.find("collectives     2 CPU ranks") != std::string::npos, f.out);
   // 8 B growing 4x, and --max-bytes itself (4 KiB)
   const std::vector<long> want{8, 32, 128, 512, 2048, 4096};
-  for (const auto& [collective, op] : std::vector<std::pair<std::string, std::string>>{
-           {"all_reduce", "sum"}, {"all_reduce", "avg"}, {"reduce_scatter", "sum"}, {"all_gather", "-"},
-           {"broadcast", "-"}}) {
+  for (const auto& [collective, op] : std::vector<std::pair<std::string, std::string>>{{"all_reduce", "sum"},
+                                                                                       {"all_reduce", "avg"},
+                                                                                       {"reduce_scatter", "sum"},
+                                                                                       {"all_gather", "-"},
+                                                                                       {"broadcast", "-"}}) {
     BOOST_TEST_CONTEXT(collective << " " << op) { BOOST_TEST(sizes_of(f.out, collective, op) == want); }
   }
   BOOST_TEST(f.out.find("barrier") != std::string::npos);

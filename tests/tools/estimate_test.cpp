@@ -5,16 +5,6 @@
 // 1-3 (and 4 with HybridShard groups of 2), fp32 / bf16 / bf16 reduced in
 // bf16, AdamW and SGD with momentum, Accumulate<1> and <2>. Then the CLI.
 #define BOOST_TEST_MODULE tools_estimate
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/train/estimate.hpp>
-#include <dtrain/trainer.hpp>
-#include <dtrain/models/gpt.hpp>
-#include <dtrain/models/mlp.hpp>
-#include <strategy/common.hpp>
-#include <support/ranks.hpp>
-#include <support/strategy_options.hpp>
-
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +15,16 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
+#include <strategy/common.hpp>
+#include <support/ranks.hpp>
+#include <support/strategy_options.hpp>
+
+#include <dtrain/models/gpt.hpp>
+#include <dtrain/models/mlp.hpp>
+#include <dtrain/train/estimate.hpp>
+#include <dtrain/trainer.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -61,7 +61,8 @@ Batch random_batch(std::int64_t features, std::int64_t classes, std::int64_t row
   std::vector<float> x;
   std::vector<std::int32_t> y;
   for (double v : random_values(static_cast<std::size_t>(rows * features), seed)) x.push_back(static_cast<float>(v));
-  for (std::int64_t r = 0; r < rows; ++r) y.push_back(static_cast<std::int32_t>((seed + static_cast<std::uint64_t>(r) * 7) % classes));
+  for (std::int64_t r = 0; r < rows; ++r)
+    y.push_back(static_cast<std::int32_t>((seed + static_cast<std::uint64_t>(r) * 7) % classes));
   return Batch::table(x, y, rows, features);
 }
 
@@ -122,8 +123,10 @@ int hybrid_group(int n) { return n == 4 ? 2 : n == 3 ? 3 : 1; }
 
 template <class Kind>
 std::vector<int> world_sizes() {
-  if constexpr (std::is_same_v<Kind, FSDP<HybridShard>>) return {1, 2, 3, 4};
-  else return {1, 2, 3};
+  if constexpr (std::is_same_v<Kind, FSDP<HybridShard>>)
+    return {1, 2, 3, 4};
+  else
+    return {1, 2, 3};
 }
 
 // What one case trained and what the estimator is given for it. Built by
@@ -153,7 +156,7 @@ void compare(const Trained& t) {
     }
     // Gathered buffers: none outside FSDP, and never more than the estimate.
     BOOST_TEST(m.gathered <= e.gathered, t.label << " rank " << r << " gathered: estimate " << e.gathered
-                                                  << " B below the measured " << m.gathered << " B");
+                                                 << " B below the measured " << m.gathered << " B");
     if (m.gathered != 0) {
       const double ratio = static_cast<double>(e.gathered) / static_cast<double>(m.gathered);
       worst.gathered_ratio_max = std::max(worst.gathered_ratio_max, ratio);
@@ -196,8 +199,8 @@ void check(int n, Opt opt, std::size_t optimizer_states) {
   const std::optional<std::size_t> activations = Case::activations(sizeof(T));
   t.in.activations = activations.value_or(0);
   t.has_activations = activations.has_value();
-  t.label = std::string(Case::name) + " " + std::string(Kind::name) + " world=" + std::to_string(n) + " group=" +
-            std::to_string(group) + " T=" + std::to_string(sizeof(T)) + "B R=" + std::to_string(sizeof(R)) +
+  t.label = std::string(Case::name) + " " + std::string(Kind::name) + " world=" + std::to_string(n) +
+            " group=" + std::to_string(group) + " T=" + std::to_string(sizeof(T)) + "B R=" + std::to_string(sizeof(R)) +
             "B A=" + std::to_string(A) + " states=" + std::to_string(optimizer_states);
   compare(t);
 }
@@ -447,8 +450,8 @@ BOOST_AUTO_TEST_CASE(cli_reads_a_checkpoint_budget) {
   const double none = activations(""), every = activations("activation_checkpointing=true");
   // none - every is what the units keep less one block's share: a budget of
   // that recomputes two or three of the four blocks
-  const double budget = activations("activation_checkpointing=true checkpoint_budget_mib=" +
-                                    std::to_string((none - every) / 1048576.0));
+  const double budget =
+      activations("activation_checkpointing=true checkpoint_budget_mib=" + std::to_string((none - every) / 1048576.0));
   const auto [said_rc, said] =
       run_cli("--config " + config + " activation_checkpointing=true checkpoint_budget_mib=20");
   BOOST_TEST(said_rc == 0);
@@ -495,8 +498,9 @@ BOOST_AUTO_TEST_CASE(cli_offload_splits_device_and_host) {
   BOOST_TEST_MESSAGE(out);
   BOOST_REQUIRE_EQUAL(rc, 0);
   BOOST_TEST(std::count(out.begin(), out.end(), '{') == 2 + 16 * 2, "16 rows with a host object each: " << out);
-  const std::string full_optimizer = "\"strategy\": \"fsdp-full\", \"offload\": \"optimizer\", \"params\": 500000, "
-                                     "\"grads\": 0, \"optimizer\": 0, \"master\": 0";
+  const std::string full_optimizer =
+      "\"strategy\": \"fsdp-full\", \"offload\": \"optimizer\", \"params\": 500000, "
+      "\"grads\": 0, \"optimizer\": 0, \"master\": 0";
   BOOST_TEST(out.find(full_optimizer) != std::string::npos, out);
   BOOST_TEST(out.find("\"host\": {\"params\": 500000, \"grads\": 1000000, \"optimizer\": 2000000, \"master\": "
                       "1000000, \"total\": 4500000}") != std::string::npos,
@@ -510,8 +514,9 @@ BOOST_AUTO_TEST_CASE(cli_offload_splits_device_and_host) {
 // parameter / 4 ranks) leaves host memory for files: the JSON's "disk" and
 // the table's last column; without an offload it is a usage error.
 BOOST_AUTO_TEST_CASE(cli_state_on_disk_moves_the_optimizer_state_to_files) {
-  const std::string args = "--params 1000000 --world 4 --precision bf16 --strategy fsdp-full --offload optimizer "
-                           "--state-on-disk";
+  const std::string args =
+      "--params 1000000 --world 4 --precision bf16 --strategy fsdp-full --offload optimizer "
+      "--state-on-disk";
   const auto [rc, out] = run_cli(args + " --json");
   BOOST_TEST_MESSAGE(out);
   BOOST_REQUIRE_EQUAL(rc, 0);

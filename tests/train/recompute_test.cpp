@@ -1,14 +1,15 @@
 // Which units activation checkpointing recomputes (train/recompute.hpp): the
 // rule the Trainer's pipeline and the estimate share, on its own.
 #define BOOST_TEST_MODULE recompute
-#include <boost/test/unit_test.hpp>
+#include "dtrain/train/recompute.hpp"
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include <boost/test/unit_test.hpp>
+
 #include "dtrain/core/error.hpp"
-#include "dtrain/train/recompute.hpp"
 
 using dtrain::RecomputePolicy;
 using dtrain::detail::recomputed_units;

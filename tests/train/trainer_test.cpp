@@ -3,19 +3,18 @@
 // kind (the same code behind AnyStrategy, so bit-identical), for every
 // built-in strategy; and its run-time arguments are checked.
 #define BOOST_TEST_MODULE train
-#include <boost/test/unit_test.hpp>
-
-#include <dtrain/trainer.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <vector>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "strategy/common.hpp"
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/trainer.hpp>
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -61,15 +60,14 @@ BOOST_AUTO_TEST_CASE(bad_run_time_arguments_are_config_errors) {
                           config_error, [](const config_error& e) {
                             return std::string(e.what()).find("micro-batch count is 0") != std::string::npos;
                           });
-    BOOST_CHECK_EXCEPTION(Core(w, net, SGD{.lr = 0.1f}, {}, 1, StrategyFactory<Host, float>{}), config_error,
-                          [](const config_error& e) {
-                            return std::string(e.what()).find("empty StrategyFactory") != std::string::npos;
-                          });
-    BOOST_CHECK_EXCEPTION(Core(w, net, SGD{.lr = 0.1f}, {}, 1,
-                               strategy_factory<FSDP<FullShard>, Host, float, float>({.prefetch = -1})),
-                          config_error, [](const config_error& e) {
-                            return std::string(e.what()).find("FsdpOptions::prefetch = -1") != std::string::npos;
-                          });
+    BOOST_CHECK_EXCEPTION(
+        Core(w, net, SGD{.lr = 0.1f}, {}, 1, StrategyFactory<Host, float>{}), config_error,
+        [](const config_error& e) { return std::string(e.what()).find("empty StrategyFactory") != std::string::npos; });
+    BOOST_CHECK_EXCEPTION(
+        Core(w, net, SGD{.lr = 0.1f}, {}, 1, strategy_factory<FSDP<FullShard>, Host, float, float>({.prefetch = -1})),
+        config_error, [](const config_error& e) {
+          return std::string(e.what()).find("FsdpOptions::prefetch = -1") != std::string::npos;
+        });
   });
 }
 

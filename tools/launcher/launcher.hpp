@@ -11,12 +11,12 @@
 
 #include <algorithm>
 #include <cctype>
-#include <filesystem>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -152,12 +152,10 @@ SIGUSR2 (Slurm's --signal=USR1@T notice) are forwarded and stop nothing.
 
 namespace detail {
 
-inline int option_int(const std::string& flag, const std::string& value, long long min,
-                      long long max) {
+inline int option_int(const std::string& flag, const std::string& value, long long min, long long max) {
   auto parsed = parse_integer(value);
   if (!parsed || *parsed < min || *parsed > max)
-    throw launch_error(flag + " " + value + " is not an integer in " + std::to_string(min) + ".." +
-                           std::to_string(max),
+    throw launch_error(flag + " " + value + " is not an integer in " + std::to_string(min) + ".." + std::to_string(max),
                        "see dtrain-run --help");
   return static_cast<int>(*parsed);
 }
@@ -267,10 +265,10 @@ inline void apply_rendezvous(RunOptions& o, bool nnodes_given, bool node_rank_gi
     return;
   }
   if (o.rdzv_backend != "c10d" && o.rdzv_backend != "static")
-    throw launch_error("--rdzv-backend " + o.rdzv_backend +
-                           " is not supported: dtrain's ranks meet at rank 0's TCP store",
-                       "use --rdzv-backend c10d --rdzv-endpoint HOST:PORT (HOST: the node of rank 0), or "
-                       "--master-addr HOST --master-port PORT");
+    throw launch_error(
+        "--rdzv-backend " + o.rdzv_backend + " is not supported: dtrain's ranks meet at rank 0's TCP store",
+        "use --rdzv-backend c10d --rdzv-endpoint HOST:PORT (HOST: the node of rank 0), or "
+        "--master-addr HOST --master-port PORT");
   if (o.rdzv_endpoint) {
     auto [host, port] = parse_endpoint(*o.rdzv_endpoint);
     if (!port && o.rdzv_backend == "static")
@@ -307,12 +305,11 @@ inline void reject_torchrun_only(const std::string& flag) {
 
 inline void check_run_options(const RunOptions& o) {
   if (o.help || o.version) return;
-  if (o.program.empty())
-    throw launch_error("no PROGRAM to run", "usage: dtrain-run [options] PROGRAM [ARGS...]");
+  if (o.program.empty()) throw launch_error("no PROGRAM to run", "usage: dtrain-run [options] PROGRAM [ARGS...]");
   if (o.node_rank >= o.nnodes)
-    throw launch_error("--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
-                           std::to_string(o.nnodes),
-                       "node ranks count from 0 to nnodes-1");
+    throw launch_error(
+        "--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " + std::to_string(o.nnodes),
+        "node ranks count from 0 to nnodes-1");
   if (o.nnodes > 1 && !o.master_addr)
     throw launch_error("--nnodes " + std::to_string(o.nnodes) + " needs --master-addr",
                        "pass the address of the node with --node-rank 0 to every node (--master-addr HOST, or "
@@ -334,10 +331,11 @@ inline void check_slurm_nodes(const RunOptions& o, const EnvLookup& env) {
     if (!text) continue;
     const auto nodes = detail::parse_integer(*text);
     if (nodes && *nodes >= 1 && o.nnodes > *nodes)
-      throw launch_error("--nnodes " + std::to_string(o.nnodes) + ", but this Slurm job has " + *text +
-                             " node(s) (" + name + "=" + *text + "): the other nodes' dtrain-run would never start",
-                         "pass --nnodes " + *text + " (--nnodes $SLURM_JOB_NUM_NODES), or ask sbatch for --nodes=" +
-                             std::to_string(o.nnodes) + "; start one dtrain-run per node with "
+      throw launch_error("--nnodes " + std::to_string(o.nnodes) + ", but this Slurm job has " + *text + " node(s) (" +
+                             name + "=" + *text + "): the other nodes' dtrain-run would never start",
+                         "pass --nnodes " + *text +
+                             " (--nnodes $SLURM_JOB_NUM_NODES), or ask sbatch for --nodes=" + std::to_string(o.nnodes) +
+                             "; start one dtrain-run per node with "
                              "srun --ntasks-per-node=1");
     return;
   }
@@ -367,8 +365,7 @@ inline RunOptions parse_run_options(std::span<const std::string> args) {
     };
     auto value = [&] {
       if (inline_value) return *inline_value;
-      if (i + 1 >= args.size())
-        throw launch_error(arg + " needs a value", "see dtrain-run --help");
+      if (i + 1 >= args.size()) throw launch_error(arg + " needs a value", "see dtrain-run --help");
       return args[++i];
     };
     if (arg == "-h" || arg == "--help") {
@@ -491,8 +488,7 @@ inline int free_tcp_port() {
             ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   std::string reason = ok ? "" : std::strerror(errno);
   if (fd >= 0) ::close(fd);
-  if (!ok)
-    throw launch_error("could not find a free TCP port: " + reason, "pass --master-port P");
+  if (!ok) throw launch_error("could not find a free TCP port: " + reason, "pass --master-port P");
   return ntohs(addr.sin_port);
 }
 
@@ -584,8 +580,7 @@ inline std::filesystem::path make_log_run_dir(const RunOptions& o) {
 
 // The environment of local rank `local_rank`: the inherited one, with the
 // launch variables replaced and thread counts added where the user set none.
-inline std::vector<std::string> rank_environment(const RunOptions& o, const GroupLayout& g,
-                                                 int local_rank,
+inline std::vector<std::string> rank_environment(const RunOptions& o, const GroupLayout& g, int local_rank,
                                                  std::span<const std::string> inherited) {
   auto num = [](int v) { return std::to_string(v); };
   // One BLAS/OpenMP pool per rank sized to the whole machine oversubscribes
@@ -623,15 +618,12 @@ inline std::vector<std::string> rank_environment(const RunOptions& o, const Grou
   else
     drop.emplace_back("TORCHELASTIC_ERROR_FILE");
   auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
-  auto user_keeps = [](const std::string& name) {
-    return name == "OMP_NUM_THREADS" || name == "OPENBLAS_NUM_THREADS";
-  };
+  auto user_keeps = [](const std::string& name) { return name == "OMP_NUM_THREADS" || name == "OPENBLAS_NUM_THREADS"; };
   std::vector<std::string> env;
   for (const auto& entry : inherited) {
     auto name = name_of(entry);
     if (std::find(drop.begin(), drop.end(), name) != drop.end()) continue;
-    auto ours =
-        std::find_if(set.begin(), set.end(), [&](const auto& kv) { return kv.first == name; });
+    auto ours = std::find_if(set.begin(), set.end(), [&](const auto& kv) { return kv.first == name; });
     if (ours == set.end()) {
       env.push_back(entry);
     } else if (user_keeps(name)) {

@@ -5,5 +5,5 @@
 // declares what dtrain::runtime compiles for it. A new backend is its
 // folder plus its line here.
 
-#include "dtrain/backend/host/train_instances.hpp"
 #include "dtrain/backend/cuda/train_instances.hpp"
+#include "dtrain/backend/host/train_instances.hpp"

@@ -46,12 +46,12 @@
 #include <utility>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
-#include "dtrain/io/crc32c.hpp"
-#include "dtrain/io/safetensors.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/data/sampler.hpp"
+#include "dtrain/io/crc32c.hpp"
+#include "dtrain/io/safetensors.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/strategy/strategy.hpp"
 #include "dtrain/version.hpp"
@@ -85,17 +85,17 @@ struct SamplerProgress {
 // What a checkpoint holds besides tensors. Filled by the Trainer on save;
 // returned by Trainer::load.
 struct CheckpointInfo {
-  std::int64_t step = 0;            // optimizer steps taken (the LR schedule's position)
-  double loss_scale = 1.0;          // fp16 dynamic loss scale
-  std::int64_t good_steps = 0;      // good steps since the scale last changed
-  std::uint64_t seed = 0;           // the initialisation / RNG seed
+  std::int64_t step = 0;        // optimizer steps taken (the LR schedule's position)
+  double loss_scale = 1.0;      // fp16 dynamic loss scale
+  std::int64_t good_steps = 0;  // good steps since the scale last changed
+  std::uint64_t seed = 0;       // the initialisation / RNG seed
   std::optional<SamplerProgress> sampler;
   std::map<std::string, std::string> metadata{};  // the user's own strings
   // Recorded at save time, for messages and checks:
   int world_size = 1;
   std::string strategy;
   std::string param_dtype, reduce_dtype;
-  std::string optimizer;            // "adamw", "sgd"
+  std::string optimizer;                      // "adamw", "sgd"
   std::vector<std::string> optimizer_states;  // state names, in FlatOptimizer::state() order
   // The parameter groups the run trained with: the default group first. A
   // resumed run applies its own settings; these are for comparing.
@@ -161,9 +161,9 @@ struct LoadParamsReport {
 // strategy holds it (OwnedFlat / frozen storage, described by Ownership).
 template <Dtype T>
 struct HostState {
-  std::vector<float> master;                                     // owned().size
+  std::vector<float> master;                                          // owned().size
   std::vector<std::pair<std::string, std::vector<float>>> optimizer;  // per state: name, owned().size values
-  std::vector<T> frozen;                                         // the strategy's frozen storage
+  std::vector<T> frozen;                                              // the strategy's frozen storage
 
   std::size_t bytes() const {
     std::size_t n = master.size() * sizeof(float) + frozen.size() * sizeof(T);
@@ -253,7 +253,7 @@ void convert_into(std::span<const std::byte> src, element_type from, T* dst, std
 struct CheckpointPiece {
   std::string file;
   std::string key;
-  std::size_t begin = 0;   // first element of the flattened tensor
+  std::size_t begin = 0;  // first element of the flattened tensor
   std::size_t count = 0;
   element_type dtype = element_type::f32;
   std::uint32_t crc32c = 0;
@@ -269,9 +269,9 @@ struct CheckpointTensor {
 
 struct CheckpointIndex {
   CheckpointInfo info;
-  std::vector<std::string> order;                    // tensor names in model order
+  std::vector<std::string> order;  // tensor names in model order
   std::map<std::string, CheckpointTensor> tensors;
-  std::map<std::string, std::uint64_t> files;        // file name -> size in bytes
+  std::map<std::string, std::uint64_t> files;  // file name -> size in bytes
 };
 
 namespace detail {
@@ -338,12 +338,11 @@ namespace detail {
 // consolidated save) and only optimizer state is written here.
 template <Dtype T>
 std::string write_rank_file(const std::filesystem::path& dir, int rank, int world, const ModelLayout& layout,
-                               const Ownership& own, const HostState<T>& state, bool params_elsewhere) {
+                            const Ownership& own, const HostState<T>& state, bool params_elsewhere) {
   const std::string file = shard_file_name(rank, world);
   WrittenPieces written;
   SafetensorsWriter writer;
-  auto add = [&](std::string_view kind, const OwnedPiece& p, std::span<const std::byte> bytes,
-                 element_type dtype) {
+  auto add = [&](std::string_view kind, const OwnedPiece& p, std::span<const std::byte> bytes, element_type dtype) {
     const std::string key = piece_key(kind, p.slot->name, p.tensor_begin);
     writer.add(key, dtype, {static_cast<std::int64_t>(p.count)}, bytes);
     written.pieces.push_back(

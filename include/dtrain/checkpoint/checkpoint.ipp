@@ -5,37 +5,35 @@
 #pragma once
 
 #include "dtrain/checkpoint/checkpoint.hpp"
-
 #include "dtrain/io/json.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
+    namespace dtrain {
+  DTRAIN_DECL auto SamplerProgress::of(const DistributedSampler& s)->SamplerProgress {
+    const auto st = s.state();
+    return {st.epoch,         st.position * s.world_size(), s.dataset_size(),
+            s.options().seed, s.options().shuffle,          s.options().drop_last};
+  }
 
-DTRAIN_DECL auto SamplerProgress::of(const DistributedSampler& s) -> SamplerProgress {
-  const auto st = s.state();
-  return {st.epoch, st.position * s.world_size(), s.dataset_size(), s.options().seed, s.options().shuffle,
-          s.options().drop_last};
-}
-
-DTRAIN_DECL auto SamplerProgress::state_for(const DistributedSampler& s) const -> SamplerState {
-  if (s.dataset_size() != dataset_size || s.options().seed != seed || s.options().shuffle != shuffle ||
-      s.options().drop_last != drop_last)
-    throw config_error("the checkpoint's sampler drew from " + std::to_string(dataset_size) + " rows (seed " +
-                           std::to_string(seed) + ", shuffle " + (shuffle ? "on" : "off") + ", drop_last " +
-                           (drop_last ? "on" : "off") + ") but this sampler draws from " +
-                           std::to_string(s.dataset_size()) + " rows (seed " + std::to_string(s.options().seed) +
-                           ", shuffle " + (s.options().shuffle ? "on" : "off") + ", drop_last " +
-                           (s.options().drop_last ? "on" : "off") + ")",
-                       "resume with the same dataset and sampler options, or start a new epoch "
-                       "(sampler.set_epoch) instead of restoring the position");
-  if (global_position % s.world_size() != 0)
-    throw config_error("the checkpoint consumed " + std::to_string(global_position) + " samples of epoch " +
-                           std::to_string(epoch) + ", which " + std::to_string(s.world_size()) +
-                           " ranks cannot split evenly",
-                       "resume at a world size that divides the global batch (ranks x batch x accumulate)");
-  return {epoch, global_position / s.world_size()};
-}
+  DTRAIN_DECL auto SamplerProgress::state_for(const DistributedSampler& s) const->SamplerState {
+    if (s.dataset_size() != dataset_size || s.options().seed != seed || s.options().shuffle != shuffle ||
+        s.options().drop_last != drop_last)
+      throw config_error("the checkpoint's sampler drew from " + std::to_string(dataset_size) + " rows (seed " +
+                             std::to_string(seed) + ", shuffle " + (shuffle ? "on" : "off") + ", drop_last " +
+                             (drop_last ? "on" : "off") + ") but this sampler draws from " +
+                             std::to_string(s.dataset_size()) + " rows (seed " + std::to_string(s.options().seed) +
+                             ", shuffle " + (s.options().shuffle ? "on" : "off") + ", drop_last " +
+                             (s.options().drop_last ? "on" : "off") + ")",
+                         "resume with the same dataset and sampler options, or start a new epoch "
+                         "(sampler.set_epoch) instead of restoring the position");
+    if (global_position % s.world_size() != 0)
+      throw config_error("the checkpoint consumed " + std::to_string(global_position) + " samples of epoch " +
+                             std::to_string(epoch) + ", which " + std::to_string(s.world_size()) +
+                             " ranks cannot split evenly",
+                         "resume at a world size that divides the global batch (ranks x batch x accumulate)");
+    return {epoch, global_position / s.world_size()};
+  }
 }  // namespace dtrain
 
 namespace dtrain {
@@ -44,8 +42,9 @@ namespace detail {
 
 template <class Json = nlohmann::ordered_json>
 Json piece_json(const CheckpointPiece& p) {
-  return {{"file", p.file}, {"key", p.key}, {"begin", p.begin}, {"count", p.count},
-          {"dtype", safetensors_name(p.dtype)}, {"crc32c", p.crc32c}};
+  return {
+      {"file", p.file},    {"key", p.key}, {"begin", p.begin}, {"count", p.count}, {"dtype", safetensors_name(p.dtype)},
+      {"crc32c", p.crc32c}};
 }
 
 // A number field of the index, range-checked (json_number): a damaged
@@ -73,12 +72,13 @@ template <class Json>
 CheckpointPiece piece_from_json(const Json& p, const std::filesystem::path& where) {
   const auto dtype = parse_element_type(p.at("dtype").template get<std::string>());
   if (!dtype) bad_index(where, "a piece has the unknown dtype " + p.at("dtype").dump());
-  return {p.at("file").template get<std::string>(), p.at("key").template get<std::string>(),
+  return {p.at("file").template get<std::string>(),
+          p.at("key").template get<std::string>(),
           index_number<std::size_t>(p.at("begin"), "begin", where),
-          index_number<std::size_t>(p.at("count"), "count", where), *dtype,
+          index_number<std::size_t>(p.at("count"), "count", where),
+          *dtype,
           index_number<std::uint32_t>(p.at("crc32c"), "crc32c", where)};
 }
-
 
 DTRAIN_DECL std::string space_note(const std::filesystem::path& dir, std::size_t bytes) {
   std::error_code ec;
@@ -150,9 +150,12 @@ DTRAIN_DECL std::string index_text(const CheckpointIndex& idx) {
     groups.push_back({{"name", g.name}, {"lr", g.lr}, {"weight_decay", g.weight_decay}, {"params", g.params}});
   j["optimizer"]["param_groups"] = std::move(groups);
   if (i.sampler)
-    j["sampler"] = {{"epoch", i.sampler->epoch},         {"global_position", i.sampler->global_position},
-                    {"dataset_size", i.sampler->dataset_size}, {"seed", i.sampler->seed},
-                    {"shuffle", i.sampler->shuffle},     {"drop_last", i.sampler->drop_last}};
+    j["sampler"] = {{"epoch", i.sampler->epoch},
+                    {"global_position", i.sampler->global_position},
+                    {"dataset_size", i.sampler->dataset_size},
+                    {"seed", i.sampler->seed},
+                    {"shuffle", i.sampler->shuffle},
+                    {"drop_last", i.sampler->drop_last}};
   else
     j["sampler"] = nullptr;
   j["metadata"] = i.metadata;
@@ -344,8 +347,8 @@ DTRAIN_DECL void clear_partial_save(const std::filesystem::path& dir) {
 DTRAIN_DECL auto PieceReader::bytes(const std::string& tensor, const std::string& kind, const CheckpointPiece& p)
     -> std::span<const std::byte> {
   const std::string what = "piece '" + p.key + "' (" + kind + " of " + tensor + ", elements [" +
-                            std::to_string(p.begin) + ", " + std::to_string(p.begin + p.count) + ")) in " +
-                            quoted_path(dir_ / p.file);
+                           std::to_string(p.begin) + ", " + std::to_string(p.begin + p.count) + ")) in " +
+                           quoted_path(dir_ / p.file);
   const SafetensorsFile& f = open(p.file);
   if (!f.contains(p.key))
     throw checkpoint_error(what + " is missing from the file",

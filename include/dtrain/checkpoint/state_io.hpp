@@ -27,14 +27,14 @@
 #include <variant>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/checkpoint/checkpoint.hpp"
-#include "dtrain/io/crc32c.hpp"
-#include "dtrain/io/safetensors.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/fault.hpp"
+#include "dtrain/core/macros.hpp"
+#include "dtrain/io/crc32c.hpp"
+#include "dtrain/io/safetensors.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/optim/flat_optimizer.hpp"
 #include "dtrain/strategy/any_strategy.hpp"
@@ -88,8 +88,8 @@ struct ParamSources {
     for (const auto& [f, name] : of) {
       const auto t = files[f].tensor(name);
       have += (have.empty() ? "" : " + ") + shape_text(t.shape) + " " + std::string(safetensors_name(t.dtype));
-      const bool floating = t.dtype == element_type::f32 || t.dtype == element_type::bf16 ||
-                            t.dtype == element_type::f16;
+      const bool floating =
+          t.dtype == element_type::f32 || t.dtype == element_type::bf16 || t.dtype == element_type::f16;
       if (!floating) ok = false;
       if (of.size() == 1 && transposed_shape) {
         ok = ok && t.shape.size() == 2 && shape.size() == 2 && t.shape[0] == shape[1] && t.shape[1] == shape[0];
@@ -101,8 +101,9 @@ struct ParamSources {
       }
     }
     if (of.size() > 1) ok = ok && rows == shape[0];
-    return ok ? "" : have + " in the file" + (of.size() > 1 ? "s" : "") + ", " + shape_text(shape) +
-                         (transposed_shape ? " (stored transposed)" : "") + " in the model";
+    return ok ? ""
+              : have + " in the file" + (of.size() > 1 ? "s" : "") + ", " + shape_text(shape) +
+                    (transposed_shape ? " (stored transposed)" : "") + " in the model";
   }
 };
 
@@ -142,7 +143,6 @@ class CheckpointIO {
       }
     }
   }
-
 
   // Every parameter as F32 in one safetensors file (atomically), the names
   // "<unit>.<param>" and the units' shapes: rank 0 streams it to disk while
@@ -206,7 +206,6 @@ class CheckpointIO {
   // Fills `state` with what this rank owns, from the checkpoint's pieces.
   void read_owned(const CheckpointIndex& index, HostState<T>& state, bool optimizer_state);
 
-
   World& world_;
   Dev& dev_;
   const ModelLayout& layout_;
@@ -256,8 +255,8 @@ auto CheckpointIO<Dev, T>::save(const std::filesystem::path& dir, const SaveOpti
   detail::RankSave mine;
   try {
     const Ownership own = strategy_.ownership();
-    const bool writes = std::ranges::any_of(own.trainable, &OwnedRange::writer) ||
-                        std::ranges::any_of(own.frozen, &OwnedRange::writer);
+    const bool writes =
+        std::ranges::any_of(own.trainable, &OwnedRange::writer) || std::ranges::any_of(own.frozen, &OwnedRange::writer);
     HostState<T> state = writes ? host_state() : HostState<T>{};
     // A checkpoint never holds inf or NaN: resuming from it would only
     // reproduce the failure (and keep_last could have pruned the good ones).
@@ -311,9 +310,9 @@ auto CheckpointIO<Dev, T>::load(const std::filesystem::path& dir, const LoadOpti
   std::vector<std::string> names;
   for (const auto& st : states) names.emplace_back(st.name);
   if (options.optimizer_state && index.info.optimizer_states != names)
-    throw config_error("checkpoint " + detail::quoted_path(dir) + " holds " + index.info.optimizer +
-                           " state (" + join(index.info.optimizer_states) + ") but this trainer's optimizer keeps (" +
-                           join(names) + ")",
+    throw config_error("checkpoint " + detail::quoted_path(dir) + " holds " + index.info.optimizer + " state (" +
+                           join(index.info.optimizer_states) + ") but this trainer's optimizer keeps (" + join(names) +
+                           ")",
                        "train with the checkpoint's optimizer, or load with LoadOptions{.optimizer_state = false} "
                        "to keep this trainer's fresh optimizer state");
   // Every owned element is read from the checkpoint: sized buffers, not a copy of the current state.
@@ -355,8 +354,8 @@ auto CheckpointIO<Dev, T>::load_params(const ParamSources& sources, const LoadPa
   for (const auto& unit : layout_.units())
     for (const auto& slot : unit.params) {
       const bool only = !options.only_tags.empty() || !options.only_names.empty();
-      const bool named = std::find(options.only_names.begin(), options.only_names.end(), slot.name) !=
-                         options.only_names.end();
+      const bool named =
+          std::find(options.only_names.begin(), options.only_names.end(), slot.name) != options.only_names.end();
       if (tagged(slot, options.skip_tags) || (only && !tagged(slot, options.only_tags) && !named)) continue;
       const auto it = sources.parts.find(slot.name);
       if (it == sources.parts.end()) {
@@ -458,13 +457,17 @@ auto CheckpointIO<Dev, T>::host_state(bool copy, bool optimizer_state) -> HostSt
 template <class Dev, class T>
 auto CheckpointIO<Dev, T>::put_host_state(const HostState<T>& s, bool optimizer_state) -> void {
   const OwnedFlat<T> owned = strategy_.owned();
-  if (owned.on_host) std::copy_n(s.master.data(), owned.size, owned.master);
-  else dev_.copy_from_host(owned.master, s.master.data(), owned.size);
+  if (owned.on_host)
+    std::copy_n(s.master.data(), owned.size, owned.master);
+  else
+    dev_.copy_from_host(owned.master, s.master.data(), owned.size);
   if (optimizer_state) {
     const auto states = optimizer_state_();
     for (std::size_t i = 0; i < states.size(); ++i) {
-      if (owned.on_host) std::copy_n(s.optimizer[i].second.data(), owned.size, states[i].data);
-      else dev_.copy_from_host(states[i].data, s.optimizer[i].second.data(), owned.size);
+      if (owned.on_host)
+        std::copy_n(s.optimizer[i].second.data(), owned.size, states[i].data);
+      else
+        dev_.copy_from_host(states[i].data, s.optimizer[i].second.data(), owned.size);
     }
   }
   const std::span<T> frozen = strategy_.frozen_storage();
@@ -560,20 +563,21 @@ auto CheckpointIO<Dev, T>::check_checkpoint_model(const CheckpointIndex& index) 
   for (const auto& unit : layout_.units())
     for (const auto& slot : unit.params) mine.push_back(&slot);
   const std::string where = "checkpoint " + detail::quoted_path(index.info.dir) + " was saved for a different model: ";
-  const char* fix = "load it into the model it was saved from (same config and code), or take only matching "
-                    "weights with load_params from a consolidated model.safetensors";
+  const char* fix =
+      "load it into the model it was saved from (same config and code), or take only matching "
+      "weights with load_params from a consolidated model.safetensors";
   for (std::size_t i = 0; i < std::max(mine.size(), index.order.size()); ++i) {
     if (i >= mine.size())
       throw config_error(where + "it has tensor '" + index.order[i] + "' that this model lacks", fix);
     const ParamSlot& slot = *mine[i];
     if (i >= index.order.size() || index.order[i] != slot.name)
-      throw config_error(where + "this model's tensor '" + slot.name + "' " +
-                             (index.tensors.contains(slot.name)
-                                  ? "is at another position in it"
-                                  : "is not in it" + std::string(i < index.order.size()
-                                                                     ? " (it has '" + index.order[i] + "' there)"
-                                                                     : "")),
-                         fix);
+      throw config_error(
+          where + "this model's tensor '" + slot.name + "' " +
+              (index.tensors.contains(slot.name)
+                   ? "is at another position in it"
+                   : "is not in it" +
+                         std::string(i < index.order.size() ? " (it has '" + index.order[i] + "' there)" : "")),
+          fix);
     const CheckpointTensor& t = index.tensors.at(slot.name);
     if (t.shape != slot.spec.shape)
       throw config_error(where + "tensor '" + slot.name + "' is " + shape_text(t.shape) + " in the checkpoint and " +
@@ -586,11 +590,10 @@ auto CheckpointIO<Dev, T>::check_checkpoint_model(const CheckpointIndex& index) 
                          fix);
     for (const auto& [kind, list] : t.pieces)
       for (const auto& p : list)
-        if (p.dtype != element_type::f32 && p.dtype != element_type::bf16 &&
-            p.dtype != element_type::f16)
-          throw config_error(where + "tensor '" + slot.name + "' has " + kind + " of dtype " +
-                                 std::string(safetensors_name(p.dtype)),
-                             fix);
+        if (p.dtype != element_type::f32 && p.dtype != element_type::bf16 && p.dtype != element_type::f16)
+          throw config_error(
+              where + "tensor '" + slot.name + "' has " + kind + " of dtype " + std::string(safetensors_name(p.dtype)),
+              fix);
   }
 }
 
@@ -614,14 +617,16 @@ auto CheckpointIO<Dev, T>::read_owned(const CheckpointIndex& index, HostState<T>
                               values.data() + p.local);
   }
   for (const auto& p : detail::owned_pieces(layout_, own.frozen, true, false))
-    detail::read_elements(reader, p.slot->name, "param", pieces_of(p.slot->name, "param"), p.tensor_begin,
-                          p.count, state.frozen.data() + p.local);
+    detail::read_elements(reader, p.slot->name, "param", pieces_of(p.slot->name, "param"), p.tensor_begin, p.count,
+                          state.frozen.data() + p.local);
 }
 
 template <class Dev, class T>
 auto CheckpointIO<Dev, T>::copy_owned(float* dst, const float* src, std::size_t n, bool on_host) -> void {
-  if (on_host) std::copy_n(src, n, dst);
-  else dev_.copy_to_host(dst, src, n);
+  if (on_host)
+    std::copy_n(src, n, dst);
+  else
+    dev_.copy_to_host(dst, src, n);
 }
 
 // The built-in instances a backend compiles once (train/builtin_templates.hpp

@@ -27,9 +27,7 @@ namespace dtrain {
 
 enum class reduce_op { sum, avg };
 
-constexpr std::string_view reduce_op_name(reduce_op op) {
-  return op == reduce_op::sum ? "sum" : "avg";
-}
+constexpr std::string_view reduce_op_name(reduce_op op) { return op == reduce_op::sum ? "sum" : "avg"; }
 
 // How host (CPU) ranks talk. automatic: shared memory between the ranks of
 // a node, Gloo between nodes (only Gloo when nodes hold unequal numbers of
@@ -85,8 +83,7 @@ concept CommWork = requires(W& w) {
 
 namespace detail {
 template <class C, class T>
-concept collectives_for = requires(C& c, std::span<T> buf, std::span<const T> in, int root,
-                                   reduce_op op) {
+concept collectives_for = requires(C& c, std::span<T> buf, std::span<const T> in, int root, reduce_op op) {
   { c.all_reduce(buf, op) } -> CommWork;
   { c.broadcast(buf, root) } -> CommWork;
   { c.reduce_scatter(in, buf, op) } -> CommWork;
@@ -99,7 +96,7 @@ concept Communicator = requires(C& c, const C& cc) {
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
   { c.barrier() } -> CommWork;
-} && detail::collectives_for<C, float> && detail::collectives_for<C, bf16> &&
-                       detail::collectives_for<C, fp16>;
+}
+&&detail::collectives_for<C, float>&& detail::collectives_for<C, bf16>&& detail::collectives_for<C, fp16>;
 
 }  // namespace dtrain

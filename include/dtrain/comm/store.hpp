@@ -40,8 +40,8 @@
 #include <utility>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/parse.hpp"
 
 namespace dtrain {
@@ -53,7 +53,6 @@ enum class store_cmd : std::uint8_t { set = 1, get = 2, add = 3, hello = 4, age 
 // The server's list of ranks whose every connection has closed, as
 // ",r1,r2," under this key (TcpStore::announce, TcpStore::get's setters).
 inline constexpr std::string_view departed_key = "__dtrain/departed";
-
 
 // Owns one file descriptor.
 class Fd {
@@ -96,7 +95,6 @@ DTRAIN_DECL std::size_t parse_request(std::string_view buf, store_cmd& cmd, std:
 
 inline std::string endpoint(const std::string& host, int port) { return host + ":" + std::to_string(port); }
 
-
 }  // namespace detail
 
 // Hosts the key-value map. One poll() thread serves every client.
@@ -133,9 +131,9 @@ class TcpStoreServer {
   static constexpr auto failing_linger = std::chrono::seconds(3);
   std::atomic<bool> stop_{false};
   std::atomic<std::size_t> connected_{0};
-  std::map<std::string, std::string, std::less<>> map_;  // only the serve thread touches it
+  std::map<std::string, std::string, std::less<>> map_;                    // only the serve thread touches it
   std::map<std::string, detail::steady::time_point, std::less<>> set_at_;  // when SET last wrote each key
-  std::map<int, int> live_;                              // rank -> open connections (serve thread)
+  std::map<int, int> live_;                                                // rank -> open connections (serve thread)
   std::thread thread_;
 };
 
@@ -185,7 +183,7 @@ class TcpStore {
 
   // GET or AGE: whether the key exists, its value, and for AGE its age.
   DTRAIN_DECL std::tuple<bool, std::string, std::chrono::milliseconds> lookup(detail::store_cmd cmd,
-                                                                            std::string_view key);
+                                                                              std::string_view key);
 
   DTRAIN_DECL void send_all(std::string_view data, std::string_view key);
 

@@ -9,69 +9,68 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
+    namespace dtrain {
+  namespace detail {
 
-namespace detail {
-
-DTRAIN_DECL auto Fd::reset() -> void {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
-DTRAIN_DECL bool wait_fd(int fd, short events, steady::time_point deadline) {
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd, events, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
-    if (r > 0) return true;
-    if (r < 0 && errno != EINTR) return false;
+  DTRAIN_DECL auto Fd::reset() -> void {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
   }
-}
 
-DTRAIN_DECL void put_u32(std::string& out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-DTRAIN_DECL std::uint32_t get_u32(const char* p) {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-
-DTRAIN_DECL void put_str(std::string& out, std::string_view s) {
-  put_u32(out, static_cast<std::uint32_t>(s.size()));
-  out.append(s);
-}
-
-DTRAIN_DECL std::string i64_bytes(std::int64_t v) {
-  std::string s(8, '\0');
-  std::memcpy(s.data(), &v, 8);
-  return s;
-}
-
-DTRAIN_DECL std::int64_t bytes_i64(std::string_view s) {
-  std::int64_t v = 0;
-  std::memcpy(&v, s.data(), std::min<std::size_t>(8, s.size()));
-  return v;
-}
-
-DTRAIN_DECL std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vector<std::string_view>& args) {
-  if (buf.empty()) return 0;
-  cmd = static_cast<store_cmd>(buf[0]);
-  const int nargs = cmd == store_cmd::get || cmd == store_cmd::hello || cmd == store_cmd::age ? 1 : 2;
-  std::size_t pos = 1;
-  args.clear();
-  for (int i = 0; i < nargs; ++i) {
-    if (buf.size() < pos + 4) return 0;
-    const std::uint32_t len = get_u32(buf.data() + pos);
-    if (buf.size() < pos + 4 + len) return 0;
-    args.emplace_back(buf.data() + pos + 4, len);
-    pos += 4 + len;
+  DTRAIN_DECL bool wait_fd(int fd, short events, steady::time_point deadline) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd, events, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
+      if (r > 0) return true;
+      if (r < 0 && errno != EINTR) return false;
+    }
   }
-  return pos;
-}
-}  // namespace detail
+
+  DTRAIN_DECL void put_u32(std::string& out, std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+
+  DTRAIN_DECL std::uint32_t get_u32(const char* p) {
+    std::uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+    return v;
+  }
+
+  DTRAIN_DECL void put_str(std::string& out, std::string_view s) {
+    put_u32(out, static_cast<std::uint32_t>(s.size()));
+    out.append(s);
+  }
+
+  DTRAIN_DECL std::string i64_bytes(std::int64_t v) {
+    std::string s(8, '\0');
+    std::memcpy(s.data(), &v, 8);
+    return s;
+  }
+
+  DTRAIN_DECL std::int64_t bytes_i64(std::string_view s) {
+    std::int64_t v = 0;
+    std::memcpy(&v, s.data(), std::min<std::size_t>(8, s.size()));
+    return v;
+  }
+
+  DTRAIN_DECL std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vector<std::string_view>& args) {
+    if (buf.empty()) return 0;
+    cmd = static_cast<store_cmd>(buf[0]);
+    const int nargs = cmd == store_cmd::get || cmd == store_cmd::hello || cmd == store_cmd::age ? 1 : 2;
+    std::size_t pos = 1;
+    args.clear();
+    for (int i = 0; i < nargs; ++i) {
+      if (buf.size() < pos + 4) return 0;
+      const std::uint32_t len = get_u32(buf.data() + pos);
+      if (buf.size() < pos + 4 + len) return 0;
+      args.emplace_back(buf.data() + pos + 4, len);
+      pos += 4 + len;
+    }
+    return pos;
+  }
+  }  // namespace detail
 }  // namespace dtrain
 
 namespace dtrain {
@@ -188,9 +187,10 @@ DTRAIN_DECL auto TcpStoreServer::read_and_answer(Client& c) -> bool {
         detail::put_str(reply, it != map_.end() ? std::string_view(it->second) : std::string_view{});
         if (cmd == detail::store_cmd::age) {
           const auto at = set_at_.find(args[0]);
-          const auto age = at == set_at_.end() ? std::chrono::milliseconds(0)
-                                               : std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                     detail::steady::now() - at->second);
+          const auto age =
+              at == set_at_.end()
+                  ? std::chrono::milliseconds(0)
+                  : std::chrono::duration_cast<std::chrono::milliseconds>(detail::steady::now() - at->second);
           reply += detail::i64_bytes(age.count());
         }
         break;
@@ -211,8 +211,7 @@ DTRAIN_DECL auto TcpStoreServer::read_and_answer(Client& c) -> bool {
         detail::put_str(reply, v);
         break;
       }
-      default:
-        return false;  // not a dtrain client: drop it
+      default: return false;  // not a dtrain client: drop it
     }
   }
   c.in.erase(0, used);

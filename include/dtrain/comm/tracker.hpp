@@ -25,8 +25,8 @@
 #include <string_view>
 #include <thread>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/comm/store.hpp"
+#include "dtrain/core/macros.hpp"
 
 namespace dtrain::detail {
 

@@ -16,10 +16,10 @@
 #include <string_view>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/comm/store.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/wire.hpp"
 
 namespace dtrain {

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <string_view>
+#include <type_traits>
 
 #include "dtrain/core/macros.hpp"
 
@@ -53,7 +53,7 @@ DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE std::uint16_t float_to_fp16_bits(float f
     return static_cast<std::uint16_t>(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u));
   if (x >= 0x477ff000u)  // >= 65520 rounds to infinity
     return static_cast<std::uint16_t>(sign | 0x7c00u);
-  if (x < 0x38800000u) {  // below 2^-14: fp16 subnormal (or zero)
+  if (x < 0x38800000u) {                                            // below 2^-14: fp16 subnormal (or zero)
     if (x <= 0x33000000u) return static_cast<std::uint16_t>(sign);  // <= 2^-25 ties to 0
     const std::uint32_t e = x >> 23;
     const std::uint32_t m = (x & 0x7fffffu) | 0x800000u;
@@ -101,9 +101,7 @@ struct half_storage {
     return h;
   }
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE operator float() const { return Decode(bits); }
-  DTRAIN_HOST_DEVICE friend bool operator==(half_storage a, half_storage b) {
-    return a.bits == b.bits;
-  }
+  DTRAIN_HOST_DEVICE friend bool operator==(half_storage a, half_storage b) { return a.bits == b.bits; }
 };
 
 using bf16 = half_storage<detail::float_to_bf16_bits, detail::bf16_bits_to_float>;
@@ -117,7 +115,21 @@ static_assert(sizeof(bf16) == 2 && sizeof(fp16) == 2);
 // ids and masks, and the rest of what safetensors files hold (read, never
 // computed in). Names, sizes and the C++ types are core/element.hpp's.
 enum class element_type : std::uint8_t {
-  boolean, u8, i8, f8_e5m2, f8_e4m3, i16, u16, f16, bf16, i32, u32, f32, f64, i64, u64
+  boolean,
+  u8,
+  i8,
+  f8_e5m2,
+  f8_e4m3,
+  i16,
+  u16,
+  f16,
+  bf16,
+  i32,
+  u32,
+  f32,
+  f64,
+  i64,
+  u64
 };
 
 template <class T>
@@ -145,7 +157,9 @@ struct dtype_traits<fp16> {
 };
 
 template <class T>
-concept Dtype = requires { dtype_traits<T>::id; };
+concept Dtype = requires {
+  dtype_traits<T>::id;
+};
 
 template <class T>
 concept HalfDtype = Dtype<T> && sizeof(T) == 2;

@@ -26,38 +26,58 @@ inline constexpr bool is_element =
     std::is_same_v<E, std::uint32_t> || std::is_same_v<E, std::int64_t> || std::is_same_v<E, std::uint64_t>;
 
 template <class E>
-  requires is_element<E>
+requires is_element<E>
 constexpr element_type element_type_of() {
-  if constexpr (std::is_same_v<E, float>) return element_type::f32;
-  else if constexpr (std::is_same_v<E, bf16>) return element_type::bf16;
-  else if constexpr (std::is_same_v<E, fp16>) return element_type::f16;
-  else if constexpr (std::is_same_v<E, double>) return element_type::f64;
-  else if constexpr (std::is_same_v<E, bool>) return element_type::boolean;
-  else if constexpr (std::is_same_v<E, std::int8_t>) return element_type::i8;
-  else if constexpr (std::is_same_v<E, std::uint8_t>) return element_type::u8;
-  else if constexpr (std::is_same_v<E, std::int16_t>) return element_type::i16;
-  else if constexpr (std::is_same_v<E, std::uint16_t>) return element_type::u16;
-  else if constexpr (std::is_same_v<E, std::int32_t>) return element_type::i32;
-  else if constexpr (std::is_same_v<E, std::uint32_t>) return element_type::u32;
-  else if constexpr (std::is_same_v<E, std::int64_t>) return element_type::i64;
-  else return element_type::u64;
+  if constexpr (std::is_same_v<E, float>)
+    return element_type::f32;
+  else if constexpr (std::is_same_v<E, bf16>)
+    return element_type::bf16;
+  else if constexpr (std::is_same_v<E, fp16>)
+    return element_type::f16;
+  else if constexpr (std::is_same_v<E, double>)
+    return element_type::f64;
+  else if constexpr (std::is_same_v<E, bool>)
+    return element_type::boolean;
+  else if constexpr (std::is_same_v<E, std::int8_t>)
+    return element_type::i8;
+  else if constexpr (std::is_same_v<E, std::uint8_t>)
+    return element_type::u8;
+  else if constexpr (std::is_same_v<E, std::int16_t>)
+    return element_type::i16;
+  else if constexpr (std::is_same_v<E, std::uint16_t>)
+    return element_type::u16;
+  else if constexpr (std::is_same_v<E, std::int32_t>)
+    return element_type::i32;
+  else if constexpr (std::is_same_v<E, std::uint32_t>)
+    return element_type::u32;
+  else if constexpr (std::is_same_v<E, std::int64_t>)
+    return element_type::i64;
+  else
+    return element_type::u64;
 }
 
 namespace detail {
 struct ElementInfo {
   element_type type;
-  std::string_view name;         // dtrain's: "f32", "bf16", "i64", ...
-  std::string_view file_name;    // safetensors': "F32", "BF16", "I64", ...
+  std::string_view name;       // dtrain's: "f32", "bf16", "i64", ...
+  std::string_view file_name;  // safetensors': "F32", "BF16", "I64", ...
   std::size_t bytes;
 };
 inline constexpr std::array<ElementInfo, 15> element_infos{{
-    {element_type::boolean, "bool", "BOOL", 1},  {element_type::u8, "u8", "U8", 1},
-    {element_type::i8, "i8", "I8", 1},           {element_type::f8_e5m2, "f8_e5m2", "F8_E5M2", 1},
-    {element_type::f8_e4m3, "f8_e4m3", "F8_E4M3", 1}, {element_type::i16, "i16", "I16", 2},
-    {element_type::u16, "u16", "U16", 2},        {element_type::f16, "f16", "F16", 2},
-    {element_type::bf16, "bf16", "BF16", 2},     {element_type::i32, "i32", "I32", 4},
-    {element_type::u32, "u32", "U32", 4},        {element_type::f32, "f32", "F32", 4},
-    {element_type::f64, "f64", "F64", 8},        {element_type::i64, "i64", "I64", 8},
+    {element_type::boolean, "bool", "BOOL", 1},
+    {element_type::u8, "u8", "U8", 1},
+    {element_type::i8, "i8", "I8", 1},
+    {element_type::f8_e5m2, "f8_e5m2", "F8_E5M2", 1},
+    {element_type::f8_e4m3, "f8_e4m3", "F8_E4M3", 1},
+    {element_type::i16, "i16", "I16", 2},
+    {element_type::u16, "u16", "U16", 2},
+    {element_type::f16, "f16", "F16", 2},
+    {element_type::bf16, "bf16", "BF16", 2},
+    {element_type::i32, "i32", "I32", 4},
+    {element_type::u32, "u32", "U32", 4},
+    {element_type::f32, "f32", "F32", 4},
+    {element_type::f64, "f64", "F64", 8},
+    {element_type::i64, "i64", "I64", 8},
     {element_type::u64, "u64", "U64", 8},
 }};
 static_assert(

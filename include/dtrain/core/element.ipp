@@ -8,13 +8,12 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
-
-DTRAIN_DECL std::string shape_text(std::span<const std::int64_t> shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
+    namespace dtrain {
+  DTRAIN_DECL std::string shape_text(std::span<const std::int64_t> shape) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+  }
 
 }  // namespace dtrain
 

@@ -12,23 +12,22 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain::detail {
+    namespace dtrain::detail {
+  DTRAIN_DECL std::string format_error(const std::string& what, const std::string& fix,
+                                       const std::source_location& where) {
+    std::string msg = what;
+    if (!fix.empty()) msg += "\n  fix: " + fix;
+    msg += "\n  at: ";
+    msg += where.file_name();
+    msg += ':';
+    msg += std::to_string(where.line());
+    return msg;
+  }
 
-DTRAIN_DECL std::string format_error(const std::string& what, const std::string& fix,
-                                     const std::source_location& where) {
-  std::string msg = what;
-  if (!fix.empty()) msg += "\n  fix: " + fix;
-  msg += "\n  at: ";
-  msg += where.file_name();
-  msg += ':';
-  msg += std::to_string(where.line());
-  return msg;
-}
-
-DTRAIN_DECL std::int64_t unix_now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+  DTRAIN_DECL std::int64_t unix_now_us() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
 
 }  // namespace dtrain::detail
 
@@ -58,8 +57,9 @@ DTRAIN_DECL void record_failure(const std::exception& e, int code) noexcept {
     }
     // torchrun reads "message" and "timestamp" (whole seconds, as a string);
     // dtrain-run reads the rest.
-    text += "\", \"timestamp\": \"" + std::to_string(raised / 1000000) + "\", \"dtrain\": {\"exit_code\": " +
-            std::to_string(code) + ", \"raised_at_us\": " + std::to_string(raised) + "}}\n";
+    text += "\", \"timestamp\": \"" + std::to_string(raised / 1000000) +
+            "\", \"dtrain\": {\"exit_code\": " + std::to_string(code) +
+            ", \"raised_at_us\": " + std::to_string(raised) + "}}\n";
     // Written whole, then renamed: the launcher never reads half a record.
     const std::string part = std::string(path) + ".part";
     std::FILE* f = std::fopen(part.c_str(), "w");

@@ -39,8 +39,8 @@
 #include <string_view>
 #include <thread>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/parse.hpp"
 
 namespace dtrain::fault {

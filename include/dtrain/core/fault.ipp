@@ -8,15 +8,14 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain::fault {
+    namespace dtrain::fault {
+  namespace detail {
 
-namespace detail {
-
-DTRAIN_DECL State& state() {
-  static State s;
-  return s;
-}
-}  // namespace detail
+  DTRAIN_DECL State& state() {
+    static State s;
+    return s;
+  }
+  }  // namespace detail
 }  // namespace dtrain::fault
 
 namespace dtrain::fault {
@@ -27,9 +26,10 @@ DTRAIN_DECL std::optional<detail::Plan> parse(std::string_view text, int rank, i
     what.append(text);
     what += "' ";
     what += why;
-    return env_error(what, "write <point>:<rank>:<n>[:<signal>] with point forward|backward|collective|save and "
-                           "signal KILL (the default), TERM, USR1, USR2 or INT, e.g. DTRAIN_FAULT_INJECT=backward:1:3, "
-                           "or unset it");
+    return env_error(what,
+                     "write <point>:<rank>:<n>[:<signal>] with point forward|backward|collective|save and "
+                     "signal KILL (the default), TERM, USR1, USR2 or INT, e.g. DTRAIN_FAULT_INJECT=backward:1:3, "
+                     "or unset it");
   };
   const auto c1 = text.find(':');
   const auto c2 = c1 == std::string_view::npos ? c1 : text.find(':', c1 + 1);
@@ -38,12 +38,18 @@ DTRAIN_DECL std::optional<detail::Plan> parse(std::string_view text, int rank, i
   detail::Plan plan;
   if (c3 != std::string_view::npos) {
     const std::string_view sig = text.substr(c3 + 1);
-    if (sig == "KILL") plan.signal = SIGKILL;
-    else if (sig == "TERM") plan.signal = SIGTERM;
-    else if (sig == "USR1") plan.signal = SIGUSR1;
-    else if (sig == "USR2") plan.signal = SIGUSR2;
-    else if (sig == "INT") plan.signal = SIGINT;
-    else throw bad("names an unknown signal");
+    if (sig == "KILL")
+      plan.signal = SIGKILL;
+    else if (sig == "TERM")
+      plan.signal = SIGTERM;
+    else if (sig == "USR1")
+      plan.signal = SIGUSR1;
+    else if (sig == "USR2")
+      plan.signal = SIGUSR2;
+    else if (sig == "INT")
+      plan.signal = SIGINT;
+    else
+      throw bad("names an unknown signal");
     text = text.substr(0, c3);
   }
   const std::string_view name = text.substr(0, c1);
@@ -98,8 +104,7 @@ DTRAIN_DECL void hit(point p) {
     return;
   if (p == point::forward && s.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(s.delay_ms));
   if (!s.has_plan || s.plan.where != p || s.hits.fetch_add(1) + 1 != s.plan.nth) return;
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::fprintf(stderr, "dtrain: fault injection: %s on rank %d at %s #%lld (t=%.3f)\n",
                signal_name(s.plan.signal).c_str(), s.rank, point_name(p).data(), s.plan.nth, now);
   std::fflush(stderr);

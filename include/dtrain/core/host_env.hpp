@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/parse.hpp"
 
 namespace dtrain {
@@ -32,8 +32,7 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 namespace detail {
 
 // Reads an integer variable that must be >= 0 and fit an int.
-DTRAIN_DECL std::optional<int> env_count(const EnvLookup& env, const std::string& name,
-                                         const std::string& fix);
+DTRAIN_DECL std::optional<int> env_count(const EnvLookup& env, const std::string& name, const std::string& fix);
 
 // Slurm compresses per-node task counts: "4(x2),3" means nodes with 4, 4 and 3.
 DTRAIN_DECL std::vector<int> expand_slurm_counts(const std::string& name, const std::string& text);
@@ -50,17 +49,28 @@ struct RankVars {
 };
 
 inline constexpr RankVars torchrun_vars{
-    "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "torchrun",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
     "launch with dtrain-run or torchrun, which set RANK, WORLD_SIZE, LOCAL_RANK and "
     "LOCAL_WORLD_SIZE together; or unset all four to run as a single process",
     "set MASTER_ADDR to the host that runs rank 0 (dtrain-run and torchrun set it)"};
 inline constexpr RankVars openmpi_vars{
-    "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "openmpi",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE",
     "these variables are set by Open MPI's mpirun; launch with mpirun or unset them",
     "pass the address of rank 0's host to every rank: mpirun -x MASTER_ADDR=<host> ..."};
 inline constexpr RankVars slurm_vars{
-    "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr,
+    "slurm",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    nullptr,
     "these variables are set by Slurm for each task; launch with srun",
     "export MASTER_ADDR, or start the tasks with srun, which sets SLURM_STEP_NODELIST"};
 

@@ -33,9 +33,9 @@
 #include <utility>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 
 namespace dtrain {
 
@@ -46,19 +46,19 @@ struct HostTensor {
   std::vector<std::byte> bytes;
 
   template <class E>
-    requires is_element<E>
+  requires is_element<E>
   static HostTensor of(std::span<const E> values, std::vector<std::int64_t> shape) {
     HostTensor t{element_type_of<E>(), std::move(shape), {}};
     if (t.numel() != static_cast<std::int64_t>(values.size()))
-      throw config_error("HostTensor::of: " + std::to_string(values.size()) + " values for shape " +
-                             shape_text(t.shape),
-                         "pass product(shape) values");
+      throw config_error(
+          "HostTensor::of: " + std::to_string(values.size()) + " values for shape " + shape_text(t.shape),
+          "pass product(shape) values");
     t.bytes.resize(values.size_bytes());
     if (!values.empty()) std::memcpy(t.bytes.data(), values.data(), values.size_bytes());
     return t;
   }
   template <class E>
-    requires is_element<E>
+  requires is_element<E>
   static HostTensor of(const std::vector<E>& values, std::vector<std::int64_t> shape) {
     return of(std::span<const E>(values), std::move(shape));
   }
@@ -67,14 +67,13 @@ struct HostTensor {
   std::int64_t dim(std::size_t i) const { return i < shape.size() ? shape[i] : 1; }
 
   template <class E>
-    requires is_element<E>
-  std::span<const E> values() const {
+  requires is_element<E> std::span<const E> values()
+  const {
     check<E>();
     return {reinterpret_cast<const E*>(bytes.data()), bytes.size() / sizeof(E)};
   }
   template <class E>
-    requires is_element<E>
-  std::span<E> values() {
+  requires is_element<E> std::span<E> values() {
     check<E>();
     return {reinterpret_cast<E*>(bytes.data()), bytes.size() / sizeof(E)};
   }
@@ -122,13 +121,13 @@ struct DeviceTensor {
   std::int64_t dim(std::size_t i) const { return i < shape.size() ? shape[i] : 1; }
 
   template <class E>
-    requires is_element<E>
+  requires is_element<E>
   const E* data() const {
     check<E>();
     return reinterpret_cast<const E*>(device);
   }
   template <class E>
-    requires is_element<E>
+  requires is_element<E>
   const E* host_data() const {
     check<E>();
     return reinterpret_cast<const E*>(host);

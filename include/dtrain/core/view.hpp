@@ -25,8 +25,7 @@ struct MatView {
   DTRAIN_HOST_DEVICE T& operator()(std::int64_t r, std::int64_t c) const { return data[r * cols + c]; }
   // Only for mutable views: nvcc warns about a conversion of MatView<const T> to itself.
   template <class U = T>
-    requires(!std::is_const_v<U>)
-  DTRAIN_HOST_DEVICE operator MatView<const U>() const { return {data, rows, cols}; }
+  requires(!std::is_const_v<U>) DTRAIN_HOST_DEVICE operator MatView<const U>() const { return {data, rows, cols}; }
 };
 
 }  // namespace dtrain

@@ -54,11 +54,13 @@ struct is_vector<std::vector<T, A>> : std::true_type {};
 
 // A struct that lists its fields (wire_fields(): a tuple of dtrain::field).
 template <class T>
-concept WireStruct = requires { T::wire_fields(); };
+concept WireStruct = requires {
+  T::wire_fields();
+};
 
 template <class T>
 concept WireValue = WireStruct<T> || std::same_as<T, std::string> || detail::is_vector<T>::value ||
-                    (std::is_trivially_copyable_v<T> && !std::is_pointer_v<T>);
+    (std::is_trivially_copyable_v<T> && !std::is_pointer_v<T>);
 
 namespace wire {
 

@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/io/files.hpp"
 #include "dtrain/io/npy.hpp"
@@ -58,9 +58,9 @@ std::vector<std::int32_t> narrow_labels(std::span<const std::byte> bytes, const 
   for (std::size_t r = 0; r < out.size(); ++r) {
     const I v = load_element<I>(bytes, r);
     if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max())
-      throw config_error(source + ": label " + std::to_string(v) + " at row " + std::to_string(r) +
-                             " does not fit in int32",
-                         "labels must be class indices");
+      throw config_error(
+          source + ": label " + std::to_string(v) + " at row " + std::to_string(r) + " does not fit in int32",
+          "labels must be class indices");
     out[r] = static_cast<std::int32_t>(v);
   }
   return out;

@@ -8,51 +8,48 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
-
-DTRAIN_DECL auto Dataset::gather(std::span<const std::int64_t> indices) const -> Batch {
-  if (static_cast<std::int64_t>(x.size()) != rows * features || static_cast<std::int64_t>(y.size()) != rows)
-    throw config_error("the dataset's x/y sizes do not match its rows and features",
-                       "call dataset.validate(num_classes) after building it");
-  const auto f = static_cast<std::size_t>(features);
-  std::vector<float> bx(indices.size() * f);
-  std::vector<std::int32_t> by(indices.size());
-  for (std::size_t i = 0; i < indices.size(); ++i) {
-    const auto row = static_cast<std::size_t>(indices[i]);
-    std::copy_n(x.begin() + static_cast<std::ptrdiff_t>(row * f), f, bx.begin() + static_cast<std::ptrdiff_t>(i * f));
-    by[i] = y[row];
+    namespace dtrain {
+  DTRAIN_DECL auto Dataset::gather(std::span<const std::int64_t> indices) const->Batch {
+    if (static_cast<std::int64_t>(x.size()) != rows * features || static_cast<std::int64_t>(y.size()) != rows)
+      throw config_error("the dataset's x/y sizes do not match its rows and features",
+                         "call dataset.validate(num_classes) after building it");
+    const auto f = static_cast<std::size_t>(features);
+    std::vector<float> bx(indices.size() * f);
+    std::vector<std::int32_t> by(indices.size());
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      const auto row = static_cast<std::size_t>(indices[i]);
+      std::copy_n(x.begin() + static_cast<std::ptrdiff_t>(row * f), f, bx.begin() + static_cast<std::ptrdiff_t>(i * f));
+      by[i] = y[row];
+    }
+    return Batch::table(bx, by, static_cast<std::int64_t>(indices.size()), features);
   }
-  return Batch::table(bx, by, static_cast<std::int64_t>(indices.size()), features);
-}
 
-DTRAIN_DECL auto Dataset::validate(std::int64_t num_classes) const -> void {
-  const std::string fix = "check how the dataset was built or exported";
-  if (rows < 1 || features < 1)
-    throw config_error("dataset is empty: " + std::to_string(rows) + " rows of " + std::to_string(features) +
-                           " features",
-                       fix);
-  if (static_cast<std::int64_t>(x.size()) != rows * features)
-    throw config_error("dataset has " + std::to_string(x.size()) + " feature values, expected rows * features = " +
-                           std::to_string(rows) + " * " + std::to_string(features),
-                       fix);
-  if (static_cast<std::int64_t>(y.size()) != rows)
-    throw config_error("dataset has " + std::to_string(y.size()) + " labels for " + std::to_string(rows) + " rows",
-                       fix);
-  if (num_classes < 1)
-    throw config_error("dataset validated against " + std::to_string(num_classes) + " classes",
-                       "pass the model's number of classes (at least 1)");
-  for (std::size_t i = 0; i < x.size(); ++i)
-    if (!std::isfinite(x[i]))
-      throw config_error("dataset row " + std::to_string(i / static_cast<std::size_t>(features)) + ", feature " +
-                             std::to_string(i % static_cast<std::size_t>(features)) + " is " +
-                             std::to_string(x[i]),
+  DTRAIN_DECL auto Dataset::validate(std::int64_t num_classes) const->void {
+    const std::string fix = "check how the dataset was built or exported";
+    if (rows < 1 || features < 1)
+      throw config_error(
+          "dataset is empty: " + std::to_string(rows) + " rows of " + std::to_string(features) + " features", fix);
+    if (static_cast<std::int64_t>(x.size()) != rows * features)
+      throw config_error("dataset has " + std::to_string(x.size()) + " feature values, expected rows * features = " +
+                             std::to_string(rows) + " * " + std::to_string(features),
                          fix);
-  for (std::size_t r = 0; r < y.size(); ++r)
-    if (y[r] < 0 || y[r] >= num_classes)
-      throw config_error("dataset row " + std::to_string(r) + " has label " + std::to_string(y[r]) +
-                             ", outside [0, " + std::to_string(num_classes) + ")",
-                         "labels must be class indices 0 .. num_classes - 1; " + fix);
-}
+    if (static_cast<std::int64_t>(y.size()) != rows)
+      throw config_error("dataset has " + std::to_string(y.size()) + " labels for " + std::to_string(rows) + " rows",
+                         fix);
+    if (num_classes < 1)
+      throw config_error("dataset validated against " + std::to_string(num_classes) + " classes",
+                         "pass the model's number of classes (at least 1)");
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (!std::isfinite(x[i]))
+        throw config_error("dataset row " + std::to_string(i / static_cast<std::size_t>(features)) + ", feature " +
+                               std::to_string(i % static_cast<std::size_t>(features)) + " is " + std::to_string(x[i]),
+                           fix);
+    for (std::size_t r = 0; r < y.size(); ++r)
+      if (y[r] < 0 || y[r] >= num_classes)
+        throw config_error("dataset row " + std::to_string(r) + " has label " + std::to_string(y[r]) +
+                               ", outside [0, " + std::to_string(num_classes) + ")",
+                           "labels must be class indices 0 .. num_classes - 1; " + fix);
+  }
 }  // namespace dtrain
 
 namespace dtrain {
@@ -69,9 +66,9 @@ DTRAIN_DECL Dataset assemble_dataset(std::vector<float> x, std::span<const std::
     throw config_error(source + ": labels y have shape " + shape_text(y_shape) + ", expected [rows]",
                        "store y as a 1-D array of class indices");
   if (x_shape[0] != y_shape[0])
-    throw config_error(source + ": x has " + std::to_string(x_shape[0]) + " rows but y has " +
-                           std::to_string(y_shape[0]) + " labels",
-                       "x and y must describe the same rows");
+    throw config_error(
+        source + ": x has " + std::to_string(x_shape[0]) + " rows but y has " + std::to_string(y_shape[0]) + " labels",
+        "x and y must describe the same rows");
   Dataset d;
   d.x = std::move(x);
   d.y = std::move(y);
@@ -116,8 +113,8 @@ DTRAIN_DECL Dataset load_safetensors_dataset(const std::filesystem::path& path) 
                        "store features as 'x' [rows, features] and labels as 'y' [rows]");
   const auto x = file.tensor("x");
   const auto y = file.tensor("y");
-  const bool float_x = x.dtype == element_type::f32 || x.dtype == element_type::f64 ||
-                       x.dtype == element_type::f16 || x.dtype == element_type::bf16;
+  const bool float_x = x.dtype == element_type::f32 || x.dtype == element_type::f64 || x.dtype == element_type::f16 ||
+                       x.dtype == element_type::bf16;
   if (!float_x)
     throw config_error(source + ": features 'x' have dtype " + std::string(safetensors_name(x.dtype)),
                        "store x as F32, F64, F16 or BF16");

@@ -28,8 +28,8 @@
 #include <utility>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/data/dataset.hpp"
 #include "dtrain/data/sampler.hpp"

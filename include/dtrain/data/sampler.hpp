@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/random.hpp"
-#include "dtrain/core/error.hpp"
 
 namespace dtrain {
 

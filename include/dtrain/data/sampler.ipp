@@ -8,31 +8,30 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
+    namespace dtrain {
+  namespace detail {
 
-namespace detail {
-
-DTRAIN_DECL auto SplitMix64::below(std::uint64_t bound) -> std::uint64_t {
-  const std::uint64_t threshold = (0 - bound) % bound;
-  for (;;) {
-    const std::uint64_t r = next();
-    if (r >= threshold) return r % bound;
+  DTRAIN_DECL auto SplitMix64::below(std::uint64_t bound) -> std::uint64_t {
+    const std::uint64_t threshold = (0 - bound) % bound;
+    for (;;) {
+      const std::uint64_t r = next();
+      if (r >= threshold) return r % bound;
+    }
   }
-}
-DTRAIN_DECL std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch,
-                                                        bool shuffle) {
-  std::vector<std::int64_t> p(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = i;
-  if (!shuffle) return p;
-  SplitMix64 rng(splitmix64_mix(seed ^ splitmix64_mix(static_cast<std::uint64_t>(epoch))));
-  for (std::int64_t i = n - 1; i > 0; --i) {
-    const auto j = static_cast<std::size_t>(rng.below(static_cast<std::uint64_t>(i) + 1));
-    std::swap(p[static_cast<std::size_t>(i)], p[j]);
+  DTRAIN_DECL std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch,
+                                                          bool shuffle) {
+    std::vector<std::int64_t> p(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = i;
+    if (!shuffle) return p;
+    SplitMix64 rng(splitmix64_mix(seed ^ splitmix64_mix(static_cast<std::uint64_t>(epoch))));
+    for (std::int64_t i = n - 1; i > 0; --i) {
+      const auto j = static_cast<std::size_t>(rng.below(static_cast<std::uint64_t>(i) + 1));
+      std::swap(p[static_cast<std::size_t>(i)], p[j]);
+    }
+    return p;
   }
-  return p;
-}
 
-}  // namespace detail
+  }  // namespace detail
 }  // namespace dtrain
 
 namespace dtrain {
@@ -44,9 +43,9 @@ DTRAIN_DECL DistributedSampler::DistributedSampler(std::int64_t dataset_size, in
     throw config_error("DistributedSampler: world size " + std::to_string(world_size) + " is not positive",
                        "pass the number of ranks (at least 1)");
   if (rank < 0 || rank >= world_size)
-    throw config_error("DistributedSampler: rank " + std::to_string(rank) + " is outside [0, " +
-                           std::to_string(world_size) + ")",
-                       "pass this process's rank in the world");
+    throw config_error(
+        "DistributedSampler: rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
+        "pass this process's rank in the world");
   if (dataset_size < 1)
     throw config_error("DistributedSampler: the dataset is empty (" + std::to_string(dataset_size) + " rows)",
                        "load the dataset before building its sampler");

@@ -104,15 +104,18 @@ class device_memory {
   }
   const memory_stats& total() const noexcept { return total_; }
   memory_stats& total() noexcept { return total_; }
-  MemoryUsage current() const noexcept { return read([](const memory_stats& s) { return s.allocated(); }); }
-  MemoryUsage peak() const noexcept { return read([](const memory_stats& s) { return s.peak(); }); }
+  MemoryUsage current() const noexcept {
+    return read([](const memory_stats& s) { return s.allocated(); });
+  }
+  MemoryUsage peak() const noexcept {
+    return read([](const memory_stats& s) { return s.peak(); });
+  }
 
  private:
   template <class F>
   MemoryUsage read(F f) const noexcept {
     MemoryUsage u;
-    for (std::size_t c = 0; c < memory_category_count; ++c)
-      u[static_cast<memory_category>(c)] = f(by_category_[c]);
+    for (std::size_t c = 0; c < memory_category_count; ++c) u[static_cast<memory_category>(c)] = f(by_category_[c]);
     return u;
   }
 
@@ -123,7 +126,8 @@ class device_memory {
 template <class A>
 concept BufferAllocator = std::movable<A> && requires(A& a, void* p, std::size_t bytes) {
   { a.allocate(bytes) } -> std::same_as<void*>;
-  { a.deallocate(p, bytes) } noexcept;
+  { a.deallocate(p, bytes) }
+  noexcept;
   a.fill_zero(p, bytes);
 };
 

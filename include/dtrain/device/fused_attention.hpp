@@ -63,10 +63,9 @@ void fused_attention_forward([[maybe_unused]] Dev& dev, [[maybe_unused]] const F
 template <class Dev, class T>
 void fused_attention_backward([[maybe_unused]] Dev& dev, [[maybe_unused]] const FusedAttentionShape& s,
                               [[maybe_unused]] float scale, [[maybe_unused]] const T* q, [[maybe_unused]] const T* k,
-                              [[maybe_unused]] const T* v, [[maybe_unused]] const T* o,
-                              [[maybe_unused]] const T* d_o, [[maybe_unused]] const float* stats,
-                              [[maybe_unused]] const T* bias, [[maybe_unused]] T* dq, [[maybe_unused]] T* dk,
-                              [[maybe_unused]] T* dv) {
+                              [[maybe_unused]] const T* v, [[maybe_unused]] const T* o, [[maybe_unused]] const T* d_o,
+                              [[maybe_unused]] const float* stats, [[maybe_unused]] const T* bias,
+                              [[maybe_unused]] T* dq, [[maybe_unused]] T* dk, [[maybe_unused]] T* dv) {
   if constexpr (FusedAttention<Dev>::template takes<T>)
     FusedAttention<Dev>::backward(dev, s, scale, q, k, v, o, d_o, stats, bias, dq, dk, dv);
   else

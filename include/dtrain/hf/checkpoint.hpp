@@ -20,15 +20,15 @@
 #include <string_view>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
-#include "dtrain/io/safetensors.hpp"
 #include "dtrain/checkpoint/state_io.hpp"
 #include "dtrain/comm/world.hpp"
-#include "dtrain/model/layout.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/hf/config.hpp"
 #include "dtrain/hf/lora.hpp"
 #include "dtrain/hf/model.hpp"
+#include "dtrain/io/safetensors.hpp"
+#include "dtrain/model/layout.hpp"
 
 namespace dtrain::hf {
 
@@ -96,9 +96,8 @@ DTRAIN_DECL void commit_save(const std::filesystem::path& dir, const std::filesy
 // Every rank, at the end: `error` is rank 0's failure ("" on the others, or
 // when it succeeded); after one, rank 0 removes `partial` and every rank
 // throws it. `key` names the gather in the store.
-DTRAIN_DECL void end_save(World& world, std::string_view key, std::string_view call,
-                          const std::filesystem::path& dir, const std::filesystem::path& partial,
-                          const std::string& error);
+DTRAIN_DECL void end_save(World& world, std::string_view key, std::string_view call, const std::filesystem::path& dir,
+                          const std::filesystem::path& partial, const std::string& error);
 }  // namespace detail
 
 // Writes the trainer's hf::CausalLm to `dir` as save_pretrained does: config.json

@@ -21,8 +21,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 
 namespace dtrain::hf {
 
@@ -35,12 +35,12 @@ struct LmConfig {
   std::int64_t num_attention_heads = 0;
   std::int64_t num_key_value_heads = 0;
   std::int64_t max_position_embeddings = 0;
-  float norm_eps = 1e-6f;     // rms_norm_eps (Llama family) or layer_norm_epsilon (GPT-2)
+  float norm_eps = 1e-6f;  // rms_norm_eps (Llama family) or layer_norm_epsilon (GPT-2)
   float rope_theta = 10000.f;
-  bool qkv_bias = false;  // attention_bias (llama), always on for qwen2
-  bool out_bias = false;  // attention_bias (llama)
+  bool qkv_bias = false;             // attention_bias (llama), always on for qwen2
+  bool out_bias = false;             // attention_bias (llama)
   bool tie_word_embeddings = false;  // the output head is the token embedding
-  std::string json_text;  // the whole file (compact JSON, keys in order), written back on save
+  std::string json_text;             // the whole file (compact JSON, keys in order), written back on save
 
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // GPT-2: learned positions, LayerNorm, tanh GELU MLP, biases everywhere.

@@ -4,141 +4,139 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include "dtrain/io/json.hpp"
-
 #include "dtrain/hf/config.hpp"
+#include "dtrain/io/json.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain::hf {
+    namespace dtrain::hf {
+  namespace detail {
 
-namespace detail {
-
-// key's value from `j`, which must hold it as a number (or `fallback` when
-// absent and a fallback is given).
-template <class V>
-V number(const nlohmann::ordered_json& j, const std::string& where, const char* key, const V* fallback = nullptr) {
-  if (!j.contains(key) || j.at(key).is_null()) {
-    if (fallback != nullptr) return *fallback;
-    throw config_error(where + ": the key \"" + key + "\" is missing",
-                       "give the model's config.json as transformers wrote it");
-  }
-  if (const auto x = ::dtrain::detail::json_number<V>(j.at(key))) return *x;
-  throw config_error(where + ": \"" + key + "\" must be a number" +
-                         (std::is_integral_v<V> ? " (a whole one in range)" : " (finite, in float's range)") +
-                         ", not " + ::dtrain::detail::json_shown(j.at(key)),
-                     "give the model's config.json as transformers wrote it");
-}
-
-// The rotary base. transformers 4 writes it as "rope_theta" (and any
-// scaling as "rope_scaling"); transformers 5 as "rope_parameters":
-// {"rope_type": "default", "rope_theta": ...}. Either is read; a file with
-// both must agree, and every rotary variant but the default is refused by
-// name (its positions would be silently wrong otherwise).
-inline float rope_theta(const nlohmann::ordered_json& j, const std::string& where) {
-  const float fallback = 10000.f;
-  float theta = number<float>(j, where, "rope_theta", &fallback);
-  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
-    throw config_error(where + ": rope_scaling " + j.at("rope_scaling").dump() + " is not supported",
-                       "use a model without rope_scaling (Llama 3.1+ long-context scaling is not implemented)");
-  if (!j.contains("rope_parameters") || j.at("rope_parameters").is_null()) return theta;
-  const auto& rp = j.at("rope_parameters");
-  const std::string in = where + ": rope_parameters";
-  if (!rp.is_object())
-    throw config_error(in + " " + rp.dump() + " is not an object",
-                       "give the model's config.json as transformers wrote it");
-  for (const auto& [key, value] : rp.items()) {
-    if (key == "rope_theta") continue;
-    if (key == "rope_type" || key == "type") {
-      if (value.is_string() && value.get<std::string>() == "default") continue;
-      throw config_error(in + " " + key + " " + value.dump() + " is not supported",
-                         "use a model with the default rotary embedding (rope_type \"default\"): scaled variants "
-                         "(linear, dynamic, yarn, llama3, longrope) are not implemented");
-    }
-    throw config_error(in + " key \"" + key + "\" (" + value.dump() + ") is not supported",
-                       "use a model whose rope_parameters hold only rope_type \"default\" and rope_theta");
-  }
-  if (rp.contains("rope_theta")) {
-    const float nested = number<float>(rp, in, "rope_theta");
-    if (j.contains("rope_theta") && !j.at("rope_theta").is_null() && nested != theta)
-      throw config_error(where + ": rope_theta " + j.at("rope_theta").dump() + " and rope_parameters.rope_theta " +
-                             rp.at("rope_theta").dump() + " disagree",
-                         "keep one of them (transformers 5 reads rope_parameters)");
-    theta = nested;
-  }
-  return theta;
-}
-
-DTRAIN_DECL bool flag(const nlohmann::ordered_json& j, const char* key, bool fallback) {
-  return j.contains(key) && j.at(key).is_boolean() ? j.at(key).get<bool>() : fallback;
-}
-
-DTRAIN_DECL void check_sizes(const LmConfig& c, const std::string& where, const std::array<const char*, 7>& keys) {
-  const std::int64_t values[] = {c.vocab_size,          c.hidden_size,         c.intermediate_size,
-                                 c.num_hidden_layers,   c.num_attention_heads, c.num_key_value_heads,
-                                 c.max_position_embeddings};
-  for (std::size_t i = 0; i < keys.size(); ++i)
-    if (values[i] < 1)
-      throw config_error(where + ": \"" + std::string(keys[i]) + "\" is " + std::to_string(values[i]) +
-                             "; it must be >= 1",
+  // key's value from `j`, which must hold it as a number (or `fallback` when
+  // absent and a fallback is given).
+  template <class V>
+  V number(const nlohmann::ordered_json& j, const std::string& where, const char* key, const V* fallback = nullptr) {
+    if (!j.contains(key) || j.at(key).is_null()) {
+      if (fallback != nullptr) return *fallback;
+      throw config_error(where + ": the key \"" + key + "\" is missing",
                          "give the model's config.json as transformers wrote it");
-  // Every tensor's size (and offsets into the flat parameter buffer) is an
-  // int64 product of these: a config whose parameters would not fit 2^53 is
-  // refused before anything multiplies them.
-  const long double h = static_cast<long double>(c.hidden_size);
-  const long double params =
-      2.0L * c.vocab_size * h + static_cast<long double>(c.max_position_embeddings) * h +
-      static_cast<long double>(c.num_hidden_layers) * (4.0L * h * h + 3.0L * h * c.intermediate_size);
-  if (params > 9007199254740992.0L)
-    throw config_error(where + " describes about " + std::to_string(static_cast<double>(params)) +
-                           " parameters, more than the 2^53 dtrain can address",
-                       "check the sizes (vocab_size, hidden_size, intermediate_size, layers)");
-  if (c.hidden_size % c.num_attention_heads != 0 || c.num_attention_heads % c.num_key_value_heads != 0)
-    throw config_error(where + ": " + keys[1] + " " + std::to_string(c.hidden_size) + ", " + keys[4] + " " +
-                           std::to_string(c.num_attention_heads) + " and " + keys[5] + " " +
-                           std::to_string(c.num_key_value_heads) + " do not divide",
-                       std::string("the head count must divide the width (and the key/value heads the heads)"));
-}
+    }
+    if (const auto x = ::dtrain::detail::json_number<V>(j.at(key))) return *x;
+    throw config_error(where + ": \"" + key + "\" must be a number" +
+                           (std::is_integral_v<V> ? " (a whole one in range)" : " (finite, in float's range)") +
+                           ", not " + ::dtrain::detail::json_shown(j.at(key)),
+                       "give the model's config.json as transformers wrote it");
+  }
 
-DTRAIN_DECL LmConfig parse_gpt2(const nlohmann::ordered_json& j, const std::string& where) {
-  LmConfig c;
-  c.model_type = "gpt2";
-  c.json_text = j.dump();
-  c.vocab_size = number<std::int64_t>(j, where, "vocab_size");
-  c.hidden_size = number<std::int64_t>(j, where, "n_embd");
-  // transformers' default, 4 x n_embd; a width so large (or below 1) that
-  // four times it would overflow is kept as it is, for the checks below to
-  // name (found by fuzzing: 4 x 5e18 was signed overflow).
-  const std::int64_t inner =
-      c.hidden_size >= 1 && c.hidden_size <= std::numeric_limits<std::int64_t>::max() / 4 ? 4 * c.hidden_size
-                                                                                         : c.hidden_size;
-  c.intermediate_size = number<std::int64_t>(j, where, "n_inner", &inner);
-  c.num_hidden_layers = number<std::int64_t>(j, where, "n_layer");
-  c.num_attention_heads = c.num_key_value_heads = number<std::int64_t>(j, where, "n_head");
-  c.max_position_embeddings = number<std::int64_t>(j, where, "n_positions");
-  const float eps = 1e-5f;
-  c.norm_eps = number<float>(j, where, "layer_norm_epsilon", &eps);
-  c.rope_theta = 0.f;  // learned positions
-  c.qkv_bias = c.out_bias = true;
-  c.tie_word_embeddings = flag(j, "tie_word_embeddings", true);  // GPT-2's default
-  check_sizes(c, where, {"vocab_size", "n_embd", "n_inner", "n_layer", "n_head", "n_head", "n_positions"});
-  auto unsupported = [&](const std::string& what, const std::string& fix) {
-    throw config_error(where + ": " + what + " is not supported", fix);
-  };
-  const std::string act = j.contains("activation_function") && j.at("activation_function").is_string()
-                              ? j.at("activation_function").get<std::string>()
-                              : "gelu_new";
-  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-    unsupported("activation_function \"" + act + "\"", "dtrain's GPT-2 MLP uses the tanh GELU (\"gelu_new\")");
-  if (!flag(j, "scale_attn_weights", true))
-    unsupported("scale_attn_weights false", "use a model that scales attention by 1/sqrt(head_dim)");
-  if (flag(j, "scale_attn_by_inverse_layer_idx", false))
-    unsupported("scale_attn_by_inverse_layer_idx true", "use a model without per-layer attention scaling");
-  if (flag(j, "add_cross_attention", false))
-    unsupported("add_cross_attention true", "use a decoder-only GPT-2 (no cross-attention)");
-  return c;
-}
-}  // namespace detail
+  // The rotary base. transformers 4 writes it as "rope_theta" (and any
+  // scaling as "rope_scaling"); transformers 5 as "rope_parameters":
+  // {"rope_type": "default", "rope_theta": ...}. Either is read; a file with
+  // both must agree, and every rotary variant but the default is refused by
+  // name (its positions would be silently wrong otherwise).
+  inline float rope_theta(const nlohmann::ordered_json& j, const std::string& where) {
+    const float fallback = 10000.f;
+    float theta = number<float>(j, where, "rope_theta", &fallback);
+    if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
+      throw config_error(where + ": rope_scaling " + j.at("rope_scaling").dump() + " is not supported",
+                         "use a model without rope_scaling (Llama 3.1+ long-context scaling is not implemented)");
+    if (!j.contains("rope_parameters") || j.at("rope_parameters").is_null()) return theta;
+    const auto& rp = j.at("rope_parameters");
+    const std::string in = where + ": rope_parameters";
+    if (!rp.is_object())
+      throw config_error(in + " " + rp.dump() + " is not an object",
+                         "give the model's config.json as transformers wrote it");
+    for (const auto& [key, value] : rp.items()) {
+      if (key == "rope_theta") continue;
+      if (key == "rope_type" || key == "type") {
+        if (value.is_string() && value.get<std::string>() == "default") continue;
+        throw config_error(in + " " + key + " " + value.dump() + " is not supported",
+                           "use a model with the default rotary embedding (rope_type \"default\"): scaled variants "
+                           "(linear, dynamic, yarn, llama3, longrope) are not implemented");
+      }
+      throw config_error(in + " key \"" + key + "\" (" + value.dump() + ") is not supported",
+                         "use a model whose rope_parameters hold only rope_type \"default\" and rope_theta");
+    }
+    if (rp.contains("rope_theta")) {
+      const float nested = number<float>(rp, in, "rope_theta");
+      if (j.contains("rope_theta") && !j.at("rope_theta").is_null() && nested != theta)
+        throw config_error(where + ": rope_theta " + j.at("rope_theta").dump() + " and rope_parameters.rope_theta " +
+                               rp.at("rope_theta").dump() + " disagree",
+                           "keep one of them (transformers 5 reads rope_parameters)");
+      theta = nested;
+    }
+    return theta;
+  }
+
+  DTRAIN_DECL bool flag(const nlohmann::ordered_json& j, const char* key, bool fallback) {
+    return j.contains(key) && j.at(key).is_boolean() ? j.at(key).get<bool>() : fallback;
+  }
+
+  DTRAIN_DECL void check_sizes(const LmConfig& c, const std::string& where, const std::array<const char*, 7>& keys) {
+    const std::int64_t values[] = {
+        c.vocab_size,          c.hidden_size,         c.intermediate_size,      c.num_hidden_layers,
+        c.num_attention_heads, c.num_key_value_heads, c.max_position_embeddings};
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (values[i] < 1)
+        throw config_error(
+            where + ": \"" + std::string(keys[i]) + "\" is " + std::to_string(values[i]) + "; it must be >= 1",
+            "give the model's config.json as transformers wrote it");
+    // Every tensor's size (and offsets into the flat parameter buffer) is an
+    // int64 product of these: a config whose parameters would not fit 2^53 is
+    // refused before anything multiplies them.
+    const long double h = static_cast<long double>(c.hidden_size);
+    const long double params =
+        2.0L * c.vocab_size * h + static_cast<long double>(c.max_position_embeddings) * h +
+        static_cast<long double>(c.num_hidden_layers) * (4.0L * h * h + 3.0L * h * c.intermediate_size);
+    if (params > 9007199254740992.0L)
+      throw config_error(where + " describes about " + std::to_string(static_cast<double>(params)) +
+                             " parameters, more than the 2^53 dtrain can address",
+                         "check the sizes (vocab_size, hidden_size, intermediate_size, layers)");
+    if (c.hidden_size % c.num_attention_heads != 0 || c.num_attention_heads % c.num_key_value_heads != 0)
+      throw config_error(where + ": " + keys[1] + " " + std::to_string(c.hidden_size) + ", " + keys[4] + " " +
+                             std::to_string(c.num_attention_heads) + " and " + keys[5] + " " +
+                             std::to_string(c.num_key_value_heads) + " do not divide",
+                         std::string("the head count must divide the width (and the key/value heads the heads)"));
+  }
+
+  DTRAIN_DECL LmConfig parse_gpt2(const nlohmann::ordered_json& j, const std::string& where) {
+    LmConfig c;
+    c.model_type = "gpt2";
+    c.json_text = j.dump();
+    c.vocab_size = number<std::int64_t>(j, where, "vocab_size");
+    c.hidden_size = number<std::int64_t>(j, where, "n_embd");
+    // transformers' default, 4 x n_embd; a width so large (or below 1) that
+    // four times it would overflow is kept as it is, for the checks below to
+    // name (found by fuzzing: 4 x 5e18 was signed overflow).
+    const std::int64_t inner = c.hidden_size >= 1 && c.hidden_size <= std::numeric_limits<std::int64_t>::max() / 4
+                                   ? 4 * c.hidden_size
+                                   : c.hidden_size;
+    c.intermediate_size = number<std::int64_t>(j, where, "n_inner", &inner);
+    c.num_hidden_layers = number<std::int64_t>(j, where, "n_layer");
+    c.num_attention_heads = c.num_key_value_heads = number<std::int64_t>(j, where, "n_head");
+    c.max_position_embeddings = number<std::int64_t>(j, where, "n_positions");
+    const float eps = 1e-5f;
+    c.norm_eps = number<float>(j, where, "layer_norm_epsilon", &eps);
+    c.rope_theta = 0.f;  // learned positions
+    c.qkv_bias = c.out_bias = true;
+    c.tie_word_embeddings = flag(j, "tie_word_embeddings", true);  // GPT-2's default
+    check_sizes(c, where, {"vocab_size", "n_embd", "n_inner", "n_layer", "n_head", "n_head", "n_positions"});
+    auto unsupported = [&](const std::string& what, const std::string& fix) {
+      throw config_error(where + ": " + what + " is not supported", fix);
+    };
+    const std::string act = j.contains("activation_function") && j.at("activation_function").is_string()
+                                ? j.at("activation_function").get<std::string>()
+                                : "gelu_new";
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+      unsupported("activation_function \"" + act + "\"", "dtrain's GPT-2 MLP uses the tanh GELU (\"gelu_new\")");
+    if (!flag(j, "scale_attn_weights", true))
+      unsupported("scale_attn_weights false", "use a model that scales attention by 1/sqrt(head_dim)");
+    if (flag(j, "scale_attn_by_inverse_layer_idx", false))
+      unsupported("scale_attn_by_inverse_layer_idx true", "use a model without per-layer attention scaling");
+    if (flag(j, "add_cross_attention", false))
+      unsupported("add_cross_attention true", "use a decoder-only GPT-2 (no cross-attention)");
+    return c;
+  }
+  }  // namespace detail
 }  // namespace dtrain::hf
 
 namespace dtrain::hf {
@@ -148,9 +146,9 @@ DTRAIN_DECL LmConfig parse_config(const nlohmann::ordered_json& j, const std::st
   const std::string type =
       j.contains("model_type") && j.at("model_type").is_string() ? j.at("model_type").get<std::string>() : "";
   if (type != "gpt2" && type != "llama" && type != "mistral" && type != "qwen2")
-    throw config_error(where + ": model_type \"" + type + "\" is not supported (supported: " +
-                           detail::supported_types() + ")",
-                       "fine-tune one of the supported architectures");
+    throw config_error(
+        where + ": model_type \"" + type + "\" is not supported (supported: " + detail::supported_types() + ")",
+        "fine-tune one of the supported architectures");
   if (type == "gpt2") return detail::parse_gpt2(j, where);
   LmConfig c;
   c.model_type = type;
@@ -173,8 +171,9 @@ DTRAIN_DECL LmConfig parse_config(const nlohmann::ordered_json& j, const std::st
   auto unsupported = [&](const std::string& what, const std::string& fix) {
     throw config_error(where + ": " + what + " is not supported", fix);
   };
-  detail::check_sizes(c, where, {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                 "num_attention_heads", "num_key_value_heads", "max_position_embeddings"});
+  detail::check_sizes(c, where,
+                      {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                       "num_key_value_heads", "max_position_embeddings"});
   if (j.contains("head_dim") && !j.at("head_dim").is_null() &&
       detail::number<std::int64_t>(j, where, "head_dim") != c.head_dim())
     unsupported("head_dim " + j.at("head_dim").dump() + " other than hidden_size / num_attention_heads (" +

@@ -37,12 +37,12 @@
 namespace dtrain::hf {
 
 struct LoraConfig {
-  std::int64_t r = 0;      // the rank; 0: no adapters (full fine-tuning)
-  float alpha = 8.f;       // lora_alpha (PEFT's default 8)
-  float dropout = 0.f;     // lora_dropout: dropout on the adapters' input in training, in [0, 1)
-  bool rslora = false;     // use_rslora: scale alpha / sqrt(r)
+  std::int64_t r = 0;                  // the rank; 0: no adapters (full fine-tuning)
+  float alpha = 8.f;                   // lora_alpha (PEFT's default 8)
+  float dropout = 0.f;                 // lora_dropout: dropout on the adapters' input in training, in [0, 1)
+  bool rslora = false;                 // use_rslora: scale alpha / sqrt(r)
   std::vector<std::string> targets{};  // target_modules
-  bool regex = false;      // targets[0] is a regular expression over whole names (RegexPattern)
+  bool regex = false;                  // targets[0] is a regular expression over whole names (RegexPattern)
   // PEFT's modules_to_save: modules trained whole (not frozen) and saved
   // beside the adapters. dtrain takes the embeddings and the output head
   // ("embed_tokens", "lm_head"; GPT-2's "wpe"), untied ones only.

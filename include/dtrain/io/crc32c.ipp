@@ -8,42 +8,41 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
+    namespace dtrain {
+  namespace detail {
 
-namespace detail {
-
-DTRAIN_DECL const std::array<std::array<std::uint32_t, 256>, 8>& crc32c_tables() {
-  static const auto tables = [] {
-    std::array<std::array<std::uint32_t, 256>, 8> t{};
-    for (std::uint32_t b = 0; b < 256; ++b) {
-      std::uint32_t c = b;
-      for (int i = 0; i < 8; ++i) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
-      t[0][b] = c;
-    }
-    for (std::size_t k = 1; k < 8; ++k)
-      for (std::uint32_t b = 0; b < 256; ++b) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xffu];
-    return t;
-  }();
-  return tables;
-}
-
-DTRAIN_DECL std::uint32_t crc32c_portable(std::uint32_t crc, const unsigned char* p, std::size_t n) {
-  const auto& t = crc32c_tables();
-  while (n >= 8) {
-    std::uint64_t word;
-    std::memcpy(&word, p, 8);
-    if constexpr (std::endian::native == std::endian::big) word = __builtin_bswap64(word);
-    const auto lo = static_cast<std::uint32_t>(word) ^ crc;
-    const auto hi = static_cast<std::uint32_t>(word >> 32);
-    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
-          t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
-    p += 8;
-    n -= 8;
+  DTRAIN_DECL const std::array<std::array<std::uint32_t, 256>, 8>& crc32c_tables() {
+    static const auto tables = [] {
+      std::array<std::array<std::uint32_t, 256>, 8> t{};
+      for (std::uint32_t b = 0; b < 256; ++b) {
+        std::uint32_t c = b;
+        for (int i = 0; i < 8; ++i) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        t[0][b] = c;
+      }
+      for (std::size_t k = 1; k < 8; ++k)
+        for (std::uint32_t b = 0; b < 256; ++b) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xffu];
+      return t;
+    }();
+    return tables;
   }
-  while (n--) crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xffu];
-  return crc;
-}
-}  // namespace detail
+
+  DTRAIN_DECL std::uint32_t crc32c_portable(std::uint32_t crc, const unsigned char* p, std::size_t n) {
+    const auto& t = crc32c_tables();
+    while (n >= 8) {
+      std::uint64_t word;
+      std::memcpy(&word, p, 8);
+      if constexpr (std::endian::native == std::endian::big) word = __builtin_bswap64(word);
+      const auto lo = static_cast<std::uint32_t>(word) ^ crc;
+      const auto hi = static_cast<std::uint32_t>(word >> 32);
+      crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^ t[3][hi & 0xff] ^
+            t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
+      p += 8;
+      n -= 8;
+    }
+    while (n--) crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xffu];
+    return crc;
+  }
+  }  // namespace detail
 }  // namespace dtrain
 
 namespace dtrain {

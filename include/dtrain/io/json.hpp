@@ -8,8 +8,6 @@
 // before dtrain's headers. tests/io/impl_o1_check.cmake checks that no
 // standard header is first opened inside the region.
 
-#include "dtrain/core/macros.hpp"
-
 #include <algorithm>
 #include <any>
 #include <array>
@@ -52,6 +50,8 @@
 #include <valarray>
 #include <vector>
 #include <version>
+
+#include "dtrain/core/macros.hpp"
 
 DTRAIN_IMPL_BEGIN
 #include <nlohmann/json.hpp>

@@ -12,9 +12,9 @@
 #include <string_view>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/io/files.hpp"
 
 namespace dtrain::detail {

@@ -40,10 +40,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/io/files.hpp"
 
 namespace dtrain {
@@ -57,7 +57,6 @@ constexpr std::optional<element_type> parse_element_type(std::string_view name) 
   return std::nullopt;
 }
 
-
 // A tensor's entry in a safetensors header.
 struct SafetensorsEntry {
   std::string name;
@@ -66,7 +65,6 @@ struct SafetensorsEntry {
 };
 
 namespace detail {
-
 
 // Elements in a shape, or nullopt when a dimension is negative or the byte
 // count would overflow.
@@ -116,9 +114,10 @@ class SafetensorsWriter {
   // Typed form: the dtype follows from the element type. Temporaries are
   // refused at compile time, since the writer keeps only a view.
   template <std::ranges::contiguous_range R>
-    requires(std::ranges::borrowed_range<R> || std::is_lvalue_reference_v<R>) &&
-            is_element<std::remove_cv_t<std::ranges::range_value_t<R>>>
-  void add(std::string name, std::vector<std::int64_t> shape, R&& values) {
+  requires(std::ranges::borrowed_range<R> || std::is_lvalue_reference_v<R>) &&
+      is_element<std::remove_cv_t<std::ranges::range_value_t<R>>> void add(std::string name,
+                                                                           std::vector<std::int64_t> shape,
+                                                                           R&& values) {
     using T = std::remove_cv_t<std::ranges::range_value_t<R>>;
     add(std::move(name), element_type_of<T>(), std::move(shape),
         std::as_bytes(std::span<const T>(std::ranges::data(values), std::ranges::size(values))));

@@ -4,83 +4,80 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include "dtrain/io/safetensors.hpp"
-
 #include "dtrain/io/json.hpp"
+#include "dtrain/io/safetensors.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
+    namespace dtrain {
+  namespace detail {
 
-namespace detail {
-
-DTRAIN_DECL std::optional<std::uint64_t> shape_bytes(std::span<const std::int64_t> shape, std::size_t elem) {
-  std::uint64_t n = elem;
-  for (const auto d : shape) {
-    if (d < 0) return std::nullopt;
-    const auto u = static_cast<std::uint64_t>(d);
-    if (u != 0 && n > std::numeric_limits<std::uint64_t>::max() / u) return std::nullopt;
-    n *= u;
+  DTRAIN_DECL std::optional<std::uint64_t> shape_bytes(std::span<const std::int64_t> shape, std::size_t elem) {
+    std::uint64_t n = elem;
+    for (const auto d : shape) {
+      if (d < 0) return std::nullopt;
+      const auto u = static_cast<std::uint64_t>(d);
+      if (u != 0 && n > std::numeric_limits<std::uint64_t>::max() / u) return std::nullopt;
+      n *= u;
+    }
+    return n;
   }
-  return n;
-}
 
-DTRAIN_DECL MappedFile::MappedFile(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw checkpoint_error("cannot open " + quoted_path(path) + ": " + errno_text(), "check the path");
-  struct ::stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const auto why = errno_text();
-    ::close(fd);
-    throw checkpoint_error("cannot stat " + quoted_path(path) + ": " + why, "check the path");
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
-  // mmap rejects length 0; an empty file simply has no bytes.
-  if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
+  DTRAIN_DECL MappedFile::MappedFile(const std::filesystem::path& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw checkpoint_error("cannot open " + quoted_path(path) + ": " + errno_text(), "check the path");
+    struct ::stat st {};
+    if (::fstat(fd, &st) != 0) {
       const auto why = errno_text();
       ::close(fd);
-      throw checkpoint_error("cannot map " + quoted_path(path) + ": " + why, "check the file and free memory");
+      throw checkpoint_error("cannot stat " + quoted_path(path) + ": " + why, "check the path");
     }
-    data_ = static_cast<const std::byte*>(p);
+    size_ = static_cast<std::size_t>(st.st_size);
+    // mmap rejects length 0; an empty file simply has no bytes.
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        const auto why = errno_text();
+        ::close(fd);
+        throw checkpoint_error("cannot map " + quoted_path(path) + ": " + why, "check the file and free memory");
+      }
+      data_ = static_cast<const std::byte*>(p);
+    }
+    ::close(fd);  // the mapping keeps the file alive
   }
-  ::close(fd);  // the mapping keeps the file alive
-}
 
-DTRAIN_DECL auto MappedFile::unmap() noexcept -> void {
-  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
-}
+  DTRAIN_DECL auto MappedFile::unmap() noexcept -> void {
+    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+  }
 
-DTRAIN_DECL std::string encode_safetensors_header(std::span<const SafetensorsEntry> entries,
-                                             const std::map<std::string, std::string>& metadata,
-                                             const std::filesystem::path& path) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::uint64_t offset = 0;
-  for (const auto& e : entries) {
-    const auto bytes = shape_bytes(e.shape, element_bytes(e.dtype));
-    if (!bytes)
-      throw checkpoint_error("safetensors tensor '" + e.name + "' has an invalid shape " + shape_text(e.shape),
-                             "give every dimension a non-negative size");
-    header[e.name] = {{"dtype", safetensors_name(e.dtype)},
-                      {"shape", e.shape},
-                      {"data_offsets", {offset, offset + *bytes}}};
-    offset += *bytes;
+  DTRAIN_DECL std::string encode_safetensors_header(std::span<const SafetensorsEntry> entries,
+                                                    const std::map<std::string, std::string>& metadata,
+                                                    const std::filesystem::path& path) {
+    nlohmann::ordered_json header = nlohmann::ordered_json::object();
+    if (!metadata.empty()) header["__metadata__"] = metadata;
+    std::uint64_t offset = 0;
+    for (const auto& e : entries) {
+      const auto bytes = shape_bytes(e.shape, element_bytes(e.dtype));
+      if (!bytes)
+        throw checkpoint_error("safetensors tensor '" + e.name + "' has an invalid shape " + shape_text(e.shape),
+                               "give every dimension a non-negative size");
+      header[e.name] = {
+          {"dtype", safetensors_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + *bytes}}};
+      offset += *bytes;
+    }
+    std::string text;
+    try {
+      text = header.dump();
+    } catch (const nlohmann::json::exception& ex) {
+      throw checkpoint_error("cannot encode the safetensors header for " + quoted_path(path) + ": " + ex.what(),
+                             "tensor names and metadata must be valid UTF-8");
+    }
+    text.append((8 - text.size() % 8) % 8, ' ');
+    std::string out(8, '\0');
+    for (std::size_t i = 0; i < 8; ++i) out[i] = static_cast<char>((text.size() >> (8 * i)) & 0xffu);
+    return out + text;
   }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& ex) {
-    throw checkpoint_error("cannot encode the safetensors header for " + quoted_path(path) + ": " + ex.what(),
-                           "tensor names and metadata must be valid UTF-8");
-  }
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  for (std::size_t i = 0; i < 8; ++i) out[i] = static_cast<char>((text.size() >> (8 * i)) & 0xffu);
-  return out + text;
-}
-}  // namespace detail
+  }  // namespace detail
 }  // namespace dtrain
 
 namespace dtrain {
@@ -152,9 +149,9 @@ DTRAIN_DECL auto SafetensorsFile::tensor(std::string_view name) const -> Safeten
   if (it == tensors_.end()) {
     std::string have;
     for (const auto& n : names_) have += (have.empty() ? "" : ", ") + n;
-    throw checkpoint_error(detail::quoted_path(path_) + " has no tensor '" + std::string(name) + "' (it has: " +
-                               have + ")",
-                           "check the tensor name, or that this is the right file");
+    throw checkpoint_error(
+        detail::quoted_path(path_) + " has no tensor '" + std::string(name) + "' (it has: " + have + ")",
+        "check the tensor name, or that this is the right file");
   }
   const auto& e = it->second;
   return {e.dtype, e.shape, data_.subspan(e.begin, e.end - e.begin)};
@@ -259,15 +256,15 @@ DTRAIN_DECL auto SafetensorsFile::parse_tensor(const std::string& name, const nl
   const auto begin = off[0].get<std::uint64_t>();
   const auto end = off[1].get<std::uint64_t>();
   if (begin > end || end > data_.size())
-    corrupt(what + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-            "] outside the " + std::to_string(data_.size()) + "-byte data section");
+    corrupt(what + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] outside the " +
+            std::to_string(data_.size()) + "-byte data section");
   const auto expected = detail::shape_bytes(shape, element_bytes(*dtype));
   if (!expected || *expected != end - begin)
-    corrupt(what + " of shape " + shape_text(shape) + " and dtype " +
-            std::string(safetensors_name(*dtype)) + " spans " + std::to_string(end - begin) + " bytes, expected " +
+    corrupt(what + " of shape " + shape_text(shape) + " and dtype " + std::string(safetensors_name(*dtype)) +
+            " spans " + std::to_string(end - begin) + " bytes, expected " +
             (expected ? std::to_string(*expected) : std::string("an overflowing count")));
-  tensors_.emplace(name, Entry{*dtype, std::move(shape), static_cast<std::size_t>(begin),
-                               static_cast<std::size_t>(end)});
+  tensors_.emplace(name,
+                   Entry{*dtype, std::move(shape), static_cast<std::size_t>(begin), static_cast<std::size_t>(end)});
 }
 
 DTRAIN_DECL auto SafetensorsFile::check_layout() -> void {
@@ -281,8 +278,8 @@ DTRAIN_DECL auto SafetensorsFile::check_layout() -> void {
       corrupt("tensor '" + *name + "' overlaps tensor '" + *previous + "' (its data starts at " +
               std::to_string(e->begin) + ", before " + std::to_string(cursor) + ")");
     if (e->begin > cursor)
-      corrupt("the data section has a gap of " + std::to_string(e->begin - cursor) + " bytes before tensor '" +
-              *name + "'");
+      corrupt("the data section has a gap of " + std::to_string(e->begin - cursor) + " bytes before tensor '" + *name +
+              "'");
     cursor = e->end;
     previous = name;
     names_.push_back(*name);

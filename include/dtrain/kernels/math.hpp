@@ -40,9 +40,7 @@ typedef float dtrain_v8sf __attribute__((vector_size(32)));
 typedef float dtrain_v16sf __attribute__((vector_size(64)));
 __attribute__((used, noinline)) inline float dtrain_sqrt_scalar(float x) { return __builtin_sqrtf(x); }
 __attribute__((const, simd("notinbranch"))) float dtrain_sqrt_lanes(float x) __asm__("dtrain_sqrt_scalar");
-__attribute__((used)) inline dtrain_v4sf _ZGVbN4v_dtrain_sqrt_scalar(dtrain_v4sf x) {
-  return __builtin_ia32_sqrtps(x);
-}
+__attribute__((used)) inline dtrain_v4sf _ZGVbN4v_dtrain_sqrt_scalar(dtrain_v4sf x) { return __builtin_ia32_sqrtps(x); }
 __attribute__((used, target("avx"))) inline dtrain_v8sf _ZGVcN8v_dtrain_sqrt_scalar(dtrain_v8sf x) {
   return __builtin_ia32_sqrtps256(x);
 }
@@ -66,11 +64,11 @@ namespace host_impl {
 // over it vectorise; out-of-range and NaN inputs are fixed up at the end.
 DTRAIN_ALWAYS_INLINE float exp_host(float x) {
   constexpr float log2e = 1.44269504088896341f;
-  constexpr float ln2_hi = 0.693145751953125f;        // 16 significant bits: k * ln2_hi is exact
+  constexpr float ln2_hi = 0.693145751953125f;  // 16 significant bits: k * ln2_hi is exact
   constexpr float ln2_lo = 1.42860682030941723212e-6f;
-  constexpr float round_magic = 12582912.f;            // 1.5 * 2^23: adding it rounds to an integer
-  constexpr float lowest = -87.33f;                    // ~ln(2^-126): below, results are subnormal
-  constexpr float highest = 88.72f;                    // ~ln(FLT_MAX)
+  constexpr float round_magic = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
+  constexpr float lowest = -87.33f;          // ~ln(2^-126): below, results are subnormal
+  constexpr float highest = 88.72f;          // ~ln(FLT_MAX)
   const float xc = x < lowest ? lowest : (x > highest ? highest : x);
   const float k = (xc * log2e + round_magic) - round_magic;
   const float r = (xc - k * ln2_hi) - k * ln2_lo;
@@ -305,9 +303,7 @@ struct SerialRow {
 };
 
 // By the exponent bits, so it behaves the same with fast-math flags.
-DTRAIN_HOST_DEVICE inline bool is_finite(float x) {
-  return (detail::float_bits(x) & 0x7f800000u) != 0x7f800000u;
-}
+DTRAIN_HOST_DEVICE inline bool is_finite(float x) { return (detail::float_bits(x) & 0x7f800000u) != 0x7f800000u; }
 
 DTRAIN_HOST_DEVICE inline float quiet_nan() { return detail::bits_float(0x7fc00000u); }
 
@@ -319,7 +315,7 @@ DTRAIN_HOST_DEVICE inline float quiet_nan() { return detail::bits_float(0x7fc000
 // thread.
 template <int W, class F, class Out>
 DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void column_sums(std::int64_t rows, std::int64_t c0, std::int64_t width, F f,
-                                                        Out out) {
+                                                         Out out) {
   if (width == W) {
     float acc[W] = {};
     for (std::int64_t r = 0; r < rows; ++r)

@@ -74,5 +74,5 @@ void column_sum(Dev& dev, MatView<const T> m, T* out) {
 // qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
 // gathers the lists, backend/host/train_instances.hpp applies them).
 #define DTRAIN_MATRIX_FUNCTORS(EACH, SUM, T) \
-  EACH(::dtrain::ColumnSum<T>) \
+  EACH(::dtrain::ColumnSum<T>)               \
   EACH(::dtrain::BroadcastRow<T>)

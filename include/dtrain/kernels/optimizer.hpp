@@ -101,10 +101,10 @@ template <Dtype T = float>
 class AdamWStep {
  public:
   struct Buffers {
-    float* param;          // fp32 master weights, updated in place
-    const float* grad;     // fp32 gradient, already averaged
-    float* exp_avg;        // first moment, zero before step 1
-    float* exp_avg_sq;     // second moment, zero before step 1
+    float* param;            // fp32 master weights, updated in place
+    const float* grad;       // fp32 gradient, already averaged
+    float* exp_avg;          // first moment, zero before step 1
+    float* exp_avg_sq;       // second moment, zero before step 1
     T* param_out = nullptr;  // when set, receives T(updated param)
   };
 
@@ -150,10 +150,10 @@ template <Dtype T = float>
 class SgdStep {
  public:
   struct Buffers {
-    float* param;                     // fp32 master weights, updated in place
-    const float* grad;                // fp32 gradient, already averaged
+    float* param;                      // fp32 master weights, updated in place
+    const float* grad;                 // fp32 gradient, already averaged
     float* momentum_buffer = nullptr;  // needed when momentum > 0; zero before step 1
-    T* param_out = nullptr;           // when set, receives T(updated param)
+    T* param_out = nullptr;            // when set, receives T(updated param)
   };
 
   SgdStep(const Buffers& b, const SgdHyper& h, float grad_scale = 1.f) : b_(b), grad_scale_(grad_scale), h_(h) {}

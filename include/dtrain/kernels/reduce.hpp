@@ -37,14 +37,13 @@ struct NonFiniteCount {
 
 // sum of x[i]^2 over a buffer on `dev` (T may be const-qualified).
 template <class Dev, class T>
-  requires Dtype<std::remove_const_t<T>>
+requires Dtype<std::remove_const_t<T>>
 double squared_norm(Dev& dev, std::span<T> x) {
   return dev.sum(x.size(), SquaredNorm<std::remove_const_t<T>>{x.data()});
 }
 
 template <class Dev, class T>
-  requires Dtype<std::remove_const_t<T>>
-std::size_t count_non_finite(Dev& dev, std::span<T> x) {
+requires Dtype<std::remove_const_t<T>> std::size_t count_non_finite(Dev& dev, std::span<T> x) {
   return static_cast<std::size_t>(dev.sum(x.size(), NonFiniteCount<std::remove_const_t<T>>{x.data()}));
 }
 
@@ -54,5 +53,5 @@ std::size_t count_non_finite(Dev& dev, std::span<T> x) {
 // qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
 // gathers the lists, backend/host/train_instances.hpp applies them).
 #define DTRAIN_REDUCE_FUNCTORS(EACH, SUM, T) \
-  SUM(::dtrain::SquaredNorm<T>) \
+  SUM(::dtrain::SquaredNorm<T>)              \
   SUM(::dtrain::NonFiniteCount<T>)

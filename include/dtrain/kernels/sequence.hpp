@@ -75,7 +75,7 @@ struct HeadPermuteRuns {
 // of its block of `block` rows, or all of them for block 0. (Attention's
 // host products run over row blocks and read no further: nn/attention.hpp.)
 DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE std::int64_t causal_written(std::int64_t t, std::int64_t time,
-                                                                   std::int64_t block) {
+                                                                    std::int64_t block) {
   return block > 0 ? math::min_i64(time, (t / block + 1) * block) : time;
 }
 
@@ -95,8 +95,8 @@ struct CausalSoftmax {
   static constexpr unsigned row_lanes = math::lanes;  // a row functor (math::SerialRow)
   T* att;
   std::int64_t time;
-  const M* key_mask = nullptr;  // on the device, or null: no padding
-  std::int64_t heads = 1;       // rows of one sequence = heads * time
+  const M* key_mask = nullptr;              // on the device, or null: no padding
+  std::int64_t heads = 1;                   // rows of one sequence = heads * time
   const std::int64_t* positions = nullptr;  // on the device, or null: one record per sequence
   // > 0: row t is written only to the end of its block of `block` rows
   // (causal_written), as far as products over row blocks read it
@@ -106,13 +106,14 @@ struct CausalSoftmax {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
     T* row = att + r * time;
     if (key_mask == nullptr && positions == nullptr)
-      return softmax_row(row, t, [t](std::int64_t j) { return j <= t; }, lanes);
+      return softmax_row(
+          row, t, [t](std::int64_t j) { return j <= t; }, lanes);
     const std::int64_t seq = r / (heads * time);
     const M* keep = key_mask != nullptr ? key_mask + seq * time : nullptr;
     const std::int64_t first = positions != nullptr ? t - positions[seq * time + t] : 0;
-    softmax_row(row, t, [t, keep, first](std::int64_t j) {
-      return j <= t && j >= first && (keep == nullptr || keep[j] != 0);
-    }, lanes);
+    softmax_row(
+        row, t, [t, keep, first](std::int64_t j) { return j <= t && j >= first && (keep == nullptr || keep[j] != 0); },
+        lanes);
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(time); }
@@ -237,12 +238,10 @@ struct EmbeddingScatter {
     if (by_rows) {  // each element summed as below: from 0.f, in row order, rounded once
       const auto v = static_cast<std::int64_t>(i);
       const std::int64_t first = offsets[v];
-      const auto f = [&](std::int64_t k, std::int64_t c) DTRAIN_LAMBDA_INLINE {
-        return static_cast<float>(dy[rows[first + k] * dim + c]);
-      };
-      const auto put = [&](std::int64_t c, float sum) DTRAIN_LAMBDA_INLINE {
-        dtable[v * dim + c] = dtype_cast<T>(sum);
-      };
+      const auto f = [&](std::int64_t k, std::int64_t c)
+                         DTRAIN_LAMBDA_INLINE { return static_cast<float>(dy[rows[first + k] * dim + c]); };
+      const auto put = [&](std::int64_t c, float sum)
+                           DTRAIN_LAMBDA_INLINE { dtable[v * dim + c] = dtype_cast<T>(sum); };
       for (std::int64_t c0 = 0; c0 < dim; c0 += math::lanes)
         math::column_sums<math::lanes>(offsets[v + 1] - first, c0, math::min_i64(math::lanes, dim - c0), f, put);
       return;
@@ -299,12 +298,10 @@ struct PositionGrad {
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
     if (by_rows) {  // each element summed as below: from 0.f, in batch order, rounded once
       const auto t = static_cast<std::int64_t>(i);
-      const auto f = [&](std::int64_t b, std::int64_t c) DTRAIN_LAMBDA_INLINE {
-        return static_cast<float>(dy[(b * time + t) * dim + c]);
-      };
-      const auto put = [&](std::int64_t c, float sum) DTRAIN_LAMBDA_INLINE {
-        dtable[t * dim + c] = dtype_cast<T>(sum);
-      };
+      const auto f = [&](std::int64_t b, std::int64_t c)
+                         DTRAIN_LAMBDA_INLINE { return static_cast<float>(dy[(b * time + t) * dim + c]); };
+      const auto put = [&](std::int64_t c, float sum)
+                           DTRAIN_LAMBDA_INLINE { dtable[t * dim + c] = dtype_cast<T>(sum); };
       for (std::int64_t c0 = 0; c0 < dim; c0 += math::lanes)
         math::column_sums<math::lanes>(t < time ? batch : 0, c0, math::min_i64(math::lanes, dim - c0), f, put);
       return;
@@ -322,14 +319,14 @@ struct PositionGrad {
 // The functors whose host loops are compiled once, for dtype T, fully
 // qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
 // gathers the lists, backend/host/train_instances.hpp applies them).
-#define DTRAIN_SEQUENCE_FUNCTORS(EACH, SUM, T) \
-  EACH(::dtrain::CausalSoftmax<T, std::int32_t>) \
-  EACH(::dtrain::CausalSoftmax<T, std::int64_t>) \
-  EACH(::dtrain::CausalSoftmaxBackward<T>) \
-  EACH(::dtrain::HeadPermuteRuns<T>) \
-  EACH(::dtrain::EmbeddingScatter<T>) \
+#define DTRAIN_SEQUENCE_FUNCTORS(EACH, SUM, T)     \
+  EACH(::dtrain::CausalSoftmax<T, std::int32_t>)   \
+  EACH(::dtrain::CausalSoftmax<T, std::int64_t>)   \
+  EACH(::dtrain::CausalSoftmaxBackward<T>)         \
+  EACH(::dtrain::HeadPermuteRuns<T>)               \
+  EACH(::dtrain::EmbeddingScatter<T>)              \
   EACH(::dtrain::EmbeddingGather<T, std::int32_t>) \
   EACH(::dtrain::EmbeddingGather<T, std::int64_t>) \
-  EACH(::dtrain::PositionGrad<T>) \
-  EACH(::dtrain::AddPositions<T>) \
+  EACH(::dtrain::PositionGrad<T>)                  \
+  EACH(::dtrain::AddPositions<T>)                  \
   EACH(::dtrain::AddElements<T>)

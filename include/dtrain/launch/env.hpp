@@ -16,8 +16,8 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <initializer_list>
@@ -29,10 +29,10 @@
 #include <thread>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/host_env.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/parse.hpp"
 
 namespace dtrain {
@@ -60,16 +60,11 @@ inline constexpr int default_master_port = 29500;
 
 namespace detail {
 
-
-
 // First host of a Slurm hostlist: "gpu[01-04,07],cpu3" -> "gpu01". Each
 // bracket contributes the start of its first range, zero padding kept.
 DTRAIN_DECL std::string first_slurm_host(const std::string& name, const std::string& list);
 
-
-
 DTRAIN_DECL int required_count(const EnvLookup& env, const RankVars& v, const char* name);
-
 
 DTRAIN_DECL LaunchEnv read_ranks(const EnvLookup& env, const RankVars& v);
 
@@ -109,7 +104,6 @@ DTRAIN_DECL void read_comm_choices(const EnvLookup& env, LaunchEnv& e);
 
 DTRAIN_DECL LaunchEnv discover_env(const EnvLookup& env);
 
-
 inline LaunchEnv discover_env() { return discover_env(process_env); }
 
 // dtrain-run --nproc-per-node gpu sets this to "gpu" in every rank.
@@ -124,7 +118,6 @@ template <class Dev>
 void check_launch_device(const EnvLookup& env = process_env) {
   check_launch_device(Dev::host_accessible, Dev::name, env);
 }
-
 
 }  // namespace dtrain
 

@@ -9,9 +9,9 @@
 
 #include <chrono>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/fault.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/launch/env.hpp"
 
 namespace dtrain {

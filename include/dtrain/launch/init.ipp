@@ -8,18 +8,17 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
-
-DTRAIN_DECL World init(const LaunchEnv& env, InitOptions options) {
-  if (env.comm_timeout_s)
-    options.comm.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(*env.comm_timeout_s * 1000.0));
-  if (env.host) options.comm.host = *env.host;
-  if (env.gpu) options.comm.gpu = *env.gpu;
-  if (env.wait) options.comm.wait = *env.wait;
-  if (env.shm_part_bytes) options.comm.shm_part_bytes = *env.shm_part_bytes;
-  fault::arm(env.rank, env.world_size);  // DTRAIN_FAULT_INJECT (core/fault.hpp), for the reliability tests
-  return World(World::Layout{env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_tag},
-               env.master_addr, env.master_port, options.comm);
-}
+    namespace dtrain {
+  DTRAIN_DECL World init(const LaunchEnv& env, InitOptions options) {
+    if (env.comm_timeout_s)
+      options.comm.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(*env.comm_timeout_s * 1000.0));
+    if (env.host) options.comm.host = *env.host;
+    if (env.gpu) options.comm.gpu = *env.gpu;
+    if (env.wait) options.comm.wait = *env.wait;
+    if (env.shm_part_bytes) options.comm.shm_part_bytes = *env.shm_part_bytes;
+    fault::arm(env.rank, env.world_size);  // DTRAIN_FAULT_INJECT (core/fault.hpp), for the reliability tests
+    return World(World::Layout{env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_tag},
+                 env.master_addr, env.master_port, options.comm);
+  }
 }  // namespace dtrain
 DTRAIN_IMPL_END

@@ -57,8 +57,8 @@ class MetricSums {
 using Metric = std::function<void(const EvalBatch&, MetricSums&)>;
 
 struct EvalResult {
-  double loss = 0;   // mean over every counted target on every rank
-  double count = 0;  // what the loss counted, all ranks
+  double loss = 0;                        // mean over every counted target on every rank
+  double count = 0;                       // what the loss counted, all ranks
   std::map<std::string, double> metrics;  // each metric's sum / count over all ranks
   // exp(loss): the perplexity of a language model's mean token loss.
   double perplexity() const { return std::exp(loss); }

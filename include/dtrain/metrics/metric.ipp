@@ -8,20 +8,19 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
+    namespace dtrain {
+  DTRAIN_DECL void MetricSums::add(std::string_view name, double sum, double count) {
+    if (name.empty()) throw config_error("a metric added a sum with an empty name", "name every metric sum");
+    auto& e = sums_[std::string(name)];
+    e.first += sum;
+    e.second += count;
+  }
 
-DTRAIN_DECL void MetricSums::add(std::string_view name, double sum, double count) {
-  if (name.empty()) throw config_error("a metric added a sum with an empty name", "name every metric sum");
-  auto& e = sums_[std::string(name)];
-  e.first += sum;
-  e.second += count;
-}
-
-DTRAIN_DECL std::vector<std::string> MetricSums::names() const {
-  std::vector<std::string> out;
-  for (const auto& [n, v] : sums_) out.push_back(n);
-  return out;
-}
+  DTRAIN_DECL std::vector<std::string> MetricSums::names() const {
+    std::vector<std::string> out;
+    for (const auto& [n, v] : sums_) out.push_back(n);
+    return out;
+  }
 
 }  // namespace dtrain
 
@@ -46,9 +45,9 @@ DTRAIN_DECL Metric accuracy(std::string target, std::int64_t ignore_index) {
   return [target = std::move(target), ignore_index](const EvalBatch& e, MetricSums& s) {
     const std::vector<std::int64_t> y = detail::class_ids(e.batch, target);
     if (static_cast<std::int64_t>(y.size()) != e.rows)
-      throw config_error("metrics::accuracy: " + std::to_string(y.size()) + " targets for " + std::to_string(e.rows) +
-                             " output rows",
-                         "give one class id per output row");
+      throw config_error(
+          "metrics::accuracy: " + std::to_string(y.size()) + " targets for " + std::to_string(e.rows) + " output rows",
+          "give one class id per output row");
     double correct = 0, counted = 0;
     for (std::int64_t r = 0; r < e.rows; ++r) {
       if (y[static_cast<std::size_t>(r)] == ignore_index) continue;

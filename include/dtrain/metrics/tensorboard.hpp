@@ -49,9 +49,9 @@
 #include <system_error>
 #include <utility>
 
+#include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/io/crc32c.hpp"
-#include "dtrain/core/error.hpp"
 #include "dtrain/io/files.hpp"
 
 namespace dtrain {

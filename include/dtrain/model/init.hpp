@@ -51,8 +51,8 @@ inline void init_values(std::span<float> out, const Init& init, std::uint64_t se
       for (auto& x : out) {
         const double u1 = 1.0 - rng.uniform();  // (0, 1]: log is finite
         const double u2 = rng.uniform();
-        x = static_cast<float>(init.a + init.b * std::sqrt(-2.0 * std::log(u1)) *
-                                            std::cos(2.0 * std::numbers::pi * u2));
+        x = static_cast<float>(init.a +
+                               init.b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
       }
       break;
   }

@@ -27,20 +27,20 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/model/param.hpp"
 
 namespace dtrain {
 
 struct ParamSlot {
-  std::string name;        // "<unit index>.<param name>", e.g. "2.weight"
+  std::string name;  // "<unit index>.<param name>", e.g. "2.weight"
   std::size_t unit = 0;
-  std::size_t index = 0;   // position in the unit's params()
+  std::size_t index = 0;  // position in the unit's params()
   ParamSpec spec;
   std::size_t offset = 0;  // in the trainable or the frozen flat buffer
 };
@@ -59,11 +59,11 @@ struct TiedSlot {
 };
 
 struct UnitSlots {
-  std::vector<ParamSlot> params;   // the stored parameters, declaration order (ties left out)
-  std::size_t train_offset = 0;    // this unit's segment of the trainable flat buffer
-  std::size_t train_size = 0;      // its parameters' elements
-  std::size_t train_padded = 0;    // train_size rounded up to a multiple of the shard count
-  std::size_t frozen_offset = 0;   // the same for the frozen flat buffer
+  std::vector<ParamSlot> params;  // the stored parameters, declaration order (ties left out)
+  std::size_t train_offset = 0;   // this unit's segment of the trainable flat buffer
+  std::size_t train_size = 0;     // its parameters' elements
+  std::size_t train_padded = 0;   // train_size rounded up to a multiple of the shard count
+  std::size_t frozen_offset = 0;  // the same for the frozen flat buffer
   std::size_t frozen_size = 0;
   std::size_t frozen_padded = 0;
 

@@ -130,9 +130,9 @@ template <class U, class Dev, class T>
 concept InputUnit = UnitDeclaration<U> &&
     requires(U& u, Dev& dev, UnitParams<const T> p, UnitParams<T> g, const DeviceBatch& b, MatView<const T> cx,
              MatView<T> x, const UnitContext<T>& ctx) {
-      u.template forward<Dev, T>(dev, p, b, x, ctx);
-      u.template backward<Dev, T>(dev, p, g, b, cx, cx, ctx);
-    };
+  u.template forward<Dev, T>(dev, p, b, x, ctx);
+  u.template backward<Dev, T>(dev, p, g, b, cx, cx, ctx);
+};
 
 // A Unit usable on device Dev with compute dtype T.
 template <class U, class Dev, class T>
@@ -144,8 +144,8 @@ namespace detail {
 // units apart. The caller passes everything any form takes; each form uses
 // what it reads (an input unit reads the batch instead of x).
 template <class Dev, class T, class U>
-void unit_forward(U& unit, Dev& dev, UnitParams<const T> p, const DeviceBatch& batch, MatView<const T> x,
-                  MatView<T> y, const UnitContext<T>& ctx) {
+void unit_forward(U& unit, Dev& dev, UnitParams<const T> p, const DeviceBatch& batch, MatView<const T> x, MatView<T> y,
+                  const UnitContext<T>& ctx) {
   if constexpr (InputUnit<U, Dev, T>)
     unit.template forward<Dev, T>(dev, p, batch, y, ctx);
   else if constexpr (context_unit<U, Dev, T>)
@@ -170,7 +170,9 @@ void unit_backward(U& unit, Dev& dev, UnitParams<const T> p, UnitParams<T> g, co
 // Elements of T a unit keeps from forward for backward (0 unless it says).
 template <class U>
 std::int64_t saved_size_of(const U& u, SeqShape shape, std::int64_t in) {
-  if constexpr (requires { { u.saved_size(shape, in) } -> std::convertible_to<std::int64_t>; })
+  if constexpr (requires {
+                  { u.saved_size(shape, in) } -> std::convertible_to<std::int64_t>;
+                })
     return u.saved_size(shape, in);
   else
     return 0;
@@ -183,7 +185,9 @@ std::int64_t saved_size_of(const U& u, SeqShape shape, std::int64_t in) {
 // and saved_size(shape, in) stays their largest need (what an estimate uses).
 template <class T, class U, class Dev>
 std::int64_t saved_size_of(const U& u, Dev& dev, SeqShape shape, std::int64_t in) {
-  if constexpr (requires { { u.template saved_size_on<Dev, T>(dev, shape, in) } -> std::convertible_to<std::int64_t>; })
+  if constexpr (requires {
+                  { u.template saved_size_on<Dev, T>(dev, shape, in) } -> std::convertible_to<std::int64_t>;
+                })
     return u.template saved_size_on<Dev, T>(dev, shape, in);
   else
     return saved_size_of(u, shape, in);
@@ -203,14 +207,18 @@ concept unit_range = requires(E& e) {
 template <class Tuple, class F>
 void for_each_unit(Tuple&& units, F&& f) {
   std::size_t i = 0;
-  std::apply([&](auto&... elem) {
-    ([&](auto& e) {
-      if constexpr (unit_range<std::remove_cvref_t<decltype(e)>>)
-        for (auto& u : e) f(i++, u);
-      else
-        f(i++, e);
-    }(elem), ...);
-  }, units);
+  std::apply(
+      [&](auto&... elem) {
+        (
+            [&](auto& e) {
+              if constexpr (unit_range<std::remove_cvref_t<decltype(e)>>)
+                for (auto& u : e) f(i++, u);
+              else
+                f(i++, e);
+            }(elem),
+            ...);
+      },
+      units);
 }
 
 template <class Tuple, class F>
@@ -223,8 +231,8 @@ void for_each_unit_reverse(Tuple&& units, std::size_t count, F&& f) {
     else
       f(--i, e);
   };
-  [&]<std::size_t... I>(std::index_sequence<I...>) { (visit(std::get<n - 1 - I>(units)), ...); }(
-      std::make_index_sequence<n>{});
+  [&]<std::size_t... I>(std::index_sequence<I...>) { (visit(std::get<n - 1 - I>(units)), ...); }
+  (std::make_index_sequence<n>{});
 }
 }  // namespace detail
 
@@ -237,8 +245,8 @@ void for_each_unit_reverse(Tuple&& units, std::size_t count, F&& f) {
 //   backward(...)    d(sum of losses)/dlogits * scale, where
 //                    scale = loss_scale / global count
 template <class L, class Dev, class T>
-concept Loss = requires(L& l, const L& cl, Dev& dev, MatView<const T> logits, const DeviceBatch& b,
-                        MatView<T> dlogits, float scale, const Batch& host) {
+concept Loss = requires(L& l, const L& cl, Dev& dev, MatView<const T> logits, const DeviceBatch& b, MatView<T> dlogits,
+                        float scale, const Batch& host) {
   { cl.count(host) } -> std::convertible_to<double>;
   { l.template forward<Dev, T>(dev, logits, b) } -> std::convertible_to<double>;
   l.template backward<Dev, T>(dev, logits, b, dlogits, scale);
@@ -248,6 +256,7 @@ template <class M>
 concept Model = requires(M& m) {
   m.units();
   m.loss;
-} && requires { std::tuple_size<std::remove_cvref_t<decltype(std::declval<M&>().units())>>::value; };
+}
+&&requires { std::tuple_size<std::remove_cvref_t<decltype(std::declval<M&>().units())>>::value; };
 
 }  // namespace dtrain

@@ -30,7 +30,7 @@ struct CausalLmConfig : RunConfig {
   bool lora_rslora = false;
   std::vector<std::string> lora_targets;
   std::vector<std::string> lora_modules_to_save;  // PEFT's modules_to_save: embeddings or head trained whole
-  std::string adapter;            // a PEFT adapter directory to load (and continue training)
+  std::string adapter;                            // a PEFT adapter directory to load (and continue training)
 
   // The adapters to build: those of `adapter` (whose config it reads, its
   // lora_dropout included), else the lora_ keys.

@@ -69,8 +69,8 @@ struct ActivationBackward {
                   g = *reinterpret_cast<const Vec4<T>*>(dy + first);
     Vec4<T> out;
     for (int l = 0; l < 4; ++l)
-      out.v[l] = dtype_cast<T>(Op::backward(static_cast<float>(a.v[l]), static_cast<float>(b.v[l]),
-                                            static_cast<float>(g.v[l])));
+      out.v[l] = dtype_cast<T>(
+          Op::backward(static_cast<float>(a.v[l]), static_cast<float>(b.v[l]), static_cast<float>(g.v[l])));
     *reinterpret_cast<Vec4<T>*>(dx + first) = out;
   }
 #endif
@@ -255,8 +255,8 @@ struct SwiGLU {
   }
 
   template <class Dev, class T>
-  void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T> x, MatView<const T>,
-                MatView<const T> dy, MatView<T> dx) {
+  void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T> x, MatView<const T>, MatView<const T> dy,
+                MatView<T> dx) {
     if (dx.empty()) return;
     nn::detail::check_shape("nn::SwiGLU", "output gradient", dy, x.rows, out_features(x.cols));
     nn::detail::check_shape("nn::SwiGLU", "input gradient", dx, x.rows, x.cols);
@@ -269,18 +269,18 @@ struct SwiGLU {
 // The functors whose host loops are compiled once, for dtype T, fully
 // qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
 // gathers the lists, backend/host/train_instances.hpp applies them).
-#define DTRAIN_ACTIVATION_FUNCTORS(EACH, SUM, T) \
-  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::relu_op, T>) \
-  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::relu_op, T>) \
-  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::relu_op, T>) \
-  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_op, T>) \
-  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_op, T>) \
-  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_op, T>) \
-  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>) \
-  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_tanh_op, T>) \
+#define DTRAIN_ACTIVATION_FUNCTORS(EACH, SUM, T)                                           \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::relu_op, T>)          \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::relu_op, T>)         \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::relu_op, T>)      \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_op, T>)          \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_op, T>)         \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_op, T>)      \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>)     \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_tanh_op, T>)    \
   EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>) \
-  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::silu_op, T>) \
-  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::silu_op, T>) \
-  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::silu_op, T>) \
-  EACH(::dtrain::nn::detail::SwiGluForward<T>) \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::silu_op, T>)          \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::silu_op, T>)         \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::silu_op, T>)      \
+  EACH(::dtrain::nn::detail::SwiGluForward<T>)                                             \
   EACH(::dtrain::nn::detail::SwiGluBackward<T>)

@@ -29,8 +29,7 @@ class OneOf {
   using variant_type = std::variant<Us...>;
 
   template <class U>
-    requires(std::same_as<std::remove_cvref_t<U>, Us> || ...)
-  OneOf(U&& unit) : unit_(std::forward<U>(unit)) {}
+  requires(std::same_as<std::remove_cvref_t<U>, Us> || ...) OneOf(U&& unit) : unit_(std::forward<U>(unit)) {}
 
   std::vector<ParamSpec> params() const {
     return std::visit([](const auto& u) { return u.params(); }, unit_);
@@ -48,10 +47,12 @@ class OneOf {
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
-    std::visit([&]<class U>(U& u) {
-      static_assert(!InputUnit<U, Dev, T>, "nn::OneOf holds no input units: put the input unit first in units()");
-      dtrain::detail::unit_forward<Dev, T>(u, dev, p, no_batch(), x, y, ctx);
-    }, unit_);
+    std::visit(
+        [&]<class U>(U& u) {
+          static_assert(!InputUnit<U, Dev, T>, "nn::OneOf holds no input units: put the input unit first in units()");
+          dtrain::detail::unit_forward<Dev, T>(u, dev, p, no_batch(), x, y, ctx);
+        },
+        unit_);
   }
 
   template <class Dev, class T>

@@ -30,8 +30,8 @@
 // the projection's rows [B * T, 3 dim] and each head is read in place (a
 // leading dimension of 3 dim), one batched GEMM over the heads per sequence.
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -74,9 +74,9 @@ const DeviceTensor* attention_mask(const char* unit, const UnitContext<T>& ctx) 
                            std::to_string(ctx.shape.batch) + " sequences of " + std::to_string(ctx.shape.time),
                        "give attention_mask [B, T] like the ids: 1 for a token, 0 for padding");
   if (mask->type != element_type::i32 && mask->type != element_type::i64)
-    throw config_error(std::string(unit) + ": the batch's attention_mask holds " +
-                           std::string(element_name(mask->type)),
-                       "give attention_mask as int32 or int64 (1: token, 0: padding)");
+    throw config_error(
+        std::string(unit) + ": the batch's attention_mask holds " + std::string(element_name(mask->type)),
+        "give attention_mask as int32 or int64 (1: token, 0: padding)");
   return mask;
 }
 
@@ -266,8 +266,8 @@ void projection_grads(Dev& dev, MatView<const T> in, MatView<const T> d_out, Mat
 // and the adapter on it: LoRA site `site` of the unit's adapters, whose saved
 // rows start at `lora_saved`.
 template <class Dev, class T>
-void output_projection(Dev& dev, const LoraSet& lora, std::size_t site, UnitParams<const T> p,
-                       MatView<const T> merged, const T* w, const T* b, MatView<T> y, T* lora_saved, LoraDraw draw) {
+void output_projection(Dev& dev, const LoraSet& lora, std::size_t site, UnitParams<const T> p, MatView<const T> merged,
+                       const T* w, const T* b, MatView<T> y, T* lora_saved, LoraDraw draw) {
   project(dev, merged, w, b, y.data, y.cols);
   lora.forward(dev, site, p, merged, y.data, lora_saved, draw);
 }
@@ -444,8 +444,8 @@ class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
     T* d_merged = ws;
     T* d_att = d_merged + N * C;
     T* d_qkv = d_att + s.bh * tt;
-    detail::output_projection_backward(dev, lora_, 1, p, grad, MatView<const T>{s.merged, N, C}, dy, p[2].data,
-                                       grad[2], grad[3], d_merged, s.lora, lora_draw(ctx));
+    detail::output_projection_backward(dev, lora_, 1, p, grad, MatView<const T>{s.merged, N, C}, dy, p[2].data, grad[2],
+                                       grad[3], d_merged, s.lora, lora_draw(ctx));
     if constexpr (Dev::host_accessible) {
       // the saved q | k | v and d_merged, d_qkv are read and written in their
       // rows, as in forward
@@ -457,9 +457,8 @@ class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
         T* da = d_att + b * heads_ * tt;
         detail::causal_gemm_batched(dev, detail::causal_product::scores, T_, hd, 1.f, d_o, C, hd, qkv + 2 * C, ld, hd,
                                     da, T_, tt, heads_);
-        detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f,
-                                    s.att + b * heads_ * tt, T_, tt, d_o, C, hd, d_qkv + b * T_ * ld + 2 * C, ld, hd,
-                                    heads_);
+        detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, s.att + b * heads_ * tt,
+                                    T_, tt, d_o, C, hd, d_qkv + b * T_ * ld + 2 * C, ld, hd, heads_);
       }
       dev.for_each(static_cast<std::size_t>(s.bh * T_),
                    CausalSoftmaxBackward<T>{s.att, d_att, T_, scale, detail::causal_block_on<Dev>});
@@ -469,8 +468,8 @@ class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
         T* dq = d_qkv + b * T_ * ld;
         detail::causal_gemm_batched(dev, detail::causal_product::apply, T_, hd, 1.f, da, T_, tt, qkv + C, ld, hd, dq,
                                     ld, hd, heads_);
-        detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, da, T_, tt, qkv, ld,
-                                    hd, dq + C, ld, hd, heads_);
+        detail::causal_gemm_batched(dev, detail::causal_product::apply_transposed, T_, hd, 1.f, da, T_, tt, qkv, ld, hd,
+                                    dq + C, ld, hd, heads_);
       }
     } else {
       T* d_o = d_qkv + 3 * N * C;
@@ -542,8 +541,8 @@ class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
     detail::project(dev, x, p[0].data, p[1].data, s.qkv, 3 * C);
     lora_.forward(dev, 0, p, x, s.qkv, s.lora, lora_draw(ctx));
     detail::fused_heads(dev, fused_shape(ctx.shape), bias, s.qkv, s.qkv + C, s.qkv + 2 * C, s.merged, s.stats);
-    detail::output_projection(dev, lora_, 1, p, MatView<const T>{s.merged, x.rows, C}, p[2].data, p[3].data, y,
-                              s.lora, lora_draw(ctx));
+    detail::output_projection(dev, lora_, 1, p, MatView<const T>{s.merged, x.rows, C}, p[2].data, p[3].data, y, s.lora,
+                              lora_draw(ctx));
   }
 
   template <class Dev, class T>
@@ -558,10 +557,10 @@ class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
     T* d_merged = bias_ws + bt;
     T* d_qkv = d_merged + N * C;
     const T* bias = detail::key_bias(dev, "nn::CausalSelfAttention", ctx, bias_ws);
-    detail::output_projection_backward(dev, lora_, 1, p, grad, MatView<const T>{s.merged, N, C}, dy, p[2].data,
-                                       grad[2], grad[3], d_merged, s.lora, lora_draw(ctx));
-    detail::fused_heads_backward(dev, fused_shape(ctx.shape), bias, s.qkv, s.qkv + C, s.qkv + 2 * C, s.merged,
-                                 d_merged, s.stats, d_qkv, d_qkv + C, d_qkv + 2 * C);
+    detail::output_projection_backward(dev, lora_, 1, p, grad, MatView<const T>{s.merged, N, C}, dy, p[2].data, grad[2],
+                                       grad[3], d_merged, s.lora, lora_draw(ctx));
+    detail::fused_heads_backward(dev, fused_shape(ctx.shape), bias, s.qkv, s.qkv + C, s.qkv + 2 * C, s.merged, d_merged,
+                                 s.stats, d_qkv, d_qkv + C, d_qkv + 2 * C);
     qkv_backward(dev, p, grad, x, d_qkv, s.lora, dx, lora_draw(ctx));
   }
 
@@ -591,8 +590,8 @@ class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
     T* att = q + 3 * n;
     const std::int64_t bh = ctx.shape.batch * heads_;
     T* merged = att + bh * ctx.shape.time * ctx.shape.time;
-    return {q, q + n, q + 2 * n, att, merged, merged + n, x.rows, ctx.shape.batch, ctx.shape.time, heads_, head_dim(),
-            bh};
+    return {q,      q + n,           q + 2 * n,      att,    merged,     merged + n,
+            x.rows, ctx.shape.batch, ctx.shape.time, heads_, head_dim(), bh};
   }
 
   std::int64_t dim_;
@@ -606,7 +605,7 @@ class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
 // The functors whose host loops are compiled once, for dtype T, fully
 // qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
 // gathers the lists, backend/host/train_instances.hpp applies them).
-#define DTRAIN_ATTENTION_FUNCTORS(EACH, SUM, T) \
+#define DTRAIN_ATTENTION_FUNCTORS(EACH, SUM, T)        \
   EACH(::dtrain::nn::detail::KeyBias<T, std::int32_t>) \
   EACH(::dtrain::nn::detail::KeyBias<T, std::int64_t>)
 

@@ -8,36 +8,35 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain::nn::detail {
+    namespace dtrain::nn::detail {
+  DTRAIN_DECL std::string shape_string(std::int64_t rows, std::int64_t cols) {
+    return "[" + std::to_string(rows) + " x " + std::to_string(cols) + "]";
+  }
 
-DTRAIN_DECL std::string shape_string(std::int64_t rows, std::int64_t cols) {
-  return "[" + std::to_string(rows) + " x " + std::to_string(cols) + "]";
-}
+  DTRAIN_DECL void shape_mismatch(std::string_view unit, std::string_view what, std::int64_t rows, std::int64_t cols,
+                                  std::int64_t want_rows, std::int64_t want_cols) {
+    throw config_error(std::string(unit) + ": " + std::string(what) + " is " + shape_string(rows, cols) +
+                           ", expected " + shape_string(want_rows, want_cols),
+                       "make consecutive units agree: each unit's input width is the previous unit's "
+                       "out_features, and every view of a step has the same number of rows");
+  }
 
-DTRAIN_DECL void shape_mismatch(std::string_view unit, std::string_view what, std::int64_t rows, std::int64_t cols,
-                                std::int64_t want_rows, std::int64_t want_cols) {
-  throw config_error(std::string(unit) + ": " + std::string(what) + " is " + shape_string(rows, cols) +
-                         ", expected " + shape_string(want_rows, want_cols),
-                     "make consecutive units agree: each unit's input width is the previous unit's "
-                     "out_features, and every view of a step has the same number of rows");
-}
+  DTRAIN_DECL void count_mismatch(std::string_view unit, std::string_view what, std::size_t got, std::size_t expected) {
+    throw config_error(std::string(unit) + ": got " + std::to_string(got) + " " + std::string(what) + ", expected " +
+                           std::to_string(expected),
+                       "pass one view per entry of the unit's params(), in declaration order");
+  }
 
-DTRAIN_DECL void count_mismatch(std::string_view unit, std::string_view what, std::size_t got, std::size_t expected) {
-  throw config_error(std::string(unit) + ": got " + std::to_string(got) + " " + std::string(what) + ", expected " +
-                         std::to_string(expected),
-                     "pass one view per entry of the unit's params(), in declaration order");
-}
+  DTRAIN_DECL void width_mismatch(std::string_view unit, std::int64_t in, std::int64_t expected) {
+    throw config_error(
+        std::string(unit) + " expects inputs of width " + std::to_string(expected) + ", got " + std::to_string(in),
+        "set the unit's feature count to the previous unit's out_features");
+  }
 
-DTRAIN_DECL void width_mismatch(std::string_view unit, std::int64_t in, std::int64_t expected) {
-  throw config_error(std::string(unit) + " expects inputs of width " + std::to_string(expected) + ", got " +
-                         std::to_string(in),
-                     "set the unit's feature count to the previous unit's out_features");
-}
-
-DTRAIN_DECL void saved_shortfall(std::string_view unit, std::int64_t have, std::int64_t want, std::string_view fix) {
-  throw config_error(std::string(unit) + ": " + std::to_string(have) + " saved elements for " + std::to_string(want),
-                     std::string(fix));
-}
+  DTRAIN_DECL void saved_shortfall(std::string_view unit, std::int64_t have, std::int64_t want, std::string_view fix) {
+    throw config_error(std::string(unit) + ": " + std::to_string(have) + " saved elements for " + std::to_string(want),
+                       std::string(fix));
+  }
 
 }  // namespace dtrain::nn::detail
 

@@ -133,9 +133,9 @@ class SoftmaxCrossEntropy {
     dtrain::nn::detail::check_shape("nn::SoftmaxCrossEntropy", "logits gradient", dlogits, logits.rows, logits.cols);
     dispatch(t.type, [&]<class Label>() {
       check_range<Label>(t, logits.cols);
-      dev.for_each(static_cast<std::size_t>(logits.rows),
-                   detail::CrossEntropyRowGrad<T, Label>{logits, t.data<Label>(), static_cast<Label>(ignore_),
-                                                         dlogits, scale});
+      dev.for_each(
+          static_cast<std::size_t>(logits.rows),
+          detail::CrossEntropyRowGrad<T, Label>{logits, t.data<Label>(), static_cast<Label>(ignore_), dlogits, scale});
       return 0.0;
     });
   }
@@ -156,8 +156,8 @@ class SoftmaxCrossEntropy {
                          "make the last unit's out_features the number of classes");
     const DeviceTensor& t = batch.at(target_);
     if (t.numel() != logits.rows)
-      throw config_error("nn::SoftmaxCrossEntropy: " + std::to_string(t.numel()) + " targets " +
-                             shape_text(t.shape) + " for " + std::to_string(logits.rows) + " rows of logits",
+      throw config_error("nn::SoftmaxCrossEntropy: " + std::to_string(t.numel()) + " targets " + shape_text(t.shape) +
+                             " for " + std::to_string(logits.rows) + " rows of logits",
                          "give one class or token id per row: [B] for a classifier, [B, T] for a sequence model");
     return t;
   }
@@ -186,8 +186,8 @@ class SoftmaxCrossEntropy {
 // The functors whose host loops are compiled once, for dtype T, fully
 // qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
 // gathers the lists, backend/host/train_instances.hpp applies them).
-#define DTRAIN_CROSS_ENTROPY_FUNCTORS(EACH, SUM, T) \
-  SUM(::dtrain::nn::detail::CrossEntropyRowLoss<T, std::int32_t>) \
-  SUM(::dtrain::nn::detail::CrossEntropyRowLoss<T, std::int64_t>) \
+#define DTRAIN_CROSS_ENTROPY_FUNCTORS(EACH, SUM, T)                \
+  SUM(::dtrain::nn::detail::CrossEntropyRowLoss<T, std::int32_t>)  \
+  SUM(::dtrain::nn::detail::CrossEntropyRowLoss<T, std::int64_t>)  \
   EACH(::dtrain::nn::detail::CrossEntropyRowGrad<T, std::int32_t>) \
   EACH(::dtrain::nn::detail::CrossEntropyRowGrad<T, std::int64_t>)

@@ -69,8 +69,8 @@ class Dropout {
   }
 
   template <class Dev, class T>
-  void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T> x, MatView<const T>,
-                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+  void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T> x, MatView<const T>, MatView<const T> dy,
+                MatView<T> dx, const UnitContext<T>& ctx) {
     if (dx.empty()) return;
     nn::detail::check_shape("nn::Dropout", "input gradient", dx, x.rows, x.cols);
     apply(dev, dy.data, dx.data, static_cast<std::size_t>(dy.size()), ctx);
@@ -93,7 +93,7 @@ class Dropout {
 // The functors whose host loops are compiled once, for dtype T, fully
 // qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
 // gathers the lists, backend/host/train_instances.hpp applies them).
-#define DTRAIN_DROPOUT_FUNCTORS(EACH, SUM, T) \
+#define DTRAIN_DROPOUT_FUNCTORS(EACH, SUM, T)        \
   EACH(::dtrain::nn::detail::DropoutApply<T, false>) \
   EACH(::dtrain::nn::detail::DropoutApply<T, true>)
 

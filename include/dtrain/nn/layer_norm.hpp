@@ -199,8 +199,8 @@ class LayerNorm {
 // The functors whose host loops are compiled once, for dtype T, fully
 // qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
 // gathers the lists, backend/host/train_instances.hpp applies them).
-#define DTRAIN_LAYER_NORM_FUNCTORS(EACH, SUM, T) \
-  EACH(::dtrain::nn::detail::LayerNormForward<T>) \
+#define DTRAIN_LAYER_NORM_FUNCTORS(EACH, SUM, T)        \
+  EACH(::dtrain::nn::detail::LayerNormForward<T>)       \
   EACH(::dtrain::nn::detail::LayerNormBackwardInput<T>) \
   EACH(::dtrain::nn::detail::LayerNormBackwardParams<T>)
 

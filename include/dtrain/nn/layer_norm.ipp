@@ -8,14 +8,13 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain::nn {
-
-DTRAIN_DECL LayerNorm::LayerNorm(std::int64_t features, LayerNormOptions options)
-    : features_(features), options_(options) {
-  if (features < 1)
-    throw config_error("nn::LayerNorm(" + std::to_string(features) + "): the feature count must be >= 1",
-                       "give the width of the rows to normalise");
-}
+    namespace dtrain::nn {
+  DTRAIN_DECL LayerNorm::LayerNorm(std::int64_t features, LayerNormOptions options)
+      : features_(features), options_(options) {
+    if (features < 1)
+      throw config_error("nn::LayerNorm(" + std::to_string(features) + "): the feature count must be >= 1",
+                         "give the width of the rows to normalise");
+  }
 
 }  // namespace dtrain::nn
 

@@ -51,10 +51,10 @@
 namespace dtrain::nn {
 
 struct LoraOptions {
-  std::int64_t r = 0;     // the rank; 0: no adapter
-  float alpha = 8.f;      // PEFT's lora_alpha (its default 8)
-  bool rslora = false;    // scale alpha / sqrt(r) (rank-stabilised LoRA) instead of alpha / r
-  float dropout = 0.f;    // PEFT's lora_dropout: dropout on the adapter's input, in [0, 1)
+  std::int64_t r = 0;   // the rank; 0: no adapter
+  float alpha = 8.f;    // PEFT's lora_alpha (its default 8)
+  bool rslora = false;  // scale alpha / sqrt(r) (rank-stabilised LoRA) instead of alpha / r
+  float dropout = 0.f;  // PEFT's lora_dropout: dropout on the adapter's input, in [0, 1)
 
   bool on() const noexcept { return r > 0; }
   float scale() const { return rslora ? alpha / std::sqrt(static_cast<float>(r)) : alpha / static_cast<float>(r); }
@@ -203,17 +203,16 @@ class LoraSet {
                LoraDraw draw) const {
     if (!sites_.at(i).on()) return;
     const std::size_t k = param_index(i);
-    sites_[i].forward(dev, p[k].data, p[k + 1].data, x, out, saved + t_offset(i, x.rows), draw,
-                      lora_stream_key + i);
+    sites_[i].forward(dev, p[k].data, p[k + 1].data, x, out, saved + t_offset(i, x.rows), draw, lora_stream_key + i);
   }
 
   template <class Dev, class T>
-  void backward(Dev& dev, std::size_t i, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x,
-                const T* d_out, T* saved, MatView<T> dx, LoraDraw draw) const {
+  void backward(Dev& dev, std::size_t i, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, const T* d_out,
+                T* saved, MatView<T> dx, LoraDraw draw) const {
     if (!sites_.at(i).on()) return;
     const std::size_t k = param_index(i);
-    sites_[i].backward(dev, p[k].data, p[k + 1].data, grad[k], grad[k + 1], x, d_out, saved + t_offset(i, x.rows),
-                       dx, draw, lora_stream_key + i);
+    sites_[i].backward(dev, p[k].data, p[k + 1].data, grad[k], grad[k + 1], x, d_out, saved + t_offset(i, x.rows), dx,
+                       draw, lora_stream_key + i);
   }
 
  private:

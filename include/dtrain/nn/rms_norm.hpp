@@ -167,8 +167,8 @@ class RMSNorm {
 // The functors whose host loops are compiled once, for dtype T, fully
 // qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
 // gathers the lists, backend/host/train_instances.hpp applies them).
-#define DTRAIN_RMS_NORM_FUNCTORS(EACH, SUM, T) \
-  EACH(::dtrain::nn::detail::RmsNormForward<T>) \
+#define DTRAIN_RMS_NORM_FUNCTORS(EACH, SUM, T)        \
+  EACH(::dtrain::nn::detail::RmsNormForward<T>)       \
   EACH(::dtrain::nn::detail::RmsNormBackwardInput<T>) \
   EACH(::dtrain::nn::detail::RmsNormBackwardWeight<T>)
 

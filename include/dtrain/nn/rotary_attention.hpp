@@ -61,8 +61,8 @@ struct RopeTable {
   float theta;
   DTRAIN_HOST_DEVICE void operator()(std::size_t n) const {
     const auto t = static_cast<std::int64_t>(n) / half, i = static_cast<std::int64_t>(n) % half;
-    const auto inv_freq = static_cast<float>(1.0 / ::pow(static_cast<double>(theta),
-                                                         static_cast<double>(2 * i) / static_cast<double>(2 * half)));
+    const auto inv_freq = static_cast<float>(
+        1.0 / ::pow(static_cast<double>(theta), static_cast<double>(2 * i) / static_cast<double>(2 * half)));
     const double angle = static_cast<double>(static_cast<float>(t) * inv_freq);
     cos_out[n] = static_cast<float>(::cos(angle));
     sin_out[n] = static_cast<float>(::sin(angle));
@@ -140,8 +140,10 @@ struct ToRotatedHeads {
     const std::int64_t b = bh / s.heads, h = bh % s.heads;
     const std::int64_t src_head = part == 0 ? h : h / s.group();
     const std::int64_t width = (part == 0 ? s.heads : s.kv_heads) * s.head_dim;
-    const T* row =
-        (part == 0 ? q_rows : part == 1 ? k_rows : v_rows) + (b * s.time + t) * width + src_head * s.head_dim;
+    const T* row = (part == 0   ? q_rows
+                    : part == 1 ? k_rows
+                                : v_rows) +
+                   (b * s.time + t) * width + src_head * s.head_dim;
     float out = static_cast<float>(row[d]);
     if (s.rope && part < 2) {
       const std::int64_t half = s.head_dim / 2, f = d % half, p = s.position(b, t);
@@ -223,67 +225,68 @@ struct FromRotatedHeads {
   // element's sum in the order operator() adds it).
   void span(std::size_t begin, std::size_t end) const {
     const std::int64_t hd = s.head_dim, half = hd / 2, q_cols = s.heads * hd, kv_cols = s.kv_heads * hd;
-    dtrain::detail::row_pieces(begin, end, q_cols + 2 * kv_cols, [&](std::int64_t row, std::int64_t j0,
-                                                                     std::int64_t j1) {
-      const std::int64_t b = row / s.time, t = row % s.time;
-      const float* c = cos_t + s.position(b, t) * half;
-      const float* sn = sin_t + s.position(b, t) * half;
-      const auto head_row = [&](const T* base, std::int64_t h) { return base + ((b * s.heads + h) * s.time + t) * hd; };
-      // acc[d - d0] (+)= the unrotated (or, for v, plain) gradient of `in` at d, for d in [d0, d1).
-      const auto gather = [&](const T* in, bool rotated, std::int64_t d0, std::int64_t d1, float* acc,
-                              bool add) DTRAIN_LAMBDA_INLINE {
-        if (!(rotated && s.rope)) {
-          for (std::int64_t d = d0; d < d1; ++d) {
-            const float v = static_cast<float>(in[d]);
-            acc[d - d0] = add ? acc[d - d0] + v : v;
+    dtrain::detail::row_pieces(
+        begin, end, q_cols + 2 * kv_cols, [&](std::int64_t row, std::int64_t j0, std::int64_t j1) {
+          const std::int64_t b = row / s.time, t = row % s.time;
+          const float* c = cos_t + s.position(b, t) * half;
+          const float* sn = sin_t + s.position(b, t) * half;
+          const auto head_row = [&](const T* base, std::int64_t h) {
+            return base + ((b * s.heads + h) * s.time + t) * hd;
+          };
+          // acc[d - d0] (+)= the unrotated (or, for v, plain) gradient of `in` at d, for d in [d0, d1).
+          const auto gather = [&](const T* in, bool rotated, std::int64_t d0, std::int64_t d1, float* acc,
+                                  bool add) DTRAIN_LAMBDA_INLINE {
+            if (!(rotated && s.rope)) {
+              for (std::int64_t d = d0; d < d1; ++d) {
+                const float v = static_cast<float>(in[d]);
+                acc[d - d0] = add ? acc[d - d0] + v : v;
+              }
+              return;
+            }
+            for (std::int64_t d = d0; d < (d1 < half ? d1 : half); ++d) {
+              const float v = unrotate_pair(static_cast<float>(in[d]), static_cast<float>(in[d + half]), c[d], sn[d]).a;
+              acc[d - d0] = add ? acc[d - d0] + v : v;
+            }
+            for (std::int64_t d = (d0 > half ? d0 : half); d < d1; ++d) {
+              const std::int64_t f = d - half;
+              const float v = unrotate_pair(static_cast<float>(in[f]), static_cast<float>(in[d]), c[f], sn[f]).b;
+              acc[d - d0] = add ? acc[d - d0] + v : v;
+            }
+          };
+          for (std::int64_t col = j0; col < j1;) {
+            const bool is_q = col < q_cols, is_k = !is_q && col < q_cols + kv_cols;
+            const std::int64_t start = is_q ? 0 : is_k ? q_cols : q_cols + kv_cols;
+            const std::int64_t head = (col - start) / hd, first = (col - start) % hd;
+            const std::int64_t last = first + (j1 - col) < hd ? first + (j1 - col) : hd;
+            T* out = is_q ? dq_rows + row * q_cols + head * hd : (is_k ? dk_rows : dv_rows) + row * kv_cols + head * hd;
+            constexpr std::int64_t chunk = 64;  // this host form's own stack scratch, not a backend's knob
+            float acc[chunk];
+            for (std::int64_t d0 = first; d0 < last; d0 += chunk) {
+              const std::int64_t d1 = d0 + chunk < last ? d0 + chunk : last;
+              if (is_q) {
+                gather(head_row(dq, head), true, d0, d1, acc, false);
+              } else {
+                const T* base = dq + (is_k ? 1 : 2) * s.head_elems();
+                for (std::int64_t d = d0; d < d1; ++d) acc[d - d0] = 0.f;
+                for (std::int64_t h = head * s.group(); h < (head + 1) * s.group(); ++h)
+                  gather(head_row(base, h), is_k, d0, d1, acc, true);
+              }
+              for (std::int64_t d = d0; d < d1; ++d) out[d] = dtype_cast<T>(acc[d - d0]);
+            }
+            col += last - first;
           }
-          return;
-        }
-        for (std::int64_t d = d0; d < (d1 < half ? d1 : half); ++d) {
-          const float v = unrotate_pair(static_cast<float>(in[d]), static_cast<float>(in[d + half]), c[d], sn[d]).a;
-          acc[d - d0] = add ? acc[d - d0] + v : v;
-        }
-        for (std::int64_t d = (d0 > half ? d0 : half); d < d1; ++d) {
-          const std::int64_t f = d - half;
-          const float v = unrotate_pair(static_cast<float>(in[f]), static_cast<float>(in[d]), c[f], sn[f]).b;
-          acc[d - d0] = add ? acc[d - d0] + v : v;
-        }
-      };
-      for (std::int64_t col = j0; col < j1;) {
-        const bool is_q = col < q_cols, is_k = !is_q && col < q_cols + kv_cols;
-        const std::int64_t start = is_q ? 0 : is_k ? q_cols : q_cols + kv_cols;
-        const std::int64_t head = (col - start) / hd, first = (col - start) % hd;
-        const std::int64_t last = first + (j1 - col) < hd ? first + (j1 - col) : hd;
-        T* out = is_q ? dq_rows + row * q_cols + head * hd
-                      : (is_k ? dk_rows : dv_rows) + row * kv_cols + head * hd;
-        constexpr std::int64_t chunk = 64;  // this host form's own stack scratch, not a backend's knob
-        float acc[chunk];
-        for (std::int64_t d0 = first; d0 < last; d0 += chunk) {
-          const std::int64_t d1 = d0 + chunk < last ? d0 + chunk : last;
-          if (is_q) {
-            gather(head_row(dq, head), true, d0, d1, acc, false);
-          } else {
-            const T* base = dq + (is_k ? 1 : 2) * s.head_elems();
-            for (std::int64_t d = d0; d < d1; ++d) acc[d - d0] = 0.f;
-            for (std::int64_t h = head * s.group(); h < (head + 1) * s.group(); ++h)
-              gather(head_row(base, h), is_k, d0, d1, acc, true);
-          }
-          for (std::int64_t d = d0; d < d1; ++d) out[d] = dtype_cast<T>(acc[d - d0]);
-        }
-        col += last - first;
-      }
-    });
+        });
   }
 };
 
 }  // namespace detail
 
 struct RotaryAttentionOptions {
-  std::int64_t kv_heads = 0;  // 0: as many as query heads (multi-head attention); 1: multi-query
-  float rope_theta = 10000.f; // 0: no rotary embedding
-  bool qkv_bias = false;      // Qwen2-style biases on q, k and v
+  std::int64_t kv_heads = 0;   // 0: as many as query heads (multi-head attention); 1: multi-query
+  float rope_theta = 10000.f;  // 0: no rotary embedding
+  bool qkv_bias = false;       // Qwen2-style biases on q, k and v
   bool out_bias = false;
-  float init_std = 0.02f;     // weights ~ N(0, init_std); biases 0
+  float init_std = 0.02f;          // weights ~ N(0, init_std); biases 0
   std::int64_t max_positions = 0;  // > 0: longer sequences are an error (max_position_embeddings)
   bool trainable = true;
   // LoRA adapters on the q, k, v and o projections (PEFT's q_proj, k_proj,
@@ -359,8 +362,8 @@ class RotaryAttention : public detail::AttentionPaths<RotaryAttention> {
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(dv_rows + N * kv));
 
     T* lora = ctx.saved.data + own_saved(ctx.shape);
-    detail::output_projection_backward(dev, lora_, 3, p, grad, MatView<const T>{s.merged, N, C}, dy, p[3].data,
-                                       grad[3], bias(grad, 3), d_merged, lora, lora_draw(ctx));
+    detail::output_projection_backward(dev, lora_, 3, p, grad, MatView<const T>{s.merged, N, C}, dy, p[3].data, grad[3],
+                                       bias(grad, 3), d_merged, lora, lora_draw(ctx));
     detail::heads_attention_backward(dev, s.heads_layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v);
     dev.for_each(static_cast<std::size_t>(N * (C + 2 * kv)),
                  detail::FromRotatedHeads<T>{s.g, d_q, rope.cos_t, rope.sin_t, dq_rows, dk_rows, dv_rows});
@@ -429,8 +432,13 @@ class RotaryAttention : public detail::AttentionPaths<RotaryAttention> {
     T* k = q + N * dim_;
     T* v = k + N * kv;
     T* merged = v + N * kv;
-    return {q, k, v, merged, reinterpret_cast<float*>(q + detail::float_aligned<T>(N * (2 * dim_ + 2 * kv))),
-            call_shape(ctx), q + fused_saved<T>(ctx.shape)};
+    return {q,
+            k,
+            v,
+            merged,
+            reinterpret_cast<float*>(q + detail::float_aligned<T>(N * (2 * dim_ + 2 * kv))),
+            call_shape(ctx),
+            q + fused_saved<T>(ctx.shape)};
   }
 
   // Rotates (or unrotates) q's and k's rows in place.
@@ -481,8 +489,8 @@ class RotaryAttention : public detail::AttentionPaths<RotaryAttention> {
     T* dv = dk + N * kv;
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(dv + N * kv));
     const T* kb = detail::key_bias(dev, "nn::RotaryAttention", ctx, bias_ws);
-    detail::output_projection_backward(dev, lora_, 3, p, grad, MatView<const T>{s.merged, N, C}, dy, p[3].data,
-                                       grad[3], bias(grad, 3), d_merged, s.lora, lora_draw(ctx));
+    detail::output_projection_backward(dev, lora_, 3, p, grad, MatView<const T>{s.merged, N, C}, dy, p[3].data, grad[3],
+                                       bias(grad, 3), d_merged, s.lora, lora_draw(ctx));
     detail::fused_heads_backward(dev, fused_shape(ctx.shape), kb, s.q, s.k, s.v, s.merged, d_merged, s.stats, dq, dk,
                                  dv);
     rotate_rows(dev, s.g, rope, dq, dk, true);  // the gradients of the projections' (unrotated) outputs
@@ -544,8 +552,12 @@ class RotaryAttention : public detail::AttentionPaths<RotaryAttention> {
   template <class T>
   detail::GqaShape call_shape(const UnitContext<T>& ctx) const {
     const DeviceTensor* pos = detail::position_ids("nn::RotaryAttention", ctx);
-    return {ctx.shape.batch, ctx.shape.time, heads_,
-            kv_heads_,       head_dim(),     options_.rope_theta > 0.f,
+    return {ctx.shape.batch,
+            ctx.shape.time,
+            heads_,
+            kv_heads_,
+            head_dim(),
+            options_.rope_theta > 0.f,
             pos != nullptr ? pos->data<std::int64_t>() : nullptr};
   }
 
@@ -572,8 +584,8 @@ class RotaryAttention : public detail::AttentionPaths<RotaryAttention> {
 // qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
 // gathers the lists, backend/host/train_instances.hpp applies them).
 #define DTRAIN_ROTARY_ATTENTION_FUNCTORS(EACH, SUM, T) \
-  EACH(::dtrain::nn::detail::ToRotatedHeads<T>) \
-  EACH(::dtrain::nn::detail::FromRotatedHeads<T>) \
+  EACH(::dtrain::nn::detail::ToRotatedHeads<T>)        \
+  EACH(::dtrain::nn::detail::FromRotatedHeads<T>)      \
   EACH(::dtrain::nn::detail::RotatePairs<T>)
 
 #if DTRAIN_DEFINE_IMPL

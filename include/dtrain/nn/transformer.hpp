@@ -116,7 +116,7 @@ class MLP {
     const auto p1 = p.subspan(0, n1_);
     // On the host fc1's bias is added in the activation's pass, where the
     // activation can (nn::Activation): one pass over h fewer.
-    constexpr bool fold = Dev::host_accessible && requires(Act& act, Dev& d, const T* b, MatView<T> m) {
+    constexpr bool fold = Dev::host_accessible && requires(Act & act, Dev & d, const T* b, MatView<T> m) {
       act.template forward_with_bias<Dev, T>(d, b, m, m);
     };
     if constexpr (fold) {

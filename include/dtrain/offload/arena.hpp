@@ -51,8 +51,8 @@
 #include <utility>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/policy/offload.hpp"
 
@@ -175,10 +175,14 @@ class OffloadArena {
   void after_state_pass(bool wait = false);
 
   template <class E>
-  void to_host(E* host_dst, const E* dev_src, std::size_t n) { copies_.to_host(host_dst, dev_src, n); }
+  void to_host(E* host_dst, const E* dev_src, std::size_t n) {
+    copies_.to_host(host_dst, dev_src, n);
+  }
   void wait_to_host() { copies_.wait_to_host(); }
   template <class E>
-  void to_device(E* dev_dst, const E* host_src, std::size_t n) { copies_.to_device(dev_dst, host_src, n); }
+  void to_device(E* dev_dst, const E* host_src, std::size_t n) {
+    copies_.to_device(dev_dst, host_src, n);
+  }
 
   static const char* category_name(memory_category c);
 
@@ -250,9 +254,9 @@ auto OffloadArena<Dev, HostDev>::allocate_state_file(std::size_t n) -> StateStor
   if (p == MAP_FAILED) {
     const int e = errno;
     ::close(fd);
-    throw error("offload: mapping " + std::to_string(bytes) + " bytes of optimizer state failed (" +
-                    std::strerror(e) + ")",
-                "raise the limits on mapped memory (ulimit -v) or offload to host memory instead");
+    throw error(
+        "offload: mapping " + std::to_string(bytes) + " bytes of optimizer state failed (" + std::strerror(e) + ")",
+        "raise the limits on mapped memory (ulimit -v) or offload to host memory instead");
   }
   ::madvise(p, bytes, MADV_SEQUENTIAL);
   disk_bytes_ += bytes;
@@ -275,7 +279,7 @@ template <class Dev, class HostDev>
 auto OffloadArena<Dev, HostDev>::after_state_pass(bool wait) -> void {
   for (const StateFile& f : files_) {
     if (wait) ::fdatasync(f.fd);
-    ::madvise(f.map, f.bytes, MADV_DONTNEED);  // unmapped from this process; the page cache keeps dirty data
+    ::madvise(f.map, f.bytes, MADV_DONTNEED);          // unmapped from this process; the page cache keeps dirty data
     ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);  // clean pages leave memory
 #if defined(__linux__)
     ::sync_file_range(f.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
@@ -298,8 +302,10 @@ auto OffloadArena<Dev, HostDev>::category_name(memory_category c) -> const char*
 // max_offload` (none when it does not declare it). params includes optimizer.
 template <class S>
 constexpr offload_kind strategy_max_offload() {
-  if constexpr (requires { S::max_offload; }) return S::max_offload;
-  else return offload_kind::none;
+  if constexpr (requires { S::max_offload; })
+    return S::max_offload;
+  else
+    return offload_kind::none;
 }
 
 namespace detail {

@@ -41,9 +41,7 @@ struct value_range {
   bool hi_open;
   std::string_view text;
 
-  constexpr bool contains(double v) const {
-    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
-  }
+  constexpr bool contains(double v) const { return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi); }
 };
 
 inline constexpr double infinity = std::numeric_limits<double>::infinity();
@@ -150,17 +148,16 @@ struct ClipOptions {
 //   coefficients_for(GroupHyper) the per-step scalars of one group, on the host
 //   update(p, g, s, c) one element: p and s[0..states) in place from gradient g
 template <class C>
-concept Optimizer =
-    std::copyable<C> && std::is_trivially_copyable_v<typename C::coefficients> &&
+concept Optimizer = std::copyable<C> && std::is_trivially_copyable_v<typename C::coefficients> &&
     requires(const C& c, const GroupHyper& h, float& p, float g, float* s, const typename C::coefficients& k) {
-      { C::name } -> std::convertible_to<std::string_view>;
-      { C::max_states } -> std::convertible_to<std::size_t>;
-      { c.lr } -> std::convertible_to<float>;
-      { c.weight_decay } -> std::convertible_to<float>;
-      c.validate();
-      { c.state_names() } -> std::convertible_to<std::vector<std::string_view>>;
-      { c.coefficients_for(h) } -> std::same_as<typename C::coefficients>;
-      C::update(p, g, s, k);
-    };
+  { C::name } -> std::convertible_to<std::string_view>;
+  { C::max_states } -> std::convertible_to<std::size_t>;
+  { c.lr } -> std::convertible_to<float>;
+  { c.weight_decay } -> std::convertible_to<float>;
+  c.validate();
+  { c.state_names() } -> std::convertible_to<std::vector<std::string_view>>;
+  { c.coefficients_for(h) } -> std::same_as<typename C::coefficients>;
+  C::update(p, g, s, k);
+};
 
 }  // namespace dtrain

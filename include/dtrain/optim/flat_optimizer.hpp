@@ -33,9 +33,9 @@ namespace dtrain {
 
 // What changes from one step to the next.
 struct OptimizerStep {
-  float lr = 0.f;            // the default group's rate; group k runs at lr x its factor
-  std::int64_t step = 1;     // optimizer steps taken, this one included (AdamW bias correction)
-  float grad_scale = 1.f;    // multiplies every gradient as it is read: 1/loss_scale x clip coefficient
+  float lr = 0.f;          // the default group's rate; group k runs at lr x its factor
+  std::int64_t step = 1;   // optimizer steps taken, this one included (AdamW bias correction)
+  float grad_scale = 1.f;  // multiplies every gradient as it is read: 1/loss_scale x clip coefficient
 };
 
 // A named view of one optimizer-state buffer (for checkpoints).
@@ -46,10 +46,9 @@ struct OptimizerStateView {
 
 // One group's settings as the pass applies them.
 struct GroupRate {
-  float lr_factor = 1.f;     // the group's lr over the optimizer's
+  float lr_factor = 1.f;  // the group's lr over the optimizer's
   float weight_decay = 0.f;
 };
-
 
 template <class Dev>
 class FlatOptimizer {
@@ -63,7 +62,6 @@ class FlatOptimizer {
   template <Optimizer Opt>
   FlatOptimizer(Dev& dev, Opt config, std::size_t size, std::vector<GroupRate> groups = {},
                 const std::vector<std::uint8_t>& element_groups = {}, const StateAllocator& state_allocator = {});
-
 
   std::string_view name() const { return name_; }
   std::size_t size() const { return size_; }
@@ -123,8 +121,8 @@ class FlatOptimizer {
     using C = typename Opt::coefficients;
     C table[max_param_groups];
     for (std::size_t g = 0; g < groups_.size(); ++g)
-      table[g] = config.coefficients_for({static_cast<float>(static_cast<double>(p.s.lr) * groups_[g].lr_factor),
-                                          groups_[g].weight_decay, p.s.step});
+      table[g] = config.coefficients_for(
+          {static_cast<float>(static_cast<double>(p.s.lr) * groups_[g].lr_factor), groups_[g].weight_decay, p.s.step});
     // The group ids and the state count become template arguments (see
     // GroupedStep): one instantiation per case, none with a branch inside.
     const auto launch = [&]<bool Grouped, std::size_t States>() {
@@ -139,7 +137,8 @@ class FlatOptimizer {
     const auto with_states = [&]<bool Grouped>() {
       [&]<std::size_t... K>(std::index_sequence<K...>) {
         ((state_ptrs_.size() == K && (launch.template operator()<Grouped, K>(), true)) || ...);
-      }(std::make_index_sequence<Opt::max_states + 1>{});
+      }
+      (std::make_index_sequence<Opt::max_states + 1>{});
     };
     if constexpr (Dev::host_accessible) {
       if (!runs_.empty()) {
@@ -154,7 +153,8 @@ class FlatOptimizer {
           };
           [&]<std::size_t... K>(std::index_sequence<K...>) {
             ((state_ptrs_.size() == K && (run_pass.template operator()<K>(), true)) || ...);
-          }(std::make_index_sequence<Opt::max_states + 1>{});
+          }
+          (std::make_index_sequence<Opt::max_states + 1>{});
         }
         return;
       }
@@ -162,8 +162,10 @@ class FlatOptimizer {
       // lookup is the device's alone, and is not compiled here.
       with_states.template operator()<false>();
     } else {
-      if (groups_.size() > 1) with_states.template operator()<true>();
-      else with_states.template operator()<false>();
+      if (groups_.size() > 1)
+        with_states.template operator()<true>();
+      else
+        with_states.template operator()<false>();
     }
   }
 
@@ -172,11 +174,11 @@ class FlatOptimizer {
   std::string_view name_;
   float base_lr_;
   std::vector<GroupRate> groups_;
-  std::vector<std::string> state_names_;  // the config's, copied: OptimizerStateView points here
+  std::vector<std::string> state_names_;                      // the config's, copied: OptimizerStateView points here
   std::vector<typename Dev::template buffer<float>> states_;  // from the device's allocator
-  std::vector<std::shared_ptr<void>> state_owners_;          // from a StateAllocator
-  std::vector<float*> state_ptrs_;                           // each state buffer, whichever holds it
-  typename Dev::template buffer<std::uint8_t> ids_;  // device: each element's group
+  std::vector<std::shared_ptr<void>> state_owners_;           // from a StateAllocator
+  std::vector<float*> state_ptrs_;                            // each state buffer, whichever holds it
+  typename Dev::template buffer<std::uint8_t> ids_;           // device: each element's group
   struct Run {
     std::size_t offset, count;
     std::uint8_t group;
@@ -194,17 +196,17 @@ FlatOptimizer<Dev>::FlatOptimizer(Dev& dev, Opt config, std::size_t size, std::v
   config.validate();
   if (groups.empty()) groups.push_back({1.f, config.weight_decay});
   if (groups.size() > max_param_groups)
-    throw config_error(std::to_string(groups.size()) + " parameter groups", "use at most " +
-                                                                                 std::to_string(max_param_groups));
+    throw config_error(std::to_string(groups.size()) + " parameter groups",
+                       "use at most " + std::to_string(max_param_groups));
   if (!element_groups.empty() && element_groups.size() != size)
     throw config_error("FlatOptimizer: " + std::to_string(element_groups.size()) + " group ids for " +
                            std::to_string(size) + " elements",
                        "give one group id per element of the flat, or none");
   for (const auto id : element_groups)
     if (id >= groups.size())
-      throw config_error("FlatOptimizer: group id " + std::to_string(id) + " with " +
-                             std::to_string(groups.size()) + " groups",
-                         "ids index the groups given");
+      throw config_error(
+          "FlatOptimizer: group id " + std::to_string(id) + " with " + std::to_string(groups.size()) + " groups",
+          "ids index the groups given");
   groups_ = std::move(groups);
   for (const std::string_view n : config.state_names()) {
     state_names_.emplace_back(n);
@@ -263,9 +265,9 @@ void FlatOptimizer<Dev>::Model<Opt>::step(FlatOptimizer& o, const Pass<fp16>& p)
 // The built-in optimizers' passes (every precision; on the host every ISA
 // level), compiled once by each backend (train/builtin_templates.hpp gathers
 // the lists, backend/<name>/train_instances.hpp applies them).
-#define DTRAIN_FLAT_OPTIMIZER_TEMPLATES(X, Dev, Opt)                                       \
-  X(struct FlatOptimizer<Dev>::Model<Opt>)                                                 \
-  X(FlatOptimizer<Dev>::FlatOptimizer(Dev&, Opt, std::size_t, std::vector<GroupRate>,     \
+#define DTRAIN_FLAT_OPTIMIZER_TEMPLATES(X, Dev, Opt)                                  \
+  X(struct FlatOptimizer<Dev>::Model<Opt>)                                            \
+  X(FlatOptimizer<Dev>::FlatOptimizer(Dev&, Opt, std::size_t, std::vector<GroupRate>, \
                                       const std::vector<std::uint8_t>&, const StateAllocator&))
 
 }  // namespace dtrain

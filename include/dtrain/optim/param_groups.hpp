@@ -21,8 +21,8 @@
 #include <string_view>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/kernels/optimizer.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/optim/config.hpp"
@@ -50,7 +50,7 @@ DTRAIN_DECL ParamGroup no_decay_group();
 // A group as resolved against a model: its absolute settings and members.
 struct GroupSettings {
   std::string name;
-  float lr = 0.f;            // at the optimizer's base rate
+  float lr = 0.f;  // at the optimizer's base rate
   float weight_decay = 0.f;
   std::vector<std::string> params;  // layout names, layout order
 };

@@ -8,11 +8,10 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
-
-DTRAIN_DECL ParamGroup no_decay_group() {
-  return {.name = "no_decay", .params = {"tag:bias", "tag:norm"}, .weight_decay = 0.f};
-}
+    namespace dtrain {
+  DTRAIN_DECL ParamGroup no_decay_group() {
+    return {.name = "no_decay", .params = {"tag:bias", "tag:norm"}, .weight_decay = 0.f};
+  }
 }  // namespace dtrain
 
 namespace dtrain {

@@ -101,13 +101,13 @@ struct WarmupDecayLR {
     detail::check_field(s, "min_lr", min_lr, detail::non_negative);
     detail::check_field(s, "warmup_start", warmup_start, detail::fraction);
     if (warmup_steps > total_steps)
-      throw config_error(s + ".warmup_steps = " + std::to_string(warmup_steps) + " exceeds total_steps = " +
-                             std::to_string(total_steps),
+      throw config_error(s + ".warmup_steps = " + std::to_string(warmup_steps) +
+                             " exceeds total_steps = " + std::to_string(total_steps),
                          "warmup must end by total_steps: lower .warmup_steps or raise .total_steps");
     if (min_lr > peak_lr)
-      throw config_error(s + ".min_lr = " + detail::number_text(min_lr) + " exceeds peak_lr = " +
-                             detail::number_text(peak_lr),
-                         "set .min_lr <= .peak_lr (often peak_lr / 10, or 0)");
+      throw config_error(
+          s + ".min_lr = " + detail::number_text(min_lr) + " exceeds peak_lr = " + detail::number_text(peak_lr),
+          "set .min_lr <= .peak_lr (often peak_lr / 10, or 0)");
   }
 };
 
@@ -161,8 +161,8 @@ class Schedule {
   // <Schedule> would ask whether Schedule is copyable while that is being
   // decided (clang rejects the recursion; GCC does not notice it).
   template <class S>
-    requires(!std::same_as<std::remove_cvref_t<S>, Schedule> && LrSchedule<S>)
-  Schedule(S schedule) : name_(name_of<S>()), fn_(validated(std::move(schedule))) {}
+  requires(!std::same_as<std::remove_cvref_t<S>, Schedule> && LrSchedule<S>) Schedule(S schedule)
+      : name_(name_of<S>()), fn_(validated(std::move(schedule))) {}
 
   float operator()(std::int64_t step) const { return fn_(step); }
   // The schedule's static `name` ("constant", "cosine"), or "custom".
@@ -171,7 +171,9 @@ class Schedule {
  private:
   template <class S>
   static constexpr std::string_view name_of() {
-    if constexpr (requires { { &S::name } -> std::convertible_to<const std::string_view*>; })
+    if constexpr (requires {
+                    { &S::name } -> std::convertible_to<const std::string_view*>;
+                  })
       return S::name;
     else
       return "custom";

@@ -64,7 +64,7 @@ struct offload_diagnostic {
 
 template <class W>
 inline constexpr offload_kind offload_kind_of = std::is_same_v<W, OptimizerState> ? offload_kind::optimizer
-                                                : std::is_same_v<W, ParamShards>       ? offload_kind::params
+                                                : std::is_same_v<W, ParamShards>  ? offload_kind::params
                                                                                   : offload_kind::none;
 }  // namespace detail
 

@@ -60,10 +60,10 @@ template <class... Ps>
 inline constexpr composition_problem composition_of =
     (... || (is_bare_strategy_kind<Ps> ||
              std::conjunction_v<std::bool_constant<slot_of<Ps> == policy_slot::unknown>, is_strategy_kind_tag<Ps>>))
-                                                       ? composition_problem::bare_strategy_kind
-    : (... || (slot_of<Ps> == policy_slot::unknown))   ? composition_problem::unknown_type
-    : (... || (slot_count<slot_of<Ps>, Ps...> > 1))    ? composition_problem::duplicate
-                                                       : composition_problem::none;
+        ? composition_problem::bare_strategy_kind
+    : (... || (slot_of<Ps> == policy_slot::unknown)) ? composition_problem::unknown_type
+    : (... || (slot_count<slot_of<Ps>, Ps...> > 1))  ? composition_problem::duplicate
+                                                     : composition_problem::none;
 
 template <composition_problem Problem>
 struct composition_diagnostic {
@@ -93,8 +93,7 @@ struct policies {
 
   template <detail::policy_slot S, class Default>
   using slot_t = typename std::conditional_t<problem == detail::composition_problem::none,
-                                             detail::find_slot<S, Default, Ps...>,
-                                             std::type_identity<Default>>::type;
+                                             detail::find_slot<S, Default, Ps...>, std::type_identity<Default>>::type;
 
  public:
   // An invalid Strategy<...> reports its own error (naming its kind
@@ -108,8 +107,7 @@ struct policies {
   static constexpr int accumulate = slot_t<detail::policy_slot::accumulate, Accumulate<1>>::micro_batches;
   using device = typename slot_t<detail::policy_slot::device, Device<detail::default_device>>::kind;
   using offload_policy = slot_t<detail::policy_slot::offload, Offload<NoOffload>>;
-  static constexpr offload_kind offload =
-      OffloadPolicy<offload_policy> ? offload_policy::kind : offload_kind::none;
+  static constexpr offload_kind offload = OffloadPolicy<offload_policy> ? offload_policy::kind : offload_kind::none;
 
  private:
   static constexpr detail::composition_diagnostic<problem> diagnostic{};

@@ -27,11 +27,11 @@ enum class precision_problem { none, param_not_dtype, reduce_not_dtype, fp16_red
 // A variable template, as in policies.hpp (GCC 13 under nvcc).
 template <class Param, class Reduce>
 inline constexpr precision_problem check_precision =
-    !Dtype<Param>    ? precision_problem::param_not_dtype
-    : !Dtype<Reduce> ? precision_problem::reduce_not_dtype
+    !Dtype<Param>                                                    ? precision_problem::param_not_dtype
+    : !Dtype<Reduce>                                                 ? precision_problem::reduce_not_dtype
     : (std::is_same_v<Reduce, fp16> && !std::is_same_v<Param, fp16>) ? precision_problem::fp16_reduce_unscaled
     : (std::is_same_v<Reduce, bf16> && std::is_same_v<Param, fp16>)  ? precision_problem::bf16_reduce_of_fp16
-                                                                      : precision_problem::none;
+                                                                     : precision_problem::none;
 
 template <precision_problem Problem>
 struct precision_diagnostic {

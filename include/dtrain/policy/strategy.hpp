@@ -71,8 +71,9 @@ inline constexpr bool is_fsdp<FSDP<Mode>> = true;
 
 // A strategy kind tag: a class with `static constexpr std::string_view name`.
 template <class K>
-concept strategy_kind_tag =
-    std::is_class_v<K> && requires { requires std::is_same_v<decltype(K::name), const std::string_view>; };
+concept strategy_kind_tag = std::is_class_v<K> && requires {
+  requires std::is_same_v<decltype(K::name), const std::string_view>;
+};
 
 enum class strategy_problem { none, not_a_kind, unknown_fsdp_mode, bare_fsdp_mode };
 

@@ -17,8 +17,6 @@
 //
 // Later arguments win: --config files and key=value pairs apply in order.
 
-#include <yaml-cpp/yaml.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -29,6 +27,8 @@
 #include <string_view>
 #include <type_traits>
 #include <vector>
+
+#include <yaml-cpp/yaml.h>
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/run/fit.hpp"
@@ -58,8 +58,8 @@ class ConfigReader {
 
   // Declares `key` bound to an enum, written as one of `names`.
   template <class E, std::size_t N>
-    requires std::is_enum_v<E>
-  ConfigReader& add(std::string key, E& target, std::string help, const std::pair<std::string_view, E> (&names)[N]) {
+  requires std::is_enum_v<E> ConfigReader& add(std::string key, E& target, std::string help,
+                                               const std::pair<std::string_view, E> (&names)[N]) {
     std::string form, shown;
     for (const auto& [name, value] : names) {
       if (!form.empty()) form += " | ";
@@ -189,24 +189,34 @@ class ConfigReader {
 
   template <class T>
   static std::string form() {
-    if constexpr (std::is_same_v<T, bool>) return "true | false";
-    else if constexpr (std::is_integral_v<T>) return "integer";
-    else if constexpr (std::is_floating_point_v<T>) return "number";
-    else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) return "integers, e.g. 256,256";
-    else if constexpr (std::is_same_v<T, std::vector<std::string>>) return "names, e.g. a,b";
-    else if constexpr (std::is_same_v<T, std::filesystem::path>) return "path";
-    else return "text";
+    if constexpr (std::is_same_v<T, bool>)
+      return "true | false";
+    else if constexpr (std::is_integral_v<T>)
+      return "integer";
+    else if constexpr (std::is_floating_point_v<T>)
+      return "number";
+    else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>)
+      return "integers, e.g. 256,256";
+    else if constexpr (std::is_same_v<T, std::vector<std::string>>)
+      return "names, e.g. a,b";
+    else if constexpr (std::is_same_v<T, std::filesystem::path>)
+      return "path";
+    else
+      return "text";
   }
 
   template <class T>
   static std::string show(const T& v) {
-    if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+    if constexpr (std::is_same_v<T, bool>)
+      return v ? "true" : "false";
     else if constexpr (std::is_arithmetic_v<T>) {
       std::ostringstream s;
       s << v;
       return s.str();
-    } else if constexpr (std::is_same_v<T, std::filesystem::path>) return v.string();
-    else if constexpr (std::is_same_v<T, std::string>) return v;
+    } else if constexpr (std::is_same_v<T, std::filesystem::path>)
+      return v.string();
+    else if constexpr (std::is_same_v<T, std::string>)
+      return v;
     else {
       std::ostringstream s;
       for (std::size_t i = 0; i < v.size(); ++i) s << (i ? "," : "") << v[i];
@@ -251,12 +261,18 @@ class ConfigReader {
 
   template <class T>
   static std::string form_phrase() {
-    if constexpr (std::is_same_v<T, bool>) return "true or false";
-    else if constexpr (std::is_integral_v<T>) return "an integer";
-    else if constexpr (std::is_floating_point_v<T>) return "a number";
-    else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) return "a list of integers (e.g. 256,256)";
-    else if constexpr (std::is_same_v<T, std::vector<std::string>>) return "a list of names (e.g. a,b)";
-    else return "a single value (not a list or a map)";
+    if constexpr (std::is_same_v<T, bool>)
+      return "true or false";
+    else if constexpr (std::is_integral_v<T>)
+      return "an integer";
+    else if constexpr (std::is_floating_point_v<T>)
+      return "a number";
+    else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>)
+      return "a list of integers (e.g. 256,256)";
+    else if constexpr (std::is_same_v<T, std::vector<std::string>>)
+      return "a list of names (e.g. a,b)";
+    else
+      return "a single value (not a list or a map)";
   }
 
   std::string program_, about_;

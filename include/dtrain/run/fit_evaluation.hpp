@@ -68,8 +68,8 @@ class EvalDriver {
     if (eval == nullptr || eval->size() < 1) return;
     World& world = trainer.world();
     std::vector<Batch> batches;
-    for (const auto& rows : eval_rows(static_cast<std::int64_t>(eval->size()), world.rank(), world.size(),
-                                      o_.batch_size, o_.eval_batches))
+    for (const auto& rows :
+         eval_rows(static_cast<std::int64_t>(eval->size()), world.rank(), world.size(), o_.batch_size, o_.eval_batches))
       batches.push_back(eval->gather(rows));
     record(trainer.steps_taken(), trainer.evaluate(batches, o_.metrics));
   }

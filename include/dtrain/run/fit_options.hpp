@@ -25,15 +25,15 @@ struct FitOptions {
   std::int64_t batch_size = 32;  // rows per rank per micro-batch
   int num_workers = 2;           // data loader threads per rank
   bool shuffle = true;
-  std::uint64_t seed = 0;        // the sampler's shuffle
+  std::uint64_t seed = 0;  // the sampler's shuffle
 
   // Checkpoints: <checkpoint_dir>/step-<n>, resumable at any world size and strategy.
   std::filesystem::path checkpoint_dir = "checkpoints";
-  std::int64_t save_every = 0;   // every N steps and at the end (0: only at the end, if save_final)
-  bool save_final = true;        // a checkpoint after the last step
-  int keep_last = 0;             // keep the newest K checkpoints (0: all)
-  bool consolidated = false;     // checkpoints also hold model.safetensors (fp32, readable by Python)
-  std::string resume{};          // "latest" (the newest complete checkpoint, if any) | a checkpoint | "": none
+  std::int64_t save_every = 0;  // every N steps and at the end (0: only at the end, if save_final)
+  bool save_final = true;       // a checkpoint after the last step
+  int keep_last = 0;            // keep the newest K checkpoints (0: all)
+  bool consolidated = false;    // checkpoints also hold model.safetensors (fp32, readable by Python)
+  std::string resume{};         // "latest" (the newest complete checkpoint, if any) | a checkpoint | "": none
   // A save that fails (a full disk, a file-size limit, an I/O error) fails
   // on every rank, removes its partial files and leaves the previous
   // checkpoint as it was; stop rethrows it, keep_going reports it and trains on.
@@ -47,9 +47,9 @@ struct FitOptions {
   int max_rollbacks = 3;
 
   // Evaluation over the eval source: every eval_every steps and at the end.
-  std::int64_t eval_every = 0;   // 0: at the end only
-  std::int64_t eval_batches = 0; // batches per rank per evaluation (0: the whole source, split over ranks)
-  std::vector<Metric> metrics{}; // see metrics/metric.hpp: metrics::accuracy(), your own
+  std::int64_t eval_every = 0;    // 0: at the end only
+  std::int64_t eval_batches = 0;  // batches per rank per evaluation (0: the whole source, split over ranks)
+  std::vector<Metric> metrics{};  // see metrics/metric.hpp: metrics::accuracy(), your own
 
   // Early stop: after `patience` evaluations in a row without the monitored
   // value improving by more than min_delta, training stops (0: never).
@@ -59,11 +59,11 @@ struct FitOptions {
   double min_delta = 0;
 
   // Reporting (rank 0).
-  std::int64_t log_every = 20;   // a progress line every N steps (and the first and last)
-  bool progress = true;          // print progress lines
+  std::int64_t log_every = 20;              // a progress line every N steps (and the first and last)
+  bool progress = true;                     // print progress lines
   std::filesystem::path metrics_file{};     // JSON lines: one object per step and per evaluation
   std::filesystem::path tensorboard_dir{};  // TensorBoard scalars (a new events file per run)
-  double peak_tflops = 0;        // one rank's peak: the progress line adds TFLOP/s and MFU (0: not shown)
+  double peak_tflops = 0;                   // one rank's peak: the progress line adds TFLOP/s and MFU (0: not shown)
   std::filesystem::path save_params{};      // every parameter as fp32 safetensors at the end
 
   // Preemption notice: on any of these signals (to any rank) every rank
@@ -103,17 +103,17 @@ struct FitCallbacks {
 };
 
 struct FitResult {
-  std::int64_t first_step = 0;     // the step the run started from (0, or the resumed checkpoint's)
-  std::int64_t steps = 0;          // optimizer steps taken, in all
+  std::int64_t first_step = 0;  // the step the run started from (0, or the resumed checkpoint's)
+  std::int64_t steps = 0;       // optimizer steps taken, in all
   bool stopped_early = false;
   std::optional<std::filesystem::path> resumed_from;
   std::optional<std::filesystem::path> last_checkpoint;
   std::optional<EvalResult> last_eval;
-  std::optional<double> best;      // the best monitored value (early stop)
-  int failed_saves = 0;            // saves that failed under on_save_error = keep_going
+  std::optional<double> best;               // the best monitored value (early stop)
+  int failed_saves = 0;                     // saves that failed under on_save_error = keep_going
   std::vector<std::int64_t> skipped_steps;  // on_nonfinite = rollback: steps whose batches were skipped
-  bool preempted = false;          // a preemption signal stopped the run after a checkpoint
-  int preempt_signal = 0;          // the signal this rank saw first (0: another rank's)
+  bool preempted = false;                   // a preemption signal stopped the run after a checkpoint
+  int preempt_signal = 0;                   // the signal this rank saw first (0: another rank's)
 
   // What main returns: preempted_exit_code (75) after a preemption, else 0.
   int exit_code() const { return preempted ? preempted_exit_code : 0; }

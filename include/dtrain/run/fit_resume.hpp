@@ -9,8 +9,8 @@
 #include <optional>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/checkpoint/checkpoint.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/run/fit_options.hpp"
 
 namespace dtrain {

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/core/stop_signal.hpp"
 
 namespace dtrain {

@@ -11,15 +11,14 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
+    namespace dtrain {
+  namespace detail {
 
-namespace detail {
-
-DTRAIN_DECL PreemptionHandlers& preemption_handlers() {
-  static PreemptionHandlers h;
-  return h;
-}
-}  // namespace detail
+  DTRAIN_DECL PreemptionHandlers& preemption_handlers() {
+    static PreemptionHandlers h;
+    return h;
+  }
+  }  // namespace detail
 }  // namespace dtrain
 
 namespace dtrain {

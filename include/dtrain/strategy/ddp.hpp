@@ -28,14 +28,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
+#include "dtrain/comm/binding.hpp"
 #include "dtrain/core/dtype.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/reduce.hpp"
 #include "dtrain/model/init.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/policy/strategy.hpp"
-#include "dtrain/comm/binding.hpp"
 #include "dtrain/strategy/strategy.hpp"
 
 namespace dtrain {
@@ -215,12 +215,12 @@ class DdpStrategy {
   int last_micro_batch_;
   OffloadArena<Dev>* offload_;
   detail::FullGradients<Dev, T> grads_;
-  buffer<float> master_;  // fp32 master weights (the parameters themselves when T is fp32); not offloaded
-  buffer<T> params_;      // compute-dtype copy (T != fp32, or offloaded)
+  buffer<float> master_;              // fp32 master weights (the parameters themselves when T is fp32); not offloaded
+  buffer<T> params_;                  // compute-dtype copy (T != fp32, or offloaded)
   OffloadBuffer<float> host_master_;  // offloaded: the master weights
   OffloadBuffer<T> host_params_;      // offloaded: the optimizer's compute-dtype output, uploaded
   OffloadBuffer<float> host_grad_;    // offloaded: the all-reduced fp32 gradient
-  buffer<T> frozen_;      // frozen parameters, compute dtype
+  buffer<T> frozen_;                  // frozen parameters, compute dtype
   std::unique_ptr<GradReducer<Dev, R>> reducer_;
   std::vector<std::vector<MatView<T>>> views_;
   std::vector<std::vector<MatView<T>>> grad_views_;
@@ -263,8 +263,7 @@ DdpStrategy<Dev, T, R>::DdpStrategy(const StrategyContext<Dev>& ctx, const optio
                        &grad_views_.emplace_back(), grads_.compute() + unit.train_offset);
     const_views_.push_back(detail::as_const(pv));
   }
-  reducer_ = std::make_unique<GradReducer<Dev, R>>(dev_, comm_, layout_.buckets(opts, sizeof(R)),
-                                                   grads_.f32(), n);
+  reducer_ = std::make_unique<GradReducer<Dev, R>>(dev_, comm_, layout_.buckets(opts, sizeof(R)), grads_.f32(), n);
   initialise_and_broadcast(ctx.seed);
 }
 

@@ -47,14 +47,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
+#include "dtrain/comm/binding.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/reduce.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/policy/strategy.hpp"
-#include "dtrain/comm/binding.hpp"
 #include "dtrain/strategy/sharded.hpp"
 #include "dtrain/strategy/strategy.hpp"
 
@@ -212,8 +212,10 @@ auto FsdpStrategy<Mode, Dev, T, R>::before_backward(std::size_t u, int k) -> voi
   if (!unit.has_params()) return;
   T* grad = nullptr;  // frozen-only units get empty gradient views
   if (unit.train_size) {
-    if constexpr (std::is_same_v<T, R>) grad = shards_.reducer.input(u);
-    else grad = unit_grad_.data();
+    if constexpr (std::is_same_v<T, R>)
+      grad = shards_.reducer.input(u);
+    else
+      grad = unit_grad_.data();
   }
   UnitState& st = units_[u];
   Slot& slot = slots_[static_cast<std::size_t>(st.slot)];
@@ -324,8 +326,9 @@ struct strategy_impl<FSDP<Mode>, Dev, T, R> {
 
 // The built-in instances a backend compiles once (train/builtin_templates.hpp
 // gathers the lists, backend/<name>/train_instances.hpp applies them).
-#define DTRAIN_FSDP_TEMPLATES(X, Dev, T, R)                                                                \
-  X(class FsdpStrategy<FullShard, Dev, T, R>) X(class FsdpStrategy<ShardGradOp, Dev, T, R>)             \
-  X(class FsdpStrategy<NoShard, Dev, T, R>) X(class FsdpStrategy<HybridShard, Dev, T, R>)
+#define DTRAIN_FSDP_TEMPLATES(X, Dev, T, R)                                               \
+  X(class FsdpStrategy<FullShard, Dev, T, R>)                                             \
+  X(class FsdpStrategy<ShardGradOp, Dev, T, R>) X(class FsdpStrategy<NoShard, Dev, T, R>) \
+      X(class FsdpStrategy<HybridShard, Dev, T, R>)
 
 }  // namespace dtrain

@@ -31,16 +31,16 @@
 #include <type_traits>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
+#include "dtrain/comm/binding.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/reduce.hpp"
 #include "dtrain/model/init.hpp"
 #include "dtrain/model/layout.hpp"
-#include "dtrain/comm/binding.hpp"
 #include "dtrain/offload/arena.hpp"
 #include "dtrain/strategy/strategy.hpp"
 
@@ -166,9 +166,9 @@ class ShardedParams {
 
   // Where a gather takes this rank's compute-dtype shard from.
   enum class shard_source {
-    master,         // cast from the fp32 master shard on the device (no offload)
-    device_shard,   // a persistent compute-dtype shard on the device, uploaded after each update
-    host_shard,     // uploaded from the host just before the gather (Offload<ParamShards>, ZeRO1)
+    master,        // cast from the fp32 master shard on the device (no offload)
+    device_shard,  // a persistent compute-dtype shard on the device, uploaded after each update
+    host_shard,    // uploaded from the host just before the gather (Offload<ParamShards>, ZeRO1)
   };
 
   // Initialises this rank's shards from the seed, one unit at a time.
@@ -218,8 +218,8 @@ class ShardedParams {
   bool shard_frozen_;
   OffloadArena<Dev>* offload_;
   shard_source source_;
-  buffer<float> master_;  // this rank's fp32 shards of every unit, one flat (padding zero); not offloaded
-  buffer<T> frozen_;      // this rank's frozen shards (FSDP), compute dtype
+  buffer<float> master_;              // this rank's fp32 shards of every unit, one flat (padding zero); not offloaded
+  buffer<T> frozen_;                  // this rank's frozen shards (FSDP), compute dtype
   OffloadBuffer<float> host_master_;  // offloaded: the fp32 shards
   OffloadBuffer<T> host_shard_;       // offloaded: their compute-dtype copy (the optimizer's param_out)
   buffer<T> device_shard_;            // shard_source::device_shard: that copy on the device
@@ -396,7 +396,7 @@ class ShardReducer {
     int k;
     std::ptrdiff_t slot;  // -1: external input
     const R* input;
-    R* shard;             // where the reduced shard lands (input's own storage when G == 1)
+    R* shard;  // where the reduced shard lands (input's own storage when G == 1)
     work_type work{};
     bool replicated = false;  // the replica all-reduce was issued
   };
@@ -436,8 +436,8 @@ ShardReducer<Dev, R>::ShardReducer(Dev& dev, const ModelLayout& layout, ShardGro
       std::ranges::count_if(layout.units(), [](const auto& unit) { return unit.train_size > 0; }));
   slot_count_ = std::clamp<std::size_t>(trainable_units, 1, max_in_flight);
   if (offload_ && (!std::is_same_v<R, float> || accumulate > 1))
-    host_staging_ = offload_->template allocate<R>(layout.trainable_flat_size() / layout.shards(),
-                                                   memory_category::grads);
+    host_staging_ =
+        offload_->template allocate<R>(layout.trainable_flat_size() / layout.shards(), memory_category::grads);
 }
 
 template <class Dev, Dtype R>
@@ -608,8 +608,10 @@ template <class Dev, Dtype T, Dtype R>
 auto ShardedState<Dev, T, R>::grad_norm_squared(Dev& dev) -> double {
   const std::size_t n = params.size();
   double local = 0.0;
-  if (n && offload) local = offload->host().sum(n, SquaredNorm<float>{host_grad.data()});
-  else if (n) local = dev.sum(n, SquaredNorm<float>{grad_shard.data()});
+  if (n && offload)
+    local = offload->host().sum(n, SquaredNorm<float>{host_grad.data()});
+  else if (n)
+    local = dev.sum(n, SquaredNorm<float>{grad_shard.data()});
   return groups.sum_over_shard(local);
 }
 

@@ -30,13 +30,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtrain/comm/binding.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/model/unit.hpp"
-#include "dtrain/comm/binding.hpp"
 #include "dtrain/offload/arena.hpp"
 
 namespace dtrain {
@@ -48,7 +48,7 @@ namespace detail {
 template <class S>
 struct options_of : std::type_identity<NoStrategyOptions> {};
 template <class S>
-  requires requires { typename S::options; }
+requires requires { typename S::options; }
 struct options_of<S> : std::type_identity<typename S::options> {};
 }  // namespace detail
 
@@ -105,10 +105,10 @@ template <class Dev>
 struct StrategyContext {
   World& world;
   Dev& dev;
-  const ModelLayout& layout;                          // padded for shard_count(world, options)
-  typename CommBinding<Dev>::comm_type& comm;         // the whole world's communicator
-  std::uint64_t seed = 0;                             // parameter initialisation
-  int accumulate = 1;                                 // micro-batches per optimizer step (Accumulate<N>)
+  const ModelLayout& layout;                   // padded for shard_count(world, options)
+  typename CommBinding<Dev>::comm_type& comm;  // the whole world's communicator
+  std::uint64_t seed = 0;                      // parameter initialisation
+  int accumulate = 1;                          // micro-batches per optimizer step (Accumulate<N>)
   // Offload<...>: where the offloaded states go (null: nothing offloaded).
   // Only strategies declaring max_offload get one (offload/arena.hpp).
   OffloadArena<Dev>* offload = nullptr;
@@ -142,8 +142,9 @@ concept TrainingStrategy = requires(S& s, const S& cs, std::size_t u, int k, std
   // The number of equal shards each unit's segments are padded for (1: none).
   // It also checks the options: a bad value throws config_error here, before
   // anything is allocated.
-  { S::shard_count(std::declval<const World&>(), std::declval<const strategy_options_t<S>&>()) }
-      -> std::convertible_to<std::size_t>;
+  {
+    S::shard_count(std::declval<const World&>(), std::declval<const strategy_options_t<S>&>())
+    } -> std::convertible_to<std::size_t>;
   s.before_forward(u, k);
   s.after_forward(u, k);
   s.before_backward(u, k);

@@ -27,14 +27,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
+#include "dtrain/comm/binding.hpp"
 #include "dtrain/core/dtype.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/reduce.hpp"
 #include "dtrain/model/init.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/policy/strategy.hpp"
-#include "dtrain/comm/binding.hpp"
 #include "dtrain/strategy/ddp.hpp"
 #include "dtrain/strategy/sharded.hpp"
 #include "dtrain/strategy/strategy.hpp"
@@ -123,14 +123,14 @@ class Zero1Strategy {
   const ModelLayout& layout_;
   int prefetch_;
   int last_micro_batch_;
-  ShardedState<Dev, T, R> shards_;      // this rank's fp32 master and reduced gradient shards
+  ShardedState<Dev, T, R> shards_;  // this rank's fp32 master and reduced gradient shards
   detail::FullGradients<Dev, T> grads_;
-  buffer<T> params_;                    // replicated compute-dtype parameters (padded per unit)
-  buffer<T> frozen_;                    // replicated frozen parameters
-  buffer<R> staging_;                   // R != fp32: the accumulated gradient cast for the reduce-scatter
-  buffer<R> shard_r_;                   // R != fp32 or offloaded: reduced shards before the fp32 cast
-  std::vector<bool> stale_;             // the unit's parameters predate the last update
-  std::vector<bool> gathering_;         // its gather is in flight
+  buffer<T> params_;             // replicated compute-dtype parameters (padded per unit)
+  buffer<T> frozen_;             // replicated frozen parameters
+  buffer<R> staging_;            // R != fp32: the accumulated gradient cast for the reduce-scatter
+  buffer<R> shard_r_;            // R != fp32 or offloaded: reduced shards before the fp32 cast
+  std::vector<bool> stale_;      // the unit's parameters predate the last update
+  std::vector<bool> gathering_;  // its gather is in flight
   std::vector<typename ShardedParams<Dev, T>::Gather> gathers_;
   std::vector<std::vector<MatView<T>>> views_;
   std::vector<std::vector<MatView<T>>> grad_views_;
@@ -147,8 +147,9 @@ template <class Dev, Dtype T, Dtype R>
 auto Zero1Strategy<Dev, T, R>::before_forward(std::size_t u, int) -> void {
   if (layout_.units()[u].train_size == 0) return;
   if (stale_[u]) gather(u);
-  detail::look_ahead(layout_, u, false, prefetch_, [&](std::size_t v) { return bool(stale_[v]); },
-                     [&](std::size_t v) { return gather(v), true; });
+  detail::look_ahead(
+      layout_, u, false, prefetch_, [&](std::size_t v) { return bool(stale_[v]); },
+      [&](std::size_t v) { return gather(v), true; });
   if (gathering_[u]) {
     gathers_[u].join(dev_);
     gathering_[u] = false;

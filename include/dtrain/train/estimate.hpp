@@ -62,7 +62,7 @@ inline constexpr auto estimate_strategies = []<class... Kind>(std::type_identity
 }(std::type_identity<builtin_strategies>{});
 
 struct EstimateInputs {
-  std::vector<UnitNumel> units;       // every unit in unit order, parameter-free ones included
+  std::vector<UnitNumel> units;  // every unit in unit order, parameter-free ones included
   // Element sizes of the compute dtype T and the reduce dtype R: 4 (fp32) or
   // 2 (bf16, fp16). fp32 is dtrain's only 4-byte dtype, so the size also says
   // whether a separate fp32 copy exists; and since Precision allows R = fp32
@@ -70,14 +70,14 @@ struct EstimateInputs {
   // the sizes differ.
   std::size_t compute_bytes = 4;
   std::size_t reduce_bytes = 4;
-  int accumulate = 1;                 // micro-batches per optimizer step
+  int accumulate = 1;  // micro-batches per optimizer step
   std::string strategy = std::string(DDP::name);
-  int world = 1;                      // ranks
-  int shard_group = 0;                // fsdp-hybrid only: ranks per shard group (>= 1, divides world)
-  int prefetch = 1;                   // FsdpOptions::prefetch, Zero1Options::prefetch
-  std::size_t optimizer_states = 2;   // fp32 buffers per element: AdamW 2, SGD with momentum 1, plain SGD 0
-  bool param_groups = false;          // more than one parameter group: a group id byte per owned element on a GPU
-  std::size_t activations = 0;        // activation bytes, worked out by the caller
+  int world = 1;                     // ranks
+  int shard_group = 0;               // fsdp-hybrid only: ranks per shard group (>= 1, divides world)
+  int prefetch = 1;                  // FsdpOptions::prefetch, Zero1Options::prefetch
+  std::size_t optimizer_states = 2;  // fp32 buffers per element: AdamW 2, SGD with momentum 1, plain SGD 0
+  bool param_groups = false;         // more than one parameter group: a group id byte per owned element on a GPU
+  std::size_t activations = 0;       // activation bytes, worked out by the caller
   offload_kind offload = offload_kind::none;  // Offload<...> / TrainerOptions::offload
   bool state_on_disk = false;                 // TrainerOptions::offload_dir: the optimizer state in files
 };
@@ -158,8 +158,8 @@ inline void validate_estimate(const EstimateInputs& in) {
 // Element counts after padding every unit's segments to a multiple of G,
 // the rule that makes every unit's shard the same size on every rank.
 struct PaddedModel {
-  std::size_t trainable = 0;    // sum of padded trainable segments (the trainable flat)
-  std::size_t frozen = 0;       // the same for frozen segments
+  std::size_t trainable = 0;  // sum of padded trainable segments (the trainable flat)
+  std::size_t frozen = 0;     // the same for frozen segments
   std::size_t max_trainable = 0;
   std::size_t max_frozen = 0;
   std::size_t units_with_params = 0;
@@ -300,8 +300,10 @@ inline MemorySplit estimate_memory_split(const EstimateInputs& in) {
                            "offload parameter shards with an FSDP mode, or offload only the optimizer state");
   const detail::PaddedModel m = detail::padded_model(in.units, plan.shards);
   MemorySplit split;
-  if (in.offload == offload_kind::none) split.device = detail::strategy_memory(in, plan, m);
-  else split = detail::offloaded_memory(in, plan, m);
+  if (in.offload == offload_kind::none)
+    split.device = detail::strategy_memory(in, plan, m);
+  else
+    split = detail::offloaded_memory(in, plan, m);
   MemoryUsage& u = split.device;
   const std::size_t T = in.compute_bytes;
   std::size_t tied_trainable = 0, tied_frozen = 0;

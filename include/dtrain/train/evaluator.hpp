@@ -88,13 +88,13 @@ class Evaluator {
       count += c;
       if (metrics.empty()) continue;
       const std::int64_t width = pipeline_.output_width();
-      const EvalBatch eb{b, outputs, width > 0 ? static_cast<std::int64_t>(outputs.size()) / width : 0, width,
-                         batch_loss, c};
+      const EvalBatch eb{b,     outputs,    width > 0 ? static_cast<std::int64_t>(outputs.size()) / width : 0,
+                         width, batch_loss, c};
       for (const Metric& m : metrics) m(eb, sums);
     }
     // Every sum and count in one all-reduce.
-    const std::vector<std::string> names = metrics.empty() ? std::vector<std::string>{}
-                                                           : detail::all_metric_names(world_, sums);
+    const std::vector<std::string> names =
+        metrics.empty() ? std::vector<std::string>{} : detail::all_metric_names(world_, sums);
     return detail::eval_result(sums_.sum(detail::eval_values(sum, count, sums, names)), names);
   }
 

@@ -52,10 +52,10 @@ inline constexpr std::pair<std::string_view, save_error_policy> save_error_polic
     {"stop", save_error_policy::stop}, {"continue", save_error_policy::keep_going}};
 
 struct TrainerOptions {
-  std::uint64_t seed = 0;                 // parameter initialisation (checked equal on every rank)
-  ClipOptions clip{};                      // max_norm 0: no clipping
-  std::optional<Schedule> schedule{};     // absent: the optimizer's constant lr
-  lr_scaling_rule lr_scaling = lr_scaling_rule::none; // scales the schedule by the world size
+  std::uint64_t seed = 0;                              // parameter initialisation (checked equal on every rank)
+  ClipOptions clip{};                                  // max_norm 0: no clipping
+  std::optional<Schedule> schedule{};                  // absent: the optimizer's constant lr
+  lr_scaling_rule lr_scaling = lr_scaling_rule::none;  // scales the schedule by the world size
   LossScaleOptions loss_scale{};
   // Drop the activations units keep from forward for backward (saved_size)
   // after each unit's forward and recompute them right before its backward:
@@ -90,22 +90,22 @@ struct TrainerOptions {
 };
 
 struct StepStats {
-  std::int64_t step = 0;       // optimizer steps taken, this one included
+  std::int64_t step = 0;  // optimizer steps taken, this one included
   // the step's loss: the sum over every counted target (the loss's count),
   // all ranks, divided by their number
   double loss = 0.0;
   float lr = 0.f;
-  double grad_norm = 0.0;      // global L2 norm of the averaged gradient, before clipping
-  bool skipped = false;        // inf/NaN loss or gradients: step not applied (fp16, or on_nonfinite = skip)
+  double grad_norm = 0.0;  // global L2 norm of the averaged gradient, before clipping
+  bool skipped = false;    // inf/NaN loss or gradients: step not applied (fp16, or on_nonfinite = skip)
   float loss_scale = 1.f;
-  std::int64_t samples = 0;    // samples in the step over all ranks (rows of "x")
-  std::int64_t positions = 0;  // samples x sequence length (tokens for a language model)
-  double count = 0.0;          // the loss normaliser over all ranks (samples, or targets not ignored)
-  bool stop_requested = false; // some rank called Trainer::request_stop before this step (the same on every rank)
+  std::int64_t samples = 0;     // samples in the step over all ranks (rows of "x")
+  std::int64_t positions = 0;   // samples x sequence length (tokens for a language model)
+  double count = 0.0;           // the loss normaliser over all ranks (samples, or targets not ignored)
+  bool stop_requested = false;  // some rank called Trainer::request_stop before this step (the same on every rank)
   double step_ms = 0.0;
-  double wait_ms = 0.0;        // of step_ms, this rank's time blocked waiting for host collectives (its peers)
-  MemoryUsage memory;          // this rank's bytes by category on the compute device (Trainer::memory())
-  MemoryUsage host_memory;     // offloaded states in host memory (Trainer::host_memory()); zero without offload
+  double wait_ms = 0.0;     // of step_ms, this rank's time blocked waiting for host collectives (its peers)
+  MemoryUsage memory;       // this rank's bytes by category on the compute device (Trainer::memory())
+  MemoryUsage host_memory;  // offloaded states in host memory (Trainer::host_memory()); zero without offload
 };
 
 }  // namespace dtrain

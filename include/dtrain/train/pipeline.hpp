@@ -35,9 +35,9 @@ class UnitPipeline {
 
  public:
   struct Options {
-    std::uint64_t seed = 0;         // the random streams' root (TrainerOptions::seed)
-    int rank = 0;                   // this rank's streams differ from the others'
-    RecomputePolicy recompute{};    // activation checkpointing (train/recompute.hpp)
+    std::uint64_t seed = 0;       // the random streams' root (TrainerOptions::seed)
+    int rank = 0;                 // this rank's streams differ from the others'
+    RecomputePolicy recompute{};  // activation checkpointing (train/recompute.hpp)
   };
 
   UnitPipeline(M& model, Dev& dev, const ModelLayout& layout, AnyStrategy<T>& strategy, Options options)
@@ -63,9 +63,9 @@ class UnitPipeline {
                          "give x as float features [B, F] or [B, T, F], or integer ids [B, T] for a model whose "
                          "first unit is an input unit (nn::Embedding), with B >= 0 (0: this rank has no data left)");
     if (static_cast<std::int64_t>(x.bytes.size()) != x.numel() * static_cast<std::int64_t>(element_bytes(x.type)))
-      throw config_error("a micro-batch's input x " + shape_text(x.shape) + " holds " + std::to_string(x.bytes.size()) +
-                             " bytes",
-                         "build batch tensors with HostTensor::of(values, shape)");
+      throw config_error(
+          "a micro-batch's input x " + shape_text(x.shape) + " holds " + std::to_string(x.bytes.size()) + " bytes",
+          "build batch tensors with HostTensor::of(values, shape)");
     // The sequence length: the extents between B and the feature width (ids have none).
     std::int64_t seq = 1;
     for (std::size_t i = 1; i + (floating ? 1 : 0) < x.shape.size(); ++i) seq *= x.shape[i];
@@ -132,9 +132,12 @@ class UnitPipeline {
     const auto convert = [&](auto values) {
       for (std::size_t i = 0; i < n; ++i) staging_[i] = dtype_cast<T>(static_cast<float>(values[i]));
     };
-    if (x.type == element_type::f32) convert(x.values<float>());
-    else if (x.type == element_type::bf16) convert(x.values<bf16>());
-    else convert(x.values<fp16>());
+    if (x.type == element_type::f32)
+      convert(x.values<float>());
+    else if (x.type == element_type::bf16)
+      convert(x.values<bf16>());
+    else
+      convert(x.values<fp16>());
     dev_.copy_from_host(activations_[0].data(), staging_.data(), n);
   }
 

@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/offload/arena.hpp"
 #include "dtrain/optim/config.hpp"
@@ -70,7 +70,7 @@ class OptimizerPlacement {
  private:
   AnyStrategy<T>& strategy_;
   OffloadArena<Dev>* arena_;
-  std::optional<FlatOptimizer<Dev>> device_;  // on the compute device
+  std::optional<FlatOptimizer<Dev>> device_;                                    // on the compute device
   std::optional<FlatOptimizer<typename OffloadArena<Dev>::host_device>> host_;  // offloaded: on the arena's host
 };
 
@@ -80,16 +80,16 @@ auto OptimizerPlacement<Dev, T>::make_arena(Dev& dev, const TrainerOptions& opti
     -> std::unique_ptr<OffloadArena<Dev>> {
   const offload_kind want = options.offload;
   if (want == offload_kind::none && !options.offload_dir.empty())
-    throw config_error("TrainerOptions::offload_dir is set ('" + options.offload_dir.string() +
-                           "') but nothing is offloaded",
-                       "set TrainerOptions::offload (optimizer or params) too, or clear offload_dir");
+    throw config_error(
+        "TrainerOptions::offload_dir is set ('" + options.offload_dir.string() + "') but nothing is offloaded",
+        "set TrainerOptions::offload (optimizer or params) too, or clear offload_dir");
   if (want == offload_kind::none) return nullptr;
   if (static_cast<int>(want) > static_cast<int>(factory.max_offload)) {
     const std::string have = factory.max_offload == offload_kind::none
                                  ? std::string("offloads nothing")
                                  : "offloads at most '" + std::string(offload_name(factory.max_offload)) + "'";
-    throw config_error("offload '" + std::string(offload_name(want)) + "' with strategy '" +
-                           std::string(factory.name) + "', which " + have,
+    throw config_error("offload '" + std::string(offload_name(want)) + "' with strategy '" + std::string(factory.name) +
+                           "', which " + have,
                        want == offload_kind::params
                            ? "offload parameter shards with a strategy that shards parameters (fsdp-full, "
                              "fsdp-grad-op, fsdp-no-shard, fsdp-hybrid), or offload only the optimizer state"
@@ -114,7 +114,7 @@ auto OptimizerPlacement<Dev, T>::step(const OptimizerStep& s) -> void {
 // The built-in instances a backend compiles once (train/builtin_templates.hpp
 // gathers the lists, backend/<name>/train_instances.hpp applies them).
 // The constructor is a template over the optimizer: the built-in ones' too.
-#define DTRAIN_PLACEMENT_CTOR_TEMPLATE(X, Dev, T, Opt) \
+#define DTRAIN_PLACEMENT_CTOR_TEMPLATE(X, Dev, T, Opt)                                                                 \
   X(OptimizerPlacement<Dev, T>::OptimizerPlacement(Dev&, Opt, AnyStrategy<T>&, OffloadArena<Dev>*, const ModelLayout&, \
                                                    const GroupPlan&))
 #define DTRAIN_PLACEMENT_TEMPLATES(X, Dev, T) \

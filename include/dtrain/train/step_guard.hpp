@@ -116,11 +116,13 @@ StepDecision StepGuard<Dev, T>::decide(double loss, TrainState& state, World& wo
 
 template <class Dev, class T>
 std::string StepGuard<Dev, T>::first_nonfinite(World& world, Dev& dev, const ModelLayout& layout,
-                                                AnyStrategy<T>& strategy) {
+                                               AnyStrategy<T>& strategy) {
   const OwnedFlat<T> owned = strategy.owned();
   std::vector<float> grad(owned.size);
-  if (owned.on_host) std::copy_n(owned.grad, owned.size, grad.data());
-  else if (owned.size) dev.copy_to_host(grad.data(), owned.grad, owned.size);
+  if (owned.on_host)
+    std::copy_n(owned.grad, owned.size, grad.data());
+  else if (owned.size)
+    dev.copy_to_host(grad.data(), owned.grad, owned.size);
   // Ordered by unit, then by position in the unit (the flat itself holds
   // the units in reverse order).
   detail::NonfiniteAt mine;

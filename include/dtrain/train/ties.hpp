@@ -104,9 +104,8 @@ TiedParams<Dev, T>::TiedParams(Dev& dev, const ModelLayout& layout, AnyStrategy<
 
 template <class Dev, class T>
 auto TiedParams<Dev, T>::params(std::size_t u) -> UnitParams<const T> {
-  return spliced<const T>(u, strategy_.params(u), params_, [&](std::size_t t) {
-    return MatView<const T>(view(layout_.ties()[t], buffers_[t].value));
-  });
+  return spliced<const T>(u, strategy_.params(u), params_,
+                          [&](std::size_t t) { return MatView<const T>(view(layout_.ties()[t], buffers_[t].value)); });
 }
 
 template <class Dev, class T>

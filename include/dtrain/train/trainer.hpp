@@ -117,8 +117,10 @@ class TrainerCore {
     const auto start = std::chrono::steady_clock::now();
     const std::uint64_t waited_before = collective_wait_ns();
     if (micro_batches.size() != static_cast<std::size_t>(accumulate_))
-      throw config_error("Trainer::step got " + std::to_string(micro_batches.size()) + " micro-batches but the "
-                             "policy is Accumulate<" + std::to_string(accumulate_) + ">",
+      throw config_error("Trainer::step got " + std::to_string(micro_batches.size()) +
+                             " micro-batches but the "
+                             "policy is Accumulate<" +
+                             std::to_string(accumulate_) + ">",
                          "pass exactly Accumulate<N> micro-batches per optimizer step");
     // The loss normaliser: what the loss counts (samples, or targets not
     // ignored) over every micro-batch and rank, known from the host batches
@@ -366,7 +368,7 @@ class TrainerCore {
   Dev dev_;
   ModelLayout layout_;
   std::unique_ptr<typename binding::comm_type> comm_;  // the whole world's (scalars; strategies build on it)
-  std::unique_ptr<OffloadArena<Dev>> offload_;  // TrainerOptions::offload: the host side (outlives its buffers)
+  std::unique_ptr<OffloadArena<Dev>> offload_;         // TrainerOptions::offload: the host side (outlives its buffers)
   std::unique_ptr<AnyStrategy<T>> strategy_;
   GroupPlan groups_;
   OptimizerPlacement<Dev, T> optimizer_;

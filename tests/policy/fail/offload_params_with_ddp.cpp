@@ -1,4 +1,5 @@
-// expect: dtrain: Offload<ParamShards> needs a strategy that shards parameters (Strategy<FSDP<...>>); DDP and ZeRO1 keep the whole model on every device: use Offload<OptimizerState> with them
+// expect: dtrain: Offload<ParamShards> needs a strategy that shards parameters (Strategy<FSDP<...>>); DDP and ZeRO1
+// keep the whole model on every device: use Offload<OptimizerState> with them
 #include <dtrain/trainer.hpp>
 
 using namespace dtrain;

@@ -1,4 +1,5 @@
-// expect: dtrain: Precision<P, fp16> is not supported unless P is fp16: only fp16 params use loss scaling, without it gradients over- or underflow fp16; reduce in bf16 or fp32
+// expect: dtrain: Precision<P, fp16> is not supported unless P is fp16: only fp16 params use loss scaling, without it
+// gradients over- or underflow fp16; reduce in bf16 or fp32
 #include <dtrain/policy/policies.hpp>
 
 using namespace dtrain;

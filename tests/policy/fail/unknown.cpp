@@ -1,4 +1,5 @@
-// expect: dtrain: unknown policy type: expected Strategy<...>, Precision<...>, Accumulate<N>, Device<...> or Offload<...>
+// expect: dtrain: unknown policy type: expected Strategy<...>, Precision<...>, Accumulate<N>, Device<...> or
+// Offload<...>
 #include <dtrain/policy/policies.hpp>
 
 using namespace dtrain;

@@ -11,19 +11,18 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
+    namespace dtrain {
+  DTRAIN_DECL int cuda_device_for(const World& world) {
+    if (world.options().gpu != gpu_transport::host) return world.local_rank();
+    int count = 0;
+    cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    return count > 0 ? world.local_rank() % count : world.local_rank();
+  }
 
-DTRAIN_DECL int cuda_device_for(const World& world) {
-  if (world.options().gpu != gpu_transport::host) return world.local_rank();
-  int count = 0;
-  cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
-  return count > 0 ? world.local_rank() % count : world.local_rank();
-}
-
-DTRAIN_DECL auto CommBinding<Cuda>::make(World& world, Cuda& dev) -> std::unique_ptr<comm_type> {
-  if (world.options().gpu == gpu_transport::host) return std::make_unique<HostTransport>(world);
-  return std::make_unique<NcclTransport>(world, dev);
-}
+  DTRAIN_DECL auto CommBinding<Cuda>::make(World & world, Cuda & dev)->std::unique_ptr<comm_type> {
+    if (world.options().gpu == gpu_transport::host) return std::make_unique<HostTransport>(world);
+    return std::make_unique<NcclTransport>(world, dev);
+  }
 
 }  // namespace dtrain
 

@@ -27,11 +27,10 @@ class HostTransport final : public CudaCommunicator {
   // The host communicator over `world`'s ranks.
   DTRAIN_DECL explicit HostTransport(World& world);
 
-  DTRAIN_DECL NcclWork all_reduce(Cuda& dev, void* data, std::size_t count, element_type type,
-                                  reduce_op op) override;
+  DTRAIN_DECL NcclWork all_reduce(Cuda& dev, void* data, std::size_t count, element_type type, reduce_op op) override;
   DTRAIN_DECL NcclWork broadcast(Cuda& dev, void* data, std::size_t count, element_type type, int root) override;
-  DTRAIN_DECL NcclWork reduce_scatter(Cuda& dev, const void* in, std::size_t in_count, void* out,
-                                      std::size_t out_count, element_type type, reduce_op op) override;
+  DTRAIN_DECL NcclWork reduce_scatter(Cuda& dev, const void* in, std::size_t in_count, void* out, std::size_t out_count,
+                                      element_type type, reduce_op op) override;
   DTRAIN_DECL NcclWork all_gather(Cuda& dev, const void* in, std::size_t in_count, void* out, std::size_t out_count,
                                   element_type type) override;
   // Its collectives are complete on return: nothing to order.

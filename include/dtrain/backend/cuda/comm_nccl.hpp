@@ -43,13 +43,13 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/backend/cuda/device.hpp"
+#include "dtrain/backend/cuda/device_tuning.hpp"
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/comm/tracker.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
-#include "dtrain/backend/cuda/device.hpp"
-#include "dtrain/backend/cuda/device_tuning.hpp"
 
 namespace dtrain {
 

@@ -27,11 +27,10 @@ class NcclTransport final : public CudaCommunicator {
   // NCCL on `dev`'s GPU, over `world`'s ranks (one GPU per rank).
   DTRAIN_DECL NcclTransport(World& world, Cuda& dev);
 
-  DTRAIN_DECL NcclWork all_reduce(Cuda& dev, void* data, std::size_t count, element_type type,
-                                  reduce_op op) override;
+  DTRAIN_DECL NcclWork all_reduce(Cuda& dev, void* data, std::size_t count, element_type type, reduce_op op) override;
   DTRAIN_DECL NcclWork broadcast(Cuda& dev, void* data, std::size_t count, element_type type, int root) override;
-  DTRAIN_DECL NcclWork reduce_scatter(Cuda& dev, const void* in, std::size_t in_count, void* out,
-                                      std::size_t out_count, element_type type, reduce_op op) override;
+  DTRAIN_DECL NcclWork reduce_scatter(Cuda& dev, const void* in, std::size_t in_count, void* out, std::size_t out_count,
+                                      element_type type, reduce_op op) override;
   DTRAIN_DECL NcclWork all_gather(Cuda& dev, const void* in, std::size_t in_count, void* out, std::size_t out_count,
                                   element_type type) override;
   // NCCL's stream waits for `work`'s event.

@@ -56,8 +56,7 @@ DTRAIN_DECL std::string format_bytes(std::size_t bytes);
 
 // The cuda_error of a failed call (cuda_check, cublas_check).
 [[noreturn]] DTRAIN_DECL void cuda_failed(cudaError_t status, std::string_view call, std::source_location where);
-[[noreturn]] DTRAIN_DECL void cublas_failed(cublasStatus_t status, std::string_view call,
-                                            std::source_location where);
+[[noreturn]] DTRAIN_DECL void cublas_failed(cublasStatus_t status, std::string_view call, std::source_location where);
 
 }  // namespace detail
 
@@ -273,19 +272,18 @@ class Cuda : public detail::DeviceMemory<Cuda, detail::CudaAllocator> {
     static_assert(Dtype<T>, "gemm supports fp32, bf16 and fp16");
     if (m == 0 || n == 0) return;
     constexpr cudaDataType type = detail::cuda_data_type<T>();
-    cublas_check(cublasGemmEx_64(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                 n, m, k, &alpha, B, type, ldb, A, type, lda, &beta, C, type, ldc,
-                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    cublas_check(cublasGemmEx_64(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n,
+                                 m, k, &alpha, B, type, ldb, A, type, lda, &beta, C, type, ldc, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   }
 
   // `batch` independent row-major GEMMs, matrix i at i * stride elements of
   // A, B and C (the same operand swap as gemm).
   template <class T>
-  void gemm_batched(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                    const T* A, std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb,
-                    std::int64_t stride_b, float beta, T* C, std::int64_t ldc, std::int64_t stride_c,
-                    std::int64_t batch) {
+  void gemm_batched(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const T* A,
+                    std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb, std::int64_t stride_b,
+                    float beta, T* C, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
     static_assert(Dtype<T>, "gemm_batched supports fp32, bf16 and fp16");
     if (m == 0 || n == 0 || batch == 0) return;
     constexpr cudaDataType type = detail::cuda_data_type<T>();

@@ -179,7 +179,9 @@ cudaError_t launch_lane_row_sums(cudaStream_t stream, std::size_t rows, const F&
 
 // A vector form no GPU run has proven yet (the functor says wide_path).
 template <class F>
-concept UnprovenVector = VectorFunctor<F> && requires { requires F::wide_path; };
+concept UnprovenVector = VectorFunctor<F> && requires {
+  requires F::wide_path;
+};
 
 // `wide`: whether unproven vector forms may run (CudaPaths::elementwise).
 template <class F>

@@ -8,27 +8,26 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
-
-DTRAIN_DECL OffloadCopies<Cuda>::OffloadCopies(Cuda& dev) : dev_(dev) {
-  dev_.make_current();
-  cuda_check(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate(offload copies)");
-}
-
-DTRAIN_DECL OffloadCopies<Cuda>::~OffloadCopies() {
-  if (copy_ != nullptr) {
-    cudaStreamSynchronize(copy_);
-    cudaStreamDestroy(copy_);
+    namespace dtrain {
+  DTRAIN_DECL OffloadCopies<Cuda>::OffloadCopies(Cuda & dev) : dev_(dev) {
+    dev_.make_current();
+    cuda_check(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate(offload copies)");
   }
-}
 
-DTRAIN_DECL void OffloadCopies<Cuda>::order(cudaStream_t before, cudaStream_t after) {
-  cudaEvent_t e = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  cuda_check(cudaEventRecord(e, before), "cudaEventRecord");
-  cuda_check(cudaStreamWaitEvent(after, e, 0), "cudaStreamWaitEvent");
-  cudaEventDestroy(e);  // released by the runtime once the wait is satisfied
-}
+  DTRAIN_DECL OffloadCopies<Cuda>::~OffloadCopies() {
+    if (copy_ != nullptr) {
+      cudaStreamSynchronize(copy_);
+      cudaStreamDestroy(copy_);
+    }
+  }
+
+  DTRAIN_DECL void OffloadCopies<Cuda>::order(cudaStream_t before, cudaStream_t after) {
+    cudaEvent_t e = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    cuda_check(cudaEventRecord(e, before), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(after, e, 0), "cudaStreamWaitEvent");
+    cudaEventDestroy(e);  // released by the runtime once the wait is satisfied
+  }
 
 }  // namespace dtrain
 

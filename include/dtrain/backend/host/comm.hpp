@@ -51,16 +51,16 @@
 #include <type_traits>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
-#include "dtrain/comm/communicator.hpp"
 #include "dtrain/backend/host/comm_gloo.hpp"
 #include "dtrain/backend/host/comm_shm.hpp"
+#include "dtrain/comm/communicator.hpp"
 #include "dtrain/comm/tracker.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/fault.hpp"
 #include "dtrain/core/host_env.hpp"
+#include "dtrain/core/macros.hpp"
 
 namespace dtrain {
 
@@ -157,9 +157,9 @@ class HostCommunicator {
   template <Dtype T>
   HostWork broadcast(std::span<T> buf, int root) {
     if (root < 0 || root >= size_)
-      throw config_error("broadcast root " + std::to_string(root) + " is not a rank of this world of " +
-                             std::to_string(size_),
-                         "pass a root in [0, world size)");
+      throw config_error(
+          "broadcast root " + std::to_string(root) + " is not a rank of this world of " + std::to_string(size_),
+          "pass a root in [0, world size)");
     return submit("broadcast", [this, buf, root](std::uint32_t tag) {
       if (mode_ == mode::shm) return shm_->broadcast(buf.data(), buf.size(), root);
       if (buf.empty()) return;
@@ -313,17 +313,17 @@ class HostCommunicator {
   mode mode_ = mode::single;
   std::string description_ = "none (a world of one rank)";
   detail::NodeMap nodes_;
-  std::vector<std::pair<int, int>> where_;          // rank -> (node, local index); hierarchical only
-  std::vector<std::vector<int>> slice_ranks_;       // [local index][member]: rank (hierarchical)
-  std::vector<std::vector<int>> member_;            // [node][local index]: member index in its slice
-  std::unique_ptr<detail::ShmEngine> shm_;          // this node's ranks (shm, hierarchical)
-  std::unique_ptr<detail::GlooEngine> cross_;       // this rank's slice across nodes (hierarchical)
-  std::unique_ptr<detail::GlooEngine> gloo_;        // every rank (gloo)
-  std::vector<int> gloo_peers_;                     // the ranks this one exchanges with over Gloo
+  std::vector<std::pair<int, int>> where_;     // rank -> (node, local index); hierarchical only
+  std::vector<std::vector<int>> slice_ranks_;  // [local index][member]: rank (hierarchical)
+  std::vector<std::vector<int>> member_;       // [node][local index]: member index in its slice
+  std::unique_ptr<detail::ShmEngine> shm_;     // this node's ranks (shm, hierarchical)
+  std::unique_ptr<detail::GlooEngine> cross_;  // this rank's slice across nodes (hierarchical)
+  std::unique_ptr<detail::GlooEngine> gloo_;   // every rank (gloo)
+  std::vector<int> gloo_peers_;                // the ranks this one exchanges with over Gloo
   std::unique_ptr<detail::CollectiveTracker> tracker_;
-  std::exception_ptr broken_;  // worker thread only: the first failure poisons the communicator
-  std::vector<float> wide_;    // worker thread only: fp32 staging
-  std::vector<float> part_;    // worker thread only: a rank's slice (hierarchical)
+  std::exception_ptr broken_;                     // worker thread only: the first failure poisons the communicator
+  std::vector<float> wide_;                       // worker thread only: fp32 staging
+  std::vector<float> part_;                       // worker thread only: a rank's slice (hierarchical)
   std::vector<std::uint64_t> bytes_a_, bytes_b_;  // worker thread only: gather staging (hierarchical)
   std::mutex mu_;
   std::condition_variable cv_;

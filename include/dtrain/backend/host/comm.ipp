@@ -8,40 +8,39 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
+    namespace dtrain {
+  namespace detail {
 
-namespace detail {
-
-DTRAIN_DECL std::string node_identity(const World& world) {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  std::string boot;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return std::string(host) + "/" + boot + "/" + world.node_tag();
-}
-
-DTRAIN_DECL std::string shm_name_prefix() {
-  const char* job = std::getenv("DTRAIN_JOB_ID");
-  if (job && *job) return "/dtrain-" + std::string(job) + "-";
-  return "/dtrain-p" + std::to_string(::getpid()) + "-";
-}
-
-DTRAIN_DECL NodeMap map_nodes(const std::vector<std::string>& ids, int me) {
-  NodeMap map;
-  std::map<std::string, int> index;
-  for (int r = 0; r < static_cast<int>(ids.size()); ++r) {
-    auto [it, fresh] = index.try_emplace(ids[static_cast<std::size_t>(r)], static_cast<int>(map.members.size()));
-    if (fresh) map.members.emplace_back();
-    auto& node = map.members[static_cast<std::size_t>(it->second)];
-    if (r == me) {
-      map.node = it->second;
-      map.local = static_cast<int>(node.size());
-    }
-    node.push_back(r);
+  DTRAIN_DECL std::string node_identity(const World& world) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::string boot;
+    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+    return std::string(host) + "/" + boot + "/" + world.node_tag();
   }
-  return map;
-}
-}  // namespace detail
+
+  DTRAIN_DECL std::string shm_name_prefix() {
+    const char* job = std::getenv("DTRAIN_JOB_ID");
+    if (job && *job) return "/dtrain-" + std::string(job) + "-";
+    return "/dtrain-p" + std::to_string(::getpid()) + "-";
+  }
+
+  DTRAIN_DECL NodeMap map_nodes(const std::vector<std::string>& ids, int me) {
+    NodeMap map;
+    std::map<std::string, int> index;
+    for (int r = 0; r < static_cast<int>(ids.size()); ++r) {
+      auto [it, fresh] = index.try_emplace(ids[static_cast<std::size_t>(r)], static_cast<int>(map.members.size()));
+      if (fresh) map.members.emplace_back();
+      auto& node = map.members[static_cast<std::size_t>(it->second)];
+      if (r == me) {
+        map.node = it->second;
+        map.local = static_cast<int>(node.size());
+      }
+      node.push_back(r);
+    }
+    return map;
+  }
+  }  // namespace detail
 }  // namespace dtrain
 
 namespace dtrain {
@@ -49,8 +48,8 @@ namespace dtrain {
 DTRAIN_DECL HostCommunicator::HostCommunicator(World& world, std::optional<host_transport> force)
     : rank_(world.rank()), size_(world.size()), timeout_(world.options().timeout) {
   const std::string prefix = world.next_prefix("host");
-  tracker_ = std::make_unique<detail::CollectiveTracker>(world.store(), prefix, rank_, size_, timeout_,
-                                                         world.rank_namer());
+  tracker_ =
+      std::make_unique<detail::CollectiveTracker>(world.store(), prefix, rank_, size_, timeout_, world.rank_namer());
   if (size_ > 1) connect(world, prefix, force.value_or(world.options().host));
   worker_ = std::thread([this] { run(); });
 }
@@ -90,8 +89,8 @@ DTRAIN_DECL auto HostCommunicator::connect(World& world, const std::string& pref
   nodes_ = detail::map_nodes(ids, rank_);
   const std::size_t node_count = nodes_.members.size();
   const std::size_t per_node = nodes_.members[static_cast<std::size_t>(nodes_.node)].size();
-  const std::string shape = std::to_string(size_) + " ranks on " + std::to_string(node_count) +
-                            (node_count == 1 ? " node" : " nodes");
+  const std::string shape =
+      std::to_string(size_) + " ranks on " + std::to_string(node_count) + (node_count == 1 ? " node" : " nodes");
   mode_ = mode::gloo;
   std::string why_gloo = wanted == host_transport::gloo ? "forced" : "";
   if (wanted != host_transport::gloo) {
@@ -105,10 +104,10 @@ DTRAIN_DECL auto HostCommunicator::connect(World& world, const std::string& pref
       mode_ = mode::hierarchical;
     }
     if (mode_ == mode::gloo && wanted == host_transport::shm)
-      throw config_error("DTRAIN_HOST_TRANSPORT=shm, but shared memory cannot serve this job: " + why_gloo + " (" +
-                             shape + ")",
-                         "launch the same number of ranks (more than one) on every node, or use "
-                         "DTRAIN_HOST_TRANSPORT=auto to fall back to Gloo");
+      throw config_error(
+          "DTRAIN_HOST_TRANSPORT=shm, but shared memory cannot serve this job: " + why_gloo + " (" + shape + ")",
+          "launch the same number of ranks (more than one) on every node, or use "
+          "DTRAIN_HOST_TRANSPORT=auto to fall back to Gloo");
   }
   if (mode_ != mode::gloo) {
     std::string failure = attach_shm(world, prefix, opt);
@@ -202,9 +201,9 @@ DTRAIN_DECL auto HostCommunicator::attach_shm(World& world, const std::string& p
   }
   if (failure.empty()) {
     auto namer = world.rank_namer();
-    shm_ = std::make_unique<detail::ShmEngine>(
-        std::move(seg), nodes_.local, local_size, cfg, timeout_,
-        [namer, mine](int j) { return namer(mine[static_cast<std::size_t>(j)]); });
+    shm_ =
+        std::make_unique<detail::ShmEngine>(std::move(seg), nodes_.local, local_size, cfg, timeout_,
+                                            [namer, mine](int j) { return namer(mine[static_cast<std::size_t>(j)]); });
     if (!shm_->matches(local_size, cfg)) {
       failure = "the segment's layout does not match this rank's (ranks run different dtrain versions)";
       shm_.reset();

@@ -16,7 +16,6 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
-
 #include <signal.h>
 
 #include <atomic>
@@ -36,13 +35,13 @@
 #include <type_traits>
 #include <vector>
 
-#include "dtrain/core/macros.hpp"
 #include "dtrain/backend/host/device_tuning.hpp"
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/comm/tracker.hpp"
 #include "dtrain/comm/world.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/macros.hpp"
 
 namespace dtrain {
 

@@ -8,34 +8,33 @@
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
-namespace dtrain {
+    namespace dtrain {
+  namespace detail {
 
-namespace detail {
-
-DTRAIN_DECL auto GlooWorkState::finish(std::exception_ptr e) -> void {
-  {
-    std::lock_guard lock(mu);
-    error = std::move(e);
-    done.store(true, std::memory_order_release);
+  DTRAIN_DECL auto GlooWorkState::finish(std::exception_ptr e) -> void {
+    {
+      std::lock_guard lock(mu);
+      error = std::move(e);
+      done.store(true, std::memory_order_release);
+    }
+    cv.notify_all();
   }
-  cv.notify_all();
-}
 
-DTRAIN_DECL auto GlooStoreAdapter::set(const std::string& key, const std::vector<char>& data) -> void {
-  store_->set(prefix_ + key, std::string_view(data.data(), data.size()));
-}
+  DTRAIN_DECL auto GlooStoreAdapter::set(const std::string& key, const std::vector<char>& data) -> void {
+    store_->set(prefix_ + key, std::string_view(data.data(), data.size()));
+  }
 
-DTRAIN_DECL auto GlooStoreAdapter::get(const std::string& key) -> std::vector<char> {
-  const std::string v = store_->get(prefix_ + key);
-  return {v.begin(), v.end()};
-}
+  DTRAIN_DECL auto GlooStoreAdapter::get(const std::string& key) -> std::vector<char> {
+    const std::string v = store_->get(prefix_ + key);
+    return {v.begin(), v.end()};
+  }
 
-DTRAIN_DECL auto GlooStoreAdapter::wait(const std::vector<std::string>& keys,
-                                         const std::chrono::milliseconds& timeout) -> void {
-  for (const auto& k : keys) store_->get(prefix_ + k, timeout);
-}
+  DTRAIN_DECL auto GlooStoreAdapter::wait(const std::vector<std::string>& keys,
+                                          const std::chrono::milliseconds& timeout) -> void {
+    for (const auto& k : keys) store_->get(prefix_ + k, timeout);
+  }
 
-}  // namespace detail
+  }  // namespace detail
 }  // namespace dtrain
 
 namespace dtrain {
@@ -158,14 +157,14 @@ DTRAIN_DECL auto GlooEngine::connect(World& world, const std::string& prefix) ->
   try {
     ctx->connectFullMesh(store, device);
   } catch (const timeout_error& e) {
-    throw timeout_error("rank " + std::to_string(world.global_rank()) +
-                            " could not connect its Gloo communicator: " + e.problem(),
-                        "some rank never created its communicator (crashed earlier, or runs a "
-                        "different program); check every rank's log");
+    throw timeout_error(
+        "rank " + std::to_string(world.global_rank()) + " could not connect its Gloo communicator: " + e.problem(),
+        "some rank never created its communicator (crashed earlier, or runs a "
+        "different program); check every rank's log");
   } catch (const ::gloo::Exception& e) {
-    throw gloo_error(std::string("Gloo could not connect rank ") + std::to_string(world.global_rank()) + ": " +
-                         e.what(),
-                     "check that ranks can reach each other over TCP (firewall, GLOO_SOCKET_IFNAME)");
+    throw gloo_error(
+        std::string("Gloo could not connect rank ") + std::to_string(world.global_rank()) + ": " + e.what(),
+        "check that ranks can reach each other over TCP (firewall, GLOO_SOCKET_IFNAME)");
   }
   context_ = std::move(ctx);
 }

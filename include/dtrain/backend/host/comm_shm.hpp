@@ -61,11 +61,11 @@
 #include <vector>
 
 #include "dtrain/backend/host/device_tuning.hpp"
-#include "dtrain/core/macros.hpp"
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/host_env.hpp"
+#include "dtrain/core/macros.hpp"
 
 namespace dtrain::detail {
 
@@ -210,9 +210,8 @@ class ShmEngine {
         const std::size_t lo = std::min(len, q * static_cast<std::size_t>(j));
         return std::pair{base + lo, std::min(len, lo + q) - lo};
       };
-      reduce_step<T>(
-          [&](int j) { return buf + part(j).first; }, [&](int j) { return part(j).second; }, buf + part(me_).first,
-          [&](int j) { return buf + part(j).first; }, divisor);
+      reduce_step<T>([&](int j) { return buf + part(j).first; }, [&](int j) { return part(j).second; },
+                     buf + part(me_).first, [&](int j) { return buf + part(j).first; }, divisor);
       if (count == 0) break;
     }
   }
@@ -225,8 +224,8 @@ class ShmEngine {
     const float divisor = op == reduce_op::avg ? static_cast<float>(n_) : 1.f;
     for (std::size_t off = 0; off < count || off == 0; off += per_part) {
       const std::size_t len = std::min(count - off, per_part);
-      reduce_step<T>([&](int j) { return in + static_cast<std::size_t>(j) * count + off; },
-                     [&](int) { return len; }, out + off, nullptr, divisor);
+      reduce_step<T>([&](int j) { return in + static_cast<std::size_t>(j) * count + off; }, [&](int) { return len; },
+                     out + off, nullptr, divisor);
       if (count == 0) break;
     }
   }

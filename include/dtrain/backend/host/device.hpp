@@ -33,22 +33,22 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "dtrain/backend/host/device_isa.hpp"
+#include "dtrain/backend/host/device_tuning.hpp"
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/host_env.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/device/buffer.hpp"
 #include "dtrain/device/device.hpp"
-#include "dtrain/backend/host/device_isa.hpp"
-#include "dtrain/backend/host/device_tuning.hpp"
 
 // Declared here rather than taken from <cblas.h>: only OpenBLAS's cblas.h
 // declares them, and a system may point <cblas.h> at another vendor's header.
@@ -90,9 +90,9 @@ inline int blas_int(std::int64_t v, const char* what) {
 inline void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                   const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
                   std::int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              blas_int(m, "m"), blas_int(n, "n"), blas_int(k, "k"), alpha, A, blas_int(lda, "lda"), B,
-              blas_int(ldb, "ldb"), beta, C, blas_int(ldc, "ldc"));
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, blas_int(m, "m"),
+              blas_int(n, "n"), blas_int(k, "k"), alpha, A, blas_int(lda, "lda"), B, blas_int(ldb, "ldb"), beta, C,
+              blas_int(ldc, "ldc"));
 }
 
 // A dense fp32 copy of a rows x cols row-major matrix with leading dimension ld.
@@ -318,10 +318,9 @@ int run_gemm_blocks(HostPool* pool, const GemmSplit& split, std::int64_t m, std:
 
 // `engine`'s sgemm on the pool (gemm_split, run_gemm_blocks), each block
 // multiplied single-threaded. Returns 0 or the first error status of a block.
-DTRAIN_DECL int pool_sgemm(HostPool* pool, int threads, SgemmFn engine, bool trans_a, bool trans_b,
-                           std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
-                           std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-                           std::int64_t ldc);
+DTRAIN_DECL int pool_sgemm(HostPool* pool, int threads, SgemmFn engine, bool trans_a, bool trans_b, std::int64_t m,
+                           std::int64_t n, std::int64_t k, float alpha, const float* A, std::int64_t lda,
+                           const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
 
 }  // namespace detail
 
@@ -352,9 +351,13 @@ class Host : public detail::DeviceMemory<Host, detail::HostAllocator> {
   void synchronize() noexcept {}
 
   template <class T>
-  void copy_to_host(T* dst, const T* src, std::size_t n) { copy(dst, src, n); }
+  void copy_to_host(T* dst, const T* src, std::size_t n) {
+    copy(dst, src, n);
+  }
   template <class T>
-  void copy_from_host(T* dst, const T* src, std::size_t n) { copy(dst, src, n); }
+  void copy_from_host(T* dst, const T* src, std::size_t n) {
+    copy(dst, src, n);
+  }
   template <class T>
   void copy(T* dst, const T* src, std::size_t n) {
     if (n != 0) std::memmove(dst, src, n * sizeof(T));
@@ -392,8 +395,8 @@ class Host : public detail::DeviceMemory<Host, detail::HostAllocator> {
       const std::int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
       const std::vector<float> a = detail::widen(A, a_rows, a_cols, lda);
       const std::vector<float> b = detail::widen(B, b_rows, b_cols, ldb);
-      std::vector<float> c = beta == 0.f ? std::vector<float>(static_cast<std::size_t>(m * n))
-                                         : detail::widen(C, m, n, ldc);
+      std::vector<float> c =
+          beta == 0.f ? std::vector<float>(static_cast<std::size_t>(m * n)) : detail::widen(C, m, n, ldc);
       sgemm(trans_a, trans_b, m, n, k, alpha, a.data(), a_cols, b.data(), b_cols, beta, c.data(), n);
       for (std::int64_t r = 0; r < m; ++r)
         for (std::int64_t col = 0; col < n; ++col) C[r * ldc + col] = T(c[static_cast<std::size_t>(r * n + col)]);
@@ -404,13 +407,11 @@ class Host : public detail::DeviceMemory<Host, detail::HostAllocator> {
   // A, B and C starts at i * stride_a / stride_b / stride_c elements. On the
   // pool, each thread multiplies its share of the matrices.
   template <class T>
-  void gemm_batched(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                    const T* A, std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb,
-                    std::int64_t stride_b, float beta, T* C, std::int64_t ldc, std::int64_t stride_c,
-                    std::int64_t batch) {
+  void gemm_batched(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const T* A,
+                    std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb, std::int64_t stride_b,
+                    float beta, T* C, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
     const auto one = [&](std::int64_t i) {
-      gemm(trans_a, trans_b, m, n, k, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c,
-           ldc);
+      gemm(trans_a, trans_b, m, n, k, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c, ldc);
     };
     if (!pool_ || batch < 2) {
       for (std::int64_t i = 0; i < batch; ++i) one(i);
@@ -504,9 +505,8 @@ class Host : public detail::DeviceMemory<Host, detail::HostAllocator> {
           for (std::int64_t c = 0; c < cols; ++c) C[(r0 + r) * ldc + c0 + c] = bf16(out[r * n + c]);
       return status;
     };
-    const int status = detail::run_gemm_blocks(pool_.get(), pool_ ? detail::gemm_split(threads_, m, n, k)
-                                                                   : detail::GemmSplit{},
-                                               m, n, block);
+    const int status = detail::run_gemm_blocks(
+        pool_.get(), pool_ ? detail::gemm_split(threads_, m, n, k) : detail::GemmSplit{}, m, n, block);
     if (status != 0) detail::sgemm_failed(gemm_, status, m, n, k);
   }
   // The pool OpenBLAS started as it loaded, against the address-space limit.
@@ -516,7 +516,7 @@ class Host : public detail::DeviceMemory<Host, detail::HostAllocator> {
   int threads_;
   host_gemm gemm_;
   detail::SgemmFn sgemm_;
-  detail::Bf16GemmFn bf16_gemm_;  // nullptr: bf16 products widened to fp32 for sgemm_
+  detail::Bf16GemmFn bf16_gemm_;            // nullptr: bf16 products widened to fp32 for sgemm_
   std::shared_ptr<detail::HostPool> pool_;  // host_threads::pool with threads_ > 1
   std::shared_ptr<detail::device_memory> stats_ = std::make_shared<detail::device_memory>();
 };

@@ -90,7 +90,9 @@ namespace detail {
 // bits are those of f(i). The host runs span where there is one; a GPU
 // always calls f(i), one index per thread.
 template <class F>
-concept HostSpanFunctor = requires(F& f, std::size_t i) { f.span(i, i); };
+concept HostSpanFunctor = requires(F& f, std::size_t i) {
+  f.span(i, i);
+};
 
 template <class F>
 DTRAIN_ALWAYS_INLINE void run_indices(F& f, std::size_t begin, std::size_t end) {
@@ -115,8 +117,9 @@ __attribute__((flatten, target("avx2,fma"))) void run_range_avx2(const F& f, std
 }
 
 template <class F>
-__attribute__((flatten, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void run_range_avx512(
-    const F& f, std::size_t begin, std::size_t end) {
+__attribute__((flatten, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void run_range_avx512(const F& f,
+                                                                                                      std::size_t begin,
+                                                                                                      std::size_t end) {
   F local = f;
   run_indices(local, begin, end);
 }

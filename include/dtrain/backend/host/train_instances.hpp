@@ -25,29 +25,28 @@
 // core/macros.hpp) instead of in every translation unit that trains: three
 // vectorised copies of each loop were a third of a test's object code.
 #if DTRAIN_HOST_ISA_DISPATCH
-#define DTRAIN_HOST_ISA_LOOPS(R, loop, ...)                                                                      \
-  DTRAIN_INSTANTIATE_KERNEL(R ::dtrain::detail::loop##_avx2<__VA_ARGS__>(const __VA_ARGS__&, std::size_t,      \
-                                                                           std::size_t))                        \
-  DTRAIN_INSTANTIATE_KERNEL(R ::dtrain::detail::loop##_avx512<__VA_ARGS__>(const __VA_ARGS__&, std::size_t,    \
-                                                                             std::size_t))
+#define DTRAIN_HOST_ISA_LOOPS(R, loop, ...)                                                       \
+  DTRAIN_INSTANTIATE_KERNEL(                                                                      \
+      R ::dtrain::detail::loop##_avx2<__VA_ARGS__>(const __VA_ARGS__&, std::size_t, std::size_t)) \
+  DTRAIN_INSTANTIATE_KERNEL(                                                                      \
+      R ::dtrain::detail::loop##_avx512<__VA_ARGS__>(const __VA_ARGS__&, std::size_t, std::size_t))
 #else
 #define DTRAIN_HOST_ISA_LOOPS(R, loop, ...)
 #endif
-#define DTRAIN_INSTANTIATE_HOST_FOR_EACH(...)                                                                    \
-  DTRAIN_INSTANTIATE_KERNEL(void ::dtrain::detail::run_range_baseline<__VA_ARGS__>(const __VA_ARGS__&,          \
-                                                                                    std::size_t, std::size_t))  \
-  DTRAIN_HOST_ISA_LOOPS(void, run_range, __VA_ARGS__)                                                          \
-  DTRAIN_INSTANTIATE_KERNEL(void ::dtrain::detail::run_range<__VA_ARGS__>(const __VA_ARGS__&, std::size_t,      \
-                                                                           std::size_t))                        \
-  DTRAIN_INSTANTIATE_KERNEL(void ::dtrain::detail::parallel_for<__VA_ARGS__>(::dtrain::detail::HostPool*,       \
-                                                                              std::size_t, std::size_t,          \
-                                                                              const __VA_ARGS__&))
-#define DTRAIN_INSTANTIATE_HOST_SUM(...)                                                                         \
-  DTRAIN_INSTANTIATE_KERNEL(double ::dtrain::detail::sum_range_baseline<__VA_ARGS__>(const __VA_ARGS__&,        \
-                                                                                      std::size_t, std::size_t)) \
-  DTRAIN_HOST_ISA_LOOPS(double, sum_range, __VA_ARGS__)                                                        \
-  DTRAIN_INSTANTIATE_KERNEL(double ::dtrain::detail::sum_range<__VA_ARGS__>(const __VA_ARGS__&, std::size_t,    \
-                                                                             std::size_t))
+#define DTRAIN_INSTANTIATE_HOST_FOR_EACH(...)                                                                          \
+  DTRAIN_INSTANTIATE_KERNEL(                                                                                           \
+      void ::dtrain::detail::run_range_baseline<__VA_ARGS__>(const __VA_ARGS__&, std::size_t, std::size_t))            \
+  DTRAIN_HOST_ISA_LOOPS(void, run_range, __VA_ARGS__)                                                                  \
+  DTRAIN_INSTANTIATE_KERNEL(                                                                                           \
+      void ::dtrain::detail::run_range<__VA_ARGS__>(const __VA_ARGS__&, std::size_t, std::size_t))                     \
+  DTRAIN_INSTANTIATE_KERNEL(void ::dtrain::detail::parallel_for<__VA_ARGS__>(::dtrain::detail::HostPool*, std::size_t, \
+                                                                             std::size_t, const __VA_ARGS__&))
+#define DTRAIN_INSTANTIATE_HOST_SUM(...)                                                                      \
+  DTRAIN_INSTANTIATE_KERNEL(                                                                                  \
+      double ::dtrain::detail::sum_range_baseline<__VA_ARGS__>(const __VA_ARGS__&, std::size_t, std::size_t)) \
+  DTRAIN_HOST_ISA_LOOPS(double, sum_range, __VA_ARGS__)                                                       \
+  DTRAIN_INSTANTIATE_KERNEL(                                                                                  \
+      double ::dtrain::detail::sum_range<__VA_ARGS__>(const __VA_ARGS__&, std::size_t, std::size_t))
 
 namespace dtrain {
 DTRAIN_BUILTIN_TEMPLATES(DTRAIN_INSTANTIATE, Host)
