@@ -153,10 +153,14 @@
 // instantiations above: X(args..., param, reduce) once per pair, the
 // arguments after X first (a backend applies a template list to its
 // device: DTRAIN_FOR_EACH_PRECISION(LIST, DTRAIN_INSTANTIATE, Host)).
-#define DTRAIN_FOR_EACH_PRECISION(X, ...)                                            \
-  X(__VA_ARGS__ __VA_OPT__(, ) float, float)                                         \
-  X(__VA_ARGS__ __VA_OPT__(, ) bf16, float) X(__VA_ARGS__ __VA_OPT__(, ) bf16, bf16) \
-      X(__VA_ARGS__ __VA_OPT__(, ) fp16, float) X(__VA_ARGS__ __VA_OPT__(, ) fp16, fp16)
+// clang-format off: one list entry per line
+#define DTRAIN_FOR_EACH_PRECISION(X, ...)    \
+  X(__VA_ARGS__ __VA_OPT__(, ) float, float) \
+  X(__VA_ARGS__ __VA_OPT__(, ) bf16, float)  \
+  X(__VA_ARGS__ __VA_OPT__(, ) bf16, bf16)   \
+  X(__VA_ARGS__ __VA_OPT__(, ) fp16, float)  \
+  X(__VA_ARGS__ __VA_OPT__(, ) fp16, fp16)
+// clang-format on
 // The parameter types alone, the same way, qualified so that a list at
 // global scope can use them too (the host loops',
 // backend/host/train_instances.hpp).

@@ -326,9 +326,9 @@ struct strategy_impl<FSDP<Mode>, Dev, T, R> {
 
 // The built-in instances a backend compiles once (train/builtin_templates.hpp
 // gathers the lists, backend/<name>/train_instances.hpp applies them).
-#define DTRAIN_FSDP_TEMPLATES(X, Dev, T, R)                                               \
-  X(class FsdpStrategy<FullShard, Dev, T, R>)                                             \
-  X(class FsdpStrategy<ShardGradOp, Dev, T, R>) X(class FsdpStrategy<NoShard, Dev, T, R>) \
-      X(class FsdpStrategy<HybridShard, Dev, T, R>)
+#define DTRAIN_FSDP_TEMPLATES(X, Dev, T, R)     \
+  X(class FsdpStrategy<FullShard, Dev, T, R>)   \
+  X(class FsdpStrategy<ShardGradOp, Dev, T, R>) \
+  X(class FsdpStrategy<NoShard, Dev, T, R>) X(class FsdpStrategy<HybridShard, Dev, T, R>)
 
 }  // namespace dtrain
