@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -221,6 +223,146 @@ UnitResult run_patch(Dev& dev, nn::PatchEmbedding& unit, const UnitCase& c, bool
   UnitResult r{download<T>(dev, y), download<T>(dev, dx), {}};
   for (const auto& g : grads) r.grads.push_back(download<T>(dev, g));
   return r;
+}
+
+// Strides, paddings and groups that exercise every index path: padding on
+// one axis only, stride larger than the kernel, a kernel as large as the
+// padded input, depthwise with and without a channel multiplier.
+inline const std::vector<ConvCase> conv_cases{
+    {.batch = 2,
+     .channels = 3,
+     .height = 7,
+     .width = 9,
+     .out_channels = 4,
+     .kernel_h = 3,
+     .kernel_w = 3,
+     .pad_h = 1,
+     .pad_w = 1},
+    {.batch = 2,
+     .channels = 4,
+     .height = 8,
+     .width = 5,
+     .out_channels = 6,
+     .kernel_h = 3,
+     .kernel_w = 2,
+     .stride_h = 2,
+     .stride_w = 1,
+     .pad_h = 1,
+     .pad_w = 0,
+     .groups = 2},
+    {.batch = 3,
+     .channels = 5,
+     .height = 6,
+     .width = 7,
+     .out_channels = 5,
+     .kernel_h = 3,
+     .kernel_w = 3,
+     .stride_h = 2,
+     .stride_w = 2,
+     .pad_h = 2,
+     .pad_w = 2,
+     .groups = 5},
+    {.batch = 1,
+     .channels = 3,
+     .height = 5,
+     .width = 8,
+     .out_channels = 6,
+     .kernel_h = 1,
+     .kernel_w = 3,
+     .stride_h = 1,
+     .stride_w = 2,
+     .pad_h = 0,
+     .pad_w = 1,
+     .groups = 3,
+     .bias = false},
+    {.batch = 2,
+     .channels = 2,
+     .height = 5,
+     .width = 5,
+     .out_channels = 3,
+     .kernel_h = 5,
+     .kernel_w = 5,
+     .stride_h = 3,
+     .stride_w = 3},
+    {.batch = 2,
+     .channels = 2,
+     .height = 9,
+     .width = 7,
+     .out_channels = 3,
+     .kernel_h = 2,
+     .kernel_w = 2,
+     .stride_h = 3,
+     .stride_w = 3,
+     .pad_h = 1,
+     .pad_w = 1,
+     .bias = false},
+    {.batch = 2,
+     .channels = 1,
+     .height = 2,
+     .width = 3,
+     .out_channels = 2,
+     .kernel_h = 4,
+     .kernel_w = 4,
+     .pad_h = 1,
+     .pad_w = 1},
+};
+
+inline std::string describe(const ConvCase& k) {
+  return std::to_string(k.batch) + "x" + std::to_string(k.channels) + "x" + std::to_string(k.height) + "x" +
+         std::to_string(k.width) + " -> " + std::to_string(k.out_channels) + ", kernel " + std::to_string(k.kernel_h) +
+         "x" + std::to_string(k.kernel_w) + ", stride " + std::to_string(k.stride_h) + "x" +
+         std::to_string(k.stride_w) + ", padding " + std::to_string(k.pad_h) + "x" + std::to_string(k.pad_w) +
+         ", groups " + std::to_string(k.groups) + (k.bias ? "" : ", no bias");
+}
+
+// Gradient tolerance: the input gradient sums kernel_h * kernel_w products
+// of values rounded to T.
+template <class T>
+constexpr double grad_tol = std::is_same_v<T, float> ? backward_tol<T> : 3 * backward_tol<T>;
+
+// A convolution on `dev` in T against the float64 loops.
+template <class T, class Dev>
+void check_conv_on(Dev& dev, const ConvCase& k, bool want_dx = true, bool trainable = true) {
+  BOOST_TEST_CONTEXT(describe(k) << " " << dtype_traits<T>::name) {
+    nn::Conv2d unit = k.unit(trainable);
+    const UnitCase c = rounded<T>(make_case(unit, k.batch, k.in_size(), 7));
+    BOOST_TEST_REQUIRE(c.out == k.out_size());
+    const UnitResult r = run_unit<T>(dev, unit, c, want_dx);
+    expect_close(r.y, conv_forward_reference(k, c.params, c.x), forward_tol<T>, "forward");
+    const ConvGrads g = conv_backward_reference(k, c.params, c.x, c.dy);
+    if (want_dx) expect_close(r.dx, g.dx, grad_tol<T>, "input gradient");
+    if (!trainable) {
+      for (const auto& grad : r.grads) BOOST_TEST(grad.empty(), "frozen: no gradient");
+      return;
+    }
+    expect_close(r.grads[0], g.dweight, grad_tol<T>, "weight gradient");
+    if (k.bias) expect_close(r.grads[1], g.dbias, grad_tol<T>, "bias gradient");
+  }
+}
+
+inline const std::vector<PatchCase> patch_cases{
+    {.batch = 2, .channels = 3, .height = 8, .width = 12, .dim = 5, .patch = 4},
+    {.batch = 3, .channels = 2, .height = 6, .width = 4, .dim = 7, .patch = 2, .bias = false},
+    {.batch = 2, .channels = 3, .height = 9, .width = 6, .dim = 4, .patch = 3, .class_token = false},
+    {.batch = 1, .channels = 1, .height = 5, .width = 5, .dim = 3, .patch = 5, .bias = false, .class_token = false},
+};
+
+// A patch embedding on `dev` in T against the float64 loops.
+template <class T, class Dev>
+void check_patch_on(Dev& dev, const PatchCase& k) {
+  BOOST_TEST_CONTEXT("images " << k.batch << "x" << k.channels << "x" << k.height << "x" << k.width << ", patch "
+                               << k.patch << ", dim " << k.dim << (k.bias ? "" : ", no bias")
+                               << (k.class_token ? "" : ", no class token") << " " << dtype_traits<T>::name) {
+    nn::PatchEmbedding unit = k.unit();
+    BOOST_TEST_REQUIRE(unit.tokens() == k.tokens());
+    const UnitCase c = rounded<T>(make_patch_case(k, unit, 11));
+    const UnitResult r = run_patch<T>(dev, unit, c);
+    expect_close(r.y, patch_forward_reference(k, c.params, c.x), forward_tol<T>, "tokens");
+    const auto g = patch_backward_reference(k, c.params, c.x, c.dy);
+    expect_close(r.dx, g[0], backward_tol<T>, "input gradient");
+    for (std::size_t i = 0; i < c.specs.size(); ++i)
+      expect_close(r.grads[i], g[i + 1], backward_tol<T>, c.specs[i].name + " gradient");
+  }
 }
 
 inline double quick_gelu(double v) { return v / (1.0 + std::exp(-1.702 * v)); }

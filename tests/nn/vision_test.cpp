@@ -42,144 +42,10 @@ static_assert(dtrain::Unit<Conv2d, dtrain::Host, float> && dtrain::Unit<Conv2d, 
               dtrain::Unit<Conv2d, dtrain::Host, dtrain::fp16>);
 static_assert(dtrain::Unit<dtrain::nn::QuickGELU, dtrain::Host, float>);
 
-// Strides, paddings and groups that exercise every index path: padding on
-// one axis only, stride larger than the kernel, a kernel as large as the
-// padded input, depthwise with and without a channel multiplier.
-const std::vector<t::ConvCase> conv_cases{
-    {.batch = 2,
-     .channels = 3,
-     .height = 7,
-     .width = 9,
-     .out_channels = 4,
-     .kernel_h = 3,
-     .kernel_w = 3,
-     .pad_h = 1,
-     .pad_w = 1},
-    {.batch = 2,
-     .channels = 4,
-     .height = 8,
-     .width = 5,
-     .out_channels = 6,
-     .kernel_h = 3,
-     .kernel_w = 2,
-     .stride_h = 2,
-     .stride_w = 1,
-     .pad_h = 1,
-     .pad_w = 0,
-     .groups = 2},
-    {.batch = 3,
-     .channels = 5,
-     .height = 6,
-     .width = 7,
-     .out_channels = 5,
-     .kernel_h = 3,
-     .kernel_w = 3,
-     .stride_h = 2,
-     .stride_w = 2,
-     .pad_h = 2,
-     .pad_w = 2,
-     .groups = 5},
-    {.batch = 1,
-     .channels = 3,
-     .height = 5,
-     .width = 8,
-     .out_channels = 6,
-     .kernel_h = 1,
-     .kernel_w = 3,
-     .stride_h = 1,
-     .stride_w = 2,
-     .pad_h = 0,
-     .pad_w = 1,
-     .groups = 3,
-     .bias = false},
-    {.batch = 2,
-     .channels = 2,
-     .height = 5,
-     .width = 5,
-     .out_channels = 3,
-     .kernel_h = 5,
-     .kernel_w = 5,
-     .stride_h = 3,
-     .stride_w = 3},
-    {.batch = 2,
-     .channels = 2,
-     .height = 9,
-     .width = 7,
-     .out_channels = 3,
-     .kernel_h = 2,
-     .kernel_w = 2,
-     .stride_h = 3,
-     .stride_w = 3,
-     .pad_h = 1,
-     .pad_w = 1,
-     .bias = false},
-    {.batch = 2,
-     .channels = 1,
-     .height = 2,
-     .width = 3,
-     .out_channels = 2,
-     .kernel_h = 4,
-     .kernel_w = 4,
-     .pad_h = 1,
-     .pad_w = 1},
-};
-
-std::string describe(const t::ConvCase& k) {
-  return std::to_string(k.batch) + "x" + std::to_string(k.channels) + "x" + std::to_string(k.height) + "x" +
-         std::to_string(k.width) + " -> " + std::to_string(k.out_channels) + ", kernel " + std::to_string(k.kernel_h) +
-         "x" + std::to_string(k.kernel_w) + ", stride " + std::to_string(k.stride_h) + "x" +
-         std::to_string(k.stride_w) + ", padding " + std::to_string(k.pad_h) + "x" + std::to_string(k.pad_w) +
-         ", groups " + std::to_string(k.groups) + (k.bias ? "" : ", no bias");
-}
-
-// Gradient tolerance: the input gradient sums kernel_h * kernel_w products
-// of values rounded to T.
-template <class T>
-constexpr double grad_tol = std::is_same_v<T, float> ? t::backward_tol<T> : 3 * t::backward_tol<T>;
-
 template <class T>
 void check_conv(const t::ConvCase& k, bool want_dx = true, bool trainable = true) {
-  BOOST_TEST_CONTEXT(describe(k) << " " << dtrain::dtype_traits<T>::name) {
-    Conv2d unit = k.unit(trainable);
-    const t::UnitCase c = t::rounded<T>(t::make_case(unit, k.batch, k.in_size(), 7));
-    BOOST_TEST_REQUIRE(c.out == k.out_size());
-    dtrain::Host dev(1);
-    const t::UnitResult r = t::run_unit<T>(dev, unit, c, want_dx);
-    t::expect_close(r.y, t::conv_forward_reference(k, c.params, c.x), t::forward_tol<T>, "forward");
-    const t::ConvGrads g = t::conv_backward_reference(k, c.params, c.x, c.dy);
-    if (want_dx) t::expect_close(r.dx, g.dx, grad_tol<T>, "input gradient");
-    if (!trainable) {
-      for (const auto& grad : r.grads) BOOST_TEST(grad.empty(), "frozen: no gradient");
-      return;
-    }
-    t::expect_close(r.grads[0], g.dweight, grad_tol<T>, "weight gradient");
-    if (k.bias) t::expect_close(r.grads[1], g.dbias, grad_tol<T>, "bias gradient");
-  }
-}
-
-const std::vector<t::PatchCase> patch_cases{
-    {.batch = 2, .channels = 3, .height = 8, .width = 12, .dim = 5, .patch = 4},
-    {.batch = 3, .channels = 2, .height = 6, .width = 4, .dim = 7, .patch = 2, .bias = false},
-    {.batch = 2, .channels = 3, .height = 9, .width = 6, .dim = 4, .patch = 3, .class_token = false},
-    {.batch = 1, .channels = 1, .height = 5, .width = 5, .dim = 3, .patch = 5, .bias = false, .class_token = false},
-};
-
-template <class T>
-void check_patch(const t::PatchCase& k) {
-  BOOST_TEST_CONTEXT("images " << k.batch << "x" << k.channels << "x" << k.height << "x" << k.width << ", patch "
-                               << k.patch << ", dim " << k.dim << (k.bias ? "" : ", no bias")
-                               << (k.class_token ? "" : ", no class token") << " " << dtrain::dtype_traits<T>::name) {
-    PatchEmbedding unit = k.unit();
-    BOOST_TEST_REQUIRE(unit.tokens() == k.tokens());
-    const t::UnitCase c = t::rounded<T>(t::make_patch_case(k, unit, 11));
-    dtrain::Host dev(1);
-    const t::UnitResult r = t::run_patch<T>(dev, unit, c);
-    t::expect_close(r.y, t::patch_forward_reference(k, c.params, c.x), t::forward_tol<T>, "tokens");
-    const auto g = t::patch_backward_reference(k, c.params, c.x, c.dy);
-    t::expect_close(r.dx, g[0], t::backward_tol<T>, "input gradient");
-    for (std::size_t i = 0; i < c.specs.size(); ++i)
-      t::expect_close(r.grads[i], g[i + 1], t::backward_tol<T>, c.specs[i].name + " gradient");
-  }
+  dtrain::Host dev(1);
+  t::check_conv_on<T>(dev, k, want_dx, trainable);
 }
 
 // The message of a config_error holds `part`.
@@ -196,13 +62,13 @@ auto says(const std::string& part) {
 BOOST_AUTO_TEST_SUITE(conv2d)
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(matches_direct_convolution, T, t::dtypes) {
-  for (const auto& k : conv_cases) check_conv<T>(k);
+  for (const auto& k : t::conv_cases) check_conv<T>(k);
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(matches_finite_differences, T, t::dtypes) {
   for (const std::size_t i : {1u, 2u, 3u}) {
-    const t::ConvCase& k = conv_cases[i];
-    BOOST_TEST_CONTEXT(describe(k)) {
+    const t::ConvCase& k = t::conv_cases[i];
+    BOOST_TEST_CONTEXT(t::describe(k)) {
       t::check_unit<T>(
           k.unit(), [k](const auto& p, const auto& x) { return t::conv_forward_reference(k, p, x); }, k.batch,
           k.in_size(), true, {}, std::is_same_v<T, float> ? 1.0 : 3.0);
@@ -212,13 +78,13 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(matches_finite_differences, T, t::dtypes) {
 
 // The first unit gets no input gradient; a frozen unit no parameter gradients.
 BOOST_AUTO_TEST_CASE(first_and_frozen) {
-  check_conv<float>(conv_cases[1], false);
-  check_conv<float>(conv_cases[1], true, false);
+  check_conv<float>(t::conv_cases[1], false);
+  check_conv<float>(t::conv_cases[1], true, false);
 }
 
 // A rank with no data left: no output, zero parameter gradients.
 BOOST_AUTO_TEST_CASE(empty_batch) {
-  t::ConvCase k = conv_cases[0];
+  t::ConvCase k = t::conv_cases[0];
   Conv2d unit = k.unit();
   t::UnitCase c = t::make_case(unit, 0, k.in_size(), 3);
   dtrain::Host dev(1);
@@ -269,7 +135,8 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(patch_embedding)
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(matches_float64, T, t::dtypes) {
-  for (const auto& k : patch_cases) check_patch<T>(k);
+  dtrain::Host dev(1);
+  for (const auto& k : t::patch_cases) t::check_patch_on<T>(dev, k);
 }
 
 BOOST_AUTO_TEST_CASE(declares_parameters) {
