@@ -66,7 +66,9 @@ void check_vision_device(std::string_view unit) {
 }
 
 // The device workspace of a convolution: the column matrix, then the GEMM's
-// result [out_channels][batch * P] (or its gradient), from a 16-byte boundary.
+// result [out_channels][batch * P] (or its gradient), which starts on a
+// 16-byte boundary as the first does, so both GEMM operands keep the
+// alignment BLAS and cuBLAS vectorise on.
 template <class T>
 struct ConvScratch {
   T* col;
