@@ -11,6 +11,7 @@
 
 #include "kernels/numeric.hpp"
 #include "model/custom_model.hpp"
+#include "nn/attention_reference.hpp"
 #include "nn/reference.hpp"
 #include "nn/sequence_reference.hpp"
 #include "nn/unit_harness.hpp"
@@ -514,6 +515,84 @@ BOOST_AUTO_TEST_CASE(vision_units_are_off_without_the_switch) {
   BOOST_CHECK_EXCEPTION(t::run_unit<float>(dev, unit, c), dtrain::config_error, [](const dtrain::config_error& e) {
     return std::string(e.what()).find("DTRAIN_GPU_VISION=on") != std::string::npos;
   });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// The attention family's forms beyond causal self-attention (bidirectional,
+// padded, packed, cross, QK-norm: nn/attention_policies.hpp). Their GPU path
+// is off until a GPU run has passed these: DTRAIN_GPU_ATTENTION=on here.
+namespace {
+
+struct GpuAttentionOn {
+  GpuAttentionOn() { ::setenv("DTRAIN_GPU_ATTENTION", "on", 1); }
+  ~GpuAttentionOn() { ::unsetenv("DTRAIN_GPU_ATTENTION"); }
+};
+
+// `unit` on the GPU against the host at sizes where cuBLAS tiles, with the
+// batch's masks; parameters at their initialisation's scale (compare_unit).
+template <class T, class U>
+void compare_family(U unit, const t::FamilySpec& f, t::FamilyInputs in, const std::string& name) {
+  BOOST_TEST_CONTEXT(name << " " << dtrain::dtype_traits<T>::name) {
+    dtrain::Host host(1);
+    dtrain::Cuda cuda(0);
+    t::UnitCase c = t::family_case<T>(unit, f, in);
+    for (auto& p : c.params)
+      for (auto& v : p) v /= std::sqrt(static_cast<double>(f.dim));
+    const t::FamilyResult h = t::run_family<T>(host, unit, f, in, c), g = t::run_family<T>(cuda, unit, f, in, c);
+    const double tol = cross_device_tol<T>(8);
+    t::expect_close(g.unit.y, h.unit.y, tol, "forward");
+    t::expect_close(g.unit.dx, h.unit.dx, tol, "input gradient");
+    if (f.cross) t::expect_close(g.d_memory, h.d_memory, tol, "memory gradient");
+    for (std::size_t i = 0; i < c.specs.size(); ++i)
+      t::expect_close(g.unit.grads[i], h.unit.grads[i], tol, c.specs[i].name + " gradient");
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(cuda_attention_family)
+
+// The host test's cases against the float64 loops, with the host's tolerances.
+BOOST_AUTO_TEST_CASE_TEMPLATE(attention_family_matches_float64_on_the_gpu, T, t::dtypes) {
+  const GpuAttentionOn on;
+  dtrain::Cuda dev(0);
+  for (const auto group :
+       {t::FamilyGroup::bidirectional, t::FamilyGroup::qk_norm, t::FamilyGroup::packed, t::FamilyGroup::cross})
+    t::family_cases(group, [&](const std::string& name, auto unit, const t::FamilySpec& f, const t::FamilyInputs& in) {
+      BOOST_TEST_CONTEXT(name) { t::check_family_on<T>(dev, std::move(unit), f, in, t::family_scale<T>(f)); }
+    });
+}
+
+// Head dim 64, 8 heads over 2 key/value heads, 64 queries: padded
+// bidirectional self-attention with QK-norm, and cross-attention over a
+// padded memory of 80 positions 384 wide.
+BOOST_AUTO_TEST_CASE_TEMPLATE(attention_family_matches_host, T, t::dtypes) {
+  const GpuAttentionOn on;
+  namespace nn = dtrain::nn;
+  t::FamilySpec f{.dim = 512, .heads = 8, .kv_heads = 2, .memory_dim = 512, .qk_norm = true, .out_bias = true};
+  compare_family<T>(nn::Attention<nn::Bidirectional>(512, 8, t::family_options(f)), f,
+                    {.shape = {2, 64}, .k_time = 64, .key_mask = t::padding_mask(2, 64, 5)}, "bidirectional, QK-norm");
+  f.memory_dim = 384;
+  f.cross = true;
+  compare_family<T>(nn::Attention<nn::CrossInput, nn::Bidirectional>(512, 8, t::family_options(f)), f,
+                    {.shape = {2, 64}, .k_time = 80, .key_mask = t::padding_mask(2, 80, 7)}, "cross, QK-norm");
+}
+
+// Without the switch a Cuda device refuses the new forms, naming it; causal
+// self-attention keeps its GPU paths without it.
+BOOST_AUTO_TEST_CASE(attention_family_is_off_without_the_switch) {
+  ::unsetenv("DTRAIN_GPU_ATTENTION");
+  namespace nn = dtrain::nn;
+  dtrain::Cuda dev(0);
+  nn::Attention<nn::Bidirectional> unit(16, 4);
+  const t::UnitCase c = t::make_case(unit, 10, 16, 1);
+  BOOST_CHECK_EXCEPTION(t::run_unit<float>(dev, unit, c, true, {2, 5}), dtrain::config_error,
+                        [](const dtrain::config_error& e) {
+                          return std::string(e.what()).find("DTRAIN_GPU_ATTENTION=on") != std::string::npos;
+                        });
+  nn::RotaryAttention causal(16, 4);
+  BOOST_CHECK_NO_THROW(t::run_unit<float>(dev, causal, t::make_case(causal, 10, 16, 1), true, {2, 5}));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

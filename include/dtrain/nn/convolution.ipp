@@ -4,7 +4,6 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include <cstdlib>
 #include <string>
 
 #include "dtrain/nn/convolution.hpp"
@@ -13,17 +12,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
     namespace dtrain::nn {
   namespace detail {
-  DTRAIN_DECL void require_gpu_vision(std::string_view unit) {
-    const char* v = std::getenv("DTRAIN_GPU_VISION");
-    const std::string value = v != nullptr ? v : "";
-    if (value == "on") return;
-    if (value.empty() || value == "off")
-      throw config_error(std::string(unit) + " on a GPU has not been proven on a GPU yet and is off",
-                         "set DTRAIN_GPU_VISION=on to run its compiled GPU path anyway, or run it on dtrain::Host "
-                         "(docs/gpu.md, Kernel paths)");
-    throw config_error("DTRAIN_GPU_VISION='" + value + "' is not one of off|on",
-                       "set DTRAIN_GPU_VISION to off or on, or unset it");
-  }
+  DTRAIN_DECL void require_gpu_vision(std::string_view unit) { require_gpu_switch(unit, "DTRAIN_GPU_VISION"); }
 
   DTRAIN_DECL std::string extent_text(Extent2 e) { return std::to_string(e.h) + " x " + std::to_string(e.w); }
   }  // namespace detail
