@@ -1,6 +1,8 @@
 #pragma once
-// nn::CausalSelfAttention: multi-head self-attention where position t sees
-// positions 0..t, over activations [rows = B * T, dim]:
+// nn::CausalSelfAttention, the attention family's FusedQkv member
+// (nn::Attention<FusedQkv>, nn/attention_policies.hpp; the family's other
+// members: nn/rotary_attention.hpp): multi-head self-attention where
+// position t sees positions 0..t, over activations [rows = B * T, dim]:
 //   q | k | v = x Wqkv^T + bqkv            (one fused projection)
 //   per (batch, head): A = softmax_causal(q k^T / sqrt(head_dim)), o = A v
 //   y = concat_heads(o) Wproj^T + bproj

@@ -498,7 +498,7 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   static_assert(!cross || !rotary, "nn::Attention: CrossInput takes no Rotary positions");
 
  public:
-  explicit AttentionUnit(std::int64_t dim, std::int64_t heads, GroupedAttentionOptions options = {})
+  AttentionUnit(std::int64_t dim, std::int64_t heads, GroupedAttentionOptions options = {})
       : GroupedAttentionBase(causal && rotary ? "nn::RotaryAttention" : "nn::Attention", dim, heads, options, rotary,
                              cross) {}
 
@@ -888,16 +888,19 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   // encoder_attention_mask [B, T_mem] (cross), checked, or null.
   template <class T>
   const DeviceTensor* key_mask(const UnitContext<T>& ctx, std::int64_t k_time) const {
-    if constexpr (!cross) return detail::attention_mask(name_, ctx);
-    const DeviceTensor* mask = ctx.batch != nullptr ? ctx.batch->find("encoder_attention_mask") : nullptr;
-    if (mask == nullptr) return nullptr;
-    if (mask->shape != std::vector<std::int64_t>{ctx.shape.batch, k_time} ||
-        (mask->type != element_type::i32 && mask->type != element_type::i64))
-      throw config_error(std::string(name_) + ": the batch's encoder_attention_mask is " + shape_text(mask->shape) +
-                             " " + std::string(element_name(mask->type)) + " for " + std::to_string(ctx.shape.batch) +
-                             " memories of " + std::to_string(k_time),
-                         "give encoder_attention_mask [B, T_mem] int32 or int64: 1 for a key, 0 for padding");
-    return mask;
+    if constexpr (!cross) {
+      return detail::attention_mask(name_, ctx);
+    } else {
+      const DeviceTensor* mask = ctx.batch != nullptr ? ctx.batch->find("encoder_attention_mask") : nullptr;
+      if (mask == nullptr) return nullptr;
+      if (mask->shape != std::vector<std::int64_t>{ctx.shape.batch, k_time} ||
+          (mask->type != element_type::i32 && mask->type != element_type::i64))
+        throw config_error(std::string(name_) + ": the batch's encoder_attention_mask is " + shape_text(mask->shape) +
+                               " " + std::string(element_name(mask->type)) + " for " + std::to_string(ctx.shape.batch) +
+                               " memories of " + std::to_string(k_time),
+                           "give encoder_attention_mask [B, T_mem] int32 or int64: 1 for a key, 0 for padding");
+      return mask;
+    }
   }
 
   template <class T>
