@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
 
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/io/json.hpp>
