@@ -2,6 +2,9 @@
 // reduction, at a world of one (one GPU) and, where the machine has several
 // GPUs, with one thread per GPU. Checks run in the rank threads and return
 // their failures as text: Boost.Test assertions are not thread-safe.
+#include "support/gpu_main.hpp"
+// gpu_main.hpp first: it sets Boost.Test up for its own main() before anything includes Boost.Test.
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -11,8 +14,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "support/gpu_main.hpp"
 
 #include <dtrain/backend/cuda/comm_nccl.hpp>
 

@@ -23,6 +23,9 @@ std::string missing_python() {
 }
 }  // namespace
 #define DTRAIN_GPU_TEST_NEEDS missing_python
+#include "support/gpu_main.hpp"
+// gpu_main.hpp first: it sets Boost.Test up for its own main() before anything includes Boost.Test.
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -30,7 +33,6 @@ std::string missing_python() {
 #include "hf/packing.hpp"
 #include "hf/parity.hpp"
 #include "hf/run_logged.hpp"
-#include "support/gpu_main.hpp"
 
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/trainer.hpp>

@@ -1,6 +1,9 @@
 // dtrain::Cuda against dtrain::Host: the same functors, GEMMs and reductions
 // on the same inputs, plus the device's own contract (buffers, copies,
 // memory statistics, errors). Needs a GPU; exits 77 without one.
+#include "support/gpu_main.hpp"
+// gpu_main.hpp first: it sets Boost.Test up for its own main() before anything includes Boost.Test.
+
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -8,7 +11,6 @@
 #include <vector>
 
 #include "kernels/numeric.hpp"
-#include "support/gpu_main.hpp"
 
 #include "dtrain/backend/cuda/device.hpp"
 #include "dtrain/backend/host/device.hpp"

@@ -1,6 +1,9 @@
 // The nn units and the loss on dtrain::Cuda against dtrain::Host, same random
 // inputs, every dtype; plus the GPU's out-of-range label behaviour. Needs a
 // GPU; exits 77 without one.
+#include "support/gpu_main.hpp"
+// gpu_main.hpp first: it sets Boost.Test up for its own main() before anything includes Boost.Test.
+
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -16,7 +19,6 @@
 #include "nn/sequence_reference.hpp"
 #include "nn/unit_harness.hpp"
 #include "nn/vision_reference.hpp"
-#include "support/gpu_main.hpp"
 
 #include "dtrain/backend/cuda/device.hpp"
 #include "dtrain/backend/host/device.hpp"

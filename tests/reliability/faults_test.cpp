@@ -34,6 +34,7 @@
 
 #include "launch/process.hpp"
 #include "reliability/jobs.hpp"
+#include "support/mlp_job.hpp"
 #include <boost/test/unit_test.hpp>
 
 #include <dtrain/comm/store.hpp>
@@ -41,6 +42,7 @@
 namespace {
 
 using namespace dtrain::test;
+using dtrain::testing::small_mlp_job;
 namespace fs = std::filesystem;
 
 constexpr double timeout_s = 10;  // the collective timeout the runs are given (timeout_s=)
@@ -55,11 +57,11 @@ std::vector<std::string> job(const fs::path& dir, bool elastic, bool resume, int
     args.insert(args.end(), {"--nnodes", "2", "--node-rank", std::to_string(node), "--master-addr", "127.0.0.1",
                              "--master-port", std::to_string(port)});
   if (elastic) args.insert(args.end(), {"--max-restarts", "1"});
-  args.insert(args.end(), {TRAIN_MLP_PATH, "steps=" + std::to_string(steps), "hidden=32,32", "samples=512",
-                           "features=16", "classes=4", "batch_size=16", "num_workers=0", "log_every=100",
-                           "save_every=" + std::to_string(save_every), "checkpoint_dir=" + (dir / "ck").string(),
-                           "save_params=" + (dir / "final.safetensors").string(),
-                           "timeout_s=" + std::to_string(static_cast<int>(timeout_s))});
+  const auto mlp = small_mlp_job(TRAIN_MLP_PATH, steps, 100,
+                                 {"save_every=" + std::to_string(save_every), "checkpoint_dir=" + (dir / "ck").string(),
+                                  "save_params=" + (dir / "final.safetensors").string(),
+                                  "timeout_s=" + std::to_string(static_cast<int>(timeout_s))});
+  args.insert(args.end(), mlp.begin(), mlp.end());
   if (resume) args.emplace_back("resume=latest");
   return args;
 }

@@ -32,11 +32,13 @@
 
 #include "launch/process.hpp"
 #include "reliability/jobs.hpp"
+#include "support/mlp_job.hpp"
 #include <boost/test/unit_test.hpp>
 
 namespace {
 
 using namespace dtrain::test;
+using dtrain::testing::small_mlp_job;
 namespace fs = std::filesystem;
 
 constexpr int timeout_s = 6;  // the collective timeout of the cut-link runs
@@ -89,17 +91,8 @@ class Nodes {
 };
 
 std::vector<std::string> train_mlp(const fs::path& dir, int steps, int timeout, int log_every) {
-  return {TRAIN_MLP_PATH,
-          "steps=" + std::to_string(steps),
-          "hidden=32,32",
-          "samples=512",
-          "features=16",
-          "classes=4",
-          "batch_size=16",
-          "num_workers=0",
-          "log_every=" + std::to_string(log_every),
-          "timeout_s=" + std::to_string(timeout),
-          "save_params=" + (dir / "final.safetensors").string()};
+  return small_mlp_job(TRAIN_MLP_PATH, steps, log_every,
+                       {"timeout_s=" + std::to_string(timeout), "save_params=" + (dir / "final.safetensors").string()});
 }
 
 // dtrain-run for node k of two, inside its namespace.

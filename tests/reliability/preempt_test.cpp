@@ -29,11 +29,14 @@
 
 #include "launch/process.hpp"
 #include "reliability/jobs.hpp"
+#include "support/mlp_job.hpp"
 #include <boost/test/unit_test.hpp>
 
 namespace {
 
 using namespace dtrain::test;
+using dtrain::testing::launched;
+using dtrain::testing::small_mlp_job;
 namespace fs = std::filesystem;
 
 constexpr int steps = 400, save_every = 100;
@@ -41,26 +44,13 @@ constexpr int steps = 400, save_every = 100;
 int draw(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng()); }
 
 std::vector<std::string> job(const fs::path& dir, bool resume) {
-  std::vector<std::string> args{DTRAIN_RUN_PATH,
-                                "--nproc-per-node",
-                                "2",
-                                "--grace-period",
-                                "30",
-                                TRAIN_MLP_PATH,
-                                "steps=" + std::to_string(steps),
-                                "hidden=32,32",
-                                "samples=512",
-                                "features=16",
-                                "classes=4",
-                                "batch_size=16",
-                                "num_workers=0",
-                                "log_every=1000",
-                                "save_every=" + std::to_string(save_every),
-                                "keep_last=2",
-                                "checkpoint_dir=" + (dir / "ck").string(),
-                                "metrics=" + (dir / (resume ? "m2.jsonl" : "m1.jsonl")).string(),
-                                "save_params=" + (dir / "final.safetensors").string(),
-                                "timeout_s=20"};
+  std::vector<std::string> args =
+      launched({DTRAIN_RUN_PATH, "--nproc-per-node", "2", "--grace-period", "30"},
+               small_mlp_job(TRAIN_MLP_PATH, steps, 1000,
+                             {"save_every=" + std::to_string(save_every), "keep_last=2",
+                              "checkpoint_dir=" + (dir / "ck").string(),
+                              "metrics=" + (dir / (resume ? "m2.jsonl" : "m1.jsonl")).string(),
+                              "save_params=" + (dir / "final.safetensors").string(), "timeout_s=20"}));
   if (resume) args.emplace_back("resume=latest");
   return args;
 }
@@ -197,20 +187,10 @@ BOOST_AUTO_TEST_CASE(an_unknown_preempt_signal_is_refused) {
 // times, name it as the slowest with its lag, and the progress line names it.
 BOOST_AUTO_TEST_CASE(a_slow_rank_is_named) {
   TempDir dir;
-  std::vector<std::string> args{DTRAIN_RUN_PATH,
-                                "--nproc-per-node",
-                                "2",
-                                TRAIN_MLP_PATH,
-                                "steps=6",
-                                "hidden=32,32",
-                                "samples=512",
-                                "features=16",
-                                "classes=4",
-                                "batch_size=16",
-                                "num_workers=0",
-                                "log_every=2",
-                                "metrics=" + (dir.path() / "m.jsonl").string(),
-                                "checkpoint_dir=" + (dir.path() / "ck").string()};
+  const auto args = launched({DTRAIN_RUN_PATH, "--nproc-per-node", "2"},
+                             small_mlp_job(TRAIN_MLP_PATH, 6, 2,
+                                           {"metrics=" + (dir.path() / "m.jsonl").string(),
+                                            "checkpoint_dir=" + (dir.path() / "ck").string()}));
   const Finished f = Process(args, {{"DTRAIN_FAULT_DELAY", "1:30"}}).wait(120);
   BOOST_REQUIRE_MESSAGE(f.exited_with(0), f.err);
   BOOST_TEST(f.out.find("slow: rank 1 computes") != std::string::npos, f.out);
@@ -235,21 +215,11 @@ BOOST_AUTO_TEST_CASE(straggler_factor_decides_when_a_slow_rank_is_named) {
   for (const std::string factor : {"0", "100000"}) {
     BOOST_TEST_CONTEXT("straggler_factor=" << factor) {
       TempDir dir;
-      std::vector<std::string> args{DTRAIN_RUN_PATH,
-                                    "--nproc-per-node",
-                                    "2",
-                                    TRAIN_MLP_PATH,
-                                    "steps=6",
-                                    "hidden=32,32",
-                                    "samples=512",
-                                    "features=16",
-                                    "classes=4",
-                                    "batch_size=16",
-                                    "num_workers=0",
-                                    "log_every=2",
-                                    "straggler_factor=" + factor,
-                                    "metrics=" + (dir.path() / "m.jsonl").string(),
-                                    "checkpoint_dir=" + (dir.path() / "ck").string()};
+      const auto args =
+          launched({DTRAIN_RUN_PATH, "--nproc-per-node", "2"},
+                   small_mlp_job(TRAIN_MLP_PATH, 6, 2,
+                                 {"straggler_factor=" + factor, "metrics=" + (dir.path() / "m.jsonl").string(),
+                                  "checkpoint_dir=" + (dir.path() / "ck").string()}));
       const Finished f = Process(args, {{"DTRAIN_FAULT_DELAY", "1:30"}}).wait(120);
       BOOST_REQUIRE_MESSAGE(f.exited_with(0), f.err);
       BOOST_TEST(f.out.find("slow: rank") == std::string::npos, f.out);

@@ -13,6 +13,7 @@
 
 #include "strategy/common.hpp"
 #include "support/strategy_options.hpp"
+#include <boost/test/unit_test.hpp>
 
 #include <dtrain/trainer.hpp>
 

@@ -8,11 +8,13 @@
 //  - the allocator's figures against cudaMemGetInfo, and the offloaded
 //    device/host split against the estimate.
 // Exits 77 without a GPU.
+#include "support/gpu_main.hpp"
+// gpu_main.hpp first: it sets Boost.Test up for its own main() before anything includes Boost.Test.
+
 #include <cmath>
 #include <tuple>
 
 #include "strategy/strategies_cuda.hpp"
-#include <support/gpu_main.hpp>
 
 #include <dtrain/train/estimate.hpp>
 
