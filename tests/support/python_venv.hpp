@@ -57,7 +57,8 @@ inline std::string pinned_python(const std::string& set) {
   const std::string var = detail::pinned_python_variable(set);
   const char* chosen = std::getenv(var.c_str());
   if (chosen == nullptr || *chosen == '\0')
-    throw std::runtime_error(var + " is not set: run this test under ctest, or make the venv with `scripts/python_env.sh " +
+    throw std::runtime_error(var +
+                             " is not set: run this test under ctest, or make the venv with `scripts/python_env.sh " +
                              set + " DIR` and set " + var + "=DIR/bin/python");
   return chosen;
 }
