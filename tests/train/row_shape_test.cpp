@@ -87,8 +87,8 @@ struct Pool {
       }
   }
   template <class Dev, class T>
-  void backward(Dev&, UnitParams<const T> p, UnitParams<T> g, MatView<const T> x, MatView<const T>,
-                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+  void backward(Dev&, UnitParams<const T> p, UnitParams<T> g, MatView<const T> x, MatView<const T>, MatView<const T> dy,
+                MatView<T> dx, const UnitContext<T>& ctx) {
     require(dx.rows == ctx.shape.rows() && dy.rows == ctx.shape.batch, "Pool: gradient rows");
     for (std::int64_t k = 0; k < K; ++k) {
       T sum = 0;
@@ -170,7 +170,8 @@ Values reference_grads(const Values& p) {
 void check_step(const Values& before, const Values& after, const Values& want, double tol, const std::string& what) {
   for (const auto& [name, g] : want) {
     double scale = 0, worst = 0;
-    for (std::size_t i = 0; i < g.size(); ++i) scale = std::max({scale, std::abs(double(g[i])), std::abs(double(before.at(name)[i]))});
+    for (std::size_t i = 0; i < g.size(); ++i)
+      scale = std::max({scale, std::abs(double(g[i])), std::abs(double(before.at(name)[i]))});
     for (std::size_t i = 0; i < g.size(); ++i)
       worst = std::max(worst, std::abs(double(before.at(name)[i]) - after.at(name)[i] - g[i]));
     BOOST_TEST(worst <= tol * scale, what << ": " << name << " differs by " << worst << " (scale " << scale << ")");
@@ -197,8 +198,8 @@ BOOST_AUTO_TEST_CASE(units_that_change_rows_train_as_the_float64_reference) {
     RowNet net;
     Trainer<RowNet, Strategy<DDP>, Accumulate<2>> t(w, net, SGD{.lr = 1.f}, {.seed = 3});
     const Values p0 = t.parameters();
-    const std::vector<Batch> mine =
-        w.rank() == 0 ? std::vector<Batch>{samples(0, 2), samples(2, 1)} : std::vector<Batch>{samples(3, 1), samples(4, 1)};
+    const std::vector<Batch> mine = w.rank() == 0 ? std::vector<Batch>{samples(0, 2), samples(2, 1)}
+                                                  : std::vector<Batch>{samples(3, 1), samples(4, 1)};
     t.step(mine);
     const Values p1 = t.parameters();
     if (w.rank() == 0) ddp_before = p0, ddp_after = p1;
@@ -255,7 +256,8 @@ void check_patch_net(double tol, const std::string& what) {
   for (std::size_t i = 0; i < out.size(); ++i) dy[i] = 2 * (out[i] - y[i]) / static_cast<double>(out.size());
   const auto grads = patch_backward_reference(k, p, as_double(x), dy);
   Values want;
-  for (std::size_t i = 0; i < names.size(); ++i) want[names[i]] = std::vector<float>(grads[i + 1].begin(), grads[i + 1].end());
+  for (std::size_t i = 0; i < names.size(); ++i)
+    want[names[i]] = std::vector<float>(grads[i + 1].begin(), grads[i + 1].end());
   check_step(before, after, want, tol, what);
 }
 
