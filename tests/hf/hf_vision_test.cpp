@@ -179,10 +179,12 @@ void check_save(const Case& c) {
   const hf::VisionConfig config = hf::read_vision_config(c.dir / "model");
   const fs::path saved = c.dir / "saved";
   run_ranks(2, [&](World& w) {
-    hf::VisionTower tower(config, {c.layer, c.strategy}, {.input = "x"});
-    Trainer<hf::VisionTower, Strategy<FSDP<FullShard>>> t(w, tower, SGD{});
-    hf::load_pretrained(t, c.dir / "model", tower);
-    hf::save_pretrained(t, saved, tower, c.dir / "model");
+    // [snippet:vision_tower]
+    hf::VisionTower tower(config, {.layer = c.layer, .strategy = c.strategy}, {.input = "x"});
+    Trainer<hf::VisionTower, Strategy<FSDP<FullShard>>> trainer(w, tower, SGD{});
+    hf::load_pretrained(trainer, c.dir / "model", tower);         // either key layout
+    hf::save_pretrained(trainer, saved, tower, c.dir / "model");  // the unrun tensors copied from the source
+    // [/snippet:vision_tower]
   });
   const std::string cmd =
       "OPENBLAS_NUM_THREADS=1 " + c.python + " " + script + " check " + saved.string() + " " + c.dir.string();

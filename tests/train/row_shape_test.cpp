@@ -39,7 +39,9 @@ constexpr std::int64_t F = 3, K = 4, D = 2;
 struct Spread {
   std::vector<ParamSpec> params() const { return {{"s", {K, F}, Init::normal(0.f, 0.7f)}}; }
   std::int64_t out_features(std::int64_t in) const { return in; }
-  SeqShape out_shape(SeqShape in, SeqShape) const { return {in.rows(), K}; }
+  // [snippet:out_shape]
+  SeqShape out_shape(SeqShape in, SeqShape /*batch*/) const { return {in.rows(), K}; }  // K rows per row read
+  // [/snippet:out_shape]
   std::int64_t saved_size(SeqShape in, std::int64_t width) const { return in.rows() * width; }
 
   template <class Dev, class T>
