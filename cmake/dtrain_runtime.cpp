@@ -31,6 +31,7 @@
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
+#include <dtrain/hf/llava.hpp>
 #include <dtrain/hf/lora.hpp>
 #include <dtrain/hf/model.hpp>
 #include <dtrain/hf/vision.hpp>
@@ -53,6 +54,7 @@
 #include <dtrain/nn/drop_tokens.hpp>
 #include <dtrain/nn/dropout.hpp>
 #include <dtrain/nn/embedding.hpp>
+#include <dtrain/nn/image_merge.hpp>
 #include <dtrain/nn/layer_norm.hpp>
 #include <dtrain/nn/linear.hpp>
 #include <dtrain/nn/lora.hpp>

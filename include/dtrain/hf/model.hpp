@@ -47,10 +47,18 @@ using Block = nn::OneOf<LlamaBlock, Gpt2Block>;
 using FinalNorm = nn::OneOf<nn::RMSNorm, nn::LayerNorm>;
 
 // Block `layer` of the model, with the adapters `lora` plans for it (and
-// every base parameter frozen when there are adapters).
-DTRAIN_DECL Block make_block(const LmConfig& c, const LoraPlan& lora = {}, std::int64_t layer = 0);
+// every base parameter frozen when there are adapters, or when not
+// `trainable`: a frozen language model).
+DTRAIN_DECL Block make_block(const LmConfig& c, const LoraPlan& lora = {}, std::int64_t layer = 0,
+                             bool trainable = true);
 
 DTRAIN_DECL FinalNorm make_final_norm(const LmConfig& c, bool trainable = true);
+
+// The output head: tied to the parameter `tie_to` ("<unit>.weight", the
+// token embedding's) when the config ties it; trained unless there are
+// adapters (then as `lora` plans: saved whole or adapted) or not `trainable`.
+DTRAIN_DECL nn::Linear make_head(const LmConfig& c, const LoraPlan& lora, const std::string& tie_to,
+                                 bool trainable = true);
 
 // `lora` (hf/lora.hpp): LoRA adapters on the blocks' linear layers it
 // targets, everything else frozen but its modules_to_save; none by default

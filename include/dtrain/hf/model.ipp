@@ -11,8 +11,8 @@
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
     namespace dtrain::hf {
-  DTRAIN_DECL Block make_block(const LmConfig& c, const LoraPlan& lora, std::int64_t layer) {
-    const bool train = !lora.config.on();
+  DTRAIN_DECL Block make_block(const LmConfig& c, const LoraPlan& lora, std::int64_t layer, bool trainable) {
+    const bool train = trainable && !lora.config.on();
     const auto adapter = [&](const char* ours) {
       return lora.adapted(layer, ours) ? lora.config.options() : nn::LoraOptions{};
     };
@@ -52,16 +52,20 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     return nn::RMSNorm(c.hidden_size, {.eps = c.norm_eps, .trainable = trainable});
   }
 
+  DTRAIN_DECL nn::Linear make_head(const LmConfig& c, const LoraPlan& lora, const std::string& tie_to, bool trainable) {
+    return nn::Linear(c.hidden_size, c.vocab_size,
+                      {.bias = false,
+                       .trainable = trainable && (!lora.config.on() || lora.save_head),
+                       .tie_weight = c.tie_word_embeddings ? tie_to : "",
+                       .lora = lora.head ? lora.config.options() : nn::LoraOptions{}});
+  }
+
   DTRAIN_DECL CausalLm::CausalLm(LmConfig c, const LoraConfig& adapters)
       : config(std::move(c)),
         lora(plan_lora(config, adapters)),
         tok(config.vocab_size, config.hidden_size, {.trainable = !adapters.on() || lora.save_embedding}),
         norm(make_final_norm(config, !adapters.on())),
-        head(config.hidden_size, config.vocab_size,
-             {.bias = false,
-              .trainable = !adapters.on() || lora.save_head,
-              .tie_weight = config.tie_word_embeddings ? "0.weight" : "",
-              .lora = lora.head ? adapters.options() : nn::LoraOptions{}}) {
+        head(make_head(config, lora, "0.weight")) {
     if (config.gpt2())
       positions.emplace_back(config.max_position_embeddings, config.hidden_size, 0.02f,
                              !adapters.on() || lora.save_positions);

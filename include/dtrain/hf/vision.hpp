@@ -12,7 +12,8 @@
 //   SigLIP   unit 0 PatchEmbedding (bias, no class token), 1 .. n layers
 //   then, for the "default" strategy, nn::DropTokens (the first token)
 // A layer is layer_norm1, self_attn (q_proj, k_proj, v_proj, out_proj with
-// biases, every token sees every token), layer_norm2, mlp fc1 | act | fc2
+// biases, every token sees every token: the batch's attention_mask and
+// position_ids, a text's in LLaVA, are not read), layer_norm2, mlp fc1 | act | fc2
 // (CLIP quick_gelu, SigLIP gelu_pytorch_tanh).
 //
 // The features are transformers' hidden_states[vision_feature_layer]

@@ -138,7 +138,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     const std::int64_t dim = config.hidden_size, heads = config.num_attention_heads;
     const nn::LayerNormOptions norm{.eps = config.layer_norm_eps, .trainable = options.trainable};
     if (config.clip()) pre_norm.emplace_back(dim, norm);
-    const nn::GroupedAttentionOptions attn{.qkv_bias = true, .out_bias = true, .trainable = options.trainable};
+    // Every patch sees every patch of its image, whatever masks the batch holds for a text beside it.
+    const nn::GroupedAttentionOptions attn{
+        .qkv_bias = true, .out_bias = true, .trainable = options.trainable, .batch_masks = false};
     const nn::MlpOptions mlp{.trainable = options.trainable};
     layers.reserve(static_cast<std::size_t>(n));
     for (std::int64_t l = 0; l < n; ++l) {

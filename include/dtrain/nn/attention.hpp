@@ -356,18 +356,27 @@ class AttentionPaths {
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
-    if (fused<Dev, T>(dev, ctx.shape)) return unit().fused_forward(dev, p, x, y, ctx);
-    unit().own_forward(dev, p, x, y, ctx);
+    if (fused<Dev, T>(dev, ctx.shape)) return unit().fused_forward(dev, p, x, y, own(ctx));
+    unit().own_forward(dev, p, x, y, own(ctx));
   }
 
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
-    if (fused<Dev, T>(dev, ctx.shape)) return unit().fused_backward(dev, p, grad, x, dy, dx, ctx);
-    unit().own_backward(dev, p, grad, x, dy, dx, ctx);
+    if (fused<Dev, T>(dev, ctx.shape)) return unit().fused_backward(dev, p, grad, x, dy, dx, own(ctx));
+    unit().own_backward(dev, p, grad, x, dy, dx, own(ctx));
   }
 
  private:
+  // The context the unit attends in: without the batch when its masks
+  // describe another sequence (options batch_masks false: a vision tower's
+  // layers beside a text whose attention_mask and position_ids the batch holds).
+  template <class T>
+  UnitContext<T> own(const UnitContext<T>& ctx) const {
+    UnitContext<T> c = ctx;
+    if (!unit().options_.batch_masks) c.batch = nullptr;
+    return c;
+  }
   template <class Dev, class T>
   bool fused(Dev& dev, SeqShape s) const {
     return unit().fusable() && fused_attention<Dev, T>(dev, unit().fused_shape(s));
@@ -385,6 +394,9 @@ struct AttentionOptions {
   // output projection (c_proj): nn/lora.hpp.
   LoraOptions qkv_lora{};
   LoraOptions proj_lora{};
+  // false: the batch's "attention_mask" and "position_ids" are not read
+  // (they describe another sequence than this unit's rows)
+  bool batch_masks = true;
 };
 
 // nn::CausalSelfAttention: the family's FusedQkv member (nn/attention_policies.hpp).

@@ -397,6 +397,10 @@ struct GroupedAttentionOptions {
   float init_std = 0.02f;          // weights ~ N(0, init_std); biases 0
   std::int64_t max_positions = 0;  // > 0: longer sequences are an error (max_position_embeddings)
   bool trainable = true;
+  // false: the batch's "attention_mask" and "position_ids" are not read
+  // (they describe another sequence: a vision tower's layers in LLaVA, whose
+  // batch holds the text's)
+  bool batch_masks = true;
   // LoRA adapters on the q, k, v and o projections (PEFT's q_proj, k_proj,
   // v_proj, o_proj): nn/lora.hpp. Self-attention only.
   LoraOptions q_lora{};
