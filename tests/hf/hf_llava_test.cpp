@@ -168,6 +168,15 @@ void check_logits(const Case& c) {
               c.major, diff, scale);
 }
 
+// Whether each parameter ("<unit>.<param>") trains.
+std::map<std::string, bool> trainable_of(hf::Llava& model) {
+  std::map<std::string, bool> out;
+  dtrain::detail::for_each_unit(model.units(), [&](std::size_t i, auto& unit) {
+    for (const ParamSpec& s : unit.params()) out[std::to_string(i) + "." + s.name] = s.trainable && s.tied_to.empty();
+  });
+  return out;
+}
+
 // transformers' in-memory parameter names (what the reference's grad.<name> use).
 hf::LlavaLayout in_memory(int major) { return {.tower_prefixed = major < 5, .nested = major >= 5}; }
 
@@ -188,14 +197,7 @@ void check_mode(const Case& c, const std::string& mode) {
   const double loss = ref.read_f32("loss").at(0);
   BOOST_TEST(std::abs(stats.loss - loss) <= 1e-5 * loss, mode << ": loss " << stats.loss << ", transformers " << loss);
   // Trainable: before - after is the gradient; frozen: untouched, and without optimizer state.
-  std::map<std::string, bool> trainable;
-  std::int64_t trained_elements = 0;
-  dtrain::detail::for_each_unit(model.units(), [&](std::size_t i, auto& unit) {
-    for (const ParamSpec& s : unit.params()) {
-      trainable[std::to_string(i) + "." + s.name] = s.trainable && s.tied_to.empty();
-      if (s.trainable && s.tied_to.empty()) trained_elements += s.numel();
-    }
-  });
+  const std::map<std::string, bool> trainable = trainable_of(model);
   const hf::TransformersNames names = hf::llava_transformers_names(model, in_memory(c.major));
   Values want;
   double scale = 0;
@@ -225,10 +227,9 @@ void check_mode(const Case& c, const std::string& mode) {
   BOOST_TEST(worst <= 1e-5 * scale, mode << ": gradients differ by " << worst << " (largest " << scale << ")");
   BOOST_TEST(stats.memory.optimizer == 0u, mode << ": SGD without momentum keeps no state");
   std::printf(
-      "%s+%s (transformers %d) train=%s: loss %.6f vs %.6f, %zu trained tensors (%lld elements), %zu frozen, "
-      "gradients max difference %.3e (largest %.3e)\n",
-      c.tower.c_str(), c.text.c_str(), c.major, mode.c_str(), stats.loss, loss, want.size(),
-      static_cast<long long>(trained_elements), frozen, worst, scale);
+      "%s+%s (transformers %d) train=%s: loss %.6f vs %.6f, %zu trained tensors, %zu frozen, gradients max "
+      "difference %.3e (largest %.3e)\n",
+      c.tower.c_str(), c.text.c_str(), c.major, mode.c_str(), stats.loss, loss, want.size(), frozen, worst, scale);
 }
 
 // AdamW keeps state for exactly the trainable elements: frozen parts have none.
@@ -289,41 +290,62 @@ void check_distributed(const Case& c) {
   }
 }
 
-void check_save(const Case& c) {
-  const hf::LlavaConfig config = hf::read_llava_config(c.dir / "model");
-  const fs::path saved = c.dir / "saved";
+// Trains `mode` (with `lora`) for 2 AdamW steps under FSDP at 2 ranks, saves
+// and has transformers load the save: its logits are dtrain's, and the
+// parts named in `same` are the originals, exactly; every frozen parameter
+// is bit-identical after the steps.
+void check_save(const Case& c, const std::string& mode, const hf::LoraConfig& lora, const std::string& same,
+                const std::string& tag) {
+  const fs::path saved = c.dir / ("saved-" + tag);
   std::vector<float> logits;
+  std::size_t frozen = 0, changed = 0;
   run_ranks(2, [&](World& w) {
     // [snippet:llava]
-    hf::Llava model(hf::read_llava_config(c.dir / "model"), hf::parse_llava_train("projector"));
+    hf::Llava model(hf::read_llava_config(c.dir / "model"), hf::parse_llava_train(mode), lora);
     Trainer<hf::Llava, Strategy<FSDP<FullShard>>> trainer(w, model, AdamW{.lr = 1e-2f});
-    hf::load_pretrained(trainer, c.dir / "model", model);         // transformers 4 or 5
-    trainer.step(std::vector<Batch>{batch(c, w.rank(), 1)});      // pixel_values, x (ids), y (next ids)
-    hf::save_pretrained(trainer, saved, model, c.dir / "model");  // the unrun tower tensors copied
+    hf::load_pretrained(trainer, c.dir / "model", model);  // transformers 4 or 5
     // [/snippet:llava]
+    const Values before = trainer.parameters();
+    for (int s = 0; s < 2; ++s) trainer.step(std::vector<Batch>{batch(c, w.rank(), 1)});  // pixel_values, x, y
+    const Values after = trainer.parameters();
+    hf::save_pretrained(trainer, saved, model, c.dir / "model");  // adapters merged, unrun tensors copied
     const std::vector<float> mine = trainer.predict(batch(c, 0, 2));
-    if (w.rank() == 0) logits = mine;
+    if (w.rank() != 0) return;
+    logits = mine;
+    for (const auto& [name, train] : trainable_of(model)) {
+      if (!before.contains(name)) continue;  // tied: the embedding's
+      if (train) {
+        changed += before.at(name) != after.at(name) ? 1 : 0;
+        continue;
+      }
+      require(before.at(name) == after.at(name), mode + ": frozen " + name + " changed");
+      ++frozen;
+    }
   });
+  BOOST_TEST(changed > 0u);
   SafetensorsWriter out;
-  out.set_metadata("same", "vision_tower,language_model,lm_head");
-  const std::int64_t vocab = config.text.vocab_size;
+  out.set_metadata("same", same);
+  const std::int64_t vocab = hf::read_llava_config(c.dir / "model").text.vocab_size;
   out.add("logits", {static_cast<std::int64_t>(logits.size()) / vocab, vocab}, logits);
   out.write(c.dir / "dtrain.safetensors");
   const std::string cmd =
       "OPENBLAS_NUM_THREADS=1 " + c.python + " " + script + " check " + saved.string() + " " + c.dir.string();
-  const int rc = run_logged(cmd, c.dir / "check.log");
-  const std::string log = read_text(c.dir / "check.log");
+  const int rc = run_logged(cmd, c.dir / ("check-" + tag + ".log"));
+  const std::string log = read_text(c.dir / ("check-" + tag + ".log"));
   BOOST_TEST_REQUIRE(rc == 0, "transformers could not load dtrain's save: " << log);
-  double diff = 1, same = 1;
+  double diff = 1, kept = 1;
   int count = 0;
   const auto at = log.rfind("logits ");
   BOOST_TEST_REQUIRE(at != std::string::npos, log);
-  BOOST_TEST_REQUIRE(std::sscanf(log.c_str() + at, "logits %lf same %lf of %d", &diff, &same, &count) == 3, log);
-  BOOST_TEST(diff <= 1e-5 * std::max(1.0, max_abs(logits)), "saved: logits differ by " << diff);
-  BOOST_TEST(same == 0.0, "saved: the frozen tensors differ by " << same);
+  BOOST_TEST_REQUIRE(std::sscanf(log.c_str() + at, "logits %lf same %lf of %d", &diff, &kept, &count) == 3, log);
+  BOOST_TEST(diff <= 1e-5 * std::max(1.0, max_abs(logits)), tag << " saved: logits differ by " << diff);
+  BOOST_TEST(kept == 0.0, tag << " saved: the frozen tensors differ by " << kept);
   BOOST_TEST(count > 0);
-  std::printf("%s+%s (transformers %d) save -> transformers: logits %.3e, %d frozen tensors differ by %.3e\n",
-              c.tower.c_str(), c.text.c_str(), c.major, diff, count, same);
+  std::printf(
+      "%s+%s (transformers %d) train=%s%s, FSDP 2 ranks, AdamW x2: %zu frozen tensors bit-identical, %zu "
+      "trained changed; save -> transformers: logits %.3e, %d tensors of %s differ by %.3e\n",
+      c.tower.c_str(), c.text.c_str(), c.major, mode.c_str(), lora.on() ? " + LoRA q,v" : "", frozen, changed, diff,
+      count, same.c_str(), kept);
 }
 
 void check_all(const std::string& python, int major) {
@@ -336,7 +358,9 @@ void check_all(const std::string& python, int major) {
     check_logits(c);
     for (const std::string mode : {"projector", "projector,vision", "all"}) check_mode(c, mode);
     check_state(c);
-    check_save(c);
+    check_save(c, "projector", {}, "vision_tower,language_model,lm_head", "projector");
+    // LoRA on the language model beside the projector: its base frozen, the adapters merged on save.
+    check_save(c, "projector", {.r = 4, .alpha = 8.f, .targets = {"q_proj", "v_proj"}}, "vision_tower", "lora");
     check_distributed(c);
   }
 }
