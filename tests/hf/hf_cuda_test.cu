@@ -3,8 +3,9 @@
 // left-padded through attention_mask), logits, the first step's loss and
 // gradients, and the parameters after 20 AdamW steps at one and two ranks
 // (two ranks share the GPU over the host transport); packed records
-// (position_ids) against the records one by one; and train_lm end to end
-// on the GPU in bf16, saved and loaded back by transformers. Exits 77 without
+// (position_ids) against the records one by one; train_lm end to end on the
+// GPU in bf16, saved and loaded back by transformers; and LLaVA (hf/llava.hpp)
+// on the GPU against the host. Exits 77 without
 // a GPU, or when the tests' Python (DTRAIN_PYTHON) has no CUDA PyTorch or no
 // transformers.
 #include <string>
@@ -28,17 +29,25 @@ std::string missing_python() {
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <vector>
 
 #include "hf/packing.hpp"
 #include "hf/parity.hpp"
 #include "hf/run_logged.hpp"
+#include "support/ranks.hpp"
 
 #include <dtrain/hf/checkpoint.hpp>
+#include <dtrain/hf/llava.hpp>
+#include <dtrain/io/json.hpp>
 #include <dtrain/trainer.hpp>
 
 namespace fs = std::filesystem;
 using namespace dtrain;
+using dtrain::testing::run_ranks;
+namespace hf = dtrain::hf;
 using dtrain::testing::read_text;
 using dtrain::testing::run_logged;
 
@@ -106,4 +115,69 @@ BOOST_AUTO_TEST_CASE(train_lm_bf16_on_the_gpu) {
                             (dir / "expected.safetensors").string() + " " + (work / "logits.safetensors").string(),
                         work / "reload.log") == 0,
              read_text(work / "reload.log"));
+}
+
+// LLaVA on the GPU, its tower's units behind DTRAIN_GPU_VISION and
+// DTRAIN_GPU_ATTENTION (set here): a tiny random model (CLIP tower, Llama),
+// saved from the host and loaded on the GPU, gives the host's logits and
+// parameters after one SGD step (float32, each device summing in its own
+// order: 1e-4 of max(1, the largest value)).
+BOOST_AUTO_TEST_CASE(llava_on_the_gpu_matches_the_host) {
+  ::setenv("DTRAIN_GPU_VISION", "on", 1);
+  ::setenv("DTRAIN_GPU_ATTENTION", "on", 1);
+  const hf::LlavaConfig config = hf::parse_llava_config(nlohmann::ordered_json::parse(R"({
+    "model_type": "llava", "image_token_index": 49, "vision_feature_layer": -2,
+    "vision_feature_select_strategy": "default",
+    "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 3, "num_attention_heads": 4, "image_size": 16, "patch_size": 4},
+    "text_config": {"model_type": "llama", "vocab_size": 50, "hidden_size": 24, "intermediate_size": 40,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                    "max_position_embeddings": 64}})"),
+                                                        "tiny LLaVA");
+  const std::int64_t time = 20, features = config.features_per_image();
+  std::vector<float> pixels(2 * 3 * 16 * 16);
+  for (std::size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<float>((i * 37) % 101) / 50.f - 1.f;
+  std::vector<std::int64_t> ids(2 * time), next(2 * time, -100);
+  for (std::int64_t r = 0; r < 2 * time; ++r) {
+    const std::int64_t t = r % time, first = r < time ? 1 : 3;
+    ids[r] = t >= first && t < first + features ? 49 : (r * 7) % 49;
+  }
+  for (std::int64_t r = 0; r < 2 * time; ++r)
+    if (r % time < time - 1 && ids[r + 1] != 49) next[r] = ids[r + 1];
+  Batch b;
+  b.set("pixel_values", HostTensor::of(pixels, {2, 3, 16, 16}));
+  b.set("x", HostTensor::of(ids, {2, time}));
+  b.set("y", HostTensor::of(next, {2, time}));
+  const fs::path dir = fs::path(DTRAIN_TEST_BINARY_DIR) / "llava_gpu";
+  fs::remove_all(dir);
+  std::vector<float> logits[2];
+  std::map<std::string, std::vector<float>> after[2];
+  run_ranks(1, [&](World& w) {
+    hf::Llava model(config, hf::parse_llava_train("all"));
+    Trainer<hf::Llava, Device<Host>> host(w, model, SGD{.lr = 0.1f}, {.seed = 3});
+    hf::save_pretrained(host, dir, model, "");
+    logits[0] = host.predict(b);
+    host.step(std::vector<Batch>{b});
+    after[0] = host.parameters();
+    hf::Llava again(config, hf::parse_llava_train("all"));
+    Trainer<hf::Llava, Device<Cuda>> gpu(w, again, SGD{.lr = 0.1f});
+    hf::load_pretrained(gpu, dir, again);
+    logits[1] = gpu.predict(b);
+    gpu.step(std::vector<Batch>{b});
+    after[1] = gpu.parameters();
+  });
+  const auto worst = [](const std::vector<float>& a, const std::vector<float>& c) {
+    double d = 0, m = 1;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      d = std::max(d, std::abs(double(a[i]) - c[i]));
+      m = std::max(m, std::abs(double(a[i])));
+    }
+    return d / m;
+  };
+  BOOST_TEST(worst(logits[0], logits[1]) <= 1e-4);
+  double params = 0;
+  for (const auto& [name, v] : after[0]) params = std::max(params, worst(v, after[1].at(name)));
+  BOOST_TEST(params <= 1e-4);
+  std::printf("LLaVA on the GPU vs the host: logits %.3e, parameters after a step %.3e (relative)\n",
+              worst(logits[0], logits[1]), params);
 }

@@ -299,16 +299,22 @@ void check_save(const Case& c, const std::string& mode, const hf::LoraConfig& lo
   const fs::path saved = c.dir / ("saved-" + tag);
   std::vector<float> logits;
   std::size_t frozen = 0, changed = 0;
+  Values before;  // as loaded
+  run_ranks(1, [&](World& w) {
+    hf::Llava model(hf::read_llava_config(c.dir / "model"), hf::parse_llava_train(mode), lora);
+    Trainer<hf::Llava> trainer(w, model, SGD{});
+    hf::load_pretrained(trainer, c.dir / "model", model);
+    before = trainer.parameters();
+  });
   run_ranks(2, [&](World& w) {
     // [snippet:llava]
     hf::Llava model(hf::read_llava_config(c.dir / "model"), hf::parse_llava_train(mode), lora);
     Trainer<hf::Llava, Strategy<FSDP<FullShard>>> trainer(w, model, AdamW{.lr = 1e-2f});
-    hf::load_pretrained(trainer, c.dir / "model", model);  // transformers 4 or 5
-    // [/snippet:llava]
-    const Values before = trainer.parameters();
+    hf::load_pretrained(trainer, c.dir / "model", model);                                 // transformers 4 or 5
     for (int s = 0; s < 2; ++s) trainer.step(std::vector<Batch>{batch(c, w.rank(), 1)});  // pixel_values, x, y
-    const Values after = trainer.parameters();
     hf::save_pretrained(trainer, saved, model, c.dir / "model");  // adapters merged, unrun tensors copied
+    // [/snippet:llava]
+    const Values after = trainer.parameters();
     const std::vector<float> mine = trainer.predict(batch(c, 0, 2));
     if (w.rank() != 0) return;
     logits = mine;

@@ -8,18 +8,21 @@
 // [B * T, dim] (out_shape: the batch's {B, T}):
 //   y[b, t] = features[b, k]    where ids[b, t] is the image token, the k-th of sequence b
 //           = weight[ids[b, t]] elsewhere
-// as transformers' masked_scatter of the features into the embeddings. A
-// sequence whose image tokens are not F is a config_error naming both
+// as transformers' masked_scatter of the features into the embeddings, the
+// features times `feature_scale` (1, or the sqrt(dim) that transformers 4's
+// Gemma multiplies its whole input by, rounded to the compute dtype first).
+// A sequence whose image tokens are not F is a config_error naming both
 // counts. The image token must be an id of the table (< vocab).
-// Backward: the features' gradient is dy's rows at the image tokens; the
-// table's is nn::Embedding's (deterministic), its image-token row 0: those
-// positions took the features, not the row.
+// Backward: the features' gradient is dy's rows at the image tokens (times
+// the scale); the table's is nn::Embedding's (deterministic), its
+// image-token row 0: those positions took the features, not the row.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
@@ -32,7 +35,8 @@ namespace dtrain::nn {
 
 namespace detail {
 // Feature row f [dim] <-> text row rows[f]: forward writes y's row from the
-// features, backward reads dy's row into the features' gradient.
+// features, backward reads dy's row into the features' gradient, each times
+// `scale` (rounded once; times 1 is a copy).
 template <class T>
 struct ImageRows {
   const std::int64_t* rows;
@@ -40,12 +44,11 @@ struct ImageRows {
   T* dst;
   std::int64_t dim;
   bool forward;
+  float scale = 1.f;
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto n = static_cast<std::int64_t>(i), text = rows[n / dim] * dim + n % dim;
-    if (forward)
-      dst[text] = src[n];
-    else
-      dst[n] = src[text];
+    const T v = forward ? src[n] : src[text];
+    (forward ? dst[text] : dst[n]) = scale == 1.f ? v : dtype_cast<T>(static_cast<float>(v) * scale);
   }
 };
 }  // namespace detail
@@ -53,7 +56,7 @@ struct ImageRows {
 class ImageTokenMerge {
  public:
   DTRAIN_DECL ImageTokenMerge(std::int64_t vocab, std::int64_t dim, std::int64_t image_token,
-                              EmbeddingOptions options = {});
+                              EmbeddingOptions options = {}, float feature_scale = 1.f);
 
   std::int64_t vocab() const { return embed_.vocab(); }
   std::int64_t dim() const { return dim_; }
@@ -69,7 +72,8 @@ class ImageTokenMerge {
     const DeviceBatch& batch = checked_batch(ctx.batch);
     const std::int64_t* rows = image_rows(dev, batch, x, y.rows, ctx.shape);
     embed_.forward<Dev, T>(dev, p, batch, y, ctx);
-    dev.for_each(static_cast<std::size_t>(x.size()), detail::ImageRows<T>{rows, x.data, y.data, dim_, true});
+    dev.for_each(static_cast<std::size_t>(x.size()),
+                 detail::ImageRows<T>{rows, x.data, y.data, dim_, true, feature_scale<T>()});
   }
 
   template <class Dev, class T>
@@ -79,7 +83,8 @@ class ImageTokenMerge {
     if (!dx.empty()) {
       detail::check_shape("nn::ImageTokenMerge", "input gradient", dx, x.rows, dim_);
       const std::int64_t* rows = image_rows(dev, batch, x, y.rows, ctx.shape);
-      dev.for_each(static_cast<std::size_t>(dx.size()), detail::ImageRows<T>{rows, dy.data, dx.data, dim_, false});
+      dev.for_each(static_cast<std::size_t>(dx.size()),
+                   detail::ImageRows<T>{rows, dy.data, dx.data, dim_, false, feature_scale<T>()});
     }
     if (grad[0].empty()) return;  // frozen
     embed_.backward<Dev, T>(dev, p, grad, batch, y, dy, ctx);
@@ -87,6 +92,12 @@ class ImageTokenMerge {
   }
 
  private:
+  // As transformers rounds its normaliser to the dtype.
+  template <class T>
+  float feature_scale() const {
+    return static_cast<float>(dtype_cast<T>(feature_scale_));
+  }
+
   DTRAIN_DECL const DeviceBatch& checked_batch(const DeviceBatch* batch) const;
 
   // The text row of every feature row, on the host: sequence b's k-th image
@@ -110,6 +121,7 @@ class ImageTokenMerge {
   std::int64_t dim_;
   std::int64_t image_token_;
   EmbeddingOptions options_;
+  float feature_scale_;
 };
 
 }  // namespace dtrain::nn

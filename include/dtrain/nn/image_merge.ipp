@@ -13,8 +13,12 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
     namespace dtrain::nn {
   DTRAIN_DECL ImageTokenMerge::ImageTokenMerge(std::int64_t vocab, std::int64_t dim, std::int64_t image_token,
-                                               EmbeddingOptions options)
-      : embed_(vocab, dim, options), dim_(dim), image_token_(image_token), options_(std::move(options)) {
+                                               EmbeddingOptions options, float feature_scale)
+      : embed_(vocab, dim, options),
+        dim_(dim),
+        image_token_(image_token),
+        options_(std::move(options)),
+        feature_scale_(feature_scale) {
     if (image_token < 0 || image_token >= vocab)
       throw config_error("nn::ImageTokenMerge: the image token " + std::to_string(image_token) +
                              " is not an id of the " + std::to_string(vocab) + "-row embedding",
