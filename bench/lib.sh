@@ -122,32 +122,21 @@ launch() {  # launch RANKS LOG command...: RANKS processes, cores / RANKS thread
   logged "$log" with_threads "$t" "$launcher" --nproc-per-node "$n" "$@"
 }
 
-# The PyTorch users install today, from PyPI, pinned: the peer every full
+# The PyTorch users install today, from PyPI, pinned with transformers,
+# PEFT and every dependency in scripts/python/torch2.txt: the peer every full
 # benchmark run measures beside Debian's torch 1.13 (which smoke runs keep,
-# so CI stays light). Bump these together, when a new release is the one
-# users get, and re-measure.
-bench_peer_torch_version=2.15.0
-bench_peer_transformers_version=5.24.0
-bench_peer_peft_version=0.21.2  # LoRA (run_hf_bench.sh's DTRAIN_HF_BENCH_LORA)
-
-# bench_peer_python: sets `peer_python` to a venv's python with the pinned
-# PyPI torch, transformers and peft (BUILD_DIR/bench/peer-venv: created and filled
-# once, reused after; about 5 GB, torch's CUDA libraries included, though
-# the benchmarks use its CPU side). Without --smoke only: a smoke run sets
+# so CI stays light). The tests that compare against transformers 5 use the
+# same venv. Bump the set when a new release is the one users get, and
+# re-measure.
+#
+# bench_peer_python: sets `peer_python` to the python of the pinned set's
+# venv (BUILD_DIR/python/torch2: made once by scripts/python_env.sh, reused
+# after; about 5.5 GB, torch's CUDA libraries included, though the
+# benchmarks use its CPU side). Without --smoke only: a smoke run sets
 # peer_python empty. A venv that cannot be made is a failure naming why.
 bench_peer_python() {
   peer_python=""
   ((smoke)) && return 0
-  local venv=$build/bench/peer-venv want
-  want="torch==$bench_peer_torch_version transformers==$bench_peer_transformers_version peft==$bench_peer_peft_version"
-  if [[ ! -f $venv/.dtrain-peer || $(< "$venv/.dtrain-peer") != "$want" ]]; then
-    echo "$(basename "$0"): installing the PyTorch peer into $venv ($want, from PyPI; once)" >&2
-    [[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv "$venv" ||
-      { echo "$(basename "$0"): cannot create a Python venv in $venv (python3-venv)" >&2; exit 1; }
-    # shellcheck disable=SC2086
-    "$venv/bin/pip" install -q $want numpy safetensors ||
-      { echo "$(basename "$0"): pip could not install $want into $venv (is PyPI reachable?)" >&2; exit 1; }
-    echo "$want" > "$venv/.dtrain-peer"
-  fi
-  peer_python=$venv/bin/python
+  peer_python=$("$repo/scripts/python_env.sh" torch2 "$build/python/torch2") ||
+    { echo "$(basename "$0"): cannot make the PyTorch peer's venv (see above)" >&2; exit 1; }
 }

@@ -13,7 +13,9 @@
 # Flags: the quick start as a Release build compiles it (-O3 -DNDEBUG,
 # C++20; nvcc: the build's CUDA architectures); the examples' own commands.
 # Seconds are wall-clock medians of --repeat runs (default 3 for (a), one
-# for (b)), peak memory the compiler's maximum resident set (GNU time).
+# for (b)), cpu_seconds the medians of the compiler's user + system time
+# (steadier than wall-clock on a machine that also runs other work), peak
+# memory the compiler's maximum resident set (GNU time).
 # --before REF also times (a) at git revision REF (a worktree in a temporary
 # folder; separately compiled too where REF has that mode), the "before" the
 # JSON records. The runs of (a)
@@ -21,24 +23,29 @@
 # right after the current one's (the first in odd rounds, the second in
 # even ones), since this kind of machine drifts by tens of percent over
 # minutes and a comparison is only fair within one round. --examples none|host|all
-# chooses (b)'s translation units (default all).
-# usage: bench/run_compile_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--before REF] [--examples W] [--no-setup] [--smoke]
+# chooses (b)'s translation units (default all). --only COMPILER:MODE times
+# one cell of (a) (e.g. g++:header-only) and nothing else.
+# usage: bench/run_compile_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--before REF] [--examples W] [--only C:M]
+#                                   [--no-setup] [--smoke]
 # --smoke: (a) with g++ only, front end only (-fsyntax-only), once per mode, no runtime library and no (b); the JSON in a
 # temporary folder (CTest's bench_smoke_compile).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-usage="usage: bench/run_compile_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--before REF] [--examples none|host|all] [--no-setup] [--smoke]"
+usage="usage: bench/run_compile_bench.sh [BUILD_DIR] [--repeat N] [--json PATH] [--before REF] [--examples none|host|all] [--only g++|nvcc:header-only|separate] [--no-setup] [--smoke]"
 build=build
 repeat=3
 json=$repo/bench/results/compile.json
 setup=1
 before=""
 examples=all
+only=""
 args=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --before) [[ $# -ge 2 ]] || { echo "$usage" >&2; exit 2; }; before=$2; shift 2 ;;
     --examples) [[ $# -ge 2 && $2 =~ ^(none|host|all)$ ]] || { echo "$usage" >&2; exit 2; }; examples=$2; shift 2 ;;
+    --only) [[ $# -ge 2 && $2 =~ ^(g\+\+|nvcc):(header-only|separate)$ ]] || { echo "$usage" >&2; exit 2; }
+            only=$2; examples=none; shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -75,24 +82,27 @@ rows=$work/rows.jsonl
 measure() {
   local kind=$1 name=$2 compiler=$3 mode=$4 runs=$5
   shift 5
-  local secs=() mems=() i
+  local secs=() mems=() cpus=() i s m u k
   for ((i = 0; i < runs; i++)); do
-    if ! /usr/bin/time -f '%e %M' -o "$work/time" "$@" > "$work/log" 2>&1; then
+    if ! /usr/bin/time -f '%e %M %U %S' -o "$work/time" "$@" > "$work/log" 2>&1; then
       echo "run_compile_bench: $name ($compiler, $mode) failed to compile:" >&2
       tail -30 "$work/log" >&2
       exit 1
     fi
-    read -r s m < "$work/time"
+    read -r s m u k < "$work/time"
     secs+=("$s")
     mems+=("$m")
+    cpus+=("$(python3 -c "print(round($u + $k, 2))")")
   done
-  python3 - "$kind" "$name" "$compiler" "$mode" "${secs[*]}" "${mems[*]}" >> "$rows" <<'EOF'
+  python3 - "$kind" "$name" "$compiler" "$mode" "${secs[*]}" "${mems[*]}" "${cpus[*]}" >> "$rows" <<'EOF'
 import json, statistics, sys
-kind, name, compiler, mode, secs, mems = sys.argv[1:]
+kind, name, compiler, mode, secs, mems, cpus = sys.argv[1:]
 secs = [float(s) for s in secs.split()]
 mems = [int(m) for m in mems.split()]
+cpus = [float(c) for c in cpus.split()]
 print(json.dumps({"kind": kind, "name": name, "compiler": compiler, "mode": mode,
                   "seconds": round(statistics.median(secs), 2), "runs": secs,
+                  "cpu_seconds": round(statistics.median(cpus), 2), "cpu_runs": cpus,
                   "peak_mib": round(max(mems) / 1024)}))
 EOF
   printf '  %-34s %-5s %-12s %7.1f s  %6d MiB\n' "$name" "$compiler" "$mode" \
@@ -143,6 +153,7 @@ compilers=(g++)
 for ((round = 1; round <= repeat; round++)); do
   for compiler in "${compilers[@]}"; do
     for mode in header-only separate; do
+      [[ -n $only && $only != "$compiler:$mode" ]] && continue
       # The before's separate mode only where it had one (cmake/dtrain_runtime.cpp).
       if [[ -n $before && ($mode == header-only || -f $work/before/cmake/dtrain_runtime.cpp) ]]; then
         if ((round % 2)); then
@@ -160,7 +171,7 @@ for ((round = 1; round <= repeat; round++)); do
 done
 [[ -n $before ]] && git -C "$repo" worktree remove --force "$work/before"
 # The runtime library is built anyway; the smoke only checks the rest of the script.
-((smoke)) || runtime "$repo" after
+((smoke)) || [[ -n $only ]] || runtime "$repo" after
 
 if [[ $examples != none ]]; then
   command -v ninja > /dev/null || { echo "run_compile_bench: (b) reads the build's commands from ninja" >&2; exit 2; }
@@ -185,9 +196,9 @@ if [[ $examples != none ]]; then
 fi
 
 mkdir -p "$(dirname "$json")"
-python3 - "$rows" "$json" "$repo" "$before" "$opt" "$smoke" <<'EOF'
+python3 - "$rows" "$json" "$repo" "$before" "$opt" "$smoke" "$only" "$repeat" <<'EOF'
 import json, os, statistics, sys
-rows_path, out, repo, before, opt, smoke = sys.argv[1:]
+rows_path, out, repo, before, opt, smoke, only, repeat = sys.argv[1:]
 sys.path.insert(0, os.path.join(repo, "bench"))
 from machine import run_record  # noqa: E402  (bench/machine.py: date, commit, dirty, machine)
 # One row per translation unit: the rounds of (a) each wrote one run.
@@ -201,6 +212,8 @@ for line in open(rows_path):
         same["runs"] += r["runs"]
         same["seconds"] = round(statistics.median(same["runs"]), 2)
         same["peak_mib"] = max(same["peak_mib"], r["peak_mib"])
+        same["cpu_runs"] += r["cpu_runs"]
+        same["cpu_seconds"] = round(statistics.median(same["cpu_runs"]), 2)
 def pick(kind, compiler, mode):
     return next((r["seconds"] for r in rows if r["kind"] == kind and r["name"] == "quickstart"
                  and r["compiler"] == compiler and r["mode"] == mode), None)
@@ -213,7 +226,7 @@ for k, limit in ({} if smoke == "1" else goals).items():
     if s is not None:
         met[k] = {"seconds": s, "goal": limit, "met": s <= limit}
 doc = {"benchmark": "compile", **run_record(os.cpu_count()), "before": before or None,
-       "flags": opt, "smoke": smoke == "1", "rows": rows, "goals": met}
+       "flags": opt, "smoke": smoke == "1", "only": only or None, "repeat": int(repeat), "rows": rows, "goals": met}
 with open(out, "w") as f:
     json.dump(doc, f, indent=1)
     f.write("\n")

@@ -48,11 +48,13 @@
 #include <dtrain/models/run_config.hpp>
 #include <dtrain/nn/attention.hpp>
 #include <dtrain/nn/checks.hpp>
+#include <dtrain/nn/convolution.hpp>
 #include <dtrain/nn/dropout.hpp>
 #include <dtrain/nn/embedding.hpp>
 #include <dtrain/nn/layer_norm.hpp>
 #include <dtrain/nn/linear.hpp>
 #include <dtrain/nn/lora.hpp>
+#include <dtrain/nn/patch_embedding.hpp>
 #include <dtrain/nn/rms_norm.hpp>
 #include <dtrain/nn/rotary_attention.hpp>
 #include <dtrain/optim/param_groups.hpp>

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <tuple>
@@ -13,20 +14,24 @@
 
 #include "kernels/numeric.hpp"
 #include "model/custom_model.hpp"
+#include "nn/attention_reference.hpp"
 #include "nn/reference.hpp"
 #include "nn/sequence_reference.hpp"
 #include "nn/unit_harness.hpp"
+#include "nn/vision_reference.hpp"
 
 #include "dtrain/backend/cuda/device.hpp"
 #include "dtrain/backend/host/device.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/nn/activation.hpp"
 #include "dtrain/nn/attention.hpp"
+#include "dtrain/nn/convolution.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
 #include "dtrain/nn/dropout.hpp"
 #include "dtrain/nn/embedding.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
+#include "dtrain/nn/patch_embedding.hpp"
 #include "dtrain/nn/rms_norm.hpp"
 #include "dtrain/nn/rotary_attention.hpp"
 #include "dtrain/nn/transformer.hpp"
@@ -85,6 +90,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(units_match_host, T, t::dtypes) {
   compare_unit<T>(dtrain::nn::LayerNorm(70, {.trainable = false}), 300, 70, "frozen LayerNorm");
   compare_unit<T>(dtrain::nn::GELUTanh{}, 300, 70, "GELUTanh");
   compare_unit<T>(dtrain::nn::SiLU{}, 300, 70, "SiLU");
+  compare_unit<T>(dtrain::nn::QuickGELU{}, 300, 70, "QuickGELU");
   compare_unit<T>(dtrain::nn::SwiGLU{}, 300, 70, "SwiGLU");
   compare_unit<T>(dtrain::nn::RMSNorm(70), 300, 70, "RMSNorm");
   compare_unit<T>(dtrain::nn::Dropout(0.3f), 300, 70, "Dropout (training: the same mask)");
@@ -213,6 +219,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(units_match_float64_on_the_gpu, T, t::dtypes) {
   t::check_unit_on<T>(dev, dtrain::nn::GELU{}, t::gelu_reference(), 6, 9);
   t::check_unit_on<T>(dev, dtrain::nn::GELUTanh{}, t::gelu_tanh_reference(), 6, 9);
   t::check_unit_on<T>(dev, dtrain::nn::SiLU{}, t::silu_reference(), 6, 9);
+  t::check_unit_on<T>(dev, dtrain::nn::QuickGELU{}, t::quick_gelu_reference(), 6, 9);
   t::check_unit_on<T>(dev, dtrain::nn::SwiGLU{}, t::swiglu_reference(5), 6, 10, true, {}, 2.0);
   for (const std::int64_t width : {std::int64_t{7}, std::int64_t{37}, std::int64_t{48}}) {
     BOOST_TEST_CONTEXT("width " << width) {
@@ -363,6 +370,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wide_elementwise_gives_the_same_bits, T, t::dtypes
   same_bits_with<T>(wide_elementwise, dtrain::nn::GELU{}, 301, 70, "GELU");
   same_bits_with<T>(wide_elementwise, dtrain::nn::GELUTanh{}, 301, 70, "GELUTanh");
   same_bits_with<T>(wide_elementwise, dtrain::nn::SiLU{}, 301, 70, "SiLU");
+  same_bits_with<T>(wide_elementwise, dtrain::nn::QuickGELU{}, 301, 70, "QuickGELU");
   same_bits_with<T>(wide_elementwise, dtrain::nn::ReLU{}, 301, 70, "ReLU");
   const dtrain::SeqShape s{3, 37};
   same_bits_with<T>(wide_elementwise, dtrain::nn::TransformerBlock(64, 4), s.rows(), 64, "TransformerBlock", s);
@@ -443,5 +451,150 @@ BOOST_AUTO_TEST_CASE(cudnn_attention_is_built) {
       "(cuDNN 9 and the cudnn-frontend headers, scripts/setup.sh) so the GPU check covers it");
 }
 #endif
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// The vision units (nn/convolution.hpp, nn/patch_embedding.hpp). Their GPU
+// path is off until a GPU run has passed these: DTRAIN_GPU_VISION=on here.
+namespace {
+
+struct GpuVisionOn {
+  GpuVisionOn() { ::setenv("DTRAIN_GPU_VISION", "on", 1); }
+  ~GpuVisionOn() { ::unsetenv("DTRAIN_GPU_VISION"); }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(cuda_vision)
+
+// The host test's cases against the float64 loops, with the host's tolerances.
+BOOST_AUTO_TEST_CASE_TEMPLATE(vision_units_match_float64_on_the_gpu, T, t::dtypes) {
+  const GpuVisionOn on;
+  dtrain::Cuda dev(0);
+  for (const auto& k : t::conv_cases) t::check_conv_on<T>(dev, k);
+  t::check_conv_on<T>(dev, t::conv_cases[1], false);
+  t::check_conv_on<T>(dev, t::conv_cases[1], true, false);
+  for (const auto& k : t::patch_cases) t::check_patch_on<T>(dev, k);
+}
+
+// Sizes where cuBLAS tiles and for_each runs many blocks: the same as the host.
+BOOST_AUTO_TEST_CASE_TEMPLATE(vision_units_match_host, T, t::dtypes) {
+  const GpuVisionOn on;
+  const t::ConvCase conv{.batch = 4,
+                         .channels = 16,
+                         .height = 30,
+                         .width = 28,
+                         .out_channels = 24,
+                         .kernel_h = 3,
+                         .kernel_w = 3,
+                         .stride_h = 2,
+                         .stride_w = 2,
+                         .pad_h = 1,
+                         .pad_w = 1,
+                         .groups = 4};
+  compare_unit<T>(conv.unit(), conv.batch, conv.in_size(), "grouped Conv2d", {}, 1, 1.0 / 6);
+  t::PatchCase pc{.batch = 3, .channels = 3, .height = 42, .width = 56, .dim = 64, .patch = 14};
+  dtrain::nn::PatchEmbedding pe = pc.unit();
+  BOOST_TEST_CONTEXT("PatchEmbedding " << dtrain::dtype_traits<T>::name) {
+    dtrain::Host host(1);
+    dtrain::Cuda cuda(0);
+    t::UnitCase c = t::make_patch_case(pc, pe, 5);
+    for (auto& v : c.params[0]) v /= 24;  // fan-in 588: O(1) tokens
+    const t::UnitResult h = t::run_patch<T>(host, pe, c), g = t::run_patch<T>(cuda, pe, c);
+    t::expect_close(g.y, h.y, cross_device_tol<T>(), "tokens");
+    t::expect_close(g.dx, h.dx, cross_device_tol<T>(), "input gradient");
+    for (std::size_t i = 0; i < c.specs.size(); ++i)
+      t::expect_close(g.grads[i], h.grads[i], cross_device_tol<T>(), c.specs[i].name + " gradient");
+  }
+}
+
+// Without the switch a Cuda device refuses the vision units, naming it.
+BOOST_AUTO_TEST_CASE(vision_units_are_off_without_the_switch) {
+  ::unsetenv("DTRAIN_GPU_VISION");
+  dtrain::Cuda dev(0);
+  dtrain::nn::Conv2d unit = t::conv_cases[0].unit();
+  const t::UnitCase c = t::make_case(unit, 2, t::conv_cases[0].in_size(), 1);
+  BOOST_CHECK_EXCEPTION(t::run_unit<float>(dev, unit, c), dtrain::config_error, [](const dtrain::config_error& e) {
+    return std::string(e.what()).find("DTRAIN_GPU_VISION=on") != std::string::npos;
+  });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// The attention family's forms beyond causal self-attention (bidirectional,
+// padded, packed, cross, QK-norm: nn/attention_policies.hpp). Their GPU path
+// is off until a GPU run has passed these: DTRAIN_GPU_ATTENTION=on here.
+namespace {
+
+struct GpuAttentionOn {
+  GpuAttentionOn() { ::setenv("DTRAIN_GPU_ATTENTION", "on", 1); }
+  ~GpuAttentionOn() { ::unsetenv("DTRAIN_GPU_ATTENTION"); }
+};
+
+// `unit` on the GPU against the host at sizes where cuBLAS tiles, with the
+// batch's masks; parameters at their initialisation's scale (compare_unit).
+template <class T, class U>
+void compare_family(U unit, const t::FamilySpec& f, t::FamilyInputs in, const std::string& name) {
+  BOOST_TEST_CONTEXT(name << " " << dtrain::dtype_traits<T>::name) {
+    dtrain::Host host(1);
+    dtrain::Cuda cuda(0);
+    t::UnitCase c = t::family_case<T>(unit, f, in);
+    for (auto& p : c.params)
+      for (auto& v : p) v /= std::sqrt(static_cast<double>(f.dim));
+    const t::FamilyResult h = t::run_family<T>(host, unit, f, in, c), g = t::run_family<T>(cuda, unit, f, in, c);
+    const double tol = cross_device_tol<T>(8);
+    t::expect_close(g.unit.y, h.unit.y, tol, "forward");
+    t::expect_close(g.unit.dx, h.unit.dx, tol, "input gradient");
+    if (f.cross) t::expect_close(g.d_memory, h.d_memory, tol, "memory gradient");
+    for (std::size_t i = 0; i < c.specs.size(); ++i)
+      t::expect_close(g.unit.grads[i], h.unit.grads[i], tol, c.specs[i].name + " gradient");
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(cuda_attention_family)
+
+// The host test's cases against the float64 loops, with the host's tolerances.
+BOOST_AUTO_TEST_CASE_TEMPLATE(attention_family_matches_float64_on_the_gpu, T, t::dtypes) {
+  const GpuAttentionOn on;
+  dtrain::Cuda dev(0);
+  for (const auto group :
+       {t::FamilyGroup::bidirectional, t::FamilyGroup::qk_norm, t::FamilyGroup::packed, t::FamilyGroup::cross})
+    t::family_cases(group, [&](const std::string& name, auto unit, const t::FamilySpec& f, const t::FamilyInputs& in) {
+      BOOST_TEST_CONTEXT(name) { t::check_family_on<T>(dev, std::move(unit), f, in, t::family_scale<T>(f)); }
+    });
+}
+
+// Head dim 64, 8 heads over 2 key/value heads, 64 queries: padded
+// bidirectional self-attention with QK-norm, and cross-attention over a
+// padded memory of 80 positions 384 wide.
+BOOST_AUTO_TEST_CASE_TEMPLATE(attention_family_matches_host, T, t::dtypes) {
+  const GpuAttentionOn on;
+  namespace nn = dtrain::nn;
+  t::FamilySpec f{.dim = 512, .heads = 8, .kv_heads = 2, .memory_dim = 512, .qk_norm = true, .out_bias = true};
+  compare_family<T>(nn::Attention<nn::Bidirectional>(512, 8, t::family_options(f)), f,
+                    {.shape = {2, 64}, .k_time = 64, .key_mask = t::padding_mask(2, 64, 5)}, "bidirectional, QK-norm");
+  f.memory_dim = 384;
+  f.cross = true;
+  compare_family<T>(nn::Attention<nn::CrossInput, nn::Bidirectional>(512, 8, t::family_options(f)), f,
+                    {.shape = {2, 64}, .k_time = 80, .key_mask = t::padding_mask(2, 80, 7)}, "cross, QK-norm");
+}
+
+// Without the switch a Cuda device refuses the new forms, naming it; causal
+// self-attention keeps its GPU paths without it.
+BOOST_AUTO_TEST_CASE(attention_family_is_off_without_the_switch) {
+  ::unsetenv("DTRAIN_GPU_ATTENTION");
+  namespace nn = dtrain::nn;
+  dtrain::Cuda dev(0);
+  nn::Attention<nn::Bidirectional> unit(16, 4);
+  const t::UnitCase c = t::make_case(unit, 10, 16, 1);
+  BOOST_CHECK_EXCEPTION(t::run_unit<float>(dev, unit, c, true, {2, 5}), dtrain::config_error,
+                        [](const dtrain::config_error& e) {
+                          return std::string(e.what()).find("DTRAIN_GPU_ATTENTION=on") != std::string::npos;
+                        });
+  nn::RotaryAttention causal(16, 4);
+  BOOST_CHECK_NO_THROW(t::run_unit<float>(dev, causal, t::make_case(causal, 10, 16, 1), true, {2, 5}));
+}
 
 BOOST_AUTO_TEST_SUITE_END()

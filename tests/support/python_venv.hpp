@@ -5,8 +5,10 @@
 // use and kept for later runs.
 #include <sys/wait.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 
 namespace dtrain::testing {
@@ -37,6 +39,38 @@ inline std::string python_venv_with(const std::filesystem::path& venv, const std
             " > /dev/null 2>&1") != 0)
     return "pip could not install " + package + " (is PyPI reachable?)";
   return "";
+}
+
+namespace detail {
+inline std::string pinned_python_variable(const std::string& set) {
+  std::string var = "DTRAIN_PYTHON_";
+  for (char c : set) var += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return var;
+}
+}  // namespace detail
+
+// The python of the pinned set `set` (scripts/python/SET.txt): CTest names it
+// in DTRAIN_PYTHON_<SET> for the tests registered with
+// dtrain_uses_python_env. Outside CTest the variable must be set by hand;
+// without it this throws, naming the command that makes one.
+inline std::string pinned_python(const std::string& set) {
+  const std::string var = detail::pinned_python_variable(set);
+  const char* chosen = std::getenv(var.c_str());
+  if (chosen == nullptr || *chosen == '\0')
+    throw std::runtime_error(var +
+                             " is not set: run this test under ctest, or make the venv with `scripts/python_env.sh " +
+                             set + " DIR` and set " + var + "=DIR/bin/python");
+  return chosen;
+}
+
+// "" when the pinned set's python is there; otherwise why not (its fixture,
+// python_env_SET, could not install it here and was skipped), for a test's
+// main to print before it exits 77 (skipped too).
+inline std::string pinned_python_missing(const std::string& set) {
+  const std::string python = pinned_python(set);
+  if (std::filesystem::exists(python)) return "";
+  return "the pinned Python set '" + set + "' is not installed (" + python +
+         " is missing; see the output of the CTest python_env_" + set + ")";
 }
 
 }  // namespace dtrain::testing

@@ -179,6 +179,64 @@ struct CausalSoftmaxBackward {
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
+// In place on the [q_time, k_time] score matrices of every (batch, head):
+// row t becomes softmax over the keys the masks keep, 0 elsewhere, without a
+// causal limit (bidirectional and cross attention). Run over
+// batch * heads * q_time rows. With a key mask ([batch, k_time], 0 = a
+// padding key) its zeros are left out; with position ids ([batch, time],
+// self-attention, q_time == k_time) a query keeps only the keys of its own
+// packed record (the same first position, j - pos[j] == t - pos[t]): the
+// block-diagonal mask. A row left with no key becomes all 0.
+template <Dtype T, class M = std::int32_t>
+struct MaskedSoftmax {
+  T* att;
+  std::int64_t q_time, k_time;
+  const M* key_mask = nullptr;  // on the device, or null: no padding
+  std::int64_t heads = 1;       // rows of one sequence = heads * q_time
+  const std::int64_t* positions = nullptr;
+  DTRAIN_HOST_DEVICE bool kept(std::int64_t seq, std::int64_t t, std::int64_t j) const {
+    if (key_mask != nullptr && key_mask[seq * k_time + j] == 0) return false;
+    if (positions == nullptr) return true;
+    const std::int64_t* p = positions + seq * q_time;
+    return j - p[j] == t - p[t];
+  }
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto r = static_cast<std::int64_t>(i), t = r % q_time, seq = r / (heads * q_time);
+    T* row = att + r * k_time;
+    float mx = -3.0e38f;
+    for (std::int64_t j = 0; j < k_time; ++j)
+      if (kept(seq, t, j)) mx = math::max(mx, static_cast<float>(row[j]));
+    float sum = 0.f;
+    for (std::int64_t j = 0; j < k_time; ++j)
+      if (kept(seq, t, j)) sum += math::exp(static_cast<float>(row[j]) - mx);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    for (std::int64_t j = 0; j < k_time; ++j)
+      row[j] = dtype_cast<T>(kept(seq, t, j) ? math::exp(static_cast<float>(row[j]) - mx) * inv : 0.f);
+  }
+  // for Host::for_each's split (index_work)
+  std::size_t work_per_index() const { return static_cast<std::size_t>(k_time); }
+};
+
+// Its backward, in place on the probabilities' gradient of rows `width`
+// wide: ds_j = p_j * (dp_j - sum_k p_k dp_k) * scale (a left-out key has
+// p_j = 0, so its ds_j is 0).
+template <Dtype T>
+struct SoftmaxRowsBackward {
+  const T* att;
+  T* datt;
+  std::int64_t width;
+  float scale;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const T* p = att + static_cast<std::int64_t>(i) * width;
+    T* d = datt + static_cast<std::int64_t>(i) * width;
+    float dot = 0.f;
+    for (std::int64_t j = 0; j < width; ++j) dot += static_cast<float>(p[j]) * static_cast<float>(d[j]);
+    for (std::int64_t j = 0; j < width; ++j)
+      d[j] = dtype_cast<T>(static_cast<float>(p[j]) * (static_cast<float>(d[j]) - dot) * scale);
+  }
+  std::size_t work_per_index() const { return static_cast<std::size_t>(width); }
+};
+
 // out[i] = a[i] + b[i], in fp32 and rounded once (residual connections).
 template <Dtype T>
 struct AddElements {
@@ -323,6 +381,9 @@ struct PositionGrad {
   EACH(::dtrain::CausalSoftmax<T, std::int32_t>)   \
   EACH(::dtrain::CausalSoftmax<T, std::int64_t>)   \
   EACH(::dtrain::CausalSoftmaxBackward<T>)         \
+  EACH(::dtrain::MaskedSoftmax<T, std::int32_t>)   \
+  EACH(::dtrain::MaskedSoftmax<T, std::int64_t>)   \
+  EACH(::dtrain::SoftmaxRowsBackward<T>)           \
   EACH(::dtrain::HeadPermuteRuns<T>)               \
   EACH(::dtrain::EmbeddingScatter<T>)              \
   EACH(::dtrain::EmbeddingGather<T, std::int32_t>) \

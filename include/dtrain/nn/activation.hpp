@@ -1,7 +1,8 @@
 #pragma once
 // Elementwise activations: nn::ReLU, nn::GELU (the exact, erf-based form,
 // PyTorch's default), nn::GELUTanh (the tanh approximation GPT-2 uses,
-// transformers' "gelu_new"), nn::SiLU, and nn::Activation<Op> for your own;
+// transformers' "gelu_new"), nn::QuickGELU (CLIP's), nn::SiLU, and
+// nn::Activation<Op> for your own;
 // and nn::SwiGLU, the gate of a Llama-style MLP. An Op provides
 //   static float forward(float x);
 //   static float backward(float x, float y, float dy);   // dL/dx
@@ -150,6 +151,19 @@ struct silu_op {
   }
 };
 
+// x * sigmoid(1.702 x): CLIP's "quick_gelu", a sigmoid fit to GELU that
+// the OpenAI CLIP models (and LLaVA's vision tower) were trained with.
+struct quick_gelu_op {
+  static constexpr float slope = 1.702f;
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float sigmoid(float x) { return 1.f / (1.f + math::exp(-slope * x)); }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float forward(float x) { return x * sigmoid(x); }
+  // d/dx [x s(a x)] = s + a x s (1 - s)
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE static float backward(float x, float, float dy) {
+    const float s = sigmoid(x);
+    return dy * (s + slope * x * s * (1.f - s));
+  }
+};
+
 // y[r, j] = silu(x[r, j]) * x[r, hidden + j]: the gate half, then the up half.
 // (span: the host's row loops, backend/host/device_isa.hpp.)
 template <class T>
@@ -231,6 +245,7 @@ using ReLU = Activation<detail::relu_op>;
 using GELU = Activation<detail::gelu_op>;
 using GELUTanh = Activation<detail::gelu_tanh_op>;
 using SiLU = Activation<detail::silu_op>;
+using QuickGELU = Activation<detail::quick_gelu_op>;
 
 // The gated activation of a SwiGLU MLP: input [rows, 2 hidden] holding the
 // gate projection then the up projection (one fused Linear), output
@@ -269,18 +284,21 @@ struct SwiGLU {
 // The functors whose host loops are compiled once, for dtype T, fully
 // qualified: EACH(F) for_each's, SUM(F) sum's (train/builtin_templates.hpp
 // gathers the lists, backend/host/train_instances.hpp applies them).
-#define DTRAIN_ACTIVATION_FUNCTORS(EACH, SUM, T)                                           \
-  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::relu_op, T>)          \
-  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::relu_op, T>)         \
-  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::relu_op, T>)      \
-  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_op, T>)          \
-  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_op, T>)         \
-  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_op, T>)      \
-  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>)     \
-  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_tanh_op, T>)    \
-  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>) \
-  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::silu_op, T>)          \
-  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::silu_op, T>)         \
-  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::silu_op, T>)      \
-  EACH(::dtrain::nn::detail::SwiGluForward<T>)                                             \
+#define DTRAIN_ACTIVATION_FUNCTORS(EACH, SUM, T)                                            \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::relu_op, T>)           \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::relu_op, T>)          \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::relu_op, T>)       \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_op, T>)           \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_op, T>)          \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_op, T>)       \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>)      \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::gelu_tanh_op, T>)     \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::gelu_tanh_op, T>)  \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::silu_op, T>)           \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::silu_op, T>)          \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::silu_op, T>)       \
+  EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::quick_gelu_op, T>)     \
+  EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::quick_gelu_op, T>)    \
+  EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::quick_gelu_op, T>) \
+  EACH(::dtrain::nn::detail::SwiGluForward<T>)                                              \
   EACH(::dtrain::nn::detail::SwiGluBackward<T>)

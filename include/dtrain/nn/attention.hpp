@@ -1,6 +1,8 @@
 #pragma once
-// nn::CausalSelfAttention: multi-head self-attention where position t sees
-// positions 0..t, over activations [rows = B * T, dim]:
+// nn::CausalSelfAttention, the attention family's FusedQkv member
+// (nn::Attention<FusedQkv>, nn/attention_policies.hpp; the family's other
+// members: nn/rotary_attention.hpp): multi-head self-attention where
+// position t sees positions 0..t, over activations [rows = B * T, dim]:
 //   q | k | v = x Wqkv^T + bqkv            (one fused projection)
 //   per (batch, head): A = softmax_causal(q k^T / sqrt(head_dim)), o = A v
 //   y = concat_heads(o) Wproj^T + bproj
@@ -48,6 +50,7 @@
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
+#include "dtrain/nn/attention_policies.hpp"
 #include "dtrain/nn/checks.hpp"
 #include "dtrain/nn/lora.hpp"
 
@@ -336,35 +339,39 @@ void fused_heads_backward(Dev& dev, FusedAttentionShape shape, const T* bias, co
 }
 
 // The choice every call of an attention unit makes: cuDNN's fused path where
-// it serves the call's shape (fused_attention), the unit's own GEMMs and
-// softmax otherwise; and the saved elements that path keeps, the adapters'
-// rows after them. A unit derives from AttentionPaths<itself> and lets it
-// (a friend) call its fused_shape, fused_saved<T>, lora_ and its paths:
+// the unit's policies allow it (fusable: causal self-attention) and it serves
+// the call's shape (fused_attention), the unit's own GEMMs and softmax
+// otherwise; and the saved elements that path keeps, the adapters' rows after
+// them. A unit derives from AttentionPaths<itself> and lets it (a friend)
+// call its fusable, fused_shape, fused_saved<T>, lora_ and its paths:
 // fused_forward and fused_backward, own_forward and own_backward.
 template <class Unit>
 class AttentionPaths {
  public:
   template <class Dev, class T>
   std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t in) const {
-    if (!fused_attention<Dev, T>(dev, unit().fused_shape(s))) return unit().saved_size(s, in);
+    if (!fused<Dev, T>(dev, s)) return unit().saved_size(s, in);
     return unit().template fused_saved<T>(s) + unit().lora_.saved_size(s.rows());
   }
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
-    if (fused_attention<Dev, T>(dev, unit().fused_shape(ctx.shape))) return unit().fused_forward(dev, p, x, y, ctx);
+    if (fused<Dev, T>(dev, ctx.shape)) return unit().fused_forward(dev, p, x, y, ctx);
     unit().own_forward(dev, p, x, y, ctx);
   }
 
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T>,
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
-    if (fused_attention<Dev, T>(dev, unit().fused_shape(ctx.shape)))
-      return unit().fused_backward(dev, p, grad, x, dy, dx, ctx);
+    if (fused<Dev, T>(dev, ctx.shape)) return unit().fused_backward(dev, p, grad, x, dy, dx, ctx);
     unit().own_backward(dev, p, grad, x, dy, dx, ctx);
   }
 
  private:
+  template <class Dev, class T>
+  bool fused(Dev& dev, SeqShape s) const {
+    return unit().fusable() && fused_attention<Dev, T>(dev, unit().fused_shape(s));
+  }
   Unit& unit() { return static_cast<Unit&>(*this); }
   const Unit& unit() const { return static_cast<const Unit&>(*this); }
 };
@@ -380,9 +387,12 @@ struct AttentionOptions {
   LoraOptions proj_lora{};
 };
 
-class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
+// nn::CausalSelfAttention: the family's FusedQkv member (nn/attention_policies.hpp).
+template <>
+class AttentionUnit<Causal, NoPositions, FusedQkv, SelfInput>
+    : public detail::AttentionPaths<AttentionUnit<Causal, NoPositions, FusedQkv, SelfInput>> {
  public:
-  DTRAIN_DECL CausalSelfAttention(std::int64_t dim, std::int64_t heads, AttentionOptions options = {});
+  DTRAIN_DECL AttentionUnit(std::int64_t dim, std::int64_t heads, AttentionOptions options = {});
 
   std::int64_t dim() const { return dim_; }
   std::int64_t heads() const { return heads_; }
@@ -397,7 +407,9 @@ class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
   }
 
  private:
-  friend class detail::AttentionPaths<CausalSelfAttention>;
+  friend class detail::AttentionPaths<AttentionUnit>;
+
+  static constexpr bool fusable() { return true; }
 
   template <class Dev, class T>
   void own_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
@@ -599,6 +611,8 @@ class CausalSelfAttention : public detail::AttentionPaths<CausalSelfAttention> {
   AttentionOptions options_;
   detail::LoraSet lora_;
 };
+
+using CausalSelfAttention = Attention<FusedQkv>;
 
 }  // namespace dtrain::nn
 

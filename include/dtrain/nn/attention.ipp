@@ -9,7 +9,7 @@
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
     namespace dtrain::nn {
-  DTRAIN_DECL CausalSelfAttention::CausalSelfAttention(std::int64_t dim, std::int64_t heads, AttentionOptions options)
+  DTRAIN_DECL CausalSelfAttention::AttentionUnit(std::int64_t dim, std::int64_t heads, AttentionOptions options)
       : dim_(dim), heads_(heads), options_(options) {
     if (dim < 1 || heads < 1 || dim % heads != 0)
       throw config_error("nn::CausalSelfAttention(" + std::to_string(dim) + ", " + std::to_string(heads) +

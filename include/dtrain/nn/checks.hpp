@@ -23,6 +23,10 @@ DTRAIN_DECL std::string shape_string(std::int64_t rows, std::int64_t cols);
 [[noreturn]] DTRAIN_DECL void count_mismatch(std::string_view unit, std::string_view what, std::size_t got,
                                              std::size_t expected);
 [[noreturn]] DTRAIN_DECL void width_mismatch(std::string_view unit, std::int64_t in, std::int64_t expected);
+// Throws unless the environment variable `variable` is "on": a unit's GPU
+// path that no GPU run has proven yet (a device whose buffers the host
+// cannot read) runs only when asked to (docs/gpu.md, Kernel paths).
+DTRAIN_DECL void require_gpu_switch(std::string_view unit, std::string_view variable);
 [[noreturn]] DTRAIN_DECL void saved_shortfall(std::string_view unit, std::int64_t have, std::int64_t want,
                                               std::string_view fix);
 

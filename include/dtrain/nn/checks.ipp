@@ -4,6 +4,8 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
+#include <cstdlib>
+
 #include "dtrain/nn/checks.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
@@ -31,6 +33,19 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     throw config_error(
         std::string(unit) + " expects inputs of width " + std::to_string(expected) + ", got " + std::to_string(in),
         "set the unit's feature count to the previous unit's out_features");
+  }
+
+  DTRAIN_DECL void require_gpu_switch(std::string_view unit, std::string_view variable) {
+    const std::string name(variable);
+    const char* v = std::getenv(name.c_str());
+    const std::string value = v != nullptr ? v : "";
+    if (value == "on") return;
+    if (value.empty() || value == "off")
+      throw config_error(std::string(unit) + " on a GPU has not been proven on a GPU yet and is off",
+                         "set " + name +
+                             "=on to run its compiled GPU path anyway, or run it on dtrain::Host "
+                             "(docs/gpu.md, Kernel paths)");
+    throw config_error(name + "='" + value + "' is not one of off|on", "set " + name + " to off or on, or unset it");
   }
 
   DTRAIN_DECL void saved_shortfall(std::string_view unit, std::int64_t have, std::int64_t want, std::string_view fix) {

@@ -21,6 +21,7 @@
 // with a list, into the list here it belongs to.
 
 #include "dtrain/checkpoint/state_io.hpp"
+#include "dtrain/kernels/convolution.hpp"
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/kernels/reduce.hpp"
 #include "dtrain/kernels/sequence.hpp"
@@ -75,5 +76,6 @@
   DTRAIN_ROTARY_ATTENTION_FUNCTORS(EACH, SUM, T) \
   DTRAIN_MATRIX_FUNCTORS(EACH, SUM, T)           \
   DTRAIN_REDUCE_FUNCTORS(EACH, SUM, T)           \
-  DTRAIN_SEQUENCE_FUNCTORS(EACH, SUM, T)
+  DTRAIN_SEQUENCE_FUNCTORS(EACH, SUM, T)         \
+  DTRAIN_CONVOLUTION_FUNCTORS(EACH, SUM, T)
 // clang-format on
