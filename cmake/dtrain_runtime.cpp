@@ -33,6 +33,7 @@
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/lora.hpp>
 #include <dtrain/hf/model.hpp>
+#include <dtrain/hf/vision.hpp>
 #include <dtrain/io/crc32c.hpp>
 #include <dtrain/io/files.hpp>
 #include <dtrain/io/npy.hpp>
@@ -49,6 +50,7 @@
 #include <dtrain/nn/attention.hpp>
 #include <dtrain/nn/checks.hpp>
 #include <dtrain/nn/convolution.hpp>
+#include <dtrain/nn/drop_tokens.hpp>
 #include <dtrain/nn/dropout.hpp>
 #include <dtrain/nn/embedding.hpp>
 #include <dtrain/nn/layer_norm.hpp>

@@ -173,15 +173,9 @@ FamilyResult run_family(Dev& dev, U& unit, const FamilySpec& f, const FamilyInpu
     return {run_unit<T>(dev, unit, c, true, in.shape, &batch), {}};
   } else {
     using buffer = typename Dev::template buffer<T>;
-    std::vector<buffer> params, grads;
-    std::vector<MatView<const T>> pv;
-    std::vector<MatView<T>> gv;
-    for (std::size_t i = 0; i < c.specs.size(); ++i) {
-      params.push_back(upload<T>(dev, c.params[i]));
-      pv.push_back(param_view<const T>(params.back().data(), c.specs[i]));
-      grads.push_back(make_buffer<T>(dev, static_cast<std::size_t>(c.specs[i].numel())));
-      gv.push_back(param_view<T>(grads.back().data(), c.specs[i]));
-    }
+    const DeviceParams<T, Dev> d(dev, c, true);
+    const auto& pv = d.values;
+    const auto& gv = d.grad_views;
     const std::int64_t mem_rows = in.shape.batch * in.k_time;
     const buffer x = upload<T>(dev, c.x), dy = upload<T>(dev, c.dy), mem = upload<T>(dev, in.memory);
     buffer y = make_buffer<T>(dev, static_cast<std::size_t>(c.rows * f.dim));
@@ -194,7 +188,7 @@ FamilyResult run_family(Dev& dev, U& unit, const FamilySpec& f, const FamilyInpu
     unit.template backward<Dev, T>(dev, pv, gv, xv, mv, dy.view(c.rows, f.dim), dx.view(c.rows, f.dim),
                                    dm.view(mem_rows, f.memory_dim), ctx);
     FamilyResult r{{download<T>(dev, y), download<T>(dev, dx), {}}, download<T>(dev, dm)};
-    for (const auto& g : grads) r.unit.grads.push_back(download<T>(dev, g));
+    for (const auto& g : d.grads) r.unit.grads.push_back(download<T>(dev, g));
     return r;
   }
 }

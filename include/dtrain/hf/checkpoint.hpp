@@ -77,10 +77,10 @@ DTRAIN_DECL void merge_lora(std::vector<std::pair<ParamSlot, std::vector<float>>
 
 // save_pretrained's JSON files in `partial`: model.safetensors.index.json
 // when there are `shards` > 1 (`file_of`: tensor -> file, sorted), and
-// config.json (the config's own text with torch_dtype float32).
+// config.json (the config's own text `config_json` with torch_dtype float32).
 DTRAIN_DECL void write_pretrained_json(const std::filesystem::path& partial,
                                        const std::map<std::string, std::string>& file_of, std::size_t shards,
-                                       std::uint64_t total_bytes, const LmConfig& config);
+                                       std::uint64_t total_bytes, const std::string& config_json);
 
 // The steps of a save that rank 0 writes to `dir` through `partial`
 // ("<dir>.partial"), so that `dir` appears complete or not at all; `call`
@@ -105,9 +105,22 @@ DTRAIN_DECL void end_save(World& world, std::string_view key, std::string_view c
 // model-0000i-of-0000N.safetensors with model.safetensors.index.json. The
 // directory must not exist (or be empty): it appears complete or not at all
 // (written as "<dir>.partial", renamed last). Collective.
+// One tensor written as it is (a tensor of the checkpoint that is not a
+// parameter of the model: hf::VisionTower's layers past its feature layer).
+struct PretrainedTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;
+};
+
+// The same for any model whose tensors `theirs_of` maps to transformers
+// names, with `config_json` as its config.json (torch_dtype set to float32)
+// and `extra` written beside its parameters (read on rank 0 only).
+// Collective.
 template <class Trainer>
-void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const LmConfig& config,
-                     const SavePretrainedOptions& options = {}) {
+void save_transformers(Trainer& trainer, const std::filesystem::path& dir, const TransformersNames& theirs_of,
+                       const std::string& config_json, const SavePretrainedOptions& options = {},
+                       const std::vector<PretrainedTensor>& extra = {}) {
   namespace fs = std::filesystem;
   World& world = trainer.world();
   const bool writer = world.rank() == 0;
@@ -123,14 +136,8 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
     }
   };
   guarded([&] { detail::begin_save(dir, partial, "save_pretrained"); });
-  const auto theirs_of = transformers_names(config);
 
-  struct Pending {
-    std::string name;
-    std::vector<std::int64_t> shape;
-    std::vector<float> values;
-  };
-  std::vector<Pending> shard;
+  std::vector<PretrainedTensor> shard;
   std::uint64_t shard_bytes = 0, total_bytes = 0;
   std::vector<std::vector<std::string>> shards;  // tensor names of each written shard
   auto flush = [&] {
@@ -146,13 +153,20 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
     shard.clear();
     shard_bytes = 0;
   };
+  auto push = [&](PretrainedTensor&& t) {
+    const std::uint64_t bytes = t.values.size() * sizeof(float);
+    if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) flush();
+    shard.push_back(std::move(t));
+    shard_bytes += bytes;
+    total_bytes += bytes;
+  };
   // Each unit's tensors are taken together, so its adapters can be merged.
   std::vector<std::pair<ParamSlot, std::vector<float>>> unit;
   auto add = [&](const ParamSlot& slot, std::vector<float>&& values) {
     const auto it = theirs_of.tensors.find(slot.name);
     if (it == theirs_of.tensors.end())
       throw config_error("save_pretrained: the model's tensor '" + slot.name + "' has no transformers name",
-                         "save an hf::CausalLm built from this config");
+                         "save the model built from this config (hf::CausalLm, hf::VisionTower)");
     // A fused tensor splits back into its parts along the first dimension.
     const std::size_t parts = it->second.size(), each = values.size() / parts;
     std::vector<std::int64_t> shape = slot.spec.shape;
@@ -165,15 +179,10 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
       values = std::move(t);
       std::swap(shape[0], shape[1]);  // one part: a Conv1D weight is never fused
     }
-    for (std::size_t k = 0; k < parts; ++k) {
-      const std::uint64_t bytes = each * sizeof(float);
-      if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) flush();
-      shard.push_back({it->second[k], shape,
-                       std::vector<float>(values.begin() + static_cast<std::ptrdiff_t>(k * each),
-                                          values.begin() + static_cast<std::ptrdiff_t>((k + 1) * each))});
-      shard_bytes += bytes;
-      total_bytes += bytes;
-    }
+    for (std::size_t k = 0; k < parts; ++k)
+      push({it->second[k], shape,
+            std::vector<float>(values.begin() + static_cast<std::ptrdiff_t>(k * each),
+                               values.begin() + static_cast<std::ptrdiff_t>((k + 1) * each))});
   };
   auto add_unit = [&] {
     detail::merge_lora(unit, options.lora);
@@ -190,6 +199,7 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
   });
   guarded([&] {
     add_unit();
+    for (const PretrainedTensor& t : extra) push({t.name, t.shape, t.values});
     flush();
     const std::size_t n = shards.size();
     std::map<std::string, std::string> sorted;  // transformers writes the map sorted by name
@@ -200,10 +210,16 @@ void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const L
       fs::rename(partial / ("shard-" + std::to_string(i + 1) + ".tmp"), partial / file);
       for (const auto& t : shards[i]) sorted[t] = file;
     }
-    detail::write_pretrained_json(partial, sorted, n, total_bytes, config);
+    detail::write_pretrained_json(partial, sorted, n, total_bytes, config_json);
     detail::commit_save(dir, partial, "the saved model");
   });
   detail::end_save(world, "hf-save-pretrained", "save_pretrained", dir, partial, error);
+}
+
+template <class Trainer>
+void save_pretrained(Trainer& trainer, const std::filesystem::path& dir, const LmConfig& config,
+                     const SavePretrainedOptions& options = {}) {
+  save_transformers(trainer, dir, transformers_names(config), config.json_text, options);
 }
 
 // The same for a model with adapters: merged into the weights (see

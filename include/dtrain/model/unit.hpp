@@ -22,7 +22,8 @@
 // Activations are [rows, width] matrices; for sequences rows = batch * time
 // (row b * time + t). A unit that needs more than that takes a UnitContext<T>
 // as a last argument of forward and backward:
-//   ctx.shape   the sequence shape (attention needs the time axis)
+//   ctx.shape   the sequence shape of its input rows (attention needs the
+//               time axis)
 //   ctx.saved   activations the unit keeps from forward for backward: a view
 //               of saved_size(shape, in) elements of T, which it declares
 //                 std::int64_t saved_size(dtrain::SeqShape, std::int64_t in) const;
@@ -35,6 +36,18 @@
 //     void forward(Dev&, UnitParams<const T>, const dtrain::DeviceBatch&, MatView<T> y, const UnitContext<T>&);
 //     void backward(Dev&, UnitParams<const T>, UnitParams<T> grad, const dtrain::DeviceBatch&,
 //                   MatView<const T> y, MatView<const T> dy, const UnitContext<T>&);
+//
+// A unit may change the row count (a vision tower's patch embedding turns B
+// images into B * tokens rows; a multimodal merge turns B * patches image
+// rows into B * T text rows) by declaring the sequence shape it writes:
+//     dtrain::SeqShape out_shape(dtrain::SeqShape in, dtrain::SeqShape batch) const;
+// `in` is the shape of the rows it reads (the previous unit's out_shape; for
+// the first unit the micro-batch's shape), `batch` the micro-batch's shape
+// (from its "x"). Without the member a unit writes the rows it reads. The
+// library sizes each unit's output, its gradient and its saved view
+// (saved_size(in, width)) by this chain; ctx.shape is `in`, y and dy have
+// out_shape(...).rows() rows, x and dx in.rows(), and the loss sees the last
+// unit's rows.
 //
 // backward OVERWRITES grad[i] with this micro-batch's gradient; grad[i] is
 // empty (data == nullptr) for a frozen parameter, which the unit must skip.
@@ -76,6 +89,7 @@ struct SeqShape {
   std::int64_t batch = 1;
   std::int64_t time = 1;
   std::int64_t rows() const { return batch * time; }
+  friend bool operator==(SeqShape, SeqShape) = default;
 };
 
 // What a unit may need beyond its parameters and activations (see above):
@@ -166,6 +180,17 @@ void unit_backward(U& unit, Dev& dev, UnitParams<const T> p, UnitParams<T> g, co
     unit.template backward<Dev, T>(dev, p, g, x, y, dy, dx);
 }
 }  // namespace detail
+
+// The sequence shape of the rows a unit writes (its input's unless it says, above).
+template <class U>
+SeqShape out_shape_of(const U& u, SeqShape in, SeqShape batch) {
+  if constexpr (requires {
+                  { u.out_shape(in, batch) } -> std::convertible_to<SeqShape>;
+                })
+    return u.out_shape(in, batch);
+  else
+    return in;
+}
 
 // Elements of T a unit keeps from forward for backward (0 unless it says).
 template <class U>

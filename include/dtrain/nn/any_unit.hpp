@@ -5,7 +5,8 @@
 // transformers model whose architecture config.json names), while every unit
 // still runs through its own statically typed code: std::visit dispatches
 // once per unit call. The alternatives may be plain or context units (not
-// input units); OneOf passes the context on to those that take it.
+// input units); OneOf passes the context on to those that take it, and the
+// rows they write (out_shape) on to the library.
 //
 // nn::AnyUnit is OneOf over the ready layers Linear, ReLU, GELU, LayerNorm.
 
@@ -36,6 +37,9 @@ class OneOf {
   }
   std::int64_t out_features(std::int64_t in) const {
     return std::visit([&](const auto& u) { return u.out_features(in); }, unit_);
+  }
+  SeqShape out_shape(SeqShape in, SeqShape batch) const {
+    return std::visit([&](const auto& u) { return out_shape_of(u, in, batch); }, unit_);
   }
   std::int64_t saved_size(SeqShape s, std::int64_t in) const {
     return std::visit([&](const auto& u) { return saved_size_of(u, s, in); }, unit_);

@@ -10,22 +10,33 @@
 // [dim, channels, patch, patch] (+ bias [dim]), class_embedding [dim],
 // position_embedding [tokens, dim].
 //
-// It reads one NCHW image per row, x [batch, channels * height * width], and
-// writes `tokens` rows per image, y [batch * tokens, dim]: the row count
-// changes, so it is called by a unit that owns the token rows (a vision
-// tower), not placed between units of equal rows. The position table is
-// built for one image size: other sizes are refused (no interpolation).
+// In a model it is the first unit, an input unit: it reads the batch's
+// images, float32 [batch, channels, height, width] (tensor "pixel_values"
+// unless PatchEmbeddingOptions::input says otherwise), and writes `tokens`
+// rows per image, y [batch * tokens, dim] (out_shape: {batch, tokens}).
+// An input unit, not a unit over x, because a model that also reads text
+// (LLaVA) has its token ids in x and its images beside them; a model of
+// images alone names x as the input. The images stay float32 in the batch
+// and are converted to a lower compute dtype in the unit's saved view.
+// Called by hand (a loop of one's own) it also takes the images as x, one
+// flattened NCHW image per row, [batch, channels * height * width]. The
+// position table is built for one image size: other sizes are refused (no
+// interpolation).
 //
 // On a GPU the unit runs only with DTRAIN_GPU_VISION=on (nn/convolution.hpp).
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/core/macros.hpp"
+#include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
 #include "dtrain/kernels/convolution.hpp"
+#include "dtrain/kernels/elementwise.hpp"
 #include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
@@ -39,6 +50,7 @@ struct PatchEmbeddingOptions {
   bool class_token = true;
   float init_std = 0.02f;  // class token and positions ~ N(0, init_std)
   bool trainable = true;
+  std::string input = "pixel_values";  // the batch tensor of images (as an input unit)
 };
 
 class PatchEmbedding {
@@ -55,15 +67,39 @@ class PatchEmbedding {
 
   DTRAIN_DECL std::vector<ParamSpec> params() const;
 
-  // in: the values per image (checked); the width of each token row.
+  // in: the values per image (checked; 0 as an input unit, which reads the
+  // batch); the width of each token row.
   std::int64_t out_features(std::int64_t in) const {
-    if (in != image_size()) wrong_image(in);
+    if (in != 0 && in != image_size()) wrong_image(in);
     return dim_;
   }
 
   // An image tensor's shape, [batch, channels, height, width]: throws when it
   // is not what the unit was built for (naming both sizes).
   DTRAIN_DECL void check_images(std::span<const std::int64_t> nchw) const;
+
+  // `tokens` rows per image: out_shape {images, tokens}.
+  SeqShape out_shape(SeqShape in, SeqShape) const { return {in.batch, tokens()}; }
+
+  // As an input unit the images are converted into the saved view when the
+  // compute dtype is not float32 (saved_size: the most it needs).
+  std::int64_t saved_size(SeqShape in, std::int64_t) const { return in.batch * image_size(); }
+  template <class Dev, class T>
+  std::int64_t saved_size_on(Dev&, SeqShape in, std::int64_t in_width) const {
+    return std::is_same_v<T, float> ? 0 : saved_size(in, in_width);
+  }
+
+  template <class Dev, class T>
+  void forward(Dev& dev, UnitParams<const T> p, const DeviceBatch& batch, MatView<T> y, const UnitContext<T>& ctx) {
+    forward<Dev, T>(dev, p, images<Dev, T>(dev, batch, y.rows, ctx), y);
+  }
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, const DeviceBatch& batch, MatView<const T> y,
+                MatView<const T> dy, const UnitContext<T>& ctx) {
+    // The saved view still holds forward's converted images (or activation
+    // checkpointing has just recomputed them).
+    backward<Dev, T>(dev, p, grad, images<Dev, T>(dev, batch, y.rows, ctx, false), y, dy, MatView<T>{});
+  }
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
@@ -115,6 +151,25 @@ class PatchEmbedding {
   std::size_t pos_index() const { return cls_index() + (options_.class_token ? 1 : 0); }
   DTRAIN_DECL ConvShape shape(std::int64_t batch) const noexcept;
   [[noreturn]] DTRAIN_DECL void wrong_image(std::int64_t values) const;
+  // The batch's image tensor, checked: float32 [rows / tokens, channels, height, width].
+  DTRAIN_DECL const DeviceTensor& image_tensor(const DeviceBatch& batch, std::int64_t rows) const;
+
+  // The images as [count, image_size] in T: the batch's own in float32,
+  // else converted into ctx.saved (`convert`: false when forward did it).
+  template <class Dev, class T>
+  MatView<const T> images(Dev& dev, const DeviceBatch& batch, std::int64_t rows, const UnitContext<T>& ctx,
+                          bool convert = true) const {
+    const DeviceTensor& t = image_tensor(batch, rows);
+    const std::int64_t count = t.dim(0), n = count * image_size();
+    if constexpr (std::is_same_v<T, float>) {
+      return {t.data<float>(), count, image_size()};
+    } else {
+      detail::check_count("nn::PatchEmbedding", "saved elements", static_cast<std::size_t>(ctx.saved.size()),
+                          static_cast<std::size_t>(n));
+      if (convert) dev.for_each(static_cast<std::size_t>(n), Cast<float, T>{t.data<float>(), ctx.saved.data});
+      return {ctx.saved.data, count, image_size()};
+    }
+  }
 
   template <class T>
   void check(UnitParams<const T> p, MatView<const T> x) const {

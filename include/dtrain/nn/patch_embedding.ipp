@@ -72,6 +72,24 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
                            "per row");
   }
 
+  DTRAIN_DECL const DeviceTensor& PatchEmbedding::image_tensor(const DeviceBatch& batch, std::int64_t rows) const {
+    if (!batch.contains(options_.input))
+      throw config_error("nn::PatchEmbedding: the batch has no images '" + options_.input + "'",
+                         "give the images as batch tensor '" + options_.input +
+                             "', float32 [batch, channels, height, width] (or set PatchEmbeddingOptions::input)");
+    const DeviceTensor& t = batch.at(options_.input);
+    if (t.type != element_type::f32)
+      throw config_error("nn::PatchEmbedding: images '" + options_.input + "' " + shape_text(t.shape) + " hold " +
+                             std::string(element_name(t.type)),
+                         "give the images as float32 (the unit converts them to the compute dtype)");
+    check_images(t.shape);
+    if (t.dim(0) * tokens() != rows)
+      throw config_error("nn::PatchEmbedding: " + std::to_string(t.dim(0)) + " images '" + options_.input +
+                             "' in a micro-batch of " + std::to_string(rows / tokens()) + " samples",
+                         "give one image per sample: the images' first extent is x's");
+    return t;
+  }
+
 }  // namespace dtrain::nn
 
 DTRAIN_IMPL_END

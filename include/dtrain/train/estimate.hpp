@@ -338,10 +338,10 @@ std::vector<UnitNumel> declared_units(Model& model) {
 }
 
 // The Trainer's activation buffers for micro-batches of `shape` through any
-// model, from what its units declare (out_features, saved_size), in bytes:
+// model, from what its units declare (out_features, out_shape, saved_size), in bytes:
 // each unit's output (and the input when the first unit is not an input
 // unit: in_width > 0; pass 0 for a model starting with nn::Embedding), two
-// gradient buffers of the widest width, what units keep for backward (every
+// gradient buffers of the largest activation, what units keep for backward (every
 // unit's, or with activation checkpointing the largest of those recomputed,
 // which they share in turn, beside the others' own: `checkpoint_every`,
 // `checkpoint_units` and `checkpoint_budget_bytes` as TrainerOptions has
@@ -357,9 +357,11 @@ std::size_t model_activation_bytes(Model& model, SeqShape shape, std::int64_t in
                                    const std::vector<std::size_t>& checkpoint_units = {},
                                    std::size_t checkpoint_budget_bytes = 0) {
   std::vector<std::int64_t> widths{in_width}, saved;
+  std::vector<SeqShape> seq{shape};  // each unit's input rows (units may change them: out_shape)
   detail::for_each_unit(model.units(), [&](std::size_t, auto& unit) {
-    saved.push_back(saved_size_of(unit, shape, widths.back()));
+    saved.push_back(saved_size_of(unit, seq.back(), widths.back()));
     widths.push_back(unit.out_features(widths.back()));
+    seq.push_back(out_shape_of(unit, seq.back(), shape));
   });
   // recomputed as the Trainer chooses
   const RecomputePolicy policy{.on = checkpointing,
@@ -375,9 +377,13 @@ std::size_t model_activation_bytes(Model& model, SeqShape shape, std::int64_t in
     else
       kept += saved[u];
   }
-  std::int64_t elements = 0;
-  for (std::size_t u = in_width > 0 ? 0 : 1; u < widths.size(); ++u) elements += shape.rows() * widths[u];
-  elements += 2 * shape.rows() * *std::max_element(widths.begin(), widths.end());
+  std::int64_t elements = 0, largest = 0;
+  for (std::size_t u = 0; u < widths.size(); ++u) {
+    const std::int64_t n = seq[u].rows() * widths[u];
+    largest = std::max(largest, n);
+    if (u > 0 || in_width > 0) elements += n;
+  }
+  elements += 2 * largest;
   elements += kept + shared;
   return static_cast<std::size_t>(elements) * compute_bytes + batch_bytes;
 }

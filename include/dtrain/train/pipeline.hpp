@@ -151,7 +151,6 @@ class UnitPipeline {
     constexpr bool has_loss = !std::is_null_pointer_v<std::remove_cvref_t<OnLoss>>;
     auto units = model_.units();
     const SeqShape shape = check_batch(batch);
-    const std::int64_t rows = shape.rows();
     const HostTensor& x = batch.at("x");
     const bool input_unit = first_is_input_unit();
     if (!input_unit && !is_floating(x.type))
@@ -168,17 +167,23 @@ class UnitPipeline {
       saved_.resize(num_units_ + 1);
     }
     const auto& width = width_;
-    const std::int64_t widest = *std::max_element(width.begin(), width.end());
-    for (std::size_t u = input_unit ? 1 : 0; u <= num_units_; ++u)
-      ensure(activations_[u], static_cast<std::size_t>(rows * width[u]));
-    for (auto& d : dgrad_) ensure(d, static_cast<std::size_t>(rows * widest));
+    // The rows follow from the micro-batch's shape (units may change them: out_shape).
+    std::vector<SeqShape> seq{shape};
+    detail::for_each_unit(units, [&](std::size_t, auto& u) { seq.push_back(out_shape_of(u, seq.back(), shape)); });
+    std::int64_t largest = 0;  // the largest activation: what a gradient buffer holds
+    for (std::size_t u = 0; u <= num_units_; ++u) {
+      const std::int64_t n = seq[u].rows() * width[u];
+      largest = std::max(largest, n);
+      if (u > 0 || !input_unit) ensure(activations_[u], static_cast<std::size_t>(n));
+    }
+    for (auto& d : dgrad_) ensure(d, static_cast<std::size_t>(largest));
 
     // What units keep from forward for backward: a buffer each, or for the
     // units activation checkpointing recomputes one buffer they take in turn
     // (saved_'s last).
     std::vector<std::int64_t> saved(num_units_);
-    detail::for_each_unit(units,
-                          [&](std::size_t u, auto& unit) { saved[u] = saved_size_of<T>(unit, dev_, shape, width[u]); });
+    detail::for_each_unit(
+        units, [&](std::size_t u, auto& unit) { saved[u] = saved_size_of<T>(unit, dev_, seq[u], width[u]); });
     const std::vector<char> recompute = recomputed(saved);
     for (std::size_t u = 0; u < num_units_; ++u)
       if (saved[u] > 0) ensure(recompute[u] ? saved_[num_units_] : saved_[u], static_cast<std::size_t>(saved[u]));
@@ -190,11 +195,11 @@ class UnitPipeline {
     const DeviceBatch on_device = upload(batch, input_unit);
     auto ctx = [&](std::size_t u) {
       buffer<T>& b = recompute[u] ? saved_[num_units_] : saved_[u];
-      return UnitContext<T>{shape, saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{}, backward,
+      return UnitContext<T>{seq[u], saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{}, backward,
                             detail::derive_stream(micro_stream, u), &on_device};
     };
 
-    auto act = [&](std::size_t u) { return activations_[u].view(rows, width[u]); };
+    auto act = [&](std::size_t u) { return activations_[u].view(seq[u].rows(), width[u]); };
     auto forward = [&](std::size_t u, auto& unit) {
       ties_.before_forward(u);
       detail::unit_forward<Dev, T>(unit, dev_, ties_.params(u), on_device, act(u), act(u + 1), ctx(u));
@@ -216,11 +221,11 @@ class UnitPipeline {
       const float dlogit_scale = on_loss(model_.loss.template forward<Dev, T>(dev_, logits, on_device));
       if (!backward) return;
       std::size_t cur = 0;
-      model_.loss.template backward<Dev, T>(dev_, logits, on_device, dgrad_[cur].view(rows, width[num_units_]),
+      model_.loss.template backward<Dev, T>(dev_, logits, on_device, dgrad_[cur].view(logits.rows, logits.cols),
                                             dlogit_scale);
       detail::for_each_unit_reverse(units, num_units_, [&](std::size_t u, auto& unit) {
-        const MatView<T> dx = u == 0 ? MatView<T>{} : dgrad_[1 - cur].view(rows, width[u]);
-        const MatView<const T> dy = dgrad_[cur].view(rows, width[u + 1]);
+        const MatView<T> dx = u == 0 ? MatView<T>{} : dgrad_[1 - cur].view(seq[u].rows(), width[u]);
+        const MatView<const T> dy = dgrad_[cur].view(seq[u + 1].rows(), width[u + 1]);
         strategy_.before_backward(u, k);
         // Deterministic kernels: the recomputed activations (and output) are
         // bit-identical to the first forward's.
