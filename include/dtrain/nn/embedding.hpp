@@ -2,7 +2,7 @@
 // nn::Embedding: token ids -> vectors, the input unit of a language model.
 // It reads the batch's integer ids (int32 or int64, [B, T], batch tensor "x"
 // by default) and writes rows = B * T vectors of width `dim`:
-//   y[r] = weight[ids[r]]
+//   y[r] = weight[ids[r]] (* scale: Gemma's sqrt(dim), rounded to the dtype first)
 // Its gradient sums the rows of dy that share an id, per table row, in row
 // order: deterministic on every device (no atomics). The rows of each id
 // are bucketed on the host, where the batch's ids already are.
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
@@ -35,7 +36,7 @@ namespace detail {
 // increasing row order.
 template <class Dev, class T, class Key>
 void scatter_rows(Dev& dev, const Key* keys, std::size_t n, std::int64_t table_rows, const T* dy, T* dtable,
-                  std::int64_t dim) {
+                  std::int64_t dim, float scale = 1.f) {
   std::vector<std::int64_t> index(static_cast<std::size_t>(table_rows) + 1 + n, 0);
   std::int64_t* offsets = index.data();
   std::int64_t* rows = offsets + table_rows + 1;
@@ -47,7 +48,7 @@ void scatter_rows(Dev& dev, const Key* keys, std::size_t n, std::int64_t table_r
   dev.copy_from_host(on_device, index.data(), index.size());
   constexpr bool by_rows = Dev::host_accessible;
   dev.for_each(static_cast<std::size_t>(by_rows ? table_rows : table_rows * dim),
-               EmbeddingScatter<T>{on_device, on_device + table_rows + 1, dy, dtable, dim, by_rows});
+               EmbeddingScatter<T>{on_device, on_device + table_rows + 1, dy, dtable, dim, by_rows, scale});
 }
 
 }  // namespace detail
@@ -56,6 +57,9 @@ struct EmbeddingOptions {
   std::string input = "x";  // the batch tensor of ids
   float init_std = 0.02f;   // weight ~ N(0, init_std), as GPT-2
   bool trainable = true;
+  // The rows are multiplied by this (Gemma: sqrt(dim)), itself first rounded
+  // to the compute dtype, as transformers rounds its normaliser.
+  float scale = 1.f;
 };
 
 class Embedding {
@@ -74,7 +78,7 @@ class Embedding {
     detail::check_count("nn::Embedding", "parameters", p.size(), 1);
     const DeviceTensor& ids = checked_ids(batch, y.rows);
     dispatch(ids, [&]<class Id>() {
-      dev.for_each(static_cast<std::size_t>(y.size()), EmbeddingGather<T, Id>{ids.data<Id>(), p[0].data, y.data, dim_});
+      dev.for_each(static_cast<std::size_t>(y.size()), EmbeddingGather<T, Id>{ids.data<Id>(), p[0].data, y.data, dim_, scale<T>()});
     });
   }
 
@@ -85,11 +89,16 @@ class Embedding {
     const DeviceTensor& ids = checked_ids(batch, y.rows);
     dispatch(ids, [&]<class Id>() {
       detail::scatter_rows(dev, ids.host_data<Id>(), static_cast<std::size_t>(ids.numel()), vocab_, dy.data,
-                           grad[0].data, dim_);
+                           grad[0].data, dim_, scale<T>());
     });
   }
 
  private:
+  template <class T>
+  float scale() const {
+    return static_cast<float>(dtype_cast<T>(options_.scale));
+  }
+
   template <class F>
   void dispatch(const DeviceTensor& ids, F&& f) const {
     if (ids.type == element_type::i32) return f.template operator()<std::int32_t>();

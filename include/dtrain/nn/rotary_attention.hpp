@@ -71,10 +71,13 @@ struct RopeTable {
   float* sin_out;
   std::int64_t half;
   float theta;
+  float factor = 1.f;  // linear scaling: the frequencies divided by it (in float, as transformers' "linear")
   DTRAIN_HOST_DEVICE void operator()(std::size_t n) const {
     const auto t = static_cast<std::int64_t>(n) / half, i = static_cast<std::int64_t>(n) % half;
-    const auto inv_freq = static_cast<float>(
-        1.0 / ::pow(static_cast<double>(theta), static_cast<double>(2 * i) / static_cast<double>(2 * half)));
+    const float inv_freq =
+        static_cast<float>(
+            1.0 / ::pow(static_cast<double>(theta), static_cast<double>(2 * i) / static_cast<double>(2 * half))) /
+        factor;
     const double angle = static_cast<double>(static_cast<float>(t) * inv_freq);
     cos_out[n] = static_cast<float>(::cos(angle));
     sin_out[n] = static_cast<float>(::sin(angle));
@@ -359,10 +362,10 @@ void masked_softmax(Dev& dev, CrossLayout l, T* att, const DeviceTensor* mask, c
 // head) pairs; o (scratch) then merged into rows [B q_time, heads hd].
 template <class Dev, class T>
 void full_attention(Dev& dev, CrossLayout l, const T* q, const T* k, const T* v, T* att, T* o, T* merged,
-                    const DeviceTensor* mask, const std::int64_t* positions) {
+                    const DeviceTensor* mask, const std::int64_t* positions, float scores = 0.f) {
   const std::int64_t hd = l.head_dim, qt = l.q_time * hd, kt = l.k_time * hd, a = l.q_time * l.k_time;
   const std::int64_t bh = l.batch * l.heads;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const float scale = scores_scale(scores, hd);
   dev.gemm_batched(false, true, l.q_time, l.k_time, hd, scale, q, hd, qt, k, hd, kt, 0.f, att, l.k_time, a, bh);
   masked_softmax(dev, l, att, mask, positions);
   dev.gemm_batched(false, false, l.q_time, hd, l.k_time, 1.f, att, l.k_time, a, v, hd, kt, 0.f, o, hd, qt, bh);
@@ -373,10 +376,10 @@ void full_attention(Dev& dev, CrossLayout l, const T* q, const T* k, const T* v,
 // probabilities' gradient to the scores'), d_q, d_k, d_v in the head layout.
 template <class Dev, class T>
 void full_attention_backward(Dev& dev, CrossLayout l, const T* q, const T* k, const T* v, const T* att,
-                             const T* d_merged, T* d_o, T* d_att, T* d_q, T* d_k, T* d_v) {
+                             const T* d_merged, T* d_o, T* d_att, T* d_q, T* d_k, T* d_v, float scores = 0.f) {
   const std::int64_t hd = l.head_dim, qt = l.q_time * hd, kt = l.k_time * hd, a = l.q_time * l.k_time;
   const std::int64_t bh = l.batch * l.heads, tq = l.q_time, tk = l.k_time;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const float scale = scores_scale(scores, hd);
   permute_heads(dev, l.queries(), d_merged, d_o, true);
   dev.gemm_batched(false, true, tq, tk, hd, 1.f, d_o, hd, qt, v, hd, kt, 0.f, d_att, tk, a, bh);
   dev.gemm_batched(true, false, tk, hd, tq, 1.f, att, tk, a, d_o, hd, qt, 0.f, d_v, hd, kt, bh);
@@ -408,7 +411,13 @@ struct GroupedAttentionOptions {
   // [head_dim] (Qwen3's y = x / rms(x) * w; Gemma's (1 + w) is w + 1 here)
   bool qk_norm = false;
   float qk_norm_eps = 1e-6f;
+  float qk_norm_offset = 0.f;   // the norms' scale is weight + offset (Gemma 3: 1; nn::RMSNorm's offset)
   std::int64_t memory_dim = 0;  // CrossInput: the memory's width (0: dim)
+  // Causal: > 0 leaves out every key `window` or more positions before its
+  // query (sliding-window attention, Gemma 3's and Mistral's local layers).
+  std::int64_t window = 0;
+  float scale = 0.f;        // the scores' scale; 0: 1 / sqrt(head_dim) (Gemma 3: query_pre_attn_scalar^-0.5)
+  float rope_factor = 1.f;  // Rotary: linear position scaling (transformers' rope_type "linear", its factor)
 };
 using RotaryAttentionOptions = GroupedAttentionOptions;
 
@@ -428,7 +437,7 @@ class GroupedAttentionBase {
 
  protected:
   DTRAIN_DECL GroupedAttentionBase(const char* name, std::int64_t dim, std::int64_t heads,
-                                   GroupedAttentionOptions options, bool rotary, bool cross);
+                                   GroupedAttentionOptions options, bool rotary, bool cross, bool causal_mask);
 
   // q, k, v, o weights; q/k/v biases; o bias; q_norm, k_norm weights
   std::size_t base_count() const {
@@ -500,7 +509,7 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
  public:
   AttentionUnit(std::int64_t dim, std::int64_t heads, GroupedAttentionOptions options = {})
       : GroupedAttentionBase(causal && rotary ? "nn::RotaryAttention" : "nn::Attention", dim, heads, options, rotary,
-                             cross) {}
+                             cross, causal) {}
 
   std::int64_t out_features(std::int64_t in) const { return detail::check_width(name_, in, dim_); }
 
@@ -517,8 +526,11 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   friend class detail::AttentionPaths<AttentionUnit>;
   friend class detail::CrossAttentionPaths<AttentionUnit>;
 
-  // cuDNN's fused attention is causal self-attention; QK-norm is not on it yet.
-  bool fusable() const { return causal && !options_.qk_norm; }
+  // cuDNN's fused attention is causal self-attention with the default scale;
+  // QK-norm and the sliding window are not on it yet.
+  bool fusable() const {
+    return causal && !options_.qk_norm && options_.window == 0 && options_.scale == 0.f;
+  }
 
   template <class Dev, class T>
   void own_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
@@ -569,10 +581,11 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
                    detail::ToRotatedHeads<T>{s.g, q_rows, k_rows, v_rows, rope.cos_t, rope.sin_t, s.q});
     }
     if constexpr (causal)
-      detail::heads_attention(dev, name_, s.heads_layout(), s.q, s.k, s.v, s.att, o, s.merged, ctx);
+      detail::heads_attention(dev, name_, s.heads_layout(), s.q, s.k, s.v, s.att, o, s.merged, ctx, options_.scale,
+                              options_.window);
     else
       detail::full_attention(dev, s.layout(), s.q, s.k, s.v, s.att, o, s.merged, key_mask(ctx, s.k_time),
-                             s.g.positions);
+                             s.g.positions, options_.scale);
     detail::output_projection(dev, lora_, 3, p, MatView<const T>{s.merged, Nq, dim_}, p[3].data, bias(p, 3).data, y,
                               lora, lora_draw(ctx));
   }
@@ -608,9 +621,10 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
                                        grad[3], bias(grad, 3), d_merged, lora, lora_draw(ctx));
     if constexpr (causal)
       detail::heads_attention_backward(dev, s.heads_layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k,
-                                       d_v);
+                                       d_v, options_.scale);
     else
-      detail::full_attention_backward(dev, s.layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v);
+      detail::full_attention_backward(dev, s.layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v,
+                                      options_.scale);
     if constexpr (cross) {
       detail::permute_heads(dev, s.layout().queries(), d_q, dq_rows, false);
       dev.for_each(static_cast<std::size_t>(2 * Nk * kv),
@@ -637,8 +651,9 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   template <class Dev>
   void check_device() const {
     if constexpr (!Dev::host_accessible)
-      if (!causal || cross || options_.qk_norm)
-        detail::require_gpu_switch(std::string(name_) + " (bidirectional, cross or QK-norm)", "DTRAIN_GPU_ATTENTION");
+      if (!causal || cross || options_.qk_norm || options_.window > 0 || options_.scale != 0.f)
+        detail::require_gpu_switch(std::string(name_) + " (bidirectional, cross, QK-norm, sliding window or scale)",
+                                   "DTRAIN_GPU_ATTENTION");
   }
 
   // RMSNorm over every head_dim-wide head of `rows` head rows: in -> out.
@@ -647,7 +662,8 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     const std::int64_t hd = head_dim();
     dev.for_each(
         static_cast<std::size_t>(rows),
-        detail::RmsNormForward<T>{MatView<const T>{in, rows, hd}, w, MatView<T>{out, rows, hd}, options_.qk_norm_eps});
+        detail::RmsNormForward<T>{MatView<const T>{in, rows, hd}, w, MatView<T>{out, rows, hd}, options_.qk_norm_eps,
+                                  options_.qk_norm_offset});
   }
 
   // Its backward: d_in from d_out, and the weight's gradient dw (skipped when
@@ -658,7 +674,8 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     const std::int64_t hd = head_dim();
     const MatView<const T> xv{in, rows, hd}, dyv{d_out, rows, hd};
     dev.for_each(static_cast<std::size_t>(rows),
-                 detail::RmsNormBackwardInput<T>{xv, w, dyv, MatView<T>{d_in, rows, hd}, rstd, options_.qk_norm_eps});
+                 detail::RmsNormBackwardInput<T>{xv, w, dyv, MatView<T>{d_in, rows, hd}, rstd, options_.qk_norm_eps,
+                                                 options_.qk_norm_offset});
     if (!dw.empty())
       dev.for_each(column_groups(hd, column_group<Dev>()),
                    detail::RmsNormBackwardWeight<T>{xv, dyv, rstd, dw.data, column_group<Dev>()});
@@ -844,7 +861,7 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     float* cos_t = float_at(at);
     const std::int64_t half = g.head_dim / 2;
     float* sin_t = cos_t + g.time * half;
-    dev.for_each(static_cast<std::size_t>(g.time * half), detail::RopeTable{cos_t, sin_t, half, options_.rope_theta});
+    dev.for_each(static_cast<std::size_t>(g.time * half), detail::RopeTable{cos_t, sin_t, half, options_.rope_theta, options_.rope_factor});
     return {cos_t, sin_t};
   }
 

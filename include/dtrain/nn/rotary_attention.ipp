@@ -11,7 +11,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     namespace dtrain::nn {
   namespace detail {
   DTRAIN_DECL GroupedAttentionBase::GroupedAttentionBase(const char* name, std::int64_t dim, std::int64_t heads,
-                                                         GroupedAttentionOptions options, bool rotary, bool cross)
+                                                         GroupedAttentionOptions options, bool rotary, bool cross,
+                                                         bool causal_mask)
       : name_(name),
         dim_(dim),
         heads_(heads),
@@ -29,6 +30,13 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     if (rotary && (options.rope_theta < 0.f || (options.rope_theta > 0.f && head_dim() % 2 != 0)))
       throw config_error(what + ": rotary embedding needs an even head_dim and rope_theta >= 0",
                          "use an even head_dim, or rope_theta = 0 for no rotary embedding");
+    if (options.window < 0 || (options.window > 0 && !causal_mask))
+      throw config_error(what + ": window " + std::to_string(options.window) +
+                             " needs the Causal mask and a width >= 0",
+                         "give window > 0 on a causal attention, or 0 for none");
+    if (!(options.scale >= 0.f) || !(options.rope_factor > 0.f))
+      throw config_error(what + ": the scale must be >= 0 and the rope factor > 0",
+                         "give scale 0 for 1 / sqrt(head_dim), and rope_factor 1 for unscaled positions");
     if (cross && (options.q_lora.r > 0 || options.k_lora.r > 0 || options.v_lora.r > 0 || options.o_lora.r > 0))
       throw config_error(what + ": LoRA adapters on cross-attention are not supported yet",
                          "train the cross-attention's projections in full, or freeze them");
@@ -55,8 +63,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     }
     if (options_.out_bias) p.push_back({"o.bias", {dim_}, Init::zeros(), train(3), {}, {"bias"}});
     if (options_.qk_norm) {
-      p.push_back({"q_norm.weight", {hd}, Init::ones(), options_.trainable, {}, {"norm"}});
-      p.push_back({"k_norm.weight", {hd}, Init::ones(), options_.trainable, {}, {"norm"}});
+      const Init norm = options_.qk_norm_offset == 0.f ? Init::ones() : Init::zeros();
+      p.push_back({"q_norm.weight", {hd}, norm, options_.trainable, {}, {"norm"}});
+      p.push_back({"k_norm.weight", {hd}, norm, options_.trainable, {}, {"norm"}});
     }
     for (auto& a : lora_.params()) p.push_back(std::move(a));
     return p;
