@@ -98,8 +98,9 @@ void fine_tuned_model_loads_in_transformers(const std::string& name, const std::
   BOOST_TEST(err <= tolerance);
 }
 
-void training_parity(const std::string& name, const std::string& args) {
-  dtrain::testing::training_parity<Host>({.python = python(), .torch_device = "cpu"}, name, args);
+// `lora_targets`: PEFT's LoRA adapters on them, trained on the frozen base (parity.hpp).
+void training_parity(const std::string& name, const std::string& args, const std::string& lora_targets = "") {
+  dtrain::testing::training_parity<Host>({.python = python(), .torch_device = "cpu"}, name, args, 0, lora_targets);
 }
 
 }  // namespace
@@ -111,6 +112,10 @@ BOOST_AUTO_TEST_CASE(gemma3_text_bf16_sharded) { logits_at_one_and_two_ranks("ge
 BOOST_AUTO_TEST_CASE(gemma_trains_like_transformers) { training_parity("gemma_train_t5", "gemma 2 float32 0"); }
 BOOST_AUTO_TEST_CASE(gemma3_text_trains_like_transformers) {
   training_parity("gemma3_train", "gemma3 2 float32 0");
+}
+
+BOOST_AUTO_TEST_CASE(gemma3_text_lora_trains_like_peft) {
+  training_parity("gemma3_lora_train", "gemma3 2 float32 0", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
 }
 
 BOOST_AUTO_TEST_CASE(fine_tuned_gemma_loads_in_transformers) {
