@@ -107,12 +107,12 @@ void training_parity(const std::string& name, const std::string& args, const std
 
 BOOST_AUTO_TEST_CASE(gemma_f32) { logits_at_one_and_two_ranks("gemma_t5", "gemma 2 float32 0"); }
 BOOST_AUTO_TEST_CASE(gemma3_text_f32) { logits_at_one_and_two_ranks("gemma3_t5", "gemma3 2 float32 0"); }
-BOOST_AUTO_TEST_CASE(gemma3_text_bf16_sharded) { logits_at_one_and_two_ranks("gemma3_bf16", "gemma3 1 bfloat16 20000"); }
+BOOST_AUTO_TEST_CASE(gemma3_text_bf16_sharded) {
+  logits_at_one_and_two_ranks("gemma3_bf16", "gemma3 1 bfloat16 20000");
+}
 
 BOOST_AUTO_TEST_CASE(gemma_trains_like_transformers) { training_parity("gemma_train_t5", "gemma 2 float32 0"); }
-BOOST_AUTO_TEST_CASE(gemma3_text_trains_like_transformers) {
-  training_parity("gemma3_train", "gemma3 2 float32 0");
-}
+BOOST_AUTO_TEST_CASE(gemma3_text_trains_like_transformers) { training_parity("gemma3_train", "gemma3 2 float32 0"); }
 
 BOOST_AUTO_TEST_CASE(gemma3_text_lora_trains_like_peft) {
   training_parity("gemma3_lora_train", "gemma3 2 float32 0", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");

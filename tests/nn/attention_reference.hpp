@@ -318,8 +318,8 @@ void family_cases(FamilyGroup group, Check&& check) {
     f.norm_offset = 1.0;
     f.scale = 0.3;
     f.rope_factor = 2.0;
-    check("sliding window 3, Gemma 3's QK-norm, scale and rope scaling", Attention<nn::Rotary>(16, 4, family_options(f)),
-          f, FamilyInputs{.shape = {2, 7}, .k_time = 7});
+    check("sliding window 3, Gemma 3's QK-norm, scale and rope scaling",
+          Attention<nn::Rotary>(16, 4, family_options(f)), f, FamilyInputs{.shape = {2, 7}, .k_time = 7});
   }
   if (group == FamilyGroup::packed) {
     // two records (4 + 3 tokens) in the first sequence, one in the second:

@@ -153,8 +153,9 @@ inline RefForward swiglu_reference(std::int64_t hidden, bool geglu = false) {
       for (std::int64_t j = 0; j < hidden; ++j) {
         const double g = x[static_cast<std::size_t>(r * 2 * hidden + j)];
         const double u = x[static_cast<std::size_t>(r * 2 * hidden + hidden + j)];
-        const double act = geglu ? 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / std::acos(-1.0)) * (g + 0.044715 * g * g * g)))
-                                 : g / (1.0 + std::exp(-g));
+        const double act =
+            geglu ? 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / std::acos(-1.0)) * (g + 0.044715 * g * g * g)))
+                  : g / (1.0 + std::exp(-g));
         y[static_cast<std::size_t>(r * hidden + j)] = act * u;
       }
     return y;

@@ -145,7 +145,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
   // other rope_type is refused by name.
   inline void read_rope(const nlohmann::ordered_json& rp, const std::string& in, float& theta, float& factor) {
     if (!rp.is_object())
-      throw config_error(in + " " + rp.dump() + " is not an object", "give the model's config.json as transformers wrote it");
+      throw config_error(in + " " + rp.dump() + " is not an object",
+                         "give the model's config.json as transformers wrote it");
     std::string type = "default";
     for (const char* key : {"rope_type", "type"})
       if (rp.contains(key) && rp.at(key).is_string()) type = rp.at(key).get<std::string>();
@@ -161,7 +162,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     const float one = 1.f;
     factor = type == "linear" ? number<float>(rp, in, "factor", &one) : 1.f;
     if (!(theta > 0.f) || !(factor > 0.f))
-      throw config_error(in + ": rope_theta and factor must be > 0", "give the model's config.json as transformers wrote it");
+      throw config_error(in + ": rope_theta and factor must be > 0",
+                         "give the model's config.json as transformers wrote it");
   }
 
   // Gemma 3's rotary bases: transformers 4 writes rope_theta (global layers),
@@ -203,11 +205,10 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     auto set = [&](const char* key) { return j.contains(key) && !j.at(key).is_null(); };
     // transformers 4 reads hidden_activation (null: the tanh GELU), 5 hidden_act ("gelu" meaning the tanh GELU)
     const bool explicit_act = set("hidden_activation");
-    const std::string act = explicit_act && j.at("hidden_activation").is_string()
-                                ? j.at("hidden_activation").get<std::string>()
-                            : !explicit_act && set("hidden_act") && j.at("hidden_act").is_string()
-                                ? j.at("hidden_act").get<std::string>()
-                                : "gelu_pytorch_tanh";
+    const std::string act =
+        explicit_act && j.at("hidden_activation").is_string() ? j.at("hidden_activation").get<std::string>()
+        : !explicit_act && set("hidden_act") && j.at("hidden_act").is_string() ? j.at("hidden_act").get<std::string>()
+                                                                               : "gelu_pytorch_tanh";
     if (act != "gelu_pytorch_tanh" && !(act == "gelu" && !explicit_act))
       unsupported(std::string(explicit_act ? "hidden_activation" : "hidden_act") + " \"" + act + "\"",
                   "dtrain's Gemma MLP is GeGLU with the tanh GELU (hidden_activation \"gelu_pytorch_tanh\")");
@@ -232,7 +233,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     const std::int64_t window_default = 4096, pattern_default = 6;
     c.sliding_window = number<std::int64_t>(j, where, "sliding_window", &window_default);
     if (c.sliding_window < 1)
-      unsupported("sliding_window " + std::to_string(c.sliding_window), "give a window >= 1 (transformers' default 4096)");
+      unsupported("sliding_window " + std::to_string(c.sliding_window),
+                  "give a window >= 1 (transformers' default 4096)");
     c.local_layers.assign(static_cast<std::size_t>(c.num_hidden_layers), 0);
     if (set("layer_types")) {
       const auto& types = j.at("layer_types");

@@ -315,8 +315,7 @@ struct EmbeddingScatter {
     }
     const auto n = static_cast<std::int64_t>(i), v = n / dim, c = n % dim;
     float acc = 0.f;
-    for (std::int64_t k = offsets[v]; k < offsets[v + 1]; ++k)
-      acc += static_cast<float>(dy[rows[k] * dim + c]) * scale;
+    for (std::int64_t k = offsets[v]; k < offsets[v + 1]; ++k) acc += static_cast<float>(dy[rows[k] * dim + c]) * scale;
     dtable[n] = dtype_cast<T>(acc);
   }
 };

@@ -315,7 +315,7 @@ using GeGLU = GatedActivation<detail::gelu_tanh_op>;
   EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::quick_gelu_op, T>)     \
   EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::quick_gelu_op, T>)    \
   EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::quick_gelu_op, T>) \
-  EACH(::dtrain::nn::detail::GatedForward<::dtrain::nn::detail::silu_op, T>)               \
-  EACH(::dtrain::nn::detail::GatedBackward<::dtrain::nn::detail::silu_op, T>)              \
-  EACH(::dtrain::nn::detail::GatedForward<::dtrain::nn::detail::gelu_tanh_op, T>)          \
+  EACH(::dtrain::nn::detail::GatedForward<::dtrain::nn::detail::silu_op, T>)                \
+  EACH(::dtrain::nn::detail::GatedBackward<::dtrain::nn::detail::silu_op, T>)               \
+  EACH(::dtrain::nn::detail::GatedForward<::dtrain::nn::detail::gelu_tanh_op, T>)           \
   EACH(::dtrain::nn::detail::GatedBackward<::dtrain::nn::detail::gelu_tanh_op, T>)

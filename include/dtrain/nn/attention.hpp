@@ -166,8 +166,8 @@ void attention_softmax(Dev& dev, const char* unit, T* att, std::int64_t heads, c
     return dev.for_each(rows, CausalSoftmax<T>{att, time, nullptr, heads, nullptr, block, window});
   if (mask == nullptr) return dev.for_each(rows, CausalSoftmax<T>{att, time, nullptr, heads, p, block, window});
   if (mask->type == element_type::i32)
-    return dev.for_each(
-        rows, CausalSoftmax<T, std::int32_t>{att, time, mask->data<std::int32_t>(), heads, p, block, window});
+    return dev.for_each(rows,
+                        CausalSoftmax<T, std::int32_t>{att, time, mask->data<std::int32_t>(), heads, p, block, window});
   dev.for_each(rows, CausalSoftmax<T, std::int64_t>{att, time, mask->data<std::int64_t>(), heads, p, block, window});
 }
 

@@ -78,7 +78,8 @@ class Embedding {
     detail::check_count("nn::Embedding", "parameters", p.size(), 1);
     const DeviceTensor& ids = checked_ids(batch, y.rows);
     dispatch(ids, [&]<class Id>() {
-      dev.for_each(static_cast<std::size_t>(y.size()), EmbeddingGather<T, Id>{ids.data<Id>(), p[0].data, y.data, dim_, scale<T>()});
+      dev.for_each(static_cast<std::size_t>(y.size()),
+                   EmbeddingGather<T, Id>{ids.data<Id>(), p[0].data, y.data, dim_, scale<T>()});
     });
   }
 

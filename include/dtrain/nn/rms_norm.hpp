@@ -142,7 +142,8 @@ class RMSNorm {
     check_params(p);
     detail::check_shape("nn::RMSNorm", "input", x, x.rows, features_);
     detail::check_shape("nn::RMSNorm", "output", y, x.rows, features_);
-    dev.for_each(static_cast<std::size_t>(x.rows), detail::RmsNormForward<T>{x, p[0].data, y, options_.eps, options_.offset});
+    dev.for_each(static_cast<std::size_t>(x.rows),
+                 detail::RmsNormForward<T>{x, p[0].data, y, options_.eps, options_.offset});
   }
 
   template <class Dev, class T>

@@ -74,10 +74,9 @@ struct RopeTable {
   float factor = 1.f;  // linear scaling: the frequencies divided by it (in float, as transformers' "linear")
   DTRAIN_HOST_DEVICE void operator()(std::size_t n) const {
     const auto t = static_cast<std::int64_t>(n) / half, i = static_cast<std::int64_t>(n) % half;
-    const float inv_freq =
-        static_cast<float>(
-            1.0 / ::pow(static_cast<double>(theta), static_cast<double>(2 * i) / static_cast<double>(2 * half))) /
-        factor;
+    const float inv_freq = static_cast<float>(1.0 / ::pow(static_cast<double>(theta),
+                                                          static_cast<double>(2 * i) / static_cast<double>(2 * half))) /
+                           factor;
     const double angle = static_cast<double>(static_cast<float>(t) * inv_freq);
     cos_out[n] = static_cast<float>(::cos(angle));
     sin_out[n] = static_cast<float>(::sin(angle));
@@ -528,9 +527,7 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
 
   // cuDNN's fused attention is causal self-attention with the default scale;
   // QK-norm and the sliding window are not on it yet.
-  bool fusable() const {
-    return causal && !options_.qk_norm && options_.window == 0 && options_.scale == 0.f;
-  }
+  bool fusable() const { return causal && !options_.qk_norm && options_.window == 0 && options_.scale == 0.f; }
 
   template <class Dev, class T>
   void own_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
@@ -584,8 +581,8 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
       detail::heads_attention(dev, name_, s.heads_layout(), s.q, s.k, s.v, s.att, o, s.merged, ctx, options_.scale,
                               options_.window);
     else
-      detail::full_attention(dev, s.layout(), s.q, s.k, s.v, s.att, o, s.merged, key_mask(ctx, s.k_time),
-                             s.g.positions, options_.scale);
+      detail::full_attention(dev, s.layout(), s.q, s.k, s.v, s.att, o, s.merged, key_mask(ctx, s.k_time), s.g.positions,
+                             options_.scale);
     detail::output_projection(dev, lora_, 3, p, MatView<const T>{s.merged, Nq, dim_}, p[3].data, bias(p, 3).data, y,
                               lora, lora_draw(ctx));
   }
@@ -620,8 +617,8 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     detail::output_projection_backward(dev, lora_, 3, p, grad, MatView<const T>{s.merged, Nq, C}, dy, p[3].data,
                                        grad[3], bias(grad, 3), d_merged, lora, lora_draw(ctx));
     if constexpr (causal)
-      detail::heads_attention_backward(dev, s.heads_layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k,
-                                       d_v, options_.scale);
+      detail::heads_attention_backward(dev, s.heads_layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v,
+                                       options_.scale);
     else
       detail::full_attention_backward(dev, s.layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v,
                                       options_.scale);
@@ -660,10 +657,9 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   template <class Dev, class T>
   void head_norm(Dev& dev, const T* in, T* out, std::int64_t rows, const T* w) const {
     const std::int64_t hd = head_dim();
-    dev.for_each(
-        static_cast<std::size_t>(rows),
-        detail::RmsNormForward<T>{MatView<const T>{in, rows, hd}, w, MatView<T>{out, rows, hd}, options_.qk_norm_eps,
-                                  options_.qk_norm_offset});
+    dev.for_each(static_cast<std::size_t>(rows),
+                 detail::RmsNormForward<T>{MatView<const T>{in, rows, hd}, w, MatView<T>{out, rows, hd},
+                                           options_.qk_norm_eps, options_.qk_norm_offset});
   }
 
   // Its backward: d_in from d_out, and the weight's gradient dw (skipped when
@@ -861,7 +857,8 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     float* cos_t = float_at(at);
     const std::int64_t half = g.head_dim / 2;
     float* sin_t = cos_t + g.time * half;
-    dev.for_each(static_cast<std::size_t>(g.time * half), detail::RopeTable{cos_t, sin_t, half, options_.rope_theta, options_.rope_factor});
+    dev.for_each(static_cast<std::size_t>(g.time * half),
+                 detail::RopeTable{cos_t, sin_t, half, options_.rope_theta, options_.rope_factor});
     return {cos_t, sin_t};
   }
 

@@ -31,9 +31,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       throw config_error(what + ": rotary embedding needs an even head_dim and rope_theta >= 0",
                          "use an even head_dim, or rope_theta = 0 for no rotary embedding");
     if (options.window < 0 || (options.window > 0 && !causal_mask))
-      throw config_error(what + ": window " + std::to_string(options.window) +
-                             " needs the Causal mask and a width >= 0",
-                         "give window > 0 on a causal attention, or 0 for none");
+      throw config_error(
+          what + ": window " + std::to_string(options.window) + " needs the Causal mask and a width >= 0",
+          "give window > 0 on a causal attention, or 0 for none");
     if (!(options.scale >= 0.f) || !(options.rope_factor > 0.f))
       throw config_error(what + ": the scale must be >= 0 and the rope factor > 0",
                          "give scale 0 for 1 / sqrt(head_dim), and rope_factor 1 for unscaled positions");
