@@ -207,8 +207,10 @@ BOOST_AUTO_TEST_CASE(gemma_configs_are_read_and_checked) {
   j["hidden_activation"] = "gelu";
   fails_with(j, "hidden_activation \"gelu\" is not supported");
   j = gemma;
-  j.erase("head_dim");  // transformers' default, 256
-  fails_with(j, "head_dim 256 other than hidden_size / num_attention_heads (4)");
+  j.erase("head_dim");  // transformers' default, 256, apart from hidden_size / num_attention_heads
+  BOOST_TEST(hf::parse_config(j, "256").head_dim() == 256);
+  j["head_dim"] = 7;
+  fails_with(j, "head_dim 7 is not supported");
   j = gemma;
   j["use_bidirectional_attention"] = true;
   fails_with(j, "use_bidirectional_attention true");

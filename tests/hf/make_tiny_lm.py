@@ -3,6 +3,7 @@ computes for random ids, for hf_transformers_test to compare dtrain against.
 
 usage: make_tiny_lm.py OUT_DIR MODEL_TYPE KV_HEADS DTYPE SHARD_BYTES
   MODEL_TYPE: gpt2 (tied head) | llama | llama_tied | qwen2 | mistral | gemma (tied) |
+              (gemma: head_dim 6, gemma3: 12, so q is not hidden_size wide)
               gemma3 (tied; transformers 4.50+: three layers, local, global, local, with
               a sliding window of 3 keys, query_pre_attn_scalar 12, local rotary base 50
               and linear rope scaling by 2 on the global layer)
@@ -33,7 +34,7 @@ def gemma3_config():
     if int(transformers.__version__.split(".")[0]) >= 5:
         rope = {"rope_parameters": {"full_attention": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
                                     "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}}
-    return transformers.Gemma3TextConfig(**sizes, **rope, head_dim=8, sliding_window=3, query_pre_attn_scalar=12,
+    return transformers.Gemma3TextConfig(**sizes, **rope, head_dim=12, sliding_window=3, query_pre_attn_scalar=12,
                                          layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                                          final_logit_softcapping=None, attn_logit_softcapping=None)
 
@@ -44,7 +45,7 @@ config = {"gpt2": lambda: transformers.GPT2Config(vocab_size=61, n_embd=32, n_la
           "llama_tied": lambda: transformers.LlamaConfig(**dict(common, tie_word_embeddings=True)),
           "qwen2": lambda: transformers.Qwen2Config(**common, use_sliding_window=False),
           "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None),
-          "gemma": lambda: transformers.GemmaConfig(**dict(common, tie_word_embeddings=True), head_dim=8),
+          "gemma": lambda: transformers.GemmaConfig(**dict(common, tie_word_embeddings=True), head_dim=6),
           "gemma3": lambda: gemma3_config()}[model_type]()
 model = transformers.AutoModelForCausalLM.from_config(config)
 with torch.no_grad():  # larger than the default init, so every weight shows in the logits

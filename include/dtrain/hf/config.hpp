@@ -51,13 +51,19 @@ struct LmConfig {
   // are local (sliding_attention: 1) and their rotary base, and the linear
   // rope scaling factor of the global layers (1: none).
   float attention_scale = 0.f;
+  // Gemma's head_dim, which need not be hidden_size / num_attention_heads
+  // (0: it is); the other families' head_dim must be.
+  std::int64_t head_size = 0;
+  // Gemma: pad_token_id, the embedding's padding_idx (its row gets no
+  // gradient from the lookup, as in transformers); -1: none.
+  std::int64_t pad_token_id = -1;
   std::int64_t sliding_window = 0;
   std::vector<char> local_layers;
   float rope_local_theta = 10000.f;
   float rope_factor = 1.f;
   std::string json_text;  // the whole file (compact JSON, keys in order), written back on save
 
-  std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  std::int64_t head_dim() const { return head_size > 0 ? head_size : hidden_size / num_attention_heads; }
   // GPT-2: learned positions, LayerNorm, tanh GELU MLP, biases everywhere.
   // Otherwise the Llama family: rotary positions, RMSNorm, SwiGLU MLP;
   // Gemma's members with their RMSNorm scaling by 1 + weight, GeGLU and

@@ -213,11 +213,13 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       unsupported(std::string(explicit_act ? "hidden_activation" : "hidden_act") + " \"" + act + "\"",
                   "dtrain's Gemma MLP is GeGLU with the tanh GELU (hidden_activation \"gelu_pytorch_tanh\")");
     const std::int64_t default_head_dim = 256;  // transformers' default for both
-    if (number<std::int64_t>(j, where, "head_dim", &default_head_dim) != c.head_dim())
-      unsupported("head_dim " + std::to_string(number<std::int64_t>(j, where, "head_dim", &default_head_dim)) +
-                      " other than hidden_size / num_attention_heads (" + std::to_string(c.head_dim()) + ")",
-                  "use a model whose head_dim is hidden_size / num_attention_heads (Gemma 2B and Gemma 3 4B are; "
-                  "7B, 1B, 12B and 27B are not yet)");
+    c.head_size = number<std::int64_t>(j, where, "head_dim", &default_head_dim);
+    if (c.head_size < 2 || c.head_size % 2 != 0 || c.head_size > (std::int64_t{1} << 20))
+      unsupported("head_dim " + std::to_string(c.head_size), "give an even head_dim (transformers' default 256)");
+    const std::int64_t no_pad = -1;
+    c.pad_token_id = number<std::int64_t>(j, where, "pad_token_id", &no_pad);
+    if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size)
+      unsupported("pad_token_id " + std::to_string(c.pad_token_id), "give an id in the vocabulary, or null");
     if (flag(j, "use_bidirectional_attention", false))
       unsupported("use_bidirectional_attention true", "use a causal model (use_bidirectional_attention false)");
     if (!c.gemma3()) return;

@@ -48,6 +48,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
                                     .qk_norm = c.gemma3(),
                                     .qk_norm_eps = c.norm_eps,
                                     .qk_norm_offset = offset,
+                                    .head_dim = c.gemma() ? c.head_dim() : 0,
                                     .window = local ? c.sliding_window : 0,
                                     .scale = c.attention_scale,
                                     .rope_factor = local ? 1.f : c.rope_factor});
@@ -74,7 +75,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
         // the compute dtype by nn::Embedding, as transformers rounds it)
         tok(config.vocab_size, config.hidden_size,
             {.trainable = !adapters.on() || lora.save_embedding,
-             .scale = config.gemma() ? static_cast<float>(std::sqrt(static_cast<double>(config.hidden_size))) : 1.f}),
+             .scale = config.gemma() ? static_cast<float>(std::sqrt(static_cast<double>(config.hidden_size))) : 1.f,
+             .padding_idx = config.pad_token_id}),
         norm(make_final_norm(config, !adapters.on())),
         head(config.hidden_size, config.vocab_size,
              {.bias = false,

@@ -33,17 +33,21 @@ namespace detail {
 // keys [0, table_rows) (EmbeddingScatter: in row order, deterministic). The
 // rows are bucketed by key on the host, where the keys are, and the buckets
 // uploaded: offsets[k]..offsets[k + 1] index the rows of key k, in
-// increasing row order.
+// increasing row order. The rows of key `skip` (PyTorch's padding_idx) are
+// left out: its table row's gradient is 0.
 template <class Dev, class T, class Key>
 void scatter_rows(Dev& dev, const Key* keys, std::size_t n, std::int64_t table_rows, const T* dy, T* dtable,
-                  std::int64_t dim, float scale = 1.f) {
+                  std::int64_t dim, float scale = 1.f, std::int64_t skip = -1) {
   std::vector<std::int64_t> index(static_cast<std::size_t>(table_rows) + 1 + n, 0);
   std::int64_t* offsets = index.data();
   std::int64_t* rows = offsets + table_rows + 1;
-  for (std::size_t r = 0; r < n; ++r) ++offsets[static_cast<std::int64_t>(keys[r]) + 1];
+  const auto kept = [&](std::size_t r) { return static_cast<std::int64_t>(keys[r]) != skip; };
+  for (std::size_t r = 0; r < n; ++r)
+    if (kept(r)) ++offsets[static_cast<std::int64_t>(keys[r]) + 1];
   for (std::int64_t v = 0; v < table_rows; ++v) offsets[v + 1] += offsets[v];
   std::vector<std::int64_t> next(offsets, offsets + table_rows);
-  for (std::size_t r = 0; r < n; ++r) rows[next[static_cast<std::size_t>(keys[r])]++] = static_cast<std::int64_t>(r);
+  for (std::size_t r = 0; r < n; ++r)
+    if (kept(r)) rows[next[static_cast<std::size_t>(keys[r])]++] = static_cast<std::int64_t>(r);
   auto* on_device = dev.template workspace<std::int64_t>(index.size());
   dev.copy_from_host(on_device, index.data(), index.size());
   constexpr bool by_rows = Dev::host_accessible;
@@ -60,6 +64,10 @@ struct EmbeddingOptions {
   // The rows are multiplied by this (Gemma: sqrt(dim)), itself first rounded
   // to the compute dtype, as transformers rounds its normaliser.
   float scale = 1.f;
+  // >= 0: this id's row gets no gradient from the lookup (PyTorch's
+  // padding_idx; transformers' Gemma passes pad_token_id). A tied head's
+  // use of the row still reaches it.
+  std::int64_t padding_idx = -1;
 };
 
 class Embedding {
@@ -90,7 +98,7 @@ class Embedding {
     const DeviceTensor& ids = checked_ids(batch, y.rows);
     dispatch(ids, [&]<class Id>() {
       detail::scatter_rows(dev, ids.host_data<Id>(), static_cast<std::size_t>(ids.numel()), vocab_, dy.data,
-                           grad[0].data, dim_, scale<T>());
+                           grad[0].data, dim_, scale<T>(), options_.padding_idx);
     });
   }
 

@@ -16,14 +16,16 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       : name_(name),
         dim_(dim),
         heads_(heads),
+        head_dim_(options.head_dim > 0 ? options.head_dim : (heads > 0 ? dim / heads : 0)),
+        inner_(heads * head_dim_),
         kv_heads_(options.kv_heads == 0 ? heads : options.kv_heads),
         memory_dim_(cross && options.memory_dim > 0 ? options.memory_dim : dim),
         options_(options),
         rope_(rotary && options.rope_theta > 0.f) {
     const std::string what = std::string(name) + "(" + std::to_string(dim) + ", " + std::to_string(heads) + ")";
-    if (dim < 1 || heads < 1 || dim % heads != 0)
-      throw config_error(what + ": the width must be a positive multiple of the head count",
-                         "choose dim = heads x head_dim, e.g. 128 with 4 heads");
+    if (dim < 1 || heads < 1 || options.head_dim < 0 || (options.head_dim == 0 && dim % heads != 0))
+      throw config_error(what + ": the width must be a positive multiple of the head count (or head_dim given)",
+                         "choose dim = heads x head_dim, e.g. 128 with 4 heads, or give .head_dim");
     if (kv_heads_ < 1 || heads % kv_heads_ != 0)
       throw config_error(what + ": kv_heads " + std::to_string(options.kv_heads) + " does not divide the heads",
                          "give num_key_value_heads dividing num_attention_heads (1 for multi-query)");
@@ -41,10 +43,10 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       throw config_error(what + ": LoRA adapters on cross-attention are not supported yet",
                          "train the cross-attention's projections in full, or freeze them");
     const std::int64_t kv = kv_heads_ * head_dim();
-    lora_ =
-        LoraSet(base_count(),
-                {LoraSite(what, "q", options.q_lora, dim, dim), LoraSite(what, "k", options.k_lora, memory_dim_, kv),
-                 LoraSite(what, "v", options.v_lora, memory_dim_, kv), LoraSite(what, "o", options.o_lora, dim, dim)});
+    lora_ = LoraSet(
+        base_count(),
+        {LoraSite(what, "q", options.q_lora, dim, inner_), LoraSite(what, "k", options.k_lora, memory_dim_, kv),
+         LoraSite(what, "v", options.v_lora, memory_dim_, kv), LoraSite(what, "o", options.o_lora, inner_, dim)});
   }
 
   DTRAIN_DECL std::vector<ParamSpec> GroupedAttentionBase::params() const {
@@ -52,12 +54,12 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     const std::int64_t hd = head_dim(), kv = kv_heads_ * hd;
     // a projection with an adapter is frozen, its bias too
     const auto train = [&](std::size_t i) { return options_.trainable && !lora_.on(i); };
-    std::vector<ParamSpec> p{{"q.weight", {dim_, dim_}, w, train(0)},
+    std::vector<ParamSpec> p{{"q.weight", {inner_, dim_}, w, train(0)},
                              {"k.weight", {kv, memory_dim_}, w, train(1)},
                              {"v.weight", {kv, memory_dim_}, w, train(2)},
-                             {"o.weight", {dim_, dim_}, w, train(3)}};
+                             {"o.weight", {dim_, inner_}, w, train(3)}};
     if (options_.qkv_bias) {
-      p.push_back({"q.bias", {dim_}, Init::zeros(), train(0), {}, {"bias"}});
+      p.push_back({"q.bias", {inner_}, Init::zeros(), train(0), {}, {"bias"}});
       p.push_back({"k.bias", {kv}, Init::zeros(), train(1), {}, {"bias"}});
       p.push_back({"v.bias", {kv}, Init::zeros(), train(2), {}, {"bias"}});
     }
