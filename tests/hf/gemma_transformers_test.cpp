@@ -1,4 +1,4 @@
-// Gemma and Gemma 3's text model against transformers 5 (the pinned torch2
+// Gemma, Gemma 3's text model and Qwen3 against transformers 5 (the pinned torch2
 // set, scripts/python/torch2.txt; CTest names its python in
 // DTRAIN_PYTHON_TORCH2): tiny random models from make_tiny_lm.py, whose
 // Gemma 3 has local and global layers, a sliding window shorter than the
@@ -112,6 +112,13 @@ BOOST_AUTO_TEST_CASE(gemma3_text_bf16_sharded) {
 }
 
 BOOST_AUTO_TEST_CASE(gemma_trains_like_transformers) { training_parity("gemma_train_t5", "gemma 2 float32 0"); }
+// Qwen3, also newer than transformers 4.40: QK-norm and a head_dim apart from hidden_size / heads.
+BOOST_AUTO_TEST_CASE(qwen3_f32) { logits_at_one_and_two_ranks("qwen3", "qwen3 2 float32 0"); }
+BOOST_AUTO_TEST_CASE(qwen3_trains_like_transformers) { training_parity("qwen3_train", "qwen3 2 float32 0"); }
+BOOST_AUTO_TEST_CASE(fine_tuned_qwen3_loads_in_transformers) {
+  fine_tuned_model_loads_in_transformers("qwen3", "qwen3 2 float32 0");
+}
+
 BOOST_AUTO_TEST_CASE(gemma3_text_trains_like_transformers) { training_parity("gemma3_train", "gemma3 2 float32 0"); }
 
 BOOST_AUTO_TEST_CASE(gemma3_text_lora_trains_like_peft) {

@@ -260,6 +260,15 @@ BOOST_AUTO_TEST_CASE(gemma_configs_are_read_and_checked) {
   j["sliding_window"] = 0;
   fails_with(j, "sliding_window 0");
 
+  // Qwen3: the Llama family with QK-norm and head_dim (transformers' default 128).
+  Json qwen3 = tiny_llama();
+  qwen3["model_type"] = "qwen3";
+  BOOST_TEST((hf::parse_config(qwen3, "qwen3").qk_norm() && hf::parse_config(qwen3, "qwen3").head_dim() == 128));
+  BOOST_TEST(hf::transformers_names(hf::parse_config(qwen3, "qwen3")).tensors.at("1.attn.k_norm.weight").front() ==
+             "model.layers.0.self_attn.k_norm.weight");
+  qwen3["use_sliding_window"] = true;
+  fails_with(qwen3, "use_sliding_window true");
+
   // Its blocks and their transformers names: the four norms and QK-norm.
   const hf::TransformersNames n = hf::transformers_names(c);
   BOOST_TEST(n.tensors.at("1.post_attn.weight").front() == "model.layers.0.post_attention_layernorm.weight");

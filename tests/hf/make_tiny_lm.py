@@ -2,7 +2,8 @@
 computes for random ids, for hf_transformers_test to compare dtrain against.
 
 usage: make_tiny_lm.py OUT_DIR MODEL_TYPE KV_HEADS DTYPE SHARD_BYTES
-  MODEL_TYPE: gpt2 (tied head) | llama | llama_tied | qwen2 | mistral | gemma (tied) |
+  MODEL_TYPE: gpt2 (tied head) | llama | llama_tied | qwen2 | mistral | qwen3 (transformers 4.51+,
+              head_dim 12) | gemma (tied) |
               (gemma: head_dim 6, gemma3: 12, so q is not hidden_size wide)
               gemma3 (tied; transformers 4.50+: three layers, local, global, local, with
               a sliding window of 3 keys, query_pre_attn_scalar 12, local rotary base 50
@@ -46,6 +47,7 @@ config = {"gpt2": lambda: transformers.GPT2Config(vocab_size=61, n_embd=32, n_la
           "qwen2": lambda: transformers.Qwen2Config(**common, use_sliding_window=False),
           "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None),
           "gemma": lambda: transformers.GemmaConfig(**dict(common, tie_word_embeddings=True), head_dim=6),
+          "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=12, use_sliding_window=False),
           "gemma3": lambda: gemma3_config()}[model_type]()
 model = transformers.AutoModelForCausalLM.from_config(config)
 with torch.no_grad():  # larger than the default init, so every weight shows in the logits

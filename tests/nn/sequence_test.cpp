@@ -229,6 +229,25 @@ BOOST_AUTO_TEST_CASE(embedding_gathers_and_scatters) {
   });
 }
 
+// Gemma's embedding: each row of dy times the scale before the sums, and no
+// gradient for the padding id's row (PyTorch's padding_idx), against float64.
+BOOST_AUTO_TEST_CASE(embedding_gradient_scale_and_padding_idx) {
+  dtrain::Host dev(1);
+  const std::int64_t vocab = 5, dim = 3;
+  const std::vector<std::int64_t> ids{0, 2, 0, 4, 2, 1};
+  std::mt19937_64 rng(5);
+  const auto dyd = t::random_nonzero(ids.size() * static_cast<std::size_t>(dim), rng);
+  const std::vector<float> dy(dyd.begin(), dyd.end());
+  std::vector<float> grad(static_cast<std::size_t>(vocab * dim), -1.f);
+  dtrain::nn::detail::scatter_rows(dev, ids.data(), ids.size(), vocab, dy.data(), grad.data(), dim, 2.5f, 0);
+  std::vector<double> want(grad.size(), 0.0);
+  for (std::size_t r = 0; r < ids.size(); ++r)
+    for (std::int64_t c = 0; c < dim; ++c)
+      if (ids[r] != 0)
+        want[static_cast<std::size_t>(ids[r] * dim + c)] += 2.5 * dy[r * static_cast<std::size_t>(dim) + c];
+  t::expect_close(std::vector<double>(grad.begin(), grad.end()), want, 1e-6, "scaled gradient without the padding id");
+}
+
 // The host's by-rows forms of the embeddings' gradients (a table row per
 // index, its columns in groups of math::lanes) have the bits of the element forms the
 // GPU runs (an index per table element), in every dtype: rows wider than a

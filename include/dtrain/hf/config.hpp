@@ -10,7 +10,8 @@
 // default) and Gemma 3's text model "gemma3_text" (Gemma's parts with QK-norm,
 // post-norms on attention and MLP outputs, query_pre_attn_scalar, local
 // sliding-window layers beside global ones, each with its own rotary base,
-// linear rope scaling on the global ones). Anything else, and any option that would change the
+// linear rope scaling on the global ones); Qwen3, "qwen3" (the Llama family
+// with QK-norm and its own head_dim). Anything else, and any option that would change the
 // computation in a way dtrain does not implement (rope_scaling, another
 // activation, GPT-2's per-layer attention scaling), is a config_error naming
 // the key and what is supported: better no model than a silently different
@@ -33,7 +34,7 @@
 namespace dtrain::hf {
 
 struct LmConfig {
-  std::string model_type;  // gpt2 | llama | mistral | qwen2 | gemma | gemma3_text
+  std::string model_type;  // gpt2 | llama | mistral | qwen2 | qwen3 | gemma | gemma3_text
   std::int64_t vocab_size = 0;
   std::int64_t hidden_size = 0;
   std::int64_t intermediate_size = 0;
@@ -51,11 +52,11 @@ struct LmConfig {
   // are local (sliding_attention: 1) and their rotary base, and the linear
   // rope scaling factor of the global layers (1: none).
   float attention_scale = 0.f;
-  // Gemma's head_dim, which need not be hidden_size / num_attention_heads
-  // (0: it is); the other families' head_dim must be.
+  // Gemma's and Qwen3's head_dim, which need not be hidden_size /
+  // num_attention_heads (0: it is); the other families' head_dim must be.
   std::int64_t head_size = 0;
-  // Gemma: pad_token_id, the embedding's padding_idx (its row gets no
-  // gradient from the lookup, as in transformers); -1: none.
+  // Gemma, Qwen3: pad_token_id, the embedding's padding_idx (its row gets
+  // no gradient from the lookup, as in transformers); -1: none.
   std::int64_t pad_token_id = -1;
   std::int64_t sliding_window = 0;
   std::vector<char> local_layers;
@@ -71,6 +72,9 @@ struct LmConfig {
   bool gpt2() const { return model_type == "gpt2"; }
   bool gemma() const { return model_type == "gemma" || gemma3(); }
   bool gemma3() const { return model_type == "gemma3_text"; }
+  bool qwen3() const { return model_type == "qwen3"; }
+  // QK-norm (q_norm, k_norm over head_dim before the rotation): Gemma 3, Qwen3.
+  bool qk_norm() const { return gemma3() || qwen3(); }
   bool local(std::int64_t layer) const {
     return layer >= 0 && static_cast<std::size_t>(layer) < local_layers.size() &&
            local_layers[static_cast<std::size_t>(layer)] != 0;
@@ -79,7 +83,7 @@ struct LmConfig {
 
 namespace detail {
 
-inline const char* supported_types() { return "gpt2, llama, mistral, qwen2, gemma, gemma3_text"; }
+inline const char* supported_types() { return "gpt2, llama, mistral, qwen2, qwen3, gemma, gemma3_text"; }
 
 DTRAIN_DECL bool flag(const nlohmann::ordered_json& j, const char* key, bool fallback);
 
@@ -93,6 +97,10 @@ DTRAIN_DECL LmConfig parse_gpt2(const nlohmann::ordered_json& j, const std::stri
 
 // What Gemma and Gemma 3 add to (or refuse in) the Llama family's keys read into `c`.
 DTRAIN_DECL void parse_gemma(const nlohmann::ordered_json& j, const std::string& where, LmConfig& c);
+
+// Gemma's and Qwen3's head_dim (transformers' default `fallback`) and pad_token_id.
+DTRAIN_DECL void parse_head_and_padding(const nlohmann::ordered_json& j, const std::string& where, LmConfig& c,
+                                        std::int64_t fallback);
 
 }  // namespace detail
 

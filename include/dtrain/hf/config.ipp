@@ -198,6 +198,21 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
                          "use a Gemma 3 model whose local layers take the default rotary embedding");
   }
 
+  DTRAIN_DECL void parse_head_and_padding(const nlohmann::ordered_json& j, const std::string& where, LmConfig& c,
+                                          std::int64_t fallback) {
+    auto unsupported = [&](const std::string& what, const std::string& fix) {
+      throw config_error(where + ": " + what + " is not supported", fix);
+    };
+    c.head_size = number<std::int64_t>(j, where, "head_dim", &fallback);
+    if (c.head_size < 2 || c.head_size % 2 != 0 || c.head_size > (std::int64_t{1} << 20))
+      unsupported("head_dim " + std::to_string(c.head_size),
+                  "give an even head_dim (transformers' default " + std::to_string(fallback) + ")");
+    const std::int64_t no_pad = -1;
+    c.pad_token_id = number<std::int64_t>(j, where, "pad_token_id", &no_pad);
+    if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size)
+      unsupported("pad_token_id " + std::to_string(c.pad_token_id), "give an id in the vocabulary, or null");
+  }
+
   DTRAIN_DECL void parse_gemma(const nlohmann::ordered_json& j, const std::string& where, LmConfig& c) {
     auto unsupported = [&](const std::string& what, const std::string& fix) {
       throw config_error(where + ": " + what + " is not supported", fix);
@@ -212,14 +227,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     if (act != "gelu_pytorch_tanh" && !(act == "gelu" && !explicit_act))
       unsupported(std::string(explicit_act ? "hidden_activation" : "hidden_act") + " \"" + act + "\"",
                   "dtrain's Gemma MLP is GeGLU with the tanh GELU (hidden_activation \"gelu_pytorch_tanh\")");
-    const std::int64_t default_head_dim = 256;  // transformers' default for both
-    c.head_size = number<std::int64_t>(j, where, "head_dim", &default_head_dim);
-    if (c.head_size < 2 || c.head_size % 2 != 0 || c.head_size > (std::int64_t{1} << 20))
-      unsupported("head_dim " + std::to_string(c.head_size), "give an even head_dim (transformers' default 256)");
-    const std::int64_t no_pad = -1;
-    c.pad_token_id = number<std::int64_t>(j, where, "pad_token_id", &no_pad);
-    if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size)
-      unsupported("pad_token_id " + std::to_string(c.pad_token_id), "give an id in the vocabulary, or null");
+    parse_head_and_padding(j, where, c, 256);  // transformers' default head_dim for both
     if (flag(j, "use_bidirectional_attention", false))
       unsupported("use_bidirectional_attention true", "use a causal model (use_bidirectional_attention false)");
     if (!c.gemma3()) return;
@@ -267,7 +275,7 @@ DTRAIN_DECL LmConfig parse_config(const nlohmann::ordered_json& j, const std::st
   if (!j.is_object()) throw config_error(where + ": not a JSON object", "give the model's config.json");
   const std::string type =
       j.contains("model_type") && j.at("model_type").is_string() ? j.at("model_type").get<std::string>() : "";
-  if (type != "gpt2" && type != "llama" && type != "mistral" && type != "qwen2" && type != "gemma" &&
+  if (type != "gpt2" && type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3" && type != "gemma" &&
       type != "gemma3_text")
     throw config_error(
         where + ": model_type \"" + type + "\" is not supported (supported: " + detail::supported_types() + ")",
@@ -299,6 +307,7 @@ DTRAIN_DECL LmConfig parse_config(const nlohmann::ordered_json& j, const std::st
                       {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                        "num_key_value_heads", "max_position_embeddings"});
   if (c.gemma()) detail::parse_gemma(j, where, c);
+  if (c.qwen3()) detail::parse_head_and_padding(j, where, c, 128);
   if (j.contains("head_dim") && !j.at("head_dim").is_null() &&
       detail::number<std::int64_t>(j, where, "head_dim") != c.head_dim())
     unsupported("head_dim " + j.at("head_dim").dump() + " other than hidden_size / num_attention_heads (" +
@@ -313,7 +322,7 @@ DTRAIN_DECL LmConfig parse_config(const nlohmann::ordered_json& j, const std::st
       detail::number<std::int64_t>(j, where, "sliding_window") < c.max_position_embeddings)
     unsupported("sliding_window " + j.at("sliding_window").dump(),
                 "use a model without a sliding window (sliding_window null), or one at least max_position_embeddings");
-  if (type == "qwen2" && detail::flag(j, "use_sliding_window", false))
+  if ((type == "qwen2" || type == "qwen3") && detail::flag(j, "use_sliding_window", false))
     unsupported("use_sliding_window true", "use a model with use_sliding_window false");
   return c;
 }

@@ -45,10 +45,10 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
                                     .k_lora = adapter("attn.k"),
                                     .v_lora = adapter("attn.v"),
                                     .o_lora = adapter("attn.o"),
-                                    .qk_norm = c.gemma3(),
+                                    .qk_norm = c.qk_norm(),
                                     .qk_norm_eps = c.norm_eps,
                                     .qk_norm_offset = offset,
-                                    .head_dim = c.gemma() ? c.head_dim() : 0,
+                                    .head_dim = c.gemma() || c.qwen3() ? c.head_dim() : 0,
                                     .window = local ? c.sliding_window : 0,
                                     .scale = c.attention_scale,
                                     .rope_factor = local ? 1.f : c.rope_factor});
@@ -175,9 +175,11 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       if (c.qkv_bias)
         for (const char* p : {"q", "k", "v"}) m[u + "attn." + p + ".bias"] = {h + "self_attn." + p + "_proj.bias"};
       if (c.out_bias) m[u + "attn.o.bias"] = {h + "self_attn.o_proj.bias"};
-      if (c.gemma3()) {  // QK-norm and the sandwich block's four norms
+      if (c.qk_norm()) {
         m[u + "attn.q_norm.weight"] = {h + "self_attn.q_norm.weight"};
         m[u + "attn.k_norm.weight"] = {h + "self_attn.k_norm.weight"};
+      }
+      if (c.gemma3()) {  // the sandwich block's four norms
         m[u + "post_attn.weight"] = {h + "post_attention_layernorm.weight"};
         m[u + "ln2.weight"] = {h + "pre_feedforward_layernorm.weight"};
         m[u + "post_mlp.weight"] = {h + "post_feedforward_layernorm.weight"};
