@@ -22,6 +22,7 @@
 #include "dtrain/nn/embedding.hpp"
 #include "dtrain/nn/regression_loss.hpp"
 #include "dtrain/nn/rotary_attention.hpp"
+#include "dtrain/nn/sandwich_block.hpp"
 #include "dtrain/nn/transformer.hpp"
 
 namespace t = dtrain::testing;
@@ -176,6 +177,15 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(transformer_block, T, t::dtypes) {
   const SeqShape s{2, 4};
   t::check_unit<T>(dtrain::nn::TransformerBlock(8, 2), block_reference(8, 2, s), s.rows(), 8, true, s,
                    composite<T>(16));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(sandwich_block, T, t::dtypes) {
+  const SeqShape s{2, 4};
+  using dtrain::nn::LayerNorm;
+  const auto ln = [] { return LayerNorm(8); };
+  const dtrain::nn::SandwichBlock<LayerNorm, dtrain::nn::CausalSelfAttention, dtrain::nn::GeluMLP> block(
+      8, ln(), dtrain::nn::CausalSelfAttention(8, 2), ln(), ln(), dtrain::nn::GeluMLP(8, 32), ln());
+  t::check_unit<T>(block, t::sandwich_reference(8, 2, s), s.rows(), 8, true, s, composite<T>(24));
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(positional_embedding, T, t::dtypes) {
