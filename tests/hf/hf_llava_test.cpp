@@ -85,8 +85,9 @@ Case make_case(const std::string& python, const std::string& tower, const std::s
   const fs::path dir = work / (tower + "-" + text + "-" + std::to_string(major));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::string cmd =
-      "OPENBLAS_NUM_THREADS=1 " + python + " " + script + " make " + dir.string() + " " + tower + " " + text + " 0";
+  // Gemma ties its head to the token embedding (its default), the Llama does not.
+  const std::string cmd = "OPENBLAS_NUM_THREADS=1 " + python + " " + script + " make " + dir.string() + " " + tower +
+                          " " + text + (text == "gemma" ? " 1" : " 0");
   BOOST_TEST_REQUIRE(run_logged(cmd, dir / "make.log") == 0,
                      "make_tiny_llava.py failed: " << read_text(dir / "make.log"));
   return {python, tower, text, major, dir};
@@ -359,15 +360,16 @@ void check_all(const std::string& python, int major) {
     BOOST_TEST_MESSAGE("no transformers " << major << " python: skipped");
     return;
   }
-  const Case c = make_case(python, "clip", "llama", major);
-  BOOST_TEST_CONTEXT(c.tower << "+" << c.text << ", transformers " << major) {
-    check_logits(c);
-    for (const std::string mode : {"projector", "projector,vision", "all"}) check_mode(c, mode);
-    check_state(c);
-    check_save(c, "projector", {}, "vision_tower,language_model,lm_head", "projector");
-    // LoRA on the language model beside the projector: its base frozen, the adapters merged on save.
-    check_save(c, "projector", {.r = 4, .alpha = 8.f, .targets = {"q_proj", "v_proj"}}, "vision_tower", "lora");
-    check_distributed(c);
+  for (const Case& c : {make_case(python, "clip", "llama", major), make_case(python, "siglip", "gemma", major)}) {
+    BOOST_TEST_CONTEXT(c.tower << "+" << c.text << ", transformers " << major) {
+      check_logits(c);
+      for (const std::string mode : {"projector", "projector,vision", "all"}) check_mode(c, mode);
+      check_state(c);
+      check_save(c, "projector", {}, "vision_tower,language_model,lm_head", "projector");
+      // LoRA on the language model beside the projector: its base frozen, the adapters merged on save.
+      check_save(c, "projector", {.r = 4, .alpha = 8.f, .targets = {"q_proj", "v_proj"}}, "vision_tower", "lora");
+      check_distributed(c);
+    }
   }
 }
 

@@ -78,6 +78,27 @@ MatView<T> param_view(T* data, const ParamSpec& s) {
   return {data, s.shape.at(0), s.numel() / s.shape.at(0)};
 }
 
+// A case's parameters on the device and their gradient buffers, with the
+// views a unit takes. A frozen parameter gets no gradient memory (an empty
+// view) unless every_grad asks for one.
+template <class T, class Dev>
+struct DeviceParams {
+  std::vector<typename Dev::template buffer<T>> params, grads;
+  std::vector<MatView<const T>> values;
+  std::vector<MatView<T>> grad_views;
+
+  DeviceParams(Dev& dev, const UnitCase& c, bool every_grad = false) {
+    for (std::size_t i = 0; i < c.specs.size(); ++i) {
+      const bool grad = every_grad || c.specs[i].trainable;
+      params.push_back(upload<T>(dev, c.params[i]));
+      values.push_back(param_view<const T>(params.back().data(), c.specs[i]));
+      grads.push_back(grad ? make_buffer<T>(dev, static_cast<std::size_t>(c.specs[i].numel()))
+                           : typename Dev::template buffer<T>{});
+      grad_views.push_back(grad ? param_view<T>(grads.back().data(), c.specs[i]) : MatView<T>{});
+    }
+  }
+};
+
 // `shape`: the sequence shape (rows = batch * time) a context unit sees; its
 // saved activations get a buffer of the size it asks for.
 // `batch` (optional): what the unit finds as the batch (an attention_mask).
@@ -85,17 +106,9 @@ template <class T, class Dev, class U>
 UnitResult run_unit(Dev& dev, U& unit, const UnitCase& c, bool want_dx = true, SeqShape shape = {},
                     const DeviceBatch* batch = nullptr) {
   using buffer = typename Dev::template buffer<T>;
-  std::vector<buffer> params, grads;
-  std::vector<MatView<const T>> pv;
-  std::vector<MatView<T>> gv;
-  for (std::size_t i = 0; i < c.specs.size(); ++i) {
-    params.push_back(upload<T>(dev, c.params[i]));
-    pv.push_back(param_view<const T>(params.back().data(), c.specs[i]));
-    // A frozen parameter gets no gradient memory: an empty view.
-    grads.push_back(c.specs[i].trainable ? make_buffer<T>(dev, static_cast<std::size_t>(c.specs[i].numel()))
-                                         : buffer{});
-    gv.push_back(c.specs[i].trainable ? param_view<T>(grads.back().data(), c.specs[i]) : MatView<T>{});
-  }
+  const DeviceParams<T, Dev> d(dev, c);
+  const auto& pv = d.values;
+  const auto& gv = d.grad_views;
   const buffer x = upload<T>(dev, c.x), dy = upload<T>(dev, c.dy);
   buffer y = make_buffer<T>(dev, static_cast<std::size_t>(c.rows * c.out));
   buffer dx = make_buffer<T>(dev, want_dx ? static_cast<std::size_t>(c.rows * c.in) : 0);
@@ -113,7 +126,7 @@ UnitResult run_unit(Dev& dev, U& unit, const UnitCase& c, bool want_dx = true, S
     unit.template backward<Dev, T>(dev, pv, gv, xv, std::as_const(y).view(c.rows, c.out), dyv, dxv);
   }
   UnitResult r{download<T>(dev, y), download<T>(dev, dx), {}};
-  for (const auto& g : grads) r.grads.push_back(download<T>(dev, g));
+  for (const auto& g : d.grads) r.grads.push_back(download<T>(dev, g));
   return r;
 }
 

@@ -203,16 +203,9 @@ inline UnitCase make_patch_case(const PatchCase& k, const nn::PatchEmbedding& un
 template <class T, class Dev>
 UnitResult run_patch(Dev& dev, nn::PatchEmbedding& unit, const UnitCase& c, bool want_dx = true) {
   using buffer = typename Dev::template buffer<T>;
-  std::vector<buffer> params, grads;
-  std::vector<MatView<const T>> pv;
-  std::vector<MatView<T>> gv;
-  for (std::size_t i = 0; i < c.specs.size(); ++i) {
-    params.push_back(upload<T>(dev, c.params[i]));
-    pv.push_back(param_view<const T>(params.back().data(), c.specs[i]));
-    grads.push_back(c.specs[i].trainable ? make_buffer<T>(dev, static_cast<std::size_t>(c.specs[i].numel()))
-                                         : buffer{});
-    gv.push_back(c.specs[i].trainable ? param_view<T>(grads.back().data(), c.specs[i]) : MatView<T>{});
-  }
+  const DeviceParams<T, Dev> d(dev, c);
+  const auto& pv = d.values;
+  const auto& gv = d.grad_views;
   const std::int64_t rows = c.rows * unit.tokens();
   const buffer x = upload<T>(dev, c.x), dy = upload<T>(dev, c.dy);
   buffer y = make_buffer<T>(dev, static_cast<std::size_t>(rows * c.out));
@@ -221,7 +214,7 @@ UnitResult run_patch(Dev& dev, nn::PatchEmbedding& unit, const UnitCase& c, bool
   unit.template backward<Dev, T>(dev, pv, gv, x.view(c.rows, c.in), std::as_const(y).view(rows, c.out),
                                  dy.view(rows, c.out), want_dx ? dx.view(c.rows, c.in) : MatView<T>{});
   UnitResult r{download<T>(dev, y), download<T>(dev, dx), {}};
-  for (const auto& g : grads) r.grads.push_back(download<T>(dev, g));
+  for (const auto& g : d.grads) r.grads.push_back(download<T>(dev, g));
   return r;
 }
 

@@ -14,8 +14,11 @@
 //                    embedding over the batch's ids "x" [B, T], each image's
 //                    F features written, in order, at its sequence's F image
 //                    tokens (image_token_index), as the processor expands them
+//                    (with a Gemma of transformers 4, the features times
+//                    sqrt(hidden_size), as its model scales its whole input)
 //   the language     hf::CausalLm's blocks, final norm and head (any family
-//   model            hf::parse_config reads; a tied head ties to the merge's table)
+//   model            hf::parse_config reads: Llama, Gemma, ...; a tied head
+//                    ties to the merge's table)
 //
 // The loss is cross-entropy over "y" [B, T], the next token's id (-100
 // ignored: shift transformers' labels by one). The batch's

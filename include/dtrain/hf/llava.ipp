@@ -4,6 +4,7 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
+#include <cmath>
 #include <fstream>
 #include <utility>
 
@@ -35,6 +36,15 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       if (name.starts_with(from)) return (to_layout ? in_layout : canonical) + name.substr(from.size());
     }
     return name;
+  }
+
+  // What the image features are multiplied by: transformers 4's Gemma
+  // multiplies its whole input, the merged features included, by
+  // sqrt(hidden_size); transformers 5 scales the embedding's rows only (as
+  // Gemma 3 always has).
+  inline float feature_scale(const LlavaConfig& c) {
+    const bool scaled = c.text.gemma() && !c.text.gemma3() && c.transformers_major < 5;
+    return scaled ? static_cast<float>(std::sqrt(static_cast<double>(c.text.hidden_size))) : 1.f;
   }
 
   inline bool llava_flag(const nlohmann::ordered_json& j, const char* key, bool fallback) {
@@ -152,7 +162,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
         linear_2(config.text.hidden_size, config.text.hidden_size,
                  {.bias = config.projector_bias, .trainable = train.projector}),
         merge(config.text.vocab_size, config.text.hidden_size, config.image_token,
-              {.trainable = (adapters.on() && lora.save_embedding) || (!adapters.on() && train.language)}),
+              embedding_options(config.text,
+                                (adapters.on() && lora.save_embedding) || (!adapters.on() && train.language)),
+              detail::feature_scale(config)),
         // With adapters the language model trains through them (and its
         // modules_to_save), whatever `language` says.
         norm(make_final_norm(config.text, !adapters.on() && train.language)),
