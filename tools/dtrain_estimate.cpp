@@ -43,7 +43,8 @@ one row per strategy, without allocating or launching anything.
 
 the model (one of):
   --params N                 N parameters (suffix K, M or B: 125M, 7B) in one unit
-  --hf-config FILE           a transformers config.json (gpt2, llama, mistral, qwen2):
+  --hf-config FILE           a transformers config.json (gpt2, llama, mistral, qwen2,
+                             qwen3, gemma, gemma3_text):
                              the units of hf::CausalLm built from it (embedding,
                              each layer, final norm, head); training flags as
                              with --params

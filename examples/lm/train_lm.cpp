@@ -17,14 +17,14 @@
 namespace lm {
 namespace {
 
-constexpr const char* usage = R"(Trains a causal language model (gpt2, llama, mistral, qwen2) on a
-pre-tokenized file, on every rank this process was launched with, and reports
-tokens/s and the held-out loss. data: the token ids, a 1-D int32/int64 .npy
-or a .bin token stream (header DTRNTOK1, id width 2 or 4), cut into windows;
-or instruction records, a .jsonl of {"input_ids": [...], "labels": [...]}
-(-100: no loss) or {"input_ids": [...], "prompt_length": N}, one sequence
-each (cut to block_size + 1, padded), the loss over completion tokens only.
-The last tenth is held out.
+constexpr const char* usage = R"(Trains a causal language model (gpt2, llama, mistral, qwen2, qwen3, gemma,
+gemma3_text) on a pre-tokenized file, on every rank this process was
+launched with, and reports tokens/s and the held-out loss. data: the token
+ids, a 1-D int32/int64 .npy or a .bin token stream (header DTRNTOK1, id
+width 2 or 4), cut into windows; or instruction records, a .jsonl of
+{"input_ids": [...], "labels": [...]} (-100: no loss) or {"input_ids":
+[...], "prompt_length": N}, one sequence each (cut to block_size + 1,
+padded), the loss over completion tokens only. The last tenth is held out.
 )";
 
 void declare_extra(dtrain::ConfigReader& r, Config& c) {

@@ -186,6 +186,101 @@ BOOST_AUTO_TEST_CASE(config_is_read_and_checked) {
   fails_with(j, "n_embd 16, n_head 3");
 }
 
+// Gemma and Gemma 3's text model: transformers' defaults (tied, head_dim
+// 256, every sixth layer global), both rope layouts (transformers 4's
+// rope_theta, rope_local_base_freq and rope_scaling; 5's rope_parameters per
+// layer type), and what dtrain refuses, by name.
+BOOST_AUTO_TEST_CASE(gemma_configs_are_read_and_checked) {
+  Json gemma = tiny_llama();
+  gemma.erase("tie_word_embeddings");
+  gemma["model_type"] = "gemma";
+  gemma["hidden_act"] = "gelu";  // transformers 4's Gemma ignores it, 5 reads it as the tanh GELU
+  gemma["head_dim"] = 4;
+  const hf::LmConfig g = hf::parse_config(gemma, "gemma");
+  BOOST_TEST((g.gemma() && !g.gemma3() && g.tie_word_embeddings));
+  BOOST_TEST(g.local_layers.empty());
+  const auto fails_with = [](Json j, const std::string& text) {
+    const std::string e = config_error_of(j);
+    BOOST_TEST(e.find(text) != std::string::npos, "'" << e << "' should mention '" << text << "'");
+  };
+  Json j = gemma;
+  j["hidden_activation"] = "gelu";
+  fails_with(j, "hidden_activation \"gelu\" is not supported");
+  j = gemma;
+  j.erase("head_dim");  // transformers' default, 256, apart from hidden_size / num_attention_heads
+  BOOST_TEST(hf::parse_config(j, "256").head_dim() == 256);
+  j["head_dim"] = 7;
+  fails_with(j, "head_dim 7 is not supported");
+  j = gemma;
+  j["use_bidirectional_attention"] = true;
+  fails_with(j, "use_bidirectional_attention true");
+
+  Json g3 = gemma;
+  g3["model_type"] = "gemma3_text";
+  g3["num_hidden_layers"] = 7;
+  g3["hidden_activation"] = "gelu_pytorch_tanh";
+  g3["query_pre_attn_scalar"] = 16;
+  g3["sliding_window"] = 3;
+  g3["rope_theta"] = 1000.0;
+  g3["rope_local_base_freq"] = 10.0;
+  g3["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  g3["final_logit_softcapping"] = nullptr;
+  const hf::LmConfig c = hf::parse_config(g3, "gemma3 v4");
+  BOOST_TEST(c.gemma3());
+  BOOST_TEST(c.attention_scale == 0.25f);
+  BOOST_TEST(c.sliding_window == 3);
+  BOOST_TEST((c.local_layers == std::vector<char>{1, 1, 1, 1, 1, 0, 1}));  // sliding_window_pattern 6
+  BOOST_TEST((c.rope_theta == 1000.f && c.rope_local_theta == 10.f && c.rope_factor == 8.f));
+  j = g3;
+  j["sliding_window_pattern"] = 2;
+  BOOST_TEST((hf::parse_config(j, "pattern 2").local_layers == std::vector<char>{1, 0, 1, 0, 1, 0, 1}));
+  j = g3;
+  for (const char* key : {"rope_theta", "rope_local_base_freq", "rope_scaling"}) j.erase(key);
+  j["layer_types"] = {"full_attention",    "sliding_attention", "full_attention", "sliding_attention",
+                      "sliding_attention", "full_attention",    "full_attention"};
+  j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 2000.0}}},
+                          {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 20.0}}}};
+  const hf::LmConfig v5 = hf::parse_config(j, "gemma3 v5");
+  BOOST_TEST((v5.local_layers == std::vector<char>{0, 1, 0, 1, 1, 0, 0}));
+  BOOST_TEST((v5.rope_theta == 2000.f && v5.rope_local_theta == 20.f && v5.rope_factor == 1.f));
+  j["rope_parameters"]["full_attention"] = {{"rope_type", "yarn"}, {"rope_theta", 2000.0}, {"factor", 4.0}};
+  fails_with(j, "rope_type \"yarn\" is not supported");
+  j["rope_parameters"]["full_attention"] = {{"rope_type", "default"}};
+  j["rope_parameters"]["sliding_attention"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  fails_with(j, "rope scaling on the sliding_attention layers");
+  j = g3;
+  j["layer_types"] = {"sliding_attention"};
+  fails_with(j, "layer_types");
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    j = g3;
+    j[key] = 30.0;
+    fails_with(j, std::string(key) + " 30.0 is not supported");
+  }
+  j = g3;
+  j["sliding_window"] = 0;
+  fails_with(j, "sliding_window 0");
+
+  // Qwen3: the Llama family with QK-norm and head_dim (transformers' default 128).
+  Json qwen3 = tiny_llama();
+  qwen3["model_type"] = "qwen3";
+  BOOST_TEST((hf::parse_config(qwen3, "qwen3").qk_norm() && hf::parse_config(qwen3, "qwen3").head_dim() == 128));
+  BOOST_TEST(hf::transformers_names(hf::parse_config(qwen3, "qwen3")).tensors.at("1.attn.k_norm.weight").front() ==
+             "model.layers.0.self_attn.k_norm.weight");
+  qwen3["use_sliding_window"] = true;
+  fails_with(qwen3, "use_sliding_window true");
+
+  // Its blocks and their transformers names: the four norms and QK-norm.
+  const hf::TransformersNames n = hf::transformers_names(c);
+  BOOST_TEST(n.tensors.at("1.post_attn.weight").front() == "model.layers.0.post_attention_layernorm.weight");
+  BOOST_TEST(n.tensors.at("1.ln2.weight").front() == "model.layers.0.pre_feedforward_layernorm.weight");
+  BOOST_TEST(n.tensors.at("1.post_mlp.weight").front() == "model.layers.0.post_feedforward_layernorm.weight");
+  BOOST_TEST(n.tensors.at("1.attn.q_norm.weight").front() == "model.layers.0.self_attn.q_norm.weight");
+  BOOST_TEST(!n.tensors.contains(std::to_string(c.num_hidden_layers + 2) + ".weight"));  // tied head
+  const hf::CausalLm lm(c);
+  for (const auto& spec : lm.blocks.front().params())
+    BOOST_TEST(n.tensors.contains("1." + spec.name), spec.name << " has a transformers name");
+}
+
 namespace {
 
 // Loads `dir` at two ranks under Kind and checks it holds `saved`.

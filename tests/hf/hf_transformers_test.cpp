@@ -119,6 +119,8 @@ BOOST_AUTO_TEST_CASE(mistral_multi_head_f16) {
 }
 
 BOOST_AUTO_TEST_CASE(gpt2_tied_f32) { logits_at_one_and_two_ranks("gpt2", "gpt2 4 float32 0", "gpt2 (tied) F32"); }
+// Gemma (tied, GQA) as transformers 4.40 computes it; Gemma 3 needs transformers 5: gemma_transformers_test.
+BOOST_AUTO_TEST_CASE(gemma_gqa_f32) { logits_at_one_and_two_ranks("gemma", "gemma 2 float32 0", "gemma GQA F32"); }
 
 namespace {
 
@@ -134,6 +136,7 @@ BOOST_AUTO_TEST_CASE(tied_llama_gqa_trains_like_transformers) {
   training_parity("llama_tied_train", "llama_tied 2 float32 0");
 }
 BOOST_AUTO_TEST_CASE(llama_mha_trains_like_transformers) { training_parity("llama_mha_train", "llama 4 float32 0"); }
+BOOST_AUTO_TEST_CASE(gemma_trains_like_transformers) { training_parity("gemma_train", "gemma 2 float32 0"); }
 // Left padding through attention_mask.
 BOOST_AUTO_TEST_CASE(padded_gpt2_trains_like_transformers) { training_parity("gpt2_padded", "gpt2 4 float32 0", 3); }
 BOOST_AUTO_TEST_CASE(padded_llama_trains_like_transformers) { training_parity("llama_padded", "llama 2 float32 0", 3); }

@@ -55,6 +55,23 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(packed_bidirectional, T, t::dtypes) { check_group<
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(cross, T, t::dtypes) { check_group<T>(t::FamilyGroup::cross); }
 
+BOOST_AUTO_TEST_CASE_TEMPLATE(sliding_window, T, t::dtypes) { check_group<T>(t::FamilyGroup::sliding_window); }
+
+// A window at least as long as the sequence leaves every causal key: the
+// same outputs, bit for bit, as no window.
+BOOST_AUTO_TEST_CASE(a_long_window_is_no_window) {
+  dtrain::Host dev(1);
+  const t::FamilySpec f{.kv_heads = 2, .causal = true, .theta = 500.0};
+  t::FamilySpec windowed = f;
+  windowed.window = 7;
+  t::FamilyInputs in{.shape = {2, 7}, .k_time = 7};
+  nn::RotaryAttention plain(16, 4, t::family_options(f)), wide(16, 4, t::family_options(windowed));
+  const t::UnitCase c = t::family_case<float>(plain, f, in);
+  const t::FamilyResult a = t::run_family<float>(dev, plain, f, in, c), b = t::run_family<float>(dev, wide, f, in, c);
+  BOOST_TEST(a.unit.y == b.unit.y);
+  BOOST_TEST(a.unit.dx == b.unit.dx);
+}
+
 // The RotaryAttention alias against the family's reference: today's form.
 BOOST_AUTO_TEST_CASE(rotary_alias_matches_the_family_reference) {
   dtrain::Host dev(1);
@@ -72,6 +89,11 @@ BOOST_AUTO_TEST_CASE(parameters_and_errors) {
   BOOST_TEST(qk.params()[5].shape == std::vector<std::int64_t>{4});
   BOOST_CHECK_THROW((nn::Attention<nn::CrossInput, nn::Bidirectional>(16, 4, {.q_lora = {.r = 2}})),
                     dtrain::config_error);
+  BOOST_CHECK_THROW((nn::Attention<nn::Bidirectional>(16, 4, {.window = 3})), dtrain::config_error);
+  BOOST_CHECK_THROW((nn::Attention<nn::Rotary>(16, 4, {.window = -1})), dtrain::config_error);
+  BOOST_CHECK_THROW((nn::Attention<nn::Rotary>(16, 4, {.rope_factor = 0.f})), dtrain::config_error);
+  const auto gemma = nn::Attention<nn::Rotary>(16, 4, {.qk_norm = true, .qk_norm_offset = 1.f});
+  BOOST_TEST((gemma.params()[4].init.kind == dtrain::init_kind::zeros));
   // saved: q, k, v (heads layout), probabilities, merged heads; + q and k before QK-norm
   const SeqShape s{2, 5};
   BOOST_TEST(cross.saved_size(s, 9) == 2 * 10 * 16 + 2 * 18 * 16 + 2 * 4 * 5 * 9);

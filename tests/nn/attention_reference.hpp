@@ -31,6 +31,11 @@ struct FamilySpec {
   bool causal = false, cross = false, qk_norm = false, qkv_bias = false, out_bias = false;
   double theta = 0.0;  // > 0: rotary positions
   double eps = 1e-6;   // QK-norm's
+  // Gemma 3's forms: a sliding window (> 0: keys window or more positions
+  // back are left out), the scores' scale (0: 1 / sqrt(head_dim)), QK-norm
+  // scaling by offset + weight, and linear rope scaling by rope_factor.
+  std::int64_t window = 0;
+  double scale = 0.0, norm_offset = 0.0, rope_factor = 1.0;
 };
 
 // One call's inputs besides the unit's parameters, x and dy.
@@ -69,11 +74,12 @@ inline std::vector<double> family_reference(const FamilySpec& f, const FamilyInp
           double sq = 0.0;
           for (std::int64_t d = 0; d < hd; ++d) sq += e[d] * e[d];
           const double rstd = 1.0 / std::sqrt(sq / static_cast<double>(hd) + f.eps);
-          for (std::int64_t d = 0; d < hd; ++d) e[d] *= rstd * (*w)[static_cast<std::size_t>(d)];
+          for (std::int64_t d = 0; d < hd; ++d) e[d] *= rstd * (f.norm_offset + (*w)[static_cast<std::size_t>(d)]);
         }
         if (f.theta > 0.0)
           for (std::int64_t i = 0; i < half; ++i) {
-            const double angle = static_cast<double>(pos(r / time, r % time)) / std::pow(f.theta, 2.0 * i / hd);
+            const double angle =
+                static_cast<double>(pos(r / time, r % time)) / std::pow(f.theta, 2.0 * i / hd) / f.rope_factor;
             const double a = e[i], b = e[i + half];
             e[i] = a * std::cos(angle) - b * std::sin(angle);
             e[i + half] = b * std::cos(angle) + a * std::sin(angle);
@@ -84,6 +90,7 @@ inline std::vector<double> family_reference(const FamilySpec& f, const FamilyInp
   heads_of(k, kv, Tk, f.qk_norm ? &p[norms + 1] : nullptr);
   const auto kept = [&](std::int64_t b, std::int64_t t, std::int64_t j) {
     if (f.causal && j > t) return false;
+    if (f.window > 0 && t - j >= f.window) return false;
     if (!in.key_mask.empty() && in.key_mask[static_cast<std::size_t>(b * Tk + j)] == 0) return false;
     return in.positions.empty() || j - pos(b, j) == t - pos(b, t);
   };
@@ -100,7 +107,7 @@ inline std::vector<double> family_reference(const FamilySpec& f, const FamilyInp
           for (std::int64_t d = 0; d < hd; ++d)
             dot += q[static_cast<std::size_t>((b * Tq + t) * C + h * hd + d)] *
                    k[static_cast<std::size_t>((b * Tk + j) * kv + g * hd + d)];
-          w[static_cast<std::size_t>(j)] = dot / std::sqrt(static_cast<double>(hd));
+          w[static_cast<std::size_t>(j)] = dot * (f.scale > 0.0 ? f.scale : 1.0 / std::sqrt(static_cast<double>(hd)));
           mx = std::max(mx, w[static_cast<std::size_t>(j)]);
         }
         double sum = 0.0;
@@ -249,7 +256,11 @@ inline nn::GroupedAttentionOptions family_options(const FamilySpec& f) {
           .out_bias = f.out_bias,
           .qk_norm = f.qk_norm,
           .qk_norm_eps = static_cast<float>(f.eps),
-          .memory_dim = f.memory_dim};
+          .qk_norm_offset = static_cast<float>(f.norm_offset),
+          .memory_dim = f.memory_dim,
+          .window = f.window,
+          .scale = static_cast<float>(f.scale),
+          .rope_factor = static_cast<float>(f.rope_factor)};
 }
 
 // The tolerances' widening in dtype T: check_unit's 16x for the attention
@@ -262,7 +273,7 @@ double family_scale(const FamilySpec& f) {
 
 // The cases the host and GPU tests check, by group; check(name, unit, spec,
 // inputs) is called for each.
-enum class FamilyGroup { bidirectional, qk_norm, packed, cross };
+enum class FamilyGroup { bidirectional, qk_norm, packed, cross, sliding_window };
 
 template <class Check>
 void family_cases(FamilyGroup group, Check&& check) {
@@ -285,6 +296,24 @@ void family_cases(FamilyGroup group, Check&& check) {
     f.theta = 10000.0;
     check("QK-norm, causal, rotary (Qwen3)", Attention<nn::Rotary>(16, 4, family_options(f)), f,
           FamilyInputs{.shape = {2, 7}, .k_time = 7});
+  }
+  if (group == FamilyGroup::sliding_window) {
+    // a window of 3 keys over 7 positions (Gemma 3's local layers), alone,
+    // padded, packed, and with Gemma 3's QK-norm (1 + weight), scale and
+    // linearly scaled rotation
+    FamilySpec f{.kv_heads = 2, .causal = true, .out_bias = true, .theta = 500.0, .window = 3};
+    check("sliding window 3", Attention<nn::Rotary>(16, 4, family_options(f)), f,
+          FamilyInputs{.shape = {2, 7}, .k_time = 7});
+    check("sliding window 3, padded", Attention<nn::Rotary>(16, 4, family_options(f)), f,
+          FamilyInputs{.shape = {2, 7}, .k_time = 7, .key_mask = padding_mask(2, 7, 2)});
+    check("sliding window 3, packed", Attention<nn::Rotary>(16, 4, family_options(f)), f,
+          FamilyInputs{.shape = {2, 7}, .k_time = 7, .positions = {0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 5, 6}});
+    f.qk_norm = true;
+    f.norm_offset = 1.0;
+    f.scale = 0.3;
+    f.rope_factor = 2.0;
+    check("sliding window 3, Gemma 3's QK-norm, scale and rope scaling",
+          Attention<nn::Rotary>(16, 4, family_options(f)), f, FamilyInputs{.shape = {2, 7}, .k_time = 7});
   }
   if (group == FamilyGroup::packed) {
     // two records (4 + 3 tokens) in the first sequence, one in the second:

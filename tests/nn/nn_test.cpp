@@ -80,11 +80,15 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(silu, T, t::dtypes) { t::check_unit<T>(dtrain::nn:
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(swiglu, T, t::dtypes) {
   t::check_unit<T>(dtrain::nn::SwiGLU{}, t::swiglu_reference(5), 6, 10, true, {}, 2.0);
+  t::check_unit<T>(dtrain::nn::GeGLU{}, t::swiglu_reference(5, true), 6, 10, true, {}, 2.0);
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(rms_norm, T, t::dtypes) {
   t::check_unit<T>(dtrain::nn::RMSNorm(7), t::rms_norm_reference(7, 1e-6), 6, 7);
   t::check_unit<T>(dtrain::nn::RMSNorm(7, {.eps = 1e-5f, .trainable = false}), t::rms_norm_reference(7, 1e-5), 6, 7);
+  // Gemma's form: the scale 1 + weight, the weight starting at zeros
+  t::check_unit<T>(dtrain::nn::RMSNorm(7, {.offset = 1.f}), t::rms_norm_reference(7, 1e-6, 1.0), 6, 7);
+  BOOST_TEST((dtrain::nn::RMSNorm(7, {.offset = 1.f}).params()[0].init.kind == dtrain::init_kind::zeros));
 }
 
 // Large |x| saturates the sigmoid-form activations to x or 0 (slopes 1 or

@@ -143,8 +143,9 @@ inline RefForward silu_reference() {
   return elementwise_reference([](double v) { return v / (1.0 + std::exp(-v)); });
 }
 
-// x [rows, 2 hidden] = gate | up  ->  silu(gate) * up.
-inline RefForward swiglu_reference(std::int64_t hidden) {
+// x [rows, 2 hidden] = gate | up  ->  silu(gate) * up; with `geglu` the
+// tanh GELU (as PyTorch's gelu(approximate="tanh")) in silu's place.
+inline RefForward swiglu_reference(std::int64_t hidden, bool geglu = false) {
   return [=](const std::vector<std::vector<double>>&, const std::vector<double>& x) {
     const auto rows = static_cast<std::int64_t>(x.size()) / (2 * hidden);
     std::vector<double> y(static_cast<std::size_t>(rows * hidden));
@@ -152,13 +153,17 @@ inline RefForward swiglu_reference(std::int64_t hidden) {
       for (std::int64_t j = 0; j < hidden; ++j) {
         const double g = x[static_cast<std::size_t>(r * 2 * hidden + j)];
         const double u = x[static_cast<std::size_t>(r * 2 * hidden + hidden + j)];
-        y[static_cast<std::size_t>(r * hidden + j)] = g / (1.0 + std::exp(-g)) * u;
+        const double act =
+            geglu ? 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / std::acos(-1.0)) * (g + 0.044715 * g * g * g)))
+                  : g / (1.0 + std::exp(-g));
+        y[static_cast<std::size_t>(r * hidden + j)] = act * u;
       }
     return y;
   };
 }
 
-inline RefForward rms_norm_reference(std::int64_t features, double eps) {
+// offset: Gemma's form, the scale offset + weight.
+inline RefForward rms_norm_reference(std::int64_t features, double eps, double offset = 0.0) {
   return [=](const std::vector<std::vector<double>>& p, const std::vector<double>& x) {
     std::vector<double> y(x.size());
     for (std::size_t r = 0; r < x.size() / static_cast<std::size_t>(features); ++r) {
@@ -167,7 +172,7 @@ inline RefForward rms_norm_reference(std::int64_t features, double eps) {
       for (std::int64_t c = 0; c < features; ++c) ms += row[c] * row[c] / static_cast<double>(features);
       for (std::int64_t c = 0; c < features; ++c)
         y[r * static_cast<std::size_t>(features) + static_cast<std::size_t>(c)] =
-            row[c] / std::sqrt(ms + eps) * p[0][static_cast<std::size_t>(c)];
+            row[c] / std::sqrt(ms + eps) * (offset + p[0][static_cast<std::size_t>(c)]);
     }
     return y;
   };

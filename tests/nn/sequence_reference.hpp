@@ -96,6 +96,18 @@ inline RefForward block_reference(std::int64_t dim, std::int64_t heads, SeqShape
   };
 }
 
+// nn::SandwichBlock over LayerNorms, causal attention and a GELU MLP:
+// r = x + post_attn(attn(ln1(x))), y = r + post_mlp(mlp(ln2(r))).
+inline RefForward sandwich_reference(std::int64_t dim, std::int64_t heads, SeqShape s) {
+  return [=](const Params& p, const std::vector<double>& x) {
+    const auto ln = [&](std::size_t first, const std::vector<double>& v) {
+      return layer_norm_reference(dim, 1e-5)(slice(p, first, 2), v);
+    };
+    const auto r = add(x, ln(6, attention_reference(dim, heads, s)(slice(p, 2, 4), ln(0, x))));
+    return add(r, ln(14, mlp_reference(dim, 4 * dim)(slice(p, 10, 4), ln(8, r))));
+  };
+}
+
 inline RefForward positional_reference(std::int64_t dim, SeqShape s) {
   return [=](const Params& p, std::vector<double> x) {
     for (std::int64_t r = 0; r < s.rows(); ++r)

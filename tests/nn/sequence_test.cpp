@@ -22,6 +22,7 @@
 #include "dtrain/nn/embedding.hpp"
 #include "dtrain/nn/regression_loss.hpp"
 #include "dtrain/nn/rotary_attention.hpp"
+#include "dtrain/nn/sandwich_block.hpp"
 #include "dtrain/nn/transformer.hpp"
 
 namespace t = dtrain::testing;
@@ -178,6 +179,15 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(transformer_block, T, t::dtypes) {
                    composite<T>(16));
 }
 
+BOOST_AUTO_TEST_CASE_TEMPLATE(sandwich_block, T, t::dtypes) {
+  const SeqShape s{2, 4};
+  using dtrain::nn::LayerNorm;
+  const auto ln = [] { return LayerNorm(8); };
+  const dtrain::nn::SandwichBlock<LayerNorm, dtrain::nn::CausalSelfAttention, dtrain::nn::GeluMLP> block(
+      8, ln(), dtrain::nn::CausalSelfAttention(8, 2), ln(), ln(), dtrain::nn::GeluMLP(8, 32), ln());
+  t::check_unit<T>(block, t::sandwich_reference(8, 2, s), s.rows(), 8, true, s, composite<T>(24));
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(positional_embedding, T, t::dtypes) {
   const SeqShape s{3, 4};
   t::check_unit<T>(dtrain::nn::PositionalEmbedding(6, 5), positional_reference(5, s), s.rows(), 5, true, s);
@@ -227,6 +237,25 @@ BOOST_AUTO_TEST_CASE(embedding_gathers_and_scatters) {
   BOOST_CHECK_EXCEPTION(forward(), dtrain::config_error, [](const dtrain::config_error& e) {
     return std::string(e.what()).find("id 7 at position 4 is outside [0, 7)") != std::string::npos;
   });
+}
+
+// Gemma's embedding: each row of dy times the scale before the sums, and no
+// gradient for the padding id's row (PyTorch's padding_idx), against float64.
+BOOST_AUTO_TEST_CASE(embedding_gradient_scale_and_padding_idx) {
+  dtrain::Host dev(1);
+  const std::int64_t vocab = 5, dim = 3;
+  const std::vector<std::int64_t> ids{0, 2, 0, 4, 2, 1};
+  std::mt19937_64 rng(5);
+  const auto dyd = t::random_nonzero(ids.size() * static_cast<std::size_t>(dim), rng);
+  const std::vector<float> dy(dyd.begin(), dyd.end());
+  std::vector<float> grad(static_cast<std::size_t>(vocab * dim), -1.f);
+  dtrain::nn::detail::scatter_rows(dev, ids.data(), ids.size(), vocab, dy.data(), grad.data(), dim, 2.5f, 0);
+  std::vector<double> want(grad.size(), 0.0);
+  for (std::size_t r = 0; r < ids.size(); ++r)
+    for (std::int64_t c = 0; c < dim; ++c)
+      if (ids[r] != 0)
+        want[static_cast<std::size_t>(ids[r] * dim + c)] += 2.5 * dy[r * static_cast<std::size_t>(dim) + c];
+  t::expect_close(std::vector<double>(grad.begin(), grad.end()), want, 1e-6, "scaled gradient without the padding id");
 }
 
 // The host's by-rows forms of the embeddings' gradients (a table row per

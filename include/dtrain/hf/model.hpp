@@ -11,6 +11,12 @@
 //   Llama family      units 0 Embedding embed_tokens, 1 .. L blocks (input_layernorm,
 //                     self_attn q|k|v|o with rotary positions and grouped-query heads,
 //                     post_attention_layernorm, SwiGLU mlp), L+1 RMSNorm norm, L+2 lm_head
+//   Gemma             as the Llama family, its RMSNorms scaling by 1 + weight, a GeGLU mlp
+//                     (tanh GELU) and the embedding's rows times sqrt(hidden_size)
+//   Gemma 3 text      as Gemma, each block input_layernorm, self_attn (q_norm, k_norm;
+//                     sliding window and local rotary base on local layers),
+//                     post_attention_layernorm, pre_feedforward_layernorm, mlp,
+//                     post_feedforward_layernorm (nn::SandwichBlock)
 //
 // The output head is tied to the embedding (ParamSpec::tied_to "0.weight")
 // when tie_word_embeddings is set: GPT-2 by default, some Llamas.
@@ -37,13 +43,16 @@
 #include "dtrain/nn/linear.hpp"
 #include "dtrain/nn/rms_norm.hpp"
 #include "dtrain/nn/rotary_attention.hpp"
+#include "dtrain/nn/sandwich_block.hpp"
 #include "dtrain/nn/transformer.hpp"
 
 namespace dtrain::hf {
 
 using LlamaBlock = nn::PreNormBlock<nn::RMSNorm, nn::RotaryAttention, nn::MLP<nn::SwiGLU>>;
 using Gpt2Block = nn::PreNormBlock<nn::LayerNorm, nn::CausalSelfAttention, nn::MLP<nn::GELUTanh>>;
-using Block = nn::OneOf<LlamaBlock, Gpt2Block>;
+using GemmaBlock = nn::PreNormBlock<nn::RMSNorm, nn::RotaryAttention, nn::MLP<nn::GeGLU>>;
+using Gemma3Block = nn::SandwichBlock<nn::RMSNorm, nn::RotaryAttention, nn::MLP<nn::GeGLU>>;
+using Block = nn::OneOf<LlamaBlock, Gpt2Block, GemmaBlock, Gemma3Block>;
 using FinalNorm = nn::OneOf<nn::RMSNorm, nn::LayerNorm>;
 
 // Block `layer` of the model, with the adapters `lora` plans for it (and

@@ -6,6 +6,8 @@
 
 #include <fnmatch.h>
 
+#include <cmath>
+
 #include "dtrain/hf/model.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
@@ -27,35 +29,54 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
           nn::MLP<nn::GELUTanh>(c.hidden_size, c.intermediate_size,
                                 {.trainable = train, .fc1_lora = adapter("mlp.fc1"), .fc2_lora = adapter("mlp.fc2")}));
     }
-    const nn::RmsNormOptions norm{.eps = c.norm_eps, .trainable = train};
-    return LlamaBlock(
-        c.hidden_size, nn::RMSNorm(c.hidden_size, norm),
-        nn::RotaryAttention(c.hidden_size, c.num_attention_heads,
-                            {.kv_heads = c.num_key_value_heads,
-                             .rope_theta = c.rope_theta,
-                             .qkv_bias = c.qkv_bias,
-                             .out_bias = c.out_bias,
-                             .max_positions = c.max_position_embeddings,
-                             .trainable = train,
-                             .q_lora = adapter("attn.q"),
-                             .k_lora = adapter("attn.k"),
-                             .v_lora = adapter("attn.v"),
-                             .o_lora = adapter("attn.o")}),
-        nn::RMSNorm(c.hidden_size, norm),
-        nn::MLP<nn::SwiGLU>(
-            c.hidden_size, c.intermediate_size,
-            {.bias = false, .trainable = train, .fc1_lora = adapter("mlp.fc1"), .fc2_lora = adapter("mlp.fc2")}));
+    // Gemma's norms scale by 1 + weight; Gemma 3's local layers attend within
+    // a window, with their own rotary base and no scaling.
+    const float offset = c.gemma() ? 1.f : 0.f;
+    const bool local = c.local(layer);
+    const nn::RmsNormOptions norm{.eps = c.norm_eps, .trainable = train, .offset = offset};
+    const nn::RotaryAttention attn(c.hidden_size, c.num_attention_heads,
+                                   {.kv_heads = c.num_key_value_heads,
+                                    .rope_theta = local ? c.rope_local_theta : c.rope_theta,
+                                    .qkv_bias = c.qkv_bias,
+                                    .out_bias = c.out_bias,
+                                    .max_positions = c.max_position_embeddings,
+                                    .trainable = train,
+                                    .q_lora = adapter("attn.q"),
+                                    .k_lora = adapter("attn.k"),
+                                    .v_lora = adapter("attn.v"),
+                                    .o_lora = adapter("attn.o"),
+                                    .qk_norm = c.qk_norm(),
+                                    .qk_norm_eps = c.norm_eps,
+                                    .qk_norm_offset = offset,
+                                    .head_dim = c.gemma() || c.qwen3() ? c.head_dim() : 0,
+                                    .window = local ? c.sliding_window : 0,
+                                    .scale = c.attention_scale,
+                                    .rope_factor = local ? 1.f : c.rope_factor});
+    const nn::MlpOptions mlp{
+        .bias = false, .trainable = train, .fc1_lora = adapter("mlp.fc1"), .fc2_lora = adapter("mlp.fc2")};
+    const nn::RMSNorm rms(c.hidden_size, norm);
+    if (c.gemma3())
+      return Gemma3Block(c.hidden_size, rms, attn, rms, rms,
+                         nn::MLP<nn::GeGLU>(c.hidden_size, c.intermediate_size, mlp), rms);
+    if (c.gemma())
+      return GemmaBlock(c.hidden_size, rms, attn, rms, nn::MLP<nn::GeGLU>(c.hidden_size, c.intermediate_size, mlp));
+    return LlamaBlock(c.hidden_size, rms, attn, rms, nn::MLP<nn::SwiGLU>(c.hidden_size, c.intermediate_size, mlp));
   }
 
   DTRAIN_DECL FinalNorm make_final_norm(const LmConfig& c, bool trainable) {
     if (c.gpt2()) return nn::LayerNorm(c.hidden_size, {.eps = c.norm_eps, .trainable = trainable});
-    return nn::RMSNorm(c.hidden_size, {.eps = c.norm_eps, .trainable = trainable});
+    return nn::RMSNorm(c.hidden_size, {.eps = c.norm_eps, .trainable = trainable, .offset = c.gemma() ? 1.f : 0.f});
   }
 
   DTRAIN_DECL CausalLm::CausalLm(LmConfig c, const LoraConfig& adapters)
       : config(std::move(c)),
         lora(plan_lora(config, adapters)),
-        tok(config.vocab_size, config.hidden_size, {.trainable = !adapters.on() || lora.save_embedding}),
+        // Gemma's embedding rows are scaled by sqrt(hidden_size) (rounded to
+        // the compute dtype by nn::Embedding, as transformers rounds it)
+        tok(config.vocab_size, config.hidden_size,
+            {.trainable = !adapters.on() || lora.save_embedding,
+             .scale = config.gemma() ? static_cast<float>(std::sqrt(static_cast<double>(config.hidden_size))) : 1.f,
+             .padding_idx = config.pad_token_id}),
         norm(make_final_norm(config, !adapters.on())),
         head(config.hidden_size, config.vocab_size,
              {.bias = false,
@@ -154,7 +175,17 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       if (c.qkv_bias)
         for (const char* p : {"q", "k", "v"}) m[u + "attn." + p + ".bias"] = {h + "self_attn." + p + "_proj.bias"};
       if (c.out_bias) m[u + "attn.o.bias"] = {h + "self_attn.o_proj.bias"};
-      m[u + "ln2.weight"] = {h + "post_attention_layernorm.weight"};
+      if (c.qk_norm()) {
+        m[u + "attn.q_norm.weight"] = {h + "self_attn.q_norm.weight"};
+        m[u + "attn.k_norm.weight"] = {h + "self_attn.k_norm.weight"};
+      }
+      if (c.gemma3()) {  // the sandwich block's four norms
+        m[u + "post_attn.weight"] = {h + "post_attention_layernorm.weight"};
+        m[u + "ln2.weight"] = {h + "pre_feedforward_layernorm.weight"};
+        m[u + "post_mlp.weight"] = {h + "post_feedforward_layernorm.weight"};
+      } else {
+        m[u + "ln2.weight"] = {h + "post_attention_layernorm.weight"};
+      }
       m[u + "mlp.fc1.weight"] = {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"};
       m[u + "mlp.fc2.weight"] = {h + "mlp.down_proj.weight"};
     }

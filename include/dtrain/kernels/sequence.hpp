@@ -87,6 +87,8 @@ DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE std::int64_t causal_written(std::int64_t
 // with no column (a padding query before the first token) becomes all 0.
 // With position ids ([batch, time], restarting at 0 where a packed record
 // starts) a query sees only its own record: columns t - pos[t] .. t.
+// With a window w > 0 (sliding-window attention) a key w or more positions
+// before the query is left out too: columns t - w + 1 .. t.
 // The reductions run over whole groups of math::lanes columns where the row
 // has them (columns past t count as left out), so they vectorise without a
 // scalar tail.
@@ -101,16 +103,18 @@ struct CausalSoftmax {
   // > 0: row t is written only to the end of its block of `block` rows
   // (causal_written), as far as products over row blocks read it
   std::int64_t block = 0;
+  std::int64_t window = 0;  // > 0: keys at t - window or before are left out
   template <class Row>
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i), t = r % time;
     T* row = att + r * time;
-    if (key_mask == nullptr && positions == nullptr)
+    if (key_mask == nullptr && positions == nullptr && window == 0)
       return softmax_row(
           row, t, [t](std::int64_t j) { return j <= t; }, lanes);
     const std::int64_t seq = r / (heads * time);
     const M* keep = key_mask != nullptr ? key_mask + seq * time : nullptr;
-    const std::int64_t first = positions != nullptr ? t - positions[seq * time + t] : 0;
+    const std::int64_t record = positions != nullptr ? t - positions[seq * time + t] : 0;
+    const std::int64_t first = window > 0 && t - window + 1 > record ? t - window + 1 : record;
     softmax_row(
         row, t, [t, keep, first](std::int64_t j) { return j <= t && j >= first && (keep == nullptr || keep[j] != 0); },
         lanes);
@@ -262,16 +266,19 @@ struct AddElements {
 #endif
 };
 
-// y[r, c] = table[ids[r], c]; run over rows * dim.
+// y[r, c] = table[ids[r], c] (times `scale`, rounded once, unless it is 1);
+// run over rows * dim.
 template <Dtype T, class Id>
 struct EmbeddingGather {
   const Id* ids;
   const T* table;
   T* y;
   std::int64_t dim;
+  float scale = 1.f;
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto n = static_cast<std::int64_t>(i);
-    y[n] = table[static_cast<std::int64_t>(ids[n / dim]) * dim + n % dim];
+    const T w = table[static_cast<std::int64_t>(ids[n / dim]) * dim + n % dim];
+    y[n] = scale == 1.f ? w : dtype_cast<T>(static_cast<float>(w) * scale);
   }
 };
 
@@ -281,7 +288,8 @@ struct EmbeddingGather {
 // sum is deterministic; run over vocab * dim, or over vocab `by_rows` (the
 // host's form: a table row per index, its columns in math::column_sums'
 // vectorised groups, the same sums in the same order, no division per
-// element).
+// element). With `scale` each row of dy is scaled before the sum (the
+// gradient of EmbeddingGather's scaled rows; times 1 is exact).
 template <Dtype T>
 struct EmbeddingScatter {
   const std::int64_t* offsets;
@@ -290,6 +298,7 @@ struct EmbeddingScatter {
   T* dtable;
   std::int64_t dim;
   bool by_rows = false;
+  float scale = 1.f;
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return by_rows ? static_cast<std::size_t>(dim) : 1; }
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
@@ -297,7 +306,7 @@ struct EmbeddingScatter {
       const auto v = static_cast<std::int64_t>(i);
       const std::int64_t first = offsets[v];
       const auto f = [&](std::int64_t k, std::int64_t c)
-                         DTRAIN_LAMBDA_INLINE { return static_cast<float>(dy[rows[first + k] * dim + c]); };
+                         DTRAIN_LAMBDA_INLINE { return static_cast<float>(dy[rows[first + k] * dim + c]) * scale; };
       const auto put = [&](std::int64_t c, float sum)
                            DTRAIN_LAMBDA_INLINE { dtable[v * dim + c] = dtype_cast<T>(sum); };
       for (std::int64_t c0 = 0; c0 < dim; c0 += math::lanes)
@@ -306,7 +315,7 @@ struct EmbeddingScatter {
     }
     const auto n = static_cast<std::int64_t>(i), v = n / dim, c = n % dim;
     float acc = 0.f;
-    for (std::int64_t k = offsets[v]; k < offsets[v + 1]; ++k) acc += static_cast<float>(dy[rows[k] * dim + c]);
+    for (std::int64_t k = offsets[v]; k < offsets[v + 1]; ++k) acc += static_cast<float>(dy[rows[k] * dim + c]) * scale;
     dtable[n] = dtype_cast<T>(acc);
   }
 };

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/core/dtype.hpp"
@@ -164,15 +165,16 @@ struct quick_gelu_op {
   }
 };
 
-// y[r, j] = silu(x[r, j]) * x[r, hidden + j]: the gate half, then the up half.
+// y[r, j] = act(x[r, j]) * x[r, hidden + j]: the gate half, then the up half
+// (Op: silu_op for SwiGLU, gelu_tanh_op for GeGLU).
 // (span: the host's row loops, backend/host/device_isa.hpp.)
-template <class T>
-struct SwiGluForward {
+template <class Op, class T>
+struct GatedForward {
   MatView<const T> x;
   MatView<T> y;
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void at(std::int64_t r, std::int64_t j) const {
     const float g = static_cast<float>(x(r, j)), u = static_cast<float>(x(r, y.cols + j));
-    y(r, j) = dtype_cast<T>(silu_op::forward(g) * u);
+    y(r, j) = dtype_cast<T>(Op::forward(g) * u);
   }
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
     at(static_cast<std::int64_t>(i) / y.cols, static_cast<std::int64_t>(i) % y.cols);
@@ -184,16 +186,16 @@ struct SwiGluForward {
   }
 };
 
-template <class T>
-struct SwiGluBackward {
+template <class Op, class T>
+struct GatedBackward {
   MatView<const T> x;
   MatView<const T> dy;
   MatView<T> dx;
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void at(std::int64_t r, std::int64_t j) const {
     const float g = static_cast<float>(x(r, j)), u = static_cast<float>(x(r, dy.cols + j));
     const float d = static_cast<float>(dy(r, j));
-    dx(r, j) = dtype_cast<T>(silu_op::backward(g, 0.f, d * u));
-    dx(r, dy.cols + j) = dtype_cast<T>(d * silu_op::forward(g));
+    dx(r, j) = dtype_cast<T>(Op::backward(g, 0.f, d * u));
+    dx(r, dy.cols + j) = dtype_cast<T>(d * Op::forward(g));
   }
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
     at(static_cast<std::int64_t>(i) / dy.cols, static_cast<std::int64_t>(i) % dy.cols);
@@ -204,6 +206,11 @@ struct SwiGluBackward {
     });
   }
 };
+
+template <class T>
+using SwiGluForward = GatedForward<silu_op, T>;
+template <class T>
+using SwiGluBackward = GatedBackward<silu_op, T>;
 
 }  // namespace detail
 
@@ -247,16 +254,18 @@ using GELUTanh = Activation<detail::gelu_tanh_op>;
 using SiLU = Activation<detail::silu_op>;
 using QuickGELU = Activation<detail::quick_gelu_op>;
 
-// The gated activation of a SwiGLU MLP: input [rows, 2 hidden] holding the
-// gate projection then the up projection (one fused Linear), output
-// [rows, hidden] = silu(gate) * up. Llama's MLP is
-//   Linear(dim, 2 hidden, no bias) -> SwiGLU -> Linear(hidden, dim, no bias).
-struct SwiGLU {
+// A gated activation: input [rows, 2 hidden] holding the gate projection
+// then the up projection (one fused Linear), output [rows, hidden] =
+// act(gate) * up. Llama's MLP is
+//   Linear(dim, 2 hidden, no bias) -> SwiGLU -> Linear(hidden, dim, no bias),
+// Gemma's the same with GeGLU (the tanh GELU as the gate's activation).
+template <class Op>
+struct GatedActivation {
   static constexpr std::int64_t input_multiple = 2;  // reads gate | up
   std::vector<ParamSpec> params() const { return {}; }
   std::int64_t out_features(std::int64_t in) const {
     if (in < 2 || in % 2 != 0)
-      throw config_error("nn::SwiGLU: the input width " + std::to_string(in) + " is not 2 x hidden",
+      throw config_error(std::string(name()) + ": the input width " + std::to_string(in) + " is not 2 x hidden",
                          "feed it a Linear(dim, 2 * hidden) whose first half is the gate, the second the up "
                          "projection");
     return in / 2;
@@ -264,20 +273,26 @@ struct SwiGLU {
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y) {
-    nn::detail::check_count("nn::SwiGLU", "parameters", p.size(), 0);
-    nn::detail::check_shape("nn::SwiGLU", "output", y, x.rows, out_features(x.cols));
-    dev.for_each(static_cast<std::size_t>(y.size()), detail::SwiGluForward<T>{x, y});
+    nn::detail::check_count(name(), "parameters", p.size(), 0);
+    nn::detail::check_shape(name(), "output", y, x.rows, out_features(x.cols));
+    dev.for_each(static_cast<std::size_t>(y.size()), detail::GatedForward<Op, T>{x, y});
   }
 
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T> x, MatView<const T>, MatView<const T> dy,
                 MatView<T> dx) {
     if (dx.empty()) return;
-    nn::detail::check_shape("nn::SwiGLU", "output gradient", dy, x.rows, out_features(x.cols));
-    nn::detail::check_shape("nn::SwiGLU", "input gradient", dx, x.rows, x.cols);
-    dev.for_each(static_cast<std::size_t>(dy.size()), detail::SwiGluBackward<T>{x, dy, dx});
+    nn::detail::check_shape(name(), "output gradient", dy, x.rows, out_features(x.cols));
+    nn::detail::check_shape(name(), "input gradient", dx, x.rows, x.cols);
+    dev.for_each(static_cast<std::size_t>(dy.size()), detail::GatedBackward<Op, T>{x, dy, dx});
   }
+
+ private:
+  static const char* name() { return std::is_same_v<Op, detail::silu_op> ? "nn::SwiGLU" : "nn::GeGLU"; }
 };
+
+using SwiGLU = GatedActivation<detail::silu_op>;
+using GeGLU = GatedActivation<detail::gelu_tanh_op>;
 
 }  // namespace dtrain::nn
 
@@ -300,5 +315,7 @@ struct SwiGLU {
   EACH(::dtrain::nn::detail::ActivationForward<::dtrain::nn::detail::quick_gelu_op, T>)     \
   EACH(::dtrain::nn::detail::ActivationBackward<::dtrain::nn::detail::quick_gelu_op, T>)    \
   EACH(::dtrain::nn::detail::BiasActivationForward<::dtrain::nn::detail::quick_gelu_op, T>) \
-  EACH(::dtrain::nn::detail::SwiGluForward<T>)                                              \
-  EACH(::dtrain::nn::detail::SwiGluBackward<T>)
+  EACH(::dtrain::nn::detail::GatedForward<::dtrain::nn::detail::silu_op, T>)                \
+  EACH(::dtrain::nn::detail::GatedBackward<::dtrain::nn::detail::silu_op, T>)               \
+  EACH(::dtrain::nn::detail::GatedForward<::dtrain::nn::detail::gelu_tanh_op, T>)           \
+  EACH(::dtrain::nn::detail::GatedBackward<::dtrain::nn::detail::gelu_tanh_op, T>)

@@ -152,8 +152,10 @@ void causal_gemm_batched(Dev& dev, causal_product kind, std::int64_t time, std::
 // Attention scores [B * heads, T, T] to probabilities, in place: causal,
 // without the keys the batch's "attention_mask" marks as padding (if any),
 // and within each packed record when the batch has "position_ids".
+// window > 0: sliding-window attention (CausalSoftmax::window).
 template <class Dev, class T>
-void attention_softmax(Dev& dev, const char* unit, T* att, std::int64_t heads, const UnitContext<T>& ctx) {
+void attention_softmax(Dev& dev, const char* unit, T* att, std::int64_t heads, const UnitContext<T>& ctx,
+                       std::int64_t window = 0) {
   const std::int64_t time = ctx.shape.time;
   const auto rows = static_cast<std::size_t>(ctx.shape.batch * heads * time);
   const DeviceTensor* mask = attention_mask(unit, ctx);
@@ -161,11 +163,12 @@ void attention_softmax(Dev& dev, const char* unit, T* att, std::int64_t heads, c
   const std::int64_t* p = pos != nullptr ? pos->data<std::int64_t>() : nullptr;
   constexpr std::int64_t block = causal_block_on<Dev>;
   if (mask == nullptr && p == nullptr)
-    return dev.for_each(rows, CausalSoftmax<T>{att, time, nullptr, 1, nullptr, block});
-  if (mask == nullptr) return dev.for_each(rows, CausalSoftmax<T>{att, time, nullptr, heads, p, block});
+    return dev.for_each(rows, CausalSoftmax<T>{att, time, nullptr, heads, nullptr, block, window});
+  if (mask == nullptr) return dev.for_each(rows, CausalSoftmax<T>{att, time, nullptr, heads, p, block, window});
   if (mask->type == element_type::i32)
-    return dev.for_each(rows, CausalSoftmax<T, std::int32_t>{att, time, mask->data<std::int32_t>(), heads, p, block});
-  dev.for_each(rows, CausalSoftmax<T, std::int64_t>{att, time, mask->data<std::int64_t>(), heads, p, block});
+    return dev.for_each(rows,
+                        CausalSoftmax<T, std::int32_t>{att, time, mask->data<std::int32_t>(), heads, p, block, window});
+  dev.for_each(rows, CausalSoftmax<T, std::int64_t>{att, time, mask->data<std::int64_t>(), heads, p, block, window});
 }
 
 // The fused path's padding: an additive bias [B, 1, T, T], 0 for a token
@@ -290,13 +293,19 @@ void output_projection_backward(Dev& dev, const LoraSet& lora, std::size_t site,
 // The reference attention on q, k, v in the head layout [B, heads, T, hd]
 // (`l`, one part): the probabilities into att [B heads, T, T], o = att v
 // (head layout, scratch), then o merged into rows [B T, heads hd].
+// The scores' scale: `scale`, or 0 for 1 / sqrt(head_dim).
+inline float scores_scale(float scale, std::int64_t head_dim) {
+  return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_dim));
+}
+
+// `scale`: as scores_scale; `window` > 0: sliding-window attention.
 template <class Dev, class T>
 void heads_attention(Dev& dev, const char* unit, HeadLayout l, const T* q, const T* k, const T* v, T* att, T* o,
-                     T* merged, const UnitContext<T>& ctx) {
+                     T* merged, const UnitContext<T>& ctx, float scale = 0.f, std::int64_t window = 0) {
   const std::int64_t T_ = l.time, hd = l.head_dim, tt = T_ * T_, th = T_ * hd, bh = l.batch * l.heads;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-  causal_gemm_batched(dev, causal_product::scores, T_, hd, scale, q, hd, th, k, hd, th, att, T_, tt, bh);
-  attention_softmax(dev, unit, att, l.heads, ctx);
+  causal_gemm_batched(dev, causal_product::scores, T_, hd, scores_scale(scale, hd), q, hd, th, k, hd, th, att, T_, tt,
+                      bh);
+  attention_softmax(dev, unit, att, l.heads, ctx, window);
   causal_gemm_batched(dev, causal_product::apply, T_, hd, 1.f, att, T_, tt, v, hd, th, o, hd, th, bh);
   permute_heads(dev, l, o, merged, false);
 }
@@ -306,9 +315,9 @@ void heads_attention(Dev& dev, const char* unit, HeadLayout l, const T* q, const
 // scores'), and d_q, d_k, d_v in the head layout.
 template <class Dev, class T>
 void heads_attention_backward(Dev& dev, HeadLayout l, const T* q, const T* k, const T* v, const T* att,
-                              const T* d_merged, T* d_o, T* d_att, T* d_q, T* d_k, T* d_v) {
+                              const T* d_merged, T* d_o, T* d_att, T* d_q, T* d_k, T* d_v, float scores = 0.f) {
   const std::int64_t T_ = l.time, hd = l.head_dim, tt = T_ * T_, th = T_ * hd, bh = l.batch * l.heads;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const float scale = scores_scale(scores, hd);
   permute_heads(dev, l, d_merged, d_o, true);
   causal_gemm_batched(dev, causal_product::scores, T_, hd, 1.f, d_o, hd, th, v, hd, th, d_att, T_, tt, bh);
   causal_gemm_batched(dev, causal_product::apply_transposed, T_, hd, 1.f, att, T_, tt, d_o, hd, th, d_v, hd, th, bh);

@@ -2,7 +2,7 @@
 // nn::Embedding: token ids -> vectors, the input unit of a language model.
 // It reads the batch's integer ids (int32 or int64, [B, T], batch tensor "x"
 // by default) and writes rows = B * T vectors of width `dim`:
-//   y[r] = weight[ids[r]]
+//   y[r] = weight[ids[r]] (* scale: Gemma's sqrt(dim), rounded to the dtype first)
 // Its gradient sums the rows of dy that share an id, per table row, in row
 // order: deterministic on every device (no atomics). The rows of each id
 // are bucketed on the host, where the batch's ids already are.
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/dtype.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/tensor.hpp"
@@ -32,22 +33,26 @@ namespace detail {
 // keys [0, table_rows) (EmbeddingScatter: in row order, deterministic). The
 // rows are bucketed by key on the host, where the keys are, and the buckets
 // uploaded: offsets[k]..offsets[k + 1] index the rows of key k, in
-// increasing row order.
+// increasing row order. The rows of key `skip` (PyTorch's padding_idx) are
+// left out: its table row's gradient is 0.
 template <class Dev, class T, class Key>
 void scatter_rows(Dev& dev, const Key* keys, std::size_t n, std::int64_t table_rows, const T* dy, T* dtable,
-                  std::int64_t dim) {
+                  std::int64_t dim, float scale = 1.f, std::int64_t skip = -1) {
   std::vector<std::int64_t> index(static_cast<std::size_t>(table_rows) + 1 + n, 0);
   std::int64_t* offsets = index.data();
   std::int64_t* rows = offsets + table_rows + 1;
-  for (std::size_t r = 0; r < n; ++r) ++offsets[static_cast<std::int64_t>(keys[r]) + 1];
+  const auto kept = [&](std::size_t r) { return static_cast<std::int64_t>(keys[r]) != skip; };
+  for (std::size_t r = 0; r < n; ++r)
+    if (kept(r)) ++offsets[static_cast<std::int64_t>(keys[r]) + 1];
   for (std::int64_t v = 0; v < table_rows; ++v) offsets[v + 1] += offsets[v];
   std::vector<std::int64_t> next(offsets, offsets + table_rows);
-  for (std::size_t r = 0; r < n; ++r) rows[next[static_cast<std::size_t>(keys[r])]++] = static_cast<std::int64_t>(r);
+  for (std::size_t r = 0; r < n; ++r)
+    if (kept(r)) rows[next[static_cast<std::size_t>(keys[r])]++] = static_cast<std::int64_t>(r);
   auto* on_device = dev.template workspace<std::int64_t>(index.size());
   dev.copy_from_host(on_device, index.data(), index.size());
   constexpr bool by_rows = Dev::host_accessible;
   dev.for_each(static_cast<std::size_t>(by_rows ? table_rows : table_rows * dim),
-               EmbeddingScatter<T>{on_device, on_device + table_rows + 1, dy, dtable, dim, by_rows});
+               EmbeddingScatter<T>{on_device, on_device + table_rows + 1, dy, dtable, dim, by_rows, scale});
 }
 
 }  // namespace detail
@@ -56,6 +61,13 @@ struct EmbeddingOptions {
   std::string input = "x";  // the batch tensor of ids
   float init_std = 0.02f;   // weight ~ N(0, init_std), as GPT-2
   bool trainable = true;
+  // The rows are multiplied by this (Gemma: sqrt(dim)), itself first rounded
+  // to the compute dtype, as transformers rounds its normaliser.
+  float scale = 1.f;
+  // >= 0: this id's row gets no gradient from the lookup (PyTorch's
+  // padding_idx; transformers' Gemma passes pad_token_id). A tied head's
+  // use of the row still reaches it.
+  std::int64_t padding_idx = -1;
 };
 
 class Embedding {
@@ -74,7 +86,8 @@ class Embedding {
     detail::check_count("nn::Embedding", "parameters", p.size(), 1);
     const DeviceTensor& ids = checked_ids(batch, y.rows);
     dispatch(ids, [&]<class Id>() {
-      dev.for_each(static_cast<std::size_t>(y.size()), EmbeddingGather<T, Id>{ids.data<Id>(), p[0].data, y.data, dim_});
+      dev.for_each(static_cast<std::size_t>(y.size()),
+                   EmbeddingGather<T, Id>{ids.data<Id>(), p[0].data, y.data, dim_, scale<T>()});
     });
   }
 
@@ -85,11 +98,16 @@ class Embedding {
     const DeviceTensor& ids = checked_ids(batch, y.rows);
     dispatch(ids, [&]<class Id>() {
       detail::scatter_rows(dev, ids.host_data<Id>(), static_cast<std::size_t>(ids.numel()), vocab_, dy.data,
-                           grad[0].data, dim_);
+                           grad[0].data, dim_, scale<T>(), options_.padding_idx);
     });
   }
 
  private:
+  template <class T>
+  float scale() const {
+    return static_cast<float>(dtype_cast<T>(options_.scale));
+  }
+
   template <class F>
   void dispatch(const DeviceTensor& ids, F&& f) const {
     if (ids.type == element_type::i32) return f.template operator()<std::int32_t>();

@@ -3,6 +3,9 @@
 // (transformers' LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * weight, no
 // centring and no bias, the weight initialised to ones. Statistics in fp32
 // whatever the dtype. Rows and columns run through for_each as in LayerNorm.
+// With RmsNormOptions::offset (Gemma's GemmaRMSNorm: offset 1) the scale is
+// weight + offset, computed in fp32, and the weight, stored as the offset
+// from it, starts at zeros: y = x / sqrt(mean(x^2) + eps) * (offset + weight).
 
 #include <cstddef>
 #include <cstdint>
@@ -37,12 +40,13 @@ struct RmsNormForward {
   const T* weight;
   MatView<T> y;
   float eps;
+  float offset = 0.f;  // the scale is weight + offset (Gemma: 1)
   template <class Row>
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
     const float rstd = inverse_rms(&x(r, 0), x.cols, eps, lanes);
     lanes.each(x.cols, [&](std::int64_t c) {
-      y(r, c) = dtype_cast<T>(static_cast<float>(x(r, c)) * rstd * static_cast<float>(weight[c]));
+      y(r, c) = dtype_cast<T>(static_cast<float>(x(r, c)) * rstd * (static_cast<float>(weight[c]) + offset));
     });
   }
   // for Host::for_each's split (index_work)
@@ -62,6 +66,7 @@ struct RmsNormBackwardInput {
   MatView<T> dx;  // empty: only rstd is wanted
   float* rstd_out;
   float eps;
+  float offset = 0.f;  // as RmsNormForward's
   template <class Row>
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
@@ -69,10 +74,11 @@ struct RmsNormBackwardInput {
     if (lanes.leader()) rstd_out[r] = rstd;
     if (dx.data == nullptr) return;
     const float mean_g_xhat = lanes.sum(x.cols, [&](std::int64_t c) {
-      return static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]) * static_cast<float>(x(r, c)) * rstd;
+      return static_cast<float>(dy(r, c)) * (static_cast<float>(weight[c]) + offset) * static_cast<float>(x(r, c)) *
+             rstd;
     }) / static_cast<float>(x.cols);
     lanes.each(x.cols, [&](std::int64_t c) {
-      const float g = static_cast<float>(dy(r, c)) * static_cast<float>(weight[c]);
+      const float g = static_cast<float>(dy(r, c)) * (static_cast<float>(weight[c]) + offset);
       dx(r, c) = dtype_cast<T>(rstd * (g - static_cast<float>(x(r, c)) * rstd * mean_g_xhat));
     });
   }
@@ -109,6 +115,7 @@ struct RmsNormBackwardWeight {
 struct RmsNormOptions {
   float eps = 1e-6f;      // transformers' rms_norm_eps default for Llama
   bool trainable = true;  // false freezes the weight
+  float offset = 0.f;     // the scale is weight + offset; Gemma's 1 (its weight starts at zeros)
 };
 
 class RMSNorm {
@@ -117,9 +124,15 @@ class RMSNorm {
 
   std::int64_t features() const noexcept { return features_; }
   float eps() const noexcept { return options_.eps; }
+  float offset() const noexcept { return options_.offset; }
 
   std::vector<ParamSpec> params() const {
-    return {{"weight", {features_}, Init::ones(), options_.trainable, {}, {"norm"}}};
+    return {{"weight",
+             {features_},
+             options_.offset == 0.f ? Init::ones() : Init::zeros(),
+             options_.trainable,
+             {},
+             {"norm"}}};
   }
 
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::RMSNorm", in, features_); }
@@ -129,7 +142,8 @@ class RMSNorm {
     check_params(p);
     detail::check_shape("nn::RMSNorm", "input", x, x.rows, features_);
     detail::check_shape("nn::RMSNorm", "output", y, x.rows, features_);
-    dev.for_each(static_cast<std::size_t>(x.rows), detail::RmsNormForward<T>{x, p[0].data, y, options_.eps});
+    dev.for_each(static_cast<std::size_t>(x.rows),
+                 detail::RmsNormForward<T>{x, p[0].data, y, options_.eps, options_.offset});
   }
 
   template <class Dev, class T>
@@ -145,7 +159,7 @@ class RMSNorm {
 
     auto* rstd = dev.template workspace<float>(static_cast<std::size_t>(x.rows));
     dev.for_each(static_cast<std::size_t>(x.rows),
-                 detail::RmsNormBackwardInput<T>{x, p[0].data, dy, dx, rstd, options_.eps});
+                 detail::RmsNormBackwardInput<T>{x, p[0].data, dy, dx, rstd, options_.eps, options_.offset});
     if (!grad[0].empty())
       dev.for_each(column_groups(features_, column_group<Dev>()),
                    detail::RmsNormBackwardWeight<T>{x, dy, rstd, grad[0].data, column_group<Dev>()});

@@ -71,10 +71,12 @@ struct RopeTable {
   float* sin_out;
   std::int64_t half;
   float theta;
+  float factor = 1.f;  // linear scaling: the frequencies divided by it (in float, as transformers' "linear")
   DTRAIN_HOST_DEVICE void operator()(std::size_t n) const {
     const auto t = static_cast<std::int64_t>(n) / half, i = static_cast<std::int64_t>(n) % half;
-    const auto inv_freq = static_cast<float>(
-        1.0 / ::pow(static_cast<double>(theta), static_cast<double>(2 * i) / static_cast<double>(2 * half)));
+    const float inv_freq = static_cast<float>(1.0 / ::pow(static_cast<double>(theta),
+                                                          static_cast<double>(2 * i) / static_cast<double>(2 * half))) /
+                           factor;
     const double angle = static_cast<double>(static_cast<float>(t) * inv_freq);
     cos_out[n] = static_cast<float>(::cos(angle));
     sin_out[n] = static_cast<float>(::sin(angle));
@@ -359,10 +361,10 @@ void masked_softmax(Dev& dev, CrossLayout l, T* att, const DeviceTensor* mask, c
 // head) pairs; o (scratch) then merged into rows [B q_time, heads hd].
 template <class Dev, class T>
 void full_attention(Dev& dev, CrossLayout l, const T* q, const T* k, const T* v, T* att, T* o, T* merged,
-                    const DeviceTensor* mask, const std::int64_t* positions) {
+                    const DeviceTensor* mask, const std::int64_t* positions, float scores = 0.f) {
   const std::int64_t hd = l.head_dim, qt = l.q_time * hd, kt = l.k_time * hd, a = l.q_time * l.k_time;
   const std::int64_t bh = l.batch * l.heads;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const float scale = scores_scale(scores, hd);
   dev.gemm_batched(false, true, l.q_time, l.k_time, hd, scale, q, hd, qt, k, hd, kt, 0.f, att, l.k_time, a, bh);
   masked_softmax(dev, l, att, mask, positions);
   dev.gemm_batched(false, false, l.q_time, hd, l.k_time, 1.f, att, l.k_time, a, v, hd, kt, 0.f, o, hd, qt, bh);
@@ -373,10 +375,10 @@ void full_attention(Dev& dev, CrossLayout l, const T* q, const T* k, const T* v,
 // probabilities' gradient to the scores'), d_q, d_k, d_v in the head layout.
 template <class Dev, class T>
 void full_attention_backward(Dev& dev, CrossLayout l, const T* q, const T* k, const T* v, const T* att,
-                             const T* d_merged, T* d_o, T* d_att, T* d_q, T* d_k, T* d_v) {
+                             const T* d_merged, T* d_o, T* d_att, T* d_q, T* d_k, T* d_v, float scores = 0.f) {
   const std::int64_t hd = l.head_dim, qt = l.q_time * hd, kt = l.k_time * hd, a = l.q_time * l.k_time;
   const std::int64_t bh = l.batch * l.heads, tq = l.q_time, tk = l.k_time;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const float scale = scores_scale(scores, hd);
   permute_heads(dev, l.queries(), d_merged, d_o, true);
   dev.gemm_batched(false, true, tq, tk, hd, 1.f, d_o, hd, qt, v, hd, kt, 0.f, d_att, tk, a, bh);
   dev.gemm_batched(true, false, tk, hd, tq, 1.f, att, tk, a, d_o, hd, qt, 0.f, d_v, hd, kt, bh);
@@ -408,7 +410,16 @@ struct GroupedAttentionOptions {
   // [head_dim] (Qwen3's y = x / rms(x) * w; Gemma's (1 + w) is w + 1 here)
   bool qk_norm = false;
   float qk_norm_eps = 1e-6f;
+  float qk_norm_offset = 0.f;   // the norms' scale is weight + offset (Gemma 3: 1; nn::RMSNorm's offset)
   std::int64_t memory_dim = 0;  // CrossInput: the memory's width (0: dim)
+  // > 0: each head this wide, whatever dim / heads (Gemma's head_dim): q
+  // and the merged heads are heads x head_dim wide; 0: dim / heads.
+  std::int64_t head_dim = 0;
+  // Causal: > 0 leaves out every key `window` or more positions before its
+  // query (sliding-window attention, Gemma 3's and Mistral's local layers).
+  std::int64_t window = 0;
+  float scale = 0.f;        // the scores' scale; 0: 1 / sqrt(head_dim) (Gemma 3: query_pre_attn_scalar^-0.5)
+  float rope_factor = 1.f;  // Rotary: linear position scaling (transformers' rope_type "linear", its factor)
 };
 using RotaryAttentionOptions = GroupedAttentionOptions;
 
@@ -421,14 +432,14 @@ class GroupedAttentionBase {
   std::int64_t dim() const { return dim_; }
   std::int64_t heads() const { return heads_; }
   std::int64_t kv_heads() const { return kv_heads_; }
-  std::int64_t head_dim() const { return dim_ / heads_; }
+  std::int64_t head_dim() const { return head_dim_; }
   std::int64_t memory_dim() const { return memory_dim_; }
 
   DTRAIN_DECL std::vector<ParamSpec> params() const;
 
  protected:
   DTRAIN_DECL GroupedAttentionBase(const char* name, std::int64_t dim, std::int64_t heads,
-                                   GroupedAttentionOptions options, bool rotary, bool cross);
+                                   GroupedAttentionOptions options, bool rotary, bool cross, bool causal_mask);
 
   // q, k, v, o weights; q/k/v biases; o bias; q_norm, k_norm weights
   std::size_t base_count() const {
@@ -451,6 +462,8 @@ class GroupedAttentionBase {
   const char* name_;
   std::int64_t dim_;
   std::int64_t heads_;
+  std::int64_t head_dim_;
+  std::int64_t inner_;  // the queries' and merged heads' width, heads x head_dim
   std::int64_t kv_heads_;
   std::int64_t memory_dim_;
   GroupedAttentionOptions options_;
@@ -500,7 +513,7 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
  public:
   AttentionUnit(std::int64_t dim, std::int64_t heads, GroupedAttentionOptions options = {})
       : GroupedAttentionBase(causal && rotary ? "nn::RotaryAttention" : "nn::Attention", dim, heads, options, rotary,
-                             cross) {}
+                             cross, causal) {}
 
   std::int64_t out_features(std::int64_t in) const { return detail::check_width(name_, in, dim_); }
 
@@ -517,8 +530,9 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   friend class detail::AttentionPaths<AttentionUnit>;
   friend class detail::CrossAttentionPaths<AttentionUnit>;
 
-  // cuDNN's fused attention is causal self-attention; QK-norm is not on it yet.
-  bool fusable() const { return causal && !options_.qk_norm; }
+  // cuDNN's fused attention is causal self-attention with the default scale;
+  // QK-norm and the sliding window are not on it yet.
+  bool fusable() const { return causal && !options_.qk_norm && options_.window == 0 && options_.scale == 0.f; }
 
   template <class Dev, class T>
   void own_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
@@ -540,17 +554,17 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     detail::check_shape(name_, "output", y, x.rows, dim_);
     check_device<Dev>();
     const std::int64_t Nq = x.rows, Nk = m.rows, kv = kv_heads_ * head_dim();
-    // workspace: q k v rows [Nq, dim | Nk, kv | Nk, kv] | o [heads layout] | rope cos, sin
-    T* q_rows = dev.template workspace<T>(static_cast<std::size_t>(2 * Nq * dim_ + 2 * Nk * kv) + rope_elems<T>(s.g));
-    T* k_rows = q_rows + Nq * dim_;
+    // workspace: q k v rows [Nq, heads hd | Nk, kv | Nk, kv] | o [heads layout] | rope cos, sin
+    T* q_rows = dev.template workspace<T>(static_cast<std::size_t>(2 * Nq * inner_ + 2 * Nk * kv) + rope_elems<T>(s.g));
+    T* k_rows = q_rows + Nq * inner_;
     T* v_rows = k_rows + Nk * kv;
     T* o = v_rows + Nk * kv;
-    const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(o + Nq * dim_));
+    const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(o + Nq * inner_));
     // with QK-norm the projections of q and k are kept (q_pre, k_pre) and
     // their norms go to q_rows, k_rows
     T* q_proj = options_.qk_norm ? s.q_pre : q_rows;
     T* k_proj = options_.qk_norm ? s.k_pre : k_rows;
-    detail::project(dev, x, p[0].data, bias(p, 0).data, q_proj, dim_);
+    detail::project(dev, x, p[0].data, bias(p, 0).data, q_proj, inner_);
     detail::project(dev, m, p[1].data, bias(p, 1).data, k_proj, kv);
     detail::project(dev, m, p[2].data, bias(p, 2).data, v_rows, kv);
     T* lora = ctx.saved.data + own_saved(ctx.shape, s.k_time);
@@ -562,18 +576,19 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     }
     if constexpr (cross) {
       detail::permute_heads(dev, s.layout().queries(), q_rows, s.q, true);
-      dev.for_each(static_cast<std::size_t>(2 * Nk * dim_),
+      dev.for_each(static_cast<std::size_t>(2 * Nk * inner_),
                    detail::RepeatKvHeads<T>{s.g.batch, s.k_time, heads_, kv_heads_, head_dim(), k_rows, v_rows, s.k});
     } else {
       dev.for_each(static_cast<std::size_t>(3 * s.g.head_elems()),
                    detail::ToRotatedHeads<T>{s.g, q_rows, k_rows, v_rows, rope.cos_t, rope.sin_t, s.q});
     }
     if constexpr (causal)
-      detail::heads_attention(dev, name_, s.heads_layout(), s.q, s.k, s.v, s.att, o, s.merged, ctx);
+      detail::heads_attention(dev, name_, s.heads_layout(), s.q, s.k, s.v, s.att, o, s.merged, ctx, options_.scale,
+                              options_.window);
     else
-      detail::full_attention(dev, s.layout(), s.q, s.k, s.v, s.att, o, s.merged, key_mask(ctx, s.k_time),
-                             s.g.positions);
-    detail::output_projection(dev, lora_, 3, p, MatView<const T>{s.merged, Nq, dim_}, p[3].data, bias(p, 3).data, y,
+      detail::full_attention(dev, s.layout(), s.q, s.k, s.v, s.att, o, s.merged, key_mask(ctx, s.k_time), s.g.positions,
+                             options_.scale);
+    detail::output_projection(dev, lora_, 3, p, MatView<const T>{s.merged, Nq, inner_}, p[3].data, bias(p, 3).data, y,
                               lora, lora_draw(ctx));
   }
 
@@ -584,10 +599,10 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     detail::check_count(name_, "gradients", grad.size(), p.size());
     detail::check_shape(name_, "output gradient", dy, x.rows, dim_);
     check_device<Dev>();
-    const std::int64_t Nq = x.rows, Nk = m.rows, C = dim_, kv = kv_heads_ * head_dim();
+    const std::int64_t Nq = x.rows, Nk = m.rows, C = inner_, kv = kv_heads_ * head_dim();
     const std::int64_t bh = s.g.batch * heads_, a = s.g.time * s.k_time;
     const std::int64_t qk = options_.qk_norm ? Nq * C + Nk * kv + float_elems<T>(Nq * heads_ + Nk * kv_heads_) : 0;
-    // workspace: d_merged [Nq, C] | d_o | d_att | d_q d_k d_v (heads layout) | dq dk dv rows |
+    // workspace (C: heads hd): d_merged [Nq, C] | d_o | d_att | d_q d_k d_v (heads layout) | dq dk dv rows |
     // (QK-norm) dq dk before the norm, their rstd | rope
     const std::size_t n_ws =
         static_cast<std::size_t>(3 * Nq * C + 2 * Nk * C + bh * a + Nq * C + 2 * Nk * kv + qk) + rope_elems<T>(s.g);
@@ -607,10 +622,11 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     detail::output_projection_backward(dev, lora_, 3, p, grad, MatView<const T>{s.merged, Nq, C}, dy, p[3].data,
                                        grad[3], bias(grad, 3), d_merged, lora, lora_draw(ctx));
     if constexpr (causal)
-      detail::heads_attention_backward(dev, s.heads_layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k,
-                                       d_v);
+      detail::heads_attention_backward(dev, s.heads_layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v,
+                                       options_.scale);
     else
-      detail::full_attention_backward(dev, s.layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v);
+      detail::full_attention_backward(dev, s.layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v,
+                                      options_.scale);
     if constexpr (cross) {
       detail::permute_heads(dev, s.layout().queries(), d_q, dq_rows, false);
       dev.for_each(static_cast<std::size_t>(2 * Nk * kv),
@@ -637,17 +653,18 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   template <class Dev>
   void check_device() const {
     if constexpr (!Dev::host_accessible)
-      if (!causal || cross || options_.qk_norm)
-        detail::require_gpu_switch(std::string(name_) + " (bidirectional, cross or QK-norm)", "DTRAIN_GPU_ATTENTION");
+      if (!causal || cross || options_.qk_norm || options_.window > 0 || options_.scale != 0.f)
+        detail::require_gpu_switch(std::string(name_) + " (bidirectional, cross, QK-norm, sliding window or scale)",
+                                   "DTRAIN_GPU_ATTENTION");
   }
 
   // RMSNorm over every head_dim-wide head of `rows` head rows: in -> out.
   template <class Dev, class T>
   void head_norm(Dev& dev, const T* in, T* out, std::int64_t rows, const T* w) const {
     const std::int64_t hd = head_dim();
-    dev.for_each(
-        static_cast<std::size_t>(rows),
-        detail::RmsNormForward<T>{MatView<const T>{in, rows, hd}, w, MatView<T>{out, rows, hd}, options_.qk_norm_eps});
+    dev.for_each(static_cast<std::size_t>(rows),
+                 detail::RmsNormForward<T>{MatView<const T>{in, rows, hd}, w, MatView<T>{out, rows, hd},
+                                           options_.qk_norm_eps, options_.qk_norm_offset});
   }
 
   // Its backward: d_in from d_out, and the weight's gradient dw (skipped when
@@ -658,7 +675,8 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     const std::int64_t hd = head_dim();
     const MatView<const T> xv{in, rows, hd}, dyv{d_out, rows, hd};
     dev.for_each(static_cast<std::size_t>(rows),
-                 detail::RmsNormBackwardInput<T>{xv, w, dyv, MatView<T>{d_in, rows, hd}, rstd, options_.qk_norm_eps});
+                 detail::RmsNormBackwardInput<T>{xv, w, dyv, MatView<T>{d_in, rows, hd}, rstd, options_.qk_norm_eps,
+                                                 options_.qk_norm_offset});
     if (!dw.empty())
       dev.for_each(column_groups(hd, column_group<Dev>()),
                    detail::RmsNormBackwardWeight<T>{xv, dyv, rstd, dw.data, column_group<Dev>()});
@@ -681,13 +699,14 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   // probabilities, the merged heads, and with QK-norm q's and k's projections.
   std::int64_t own_saved(SeqShape s, std::int64_t k_time) const {
     const std::int64_t Nq = s.rows(), Nk = s.batch * k_time, kv = kv_heads_ * head_dim();
-    return 2 * Nq * dim_ + 2 * Nk * dim_ + s.batch * heads_ * s.time * k_time +
-           (options_.qk_norm ? Nq * dim_ + Nk * kv : 0);
+    return 2 * Nq * inner_ + 2 * Nk * inner_ + s.batch * heads_ * s.time * k_time +
+           (options_.qk_norm ? Nq * inner_ + Nk * kv : 0);
   }
   template <class T>
   std::int64_t fused_saved(SeqShape s) const {
     const std::int64_t kv = kv_heads_ * head_dim();
-    return detail::float_aligned<T>(s.rows() * (2 * dim_ + 2 * kv)) + attention_stats_size<T>(s.batch, heads_, s.time);
+    return detail::float_aligned<T>(s.rows() * (2 * inner_ + 2 * kv)) +
+           attention_stats_size<T>(s.batch, heads_, s.time);
   }
 
   struct Rope {
@@ -702,13 +721,13 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   void projections_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> m,
                             const T* dq_rows, const T* dk_rows, const T* dv_rows, T* lora, MatView<T> dx, MatView<T> dm,
                             LoraDraw draw) const {
-    const std::int64_t Nq = x.rows, Nk = m.rows, C = dim_, M = memory_dim_, kv = kv_heads_ * head_dim();
-    detail::projection_grads(dev, x, MatView<const T>{dq_rows, Nq, C}, grad[0], bias(grad, 0));
+    const std::int64_t Nq = x.rows, Nk = m.rows, C = dim_, I = inner_, M = memory_dim_, kv = kv_heads_ * head_dim();
+    detail::projection_grads(dev, x, MatView<const T>{dq_rows, Nq, I}, grad[0], bias(grad, 0));
     detail::projection_grads(dev, m, MatView<const T>{dk_rows, Nk, kv}, grad[1], bias(grad, 1));
     detail::projection_grads(dev, m, MatView<const T>{dv_rows, Nk, kv}, grad[2], bias(grad, 2));
     if (!dx.empty()) {
       detail::check_shape(name_, "input gradient", dx, Nq, C);
-      dev.gemm(false, false, Nq, C, C, 1.f, dq_rows, C, p[0].data, C, 0.f, dx.data, C);
+      dev.gemm(false, false, Nq, C, I, 1.f, dq_rows, I, p[0].data, C, 0.f, dx.data, C);
     }
     if (!dm.empty()) {
       detail::check_shape(name_, cross ? "memory gradient" : "input gradient", dm, Nk, M);
@@ -726,7 +745,7 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   // the statistics (16-byte aligned after them).
   FusedAttentionShape fused_shape(SeqShape s) const {
     const std::int64_t hd = head_dim(), kv = kv_heads_ * hd;
-    const AttentionStrides q{s.time * dim_, hd, dim_}, k{s.time * kv, hd, kv};
+    const AttentionStrides q{s.time * inner_, hd, inner_}, k{s.time * kv, hd, kv};
     return {s.batch, heads_, kv_heads_, s.time, hd, q, k, k, q, false};
   }
 
@@ -746,14 +765,14 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     check_call(p, x, x, ctx, this->template saved_size_on<Dev, T>(dev, ctx.shape, dim_));
     const std::int64_t N = x.rows, kv = kv_heads_ * head_dim();
     T* q = ctx.saved.data;
-    T* k = q + N * dim_;
+    T* k = q + N * inner_;
     T* v = k + N * kv;
     T* merged = v + N * kv;
     return {q,
             k,
             v,
             merged,
-            reinterpret_cast<float*>(q + detail::float_aligned<T>(N * (2 * dim_ + 2 * kv))),
+            reinterpret_cast<float*>(q + detail::float_aligned<T>(N * (2 * inner_ + 2 * kv))),
             call_shape(ctx),
             q + fused_saved<T>(ctx.shape)};
   }
@@ -779,14 +798,14 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     T* bias_ws = dev.template workspace<T>(static_cast<std::size_t>(bt) + rope_elems<T>(s.g));
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(bias_ws + bt));
     const T* kb = detail::key_bias(dev, name_, ctx, bias_ws);
-    detail::project(dev, x, p[0].data, bias(p, 0).data, s.q, dim_);
+    detail::project(dev, x, p[0].data, bias(p, 0).data, s.q, inner_);
     detail::project(dev, x, p[1].data, bias(p, 1).data, s.k, kv);
     detail::project(dev, x, p[2].data, bias(p, 2).data, s.v, kv);
     for (std::size_t i = 0; i < 3; ++i)
       lora_.forward(dev, i, p, x, i == 0 ? s.q : i == 1 ? s.k : s.v, s.lora, lora_draw(ctx));
     rotate_rows(dev, s.g, rope, s.q, s.k, false);
     detail::fused_heads(dev, fused_shape(ctx.shape), kb, s.q, s.k, s.v, s.merged, s.stats);
-    detail::output_projection(dev, lora_, 3, p, MatView<const T>{s.merged, N, dim_}, p[3].data, bias(p, 3).data, y,
+    detail::output_projection(dev, lora_, 3, p, MatView<const T>{s.merged, N, inner_}, p[3].data, bias(p, 3).data, y,
                               s.lora, lora_draw(ctx));
   }
 
@@ -796,7 +815,7 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     const Fused<T> s = fused_parts(dev, p, x, ctx);
     detail::check_count(name_, "gradients", grad.size(), p.size());
     detail::check_shape(name_, "output gradient", dy, x.rows, dim_);
-    const std::int64_t N = x.rows, C = dim_, kv = kv_heads_ * head_dim();
+    const std::int64_t N = x.rows, C = inner_, kv = kv_heads_ * head_dim();
     const std::int64_t bt = detail::key_bias_size(name_, ctx);
     // workspace: key bias [B, 1, T, T] (with padding) | d_merged [N, C] | dq [N, C] | dk, dv [N, kv] | rope
     T* bias_ws = dev.template workspace<T>(static_cast<std::size_t>(bt + N * (2 * C + 2 * kv)) + rope_elems<T>(s.g));
@@ -844,7 +863,8 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     float* cos_t = float_at(at);
     const std::int64_t half = g.head_dim / 2;
     float* sin_t = cos_t + g.time * half;
-    dev.for_each(static_cast<std::size_t>(g.time * half), detail::RopeTable{cos_t, sin_t, half, options_.rope_theta});
+    dev.for_each(static_cast<std::size_t>(g.time * half),
+                 detail::RopeTable{cos_t, sin_t, half, options_.rope_theta, options_.rope_factor});
     return {cos_t, sin_t};
   }
 
@@ -910,12 +930,12 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     const detail::GqaShape g = call_shape(ctx);
     const std::int64_t Nq = x.rows, Nk = m.rows;
     T* q = ctx.saved.data;
-    T* k = q + Nq * dim_;
-    T* v = k + Nk * dim_;
-    T* att = v + Nk * dim_;
+    T* k = q + Nq * inner_;
+    T* v = k + Nk * inner_;
+    T* att = v + Nk * inner_;
     T* merged = att + g.batch * heads_ * g.time * k_time;
-    T* q_pre = merged + Nq * dim_;
-    return {q, k, v, att, merged, q_pre, q_pre + Nq * dim_, g, k_time};
+    T* q_pre = merged + Nq * inner_;
+    return {q, k, v, att, merged, q_pre, q_pre + Nq * inner_, g, k_time};
   }
 };
 
