@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 
+#include "dtrain/hf/config.hpp"  // detail::number
 #include "dtrain/hf/vision.hpp"
 #include "dtrain/io/json.hpp"
 
@@ -19,13 +20,10 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     return "clip_vision_model, siglip_vision_model, or a clip, siglip or llava config with a vision_config";
   }
 
-  // key's value, or `fallback` (transformers' default for the tower) when absent.
+  // key's value, or `fallback` (transformers' default for the tower) when absent (config.ipp's number).
   template <class V>
   V vision_number(const nlohmann::ordered_json& j, const std::string& where, const char* key, V fallback) {
-    if (!j.contains(key) || j.at(key).is_null()) return fallback;
-    if (const auto x = ::dtrain::detail::json_number<V>(j.at(key))) return *x;
-    throw config_error(where + ": \"" + key + "\" must be a number, not " + ::dtrain::detail::json_shown(j.at(key)),
-                       "give the model's config.json as transformers wrote it");
+    return number<V>(j, where, key, &fallback);
   }
 
   inline std::string vision_string(const nlohmann::ordered_json& j, const char* key, const std::string& fallback) {
