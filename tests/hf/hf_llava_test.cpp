@@ -13,9 +13,9 @@
 //    step, lr = 1) within 1e-5 of the largest reference gradient, against
 //    torch autograd of the same mean cross-entropy; every frozen parameter
 //    bit-identical after the step, and no optimizer state for it;
-//  - AdamW (3 steps, lr 1e-3) at 1 rank and at 2 (one sequence each) under
-//    DDP and FSDP FullShard: the parameters within 1e-6 of one another (the
-//    tower's key biases, whose gradient is 0, within the steps' 3e-3);
+//  - AdamW (20 steps, lr 1e-3) at 1 rank and at 2 (one sequence each) under
+//    DDP and FSDP FullShard: the parameters within 1e-5 of one another (the
+//    tower's key biases, whose gradient is 0, within the steps' 2e-2);
 //  - save_pretrained from dtrain (FSDP, 2 ranks, after training the
 //    projector) loaded by transformers: its logits within 1e-5 of dtrain's,
 //    the frozen tower and language model exactly the originals, the tower's
@@ -254,6 +254,8 @@ void check_state(const Case& c) {
   std::printf("AdamW state: train=projector %zu bytes, train=all %zu bytes\n", state["projector"], state["all"]);
 }
 
+constexpr int adamw_count = 20;
+
 template <class Kind>
 Values adamw_steps(const Case& c, const std::string& mode, int ranks) {
   const hf::LlavaConfig config = hf::read_llava_config(c.dir / "model");
@@ -262,7 +264,8 @@ Values adamw_steps(const Case& c, const std::string& mode, int ranks) {
     hf::Llava model(config, hf::parse_llava_train(mode));
     Trainer<hf::Llava, Strategy<Kind>> t(w, model, AdamW{});
     hf::load_pretrained(t, c.dir / "model", model);
-    for (int s = 0; s < 3; ++s) t.step(std::vector<Batch>{ranks == 1 ? batch(c, 0, 2) : batch(c, w.rank(), 1)});
+    for (int s = 0; s < adamw_count; ++s)
+      t.step(std::vector<Batch>{ranks == 1 ? batch(c, 0, 2) : batch(c, w.rank(), 1)});
     const Values p = t.parameters();
     if (w.rank() == 0) out = p;
   });
@@ -271,7 +274,9 @@ Values adamw_steps(const Case& c, const std::string& mode, int ranks) {
 
 // The tower's key biases have no gradient (softmax ignores a shift shared by
 // every key): only rounding noise, which AdamW scales up to steps of up to
-// lr each, so they are bounded apart, by the 3 steps' lr.
+// lr each, so they are bounded apart, by the steps' lr (20 x 1e-3). The
+// rest: the sum over 1 or 2 ranks rounds differently, which 20 steps of
+// AdamW carry into the parameters: within 1e-5.
 void check_distributed(const Case& c) {
   for (const std::string mode : {"projector,vision", "all"}) {
     const Values one = adamw_steps<DDP>(c, mode, 1);
@@ -282,12 +287,12 @@ void check_distributed(const Case& c) {
         double& d = name.ends_with("attn.k.bias") ? key_bias : worst;
         d = std::max(d, max_diff(v, other.at(name)));
       }
-    BOOST_TEST(worst <= 1e-6, mode << ": DDP/FSDP at 1 and 2 ranks differ by " << worst);
-    BOOST_TEST(key_bias <= 3e-3, mode << ": the key biases differ by " << key_bias);
+    BOOST_TEST(worst <= 1e-5, mode << ": DDP/FSDP at 1 and 2 ranks differ by " << worst);
+    BOOST_TEST(key_bias <= adamw_count * 1e-3, mode << ": the key biases differ by " << key_bias);
     std::printf(
-        "%s+%s (transformers %d) train=%s: AdamW x3, DDP 1|2 ranks, FSDP 1|2 ranks: max parameter "
+        "%s+%s (transformers %d) train=%s: AdamW x%d, DDP 1|2 ranks, FSDP 1|2 ranks: max parameter "
         "difference %.3e (the tower's key biases, gradient 0: %.3e)\n",
-        c.tower.c_str(), c.text.c_str(), c.major, mode.c_str(), worst, key_bias);
+        c.tower.c_str(), c.text.c_str(), c.major, mode.c_str(), adamw_count, worst, key_bias);
   }
 }
 
@@ -450,6 +455,26 @@ BOOST_AUTO_TEST_CASE(config_errors_name_the_problem) {
               "the error names both counts: " + message);
     }
   });
+}
+
+// Every unit has its transformers module, in order: checkpoint_modules can
+// aim activation checkpointing at either tower.
+BOOST_AUTO_TEST_CASE(unit_modules_name_every_unit) {
+  hf::Llava model(hf::parse_llava_config(tiny_llava(), "c"), hf::parse_llava_train("all"));
+  std::size_t units = 0;
+  dtrain::detail::for_each_unit(model.units(), [&](auto&&...) { ++units; });
+  const std::vector<std::string> modules = hf::unit_modules(model);
+  BOOST_TEST(modules.size() == units);
+  // CLIP: embeddings, pre_layrnorm, 2 of 3 layers (feature layer -2), the class token's drop.
+  BOOST_TEST(modules[2] == "vision_tower.encoder.layers.0");
+  BOOST_TEST(modules[model.projector_unit()] == "multi_modal_projector.linear_1");
+  BOOST_TEST(modules[model.merge_unit()] == "language_model.embed_tokens");
+  BOOST_TEST(modules.back() == "lm_head");
+  BOOST_TEST((hf::units_named(model, {"encoder.layers.*"}) == std::vector<std::size_t>{2, 3}));
+  const std::size_t first_block = model.merge_unit() + 1;
+  BOOST_TEST(
+      (hf::units_named(model, {"language_model.layers.*"}) == std::vector<std::size_t>{first_block, first_block + 1}));
+  BOOST_CHECK_EXCEPTION(hf::units_named(model, {"vision_model.*"}), config_error, says("\"vision_model.*\""));
 }
 
 static bool init_unit_test() { return true; }

@@ -125,6 +125,20 @@ struct Llava {
   std::size_t merge_unit() const { return projector_unit() + 3; }
 };
 
+// The transformers module each unit is, in unit order (for
+// units_named and so checkpoint_modules): vision_tower.embeddings,
+// vision_tower.pre_layrnorm (CLIP), vision_tower.encoder.layers.0 ...,
+// vision_tower.feature_select (the class token dropped: "default"),
+// multi_modal_projector.linear_1, .act, .linear_2,
+// language_model.embed_tokens (the merge), language_model.layers.0 ...
+// (GPT-2: language_model.wpe, language_model.h.0 ...), language_model.norm,
+// lm_head. "encoder.layers.*" recomputes the tower's layers,
+// "language_model.layers.*" the language model's blocks.
+DTRAIN_DECL std::vector<std::string> unit_modules(const Llava& model);
+
+// The units whose module one of `patterns` names (hf::units_named's rules).
+DTRAIN_DECL std::vector<std::size_t> units_named(const Llava& model, const std::vector<std::string>& patterns);
+
 // A checkpoint's key layout: where the tower's modules sit (under
 // "vision_model." as transformers 4 saves them, or not), and whether the
 // names are transformers 5's in-memory ones (model.language_model., lm_head.).

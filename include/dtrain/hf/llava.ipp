@@ -182,6 +182,26 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     return 1 + tower.pre_norm.size() + tower.layers.size() + tower.select.size();
   }
 
+  DTRAIN_DECL std::vector<std::string> unit_modules(const Llava& model) {
+    std::vector<std::string> m{"vision_tower.embeddings"};
+    if (!model.tower.pre_norm.empty()) m.push_back("vision_tower.pre_layrnorm");
+    for (std::size_t l = 0; l < model.tower.layers.size(); ++l)
+      m.push_back("vision_tower.encoder.layers." + std::to_string(l));
+    if (!model.tower.select.empty()) m.push_back("vision_tower.feature_select");
+    for (const char* part : {"linear_1", "act", "linear_2"}) m.push_back(std::string("multi_modal_projector.") + part);
+    // The language model's, its "model." (GPT-2: "transformer.") level
+    // replaced by "language_model." as LLaVA nests it; the head stays lm_head.
+    for (std::string module : unit_modules(model.config.text)) {
+      if (module != "lm_head") module = "language_model." + module.substr(module.find('.') + 1);
+      m.push_back(std::move(module));
+    }
+    return m;
+  }
+
+  DTRAIN_DECL std::vector<std::size_t> units_named(const Llava& model, const std::vector<std::string>& patterns) {
+    return units_named(unit_modules(model), patterns, "llava");
+  }
+
   DTRAIN_DECL LlavaLayout llava_layout_of(const std::filesystem::path& dir) {
     const ParamSources s = open_checkpoint(dir, TransformersNames{});
     LlavaLayout layout{.tower_prefixed = false, .nested = false};

@@ -124,6 +124,11 @@ DTRAIN_DECL std::vector<std::string> unit_modules(const LmConfig& c);
 // the model's modules.
 DTRAIN_DECL std::vector<std::size_t> units_named(const LmConfig& c, const std::vector<std::string>& patterns);
 
+// The same over any model's unit modules (`modules`, in unit order; an
+// empty name is a unit no pattern names); `model` names it in the error.
+DTRAIN_DECL std::vector<std::size_t> units_named(const std::vector<std::string>& modules,
+                                                 const std::vector<std::string>& patterns, const std::string& model);
+
 }  // namespace dtrain::hf
 
 #if DTRAIN_DEFINE_IMPL

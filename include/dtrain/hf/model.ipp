@@ -109,9 +109,13 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
   }
 
   DTRAIN_DECL std::vector<std::size_t> units_named(const LmConfig& c, const std::vector<std::string>& patterns) {
-    const auto modules = unit_modules(c);
+    return units_named(unit_modules(c), patterns, c.model_type);
+  }
+
+  DTRAIN_DECL std::vector<std::size_t> units_named(const std::vector<std::string>& modules,
+                                                   const std::vector<std::string>& patterns, const std::string& model) {
     const auto names = [](const std::string& pattern, const std::string& module) {
-      for (std::size_t from = 0; from != std::string::npos;) {
+      for (std::size_t from = 0; from != std::string::npos && !module.empty();) {
         if (::fnmatch(pattern.c_str(), module.c_str() + from, 0) == 0) return true;
         from = module.find('.', from);
         if (from != std::string::npos) ++from;
@@ -124,7 +128,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       for (std::size_t u = 0; u < modules.size(); ++u)
         if (names(p, modules[u])) chosen[u] = any = true;
       if (!any)
-        throw config_error("\"" + p + "\" names no module of this " + c.model_type + " model (its units are " +
+        throw config_error("\"" + p + "\" names no module of this " + model + " model (its units are " +
                                modules.front() + ", " + modules[1] + ", ..., " + modules[modules.size() - 2] + ", " +
                                modules.back() + ")",
                            "give module names or shell patterns such as layers.* or " + modules[modules.size() - 3]);
