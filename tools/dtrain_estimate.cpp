@@ -423,7 +423,9 @@ void llava_modes(Inputs& in, const std::string& path, const nlohmann::ordered_js
     try {
       t = hf::parse_llava_train(parts);
     } catch (const dtrain::error& e) {
-      throw usage_error{"--train " + in_quotes(parts) + ": " + e.problem(), e.fix()};
+      std::string_view problem = e.problem();  // "train: ...", as the examples' key reads
+      if (problem.starts_with("train: ")) problem.remove_prefix(7);
+      throw usage_error{"--train " + in_quotes(parts) + ": " + std::string(problem), e.fix()};
     }
     hf::Llava model(c, t, lora);
     Mode& m = in.modes.emplace_back();
