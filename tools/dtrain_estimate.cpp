@@ -6,6 +6,7 @@
 //   dtrain-estimate --params 7B --precision bf16 --world 8
 //   dtrain-estimate --config examples/configs/ddp_host.yaml precision=bf16 --world 4 --json
 //   dtrain-estimate --hf-config Meta-Llama-3-8B/config.json --precision bf16 --world 8
+//   dtrain-estimate --hf-config llava-1.5-7b-hf/config.json --precision bf16 --world 1,2,4 --strategy ddp,fsdp-full
 //
 // Exit status: 0 printed, 2 bad input (one line naming the problem and the fix).
 
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,7 +25,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <dtrain/hf/config.hpp>
+#include <dtrain/hf/llava.hpp>
 #include <dtrain/hf/model.hpp>
+#include <dtrain/io/json.hpp>
 #include <dtrain/models/causal_lm.hpp>  // the examples' models and their keys' defaults
 #include <dtrain/models/gpt.hpp>
 #include <dtrain/models/mlp.hpp>
@@ -48,10 +52,14 @@ the model (one of):
                              the units of hf::CausalLm built from it (embedding,
                              each layer, final norm, head); training flags as
                              with --params
+                             A LLaVA config (model_type llava): hf::Llava
+                             built once per train mode, one row per mode,
+                             activations included (see LLaVA below)
   --lora-r R, --lora-targets T
                              with --hf-config: LoRA adapters of rank R on the
                              linear layers T names (PEFT's target_modules, e.g.
                              q_proj,v_proj or all-linear), the rest frozen
+                             (LLaVA: on its language model)
   --units U                  split the trainable ones into U equal units instead,
                              e.g. a transformer's layers (FSDP gathers one unit
                              at a time, so this sets the gathered column)
@@ -83,20 +91,32 @@ training (with --params; with --config use the config's keys):
   --accumulate A             micro-batches per optimizer step (default 1)
   --prefetch P               FSDP/ZeRO1 units gathered ahead (default 1)
 
+LLaVA (with a LLaVA --hf-config):
+  --train PARTS              the parts that train, the others frozen: a comma
+                             list of projector, vision, language or all; one
+                             mode per --train, repeatable (default: three
+                             modes, projector; projector,vision; all)
+  --batch-size B             sequences (one image each) per micro-batch (default 1)
+  --seq-len T                text positions per sequence, the image's feature
+                             tokens included (default: the features + 64)
+  --activation-checkpointing every unit's activations recomputed in backward
+
 both:
-  --world N                  ranks (default 1 with --params; required with --config)
+  --world N[,N...]           ranks (default 1 with --params; required with
+                             --config); a list gives rows for each
   --shard-group G            fsdp-hybrid: ranks per shard group, a divisor of the
                              world (default: the whole world, one node)
   --strategy NAME|all        ddp, fsdp-full, fsdp-grad-op, fsdp-no-shard,
-                             fsdp-hybrid, zero1, or all (default)
+                             fsdp-hybrid, zero1, a comma list of them, or all
+                             (default)
   --offload none|optimizer|params|all
                              model states in host memory (default none): the
                              table adds an offload column and the host bytes;
                              all gives every combination a strategy supports
   --state-on-disk            with an offload: the optimizer state in files
                              (offload=nvme:DIR); the JSON's "disk" holds it
-  --activations-bytes B      activation bytes per rank (default 0 with --params,
-                             the MLP's with --config)
+  --activations-bytes B      activation bytes per rank (default 0 with --params
+                             and a causal LM, the model's with --config and LLaVA)
   --json                     the same as JSON, in bytes
   -h, --help                 this text
 
@@ -123,6 +143,13 @@ std::string number_text(double v) {
   return buf;
 }
 
+// LLaVA's train modes: one model each, the rest of the inputs shared.
+struct Mode {
+  std::string train;  // parse_llava_train's list, as given
+  std::vector<UnitNumel> units;
+  std::size_t trainable = 0, activations = 0;
+};
+
 // Everything the command line and the config decide.
 struct Inputs {
   std::string source;  // --config: the file and the MLP's shape
@@ -131,6 +158,9 @@ struct Inputs {
   std::string precision = "fp32", reduce_dtype = "fp32", optimizer = "adamw";
   double momentum = 0.9;
   int accumulate = 1, prefetch = 1, world = 1, shard_group = 0;
+  std::vector<int> worlds;                  // --world's list (world: the one estimated)
+  std::optional<int> shard_group_flag;      // --shard-group (else each world is one group)
+  std::vector<Mode> modes;                  // LLaVA: one per --train (units etc.: the first's)
   std::optional<std::int64_t> micro_batch;  // rows, when activations were worked out
   std::size_t activations = 0;
   std::string strategy = "all";
@@ -359,6 +389,67 @@ Config read_config(const std::string& path, const std::vector<std::string>& over
   return c;
 }
 
+// The config's JSON when it is a LLaVA config (model_type "llava"); any
+// other file, or one that does not read, takes the causal LM's path, whose
+// reader names the problem.
+std::optional<nlohmann::ordered_json> llava_json(std::filesystem::path path) {
+  if (std::filesystem::is_directory(path)) path /= "config.json";
+  std::ifstream file(path);
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(file, nullptr, false);
+  if (j.is_object() && j.contains("model_type") && j.at("model_type") == "llava") return j;
+  return std::nullopt;
+}
+
+// hf::Llava once per train mode (default: LLaVA's stages, projector, then
+// projector and tower, then everything), and the Trainer's activations for
+// `batch` sequences of `seq_len` positions (default the image's features +
+// 64): pixel_values float32 [B, C, H, W], x and y int32 [B, T].
+void llava_modes(Inputs& in, const std::string& path, const nlohmann::ordered_json& j, const hf::LoraConfig& lora,
+                 std::vector<std::string> train, std::int64_t batch, std::optional<std::int64_t> seq_len) {
+  const hf::LlavaConfig c = hf::parse_llava_config(j, "\"" + path + "\"");
+  const std::int64_t features = c.features_per_image();
+  const std::int64_t T = seq_len.value_or(features + 64);
+  if (T < features)
+    throw usage_error{"--seq-len " + std::to_string(T) + " is shorter than the image's " + std::to_string(features) +
+                          " feature tokens",
+                      "give --seq-len " + std::to_string(features) + " or more (default: the features + 64)"};
+  if (train.empty()) train = {"projector", "projector,vision", "all"};
+  const hf::VisionConfig& v = c.vision;
+  const auto batch_bytes =
+      static_cast<std::size_t>(batch * v.num_channels * v.image_size * v.image_size) * sizeof(float) +
+      2 * static_cast<std::size_t>(batch * T) * sizeof(std::int32_t);
+  for (const std::string& parts : train) {
+    hf::LlavaTrain t;
+    try {
+      t = hf::parse_llava_train(parts);
+    } catch (const dtrain::error& e) {
+      std::string_view problem = e.problem();  // "train: ...", as the examples' key reads
+      if (problem.starts_with("train: ")) problem.remove_prefix(7);
+      throw usage_error{"--train " + in_quotes(parts) + ": " + std::string(problem), e.fix()};
+    }
+    hf::Llava model(c, t, lora);
+    Mode& m = in.modes.emplace_back();
+    m.train = parts;
+    m.units = declared_units(model);
+    std::size_t all = 0;
+    for (const auto& u : m.units) all += u.trainable + u.frozen, m.trainable += u.trainable;
+    m.activations =
+        model_activation_bytes(model, {batch, T}, 0, batch_bytes, dtype_bytes(in.precision), in.checkpointing);
+    if (in.modes.size() == 1) {
+      in.units = m.units, in.parameters = all, in.trainable = m.trainable, in.activations = m.activations;
+      in.source = "transformers config " + path + " (llava: " + v.model_type + " " + std::to_string(v.image_size) +
+                  " px, patch " + std::to_string(v.patch_size) + ", " + std::to_string(model.tower.layers.size()) +
+                  " of " + std::to_string(v.num_hidden_layers) + " layers x " + std::to_string(v.hidden_size) + ", " +
+                  std::to_string(features) + " features per image; " + c.text.model_type + " " +
+                  std::to_string(c.text.num_hidden_layers) + " layers x " + std::to_string(c.text.hidden_size) +
+                  ", vocabulary " + std::to_string(c.text.vocab_size) +
+                  (lora.r > 0 ? ", LoRA rank " + std::to_string(lora.r) : std::string()) + "), batch " +
+                  std::to_string(batch) + " x " + std::to_string(T) + " positions";
+    }
+  }
+  in.micro_batch = batch * T;
+}
+
 Inputs parse(int argc, char** argv) {
   Inputs in;
   std::optional<std::size_t> params;
@@ -368,7 +459,11 @@ Inputs parse(int argc, char** argv) {
   std::optional<double> fraction;
   std::optional<std::size_t> unit_count;
   std::optional<std::size_t> activations;
-  std::optional<int> world, shard_group;
+  std::optional<std::vector<int>> world;
+  std::optional<int> shard_group;
+  std::vector<std::string> train;                   // --train, one mode each
+  std::optional<std::int64_t> batch_size, seq_len;  // LLaVA's micro-batch
+  bool checkpointing = false;                       // --activation-checkpointing
   std::vector<std::string> overrides;
   std::optional<std::string> training_flag;  // the first flag that --config replaces by a key
   for (int i = 1; i < argc; ++i) {
@@ -416,8 +511,18 @@ Inputs parse(int argc, char** argv) {
       in.accumulate = parse_number<int>(arg, value(), 1, 1e6);
     else if (arg == "--prefetch")
       in.prefetch = parse_number<int>(arg, value(), 0, 1e6);
-    else if (arg == "--world")
-      world = parse_number<int>(arg, value(), 1, 1e7);
+    else if (arg == "--world") {
+      world.emplace();
+      for (const std::string& n : list_items(YAML::Node(value()))) world->push_back(parse_number<int>(arg, n, 1, 1e7));
+      if (world->empty()) throw usage_error{"--world needs a number", "e.g. --world 8 or --world 1,2,4"};
+    } else if (arg == "--train")
+      train.push_back(value());
+    else if (arg == "--batch-size")
+      batch_size = parse_number<std::int64_t>(arg, value(), 1, 1e9);
+    else if (arg == "--seq-len")
+      seq_len = parse_number<std::int64_t>(arg, value(), 1, 1e9);
+    else if (arg == "--activation-checkpointing")
+      checkpointing = true;
     else if (arg == "--shard-group")
       shard_group = parse_number<int>(arg, value(), 1, 1e7);
     else if (arg == "--strategy")
@@ -453,18 +558,31 @@ Inputs parse(int argc, char** argv) {
     if (fraction || unit_count)
       throw usage_error{std::string(fraction ? "--trainable-fraction" : "--units") + " needs --params",
                         "the config's model gives the units"};
+    const std::optional<nlohmann::ordered_json> llava = llava_json(*hf_config);
+    if (!llava && (!train.empty() || batch_size || seq_len || checkpointing))
+      throw usage_error{std::string(!train.empty() ? "--train"
+                                    : batch_size   ? "--batch-size"
+                                    : seq_len      ? "--seq-len"
+                                                   : "--activation-checkpointing") +
+                            " needs a LLaVA config (model_type llava)",
+                        "drop it: the activations of other models come from --config or --activations-bytes"};
     try {
-      const hf::LmConfig c = hf::read_config(*hf_config);
-      hf::CausalLm model(c, lora);
-      in.units = declared_units(model);
-      for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
-      in.source = "transformers config " + *hf_config + " (" + c.model_type + ", " +
-                  std::to_string(c.num_hidden_layers) + " layers x " + std::to_string(c.hidden_size) + ", vocabulary " +
-                  std::to_string(c.vocab_size) + ")";
+      if (llava) {
+        in.checkpointing = checkpointing;
+        llava_modes(in, *hf_config, *llava, lora, train, batch_size.value_or(1), seq_len);
+      } else {
+        const hf::LmConfig c = hf::read_config(*hf_config);
+        hf::CausalLm model(c, lora);
+        in.units = declared_units(model);
+        for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
+        in.source = "transformers config " + *hf_config + " (" + c.model_type + ", " +
+                    std::to_string(c.num_hidden_layers) + " layers x " + std::to_string(c.hidden_size) +
+                    ", vocabulary " + std::to_string(c.vocab_size) + ")";
+      }
     } catch (const dtrain::error& e) {
       throw usage_error{e.problem(), e.fix()};
     }
-    in.world = world.value_or(1);
+    in.worlds = world.value_or(std::vector<int>{1});
   } else if (params) {
     if (!overrides.empty())
       throw usage_error{"key=value " + in_quotes(overrides.front()) + " needs --config", "use the flags (see --help)"};
@@ -477,7 +595,7 @@ Inputs parse(int argc, char** argv) {
                         "give at most one unit per trainable parameter"};
     for (std::size_t i = 0; i < u; ++i) in.units.push_back({in.trainable / u + (i < in.trainable % u ? 1 : 0), 0});
     if (in.trainable != in.parameters) in.units.push_back({0, in.parameters - in.trainable});
-    in.world = world.value_or(1);
+    in.worlds = world.value_or(std::vector<int>{1});
   } else {
     if (training_flag)
       throw usage_error{*training_flag + " is a --params flag",
@@ -566,22 +684,42 @@ Inputs parse(int argc, char** argv) {
     } catch (const dtrain::error& e) {
       throw usage_error{e.problem(), e.fix()};
     }
-    in.world = *world;
+    in.worlds = *world;
+  }
+  if (config || params) {
+    if (!train.empty() || batch_size || seq_len)
+      throw usage_error{std::string(!train.empty() ? "--train"
+                                    : batch_size   ? "--batch-size"
+                                                   : "--seq-len") +
+                            " needs a LLaVA --hf-config",
+                        config ? "with --config write the example's keys instead, e.g. batch_size=8"
+                               : "estimate a LLaVA model with --hf-config config.json"};
+    if (checkpointing)
+      throw usage_error{"--activation-checkpointing needs a LLaVA --hf-config",
+                        config ? "with --config write activation_checkpointing=true"
+                               : "with --params give the activations: --activations-bytes B"};
   }
   if (activations) {
     in.activations = *activations;
+    for (Mode& m : in.modes) m.activations = *activations;
     in.micro_batch.reset();
   }
+  in.world = in.worlds.front();
   // HybridShard's default group is the ranks of a node; a world of one node
   // is the only guess that needs no further input.
+  in.shard_group_flag = shard_group;
   in.shard_group = shard_group.value_or(in.world);
-  if (in.strategy != "all") one_of("--strategy", in.strategy, estimate_strategies);
+  if (in.strategy != "all")
+    for (const std::string& name : list_items(YAML::Node(in.strategy))) one_of("--strategy", name, estimate_strategies);
   return in;
 }
 
 // ---- estimating and printing ------------------------------------------------
 
 struct Row {
+  std::string train;  // LLaVA's mode
+  int world = 1;
+  std::size_t trainable = 0;
   std::string_view strategy;
   offload_kind offload = offload_kind::none;
   MemoryUsage memory;    // on the compute device
@@ -606,23 +744,45 @@ std::vector<Row> estimate(const Inputs& in) {
   else
     offloads = {parse_offload(in.offload)};
   std::vector<Row> rows;
+  const std::vector<std::string> asked = list_items(YAML::Node(in.strategy));
   for (auto name : estimate_strategies) {
-    if (in.strategy != "all" && in.strategy != name) continue;
+    if (in.strategy != "all" && std::find(asked.begin(), asked.end(), name) == asked.end()) continue;
     e.strategy = std::string(name);
     const bool shards_params = name.starts_with("fsdp");
     for (const offload_kind k : offloads) {
-      // params with a replicating strategy: skipped under "all", an error when asked for.
-      if (k == offload_kind::params && !shards_params && (in.offload == "all" || in.strategy == "all")) continue;
+      // params with a replicating strategy: skipped under "all" (or a list), an error when asked for.
+      if (k == offload_kind::params && !shards_params &&
+          (in.offload == "all" || in.strategy == "all" || asked.size() != 1))
+        continue;
       e.offload = k;
       e.state_on_disk = in.state_on_disk && k != offload_kind::none;
       try {
         const MemorySplit m = estimate_memory_split(e);
-        rows.push_back({name, k, m.device, m.host, m.disk});
+        Row& r = rows.emplace_back();
+        r.strategy = name, r.offload = k, r.memory = m.device, r.host = m.host, r.disk = m.disk;
       } catch (const dtrain::error& err) {
         throw usage_error{err.problem(), err.fix()};
       }
     }
   }
+  return rows;
+}
+
+// Every mode (LLaVA's; else the one model) at every world size.
+std::vector<Row> estimate_all(const Inputs& in) {
+  std::vector<Mode> modes = in.modes;
+  if (modes.empty()) modes.push_back({"", in.units, in.trainable, in.activations});
+  std::vector<Row> rows;
+  for (const Mode& m : modes)
+    for (const int w : in.worlds) {
+      Inputs one = in;
+      one.units = m.units, one.trainable = m.trainable, one.activations = m.activations;
+      one.world = w, one.shard_group = in.shard_group_flag.value_or(w);
+      for (Row& r : estimate(one)) {
+        r.train = m.train, r.world = w, r.trainable = m.trainable;
+        rows.push_back(std::move(r));
+      }
+    }
   return rows;
 }
 
@@ -636,13 +796,27 @@ std::string thousands(std::size_t n) {
   return out;
 }
 
+std::string number_list(const std::vector<int>& v) {
+  std::string out;
+  for (const int n : v) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(n);
+  }
+  return out;
+}
+
 std::string describe(const Inputs& in) {
   std::string d = thousands(in.parameters) + " parameters in " + std::to_string(in.units.size()) +
                   (in.units.size() == 1 ? " unit" : " units");
-  if (in.trainable != in.parameters) d += " (" + thousands(in.trainable) + " trainable)";
+  if (in.trainable != in.parameters && in.modes.empty()) d += " (" + thousands(in.trainable) + " trainable)";
   d += ", precision " + in.precision + ", reduce " + reduce_name(in);
   d += ", " + in.optimizer + " (" + std::to_string(optimizer_states(in)) + " fp32 states/param)";
-  d += ", world " + std::to_string(in.world) + ", group " + std::to_string(in.shard_group);
+  if (in.worlds.size() > 1) {
+    d += ", worlds " + number_list(in.worlds) + ", group ";
+    d += in.shard_group_flag ? std::to_string(*in.shard_group_flag) : std::string("the world");
+  } else {
+    d += ", world " + std::to_string(in.world) + ", group " + std::to_string(in.shard_group);
+  }
   if (in.micro_batch) d += ", micro-batch " + std::to_string(*in.micro_batch) + " rows";
   if (in.checkpointing) {
     d += ", activation checkpointing";
@@ -663,12 +837,21 @@ void print_table(const Inputs& in, const std::vector<Row>& rows) {
   std::printf("activations: %s\n\n", in.micro_batch ? "the Trainer's buffers for one micro-batch (units' transient "
                                                       "workspace not included)"
                                                     : "as given by --activations-bytes (default 0)");
+  for (const Mode& m : in.modes)
+    std::printf("train %s: %s of %s parameters\n", m.train.c_str(), thousands(m.trainable).c_str(),
+                thousands(in.parameters).c_str());
+  if (!in.modes.empty()) std::printf("\n");
   // With an offload the columns are the device's, then the offloaded host bytes.
   const bool offloading = in.offload != "none";
   std::vector<std::vector<std::string>> table = {
       {"strategy (MiB)", "params", "grads", "optimizer state", "master", "gathered", "activations", "total per rank"}};
+  // LLaVA's modes and several worlds: a column each before the strategy.
+  const bool by_mode = !in.modes.empty(), by_world = in.worlds.size() > 1;
+  const std::size_t labels = 1 + (by_mode ? 1 : 0) + (by_world ? 1 : 0);
+  if (by_world) table[0].insert(table[0].begin(), "world");
+  if (by_mode) table[0].insert(table[0].begin(), "train");
   if (offloading) {
-    table[0].insert(table[0].begin() + 1, "offload");
+    table[0].insert(table[0].begin() + static_cast<std::ptrdiff_t>(labels), "offload");
     table[0].back() = "device total";
     table[0].push_back("host (offloaded)");
     if (in.state_on_disk) table[0].push_back("disk (optimizer state)");
@@ -680,7 +863,10 @@ void print_table(const Inputs& in, const std::vector<Row>& rows) {
   };
   for (const Row& r : rows) {
     const MemoryUsage& m = r.memory;
-    auto& line = table.emplace_back(1, std::string(r.strategy) + (r.strategy == in.config_strategy ? " *" : ""));
+    auto& line = table.emplace_back();
+    if (by_mode) line.push_back(r.train);
+    if (by_world) line.push_back(std::to_string(r.world));
+    line.push_back(std::string(r.strategy) + (r.strategy == in.config_strategy ? " *" : ""));
     if (offloading) line.emplace_back(offload_name(r.offload));
     for (std::size_t bytes : {m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.total()})
       line.push_back(mib(bytes));
@@ -693,14 +879,14 @@ void print_table(const Inputs& in, const std::vector<Row>& rows) {
   const auto print_line = [&](const std::vector<std::string>& line) {
     for (std::size_t c = 0; c < line.size(); ++c) {
       const std::string pad(width[c] - line[c].size(), ' ');
-      // the strategy left-aligned, the numbers right-aligned
-      std::printf("| %s ", (c == 0 ? line[c] + pad : pad + line[c]).c_str());
+      // the mode, world and strategy left-aligned, the numbers right-aligned
+      std::printf("| %s ", (c < labels ? line[c] + pad : pad + line[c]).c_str());
     }
     std::printf("|\n");
   };
   print_line(table[0]);
   for (std::size_t c = 0; c < width.size(); ++c)
-    std::printf("|%s%s", std::string(width[c] + 1, '-').c_str(), c == 0 ? "-" : ":");
+    std::printf("|%s%s", std::string(width[c] + 1, '-').c_str(), c < labels ? "-" : ":");
   std::printf("|\n");
   for (std::size_t r = 1; r < table.size(); ++r) print_line(table[r]);
   if (!in.config_strategy.empty()) std::printf("\n* the config's strategy\n");
@@ -722,26 +908,38 @@ std::string json_string(std::string_view s) {
 }
 
 void print_json(const Inputs& in, const std::vector<Row>& rows) {
+  // Several worlds: a list, and each row's "world"; the group then follows each unless given.
+  const bool several = in.worlds.size() > 1;
+  const std::string world = several ? "[" + number_list(in.worlds) + "]" : std::to_string(in.world);
+  const std::string group = in.shard_group_flag ? std::to_string(*in.shard_group_flag)
+                            : several           ? std::string("null")
+                                                : std::to_string(in.shard_group);
   std::printf(
       "{\n  \"inputs\": {\"model\": %s, \"parameters\": %zu, \"trainable\": %zu, \"precision\": %s, "
-      "\"reduce_dtype\": %s, \"optimizer\": %s, \"optimizer_states\": %zu, \"world\": %d, "
-      "\"shard_group\": %d, \"micro_batch\": %s, \"accumulate\": %d, \"prefetch\": %d, "
-      "\"config_strategy\": %s},\n  \"unit\": \"bytes\",\n  \"strategies\": [",
+      "\"reduce_dtype\": %s, \"optimizer\": %s, \"optimizer_states\": %zu, \"world\": %s, "
+      "\"shard_group\": %s, \"micro_batch\": %s, \"activation_checkpointing\": %s, \"accumulate\": %d, "
+      "\"prefetch\": %d, \"config_strategy\": %s},\n  \"unit\": \"bytes\",\n  \"strategies\": [",
       in.source.empty() ? "null" : json_string(in.source).c_str(), in.parameters, in.trainable,
       json_string(in.precision).c_str(), json_string(reduce_name(in)).c_str(), json_string(in.optimizer).c_str(),
-      optimizer_states(in), in.world, in.shard_group, in.micro_batch ? std::to_string(*in.micro_batch).c_str() : "null",
+      optimizer_states(in), world.c_str(), group.c_str(),
+      in.micro_batch ? std::to_string(*in.micro_batch).c_str() : "null", in.checkpointing ? "true" : "false",
       in.accumulate, in.prefetch, in.config_strategy.empty() ? "null" : json_string(in.config_strategy).c_str());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const MemoryUsage& m = rows[i].memory;
     const MemoryUsage& h = rows[i].host;
+    // LLaVA's rows name their mode and its trainable parameters
+    const std::string mode = in.modes.empty() ? std::string()
+                                              : "\"train\": " + json_string(rows[i].train) +
+                                                    ", \"trainable\": " + std::to_string(rows[i].trainable) + ", ";
     std::printf(
-        "%s\n    {\"strategy\": %s, \"offload\": %s, \"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
+        "%s\n    {%s\"world\": %d, \"strategy\": %s, \"offload\": %s, \"params\": %zu, \"grads\": %zu, \"optimizer\": "
+        "%zu, "
         "\"master\": %zu, \"gathered\": %zu, \"activations\": %zu, \"other\": %zu, \"total\": %zu, "
         "\"host\": {\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"master\": %zu, \"total\": %zu}, "
         "\"disk\": %zu}",
-        i ? "," : "", json_string(rows[i].strategy).c_str(), json_string(offload_name(rows[i].offload)).c_str(),
-        m.params, m.grads, m.optimizer, m.master, m.gathered, m.activations, m.other, m.total(), h.params, h.grads,
-        h.optimizer, h.master, h.total(), rows[i].disk);
+        i ? "," : "", mode.c_str(), rows[i].world, json_string(rows[i].strategy).c_str(),
+        json_string(offload_name(rows[i].offload)).c_str(), m.params, m.grads, m.optimizer, m.master, m.gathered,
+        m.activations, m.other, m.total(), h.params, h.grads, h.optimizer, h.master, h.total(), rows[i].disk);
   }
   std::printf("\n  ]\n}\n");
 }
@@ -751,7 +949,7 @@ void print_json(const Inputs& in, const std::vector<Row>& rows) {
 int main(int argc, char** argv) {
   try {
     const Inputs in = parse(argc, argv);
-    const std::vector<Row> rows = estimate(in);
+    const std::vector<Row> rows = estimate_all(in);
     if (in.json)
       print_json(in, rows);
     else
