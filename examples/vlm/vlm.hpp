@@ -113,6 +113,8 @@ inline Records read_records(const std::string& file, const dtrain::hf::LlavaConf
   std::optional<dtrain::SafetensorsFile> opened;
   try {
     opened.emplace(dtrain::SafetensorsFile::open(file));
+  } catch (const dtrain::error& e) {  // its problem only: the fix is ours
+    throw dtrain::config_error(where + " is not a readable safetensors file: " + e.problem(), detail::data_fix);
   } catch (const std::exception& e) {
     throw dtrain::config_error(where + " is not a readable safetensors file: " + e.what(), detail::data_fix);
   }
