@@ -150,6 +150,12 @@ inline Records read_records(const std::string& file, const dtrain::hf::LlavaConf
                                    " (channels x height x width), the tower takes " + std::to_string(v.num_channels) +
                                    " x " + std::to_string(v.image_size) + " x " + std::to_string(v.image_size),
                                "resize the images to the tower's image_size (the model's processor does)");
+  if (ids[1] > config.text.max_position_embeddings)
+    throw dtrain::config_error(
+        where + ": records of " + std::to_string(ids[1]) + " tokens are longer than the language model's " +
+            std::to_string(config.text.max_position_embeddings) + " positions (max_position_embeddings)",
+        "cut the records to at most " + std::to_string(config.text.max_position_embeddings) +
+            " tokens (the padding after the longest one first)");
   if (n < 2)
     throw dtrain::config_error(
         where + " has " + std::to_string(n) + " record(s): too few for training records and a held-out tenth",

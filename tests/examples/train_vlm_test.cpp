@@ -9,8 +9,8 @@
 //    projector, the tower and the language model; projector,vision, the
 //    language model;
 //  - every refused input (the data's tensors, shapes, image size, image
-//    tokens, ids, too few records; the config's parts, feature layer,
-//    model_type) exits 2 with one error line naming it, before anything is
+//    tokens, ids, too few records, records longer than the positions; the
+//    config's parts, feature layer, model_type) exits 2 with one error line naming it, before anything is
 //    written.
 #define BOOST_TEST_MODULE example_train_vlm
 #include <algorithm>
@@ -208,6 +208,11 @@ BOOST_AUTO_TEST_CASE(refuses_bad_input_before_writing_anything) {
     dtrain::test::write_json(scratch("layer.json"), c);
     refused("config=" + scratch("layer.json").string() + " data=" + data.string(),
             "vision_feature_layer -5 is out of range for a tower of 2 layers");
+    c = dtrain::test::tiny_llava_config();
+    c["text_config"]["max_position_embeddings"] = 8;
+    dtrain::test::write_json(scratch("short.json"), c);
+    refused("config=" + scratch("short.json").string() + " data=" + data.string(),
+            "records of 10 tokens are longer than the language model's 8 positions (max_position_embeddings)");
     c = dtrain::test::tiny_llava_config();
     c["model_type"] = "llava_next";
     dtrain::test::write_json(scratch("next.json"), c);
