@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "examples/run_example.hpp"
+#include "examples/tiny_llava.hpp"
 #include "support/python_venv.hpp"
 #include <boost/test/unit_test.hpp>
 #include <nlohmann/json.hpp>
@@ -177,6 +178,7 @@ BOOST_AUTO_TEST_CASE(every_host_preset_trains) {
                              : program == "train_policy" ? TRAIN_POLICY_PATH
                              : program == "train_mlp"    ? TRAIN_MLP_PATH
                              : program == "train_lm"     ? TRAIN_LM_PATH
+                             : program == "train_vlm"    ? TRAIN_VLM_PATH
                                                          : "";
     BOOST_TEST_INFO(entry.path() << " (" << program << ")");
     BOOST_REQUIRE(!path.empty());
@@ -198,6 +200,12 @@ BOOST_AUTO_TEST_CASE(every_host_preset_trains) {
       }
       out.close();
       small += " config=" + config.string() + " data=" + tokens.string() + " block_size=16 batch_size=4 eval_batches=1";
+    }
+    if (program == "train_vlm") {  // likewise a tiny LLaVA and its records (examples/tiny_llava.hpp)
+      const fs::path config = scratch("vlm_preset_config.json"), data = scratch("vlm_preset_records.safetensors");
+      dtrain::test::write_json(config, dtrain::test::tiny_llava_config());
+      dtrain::test::TinyLlavaData::make(20).write(data);
+      small += " config=" + config.string() + " data=" + data.string() + " batch_size=4 eval_batches=1";
     }
     BOOST_TEST(dtrain::test::run_example(path, ranks, "--config " + entry.path().string() + small + " log_every=50") ==
                0);
