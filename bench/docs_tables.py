@@ -236,6 +236,20 @@ def hf_step(name="hf.json"):
     return table(header, "lll" + "r" * 5, out) + ["", source(name, d)]
 
 
+def vlm_step():
+    d = load("vlm.json")
+    peer = torch_minor(d["sides"]["peer"]["torch"])
+    out, last = [], None
+    for r in d["settings"]:
+        dt, pt = r["sides"]["dtrain"], r["sides"]["peer"]
+        out.append([f"`{r['train']}`" if r["train"] != last else "", f"{r['ranks']} x {r['threads_per_rank']}",
+                    f"{dt['median_ms']:.0f}", f"{dt['peak_rss_mib']:.0f}", f"{pt['median_ms']:.0f}",
+                    f"{pt['peak_rss_mib']:.0f}", f"{r['ratio_vs_peer']:.2f}x"])
+        last = r["train"]
+    header = ["train", "ranks x threads", "train_vlm step ms", "MiB", f"{peer} step ms", "MiB", f"dtrain / {peer}"]
+    return table(header, "ll" + "r" * 5, out) + ["", source("vlm.json", d)]
+
+
 def offload_steps():
     d = load("offload.json")
     mib = lambda states: (lambda b: "0" if b == 0 else f"{b / 1048576:.2f}")(sum(states.values()))
@@ -566,6 +580,7 @@ RENDERERS = {
     "sft.packing": (sft_packing, "sft_packing.json"),
     "offload.steps": (offload_steps, "offload.json"),
     "hf.step": (hf_step, "hf.json"),
+    "vlm.step": (vlm_step, "vlm.json"),
     "gpt.step": (gpt_step, "gpt.json"),
     "gpt.memory": (gpt_memory, "gpt.json"),
     "gpt.host_threads": (gpt_host_threads, "gpt.json"),

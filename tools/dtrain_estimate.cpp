@@ -30,6 +30,7 @@
 #include <dtrain/io/json.hpp>
 #include <dtrain/models/causal_lm.hpp>  // the examples' models and their keys' defaults
 #include <dtrain/models/gpt.hpp>
+#include <dtrain/models/llava.hpp>
 #include <dtrain/models/mlp.hpp>
 #include <dtrain/models/policy.hpp>
 #include <dtrain/train/estimate.hpp>
@@ -40,7 +41,7 @@ using namespace dtrain;
 
 constexpr std::string_view usage = R"(usage: dtrain-estimate --params N [options]
        dtrain-estimate --hf-config config.json [options]
-       dtrain-estimate --config FILE.yaml [--example mlp|gpt|policy|lm] [key=value ...] --world N [options]
+       dtrain-estimate --config FILE.yaml [--example mlp|gpt|policy|lm|vlm] [key=value ...] --world N [options]
 
 Prints one rank's memory by category (MiB) for a model trained with dtrain,
 one row per strategy, without allocating or launching anything.
@@ -76,10 +77,12 @@ the model (one of):
                              train_policy: hidden, horizon, image, image_size;
                              train_lm: model or config, block_size, packing,
                              lora_r, lora_alpha, lora_dropout, lora_rslora,
-                             lora_targets, lora_modules_to_save, adapter);
+                             lora_targets, lora_modules_to_save, adapter;
+                             train_vlm: model or config, train and the
+                             lora_ keys, with --seq-len T);
                              every other key is ignored. Activations are the
                              Trainer's buffers for one micro-batch.
-  --example mlp|gpt|policy|lm
+  --example mlp|gpt|policy|lm|vlm
                              which example's config it is (default mlp)
 
 training (with --params; with --config use the config's keys):
@@ -98,7 +101,8 @@ LLaVA (with a LLaVA --hf-config):
                              modes, projector; projector,vision; all)
   --batch-size B             sequences (one image each) per micro-batch (default 1)
   --seq-len T                text positions per sequence, the image's feature
-                             tokens included (default: the features + 64)
+                             tokens included (default: the features + 64);
+                             also with --config of --example vlm
   --activation-checkpointing every unit's activations recomputed in backward
 
 both:
@@ -215,7 +219,7 @@ constexpr std::array<std::string_view, 3> precisions = {"fp32", "bf16", "fp16"};
 constexpr std::array<std::string_view, 4> offloads = {"none", "optimizer", "params", "all"};
 constexpr std::array<std::string_view, 2> reduce_dtypes = {"fp32", "same"};
 constexpr std::array<std::string_view, 2> optimizers = {"adamw", "sgd"};
-constexpr std::array<std::string_view, 4> examples_known = {"mlp", "gpt", "policy", "lm"};
+constexpr std::array<std::string_view, 5> examples_known = {"mlp", "gpt", "policy", "lm", "vlm"};
 // Flags that --config takes from the config's keys instead.
 constexpr std::array<std::string_view, 6> training_flags = {"--precision", "--reduce-dtype", "--optimizer",
                                                             "--momentum",  "--accumulate",   "--prefetch"};
@@ -672,6 +676,19 @@ Inputs parse(int argc, char** argv) {
                     " layers x " + std::to_string(hc.hidden_size) + ", " + std::to_string(c.block_size) +
                     " positions, vocabulary " + std::to_string(hc.vocab_size) +
                     (c.lora().r > 0 ? ", LoRA rank " + std::to_string(c.lora().r) : std::string()) + ")";
+      } else if (example == "vlm") {
+        const auto c = read_config<models::LlavaRunConfig>(*config, overrides);
+        common(c);
+        if (c.model.empty() == c.config.empty())
+          throw usage_error{"a train_vlm config needs one of model and config",
+                            "give model=DIR (a transformers LLaVA directory) or config=FILE (its config.json)"};
+        const std::string path = c.model.empty() ? c.config : c.model;
+        const std::optional<nlohmann::ordered_json> j = llava_json(path);
+        if (!j)
+          throw usage_error{in_quotes(path) + " is not a LLaVA config (model_type llava)",
+                            "give train_vlm's model= or config= a transformers LLaVA model"};
+        llava_modes(in, path, *j, c.lora(), {c.train}, c.batch_size, seq_len);
+        in.source = "train_vlm config " + *config + ": " + in.source;
       } else {
         const auto c = read_config<models::PolicyConfig>(*config, overrides);
         common(c);
@@ -687,7 +704,7 @@ Inputs parse(int argc, char** argv) {
     in.worlds = *world;
   }
   if (config || params) {
-    if (!train.empty() || batch_size || seq_len)
+    if (!train.empty() || batch_size || (seq_len && !(config && example == "vlm")))
       throw usage_error{std::string(!train.empty() ? "--train"
                                     : batch_size   ? "--batch-size"
                                                    : "--seq-len") +

@@ -41,6 +41,10 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
         "at the end, write the model here as a transformers directory (the tower's unrun tensors copied from "
         "model=)");
   r.add("eval_batches", c.eval_batches, "held-out batches per rank evaluated at the end (0 = none)");
+  r.add("checkpoint_modules", c.checkpoint_modules,
+        "with activation_checkpointing: recompute the units of these transformers modules, by name or shell "
+        "pattern: encoder.layers.* (the vision tower's layers), language_model.layers.* (the language model's "
+        "blocks) (instead of checkpoint_units numbers)");
   r.section("LoRA adapters on the language model (PEFT's format; its base weights frozen)");
   r.add("lora_r", c.lora_r, "adapter rank (0: no adapters)");
   r.add("lora_alpha", c.lora_alpha, "adapter scale alpha / r");
@@ -62,6 +66,15 @@ void validate_extra(const Config& c) {
   if (c.lora_r == 0 && (!c.lora_targets.empty() || !c.lora_modules_to_save.empty()))
     throw dtrain::config_error("lora_targets/lora_modules_to_save without adapters",
                                "give lora_r=R (e.g. 16) and lora_targets=...");
+  if (!c.checkpoint_modules.empty() && !c.activation_checkpointing)
+    throw dtrain::config_error("checkpoint_modules without activation_checkpointing=true",
+                               "add activation_checkpointing=true");
+  if (!c.checkpoint_modules.empty() &&
+      (!c.checkpoint_units.empty() || c.checkpoint_every != 1 || c.checkpoint_budget_mib != 0))
+    throw dtrain::config_error(
+        "checkpoint_modules and checkpoint_units/checkpoint_every/checkpoint_budget_mib "
+        "both choose the recomputed units",
+        "give one of them");
   if (c.eval_batches < 0) throw dtrain::config_error("eval_batches must be >= 0", "see train_vlm --help");
 }
 
@@ -80,13 +93,15 @@ std::pair<long long, long long> parameter_counts(dtrain::hf::Llava& model) {
 
 int main(int argc, char** argv) {
   try {
-    const auto cfg =
+    auto cfg =
         examples::parse_cli<vlm::Config>(argc, argv, "train_vlm", vlm::usage, vlm::declare_extra, vlm::validate_extra);
     // Everything is checked before the job starts: the config, the parts,
     // the adapters (the model is built here) and every record.
     dtrain::hf::Llava model(dtrain::hf::read_llava_config(cfg.model.empty() ? cfg.config : cfg.model),
                             dtrain::hf::parse_llava_train(cfg.train), cfg.lora());
     const dtrain::hf::LlavaConfig& config = model.config;
+    for (const auto u : dtrain::hf::units_named(model, cfg.checkpoint_modules))
+      cfg.checkpoint_units.push_back(static_cast<std::int64_t>(u));
     const vlm::Records records = vlm::read_records(cfg.data, config);
     const auto [trained, frozen] = vlm::parameter_counts(model);
     auto world = examples::init_world(cfg);

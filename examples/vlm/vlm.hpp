@@ -36,9 +36,10 @@ namespace vlm {
 // The model's keys (dtrain/models/llava.hpp, which dtrain-estimate reads
 // too) and the run's own.
 struct Config : dtrain::models::LlavaRunConfig {
-  std::string data;               // the records (a safetensors file)
-  std::string save_hf;            // write the trained model here as a transformers directory
-  std::int64_t eval_batches = 8;  // held-out batches per rank evaluated at the end
+  std::string data;                             // the records (a safetensors file)
+  std::string save_hf;                          // write the trained model here as a transformers directory
+  std::int64_t eval_batches = 8;                // held-out batches per rank evaluated at the end
+  std::vector<std::string> checkpoint_modules;  // recompute the units of these modules (hf::units_named)
 };
 
 // The records, as the batches want them: x the ids, y the labels shifted by
@@ -199,6 +200,10 @@ inline Records read_records(const std::string& file, const dtrain::hf::LlavaConf
                                  "expand each image's token to " + std::to_string(features) +
                                      " as the model's processor does (one image per record)");
   }
+  if (std::ranges::all_of(r.y, [](std::int32_t y) { return y == -100; }))
+    throw dtrain::config_error(where + ": every label is -100 (after the shift by one): no token to learn",
+                               "give labels as the ids of the text to learn, -100 only over the prompt, the image "
+                               "tokens and the padding");
   r.split = n - std::max<std::int64_t>(1, n / 10);
   return r;
 }

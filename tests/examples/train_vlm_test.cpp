@@ -2,16 +2,18 @@
 // at 2 CPU ranks, on a tiny LLaVA written here without Python
 // (examples/tiny_llava.hpp):
 //  - train=all (fsdp-full), train=projector and train=projector,vision
-//    (ddp), each from the same saved model: each exits 0, its loss falls
-//    over 20 steps, it prints the held-out loss, and its save_hf directory
-//    loads again (steps=1);
+//    (ddp, the tower's layers recomputed: checkpoint_modules), each from
+//    the same saved model: each exits 0, its loss falls over 20 steps, it
+//    prints the held-out loss, and its save_hf directory loads again
+//    (steps=1);
 //  - what each mode leaves frozen is saved bit-identical to that source:
 //    projector, the tower and the language model; projector,vision, the
 //    language model;
 //  - every refused input (the data's tensors, shapes, image size, image
-//    tokens, ids, too few records, records longer than the positions; the
-//    config's parts, feature layer, model_type) exits 2 with one error line naming it, before anything is
-//    written.
+//    tokens, ids, labels all -100, too few records, records longer than
+//    the positions; the config's parts, feature layer, model_type; a
+//    checkpoint_modules pattern naming no module) exits 2 with one error
+//    line naming it, before anything is written.
 #define BOOST_TEST_MODULE example_train_vlm
 #include <algorithm>
 #include <filesystem>
@@ -126,7 +128,9 @@ BOOST_AUTO_TEST_CASE(trains_each_mode_and_saves_what_it_froze_unchanged) {
   const std::string from = "model=" + base.string() + " data=" + data.string();
   trains(from + " train=all strategy=fsdp-full lr=1e-2", all, "train=all: ");
   trains(from + " train=projector lr=1e-2", projector, "train=projector: ");
-  trains(from + " train=projector,vision lr=1e-2", vision, "train=projector,vision: ");
+  // The tower's layers recomputed in the backward pass (checkpoint_modules).
+  trains(from + " train=projector,vision lr=1e-2 activation_checkpointing=true checkpoint_modules=encoder.layers.*",
+         vision, "train=projector,vision: ");
   // projector: only multi_modal_projector. changed; projector,vision: the tower too.
   const std::string tower = "vision_tower.", language = "language_model.", projection = "multi_modal_projector.";
   BOOST_TEST(same_tensors(base, projector, {tower, language}) > 20u);
@@ -201,6 +205,13 @@ BOOST_AUTO_TEST_CASE(refuses_bad_input_before_writing_anything) {
     refused(with("outside_vocabulary", d), "record 5 token 6 is id 70, outside the model's vocabulary of 64");
   }
   refused(with("one_record", TinyLlavaData::make(1)), "has 1 record(s): too few");
+  {
+    TinyLlavaData d = good;  // nothing to learn
+    std::fill(d.labels.begin(), d.labels.end(), -100);
+    refused(with("unlabelled", d), "every label is -100");
+  }
+  refused(with("fine", good) + " activation_checkpointing=true checkpoint_modules=vision_model.*",
+          "\"vision_model.*\" names no module of this llava model");
   refused(with("fine", good) + " train=projector,decoder", "train: \"decoder\" is not a part of a LLaVA model");
   {
     auto c = dtrain::test::tiny_llava_config();

@@ -13,8 +13,9 @@
 //    transient workspace, the same in both; in fp32 the estimate's saving
 //    also holds the patch embedding's view of the images, which that unit
 //    only keeps in a 16-bit compute dtype);
-//  - the table's rows, LoRA on the language model, and the usage errors
-//    (one line, exit 2).
+//  - the table's rows, LoRA on the language model, a train_vlm preset
+//    (--config --example vlm: the same row as --hf-config), and the usage
+//    errors (one line, exit 2).
 #define BOOST_TEST_MODULE tools_estimate_llava
 #include <algorithm>
 #include <array>
@@ -239,6 +240,33 @@ BOOST_AUTO_TEST_CASE(cli_lora_adapts_the_language_model) {
   const nlohmann::json rows = estimate_rows("--train projector --lora-r 4 --lora-targets q_proj,v_proj");
   const std::int64_t adapters = t_layers * 4 * ((t_width + t_width) + (t_width + kv_width));
   BOOST_TEST(row(rows, "projector", 1, "ddp").at("trainable").get<std::int64_t>() == projector + adapters);
+}
+
+// train_vlm's preset (--example vlm): its train= mode, batch_size and
+// precision, the model from model=; the same row as --hf-config gives.
+BOOST_AUTO_TEST_CASE(cli_reads_a_train_vlm_preset) {
+  write_config();
+  const fs::path preset = fs::path(DTRAIN_TEST_BINARY_DIR) / "vlm_preset.yaml";
+  std::ofstream(preset) << "strategy: fsdp-full\nprecision: bf16\ntrain: projector,vision\nbatch_size: " << batch
+                        << "\noptimizer: adamw\n";
+  const std::string seq = " --seq-len " + std::to_string(positions);
+  const auto [rc, out] =
+      run_cli("--config " + preset.string() + " --example vlm --world 2 --json model=" + config_file.string() + seq);
+  BOOST_REQUIRE_MESSAGE(rc == 0, out);
+  const nlohmann::json rows = nlohmann::json::parse(out).at("strategies");
+  const nlohmann::json expected = estimate_rows(
+      "--precision bf16 --world 2 --strategy fsdp-full --train "
+      "projector,vision --batch-size " +
+      std::to_string(batch) + seq);
+  const nlohmann::json& e = row(expected, "projector,vision", 2, "fsdp-full");
+  const nlohmann::json& r = row(rows, "projector,vision", 2, "fsdp-full");
+  for (const char* field : {"trainable", "params", "grads", "optimizer", "master", "activations"})
+    BOOST_TEST(r.at(field) == e.at(field), field);
+  const fs::path gpt2 = fs::path(DTRAIN_TEST_BINARY_DIR) / "vlm_preset_gpt2.json";
+  std::ofstream(gpt2) << R"({"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4})";
+  const auto [bad_rc, bad] = run_cli("--config " + preset.string() + " --example vlm --world 2 model=" + gpt2.string());
+  BOOST_TEST(bad_rc == 2, bad);
+  BOOST_TEST(bad.find("is not a LLaVA config") != std::string::npos, bad);
 }
 
 BOOST_AUTO_TEST_CASE(cli_usage_errors_exit_2) {
