@@ -16,10 +16,10 @@
 //  - AdamW (20 steps, lr 1e-3) at 1 rank and at 2 (one sequence each) under
 //    DDP and FSDP FullShard: the parameters within 1e-5 of one another (the
 //    tower's key biases, whose gradient is 0, within the steps' 2e-2);
-//  - save_pretrained from dtrain (FSDP, 2 ranks, after training the
-//    projector) loaded by transformers: its logits within 1e-5 of dtrain's,
-//    the frozen tower and language model exactly the originals, the tower's
-//    unrun layer and post_layernorm included.
+//  - save_pretrained from dtrain (FSDP, 2 ranks, after training in each
+//    mode, and the projector with LoRA) loaded by transformers: its logits
+//    within 1e-5 of dtrain's, what the mode froze exactly the originals
+//    (the tower's unrun layer and post_layernorm included, in every mode).
 // And the errors: image tokens that do not match the features, a train=
 // part the model lacks, an unknown model_type (LLaVA's, its tower's, its
 // language model's).
@@ -371,6 +371,8 @@ void check_all(const std::string& python, int major) {
       for (const std::string mode : {"projector", "projector,vision", "all"}) check_mode(c, mode);
       check_state(c);
       check_save(c, "projector", {}, "vision_tower,language_model,lm_head", "projector");
+      check_save(c, "projector,vision", {}, "language_model,lm_head", "vision");
+      check_save(c, "all", {}, "post_layernorm", "all");  // the tower's unrun tensors, copied from the source
       // LoRA on the language model beside the projector: its base frozen, the adapters merged on save.
       check_save(c, "projector", {.r = 4, .alpha = 8.f, .targets = {"q_proj", "v_proj"}}, "vision_tower", "lora");
       check_distributed(c);
