@@ -330,15 +330,12 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
       c.corpus_bytes = integer();
     else if (key == "data_seed")
       c.data_seed = as(std::type_identity<std::uint64_t>{});
-  } else if constexpr (std::is_same_v<Config, models::CausalLmConfig>) {
+  } else if constexpr (std::is_same_v<Config, models::CausalLmConfig> ||
+                       std::is_same_v<Config, models::LlavaRunConfig>) {
     if (key == "model")
       c.model = text();
     else if (key == "config")
       c.config = text();
-    else if (key == "block_size")
-      c.block_size = integer();
-    else if (key == "packing")
-      c.packing = as(std::type_identity<bool>{});
     else if (key == "lora_r")
       c.lora_r = integer();
     else if (key == "lora_alpha")
@@ -353,8 +350,16 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
     } else if (key == "lora_modules_to_save") {
       if (!v.IsSequence()) text();
       c.lora_modules_to_save = list_items(v);
-    } else if (key == "adapter")
-      c.adapter = text();
+    } else if constexpr (std::is_same_v<Config, models::LlavaRunConfig>) {
+      if (key == "train") c.train = text();
+    } else {
+      if (key == "block_size")
+        c.block_size = integer();
+      else if (key == "packing")
+        c.packing = as(std::type_identity<bool>{});
+      else if (key == "adapter")
+        c.adapter = text();
+    }
   } else {
     if (key == "hidden")
       c.hidden = widths();
