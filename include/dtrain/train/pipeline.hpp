@@ -46,8 +46,11 @@ class UnitPipeline {
         strategy_(strategy),
         ties_(dev, layout, strategy),
         num_units_(layout.units().size()),
+        first_trained_(num_units_),
         options_(options) {
     detail::check_recompute_policy(options.recompute, num_units_);
+    for (std::size_t u = 0; u < num_units_ && first_trained_ == num_units_; ++u)
+      if (layout.units()[u].train_size > 0) first_trained_ = u;
   }
 
   // The sequence shape of a micro-batch, from its input "x": float features
@@ -227,11 +230,17 @@ class UnitPipeline {
         const MatView<T> dx = u == 0 ? MatView<T>{} : dgrad_[1 - cur].view(seq[u].rows(), width[u]);
         const MatView<const T> dy = dgrad_[cur].view(seq[u + 1].rows(), width[u + 1]);
         strategy_.before_backward(u, k);
-        // Deterministic kernels: the recomputed activations (and output) are
-        // bit-identical to the first forward's.
-        if (recompute[u] && saved[u] > 0) forward(u, unit);
-        detail::unit_backward<Dev, T>(unit, dev_, ties_.params(u), ties_.grads(u), on_device, act(u), act(u + 1), dy,
-                                      dx, ctx(u));
+        // Below the first unit with trainable parameters (a frozen vision
+        // tower under LLaVA's first stage) no gradient is wanted: the units'
+        // backward is skipped, the strategy's hooks still run (a DDP bucket
+        // may end at such a unit).
+        if (u >= first_trained_) {
+          // Deterministic kernels: the recomputed activations (and output)
+          // are bit-identical to the first forward's.
+          if (recompute[u] && saved[u] > 0) forward(u, unit);
+          detail::unit_backward<Dev, T>(unit, dev_, ties_.params(u), ties_.grads(u), on_device, act(u), act(u + 1),
+                                        dy, dx, ctx(u));
+        }
         ties_.after_backward(u);
         strategy_.after_backward(u, k);
         if (u + 1 == num_units_) fault::hit(fault::point::backward);
@@ -245,6 +254,7 @@ class UnitPipeline {
   AnyStrategy<T>& strategy_;
   TiedParams<Dev, T> ties_;
   std::size_t num_units_;
+  std::size_t first_trained_;  // the lowest unit with trainable parameters (num_units_: none)
   Options options_;
   std::vector<std::int64_t> width_;  // width_[u]: the input width of unit u; width_.back(): the output's
   std::vector<buffer<T>> activations_;
