@@ -21,6 +21,7 @@
 #include "common/config.hpp"
 #include "common/dispatch.hpp"
 
+#include <dtrain/models/lora_keys.hpp>
 #include <dtrain/run/config.hpp>
 
 namespace examples {
@@ -135,6 +136,36 @@ inline void validate_common(const Common& c) {
           "resume = '" + c.resume + "' is neither latest nor an existing directory" +
               (looked ? " (" + looked.message() + ")" : ""),
           "use resume=latest (the newest checkpoint in checkpoint_dir) or a checkpoint's path");
+}
+
+// The LoRA keys of the language-model examples (dtrain::models::LoraKeys),
+// with each example's words for the rank, the targets and modules_to_save.
+struct LoraHelp {
+  const char* rank;
+  const char* targets;
+  const char* modules_to_save;
+};
+
+inline void declare_lora(dtrain::ConfigReader& r, dtrain::models::LoraKeys& c, const LoraHelp& help) {
+  r.add("lora_r", c.lora_r, help.rank);
+  r.add("lora_alpha", c.lora_alpha, "adapter scale alpha / r");
+  r.add("lora_rslora", c.lora_rslora, "scale alpha / sqrt(r) instead (rank-stabilised LoRA)");
+  r.add("lora_dropout", c.lora_dropout, "dropout on the adapters' input in training, in [0, 1) (PEFT's lora_dropout)");
+  r.add("lora_targets", c.lora_targets, help.targets);
+  r.add("lora_modules_to_save", c.lora_modules_to_save, help.modules_to_save);
+}
+
+// checkpoint_modules (recompute the units of these modules: hf::units_named)
+// needs activation checkpointing and is one way of choosing the units.
+inline void validate_checkpoint_modules(const Common& c, const std::vector<std::string>& modules) {
+  if (!modules.empty() && !c.activation_checkpointing)
+    throw dtrain::config_error("checkpoint_modules without activation_checkpointing=true",
+                               "add activation_checkpointing=true");
+  if (!modules.empty() && (!c.checkpoint_units.empty() || c.checkpoint_every != 1 || c.checkpoint_budget_mib != 0))
+    throw dtrain::config_error(
+        "checkpoint_modules and checkpoint_units/checkpoint_every/checkpoint_budget_mib "
+        "both choose the recomputed units",
+        "give one of them");
 }
 
 // Parses the command line into a Config (Common + the example's keys):

@@ -46,16 +46,14 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
         "with activation_checkpointing: recompute the units of these transformers modules, by name or shell "
         "pattern, e.g. layers.* or model.layers.1? (GPT-2: h.*) (instead of checkpoint_units numbers)");
   r.section("LoRA adapters (PEFT's format; the base model frozen)");
-  r.add("lora_r", c.lora_r, "adapter rank (0: no adapters, every weight trains)");
-  r.add("lora_alpha", c.lora_alpha, "adapter scale alpha / r");
-  r.add("lora_rslora", c.lora_rslora, "scale alpha / sqrt(r) instead (rank-stabilised LoRA)");
-  r.add("lora_dropout", c.lora_dropout, "dropout on the adapters' input in training, in [0, 1) (PEFT's lora_dropout)");
-  r.add("lora_targets", c.lora_targets,
-        "PEFT's target_modules: module names or suffixes, e.g. q_proj,k_proj,v_proj,o_proj (Llama), c_attn,c_proj,c_fc "
-        "(GPT-2), lm_head (an untied output head), or all-linear (the blocks' linear layers)");
-  r.add("lora_modules_to_save", c.lora_modules_to_save,
-        "PEFT's modules_to_save: train these whole beside the adapters and save them with them: embed_tokens, "
-        "lm_head (untied models), GPT-2's wpe");
+  examples::declare_lora(
+      r, c,
+      {.rank = "adapter rank (0: no adapters, every weight trains)",
+       .targets = "PEFT's target_modules: module names or suffixes, e.g. q_proj,k_proj,v_proj,o_proj (Llama), "
+                  "c_attn,c_proj,c_fc (GPT-2), lm_head (an untied output head), or all-linear (the blocks' linear "
+                  "layers)",
+       .modules_to_save = "PEFT's modules_to_save: train these whole beside the adapters and save them with them: "
+                          "embed_tokens, lm_head (untied models), GPT-2's wpe"});
   r.add("adapter", c.adapter,
         "a PEFT adapter directory to load onto model= (its adapter_config.json sets the lora_ keys)");
   r.add("save_adapter", c.save_adapter, "at the end, write the adapters here for peft.PeftModel.from_pretrained");
@@ -81,15 +79,7 @@ void validate_extra(const Config& c) {
     throw dtrain::config_error("packing=true needs instruction records (data=FILE.jsonl); '" + c.data +
                                    "' is a token stream, which is cut into full windows already",
                                "give data=FILE.jsonl, or drop packing=true");
-  if (!c.checkpoint_modules.empty() && !c.activation_checkpointing)
-    throw dtrain::config_error("checkpoint_modules without activation_checkpointing=true",
-                               "add activation_checkpointing=true");
-  if (!c.checkpoint_modules.empty() &&
-      (!c.checkpoint_units.empty() || c.checkpoint_every != 1 || c.checkpoint_budget_mib != 0))
-    throw dtrain::config_error(
-        "checkpoint_modules and checkpoint_units/checkpoint_every/checkpoint_budget_mib "
-        "both choose the recomputed units",
-        "give one of them");
+  examples::validate_checkpoint_modules(c, c.checkpoint_modules);
   if (c.block_size < 1 || c.eval_batches < 0 || c.generate < 0 || c.top_k < 0)
     throw dtrain::config_error("block_size must be >= 1, and eval_batches, generate and top_k >= 0",
                                "see train_lm --help");

@@ -46,15 +46,13 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
         "pattern: encoder.layers.* (the vision tower's layers), language_model.layers.* (the language model's "
         "blocks) (instead of checkpoint_units numbers)");
   r.section("LoRA adapters on the language model (PEFT's format; its base weights frozen)");
-  r.add("lora_r", c.lora_r, "adapter rank (0: no adapters)");
-  r.add("lora_alpha", c.lora_alpha, "adapter scale alpha / r");
-  r.add("lora_rslora", c.lora_rslora, "scale alpha / sqrt(r) instead (rank-stabilised LoRA)");
-  r.add("lora_dropout", c.lora_dropout, "dropout on the adapters' input in training, in [0, 1) (PEFT's lora_dropout)");
-  r.add("lora_targets", c.lora_targets,
-        "PEFT's target_modules in the language model: module names or suffixes, e.g. q_proj,k_proj,v_proj,o_proj, "
-        "or all-linear (the blocks' linear layers)");
-  r.add("lora_modules_to_save", c.lora_modules_to_save,
-        "PEFT's modules_to_save: train these whole beside the adapters: embed_tokens, lm_head (untied models)");
+  examples::declare_lora(
+      r, c,
+      {.rank = "adapter rank (0: no adapters)",
+       .targets = "PEFT's target_modules in the language model: module names or suffixes, e.g. "
+                  "q_proj,k_proj,v_proj,o_proj, or all-linear (the blocks' linear layers)",
+       .modules_to_save = "PEFT's modules_to_save: train these whole beside the adapters: embed_tokens, lm_head "
+                          "(untied models)"});
 }
 
 void validate_extra(const Config& c) {
@@ -66,15 +64,7 @@ void validate_extra(const Config& c) {
   if (c.lora_r == 0 && (!c.lora_targets.empty() || !c.lora_modules_to_save.empty()))
     throw dtrain::config_error("lora_targets/lora_modules_to_save without adapters",
                                "give lora_r=R (e.g. 16) and lora_targets=...");
-  if (!c.checkpoint_modules.empty() && !c.activation_checkpointing)
-    throw dtrain::config_error("checkpoint_modules without activation_checkpointing=true",
-                               "add activation_checkpointing=true");
-  if (!c.checkpoint_modules.empty() &&
-      (!c.checkpoint_units.empty() || c.checkpoint_every != 1 || c.checkpoint_budget_mib != 0))
-    throw dtrain::config_error(
-        "checkpoint_modules and checkpoint_units/checkpoint_every/checkpoint_budget_mib "
-        "both choose the recomputed units",
-        "give one of them");
+  examples::validate_checkpoint_modules(c, c.checkpoint_modules);
   if (c.eval_batches < 0) throw dtrain::config_error("eval_batches must be >= 0", "see train_vlm --help");
 }
 

@@ -14,23 +14,17 @@
 
 #include "dtrain/core/macros.hpp"
 #include "dtrain/hf/lora.hpp"
+#include "dtrain/models/lora_keys.hpp"
 #include "dtrain/models/run_config.hpp"
 
 namespace dtrain::models {
 
-struct CausalLmConfig : RunConfig {
+struct CausalLmConfig : RunConfig, LoraKeys {
   std::string model;              // a transformers model directory to fine-tune
   std::string config;             // or a config.json to train from scratch
   std::int64_t block_size = 128;  // positions per sequence
   bool packing = false;           // pack the training records into full blocks (position_ids restart per record)
-  // LoRA (hf/lora.hpp): adapters of rank lora_r on the lora_targets, the rest frozen
-  std::int64_t lora_r = 0;
-  float lora_alpha = 8.f;
-  float lora_dropout = 0.f;
-  bool lora_rslora = false;
-  std::vector<std::string> lora_targets;
-  std::vector<std::string> lora_modules_to_save;  // PEFT's modules_to_save: embeddings or head trained whole
-  std::string adapter;                            // a PEFT adapter directory to load (and continue training)
+  std::string adapter;            // a PEFT adapter directory to load (and continue training)
 
   // The adapters to build: those of `adapter` (whose config it reads, its
   // lora_dropout included), else the lora_ keys.

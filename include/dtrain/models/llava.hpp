@@ -10,36 +10,21 @@
 //          image's tokens expanded, y int32 [B, T] the next ones (-100: no
 //          loss), optional attention_mask [B, T]
 
-#include <cstdint>
 #include <string>
-#include <vector>
 
 #include "dtrain/hf/lora.hpp"
+#include "dtrain/models/lora_keys.hpp"
 #include "dtrain/models/run_config.hpp"
 
 namespace dtrain::models {
 
-struct LlavaRunConfig : RunConfig {
+struct LlavaRunConfig : RunConfig, LoraKeys {
   std::string model;                // a transformers LLaVA directory to fine-tune
   std::string config;               // or a LLaVA config.json to train from scratch
   std::string train = "projector";  // the parts that train (hf::parse_llava_train): LLaVA's first stage
-  // LoRA (hf/lora.hpp) on the language model: its base weights frozen
-  std::int64_t lora_r = 0;
-  float lora_alpha = 8.f;
-  float lora_dropout = 0.f;
-  bool lora_rslora = false;
-  std::vector<std::string> lora_targets;
-  std::vector<std::string> lora_modules_to_save;  // PEFT's modules_to_save: embeddings or head trained whole
 
-  // The adapters the lora_ keys describe (none with lora_r = 0).
-  hf::LoraConfig lora() const {
-    return {.r = lora_r,
-            .alpha = lora_alpha,
-            .dropout = lora_dropout,
-            .rslora = lora_rslora,
-            .targets = lora_targets,
-            .modules_to_save = lora_modules_to_save};
-  }
+  // The adapters on the language model the lora_ keys describe (none with lora_r = 0).
+  hf::LoraConfig lora() const { return lora_keys(); }
 };
 
 }  // namespace dtrain::models

@@ -238,8 +238,8 @@ class UnitPipeline {
           // Deterministic kernels: the recomputed activations (and output)
           // are bit-identical to the first forward's.
           if (recompute[u] && saved[u] > 0) forward(u, unit);
-          detail::unit_backward<Dev, T>(unit, dev_, ties_.params(u), ties_.grads(u), on_device, act(u), act(u + 1),
-                                        dy, dx, ctx(u));
+          detail::unit_backward<Dev, T>(unit, dev_, ties_.params(u), ties_.grads(u), on_device, act(u), act(u + 1), dy,
+                                        dx, ctx(u));
         }
         ties_.after_backward(u);
         strategy_.after_backward(u, k);
