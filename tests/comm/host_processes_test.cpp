@@ -10,8 +10,10 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -26,7 +28,21 @@ using namespace dtrain;
 
 namespace {
 
+// A port for a rendezvous, free when probed: below Linux's ephemeral range
+// (32768-60999 by default), from which the kernel picks the local ports of
+// outgoing connections (the Gloo pairs of tests running beside this one, one
+// of which took a port 0 had handed out here once), and at random so that
+// concurrent tests rarely pick the same one.
 int free_port() {
+  std::mt19937 pick(std::random_device{}());
+  std::uniform_int_distribution<int> below_ephemeral(20000, 32000);
+  for (int tries = 0; tries < 64; ++tries) {
+    try {
+      TcpStoreServer probe(below_ephemeral(pick), "127.0.0.1");
+      return probe.port();
+    } catch (const std::exception&) {  // taken: another
+    }
+  }
   TcpStoreServer probe(0, "127.0.0.1");
   return probe.port();
 }
