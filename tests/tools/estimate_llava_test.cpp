@@ -30,6 +30,7 @@
 
 #include <boost/test/unit_test.hpp>
 #include <support/ranks.hpp>
+#include <tools/estimate_cli.hpp>
 
 #include <dtrain/hf/llava.hpp>
 #include <dtrain/io/json.hpp>
@@ -87,18 +88,6 @@ constexpr std::int64_t language = vocab * t_width + t_layers * t_layer + t_width
 
 const std::map<std::string, std::int64_t> trainable_of = {
     {"projector", projector}, {"projector,vision", projector + vision}, {"all", projector + vision + language}};
-
-// Runs dtrain-estimate; returns its exit status and its output (stdout and stderr).
-std::pair<int, std::string> run_cli(const std::string& args) {
-  const std::string cmd = std::string(DTRAIN_ESTIMATE_PATH) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  BOOST_REQUIRE(pipe != nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (const std::size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, out};
-}
 
 // The tool's JSON rows for the tiny config with `args`.
 nlohmann::json estimate_rows(const std::string& args) {

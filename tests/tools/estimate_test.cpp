@@ -20,6 +20,9 @@
 #include <strategy/common.hpp>
 #include <support/ranks.hpp>
 #include <support/strategy_options.hpp>
+#ifdef DTRAIN_ESTIMATE_PATH
+#include <tools/estimate_cli.hpp>
+#endif
 
 #include <dtrain/models/gpt.hpp>
 #include <dtrain/models/mlp.hpp>
@@ -343,18 +346,6 @@ BOOST_AUTO_TEST_CASE(bad_inputs_throw_config_errors) {
 
 #ifdef DTRAIN_ESTIMATE_PATH
 namespace {
-
-// Runs dtrain-estimate; returns its exit status and its output (stdout and stderr).
-std::pair<int, std::string> run_cli(const std::string& args) {
-  const std::string cmd = std::string(DTRAIN_ESTIMATE_PATH) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  BOOST_REQUIRE(pipe != nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (const std::size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, out};
-}
 
 // The cells of the table row whose first cell is `strategy`.
 std::vector<std::string> table_row(const std::string& out, const std::string& strategy) {

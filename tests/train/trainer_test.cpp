@@ -1,7 +1,8 @@
 // The Trainer itself (train/trainer.hpp): TrainerCore with a strategy chosen
 // at run time trains exactly as Trainer<M, Strategy<K>, ...> with the same
 // kind (the same code behind AnyStrategy, so bit-identical), for every
-// built-in strategy; and its run-time arguments are checked.
+// built-in strategy; its run-time arguments are checked; and backward stops
+// at the lowest unit with trainable parameters.
 #define BOOST_TEST_MODULE train
 #include <algorithm>
 #include <cmath>
@@ -44,7 +45,60 @@ void runtime_equals_compile_time() {
   BOOST_TEST(!runtime.empty());
 }
 
+// nn::Linear counting the calls of its backward.
+struct CountedLinear : nn::Linear {
+  using nn::Linear::Linear;
+  int backward_calls = 0;
+
+  template <class Dev, class T>
+  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> y,
+                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+    ++backward_calls;
+    nn::Linear::backward<Dev, T>(dev, p, grad, x, y, dy, dx, ctx);
+  }
+};
+
+// Frozen units below the only trainable one, and one above it.
+struct FrozenPrefixNet {
+  CountedLinear below1{features, 6, {.trainable = false}};
+  nn::GELU act;
+  CountedLinear below2{6, 7, {.trainable = false}};
+  CountedLinear trained{7, 8};
+  nn::GELU act2;
+  CountedLinear above{8, classes, {.trainable = false}};
+  nn::SoftmaxCrossEntropy loss;
+  auto units() { return std::tie(below1, act, below2, trained, act2, above); }
+};
+
+template <class Kind>
+void backward_stops_at_the_lowest_trained_unit() {
+  run_ranks(2, [&](World& w) {
+    FrozenPrefixNet net;
+    Trainer<FrozenPrefixNet, Strategy<Kind>, Accumulate<2>> t(w, net, AdamW{.lr = 1e-2f}, {.seed = 3});
+    const Params before = t.parameters();
+    for (int s = 0; s < 3; ++s) t.step(micro_batches(s, w.rank(), {3, 4}));
+    const Params after = t.parameters();
+    const std::string kind(Kind::name);
+    require(net.below1.backward_calls == 0 && net.below2.backward_calls == 0,
+            kind + ": a frozen unit below every trained one ran backward");
+    require(net.trained.backward_calls == 6 && net.above.backward_calls == 6,
+            kind + ": the trained unit and the one above it run backward once per micro-batch");
+    for (const auto& [name, v] : before)
+      require((v != after.at(name)) == name.starts_with("3."), kind + ": " + name + " (only unit 3 trains)");
+  });
+}
+
 }  // namespace
+
+// No gradient is wanted below the lowest unit with trainable parameters (a
+// frozen vision tower under LLaVA's first stage): those units' backward is
+// skipped, under bucketed DDP (whose last bucket ends at unit 0), FSDP and
+// ZeRO-1.
+BOOST_AUTO_TEST_CASE(backward_stops_at_the_lowest_unit_with_trainable_parameters) {
+  backward_stops_at_the_lowest_trained_unit<DDP>();
+  backward_stops_at_the_lowest_trained_unit<FSDP<FullShard>>();
+  backward_stops_at_the_lowest_trained_unit<ZeRO1>();
+}
 
 BOOST_AUTO_TEST_CASE(a_strategy_chosen_at_run_time_trains_as_the_compile_time_one) {
   []<class... Kind>(std::type_identity<std::tuple<Kind...>>) {
