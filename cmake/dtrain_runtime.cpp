@@ -42,6 +42,7 @@
 #include <dtrain/io/safetensors.hpp>
 #include <dtrain/launch/env.hpp>
 #include <dtrain/launch/init.hpp>
+#include <dtrain/lerobot/act.hpp>
 #include <dtrain/metrics/metric.hpp>
 #include <dtrain/metrics/tensorboard.hpp>
 #include <dtrain/model/layout.hpp>

@@ -65,6 +65,9 @@ struct SavePretrainedOptions {
   // the weights they adapt, W + scale * B A, as PEFT's merge_and_unload:
   // transformers then loads the result without PEFT.
   LoraConfig lora{};
+  // Set config.json's torch_dtype (transformers' configs); false leaves the
+  // config as given (a LeRobot policy's, which knows no such key).
+  bool torch_dtype = true;
 };
 
 namespace detail {
@@ -77,10 +80,12 @@ DTRAIN_DECL void merge_lora(std::vector<std::pair<ParamSlot, std::vector<float>>
 
 // save_pretrained's JSON files in `partial`: model.safetensors.index.json
 // when there are `shards` > 1 (`file_of`: tensor -> file, sorted), and
-// config.json (the config's own text `config_json` with torch_dtype float32).
+// config.json (the config's own text `config_json`, with torch_dtype float32
+// when `torch_dtype`: transformers' configs; LeRobot's take no such key).
 DTRAIN_DECL void write_pretrained_json(const std::filesystem::path& partial,
                                        const std::map<std::string, std::string>& file_of, std::size_t shards,
-                                       std::uint64_t total_bytes, const std::string& config_json);
+                                       std::uint64_t total_bytes, const std::string& config_json,
+                                       bool torch_dtype = true);
 
 // The steps of a save that rank 0 writes to `dir` through `partial`
 // ("<dir>.partial"), so that `dir` appears complete or not at all; `call`
@@ -210,7 +215,7 @@ void save_transformers(Trainer& trainer, const std::filesystem::path& dir, const
       fs::rename(partial / ("shard-" + std::to_string(i + 1) + ".tmp"), partial / file);
       for (const auto& t : shards[i]) sorted[t] = file;
     }
-    detail::write_pretrained_json(partial, sorted, n, total_bytes, config_json);
+    detail::write_pretrained_json(partial, sorted, n, total_bytes, config_json, options.torch_dtype);
     detail::commit_save(dir, partial, "the saved model");
   });
   detail::end_save(world, "hf-save-pretrained", "save_pretrained", dir, partial, error);
