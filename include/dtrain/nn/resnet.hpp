@@ -190,7 +190,7 @@ class ResNetStem {
   Parts<T> parts(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
     detail::check_count("nn::ResNetStem", "parameters", p.size(), 1 + detail::norm_params);
     detail::check_shape("nn::ResNetStem", "input", x, x.rows, in_channels * image_.h * image_.w);
-    detail::check_saved("nn::ResNetStem", ctx.saved.size(), saved_size({x.rows, 1}, x.cols),
+    detail::check_saved("nn::ResNetStem", ctx.saved.size(), saved_size(SeqShape{x.rows, 1}, x.cols),
                         "pass a UnitContext whose saved view holds saved_size(shape) elements");
     detail::Carve<T> c(ctx.saved.data);
     const std::int64_t n = conv_size();
@@ -328,7 +328,7 @@ class BasicBlock {
   Parts<T> parts(UnitParams<const T> p, MatView<const T> x, const UnitContext<T>& ctx) const {
     detail::check_count("nn::BasicBlock", "parameters", p.size(), down_ ? bnd + detail::norm_params : convd);
     out_features(x.cols);
-    detail::check_saved("nn::BasicBlock", ctx.saved.size(), saved_size({x.rows, 1}, x.cols),
+    detail::check_saved("nn::BasicBlock", ctx.saved.size(), saved_size(SeqShape{x.rows, 1}, x.cols),
                         "pass a UnitContext whose saved view holds saved_size(shape) elements");
     detail::Carve<T> c(ctx.saved.data);
     const std::int64_t n = out_size();
