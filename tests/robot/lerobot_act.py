@@ -9,12 +9,12 @@ Every tensor goes in and out as a .safetensors file.
 Subcommands
 -----------
 make DIR --seed N --use-vae 0|1 --pre-norm 0|1 --batch B --height H
-         --width W --cameras C --steps K
+         --width W --cameras C --steps K [--state-dim S]
     Builds a small ACTPolicy (chunk_size 5, n_action_steps 5, dim_model 32,
     n_heads 4, dim_feedforward 48, 2 encoder layers, 1 decoder layer, 2 VAE
     encoder layers, latent_dim 8, dropout 0, kl_weight 10, resnet18 backbone
     without pretrained weights and without dilation, relu) with inputs
-    observation.state (STATE, [3]) and C in {1, 2} cameras
+    observation.state (STATE, [S], default 3) and C in {1, 2} cameras
     observation.images.top (and observation.images.wrist) (VISUAL, [3,H,W])
     and output action (ACTION, [2]). torch.manual_seed(N) precedes the
     construction; then every FrozenBatchNorm2d buffer of the backbone is
@@ -208,6 +208,9 @@ def random_batch(g, batch, height, width, cameras, k):
 
 def cmd_make(a):
     from lerobot.policies.act.processor_act import make_act_pre_post_processors
+
+    global STATE_DIM
+    STATE_DIM = a.state_dim
 
     if a.cameras not in (1, 2):
         fail("--cameras must be 1 or 2")
@@ -466,6 +469,7 @@ def main():
     m.add_argument("--width", type=int, required=True)
     m.add_argument("--cameras", type=int, choices=(1, 2), required=True)
     m.add_argument("--steps", type=int, required=True)
+    m.add_argument("--state-dim", type=int, default=STATE_DIM)
 
     g = sub.add_parser("grads", help="loss, actions and gradients of DIR's policy on DIR/batch.safetensors")
     g.add_argument("dir")
