@@ -134,9 +134,12 @@ launch() {  # launch RANKS LOG command...: RANKS processes, cores / RANKS thread
 # after; about 5.5 GB, torch's CUDA libraries included, though the
 # benchmarks use its CPU side). Without --smoke only: a smoke run sets
 # peer_python empty. A venv that cannot be made is a failure naming why.
+# bench_peer_python SET: the same for another pinned set (lerobot: LeRobot
+# with the torch it pins, the policy benchmark's peer).
 bench_peer_python() {
+  local set=${1:-torch2}
   peer_python=""
   ((smoke)) && return 0
-  peer_python=$("$repo/scripts/python_env.sh" torch2 "$build/python/torch2") ||
+  peer_python=$("$repo/scripts/python_env.sh" "$set" "$build/python/$set") ||
     { echo "$(basename "$0"): cannot make the PyTorch peer's venv (see above)" >&2; exit 1; }
 }

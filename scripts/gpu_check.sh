@@ -27,11 +27,14 @@
 #             and the sharded strategies at world size 2 on the GPU
 #   doctor    dtrain-doctor on every local GPU (NCCL at every world size the
 #             machine has)
+#   policy    train_policy policy=act (LeRobot's ACT: the ResNet and ACT
+#             units, DTRAIN_GPU_VISION=on) for 3 steps on the GPU and on the
+#             host from the same seed: the first step's loss within 1e-3
 #   report    gpu_check.json from what the stages left: device, driver, CUDA,
 #             commit, each test's result and seconds, sanitizer errors, the
 #             stages' times (scripts/gpu_report.py); into the report folder
 #             and, with DTRAIN_GPU_RECORD=1, bench/results/gpu_check.json
-#   all       setup build gpu paths sanitize doctor report
+#   all       setup build gpu paths sanitize doctor policy report
 #   bench     bench/run_gpu_bench.sh: kernels, train_mlp and train_gpt against
 #             PyTorch on the same GPU (not in all: its own run)
 #   test      the whole CTest suite through scripts/test.sh (not in all)
@@ -300,8 +303,8 @@ stage() {  # stage NAME COMMAND...: runs it with its output in the report folder
 }
 
 # What the check builds: every GPU test and what they launch.
-gpu_targets=(kernels_cuda_test nn_cuda_test comm_nccl_test strategies_cuda_test hf_cuda_test train_lm dtrain-run
-             dtrain-doctor)
+gpu_targets=(kernels_cuda_test nn_cuda_test comm_nccl_test strategies_cuda_test hf_cuda_test train_lm train_policy
+             dtrain-run dtrain-doctor)
 
 configure() {
   # Without Ninja, a fresh folder; an existing one is reconfigured as it is.
@@ -363,6 +366,22 @@ sanitize() {
   return "$rc"
 }
 
+# ACT on the GPU against the host: the same preset, seed and data; the
+# first step's loss (before any update) within 1e-3 (fp32 sums in another order).
+policy_act() {
+  local args=(policy=act --config "$root/examples/configs/act_host.yaml" steps=3 log_every=1 episodes=12 seed=3
+              num_workers=0)
+  "$build/examples/train_policy" "${args[@]}" device=host > "$report/policy_host.log" 2>&1 || return 1
+  DTRAIN_GPU_VISION=on "$build/examples/train_policy" "${args[@]}" device=cuda > "$report/policy_cuda.log" 2>&1 ||
+    { tail -5 "$report/policy_cuda.log"; return 1; }
+  local host cuda
+  host=$(grep -m1 -o 'loss [0-9.]*' "$report/policy_host.log" | cut -d' ' -f2)
+  cuda=$(grep -m1 -o 'loss [0-9.]*' "$report/policy_cuda.log" | cut -d' ' -f2)
+  echo "train_policy policy=act, first step's loss: host $host, cuda $cuda"
+  python3 -c "import sys; h, c = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(h - c) > 1e-3 * abs(h))" \
+    "$host" "$cuda"
+}
+
 report() {
   python3 "$root/scripts/gpu_report.py" write "$report" "$report/gpu_check.json"
   if [[ ${DTRAIN_GPU_RECORD:-} == 1 ]]; then
@@ -381,6 +400,7 @@ run_stage() {
     paths) stage paths with_new_paths ;;
     sanitize) stage sanitize sanitize ;;
     doctor) stage doctor "$build/tools/dtrain-doctor" ;;
+    policy) stage policy policy_act ;;
     report) report ;;
     test) stage test "$root/scripts/test.sh" ;;
     bench) stage bench "$root/bench/run_gpu_bench.sh" "$build" --json "$report/gpu_bench.json" ;;
@@ -388,8 +408,8 @@ run_stage() {
       for v in CMAKE_PREFIX_PATH LD_LIBRARY_PATH LIBRARY_PATH CPLUS_INCLUDE_PATH C_INCLUDE_PATH PATH NCCL_ROOT DTRAIN_PYTHON; do
         [[ -n ${!v:-} ]] && printf 'export %s=%q\n' "$v" "${!v}"
       done ;;
-    all) for s in setup build gpu paths sanitize doctor report; do run_stage "$s"; done ;;
-    *) echo "gpu_check: unknown stage '$1': use fetch, setup, build, gpu, paths, sanitize, doctor, report, all, bench, test or env" >&2; exit 2 ;;
+    all) for s in setup build gpu paths sanitize doctor policy report; do run_stage "$s"; done ;;
+    *) echo "gpu_check: unknown stage '$1': use fetch, setup, build, gpu, paths, sanitize, doctor, policy, report, all, bench, test or env" >&2; exit 2 ;;
   esac
 }
 

@@ -28,6 +28,7 @@
 #include <dtrain/hf/llava.hpp>
 #include <dtrain/hf/model.hpp>
 #include <dtrain/io/json.hpp>
+#include <dtrain/lerobot/act.hpp>
 #include <dtrain/models/causal_lm.hpp>  // the examples' models and their keys' defaults
 #include <dtrain/models/gpt.hpp>
 #include <dtrain/models/llava.hpp>
@@ -56,6 +57,10 @@ the model (one of):
                              A LLaVA config (model_type llava): hf::Llava
                              built once per train mode, one row per mode,
                              activations included (see LLaVA below)
+                             A LeRobot ACT policy's config.json (or its
+                             directory; "type": "act"): models::Act,
+                             activations included for --batch-size samples
+                             (default 8), --activation-checkpointing
   --lora-r R, --lora-targets T
                              with --hf-config: LoRA adapters of rank R on the
                              linear layers T names (PEFT's target_modules, e.g.
@@ -74,7 +79,9 @@ the model (one of):
                              and the model's keys (train_mlp: hidden, features,
                              classes; train_gpt: n_layer, n_head, n_embd,
                              block_size, data, corpus_bytes, data_seed;
-                             train_policy: hidden, horizon, image, image_size;
+                             train_policy: hidden, horizon, image, image_size,
+                             policy, cameras, camera_size and the ACT keys
+                             (dim_model, n_heads, dim_feedforward, ...);
                              train_lm: model or config, block_size, packing,
                              lora_r, lora_alpha, lora_dropout, lora_rslora,
                              lora_targets, lora_modules_to_save, adapter;
@@ -361,8 +368,40 @@ void set_key(Config& c, const std::string& key, const YAML::Node& v) {
         c.adapter = text();
     }
   } else {
+    const auto real = [&] { return static_cast<float>(as(std::type_identity<double>{})); };
+    const auto flag = [&] { return as(std::type_identity<bool>{}); };
     if (key == "hidden")
       c.hidden = widths();
+    else if (key == "policy")
+      c.policy = text();
+    else if (key == "cameras")
+      c.cameras = integer();
+    else if (key == "camera_size")
+      c.camera_size = integer();
+    else if (key == "dim_model")
+      c.act.dim_model = integer();
+    else if (key == "n_heads")
+      c.act.n_heads = integer();
+    else if (key == "dim_feedforward")
+      c.act.dim_feedforward = integer();
+    else if (key == "n_encoder_layers")
+      c.act.n_encoder_layers = integer();
+    else if (key == "n_decoder_layers")
+      c.act.n_decoder_layers = integer();
+    else if (key == "n_vae_encoder_layers")
+      c.act.n_vae_encoder_layers = integer();
+    else if (key == "latent_dim")
+      c.act.latent_dim = integer();
+    else if (key == "use_vae")
+      c.act.use_vae = flag();
+    else if (key == "pre_norm")
+      c.act.pre_norm = flag();
+    else if (key == "dropout")
+      c.act.dropout = real();
+    else if (key == "kl_weight")
+      c.act.kl_weight = real();
+    else if (key == "feedforward_activation")
+      c.act.feedforward_activation = text();
     else if (key == "horizon")
       c.horizon = integer();
     else if (key == "image")
@@ -396,6 +435,34 @@ Config read_config(const std::string& path, const std::vector<std::string>& over
     }
   }
   return c;
+}
+
+// A LeRobot ACT policy's config.json (or its directory): "type": "act".
+bool lerobot_act_json(std::filesystem::path path) {
+  if (std::filesystem::is_directory(path)) path /= "config.json";
+  std::ifstream in(path);
+  if (!in) return false;
+  try {
+    const auto j = nlohmann::ordered_json::parse(in);
+    return j.is_object() && j.contains("type") && j.at("type") == "act";
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+
+// What an ACT batch holds besides its images: the state, the action chunk
+// and its padding flags.
+std::size_t act_batch_bytes(const models::ActConfig& a, std::int64_t batch) {
+  return static_cast<std::size_t>(batch * (a.state_dim + a.chunk_size * a.action_dim)) * sizeof(float) +
+         static_cast<std::size_t>(batch * a.chunk_size) * sizeof(std::int64_t);
+}
+
+std::string act_text(const models::ActConfig& a) {
+  return std::to_string(a.cameras.size()) + " camera(s) " + std::to_string(a.image_height) + "x" +
+         std::to_string(a.image_width) + ", dim_model " + std::to_string(a.dim_model) + ", " +
+         std::to_string(a.n_encoder_layers) + "+" + std::to_string(a.n_decoder_layers) + " layers" +
+         (a.use_vae ? " + " + std::to_string(a.n_vae_encoder_layers) + " VAE" : std::string()) + ", chunk " +
+         std::to_string(a.chunk_size) + " x " + std::to_string(a.action_dim);
 }
 
 // The config's JSON when it is a LLaVA config (model_type "llava"); any
@@ -568,7 +635,11 @@ Inputs parse(int argc, char** argv) {
       throw usage_error{std::string(fraction ? "--trainable-fraction" : "--units") + " needs --params",
                         "the config's model gives the units"};
     const std::optional<nlohmann::ordered_json> llava = llava_json(*hf_config);
-    if (!llava && (!train.empty() || batch_size || seq_len || checkpointing))
+    const bool act = lerobot_act_json(*hf_config);
+    if (act && (!train.empty() || seq_len))
+      throw usage_error{std::string(!train.empty() ? "--train" : "--seq-len") + " does not apply to an ACT policy",
+                        "give --batch-size (samples per rank) and --activation-checkpointing only"};
+    if (!llava && !act && (!train.empty() || batch_size || seq_len || checkpointing))
       throw usage_error{std::string(!train.empty() ? "--train"
                                     : batch_size   ? "--batch-size"
                                     : seq_len      ? "--seq-len"
@@ -576,7 +647,21 @@ Inputs parse(int argc, char** argv) {
                             " needs a LLaVA config (model_type llava)",
                         "drop it: the activations of other models come from --config or --activations-bytes"};
     try {
-      if (llava) {
+      if (act) {
+        // LeRobot's ACT (a policy directory's config.json): batch_size samples per rank
+        if (lora.r != 0) throw usage_error{"--lora-r does not apply to an ACT policy", "drop it"};
+        const models::ActConfig a = lerobot::read_act_config(*hf_config);
+        models::Act model(a);
+        in.checkpointing = checkpointing;
+        in.units = declared_units(model);
+        for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
+        const std::int64_t b = batch_size.value_or(8);
+        in.activations = model_activation_bytes(model, {b, 1}, model.input_features(), act_batch_bytes(a, b),
+                                                dtype_bytes(in.precision), in.checkpointing, in.checkpoint_every,
+                                                in.checkpoint_units, in.checkpoint_budget);
+        in.micro_batch = b;
+        in.source = "LeRobot ACT config " + *hf_config + " (" + act_text(a) + ", batch " + std::to_string(b) + ")";
+      } else if (llava) {
         in.checkpointing = checkpointing;
         llava_modes(in, *hf_config, *llava, lora, train, batch_size.value_or(1), seq_len);
       } else {
@@ -697,11 +782,18 @@ Inputs parse(int argc, char** argv) {
       } else {
         const auto c = read_config<models::PolicyConfig>(*config, overrides);
         common(c);
-        models::Policy model(c);
-        from_model(model, {c.batch_size, 1}, models::observation_dim(c),
-                   static_cast<std::size_t>(c.batch_size * models::action_dim * c.horizon) * sizeof(float));
-        in.source = "train_policy config " + *config + " (observation " + std::to_string(models::observation_dim(c)) +
-                    ", action chunk " + std::to_string(c.horizon) + " x " + std::to_string(models::action_dim) + ")";
+        if (c.policy == "act") {
+          const models::ActConfig a = models::simulator_act_config(c);
+          models::Act model(a);
+          from_model(model, {c.batch_size, 1}, model.input_features(), act_batch_bytes(a, c.batch_size));
+          in.source = "train_policy config " + *config + " (policy=act: " + act_text(a) + ")";
+        } else {
+          models::Policy model(c);
+          from_model(model, {c.batch_size, 1}, models::observation_dim(c),
+                     static_cast<std::size_t>(c.batch_size * models::action_dim * c.horizon) * sizeof(float));
+          in.source = "train_policy config " + *config + " (observation " + std::to_string(models::observation_dim(c)) +
+                      ", action chunk " + std::to_string(c.horizon) + " x " + std::to_string(models::action_dim) + ")";
+        }
       }
     } catch (const dtrain::error& e) {
       throw usage_error{e.problem(), e.fix()};

@@ -13,6 +13,7 @@
 
 #include "snippets.hpp"
 
+#include <dtrain/lerobot/act.hpp>
 #include <dtrain/trainer.hpp>
 
 namespace {
@@ -294,6 +295,41 @@ dtrain::Dataset make_dataset(std::int64_t rows) {
   return d;
 }
 
+// ---- docs/models_policies.md -----------------------------------------------
+
+void act_page(dtrain::World& world) {
+  namespace fs = std::filesystem;
+  // A small policy to start from, saved as LeRobot saves one.
+  dtrain::models::ActConfig small;
+  small.cameras = {"observation.images.top"};
+  small.image_height = small.image_width = 32;
+  small.state_dim = 4;
+  small.action_dim = 2;
+  small.chunk_size = small.n_action_steps = 4;
+  small.dim_model = 16;
+  small.n_heads = 2;
+  small.dim_feedforward = 32;
+  small.n_encoder_layers = small.n_vae_encoder_layers = 1;
+  small.latent_dim = 4;
+  fs::remove_all("act_policy");
+  fs::remove_all("act_tuned");
+  {
+    dtrain::models::Act start(small);
+    dtrain::Trainer<dtrain::models::Act> t(world, start, dtrain::AdamW{});
+    dtrain::lerobot::save_lerobot(t, "act_policy", start);
+  }
+  // [snippet:act_lerobot]
+  const dtrain::models::ActConfig config = dtrain::lerobot::read_act_config("act_policy");
+  dtrain::models::Act model(config);
+  dtrain::Trainer<dtrain::models::Act, dtrain::Strategy<dtrain::FSDP<dtrain::FullShard>>> trainer(
+      world, model, dtrain::AdamW{.lr = config.optimizer_lr, .weight_decay = config.optimizer_weight_decay});
+  dtrain::lerobot::load_lerobot(trainer, "act_policy", model);
+  // ... trainer.step(batches) ...
+  dtrain::lerobot::save_lerobot(trainer, "act_tuned", model);
+  // [/snippet:act_lerobot]
+  check(fs::exists("act_tuned/model.safetensors"), "save_lerobot wrote the policy");
+}
+
 }  // namespace
 
 int guide_examples(dtrain::World& world, const dtrain::Dataset& dataset);                            // guide.cpp
@@ -312,6 +348,7 @@ int main(int argc, char** argv) try {
   data_pages(world, dataset);
   checkpoint_page(world, dataset);
   uneven_data(world, dataset);
+  act_page(world);
   guide_examples(world, dataset);
   migrating_example(12, dataset, make_dataset(256));
   std::puts("every documented snippet ran");

@@ -47,8 +47,8 @@ struct Episodes {
   std::vector<std::string> cameras;
   std::int64_t height = 0, width = 0, state_dim = 0, action_dim = 0;
   double fps = 20;
-  std::vector<std::uint8_t> images;  // [N, cameras, 3, H, W]
-  std::vector<float> state, action;  // [N, state_dim], [N, action_dim]
+  std::vector<std::uint8_t> images;   // [N, cameras, 3, H, W]
+  std::vector<float> state, action;   // [N, state_dim], [N, action_dim]
   std::vector<std::int64_t> episode;  // [N]
 
   std::int64_t frames() const { return static_cast<std::int64_t>(episode.size()); }
@@ -103,8 +103,8 @@ inline void render(double q0, double q1, double gx, double gy, double cx, double
 }  // namespace detail
 
 // The simulator's episodes: `episodes` reaches of `length` frames each.
-inline Episodes simulate_episodes(std::int64_t episodes, std::int64_t length, std::int64_t cameras,
-                                  std::int64_t size, std::uint64_t seed) {
+inline Episodes simulate_episodes(std::int64_t episodes, std::int64_t length, std::int64_t cameras, std::int64_t size,
+                                  std::uint64_t seed) {
   Episodes e;
   e.cameras = {"observation.images.top"};
   if (cameras == 2) e.cameras.push_back("observation.images.wrist");
@@ -196,8 +196,8 @@ inline Episodes read_episodes(const std::filesystem::path& file) {
       throw dtrain::config_error(where + " lacks \"" + name + "\"", "see train_policy --help for the episodes format");
     dtrain::SafetensorsTensor t = f.tensor(name);
     if (t.shape.size() != rank)
-      throw dtrain::config_error(where + ": \"" + name + "\" has " + std::to_string(t.shape.size()) + " dimensions, not " +
-                                     std::to_string(rank),
+      throw dtrain::config_error(where + ": \"" + name + "\" has " + std::to_string(t.shape.size()) +
+                                     " dimensions, not " + std::to_string(rank),
                                  "see train_policy --help for the episodes format");
     return t;
   };
@@ -232,7 +232,8 @@ inline Episodes read_episodes(const std::filesystem::path& file) {
     if (k == 0) {
       e.height = t.shape[2];
       e.width = t.shape[3];
-      e.images.resize(static_cast<std::size_t>(n * static_cast<std::int64_t>(e.cameras.size()) * 3 * e.height * e.width));
+      e.images.resize(
+          static_cast<std::size_t>(n * static_cast<std::int64_t>(e.cameras.size()) * 3 * e.height * e.width));
     } else if (t.shape[2] != e.height || t.shape[3] != e.width) {
       throw dtrain::config_error(where + ": camera \"" + e.cameras[k] + "\" is " + std::to_string(t.shape[2]) + "x" +
                                      std::to_string(t.shape[3]) + ", \"" + e.cameras[0] + "\" " +
@@ -330,9 +331,9 @@ struct ActSamples {
             static_cast<float>((img[i] / 255.0 - norm->image_mean[c]) / (norm->image_std[c] + 1e-8));
       }
       for (std::int64_t d = 0; d < S; ++d)
-        st[static_cast<std::size_t>(r * S + d)] =
-            static_cast<float>((e->state[static_cast<std::size_t>(f * S + d)] - norm->state_mean[static_cast<std::size_t>(d)]) /
-                               (norm->state_std[static_cast<std::size_t>(d)] + 1e-8));
+        st[static_cast<std::size_t>(r * S + d)] = static_cast<float>(
+            (e->state[static_cast<std::size_t>(f * S + d)] - norm->state_mean[static_cast<std::size_t>(d)]) /
+            (norm->state_std[static_cast<std::size_t>(d)] + 1e-8));
       for (std::int64_t k = 0; k < chunk; ++k) {
         const std::int64_t g = std::min(f + k, last);
         pad[static_cast<std::size_t>(r * chunk + k)] = f + k > last ? 1 : 0;

@@ -26,8 +26,6 @@
 #include "common/config.hpp"
 #include "common/dispatch.hpp"
 
-#include <dtrain/models/act.hpp>
-
 #include <dtrain/models/policy.hpp>
 #include <dtrain/trainer.hpp>
 
@@ -40,15 +38,11 @@ struct Config : dtrain::models::PolicyConfig {
   std::int64_t episode_length = 60;  // control steps per episode
   std::uint64_t data_seed = 1;
   // policy=act (episodes.hpp, train_act.hpp): LeRobot's ACT on camera images
-  std::string policy = "mlp";  // mlp | act
-  std::int64_t cameras = 1;    // the simulator's: 1 (top) or 2 (top, wrist)
-  std::int64_t camera_size = 64;
-  std::string data;          // recorded episodes (episodes.hpp) instead of the simulator's
-  std::string export_data;   // write the simulator's episodes here and stop
-  std::string model;         // a LeRobot ACT policy directory to start from (its config sets the sizes)
-  std::string save_lerobot;  // at the end, write the policy here as LeRobot's save_pretrained does
+  std::string data;              // recorded episodes (episodes.hpp) instead of the simulator's
+  std::string export_data;       // write the simulator's episodes here and stop
+  std::string model;             // a LeRobot ACT policy directory to start from (its config sets the sizes)
+  std::string save_lerobot;      // at the end, write the policy here as LeRobot's save_pretrained does
   std::string backbone_weights;  // torchvision resnet18 weights (safetensors) for the backbone
-  dtrain::models::ActConfig act;  // the ACT keys (LeRobot's ACTConfig names)
 };
 
 using Model = dtrain::models::Policy;

@@ -41,7 +41,8 @@ inline bool read_normaliser(const std::filesystem::path& dir, const Episodes& e,
   fs::path file;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("policy_preprocessor_step_", 0) == 0 && name.find("normalizer_processor.safetensors") != std::string::npos)
+    if (name.rfind("policy_preprocessor_step_", 0) == 0 &&
+        name.find("normalizer_processor.safetensors") != std::string::npos)
       file = entry.path();
   }
   if (file.empty()) return false;
@@ -72,7 +73,8 @@ inline bool read_normaliser(const std::filesystem::path& dir, const Episodes& e,
 
 // LeRobot's processor files for `n`: the preprocessor normalises the inputs
 // and the action, the postprocessor unnormalises the action.
-inline void write_processors(const std::filesystem::path& dir, const dtrain::models::ActConfig& c, const Normaliser& n) {
+inline void write_processors(const std::filesystem::path& dir, const dtrain::models::ActConfig& c,
+                             const Normaliser& n) {
   std::list<std::vector<float>> values;
   dtrain::SafetensorsWriter w;
   const auto add = [&](const std::string& key, const std::vector<double>& v, std::size_t first, std::size_t count,
@@ -97,7 +99,8 @@ inline void write_processors(const std::filesystem::path& dir, const dtrain::mod
               std::to_string(c.image_width) + "]}";
   const std::string action = "\"action\": {\"type\": \"ACTION\", \"shape\": [" + std::to_string(c.action_dim) + "]}";
   const std::string norm_map = R"("norm_map": {"VISUAL": "MEAN_STD", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"})";
-  const std::string device = R"({"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": null}})";
+  const std::string device =
+      R"({"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": null}})";
   std::ofstream(dir / "policy_preprocessor.json")
       << "{\"name\": \"policy_preprocessor\", \"steps\": [{\"registry_name\": \"rename_observations_processor\", "
          "\"config\": {\"rename_map\": {}}}, {\"registry_name\": \"to_batch_processor\", \"config\": {}}, "
@@ -145,8 +148,7 @@ inline ActRun prepare_act(const Config& c) {
                                      std::to_string(e.action_dim),
                                  "give episodes of the robot the policy was trained for");
   } else {
-    r.config = c.act;
-    r.config.chunk_size = r.config.n_action_steps = c.horizon;
+    r.config = dtrain::models::simulator_act_config(c);
     r.config.cameras = e.cameras;
     r.config.image_height = e.height;
     r.config.image_width = e.width;

@@ -75,7 +75,8 @@ void validate_extra(const Config& c) {
     throw dtrain::config_error("hidden must be non-empty, horizon and image_size >= 1, episodes >= 2",
                                "see train_policy --help");
   if (c.policy != "mlp" && c.policy != "act")
-    throw dtrain::config_error("policy=" + c.policy + " is not a policy train_policy trains", "use policy=mlp or policy=act");
+    throw dtrain::config_error("policy=" + c.policy + " is not a policy train_policy trains",
+                               "use policy=mlp or policy=act");
   const bool act_only = !c.data.empty() || !c.export_data.empty() || !c.model.empty() || !c.save_lerobot.empty() ||
                         !c.backbone_weights.empty();
   if (c.policy != "act" && act_only)

@@ -70,10 +70,11 @@ fs::path lerobot_policy() {
 BOOST_AUTO_TEST_CASE(learns_from_the_simulator_and_saves_for_lerobot) {
   const fs::path out = fresh("act");
   // the preset's model on 40 episodes, 60 steps (about 45 s on 2 cores)
-  BOOST_TEST_REQUIRE(run_example(program, 2,
-                                 "--config " + preset + " episodes=40 steps=60 log_every=20 num_workers=0 save_lerobot=" +
-                                     out.string()) == 0,
-                     last_log());
+  BOOST_TEST_REQUIRE(
+      run_example(
+          program, 2,
+          "--config " + preset + " episodes=40 steps=60 log_every=20 num_workers=0 save_lerobot=" + out.string()) == 0,
+      last_log());
   const std::string log = last_log();
   const double l1 = value_after(log, "eval: held-out action L1", "L1 ");
   const double baseline = value_after(log, "eval: held-out action L1", "mean chunk: ");
@@ -101,10 +102,10 @@ BOOST_AUTO_TEST_CASE(lerobot_to_dtrain_to_lerobot) {
                      last_log());
   BOOST_TEST(last_log().find("normaliser: the policy's") != std::string::npos, last_log());
   const std::string batch = (policy / "policy/batch.safetensors").string();
-  BOOST_TEST_REQUIRE(python("predict " + (policy / "policy").string() + " " + batch + " " +
-                                scratch("before.safetensors").string(),
-                            scratch("before.log")) == 0,
-                     read_file(scratch("before.log")));
+  BOOST_TEST_REQUIRE(
+      python("predict " + (policy / "policy").string() + " " + batch + " " + scratch("before.safetensors").string(),
+             scratch("before.log")) == 0,
+      read_file(scratch("before.log")));
   BOOST_TEST_REQUIRE(python("predict " + out.string() + " " + batch + " " + scratch("after.safetensors").string(),
                             scratch("after.log")) == 0,
                      read_file(scratch("after.log")));
@@ -140,7 +141,8 @@ namespace {
 void refused(const std::string& args, const std::string& says) {
   const fs::path out = fresh("refused");
   BOOST_TEST(run_example(program, 1, small + " steps=2 save_lerobot=" + out.string() + " " + args) == 2,
-             args << ":\n" << last_log());
+             args << ":\n"
+                  << last_log());
   BOOST_TEST(last_log().find(says) != std::string::npos, args << ": no \"" << says << "\" in:\n" << last_log());
   BOOST_TEST(!fs::exists(out), args << " wrote " << out);
 }
@@ -162,7 +164,8 @@ BOOST_AUTO_TEST_CASE(refusals_name_the_problem_and_write_nothing) {
   const std::string model = "model=" + (lerobot_policy() / "policy").string();
   refused(model + " camera_size=96", "the policy takes 64x64 images, the data's are 96x96");
   refused(model + " cameras=2", "the policy's cameras (observation.images.top) are not the data's");
-  refused("model=" + edited_policy("state", "\"shape\": [\n                4\n", "\"shape\": [\n                3\n").string(),
+  refused("model=" +
+              edited_policy("state", "\"shape\": [\n                4\n", "\"shape\": [\n                3\n").string(),
           "the policy's state has 3 values, the data's 4");
   refused("horizon=50 episode_length=30", "chunk_size 50 is longer than every episode (30 frames at most)");
   refused("model=" + edited_policy("type", "\"type\": \"act\"", "\"type\": \"diffusion\"").string(),

@@ -10,10 +10,9 @@
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
     namespace dtrain::hf {
-  DTRAIN_DECL void detail::write_pretrained_json(const std::filesystem::path& partial,
-                                                 const std::map<std::string, std::string>& file_of, std::size_t shards,
-                                                 std::uint64_t total_bytes, const std::string& config_json,
-                                                 bool torch_dtype) {
+  DTRAIN_DECL void detail::write_pretrained_json(
+      const std::filesystem::path& partial, const std::map<std::string, std::string>& file_of, std::size_t shards,
+      std::uint64_t total_bytes, const std::string& config_json, bool torch_dtype) {
     auto write_json = [&](const std::filesystem::path& path, const nlohmann::ordered_json& j) {
       const std::string text = j.dump(2) + "\n";
       const std::span<const std::byte> bytes = std::as_bytes(std::span(text));

@@ -45,8 +45,7 @@ inline hf::TransformersNames act_names(const models::Act& m) {
   hf::TransformersNames n;
   std::size_t unit = 0;
   const auto add = [&](const std::vector<ParamSpec>& specs) {
-    for (const auto& p : specs)
-      n.tensors[std::to_string(unit) + "." + p.name] = {m.lerobot_name(unit, p.name)};
+    for (const auto& p : specs) n.tensors[std::to_string(unit) + "." + p.name] = {m.lerobot_name(unit, p.name)};
     ++unit;
   };
   add(m.stem.params());
@@ -89,8 +88,8 @@ void save_lerobot(Trainer& trainer, const std::filesystem::path& dir, const mode
                      vae_position_table(model.config)});
   hf::SavePretrainedOptions options;
   options.torch_dtype = false;
-  hf::save_transformers(trainer, dir, act_names(model), act_config_json(model.config, base_config_json),
-                                options, extra);
+  hf::save_transformers(trainer, dir, act_names(model), act_config_json(model.config, base_config_json), options,
+                        extra);
 }
 
 // Loads torchvision's resnet18 weights (safetensors, torchvision's names)
@@ -105,7 +104,8 @@ LoadParamsReport load_torchvision_backbone(Trainer& trainer, const std::filesyst
   const auto& f = s.files.back();
   std::size_t unit = 0;
   const auto add = [&](const std::vector<ParamSpec>& specs) {
-    for (const auto& p : specs) s.parts[std::to_string(unit) + "." + p.name] = {{0, model.trunk.torchvision_name(unit, p.name)}};
+    for (const auto& p : specs)
+      s.parts[std::to_string(unit) + "." + p.name] = {{0, model.trunk.torchvision_name(unit, p.name)}};
     ++unit;
   };
   add(model.stem.params());

@@ -174,9 +174,9 @@ struct Act {
     if (at < decoder.size()) return "model.decoder.layers." + std::to_string(at) + "." + p;
     at -= decoder.size();
     if (at == 0) return "model." + p;
-    throw config_error("models::Act::lerobot_name: unit " + std::to_string(unit) + " of " +
-                           std::to_string(unit_count()),
-                       "number the units from 0 to unit_count() - 1");
+    throw config_error(
+        "models::Act::lerobot_name: unit " + std::to_string(unit) + " of " + std::to_string(unit_count()),
+        "number the units from 0 to unit_count() - 1");
   }
 };
 

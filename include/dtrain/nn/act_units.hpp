@@ -272,7 +272,8 @@ struct Reparameterise {
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto n = static_cast<std::int64_t>(i);
     const std::int64_t b = n / latent, l = n % latent;
-    const float mu = static_cast<float>(pdf[b * 2 * latent + l]), ls = static_cast<float>(pdf[b * 2 * latent + latent + l]);
+    const float mu = static_cast<float>(pdf[b * 2 * latent + l]),
+                ls = static_cast<float>(pdf[b * 2 * latent + latent + l]);
     z[n] = dtype_cast<T>(mu + std::exp(ls * 0.5f) * static_cast<float>(eps[n]));
   }
 };
@@ -301,8 +302,7 @@ template <class Dev, class T>
 void affine(Dev& dev, const T* x, std::int64_t rows, std::int64_t in, const T* w, const T* b, std::int64_t out, T* y,
             std::int64_t ldy) {
   if (rows == 0) return;
-  if (b != nullptr)
-    copy_rows(dev, Rows<const T>{b, 0, 0, 0, 0}, Rows<T>{y, rows, 0, ldy, 0}, 1, rows, out);
+  if (b != nullptr) copy_rows(dev, Rows<const T>{b, 0, 0, 0, 0}, Rows<T>{y, rows, 0, ldy, 0}, 1, rows, out);
   dev.gemm(false, true, rows, out, in, 1.f, x, in, w, in, b != nullptr ? 1.f : 0.f, y, ldy);
 }
 // Its gradients: dW = dy^T x, db = column sums, dx = dy W (each skipped when null).
@@ -310,8 +310,7 @@ template <class Dev, class T>
 void affine_backward(Dev& dev, const T* x, std::int64_t rows, std::int64_t in, const T* w, std::int64_t out,
                      const T* dy, std::int64_t lddy, T* dw, T* db, T* dx) {
   if (dw != nullptr) dev.gemm(true, false, out, in, rows, 1.f, dy, lddy, x, in, 0.f, dw, in);
-  if (db != nullptr)
-    dev.for_each(static_cast<std::size_t>(out), SumOverBatch<T>{dy, 1, 0, lddy, 0, rows, out, db});
+  if (db != nullptr) dev.for_each(static_cast<std::size_t>(out), SumOverBatch<T>{dy, 1, 0, lddy, 0, rows, out, db});
   if (dx != nullptr) dev.gemm(false, false, rows, in, out, 1.f, dy, lddy, w, in, 0.f, dx, in);
 }
 
@@ -372,12 +371,16 @@ class ActTokens {
     linear("encoder_latent_input_proj", s_.latent, s_.dim);
     {
       const float bound = 1.f / std::sqrt(static_cast<float>(s_.feature_channels));
-      out.push_back({"encoder_img_feat_input_proj.weight", {s_.dim, s_.feature_channels, 1, 1},
-                     Init::uniform(-bound, bound)});
+      out.push_back(
+          {"encoder_img_feat_input_proj.weight", {s_.dim, s_.feature_channels, 1, 1}, Init::uniform(-bound, bound)});
       out.push_back({"encoder_img_feat_input_proj.bias", {s_.dim}, Init::uniform(-bound, bound), true, {}, {"bias"}});
     }
-    out.push_back(
-        {"encoder_1d_feature_pos_embed.weight", {s_.tokens_1d(), s_.dim}, Init::normal(0.f, 1.f), true, {}, {"embedding"}});
+    out.push_back({"encoder_1d_feature_pos_embed.weight",
+                   {s_.tokens_1d(), s_.dim},
+                   Init::normal(0.f, 1.f),
+                   true,
+                   {},
+                   {"embedding"}});
     return out;
   }
 
@@ -427,8 +430,8 @@ class ActTokens {
     // latent token (row 1), state token (row 2)
     detail::affine(dev, static_cast<const T*>(z), B, L, q.latent_w, q.latent_b, D, y.data + W, per * W);
     if (s_.state_dim > 0)
-      detail::affine(dev, static_cast<const T*>(sv + l.state), B, s_.state_dim, q.state_w, q.state_b, D,
-                     y.data + 2 * W, per * W);
+      detail::affine(dev, static_cast<const T*>(sv + l.state), B, s_.state_dim, q.state_w, q.state_b, D, y.data + 2 * W,
+                     per * W);
     // the learned positions of the 1-D tokens
     detail::copy_rows(dev, detail::Rows<const T>{q.pos1d, 0, 0, D, 0}, detail::Rows<T>{y.data, per, 1, W, D}, B,
                       s_.tokens_1d(), D);
@@ -459,11 +462,11 @@ class ActTokens {
                    detail::SumOverBatch<T>{dy.data, per, 1, W, D, B, D, g.pos1d});
     // latent token: dz = d W
     T* dz = sv + l.dz;
-    detail::affine_backward(dev, static_cast<const T*>(sv + l.z), B, L, q.latent_w, D, dy.data + W, per * W,
-                            g.latent_w, g.latent_b, vae ? dz : static_cast<T*>(nullptr));
+    detail::affine_backward(dev, static_cast<const T*>(sv + l.z), B, L, q.latent_w, D, dy.data + W, per * W, g.latent_w,
+                            g.latent_b, vae ? dz : static_cast<T*>(nullptr));
     if (s_.state_dim > 0)
-      detail::affine_backward(dev, static_cast<const T*>(sv + l.state), B, s_.state_dim, q.state_w, D,
-                              dy.data + 2 * W, per * W, g.state_w, g.state_b, static_cast<T*>(nullptr));
+      detail::affine_backward(dev, static_cast<const T*>(sv + l.state), B, s_.state_dim, q.state_w, D, dy.data + 2 * W,
+                              per * W, g.state_w, g.state_b, static_cast<T*>(nullptr));
     // image tokens
     const std::int64_t F = s_.feature_h * s_.feature_w, C = s_.feature_channels, first = 1 + s_.tokens_1d();
     bool started = false;
@@ -471,10 +474,10 @@ class ActTokens {
       for (std::int64_t cam = 0; cam < s_.cameras; ++cam) {
         const T* d_tok = dy.data + (b * per + first + cam * F) * W;
         const T* img = x.data + (b * s_.cameras + cam) * C * F;
-        if (g.img_w != nullptr)
-          dev.gemm(true, true, D, C, F, 1.f, d_tok, W, img, F, started ? 1.f : 0.f, g.img_w, C);
+        if (g.img_w != nullptr) dev.gemm(true, true, D, C, F, 1.f, d_tok, W, img, F, started ? 1.f : 0.f, g.img_w, C);
         started = true;
-        if (!dx.empty()) dev.gemm(true, true, C, F, D, 1.f, q.img_w, C, d_tok, W, 0.f, dx.data + (b * s_.cameras + cam) * C * F, F);
+        if (!dx.empty())
+          dev.gemm(true, true, C, F, D, 1.f, q.img_w, C, d_tok, W, 0.f, dx.data + (b * s_.cameras + cam) * C * F, F);
       }
     if (g.img_b != nullptr)
       dev.for_each(static_cast<std::size_t>(D),
@@ -482,8 +485,7 @@ class ActTokens {
     if (vae) {
       // d_pdf = the statistics row's gradient, plus the latent's
       T* d_pdf = sv + l.d_pdf;
-      detail::copy_rows(dev, detail::Rows<const T>{dy.data, per, 0, W, 0}, detail::dense(d_pdf, 1, 2 * L), B, 1,
-                        2 * L);
+      detail::copy_rows(dev, detail::Rows<const T>{dy.data, per, 0, W, 0}, detail::dense(d_pdf, 1, 2 * L), B, 1, 2 * L);
       dev.for_each(static_cast<std::size_t>(B * L),
                    detail::ReparameteriseBackward<T>{sv + l.pdf, sv + l.eps, dz, d_pdf, L});
       vae_backward(dev, q, g, B, sv, l, ctx);
@@ -669,8 +671,8 @@ class ActTokens {
     if (g.cls != nullptr)
       dev.for_each(static_cast<std::size_t>(D), detail::SumOverBatch<T>{d, Tv, 0, D, 0, B, D, g.cls});
     if (s_.state_dim > 0)
-      detail::affine_backward(dev, static_cast<const T*>(sv + l.state), B, s_.state_dim, q.vstate_w, D, d + D,
-                              Tv * D, g.vstate_w, g.vstate_b, static_cast<T*>(nullptr));
+      detail::affine_backward(dev, static_cast<const T*>(sv + l.state), B, s_.state_dim, q.vstate_w, D, d + D, Tv * D,
+                              g.vstate_w, g.vstate_b, static_cast<T*>(nullptr));
     // the action tokens: gather to [B chunk, D], one GEMM
     T* da = d2;
     detail::copy_rows(dev, detail::Rows<const T>{d, Tv, lead, D, 0}, detail::dense(da, s_.chunk, D), B, s_.chunk, D);
@@ -684,8 +686,8 @@ class ActTokens {
   void pdf_backward(Dev& dev, const Params<const T>& q, const Params<T>& g, std::int64_t B, T* sv, const Layout& l,
                     T* d) {
     const std::int64_t D = s_.dim, Tv = s_.vae_tokens(), L2 = 2 * s_.latent;
-    const T* in = s_.pre_norm ? sv + l.normed
-                              : (vae_.empty() ? sv + l.tokens : sv + l.outs + (vae_.size() - 1) * B * Tv * D);
+    const T* in =
+        s_.pre_norm ? sv + l.normed : (vae_.empty() ? sv + l.tokens : sv + l.outs + (vae_.size() - 1) * B * Tv * D);
     if (g.pdf_w != nullptr) dev.gemm(true, false, L2, D, B, 1.f, sv + l.d_pdf, L2, in, Tv * D, 0.f, g.pdf_w, D);
     if (g.pdf_b != nullptr)
       dev.for_each(static_cast<std::size_t>(L2), detail::SumOverBatch<T>{sv + l.d_pdf, 1, 0, L2, 0, B, L2, g.pdf_b});
@@ -741,10 +743,10 @@ class ActEncoder {
                             ctx.training, detail::unit_stream<Dev>(ctx, 0));
     if (dx.empty()) return;
     dev.copy(dx.data, dy.data, static_cast<std::size_t>(dy.size()));
-    detail::copy_rows(dev, detail::dense(static_cast<const T*>(b.dx), T_, D), detail::Rows<T>{dx.data, per, 1, W, 0},
-                      B, T_, D);
-    detail::copy_rows(dev, detail::dense(static_cast<const T*>(b.dpos), T_, D),
-                      detail::Rows<T>{dx.data, per, 1, W, D}, B, T_, D, true);
+    detail::copy_rows(dev, detail::dense(static_cast<const T*>(b.dx), T_, D), detail::Rows<T>{dx.data, per, 1, W, 0}, B,
+                      T_, D);
+    detail::copy_rows(dev, detail::dense(static_cast<const T*>(b.dpos), T_, D), detail::Rows<T>{dx.data, per, 1, W, D},
+                      B, T_, D, true);
   }
 
  private:
@@ -820,10 +822,11 @@ class ActDecoderStart {
     const std::int64_t per = in_per + s_.chunk, n = B * T_ * D;
     T* gpos = grad[s_.pre_norm ? 2 : 0].data;
     if (gpos != nullptr)
-      dev.for_each(static_cast<std::size_t>(s_.chunk * D), detail::SumOverBatch<T>{dy.data, per, in_per, W, D, B, D, gpos});
+      dev.for_each(static_cast<std::size_t>(s_.chunk * D),
+                   detail::SumOverBatch<T>{dy.data, per, in_per, W, D, B, D, gpos});
     if (!dx.empty())
-      detail::copy_rows(dev, detail::Rows<const T>{dy.data, per, 0, W, 0}, detail::Rows<T>{dx.data, in_per, 0, W, 0},
-                        B, in_per, W);
+      detail::copy_rows(dev, detail::Rows<const T>{dy.data, per, 0, W, 0}, detail::Rows<T>{dx.data, in_per, 0, W, 0}, B,
+                        in_per, W);
     if (s_.pre_norm) {
       T* m = ctx.saved.data;
       T* dm = m + 2 * n;
@@ -851,8 +854,7 @@ class ActDecoder {
   std::int64_t out_features(std::int64_t in) const { return detail::check_width("nn::ActDecoder", in, s_.width()); }
   std::int64_t saved_size(SeqShape in, std::int64_t) const {
     const std::int64_t B = in.batch, n = B * s_.chunk * s_.dim, m = B * s_.tokens() * s_.dim;
-    return 6 * n + 4 * m + layer_.saved_size(B, s_.chunk, s_.tokens()) +
-           layer_.scratch_size(B, s_.chunk, s_.tokens());
+    return 6 * n + 4 * m + layer_.saved_size(B, s_.chunk, s_.tokens()) + layer_.scratch_size(B, s_.chunk, s_.tokens());
   }
 
   template <class Dev, class T>
@@ -867,8 +869,8 @@ class ActDecoder {
     layer_.forward<Dev, T>(dev, p, B, C, T_, b.x, b.qpos, b.mem, b.mpos, b.y, b.layer, ctx.training,
                            detail::unit_stream<Dev>(ctx, 0));
     dev.copy(y.data, x.data, static_cast<std::size_t>(x.size()));
-    detail::copy_rows(dev, detail::dense(static_cast<const T*>(b.y), C, D),
-                      detail::Rows<T>{y.data, per, 1 + T_, W, 0}, B, C, D);
+    detail::copy_rows(dev, detail::dense(static_cast<const T*>(b.y), C, D), detail::Rows<T>{y.data, per, 1 + T_, W, 0},
+                      B, C, D);
   }
 
   template <class Dev, class T>
@@ -1015,8 +1017,8 @@ struct ActRowLoss {
     for (std::int64_t c = 0; c < chunk; ++c) {
       if (pad[r * chunk + c] != 0) continue;
       for (std::int64_t a = 0; a < action_dim; ++a) {
-        const double d = static_cast<double>(static_cast<float>(row[c * action_dim + a])) -
-                         action[(r * chunk + c) * action_dim + a];
+        const double d =
+            static_cast<double>(static_cast<float>(row[c * action_dim + a])) - action[(r * chunk + c) * action_dim + a];
         l1 += d < 0 ? -d : d;
       }
     }

@@ -22,8 +22,7 @@ class ImagesPerRow {
  public:
   ImagesPerRow(U unit, std::int64_t k) : unit_(std::move(unit)), k_(k) {
     if (k < 1)
-      throw config_error("nn::ImagesPerRow: " + std::to_string(k) + " images per row",
-                         "give at least one camera");
+      throw config_error("nn::ImagesPerRow: " + std::to_string(k) + " images per row", "give at least one camera");
   }
 
   U& unit() { return unit_; }
@@ -52,8 +51,7 @@ class ImagesPerRow {
                 MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
     UnitContext<T> c = ctx;
     c.shape = wide(ctx.shape);
-    dtrain::detail::unit_backward<Dev, T>(unit_, dev, p, grad, no_batch(), split(x), split(y), split(dy), split(dx),
-                                          c);
+    dtrain::detail::unit_backward<Dev, T>(unit_, dev, p, grad, no_batch(), split(x), split(y), split(dy), split(dx), c);
   }
 
  private:

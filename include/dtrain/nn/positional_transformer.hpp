@@ -147,9 +147,9 @@ class MultiheadAttention {
   MultiheadAttention(std::int64_t dim, std::int64_t heads, float dropout = 0.f)
       : dim_(dim), heads_(heads), dropout_(dropout) {
     if (dim <= 0 || heads <= 0 || dim % heads != 0)
-      throw config_error("nn::MultiheadAttention: dim " + std::to_string(dim) + " is not a multiple of heads " +
-                             std::to_string(heads),
-                         "choose a dim that the head count divides (dim_model % n_heads == 0)");
+      throw config_error(
+          "nn::MultiheadAttention: dim " + std::to_string(dim) + " is not a multiple of heads " + std::to_string(heads),
+          "choose a dim that the head count divides (dim_model % n_heads == 0)");
     if (!(dropout >= 0.f && dropout < 1.f))
       throw config_error("nn::MultiheadAttention: dropout " + std::to_string(dropout) + " is not in [0, 1)",
                          "give a dropout probability below 1");
@@ -206,8 +206,8 @@ class MultiheadAttention {
       probs = s.dropped;
     }
     // o (head layout) in the rows buffer, then merged into rows
-    dev.gemm_batched(false, false, d.q_time, hd, d.k_time, 1.f, probs, d.k_time, a, s.v, hd, d.k_time * hd, 0.f,
-                     s.rows, hd, d.q_time * hd, bh);
+    dev.gemm_batched(false, false, d.q_time, hd, d.k_time, 1.f, probs, d.k_time, a, s.v, hd, d.k_time * hd, 0.f, s.rows,
+                     hd, d.q_time * hd, bh);
     heads(dev, d.batch, d.q_time, s.rows, s.merged, false);
     broadcast_row(dev, p[3].data, MatView<T>{out, rq, dim_});
     dev.gemm(false, true, rq, dim_, dim_, 1.f, s.merged, dim_, p[2].data, dim_, 1.f, out, dim_);
@@ -378,8 +378,8 @@ class PositionalFfn {
       GELU{}.backward<Dev, T>(dev, {}, {}, MatView<const T>{f1, rows, o_.feedforward},
                               MatView<const T>{g, rows, o_.feedforward}, MatView<const T>{d_g, rows, o_.feedforward},
                               MatView<T>{d_f1, rows, o_.feedforward});
-    l1_.backward<Dev, T>(dev, p.subspan(0, 2), grad.subspan(0, 2), {h, rows, o_.dim}, {},
-                         {d_f1, rows, o_.feedforward}, {d_h, rows, o_.dim});
+    l1_.backward<Dev, T>(dev, p.subspan(0, 2), grad.subspan(0, 2), {h, rows, o_.dim}, {}, {d_f1, rows, o_.feedforward},
+                         {d_h, rows, o_.dim});
   }
 
  private:
@@ -468,9 +468,9 @@ class PositionalEncoderLayer {
 
   // dx and d_pos [rows, dim] overwritten (d_pos may be null).
   template <class Dev, class T>
-  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, std::int64_t batch, std::int64_t time,
-                const T* x, const T* pos, const std::int32_t* key_keep, const T* y, const T* dy, T* dx, T* d_pos,
-                T* saved, T* scratch, bool training, std::uint64_t stream) {
+  void backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, std::int64_t batch, std::int64_t time, const T* x,
+                const T* pos, const std::int32_t* key_keep, const T* y, const T* dy, T* dx, T* d_pos, T* saved,
+                T* scratch, bool training, std::uint64_t stream) {
     (void)pos;
     (void)key_keep;
     const std::int64_t rows = batch * time, n = rows * o_.dim;
@@ -510,8 +510,8 @@ class PositionalEncoderLayer {
     const T* attn_in = o_.pre_norm ? s.n1 : x;
     T* d_k = d_h;  // free again
     T* d_v = rest;
-    attn_.backward<Dev, T>(dev, pa, ga, {batch, time, time}, s.qk, s.qk, attn_in, d_r2, d_q, d_k, d_v, s.attn,
-                           rest + n, training, detail::site(stream, 0));
+    attn_.backward<Dev, T>(dev, pa, ga, {batch, time, time}, s.qk, s.qk, attn_in, d_r2, d_q, d_k, d_v, s.attn, rest + n,
+                           training, detail::site(stream, 0));
     // d_qk = d_q + d_k is the positions' gradient and part of attn_in's
     detail::accumulate(dev, static_cast<const T*>(d_k), d_q, n);
     if (d_pos != nullptr) dev.for_each(static_cast<std::size_t>(n), detail::CopyElements<T>{d_q, d_pos});
@@ -686,8 +686,8 @@ class PositionalDecoderLayer {
     }
     // cross-attention branch: r2 = skip2 + drop(cross(h1 + qpos, mem + mpos, mem))
     detail::drop(dev, d_r, d_k, n, detail::site(stream, 3), drop);  // d_k holds d_cross_out
-    cross_.backward<Dev, T>(dev, pc, gc, {batch, time, mem_time}, s.cq, s.ck, memory, d_k, d_q, d_ck, d_mv, s.ca,
-                            rest, training, detail::site(stream, 2));
+    cross_.backward<Dev, T>(dev, pc, gc, {batch, time, mem_time}, s.cq, s.ck, memory, d_k, d_q, d_ck, d_mv, s.ca, rest,
+                            training, detail::site(stream, 2));
     // memory: keys mem + mpos, values mem
     if (d_memory_pos != nullptr) dev.for_each(static_cast<std::size_t>(m), detail::CopyElements<T>{d_ck, d_memory_pos});
     detail::add(dev, static_cast<const T*>(d_ck), static_cast<const T*>(d_mv), d_memory, m);
