@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
@@ -59,6 +60,50 @@ struct Im2Col {
     col[idx] = inside ? x[((n * s.channels + c) * s.height + ih) * s.width + iw] : dtype_cast<T>(0.f);
   }
 };
+
+// Im2Col a column-matrix row segment at a time, for the host: index i is
+// (g, k, n), and its P entries col[g][k][n * P + p] are written in order,
+// the divisions done once per row instead of once per entry. Run over
+// groups * col_rows() * batch.
+template <Dtype T>
+struct Im2ColRows {
+  ConvShape s;
+  const T* x;
+  T* col;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto idx = static_cast<std::int64_t>(i);
+    const std::int64_t n = idx % s.batch, k_all = idx / s.batch;
+    const std::int64_t g = k_all / s.col_rows(), k = k_all % s.col_rows();
+    const std::int64_t c = g * s.group_channels() + k / (s.kernel_h * s.kernel_w);
+    const std::int64_t r = (k / s.kernel_w) % s.kernel_h, q = k % s.kernel_w;
+    const std::int64_t oh_n = s.out_h(), ow_n = s.out_w();
+    const T* plane = x + (n * s.channels + c) * s.height * s.width;
+    T* out = col + k_all * s.col_cols() + n * s.positions();
+    for (std::int64_t oh = 0; oh < oh_n; ++oh) {
+      const std::int64_t ih = oh * s.stride_h - s.pad_h + r;
+      T* row = out + oh * ow_n;
+      if (ih < 0 || ih >= s.height) {
+        for (std::int64_t ow = 0; ow < ow_n; ++ow) row[ow] = dtype_cast<T>(0.f);
+        continue;
+      }
+      const T* in = plane + ih * s.width;
+      for (std::int64_t ow = 0; ow < ow_n; ++ow) {
+        const std::int64_t iw = ow * s.stride_w - s.pad_w + q;
+        row[ow] = iw >= 0 && iw < s.width ? in[iw] : dtype_cast<T>(0.f);
+      }
+    }
+  }
+  std::size_t work_per_index() const { return static_cast<std::size_t>(s.positions()); }
+};
+
+// Im2Col on `dev`: rows on the host, an entry per index on a GPU.
+template <class Dev, class T>
+void im2col(Dev& dev, const ConvShape& s, const T* x, T* col) {
+  if constexpr (Dev::host_accessible)
+    dev.for_each(static_cast<std::size_t>(s.groups * s.col_rows() * s.batch), Im2ColRows<T>{s, x, col});
+  else
+    dev.for_each(static_cast<std::size_t>(s.col_size()), Im2Col<T>{s, x, col});
+}
 
 // The adjoint of Im2Col: dx[n, c, ih, iw] = the sum of the column entries
 // Im2Col copied x[n, c, ih, iw] to, gathered per input element (no atomics:
@@ -110,6 +155,84 @@ struct ToSamples {
       dst[gemm] = src[idx];
   }
 };
+
+// Col2Im a plane at a time, for the host: index i is (n, c), whose plane
+// gathers its column entries into an fp32 buffer, kernel offset (r, s) by
+// offset in the order Col2Im sums them: the same sums, rounded once. Run
+// over batch * channels.
+template <Dtype T>
+struct Col2ImPlanes {
+  ConvShape s;
+  const T* dcol;
+  T* dx;
+  void operator()(std::size_t i) const {
+    const auto idx = static_cast<std::int64_t>(i);
+    const std::int64_t c = idx % s.channels, n = idx / s.channels;
+    const std::int64_t g = c / s.group_channels(), cl = c % s.group_channels();
+    const std::int64_t oh_n = s.out_h(), ow_n = s.out_w(), plane = s.height * s.width;
+    thread_local std::vector<float> acc;
+    acc.assign(static_cast<std::size_t>(plane), 0.f);
+    for (std::int64_t r = 0; r < s.kernel_h; ++r)
+      for (std::int64_t q = 0; q < s.kernel_w; ++q) {
+        const std::int64_t k = (cl * s.kernel_h + r) * s.kernel_w + q;
+        const T* row = dcol + (g * s.col_rows() + k) * s.col_cols() + n * s.positions();
+        for (std::int64_t oh = 0; oh < oh_n; ++oh) {
+          const std::int64_t ih = oh * s.stride_h - s.pad_h + r;
+          if (ih < 0 || ih >= s.height) continue;
+          float* out = acc.data() + ih * s.width;
+          for (std::int64_t ow = 0; ow < ow_n; ++ow) {
+            const std::int64_t iw = ow * s.stride_w - s.pad_w + q;
+            if (iw >= 0 && iw < s.width) out[iw] += static_cast<float>(row[oh * ow_n + ow]);
+          }
+        }
+      }
+    T* out = dx + idx * plane;
+    for (std::int64_t p = 0; p < plane; ++p) out[p] = dtype_cast<T>(acc[static_cast<std::size_t>(p)]);
+  }
+  std::size_t work_per_index() const {
+    return static_cast<std::size_t>(s.kernel_h * s.kernel_w * s.positions() + s.height * s.width);
+  }
+};
+
+// Col2Im on `dev`: planes on the host, an element per index on a GPU.
+template <class Dev, class T>
+void col2im(Dev& dev, const ConvShape& s, const T* dcol, T* dx) {
+  if constexpr (Dev::host_accessible)
+    dev.for_each(static_cast<std::size_t>(s.batch * s.channels), Col2ImPlanes<T>{s, dcol, dx});
+  else
+    dev.for_each(static_cast<std::size_t>(s.input_size()), Col2Im<T>{s, dcol, dx});
+}
+
+// ToSamples a plane at a time (the host's form): index i is (n, o), its P
+// positions contiguous on both sides. Run over batch * out_channels.
+template <Dtype T>
+struct ToSamplesRows {
+  ConvShape s;
+  const T* src;
+  T* dst;
+  bool to_samples;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto idx = static_cast<std::int64_t>(i), p_all = s.positions();
+    const std::int64_t o = idx % s.out_channels, n = idx / s.out_channels;
+    const std::int64_t gemm = (o * s.batch + n) * p_all, sample = idx * p_all;
+    for (std::int64_t p = 0; p < p_all; ++p) {
+      if (to_samples)
+        dst[sample + p] = src[gemm + p];
+      else
+        dst[gemm + p] = src[sample + p];
+    }
+  }
+  std::size_t work_per_index() const { return static_cast<std::size_t>(s.positions()); }
+};
+
+// ToSamples on `dev`: planes on the host, an element per index on a GPU.
+template <class Dev, class T>
+void to_samples(Dev& dev, const ConvShape& s, const T* src, T* dst, bool forward) {
+  if constexpr (Dev::host_accessible)
+    dev.for_each(static_cast<std::size_t>(s.batch * s.out_channels), ToSamplesRows<T>{s, src, dst, forward});
+  else
+    dev.for_each(static_cast<std::size_t>(s.output_size()), ToSamples<T>{s, src, dst, forward});
+}
 
 // m[r, j] = value[r] for a [rows, cols] matrix: the bias the GEMM then adds
 // to (beta = 1), so the output is rounded once. Run over rows * cols.
@@ -181,8 +304,11 @@ struct PatchTokensGrad {
 // clang-format off: one list entry per line
 #define DTRAIN_CONVOLUTION_FUNCTORS(EACH, SUM, T) \
   EACH(::dtrain::Im2Col<T>)                       \
+  EACH(::dtrain::Im2ColRows<T>)                   \
   EACH(::dtrain::Col2Im<T>)                       \
+  EACH(::dtrain::Col2ImPlanes<T>)                 \
   EACH(::dtrain::ToSamples<T>)                    \
+  EACH(::dtrain::ToSamplesRows<T>)                \
   EACH(::dtrain::FillRows<T>)                     \
   EACH(::dtrain::RowSum<T>)                       \
   EACH(::dtrain::PatchTokens<T>)                  \

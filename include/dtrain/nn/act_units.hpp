@@ -116,6 +116,24 @@ struct CopyBlock {
   }
 };
 
+// CopyBlock a row at a time (the host's form): index i is (b, t), its
+// `width` values copied in order. Run over batch * count.
+template <Dtype T>
+struct CopyBlockRows {
+  CopyBlock<T> c;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto n = static_cast<std::int64_t>(i);
+    const std::int64_t t = n % c.count, b = n / c.count;
+    const T* src = c.src != nullptr ? c.src + (b * c.src_per + c.src_first + t) * c.src_ld + c.src_col : nullptr;
+    T* dst = c.dst + (b * c.dst_per + c.dst_first + t) * c.dst_ld + c.dst_col;
+    for (std::int64_t k = 0; k < c.width; ++k) {
+      const float v = src != nullptr ? static_cast<float>(src[k]) : 0.f;
+      dst[k] = c.add ? dtype_cast<T>(static_cast<float>(dst[k]) + v) : (src != nullptr ? src[k] : dtype_cast<T>(0.f));
+    }
+  }
+  std::size_t work_per_index() const { return static_cast<std::size_t>(c.width); }
+};
+
 // One block of rows and columns of a [batch * per, ld] matrix.
 template <class T>
 struct Rows {
@@ -127,9 +145,12 @@ template <class Dev, class T>
 void copy_rows(Dev& dev, Rows<const T> src, Rows<T> dst, std::int64_t batch, std::int64_t count, std::int64_t width,
                bool add = false) {
   if (batch * count * width == 0) return;
-  dev.for_each(static_cast<std::size_t>(batch * count * width),
-               CopyBlock<T>{src.base, src.per, src.first, src.ld, src.col, dst.base, dst.per, dst.first, dst.ld,
-                            dst.col, count, width, add});
+  const CopyBlock<T> c{src.base, src.per, src.first, src.ld, src.col, dst.base, dst.per, dst.first, dst.ld,
+                       dst.col,  count,   width,     add};
+  if constexpr (Dev::host_accessible)
+    dev.for_each(static_cast<std::size_t>(batch * count), CopyBlockRows<T>{c});
+  else
+    dev.for_each(static_cast<std::size_t>(batch * count * width), c);
 }
 // A contiguous [batch * count, width] block.
 template <class T>

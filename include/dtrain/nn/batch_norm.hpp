@@ -145,6 +145,24 @@ struct ChannelNormalize {
   }
 };
 
+// ChannelNormalize a plane at a time (the host's form): index i is
+// (n, c). Run over batch * channels.
+template <Dtype T>
+struct ChannelNormalizePlanes {
+  ChannelNormalize<T> f;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto idx = static_cast<std::int64_t>(i);
+    const std::int64_t c = idx % f.channels;
+    const float mean = f.k[c].mean, rstd = f.k[c].rstd, weight = static_cast<float>(f.weight[c]);
+    const float shift = static_cast<float>(f.bias[c]);
+    const T* x = f.x + idx * f.plane;
+    T* y = f.y + idx * f.plane;
+    for (std::int64_t p = 0; p < f.plane; ++p)
+      y[p] = dtype_cast<T>((static_cast<float>(x[p]) - mean) * rstd * weight + shift);
+  }
+  std::size_t work_per_index() const { return static_cast<std::size_t>(f.plane); }
+};
+
 // dx = rstd * (dy * weight - mean_g - xhat * mean_gx). Run over
 // batch * channels * plane.
 template <Dtype T>
@@ -211,8 +229,11 @@ class ChannelNorm {
     dev.for_each(static_cast<std::size_t>(channels_),
                  ChannelCoeffs<T>{x.data, p[0].data, batch_stats ? nullptr : p[2].data, p[3].data, nullptr, nullptr,
                                   nullptr, k, x.rows, channels_, plane, eps_});
-    dev.for_each(static_cast<std::size_t>(x.rows * x.cols),
-                 ChannelNormalize<T>{x.data, p[0].data, p[1].data, k, y.data, channels_, plane});
+    const ChannelNormalize<T> f{x.data, p[0].data, p[1].data, k, y.data, channels_, plane};
+    if constexpr (Dev::host_accessible)
+      dev.for_each(static_cast<std::size_t>(x.rows * channels_), ChannelNormalizePlanes<T>{f});
+    else
+      dev.for_each(static_cast<std::size_t>(x.rows * x.cols), f);
   }
 
   // Overwrites the weight's and the bias's gradients unless empty (frozen).

@@ -91,7 +91,7 @@ void conv_forward(Dev& dev, const ConvShape& s, const T* weight, const T* bias, 
   const std::int64_t k = s.col_rows(), cols = s.col_cols(), og = s.group_out();
   if (cols == 0) return;
   const ConvScratch<T> w = conv_scratch<Dev, T>(dev, s);
-  dev.for_each(static_cast<std::size_t>(s.col_size()), Im2Col<T>{s, x, w.col});
+  im2col(dev, s, x, w.col);
   float beta = 0.f;
   if (bias != nullptr) {
     dev.for_each(static_cast<std::size_t>(s.out_channels * cols), FillRows<T>{bias, w.proj, cols});
@@ -119,14 +119,14 @@ void conv_backward(Dev& dev, const ConvShape& s, const T* weight, const T* x, Pr
   prologue(w.proj);
   if (dbias != nullptr) dev.for_each(static_cast<std::size_t>(s.out_channels), RowSum<T>{w.proj, dbias, cols});
   if (dweight != nullptr) {
-    dev.for_each(static_cast<std::size_t>(s.col_size()), Im2Col<T>{s, x, w.col});
+    im2col(dev, s, x, w.col);
     dev.gemm_batched(false, true, og, k, cols, 1.f, w.proj, cols, og * cols, w.col, cols, k * cols, 0.f, dweight, k,
                      og * k, s.groups);
   }
   if (dx != nullptr) {  // the columns' gradient, over the columns: no longer needed
     dev.gemm_batched(true, false, k, cols, og, 1.f, weight, k, og * k, w.proj, cols, og * cols, 0.f, w.col, cols,
                      k * cols, s.groups);
-    dev.for_each(static_cast<std::size_t>(s.input_size()), Col2Im<T>{s, w.col, dx});
+    col2im(dev, s, w.col, dx);
   }
 }
 
@@ -162,7 +162,7 @@ class Conv2d {
     detail::check_shape("nn::Conv2d", "output", y, x.rows, out_ * out_h() * out_w());
     const ConvShape s = shape(x.rows);
     detail::conv_forward(dev, s, p[0].data, options_.bias ? p[1].data : nullptr, x.data, [&](const T* proj) {
-      dev.for_each(static_cast<std::size_t>(s.output_size()), ToSamples<T>{s, proj, y.data, true});
+      to_samples(dev, s, proj, y.data, true);
     });
   }
 
@@ -183,7 +183,7 @@ class Conv2d {
     detail::conv_backward(
         dev, s, p[0].data, x.data,
         [&](T* dproj) {
-          dev.for_each(static_cast<std::size_t>(s.output_size()), ToSamples<T>{s, dy.data, dproj, false});
+          to_samples(dev, s, dy.data, dproj, false);
         },
         dweight, dbias, dx.empty() ? nullptr : dx.data);
   }

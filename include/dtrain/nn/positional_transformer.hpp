@@ -11,8 +11,8 @@
 //     out = concat_heads(o) out_proj.weight^T + out_proj.bias
 //   A part of the layers below, not a unit: the callers give it their
 //   queries' and keys' lengths, its saved view and its backward scratch.
-//   It runs on the attention family's kernels (kernels/sequence.hpp:
-//   HeadPermuteRuns, MaskedSoftmax, SoftmaxRowsBackward) and the device's
+//   It runs on the attention family's kernels (kernels/sequence.hpp: the
+//   head permutations, MaskedSoftmax, SoftmaxRowsBackward) and the device's
 //   batched GEMM.
 //
 // nn::PositionalEncoderLayer (LeRobot's ACTEncoderLayer, DETR's encoder layer)
@@ -62,6 +62,7 @@
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/activation.hpp"
+#include "dtrain/nn/attention.hpp"
 #include "dtrain/nn/dropout.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/transformer.hpp"
@@ -298,8 +299,7 @@ class MultiheadAttention {
   }
   template <class Dev, class T>
   void heads(Dev& dev, std::int64_t batch, std::int64_t time, const T* src, T* dst, bool to_heads) const {
-    const HeadLayout l{batch, time, heads_, dim_ / heads_, 1};
-    dev.for_each(static_cast<std::size_t>(l.rows() * l.width()), HeadPermute<T>{l, src, dst, to_heads});
+    detail::permute_heads(dev, HeadLayout{batch, time, heads_, dim_ / heads_, 1}, src, dst, to_heads);
   }
 
   std::int64_t dim_;
