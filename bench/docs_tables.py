@@ -250,6 +250,20 @@ def vlm_step():
     return table(header, "ll" + "r" * 5, out) + ["", source("vlm.json", d)]
 
 
+def policy_step():
+    d = load("policy.json")
+    peer = torch_minor(d["sides"]["peer"]["torch"])
+    lerobot = d["sides"]["peer"].get("lerobot", "")
+    out = []
+    for r in d["settings"]:
+        dt, pt = r["sides"]["dtrain"], r["sides"]["peer"]
+        out.append([f"{r['ranks']} x {r['threads_per_rank']}", f"{dt['median_ms']:.0f}", f"{dt['peak_rss_mib']:.0f}",
+                    f"{pt['median_ms']:.0f}", f"{pt['peak_rss_mib']:.0f}", f"{r['ratio_vs_peer']:.2f}x"])
+    name = f"LeRobot {lerobot} + {peer}"
+    header = ["ranks x threads", "train_policy step ms", "MiB", f"{name} step ms", "MiB", "dtrain / LeRobot"]
+    return table(header, "l" + "r" * 5, out) + ["", source("policy.json", d)]
+
+
 def offload_steps():
     d = load("offload.json")
     mib = lambda states: (lambda b: "0" if b == 0 else f"{b / 1048576:.2f}")(sum(states.values()))
@@ -579,6 +593,7 @@ RENDERERS = {
     "recompute.modes": (recompute_modes, "activation_checkpointing.json"),
     "sft.packing": (sft_packing, "sft_packing.json"),
     "offload.steps": (offload_steps, "offload.json"),
+    "policy.step": (policy_step, "policy.json"),
     "hf.step": (hf_step, "hf.json"),
     "vlm.step": (vlm_step, "vlm.json"),
     "gpt.step": (gpt_step, "gpt.json"),

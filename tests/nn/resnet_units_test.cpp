@@ -14,7 +14,7 @@
 //    (the running ones): forward against the formula, input, weight and bias
 //    gradients against central finite differences of it;
 //  - the parameter names and the errors.
-#define BOOST_TEST_MODULE resnet_units
+// (One program with resnet_test.cpp, which names the module.)
 #include <cmath>
 #include <cstdint>
 #include <string>

@@ -18,7 +18,8 @@
 //  - (VAE on and off) the policy saved by dtrain after training (FSDP, 2 ranks) loads with
 //    ACTPolicy.from_pretrained, whose predict_action_chunk and select_action
 //    give dtrain's action chunk within 1e-5.
-// dtrain-estimate's model states for the VAE case equal a Trainer's (DDP
+// torchvision's resnet18 weights (with fc and counters) initialise the
+// trunk exactly. dtrain-estimate's model states for the VAE case equal a Trainer's (DDP
 // fp32 at 1 rank, FSDP bf16 at 2), its activations never above them.
 // And the loader's refusals: an unsupported policy type, an unknown key,
 // a backbone other than resnet18.
@@ -29,7 +30,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <list>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -354,6 +357,46 @@ BOOST_AUTO_TEST_CASE(without_vae_matches_lerobot) {
 BOOST_AUTO_TEST_CASE(pre_norm_two_cameras_match_lerobot) {
   const Case c = make_case("prenorm2", 1, 1, 2);
   check_gradients(c);
+}
+
+// torchvision's resnet18 state dict (the VAE case's backbone under
+// torchvision's names, with an fc head and num_batches_tracked counters,
+// which are ignored) initialises the trunk of a fresh model exactly.
+BOOST_AUTO_TEST_CASE(torchvision_weights_initialise_the_backbone) {
+  BOOST_TEST_REQUIRE(fs::exists(work / "vae/policy/model.safetensors"), "the vae case makes the policy");
+  const SafetensorsFile policy = SafetensorsFile::open(work / "vae/policy/model.safetensors");
+  const std::string prefix = "model.backbone.";
+  std::list<std::vector<float>> values;
+  std::list<std::vector<std::int64_t>> counters;
+  SafetensorsWriter w;
+  for (const auto& name : policy.names())
+    if (name.starts_with(prefix)) {
+      const std::string theirs = name.substr(prefix.size());
+      w.add(theirs, policy.tensor(name).shape, std::span<const float>(values.emplace_back(policy.read_f32(name))));
+      if (theirs.ends_with("running_var"))
+        w.add(theirs.substr(0, theirs.size() - 11) + "num_batches_tracked", {},
+              std::span<const std::int64_t>(counters.emplace_back(1, 0)));
+    }
+  w.add("fc.weight", {3, 512}, std::span<const float>(values.emplace_back(3 * 512, 0.5f)));
+  w.add("fc.bias", {3}, std::span<const float>(values.emplace_back(3, 0.5f)));
+  const fs::path file = work / "resnet18.safetensors";
+  w.write(file);
+  const models::ActConfig config = lerobot::read_act_config(work / "vae/policy");
+  models::Act model(config);
+  const hf::TransformersNames names = lerobot::act_names(model);
+  std::size_t checked = 0;
+  run_ranks(1, [&](World& world) {
+    Trainer<models::Act> t(world, model, AdamW{});
+    const LoadParamsReport r = lerobot::load_torchvision_backbone(t, file, model);
+    BOOST_TEST(r.unexpected.empty());
+    for (const auto& [ours, values] : t.parameters()) {
+      const std::string theirs = names.tensors.at(ours).front();
+      if (!theirs.starts_with(prefix)) continue;
+      BOOST_TEST((values == policy.read_f32(theirs)), theirs);
+      ++checked;
+    }
+  });
+  BOOST_TEST(checked == 100u, "resnet18's 100 tensors (weights, biases, running statistics)");
 }
 
 #ifdef DTRAIN_ESTIMATE_PATH

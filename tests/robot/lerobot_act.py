@@ -89,6 +89,12 @@ inspect DIR
     Prints config.json's keys and every model.safetensors tensor with its
     shape and dtype, one per line (for developers; no test uses it).
 
+dataset ROOT [--episodes E] [--frames F] [--size S] [--seed N]
+    Writes a small local LeRobotDataset (LeRobotDataset.create, images
+    stored as images): E episodes of F frames, one camera
+    observation.images.top of S x S RGB, observation.state [4], action [2],
+    random; train_act_test exports it with export_lerobot_dataset.py.
+
 Exit status 0 on success; on failure a message on stderr and status 1
 (2 for bad usage).
 """
@@ -439,6 +445,37 @@ def cmd_predict(a):
 # ---------------------------------------------------------------- inspect
 
 
+def cmd_dataset(a):
+    """A small local LeRobotDataset (images stored as images, no video):
+    `episodes` episodes of `frames` frames, one camera observation.images.top
+    of size x size RGB, observation.state [4] and action [2], random."""
+    import shutil
+
+    import numpy as np
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    shutil.rmtree(a.root, ignore_errors=True)
+    features = {
+        "observation.images.top": {"dtype": "image", "shape": (a.size, a.size, 3),
+                                   "names": ["height", "width", "channels"]},
+        "observation.state": {"dtype": "float32", "shape": (4,), "names": None},
+        "action": {"dtype": "float32", "shape": (2,), "names": None},
+    }
+    ds = LeRobotDataset.create(repo_id="local/dtrain_test", root=a.root, fps=10, features=features, use_videos=False)
+    rng = np.random.default_rng(a.seed)
+    for _ in range(a.episodes):
+        for _ in range(a.frames):
+            ds.add_frame({
+                "observation.images.top": rng.integers(0, 256, size=(a.size, a.size, 3), dtype=np.uint8),
+                "observation.state": rng.standard_normal(4).astype(np.float32),
+                "action": rng.standard_normal(2).astype(np.float32),
+                "task": "reach",
+            })
+        ds.save_episode()
+    ds.finalize()
+    print(f"dataset: {ds.num_episodes} episodes, {ds.num_frames} frames in {a.root}")
+
+
 def cmd_inspect(a):
     from safetensors import safe_open
 
@@ -489,11 +526,17 @@ def main():
     i = sub.add_parser("inspect", help="print config.json keys and model.safetensors tensors")
     i.add_argument("dir")
 
+    d = sub.add_parser("dataset", help="a small local LeRobotDataset in ROOT")
+    d.add_argument("root")
+    d.add_argument("--episodes", type=int, default=3)
+    d.add_argument("--frames", type=int, default=12)
+    d.add_argument("--size", type=int, default=32)
+    d.add_argument("--seed", type=int, default=0)
+
     a = p.parse_args()
     _imports()
-    {"make": cmd_make, "grads": cmd_grads, "train": cmd_train, "predict": cmd_predict, "inspect": cmd_inspect}[
-        a.cmd
-    ](a)
+    {"make": cmd_make, "grads": cmd_grads, "train": cmd_train, "predict": cmd_predict, "inspect": cmd_inspect,
+     "dataset": cmd_dataset}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@
 //  - LeRobot -> dtrain -> LeRobot: a policy made by LeRobot (model=), fine-tuned
 //    and saved, loads in LeRobot and predicts other chunks than before;
 //  - every strategy, precision and accumulation runs (a few steps each);
+//  - a LeRobot dataset (LeRobotDataset.create) exported by
+//    export_lerobot_dataset.py trains;
 //  - the refusals, each one line with its fix, exit 2, nothing written:
 //    images of another size or count than the policy's, another state size,
 //    a chunk longer than every episode, an unsupported policy type, an
@@ -134,6 +136,25 @@ BOOST_AUTO_TEST_CASE(recorded_episodes_train_as_the_simulators) {
   BOOST_TEST(f.tensor("observation.images.wrist").shape == (std::vector<std::int64_t>{180, 3, 64, 64}));
   BOOST_TEST_REQUIRE(run_example(program, 2, small + " steps=2 data=" + file.string()) == 0, last_log());
   BOOST_TEST(last_log().find("2 camera(s) 64x64") != std::string::npos, last_log());
+}
+
+// A LeRobot dataset (made by LeRobot's own LeRobotDataset) exported by
+// examples/policy/export_lerobot_dataset.py trains.
+BOOST_AUTO_TEST_CASE(a_lerobot_dataset_exports_and_trains) {
+  const fs::path root = fresh("dataset"), file = fresh("exported.safetensors");
+  BOOST_TEST_REQUIRE(
+      python("dataset " + root.string() + " --episodes 3 --frames 12 --size 32", scratch("dataset.log")) == 0,
+      read_file(scratch("dataset.log")));
+  const std::string exporter = std::string(DTRAIN_SOURCE_DIR) + "/examples/policy/export_lerobot_dataset.py";
+  BOOST_TEST_REQUIRE(dtrain::testing::run_logged("OPENBLAS_NUM_THREADS=1 " + dtrain::testing::pinned_python("lerobot") +
+                                                     " " + exporter + " " + root.string() + " " + file.string(),
+                                                 scratch("export.log")) == 0,
+                     read_file(scratch("export.log")));
+  const auto f = dtrain::SafetensorsFile::open(file);
+  BOOST_TEST(f.tensor("observation.images.top").shape == (std::vector<std::int64_t>{36, 3, 32, 32}));
+  BOOST_TEST(f.read_i64("episode_index").back() == 2);
+  BOOST_TEST_REQUIRE(run_example(program, 2, small + " steps=2 horizon=5 data=" + file.string()) == 0, last_log());
+  BOOST_TEST(last_log().find("from " + file.string() + ", 1 camera(s) 32x32") != std::string::npos, last_log());
 }
 
 namespace {

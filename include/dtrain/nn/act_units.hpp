@@ -145,8 +145,8 @@ template <class Dev, class T>
 void copy_rows(Dev& dev, Rows<const T> src, Rows<T> dst, std::int64_t batch, std::int64_t count, std::int64_t width,
                bool add = false) {
   if (batch * count * width == 0) return;
-  const CopyBlock<T> c{src.base, src.per, src.first, src.ld, src.col, dst.base, dst.per, dst.first, dst.ld,
-                       dst.col,  count,   width,     add};
+  const CopyBlock<T> c{src.base,  src.per, src.first, src.ld, src.col, dst.base, dst.per,
+                       dst.first, dst.ld,  dst.col,   count,  width,   add};
   if constexpr (Dev::host_accessible)
     dev.for_each(static_cast<std::size_t>(batch * count), CopyBlockRows<T>{c});
   else

@@ -161,9 +161,8 @@ class Conv2d {
     check_rows(x);
     detail::check_shape("nn::Conv2d", "output", y, x.rows, out_ * out_h() * out_w());
     const ConvShape s = shape(x.rows);
-    detail::conv_forward(dev, s, p[0].data, options_.bias ? p[1].data : nullptr, x.data, [&](const T* proj) {
-      to_samples(dev, s, proj, y.data, true);
-    });
+    detail::conv_forward(dev, s, p[0].data, options_.bias ? p[1].data : nullptr, x.data,
+                         [&](const T* proj) { to_samples(dev, s, proj, y.data, true); });
   }
 
   template <class Dev, class T>
@@ -181,11 +180,8 @@ class Conv2d {
     if (dbias != nullptr) detail::check_shape("nn::Conv2d", "bias gradient", grad[1], out_, 1);
     const ConvShape s = shape(x.rows);
     detail::conv_backward(
-        dev, s, p[0].data, x.data,
-        [&](T* dproj) {
-          to_samples(dev, s, dy.data, dproj, false);
-        },
-        dweight, dbias, dx.empty() ? nullptr : dx.data);
+        dev, s, p[0].data, x.data, [&](T* dproj) { to_samples(dev, s, dy.data, dproj, false); }, dweight, dbias,
+        dx.empty() ? nullptr : dx.data);
   }
 
  private:
