@@ -14,7 +14,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "dtrain/core/dtype.hpp"
 #include "dtrain/core/macros.hpp"
@@ -157,37 +156,48 @@ struct ToSamples {
 };
 
 // Col2Im a plane at a time, for the host: index i is (n, c), whose plane
-// gathers its column entries into an fp32 buffer, kernel offset (r, s) by
-// offset in the order Col2Im sums them: the same sums, rounded once. Run
-// over batch * channels.
+// gathers its column entries into an fp32 buffer on the stack, a strip of
+// rows at a time, kernel offset (r, s) by offset in the order Col2Im sums
+// them: the same sums, rounded once. Rows wider than the buffer take
+// Col2Im's gather element by element. Run over batch * channels.
 template <Dtype T>
 struct Col2ImPlanes {
+  static constexpr std::int64_t buffer = 2048;  // floats
   ConvShape s;
   const T* dcol;
   T* dx;
   void operator()(std::size_t i) const {
     const auto idx = static_cast<std::int64_t>(i);
+    const std::int64_t plane = s.height * s.width;
+    T* out = dx + idx * plane;
+    if (s.width > buffer) {
+      const Col2Im<T> one{s, dcol, dx};
+      for (std::int64_t p = 0; p < plane; ++p) one(static_cast<std::size_t>(idx * plane + p));
+      return;
+    }
     const std::int64_t c = idx % s.channels, n = idx / s.channels;
     const std::int64_t g = c / s.group_channels(), cl = c % s.group_channels();
-    const std::int64_t oh_n = s.out_h(), ow_n = s.out_w(), plane = s.height * s.width;
-    thread_local std::vector<float> acc;
-    acc.assign(static_cast<std::size_t>(plane), 0.f);
-    for (std::int64_t r = 0; r < s.kernel_h; ++r)
-      for (std::int64_t q = 0; q < s.kernel_w; ++q) {
-        const std::int64_t k = (cl * s.kernel_h + r) * s.kernel_w + q;
-        const T* row = dcol + (g * s.col_rows() + k) * s.col_cols() + n * s.positions();
-        for (std::int64_t oh = 0; oh < oh_n; ++oh) {
-          const std::int64_t ih = oh * s.stride_h - s.pad_h + r;
-          if (ih < 0 || ih >= s.height) continue;
-          float* out = acc.data() + ih * s.width;
-          for (std::int64_t ow = 0; ow < ow_n; ++ow) {
-            const std::int64_t iw = ow * s.stride_w - s.pad_w + q;
-            if (iw >= 0 && iw < s.width) out[iw] += static_cast<float>(row[oh * ow_n + ow]);
+    const std::int64_t oh_n = s.out_h(), ow_n = s.out_w(), strip = buffer / s.width;
+    float acc[buffer];
+    for (std::int64_t h0 = 0; h0 < s.height; h0 += strip) {
+      const std::int64_t h1 = h0 + strip < s.height ? h0 + strip : s.height;
+      for (std::int64_t e = 0; e < (h1 - h0) * s.width; ++e) acc[e] = 0.f;
+      for (std::int64_t r = 0; r < s.kernel_h; ++r)
+        for (std::int64_t q = 0; q < s.kernel_w; ++q) {
+          const std::int64_t k = (cl * s.kernel_h + r) * s.kernel_w + q;
+          const T* row = dcol + (g * s.col_rows() + k) * s.col_cols() + n * s.positions();
+          for (std::int64_t oh = 0; oh < oh_n; ++oh) {
+            const std::int64_t ih = oh * s.stride_h - s.pad_h + r;
+            if (ih < h0 || ih >= h1) continue;
+            float* o = acc + (ih - h0) * s.width;
+            for (std::int64_t ow = 0; ow < ow_n; ++ow) {
+              const std::int64_t iw = ow * s.stride_w - s.pad_w + q;
+              if (iw >= 0 && iw < s.width) o[iw] += static_cast<float>(row[oh * ow_n + ow]);
+            }
           }
         }
-      }
-    T* out = dx + idx * plane;
-    for (std::int64_t p = 0; p < plane; ++p) out[p] = dtype_cast<T>(acc[static_cast<std::size_t>(p)]);
+      for (std::int64_t e = 0; e < (h1 - h0) * s.width; ++e) out[h0 * s.width + e] = dtype_cast<T>(acc[e]);
+    }
   }
   std::size_t work_per_index() const {
     return static_cast<std::size_t>(s.kernel_h * s.kernel_w * s.positions() + s.height * s.width);

@@ -1,5 +1,5 @@
 // models::Act (LeRobot's ACT policy) against LeRobot itself: small random
-// ACTPolicy models made by LeRobot 0.4 (tests/robot/lerobot_act.py make:
+// ACTPolicy models made by LeRobot 0.4 (tests/lerobot/lerobot_act.py make:
 // chunk 5, dim 32, 4 heads, feed-forward 48, 2 encoder layers, 1 decoder
 // layer, 2 VAE layers, latent 8, state 3, actions 2, one 64 x 64 camera or
 // two, the backbone's frozen batch-norm statistics random), in three forms:
@@ -52,7 +52,7 @@ using namespace dtrain::testing;
 namespace {
 
 const fs::path work = fs::path(DTRAIN_TEST_BINARY_DIR) / "act";
-const std::string script = std::string(DTRAIN_SOURCE_DIR) + "/tests/robot/lerobot_act.py";
+const std::string script = std::string(DTRAIN_SOURCE_DIR) + "/tests/lerobot/lerobot_act.py";
 constexpr std::int64_t samples = 4;
 constexpr int adamw_count = 20;
 constexpr float adamw_lr = 1e-3f;

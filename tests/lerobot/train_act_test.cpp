@@ -33,7 +33,7 @@ using namespace dtrain::test;
 namespace {
 
 const std::string program = TRAIN_POLICY_PATH;
-const std::string script = std::string(DTRAIN_SOURCE_DIR) + "/tests/robot/lerobot_act.py";
+const std::string script = std::string(DTRAIN_SOURCE_DIR) + "/tests/lerobot/lerobot_act.py";
 const std::string preset = std::string(DTRAIN_SOURCE_DIR) + "/examples/configs/act_host.yaml";
 // A small run of the preset: fewer episodes, two layers of width 64.
 const std::string small = "--config " + preset +
