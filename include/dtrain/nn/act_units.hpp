@@ -190,13 +190,6 @@ struct SumRows {
 };
 
 template <Dtype T>
-struct FillValue {
-  T* out;
-  float v;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { out[i] = dtype_cast<T>(v); }
-};
-
-template <Dtype T>
 struct FromFloat {
   const float* in;
   T* out;
