@@ -8,7 +8,9 @@
 # with one per core the cores stood idle a quarter of the time.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+started=$SECONDS
 DTRAIN_SETUP_FOR=tests "$root/scripts/setup.sh"
+built=$SECONDS
 build="${DTRAIN_BUILD_DIR:-$root/build}"
 # CTest starts the longest tests first when it knows their times, which it
 # learns from a run: a fresh build starts from the times of a fresh-clone CI
@@ -21,6 +23,16 @@ if [[ ! -f $costs ]]; then
 fi
 status=0
 ctest --test-dir "$build" --output-on-failure -j "$(($(nproc) + 1))" "$@" || status=$?
+# The last lines are what a CI log's tail shows: where the time went, the
+# disk left, and each pinned Python set that could not be installed (its
+# tests were skipped), with the reason.
+free_mib=$(df -Pm "$build" | awk 'NR == 2 { print $4 }')
+echo "dtrain: set-up and build $((built - started)) s, tests $((SECONDS - built)) s; ${free_mib} MiB free in $build"
+for skipped in "$build"/python/*.skipped; do
+  [[ -f $skipped ]] || continue
+  echo "dtrain: the pinned Python set '$(basename "$skipped" .skipped)' was not installed, so the tests that compare against it were skipped:"
+  sed 's/^/  /' "$skipped"
+done
 cache="$build/CMakeCache.txt"
 if grep -q '^DTRAIN_CUDA_ENABLED:INTERNAL=OFF' "$cache"; then
   why=$(sed -n 's/^DTRAIN_NO_CUDA_WHY:INTERNAL=//p' "$cache")

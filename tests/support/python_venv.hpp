@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 
@@ -63,14 +64,20 @@ inline std::string pinned_python(const std::string& set) {
   return chosen;
 }
 
-// "" when the pinned set's python is there; otherwise why not (its fixture,
-// python_env_SET, could not install it here and was skipped), for a test's
-// main to print before it exits 77 (skipped too).
+// "" when the pinned set's python is there, installed whole (the fixture
+// python_env_SET stamps the venv last); otherwise why not, with the reason the
+// fixture recorded in VENV.skipped, for a test's main to print before it
+// exits 77 (skipped too).
 inline std::string pinned_python_missing(const std::string& set) {
-  const std::string python = pinned_python(set);
-  if (std::filesystem::exists(python)) return "";
-  return "the pinned Python set '" + set + "' is not installed (" + python +
-         " is missing; see the output of the CTest python_env_" + set + ")";
+  const std::filesystem::path python = pinned_python(set);
+  const std::filesystem::path venv = python.parent_path().parent_path();
+  if (std::filesystem::exists(python) && std::filesystem::exists(venv / ".dtrain-set")) return "";
+  std::string why = "the pinned Python set '" + set + "' is not installed in " + venv.string() +
+                    " (see the output of the CTest python_env_" + set + ")";
+  std::ifstream reason(venv.string() + ".skipped");
+  std::string line;
+  while (std::getline(reason, line)) why += "\n  " + line;
+  return why;
 }
 
 }  // namespace dtrain::testing
