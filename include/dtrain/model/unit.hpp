@@ -49,6 +49,20 @@
 // out_shape(...).rows() rows, x and dx in.rows(), and the loss sees the last
 // unit's rows.
 //
+// Lanes: activations that skip units (a UNet's skip connections, a time
+// embedding every block of a diffusion model reads). One unit writes lane
+// `id` in forward, declaring its size from its input's:
+//     std::vector<dtrain::LaneSpec> lanes_written(dtrain::SeqShape in, std::int64_t in_width) const;
+// later units read it, declaring
+//     std::vector<int> lanes_read() const;
+// and both reach it through ctx.lane(id) (a context unit). The library keeps
+// each lane for the whole forward and backward of a micro-batch (written
+// once, like the activation between two units) and a gradient beside it,
+// zeroed before backward: a reader ADDS its gradient for the lane into
+// ctx.lane_grad(id) in backward; the writer, whose backward comes after
+// every reader's, adds what was summed there into its own input gradient.
+// A recomputed forward (activation checkpointing) writes the same values.
+//
 // backward OVERWRITES grad[i] with this micro-batch's gradient; grad[i] is
 // empty (data == nullptr) for a frozen parameter, which the unit must skip.
 // dx is empty for the first unit (no input gradient is needed there).
@@ -69,10 +83,12 @@
 #include <cstdint>
 #include <iterator>
 #include <span>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "dtrain/core/error.hpp"
 #include "dtrain/core/random.hpp"
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/view.hpp"
@@ -92,6 +108,20 @@ struct SeqShape {
   friend bool operator==(SeqShape, SeqShape) = default;
 };
 
+// A lane a unit writes (see above): `rows` x `width` elements of T.
+struct LaneSpec {
+  int id = 0;
+  std::int64_t rows = 0;
+  std::int64_t width = 0;
+};
+
+// The lanes of one micro-batch, by id: their values and their gradients.
+template <class T>
+struct Lanes {
+  std::vector<MatView<T>> value;
+  std::vector<MatView<T>> grad;
+};
+
 // What a unit may need beyond its parameters and activations (see above):
 // the sequence shape, its saved view, whether this is a training forward
 // (false for evaluate() and predict()), and its random stream. A unit that
@@ -109,11 +139,27 @@ struct UnitContext {
   bool training = false;
   std::uint64_t stream = 0;
   const DeviceBatch* batch = nullptr;
+  const Lanes<T>* lanes = nullptr;  // the micro-batch's lanes (null outside the Trainer)
 
   // The context of part `i` of a composite unit: its own saved view, the
-  // same mode and batch, and a stream of its own.
+  // same mode, batch and lanes, and a stream of its own.
   UnitContext part(MatView<T> part_saved, std::uint64_t i) const {
-    return {shape, part_saved, training, detail::derive_stream(stream, i), batch};
+    return {shape, part_saved, training, detail::derive_stream(stream, i), batch, lanes};
+  }
+
+  // Lane `id`'s values, and in backward the gradient readers add into.
+  MatView<T> lane(int id) const { return lane_of(id, false); }
+  MatView<T> lane_grad(int id) const { return lane_of(id, true); }
+
+ private:
+  MatView<T> lane_of(int id, bool grad) const {
+    // (a declared lane has a width; its rows may be 0 on a rank with no data left)
+    if (lanes == nullptr || id < 0 || static_cast<std::size_t>(id) >= lanes->value.size() ||
+        lanes->value[static_cast<std::size_t>(id)].cols == 0)
+      throw config_error("a unit reads lane " + std::to_string(id) + ", which no earlier unit of the model writes",
+                         "declare it in the writing unit's lanes_written() and the reader's lanes_read(), and run the "
+                         "model through the Trainer");
+    return grad ? lanes->grad[static_cast<std::size_t>(id)] : lanes->value[static_cast<std::size_t>(id)];
   }
 };
 
@@ -216,6 +262,28 @@ std::int64_t saved_size_of(const U& u, Dev& dev, SeqShape shape, std::int64_t in
     return u.template saved_size_on<Dev, T>(dev, shape, in);
   else
     return saved_size_of(u, shape, in);
+}
+
+// The lanes a unit writes for input rows `in` of `width` (none unless it says).
+template <class U>
+std::vector<LaneSpec> lanes_written_of(const U& u, SeqShape in, std::int64_t width) {
+  if constexpr (requires {
+                  { u.lanes_written(in, width) } -> std::convertible_to<std::vector<LaneSpec>>;
+                })
+    return u.lanes_written(in, width);
+  else
+    return {};
+}
+
+// The lanes a unit reads (none unless it says).
+template <class U>
+std::vector<int> lanes_read_of(const U& u) {
+  if constexpr (requires {
+                  { u.lanes_read() } -> std::convertible_to<std::vector<int>>;
+                })
+    return u.lanes_read();
+  else
+    return {};
 }
 
 namespace detail {

@@ -6,7 +6,7 @@
 // still runs through its own statically typed code: std::visit dispatches
 // once per unit call. The alternatives may be plain or context units (not
 // input units); OneOf passes the context on to those that take it, and the
-// rows they write (out_shape) on to the library.
+// rows they write (out_shape) and the lanes they use on to the library.
 //
 // nn::AnyUnit is OneOf over the ready layers Linear, ReLU, GELU, LayerNorm.
 
@@ -43,6 +43,12 @@ class OneOf {
   }
   std::int64_t saved_size(SeqShape s, std::int64_t in) const {
     return std::visit([&](const auto& u) { return saved_size_of(u, s, in); }, unit_);
+  }
+  std::vector<LaneSpec> lanes_written(SeqShape in, std::int64_t width) const {
+    return std::visit([&](const auto& u) { return lanes_written_of(u, in, width); }, unit_);
+  }
+  std::vector<int> lanes_read() const {
+    return std::visit([](const auto& u) { return lanes_read_of(u); }, unit_);
   }
   template <class Dev, class T>
   std::int64_t saved_size_on(Dev& dev, SeqShape s, std::int64_t in) const {

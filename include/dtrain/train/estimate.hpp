@@ -345,8 +345,8 @@ std::vector<UnitNumel> declared_units(Model& model) {
 // unit's, or with activation checkpointing the largest of those recomputed,
 // which they share in turn, beside the others' own: `checkpoint_every`,
 // `checkpoint_units` and `checkpoint_budget_bytes` as TrainerOptions has
-// them, train/recompute.hpp), and the batch tensors
-// uploaded to the device
+// them, train/recompute.hpp), the lanes units write with their gradients
+// (model/unit.hpp), and the batch tensors uploaded to the device
 // (`batch_bytes`: every tensor but a float x that goes to the first
 // activation). Not included: units' transient workspace (attention's
 // projections, LayerNorm's row statistics), which the device allocator
@@ -358,7 +358,9 @@ std::size_t model_activation_bytes(Model& model, SeqShape shape, std::int64_t in
                                    std::size_t checkpoint_budget_bytes = 0) {
   std::vector<std::int64_t> widths{in_width}, saved;
   std::vector<SeqShape> seq{shape};  // each unit's input rows (units may change them: out_shape)
+  std::int64_t lanes = 0;            // the lanes' values and gradients
   detail::for_each_unit(model.units(), [&](std::size_t, auto& unit) {
+    for (const LaneSpec& l : lanes_written_of(unit, seq.back(), widths.back())) lanes += 2 * l.rows * l.width;
     saved.push_back(saved_size_of(unit, seq.back(), widths.back()));
     widths.push_back(unit.out_features(widths.back()));
     seq.push_back(out_shape_of(unit, seq.back(), shape));
@@ -384,7 +386,7 @@ std::size_t model_activation_bytes(Model& model, SeqShape shape, std::int64_t in
     if (u > 0 || in_width > 0) elements += n;
   }
   elements += 2 * largest;
-  elements += kept + shared;
+  elements += kept + shared + lanes;
   return static_cast<std::size_t>(elements) * compute_bytes + batch_bytes;
 }
 

@@ -4,8 +4,9 @@
 // that needs: the batch's tensors on the device, the activations between
 // units, what units keep from forward for backward (one buffer each, or with
 // activation checkpointing one they take in turn, recomputing right before
-// backward), the two input-gradient buffers, the tied parameters' splicing
-// and each forward's random stream (seed, rank, step, micro-batch, unit).
+// backward), the two input-gradient buffers, the lanes (activations that
+// skip units, and their gradients), the tied parameters' splicing and each
+// forward's random stream (seed, rank, step, micro-batch, unit).
 
 #include <algorithm>
 #include <cstdint>
@@ -144,6 +145,57 @@ class UnitPipeline {
     dev_.copy_from_host(activations_[0].data(), staging_.data(), n);
   }
 
+  // The lanes the units write (model/unit.hpp), sized for this micro-batch,
+  // with gradients zeroed for a backward. Each lane has one writer, which
+  // comes before every reader.
+  template <class Units>
+  void make_lanes(Units& units, const std::vector<SeqShape>& seq, const std::vector<std::int64_t>& width,
+                  bool backward) {
+    std::vector<LaneSpec> specs;
+    std::vector<std::size_t> writer;
+    const auto where = [](std::size_t u) { return "unit " + std::to_string(u); };
+    detail::for_each_unit(units, [&](std::size_t u, auto& unit) {
+      for (int id : lanes_read_of(unit)) {
+        const bool written = id >= 0 && static_cast<std::size_t>(id) < specs.size() &&
+                             specs[static_cast<std::size_t>(id)].width > 0 && writer[static_cast<std::size_t>(id)] < u;
+        if (!written)
+          throw config_error(where(u) + " reads lane " + std::to_string(id) + ", which no earlier unit writes",
+                             "write a lane (lanes_written) in a unit before every unit that reads it");
+      }
+      for (const LaneSpec& l : lanes_written_of(unit, seq[u], width[u])) {
+        if (l.id < 0 || l.rows < 0 || l.width < 1)
+          throw config_error(where(u) + " declares lane " + std::to_string(l.id) + " of " + std::to_string(l.rows) +
+                                 " x " + std::to_string(l.width),
+                             "give a lane an id >= 0 and a width >= 1");
+        const auto i = static_cast<std::size_t>(l.id);
+        if (i >= specs.size()) {
+          specs.resize(i + 1);
+          writer.resize(i + 1, num_units_);
+        }
+        if (specs[i].width > 0)
+          throw config_error(
+              where(u) + " writes lane " + std::to_string(l.id) + ", which " + where(writer[i]) + " writes too",
+              "give each lane one writer (one id per lane)");
+        specs[i] = l;
+        writer[i] = u;
+      }
+    });
+    lane_values_.resize(specs.size());
+    lane_grads_.resize(specs.size());
+    lanes_.value.assign(specs.size(), MatView<T>{});
+    lanes_.grad.assign(specs.size(), MatView<T>{});
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].width == 0) continue;
+      const auto n = static_cast<std::size_t>(specs[i].rows * specs[i].width);
+      ensure(lane_values_[i], n);
+      lanes_.value[i] = lane_values_[i].view(specs[i].rows, specs[i].width);
+      if (!backward) continue;
+      ensure(lane_grads_[i], n);
+      dev_.zero(lane_grads_[i].data(), n);
+      lanes_.grad[i] = lane_grads_[i].view(specs[i].rows, specs[i].width);
+    }
+  }
+
   // Which units activation checkpointing recomputes (Options).
   std::vector<char> recomputed(const std::vector<std::int64_t>& saved) const {
     return detail::recomputed_units(saved, sizeof(T), options_.recompute);
@@ -196,10 +248,12 @@ class UnitPipeline {
                               static_cast<std::uint64_t>(step)),
         static_cast<std::uint64_t>(k));
     const DeviceBatch on_device = upload(batch, input_unit);
+    make_lanes(units, seq, width, backward);
     auto ctx = [&](std::size_t u) {
       buffer<T>& b = recompute[u] ? saved_[num_units_] : saved_[u];
-      return UnitContext<T>{seq[u], saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{}, backward,
-                            detail::derive_stream(micro_stream, u), &on_device};
+      return UnitContext<T>{seq[u],     saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{},
+                            backward,   detail::derive_stream(micro_stream, u),
+                            &on_device, &lanes_};
     };
 
     auto act = [&](std::size_t u) { return activations_[u].view(seq[u].rows(), width[u]); };
@@ -260,6 +314,8 @@ class UnitPipeline {
   std::vector<buffer<T>> activations_;
   std::vector<buffer<T>> saved_;  // per unit, and last the one recomputed units share
   buffer<T> dgrad_[2];
+  std::vector<buffer<T>> lane_values_, lane_grads_;                // by lane id
+  Lanes<T> lanes_;                                                 // views of them for the units
   std::map<std::string, buffer<std::byte>, std::less<>> uploads_;  // the batch's tensors on the device
   std::vector<T> staging_;
 };
