@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "support/pinned_main.hpp"
 #include "support/python_venv.hpp"
 #include <boost/test/unit_test.hpp>
 #include <nlohmann/json.hpp>
@@ -187,13 +188,5 @@ BOOST_AUTO_TEST_CASE(reads_diffusers_scheduler_configs) {
   BOOST_TEST(flow.shift == 3.0);
 }
 
-static bool init_unit_test() { return true; }
-
-int main(int argc, char* argv[]) {
-  // Skipped with the fixture that makes the torch2 venv when it cannot be installed here.
-  if (const std::string why = dtrain::testing::pinned_python_missing("torch2"); !why.empty()) {
-    std::printf("%s: test skipped (exit 77)\n", why.c_str());
-    return 77;
-  }
-  return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
-}
+// Skipped with the fixture that makes the pinned set's venv when it cannot be installed here.
+int main(int argc, char* argv[]) { return dtrain::testing::main_needing_set("torch2", argc, argv); }

@@ -16,6 +16,7 @@
 
 #include "hf/parity.hpp"
 #include "hf/run_logged.hpp"
+#include "support/pinned_main.hpp"
 #include "support/python_venv.hpp"
 #include "support/ranks.hpp"
 #include <boost/test/unit_test.hpp>
@@ -133,13 +134,5 @@ BOOST_AUTO_TEST_CASE(fine_tuned_gemma3_text_loads_in_transformers) {
   fine_tuned_model_loads_in_transformers("gemma3", "gemma3 2 float32 0");
 }
 
-static bool init_unit_test() { return true; }
-
-int main(int argc, char* argv[]) {
-  // Skipped with the fixture that makes the torch2 venv when it cannot be installed here.
-  if (const std::string why = dtrain::testing::pinned_python_missing("torch2"); !why.empty()) {
-    std::printf("%s: test skipped (exit 77)\n", why.c_str());
-    return 77;
-  }
-  return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
-}
+// Skipped with the fixture that makes the pinned set's venv when it cannot be installed here.
+int main(int argc, char* argv[]) { return dtrain::testing::main_needing_set("torch2", argc, argv); }

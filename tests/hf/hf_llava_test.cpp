@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "hf/run_logged.hpp"
+#include "support/pinned_main.hpp"
 #include "support/python_venv.hpp"
 #include "support/ranks.hpp"
 #include <boost/test/unit_test.hpp>
@@ -478,21 +479,6 @@ BOOST_AUTO_TEST_CASE(unit_modules_name_every_unit) {
   BOOST_CHECK_EXCEPTION(hf::units_named(model, {"vision_model.*"}), config_error, says("\"vision_model.*\""));
 }
 
-static bool init_unit_test() { return true; }
-
-// Both transformers majors or the test is skipped (exit 77) after running
-// what it could: a case left out never passes silently.
 int main(int argc, char* argv[]) {
-  const bool four = !python4().empty(), five = !python5().empty();
-  if (!four && !five) {
-    std::printf("neither transformers 4 nor 5 is available: test skipped (exit 77)\n");
-    return 77;
-  }
-  const int status = boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
-  if (status == 0 && !(four && five)) {
-    std::printf("%s: its cases were not run: test skipped (exit 77)\n",
-                four ? pinned_python_missing("torch2").c_str() : "transformers 4 (the tests/hf venv) is not installed");
-    return 77;
-  }
-  return status;
+  return dtrain::testing::main_over_transformers(!python4().empty(), !python5().empty(), argc, argv);
 }

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "hf/run_logged.hpp"
+#include "support/pinned_main.hpp"
 #include "support/python_venv.hpp"
 #include "support/ranks.hpp"
 #include <boost/test/unit_test.hpp>
@@ -488,13 +489,5 @@ BOOST_AUTO_TEST_CASE(the_loader_refuses_what_it_cannot_build) {
   BOOST_TEST(refused(config_with("backbone", "\"resnet18\"", "\"resnet50\""), "vision_backbone \"resnet50\""));
 }
 
-static bool init_unit_test() { return true; }
-
-int main(int argc, char* argv[]) {
-  const std::string missing = pinned_python_missing("lerobot");
-  if (!missing.empty()) {
-    std::printf("skipped: %s\n", missing.c_str());
-    return 77;
-  }
-  return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
-}
+// Skipped with the fixture that makes the pinned set's venv when it cannot be installed here.
+int main(int argc, char* argv[]) { return dtrain::testing::main_needing_set("lerobot", argc, argv); }

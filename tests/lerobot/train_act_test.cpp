@@ -22,6 +22,7 @@
 
 #include "examples/run_example.hpp"
 #include "hf/run_logged.hpp"
+#include "support/pinned_main.hpp"
 #include "support/python_venv.hpp"
 #include <boost/test/unit_test.hpp>
 
@@ -195,13 +196,5 @@ BOOST_AUTO_TEST_CASE(refusals_name_the_problem_and_write_nothing) {
           "unknown key \"use_flux\"");
 }
 
-static bool init_unit_test() { return true; }
-
-int main(int argc, char* argv[]) {
-  const std::string missing = dtrain::testing::pinned_python_missing("lerobot");
-  if (!missing.empty()) {
-    std::printf("skipped: %s\n", missing.c_str());
-    return 77;
-  }
-  return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
-}
+// Skipped with the fixture that makes the pinned set's venv when it cannot be installed here.
+int main(int argc, char* argv[]) { return dtrain::testing::main_needing_set("lerobot", argc, argv); }

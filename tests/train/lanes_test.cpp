@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "support/ranks.hpp"
+#include "train/step_check.hpp"
 #include <boost/test/unit_test.hpp>
 
 #include <dtrain/nn/lanes.hpp>
@@ -90,8 +91,8 @@ Values reference_grads(const Values& p) {
   const auto d = [&](const std::string& name) { return Vec(p.at(name).begin(), p.at(name).end()); };
   const Vec W1 = d("0.weight"), b1 = d("0.bias"), W2 = d("2.weight"), b2 = d("2.bias"), W3 = d("4.weight"),
             b3 = d("4.bias"), W4 = d("6.weight"), b4 = d("6.bias");
-  Vec dW1(W1.size()), db1(b1.size()), dW2(W2.size()), db2(b2.size()), dW3(W3.size()), db3(b3.size()),
-      dW4(W4.size()), db4(b4.size());
+  Vec dW1(W1.size()), db1(b1.size()), dW2(W2.size()), db2(b2.size()), dW3(W3.size()), db3(b3.size()), dW4(W4.size()),
+      db4(b4.size());
   const Batch all = samples(0, N);
   const auto xs = all.at("x").values<float>(), ys = all.at("y").values<float>();
   for (std::int64_t n = 0; n < N; ++n) {
@@ -117,18 +118,6 @@ Values reference_grads(const Values& p) {
           {"4.weight", f32(dW3)}, {"4.bias", f32(db3)}, {"6.weight", f32(dW4)}, {"6.bias", f32(db4)}};
 }
 
-// Gradients from one SGD step with lr = 1 (before - after) against `want`.
-void check_step(const Values& before, const Values& after, const Values& want, double tol, const std::string& what) {
-  for (const auto& [name, g] : want) {
-    double scale = 0, worst = 0;
-    for (std::size_t i = 0; i < g.size(); ++i)
-      scale = std::max({scale, std::abs(double(g[i])), std::abs(double(before.at(name)[i]))});
-    for (std::size_t i = 0; i < g.size(); ++i)
-      worst = std::max(worst, std::abs(double(before.at(name)[i]) - after.at(name)[i] - g[i]));
-    BOOST_TEST(worst <= tol * scale, what << ": " << name << " differs by " << worst << " (scale " << scale << ")");
-  }
-}
-
 // One step at `ranks` ranks of Trainer<LaneNet, Policies...>; rank r takes
 // the micro-batches parts(r).
 template <class... Policies, class Parts>
@@ -142,14 +131,15 @@ void check_run(int ranks, Parts parts, const TrainerOptions& options, const std:
     const Values p1 = t.parameters();
     if (w.rank() == 0) before = p0, after = p1;
   });
-  check_step(before, after, reference_grads(before), 2e-5, what);
+  check_sgd_step(before, after, reference_grads(before), 2e-5, what);
 }
 
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(lanes_train_as_the_float64_reference) {
   const TrainerOptions plain{.seed = 3};
-  check_run(1, [](int) { return std::vector<Batch>{samples(0, N)}; }, plain, "1 rank");
+  check_run(
+      1, [](int) { return std::vector<Batch>{samples(0, N)}; }, plain, "1 rank");
   // Rank 0 takes samples 0-1 and 2, rank 1 samples 3 and 4.
   const auto uneven = [](int rank) {
     return rank == 0 ? std::vector<Batch>{samples(0, 2), samples(2, 1)}

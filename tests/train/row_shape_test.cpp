@@ -24,6 +24,7 @@
 
 #include "nn/vision_reference.hpp"
 #include "support/ranks.hpp"
+#include "train/step_check.hpp"
 #include <boost/test/unit_test.hpp>
 
 #include <dtrain/trainer.hpp>
@@ -168,18 +169,6 @@ Values reference_grads(const Values& p) {
   return {{"0.s", f32(ds)}, {"1.weight", f32(dW)}, {"1.bias", f32(dbl)}, {"2.w", f32(dw)}};
 }
 
-// Gradients from one SGD step with lr = 1 (before - after) against `want`.
-void check_step(const Values& before, const Values& after, const Values& want, double tol, const std::string& what) {
-  for (const auto& [name, g] : want) {
-    double scale = 0, worst = 0;
-    for (std::size_t i = 0; i < g.size(); ++i)
-      scale = std::max({scale, std::abs(double(g[i])), std::abs(double(before.at(name)[i]))});
-    for (std::size_t i = 0; i < g.size(); ++i)
-      worst = std::max(worst, std::abs(double(before.at(name)[i]) - after.at(name)[i] - g[i]));
-    BOOST_TEST(worst <= tol * scale, what << ": " << name << " differs by " << worst << " (scale " << scale << ")");
-  }
-}
-
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(units_that_change_rows_train_as_the_float64_reference) {
@@ -192,7 +181,7 @@ BOOST_AUTO_TEST_CASE(units_that_change_rows_train_as_the_float64_reference) {
     t.step(one);
     after = t.parameters();
   });
-  check_step(before, after, reference_grads(before), 2e-5, "1 rank");
+  check_sgd_step(before, after, reference_grads(before), 2e-5, "1 rank");
 
   // Rank 0 takes samples 0-1 and 2, rank 1 sample 3 and 4.
   Values ddp_before, ddp_after;
@@ -206,7 +195,7 @@ BOOST_AUTO_TEST_CASE(units_that_change_rows_train_as_the_float64_reference) {
     const Values p1 = t.parameters();
     if (w.rank() == 0) ddp_before = p0, ddp_after = p1;
   });
-  check_step(ddp_before, ddp_after, reference_grads(ddp_before), 2e-5, "DDP, 2 ranks, Accumulate<2>");
+  check_sgd_step(ddp_before, ddp_after, reference_grads(ddp_before), 2e-5, "DDP, 2 ranks, Accumulate<2>");
 }
 
 BOOST_AUTO_TEST_CASE(activation_bytes_count_each_units_rows) {
@@ -260,7 +249,7 @@ void check_patch_net(double tol, const std::string& what) {
   Values want;
   for (std::size_t i = 0; i < names.size(); ++i)
     want[names[i]] = std::vector<float>(grads[i + 1].begin(), grads[i + 1].end());
-  check_step(before, after, want, tol, what);
+  check_sgd_step(before, after, want, tol, what);
 }
 
 }  // namespace

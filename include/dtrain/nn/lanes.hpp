@@ -105,8 +105,8 @@ class WriteLane {
   }
 
   template <class Dev, class T>
-  void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T>, MatView<const T>,
-                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+  void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T>, MatView<const T>, MatView<const T> dy,
+                MatView<T> dx, const UnitContext<T>& ctx) {
     if (dx.data == nullptr) return;
     const MatView<T> dlane = ctx.lane_grad(id_);
     dev.for_each(static_cast<std::size_t>(dy.size()), detail::AddElements<T>{dy.data, dlane.data, dx.data});
@@ -137,8 +137,8 @@ class ConcatLane {
   }
 
   template <class Dev, class T>
-  void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T> x, MatView<const T>,
-                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+  void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T> x, MatView<const T>, MatView<const T> dy,
+                MatView<T> dx, const UnitContext<T>& ctx) {
     const MatView<T> dlane = ctx.lane_grad(id_);
     dev.for_each(static_cast<std::size_t>(x.rows),
                  detail::SplitRowsGrad<T>{dy.data, dx.data, dlane.data, x.cols, lane_width_});
@@ -166,8 +166,8 @@ class AddLane {
   }
 
   template <class Dev, class T>
-  void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T>, MatView<const T>,
-                MatView<const T> dy, MatView<T> dx, const UnitContext<T>& ctx) {
+  void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T>, MatView<const T>, MatView<const T> dy,
+                MatView<T> dx, const UnitContext<T>& ctx) {
     const MatView<T> dlane = ctx.lane_grad(id_);
     dev.for_each(static_cast<std::size_t>(dy.size()), detail::AddElements<T>{dy.data, dlane.data, dlane.data});
     if (dx.data != nullptr) dev.copy(dx.data, dy.data, static_cast<std::size_t>(dy.size()));
