@@ -45,7 +45,8 @@ inline int main_over_transformers(bool four, bool five, int argc, char* argv[]) 
     return 77;
   }
   return main_skipped_after(
-      four && five ? "" : (four ? pinned_python_missing("torch2") : "transformers 4 (the tests/hf venv) is not installed"),
+      four && five ? ""
+                   : (four ? pinned_python_missing("torch2") : "transformers 4 (the tests/hf venv) is not installed"),
       argc, argv);
 }
 
