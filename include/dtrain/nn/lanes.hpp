@@ -23,6 +23,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/view.hpp"
+#include "dtrain/kernels/sequence.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
 
@@ -65,17 +66,6 @@ struct SplitRowsGrad {
   }
 };
 
-// out[i] = a[i] + b[i] (out may be a or b).
-template <class T>
-struct AddElements {
-  const T* a;
-  const T* b;
-  T* out;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
-    out[i] = dtype_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
-  }
-};
-
 inline void check_lane_rows(const char* unit, int id, std::int64_t lane_rows, std::int64_t lane_width,
                             std::int64_t rows, std::int64_t width) {
   if (lane_rows != rows || (width >= 0 && lane_width != width))
@@ -109,7 +99,7 @@ class WriteLane {
                 MatView<T> dx, const UnitContext<T>& ctx) {
     if (dx.data == nullptr) return;
     const MatView<T> dlane = ctx.lane_grad(id_);
-    dev.for_each(static_cast<std::size_t>(dy.size()), detail::AddElements<T>{dy.data, dlane.data, dx.data});
+    dev.for_each(static_cast<std::size_t>(dy.size()), dtrain::AddElements<T>{dy.data, dlane.data, dx.data});
   }
 
  private:
@@ -162,14 +152,14 @@ class AddLane {
   void forward(Dev& dev, UnitParams<const T>, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     const MatView<T> lane = ctx.lane(id_);
     detail::check_lane_rows("nn::AddLane", id_, lane.rows, lane.cols, x.rows, x.cols);
-    dev.for_each(static_cast<std::size_t>(x.size()), detail::AddElements<T>{x.data, lane.data, y.data});
+    dev.for_each(static_cast<std::size_t>(x.size()), dtrain::AddElements<T>{x.data, lane.data, y.data});
   }
 
   template <class Dev, class T>
   void backward(Dev& dev, UnitParams<const T>, UnitParams<T>, MatView<const T>, MatView<const T>, MatView<const T> dy,
                 MatView<T> dx, const UnitContext<T>& ctx) {
     const MatView<T> dlane = ctx.lane_grad(id_);
-    dev.for_each(static_cast<std::size_t>(dy.size()), detail::AddElements<T>{dy.data, dlane.data, dlane.data});
+    dev.for_each(static_cast<std::size_t>(dy.size()), dtrain::AddElements<T>{dy.data, dlane.data, dlane.data});
     if (dx.data != nullptr) dev.copy(dx.data, dy.data, static_cast<std::size_t>(dy.size()));
   }
 
