@@ -101,10 +101,11 @@ struct DeviceParams {
 
 // `shape`: the sequence shape (rows = batch * time) a context unit sees; its
 // saved activations get a buffer of the size it asks for.
-// `batch` (optional): what the unit finds as the batch (an attention_mask).
+// `batch` (optional): what the unit finds as the batch (an attention_mask);
+// `lanes` (optional): the lanes it reads and writes (the caller's buffers).
 template <class T, class Dev, class U>
 UnitResult run_unit(Dev& dev, U& unit, const UnitCase& c, bool want_dx = true, SeqShape shape = {},
-                    const DeviceBatch* batch = nullptr) {
+                    const DeviceBatch* batch = nullptr, const Lanes<T>* lanes = nullptr) {
   using buffer = typename Dev::template buffer<T>;
   const DeviceParams<T, Dev> d(dev, c);
   const auto& pv = d.values;
@@ -118,7 +119,7 @@ UnitResult run_unit(Dev& dev, U& unit, const UnitCase& c, bool want_dx = true, S
     if (shape.rows() != c.rows) shape = {c.rows, 1};
     buffer saved = make_buffer<T>(dev, static_cast<std::size_t>(saved_size_of<T>(unit, dev, shape, c.in)));
     // A training call with a fixed random stream: nn::Dropout draws the same mask on every device.
-    const UnitContext<T> ctx{shape, saved.view(1, static_cast<std::int64_t>(saved.size())), true, 99, batch};
+    const UnitContext<T> ctx{shape, saved.view(1, static_cast<std::int64_t>(saved.size())), true, 99, batch, lanes};
     unit.template forward<Dev, T>(dev, pv, xv, y.view(c.rows, c.out), ctx);
     unit.template backward<Dev, T>(dev, pv, gv, xv, std::as_const(y).view(c.rows, c.out), dyv, dxv, ctx);
   } else {

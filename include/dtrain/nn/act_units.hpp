@@ -58,6 +58,7 @@
 #include "dtrain/kernels/matrix.hpp"
 #include "dtrain/model/param.hpp"
 #include "dtrain/model/unit.hpp"
+#include "dtrain/nn/batch_inputs.hpp"
 #include "dtrain/nn/checks.hpp"
 #include "dtrain/nn/convolution.hpp"
 #include "dtrain/nn/layer_norm.hpp"
@@ -326,21 +327,6 @@ void affine_backward(Dev& dev, const T* x, std::int64_t rows, std::int64_t in, c
   if (dw != nullptr) dev.gemm(true, false, out, in, rows, 1.f, dy, lddy, x, in, 0.f, dw, in);
   if (db != nullptr) dev.for_each(static_cast<std::size_t>(out), SumOverBatch<T>{dy, 1, 0, lddy, 0, rows, out, db});
   if (dx != nullptr) dev.gemm(false, false, rows, in, out, 1.f, dy, lddy, w, in, 0.f, dx, in);
-}
-
-// A float batch tensor of `count` values, checked.
-inline const float* batch_floats(const char* unit, const DeviceBatch* batch, const char* name, std::int64_t count,
-                                 const char* fix) {
-  const DeviceTensor* t = batch == nullptr ? nullptr : batch->find(name);
-  if (t == nullptr) throw config_error(std::string(unit) + ": the batch has no \"" + name + "\"", fix);
-  if (t->type != element_type::f32)
-    throw config_error(std::string(unit) + ": \"" + name + "\" holds " + std::string(element_name(t->type)),
-                       std::string("store ") + name + " as float32");
-  if (t->numel() != count)
-    throw config_error(std::string(unit) + ": \"" + name + "\" holds " + std::to_string(t->numel()) + " values " +
-                           shape_text(t->shape) + ", the model needs " + std::to_string(count),
-                       fix);
-  return t->data<float>();
 }
 
 template <class Dev, class T>
