@@ -16,6 +16,8 @@
 //    width, 5 x 3 images (3.8e-7 / 1.8e-6);
 //  - the text's padding (encoder_attention_mask) with a padded last token
 //    and a hole (2.6e-7 / 1.1e-6);
+//  - bf16 compute (Linear projections, one block) within 2e-2 forward and
+//    8e-2 gradients (6.1e-3 / 3.1e-2);
 // then the parameter names and shapes, and the refusals (channels and
 // groups, heads, layers, context_length, a batch without
 // encoder_hidden_states or with the wrong shape, the row width).
@@ -211,23 +213,26 @@ double worst_relative(const Vec& got, const Vec& ref) {
   return worst / std::max(scale, 1e-300);
 }
 
-void check_case(const Config& k, const std::string& name) {
+// The unit in T on the host against the reference, every input rounded to
+// T first (the context too, which the unit converts from float32 to T).
+template <class T = float>
+void check_case(const Config& k, const std::string& name, double forward_tol = 1e-5, double grad_tol = 1e-4) {
   Host dev(1);
   SpatialTransformer unit = make_unit(k);
   const std::int64_t in = k.channels * k.pixels();
-  const UnitCase c = rounded<float>(make_case(unit, k.batch, in, 7));
+  const UnitCase c = rounded<T>(make_case(unit, k.batch, in, 7));
   std::mt19937_64 rng(11);
-  const Vec context = round_to<float>(random_nonzero(static_cast<std::size_t>(k.batch * k.context * k.cross), rng));
+  const Vec context = round_to<T>(random_nonzero(static_cast<std::size_t>(k.batch * k.context * k.cross), rng));
   TextBatch text(dev, k, context);
-  const UnitResult r = run_unit<float>(dev, unit, c, true, SeqShape{k.batch, 1}, &text.batch);
+  const UnitResult r = run_unit<T>(dev, unit, c, true, SeqShape{k.batch, 1}, &text.batch);
   const RefForward ref = [&](const Params& p, const Vec& x) { return reference(k, p, x, context); };
   const Vec y = ref(c.params, c.x);
-  expect_close(r.y, y, 1e-5, name + " forward");
+  expect_close(r.y, y, forward_tol, name + " forward");
   const FdGrads fd = finite_difference_grads(ref, c);
-  expect_close(r.dx, fd.dx, 1e-4, name + " input gradient");
+  expect_close(r.dx, fd.dx, grad_tol, name + " input gradient");
   double worst_grad = worst_relative(r.dx, fd.dx);
   for (std::size_t i = 0; i < c.specs.size(); ++i) {
-    expect_close(r.grads[i], fd.grads[i], 1e-4, name + " " + c.specs[i].name + " gradient");
+    expect_close(r.grads[i], fd.grads[i], grad_tol, name + " " + c.specs[i].name + " gradient");
     worst_grad = std::max(worst_grad, worst_relative(r.grads[i], fd.grads[i]));
   }
   BOOST_TEST_MESSAGE(name << ": forward error " << worst_relative(r.y, y) << ", worst gradient error " << worst_grad
@@ -271,6 +276,16 @@ BOOST_AUTO_TEST_CASE(text_padding_mask) {
   k.options.use_linear_projection = true;
   k.mask = {1, 1, 1, 0, 1, 0, 1, 1};  // a padded last token, a hole
   check_case(k, "encoder_attention_mask");
+}
+
+// bf16 compute: the context converted from float32, every part rounding
+// to bf16 (2^-8) on the way; the tolerances are a few roundings (measured
+// 6.1e-3 forward, 3.1e-2 worst gradient).
+BOOST_AUTO_TEST_CASE(bf16_compute) {
+  Config k;
+  k.options.groups = 8;
+  k.options.use_linear_projection = true;
+  check_case<bf16>(k, "bf16 (linear, 1 block)", 2e-2, 8e-2);
 }
 
 BOOST_AUTO_TEST_CASE(parameter_names_and_shapes) {
