@@ -68,6 +68,9 @@ struct SavePretrainedOptions {
   // Set config.json's torch_dtype (transformers' configs); false leaves the
   // config as given (a LeRobot policy's, which knows no such key).
   bool torch_dtype = true;
+  // The weights' file name before ".safetensors" (and "-00001-of-00002"):
+  // transformers' "model", diffusers' "diffusion_pytorch_model".
+  std::string weights_name = "model";
 };
 
 namespace detail {
@@ -78,14 +81,14 @@ namespace detail {
 // rank.
 DTRAIN_DECL void merge_lora(std::vector<std::pair<ParamSlot, std::vector<float>>>& unit, const LoraConfig& lora);
 
-// save_pretrained's JSON files in `partial`: model.safetensors.index.json
+// save_pretrained's JSON files in `partial`: <weights_name>.safetensors.index.json
 // when there are `shards` > 1 (`file_of`: tensor -> file, sorted), and
 // config.json (the config's own text `config_json`, with torch_dtype float32
 // when `torch_dtype`: transformers' configs; LeRobot's take no such key).
 DTRAIN_DECL void write_pretrained_json(const std::filesystem::path& partial,
                                        const std::map<std::string, std::string>& file_of, std::size_t shards,
                                        std::uint64_t total_bytes, const std::string& config_json,
-                                       bool torch_dtype = true);
+                                       bool torch_dtype = true, const std::string& weights_name = "model");
 
 // The steps of a save that rank 0 writes to `dir` through `partial`
 // ("<dir>.partial"), so that `dir` appears complete or not at all; `call`
@@ -210,12 +213,13 @@ void save_transformers(Trainer& trainer, const std::filesystem::path& dir, const
     std::map<std::string, std::string> sorted;  // transformers writes the map sorted by name
     for (std::size_t i = 0; i < n; ++i) {
       char name[64];
-      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
-      const std::string file = n == 1 ? "model.safetensors" : name;
+      std::snprintf(name, sizeof name, "-%05zu-of-%05zu.safetensors", i + 1, n);
+      const std::string file = options.weights_name + (n == 1 ? std::string(".safetensors") : std::string(name));
       fs::rename(partial / ("shard-" + std::to_string(i + 1) + ".tmp"), partial / file);
       for (const auto& t : shards[i]) sorted[t] = file;
     }
-    detail::write_pretrained_json(partial, sorted, n, total_bytes, config_json, options.torch_dtype);
+    detail::write_pretrained_json(partial, sorted, n, total_bytes, config_json, options.torch_dtype,
+                                  options.weights_name);
     detail::commit_save(dir, partial, "the saved model");
   });
   detail::end_save(world, "hf-save-pretrained", "save_pretrained", dir, partial, error);

@@ -12,7 +12,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     namespace dtrain::hf {
   DTRAIN_DECL void detail::write_pretrained_json(
       const std::filesystem::path& partial, const std::map<std::string, std::string>& file_of, std::size_t shards,
-      std::uint64_t total_bytes, const std::string& config_json, bool torch_dtype) {
+      std::uint64_t total_bytes, const std::string& config_json, bool torch_dtype, const std::string& weights_name) {
     auto write_json = [&](const std::filesystem::path& path, const nlohmann::ordered_json& j) {
       const std::string text = j.dump(2) + "\n";
       const std::span<const std::byte> bytes = std::as_bytes(std::span(text));
@@ -21,7 +21,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     if (shards > 1) {
       nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
       for (const auto& [t, f] : file_of) weight_map[t] = f;
-      write_json(partial / "model.safetensors.index.json",
+      write_json(partial / (weights_name + ".safetensors.index.json"),
                  {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}});
     }
     nlohmann::ordered_json cfg =
@@ -70,7 +70,13 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     ParamSources s;
     s.what = "\"" + dir.string() + "\"";
     std::map<std::string, std::size_t> file_of;  // transformers tensor -> index into s.files
-    const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+    // transformers' file names, else diffusers'
+    const bool diffusers = !fs::exists(dir / "model.safetensors") &&
+                           !fs::exists(dir / "model.safetensors.index.json") &&
+                           (fs::exists(dir / "diffusion_pytorch_model.safetensors") ||
+                            fs::exists(dir / "diffusion_pytorch_model.safetensors.index.json"));
+    const std::string stem = diffusers ? "diffusion_pytorch_model" : "model";
+    const fs::path single = dir / (stem + ".safetensors"), index = dir / (stem + ".safetensors.index.json");
     if (fs::exists(index)) {
       std::ifstream in(index);
       nlohmann::ordered_json j;
@@ -105,7 +111,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       s.files.push_back(SafetensorsFile::open(single));
       for (const auto& n : s.files[0].names()) file_of[n] = 0;
     } else {
-      throw checkpoint_error("\"" + dir.string() + "\" has neither model.safetensors nor model.safetensors.index.json",
+      throw checkpoint_error("\"" + dir.string() +
+                                 "\" has neither model.safetensors nor model.safetensors.index.json (nor diffusers' "
+                                 "diffusion_pytorch_model.safetensors)",
                              "give a directory written by save_pretrained(safe_serialization=True); PyTorch .bin "
                              "checkpoints are not read");
     }

@@ -329,15 +329,11 @@ class TimestepInput {
         conv_in_(latent_channels, channels, {3, 3}, image, {.padding = {1, 1}, .trainable = options.trainable}),
         l1_(channels, o_.temb_dim, {.trainable = options.trainable}),
         l2_(o_.temb_dim, o_.temb_dim, {.trainable = options.trainable}),
-        a1_(o_.text.input_dim(), o_.temb_dim, {.trainable = options.trainable}),
-        a2_(o_.temb_dim, o_.temb_dim, {.trainable = options.trainable}) {
+        // (without text_time add_embedding is not a parameter: a 1 x 1 placeholder)
+        a1_(o_.text_time ? o_.text.input_dim() : 1, o_.text_time ? o_.temb_dim : 1, {.trainable = options.trainable}),
+        a2_(o_.text_time ? o_.temb_dim : 1, o_.text_time ? o_.temb_dim : 1, {.trainable = options.trainable}) {
     if (o_.temb_lane < 0)
       throw config_error("nn::TimestepInput: lane " + std::to_string(o_.temb_lane), "give a lane id >= 0");
-    if (o_.text_time && (o_.text.pooled_dim < 1 || o_.text.time_ids < 1 || o_.text.time_embed_dim < 2))
-      throw config_error("nn::TimestepInput: text_time conditioning of pooled width " +
-                             std::to_string(o_.text.pooled_dim) + ", " + std::to_string(o_.text.time_ids) +
-                             " time ids of " + std::to_string(o_.text.time_embed_dim),
-                         "give positive widths (SDXL: pooled 1280, 6 time ids of 256)");
   }
 
   std::int64_t out_channels() const noexcept { return channels_; }
@@ -436,6 +432,11 @@ class TimestepInput {
       throw config_error("nn::TimestepInput: " + std::to_string(channels) + " channels, a time embedding of " +
                              std::to_string(o.temb_dim),
                          "give positive widths (Stable Diffusion: 320 channels, 1280)");
+    if (o.text_time && (o.text.pooled_dim < 1 || o.text.time_ids < 1 || o.text.time_embed_dim < 2))
+      throw config_error("nn::TimestepInput: text_time conditioning of pooled width " +
+                             std::to_string(o.text.pooled_dim) + ", " + std::to_string(o.text.time_ids) +
+                             " time ids of " + std::to_string(o.text.time_embed_dim),
+                         "give positive widths (SDXL: pooled 1280, 6 time ids of 256)");
     return o;
   }
 
