@@ -13,6 +13,7 @@
 
 #include "snippets.hpp"
 
+#include <dtrain/diffusion/unet.hpp>
 #include <dtrain/lerobot/act.hpp>
 #include <dtrain/trainer.hpp>
 
@@ -330,6 +331,40 @@ void act_page(dtrain::World& world) {
   check(fs::exists("act_tuned/model.safetensors"), "save_lerobot wrote the policy");
 }
 
+// ---- docs/models_diffusion.md ----------------------------------------------
+
+void unet_page(dtrain::World& world) {
+  namespace fs = std::filesystem;
+  // A small UNet to start from, saved as diffusers saves one.
+  dtrain::models::UNetConfig small;
+  small.block_out_channels = {8, 16};
+  small.down_block_types = {"CrossAttnDownBlock2D", "DownBlock2D"};
+  small.up_block_types = {"UpBlock2D", "CrossAttnUpBlock2D"};
+  small.layers_per_block = {1};
+  small.norm_num_groups = 4;
+  small.attention_heads = {2};
+  small.cross_attention_dim = 8;
+  small.sample_height = small.sample_width = 8;
+  fs::remove_all("unet");
+  fs::remove_all("unet_tuned");
+  {
+    dtrain::models::UNet2DCondition start(small);
+    dtrain::Trainer<dtrain::models::UNet2DCondition> t(world, start, dtrain::AdamW{});
+    dtrain::diffusion::save_diffusers(t, "unet", start);
+  }
+  // [snippet:unet_diffusers]
+  dtrain::models::UNetConfig config = dtrain::diffusion::read_unet_config("unet");
+  config.context_length = 77;  // the text tokens per record of your cached embeddings
+  dtrain::models::UNet2DCondition model(config);
+  dtrain::Trainer<dtrain::models::UNet2DCondition, dtrain::Strategy<dtrain::FSDP<dtrain::FullShard>>> trainer(
+      world, model, dtrain::AdamW{.lr = 1e-5f});
+  dtrain::diffusion::load_diffusers(trainer, "unet", model);
+  // ... trainer.step(batches) ...
+  dtrain::diffusion::save_diffusers(trainer, "unet_tuned", model);
+  // [/snippet:unet_diffusers]
+  check(fs::exists("unet_tuned/diffusion_pytorch_model.safetensors"), "save_diffusers wrote the UNet");
+}
+
 }  // namespace
 
 int guide_examples(dtrain::World& world, const dtrain::Dataset& dataset);                            // guide.cpp
@@ -349,6 +384,7 @@ int main(int argc, char** argv) try {
   checkpoint_page(world, dataset);
   uneven_data(world, dataset);
   act_page(world);
+  unet_page(world);
   guide_examples(world, dataset);
   migrating_example(12, dataset, make_dataset(256));
   std::puts("every documented snippet ran");
