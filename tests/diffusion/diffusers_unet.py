@@ -2,6 +2,7 @@
 
 usage: diffusers_unet.py make DIR KIND     KIND: sd | sdxl
        diffusers_unet.py predict MODEL_DIR INPUTS OUT
+       diffusers_unet.py train DIR STEPS LR OUT
 
 make: a tiny UNet2DConditionModel of Stable Diffusion's shape (sd: 1x1
 convolution projections, one transformer layer) or SDXL's (linear
@@ -20,6 +21,11 @@ comparison measures the model and not float32's rounding of the angles.
 
 predict: the prediction of the UNet saved in MODEL_DIR (loaded with
 from_pretrained, float64) on INPUTS, to OUT ("pred").
+
+train: STEPS steps of torch.optim.AdamW (lr LR, no weight decay) on
+DIR/unet in float64, each on DIR/inputs.safetensors' whole batch against its
+target; OUT holds the loss before each step ("losses") and every parameter
+after the last ("param.<name>").
 """
 
 import math
@@ -97,8 +103,28 @@ def make(out, kind):
     save_file(expected, out / "expected.safetensors")
 
 
+def train(directory, steps, lr, out):
+    model = UNet2DConditionModel.from_pretrained(directory / "unet").to(f64)
+    inputs = load_file(directory / "inputs.safetensors")
+    kind = "sdxl" if "text_embeds" in inputs else "sd"
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(predict(model, inputs, kind), inputs["target"].to(f64))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    result = {"losses": torch.tensor(losses, dtype=torch.float32)}
+    for name, p in model.named_parameters():
+        result["param." + name] = p.detach().float().contiguous()
+    save_file(result, out)
+
+
 def main():
-    if sys.argv[1] == "make":
+    if sys.argv[1] == "train":
+        train(Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
+    elif sys.argv[1] == "make":
         out = Path(sys.argv[2])
         out.mkdir(parents=True, exist_ok=True)
         make(out, sys.argv[3])

@@ -9,6 +9,12 @@
 //    one rank and at two under FSDP FullShard;
 //  - the first step's MSE loss within 1e-5 (relative) and every parameter's
 //    gradient (one SGD step, lr 1) within 1e-5 of the largest gradient;
+//  - 20 AdamW steps (lr 1e-3, no weight decay) at one rank under DDP and at
+//    two under DDP and FSDP FullShard: the losses before each step within
+//    2e-3 (relative) of diffusers' float64 run's, every parameter within
+//    1e-4 of diffusers' and of each other (a tenth of lr: an element whose
+//    gradient were rounding noise would move by about lr a step, AdamW's
+//    step size whatever the gradient's; none here does);
 //  - a model trained two steps at two ranks (FSDP), saved by save_diffusers,
 //    loaded by from_pretrained: diffusers' prediction within 1e-5 of
 //    dtrain's.
@@ -185,6 +191,71 @@ void first_step_like_diffusers(const std::string& kind) {
   BOOST_TEST(worst <= tolerance * scale, kind << ": gradients differ by " << worst << " at " << worst_name);
 }
 
+constexpr int adamw_count = 20;
+constexpr float adamw_lr = 1e-3f;
+
+// Parameters after `adamw_count` AdamW steps at `ranks` ranks under Kind on
+// the inputs' batch (split over the ranks), and rank 0's losses.
+template <class Kind>
+Values adamw_steps(const fs::path& dir, int ranks, std::vector<double>* losses = nullptr) {
+  const SafetensorsFile in = SafetensorsFile::open(dir / "inputs.safetensors");
+  const models::UNetConfig config = config_of(dir, in);
+  Values out;
+  run_ranks(ranks, [&](World& w) {
+    models::UNet2DCondition model(config);
+    Trainer<models::UNet2DCondition, Strategy<Kind>> t(w, model, AdamW{.lr = adamw_lr, .weight_decay = 0.f});
+    diffusion::load_diffusers(t, dir / "unet", model);
+    const std::int64_t per = 2 / ranks;
+    const Batch b = batch_of(in, w.rank() * per, per);
+    for (int s = 0; s < adamw_count; ++s) {
+      const StepStats st = t.step(std::vector<Batch>{b});
+      if (losses != nullptr && w.rank() == 0) losses->push_back(st.loss);
+    }
+    Values p = t.parameters();
+    if (w.rank() == 0) out = std::move(p);
+  });
+  return out;
+}
+
+// The largest difference between two runs' parameters.
+double params_apart(const Values& a, const Values& b) {
+  double w = 0;
+  for (const auto& [name, values] : a) w = std::max(w, worst_difference(values, b.at(name)));
+  return w;
+}
+
+void trains_like_diffusers(const std::string& kind) {
+  const fs::path& dir = made(kind);
+  const fs::path out = dir / "adamw.safetensors";
+  run_script(
+      "train " + dir.string() + " " + std::to_string(adamw_count) + " " + std::to_string(adamw_lr) + " " + out.string(),
+      dir / "train.log");
+  const SafetensorsFile ref = SafetensorsFile::open(out);
+  std::vector<double> losses;
+  const Values one = adamw_steps<DDP>(dir, 1, &losses), ddp = adamw_steps<DDP>(dir, 2),
+               fsdp = adamw_steps<FSDP<FullShard>>(dir, 2);
+  const std::vector<float> want = ref.read_f32("losses");
+  BOOST_TEST_REQUIRE(losses.size() == want.size());
+  double loss_gap = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    loss_gap = std::max(loss_gap, std::abs(losses[i] - want[i]) / std::abs(double(want[i])));
+  Values theirs;
+  models::UNet2DCondition model(config_of(dir, SafetensorsFile::open(dir / "inputs.safetensors")));
+  for (const auto& [ours, names] : diffusion::unet_names(model).tensors)
+    theirs[ours] = ref.read_f32("param." + names.front());
+  const double vs_diffusers = params_apart(one, theirs), vs_ddp = params_apart(ddp, one),
+               vs_fsdp = params_apart(fsdp, one), bound = 1e-4;
+  std::printf(
+      "%s UNet: %d AdamW steps: losses within %.2e (relative) of diffusers' (%.4f -> %.4f); parameters vs "
+      "diffusers %.3e, DDP x2 vs x1 %.3e, FSDP x2 vs x1 %.3e (bound %.3e)\n",
+      kind.c_str(), adamw_count, loss_gap, want.front(), want.back(), vs_diffusers, vs_ddp, vs_fsdp, bound);
+  BOOST_TEST(loss_gap <= 2e-3);
+  BOOST_TEST(want.back() < want.front(), "diffusers' loss fell");
+  BOOST_TEST(vs_diffusers <= bound);
+  BOOST_TEST(vs_ddp <= bound);
+  BOOST_TEST(vs_fsdp <= bound);
+}
+
 void saved_model_loads_in_diffusers(const std::string& kind) {
   const fs::path& dir = made(kind);
   const SafetensorsFile in = SafetensorsFile::open(dir / "inputs.safetensors");
@@ -221,6 +292,8 @@ BOOST_AUTO_TEST_CASE(sd_predicts_like_diffusers) { predicts_like_diffusers("sd")
 BOOST_AUTO_TEST_CASE(sdxl_predicts_like_diffusers) { predicts_like_diffusers("sdxl"); }
 BOOST_AUTO_TEST_CASE(sd_first_step_like_diffusers) { first_step_like_diffusers("sd"); }
 BOOST_AUTO_TEST_CASE(sdxl_first_step_like_diffusers) { first_step_like_diffusers("sdxl"); }
+BOOST_AUTO_TEST_CASE(sd_trains_like_diffusers) { trains_like_diffusers("sd"); }
+BOOST_AUTO_TEST_CASE(sdxl_trains_like_diffusers) { trains_like_diffusers("sdxl"); }
 BOOST_AUTO_TEST_CASE(sd_saved_model_loads_in_diffusers) { saved_model_loads_in_diffusers("sd"); }
 BOOST_AUTO_TEST_CASE(sdxl_saved_model_loads_in_diffusers) { saved_model_loads_in_diffusers("sdxl"); }
 
