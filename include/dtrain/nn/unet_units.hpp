@@ -49,6 +49,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -322,16 +323,15 @@ class TimestepInput {
   // `image`: the latents' height and width; `channels`: conv_in's outputs
   // (block_out_channels[0]), also the timesteps' sinusoid width.
   TimestepInput(std::int64_t latent_channels, std::int64_t channels, Extent2 image, TimestepInputOptions options = {})
-      : latent_(latent_channels),
-        channels_(channels),
-        image_(image),
+      : channels_(channels),
         o_(with_defaults(options, channels)),
         conv_in_(latent_channels, channels, {3, 3}, image, {.padding = {1, 1}, .trainable = options.trainable}),
         l1_(channels, o_.temb_dim, {.trainable = options.trainable}),
-        l2_(o_.temb_dim, o_.temb_dim, {.trainable = options.trainable}),
-        // (without text_time add_embedding is not a parameter: a 1 x 1 placeholder)
-        a1_(o_.text_time ? o_.text.input_dim() : 1, o_.text_time ? o_.temb_dim : 1, {.trainable = options.trainable}),
-        a2_(o_.text_time ? o_.temb_dim : 1, o_.text_time ? o_.temb_dim : 1, {.trainable = options.trainable}) {
+        l2_(o_.temb_dim, o_.temb_dim, {.trainable = options.trainable}) {
+    if (o_.text_time) {
+      a1_.emplace(o_.text.input_dim(), o_.temb_dim, LinearOptions{.trainable = options.trainable});
+      a2_.emplace(o_.temb_dim, o_.temb_dim, LinearOptions{.trainable = options.trainable});
+    }
     if (o_.temb_lane < 0)
       throw config_error("nn::TimestepInput: lane " + std::to_string(o_.temb_lane), "give a lane id >= 0");
   }
@@ -346,8 +346,8 @@ class TimestepInput {
     detail::append_params(out, "time_embedding.linear_1", l1_.params());
     detail::append_params(out, "time_embedding.linear_2", l2_.params());
     if (o_.text_time) {
-      detail::append_params(out, "add_embedding.linear_1", a1_.params());
-      detail::append_params(out, "add_embedding.linear_2", a2_.params());
+      detail::append_params(out, "add_embedding.linear_1", a1_->params());
+      detail::append_params(out, "add_embedding.linear_2", a2_->params());
     }
     return out;
   }
@@ -391,9 +391,9 @@ class TimestepInput {
     dev.for_each(static_cast<std::size_t>(B * tt.pooled_dim), Cast<float, T>{pooled, pooled_t.data});
     dev.for_each(static_cast<std::size_t>(B), detail::ConcatRows<T>{pooled_t.data, id_sin.data, s.cat.data,
                                                                     tt.pooled_dim, tt.time_ids * tt.time_embed_dim});
-    a1_.template forward<Dev, T>(dev, p.subspan(add1, 2), s.cat, s.b);
+    a1_->template forward<Dev, T>(dev, p.subspan(add1, 2), s.cat, s.b);
     silu_.template forward<Dev, T>(dev, {}, s.b, s.sb);
-    a2_.template forward<Dev, T>(dev, p.subspan(add2, 2), s.sb, s.aug);
+    a2_->template forward<Dev, T>(dev, p.subspan(add2, 2), s.sb, s.aug);
     dev.for_each(static_cast<std::size_t>(temb.size()), AddElements<T>{temb.data, s.aug.data, temb.data});
   }
 
@@ -450,8 +450,8 @@ class TimestepInput {
   void mlp_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, std::size_t first, MatView<T> in, MatView<T> a,
                     MatView<T> sa, MatView<T> dout, const Parts<T>& s) {
     const bool train1 = !grad[first].empty() || !grad[first + 1].empty();
-    Linear& l1 = first == lin1 ? l1_ : a1_;
-    Linear& l2 = first == lin1 ? l2_ : a2_;
+    Linear& l1 = first == lin1 ? l1_ : *a1_;
+    Linear& l2 = first == lin1 ? l2_ : *a2_;
     l2.template backward<Dev, T>(dev, p.subspan(first + 2, 2), grad.subspan(first + 2, 2), sa, {}, dout,
                                  train1 ? s.d1 : MatView<T>{});
     if (!train1) return;
@@ -483,11 +483,11 @@ class TimestepInput {
     return s;
   }
 
-  std::int64_t latent_, channels_;
-  Extent2 image_;
+  std::int64_t channels_;
   TimestepInputOptions o_;
   Conv2d conv_in_;
-  Linear l1_, l2_, a1_, a2_;  // the time embedding's, add_embedding's (text_time only)
+  Linear l1_, l2_;                 // the time embedding's
+  std::optional<Linear> a1_, a2_;  // add_embedding's (text_time only)
   SiLU silu_;
 };
 
