@@ -18,9 +18,17 @@
 //    and a hole (2.6e-7 / 1.1e-6);
 //  - bf16 compute (Linear projections, one block) within 2e-2 forward and
 //    8e-2 gradients (6.1e-3 / 3.1e-2);
+//  - LoRA adapters (rank 2, alpha 3, dropout 0) on every projection that
+//    takes one (attn1's and attn2's to_q, to_k, to_v, to_out.0: attn2's k and
+//    v over the text; ff.net.0.proj, ff.net.2, the linear proj_in and
+//    proj_out), two blocks, every other parameter frozen: the reference is
+//    the unit with W + (alpha / r) B A in each adapted projection, and the
+//    gradients of A and B are checked against its central differences
+//    (measured 8.1e-7 / 1.1e-5); frozen parameters get none;
 // then the parameter names and shapes, and the refusals (channels and
 // groups, heads, layers, context_length, a batch without
-// encoder_hidden_states or with the wrong shape, the row width).
+// encoder_hidden_states or with the wrong shape, the row width, LoRA
+// targets that are unknown or a convolution, a rank without targets).
 // Last, against diffusers 0.42.1's Transformer2DModel itself in float64 (the
 // pinned torch2 set; diffusers_spatial_transformer.py writes its weights
 // under their state-dict names, which the unit's params() must find, its
@@ -288,6 +296,83 @@ BOOST_AUTO_TEST_CASE(bf16_compute) {
   check_case<bf16>(k, "bf16 (linear, 1 block)", 2e-2, 8e-2);
 }
 
+namespace {
+
+// The LoRA unit's parameters with each adapter merged into its projection
+// (W + scale B A) and the adapters left out: the base unit's parameters.
+Params merged_base(const std::vector<ParamSpec>& specs, const Params& p, double scale) {
+  const auto index = [&](const std::string& name) {
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      if (specs[i].name == name) return i;
+    throw std::runtime_error("no parameter " + name);
+  };
+  Params merged = p;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const std::string& n = specs[i].name;
+    if (!n.ends_with(".lora_A")) continue;
+    const std::string base = n.substr(0, n.size() - 7);
+    const Vec& a = p[i];
+    const Vec& b = p[index(base + ".lora_B")];
+    const std::size_t w = index(base + ".weight");
+    const std::int64_t out = specs[w].shape[0], in = specs[w].shape[1], r = specs[i].shape[0];
+    for (std::int64_t o = 0; o < out; ++o)
+      for (std::int64_t j = 0; j < in; ++j)
+        for (std::int64_t k = 0; k < r; ++k) merged[w][o * in + j] += scale * b[o * r + k] * a[k * in + j];
+  }
+  Params base;
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    if (!specs[i].name.ends_with(".lora_A") && !specs[i].name.ends_with(".lora_B")) base.push_back(merged[i]);
+  return base;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(lora_on_every_projection) {
+  Config k;
+  k.options.groups = 8;
+  k.options.layers = 2;
+  k.options.use_linear_projection = true;
+  k.options.trainable = false;
+  k.options.lora = {.r = 2, .alpha = 3.f};
+  k.options.lora_targets = {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k",
+                            "attn2.to_v", "attn2.to_out.0", "ff.net.0.proj", "ff.net.2", "proj_in", "proj_out"};
+  Host dev(1);
+  SpatialTransformer unit = make_unit(k);
+  const std::int64_t in = k.channels * k.pixels();
+  const UnitCase c = rounded<float>(make_case(unit, k.batch, in, 7));  // B random and non-zero: the adapters act
+  std::size_t adapters = 0;
+  for (const auto& s : c.specs) {
+    const bool lora = s.name.ends_with(".lora_A") || s.name.ends_with(".lora_B");
+    adapters += lora ? 1 : 0;
+    BOOST_TEST(s.trainable == lora, s.name);
+  }
+  BOOST_TEST(adapters == 2u * (2u * 10u + 2u));
+  std::mt19937_64 rng(11);
+  const Vec context = round_to<float>(random_nonzero(static_cast<std::size_t>(k.batch * k.context * k.cross), rng));
+  TextBatch text(dev, k, context);
+  const UnitResult r = run_unit<float>(dev, unit, c, true, SeqShape{k.batch, 1}, &text.batch);
+  Config base = k;
+  base.options.lora = {};
+  base.options.lora_targets = {};
+  const RefForward ref = [&](const Params& p, const Vec& x) {
+    return reference(base, merged_base(c.specs, p, 1.5), x, context);
+  };
+  const Vec y = ref(c.params, c.x);
+  expect_close(r.y, y, 1e-5, "LoRA forward");
+  const FdGrads fd = finite_difference_grads(ref, c);
+  expect_close(r.dx, fd.dx, 1e-4, "LoRA input gradient");
+  double worst = worst_relative(r.dx, fd.dx);
+  for (std::size_t i = 0; i < c.specs.size(); ++i) {
+    if (!c.specs[i].trainable) {
+      BOOST_TEST(r.grads[i].empty(), c.specs[i].name << " is frozen: no gradient");
+      continue;
+    }
+    expect_close(r.grads[i], fd.grads[i], 1e-4, "LoRA " + c.specs[i].name + " gradient");
+    worst = std::max(worst, worst_relative(r.grads[i], fd.grads[i]));
+  }
+  BOOST_TEST_MESSAGE("LoRA: forward error " << worst_relative(r.y, y) << ", worst gradient error " << worst);
+}
+
 BOOST_AUTO_TEST_CASE(parameter_names_and_shapes) {
   Config k;
   k.options.groups = 8;
@@ -362,6 +447,16 @@ BOOST_AUTO_TEST_CASE(refusals) {
   BOOST_CHECK_EXCEPTION(run_unit<float>(dev, unit, c, true, SeqShape{k.batch, 1}, &text.batch), E,
                         says("encoder_hidden_states are [2, 5, 12]"));
   BOOST_CHECK_EXCEPTION(unit.out_features(7), E, says("values per row"));
+
+  // LoRA: an unknown projection, a convolution projection, a rank without targets
+  o = k.options;
+  o.lora = {.r = 2};
+  o.lora_targets = {"to_q"};
+  BOOST_CHECK_EXCEPTION(SpatialTransformer(16, 2, 8, 12, {3, 5}, o), E, says("no projection \"to_q\""));
+  o.lora_targets = {"proj_in"};
+  BOOST_CHECK_EXCEPTION(SpatialTransformer(16, 2, 8, 12, {3, 5}, o), E, says("proj_in is a 1x1 convolution"));
+  o.lora_targets = {};
+  BOOST_CHECK_EXCEPTION(SpatialTransformer(16, 2, 8, 12, {3, 5}, o), E, says("a LoRA rank but no target"));
 }
 
 namespace {

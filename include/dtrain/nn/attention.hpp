@@ -273,9 +273,9 @@ void projection_grads(Dev& dev, MatView<const T> in, MatView<const T> d_out, Mat
 // rows start at `lora_saved`.
 template <class Dev, class T>
 void output_projection(Dev& dev, const LoraSet& lora, std::size_t site, UnitParams<const T> p, MatView<const T> merged,
-                       const T* w, const T* b, MatView<T> y, T* lora_saved, LoraDraw draw) {
+                       const T* w, const T* b, MatView<T> y, T* lora_saved, LoraDraw draw, LoraRows rows = {}) {
   project(dev, merged, w, b, y.data, y.cols);
-  lora.forward(dev, site, p, merged, y.data, lora_saved, draw);
+  lora.forward(dev, site, p, merged, y.data, lora_saved, draw, rows);
 }
 
 // Its backward: d_merged = dy Wo, the gradients of Wo and bo (dw, db: each
@@ -283,11 +283,12 @@ void output_projection(Dev& dev, const LoraSet& lora, std::size_t site, UnitPara
 template <class Dev, class T>
 void output_projection_backward(Dev& dev, const LoraSet& lora, std::size_t site, UnitParams<const T> p,
                                 UnitParams<T> grad, MatView<const T> merged, MatView<const T> dy, const T* w,
-                                MatView<T> dw, MatView<T> db, T* d_merged, T* lora_saved, LoraDraw draw) {
+                                MatView<T> dw, MatView<T> db, T* d_merged, T* lora_saved, LoraDraw draw,
+                                LoraRows rows = {}) {
   const std::int64_t N = merged.rows, in = merged.cols, out = dy.cols;
   dev.gemm(false, false, N, in, out, 1.f, dy.data, out, w, in, 0.f, d_merged, in);
   projection_grads(dev, merged, dy, dw, db);
-  lora.backward(dev, site, p, grad, merged, dy.data, lora_saved, MatView<T>{d_merged, N, in}, draw);
+  lora.backward(dev, site, p, grad, merged, dy.data, lora_saved, MatView<T>{d_merged, N, in}, draw, rows);
 }
 
 // The reference attention on q, k, v in the head layout [B, heads, T, hd]

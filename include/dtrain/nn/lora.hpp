@@ -22,6 +22,10 @@
 // dx += dt A from there. The adapter runs on the device's GEMM, so it is the
 // same code on every device and dtype.
 //
+// In a cross-attention the k and v adapters read the memory (the text a
+// diffusion model attends to), whose rows are not the queries': their sites
+// are built `memory` and the calls name both row counts (LoraRows).
+//
 // lora_dropout p (PEFT's): in a training forward the adapter sees
 // dropout(x), each element zeroed with probability p and the rest scaled by
 // 1 / (1 - p), while the frozen projection sees x. The dropped input xd is
@@ -71,6 +75,14 @@ LoraDraw lora_draw(const UnitContext<T>& ctx) noexcept {
   return {ctx.training, ctx.stream};
 }
 
+// The rows the sites of a unit see: the queries' (every site that reads the
+// unit's input or its merged heads) and the memory's (the sites built
+// `memory`, a cross-attention's k and v). -1: the call's input rows.
+struct LoraRows {
+  std::int64_t query = -1;
+  std::int64_t memory = -1;
+};
+
 namespace detail {
 
 // The key an adapter's dropout stream is derived with from its unit's
@@ -83,10 +95,14 @@ class LoraSite {
   LoraSite() = default;
   // Checks the options against the projection [out, in] and its segments;
   // `what` and `name` name the unit and projection in the errors.
+  // `memory`: the site reads a cross-attention's memory (LoraRows::memory).
   DTRAIN_DECL LoraSite(const std::string& what, std::string name, const LoraOptions& o, std::int64_t in,
-                       std::int64_t out, std::int64_t segments = 1);
+                       std::int64_t out, std::int64_t segments = 1, bool memory = false);
 
   bool on() const noexcept { return options_.on(); }
+  bool memory() const noexcept { return memory_; }
+  // The rows this site sees in a call over `rows`.
+  std::int64_t rows_of(LoraRows rows) const noexcept { return memory_ ? rows.memory : rows.query; }
   std::int64_t rank() const noexcept { return options_.r; }
   std::int64_t segments() const noexcept { return segments_; }
   float scale() const { return options_.scale(); }
@@ -167,6 +183,7 @@ class LoraSite {
   std::string name_;
   LoraOptions options_{};
   std::int64_t in_ = 0, out_ = 0, segments_ = 1;
+  bool memory_ = false;
 };
 
 // The adapters of one unit, in the unit's order of projections. Their
@@ -188,31 +205,33 @@ class LoraSet {
     return n;
   }
   DTRAIN_DECL std::vector<ParamSpec> params() const;
-  std::int64_t saved_size(std::int64_t rows) const noexcept {
+  std::int64_t saved_size(std::int64_t rows) const noexcept { return saved_size(LoraRows{rows, rows}); }
+  std::int64_t saved_size(LoraRows rows) const noexcept {
     std::int64_t n = 0;
-    for (const auto& s : sites_) n += s.saved_size(rows);
+    for (const auto& s : sites_) n += s.saved_size(s.rows_of(rows));
     return n;
   }
   bool on(std::size_t i) const { return sites_.at(i).on(); }
 
   // Site i's forward: out += its adapter's contribution; `saved` is where the
   // unit's t buffers start; `draw` the call's training flag and stream (its
-  // dropout, if any).
+  // dropout, if any); `rows` the call's rows where a site reads a memory.
   template <class Dev, class T>
-  void forward(Dev& dev, std::size_t i, UnitParams<const T> p, MatView<const T> x, T* out, T* saved,
-               LoraDraw draw) const {
+  void forward(Dev& dev, std::size_t i, UnitParams<const T> p, MatView<const T> x, T* out, T* saved, LoraDraw draw,
+               LoraRows rows = {}) const {
     if (!sites_.at(i).on()) return;
     const std::size_t k = param_index(i);
-    sites_[i].forward(dev, p[k].data, p[k + 1].data, x, out, saved + t_offset(i, x.rows), draw, lora_stream_key + i);
+    sites_[i].forward(dev, p[k].data, p[k + 1].data, x, out, saved + t_offset(i, call_rows(rows, x.rows)), draw,
+                      lora_stream_key + i);
   }
 
   template <class Dev, class T>
   void backward(Dev& dev, std::size_t i, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, const T* d_out,
-                T* saved, MatView<T> dx, LoraDraw draw) const {
+                T* saved, MatView<T> dx, LoraDraw draw, LoraRows rows = {}) const {
     if (!sites_.at(i).on()) return;
     const std::size_t k = param_index(i);
-    sites_[i].backward(dev, p[k].data, p[k + 1].data, grad[k], grad[k + 1], x, d_out, saved + t_offset(i, x.rows), dx,
-                       draw, lora_stream_key + i);
+    sites_[i].backward(dev, p[k].data, p[k + 1].data, grad[k], grad[k + 1], x, d_out,
+                       saved + t_offset(i, call_rows(rows, x.rows)), dx, draw, lora_stream_key + i);
   }
 
  private:
@@ -221,9 +240,12 @@ class LoraSet {
     for (std::size_t j = 0; j < i; ++j) k += sites_[j].on() ? 2 : 0;
     return k;
   }
-  std::int64_t t_offset(std::size_t i, std::int64_t rows) const {
+  static LoraRows call_rows(LoraRows rows, std::int64_t x_rows) noexcept {
+    return rows.query < 0 ? LoraRows{x_rows, x_rows} : rows;
+  }
+  std::int64_t t_offset(std::size_t i, LoraRows rows) const {
     std::int64_t o = 0;
-    for (std::size_t j = 0; j < i; ++j) o += sites_[j].saved_size(rows);
+    for (std::size_t j = 0; j < i; ++j) o += sites_[j].saved_size(sites_[j].rows_of(rows));
     return o;
   }
 

@@ -12,8 +12,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
     namespace dtrain::nn::detail {
   DTRAIN_DECL LoraSite::LoraSite(const std::string& what, std::string name, const LoraOptions& o, std::int64_t in,
-                                 std::int64_t out, std::int64_t segments)
-      : name_(std::move(name)), options_(o), in_(in), out_(out), segments_(segments) {
+                                 std::int64_t out, std::int64_t segments, bool memory)
+      : name_(std::move(name)), options_(o), in_(in), out_(out), segments_(segments), memory_(memory) {
     const std::string where = what + (name_.empty() ? "" : " " + name_) + ": LoRA ";
     if (o.r < 0) throw config_error(where + "rank " + std::to_string(o.r) + " is negative", "give lora_r >= 1");
     if (!o.on()) return;

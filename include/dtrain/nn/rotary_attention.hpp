@@ -404,7 +404,8 @@ struct GroupedAttentionOptions {
   // batch holds the text's)
   bool batch_masks = true;
   // LoRA adapters on the q, k, v and o projections (PEFT's q_proj, k_proj,
-  // v_proj, o_proj): nn/lora.hpp. Self-attention only.
+  // v_proj, o_proj; diffusers' to_q, to_k, to_v, to_out.0): nn/lora.hpp. In
+  // a cross-attention k's and v's adapters read the memory.
   LoraOptions q_lora{};
   LoraOptions k_lora{};
   LoraOptions v_lora{};
@@ -526,7 +527,7 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   // detail::AttentionPaths). CrossInput: saved_size(query shape, memory
   // length); forward and backward: detail::CrossAttentionPaths.
   std::int64_t saved_size(SeqShape s, std::int64_t memory_time) const {
-    if constexpr (cross) return own_saved(s, memory_time);
+    if constexpr (cross) return own_saved(s, memory_time) + lora_.saved_size(LoraRows{s.rows(), s.batch * memory_time});
     return own_saved(s, s.time) + lora_.saved_size(s.rows());
   }
 
@@ -572,8 +573,10 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     detail::project(dev, m, p[1].data, bias(p, 1).data, k_proj, kv);
     detail::project(dev, m, p[2].data, bias(p, 2).data, v_rows, kv);
     T* lora = ctx.saved.data + own_saved(ctx.shape, s.k_time);
+    const LoraRows lora_rows{Nq, Nk};
     for (std::size_t i = 0; i < 3; ++i)
-      lora_.forward(dev, i, p, i == 0 ? x : m, i == 0 ? q_proj : i == 1 ? k_proj : v_rows, lora, lora_draw(ctx));
+      lora_.forward(dev, i, p, i == 0 ? x : m, i == 0 ? q_proj : i == 1 ? k_proj : v_rows, lora, lora_draw(ctx),
+                    lora_rows);
     if (options_.qk_norm) {
       head_norm(dev, s.q_pre, q_rows, Nq * heads_, norm_weight(p, 0).data);
       head_norm(dev, s.k_pre, k_rows, Nk * kv_heads_, norm_weight(p, 1).data);
@@ -593,7 +596,7 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
       detail::full_attention(dev, s.layout(), s.q, s.k, s.v, s.att, o, s.merged, key_mask(ctx, s.k_time), s.g.positions,
                              options_.scale);
     detail::output_projection(dev, lora_, 3, p, MatView<const T>{s.merged, Nq, inner_}, p[3].data, bias(p, 3).data, y,
-                              lora, lora_draw(ctx));
+                              lora, lora_draw(ctx), lora_rows);
   }
 
   template <class Dev, class T>
@@ -623,8 +626,9 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     const Rope rope = rope_table(dev, s.g, reinterpret_cast<float*>(qk_ws + qk));
 
     T* lora = ctx.saved.data + own_saved(ctx.shape, s.k_time);
+    const LoraRows lora_rows{Nq, Nk};
     detail::output_projection_backward(dev, lora_, 3, p, grad, MatView<const T>{s.merged, Nq, C}, dy, p[3].data,
-                                       grad[3], bias(grad, 3), d_merged, lora, lora_draw(ctx));
+                                       grad[3], bias(grad, 3), d_merged, lora, lora_draw(ctx), lora_rows);
     if constexpr (causal)
       detail::heads_attention_backward(dev, s.heads_layout(), s.q, s.k, s.v, s.att, d_merged, d_o, d_att, d_q, d_k, d_v,
                                        options_.scale);
@@ -650,7 +654,7 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
       dq_rows = dq_pre;
       dk_rows = dk_pre;
     }
-    projections_backward(dev, p, grad, x, m, dq_rows, dk_rows, dv_rows, lora, dx, dm, lora_draw(ctx));
+    projections_backward(dev, p, grad, x, m, dq_rows, dk_rows, dv_rows, lora, dx, dm, lora_draw(ctx), lora_rows);
   }
 
   // Outside the host, the forms no GPU run has checked yet need DTRAIN_GPU_ATTENTION=on.
@@ -724,7 +728,7 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   template <class Dev, class T>
   void projections_backward(Dev& dev, UnitParams<const T> p, UnitParams<T> grad, MatView<const T> x, MatView<const T> m,
                             const T* dq_rows, const T* dk_rows, const T* dv_rows, T* lora, MatView<T> dx, MatView<T> dm,
-                            LoraDraw draw) const {
+                            LoraDraw draw, LoraRows rows = {}) const {
     const std::int64_t Nq = x.rows, Nk = m.rows, C = dim_, I = inner_, M = memory_dim_, kv = kv_heads_ * head_dim();
     detail::projection_grads(dev, x, MatView<const T>{dq_rows, Nq, I}, grad[0], bias(grad, 0));
     detail::projection_grads(dev, m, MatView<const T>{dk_rows, Nk, kv}, grad[1], bias(grad, 1));
@@ -738,9 +742,9 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
       dev.gemm(false, false, Nk, M, kv, 1.f, dk_rows, kv, p[1].data, M, cross ? 0.f : 1.f, dm.data, M);
       dev.gemm(false, false, Nk, M, kv, 1.f, dv_rows, kv, p[2].data, M, 1.f, dm.data, M);
     }
-    lora_.backward(dev, 0, p, grad, x, dq_rows, lora, dx, draw);
-    lora_.backward(dev, 1, p, grad, m, dk_rows, lora, dm, draw);
-    lora_.backward(dev, 2, p, grad, m, dv_rows, lora, dm, draw);
+    lora_.backward(dev, 0, p, grad, x, dq_rows, lora, dx, draw, rows);
+    lora_.backward(dev, 1, p, grad, m, dk_rows, lora, dm, draw, rows);
+    lora_.backward(dev, 2, p, grad, m, dv_rows, lora, dm, draw, rows);
   }
 
   // The fused path (device/fused_attention.hpp): q [N, dim] and k, v

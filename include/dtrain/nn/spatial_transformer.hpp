@@ -58,9 +58,22 @@
 //              block's output) + the attentions' own: attn1 4 N I + B heads
 //              P^2, attn2 2 N I + 2 B L I + B heads P L
 //   N I        the last block's output as NCHW (convolution projection only)
+//   the adapters' rows (LoRA, below), per block and for proj_in/proj_out
 //   3 N W + 3 N F   gradient scratch for backward (also forward's scratch)
 // The attention probabilities are kept whole: B heads P^2 per block (no
 // fused attention here), which dominates at SD's 64 x 64 latents.
+//
+// LoRA (nn/lora.hpp): SpatialTransformerOptions::lora_targets names the
+// projections that get adapters, by their names inside a block
+// ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", the same
+// for attn2, "ff.net.0.proj", "ff.net.2"; every block of the unit alike) or
+// of the unit ("proj_in", "proj_out", the Linear projections only: a 1x1
+// convolution takes no adapter here). An adapted projection's weight and
+// bias are frozen; its "<name>.lora_A" [r, in] and "<name>.lora_B"
+// [out, r] follow its own parameters, PEFT's layout. attn2's k and v
+// adapters read the text context. `trainable` false freezes every other
+// parameter (what LoRA training does to a UNet). Each adapter keeps
+// rows x r more elements in the saved view (and rows x in with dropout).
 //
 // Backward is exact and overwrites every parameter gradient; the input
 // gradient is skipped when empty. Dropout is not modelled (diffusers'
@@ -70,6 +83,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -90,6 +104,7 @@
 #include "dtrain/nn/diffusion_units.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
+#include "dtrain/nn/lora.hpp"
 #include "dtrain/nn/rotary_attention.hpp"
 #include "dtrain/nn/transformer.hpp"
 
@@ -102,6 +117,9 @@ struct SpatialTransformerOptions {
   float norm_eps = 1e-6f;              // the GroupNorm's
   std::int64_t context_length = 77;    // text tokens per image in encoder_hidden_states
   float layer_norm_eps = 1e-5f;        // norm1..norm3's (diffusers' norm_eps)
+  bool trainable = true;               // false freezes every parameter but the adapters
+  LoraOptions lora{};                  // the adapters' rank, alpha, dropout (r 0: none)
+  std::vector<std::string> lora_targets{};  // the adapted projections (see the header)
 };
 
 namespace detail {
@@ -164,16 +182,17 @@ class SpatialTransformer {
         cross_dim_(cross_attention_dim),
         image_(image),
         o_(options),
-        norm_(options.groups, channels, image, {.eps = options.norm_eps}),
-        conv_in_(channels, inner_, {1, 1}, image),
-        conv_out_(inner_, channels, {1, 1}, image),
-        linear_in_(channels, inner_),
-        linear_out_(inner_, channels),
-        ln_(inner_, {.eps = options.layer_norm_eps}),
-        attn1_(inner_, heads, attention_options(head_dim, 0)),
-        attn2_(inner_, heads, attention_options(head_dim, cross_attention_dim)),
-        ff_in_(inner_, 8 * inner_),
-        ff_out_(4 * inner_, inner_) {}
+        norm_(options.groups, channels, image, {.eps = options.norm_eps, .trainable = options.trainable}),
+        conv_in_(channels, inner_, {1, 1}, image, {.trainable = options.trainable}),
+        conv_out_(inner_, channels, {1, 1}, image, {.trainable = options.trainable}),
+        linear_in_(channels, inner_, linear_options("proj_in")),
+        linear_out_(inner_, channels, linear_options("proj_out")),
+        ln_(inner_, {.eps = options.layer_norm_eps, .trainable = options.trainable}),
+        attn1_(inner_, heads, attention_options(head_dim, 0, "attn1")),
+        attn2_(inner_, heads, attention_options(head_dim, cross_attention_dim, "attn2")),
+        ff_in_(inner_, 8 * inner_, linear_options("ff.net.0.proj")),
+        ff_out_(4 * inner_, inner_, linear_options("ff.net.2")),
+        at_(offsets()) {}
 
   std::int64_t channels() const noexcept { return channels_; }
   std::int64_t heads() const noexcept { return heads_; }
@@ -227,11 +246,12 @@ class SpatialTransformer {
       const MatView<T> h{s.g1.data, B, C * pixels()};
       norm_.forward<Dev, T>(dev, p.subspan(norm, 2), x, h);
       detail::permute_heads(dev, pixel_layout(B, C), h.data, s.pin.data, false);
-      linear_in_.forward<Dev, T>(dev, p.subspan(proj_in, 2), s.pin, s.t0);
+      linear_in_.forward<Dev, T>(dev, p.subspan(at_.proj_in, at_.n_proj_in), s.pin, s.t0,
+                                 ctx.part(s.lpin, key_proj_in));
     } else {
       norm_.forward<Dev, T>(dev, p.subspan(norm, 2), x, s.pin);
       const MatView<T> h{s.g1.data, B, I * pixels()};
-      conv_in_.forward<Dev, T>(dev, p.subspan(proj_in, 2), s.pin, h);
+      conv_in_.forward<Dev, T>(dev, p.subspan(at_.proj_in, at_.n_proj_in), s.pin, h);
       detail::permute_heads(dev, pixel_layout(B, I), h.data, s.t0.data, false);
     }
     MatView<const T> t = s.t0;
@@ -241,28 +261,30 @@ class SpatialTransformer {
       const auto add = [&](MatView<T> sum, MatView<const T> other) {
         dev.for_each(static_cast<std::size_t>(N * I), AddElements<T>{sum.data, other.data, sum.data});
       };
-      ln_.forward<Dev, T>(dev, p.subspan(at + norm1, 2), t, b.n1);
-      attn1_.template forward<Dev, T>(dev, p.subspan(at + attn1, 5), b.n1, b.u1, attention_ctx(ctx, b.a1, 2 * l, B));
+      ln_.forward<Dev, T>(dev, p.subspan(at + at_.norm1, 2), t, b.n1);
+      attn1_.template forward<Dev, T>(dev, p.subspan(at + at_.attn1, at_.n_attn1), b.n1, b.u1,
+                                      attention_ctx(ctx, b.a1, 2 * l, B));
       add(b.u1, t);
-      ln_.forward<Dev, T>(dev, p.subspan(at + norm2, 2), b.u1, b.n2);
-      attn2_.template forward<Dev, T>(dev, p.subspan(at + attn2, 5), b.n2, mem, b.u2,
+      ln_.forward<Dev, T>(dev, p.subspan(at + at_.norm2, 2), b.u1, b.n2);
+      attn2_.template forward<Dev, T>(dev, p.subspan(at + at_.attn2, at_.n_attn2), b.n2, mem, b.u2,
                                       attention_ctx(ctx, b.a2, 2 * l + 1, B, &cross_batch));
       add(b.u2, b.u1);
-      ln_.forward<Dev, T>(dev, p.subspan(at + norm3, 2), b.u2, b.n3);
-      ff_in_.forward<Dev, T>(dev, p.subspan(at + ff0, 2), b.n3, b.h);
+      ln_.forward<Dev, T>(dev, p.subspan(at + at_.norm3, 2), b.u2, b.n3);
+      ff_in_.forward<Dev, T>(dev, p.subspan(at + at_.ff0, at_.n_ff0), b.n3, b.h, ctx.part(b.f0, key_ff + 2 * l));
       dev.for_each(static_cast<std::size_t>(N * 4 * I), detail::GegluFirstHalf<T>{b.h, b.g});
-      ff_out_.forward<Dev, T>(dev, p.subspan(at + ff2, 2), b.g, b.out);
+      ff_out_.forward<Dev, T>(dev, p.subspan(at + at_.ff2, at_.n_ff2), b.g, b.out,
+                              ctx.part(b.f2, key_ff + 2 * l + 1));
       add(b.out, b.u2);
       t = b.out;
     }
     // proj_out, back to NCHW, + x
     if (o_.use_linear_projection) {
       const MatView<T> z{s.g1.data, N, C};
-      linear_out_.forward<Dev, T>(dev, p.subspan(proj_out(), 2), t, z);
+      linear_out_.forward<Dev, T>(dev, p.subspan(proj_out(), at_.n_proj_out), t, z, ctx.part(s.lpout, key_proj_out));
       detail::permute_heads(dev, pixel_layout(B, C), z.data, y.data, true);
     } else {
       detail::permute_heads(dev, pixel_layout(B, I), t.data, s.tout.data, true);
-      conv_out_.forward<Dev, T>(dev, p.subspan(proj_out(), 2), s.tout, y);
+      conv_out_.forward<Dev, T>(dev, p.subspan(proj_out(), at_.n_proj_out), s.tout, y);
     }
     dev.for_each(static_cast<std::size_t>(y.size()), AddElements<T>{y.data, x.data, y.data});
   }
@@ -284,10 +306,12 @@ class SpatialTransformer {
       const MatView<T> dyt{s.g2.data, N, C};
       detail::permute_heads(dev, pixel_layout(B, C), dy.data, dyt.data, false);
       const MatView<const T> t = s.block(o_.layers - 1).out;
-      linear_out_.backward<Dev, T>(dev, p.subspan(proj_out(), 2), grad.subspan(proj_out(), 2), t, {}, dyt, g1);
+      linear_out_.backward<Dev, T>(dev, p.subspan(proj_out(), at_.n_proj_out), grad.subspan(proj_out(), at_.n_proj_out),
+                                   t, {}, dyt, g1, ctx.part(s.lpout, key_proj_out));
     } else {
       const MatView<T> dt{s.g2.data, B, I * pixels()};
-      conv_out_.backward<Dev, T>(dev, p.subspan(proj_out(), 2), grad.subspan(proj_out(), 2), s.tout, {}, dy, dt);
+      conv_out_.backward<Dev, T>(dev, p.subspan(proj_out(), at_.n_proj_out), grad.subspan(proj_out(), at_.n_proj_out),
+                                 s.tout, {}, dy, dt);
       detail::permute_heads(dev, pixel_layout(B, I), dt.data, g1.data, false);
     }
     const auto add = [&](MatView<T> sum, MatView<const T> other) {
@@ -300,43 +324,89 @@ class SpatialTransformer {
       const auto ps = [&](std::size_t first, std::size_t count) { return p.subspan(at + first, count); };
       const auto gs = [&](std::size_t first, std::size_t count) { return grad.subspan(at + first, count); };
       // feed-forward: g1 holds d out = d u2 (residual) + the branch's
-      ff_out_.backward<Dev, T>(dev, ps(ff2, 2), gs(ff2, 2), b.g, {}, g1, s.dg);
+      ff_out_.backward<Dev, T>(dev, ps(at_.ff2, at_.n_ff2), gs(at_.ff2, at_.n_ff2), b.g, {}, g1, s.dg,
+                               ctx.part(b.f2, key_ff + 2 * l + 1));
       dev.for_each(static_cast<std::size_t>(N * 4 * I), detail::GegluFirstHalfBackward<T>{b.h, s.dg, s.dh});
-      ff_in_.backward<Dev, T>(dev, ps(ff0, 2), gs(ff0, 2), b.n3, {}, s.dh, g2);
-      ln_.backward<Dev, T>(dev, ps(norm3, 2), gs(norm3, 2), b.u2, {}, g2, g3);
+      ff_in_.backward<Dev, T>(dev, ps(at_.ff0, at_.n_ff0), gs(at_.ff0, at_.n_ff0), b.n3, {}, s.dh, g2,
+                              ctx.part(b.f0, key_ff + 2 * l));
+      ln_.backward<Dev, T>(dev, ps(at_.norm3, 2), gs(at_.norm3, 2), b.u2, {}, g2, g3);
       add(g1, g3);  // d u2
-      attn2_.template backward<Dev, T>(dev, ps(attn2, 5), gs(attn2, 5), b.n2, mem, g1, g2, MatView<T>{},
-                                       attention_ctx(ctx, b.a2, 2 * l + 1, B, &cross_batch));
-      ln_.backward<Dev, T>(dev, ps(norm2, 2), gs(norm2, 2), b.u1, {}, g2, g3);
+      attn2_.template backward<Dev, T>(dev, ps(at_.attn2, at_.n_attn2), gs(at_.attn2, at_.n_attn2), b.n2, mem, g1, g2,
+                                       MatView<T>{}, attention_ctx(ctx, b.a2, 2 * l + 1, B, &cross_batch));
+      ln_.backward<Dev, T>(dev, ps(at_.norm2, 2), gs(at_.norm2, 2), b.u1, {}, g2, g3);
       add(g1, g3);  // d u1
-      attn1_.template backward<Dev, T>(dev, ps(attn1, 5), gs(attn1, 5), b.n1, {}, g1, g2,
+      attn1_.template backward<Dev, T>(dev, ps(at_.attn1, at_.n_attn1), gs(at_.attn1, at_.n_attn1), b.n1, {}, g1, g2,
                                        attention_ctx(ctx, b.a1, 2 * l, B));
-      ln_.backward<Dev, T>(dev, ps(norm1, 2), gs(norm1, 2), t, {}, g2, g3);
+      ln_.backward<Dev, T>(dev, ps(at_.norm1, 2), gs(at_.norm1, 2), t, {}, g2, g3);
       add(g1, g3);  // d t
     }
     // proj_in, norm: the norm's output gradient -> g3 [B, C P]
     const MatView<T> dh{s.g3.data, B, C * pixels()};
     if (o_.use_linear_projection) {
       const MatView<T> dht{s.g2.data, N, C};
-      linear_in_.backward<Dev, T>(dev, p.subspan(proj_in, 2), grad.subspan(proj_in, 2), s.pin, {}, g1, dht);
+      linear_in_.backward<Dev, T>(dev, p.subspan(at_.proj_in, at_.n_proj_in), grad.subspan(at_.proj_in, at_.n_proj_in),
+                                  s.pin, {}, g1, dht, ctx.part(s.lpin, key_proj_in));
       detail::permute_heads(dev, pixel_layout(B, C), dht.data, dh.data, true);
     } else {
       const MatView<T> dt0{s.g2.data, B, I * pixels()};
       detail::permute_heads(dev, pixel_layout(B, I), g1.data, dt0.data, true);
-      conv_in_.backward<Dev, T>(dev, p.subspan(proj_in, 2), grad.subspan(proj_in, 2), s.pin, {}, dt0, dh);
+      conv_in_.backward<Dev, T>(dev, p.subspan(at_.proj_in, at_.n_proj_in), grad.subspan(at_.proj_in, at_.n_proj_in),
+                                s.pin, {}, dt0, dh);
     }
     norm_.backward<Dev, T>(dev, p.subspan(norm, 2), grad.subspan(norm, 2), x, {}, dh, dx);
     if (!dx.empty()) dev.for_each(static_cast<std::size_t>(dx.size()), AddElements<T>{dx.data, dy.data, dx.data});
   }
 
  private:
-  // The parameters' positions: the norm, proj_in, then per block (20 each,
-  // offsets below from the block's first), then proj_out.
-  static constexpr std::size_t norm = 0, proj_in = 2, first_block = 4, block_params = 20;
-  static constexpr std::size_t norm1 = 0, attn1 = 2, norm2 = 7, attn2 = 9, norm3 = 14, ff0 = 16, ff2 = 18;
-  std::size_t block_param(std::int64_t l) const { return first_block + static_cast<std::size_t>(l) * block_params; }
+  // The parameters' positions: the norm, proj_in, then per block (the
+  // offsets from the block's first), then proj_out; each projection's
+  // adapters, if any, after its own parameters.
+  static constexpr std::size_t norm = 0;
+  struct Offsets {
+    std::size_t proj_in, n_proj_in, first_block, block, n_proj_out;
+    std::size_t norm1, attn1, n_attn1, norm2, attn2, n_attn2, norm3, ff0, n_ff0, ff2, n_ff2;
+  };
+  Offsets offsets() const {
+    Offsets o{};
+    o.proj_in = 2;
+    o.n_proj_in = (o_.use_linear_projection ? linear_in_.params() : conv_in_.params()).size();
+    o.first_block = o.proj_in + o.n_proj_in;
+    o.norm1 = 0;
+    o.attn1 = 2;
+    o.n_attn1 = attn1_.params().size();
+    o.norm2 = o.attn1 + o.n_attn1;
+    o.attn2 = o.norm2 + 2;
+    o.n_attn2 = attn2_.params().size();
+    o.norm3 = o.attn2 + o.n_attn2;
+    o.ff0 = o.norm3 + 2;
+    o.n_ff0 = ff_in_.params().size();
+    o.ff2 = o.ff0 + o.n_ff0;
+    o.n_ff2 = ff_out_.params().size();
+    o.block = o.ff2 + o.n_ff2;
+    o.n_proj_out = (o_.use_linear_projection ? linear_out_.params() : conv_out_.params()).size();
+    return o;
+  }
+  std::size_t block_param(std::int64_t l) const { return at_.first_block + static_cast<std::size_t>(l) * at_.block; }
   std::size_t proj_out() const { return block_param(o_.layers); }
-  std::size_t param_count() const { return proj_out() + 2; }
+  std::size_t param_count() const { return proj_out() + at_.n_proj_out; }
+  // The random-stream keys of the Linear projections' adapters (dropout);
+  // the attentions' are 2 l and 2 l + 1.
+  static constexpr std::uint64_t key_proj_in = 1u << 20, key_proj_out = key_proj_in + 1, key_ff = 1u << 21;
+
+  // The projections inside a block, and the unit's own, that take adapters.
+  static const std::set<std::string>& lora_names() {
+    static const std::set<std::string> names{"attn1.to_q",     "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                                             "attn2.to_q",     "attn2.to_k", "attn2.to_v", "attn2.to_out.0",
+                                             "ff.net.0.proj", "ff.net.2",   "proj_in",    "proj_out"};
+    return names;
+  }
+  bool adapted(const std::string& name) const {
+    return std::find(o_.lora_targets.begin(), o_.lora_targets.end(), name) != o_.lora_targets.end();
+  }
+  LoraOptions lora_on(const std::string& name) const { return adapted(name) ? o_.lora : LoraOptions{}; }
+  LinearOptions linear_options(const std::string& name) const {
+    return {.trainable = o_.trainable, .lora = lora_on(name)};
+  }
 
   std::int64_t pixels() const { return image_.h * image_.w; }
 
@@ -361,11 +431,29 @@ class SpatialTransformer {
     if (!(o.norm_eps > 0.f) || !(o.layer_norm_eps > 0.f))
       throw config_error(name + ": norm_eps and layer_norm_eps must be > 0",
                          "give positive epsilons (diffusers: 1e-6 for the GroupNorm, 1e-5 for the LayerNorms)");
+    for (const std::string& t : o.lora_targets) {
+      if (!lora_names().contains(t))
+        throw config_error(name + ": no projection \"" + t + "\" takes a LoRA adapter",
+                           "name attn1/attn2's to_q, to_k, to_v, to_out.0, ff.net.0.proj, ff.net.2, or the linear "
+                           "proj_in and proj_out");
+      if ((t == "proj_in" || t == "proj_out") && !o.use_linear_projection)
+        throw config_error(name + ": " + t + " is a 1x1 convolution here (use_linear_projection false)",
+                           "leave " + t + " out of the LoRA targets: convolutions take no adapters in dtrain");
+    }
+    if (o.lora.on() != !o.lora_targets.empty())
+      throw config_error(name + (o.lora.on() ? ": a LoRA rank but no target" : ": LoRA targets but rank 0"),
+                         "give both the rank (lora.r > 0) and the projections to adapt, or neither");
     return channels;
   }
 
-  static GroupedAttentionOptions attention_options(std::int64_t head_dim, std::int64_t memory_dim) {
+  GroupedAttentionOptions attention_options(std::int64_t head_dim, std::int64_t memory_dim,
+                                            const std::string& name) const {
     GroupedAttentionOptions a;
+    a.trainable = o_.trainable;
+    a.q_lora = lora_on(name + ".to_q");
+    a.k_lora = lora_on(name + ".to_k");
+    a.v_lora = lora_on(name + ".to_v");
+    a.o_lora = lora_on(name + ".to_out.0");
     a.out_bias = true;
     a.head_dim = head_dim;
     a.memory_dim = memory_dim;
@@ -383,11 +471,12 @@ class SpatialTransformer {
     MatView<T> n1, u1, n2, u2, n3;  // norm1's output, t + attn1, norm2's, u1 + attn2, norm3's
     MatView<T> h, g, out;           // ff.net.0.proj's output [N, 2F], a * gelu(g) [N, F], the block's output
     MatView<T> a1, a2;              // the attentions' own (one row each)
+    MatView<T> f0, f2;              // the feed-forward's adapters' (one row each; empty without)
   };
 
   // Offsets into the saved view (elements of T) for `batch` images.
   struct Layout {
-    std::int64_t n, pin, mem, t0, blocks, block, a1, a2, tout, g, dh, dg, total;
+    std::int64_t n, pin, mem, t0, blocks, block, a1, a2, f0, f2, tout, lpin, lpout, g, dh, dg, total;
   };
   Layout layout(std::int64_t batch) const {
     Layout l{};
@@ -395,13 +484,17 @@ class SpatialTransformer {
     l.n = N;
     l.a1 = attn1_.saved_size({batch, P}, P);
     l.a2 = attn2_.saved_size({batch, P}, o_.context_length);
-    l.block = 6 * N * I + 3 * N * F + l.a1 + l.a2;
+    l.f0 = ff_in_.saved_size({batch, P}, I);
+    l.f2 = ff_out_.saved_size({batch, P}, F);
+    l.block = 6 * N * I + 3 * N * F + l.a1 + l.a2 + l.f0 + l.f2;
     l.pin = 0;
     l.mem = l.pin + batch * channels_ * P;
     l.t0 = l.mem + batch * o_.context_length * cross_dim_;
     l.blocks = l.t0 + N * I;
     l.tout = l.blocks + o_.layers * l.block;
-    l.g = l.tout + (o_.use_linear_projection ? 0 : N * I);
+    l.lpin = l.tout + (o_.use_linear_projection ? 0 : N * I);
+    l.lpout = l.lpin + (o_.use_linear_projection ? linear_in_.saved_size({batch, P}, channels_) : 0);
+    l.g = l.lpout + (o_.use_linear_projection ? linear_out_.saved_size({batch, P}, I) : 0);
     l.dh = l.g + 3 * N * W;
     l.dg = l.dh + 2 * N * F;
     l.total = l.dg + N * F;
@@ -415,10 +508,11 @@ class SpatialTransformer {
     MatView<T> mem;         // the context [B L, D]
     MatView<T> t0;          // the first block's input [N, I]
     MatView<T> tout;        // the last block's output as NCHW (convolution only)
+    MatView<T> lpin, lpout;  // the linear projections' adapters' (one row each; empty without)
     MatView<T> g1, g2, g3;  // scratch, N W each (viewed as needed)
     MatView<T> dh, dg;      // the feed-forward's gradients [N, 2F], [N, F]
     T* blocks;              // the blocks' activations
-    std::int64_t block_size, a1_size, a2_size, inner;
+    std::int64_t block_size, a1_size, a2_size, f0_size, f2_size, inner;
     Block<T> block(std::int64_t l) const {
       detail::Carve<T> c(blocks + l * block_size);
       auto mat = [&](std::int64_t cols) { return MatView<T>{c.take(n * cols), n, cols}; };
@@ -433,6 +527,8 @@ class SpatialTransformer {
       b.out = mat(inner);
       b.a1 = {c.take(a1_size), 1, a1_size};
       b.a2 = {c.take(a2_size), 1, a2_size};
+      b.f0 = {c.take(f0_size), 1, f0_size};
+      b.f2 = {c.take(f2_size), 1, f2_size};
       return b;
     }
   };
@@ -453,6 +549,8 @@ class SpatialTransformer {
     s.mem = {at + l.mem, x.rows * o_.context_length, cross_dim_};
     s.t0 = {at + l.t0, N, I};
     s.tout = {at + l.tout, x.rows, I * pixels()};
+    s.lpin = {at + l.lpin, 1, l.lpout - l.lpin};
+    s.lpout = {at + l.lpout, 1, l.g - l.lpout};
     s.g1 = {at + l.g, N, W};
     s.g2 = {at + l.g + N * W, N, W};
     s.g3 = {at + l.g + 2 * N * W, N, W};
@@ -462,6 +560,8 @@ class SpatialTransformer {
     s.block_size = l.block;
     s.a1_size = l.a1;
     s.a2_size = l.a2;
+    s.f0_size = l.f0;
+    s.f2_size = l.f2;
     s.inner = I;
     return s;
   }
@@ -522,6 +622,7 @@ class SpatialTransformer {
   SelfAttention attn1_;
   CrossAttention attn2_;
   Linear ff_in_, ff_out_;  // ff.net.0.proj (inner -> 8 inner), ff.net.2 (4 inner -> inner)
+  Offsets at_;             // the parameters' positions (after the units above: it counts theirs)
 };
 
 }  // namespace dtrain::nn
