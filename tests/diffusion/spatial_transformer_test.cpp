@@ -334,8 +334,9 @@ BOOST_AUTO_TEST_CASE(lora_on_every_projection) {
   k.options.use_linear_projection = true;
   k.options.trainable = false;
   k.options.lora = {.r = 2, .alpha = 3.f};
-  k.options.lora_targets = {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k",
-                            "attn2.to_v", "attn2.to_out.0", "ff.net.0.proj", "ff.net.2", "proj_in", "proj_out"};
+  k.options.lora_targets = {"attn1.to_q",    "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                            "attn2.to_q",    "attn2.to_k", "attn2.to_v", "attn2.to_out.0",
+                            "ff.net.0.proj", "ff.net.2",   "proj_in",    "proj_out"};
   Host dev(1);
   SpatialTransformer unit = make_unit(k);
   const std::int64_t in = k.channels * k.pixels();

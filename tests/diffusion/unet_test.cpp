@@ -33,90 +33,16 @@
 #include <string>
 #include <vector>
 
-#include "hf/run_logged.hpp"
+#include "diffusion/unet_fixture.hpp"
 #include "support/pinned_main.hpp"
-#include "support/python_venv.hpp"
-#include "support/ranks.hpp"
 #include <boost/test/unit_test.hpp>
-
-#include <dtrain/diffusion/unet.hpp>
-#include <dtrain/trainer.hpp>
 
 namespace fs = std::filesystem;
 using namespace dtrain;
 using namespace dtrain::testing;
+using namespace dtrain::testing::unet;
 
 namespace {
-
-const fs::path work = fs::path(DTRAIN_TEST_BINARY_DIR) / "unet";
-const std::string script = std::string(DTRAIN_SOURCE_DIR) + "/tests/diffusion/diffusers_unet.py";
-constexpr double tolerance = 1e-5;
-using Values = std::map<std::string, std::vector<float>>;
-
-void run_script(const std::string& args, const fs::path& log) {
-  BOOST_TEST_REQUIRE(run_logged(pinned_python("torch2") + " " + script + " " + args, log) == 0, "diffusers_unet.py "
-                                                                                                    << args << ":\n"
-                                                                                                    << read_text(log));
-}
-
-// The folder of a tiny UNet of `kind` (sd, sdxl), made once.
-const fs::path& made(const std::string& kind) {
-  static std::map<std::string, fs::path> dirs;
-  if (!dirs.contains(kind)) {
-    const fs::path dir = work / kind;
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    run_script("make " + dir.string() + " " + kind, dir / "make.log");
-    dirs[kind] = dir;
-  }
-  return dirs.at(kind);
-}
-
-// Rows [first, first + n) of a float tensor, as [n, rest...] (flattened to
-// [n, per] when `flat`).
-HostTensor rows(const SafetensorsFile& f, const std::string& name, std::int64_t first, std::int64_t n,
-                bool flat = false) {
-  std::vector<std::int64_t> shape = f.tensor(name).shape;
-  const std::vector<float> all = f.read_f32(name);
-  std::int64_t per = 1;
-  for (std::size_t d = 1; d < shape.size(); ++d) per *= shape[d];
-  shape[0] = n;
-  if (flat) shape = {n, per};
-  const auto begin = all.begin() + first * per;
-  return HostTensor::of(std::vector<float>(begin, begin + n * per), shape);
-}
-
-Batch batch_of(const SafetensorsFile& in, std::int64_t first, std::int64_t n) {
-  Batch b;
-  b.set("x", rows(in, "latents", first, n, true));
-  b.set("y", rows(in, "target", first, n, true));
-  b.set("timesteps", rows(in, "timesteps", first, n));
-  b.set("encoder_hidden_states", rows(in, "encoder_hidden_states", first, n));
-  if (in.contains("text_embeds")) {
-    b.set("pooled", rows(in, "text_embeds", first, n));
-    b.set("time_ids", rows(in, "time_ids", first, n));
-  }
-  return b;
-}
-
-models::UNetConfig config_of(const fs::path& dir, const SafetensorsFile& in) {
-  models::UNetConfig c = diffusion::read_unet_config(dir / "unet");
-  c.context_length = in.tensor("encoder_hidden_states").shape.at(1);
-  return c;
-}
-
-double max_abs(std::span<const float> v) {
-  double m = 0;
-  for (const float e : v) m = std::max(m, std::abs(double(e)));
-  return m;
-}
-
-double worst_difference(std::span<const float> got, std::span<const float> want) {
-  BOOST_TEST_REQUIRE(got.size() == want.size());
-  double w = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) w = std::max(w, std::abs(double(got[i]) - want[i]));
-  return w;
-}
 
 // dtrain's prediction for the whole batch at `ranks` ranks under Kind.
 template <class Kind>
@@ -215,13 +141,6 @@ Values adamw_steps(const fs::path& dir, int ranks, std::vector<double>* losses =
     if (w.rank() == 0) out = std::move(p);
   });
   return out;
-}
-
-// The largest difference between two runs' parameters.
-double params_apart(const Values& a, const Values& b) {
-  double w = 0;
-  for (const auto& [name, values] : a) w = std::max(w, worst_difference(values, b.at(name)));
-  return w;
 }
 
 void trains_like_diffusers(const std::string& kind) {

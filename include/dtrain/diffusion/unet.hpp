@@ -18,6 +18,7 @@
 //    error listing what is missing, extra or mis-shaped, nothing changed;
 //    a save appears complete or not at all, never over an existing folder.
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -41,7 +42,8 @@ inline hf::TransformersNames unet_names(const models::UNet2DCondition& m) {
   hf::TransformersNames n;
   for (std::size_t unit = 0; unit < m.layers.size(); ++unit)
     for (const auto& p : m.layers[unit].params())
-      n.tensors[std::to_string(unit) + "." + p.name] = {m.diffusers_name(unit, p.name)};
+      if (std::find(p.tags.begin(), p.tags.end(), "lora") == p.tags.end())
+        n.tensors[std::to_string(unit) + "." + p.name] = {m.diffusers_name(unit, p.name)};
   return n;
 }
 
@@ -54,11 +56,15 @@ LoadParamsReport load_diffusers(Trainer& trainer, const std::filesystem::path& d
   return trainer.load_params(sources, {.strict = true, .skip_tags = {"lora"}});
 }
 
-// Writes the trainer's UNet to `dir` as save_pretrained does. Collective.
+// Writes the trainer's UNet to `dir` as save_pretrained does; a model with
+// LoRA adapters is saved with them merged into the weights they adapt
+// (W + scale B A, diffusers' fuse_lora), a UNet diffusers loads without
+// PEFT (save_lora writes the adapters alone). Collective.
 template <class Trainer>
 void save_diffusers(Trainer& trainer, const std::filesystem::path& dir, const models::UNet2DCondition& model,
                     const std::string& base_config_json = "", hf::SavePretrainedOptions options = {}) {
   options.torch_dtype = false;
+  options.lora = model.lora;
   options.weights_name = "diffusion_pytorch_model";
   hf::save_transformers(trainer, dir, unet_names(model), unet_config_json(model.config, base_config_json), options);
 }

@@ -61,6 +61,13 @@ struct LinearModule {
   int part = -1;
 };
 
+namespace detail {
+// PEFT's match of a listed name: the module's whole name, or a suffix after a dot.
+inline bool names_module(const std::string& name, const std::string& module) {
+  return module == name || (module.size() > name.size() && module.ends_with("." + name));
+}
+}  // namespace detail
+
 // The linear layers of block `layer`, in dtrain's order of projections.
 DTRAIN_DECL std::vector<LinearModule> block_linears(const LmConfig& c, std::int64_t layer);
 
@@ -122,6 +129,9 @@ DTRAIN_DECL std::string adapter_config_json(const LmConfig& c, const LoraConfig&
 // is built: plan_lora). lora_dropout is read as the file says (training
 // applies it, evaluation never does).
 DTRAIN_DECL LoraConfig read_adapter_config(const std::filesystem::path& dir);
+// The same from the JSON text of a PEFT LoraConfig (`where` names it in
+// errors): diffusers keeps one in a LoRA file's metadata.
+DTRAIN_DECL LoraConfig parse_adapter_config(const std::string& json_text, const std::string& where);
 
 }  // namespace dtrain::hf
 

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "dtrain/hf/lora.hpp"
@@ -29,11 +30,6 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
   }
 
   namespace detail {
-  // PEFT's match of a listed name: the module's whole name, or a suffix after a dot.
-  inline bool names_module(const std::string& name, const std::string& module) {
-    return module == name || (module.size() > name.size() && module.ends_with("." + name));
-  }
-
   // The modules a LoRA model can save whole: the token embedding, GPT-2's
   // learned positions and the output head, by their transformers names.
   struct SavableModule {
@@ -237,12 +233,19 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       throw checkpoint_error(where + " cannot be read",
                              "give a directory written by PEFT's save_pretrained or by "
                              "dtrain's save_adapter");
+    std::stringstream text;
+    text << in.rdbuf();
+    return parse_adapter_config(text.str(), where);
+  }
+
+  DTRAIN_DECL LoraConfig parse_adapter_config(const std::string& text, const std::string& where) {
     nlohmann::ordered_json j;
     try {
-      j = nlohmann::ordered_json::parse(in);
+      j = nlohmann::ordered_json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       throw checkpoint_error(where + " is not valid JSON: " + e.what(), "re-save the adapter");
     }
+    if (!j.is_object()) throw checkpoint_error(where + " is not a JSON object", "re-save the adapter");
     const auto get = [&](const char* key) -> const nlohmann::ordered_json& {
       static const nlohmann::ordered_json null;
       return j.contains(key) ? j.at(key) : null;

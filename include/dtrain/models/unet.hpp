@@ -26,11 +26,28 @@
 // Names: unit i's parameter p is diffusers' `diffusers_name(i, p)`
 // ("down_blocks.1.attentions.0.proj_in.weight", "conv_out.bias").
 //
+// LoRA (hf::LoraConfig, as PEFT configures it on a diffusers UNet): the
+// targets are matched against the module names of the projections
+// dtrain adapts, each transformer block's attn1/attn2 to_q, to_k, to_v,
+// to_out.0 and ff.net.0.proj, ff.net.2, and the attention blocks' proj_in
+// and proj_out when they are Linear (use_linear_projection), the way PEFT
+// matches target_modules: the whole name or a suffix after a dot
+// ("to_q", "attn2.to_k", "mid_block.attentions.0.transformer_blocks.0.
+// attn1.to_q"), or one regular expression over whole names (`regex`).
+// Convolutions, the ResNet blocks' time_emb_proj and the time embedding
+// take no adapters ("all-linear" is refused: in PEFT it takes those too).
+// With adapters every other parameter is frozen; `adapted` lists the
+// adapted modules by their diffusers names. Within one attention block the
+// blocks' projections are adapted alike (SDXL's 2 or 10 layers).
+//
 // The units' GPU path is compiled but has not run on a GPU: with a GPU
 // device they need DTRAIN_GPU_VISION=on (docs/gpu.md).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -38,6 +55,8 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/hf/lora.hpp"
+#include "dtrain/io/pattern.hpp"
 #include "dtrain/nn/activation.hpp"
 #include "dtrain/nn/any_unit.hpp"
 #include "dtrain/nn/convolution.hpp"
@@ -157,9 +176,14 @@ using UNetUnit = nn::OneOf<nn::TimestepInput, nn::ResnetBlock2D, nn::SpatialTran
 struct UNet2DCondition {
   static constexpr int temb_lane = 0;
 
-  explicit UNet2DCondition(const UNetConfig& c) : config((check_unet_config(c), c)) { build(); }
+  explicit UNet2DCondition(const UNetConfig& c, hf::LoraConfig adapters = {})
+      : config((check_unet_config(c), c)), lora(std::move(adapters)) {
+    build();
+  }
 
   UNetConfig config;
+  hf::LoraConfig lora;               // the adapters (r 0: none, every parameter trains)
+  std::vector<std::string> adapted;  // the adapted modules' diffusers names, in unit order
   std::vector<UNetUnit> layers;
   std::vector<std::string> prefixes;  // diffusers' module of each unit ("" for none)
   nn::MSELoss loss;
@@ -191,8 +215,96 @@ struct UNet2DCondition {
     prefixes.push_back(std::move(prefix));
   }
 
+  // The LoRA targets resolved, one attention block at a time.
+  struct LoraTargets {
+    const hf::LoraConfig& lora;
+    std::optional<RegexPattern> pattern;
+    std::map<std::string, std::size_t> hits;  // per target
+
+    explicit LoraTargets(const hf::LoraConfig& l) : lora(l) {
+      if (l.r < 0) throw config_error("lora_r " + std::to_string(l.r) + " is negative", "give lora_r >= 1");
+      if (!l.on()) return;
+      const std::string fix =
+          "give lora_targets=to_q,to_k,to_v,to_out.0 (diffusers' LoRA scripts), and ff.net.0.proj,ff.net.2 for the "
+          "feed-forward";
+      if (l.targets.empty()) throw config_error("LoRA on the UNet needs target modules", fix);
+      if (!l.modules_to_save.empty())
+        throw config_error("LoRA modules_to_save on a UNet are not supported",
+                           "train the adapters alone, or fine-tune the whole UNet (lora_r=0)");
+      if (l.regex && l.targets.size() != 1)
+        throw config_error("a regular expression target is one pattern, not " + std::to_string(l.targets.size()),
+                           "give one pattern, or a list of module names");
+      if (!l.regex && std::find(l.targets.begin(), l.targets.end(), "all-linear") != l.targets.end())
+        throw config_error(
+            "LoRA target all-linear would adapt the ResNet blocks' time_emb_proj and the time "
+            "embedding, which dtrain does not adapt",
+            fix);
+      if (l.regex) pattern.emplace(l.targets[0]);
+    }
+
+    bool matches(const std::string& module) {
+      bool any = false;
+      for (const auto& t : lora.targets)
+        if (pattern ? pattern->full_match(module) : hf::detail::names_module(t, module)) {
+          ++hits[t];
+          any = true;
+        }
+      return any;
+    }
+
+    // The projections of an attention block `prefix` of `layers`
+    // transformer blocks that take adapters; their modules go to `adapted`.
+    std::vector<std::string> of(const std::string& prefix, std::int64_t layers, bool linear_projection,
+                                std::vector<std::string>& adapted) {
+      std::vector<std::string> names;
+      if (!lora.on()) return names;
+      static const char* const inside[] = {"attn1.to_q", "attn1.to_k", "attn1.to_v",     "attn1.to_out.0", "attn2.to_q",
+                                           "attn2.to_k", "attn2.to_v", "attn2.to_out.0", "ff.net.0.proj",  "ff.net.2"};
+      for (const char* name : inside) {
+        std::int64_t on = 0;
+        for (std::int64_t l = 0; l < layers; ++l) {
+          const std::string module = prefix + ".transformer_blocks." + std::to_string(l) + "." + name;
+          if (matches(module)) {
+            ++on;
+            adapted.push_back(module);
+          }
+        }
+        if (on == 0) continue;
+        if (on != layers)
+          throw config_error("the LoRA targets adapt " + std::string(name) + " in " + std::to_string(on) + " of " +
+                                 prefix + "'s " + std::to_string(layers) + " transformer blocks",
+                             "adapt a projection in every block of an attention block (a suffix such as \"" +
+                                 std::string(name) + "\" does)");
+        names.emplace_back(name);
+      }
+      for (const char* name : {"proj_in", "proj_out"}) {
+        const std::string module = prefix + "." + name;
+        if (!matches(module)) continue;
+        if (!linear_projection)
+          throw config_error("LoRA target " + module + " is a 1x1 convolution (use_linear_projection false)",
+                             "leave proj_in and proj_out out of the targets: convolutions take no adapters in dtrain");
+        adapted.push_back(module);
+        names.emplace_back(name);
+      }
+      return names;
+    }
+
+    // Every target must have matched a projection dtrain adapts.
+    void check_all_used() const {
+      if (!lora.on()) return;
+      for (const auto& t : lora.targets)
+        if (!hits.contains(t))
+          throw config_error("LoRA target \"" + t + "\" matches no projection dtrain adapts in this UNet",
+                             "name attention or feed-forward projections (to_q, to_k, to_v, to_out.0, ff.net.0.proj, "
+                             "ff.net.2; proj_in and proj_out where they are Linear): convolutions, time_emb_proj and "
+                             "the time embedding take no adapters");
+    }
+  };
+
   void build() {
     const UNetConfig& c = config;
+    const bool trainable = !lora.on();
+    LoraTargets targets(lora);
     const std::size_t n = c.block_out_channels.size();
     const auto heads = detail::per_block(c.attention_heads, n, "num_attention_heads");
     const auto layers_per = detail::per_block(c.layers_per_block, n, "layers_per_block");
@@ -210,7 +322,8 @@ struct UNet2DCondition {
              .text_time = text_time,
              .text = {.pooled_dim = c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim,
                       .time_ids = 6,
-                      .time_embed_dim = c.addition_time_embed_dim}}),
+                      .time_embed_dim = c.addition_time_embed_dim},
+             .trainable = trainable}),
         "");
     std::vector<Skip> skips;
     int next_lane = temb_lane + 1;
@@ -224,15 +337,22 @@ struct UNet2DCondition {
                                 .temb_dim = temb_dim,
                                 .groups = c.norm_num_groups,
                                 .eps = c.norm_eps,
-                                .output_scale_factor = scale});
+                                .output_scale_factor = scale,
+                                .trainable = trainable});
     };
-    const auto attention = [&](std::int64_t channels, std::int64_t h, std::int64_t layers_n, nn::Extent2 e) {
+    const auto attention = [&](std::int64_t channels, std::int64_t h, std::int64_t layers_n, nn::Extent2 e,
+                               const std::string& prefix) {
+      std::vector<std::string> adapters = targets.of(prefix, layers_n, c.use_linear_projection, adapted);
+      const nn::LoraOptions rank = adapters.empty() ? nn::LoraOptions{} : lora.options();
       return nn::SpatialTransformer(channels, h, channels / h, c.cross_attention_dim, e,
                                     {.layers = layers_n,
                                      .use_linear_projection = c.use_linear_projection,
                                      .groups = c.norm_num_groups,
                                      .context_length = c.context_length,
-                                     .layer_norm_eps = 1e-5f});
+                                     .layer_norm_eps = 1e-5f,
+                                     .trainable = trainable,
+                                     .lora = rank,
+                                     .lora_targets = std::move(adapters)});
     };
     std::int64_t ch = c.block_out_channels[0];
     keep(ch);
@@ -244,11 +364,12 @@ struct UNet2DCondition {
         add(resnet(ch, out, ext, 1.f), block + ".resnets." + std::to_string(j));
         ch = out;
         if (cross)
-          add(attention(out, heads[i], transformer_layers[i], ext), block + ".attentions." + std::to_string(j));
+          add(attention(out, heads[i], transformer_layers[i], ext, block + ".attentions." + std::to_string(j)),
+              block + ".attentions." + std::to_string(j));
         keep(out);
       }
       if (i + 1 < n) {
-        nn::Conv2d down(out, out, {3, 3}, ext, {.stride = {2, 2}, .padding = {1, 1}});
+        nn::Conv2d down(out, out, {3, 3}, ext, {.stride = {2, 2}, .padding = {1, 1}, .trainable = trainable});
         ext = {down.out_h(), down.out_w()};
         add(std::move(down), block + ".downsamplers.0.conv");
         keep(out);
@@ -256,7 +377,8 @@ struct UNet2DCondition {
     }
     if (!c.mid_block_type.empty()) {
       add(resnet(ch, ch, ext, c.mid_block_scale_factor), "mid_block.resnets.0");
-      add(attention(ch, heads[n - 1], transformer_layers[n - 1], ext), "mid_block.attentions.0");
+      add(attention(ch, heads[n - 1], transformer_layers[n - 1], ext, "mid_block.attentions.0"),
+          "mid_block.attentions.0");
       add(resnet(ch, ch, ext, c.mid_block_scale_factor), "mid_block.resnets.1");
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -271,17 +393,20 @@ struct UNet2DCondition {
         add(resnet(ch + s.channels, out, ext, 1.f), block + ".resnets." + std::to_string(j));
         ch = out;
         if (cross)
-          add(attention(out, heads[r], transformer_layers[r], ext), block + ".attentions." + std::to_string(j));
+          add(attention(out, heads[r], transformer_layers[r], ext, block + ".attentions." + std::to_string(j)),
+              block + ".attentions." + std::to_string(j));
       }
       if (i + 1 < n) {
         add(nn::Upsample2d(out, ext, 2), "");
         ext = {2 * ext.h, 2 * ext.w};
-        add(nn::Conv2d(out, out, {3, 3}, ext, {.padding = {1, 1}}), block + ".upsamplers.0.conv");
+        add(nn::Conv2d(out, out, {3, 3}, ext, {.padding = {1, 1}, .trainable = trainable}),
+            block + ".upsamplers.0.conv");
       }
     }
-    add(nn::GroupNorm(c.norm_num_groups, ch, ext, {.eps = c.norm_eps}), "conv_norm_out");
+    add(nn::GroupNorm(c.norm_num_groups, ch, ext, {.eps = c.norm_eps, .trainable = trainable}), "conv_norm_out");
     add(nn::SiLU{}, "");
-    add(nn::Conv2d(ch, c.out_channels, {3, 3}, ext, {.padding = {1, 1}}), "conv_out");
+    add(nn::Conv2d(ch, c.out_channels, {3, 3}, ext, {.padding = {1, 1}, .trainable = trainable}), "conv_out");
+    targets.check_all_used();
   }
 };
 

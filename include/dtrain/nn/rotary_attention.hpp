@@ -575,8 +575,11 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
     T* lora = ctx.saved.data + own_saved(ctx.shape, s.k_time);
     const LoraRows lora_rows{Nq, Nk};
     for (std::size_t i = 0; i < 3; ++i)
-      lora_.forward(dev, i, p, i == 0 ? x : m, i == 0 ? q_proj : i == 1 ? k_proj : v_rows, lora, lora_draw(ctx),
-                    lora_rows);
+      lora_.forward(dev, i, p, i == 0 ? x : m,
+                    i == 0   ? q_proj
+                    : i == 1 ? k_proj
+                             : v_rows,
+                    lora, lora_draw(ctx), lora_rows);
     if (options_.qk_norm) {
       head_norm(dev, s.q_pre, q_rows, Nq * heads_, norm_weight(p, 0).data);
       head_norm(dev, s.k_pre, k_rows, Nk * kv_heads_, norm_weight(p, 1).data);

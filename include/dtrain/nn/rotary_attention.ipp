@@ -40,10 +40,10 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       throw config_error(what + ": the scale must be >= 0 and the rope factor > 0",
                          "give scale 0 for 1 / sqrt(head_dim), and rope_factor 1 for unscaled positions");
     const std::int64_t kv = kv_heads_ * head_dim();
-    lora_ = LoraSet(
-        base_count(),
-        {LoraSite(what, "q", options.q_lora, dim, inner_), LoraSite(what, "k", options.k_lora, memory_dim_, kv, 1, cross),
-         LoraSite(what, "v", options.v_lora, memory_dim_, kv, 1, cross), LoraSite(what, "o", options.o_lora, inner_, dim)});
+    lora_ = LoraSet(base_count(), {LoraSite(what, "q", options.q_lora, dim, inner_),
+                                   LoraSite(what, "k", options.k_lora, memory_dim_, kv, 1, cross),
+                                   LoraSite(what, "v", options.v_lora, memory_dim_, kv, 1, cross),
+                                   LoraSite(what, "o", options.o_lora, inner_, dim)});
   }
 
   DTRAIN_DECL std::vector<ParamSpec> GroupedAttentionBase::params() const {

@@ -111,14 +111,14 @@
 namespace dtrain::nn {
 
 struct SpatialTransformerOptions {
-  std::int64_t layers = 1;             // transformer blocks (SDXL's transformer_layers_per_block, up to 10)
-  bool use_linear_projection = false;  // Linear proj_in/proj_out (SD 2.x, SDXL); false: 1x1 convolutions (SD 1.x)
-  std::int64_t groups = 32;            // the GroupNorm's (norm_num_groups)
-  float norm_eps = 1e-6f;              // the GroupNorm's
-  std::int64_t context_length = 77;    // text tokens per image in encoder_hidden_states
-  float layer_norm_eps = 1e-5f;        // norm1..norm3's (diffusers' norm_eps)
-  bool trainable = true;               // false freezes every parameter but the adapters
-  LoraOptions lora{};                  // the adapters' rank, alpha, dropout (r 0: none)
+  std::int64_t layers = 1;                  // transformer blocks (SDXL's transformer_layers_per_block, up to 10)
+  bool use_linear_projection = false;       // Linear proj_in/proj_out (SD 2.x, SDXL); false: 1x1 convolutions (SD 1.x)
+  std::int64_t groups = 32;                 // the GroupNorm's (norm_num_groups)
+  float norm_eps = 1e-6f;                   // the GroupNorm's
+  std::int64_t context_length = 77;         // text tokens per image in encoder_hidden_states
+  float layer_norm_eps = 1e-5f;             // norm1..norm3's (diffusers' norm_eps)
+  bool trainable = true;                    // false freezes every parameter but the adapters
+  LoraOptions lora{};                       // the adapters' rank, alpha, dropout (r 0: none)
   std::vector<std::string> lora_targets{};  // the adapted projections (see the header)
 };
 
@@ -272,8 +272,7 @@ class SpatialTransformer {
       ln_.forward<Dev, T>(dev, p.subspan(at + at_.norm3, 2), b.u2, b.n3);
       ff_in_.forward<Dev, T>(dev, p.subspan(at + at_.ff0, at_.n_ff0), b.n3, b.h, ctx.part(b.f0, key_ff + 2 * l));
       dev.for_each(static_cast<std::size_t>(N * 4 * I), detail::GegluFirstHalf<T>{b.h, b.g});
-      ff_out_.forward<Dev, T>(dev, p.subspan(at + at_.ff2, at_.n_ff2), b.g, b.out,
-                              ctx.part(b.f2, key_ff + 2 * l + 1));
+      ff_out_.forward<Dev, T>(dev, p.subspan(at + at_.ff2, at_.n_ff2), b.g, b.out, ctx.part(b.f2, key_ff + 2 * l + 1));
       add(b.out, b.u2);
       t = b.out;
     }
@@ -395,8 +394,8 @@ class SpatialTransformer {
 
   // The projections inside a block, and the unit's own, that take adapters.
   static const std::set<std::string>& lora_names() {
-    static const std::set<std::string> names{"attn1.to_q",     "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
-                                             "attn2.to_q",     "attn2.to_k", "attn2.to_v", "attn2.to_out.0",
+    static const std::set<std::string> names{"attn1.to_q",    "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                                             "attn2.to_q",    "attn2.to_k", "attn2.to_v", "attn2.to_out.0",
                                              "ff.net.0.proj", "ff.net.2",   "proj_in",    "proj_out"};
     return names;
   }
@@ -503,15 +502,15 @@ class SpatialTransformer {
 
   template <class T>
   struct Parts {
-    std::int64_t n;         // pixel rows, B P
-    MatView<T> pin;         // proj_in's input: the norm's output (NCHW, or pixel rows with a Linear)
-    MatView<T> mem;         // the context [B L, D]
-    MatView<T> t0;          // the first block's input [N, I]
-    MatView<T> tout;        // the last block's output as NCHW (convolution only)
+    std::int64_t n;          // pixel rows, B P
+    MatView<T> pin;          // proj_in's input: the norm's output (NCHW, or pixel rows with a Linear)
+    MatView<T> mem;          // the context [B L, D]
+    MatView<T> t0;           // the first block's input [N, I]
+    MatView<T> tout;         // the last block's output as NCHW (convolution only)
     MatView<T> lpin, lpout;  // the linear projections' adapters' (one row each; empty without)
-    MatView<T> g1, g2, g3;  // scratch, N W each (viewed as needed)
-    MatView<T> dh, dg;      // the feed-forward's gradients [N, 2F], [N, F]
-    T* blocks;              // the blocks' activations
+    MatView<T> g1, g2, g3;   // scratch, N W each (viewed as needed)
+    MatView<T> dh, dg;       // the feed-forward's gradients [N, 2F], [N, F]
+    T* blocks;               // the blocks' activations
     std::int64_t block_size, a1_size, a2_size, f0_size, f2_size, inner;
     Block<T> block(std::int64_t l) const {
       detail::Carve<T> c(blocks + l * block_size);

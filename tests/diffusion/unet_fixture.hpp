@@ -1,0 +1,105 @@
+#pragma once
+// What the tests over diffusers' UNets share (unet_test.cpp, lora_test.cpp):
+// the tiny UNets diffusers_unet.py makes, their inputs as dtrain batches,
+// and the comparisons.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "hf/run_logged.hpp"
+#include "support/python_venv.hpp"
+#include "support/ranks.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include <dtrain/diffusion/unet.hpp>
+#include <dtrain/trainer.hpp>
+
+namespace dtrain::testing::unet {
+
+namespace fs = std::filesystem;
+
+const fs::path work = fs::path(DTRAIN_TEST_BINARY_DIR) / "unet";
+constexpr double tolerance = 1e-5;
+using Values = std::map<std::string, std::vector<float>>;
+
+// Runs tests/diffusion/SCRIPT with the pinned torch2 set's Python.
+inline void run_python(const std::string& script, const std::string& args, const fs::path& log) {
+  const std::string path = std::string(DTRAIN_SOURCE_DIR) + "/tests/diffusion/" + script;
+  BOOST_TEST_REQUIRE(run_logged(pinned_python("torch2") + " " + path + " " + args, log) == 0,
+                     script << " " << args << ":\n"
+                            << read_text(log));
+}
+inline void run_script(const std::string& args, const fs::path& log) { run_python("diffusers_unet.py", args, log); }
+
+// The folder of a tiny UNet of `kind` (sd, sdxl) under `root`, made once.
+inline const fs::path& made(const std::string& kind, const fs::path& root = work) {
+  static std::map<fs::path, fs::path> dirs;
+  const fs::path dir = root / kind;
+  if (!dirs.contains(dir)) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    run_script("make " + dir.string() + " " + kind, dir / "make.log");
+    dirs[dir] = dir;
+  }
+  return dirs.at(dir);
+}
+
+// Rows [first, first + n) of a float tensor, as [n, rest...] (flattened to
+// [n, per] when `flat`).
+inline HostTensor rows(const SafetensorsFile& f, const std::string& name, std::int64_t first, std::int64_t n,
+                bool flat = false) {
+  std::vector<std::int64_t> shape = f.tensor(name).shape;
+  const std::vector<float> all = f.read_f32(name);
+  std::int64_t per = 1;
+  for (std::size_t d = 1; d < shape.size(); ++d) per *= shape[d];
+  shape[0] = n;
+  if (flat) shape = {n, per};
+  const auto begin = all.begin() + first * per;
+  return HostTensor::of(std::vector<float>(begin, begin + n * per), shape);
+}
+
+inline Batch batch_of(const SafetensorsFile& in, std::int64_t first, std::int64_t n) {
+  Batch b;
+  b.set("x", rows(in, "latents", first, n, true));
+  b.set("y", rows(in, "target", first, n, true));
+  b.set("timesteps", rows(in, "timesteps", first, n));
+  b.set("encoder_hidden_states", rows(in, "encoder_hidden_states", first, n));
+  if (in.contains("text_embeds")) {
+    b.set("pooled", rows(in, "text_embeds", first, n));
+    b.set("time_ids", rows(in, "time_ids", first, n));
+  }
+  return b;
+}
+
+inline models::UNetConfig config_of(const fs::path& dir, const SafetensorsFile& in) {
+  models::UNetConfig c = diffusion::read_unet_config(dir / "unet");
+  c.context_length = in.tensor("encoder_hidden_states").shape.at(1);
+  return c;
+}
+
+inline double max_abs(std::span<const float> v) {
+  double m = 0;
+  for (const float e : v) m = std::max(m, std::abs(double(e)));
+  return m;
+}
+
+inline double worst_difference(std::span<const float> got, std::span<const float> want) {
+  BOOST_TEST_REQUIRE(got.size() == want.size());
+  double w = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) w = std::max(w, std::abs(double(got[i]) - want[i]));
+  return w;
+}
+
+// The largest difference between two runs' parameters.
+inline double params_apart(const Values& a, const Values& b) {
+  double w = 0;
+  for (const auto& [name, values] : a) w = std::max(w, worst_difference(values, b.at(name)));
+  return w;
+}
+
+}  // namespace dtrain::testing::unet
