@@ -29,6 +29,7 @@
 #include <dtrain/data/dataset.hpp>
 #include <dtrain/data/loader.hpp>
 #include <dtrain/data/sampler.hpp>
+#include <dtrain/diffusion/data.hpp>
 #include <dtrain/diffusion/lora.hpp>
 #include <dtrain/diffusion/schedule.hpp>
 #include <dtrain/diffusion/unet.hpp>

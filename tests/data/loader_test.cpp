@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -91,6 +92,62 @@ BOOST_AUTO_TEST_CASE(resumes_from_the_sampler_state) {
   sampler.load_state(saved);
   DataLoader loader(data, sampler, {.batch_size = batch, .num_workers = 3});
   for (std::size_t i = 4; i < expected.size(); ++i) check_batch(loader.next(), expected[i], data);
+}
+
+namespace {
+
+// A source whose rows are (index, epoch): what an EpochSource is given.
+struct EpochRows {
+  std::int64_t size() const { return rows; }
+  Batch gather(std::span<const std::int64_t> indices) const { return gather(indices, Indices(indices.size(), -1)); }
+  Batch gather(std::span<const std::int64_t> indices, std::span<const std::int64_t> epochs) const {
+    std::vector<std::int64_t> v;
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      v.push_back(indices[i]);
+      v.push_back(epochs[i]);
+    }
+    Batch b;
+    b.set("x", dtrain::HostTensor::of(v, {static_cast<std::int64_t>(indices.size()), 2}));
+    return b;
+  }
+};
+static_assert(dtrain::EpochSource<EpochRows>);
+static_assert(!dtrain::EpochSource<dtrain::Dataset>);
+
+}  // namespace
+
+// Each index comes with the epoch the sampler drew it in (19 samples per
+// rank-1 epoch: batches straddle epochs), with any workers and after a resume.
+BOOST_AUTO_TEST_CASE(an_epoch_source_gets_each_index_epoch) {
+  DistributedSampler reference(rows, 1, 2, sampler_options);
+  std::vector<std::int64_t> want;  // index, epoch pairs
+  for (int k = 0; k < 12 * batch; ++k) {
+    const std::int64_t epoch = reference.state().position == reference.num_samples() ? reference.epoch() + 1
+                                                                                       : reference.epoch();
+    want.push_back(reference.next(1).at(0));
+    want.push_back(epoch);
+  }
+  const EpochRows source;
+  for (const int workers : {0, 3}) {
+    DistributedSampler sampler(rows, 1, 2, sampler_options);
+    std::vector<std::int64_t> got;
+    {
+      DataLoader loader(source, sampler, {.batch_size = batch, .num_workers = workers});
+      for (int k = 0; k < 5; ++k) {
+        const Batch b = loader.next();
+        for (const auto v : b.at("x").values<std::int64_t>()) got.push_back(v);
+      }
+    }
+    const dtrain::SamplerState saved = sampler.state();
+    DistributedSampler resumed(rows, 1, 2, sampler_options);
+    resumed.load_state(saved);
+    DataLoader loader(source, resumed, {.batch_size = batch, .num_workers = workers});
+    for (int k = 5; k < 12; ++k) {
+      const Batch b = loader.next();
+      for (const auto v : b.at("x").values<std::int64_t>()) got.push_back(v);
+    }
+    BOOST_TEST(got == want, boost::test_tools::per_element());
+  }
 }
 
 BOOST_AUTO_TEST_CASE(transform_runs_on_every_batch) {

@@ -9,6 +9,12 @@
 // finishing out of order). At most `prefetch` batches are claimed but not yet
 // consumed, which bounds memory.
 //
+// Epochs: a source whose rows depend on the epoch they are drawn in (fresh
+// random noise for each pass over the data, as diffusion training draws)
+// also offers gather(indices, epochs), and the loader passes each index's
+// sampler epoch; the rows are then a function of (index, epoch), the same in
+// a resumed run whatever the workers, the batch size or the world size.
+//
 // Resumability: the loader works on its own copy of the sampler and writes
 // the consumed position back to the caller's sampler in next(), so
 // sampler.state() is always the point right after the last batch returned,
@@ -45,6 +51,13 @@ concept BatchSource = requires(const S& s, std::span<const std::int64_t> indices
   { s.gather(indices) } -> std::same_as<Batch>;
 };
 
+// A source whose rows depend on the epoch each index is drawn in:
+// gather(indices, epochs), epochs[i] the sampler epoch of indices[i].
+template <class S>
+concept EpochSource = BatchSource<S> && requires(const S& s, std::span<const std::int64_t> indices) {
+  { s.gather(indices, indices) } -> std::same_as<Batch>;
+};
+
 struct LoaderOptions {
   std::int64_t batch_size = 0;
   // 0 gathers on the thread calling next().
@@ -63,7 +76,12 @@ class DataLoader {
   // loader moves the sampler (change its epoch or state before building one).
   template <BatchSource Source>
   DataLoader(const Source& source, DistributedSampler& sampler, LoaderOptions options)
-      : gather_([&source](std::span<const std::int64_t> idx) { return source.gather(idx); }),
+      : gather_([&source](std::span<const std::int64_t> idx, std::span<const std::int64_t> epochs) {
+          if constexpr (EpochSource<Source>)
+            return source.gather(idx, epochs);
+          else
+            return (void)epochs, source.gather(idx);
+        }),
         sampler_(sampler),
         options_(std::move(options)),
         source_(sampler) {
@@ -88,6 +106,7 @@ class DataLoader {
   struct Claim {
     std::int64_t number = 0;
     std::vector<std::int64_t> indices;
+    std::vector<std::int64_t> epochs;  // each index's sampler epoch
     SamplerState state_after;
   };
   struct Slot {
@@ -102,7 +121,7 @@ class DataLoader {
 
   DTRAIN_DECL Slot produce(Claim c) const;
 
-  DTRAIN_DECL Batch gather(std::vector<std::int64_t> indices) const;
+  DTRAIN_DECL Batch gather(std::vector<std::int64_t> indices, const std::vector<std::int64_t>& epochs) const;
 
   DTRAIN_DECL void work();
 
@@ -110,7 +129,7 @@ class DataLoader {
 
   DTRAIN_DECL void stop() noexcept;
 
-  std::function<Batch(std::span<const std::int64_t>)> gather_;
+  std::function<Batch(std::span<const std::int64_t>, std::span<const std::int64_t>)> gather_;
   DistributedSampler& sampler_;
   LoaderOptions options_;
   DistributedSampler source_;  // the workers' read-ahead copy

@@ -42,8 +42,14 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
   }
 
   DTRAIN_DECL auto DataLoader::claim()->Claim {
-    Claim c{claimed_++, source_.next(options_.batch_size), {}};
+    const SamplerState before = source_.state();
+    Claim c{claimed_++, source_.next(options_.batch_size), {}, {}};
     c.state_after = source_.state();
+    // index i sits at position before.position + i of the stream, epochs of num_samples() each
+    const std::int64_t per = std::max<std::int64_t>(source_.num_samples(), 1);
+    c.epochs.resize(c.indices.size());
+    for (std::size_t i = 0; i < c.indices.size(); ++i)
+      c.epochs[i] = before.epoch + (before.position + static_cast<std::int64_t>(i)) / per;
     return c;
   }
 
@@ -51,7 +57,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     Slot slot;
     slot.state_after = c.state_after;
     try {
-      slot.batch = gather(std::move(c.indices));
+      slot.batch = gather(std::move(c.indices), c.epochs);
       if (options_.transform) options_.transform(slot.batch);
     } catch (...) {
       slot.error = std::current_exception();
@@ -59,8 +65,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     return slot;
   }
 
-  DTRAIN_DECL auto DataLoader::gather(std::vector<std::int64_t> indices) const->Batch {
-    Batch b = gather_(indices);
+  DTRAIN_DECL auto DataLoader::gather(std::vector<std::int64_t> indices, const std::vector<std::int64_t>& epochs) const
+      ->Batch {
+    Batch b = gather_(indices, epochs);
     b.indices = std::move(indices);
     return b;
   }
