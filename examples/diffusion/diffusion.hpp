@@ -34,12 +34,12 @@ struct Config : examples::Common, dtrain::models::LoraKeys {
   std::string scheduler;                      // a scheduler_config.json (default: the pipeline's, if any)
   std::string timestep_sampling = "uniform";  // flow: uniform | logit_normal | mode
   double logit_mean = 0.0, logit_std = 1.0, mode_scale = 1.29;
-  double snr_gamma = 0.0;     // Min-SNR-gamma weighting (eps, v); 0 = off
-  double noise_offset = 0.0;  // 0 = off
-  double drop_text = 0.0;     // classifier-free guidance: drop a caption with this probability
-  std::string adapter;        // LoRA adapters to load and train on (diffusers' or PEFT's files)
-  std::string save_lora;      // at the end, the adapters as diffusers' save_lora_weights writes them
-  std::string save_diffusers;  // at the end, the whole UNet (adapters merged) as save_pretrained writes it
+  double snr_gamma = 0.0;         // Min-SNR-gamma weighting (eps, v); 0 = off
+  double noise_offset = 0.0;      // 0 = off
+  double drop_text = 0.0;         // classifier-free guidance: drop a caption with this probability
+  std::string adapter;            // LoRA adapters to load and train on (diffusers' or PEFT's files)
+  std::string save_lora;          // at the end, the adapters as diffusers' save_lora_weights writes them
+  std::string save_diffusers;     // at the end, the whole UNet (adapters merged) as save_pretrained writes it
   std::int64_t eval_batches = 4;  // held-out batches per rank at the end (fixed noise and timesteps)
 
   Config() {

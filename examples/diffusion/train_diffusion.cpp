@@ -4,7 +4,7 @@
 // training scripts do; writes the adapters (save_lora=) or the whole UNet
 // (save_diffusers=) as diffusers loads them.
 //
-//   dtrain-run --nproc-per-node 2 train_diffusion model=./sd15 data=cache.safetensors lora_r=16 \
+//   dtrain-run --nproc-per-node 2 train_diffusion model=./sd15 data=cache.safetensors lora_r=16
 //       lora_targets=to_q,to_k,to_v,to_out.0 save_lora=./lora
 //
 // Compiled by g++ only: yaml-cpp and range-v3 stay out of the nvcc translation units.
@@ -36,8 +36,9 @@ out: at the end, "eval: held-out loss X" at fixed noise and timesteps.
 )";
 
 void declare_extra(dtrain::ConfigReader& r, Config& c) {
-  r.add("model", c.model, "a diffusers UNet folder (config.json + diffusion_pytorch_model.safetensors) or a pipeline "
-                          "folder holding unet/");
+  r.add("model", c.model,
+        "a diffusers UNet folder (config.json + diffusion_pytorch_model.safetensors) or a pipeline "
+        "folder holding unet/");
   r.add("data", c.data, "the records file (see above)");
   r.add("objective", c.objective,
         "eps | v | flow (default: the scheduler config's prediction_type, or eps without one)");
@@ -134,10 +135,11 @@ Setup read_setup(const Config& c) {
   s.unet.sample_width = all.width();
   s.unet.context_length = all.context_length();
   const bool sdxl = s.unet.addition_embed_type == "text_time";
-  all.check({.channels = s.unet.in_channels,
-             .context_dim = s.unet.cross_attention_dim,
-             .pooled_dim = sdxl ? s.unet.projection_class_embeddings_input_dim - 6 * s.unet.addition_time_embed_dim : 0},
-            "the UNet in " + s.unet_dir);
+  all.check(
+      {.channels = s.unet.in_channels,
+       .context_dim = s.unet.cross_attention_dim,
+       .pooled_dim = sdxl ? s.unet.projection_class_embeddings_input_dim - 6 * s.unet.addition_time_embed_dim : 0},
+      "the UNet in " + s.unet_dir);
   try {
     dtrain::models::check_unet_config(s.unet);
   } catch (const dtrain::config_error& e) {
@@ -155,7 +157,10 @@ Setup read_setup(const Config& c) {
 int main(int argc, char** argv) {
   using namespace diffusion_example;
   try {
-    const auto cfg = examples::parse_cli<Config>(argc, argv, "train_diffusion", usage, declare_extra, validate_extra);
+    auto cfg = examples::parse_cli<Config>(argc, argv, "train_diffusion", usage, declare_extra, validate_extra);
+    // With adapters only lora_A and lora_B train: there is no bias or norm to keep out of the weight decay
+    // (diffusers' LoRA scripts decay the adapters).
+    if (cfg.lora_r > 0 || !cfg.adapter.empty()) cfg.no_decay = false;
     const Setup setup = read_setup(cfg);
     auto world = examples::init_world(cfg);
     if (world.rank() == 0)

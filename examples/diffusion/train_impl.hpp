@@ -15,7 +15,7 @@ namespace diffusion_example {
 // file has them): each rank evaluates every world-size-th held-out record,
 // eval_batches batches of batch_size.
 template <class Trainer>
-void evaluate(const Config& c, const Setup& s, dtrain::World& world, Trainer& trainer) {
+void evaluate(const Config& c, const Setup& s, dtrain::World& world, Trainer& trainer, const char* when = "") {
   if (c.eval_batches < 1 || s.held_out < 1) return;
   const dtrain::diffusion::NoisedRecords held_out = records(c, s, false);
   std::vector<dtrain::Batch> batches;
@@ -27,8 +27,8 @@ void evaluate(const Config& c, const Setup& s, dtrain::World& world, Trainer& tr
   }
   const double loss = trainer.evaluate(batches).loss;
   if (world.rank() == 0)
-    std::printf("eval: held-out loss %.6f (%s; %lld samples of %lld held-out records at fixed noise and timesteps)\n",
-                loss, dtrain::diffusion::objective_name(s.schedule.objective),
+    std::printf("eval%s: held-out loss %.6f (%s; %lld samples of %lld held-out records at fixed noise and timesteps)\n",
+                when, loss, dtrain::diffusion::objective_name(s.schedule.objective),
                 static_cast<long long>(c.eval_batches * c.batch_size * world.size()),
                 static_cast<long long>(s.held_out));
 }
@@ -41,15 +41,18 @@ int train(const Config& c, dtrain::World& world, const Setup& s) {
     const auto start = [&](auto& trainer) {
       const auto r = dtrain::diffusion::load_diffusers(trainer, s.unet_dir, model);
       if (world.rank() == 0) std::printf("model %s: loaded %zu tensor(s)\n", s.unet_dir.c_str(), r.loaded.size());
-      if (c.adapter.empty()) return;
-      const auto a = dtrain::diffusion::load_lora(trainer, c.adapter, model);
-      if (world.rank() == 0) std::printf("adapter %s: loaded %zu tensor(s)\n", c.adapter.c_str(), a.loaded.size());
+      if (!c.adapter.empty()) {
+        const auto a = dtrain::diffusion::load_lora(trainer, c.adapter, model);
+        if (world.rank() == 0) std::printf("adapter %s: loaded %zu tensor(s)\n", c.adapter.c_str(), a.loaded.size());
+      }
+      if (trainer.steps_taken() == 0 && c.resume.empty()) evaluate(c, s, world, trainer, " (before training)");
     };
     const auto finish = [&](auto& trainer) {
       evaluate(c, s, world, trainer);
       if (!c.save_lora.empty()) {
         dtrain::diffusion::save_lora(trainer, c.save_lora, model);
-        if (world.rank() == 0) std::printf("saved the adapters for diffusers' load_lora_weights: %s\n", c.save_lora.c_str());
+        if (world.rank() == 0)
+          std::printf("saved the adapters for diffusers' load_lora_weights: %s\n", c.save_lora.c_str());
       }
       if (c.save_diffusers.empty()) return;
       dtrain::diffusion::save_diffusers(trainer, c.save_diffusers, model, s.config_json);

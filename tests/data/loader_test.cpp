@@ -122,8 +122,8 @@ BOOST_AUTO_TEST_CASE(an_epoch_source_gets_each_index_epoch) {
   DistributedSampler reference(rows, 1, 2, sampler_options);
   std::vector<std::int64_t> want;  // index, epoch pairs
   for (int k = 0; k < 12 * batch; ++k) {
-    const std::int64_t epoch = reference.state().position == reference.num_samples() ? reference.epoch() + 1
-                                                                                       : reference.epoch();
+    const std::int64_t epoch =
+        reference.state().position == reference.num_samples() ? reference.epoch() + 1 : reference.epoch();
     want.push_back(reference.next(1).at(0));
     want.push_back(epoch);
   }

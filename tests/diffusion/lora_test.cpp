@@ -142,7 +142,8 @@ void first_step_like_peft(const std::string& kind) {
     after = t.parameters();
   });
   const double loss = ref.read_f32("loss").at(0);
-  BOOST_TEST(std::abs(stats.loss - loss) <= tolerance * std::abs(loss), kind << ": loss " << stats.loss << " vs " << loss);
+  BOOST_TEST(std::abs(stats.loss - loss) <= tolerance * std::abs(loss),
+             kind << ": loss " << stats.loss << " vs " << loss);
   double scale = 0, worst = 0, frozen = 0;
   for (const auto& [ours, theirs] : names) scale = std::max(scale, max_abs(ref.read_f32("grad." + theirs)));
   for (const auto& [ours, theirs] : names) {
@@ -243,8 +244,8 @@ void saved_lora_loads_in_diffusers(const std::string& kind) {
   BOOST_TEST((back.r == m.lora.r && back.alpha == m.lora.alpha && back.targets == m.lora.targets));
   const fs::path out = dir / "dtrain_lora_pred.safetensors", out_merged = dir / "dtrain_merged_pred.safetensors";
   run_python("diffusers_lora.py",
-             "predict " + (dir / "unet").string() + " " + saved.string() + " " +
-                 (dir / "inputs.safetensors").string() + " " + out.string(),
+             "predict " + (dir / "unet").string() + " " + saved.string() + " " + (dir / "inputs.safetensors").string() +
+                 " " + out.string(),
              dir / "lora_predict.log");
   run_script("predict " + merged.string() + " " + (dir / "inputs.safetensors").string() + " " + out_merged.string(),
              dir / "merged_predict.log");

@@ -30,9 +30,9 @@ using Values = std::map<std::string, std::vector<float>>;
 // Runs tests/diffusion/SCRIPT with the pinned torch2 set's Python.
 inline void run_python(const std::string& script, const std::string& args, const fs::path& log) {
   const std::string path = std::string(DTRAIN_SOURCE_DIR) + "/tests/diffusion/" + script;
-  BOOST_TEST_REQUIRE(run_logged(pinned_python("torch2") + " " + path + " " + args, log) == 0,
-                     script << " " << args << ":\n"
-                            << read_text(log));
+  BOOST_TEST_REQUIRE(run_logged(pinned_python("torch2") + " " + path + " " + args, log) == 0, script << " " << args
+                                                                                                     << ":\n"
+                                                                                                     << read_text(log));
 }
 inline void run_script(const std::string& args, const fs::path& log) { run_python("diffusers_unet.py", args, log); }
 
@@ -52,7 +52,7 @@ inline const fs::path& made(const std::string& kind, const fs::path& root = work
 // Rows [first, first + n) of a float tensor, as [n, rest...] (flattened to
 // [n, per] when `flat`).
 inline HostTensor rows(const SafetensorsFile& f, const std::string& name, std::int64_t first, std::int64_t n,
-                bool flat = false) {
+                       bool flat = false) {
   std::vector<std::int64_t> shape = f.tensor(name).shape;
   const std::vector<float> all = f.read_f32(name);
   std::int64_t per = 1;

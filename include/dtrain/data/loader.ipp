@@ -65,8 +65,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     return slot;
   }
 
-  DTRAIN_DECL auto DataLoader::gather(std::vector<std::int64_t> indices, const std::vector<std::int64_t>& epochs) const
-      ->Batch {
+  DTRAIN_DECL auto DataLoader::gather(std::vector<std::int64_t> indices, const std::vector<std::int64_t>& epochs)
+      const->Batch {
     Batch b = gather_(indices, epochs);
     b.indices = std::move(indices);
     return b;

@@ -59,10 +59,10 @@ struct RecordsShape {
 };
 
 struct RecordsOptions {
-  Schedule schedule;               // the objective and its tables (make_schedule)
-  Options draws{};                 // timestep sampling, Min-SNR, noise offset
+  Schedule schedule;  // the objective and its tables (make_schedule)
+  Options draws{};    // timestep sampling, Min-SNR, noise offset
   std::uint64_t seed = 0;
-  double drop_text = 0.0;          // classifier-free guidance: drop a caption with this probability
+  double drop_text = 0.0;              // classifier-free guidance: drop a caption with this probability
   std::int64_t first = 0, count = -1;  // the records [first, first + count) of the file (-1: to the end)
 };
 

@@ -51,8 +51,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     need(n_ > 0, "no records (latents is " + detail::shape_of(lat) + ")");
     floats("encoder_hidden_states", 3);
     const auto ehs = shape("encoder_hidden_states");
-    need(ehs[0] == n_, "encoder_hidden_states has " + std::to_string(ehs[0]) + " records, latents " +
-                           std::to_string(n_));
+    need(ehs[0] == n_,
+         "encoder_hidden_states has " + std::to_string(ehs[0]) + " records, latents " + std::to_string(n_));
     l_ = ehs[1];
     d_ = ehs[2];
     const bool pooled = file_.contains("pooled"), ids = file_.contains("time_ids");
@@ -71,17 +71,17 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
                m.dtype == element_type::i8,
            "encoder_attention_mask is " + std::string(element_name(m.dtype)) + ", not integers");
       need(m.shape == std::vector<std::int64_t>{n_, l_},
-           "encoder_attention_mask is " + detail::shape_of(m.shape) + ", not [N, L] = " +
-               detail::shape_of({n_, l_}));
+           "encoder_attention_mask is " + detail::shape_of(m.shape) + ", not [N, L] = " + detail::shape_of({n_, l_}));
     }
     const bool noise = file_.contains("noise"), steps = file_.contains("timesteps");
     need(noise == steps, "noise and timesteps come together (a record's own draws), not one alone");
     if ((own_draws_ = noise)) {
       floats("noise", 4);
       floats("timesteps", 1);
-      need(shape("noise") == lat, "noise is " + detail::shape_of(shape("noise")) + ", latents " + detail::shape_of(lat));
-      need(shape("timesteps")[0] == n_, "timesteps has " + std::to_string(shape("timesteps")[0]) + " records, not " +
-                                            std::to_string(n_));
+      need(shape("noise") == lat,
+           "noise is " + detail::shape_of(shape("noise")) + ", latents " + detail::shape_of(lat));
+      need(shape("timesteps")[0] == n_,
+           "timesteps has " + std::to_string(shape("timesteps")[0]) + " records, not " + std::to_string(n_));
       const std::vector<float> t = file_.read_f32("timesteps");
       for (std::int64_t r = 0; r < n_; ++r) given_timestep(t[static_cast<std::size_t>(r)], r);
     }
@@ -127,25 +127,26 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
                              " attends to text of " + std::to_string(want.context_dim) + " (cross_attention_dim)",
                          "cache the text with the text encoder(s) of the model's own pipeline");
     if (want.pooled_dim > 0 && p_ != want.pooled_dim)
-      throw config_error(where + (p_ == 0 ? std::string(": no pooled and time_ids; ")
-                                          : ": pooled embeddings of " + std::to_string(p_) + "; ") +
+      throw config_error(where +
+                             (p_ == 0 ? std::string(": no pooled and time_ids; ")
+                                      : ": pooled embeddings of " + std::to_string(p_) + "; ") +
                              model + " (SDXL's text_time conditioning) needs pooled [N, " +
                              std::to_string(want.pooled_dim) + "] and time_ids [N, 6]",
                          "cache SDXL's pooled text embedding and its time ids beside the latents");
     if (want.pooled_dim == 0 && p_ > 0)
-      throw config_error(where + ": pooled and time_ids are for SDXL's text_time conditioning, which " + model +
-                             " has not",
-                         "cache the records for this model, without pooled and time_ids");
+      throw config_error(
+          where + ": pooled and time_ids are for SDXL's text_time conditioning, which " + model + " has not",
+          "cache the records for this model, without pooled and time_ids");
   }
 
-  DTRAIN_DECL void NoisedRecords::read_rows(const std::string& name, std::int64_t first, std::int64_t rows,
-                                            float* out) const {
+  DTRAIN_DECL void NoisedRecords::read_rows(const std::string& name, std::int64_t first, std::int64_t rows, float* out)
+      const {
     const SafetensorsTensor t = file_.tensor(name);
     std::int64_t per = 1;
     for (std::size_t d = 1; d < t.shape.size(); ++d) per *= t.shape[d];
     const std::size_t size = element_bytes(t.dtype);
-    const auto bytes = t.bytes.subspan(static_cast<std::size_t>(first * per) * size,
-                                       static_cast<std::size_t>(rows * per) * size);
+    const auto bytes =
+        t.bytes.subspan(static_cast<std::size_t>(first * per) * size, static_cast<std::size_t>(rows * per) * size);
     std::vector<float> v;
     switch (t.dtype) {
       case element_type::f32: v = dtrain::detail::decode_to_float<float>(bytes, [](float x) { return x; }); break;
@@ -167,9 +168,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     if (s.config.objective != Objective::flow) {
       const double t = std::round(value);
       if (!(std::abs(value - t) <= 1e-6) || t < 0 || t >= static_cast<double>(s.config.num_train_timesteps))
-        throw config_error(where + " is not an integer timestep in [0, " +
-                               std::to_string(s.config.num_train_timesteps) + ")",
-                           "give each record's DDPM timestep t (an integer below num_train_timesteps)");
+        throw config_error(
+            where + " is not an integer timestep in [0, " + std::to_string(s.config.num_train_timesteps) + ")",
+            "give each record's DDPM timestep t (an integer below num_train_timesteps)");
       return ddpm_timestep(s, o_.draws, static_cast<std::int64_t>(t));
     }
     std::size_t best = 0;
@@ -184,8 +185,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
             .weight = 1.0};
   }
 
-  DTRAIN_DECL Batch NoisedRecords::gather(std::span<const std::int64_t> indices,
-                                          std::span<const std::int64_t> epochs) const {
+  DTRAIN_DECL Batch NoisedRecords::gather(std::span<const std::int64_t> indices, std::span<const std::int64_t> epochs)
+      const {
     const auto n = static_cast<std::int64_t>(indices.size());
     const std::int64_t e = c_ * h_ * w_, text = l_ * d_;
     const auto ue = static_cast<std::size_t>(e);

@@ -95,7 +95,8 @@ void save_lora(Trainer& trainer, const std::filesystem::path& dir, const models:
   std::list<std::vector<float>> kept;  // the writer refers to the values until write()
   trainer.visit_parameters([&](const ParamSlot& slot, std::vector<float>&& values) {
     const auto it = theirs.find(slot.name);
-    if (writer && it != theirs.end()) w.add("unet." + it->second, slot.spec.shape, kept.emplace_back(std::move(values)));
+    if (writer && it != theirs.end())
+      w.add("unet." + it->second, slot.spec.shape, kept.emplace_back(std::move(values)));
   });
   if (writer) {
     try {

@@ -43,8 +43,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     } else if (fs::exists(path)) {
       src.file = path;
     } else {
-      throw checkpoint_error("\"" + path.string() + "\" does not exist",
-                             "give the folder save_lora or diffusers' save_lora_weights wrote, or its .safetensors file");
+      throw checkpoint_error(
+          "\"" + path.string() + "\" does not exist",
+          "give the folder save_lora or diffusers' save_lora_weights wrote, or its .safetensors file");
     }
     const std::string where = "\"" + src.file.string() + "\"";
     const SafetensorsFile f = SafetensorsFile::open(src.file);
