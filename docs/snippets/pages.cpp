@@ -13,6 +13,7 @@
 
 #include "snippets.hpp"
 
+#include <dtrain/diffusion/lora.hpp>
 #include <dtrain/diffusion/unet.hpp>
 #include <dtrain/lerobot/act.hpp>
 #include <dtrain/trainer.hpp>
@@ -363,6 +364,16 @@ void unet_page(dtrain::World& world) {
   dtrain::diffusion::save_diffusers(trainer, "unet_tuned", model);
   // [/snippet:unet_diffusers]
   check(fs::exists("unet_tuned/diffusion_pytorch_model.safetensors"), "save_diffusers wrote the UNet");
+  fs::remove_all("lora");
+  // [snippet:unet_lora]
+  dtrain::hf::LoraConfig lora{.r = 4, .alpha = 4.f, .targets = {"to_q", "to_k", "to_v", "to_out.0"}};
+  dtrain::models::UNet2DCondition adapted(config, lora);  // the UNet frozen, adapters on both attentions
+  dtrain::Trainer<dtrain::models::UNet2DCondition> lora_trainer(world, adapted, dtrain::AdamW{.lr = 1e-4f});
+  dtrain::diffusion::load_diffusers(lora_trainer, "unet", adapted);
+  // ... lora_trainer.step(batches) ...
+  dtrain::diffusion::save_lora(lora_trainer, "lora", adapted);  // diffusers: pipe.load_lora_weights("lora")
+  // [/snippet:unet_lora]
+  check(fs::exists("lora/pytorch_lora_weights.safetensors"), "save_lora wrote the adapters");
 }
 
 }  // namespace

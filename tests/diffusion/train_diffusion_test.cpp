@@ -58,13 +58,13 @@ const fs::path& tiny() {
     fs::create_directories(d);
     BOOST_TEST_REQUIRE(python(pipeline_script, "make " + d.string(), d / "make.log") == 0, read_file(d / "make.log"));
     const std::string images = (d / "pipeline").string() + " " + (d / "images").string() + " ";
-    BOOST_TEST_REQUIRE(python(cache, images + (d / "records.safetensors").string() + " --resolution 32",
-                              d / "cache.log") == 0,
-                       read_file(d / "cache.log"));
-    BOOST_TEST_REQUIRE(python(cache, images + (d / "records_draws.safetensors").string() +
-                                         " --resolution 32 --with-draws --seed 4",
-                              d / "cache_draws.log") == 0,
-                       read_file(d / "cache_draws.log"));
+    BOOST_TEST_REQUIRE(
+        python(cache, images + (d / "records.safetensors").string() + " --resolution 32", d / "cache.log") == 0,
+        read_file(d / "cache.log"));
+    BOOST_TEST_REQUIRE(
+        python(cache, images + (d / "records_draws.safetensors").string() + " --resolution 32 --with-draws --seed 4",
+               d / "cache_draws.log") == 0,
+        read_file(d / "cache_draws.log"));
     return d;
   }();
   return dir;
@@ -72,8 +72,8 @@ const fs::path& tiny() {
 
 // The preset on the tiny pipeline (rank-4 adapters: its attention is 16 wide).
 std::string base_args(const std::string& records = "records.safetensors", const std::string& model = "") {
-  return "--config " + preset + " model=" + (model.empty() ? (tiny() / "pipeline").string() : model) + " data=" +
-         (records.find('/') == std::string::npos ? (tiny() / records).string() : records) +
+  return "--config " + preset + " model=" + (model.empty() ? (tiny() / "pipeline").string() : model) +
+         " data=" + (records.find('/') == std::string::npos ? (tiny() / records).string() : records) +
          " lora_r=4 lora_alpha=4 num_workers=0 log_every=10";
 }
 
@@ -115,24 +115,24 @@ BOOST_AUTO_TEST_CASE(lora_learns_and_diffusers_loads_it) {
 
 BOOST_AUTO_TEST_CASE(full_fine_tune_saves_for_diffusers) {
   const fs::path out = fresh("full");
-  BOOST_TEST_REQUIRE(run_example(program, 2,
-                                 "model=" + (tiny() / "pipeline").string() + " data=" +
-                                     (tiny() / "records.safetensors").string() +
-                                     " batch_size=4 steps=4 lr=0.001 eval_batches=1 num_workers=0 strategy=fsdp-full "
-                                     "precision=bf16 save_diffusers=" +
-                                     out.string()) == 0,
-                     last_log());
+  BOOST_TEST_REQUIRE(
+      run_example(program, 2,
+                  "model=" + (tiny() / "pipeline").string() + " data=" + (tiny() / "records.safetensors").string() +
+                      " batch_size=4 steps=4 lr=0.001 eval_batches=1 num_workers=0 strategy=fsdp-full "
+                      "precision=bf16 save_diffusers=" +
+                      out.string()) == 0,
+      last_log());
   BOOST_TEST(fs::exists(out / "diffusion_pytorch_model.safetensors"));
   const std::string unet_script = std::string(DTRAIN_SOURCE_DIR) + "/tests/diffusion/diffusers_unet.py";
   const std::string inputs = (tiny() / "records_draws.safetensors").string();
   const fs::path a = scratch("base_pred.safetensors"), b = scratch("tuned_pred.safetensors");
-  BOOST_TEST_REQUIRE(python(unet_script, "predict " + (tiny() / "pipeline/unet").string() + " " + inputs + " " +
-                                             a.string(),
-                            scratch("p1.log")) == 0,
-                     read_file(scratch("p1.log")));
-  BOOST_TEST_REQUIRE(python(unet_script, "predict " + out.string() + " " + inputs + " " + b.string(), scratch("p2.log")) ==
-                         0,
-                     read_file(scratch("p2.log")));
+  BOOST_TEST_REQUIRE(
+      python(unet_script, "predict " + (tiny() / "pipeline/unet").string() + " " + inputs + " " + a.string(),
+             scratch("p1.log")) == 0,
+      read_file(scratch("p1.log")));
+  BOOST_TEST_REQUIRE(
+      python(unet_script, "predict " + out.string() + " " + inputs + " " + b.string(), scratch("p2.log")) == 0,
+      read_file(scratch("p2.log")));
   const std::vector<float> before = dtrain::SafetensorsFile::open(a).read_f32("pred");
   const std::vector<float> after = dtrain::SafetensorsFile::open(b).read_f32("pred");
   double moved = 0;
@@ -162,10 +162,10 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_draws_the_same) {
 
 BOOST_AUTO_TEST_CASE(held_out_loss_uses_the_records_own_draws) {
   const auto before = [&](const std::string& records, int seed) {
-    BOOST_TEST_REQUIRE(run_example(program, 2,
-                                   base_args(records) + " steps=1 schedule=constant warmup_steps=0 seed=" +
-                                       std::to_string(seed)) == 0,
-                       last_log());
+    BOOST_TEST_REQUIRE(
+        run_example(program, 2,
+                    base_args(records) + " steps=1 schedule=constant warmup_steps=0 seed=" + std::to_string(seed)) == 0,
+        last_log());
     return value_after(last_log(), "eval (before training): held-out loss", "loss ");
   };
   BOOST_TEST(before("records_draws.safetensors", 1) == before("records_draws.safetensors", 2));
