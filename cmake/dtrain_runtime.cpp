@@ -29,8 +29,8 @@
 #include <dtrain/data/dataset.hpp>
 #include <dtrain/data/loader.hpp>
 #include <dtrain/data/sampler.hpp>
-#include <dtrain/diffusion/schedule.hpp>
 #include <dtrain/diffusion/pixart.hpp>
+#include <dtrain/diffusion/schedule.hpp>
 #include <dtrain/diffusion/unet.hpp>
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>

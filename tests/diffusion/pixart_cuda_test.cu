@@ -28,8 +28,8 @@ void refused(U& unit) {
   const dtrain::UnitContext<T> ctx;
   BOOST_CHECK_EXCEPTION(unit.template forward<dtrain::Cuda, T>(dev, {}, {}, {}, ctx), dtrain::config_error,
                         names_the_switch);
-  BOOST_CHECK_EXCEPTION(unit.template backward<dtrain::Cuda, T>(dev, {}, {}, {}, {}, {}, {}, ctx),
-                        dtrain::config_error, names_the_switch);
+  BOOST_CHECK_EXCEPTION(unit.template backward<dtrain::Cuda, T>(dev, {}, {}, {}, {}, {}, {}, ctx), dtrain::config_error,
+                        names_the_switch);
 }
 
 }  // namespace

@@ -58,9 +58,9 @@ constexpr double tolerance = 1e-5;
 using Values = std::map<std::string, std::vector<float>>;
 
 void run_script(const std::string& args, const fs::path& log) {
-  BOOST_TEST_REQUIRE(run_logged(pinned_python("torch2") + " " + script + " " + args, log) == 0,
-                     "diffusers_pixart.py " << args << ":\n"
-                                            << read_text(log));
+  BOOST_TEST_REQUIRE(run_logged(pinned_python("torch2") + " " + script + " " + args, log) == 0, "diffusers_pixart.py "
+                                                                                                    << args << ":\n"
+                                                                                                    << read_text(log));
 }
 
 // The folder of the tiny PixArt, made once.
@@ -99,8 +99,8 @@ Batch batch_of(const SafetensorsFile& in, std::int64_t first, std::int64_t n) {
   b.set("y", rows(in, "target", first, n, true));
   b.set("timesteps", rows(in, "timesteps", first, n));
   b.set("encoder_hidden_states", rows(in, "encoder_hidden_states", first, n));
-  b.set("encoder_attention_mask", rows_of(in.read_i64("encoder_attention_mask"),
-                                          in.tensor("encoder_attention_mask").shape, first, n, false));
+  b.set("encoder_attention_mask",
+        rows_of(in.read_i64("encoder_attention_mask"), in.tensor("encoder_attention_mask").shape, first, n, false));
   return b;
 }
 
@@ -222,7 +222,8 @@ BOOST_AUTO_TEST_CASE(first_step_like_diffusers) {
     after = t.parameters();
   });
   const double loss = ref.read_f32("loss").at(0);
-  BOOST_TEST(std::abs(stats.loss - loss) <= tolerance * std::abs(loss), "loss " << stats.loss << ", diffusers " << loss);
+  BOOST_TEST(std::abs(stats.loss - loss) <= tolerance * std::abs(loss),
+             "loss " << stats.loss << ", diffusers " << loss);
   const hf::TransformersNames names = diffusion::pixart_names(model);
   double scale = 0, worst = 0;
   std::string worst_name;

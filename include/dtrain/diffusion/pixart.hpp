@@ -64,8 +64,7 @@ void save_diffusers(Trainer& trainer, const std::filesystem::path& dir, const mo
                     const std::string& base_config_json = "", hf::SavePretrainedOptions options = {}) {
   options.torch_dtype = false;
   options.weights_name = "diffusion_pytorch_model";
-  hf::save_transformers(trainer, dir, pixart_names(model), pixart_config_json(model.config, base_config_json),
-                        options);
+  hf::save_transformers(trainer, dir, pixart_names(model), pixart_config_json(model.config, base_config_json), options);
 }
 
 }  // namespace dtrain::diffusion

@@ -19,9 +19,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
   // The keys read into models::PixArtConfig.
   inline const std::set<std::string>& pixart_keys() {
     static const std::set<std::string> keys{
-        "num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "num_layers",
-        "cross_attention_dim", "caption_channels", "patch_size", "sample_size", "interpolation_scale", "norm_eps",
-        "use_additional_conditions",
+        "num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "num_layers", "cross_attention_dim",
+        "caption_channels", "patch_size", "sample_size", "interpolation_scale", "norm_eps", "use_additional_conditions",
         // no effect on what dtrain computes: its attention's softmax is float32 in every precision (upcast),
         // ada_norm_single embeds the timesteps whatever num_embeds_ada_norm (checked non-null below, as
         // diffusers requires), and PixArt has no group norm
@@ -51,8 +50,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
   DTRAIN_DECL std::filesystem::path pixart_folder(const std::filesystem::path& path) {
     namespace fs = std::filesystem;
-    if (fs::is_directory(path) && !fs::exists(path / "config.json") &&
-        fs::exists(path / "transformer" / "config.json"))
+    if (fs::is_directory(path) && !fs::exists(path / "config.json") && fs::exists(path / "transformer" / "config.json"))
       return path / "transformer";
     return path;
   }
@@ -87,17 +85,18 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
       const bool same = value == fixed->second || (value.is_number() && fixed->second.is_number() &&
                                                    value.get<double>() == fixed->second.get<double>());
       if (!same)
-        throw config_error(where + ": \"" + key + "\" is " + value.dump() + "; dtrain builds only " +
-                               fixed->second.dump(),
-                           "use a PixArt with " + key + " " + fixed->second.dump() + " (PixArt-alpha and Sigma have it)");
+        throw config_error(
+            where + ": \"" + key + "\" is " + value.dump() + "; dtrain builds only " + fixed->second.dump(),
+            "use a PixArt with " + key + " " + fixed->second.dump() + " (PixArt-alpha and Sigma have it)");
     }
     if (j.contains("num_embeds_ada_norm") && j.at("num_embeds_ada_norm").is_null())
       throw config_error(where + ": num_embeds_ada_norm is null, which diffusers refuses for ada_norm_single",
                          "give an integer (PixArt: 1000)");
     const auto required = [&](const char* key, const std::string& what) {
       if (j.contains(key) && j.at(key).is_null())
-        throw config_error(where + ": " + key + " is null (" + what + "), which dtrain does not build",
-                           "use a PixArt config with an integer " + std::string(key) + " (PixArt-alpha and Sigma have one)");
+        throw config_error(
+            where + ": " + key + " is null (" + what + "), which dtrain does not build",
+            "use a PixArt config with an integer " + std::string(key) + " (PixArt-alpha and Sigma have one)");
     };
     required("caption_channels", "no caption projection");
     required("cross_attention_dim", "no cross-attention");
@@ -113,8 +112,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     c.cross_attention_dim = detail::get<std::int64_t>(j, where, "cross_attention_dim", c.cross_attention_dim);
     // (diffusers' default is None: no caption projection, refused above when written out)
     if (!j.contains("caption_channels"))
-      throw config_error(where + ": no caption_channels (diffusers' default None: no caption projection), which "
-                                 "dtrain does not build",
+      throw config_error(where +
+                             ": no caption_channels (diffusers' default None: no caption projection), which "
+                             "dtrain does not build",
                          "use a PixArt config with caption_channels (PixArt: 4096)");
     c.caption_channels = detail::get<std::int64_t>(j, where, "caption_channels", c.caption_channels);
     c.patch_size = detail::get<std::int64_t>(j, where, "patch_size", c.patch_size);
@@ -152,8 +152,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     j["sample_size"] = c.sample_size;
     if (c.interpolation_scale > 0.0) {
       const double whole = std::round(c.interpolation_scale);
-      j["interpolation_scale"] = whole == c.interpolation_scale ? nlohmann::ordered_json(static_cast<std::int64_t>(whole))
-                                                                : nlohmann::ordered_json(c.interpolation_scale);
+      j["interpolation_scale"] = whole == c.interpolation_scale
+                                     ? nlohmann::ordered_json(static_cast<std::int64_t>(whole))
+                                     : nlohmann::ordered_json(c.interpolation_scale);
     } else {
       j["interpolation_scale"] = nullptr;
     }

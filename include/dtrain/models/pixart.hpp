@@ -68,9 +68,9 @@ struct PixArtConfig {
   std::int64_t cross_attention_dim = 1152;  // must be the model's width, heads x head_dim
   std::int64_t caption_channels = 4096;     // T5-XXL's width
   std::int64_t patch_size = 2;
-  std::int64_t sample_size = 128;      // the latents' size the positions are scaled to (base_size x patch)
-  double interpolation_scale = 0.0;    // 0: diffusers' default, max(sample_size / 64, 1)
-  float norm_eps = 1e-6f;              // the blocks' LayerNorms'
+  std::int64_t sample_size = 128;          // the latents' size the positions are scaled to (base_size x patch)
+  double interpolation_scale = 0.0;        // 0: diffusers' default, max(sample_size / 64, 1)
+  float norm_eps = 1e-6f;                  // the blocks' LayerNorms'
   bool use_additional_conditions = false;  // PixArt-alpha 1024's resolution conditioning: not built
   // The latents' size the model is built for (sample_size by default), and
   // the caption tokens per record (PixArt-alpha: 120, Sigma: 300).
@@ -80,7 +80,8 @@ struct PixArtConfig {
 
   std::int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
   double interpolation() const {
-    return interpolation_scale > 0.0 ? interpolation_scale : static_cast<double>(std::max<std::int64_t>(sample_size / 64, 1));
+    return interpolation_scale > 0.0 ? interpolation_scale
+                                     : static_cast<double>(std::max<std::int64_t>(sample_size / 64, 1));
   }
   // The loss reads the first in_channels channels (a learned variance).
   bool learned_sigma() const { return out_channels == 2 * in_channels; }
@@ -91,8 +92,9 @@ inline void check_pixart_config(const PixArtConfig& c) {
   const auto need = [](bool ok, const std::string& what, const std::string& fix) {
     if (!ok) throw config_error("PixArt config: " + what, fix);
   };
-  need(!c.use_additional_conditions, "use_additional_conditions is true (PixArt-alpha 1024's resolution and aspect "
-                                     "ratio embeddings), which dtrain does not build",
+  need(!c.use_additional_conditions,
+       "use_additional_conditions is true (PixArt-alpha 1024's resolution and aspect "
+       "ratio embeddings), which dtrain does not build",
        "use a PixArt with use_additional_conditions false (PixArt-Sigma, PixArt-alpha 256/512); a null value means "
        "true for sample_size 128");
   need(c.num_attention_heads > 0 && c.attention_head_dim > 0,
@@ -189,8 +191,7 @@ class PixArtLoss {
   template <class Dev, class T>
   double forward(Dev& dev, MatView<const T> pred, const DeviceBatch& batch) {
     const auto [target, weight, used] = inputs(pred, batch);
-    return dev.sum(static_cast<std::size_t>(pred.rows),
-                   detail::LeadingSquaredRowLoss<T>{pred, target, weight, used});
+    return dev.sum(static_cast<std::size_t>(pred.rows), detail::LeadingSquaredRowLoss<T>{pred, target, weight, used});
   }
 
   template <class Dev, class T>
@@ -212,8 +213,8 @@ class PixArtLoss {
   Inputs inputs(MatView<const T> pred, const DeviceBatch& batch) const {
     const std::int64_t used = used_ > 0 ? used_ : pred.cols;
     const DeviceTensor* t = batch.find(target_);
-    const std::string fix = "give \"" + target_ + "\" float [B, " + std::to_string(used) +
-                            "]: the first " + std::to_string(used) + " predicted values of each record" +
+    const std::string fix = "give \"" + target_ + "\" float [B, " + std::to_string(used) + "]: the first " +
+                            std::to_string(used) + " predicted values of each record" +
                             (used < pred.cols ? " (the learned variance's channels are not trained on)" : "");
     if (t == nullptr) throw config_error("models::PixArtLoss: the batch has no \"" + target_ + "\"", fix);
     if (t->type != element_type::f32 || t->numel() != pred.rows * used)
@@ -268,9 +269,9 @@ struct PixArt {
   // diffusers' state-dict key of unit `unit`'s parameter `param`.
   std::string diffusers_name(std::size_t unit, std::string_view param) const {
     if (unit >= prefixes.size())
-      throw config_error("models::PixArt::diffusers_name: unit " + std::to_string(unit) + " of " +
-                             std::to_string(prefixes.size()),
-                         "number the units from 0 to unit_count() - 1");
+      throw config_error(
+          "models::PixArt::diffusers_name: unit " + std::to_string(unit) + " of " + std::to_string(prefixes.size()),
+          "number the units from 0 to unit_count() - 1");
     return prefixes[unit].empty() ? std::string(param) : prefixes[unit] + "." + std::string(param);
   }
 

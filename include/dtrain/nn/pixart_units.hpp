@@ -391,10 +391,10 @@ struct PixArtLanes {
 
 struct PixArtInputOptions {
   std::int64_t patch_size = 2;
-  std::int64_t base_size = 64;             // sample_size / patch_size
-  double interpolation_scale = 1.0;        // diffusers' default: max(sample_size / 64, 1)
-  std::int64_t caption_channels = 4096;    // the text encoder's width (T5-XXL's)
-  std::int64_t context_length = 120;       // text tokens per record (PixArt-alpha: 120, Sigma: 300)
+  std::int64_t base_size = 64;           // sample_size / patch_size
+  double interpolation_scale = 1.0;      // diffusers' default: max(sample_size / 64, 1)
+  std::int64_t caption_channels = 4096;  // the text encoder's width (T5-XXL's)
+  std::int64_t context_length = 120;     // text tokens per record (PixArt-alpha: 120, Sigma: 300)
   PixArtLanes lanes{};
 };
 
@@ -451,15 +451,15 @@ class PixArtInput {
     const Parts<T> s = parts(p, x, ctx);
     const std::int64_t B = x.rows, D = dim_;
     detail::check_shape("nn::PixArtInput", "output", y, B, tokens() * D);
-    const MatView<T> caption = detail::pixart_lane("nn::PixArtInput", ctx, o_.lanes.caption, B, o_.context_length * D,
-                                                   false);
+    const MatView<T> caption =
+        detail::pixart_lane("nn::PixArtInput", ctx, o_.lanes.caption, B, o_.context_length * D, false);
     const MatView<T> t6 = detail::pixart_lane("nn::PixArtInput", ctx, o_.lanes.modulation, B, 6 * D, false);
     const MatView<T> emb = detail::pixart_lane("nn::PixArtInput", ctx, o_.lanes.timestep, B, D, false);
     if (B == 0) return;
     // the patches, as token rows, plus their positions
     proj_.template forward<Dev, T>(dev, p.subspan(proj, 2), x, s.conv);
-    dev.for_each(static_cast<std::size_t>(B * tokens() * D), detail::PatchTokens<T>{s.conv.data, y.data, positions(),
-                                                                                   tokens()});
+    dev.for_each(static_cast<std::size_t>(B * tokens() * D),
+                 detail::PatchTokens<T>{s.conv.data, y.data, positions(), tokens()});
     // the caption projection
     const std::vector<std::int64_t> text_shape{B, o_.context_length, o_.caption_channels};
     detail::load_batch_rows(dev, "nn::PixArtInput", ctx.batch, "encoder_hidden_states", text_shape, s.text.data,
@@ -659,7 +659,8 @@ class PixArtBlock {
     attn2_.template forward<Dev, T>(dev, p.subspan(attn2, 8), s.u1, mem, s.u2,
                                     attention_ctx(ctx, s.att2, 1, B, &cross_batch));
     dev.for_each(n_elems, AddElements<T>{s.u2.data, s.u1.data, s.u2.data});
-    dev.for_each(static_cast<std::size_t>(N), detail::ModulatedNorm<T>{s.u2, m, 3 * D, 4 * D, s.xh2, s.m2, o_.norm_eps});
+    dev.for_each(static_cast<std::size_t>(N),
+                 detail::ModulatedNorm<T>{s.u2, m, 3 * D, 4 * D, s.xh2, s.m2, o_.norm_eps});
     ff_in_.template forward<Dev, T>(dev, p.subspan(ff0, 2), s.m2, s.h);
     gelu_.template forward<Dev, T>(dev, {}, s.h, s.g);
     ff_out_.template forward<Dev, T>(dev, p.subspan(ff2, 2), s.g, s.f);
@@ -689,7 +690,8 @@ class PixArtBlock {
     const detail::Modulation<T> m = modulation(s);
     const auto n_elems = static_cast<std::size_t>(N * D);
     const auto sums = [&](const T* a, const T* b, std::int64_t k) {
-      dev.for_each(static_cast<std::size_t>(B * D), detail::RecordColumnSums<T>{a, b, s.dmod + k * D, tokens_, D, 6 * D});
+      dev.for_each(static_cast<std::size_t>(B * D),
+                   detail::RecordColumnSums<T>{a, b, s.dmod + k * D, tokens_, D, 6 * D});
     };
     // y = u2 + gate2 * f
     sums(dy.data, s.f.data, 5);
@@ -714,8 +716,8 @@ class PixArtBlock {
     sums(s.gC.data, nullptr, 0);
     sums(s.gC.data, s.xh1.data, 1);
     if (!dx.empty())
-      dev.for_each(static_cast<std::size_t>(N), detail::ModulatedNormBackward<T>{xt, s.gC, m, D, s.gA.data,
-                                                                                  MatView<T>{dx.data, N, D}, o_.norm_eps});
+      dev.for_each(static_cast<std::size_t>(N),
+                   detail::ModulatedNormBackward<T>{xt, s.gC, m, D, s.gA.data, MatView<T>{dx.data, N, D}, o_.norm_eps});
     // the modulation: scale_shift_table's gradient, and t6's into its lane
     if (!grad[table].empty())
       dev.for_each(static_cast<std::size_t>(6 * D), detail::TableGrad<T>{s.dmod, grad[table].data, B, 6 * D});
@@ -874,8 +876,8 @@ class PixArtOutput {
   }
   std::int64_t out_features(std::int64_t in) const {
     if (in != tokens() * dim_)
-      throw config_error("nn::PixArtOutput expects " + std::to_string(tokens()) + " tokens of " +
-                             std::to_string(dim_) + " per row, got rows of " + std::to_string(in),
+      throw config_error("nn::PixArtOutput expects " + std::to_string(tokens()) + " tokens of " + std::to_string(dim_) +
+                             " per row, got rows of " + std::to_string(in),
                          "build the output unit for the latents' patches and the model's width");
     return out_ * latents_.h * latents_.w;
   }
@@ -894,11 +896,11 @@ class PixArtOutput {
     const MatView<T> emb = detail::pixart_lane("nn::PixArtOutput", ctx, o_.lanes.timestep, B, D, false);
     if (B == 0) return;
     dev.for_each(static_cast<std::size_t>(B * 2 * D), detail::AddTable<T>{p[table].data, emb.data, s.mod, 2 * D, D});
-    dev.for_each(static_cast<std::size_t>(N), detail::ModulatedNorm<T>{MatView<const T>{x.data, N, D}, modulation(s), 0,
-                                                                       D, s.xh, s.m, o_.norm_eps});
+    dev.for_each(static_cast<std::size_t>(N),
+                 detail::ModulatedNorm<T>{MatView<const T>{x.data, N, D}, modulation(s), 0, D, s.xh, s.m, o_.norm_eps});
     proj_.template forward<Dev, T>(dev, p.subspan(proj, 2), s.m, s.z);
-    dev.for_each(static_cast<std::size_t>(s.z.size()), detail::Unpatchify<T>{s.z.data, y.data, latents_.h / patch_,
-                                                                              latents_.w / patch_, patch_, out_, true});
+    dev.for_each(static_cast<std::size_t>(s.z.size()),
+                 detail::Unpatchify<T>{s.z.data, y.data, latents_.h / patch_, latents_.w / patch_, patch_, out_, true});
   }
 
   template <class Dev, class T>
@@ -917,9 +919,10 @@ class PixArtOutput {
       return;
     }
     dev.for_each(static_cast<std::size_t>(s.z.size()), detail::Unpatchify<T>{dy.data, s.z.data, latents_.h / patch_,
-                                                                              latents_.w / patch_, patch_, out_, false});
+                                                                             latents_.w / patch_, patch_, out_, false});
     proj_.template backward<Dev, T>(dev, p.subspan(proj, 2), grad.subspan(proj, 2), s.m, {}, s.z, s.g);
-    dev.for_each(static_cast<std::size_t>(B * D), detail::RecordColumnSums<T>{s.g.data, nullptr, s.dmod, tokens(), D, 2 * D});
+    dev.for_each(static_cast<std::size_t>(B * D),
+                 detail::RecordColumnSums<T>{s.g.data, nullptr, s.dmod, tokens(), D, 2 * D});
     dev.for_each(static_cast<std::size_t>(B * D),
                  detail::RecordColumnSums<T>{s.g.data, s.xh.data, s.dmod + D, tokens(), D, 2 * D});
     if (!dx.empty())
@@ -936,16 +939,16 @@ class PixArtOutput {
 
   template <class T>
   struct Parts {
-    T* mod;        // shift | scale [B, 2 D]
-    T* dmod;       // their gradient
+    T* mod;            // shift | scale [B, 2 D]
+    T* dmod;           // their gradient
     MatView<T> xh, m;  // norm_out's normalised input and the modulated [N, D]
     MatView<T> g;      // the modulated rows' gradient [N, D]
     MatView<T> z;      // proj_out's output (and its gradient) [N, p p C]
   };
 
   static std::int64_t checked(std::int64_t dim, std::int64_t out_channels, Extent2 latents, std::int64_t patch) {
-    if (dim < 1 || out_channels < 1 || patch < 1 || latents.h < patch || latents.w < patch ||
-        latents.h % patch != 0 || latents.w % patch != 0)
+    if (dim < 1 || out_channels < 1 || patch < 1 || latents.h < patch || latents.w < patch || latents.h % patch != 0 ||
+        latents.w % patch != 0)
       throw config_error("nn::PixArtOutput(width " + std::to_string(dim) + ", " + std::to_string(out_channels) +
                              " channels, patch " + std::to_string(patch) + ") for " + detail::extent_text(latents) +
                              " latents",
