@@ -26,10 +26,10 @@ void refused(U& unit) {
   ::unsetenv("DTRAIN_GPU_VISION");
   dtrain::Cuda dev(0);
   const dtrain::UnitContext<T> ctx;
-  BOOST_CHECK_EXCEPTION(unit.template forward<dtrain::Cuda, T>(dev, {}, {}, {}, ctx), dtrain::config_error,
-                        names_the_switch);
-  BOOST_CHECK_EXCEPTION(unit.template backward<dtrain::Cuda, T>(dev, {}, {}, {}, {}, {}, {}, ctx), dtrain::config_error,
-                        names_the_switch);
+  const auto forward = [&] { unit.template forward<dtrain::Cuda, T>(dev, {}, {}, {}, ctx); };
+  const auto backward = [&] { unit.template backward<dtrain::Cuda, T>(dev, {}, {}, {}, {}, {}, {}, ctx); };
+  BOOST_CHECK_EXCEPTION(forward(), dtrain::config_error, names_the_switch);
+  BOOST_CHECK_EXCEPTION(backward(), dtrain::config_error, names_the_switch);
 }
 
 }  // namespace
