@@ -19,6 +19,8 @@
 //    attentions' key biases, whose gradient is zero but for rounding (see
 //    key_bias) and whose first-step gradient is checked with the others';
 //  - the same SGD step with activation checkpointing (2 ranks, FSDP);
+//  - models::PixArtLoss, with and without a learned variance, weighted,
+//    against the prediction;
 //  - a model trained two steps at two ranks (FSDP), saved by save_diffusers,
 //    loaded by from_pretrained: diffusers' prediction within 1e-5 of
 //    dtrain's;
@@ -280,6 +282,46 @@ BOOST_AUTO_TEST_CASE(activation_checkpointing_takes_the_same_step) {
   for (const auto& [name, values] : plain) worst = std::max(worst, worst_difference(recomputed.at(name), values));
   std::printf("PixArt: an SGD step with activation checkpointing differs by %.2e from one without\n", worst);
   BOOST_TEST(worst == 0.0);
+}
+
+// models::PixArtLoss against the prediction: the weighted mean of the
+// squared errors of the first in_channels channels with a learned variance
+// (out_channels 8), of every channel without (out_channels 4; dtrain's own
+// initialisation), records weighted 0.25 and 1.5.
+BOOST_AUTO_TEST_CASE(the_loss_reads_the_channels_it_trains) {
+  const fs::path& dir = made();
+  const SafetensorsFile in = SafetensorsFile::open(dir / "inputs.safetensors");
+  for (const std::int64_t out : {8, 4}) {
+    models::PixArtConfig c = config_of(dir, in);
+    c.out_channels = out;
+    models::PixArt model(c);
+    const std::int64_t used = c.in_channels * c.sample_height * c.sample_width;
+    BOOST_TEST(model.loss.used_columns() == (out == 8 ? used : 0));
+    model.loss = models::PixArtLoss(model.loss.used_columns(), "y", "weight");
+    Batch b = batch_of(in, 0, 2);
+    const std::vector<float> weights{0.25f, 1.5f};
+    b.set("weight", HostTensor::of(weights, {2}));
+    const std::vector<float> y = in.read_f32("target");
+    double want = 0, got = 0;
+    run_ranks(1, [&](World& w) {
+      models::PixArt mine = model;
+      Trainer<models::PixArt> t(w, mine, SGD{.lr = 1e-3f});
+      if (out == 8) diffusion::load_diffusers(t, dir / "transformer", mine);
+      const std::vector<float> pred = t.predict(b);
+      const std::int64_t width = mine.output_features();
+      require(static_cast<std::int64_t>(pred.size()) == 2 * width, "one prediction per record");
+      double sum = 0;
+      for (std::int64_t r = 0; r < 2; ++r)
+        for (std::int64_t k = 0; k < used; ++k) {
+          const double d = double(pred[r * width + k]) - y[r * used + k];
+          sum += weights[r] * d * d;
+        }
+      want = sum / ((weights[0] + weights[1]) * used);
+      got = t.step(std::vector<Batch>{b}).loss;
+    });
+    std::printf("PixArt, %lld out channels: weighted loss %.8f, from the prediction %.8f\n", (long long)out, got, want);
+    BOOST_TEST(std::abs(got - want) <= 1e-6 * want);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(trains_like_diffusers) {
