@@ -31,6 +31,7 @@
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/diffusion/data.hpp>
 #include <dtrain/diffusion/lora.hpp>
+#include <dtrain/diffusion/pixart.hpp>
 #include <dtrain/diffusion/schedule.hpp>
 #include <dtrain/diffusion/unet.hpp>
 #include <dtrain/hf/checkpoint.hpp>
