@@ -303,8 +303,8 @@ stage() {  # stage NAME COMMAND...: runs it with its output in the report folder
 }
 
 # What the check builds: every GPU test and what they launch.
-gpu_targets=(kernels_cuda_test nn_cuda_test comm_nccl_test strategies_cuda_test hf_cuda_test train_lm train_policy
-             dtrain-run dtrain-doctor)
+gpu_targets=(kernels_cuda_test nn_cuda_test comm_nccl_test strategies_cuda_test hf_cuda_test diffusion_unet_cuda_test
+             diffusion_pixart_cuda_test train_lm train_policy dtrain-run dtrain-doctor)
 
 configure() {
   # Without Ninja, a fresh folder; an existing one is reconfigured as it is.
