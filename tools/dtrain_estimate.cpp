@@ -24,6 +24,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <dtrain/diffusion/pixart.hpp>
+#include <dtrain/diffusion/unet.hpp>
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/llava.hpp>
 #include <dtrain/hf/model.hpp>
@@ -61,6 +63,14 @@ the model (one of):
                              directory; "type": "act"): models::Act,
                              activations included for --batch-size samples
                              (default 8), --activation-checkpointing
+                             A diffusers UNet2DConditionModel or
+                             PixArtTransformer2DModel config.json (or its
+                             folder, or a pipeline folder): the model at the
+                             config's sample_size, activations included for
+                             --batch-size records (default 1) with a text of
+                             --seq-len tokens (default 77; PixArt 300),
+                             --activation-checkpointing; UNet LoRA with
+                             --lora-r and --lora-targets (to_q,to_k,...)
   --lora-r R, --lora-targets T
                              with --hf-config: LoRA adapters of rank R on the
                              linear layers T names (PEFT's target_modules, e.g.
@@ -465,6 +475,36 @@ std::string act_text(const models::ActConfig& a) {
          std::to_string(a.chunk_size) + " x " + std::to_string(a.action_dim);
 }
 
+// The diffusers class of a model config (a UNet's or a PixArt
+// transformer's config.json, their folder, or a pipeline folder holding
+// unet/ or transformer/), or "" for anything else.
+std::string diffusers_class(std::filesystem::path path) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(path)) {
+    if (fs::exists(path / "config.json"))
+      path /= "config.json";
+    else if (fs::exists(path / "unet" / "config.json"))
+      path = path / "unet" / "config.json";
+    else if (fs::exists(path / "transformer" / "config.json"))
+      path = path / "transformer" / "config.json";
+  }
+  std::ifstream in(path);
+  if (!in) return "";
+  try {
+    const auto j = nlohmann::ordered_json::parse(in);
+    if (j.is_object() && j.contains("_class_name") && j.at("_class_name").is_string())
+      return j.at("_class_name").get<std::string>();
+  } catch (const nlohmann::json::exception&) {
+  }
+  return "";
+}
+
+// A diffusion model's batch besides its latents: the target, the
+// timesteps, the weights and the text (SDXL: pooled and time ids).
+std::size_t diffusion_batch_bytes(std::int64_t batch, std::int64_t latent, std::int64_t text, std::int64_t extra) {
+  return static_cast<std::size_t>(batch * (latent + 2 + text + extra)) * sizeof(float);
+}
+
 // The config's JSON when it is a LLaVA config (model_type "llava"); any
 // other file, or one that does not read, takes the causal LM's path, whose
 // reader names the problem.
@@ -636,10 +676,15 @@ Inputs parse(int argc, char** argv) {
                         "the config's model gives the units"};
     const std::optional<nlohmann::ordered_json> llava = llava_json(*hf_config);
     const bool act = lerobot_act_json(*hf_config);
+    const std::string diffusers = diffusers_class(*hf_config);
+    const bool unet = diffusers == "UNet2DConditionModel", pixart = diffusers == "PixArtTransformer2DModel";
+    if ((unet || pixart) && !train.empty())
+      throw usage_error{"--train does not apply to a diffusion model",
+                        "give --batch-size, --seq-len, --activation-checkpointing (and for a UNet --lora-r)"};
     if (act && (!train.empty() || seq_len))
       throw usage_error{std::string(!train.empty() ? "--train" : "--seq-len") + " does not apply to an ACT policy",
                         "give --batch-size (samples per rank) and --activation-checkpointing only"};
-    if (!llava && !act && (!train.empty() || batch_size || seq_len || checkpointing))
+    if (!llava && !act && !unet && !pixart && (!train.empty() || batch_size || seq_len || checkpointing))
       throw usage_error{std::string(!train.empty() ? "--train"
                                     : batch_size   ? "--batch-size"
                                     : seq_len      ? "--seq-len"
@@ -647,7 +692,51 @@ Inputs parse(int argc, char** argv) {
                             " needs a LLaVA config (model_type llava)",
                         "drop it: the activations of other models come from --config or --activations-bytes"};
     try {
-      if (act) {
+      if (unet || pixart) {
+        // diffusers' UNet or PixArt at its sample_size: batch_size records per rank, seq_len text tokens
+        const std::int64_t b = batch_size.value_or(1);
+        in.checkpointing = checkpointing;
+        in.micro_batch = b;
+        const auto count = [&](auto& model) {
+          in.units = declared_units(model);
+          for (const auto& u : in.units) in.parameters += u.trainable + u.frozen, in.trainable += u.trainable;
+        };
+        if (unet) {
+          models::UNetConfig c = diffusion::read_unet_config(*hf_config);
+          c.context_length = seq_len.value_or(77);
+          models::UNet2DCondition model(c, lora);
+          count(model);
+          const bool sdxl = c.addition_embed_type == "text_time";
+          const std::int64_t pooled = sdxl ? c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim + 6 : 0;
+          in.activations = model_activation_bytes(
+              model, {b, 1}, model.input_features(),
+              diffusion_batch_bytes(b, model.output_features(), c.context_length * c.cross_attention_dim, pooled),
+              dtype_bytes(in.precision), in.checkpointing, in.checkpoint_every, in.checkpoint_units,
+              in.checkpoint_budget);
+          in.source = "diffusers UNet config " + *hf_config + " (" + std::to_string(c.block_out_channels.size()) +
+                      " blocks, latents " + std::to_string(c.in_channels) + " x " + std::to_string(c.sample_height) +
+                      " x " + std::to_string(c.sample_width) + ", text " + std::to_string(c.context_length) + " x " +
+                      std::to_string(c.cross_attention_dim) + (sdxl ? ", SDXL text_time" : "") + ", batch " +
+                      std::to_string(b) + (lora.on() ? ", LoRA r=" + std::to_string(lora.r) : "") + ")";
+        } else {
+          if (lora.r != 0) throw usage_error{"--lora-r does not apply to PixArt (no LoRA on it yet)", "drop it"};
+          models::PixArtConfig c = diffusion::read_pixart_config(*hf_config);
+          c.context_length = seq_len.value_or(300);
+          models::PixArt model(c);
+          count(model);
+          in.activations = model_activation_bytes(
+              model, {b, 1}, model.input_features(),
+              diffusion_batch_bytes(b, c.in_channels * c.sample_height * c.sample_width,
+                                    c.context_length * c.caption_channels, c.context_length),
+              dtype_bytes(in.precision), in.checkpointing, in.checkpoint_every, in.checkpoint_units,
+              in.checkpoint_budget);
+          in.source = "diffusers PixArt config " + *hf_config + " (" + std::to_string(c.num_layers) + " layers x " +
+                      std::to_string(c.inner_dim()) + ", latents " + std::to_string(c.in_channels) + " x " +
+                      std::to_string(c.sample_height) + " x " + std::to_string(c.sample_width) + ", patch " +
+                      std::to_string(c.patch_size) + ", text " + std::to_string(c.context_length) + " x " +
+                      std::to_string(c.caption_channels) + ", batch " + std::to_string(b) + ")";
+        }
+      } else if (act) {
         // LeRobot's ACT (a policy directory's config.json): batch_size samples per rank
         if (lora.r != 0) throw usage_error{"--lora-r does not apply to an ACT policy", "drop it"};
         const models::ActConfig a = lerobot::read_act_config(*hf_config);
