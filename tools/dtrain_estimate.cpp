@@ -707,7 +707,8 @@ Inputs parse(int argc, char** argv) {
           models::UNet2DCondition model(c, lora);
           count(model);
           const bool sdxl = c.addition_embed_type == "text_time";
-          const std::int64_t pooled = sdxl ? c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim + 6 : 0;
+          const std::int64_t pooled =
+              sdxl ? c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim + 6 : 0;
           in.activations = model_activation_bytes(
               model, {b, 1}, model.input_features(),
               diffusion_batch_bytes(b, model.output_features(), c.context_length * c.cross_attention_dim, pooled),
@@ -724,12 +725,12 @@ Inputs parse(int argc, char** argv) {
           c.context_length = seq_len.value_or(300);
           models::PixArt model(c);
           count(model);
-          in.activations = model_activation_bytes(
-              model, {b, 1}, model.input_features(),
-              diffusion_batch_bytes(b, c.in_channels * c.sample_height * c.sample_width,
-                                    c.context_length * c.caption_channels, c.context_length),
-              dtype_bytes(in.precision), in.checkpointing, in.checkpoint_every, in.checkpoint_units,
-              in.checkpoint_budget);
+          in.activations =
+              model_activation_bytes(model, {b, 1}, model.input_features(),
+                                     diffusion_batch_bytes(b, c.in_channels * c.sample_height * c.sample_width,
+                                                           c.context_length * c.caption_channels, c.context_length),
+                                     dtype_bytes(in.precision), in.checkpointing, in.checkpoint_every,
+                                     in.checkpoint_units, in.checkpoint_budget);
           in.source = "diffusers PixArt config " + *hf_config + " (" + std::to_string(c.num_layers) + " layers x " +
                       std::to_string(c.inner_dim()) + ", latents " + std::to_string(c.in_channels) + " x " +
                       std::to_string(c.sample_height) + " x " + std::to_string(c.sample_width) + ", patch " +

@@ -33,31 +33,18 @@ against its target; OUT holds the loss before each step ("losses") and
 every parameter after the last ("param.<name>").
 """
 
-import math
 import sys
 from pathlib import Path
 
 import torch
-import diffusers.models.embeddings as embeddings
 from diffusers import PixArtTransformer2DModel
 from safetensors.torch import load_file, save_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import diffusers_unet  # noqa: E402,F401  (installs diffusers_unet.sinusoid64: the sinusoids in float64)
+
 f64 = torch.float64
 
-
-def sinusoid64(timesteps, embedding_dim, flip_sin_to_cos=False, downscale_freq_shift=1, scale=1, max_period=10000):
-    half = embedding_dim // 2
-    exponent = -math.log(max_period) * torch.arange(half, dtype=f64) / (half - downscale_freq_shift)
-    angle = scale * timesteps.to(f64)[:, None] * torch.exp(exponent)[None, :]
-    emb = torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
-    if flip_sin_to_cos:
-        emb = torch.cat([emb[:, half:], emb[:, :half]], dim=-1)
-    if embedding_dim % 2 == 1:
-        emb = torch.nn.functional.pad(emb, (0, 1, 0, 0))
-    return emb
-
-
-embeddings.get_timestep_embedding = sinusoid64
 
 CONFIG = dict(sample_size=8, patch_size=2, in_channels=4, out_channels=8, num_layers=2, num_attention_heads=2,
               attention_head_dim=8, cross_attention_dim=16, caption_channels=12, interpolation_scale=2)

@@ -40,31 +40,28 @@
 #include <string>
 #include <vector>
 
-#include "hf/run_logged.hpp"
+#include "diffusion/unet_fixture.hpp"
 #include "support/pinned_main.hpp"
-#include "support/python_venv.hpp"
-#include "support/ranks.hpp"
 #include <boost/test/unit_test.hpp>
 
 #include <dtrain/diffusion/pixart.hpp>
-#include <dtrain/trainer.hpp>
 
 namespace fs = std::filesystem;
 using namespace dtrain;
 using namespace dtrain::testing;
+using dtrain::testing::unet::max_abs;
+using dtrain::testing::unet::rows;
+using dtrain::testing::unet::rows_of;
+using dtrain::testing::unet::run_python;
+using dtrain::testing::unet::tolerance;
+using dtrain::testing::unet::Values;
+using dtrain::testing::unet::worst_difference;
 
 namespace {
 
 const fs::path work = fs::path(DTRAIN_TEST_BINARY_DIR) / "pixart";
-const std::string script = std::string(DTRAIN_SOURCE_DIR) + "/tests/diffusion/diffusers_pixart.py";
-constexpr double tolerance = 1e-5;
-using Values = std::map<std::string, std::vector<float>>;
 
-void run_script(const std::string& args, const fs::path& log) {
-  BOOST_TEST_REQUIRE(run_logged(pinned_python("torch2") + " " + script + " " + args, log) == 0, "diffusers_pixart.py "
-                                                                                                    << args << ":\n"
-                                                                                                    << read_text(log));
-}
+void run_script(const std::string& args, const fs::path& log) { run_python("diffusers_pixart.py", args, log); }
 
 // The folder of the tiny PixArt, made once.
 const fs::path& made() {
@@ -76,24 +73,6 @@ const fs::path& made() {
     return d;
   }();
   return dir;
-}
-
-// Rows [first, first + n) of a tensor, as [n, rest...] (flattened to
-// [n, per] when `flat`).
-template <class E>
-HostTensor rows_of(const std::vector<E>& all, std::vector<std::int64_t> shape, std::int64_t first, std::int64_t n,
-                   bool flat) {
-  std::int64_t per = 1;
-  for (std::size_t d = 1; d < shape.size(); ++d) per *= shape[d];
-  shape[0] = n;
-  if (flat) shape = {n, per};
-  const auto begin = all.begin() + first * per;
-  return HostTensor::of(std::vector<E>(begin, begin + n * per), shape);
-}
-
-HostTensor rows(const SafetensorsFile& f, const std::string& name, std::int64_t first, std::int64_t n,
-                bool flat = false) {
-  return rows_of(f.read_f32(name), f.tensor(name).shape, first, n, flat);
 }
 
 Batch batch_of(const SafetensorsFile& in, std::int64_t first, std::int64_t n) {
@@ -115,19 +94,6 @@ models::PixArtConfig config_of(const fs::path& dir, const SafetensorsFile& in) {
   c.sample_width = latents.at(3);
   c.context_length = in.tensor("encoder_hidden_states").shape.at(1);
   return c;
-}
-
-double max_abs(std::span<const float> v) {
-  double m = 0;
-  for (const float e : v) m = std::max(m, std::abs(double(e)));
-  return m;
-}
-
-double worst_difference(std::span<const float> got, std::span<const float> want) {
-  BOOST_TEST_REQUIRE(got.size() == want.size());
-  double w = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) w = std::max(w, std::abs(double(got[i]) - want[i]));
-  return w;
 }
 
 // dtrain's prediction for the whole batch at `ranks` ranks under Kind.

@@ -1,7 +1,8 @@
 #pragma once
-// What the tests over diffusers' UNets share (unet_test.cpp, lora_test.cpp):
-// the tiny UNets diffusers_unet.py makes, their inputs as dtrain batches,
-// and the comparisons.
+// What the tests against diffusers' models share (unet_test.cpp,
+// lora_test.cpp, pixart_test.cpp): running their Python side, the tiny
+// UNets diffusers_unet.py makes and their inputs as dtrain batches, rows of
+// a file's tensors, and the comparisons.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -49,18 +50,23 @@ inline const fs::path& made(const std::string& kind, const fs::path& root = work
   return dirs.at(dir);
 }
 
-// Rows [first, first + n) of a float tensor, as [n, rest...] (flattened to
-// [n, per] when `flat`).
-inline HostTensor rows(const SafetensorsFile& f, const std::string& name, std::int64_t first, std::int64_t n,
-                       bool flat = false) {
-  std::vector<std::int64_t> shape = f.tensor(name).shape;
-  const std::vector<float> all = f.read_f32(name);
+// Rows [first, first + n) of a tensor's elements `all` of `shape`, as
+// [n, rest...] (flattened to [n, per] when `flat`).
+template <class E>
+HostTensor rows_of(const std::vector<E>& all, std::vector<std::int64_t> shape, std::int64_t first, std::int64_t n,
+                   bool flat = false) {
   std::int64_t per = 1;
   for (std::size_t d = 1; d < shape.size(); ++d) per *= shape[d];
   shape[0] = n;
   if (flat) shape = {n, per};
   const auto begin = all.begin() + first * per;
-  return HostTensor::of(std::vector<float>(begin, begin + n * per), shape);
+  return HostTensor::of(std::vector<E>(begin, begin + n * per), shape);
+}
+
+// The same of a float tensor of a file.
+inline HostTensor rows(const SafetensorsFile& f, const std::string& name, std::int64_t first, std::int64_t n,
+                       bool flat = false) {
+  return rows_of(f.read_f32(name), f.tensor(name).shape, first, n, flat);
 }
 
 inline Batch batch_of(const SafetensorsFile& in, std::int64_t first, std::int64_t n) {

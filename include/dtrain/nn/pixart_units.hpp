@@ -212,6 +212,20 @@ struct Modulation {
   }
 };
 
+// Row r's mean and 1 / sqrt(variance + eps), in double.
+template <Dtype T>
+DTRAIN_HOST_DEVICE inline void row_moments(MatView<const T> x, std::int64_t r, float eps, double& mean, double& rstd) {
+  const std::int64_t n = x.cols;
+  double sum = 0.0, var = 0.0;
+  for (std::int64_t c = 0; c < n; ++c) sum += static_cast<double>(static_cast<float>(x(r, c)));
+  mean = sum / static_cast<double>(n);
+  for (std::int64_t c = 0; c < n; ++c) {
+    const double d = static_cast<double>(static_cast<float>(x(r, c))) - mean;
+    var += d * d;
+  }
+  rstd = 1.0 / ::sqrt(var / static_cast<double>(n) + static_cast<double>(eps));
+}
+
 // A LayerNorm without affine parameters, then modulated: xhat = (x - mean)
 // * rstd (kept), y = xhat * (1 + scale) + shift. The moments in double.
 // Run over rows.
@@ -226,14 +240,8 @@ struct ModulatedNorm {
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto r = static_cast<std::int64_t>(i);
     const std::int64_t n = x.cols;
-    double mean = 0.0, var = 0.0;
-    for (std::int64_t c = 0; c < n; ++c) mean += static_cast<double>(static_cast<float>(x(r, c)));
-    mean /= static_cast<double>(n);
-    for (std::int64_t c = 0; c < n; ++c) {
-      const double d = static_cast<double>(static_cast<float>(x(r, c))) - mean;
-      var += d * d;
-    }
-    const double rstd = 1.0 / ::sqrt(var / static_cast<double>(n) + static_cast<double>(eps));
+    double mean = 0.0, rstd = 0.0;
+    row_moments(x, r, eps, mean, rstd);
     for (std::int64_t c = 0; c < n; ++c) {
       const auto h = static_cast<float>((static_cast<double>(static_cast<float>(x(r, c))) - mean) * rstd);
       xhat(r, c) = dtype_cast<T>(h);
@@ -257,14 +265,8 @@ struct ModulatedNormBackward {
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto r = static_cast<std::int64_t>(i);
     const std::int64_t n = x.cols;
-    double mean = 0.0, var = 0.0;
-    for (std::int64_t c = 0; c < n; ++c) mean += static_cast<double>(static_cast<float>(x(r, c)));
-    mean /= static_cast<double>(n);
-    for (std::int64_t c = 0; c < n; ++c) {
-      const double d = static_cast<double>(static_cast<float>(x(r, c))) - mean;
-      var += d * d;
-    }
-    const double rstd = 1.0 / ::sqrt(var / static_cast<double>(n) + static_cast<double>(eps));
+    double mean = 0.0, rstd = 0.0;
+    row_moments(x, r, eps, mean, rstd);
     double mean_g = 0.0, mean_gx = 0.0;
     for (std::int64_t c = 0; c < n; ++c) {
       const double g = static_cast<double>(static_cast<float>(dy(r, c))) * (1.0 + m.at(r, scale, c));
@@ -824,19 +826,11 @@ class PixArtBlock {
   template <class T>
   UnitContext<T> attention_ctx(const UnitContext<T>& ctx, MatView<T> saved, std::int64_t i, std::int64_t batch,
                                const DeviceBatch* masks = nullptr) const {
-    UnitContext<T> c = ctx.part(saved, static_cast<std::uint64_t>(i));
-    c.shape = {batch, tokens_};
-    c.batch = masks;
-    return c;
+    return detail::sequence_ctx(ctx, saved, static_cast<std::uint64_t>(i), batch, tokens_, masks);
   }
-
   template <class T>
   static DeviceBatch cross_masks(const UnitContext<T>& ctx) {
-    DeviceBatch b;
-    if (ctx.batch != nullptr)
-      if (const DeviceTensor* m = ctx.batch->find("encoder_attention_mask"); m != nullptr)
-        b.set("encoder_attention_mask", *m);
-    return b;
+    return detail::encoder_mask(ctx);
   }
 
   std::int64_t dim_, heads_, tokens_;

@@ -152,6 +152,30 @@ struct GegluFirstHalfBackward {
   }
 };
 
+// An attention's context inside a composite unit: the unit's with the
+// attention's own saved view and random stream (part i), `batch` sequences
+// of `time` rows, and the batch it sees: `masks` (a cross-attention's text
+// mask) or none (the batch's other tensors describe the text, not the
+// unit's rows).
+template <class T>
+UnitContext<T> sequence_ctx(const UnitContext<T>& ctx, MatView<T> saved, std::uint64_t i, std::int64_t batch,
+                            std::int64_t time, const DeviceBatch* masks = nullptr) {
+  UnitContext<T> c = ctx.part(saved, i);
+  c.shape = {batch, time};
+  c.batch = masks;
+  return c;
+}
+
+// The batch's encoder_attention_mask alone (or nothing).
+template <class T>
+DeviceBatch encoder_mask(const UnitContext<T>& ctx) {
+  DeviceBatch b;
+  if (ctx.batch != nullptr)
+    if (const DeviceTensor* m = ctx.batch->find("encoder_attention_mask"); m != nullptr)
+      b.set("encoder_attention_mask", *m);
+  return b;
+}
+
 // The attention family's projection names (q, k, v, o) as diffusers'
 // Attention names them (to_q, to_k, to_v, to_out.0).
 inline std::vector<ParamSpec> diffusers_attention_params(std::vector<ParamSpec> specs) {
@@ -570,21 +594,11 @@ class SpatialTransformer {
   template <class T>
   UnitContext<T> attention_ctx(const UnitContext<T>& ctx, MatView<T> saved, std::int64_t i, std::int64_t batch,
                                const DeviceBatch* masks = nullptr) const {
-    UnitContext<T> c = ctx.part(saved, static_cast<std::uint64_t>(i));
-    c.shape = {batch, pixels()};
-    c.batch = masks;
-    return c;
+    return detail::sequence_ctx(ctx, saved, static_cast<std::uint64_t>(i), batch, pixels(), masks);
   }
-
-  // The batch's encoder_attention_mask, alone (the batch's other tensors,
-  // position_ids among them, describe the text, not the pixels).
   template <class T>
   static DeviceBatch cross_masks(const UnitContext<T>& ctx) {
-    DeviceBatch b;
-    if (ctx.batch != nullptr)
-      if (const DeviceTensor* m = ctx.batch->find("encoder_attention_mask"); m != nullptr)
-        b.set("encoder_attention_mask", *m);
-    return b;
+    return detail::encoder_mask(ctx);
   }
 
   // The batch's encoder_hidden_states [B, L, D] -> out [B L, D] in T.
