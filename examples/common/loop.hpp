@@ -87,22 +87,24 @@ inline void dump_batches(const Common& c, dtrain::World& world, const std::vecto
 
 // Everything after the Trainer's construction. start(trainer) runs first
 // (train_lm's pretrained weights), before init_from and fit; finish(trainer)
-// after the last step.
+// after the last step. `extra`: the example's own fit callbacks (a step's,
+// a save's), run beside the loop's.
 // Returns main's exit code: 75 after a preemption (the checkpoint is saved;
 // dtrain-run and the requeue recipes pass it on), else 0.
 template <class Trainer, class Source, class Start, class Finish>
 int train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const Source& data, Start& start,
-               Finish& finish) {
+               Finish& finish, const dtrain::FitCallbacks& extra = {}) {
   start(trainer);
   if (!c.init_from.empty()) init_from(c, world, trainer);
   dtrain::FitOptions options = fit_options(c);
   const std::string save_params = options.save_params.string();
   options.save_params.clear();  // after finish, below
-  dtrain::FitCallbacks callbacks;
+  dtrain::FitCallbacks callbacks = extra;
   std::vector<std::vector<dtrain::Batch>> trained;  // dump_batches only
   std::int64_t first_step = 0;
   if (!c.dump_batches.empty())
-    callbacks.on_batches = [&](std::int64_t step, std::span<const dtrain::Batch> micro) {
+    callbacks.on_batches = [&, theirs = extra.on_batches](std::int64_t step, std::span<const dtrain::Batch> micro) {
+      if (theirs) theirs(step, micro);
       if (trained.empty()) first_step = step;
       trained.emplace_back(micro.begin(), micro.end());
     };
@@ -119,13 +121,13 @@ int train_loop(const Common& c, dtrain::World& world, Trainer& trainer, const So
 // TrainerCore per (model, device, precision) serves them all.
 template <class Dev, class Prec, class Model, class Source, class Start, class Finish>
 int run_training(const Common& c, dtrain::World& world, Model& model, const Source& data, Start&& start,
-                 Finish&& finish) {
+                 Finish&& finish, const dtrain::FitCallbacks& extra = {}) {
   const dtrain::TrainerOptions opts = trainer_options(c);
   auto run = [&](auto optimizer) {
     dtrain::TrainerCore<Model, Dev, Prec> trainer(world, model, optimizer, opts, c.accumulate,
                                                   strategy_for<Dev, Prec>(c));
     try {
-      return train_loop(c, world, trainer, data, start, finish);
+      return train_loop(c, world, trainer, data, start, finish, extra);
     } catch (const std::exception& e) {
       report_failure(e);  // while the communicator stands: see common/report.hpp
       throw;

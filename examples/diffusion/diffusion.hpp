@@ -24,6 +24,7 @@
 #include <dtrain/diffusion/unet.hpp>
 #include <dtrain/models/lora_keys.hpp>
 #include <dtrain/models/unet.hpp>
+#include <dtrain/run/ema.hpp>
 
 namespace diffusion_example {
 
@@ -41,6 +42,8 @@ struct Config : examples::Common, dtrain::models::LoraKeys {
   std::string save_lora;          // at the end, the adapters as diffusers' save_lora_weights writes them
   std::string save_diffusers;     // at the end, the whole UNet (adapters merged) as save_pretrained writes it
   std::int64_t eval_batches = 4;  // held-out batches per rank at the end (fixed noise and timesteps)
+  double ema_decay = 0.0;         // > 0: an EMA of the trained weights (dtrain::ParamEma), saved beside them
+  std::int64_t ema_every = 1;     // its update interval in optimizer steps
 
   Config() {
     lr = 1e-4f;

@@ -67,6 +67,11 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
   r.add("save_diffusers", c.save_diffusers,
         "at the end, write the whole UNet here (adapters merged) for UNet2DConditionModel.from_pretrained");
   r.add("eval_batches", c.eval_batches, "held-out batches per rank evaluated at the end (0 = none)");
+  r.add("ema_decay", c.ema_decay,
+        "> 0: keep an exponential moving average of the trained weights (diffusers' EMAModel rule, e.g. 0.9999), "
+        "evaluated at the end and saved beside them (DIR/ema of save_lora= and save_diffusers=; ema.safetensors "
+        "in checkpoints, continued on resume)");
+  r.add("ema_every", c.ema_every, "update the average every N optimizer steps");
 }
 
 void validate_extra(const Config& c) {
@@ -84,6 +89,8 @@ void validate_extra(const Config& c) {
        "give lora_r=R (e.g. 16) and lora_targets=to_q,to_k,to_v,to_out.0, or adapter=DIR");
   need(c.eval_batches >= 0, "eval_batches must be >= 0", "set eval_batches=4, or 0 for none");
   need(c.drop_text >= 0.0 && c.drop_text <= 1.0, "drop_text must be in [0, 1]", "set drop_text=0.1, or 0");
+  if (c.ema_decay > 0) dtrain::ParamEma({.decay = c.ema_decay, .every = c.ema_every});  // checks them
+  need(c.ema_decay >= 0, "ema_decay must be >= 0", "set ema_decay=0.9999, or 0 for none");
   dtrain::diffusion::parse_timestep_sampling(c.timestep_sampling);
   if (!c.objective.empty()) dtrain::diffusion::parse_objective(c.objective);
 }

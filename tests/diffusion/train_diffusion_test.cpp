@@ -12,7 +12,8 @@
 //    prediction is finite and moved;
 //  - resuming draws the same: 6 steps in one run and 3 + 3 resumed from a
 //    checkpoint give the same losses (the draws are a function of seed,
-//    epoch and record);
+//    epoch and record), and the same EMA of the adapters (ema_decay=, saved
+//    in the checkpoint, continued, written beside the adapters in ema/);
 //  - the held-out loss uses the records' own noise and timesteps where they
 //    carry them (the same for any seed), draws at a fixed epoch otherwise;
 //  - the refusals, each one line with its fix, exit 2, nothing written:
@@ -145,19 +146,36 @@ BOOST_AUTO_TEST_CASE(full_fine_tune_saves_for_diffusers) {
 
 BOOST_AUTO_TEST_CASE(a_resumed_run_draws_the_same) {
   const fs::path one = fresh("one.jsonl"), two = fresh("two.jsonl"), ckpt = fresh("ckpt");
-  // a constant rate: the schedule of a run of 3 steps is the first half of a run of 6
-  const std::string common = base_args() + " eval_batches=0 lr=0.003 schedule=constant warmup_steps=0";
+  const fs::path lora_one = fresh("lora_one"), lora_two = fresh("lora_two");
+  // a constant rate: the schedule of a run of 3 steps is the first half of a run of 6; an EMA every 2nd step
+  const std::string common =
+      base_args() + " eval_batches=0 lr=0.003 schedule=constant warmup_steps=0 ema_decay=0.5 ema_every=2";
   const std::string args = common + " checkpoint_dir=" + ckpt.string();
-  BOOST_TEST_REQUIRE(run_example(program, 2, common + " steps=6 log_every=1 metrics=" + one.string()) == 0, last_log());
+  BOOST_TEST_REQUIRE(run_example(program, 2,
+                                 common + " steps=6 log_every=1 metrics=" + one.string() +
+                                     " save_lora=" + lora_one.string()) == 0,
+                     last_log());
   BOOST_TEST_REQUIRE(run_example(program, 2, args + " steps=3 save_every=3") == 0, last_log());
-  BOOST_TEST_REQUIRE(
-      run_example(program, 2, args + " steps=6 save_every=3 resume=latest log_every=1 metrics=" + two.string()) == 0,
-      last_log());
+  BOOST_TEST(fs::exists(ckpt / "step-3" / "ema.safetensors"), "the checkpoint holds the EMA");
+  BOOST_TEST_REQUIRE(run_example(program, 2,
+                                 args + " steps=6 save_every=3 resume=latest log_every=1 metrics=" + two.string() +
+                                     " save_lora=" + lora_two.string()) == 0,
+                     last_log());
+  BOOST_TEST(last_log().find("ema: continued from") != std::string::npos, last_log());
   const std::vector<double> all = losses(one), resumed = losses(two);
   BOOST_TEST_REQUIRE(all.size() == 6u);
   BOOST_TEST_REQUIRE(resumed.size() == 3u);
   for (std::size_t i = 0; i < 3; ++i)
     BOOST_TEST(resumed[i] == all[i + 3], "step " << i + 4 << ": " << resumed[i] << " resumed, " << all[i + 3]);
+  // the EMA of the adapters, saved beside them, the same whether the run was resumed or not
+  const auto a = dtrain::SafetensorsFile::open(lora_one / "ema" / "pytorch_lora_weights.safetensors");
+  const auto b = dtrain::SafetensorsFile::open(lora_two / "ema" / "pytorch_lora_weights.safetensors");
+  BOOST_TEST_REQUIRE(a.names() == b.names());
+  for (const auto& n : a.names()) BOOST_TEST(a.read_f32(n) == b.read_f32(n), n);
+  const auto trained = dtrain::SafetensorsFile::open(lora_one / "pytorch_lora_weights.safetensors");
+  bool differs = false;
+  for (const auto& n : a.names()) differs = differs || a.read_f32(n) != trained.read_f32(n);
+  BOOST_TEST(differs, "the EMA is not the last weights");
 }
 
 BOOST_AUTO_TEST_CASE(held_out_loss_uses_the_records_own_draws) {
