@@ -8,6 +8,7 @@
 // averaged; save then load continues the same average (values and update
 // count); load_params puts the average into the model. Bad options are
 // refused.
+#define BOOST_TEST_MODULE ema
 #include <cmath>
 #include <filesystem>
 #include <map>
