@@ -156,7 +156,7 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_draws_the_same) {
                                      " save_lora=" + lora_one.string()) == 0,
                      last_log());
   BOOST_TEST_REQUIRE(run_example(program, 2, args + " steps=3 save_every=3") == 0, last_log());
-  BOOST_TEST(fs::exists(ckpt / "step-3" / "ema.safetensors"), "the checkpoint holds the EMA");
+  for (const auto& dir : fs::directory_iterator(ckpt)) BOOST_TEST(fs::exists(dir.path() / "ema.safetensors"), dir.path());
   BOOST_TEST_REQUIRE(run_example(program, 2,
                                  args + " steps=6 save_every=3 resume=latest log_every=1 metrics=" + two.string() +
                                      " save_lora=" + lora_two.string()) == 0,

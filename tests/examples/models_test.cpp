@@ -174,6 +174,8 @@ BOOST_AUTO_TEST_CASE(every_host_preset_trains) {
     const int ranks = std::stoi(text.substr(at + 17));
     const std::string program = text.substr(text.find(' ', at + 17) + 1,
                                             text.find(' ', text.find(' ', at + 17) + 1) - text.find(' ', at + 17) - 1);
+    // its model and records come from diffusers: train_diffusion_test trains this preset on a pipeline it makes
+    if (program == "train_diffusion") continue;
     const std::string path = program == "train_gpt"      ? TRAIN_GPT_PATH
                              : program == "train_policy" ? TRAIN_POLICY_PATH
                              : program == "train_mlp"    ? TRAIN_MLP_PATH
