@@ -75,7 +75,8 @@ int train(const Config& c, dtrain::World& world, const Setup& s) {
         if (const auto file = resumed_ema(c); !file.empty()) {
           ema->load(trainer, file);
           if (world.rank() == 0)
-            std::printf("ema: continued from %s (%lld updates)\n", file.c_str(), static_cast<long long>(ema->updates()));
+            std::printf("ema: continued from %s (%lld updates)\n", file.c_str(),
+                        static_cast<long long>(ema->updates()));
         }
       }
       const auto r = dtrain::diffusion::load_diffusers(trainer, s.unet_dir, model);
@@ -111,9 +112,11 @@ int train(const Config& c, dtrain::World& world, const Setup& s) {
       world.barrier("train-diffusion-ema-read");
       if (world.rank() == 0) std::filesystem::remove(shared);
       evaluate(c, s, world, trainer, " (EMA)");
-      if (!c.save_lora.empty()) dtrain::diffusion::save_lora(trainer, std::filesystem::path(c.save_lora) / "ema", model);
+      if (!c.save_lora.empty())
+        dtrain::diffusion::save_lora(trainer, std::filesystem::path(c.save_lora) / "ema", model);
       if (!c.save_diffusers.empty())
-        dtrain::diffusion::save_diffusers(trainer, std::filesystem::path(c.save_diffusers) / "ema", model, s.config_json);
+        dtrain::diffusion::save_diffusers(trainer, std::filesystem::path(c.save_diffusers) / "ema", model,
+                                          s.config_json);
       if (world.rank() == 0 && (!c.save_lora.empty() || !c.save_diffusers.empty()))
         std::printf("saved the EMA weights (%lld updates, decay %g) beside them: ema/\n",
                     static_cast<long long>(ema->updates()), c.ema_decay);

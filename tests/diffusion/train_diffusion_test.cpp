@@ -151,12 +151,13 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_draws_the_same) {
   const std::string common =
       base_args() + " eval_batches=0 lr=0.003 schedule=constant warmup_steps=0 ema_decay=0.5 ema_every=2";
   const std::string args = common + " checkpoint_dir=" + ckpt.string();
-  BOOST_TEST_REQUIRE(run_example(program, 2,
-                                 common + " steps=6 log_every=1 metrics=" + one.string() +
-                                     " save_lora=" + lora_one.string()) == 0,
-                     last_log());
+  BOOST_TEST_REQUIRE(
+      run_example(program, 2,
+                  common + " steps=6 log_every=1 metrics=" + one.string() + " save_lora=" + lora_one.string()) == 0,
+      last_log());
   BOOST_TEST_REQUIRE(run_example(program, 2, args + " steps=3 save_every=3") == 0, last_log());
-  for (const auto& dir : fs::directory_iterator(ckpt)) BOOST_TEST(fs::exists(dir.path() / "ema.safetensors"), dir.path());
+  for (const auto& dir : fs::directory_iterator(ckpt))
+    BOOST_TEST(fs::exists(dir.path() / "ema.safetensors"), dir.path());
   BOOST_TEST_REQUIRE(run_example(program, 2,
                                  args + " steps=6 save_every=3 resume=latest log_every=1 metrics=" + two.string() +
                                      " save_lora=" + lora_two.string()) == 0,

@@ -87,8 +87,11 @@ BOOST_AUTO_TEST_CASE(parameters_and_errors) {
   BOOST_TEST(qk.params().size() == 6u);
   BOOST_TEST(qk.params()[4].name == "q_norm.weight");
   BOOST_TEST(qk.params()[5].shape == std::vector<std::int64_t>{4});
-  BOOST_CHECK_THROW((nn::Attention<nn::CrossInput, nn::Bidirectional>(16, 4, {.q_lora = {.r = 2}})),
-                    dtrain::config_error);
+  // LoRA on a cross-attention: k's and v's adapters read the memory (checked against float64 in
+  // tests/diffusion/spatial_transformer_test.cpp's lora_on_every_projection)
+  const auto adapted = nn::Attention<nn::CrossInput, nn::Bidirectional>(16, 4, {.k_lora = {.r = 2}, .memory_dim = 12});
+  BOOST_TEST(adapted.params().back().name == "k.lora_B");
+  BOOST_TEST(adapted.params()[adapted.params().size() - 2].shape == (std::vector<std::int64_t>{2, 12}));
   BOOST_CHECK_THROW((nn::Attention<nn::Bidirectional>(16, 4, {.window = 3})), dtrain::config_error);
   BOOST_CHECK_THROW((nn::Attention<nn::Rotary>(16, 4, {.window = -1})), dtrain::config_error);
   BOOST_CHECK_THROW((nn::Attention<nn::Rotary>(16, 4, {.rope_factor = 0.f})), dtrain::config_error);

@@ -9,11 +9,12 @@
 // count); load_params puts the average into the model. Bad options are
 // refused.
 #define BOOST_TEST_MODULE ema
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <map>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "strategy/common.hpp"

@@ -33,7 +33,7 @@
 namespace dtrain {
 
 struct EmaOptions {
-  double decay = 0.9999;  // the decay the warm-up rises to
+  double decay = 0.9999;   // the decay the warm-up rises to
   std::int64_t every = 1;  // update every N optimizer steps
 };
 
