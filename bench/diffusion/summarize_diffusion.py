@@ -28,6 +28,17 @@ from summarize_policy import dtrain_run, layout_of  # noqa: E402
 MODES = {"lora": "LoRA", "full": "full"}
 
 
+def dtrain_diffusion_run(stem, warmup, samples_per_step):
+    """summarize_policy's dtrain_run, with train_diffusion's first line (rank-prefixed by dtrain-run) as the banner."""
+    run = dtrain_run(stem, warmup, samples_per_step)
+    if "banner" not in run and os.path.exists(stem + ".log"):
+        with open(stem + ".log") as f:
+            banner = next((line for line in f if "train_diffusion:" in line), None)
+        if banner:
+            run["banner"] = banner.split("train_diffusion:", 1)[1].strip()
+    return run
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("work")
@@ -56,7 +67,7 @@ def main():
             stem = f"{args.work}/{mode}.{n}x{threads}"
             runs = {impl: [] for impl in impls}
             for i in range(1, args.repeat + 1):
-                runs["dtrain"].append(dtrain_run(f"{stem}.dtrain.{i}", args.warmup, n * args.batch))
+                runs["dtrain"].append(dtrain_diffusion_run(f"{stem}.dtrain.{i}", args.warmup, n * args.batch))
                 if peer:
                     with open(f"{stem}.peer.{i}.json") as f:
                         runs["peer"].append(json.load(f))
