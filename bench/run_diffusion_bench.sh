@@ -83,8 +83,9 @@ impls=(dtrain)
 python=$peer_python
 if [[ -z $python ]]; then
   python=$build/python/torch2/bin/python
-  [[ -x $python ]] && "$python" -c "import diffusers, safetensors" 2> /dev/null ||
+  if ! [[ -x $python ]] || ! "$python" -c "import diffusers, safetensors" 2> /dev/null; then
     bench_skip "no venv with diffusers in $build/python/torch2 (the pinned torch2 set: scripts/python_env.sh)"
+  fi
 fi
 
 load_at_start=$(cut -d' ' -f1-3 /proc/loadavg)  # before this script's own processes: the others'
@@ -99,12 +100,12 @@ run_one() {
   local base=$work/$mode.${n}x$((cores / n > 0 ? cores / n : 1)).$impl.$i
   local lora=()
   if [[ $impl == peer ]]; then
-    [[ $mode == lora ]] && lora=(--lora-r $lora_r --lora-alpha $lora_alpha --lora-targets $lora_targets)
+    [[ $mode == lora ]] && lora=(--lora-r "$lora_r" --lora-alpha "$lora_alpha" --lora-targets "$lora_targets")
     launch "$n" "$base.log" "$peer_python" "$repo/bench/diffusion/torch_ddp_diffusion.py" --model "$work/unet" \
       --data "$work/records.safetensors" --batch-size $batch --steps "$steps" --warmup $warmup --lr 1e-4 \
       --weight-decay 1e-2 --json "$base.json" "${lora[@]}"
   else
-    [[ $mode == lora ]] && lora=(lora_r=$lora_r lora_alpha=$lora_alpha lora_targets=$lora_targets)
+    [[ $mode == lora ]] && lora=("lora_r=$lora_r" "lora_alpha=$lora_alpha" "lora_targets=$lora_targets")
     launch "$n" "$base.log" "$train_diffusion" model="$work/unet" data="$work/records.safetensors" "${lora[@]}" \
       batch_size=$batch steps="$steps" strategy=ddp precision=fp32 optimizer=adamw lr=1e-4 weight_decay=1e-2 \
       no_decay=false clip=0 objective=eps timestep_sampling=uniform snr_gamma=0 noise_offset=0 drop_text=0 \
