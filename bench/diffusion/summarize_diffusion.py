@@ -39,6 +39,20 @@ def dtrain_diffusion_run(stem, warmup, samples_per_step):
     return run
 
 
+def load_text(start, end, cores):
+    """What the load averages say of other processes: any load before the run is theirs; at its end the
+    benchmark's own processes account for about `cores` of it."""
+    before = (f"load average {start[0]:.2f} before the benchmark started: other processes were running"
+              if start[0] >= 0.5 else f"load average {start[0]:.2f} before the benchmark started: idle")
+    after = f"{end[0]:.2f} at its end"
+    if end[0] > cores + 0.5:
+        after += f", above the benchmark's own {cores} threads: other processes were running by then"
+    loaded = start[0] >= 0.5 or end[0] > cores + 0.5
+    return (f"{before}; {after}" + ("; the figures were taken (at least partly) under load (the sides alternate, so "
+                                   "both share it; each run's figures are kept: read ratios, not digits)"
+                                   if loaded else ""))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("work")
@@ -111,9 +125,7 @@ def main():
         unet = f"smoke: a tiny UNet2DConditionModel, block_out_channels ({blocks}), {model['parameters']} parameters"
     out = {
         **run_record(args.cores, load_average_at_start=start),
-        "load": (f"load average {start[0]:.2f} before the benchmark started: other processes were running, the "
-                 f"figures were taken under load (the sides alternate, so both share it; read ratios, not digits)"
-                 if start[0] >= 0.5 else f"load average {start[0]:.2f} before the benchmark started: idle"),
+        "load": load_text(start, os.getloadavg(), args.cores),
         "method": f"per run: rank 0's median step over steps {args.warmup + 1}..{args.steps} (train_diffusion's "
                   f"step_ms; the PyTorch script times zero_grad through optimizer.step, the batch's gathering, the "
                   f"noise and timestep draws and the noising included); samples/s = ranks x batch / step; "
