@@ -264,6 +264,23 @@ def policy_step():
     return table(header, "l" + "r" * 5, out) + ["", source("policy.json", d)]
 
 
+def diffusion_step():
+    d = load("diffusion.json")
+    peer = d["sides"]["peer"]
+    name = f"diffusers {peer['diffusers']} + {torch_minor(peer['torch'])}"
+    out, last = [], None
+    for r in d["settings"]:
+        dt, pt = r["sides"]["dtrain"], r["sides"]["peer"]
+        out.append([{"lora": "LoRA r=16", "full": "full"}[r["mode"]] if r["mode"] != last else "",
+                    f"{r['ranks']} x {r['threads_per_rank']}", f"{dt['median_ms']:.0f}",
+                    f"{dt['samples_per_s']:.2f}", f"{dt['peak_rss_mib']:.0f}", f"{pt['median_ms']:.0f}",
+                    f"{pt['samples_per_s']:.2f}", f"{pt['peak_rss_mib']:.0f}", f"{r['ratio_vs_peer']:.2f}x"])
+        last = r["mode"]
+    header = ["mode", "ranks x threads", "train_diffusion step ms", "samples/s", "MiB", f"{name} step ms",
+              "samples/s", "MiB", "dtrain / diffusers"]
+    return table(header, "ll" + "r" * 7, out) + ["", source("diffusion.json", d)]
+
+
 def offload_steps():
     d = load("offload.json")
     mib = lambda states: (lambda b: "0" if b == 0 else f"{b / 1048576:.2f}")(sum(states.values()))
@@ -594,6 +611,7 @@ RENDERERS = {
     "sft.packing": (sft_packing, "sft_packing.json"),
     "offload.steps": (offload_steps, "offload.json"),
     "policy.step": (policy_step, "policy.json"),
+    "diffusion.step": (diffusion_step, "diffusion.json"),
     "hf.step": (hf_step, "hf.json"),
     "vlm.step": (vlm_step, "vlm.json"),
     "gpt.step": (gpt_step, "gpt.json"),
