@@ -89,15 +89,9 @@ template <class Kind>
 std::vector<float> predict(const fs::path& dir, const fs::path& lora_dir, int ranks) {
   const SafetensorsFile in = SafetensorsFile::open(dir / "inputs.safetensors");
   const Model m = model_of(dir, lora_dir);
-  std::vector<float> out;
-  run_ranks(ranks, [&](World& w) {
-    models::UNet2DCondition model(m.config, m.lora);
-    Trainer<models::UNet2DCondition, Strategy<Kind>> t(w, model, SGD{.lr = 1.f});
-    load(t, dir, lora_dir, model);
-    std::vector<float> p = t.predict(batch_of(in, 0, 2));
-    if (w.rank() == 0) out = std::move(p);
-  });
-  return out;
+  return predict_with<Kind>(
+      ranks, batch_of(in, 0, 2), [&] { return models::UNet2DCondition(m.config, m.lora); },
+      [&](auto& t, const auto& model) { load(t, dir, lora_dir, model); });
 }
 
 void loads_peft_adapters(const std::string& kind) {
@@ -161,28 +155,19 @@ void first_step_like_peft(const std::string& kind) {
   BOOST_TEST(frozen == 0.0, "the base weights are frozen");
 }
 
-constexpr int adamw_count = 20;
-constexpr float adamw_lr = 1e-3f;
-
+// The adapters after `adamw_count` AdamW steps at `ranks` ranks under Kind.
 template <class Kind>
 Values adamw_steps(const fs::path& dir, int ranks, std::vector<double>* losses = nullptr) {
   const SafetensorsFile in = SafetensorsFile::open(dir / "inputs.safetensors");
   const Model m = model_of(dir, dir / "lora");
+  const Values all = adamw_with<Kind>(
+      ranks, [&] { return models::UNet2DCondition(m.config, m.lora); },
+      [&](auto& t, const auto& model) { load(t, dir, dir / "lora", model); },
+      [&](std::int64_t first, std::int64_t n) { return batch_of(in, first, n); }, losses);
   Values out;
-  run_ranks(ranks, [&](World& w) {
-    models::UNet2DCondition model(m.config, m.lora);
-    Trainer<models::UNet2DCondition, Strategy<Kind>> t(w, model, AdamW{.lr = adamw_lr, .weight_decay = 0.f});
-    load(t, dir, dir / "lora", model);
-    const std::int64_t per = 2 / ranks;
-    const Batch b = batch_of(in, w.rank() * per, per);
-    for (int s = 0; s < adamw_count; ++s) {
-      const StepStats st = t.step(std::vector<Batch>{b});
-      if (losses != nullptr && w.rank() == 0) losses->push_back(st.loss);
-    }
-    Values p = t.parameters();
-    if (w.rank() == 0)
-      for (const auto& [ours, theirs] : diffusion::lora_names(model)) out[ours] = p.at(ours);
-  });
+  if (!all.empty())
+    for (const auto& [ours, theirs] : diffusion::lora_names(models::UNet2DCondition(m.config, m.lora)))
+      out[ours] = all.at(ours);
   return out;
 }
 

@@ -49,7 +49,11 @@
 namespace fs = std::filesystem;
 using namespace dtrain;
 using namespace dtrain::testing;
+using dtrain::testing::unet::adamw_count;
+using dtrain::testing::unet::adamw_lr;
+using dtrain::testing::unet::adamw_with;
 using dtrain::testing::unet::max_abs;
+using dtrain::testing::unet::predict_with;
 using dtrain::testing::unet::rows;
 using dtrain::testing::unet::rows_of;
 using dtrain::testing::unet::run_python;
@@ -100,43 +104,23 @@ models::PixArtConfig config_of(const fs::path& dir, const SafetensorsFile& in) {
 template <class Kind>
 std::vector<float> predict(const fs::path& dir, int ranks) {
   const SafetensorsFile in = SafetensorsFile::open(dir / "inputs.safetensors");
-  const models::PixArtConfig config = config_of(dir, in);
-  std::vector<float> out;
-  run_ranks(ranks, [&](World& w) {
-    models::PixArt model(config);
-    Trainer<models::PixArt, Strategy<Kind>> t(w, model, SGD{.lr = 1.f});
-    const LoadParamsReport r = diffusion::load_diffusers(t, dir / "transformer", model);
-    require(r.missing.empty() && r.unexpected.empty() && r.mismatched.empty(), "every tensor loads");
-    std::vector<float> p = t.predict(batch_of(in, 0, 2));
-    if (w.rank() == 0) out = std::move(p);
-  });
-  return out;
+  return predict_with<Kind>(
+      ranks, batch_of(in, 0, 2), [&] { return models::PixArt(config_of(dir, in)); },
+      [&](auto& t, const auto& model) {
+        const LoadParamsReport r = diffusion::load_diffusers(t, dir / "transformer", model);
+        require(r.missing.empty() && r.unexpected.empty() && r.mismatched.empty(), "every tensor loads");
+      });
 }
-
-constexpr int adamw_count = 20;
-constexpr float adamw_lr = 1e-3f;
 
 // Parameters after `adamw_count` AdamW steps at `ranks` ranks under Kind on
 // the inputs' batch (split over the ranks), and rank 0's losses.
 template <class Kind>
 Values adamw_steps(const fs::path& dir, int ranks, std::vector<double>* losses = nullptr) {
   const SafetensorsFile in = SafetensorsFile::open(dir / "inputs.safetensors");
-  const models::PixArtConfig config = config_of(dir, in);
-  Values out;
-  run_ranks(ranks, [&](World& w) {
-    models::PixArt model(config);
-    Trainer<models::PixArt, Strategy<Kind>> t(w, model, AdamW{.lr = adamw_lr, .weight_decay = 0.f});
-    diffusion::load_diffusers(t, dir / "transformer", model);
-    const std::int64_t per = 2 / ranks;
-    const Batch b = batch_of(in, w.rank() * per, per);
-    for (int s = 0; s < adamw_count; ++s) {
-      const StepStats st = t.step(std::vector<Batch>{b});
-      if (losses != nullptr && w.rank() == 0) losses->push_back(st.loss);
-    }
-    Values p = t.parameters();
-    if (w.rank() == 0) out = std::move(p);
-  });
-  return out;
+  return adamw_with<Kind>(
+      ranks, [&] { return models::PixArt(config_of(dir, in)); },
+      [&](auto& t, const auto& model) { diffusion::load_diffusers(t, dir / "transformer", model); },
+      [&](std::int64_t first, std::int64_t n) { return batch_of(in, first, n); }, losses);
 }
 
 // The attentions' key biases: a bias added to every key adds q . b to every

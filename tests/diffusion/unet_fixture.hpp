@@ -108,4 +108,46 @@ inline double params_apart(const Values& a, const Values& b) {
   return w;
 }
 
+constexpr int adamw_count = 20;
+constexpr float adamw_lr = 1e-3f;
+
+// The prediction for `batch` at `ranks` ranks under Kind of the model
+// make() builds, its weights put in place by load(trainer, model).
+template <class Kind, class Make, class Load>
+std::vector<float> predict_with(int ranks, const Batch& batch, Make make, Load load) {
+  using Model = decltype(make());
+  std::vector<float> out;
+  run_ranks(ranks, [&](World& w) {
+    Model model = make();
+    Trainer<Model, Strategy<Kind>> t(w, model, SGD{.lr = 1.f});
+    load(t, model);
+    std::vector<float> p = t.predict(batch);
+    if (w.rank() == 0) out = std::move(p);
+  });
+  return out;
+}
+
+// The parameters after `adamw_count` AdamW steps (lr adamw_lr, no weight
+// decay) at `ranks` ranks under Kind, each rank on its share of a batch of
+// 2 (batch_of(first, n)); rank 0's losses into `losses`.
+template <class Kind, class Make, class Load, class BatchOf>
+Values adamw_with(int ranks, Make make, Load load, BatchOf batch_of, std::vector<double>* losses = nullptr) {
+  using Model = decltype(make());
+  Values out;
+  run_ranks(ranks, [&](World& w) {
+    Model model = make();
+    Trainer<Model, Strategy<Kind>> t(w, model, AdamW{.lr = adamw_lr, .weight_decay = 0.f});
+    load(t, model);
+    const std::int64_t per = 2 / ranks;
+    const Batch b = batch_of(w.rank() * per, per);
+    for (int s = 0; s < adamw_count; ++s) {
+      const StepStats st = t.step(std::vector<Batch>{b});
+      if (losses != nullptr && w.rank() == 0) losses->push_back(st.loss);
+    }
+    Values p = t.parameters();
+    if (w.rank() == 0) out = std::move(p);
+  });
+  return out;
+}
+
 }  // namespace dtrain::testing::unet

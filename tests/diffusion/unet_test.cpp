@@ -48,17 +48,12 @@ namespace {
 template <class Kind>
 std::vector<float> predict(const fs::path& dir, int ranks) {
   const SafetensorsFile in = SafetensorsFile::open(dir / "inputs.safetensors");
-  const models::UNetConfig config = config_of(dir, in);
-  std::vector<float> out;
-  run_ranks(ranks, [&](World& w) {
-    models::UNet2DCondition model(config);
-    Trainer<models::UNet2DCondition, Strategy<Kind>> t(w, model, SGD{.lr = 1.f});
-    const LoadParamsReport r = diffusion::load_diffusers(t, dir / "unet", model);
-    require(r.missing.empty() && r.unexpected.empty() && r.mismatched.empty(), "every tensor loads");
-    std::vector<float> p = t.predict(batch_of(in, 0, 2));
-    if (w.rank() == 0) out = std::move(p);
-  });
-  return out;
+  return predict_with<Kind>(
+      ranks, batch_of(in, 0, 2), [&] { return models::UNet2DCondition(config_of(dir, in)); },
+      [&](auto& t, const auto& model) {
+        const LoadParamsReport r = diffusion::load_diffusers(t, dir / "unet", model);
+        require(r.missing.empty() && r.unexpected.empty() && r.mismatched.empty(), "every tensor loads");
+      });
 }
 
 void predicts_like_diffusers(const std::string& kind) {
@@ -117,30 +112,15 @@ void first_step_like_diffusers(const std::string& kind) {
   BOOST_TEST(worst <= tolerance * scale, kind << ": gradients differ by " << worst << " at " << worst_name);
 }
 
-constexpr int adamw_count = 20;
-constexpr float adamw_lr = 1e-3f;
-
 // Parameters after `adamw_count` AdamW steps at `ranks` ranks under Kind on
 // the inputs' batch (split over the ranks), and rank 0's losses.
 template <class Kind>
 Values adamw_steps(const fs::path& dir, int ranks, std::vector<double>* losses = nullptr) {
   const SafetensorsFile in = SafetensorsFile::open(dir / "inputs.safetensors");
-  const models::UNetConfig config = config_of(dir, in);
-  Values out;
-  run_ranks(ranks, [&](World& w) {
-    models::UNet2DCondition model(config);
-    Trainer<models::UNet2DCondition, Strategy<Kind>> t(w, model, AdamW{.lr = adamw_lr, .weight_decay = 0.f});
-    diffusion::load_diffusers(t, dir / "unet", model);
-    const std::int64_t per = 2 / ranks;
-    const Batch b = batch_of(in, w.rank() * per, per);
-    for (int s = 0; s < adamw_count; ++s) {
-      const StepStats st = t.step(std::vector<Batch>{b});
-      if (losses != nullptr && w.rank() == 0) losses->push_back(st.loss);
-    }
-    Values p = t.parameters();
-    if (w.rank() == 0) out = std::move(p);
-  });
-  return out;
+  return adamw_with<Kind>(
+      ranks, [&] { return models::UNet2DCondition(config_of(dir, in)); },
+      [&](auto& t, const auto& model) { diffusion::load_diffusers(t, dir / "unet", model); },
+      [&](std::int64_t first, std::int64_t n) { return batch_of(in, first, n); }, losses);
 }
 
 void trains_like_diffusers(const std::string& kind) {
