@@ -18,8 +18,8 @@
 //    carry them (the same for any seed), draws at a fixed epoch otherwise;
 //  - the refusals, each one line with its fix, exit 2, nothing written:
 //    latents of other channels or of a size the UNet cannot halve, text of
-//    another width, an objective the scheduler config contradicts, an
-//    unsupported diffusers class.
+//    another width, SDXL's pooled and time_ids for an SD UNet, an objective
+//    the scheduler config contradicts, an unsupported diffusers class.
 #define BOOST_TEST_NO_MAIN
 #define BOOST_TEST_ALTERNATIVE_INIT_API
 #include <cmath>
@@ -194,7 +194,8 @@ BOOST_AUTO_TEST_CASE(held_out_loss_uses_the_records_own_draws) {
 BOOST_AUTO_TEST_CASE(refusals) {
   const fs::path dir = fresh("bad");
   fs::create_directories(dir);
-  const auto records = [&](const std::string& name, std::vector<std::int64_t> latents, std::int64_t width) {
+  const auto records = [&](const std::string& name, std::vector<std::int64_t> latents, std::int64_t width,
+                           bool sdxl = false) {
     dtrain::SafetensorsWriter w;
     std::int64_t n = 1;
     for (const auto d : latents) n *= d;
@@ -203,6 +204,12 @@ BOOST_AUTO_TEST_CASE(refusals) {
     w.add("latents", latents, kept.back());
     kept.emplace_back(static_cast<std::size_t>(latents[0] * 12 * width), 0.25f);
     w.add("encoder_hidden_states", {latents[0], 12, width}, kept.back());
+    if (sdxl) {  // SDXL's added conditioning, which an SD UNet has not
+      kept.emplace_back(static_cast<std::size_t>(latents[0] * 16), 0.125f);
+      w.add("pooled", {latents[0], 16}, kept.back());
+      kept.emplace_back(static_cast<std::size_t>(latents[0] * 6), 32.f);
+      w.add("time_ids", {latents[0], 6}, kept.back());
+    }
     w.write(dir / name);
     return (dir / name).string();
   };
@@ -216,6 +223,7 @@ BOOST_AUTO_TEST_CASE(refusals) {
   refused(base_args(records("channels.safetensors", {4, 3, 16, 16}, 24)), "latents of 3 channels");
   refused(base_args(records("odd.safetensors", {4, 4, 15, 15}, 24)), "divide by 2");
   refused(base_args(records("width.safetensors", {4, 4, 16, 16}, 16)), "encoder_hidden_states are 16 wide");
+  refused(base_args(records("sdxl.safetensors", {4, 4, 16, 16}, 24, true)), "which the UNet in");
   refused(base_args() + " objective=v", "objective=v, but the scheduler config");
   // a UNet folder whose config names another diffusers class
   const fs::path other = dir / "unet2d";

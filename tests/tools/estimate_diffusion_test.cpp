@@ -35,8 +35,8 @@ BOOST_AUTO_TEST_CASE(unet_parameters_are_diffusers_counts) {
 }
 
 BOOST_AUTO_TEST_CASE(unet_lora_trains_peft_count) {
-  const auto [status, out] = run_cli("--hf-config " + sd15 +
-                                     " --batch-size 4 --precision bf16 --lora-r 16 --lora-targets to_q,to_k,to_v,to_out.0");
+  const auto [status, out] = run_cli(
+      "--hf-config " + sd15 + " --batch-size 4 --precision bf16 --lora-r 16 --lora-targets to_q,to_k,to_v,to_out.0");
   BOOST_TEST_REQUIRE(status == 0, out);
   BOOST_TEST(says(out, "(3,188,736 trainable)"), out);
   BOOST_TEST(says(out, "LoRA r=16"), out);
