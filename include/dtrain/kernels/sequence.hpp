@@ -207,6 +207,8 @@ struct MaskedSoftmax {
   DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
     const auto r = static_cast<std::int64_t>(i), t = r % q_time, seq = r / (heads * q_time);
     T* row = att + r * k_time;
+    if constexpr (std::is_same_v<T, float>)  // (16-bit rows would round twice)
+      if (key_mask == nullptr && positions == nullptr) return unmasked(row);
     float mx = -3.0e38f;
     for (std::int64_t j = 0; j < k_time; ++j)
       if (kept(seq, t, j)) mx = math::max(mx, static_cast<float>(row[j]));
@@ -216,6 +218,17 @@ struct MaskedSoftmax {
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     for (std::int64_t j = 0; j < k_time; ++j)
       row[j] = dtype_cast<T>(kept(seq, t, j) ? math::exp(static_cast<float>(row[j]) - mx) * inv : 0.f);
+  }
+  // No key left out, float rows: one exp per element, kept in the row, then
+  // scaled; bit for bit the masked path's values (the same exps and sum).
+  DTRAIN_HOST_DEVICE void unmasked(T* row) const {
+    float mx = -3.0e38f;
+    for (std::int64_t j = 0; j < k_time; ++j) mx = math::max(mx, static_cast<float>(row[j]));
+    for (std::int64_t j = 0; j < k_time; ++j) row[j] = math::exp(row[j] - mx);  // vectorised: no sum here
+    float sum = 0.f;
+    for (std::int64_t j = 0; j < k_time; ++j) sum += row[j];  // the masked path's order
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    for (std::int64_t j = 0; j < k_time; ++j) row[j] *= inv;
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(k_time); }
