@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # python_env.sh NAME DIR: makes DIR a venv holding the pinned set
 # scripts/python/NAME.txt, once: a venv whose stamp matches the set's
-# checksum is reused as it is. Prints DIR/bin/python on success.
+# checksum is reused as it is. Prints DIR/bin/python on success. One call at
+# a time per DIR (a lock beside it, DIR.lock): a second waits for the first
+# and then finds its venv, so scripts/setup.sh can start the install while the
+# build runs and the CTest fixture merely waits for it.
 #
 # The tests that compare against a Python library (CTest fixture
 # python_env_NAME) and the benchmarks' peer (bench/lib.sh) share one venv per
@@ -26,6 +29,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 reqs=$here/python/$name.txt
 [[ -f $reqs ]] || { echo "python_env: no pinned set named '$name' (scripts/python/*.txt)" >&2; exit 2; }
 want=$(sha256sum "$reqs" | cut -d' ' -f1)
+mkdir -p "$(dirname "$dir")"
+exec 9>"$dir.lock"
+flock 9
 stamp=$dir/.dtrain-set
 skipped=$dir.skipped
 if [[ -x $dir/bin/python && -f $stamp && $(< "$stamp") == "$want" ]]; then
