@@ -198,40 +198,45 @@ struct MaskedSoftmax {
   const M* key_mask = nullptr;  // on the device, or null: no padding
   std::int64_t heads = 1;       // rows of one sequence = heads * q_time
   const std::int64_t* positions = nullptr;
-  DTRAIN_HOST_DEVICE bool kept(std::int64_t seq, std::int64_t t, std::int64_t j) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE bool kept(std::int64_t seq, std::int64_t t, std::int64_t j) const {
     if (key_mask != nullptr && key_mask[seq * k_time + j] == 0) return false;
     if (positions == nullptr) return true;
     const std::int64_t* p = positions + seq * q_time;
     return j - p[j] == t - p[t];
   }
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
     const auto r = static_cast<std::int64_t>(i), t = r % q_time, seq = r / (heads * q_time);
     T* row = att + r * k_time;
-    if constexpr (std::is_same_v<T, float>)  // (16-bit rows would round twice)
-      if (key_mask == nullptr && positions == nullptr) return unmasked(row);
-    float mx = -3.0e38f;
-    for (std::int64_t j = 0; j < k_time; ++j)
-      if (kept(seq, t, j)) mx = math::max(mx, static_cast<float>(row[j]));
-    float sum = 0.f;
-    for (std::int64_t j = 0; j < k_time; ++j)
-      if (kept(seq, t, j)) sum += math::exp(static_cast<float>(row[j]) - mx);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    for (std::int64_t j = 0; j < k_time; ++j)
-      row[j] = dtype_cast<T>(kept(seq, t, j) ? math::exp(static_cast<float>(row[j]) - mx) * inv : 0.f);
-  }
-  // No key left out, float rows: one exp per element, kept in the row, then
-  // scaled; bit for bit the masked path's values (the same exps and sum).
-  DTRAIN_HOST_DEVICE void unmasked(T* row) const {
-    float mx = -3.0e38f;
-    for (std::int64_t j = 0; j < k_time; ++j) mx = math::max(mx, static_cast<float>(row[j]));
-    for (std::int64_t j = 0; j < k_time; ++j) row[j] = math::exp(row[j] - mx);  // vectorised: no sum here
-    float sum = 0.f;
-    for (std::int64_t j = 0; j < k_time; ++j) sum += row[j];  // the masked path's order
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    for (std::int64_t j = 0; j < k_time; ++j) row[j] *= inv;
+    if (key_mask == nullptr && positions == nullptr) return softmax_row(row, [](std::int64_t) { return true; });
+    softmax_row(row, [this, seq, t](std::int64_t j) { return kept(seq, t, j); });
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(k_time); }
+
+ private:
+  // Softmax of row over the columns on(j) keeps, as CausalSoftmax's: the
+  // reductions in math's lanes and a select, not a branch, around each exp,
+  // so that every loop over the row vectorises.
+  template <class On>
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void softmax_row(T* row, On on) const {
+    const math::SerialRow lanes;
+    constexpr float lowest = -3.0e38f, left_out = -1.0e30f;
+    const float mx =
+        lanes.max(k_time, lowest, [&](std::int64_t j) { return on(j) ? static_cast<float>(row[j]) : lowest; });
+    const auto e = [&](std::int64_t j) { return math::exp(on(j) ? static_cast<float>(row[j]) - mx : left_out); };
+    float sum = 0.f;
+    if constexpr (std::is_same_v<T, float>)  // fp32 keeps the exponentials in the row: one exp per column
+      sum = lanes.sum(k_time, [&](std::int64_t j) { return row[j] = e(j); });
+    else  // half types round once: the exponentials are recomputed in fp32 below
+      sum = lanes.sum(k_time, e);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // no key kept: all 0
+    lanes.each(k_time, [&](std::int64_t j) {
+      if constexpr (std::is_same_v<T, float>)
+        row[j] *= inv;
+      else
+        row[j] = dtype_cast<T>(e(j) * inv);
+    });
+  }
 };
 
 // Its backward, in place on the probabilities' gradient of rows `width`
@@ -243,13 +248,15 @@ struct SoftmaxRowsBackward {
   T* datt;
   std::int64_t width;
   float scale;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
     const T* p = att + static_cast<std::int64_t>(i) * width;
     T* d = datt + static_cast<std::int64_t>(i) * width;
-    float dot = 0.f;
-    for (std::int64_t j = 0; j < width; ++j) dot += static_cast<float>(p[j]) * static_cast<float>(d[j]);
-    for (std::int64_t j = 0; j < width; ++j)
+    const math::SerialRow lanes;
+    const float dot =
+        lanes.sum(width, [&](std::int64_t j) { return static_cast<float>(p[j]) * static_cast<float>(d[j]); });
+    lanes.each(width, [&](std::int64_t j) {
       d[j] = dtype_cast<T>(static_cast<float>(p[j]) * (static_cast<float>(d[j]) - dot) * scale);
+    });
   }
   std::size_t work_per_index() const { return static_cast<std::size_t>(width); }
 };

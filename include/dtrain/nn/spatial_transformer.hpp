@@ -130,10 +130,18 @@ template <Dtype T>
 struct GegluFirstHalf {
   MatView<const T> h;
   MatView<T> y;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
-    const std::int64_t r = static_cast<std::int64_t>(i) / y.cols, j = static_cast<std::int64_t>(i) % y.cols;
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void at(std::int64_t r, std::int64_t j) const {
     const float a = static_cast<float>(h(r, j)), g = static_cast<float>(h(r, y.cols + j));
     y(r, j) = dtype_cast<T>(a * gelu_op::forward(g));
+  }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
+    at(static_cast<std::int64_t>(i) / y.cols, static_cast<std::int64_t>(i) % y.cols);
+  }
+  // the host's rows (backend/host/device_isa.hpp: HostSpanFunctor)
+  void span(std::size_t begin, std::size_t end) const {
+    dtrain::detail::row_pieces(begin, end, y.cols, [this](std::int64_t r, std::int64_t j0, std::int64_t j1) {
+      for (std::int64_t j = j0; j < j1; ++j) at(r, j);
+    });
   }
 };
 
@@ -143,12 +151,19 @@ struct GegluFirstHalfBackward {
   MatView<const T> h;
   MatView<const T> dy;
   MatView<T> dh;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
-    const std::int64_t r = static_cast<std::int64_t>(i) / dy.cols, j = static_cast<std::int64_t>(i) % dy.cols;
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void at(std::int64_t r, std::int64_t j) const {
     const float a = static_cast<float>(h(r, j)), g = static_cast<float>(h(r, dy.cols + j));
     const float d = static_cast<float>(dy(r, j));
     dh(r, j) = dtype_cast<T>(d * gelu_op::forward(g));
     dh(r, dy.cols + j) = dtype_cast<T>(gelu_op::backward(g, 0.f, d * a));
+  }
+  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
+    at(static_cast<std::int64_t>(i) / dy.cols, static_cast<std::int64_t>(i) % dy.cols);
+  }
+  void span(std::size_t begin, std::size_t end) const {
+    dtrain::detail::row_pieces(begin, end, dy.cols, [this](std::int64_t r, std::int64_t j0, std::int64_t j1) {
+      for (std::int64_t j = j0; j < j1; ++j) at(r, j);
+    });
   }
 };
 
