@@ -2,9 +2,8 @@
 # python_env.sh NAME DIR: makes DIR a venv holding the pinned set
 # scripts/python/NAME.txt, once: a venv whose stamp matches the set's
 # checksum is reused as it is. Prints DIR/bin/python on success. One call at
-# a time per DIR (a lock beside it, DIR.lock): a second waits for the first
-# and then finds its venv, so scripts/setup.sh can start the install while the
-# build runs and the CTest fixture merely waits for it.
+# a time per DIR (a lock beside it, DIR.lock): a second (a benchmark started
+# beside the tests) waits for the first and then finds its venv.
 #
 # The tests that compare against a Python library (CTest fixture
 # python_env_NAME) and the benchmarks' peer (bench/lib.sh) share one venv per

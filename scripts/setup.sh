@@ -147,23 +147,6 @@ if command -v nvcc >/dev/null && [[ -z "${DTRAIN_DEPS_PROVIDED:-}" ]]; then
   [[ $have_nccl == "$nccl_dir" ]] && nccl_args=(-DNCCL_ROOT="$nccl_dir")
 fi
 
-# The tests' pinned Python sets (scripts/python/*.txt) install from PyPI while
-# the build compiles: mostly download and unpacking, which the compiler leaves
-# room for. Their CTest fixtures (python_env_NAME) wait for these installs
-# (python_env.sh locks each venv) instead of starting them: on a fresh 2-core
-# machine about four minutes less. A set that fails here is tried again, and
-# skipped with its reason, by its fixture; the log is build/python/NAME.setup.log.
-if [[ "${DTRAIN_SETUP_FOR:-}" == tests && -z "${DTRAIN_NO_PYTHON_PREFETCH:-}" ]] && [[ -x /usr/bin/python3 ]]; then
-  mkdir -p "$build/python"
-  (
-    # torch2 first: most of the tests that need a set need that one.
-    for name in torch2 $(ls "$root/scripts/python" | sed -n 's/\.txt$//p' | grep -vx torch2); do
-      "$root/scripts/python_env.sh" "$name" "$build/python/$name" >"$build/python/$name.setup.log" 2>&1 || true
-    done
-  ) </dev/null >/dev/null 2>&1 &
-  disown
-fi
-
 # Configure: the first time with the generator and build type, and again
 # every time (about a second), so options given in DTRAIN_CMAKE_ARGS and
 # packages installed since are seen. A folder configured before the CUDA
