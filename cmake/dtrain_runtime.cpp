@@ -28,6 +28,7 @@
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/data/dataset.hpp>
 #include <dtrain/data/loader.hpp>
+#include <dtrain/data/preference.hpp>
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/diffusion/data.hpp>
 #include <dtrain/diffusion/lora.hpp>

@@ -79,6 +79,34 @@ DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE std::int64_t causal_written(std::int64_t
   return block > 0 ? math::min_i64(time, (t / block + 1) * block) : time;
 }
 
+// Softmax in place over the columns of row's first `span` that on(j)
+// keeps, writing columns [0, written): the probabilities below span, 0 at
+// and past it. The reductions run in math's lanes (the same bits on every
+// device), and a column left out takes exp of a large negative number,
+// exactly 0: a select on the argument, not a branch around the exp, so every
+// loop over the row vectorises. A row with no column kept becomes all 0.
+template <class T, class On, class Row>
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void softmax_kept(T* row, std::int64_t span, std::int64_t written, On on,
+                                                          const Row& lanes) {
+  constexpr float lowest = -3.0e38f, left_out = -1.0e30f;
+  const float mx = lanes.max(span, lowest, [&](std::int64_t j) { return on(j) ? static_cast<float>(row[j]) : lowest; });
+  const auto e = [&](std::int64_t j) { return math::exp(on(j) ? static_cast<float>(row[j]) - mx : left_out); };
+  float sum = 0.f;
+  if constexpr (std::is_same_v<T, float>)  // fp32 keeps the exponentials in the row: one exp per column
+    sum = lanes.sum(span, [&](std::int64_t j) { return row[j] = e(j); });
+  else  // half types round once: the exponentials are recomputed in fp32 below
+    sum = lanes.sum(span, e);
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  lanes.each(written, [&](std::int64_t j) {
+    float p = 0.f;
+    if constexpr (std::is_same_v<T, float>)
+      p = j < span ? row[j] * inv : 0.f;
+    else
+      p = j < span ? e(j) * inv : 0.f;
+    row[j] = dtype_cast<T>(p);
+  });
+}
+
 // In place on the [time, time] score matrices of every (batch, head): row t
 // becomes softmax over columns 0..t (the past and present), 0 beyond (up to
 // its block's end with `block`, past it left as it was). Run
@@ -127,30 +155,8 @@ struct CausalSoftmax {
   // Softmax of row over the columns on(j) keeps (all of them at or before t).
   template <class On, class Row>
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void softmax_row(T* row, std::int64_t t, On on, const Row& lanes) const {
-    const std::int64_t span = math::min_i64(time, (t + math::lanes) / math::lanes * math::lanes);
-    constexpr float lowest = -3.0e38f;
-    const float mx =
-        lanes.max(span, lowest, [&](std::int64_t j) { return on(j) ? static_cast<float>(row[j]) : lowest; });
-    // A column left out takes exp of a large negative number, exactly 0: a
-    // select on the argument, not a branch around the exp, so the loops
-    // over a row vectorise.
-    constexpr float left_out = -1.0e30f;
-    const auto e = [&](std::int64_t j) { return math::exp(on(j) ? static_cast<float>(row[j]) - mx : left_out); };
-    float sum = 0.f;
-    if constexpr (std::is_same_v<T, float>)  // fp32 keeps the exponentials in the row: one exp per column
-      sum = lanes.sum(span, [&](std::int64_t j) { return row[j] = e(j); });
-    else  // half types round once: the exponentials are recomputed in fp32 below
-      sum = lanes.sum(span, e);
-    // no column kept (a padding query before the first token): all 0
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    lanes.each(causal_written(t, time, block), [&](std::int64_t j) {
-      float p = 0.f;
-      if constexpr (std::is_same_v<T, float>)
-        p = j < span ? row[j] * inv : 0.f;
-      else
-        p = j < span ? e(j) * inv : 0.f;
-      row[j] = dtype_cast<T>(p);
-    });
+    softmax_kept(row, math::min_i64(time, (t + math::lanes) / math::lanes * math::lanes),
+                 causal_written(t, time, block), on, lanes);
   }
 };
 
@@ -207,36 +213,14 @@ struct MaskedSoftmax {
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const {
     const auto r = static_cast<std::int64_t>(i), t = r % q_time, seq = r / (heads * q_time);
     T* row = att + r * k_time;
-    if (key_mask == nullptr && positions == nullptr) return softmax_row(row, [](std::int64_t) { return true; });
-    softmax_row(row, [this, seq, t](std::int64_t j) { return kept(seq, t, j); });
+    if (key_mask == nullptr && positions == nullptr)
+      return softmax_kept(
+          row, k_time, k_time, [](std::int64_t) { return true; }, math::SerialRow{});
+    softmax_kept(
+        row, k_time, k_time, [this, seq, t](std::int64_t j) { return kept(seq, t, j); }, math::SerialRow{});
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(k_time); }
-
- private:
-  // Softmax of row over the columns on(j) keeps, as CausalSoftmax's: the
-  // reductions in math's lanes and a select, not a branch, around each exp,
-  // so that every loop over the row vectorises.
-  template <class On>
-  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void softmax_row(T* row, On on) const {
-    const math::SerialRow lanes;
-    constexpr float lowest = -3.0e38f, left_out = -1.0e30f;
-    const float mx =
-        lanes.max(k_time, lowest, [&](std::int64_t j) { return on(j) ? static_cast<float>(row[j]) : lowest; });
-    const auto e = [&](std::int64_t j) { return math::exp(on(j) ? static_cast<float>(row[j]) - mx : left_out); };
-    float sum = 0.f;
-    if constexpr (std::is_same_v<T, float>)  // fp32 keeps the exponentials in the row: one exp per column
-      sum = lanes.sum(k_time, [&](std::int64_t j) { return row[j] = e(j); });
-    else  // half types round once: the exponentials are recomputed in fp32 below
-      sum = lanes.sum(k_time, e);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // no key kept: all 0
-    lanes.each(k_time, [&](std::int64_t j) {
-      if constexpr (std::is_same_v<T, float>)
-        row[j] *= inv;
-      else
-        row[j] = dtype_cast<T>(e(j) * inv);
-    });
-  }
 };
 
 // Its backward, in place on the probabilities' gradient of rows `width`

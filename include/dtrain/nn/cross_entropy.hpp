@@ -69,6 +69,23 @@ struct CrossEntropyRowLoss {
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE double operator()(std::size_t i) const { return row(i, math::SerialRow{}); }
 };
 
+// dlogits row r = (softmax(z_r) - onehot(label)) * w, or 0 when the label
+// is `ignore`.
+template <class T, class Label, class Row>
+DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void cross_entropy_grad_row(MatView<const T> logits, std::int64_t r,
+                                                                    Label label, Label ignore, float w,
+                                                                    MatView<T> dlogits, const Row& lanes) {
+  if (label == ignore) {
+    lanes.each(logits.cols, [&](std::int64_t c) { dlogits(r, c) = dtype_cast<T>(0.f); });
+    return;
+  }
+  const softmax_row s = softmax_stats(&logits(r, 0), logits.cols, lanes);
+  lanes.each(logits.cols, [&](std::int64_t c) {
+    const float p = math::exp(static_cast<float>(logits(r, c)) - s.max) / s.sum_exp;
+    dlogits(r, c) = dtype_cast<T>((p - (c == label ? 1.f : 0.f)) * w);
+  });
+}
+
 template <class T, class Label>
 struct CrossEntropyRowGrad {
   static constexpr unsigned row_lanes = math::lanes;
@@ -80,16 +97,7 @@ struct CrossEntropyRowGrad {
   template <class Row>
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
     const auto r = static_cast<std::int64_t>(i);
-    const Label label = labels[r];
-    if (label == ignore) {
-      lanes.each(logits.cols, [&](std::int64_t c) { dlogits(r, c) = dtype_cast<T>(0.f); });
-      return;
-    }
-    const softmax_row s = softmax_stats(&logits(r, 0), logits.cols, lanes);
-    lanes.each(logits.cols, [&](std::int64_t c) {
-      const float p = math::exp(static_cast<float>(logits(r, c)) - s.max) / s.sum_exp;
-      dlogits(r, c) = dtype_cast<T>((p - (c == label ? 1.f : 0.f)) * scale);
-    });
+    cross_entropy_grad_row(logits, r, labels[r], ignore, scale, dlogits, lanes);
   }
   // for Host::for_each's split (index_work)
   std::size_t work_per_index() const { return static_cast<std::size_t>(logits.cols); }
