@@ -32,6 +32,7 @@
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
 #include "dtrain/nn/patch_embedding.hpp"
+#include "dtrain/nn/preference_loss.hpp"
 #include "dtrain/nn/rms_norm.hpp"
 #include "dtrain/nn/rotary_attention.hpp"
 #include "dtrain/nn/transformer.hpp"
@@ -183,6 +184,60 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(cross_entropy_matches_host, T, t::dtypes) {
   const auto g = t::run_loss<T>(cuda, z, labels, classes, 0.01f);
   BOOST_TEST(g.loss == h.loss, boost::test_tools::tolerance(1e-5));
   t::expect_close(g.dlogits, h.dlogits, cross_device_tol<T>(), "dlogits");
+}
+
+// nn::PreferenceLoss on the GPU (DTRAIN_GPU_PREFERENCE=on) against the host
+// on the same logits, targets and reference: the loss (1e-5 relative) and
+// the logits' gradient (cross-device tolerance); refused without the switch.
+BOOST_AUTO_TEST_CASE(preference_loss_matches_host) {
+  const std::int64_t pairs = 4, steps = 9, vocab = 300, seqs = 2 * pairs, rows = seqs * steps;
+  std::mt19937_64 rng(41);
+  std::uniform_real_distribution<float> logit(-3.f, 3.f);
+  std::uniform_real_distribution<double> reference(-30.0, -10.0);
+  std::uniform_int_distribution<std::int32_t> token(0, vocab - 1);
+  std::uniform_int_distribution<std::int64_t> prompt(2, 4);
+  std::vector<float> z(static_cast<std::size_t>(rows * vocab));
+  for (float& v : z) v = logit(rng);
+  std::vector<std::int32_t> y(static_cast<std::size_t>(rows), -100);
+  for (std::int64_t s = 0; s < seqs; ++s)
+    for (std::int64_t t = prompt(rng); t < steps; ++t) y[static_cast<std::size_t>(s * steps + t)] = token(rng);
+  std::vector<double> ref(static_cast<std::size_t>(seqs));
+  for (double& v : ref) v = reference(rng);
+
+  dtrain::Host host(1);
+  dtrain::Cuda cuda(0);
+  auto zd = dtrain::make_buffer<float>(cuda, z.size()), dzd = dtrain::make_buffer<float>(cuda, z.size());
+  auto yd = dtrain::make_buffer<std::int32_t>(cuda, y.size());
+  cuda.copy_from_host(zd.data(), z.data(), z.size());
+  cuda.copy_from_host(yd.data(), y.data(), y.size());
+  const auto* y_host = reinterpret_cast<const std::byte*>(y.data());
+  const auto* ref_host = reinterpret_cast<const std::byte*>(ref.data());  // read on the host only
+  dtrain::DeviceBatch on_host, on_gpu;
+  on_host.set("y", dtrain::DeviceTensor{dtrain::element_type::i32, {seqs, steps}, y_host, y_host, "y"});
+  on_gpu.set("y",
+             dtrain::DeviceTensor{
+                 dtrain::element_type::i32, {seqs, steps}, reinterpret_cast<const std::byte*>(yd.data()), y_host, "y"});
+  for (auto* b : {&on_host, &on_gpu})
+    b->set("ref_logps", dtrain::DeviceTensor{dtrain::element_type::f64, {seqs}, ref_host, ref_host, "ref_logps"});
+  const dtrain::MatView<const float> zh{z.data(), rows, vocab}, zg{zd.data(), rows, vocab};
+
+  dtrain::nn::PreferenceLoss loss({.beta = 0.3f});
+  ::unsetenv("DTRAIN_GPU_PREFERENCE");
+  BOOST_CHECK_EXCEPTION(loss.forward<dtrain::Cuda>(cuda, zg, on_gpu), dtrain::config_error,
+                        [](const dtrain::config_error& e) {
+                          return std::string(e.what()).find("DTRAIN_GPU_PREFERENCE=on") != std::string::npos;
+                        });
+  ::setenv("DTRAIN_GPU_PREFERENCE", "on", 1);
+  const float scale = 0.25f;
+  std::vector<float> dzh(z.size());
+  const double want = loss.forward<dtrain::Host>(host, zh, on_host);
+  loss.backward<dtrain::Host>(host, zh, on_host, dtrain::MatView<float>{dzh.data(), rows, vocab}, scale);
+  const double got = loss.forward<dtrain::Cuda>(cuda, zg, on_gpu);
+  loss.backward<dtrain::Cuda>(cuda, zg, on_gpu, dtrain::MatView<float>{dzd.data(), rows, vocab}, scale);
+  ::unsetenv("DTRAIN_GPU_PREFERENCE");
+  BOOST_TEST(got == want, boost::test_tools::tolerance(1e-5));
+  const std::vector<double> g = t::download<float>(cuda, dzd), h(dzh.begin(), dzh.end());
+  t::expect_close(g, h, cross_device_tol<float>(), "preference dlogits");
 }
 
 // Labels are checked on the batch's host copy before any kernel runs, so an

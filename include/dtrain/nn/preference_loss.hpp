@@ -31,6 +31,9 @@
 // The sequence log-probabilities are summed in double on the host from the
 // per-row cross-entropies (2P numbers per micro-batch); backward recomputes
 // them rather than keep state between the calls.
+//
+// On a GPU the loss runs only with DTRAIN_GPU_PREFERENCE=on: its kernels
+// compile in CI but no GPU run has checked them yet (docs/gpu.md).
 
 #include <cmath>
 #include <cstddef>
@@ -249,6 +252,7 @@ class PreferenceLoss {
 
   template <class Dev, class T>
   Pairs pairs(Dev& dev, MatView<const T> logits, const DeviceBatch& batch) const {
+    if constexpr (!Dev::host_accessible) detail::require_gpu_switch("nn::PreferenceLoss", "DTRAIN_GPU_PREFERENCE");
     const DeviceTensor& y = batch.at(o_.target);
     const std::int64_t seqs = sequences(y.shape), time = y.shape[1];
     if (y.numel() != logits.rows || logits.cols < 1)
