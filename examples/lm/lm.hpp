@@ -10,7 +10,9 @@
 //          the 8 bytes "DTRNTOK1", a little-endian uint32 id width 2 or 4, a
 //          uint32 0, then the ids little-endian), cut into windows; or
 //          instruction records (.jsonl), one sequence each, the loss over
-//          their completion tokens only
+//          their completion tokens only; or (objective=dpo) preference
+//          pairs (.jsonl of prompt_ids, chosen_ids, rejected_ids), each
+//          micro-batch P pairs as 2P sequences (data/preference.hpp)
 
 #include <sys/resource.h>
 
@@ -32,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include <dtrain/data/dataset.hpp>
+#include <dtrain/data/preference.hpp>
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
@@ -52,6 +55,14 @@ struct Config : dtrain::models::CausalLmConfig {
   std::int64_t top_k = 0;                       // 0: greedy; k: sample among the k likeliest (seeded by seed)
   std::string save_adapter;                     // write the adapters here in PEFT's format
   std::vector<std::string> checkpoint_modules;  // recompute the units of these modules (hf::units_named)
+  // objective=dpo: preference tuning (nn::PreferenceLoss) on pairs
+  std::string objective = "lm";       // lm (next-token cross-entropy) | dpo
+  float beta = 0.1f;                  // DPO's beta (TRL's default)
+  std::string loss_type = "sigmoid";  // sigmoid | hinge | ipo | robust (TRL's names)
+  float label_smoothing = 0.f;        // loss_type=robust: the probability a label is flipped
+  std::string reference = "auto";     // base | copy | data | auto (see train_lm --help)
+  std::string ref_model;              // reference=copy: the reference's model directory (default: model=)
+  bool dpo() const { return objective == "dpo"; }
 };
 
 // This process's peak resident set so far (Linux reports ru_maxrss in KiB).
@@ -120,14 +131,29 @@ struct Record {
 };
 
 struct Tokens {
-  std::vector<std::int32_t> ids;  // a token stream, cut into windows
-  std::vector<Record> records;    // or instruction records
-  std::int64_t split = 0;         // ids (records) before it train, after it evaluate: the last tenth
+  std::vector<std::int32_t> ids;              // a token stream, cut into windows
+  std::vector<Record> records;                // or instruction records
+  std::vector<dtrain::PreferencePair> pairs;  // or preference pairs (objective=dpo)
+  std::int64_t split = 0;                     // ids (records) before it train, after it evaluate: the last tenth
   // packing=true: the training records packed into blocks, each a list of
   // record indices (pack_records)
   std::vector<std::vector<std::int64_t>> packs;
   bool sft() const { return !records.empty(); }
+  bool dpo() const { return !pairs.empty(); }
 };
+
+// The preference pairs of `file` (objective=dpo), the last tenth held out.
+inline Tokens read_pairs(const std::string& file, std::int64_t block_size, std::int64_t vocab) {
+  Tokens t;
+  t.pairs = dtrain::read_preference_pairs(file, block_size, vocab);
+  const auto n = static_cast<std::int64_t>(t.pairs.size());
+  if (n < 2)
+    throw dtrain::config_error(
+        "'" + file + "' has " + std::to_string(n) + " pair(s): too few for training pairs and a held-out tenth",
+        "give at least 2 pairs");
+  t.split = n - std::max<std::int64_t>(1, n / 10);
+  return t;
+}
 
 // Packs the training records (those before the split) into blocks of
 // `block` tokens, best fit by decreasing length (as TRL's padding-free
@@ -158,7 +184,8 @@ inline std::vector<std::vector<std::int64_t>> pack_records(const Tokens& t, std:
   return packs;
 }
 
-// The samples of one side of the split: windows of the stream or records.
+// The samples of one side of the split: windows of the stream, records or
+// preference pairs.
 // With packed records (Tokens::packs) the training samples are the packed
 // blocks, with "position_ids" restarting at each record; the held-out side
 // stays one record per sample.
@@ -172,11 +199,18 @@ class Samples {
         packed_(train && !t.packs.empty()),
         count_(packed_   ? static_cast<std::int64_t>(t.packs.size())
                : t.sft() ? (train ? t.split : static_cast<std::int64_t>(t.records.size()) - t.split)
+               : t.dpo() ? (train ? t.split : static_cast<std::int64_t>(t.pairs.size()) - t.split)
                          : windows_.size()) {}
 
   std::int64_t size() const { return count_; }
 
   dtrain::Batch gather(std::span<const std::int64_t> indices) const {
+    if (t_.dpo()) {  // P pairs as 2P sequences: the chosen rows, then the rejected
+      std::vector<dtrain::PreferencePair> pairs;
+      pairs.reserve(indices.size());
+      for (const auto i : indices) pairs.push_back(t_.pairs[static_cast<std::size_t>(first_ + i)]);
+      return dtrain::preference_batch(pairs);
+    }
     if (!t_.sft()) return windows_.gather(indices);
     if (packed_) return gather_packed(indices);
     const auto n = static_cast<std::int64_t>(indices.size());

@@ -25,6 +25,10 @@ width 2 or 4), cut into windows; or instruction records, a .jsonl of
 {"input_ids": [...], "labels": [...]} (-100: no loss) or {"input_ids":
 [...], "prompt_length": N}, one sequence each (cut to block_size + 1,
 padded), the loss over completion tokens only. The last tenth is held out.
+objective=dpo: preference tuning (DPO) on a .jsonl of pairs,
+{"prompt_ids": [...], "chosen_ids": [...], "rejected_ids": [...]} (with
+"ref_chosen_logps" and "ref_rejected_logps" when precomputed), batch_size
+pairs per rank and micro-batch; the held-out loss is the DPO loss.
 )";
 
 void declare_extra(dtrain::ConfigReader& r, Config& c) {
@@ -45,6 +49,16 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
   r.add("checkpoint_modules", c.checkpoint_modules,
         "with activation_checkpointing: recompute the units of these transformers modules, by name or shell "
         "pattern, e.g. layers.* or model.layers.1? (GPT-2: h.*) (instead of checkpoint_units numbers)");
+  r.section("Preference tuning (objective=dpo; TRL's DPOTrainer)");
+  r.add("objective", c.objective, "lm: next-token cross-entropy; dpo: direct preference optimisation on pairs");
+  r.add("beta", c.beta, "dpo: how far the policy may move from the reference (TRL's beta)");
+  r.add("loss_type", c.loss_type, "dpo: sigmoid (DPO), hinge, ipo (length-normalised), robust (label smoothing)");
+  r.add("label_smoothing", c.label_smoothing, "dpo, loss_type=robust: the probability a preference label is flipped");
+  r.add("reference", c.reference,
+        "dpo: the reference log-probabilities: base (the policy with its LoRA adapters off: no second copy), copy "
+        "(a frozen copy of ref_model, default model=, held like the policy: sharded under FSDP), data (precomputed "
+        "in the pairs file), auto (data when every pair has them, else base with LoRA, else copy)");
+  r.add("ref_model", c.ref_model, "dpo, reference=copy: the reference's transformers directory (default: model=)");
   r.section("LoRA adapters (PEFT's format; the base model frozen)");
   examples::declare_lora(
       r, c,
@@ -79,10 +93,76 @@ void validate_extra(const Config& c) {
     throw dtrain::config_error("packing=true needs instruction records (data=FILE.jsonl); '" + c.data +
                                    "' is a token stream, which is cut into full windows already",
                                "give data=FILE.jsonl, or drop packing=true");
+  if (c.objective != "lm" && c.objective != "dpo")
+    throw dtrain::config_error("objective '" + c.objective + "' is not one train_lm has", "give lm or dpo");
+  if (c.dpo()) {
+    dtrain::nn::PreferenceLoss({.type = dtrain::nn::preference_loss_named(c.loss_type),
+                                .beta = c.beta,
+                                .label_smoothing = c.label_smoothing});  // its own checks, with their fixes
+    if (!c.data.ends_with(".jsonl"))
+      throw dtrain::config_error("objective=dpo reads preference pairs from a .jsonl file; '" + c.data + "' is not one",
+                                 "give data=PAIRS.jsonl, one {\"prompt_ids\", \"chosen_ids\", \"rejected_ids\"} "
+                                 "per line");
+    if (c.packing)
+      throw dtrain::config_error("packing=true with objective=dpo", "drop packing: a pair's sequences stay whole");
+    if (c.reference != "auto" && c.reference != "base" && c.reference != "copy" && c.reference != "data")
+      throw dtrain::config_error("reference '" + c.reference + "' is not one train_lm has",
+                                 "give base, copy, data or auto");
+  } else if (c.reference != "auto" || !c.ref_model.empty() || c.loss_type != "sigmoid") {
+    throw dtrain::config_error("reference, ref_model and loss_type belong to objective=dpo", "add objective=dpo");
+  }
   examples::validate_checkpoint_modules(c, c.checkpoint_modules);
   if (c.block_size < 1 || c.eval_batches < 0 || c.generate < 0 || c.top_k < 0)
     throw dtrain::config_error("block_size must be >= 1, and eval_batches, generate and top_k >= 0",
                                "see train_lm --help");
+}
+
+// reference=auto made definite, and what each choice needs checked: data
+// needs every pair's reference log-probabilities, base LoRA adapters, copy
+// a reference model of the policy's architecture.
+void resolve_reference(Config& c, const dtrain::hf::LmConfig& policy, const Tokens& t) {
+  std::size_t with = 0;
+  for (const auto& p : t.pairs) with += p.ref_chosen.has_value() ? 1 : 0;
+  const bool lora = c.lora_r > 0 || !c.adapter.empty();
+  if (c.reference == "auto") c.reference = with == t.pairs.size() ? "data" : lora ? "base" : "copy";
+  if (c.reference == "data" && with != t.pairs.size())
+    throw dtrain::config_error("reference=data, but " + std::to_string(t.pairs.size() - with) + " of " +
+                                   std::to_string(t.pairs.size()) + " pairs in '" + c.data +
+                                   "' have no ref_chosen_logps/ref_rejected_logps",
+                               "precompute them for every pair, or use reference=base (LoRA) or reference=copy");
+  if (c.reference == "base" && !lora)
+    throw dtrain::config_error("reference=base is the policy with its LoRA adapters off, and this run has none",
+                               "add lora_r=R lora_targets=..., or use reference=copy (a frozen copy of the model)");
+  if (c.reference == "base" && !c.lora_modules_to_save.empty())
+    throw dtrain::config_error(
+        "reference=base with lora_modules_to_save: those modules train whole, so the policy "
+        "with its adapters off is no longer the base model",
+        "use reference=copy (a frozen copy of the model), or drop lora_modules_to_save");
+  if (!c.ref_model.empty() && c.reference != "copy")
+    throw dtrain::config_error("ref_model= with reference=" + c.reference, "use reference=copy with ref_model=");
+  if (c.reference != "copy") return;
+  if (c.ref_model.empty()) c.ref_model = c.model;
+  if (c.ref_model.empty())
+    throw dtrain::config_error(
+        "reference=copy loads the reference from a model directory, and there is none "
+        "(config= trains from scratch)",
+        "give ref_model=DIR, or train with LoRA (reference=base), or precompute the reference "
+        "log-probabilities (reference=data)");
+  const dtrain::hf::LmConfig r = dtrain::hf::read_config(c.ref_model);
+  const std::pair<const char*, bool> differs[] = {
+      {"model_type", r.model_type != policy.model_type},
+      {"vocab_size", r.vocab_size != policy.vocab_size},
+      {"hidden_size", r.hidden_size != policy.hidden_size},
+      {"intermediate_size", r.intermediate_size != policy.intermediate_size},
+      {"num_hidden_layers", r.num_hidden_layers != policy.num_hidden_layers},
+      {"num_attention_heads", r.num_attention_heads != policy.num_attention_heads},
+      {"num_key_value_heads", r.num_key_value_heads != policy.num_key_value_heads}};
+  for (const auto& [key, d] : differs)
+    if (d)
+      throw dtrain::config_error("the reference '" + c.ref_model + "' differs from the policy in " + key +
+                                     ": a reference has the policy's architecture",
+                                 "give ref_model= a checkpoint of the same model (or leave it out: the reference "
+                                 "is then model=)");
 }
 
 }  // namespace
@@ -100,7 +180,9 @@ int main(int argc, char** argv) {
                                      std::to_string(config.max_position_embeddings) +
                                      " positions (max_position_embeddings)",
                                  "use block_size <= " + std::to_string(config.max_position_embeddings));
-    lm::Tokens tokens = lm::read_tokens(cfg.data, cfg.block_size, config.vocab_size);
+    lm::Tokens tokens = cfg.dpo() ? lm::read_pairs(cfg.data, cfg.block_size, config.vocab_size)
+                                  : lm::read_tokens(cfg.data, cfg.block_size, config.vocab_size);
+    if (cfg.dpo()) lm::resolve_reference(cfg, config, tokens);
     if (cfg.packing) tokens.packs = lm::pack_records(tokens, cfg.block_size);
     for (const auto id : cfg.prompt)
       if (id < 0 || id >= config.vocab_size)
@@ -114,9 +196,20 @@ int main(int argc, char** argv) {
           "positions, %zu %s, vocabulary %lld, %lld layers x %lld wide\n",
           world.size(), config.model_type.c_str(), cfg.strategy.c_str(), cfg.device.c_str(), cfg.precision.c_str(),
           cfg.accumulate, static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.block_size),
-          tokens.sft() ? tokens.records.size() : tokens.ids.size(), tokens.sft() ? "records" : "tokens",
+          tokens.dpo()   ? tokens.pairs.size()
+          : tokens.sft() ? tokens.records.size()
+                         : tokens.ids.size(),
+          tokens.dpo()   ? "pairs"
+          : tokens.sft() ? "records"
+                         : "tokens",
           static_cast<long long>(config.vocab_size), static_cast<long long>(config.num_hidden_layers),
           static_cast<long long>(config.hidden_size));
+    if (world.rank() == 0 && cfg.dpo())
+      std::printf("dpo: loss_type=%s beta=%g, reference %s%s\n", cfg.loss_type.c_str(), static_cast<double>(cfg.beta),
+                  cfg.reference.c_str(),
+                  cfg.reference == "base"   ? " (the policy with its adapters off)"
+                  : cfg.reference == "data" ? " (precomputed in the pairs file)"
+                                            : (" (a frozen copy of " + cfg.ref_model + ")").c_str());
     if (world.rank() == 0 && cfg.packing) {
       std::int64_t used = 0;
       for (std::int64_t i = 0; i < tokens.split; ++i) used += tokens.records[static_cast<std::size_t>(i)].length;

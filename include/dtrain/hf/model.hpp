@@ -20,7 +20,8 @@
 //
 // The output head is tied to the embedding (ParamSpec::tied_to "0.weight")
 // when tie_word_embeddings is set: GPT-2 by default, some Llamas.
-//   batch: x int32/int64 ids [B, T]; y the next ids [B, T] (-100: ignored)
+//   batch: x int32/int64 ids [B, T]; y the next ids [B, T] (-100: ignored);
+//          under a preference loss also ref_logps [B] (nn::PreferenceLoss)
 
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +42,8 @@
 #include "dtrain/nn/embedding.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
+#include "dtrain/nn/one_of_loss.hpp"
+#include "dtrain/nn/preference_loss.hpp"
 #include "dtrain/nn/rms_norm.hpp"
 #include "dtrain/nn/rotary_attention.hpp"
 #include "dtrain/nn/sandwich_block.hpp"
@@ -83,9 +86,14 @@ struct CausalLm {
   std::vector<Block> blocks;
   FinalNorm norm;
   nn::Linear head;
-  nn::SoftmaxCrossEntropy loss;
+  // Next-token cross-entropy, or a preference loss (DPO: assign an
+  // nn::PreferenceLoss; its micro-batches are pairs, as
+  // data/preference.hpp's preference_batch builds them).
+  nn::OneOfLoss<nn::SoftmaxCrossEntropy, nn::PreferenceLoss> loss;
 
-  DTRAIN_DECL explicit CausalLm(LmConfig c, const LoraConfig& adapters = {});
+  // trainable false: every parameter frozen (a reference model, e.g. DPO's
+  // frozen copy of the policy; no adapters then).
+  DTRAIN_DECL explicit CausalLm(LmConfig c, const LoraConfig& adapters = {}, bool trainable = true);
 
   auto units() { return std::tie(tok, positions, blocks, norm, head); }
 };

@@ -84,17 +84,22 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
             .padding_idx = c.pad_token_id};
   }
 
-  DTRAIN_DECL CausalLm::CausalLm(LmConfig c, const LoraConfig& adapters)
+  DTRAIN_DECL CausalLm::CausalLm(LmConfig c, const LoraConfig& adapters, bool trainable)
       : config(std::move(c)),
         lora(plan_lora(config, adapters)),
-        tok(config.vocab_size, config.hidden_size, embedding_options(config, !adapters.on() || lora.save_embedding)),
-        norm(make_final_norm(config, !adapters.on())),
-        head(make_head(config, lora, "0.weight")) {
+        tok(config.vocab_size, config.hidden_size,
+            embedding_options(config, trainable && (!adapters.on() || lora.save_embedding))),
+        norm(make_final_norm(config, trainable && !adapters.on())),
+        head(make_head(config, lora, "0.weight", trainable)) {
+    if (!trainable && adapters.on())
+      throw config_error("hf::CausalLm: a frozen model (trainable false) with LoRA adapters",
+                         "build the frozen copy without adapters; the adapters are what trains");
     if (config.gpt2())
       positions.emplace_back(config.max_position_embeddings, config.hidden_size, 0.02f,
-                             !adapters.on() || lora.save_positions);
+                             trainable && (!adapters.on() || lora.save_positions));
     blocks.reserve(static_cast<std::size_t>(config.num_hidden_layers));
-    for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) blocks.push_back(make_block(config, lora, l));
+    for (std::int64_t l = 0; l < config.num_hidden_layers; ++l)
+      blocks.push_back(make_block(config, lora, l, trainable));
   }
 
   DTRAIN_DECL std::vector<std::string> unit_modules(const LmConfig& c) {

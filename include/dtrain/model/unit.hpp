@@ -131,7 +131,9 @@ struct Lanes {
 // same ones. The Trainer derives the stream from the seed, the rank, the
 // step, the micro-batch and the unit. `batch` is the micro-batch's tensors
 // on the device (null outside the Trainer), for a unit that reads more than
-// its input: attention reads "attention_mask" there.
+// its input: attention reads "attention_mask" there. `adapters` false runs
+// the model as its base: every LoRA adapter is left out of the forward
+// (the reference of a preference loss, Trainer::sequence_logps).
 template <class T>
 struct UnitContext {
   SeqShape shape{};
@@ -140,11 +142,12 @@ struct UnitContext {
   std::uint64_t stream = 0;
   const DeviceBatch* batch = nullptr;
   const Lanes<T>* lanes = nullptr;  // the micro-batch's lanes (null outside the Trainer)
+  bool adapters = true;             // false: LoRA adapters off (a forward of the base model)
 
   // The context of part `i` of a composite unit: its own saved view, the
-  // same mode, batch and lanes, and a stream of its own.
+  // same mode, batch, lanes and adapters, and a stream of its own.
   UnitContext part(MatView<T> part_saved, std::uint64_t i) const {
-    return {shape, part_saved, training, detail::derive_stream(stream, i), batch, lanes};
+    return {shape, part_saved, training, detail::derive_stream(stream, i), batch, lanes, adapters};
   }
 
   // Lane `id`'s values, and in backward the gradient readers add into.
@@ -344,6 +347,36 @@ concept Loss = requires(L& l, const L& cl, Dev& dev, MatView<const T> logits, co
   { l.template forward<Dev, T>(dev, logits, b) } -> std::convertible_to<double>;
   l.template backward<Dev, T>(dev, logits, b, dlogits, scale);
 };
+
+// A loss's own figures beyond the loss (nn::PreferenceLoss: TRL's rewards
+// and log-probabilities): sums over what its forward calls saw since it was
+// last asked (take_metric_sums()), and the count they are divided by. The
+// Trainer takes them in every step and evaluation, sums them over the ranks
+// and reports sum / count (StepStats::metrics, EvalResult::metrics);
+// `logged` ones also go on fit's progress line. Every rank's loss names the
+// same figures, in the same order.
+struct LossSum {
+  std::string name;
+  double sum = 0;
+  bool logged = false;
+};
+struct LossMetricSums {
+  double count = 0;
+  std::vector<LossSum> sums;
+};
+
+namespace detail {
+// The loss's figures (none for a loss without take_metric_sums()).
+template <class L>
+LossMetricSums take_loss_metrics(L& loss) {
+  if constexpr (requires {
+                  { loss.take_metric_sums() } -> std::convertible_to<LossMetricSums>;
+                })
+    return loss.take_metric_sums();
+  else
+    return {};
+}
+}  // namespace detail
 
 template <class M>
 concept Model = requires(M& m) {

@@ -64,15 +64,17 @@ struct LoraOptions {
   float scale() const { return rslora ? alpha / std::sqrt(static_cast<float>(r)) : alpha / static_cast<float>(r); }
 };
 
-// Whether a unit's call trains (dropout on) and the unit's random stream:
-// what the adapters' dropout needs of the UnitContext.
+// Whether a unit's call trains (dropout on), the unit's random stream
+// (what the adapters' dropout needs of the UnitContext), and whether the
+// adapters take part at all (false: the base model's forward).
 struct LoraDraw {
   bool training = false;
   std::uint64_t stream = 0;
+  bool adapters = true;
 };
 template <class T>
 LoraDraw lora_draw(const UnitContext<T>& ctx) noexcept {
-  return {ctx.training, ctx.stream};
+  return {ctx.training, ctx.stream, ctx.adapters};
 }
 
 // The rows the sites of a unit see: the queries' (every site that reads the
@@ -118,11 +120,12 @@ class LoraSite {
   DTRAIN_DECL std::vector<ParamSpec> params() const;
 
   // out [rows, out] (contiguous) += scale * (x A^T) B^T, keeping t = x A^T
-  // (x dropped in a training call with dropout, and kept after t).
+  // (x dropped in a training call with dropout, and kept after t); nothing
+  // with the adapters off (draw.adapters false: a forward-only call).
   template <class Dev, class T>
   void forward(Dev& dev, const T* a, const T* b, MatView<const T> x, T* out, T* t, LoraDraw draw,
                std::uint64_t key) const {
-    if (!on()) return;
+    if (!on() || !draw.adapters) return;
     const std::int64_t n = x.rows, r = options_.r, w = width(), os = out_ / segments_;
     if (dropped() && draw.training) {
       const float p = options_.dropout;

@@ -52,6 +52,7 @@
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/checks.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
+#include "dtrain/nn/sequence_logps.hpp"
 
 namespace dtrain::nn {
 
@@ -108,22 +109,6 @@ struct PreferenceSums {
 };
 
 namespace detail {
-
-// out[r] = -log softmax(z_r)[y_r], 0 where y_r is ignored: the per-row
-// cross-entropy (CrossEntropyRowLoss's), for the host to sum per sequence.
-template <class T, class Label>
-struct CrossEntropyRowValues {
-  static constexpr unsigned row_lanes = math::lanes;
-  CrossEntropyRowLoss<T, Label> loss;
-  float* out;
-  std::size_t work_per_index() const { return loss.work_per_index(); }
-  template <class Row>
-  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void row(std::size_t i, const Row& lanes) const {
-    const auto v = static_cast<float>(loss.row(i, lanes));
-    if (lanes.leader()) out[i] = v;
-  }
-  DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
-};
 
 // dlogits_r = (softmax(z_r) - onehot(y_r)) * weight[r], 0 where y_r is ignored.
 template <class T, class Label>
@@ -196,7 +181,7 @@ class PreferenceLoss {
     float* wd = dev.template workspace<float>(w.size());
     dev.copy_from_host(wd, w.data(), w.size());
     const DeviceTensor& y = batch.at(o_.target);
-    labels(y, [&]<class Label>() {
+    detail::with_label_type(y, "nn::PreferenceLoss", [&]<class Label>() {
       dev.for_each(static_cast<std::size_t>(logits.rows),
                    detail::WeightedCrossEntropyRowGrad<T, Label>{logits, y.data<Label>(),
                                                                  static_cast<Label>(o_.ignore_index), wd, dlogits});
@@ -207,6 +192,20 @@ class PreferenceLoss {
   // step's, or an evaluation's), and a fresh start.
   PreferenceSums take_sums() { return std::exchange(sums_, PreferenceSums{}); }
   const PreferenceSums& sums() const { return sums_; }
+
+  // The same as the Trainer reports them (StepStats::metrics, EvalResult::
+  // metrics: means over the pairs of every rank), under TRL's names;
+  // rewards/margins and rewards/accuracies on fit's progress line.
+  LossMetricSums take_metric_sums() {
+    const PreferenceSums s = take_sums();
+    return {s.pairs,
+            {{"rewards/chosen", s.rewards_chosen, false},
+             {"rewards/rejected", s.rewards_rejected, false},
+             {"rewards/accuracies", s.accuracies, true},
+             {"rewards/margins", s.margins, true},
+             {"logps/chosen", s.logps_chosen, false},
+             {"logps/rejected", s.logps_rejected, false}}};
+  }
 
  private:
   // Per-sequence figures of a micro-batch, on the host.
@@ -235,19 +234,11 @@ class PreferenceLoss {
 
   // Sequences in targets shaped [2P, T].
   std::int64_t sequences(const std::vector<std::int64_t>& shape) const {
-    if (shape.size() != 2 || shape[0] < 2 || shape[0] % 2 != 0)
+    if (shape.size() != 2 || shape[0] < 0 || shape[0] % 2 != 0)
       throw config_error("nn::PreferenceLoss: targets '" + o_.target + "' are " + shape_text(shape) +
                              ", not [2P, T] (P chosen sequences, then their P rejected ones)",
                          "give each pair's chosen and rejected sequences in one micro-batch: an even batch size");
     return shape[0];
-  }
-
-  template <class F>
-  void labels(const DeviceTensor& y, F&& f) const {
-    if (y.type == element_type::i32) return f.template operator()<std::int32_t>();
-    if (y.type == element_type::i64) return f.template operator()<std::int64_t>();
-    throw config_error("nn::PreferenceLoss: targets '" + o_.target + "' hold " + std::string(element_name(y.type)),
-                       "give token ids as int32 or int64");
   }
 
   template <class Dev, class T>
@@ -262,27 +253,10 @@ class PreferenceLoss {
     Pairs p;
     p.n = seqs / 2;
     p.time = time;
-    p.logp.assign(static_cast<std::size_t>(seqs), 0.0);
-    p.tokens.assign(static_cast<std::size_t>(seqs), 0.0);
     p.ref = reference(batch, seqs);
-    std::vector<float> ce(static_cast<std::size_t>(logits.rows));
-    float* ce_dev = dev.template workspace<float>(ce.size());
-    labels(y, [&]<class Label>() {
-      const Label* host = y.host_data<Label>();
-      for (std::int64_t r = 0; r < logits.rows; ++r) {
-        const auto l = static_cast<std::int64_t>(host[r]);
-        if (l == o_.ignore_index) continue;
-        if (l < 0 || l >= logits.cols)
-          throw config_error("nn::PreferenceLoss: token " + std::to_string(l) + " at row " + std::to_string(r) +
-                                 " is outside [0, " + std::to_string(logits.cols) + ")",
-                             "targets are token ids below the vocabulary size, or " + std::to_string(o_.ignore_index) +
-                                 " off the completion");
-        p.tokens[static_cast<std::size_t>(r / time)] += 1;
-      }
-      dev.for_each(static_cast<std::size_t>(logits.rows),
-                   detail::CrossEntropyRowValues<T, Label>{
-                       {logits, y.data<Label>(), static_cast<Label>(o_.ignore_index)}, ce_dev});
-    });
+    SequenceLogps l = sequence_logps(dev, logits, y, o_.ignore_index, "nn::PreferenceLoss");
+    p.logp = std::move(l.logp);
+    p.tokens = std::move(l.tokens);
     for (std::int64_t s = 0; s < seqs; ++s)
       if (p.tokens[static_cast<std::size_t>(s)] == 0)
         throw config_error("nn::PreferenceLoss: the " + std::string(s < p.n ? "chosen" : "rejected") +
@@ -290,9 +264,6 @@ class PreferenceLoss {
                                " has no completion token (every target is " + std::to_string(o_.ignore_index) + ")",
                            "drop pairs with an empty completion, or shorten the prompt so the completion fits the "
                            "block");
-    dev.copy_to_host(ce.data(), ce_dev, ce.size());
-    for (std::int64_t r = 0; r < logits.rows; ++r)
-      p.logp[static_cast<std::size_t>(r / time)] -= static_cast<double>(ce[static_cast<std::size_t>(r)]);
     return p;
   }
 

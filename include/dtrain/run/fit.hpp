@@ -81,6 +81,7 @@ FitResult fit(Trainer& trainer, const Train& train, const Eval* eval, const FitO
     for (auto& b : micro) b = batches.next();
     const std::int64_t next = trainer.steps_taken() + 1;
     if (rollback.skips(next)) continue;  // the next draw trains step `next`
+    if (callbacks.prepare_batches) callbacks.prepare_batches(next, micro);
     if (callbacks.on_batches) callbacks.on_batches(next, micro);
     // Set before the step: the notice rides in the step's own all-reduce, so
     // every rank learns of it in the same step and stops after it.

@@ -94,6 +94,12 @@ class FitControl {
 };
 
 struct FitCallbacks {
+  // Completes the micro-batches of the step about to run, before on_batches
+  // and the step: what only the model can add (a reference model's
+  // log-probabilities for a preference loss, Trainer::sequence_logps).
+  // Collective: every rank's runs with its own micro-batches, so it may
+  // call the trainer's forwards.
+  std::function<void(std::int64_t step, std::span<Batch> micro_batches)> prepare_batches{};
   // The micro-batches of the step about to run (e.g. to record what a rank
   // trained on), before on_step.
   std::function<void(std::int64_t step, std::span<const Batch> micro_batches)> on_batches{};

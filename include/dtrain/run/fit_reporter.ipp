@@ -83,6 +83,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
                << ", \"loss_scale\": " << json_number(st.loss_scale)
                << ", \"skipped\": " << (st.skipped ? "true" : "false") << ", \"memory\": " << memory_json(st.memory);
       if (st.host_memory.total() != 0) metrics_ << ", \"host_memory\": " << memory_json(st.host_memory);
+      for (const auto& m : st.metrics) metrics_ << ", \"" << m.name << "\": " << json_number(m.value);
       if (lag) {
         const auto list = [](const std::vector<double>& v) {
           std::string out = "[";
@@ -111,6 +112,13 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
                                             {"memory/master_bytes", b(m.master)},
                                             {"memory/gathered_bytes", b(m.gathered)},
                                             {"memory/activations_bytes", b(m.activations)}});
+      if (!st.metrics.empty()) {
+        std::vector<std::string> tags;  // the scalars' tags point here
+        for (const auto& m : st.metrics) tags.push_back("train/" + m.name);
+        std::vector<TensorBoardScalar> scalars;
+        for (std::size_t i = 0; i < tags.size(); ++i) scalars.push_back({tags[i], st.metrics[i].value});
+        tensorboard_->write_scalars(st.step, scalars);
+      }
       if (const MemoryUsage& h = st.host_memory; h.total() != 0)
         tensorboard_->write_scalars(st.step, {{"host_memory/params_bytes", b(h.params)},
                                               {"host_memory/grads_bytes", b(h.grads)},
@@ -129,6 +137,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     std::printf("step %5lld/%lld | loss %.4f | lr %.2e | %8.0f samples/s | step %7.2f ms | scale %g%s",
                 static_cast<long long>(st.step), static_cast<long long>(o_.steps), st.loss, st.lr, sps, st.step_ms,
                 st.loss_scale, st.skipped ? " | skipped (inf/nan)" : "");
+    for (const auto& m : st.metrics)
+      if (m.logged) std::printf(" | %s %.4f", m.name.c_str(), m.value);
     if (st.positions != st.samples) std::printf(" | %9.0f tokens/s", tps);
     if (o_.peak_tflops > 0) {
       // The usual estimate of training FLOPs: 6 per parameter and token (2

@@ -20,10 +20,20 @@
 #include "dtrain/core/tensor.hpp"
 #include "dtrain/core/wire.hpp"
 #include "dtrain/metrics/metric.hpp"
+#include "dtrain/nn/sequence_logps.hpp"
 #include "dtrain/train/pipeline.hpp"
 #include "dtrain/train/rank_sums.hpp"
 
 namespace dtrain {
+
+// Trainer::sequence_logps: which targets score the sequences, and whether
+// the model runs with its LoRA adapters (false: the base model, the
+// reference of a preference loss without a second copy).
+struct SequenceLogpsOptions {
+  bool adapters = true;
+  std::string target = "y";
+  std::int64_t ignore_index = -100;
+};
 
 namespace detail {
 
@@ -96,6 +106,17 @@ class Evaluator {
     const std::vector<std::string> names =
         metrics.empty() ? std::vector<std::string>{} : detail::all_metric_names(world_, sums);
     return detail::eval_result(sums_.sum(detail::eval_values(sum, count, sums, names)), names);
+  }
+
+  // Each sequence's summed log-probability of its targets
+  // (Trainer::sequence_logps). Collective.
+  nn::SequenceLogps sequence_logps(const Batch& batch, std::int64_t step, const SequenceLogpsOptions& o) {
+    nn::SequenceLogps out;
+    pipeline_.forward_output(
+        batch, step, o.adapters, [&](Dev& dev, MatView<const T> logits, const DeviceBatch& on_device) {
+          out = nn::sequence_logps(dev, logits, on_device.at(o.target), o.ignore_index, "Trainer::sequence_logps");
+        });
+    return out;
   }
 
   // The model's output for one batch (Trainer::predict). Collective.

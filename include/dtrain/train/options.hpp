@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -106,6 +107,14 @@ struct StepStats {
   double wait_ms = 0.0;     // of step_ms, this rank's time blocked waiting for host collectives (its peers)
   MemoryUsage memory;       // this rank's bytes by category on the compute device (Trainer::memory())
   MemoryUsage host_memory;  // offloaded states in host memory (Trainer::host_memory()); zero without offload
+  // The loss's own figures (LossMetricSums: a preference loss's rewards),
+  // each its sum over every rank divided by their count; none for most losses.
+  struct Metric {
+    std::string name;
+    double value = 0;
+    bool logged = false;  // also on fit's progress line
+  };
+  std::vector<Metric> metrics;
 };
 
 }  // namespace dtrain

@@ -29,6 +29,19 @@
 
 namespace dtrain {
 
+namespace detail {
+// What UnitPipeline::forward_output hands the model's output to instead of
+// the loss: f(dev, logits on the device, the batch's device tensors).
+template <class F>
+struct OutputSink {
+  F f;
+};
+template <class F>
+inline constexpr bool is_output_sink = false;
+template <class F>
+inline constexpr bool is_output_sink<OutputSink<F>> = true;
+}  // namespace detail
+
 template <Model M, class Dev, class T>
 class UnitPipeline {
   template <class E>
@@ -90,6 +103,20 @@ class UnitPipeline {
   template <class OnLoss>
   void forward(const Batch& batch, std::int64_t step, std::vector<float>* outputs, OnLoss&& on_loss) {
     run(batch, step, 0, outputs, std::forward<OnLoss>(on_loss), false);
+  }
+
+  // A forward only, with the LoRA adapters on or off (`adapters` false: the
+  // base model's forward), handing the model's output on the device to
+  // on_output(dev, MatView<const T> logits, const DeviceBatch&) instead of
+  // the loss (Trainer::sequence_logps).
+  template <class OnOutput>
+  void forward_output(const Batch& batch, std::int64_t step, bool adapters, OnOutput&& on_output) {
+    struct Restore {
+      bool& flag;
+      ~Restore() { flag = true; }
+    } restore{adapters_};
+    adapters_ = adapters;
+    run(batch, step, 0, nullptr, detail::OutputSink<OnOutput&>{on_output}, false);
   }
 
   // The width of the model's output (the loss's input), known after a call.
@@ -203,7 +230,8 @@ class UnitPipeline {
 
   template <class OnLoss>
   void run(const Batch& batch, std::int64_t step, int k, std::vector<float>* outputs, OnLoss&& on_loss, bool backward) {
-    constexpr bool has_loss = !std::is_null_pointer_v<std::remove_cvref_t<OnLoss>>;
+    constexpr bool sink = detail::is_output_sink<std::remove_cvref_t<OnLoss>>;
+    constexpr bool has_loss = !std::is_null_pointer_v<std::remove_cvref_t<OnLoss>> && !sink;
     auto units = model_.units();
     const SeqShape shape = check_batch(batch);
     const HostTensor& x = batch.at("x");
@@ -253,7 +281,8 @@ class UnitPipeline {
       buffer<T>& b = recompute[u] ? saved_[num_units_] : saved_[u];
       return UnitContext<T>{seq[u],     saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{},
                             backward,   detail::derive_stream(micro_stream, u),
-                            &on_device, &lanes_};
+                            &on_device, &lanes_,
+                            adapters_};
     };
 
     auto act = [&](std::size_t u) { return activations_[u].view(seq[u].rows(), width[u]); };
@@ -274,6 +303,7 @@ class UnitPipeline {
       outputs->assign(host.size(), 0.f);
       for (std::size_t i = 0; i < host.size(); ++i) (*outputs)[i] = static_cast<float>(host[i]);
     }
+    if constexpr (sink) on_loss.f(dev_, logits, on_device);
     if constexpr (has_loss) {  // (predict has none: the output alone)
       const float dlogit_scale = on_loss(model_.loss.template forward<Dev, T>(dev_, logits, on_device));
       if (!backward) return;
@@ -309,6 +339,7 @@ class UnitPipeline {
   TiedParams<Dev, T> ties_;
   std::size_t num_units_;
   std::size_t first_trained_;  // the lowest unit with trainable parameters (num_units_: none)
+  bool adapters_ = true;       // false during forward_output(adapters = false)
   Options options_;
   std::vector<std::int64_t> width_;  // width_[u]: the input width of unit u; width_.back(): the output's
   std::vector<buffer<T>> activations_;

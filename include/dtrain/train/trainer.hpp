@@ -126,6 +126,7 @@ class TrainerCore {
     // ignored) over every micro-batch and rank, known from the host batches
     // before any compute, so uneven micro-batches weigh exactly right.
     double local_count = 0, local_samples = 0, local_positions = 0;
+    detail::take_loss_metrics(model_.loss);  // the loss's figures from this step's forwards only
     for (const Batch& b : micro_batches) {
       const SeqShape shape = pipeline_.check_batch(b);
       local_count += model_.loss.count(b);
@@ -176,6 +177,7 @@ class TrainerCore {
       stats.loss = stats.grad_norm = std::numeric_limits<double>::quiet_NaN();
       stats.lr = current_lr();
     }
+    stats.metrics = loss_metrics();
     stats.step = state_.step;
     stats.stop_requested = stop_agreed;
     stats.loss_scale = static_cast<float>(state_.loss_scale);
@@ -189,10 +191,14 @@ class TrainerCore {
   // Forward only over `batches` (no gradient, no update): the mean loss
   // (their summed losses over every rank, divided by the loss's count) and
   // each metric's value (metrics/metric.hpp: a metric sees every batch with
-  // the model's output and adds named sums; they are summed over ranks).
-  // Collective: every rank calls it with its own batches (possibly none).
+  // the model's output and adds named sums; they are summed over ranks),
+  // and the loss's own figures (LossMetricSums) beside them. Collective:
+  // every rank calls it with its own batches (possibly none).
   EvalResult evaluate(std::span<const Batch> batches, std::span<const Metric> metrics = {}) {
-    return evaluator_.evaluate(batches, metrics, state_.step + 1);
+    detail::take_loss_metrics(model_.loss);
+    EvalResult r = evaluator_.evaluate(batches, metrics, state_.step + 1);
+    for (const StepStats::Metric& m : loss_metrics()) r.metrics[m.name] = m.value;
+    return r;
   }
 
   // The model's output for one batch (the loss's input: logits for a
@@ -200,6 +206,30 @@ class TrainerCore {
   // only: no gradient, no loss, no optimizer. The batch needs no targets.
   // Collective like evaluate.
   std::vector<float> predict(const Batch& batch) { return evaluator_.predict(batch, state_.step + 1); }
+
+  // Each sequence's log-probability of its targets (batch tensor "y" [S, T]
+  // of token ids, -100 off the scored tokens), summed over its scored
+  // tokens, and how many it has: forward only, like predict. With
+  // {.adapters = false} the model runs without its LoRA adapters: the
+  // frozen base, DPO's reference with no second copy. Collective.
+  nn::SequenceLogps sequence_logps(const Batch& batch, const SequenceLogpsOptions& o = {}) {
+    return evaluator_.sequence_logps(batch, state_.step + 1, o);
+  }
+
+  // The loss's own figures since they were last taken, each summed over the
+  // ranks and divided by their summed count (one all-reduce; none, and no
+  // collective, for a loss without figures). Collective.
+  std::vector<StepStats::Metric> loss_metrics() {
+    const LossMetricSums m = detail::take_loss_metrics(model_.loss);
+    if (m.sums.empty()) return {};
+    std::vector<double> local{m.count};
+    for (const LossSum& v : m.sums) local.push_back(v.sum);
+    const std::vector<double> all = sums_.sum(std::move(local));
+    std::vector<StepStats::Metric> out;
+    for (std::size_t i = 0; i < m.sums.size(); ++i)
+      out.push_back({m.sums[i].name, all[0] > 0 ? all[i + 1] / all[0] : 0.0, m.sums[i].logged});
+    return out;
+  }
 
   // ---- checkpoints and parameter files (CheckpointIO; all collective) ----
 
