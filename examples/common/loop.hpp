@@ -74,6 +74,7 @@ inline void dump_batches(const Common& c, dtrain::World& world, const std::vecto
     for (std::size_t k = 0; k < steps[s].size(); ++k)
       for (const auto& [name, t] : steps[s][k].tensors) {
         const auto type = t.type == dtrain::element_type::f32    ? dtrain::element_type::f32
+                          : t.type == dtrain::element_type::f64  ? dtrain::element_type::f64
                           : t.type == dtrain::element_type::bf16 ? dtrain::element_type::bf16
                           : t.type == dtrain::element_type::f16  ? dtrain::element_type::f16
                           : t.type == dtrain::element_type::i32  ? dtrain::element_type::i32
