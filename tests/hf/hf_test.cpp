@@ -519,6 +519,81 @@ BOOST_AUTO_TEST_CASE(train_lm_learns_completions_from_records) {
              read_text(work / "bad.log"));
 }
 
+// train_lm objective=dpo from a config, 2 ranks under fsdp-full with bf16,
+// 2 micro-batches per step and LoRA, the reference the LoRA-off base: on
+// pairs where the chosen completion continues the prompt's count and the
+// rejected one breaks it, the DPO loss falls below log 2 and the rewards'
+// accuracy rises; with precomputed reference log-probabilities
+// (reference=data) too. Each bad input is exit status 2 with the fix.
+BOOST_AUTO_TEST_CASE(train_lm_prefers_chosen_completions) {
+  const fs::path work = fresh("train_lm_dpo");
+  fs::create_directories(work);
+  Json cfg = tiny_llama();
+  cfg["max_position_embeddings"] = 16;
+  std::ofstream(work / "config.json") << cfg.dump();
+  {
+    std::ofstream out(work / "pairs.jsonl"), refs(work / "refs.jsonl");
+    for (int i = 0; i < 120; ++i) {  // prompt k, k+1; chosen k+2, k+3; rejected k+2, k+5
+      const int k = 3 + (i * 7) % 25;
+      const std::string pair = "{\"prompt_ids\": [" + std::to_string(k) + ", " + std::to_string(k + 1) +
+                               "], \"chosen_ids\": [" + std::to_string(k + 2) + ", " + std::to_string(k + 3) +
+                               "], \"rejected_ids\": [" + std::to_string(k + 2) + ", " + std::to_string(k + 5) + "]";
+      out << pair << "}\n";
+      refs << pair << ", \"ref_chosen_logps\": -7.2, \"ref_rejected_logps\": -7.2}\n";
+    }
+  }
+  const std::string run = std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH +
+                          " config=" + (work / "config.json").string() +
+                          " objective=dpo beta=0.5 block_size=15 batch_size=4 steps=40 log_every=39 eval_batches=2 ";
+  const std::string lora = "lr=3e-2 lora_r=4 lora_alpha=8 lora_targets=all-linear ";
+  BOOST_TEST_REQUIRE(run_logged(run + lora + "strategy=fsdp-full precision=bf16 accumulate=2 data=" +
+                                    (work / "pairs.jsonl").string(),
+                                work / "train.log") == 0,
+                     read_text(work / "train.log"));
+  const std::string log = read_text(work / "train.log");
+  BOOST_TEST(log.find("dpo: loss_type=sigmoid beta=0.5, reference base") != std::string::npos, log);
+  const auto figure = [&](const std::string& step, const std::string& what) {
+    const auto line = log.find("step " + step + "/40 | loss ");
+    BOOST_TEST_REQUIRE(line != std::string::npos, log);
+    const auto at = what == "loss" ? line + step.size() + 15 : log.find(what + " ", line) + what.size() + 1;
+    return std::stod(log.substr(at, 6));
+  };
+  BOOST_TEST(std::abs(figure("    1", "loss") - std::log(2.0)) < 1e-3, log);  // the policy starts as its base
+  BOOST_TEST(figure("   40", "loss") < 0.5, log);
+  BOOST_TEST(figure("   40", "rewards/accuracies") >= 0.75, log);
+  BOOST_TEST(log.find("eval: held-out loss ") != std::string::npos, log);
+  BOOST_TEST(log.find("(DPO, loss_type=sigmoid) over 16 pairs | logps/chosen") != std::string::npos, log);
+  // Precomputed reference log-probabilities, every weight training, DDP.
+  BOOST_TEST_REQUIRE(run_logged(run + "lr=1e-2 steps=5 data=" + (work / "refs.jsonl").string(), work / "refs.log") == 0,
+                     read_text(work / "refs.log"));
+  BOOST_TEST(read_text(work / "refs.log").find("reference data (precomputed in the pairs file)") != std::string::npos,
+             read_text(work / "refs.log"));
+  // Bad input: one line each, exit status 2.
+  const auto fails = [&](const std::string& args, const std::string& text) {
+    const fs::path out = work / "bad.log";
+    BOOST_TEST(run_logged(run + args, out) == 2, args << ": " << read_text(out));
+    BOOST_TEST(read_text(out).find(text) != std::string::npos, args << ": " << read_text(out));
+  };
+  const std::string pairs = "data=" + (work / "pairs.jsonl").string() + " ";
+  fails(pairs + "reference=base", "reference=base is the policy with its LoRA adapters off, and this run has none");
+  fails(pairs + "reference=data", "reference=data, but 120 of 120 pairs");
+  fails(pairs, "reference=copy loads the reference from a model directory, and there is none");
+  fails(pairs + "loss_type=dpo", "loss_type 'dpo' is not a preference loss dtrain has");
+  fails(pairs + "loss_type=sigmoid label_smoothing=0.1", "use loss_type robust for label smoothing");
+  Json wider = cfg;
+  wider["hidden_size"] = 32;
+  fs::create_directories(work / "wider");
+  std::ofstream(work / "wider" / "config.json") << wider.dump();
+  fails(pairs + "reference=copy ref_model=" + (work / "wider").string(),
+        "differs from the policy in hidden_size: a reference has the policy's architecture");
+  std::ofstream(work / "empty.jsonl") << R"({"prompt_ids": [3, 4], "chosen_ids": [5], "rejected_ids": [6]})" << "\n"
+                                      << R"({"prompt_ids": [3, 4], "chosen_ids": [], "rejected_ids": [6]})" << "\n";
+  fails(lora + "data=" + (work / "empty.jsonl").string(), "line 2: chosen_ids is empty");
+  std::ofstream(work / "long.jsonl") << R"({"prompt_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], )"
+                                     << R"("chosen_ids": [5, 6, 7], "rejected_ids": [6]})" << "\n";
+  fails(lora + "data=" + (work / "long.jsonl").string(), "line 1: the prompt (14 tokens) and its chosen completion");
+}
+
 // train_lm with packed records and LoRA adapters, 2 ranks under fsdp-full:
 // the records pack several to a block, the completion loss falls with only
 // the adapters training, and the adapter and the merged model are written;
