@@ -52,7 +52,10 @@ struct Config : dtrain::models::CausalLmConfig {
   std::int64_t eval_batches = 8;                // held-out batches per rank evaluated at the end
   std::int64_t generate = 0;                    // at the end, continue the prompt by this many tokens
   std::vector<std::int64_t> prompt;             // its ids (default: the first 8 held-out tokens)
-  std::int64_t top_k = 0;                       // 0: greedy; k: sample among the k likeliest (seeded by seed)
+  std::int64_t top_k = 0;                       // > 0: sample among the k likeliest (seeded by seed)
+  float top_p = 1.f;                            // < 1: sample among the fewest likeliest reaching top_p
+  float temperature = 0.f;                      // 0: greedy, unless top_k or top_p samples (then 1)
+  std::vector<std::int64_t> stop;               // generation ends after one of these ids
   std::string save_adapter;                     // write the adapters here in PEFT's format
   std::vector<std::string> checkpoint_modules;  // recompute the units of these modules (hf::units_named)
   // objective=dpo: preference tuning (nn::PreferenceLoss) on pairs
@@ -78,48 +81,6 @@ inline double checkpoint_mib(const std::string& dir) {
   for (const auto& e : std::filesystem::directory_iterator(dir))
     if (e.path().extension() == ".safetensors") bytes += static_cast<double>(e.file_size());
   return bytes / (1024.0 * 1024.0);
-}
-
-// Continues `prompt` by `count` tokens with the trainer's model: greedy, or
-// sampling among the top_k likeliest with a generator every rank seeds alike
-// (so every rank produces the same text). A full forward per token: a smoke
-// check of a trained model, not a fast decoder. Collective.
-template <class Trainer>
-std::vector<std::int64_t> generate(Trainer& trainer, std::vector<std::int64_t> ids, std::int64_t count,
-                                   std::int64_t top_k, std::int64_t max_positions, std::int64_t vocab,
-                                   std::uint64_t seed) {
-  dtrain::detail::SplitMix64 rng(seed);
-  for (std::int64_t n = 0; n < count; ++n) {
-    const std::int64_t keep = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), max_positions);
-    const std::vector<std::int64_t> window(ids.end() - keep, ids.end());
-    dtrain::Batch b;
-    b.set("x", dtrain::HostTensor::of(window, {1, keep}));
-    const std::vector<float> logits = trainer.predict(b);
-    const float* last = logits.data() + (keep - 1) * vocab;
-    std::vector<std::int64_t> order(static_cast<std::size_t>(vocab));
-    for (std::int64_t v = 0; v < vocab; ++v) order[static_cast<std::size_t>(v)] = v;
-    const std::int64_t k = top_k > 0 ? std::min(top_k, vocab) : 1;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int64_t a, std::int64_t c) {
-      return last[a] > last[c] || (last[a] == last[c] && a < c);
-    });
-    std::int64_t next = order[0];
-    if (k > 1) {  // softmax over the k likeliest
-      std::vector<double> w(static_cast<std::size_t>(k));
-      double total = 0;
-      for (std::int64_t i = 0; i < k; ++i)
-        total += w[static_cast<std::size_t>(i)] =
-            std::exp(static_cast<double>(last[order[static_cast<std::size_t>(i)]] - last[order[0]]));
-      double u = static_cast<double>(rng.next() >> 11) * 0x1.0p-53 * total;
-      next = order[static_cast<std::size_t>(k - 1)];
-      for (std::int64_t i = 0; i < k; ++i)
-        if ((u -= w[static_cast<std::size_t>(i)]) < 0) {
-          next = order[static_cast<std::size_t>(i)];
-          break;
-        }
-    }
-    ids.push_back(next);
-  }
-  return ids;
 }
 
 // One sequence for supervised fine-tuning: x its ids but the last, y the

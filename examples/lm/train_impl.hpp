@@ -14,6 +14,8 @@
 #include "common/windows.hpp"
 #include "lm.hpp"
 
+#include <dtrain/train/generate.hpp>
+
 namespace lm {
 
 // DPO's reference (objective=dpo): each micro-batch gains "ref_logps", the
@@ -132,13 +134,25 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
         } else if (prompt.empty()) {
           prompt.assign(tokens.ids.begin() + tokens.split, tokens.ids.begin() + tokens.split + 8);
         }
-        const auto out =
-            generate(trainer, prompt, c.generate, c.top_k, config.max_position_embeddings, config.vocab_size, c.seed);
+        const bool sample = c.temperature > 0.f || c.top_k > 0 || c.top_p < 1.f;
+        dtrain::GenerateOptions o{.max_new_tokens = c.generate,
+                                  .temperature = sample ? (c.temperature > 0.f ? c.temperature : 1.f) : 0.f,
+                                  .top_k = c.top_k,
+                                  .top_p = c.top_p,
+                                  .stop_tokens = c.stop,
+                                  .seed = c.seed,
+                                  .max_positions = config.max_position_embeddings};
+        // Every rank continues the same prompt (record 0): the same tokens on each.
+        const std::vector<std::vector<std::int64_t>> prompts{prompt};
+        const dtrain::GenerateResult out = dtrain::generate(trainer, std::span(prompts), {}, o);
         if (world.rank() == 0) {
-          std::printf("generate (%s):", c.top_k > 0 ? ("top-" + std::to_string(c.top_k)).c_str() : "greedy");
-          for (std::size_t i = 0; i < out.size(); ++i)
-            std::printf("%s %lld", i == prompt.size() ? " |" : "", static_cast<long long>(out[i]));
-          std::printf("\n");
+          std::printf("generate (%s):", sample ? "sampled" : "greedy");
+          for (const auto id : prompt) std::printf(" %lld", static_cast<long long>(id));
+          std::printf(" |");
+          for (const auto id : out.tokens[0]) std::printf(" %lld", static_cast<long long>(id));
+          std::printf("\ngenerate: %lld new tokens in %.3f s (%.1f tokens/s, key-value cache)\n",
+                      static_cast<long long>(out.new_tokens), out.seconds,
+                      static_cast<double>(out.new_tokens) / out.seconds);
         }
       }
       if (!c.save_adapter.empty()) {

@@ -42,7 +42,11 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
   r.add("generate", c.generate,
         "at the end, continue a prompt by this many tokens and print the ids (those after \" |\" are generated)");
   r.add("prompt", c.prompt, "the prompt's ids, e.g. 1,15,27 (default: the first 8 held-out tokens)");
-  r.add("top_k", c.top_k, "0: greedy; k: sample among the k likeliest, seeded by seed");
+  r.add("top_k", c.top_k, "generate: sample among the k likeliest (0: all), seeded by seed");
+  r.add("top_p", c.top_p, "generate: sample among the fewest likeliest whose probabilities reach top_p (1: all)");
+  r.add("temperature", c.temperature,
+        "generate: divide the logits by it before sampling; 0: greedy unless top_k or top_p asks to sample (then 1)");
+  r.add("stop", c.stop, "generate: token ids that end the continuation (kept in it), e.g. the tokenizer's eos");
   r.add("packing", c.packing,
         "records (.jsonl): pack the training records end to end into blocks of block_size, each attending only "
         "to itself (position_ids restart per record), instead of one padded record per sequence");
@@ -112,8 +116,10 @@ void validate_extra(const Config& c) {
     throw dtrain::config_error("reference, ref_model and loss_type belong to objective=dpo", "add objective=dpo");
   }
   examples::validate_checkpoint_modules(c, c.checkpoint_modules);
-  if (c.block_size < 1 || c.eval_batches < 0 || c.generate < 0 || c.top_k < 0)
-    throw dtrain::config_error("block_size must be >= 1, and eval_batches, generate and top_k >= 0",
+  if (c.block_size < 1 || c.eval_batches < 0 || c.generate < 0 || c.top_k < 0 || !(c.top_p > 0.f && c.top_p <= 1.f) ||
+      !(c.temperature >= 0.f))
+    throw dtrain::config_error("block_size must be >= 1, eval_batches, generate, top_k and temperature >= 0, and top_p in "
+                               "(0, 1]",
                                "see train_lm --help");
 }
 

@@ -82,6 +82,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <memory>
 #include <span>
 #include <string>
 #include <tuple>
@@ -122,6 +123,20 @@ struct Lanes {
   std::vector<MatView<T>> grad;
 };
 
+// An attention unit's key-value cache for generation (nn/kv_cache.hpp,
+// train/generate.hpp): the keys and values of the positions decoded so far,
+// [batch, kv_heads, capacity, head_dim] each on the compute device, sized
+// by the unit on its first cached call. The Trainer's pipeline holds one
+// per unit (a unit holds at most one causal self-attention).
+template <class T>
+struct KvSlot {
+  std::int64_t capacity = 0;  // positions per sequence
+  std::size_t size = 0;       // elements of k and of v
+  T* k = nullptr;
+  T* v = nullptr;
+  std::shared_ptr<void> storage;  // the device buffers k and v point into
+};
+
 // What a unit may need beyond its parameters and activations (see above):
 // the sequence shape, its saved view, whether this is a training forward
 // (false for evaluate() and predict()), and its random stream. A unit that
@@ -133,7 +148,9 @@ struct Lanes {
 // on the device (null outside the Trainer), for a unit that reads more than
 // its input: attention reads "attention_mask" there. `adapters` false runs
 // the model as its base: every LoRA adapter is left out of the forward
-// (the reference of a preference loss, Trainer::sequence_logps).
+// (the reference of a preference loss, Trainer::sequence_logps). `kv` set:
+// a cached call (generation): the rows are new tokens at the batch's
+// "position_ids", and the unit's attention reads and extends this cache.
 template <class T>
 struct UnitContext {
   SeqShape shape{};
@@ -143,11 +160,12 @@ struct UnitContext {
   const DeviceBatch* batch = nullptr;
   const Lanes<T>* lanes = nullptr;  // the micro-batch's lanes (null outside the Trainer)
   bool adapters = true;             // false: LoRA adapters off (a forward of the base model)
+  KvSlot<T>* kv = nullptr;          // a cached call's key-value cache (generation)
 
   // The context of part `i` of a composite unit: its own saved view, the
-  // same mode, batch, lanes and adapters, and a stream of its own.
+  // same mode, batch, lanes, adapters and cache, and a stream of its own.
   UnitContext part(MatView<T> part_saved, std::uint64_t i) const {
-    return {shape, part_saved, training, detail::derive_stream(stream, i), batch, lanes, adapters};
+    return {shape, part_saved, training, detail::derive_stream(stream, i), batch, lanes, adapters, kv};
   }
 
   // Lane `id`'s values, and in backward the gradient readers add into.

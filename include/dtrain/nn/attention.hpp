@@ -52,6 +52,7 @@
 #include "dtrain/model/unit.hpp"
 #include "dtrain/nn/attention_policies.hpp"
 #include "dtrain/nn/checks.hpp"
+#include "dtrain/nn/kv_cache.hpp"
 #include "dtrain/nn/lora.hpp"
 
 namespace dtrain::nn {
@@ -366,6 +367,7 @@ class AttentionPaths {
 
   template <class Dev, class T>
   void forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    if (ctx.kv != nullptr) return unit().cached_forward(dev, p, x, y, ctx);  // generation: nn/kv_cache.hpp
     if (fused<Dev, T>(dev, ctx.shape)) return unit().fused_forward(dev, p, x, y, own(ctx));
     unit().own_forward(dev, p, x, y, own(ctx));
   }
@@ -432,6 +434,28 @@ class AttentionUnit<Causal, NoPositions, FusedQkv, SelfInput>
   friend class detail::AttentionPaths<AttentionUnit>;
 
   static constexpr bool fusable() { return true; }
+
+  // Generation with a key-value cache (nn/kv_cache.hpp): q | k | v of the
+  // new rows, their keys and values into the cache, each query against its
+  // sequence's cached keys.
+  template <class Dev, class T>
+  void cached_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    constexpr const char* name = "nn::CausalSelfAttention";
+    detail::check_shape(name, "output", y, x.rows, dim_);
+    const std::int64_t C = dim_, N = x.rows, hd = head_dim();
+    const detail::CacheShape cs{ctx.shape.batch, ctx.shape.time, heads_, heads_, hd, ctx.kv->capacity};
+    const DeviceTensor& pos = detail::cached_positions(name, ctx, cs);
+    // workspace: q|k|v rows [N, 3C] | merged [N, C] | the adapters' rows
+    T* qkv = dev.template workspace<T>(static_cast<std::size_t>(4 * N * C + lora_.saved_size(N)));
+    T* merged = qkv + 3 * N * C;
+    T* lora = merged + N * C;
+    detail::project(dev, x, p[0].data, p[1].data, qkv, 3 * C);
+    lora_.forward(dev, 0, p, x, qkv, lora, lora_draw(ctx));
+    detail::cached_attention(dev, name, ctx, cs, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, pos.data<std::int64_t>(),
+                             1.f / std::sqrt(static_cast<float>(hd)), 0, merged);
+    detail::output_projection(dev, lora_, 1, p, MatView<const T>{merged, N, C}, p[2].data, p[3].data, y, lora,
+                              lora_draw(ctx));
+  }
 
   template <class Dev, class T>
   void own_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {

@@ -539,6 +539,61 @@ class AttentionUnit<Mask, Positions, SeparateQkv, Input>
   // QK-norm and the sliding window are not on it yet.
   bool fusable() const { return causal && !options_.qk_norm && options_.window == 0 && options_.scale == 0.f; }
 
+  // Generation with a key-value cache (nn/kv_cache.hpp): the new rows'
+  // projections (QK-norm, rotated at their positions), their keys and values
+  // into the cache, each query against its sequence's cached keys (within
+  // the sliding window), then the output projection.
+  template <class Dev, class T>
+  void cached_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
+    if constexpr (!causal || cross) {
+      throw config_error(std::string(name_) + ": a key-value cache needs causal self-attention",
+                         "generate with a causal language model");
+    } else {
+      detail::check_count(name_, "parameters", p.size(), base_count() + lora_.param_count());
+      detail::check_shape(name_, "output", y, x.rows, dim_);
+      const std::int64_t N = x.rows, hd = head_dim(), kv = kv_heads_ * hd, cap = ctx.kv->capacity;
+      const detail::CacheShape cs{ctx.shape.batch, ctx.shape.time, heads_, kv_heads_, hd, cap};
+      const DeviceTensor& pos = detail::cached_positions(name_, ctx, cs);
+      const detail::GqaShape table{1, cap, heads_, kv_heads_, hd, rope_, nullptr};  // angles of every cached position
+      const std::int64_t pre = options_.qk_norm ? N * (inner_ + kv) : 0;
+      // workspace: q k v rows [N, heads hd | N, kv | N, kv] | merged [N, heads hd] | QK-norm's projections |
+      // the adapters' rows | rope cos, sin
+      const std::int64_t lora_n = lora_.saved_size(N);
+      T* q = dev.template workspace<T>(static_cast<std::size_t>(2 * N * inner_ + 2 * N * kv + pre + lora_n) +
+                                       rope_elems<T>(table));
+      T* k = q + N * inner_;
+      T* v = k + N * kv;
+      T* merged = v + N * kv;
+      T* q_pre = merged + N * inner_;
+      T* k_pre = q_pre + N * inner_;
+      T* lora = q_pre + pre;
+      const Rope rope = rope_table(dev, table, reinterpret_cast<float*>(lora + lora_n));
+      T* q_proj = options_.qk_norm ? q_pre : q;
+      T* k_proj = options_.qk_norm ? k_pre : k;
+      detail::project(dev, x, p[0].data, bias(p, 0).data, q_proj, inner_);
+      detail::project(dev, x, p[1].data, bias(p, 1).data, k_proj, kv);
+      detail::project(dev, x, p[2].data, bias(p, 2).data, v, kv);
+      for (std::size_t i = 0; i < 3; ++i)
+        lora_.forward(dev, i, p, x, i == 0 ? q_proj : i == 1 ? k_proj : v, lora, lora_draw(ctx));
+      if (options_.qk_norm) {
+        head_norm(dev, q_pre, q, N * heads_, norm_weight(p, 0).data);
+        head_norm(dev, k_pre, k, N * kv_heads_, norm_weight(p, 1).data);
+      }
+      if (rope_) {
+        const std::int64_t half = hd / 2;
+        const auto* at = pos.data<std::int64_t>();
+        dev.for_each(static_cast<std::size_t>(N * heads_ * half),
+                     detail::RotatePairs<T>{q, heads_, hd, cap, rope.cos_t, rope.sin_t, false, at});
+        dev.for_each(static_cast<std::size_t>(N * kv_heads_ * half),
+                     detail::RotatePairs<T>{k, kv_heads_, hd, cap, rope.cos_t, rope.sin_t, false, at});
+      }
+      detail::cached_attention(dev, name_, ctx, cs, q, inner_, k, v, kv, pos.data<std::int64_t>(),
+                               detail::scores_scale(options_.scale, hd), options_.window, merged);
+      detail::output_projection(dev, lora_, 3, p, MatView<const T>{merged, N, inner_}, p[3].data, bias(p, 3).data, y,
+                                lora, lora_draw(ctx));
+    }
+  }
+
   template <class Dev, class T>
   void own_forward(Dev& dev, UnitParams<const T> p, MatView<const T> x, MatView<T> y, const UnitContext<T>& ctx) {
     attend(dev, p, x, x, y, ctx);

@@ -113,11 +113,34 @@ class Evaluator {
   nn::SequenceLogps sequence_logps(const Batch& batch, std::int64_t step, const SequenceLogpsOptions& o) {
     nn::SequenceLogps out;
     pipeline_.forward_output(
-        batch, step, o.adapters, [&](Dev& dev, MatView<const T> logits, const DeviceBatch& on_device) {
+        batch, step, {.adapters = o.adapters}, [&](Dev& dev, MatView<const T> logits, const DeviceBatch& on_device) {
           out = nn::sequence_logps(dev, logits, on_device.at(o.target), o.ignore_index, "Trainer::sequence_logps");
         });
     return out;
   }
+
+  // The output rows `rows` of one batch, [rows.size(), width] as fp32
+  // (Trainer::decode). Collective.
+  std::vector<float> decode(const Batch& batch, std::int64_t step, std::span<const std::int64_t> rows,
+                            DecodeOptions mode) {
+    std::vector<float> out;
+    pipeline_.forward_output(batch, step, mode, [&](Dev& dev, MatView<const T> logits, const DeviceBatch&) {
+      const auto width = static_cast<std::size_t>(logits.cols);
+      std::vector<T> row(width);
+      out.resize(rows.size() * width);
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        if (rows[i] < 0 || rows[i] >= logits.rows)
+          throw config_error("Trainer::decode: row " + std::to_string(rows[i]) + " of a batch of " +
+                                 std::to_string(logits.rows) + " rows",
+                             "give rows of the batch (sequence b's position t: b * T + t)");
+        dev.copy_to_host(row.data(), logits.data + rows[i] * logits.cols, width);
+        for (std::size_t c = 0; c < width; ++c) out[i * width + c] = static_cast<float>(row[c]);
+      }
+    });
+    return out;
+  }
+
+  void release_kv_cache() { pipeline_.release_kv_cache(); }
 
   // The model's output for one batch (Trainer::predict). Collective.
   std::vector<float> predict(const Batch& batch, std::int64_t step) {

@@ -29,6 +29,15 @@
 
 namespace dtrain {
 
+// How a forward-only call runs (Trainer::decode, forward_output): with the
+// model's LoRA adapters or without them (the base model), and with a
+// key-value cache of `cache_positions` positions per sequence (> 0: the
+// batch's rows are new tokens at its "position_ids", generation) or none.
+struct DecodeOptions {
+  bool adapters = true;
+  std::int64_t cache_positions = 0;
+};
+
 namespace detail {
 // What UnitPipeline::forward_output hands the model's output to instead of
 // the loss: f(dev, logits on the device, the batch's device tensors).
@@ -105,19 +114,27 @@ class UnitPipeline {
     run(batch, step, 0, outputs, std::forward<OnLoss>(on_loss), false);
   }
 
-  // A forward only, with the LoRA adapters on or off (`adapters` false: the
-  // base model's forward), handing the model's output on the device to
-  // on_output(dev, MatView<const T> logits, const DeviceBatch&) instead of
-  // the loss (Trainer::sequence_logps).
+  // A forward only under `mode` (the LoRA adapters on or off; with a
+  // key-value cache of mode.cache_positions positions per sequence: the
+  // batch's rows are new tokens, nn/kv_cache.hpp), handing the model's
+  // output on the device to on_output(dev, MatView<const T> logits, const
+  // DeviceBatch&) instead of the loss (Trainer::sequence_logps, decode).
   template <class OnOutput>
-  void forward_output(const Batch& batch, std::int64_t step, bool adapters, OnOutput&& on_output) {
+  void forward_output(const Batch& batch, std::int64_t step, DecodeOptions mode, OnOutput&& on_output) {
     struct Restore {
-      bool& flag;
-      ~Restore() { flag = true; }
-    } restore{adapters_};
-    adapters_ = adapters;
+      DecodeOptions& mode;
+      ~Restore() { mode = {}; }
+    } restore{mode_};
+    mode_ = mode;
+    if (mode.cache_positions > 0) {
+      kv_.resize(num_units_);
+      for (KvSlot<T>& slot : kv_) slot.capacity = mode.cache_positions;
+    }
     run(batch, step, 0, nullptr, detail::OutputSink<OnOutput&>{on_output}, false);
   }
+
+  // Frees the key-value caches of the last cached forwards.
+  void release_kv_cache() { kv_.clear(); }
 
   // The width of the model's output (the loss's input), known after a call.
   std::int64_t output_width() const { return width_.empty() ? 0 : width_.back(); }
@@ -282,7 +299,7 @@ class UnitPipeline {
       return UnitContext<T>{seq[u],     saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{},
                             backward,   detail::derive_stream(micro_stream, u),
                             &on_device, &lanes_,
-                            adapters_};
+                            mode_.adapters, mode_.cache_positions > 0 ? &kv_[u] : nullptr};
     };
 
     auto act = [&](std::size_t u) { return activations_[u].view(seq[u].rows(), width[u]); };
@@ -339,7 +356,8 @@ class UnitPipeline {
   TiedParams<Dev, T> ties_;
   std::size_t num_units_;
   std::size_t first_trained_;  // the lowest unit with trainable parameters (num_units_: none)
-  bool adapters_ = true;       // false during forward_output(adapters = false)
+  DecodeOptions mode_{};       // forward_output's, during it
+  std::vector<KvSlot<T>> kv_;  // per unit: the key-value caches of cached forwards
   Options options_;
   std::vector<std::int64_t> width_;  // width_[u]: the input width of unit u; width_.back(): the output's
   std::vector<buffer<T>> activations_;

@@ -231,6 +231,18 @@ class TrainerCore {
     return out;
   }
 
+  // The model's output rows `rows` of `batch` (sequence b's position t is
+  // row b * T + t), [rows.size(), width] as fp32, forward only. With
+  // {.cache_positions = N} the forward runs with a key-value cache of N
+  // positions per sequence (the batch's rows are new tokens at its
+  // "position_ids"; the cache persists between calls until
+  // release_kv_cache): dtrain::generate (train/generate.hpp) drives it.
+  // Collective.
+  std::vector<float> decode(const Batch& batch, std::span<const std::int64_t> rows, DecodeOptions mode = {}) {
+    return evaluator_.decode(batch, state_.step + 1, rows, mode);
+  }
+  void release_kv_cache() { evaluator_.release_kv_cache(); }
+
   // ---- checkpoints and parameter files (CheckpointIO; all collective) ----
 
   // Every parameter as fp32 on the host, by name ("<unit>.<param>").
