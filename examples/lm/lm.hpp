@@ -59,13 +59,22 @@ struct Config : dtrain::models::CausalLmConfig {
   std::string save_adapter;                     // write the adapters here in PEFT's format
   std::vector<std::string> checkpoint_modules;  // recompute the units of these modules (hf::units_named)
   // objective=dpo: preference tuning (nn::PreferenceLoss) on pairs
-  std::string objective = "lm";       // lm (next-token cross-entropy) | dpo
-  float beta = 0.1f;                  // DPO's beta (TRL's default)
+  std::string objective = "lm";       // lm (next-token cross-entropy) | dpo | grpo
+  float beta = -1.f;                  // DPO's or GRPO's beta; < 0: TRL's default (DPO 0.1, GRPO 0)
   std::string loss_type = "sigmoid";  // sigmoid | hinge | ipo | robust (TRL's names)
   float label_smoothing = 0.f;        // loss_type=robust: the probability a label is flipped
   std::string reference = "auto";     // base | copy | data | auto (see train_lm --help)
   std::string ref_model;              // reference=copy: the reference's model directory (default: model=)
+  // objective=grpo: online RL on prompts (nn::GrpoLoss, train/grpo.hpp)
+  std::string reward;                // token:ID | regex:PATTERN
+  std::string vocab_file;            // regex rewards: the vocabulary that decodes completions
+  std::int64_t num_generations = 8;  // completions per prompt (TRL's default)
+  std::int64_t max_new_tokens = 16;  // per completion
+  float epsilon = 0.2f;              // the ratio's clip, TRL's default
+  float epsilon_high = 0.f;          // its upper clip; 0: epsilon
   bool dpo() const { return objective == "dpo"; }
+  bool grpo() const { return objective == "grpo"; }
+  float beta_or_default() const { return beta >= 0.f ? beta : dpo() ? 0.1f : 0.f; }
 };
 
 // This process's peak resident set so far (Linux reports ru_maxrss in KiB).
@@ -92,15 +101,17 @@ struct Record {
 };
 
 struct Tokens {
-  std::vector<std::int32_t> ids;              // a token stream, cut into windows
-  std::vector<Record> records;                // or instruction records
-  std::vector<dtrain::PreferencePair> pairs;  // or preference pairs (objective=dpo)
-  std::int64_t split = 0;                     // ids (records) before it train, after it evaluate: the last tenth
+  std::vector<std::int32_t> ids;                   // a token stream, cut into windows
+  std::vector<Record> records;                     // or instruction records
+  std::vector<dtrain::PreferencePair> pairs;       // or preference pairs (objective=dpo)
+  std::vector<std::vector<std::int64_t>> prompts;  // or prompts (objective=grpo)
+  std::int64_t split = 0;                          // ids (records) before it train, after it evaluate: the last tenth
   // packing=true: the training records packed into blocks, each a list of
   // record indices (pack_records)
   std::vector<std::vector<std::int64_t>> packs;
   bool sft() const { return !records.empty(); }
   bool dpo() const { return !pairs.empty(); }
+  bool grpo() const { return !prompts.empty(); }
 };
 
 // The preference pairs of `file` (objective=dpo), the last tenth held out.
@@ -158,14 +169,22 @@ class Samples {
         block_(block),
         first_(train ? 0 : t.split),
         packed_(train && !t.packs.empty()),
-        count_(packed_   ? static_cast<std::int64_t>(t.packs.size())
-               : t.sft() ? (train ? t.split : static_cast<std::int64_t>(t.records.size()) - t.split)
-               : t.dpo() ? (train ? t.split : static_cast<std::int64_t>(t.pairs.size()) - t.split)
-                         : windows_.size()) {}
+        count_(packed_    ? static_cast<std::int64_t>(t.packs.size())
+               : t.sft()  ? (train ? t.split : static_cast<std::int64_t>(t.records.size()) - t.split)
+               : t.dpo()  ? (train ? t.split : static_cast<std::int64_t>(t.pairs.size()) - t.split)
+               : t.grpo() ? (train ? t.split : static_cast<std::int64_t>(t.prompts.size()) - t.split)
+                          : windows_.size()) {}
 
   std::int64_t size() const { return count_; }
 
   dtrain::Batch gather(std::span<const std::int64_t> indices) const {
+    if (t_.grpo()) {  // the prompts' indices: their completions are sampled before the step (train/grpo.hpp)
+      std::vector<std::int64_t> at;
+      for (const auto i : indices) at.push_back(first_ + i);
+      dtrain::Batch b;
+      b.set("prompt_index", dtrain::HostTensor::of(at, {static_cast<std::int64_t>(at.size())}));
+      return b;
+    }
     if (t_.dpo()) {  // P pairs as 2P sequences: the chosen rows, then the rejected
       std::vector<dtrain::PreferencePair> pairs;
       pairs.reserve(indices.size());
@@ -345,6 +364,51 @@ inline Tokens read_tokens(const std::string& file, std::int64_t block_size, std:
                                    " tokens: too few for blocks of block_size " + std::to_string(block_size) +
                                    " in both the training nine tenths and the held-out tenth",
                                "use more data or a smaller block_size");
+  return t;
+}
+
+// The prompts of `file` (objective=grpo): one {"prompt_ids": [...]} per
+// line (other keys, a pairs file's completions, are left alone), each with
+// room for max_new_tokens in block_size + 1 positions; the last tenth held out.
+inline Tokens read_prompts(const std::string& file, std::int64_t block_size, std::int64_t vocab,
+                           std::int64_t max_new_tokens) {
+  std::ifstream in(file);
+  if (!in) throw dtrain::config_error("cannot read the prompts '" + file + "'", "pass data=PROMPTS.jsonl");
+  Tokens t;
+  std::string text;
+  for (std::size_t line = 1; std::getline(in, text); ++line) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto bad = [&](const std::string& what, const std::string& fix) {
+      throw dtrain::config_error("'" + file + "' line " + std::to_string(line) + ": " + what, fix);
+    };
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception&) {
+      bad("not JSON", "give one {\"prompt_ids\": [...]} object per line");
+    }
+    if (!j.is_object() || !j.contains("prompt_ids") || !j["prompt_ids"].is_array() || j["prompt_ids"].empty())
+      bad("no non-empty prompt_ids list", "give one {\"prompt_ids\": [...]} object per line");
+    std::vector<std::int64_t> ids;
+    for (const auto& v : j["prompt_ids"]) {
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() >= vocab)
+        bad("prompt_ids holds " + v.dump() + ", not a token id in [0, " + std::to_string(vocab) + ")",
+            "tokenize with the model's tokenizer");
+      ids.push_back(v.get<std::int64_t>());
+    }
+    if (static_cast<std::int64_t>(ids.size()) + max_new_tokens > block_size + 1)
+      bad("a prompt of " + std::to_string(ids.size()) + " tokens and max_new_tokens " + std::to_string(max_new_tokens) +
+              " are longer than the block (" + std::to_string(block_size) + ") + 1",
+          "raise block_size to " + std::to_string(static_cast<std::int64_t>(ids.size()) + max_new_tokens - 1) +
+              ", or shorten the prompt or max_new_tokens");
+    t.prompts.push_back(std::move(ids));
+  }
+  const auto n = static_cast<std::int64_t>(t.prompts.size());
+  if (n < 2)
+    throw dtrain::config_error(
+        "'" + file + "' has " + std::to_string(n) + " prompt(s): too few for training prompts and a held-out tenth",
+        "give at least 2 prompts");
+  t.split = n - std::max<std::int64_t>(1, n / 10);
   return t;
 }
 

@@ -15,6 +15,7 @@
 #include "lm.hpp"
 
 #include <dtrain/train/generate.hpp>
+#include <dtrain/train/grpo.hpp>
 
 namespace lm {
 
@@ -27,20 +28,25 @@ template <class Trainer>
 class Reference {
  public:
   Reference(const Config& c, Trainer*& policy, std::optional<Trainer>& copy)
-      : mode_(c.reference), policy_(policy), copy_(copy) {}
+      : mode_(c.reference), per_token_(c.grpo()), policy_(policy), copy_(copy) {}
 
-  // Collective: every rank's with its own micro-batches.
+  // Collective: every rank's with its own micro-batches. GRPO's reference
+  // is per token ([B, T]), DPO's per sequence ([2P]).
   void add(std::span<dtrain::Batch> micro) {
-    if (mode_ == "data") return;
+    if (mode_ == "data" || mode_ == "none") return;
     for (dtrain::Batch& b : micro) {
       const dtrain::nn::SequenceLogps l =
           copy_ ? copy_->sequence_logps(b) : policy_->sequence_logps(b, {.adapters = false});
-      b.set("ref_logps", dtrain::HostTensor::of(l.logp, {static_cast<std::int64_t>(l.logp.size())}));
+      if (per_token_)
+        b.set("ref_logps", dtrain::HostTensor::of(l.row_logp, b.at("y").shape));
+      else
+        b.set("ref_logps", dtrain::HostTensor::of(l.logp, {static_cast<std::int64_t>(l.logp.size())}));
     }
   }
 
  private:
   std::string mode_;
+  bool per_token_;
   Trainer*& policy_;
   std::optional<Trainer>& copy_;
 };
@@ -66,25 +72,118 @@ void held_out_dpo(const Config& c, dtrain::World& world, const Samples& held_out
   std::printf("\n");
 }
 
+// The reward train_lm's reward= names.
+inline dtrain::RewardFunction reward_named(const Config& c) {
+  if (c.reward.starts_with("token:")) {
+    std::int64_t id = -1;
+    try {
+      id = std::stoll(c.reward.substr(6));
+    } catch (const std::exception&) {
+    }
+    if (id < 0)
+      throw dtrain::config_error("reward=" + c.reward + " names no token id", "give reward=token:ID, e.g. token:42");
+    return dtrain::rewards::token_count(id);
+  }
+  return dtrain::rewards::regex_match(c.reward.substr(6), dtrain::rewards::read_vocabulary(c.vocab_file));
+}
+
+// GRPO's micro-batches (objective=grpo): each holds prompt indices; before
+// the step they become the prompts' sampled completions with their
+// advantages (train/grpo.hpp), and with beta > 0 the reference's per-token
+// log-probabilities. A completion whose reward is not finite is named
+// here; its group's loss is then not finite and on_nonfinite acts.
+template <class Trainer, class Ref>
+class GrpoSource {
+ public:
+  GrpoSource(const Config& c, dtrain::World& world, const Tokens& t, Trainer*& policy, Ref& reference)
+      : c_(c), world_(world), t_(t), policy_(policy), reference_(reference) {
+    if (c.grpo()) reward_ = reward_named(c);
+  }
+
+  // Collective.
+  dtrain::GrpoBatch sample(const std::vector<std::int64_t>& indices, std::int64_t step) {
+    std::vector<std::vector<std::int64_t>> prompts;
+    std::vector<std::uint64_t> ids;
+    for (const auto i : indices) {
+      prompts.push_back(t_.prompts[static_cast<std::size_t>(i)]);
+      ids.push_back(static_cast<std::uint64_t>(i));
+    }
+    const dtrain::GrpoOptions o{.num_generations = c_.num_generations,
+                                .generation = {.max_new_tokens = c_.max_new_tokens,
+                                               .temperature = c_.temperature > 0.f ? c_.temperature : 1.f,
+                                               .top_k = c_.top_k,
+                                               .top_p = c_.top_p,
+                                               .stop_tokens = c_.stop,
+                                               .seed = c_.seed}};
+    dtrain::GrpoBatch b = dtrain::grpo_batch(*policy_, std::span<const std::vector<std::int64_t>>(prompts),
+                                             std::span<const std::uint64_t>(ids), reward_, o, step);
+    for (const auto& what : b.nonfinite)
+      std::printf("grpo: rank %d step %lld: %s: this step's loss is not finite (on_nonfinite acts)\n", world_.rank(),
+                  static_cast<long long>(step), what.c_str());
+    return b;
+  }
+
+  void prepare(std::int64_t step, std::span<dtrain::Batch> micro) {
+    for (dtrain::Batch& b : micro) {
+      const auto idx = b.at("prompt_index").template values<std::int64_t>();
+      b = sample(std::vector<std::int64_t>(idx.begin(), idx.end()), step).batch;
+    }
+    reference_.add(micro);
+  }
+
+  // The mean reward of held-out prompts' sampled completions, over every rank.
+  void held_out(const Samples& held_out) {
+    if (c_.eval_batches < 1 || held_out.size() < 1) return;
+    double sum = 0, n = 0;
+    std::int64_t next = world_.rank();
+    for (std::int64_t k = 0; k < c_.eval_batches; ++k) {
+      std::vector<std::int64_t> idx;
+      for (std::int64_t i = 0; i < c_.batch_size / c_.num_generations; ++i, next += world_.size())
+        idx.push_back(t_.split + next % held_out.size());
+      for (const double r : sample(idx, -1 - k).rewards) sum += r, n += 1;
+    }
+    double all_sum = 0, all_n = 0;
+    for (const auto& v : world_.all_gather("train-lm-grpo-eval", std::array{sum, n})) all_sum += v[0], all_n += v[1];
+    if (world_.rank() == 0)
+      std::printf("eval: held-out reward mean %.4f over %lld completions of %lld prompts\n", all_sum / all_n,
+                  static_cast<long long>(all_n), static_cast<long long>(all_n) / c_.num_generations);
+  }
+
+ private:
+  const Config& c_;
+  dtrain::World& world_;
+  const Tokens& t_;
+  Trainer*& policy_;
+  Ref& reference_;
+  dtrain::RewardFunction reward_;
+};
+
 template <class Dev>
 int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& config, const Tokens& tokens) {
   return examples::with_precision(c, [&]<class Prec>() {
     using Trainer = dtrain::TrainerCore<dtrain::hf::CausalLm, Dev, Prec>;
     dtrain::hf::CausalLm model(config, c.lora());
+    if (c.grpo())
+      model.loss =
+          dtrain::nn::GrpoLoss({.epsilon = c.epsilon, .epsilon_high = c.epsilon_high, .beta = c.beta_or_default()});
     if (c.dpo())
       model.loss = dtrain::nn::PreferenceLoss({.type = dtrain::nn::preference_loss_named(c.loss_type),
-                                               .beta = c.beta,
+                                               .beta = c.beta_or_default(),
                                                .label_smoothing = c.label_smoothing});
     const Samples train(tokens, c.block_size, true), held_out(tokens, c.block_size, false);
     Trainer* policy = nullptr;
     std::optional<dtrain::hf::CausalLm> ref_model;
     std::optional<Trainer> ref_copy;
     Reference<Trainer> reference(c, policy, ref_copy);
+    GrpoSource<Trainer, Reference<Trainer>> grpo(c, world, tokens, policy, reference);
     dtrain::FitCallbacks extra;
     if (c.dpo()) extra.prepare_batches = [&](std::int64_t, std::span<dtrain::Batch> micro) { reference.add(micro); };
+    if (c.grpo())
+      extra.prepare_batches = [&](std::int64_t step, std::span<dtrain::Batch> micro) { grpo.prepare(step, micro); };
     const auto start = [&](Trainer& trainer) {
       policy = &trainer;
-      if (c.dpo() && c.reference == "copy") {  // frozen, no optimizer state; the policy's strategy and precision
+      if ((c.dpo() || c.grpo()) &&
+          c.reference == "copy") {  // frozen, no optimizer state; the policy's strategy and precision
         ref_model.emplace(dtrain::hf::read_config(c.ref_model), dtrain::hf::LoraConfig{}, false);
         dtrain::TrainerOptions o = examples::trainer_options(c);
         o.param_groups.clear();  // nothing trains: no optimizer, no optimizer state to offload
@@ -117,12 +216,16 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
     const auto finish = [&](Trainer& trainer) {
       if (c.dpo())
         held_out_dpo(c, world, held_out, trainer, reference);
+      else if (c.grpo())
+        grpo.held_out(held_out);
       else
         examples::held_out_loss(world, held_out, tokens.sft() ? 1 : c.block_size, c.batch_size, c.eval_batches, trainer,
                                 tokens.sft() ? "one record" : std::to_string(c.block_size) + " tokens");
       if (c.generate > 0) {
         std::vector<std::int64_t> prompt = c.prompt;
-        if (prompt.empty() && tokens.dpo()) {  // the first held-out pair's prompt
+        if (prompt.empty() && tokens.grpo()) {  // the first held-out prompt
+          prompt = tokens.prompts[static_cast<std::size_t>(tokens.split)];
+        } else if (prompt.empty() && tokens.dpo()) {  // the first held-out pair's prompt
           const auto& p = tokens.pairs[static_cast<std::size_t>(tokens.split)].prompt;
           prompt.assign(p.begin(), p.end());
         } else if (prompt.empty() && tokens.sft()) {  // the first held-out record's prompt
@@ -163,7 +266,11 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
       dtrain::hf::save_pretrained(trainer, c.save_hf, model);  // adapters merged into their weights
       if (world.rank() == 0) std::printf("saved the model as a transformers directory: %s\n", c.save_hf.c_str());
     };
-    return examples::run_training<Dev, Prec>(c, world, model, train, start, finish, extra);
+    // GRPO's batch_size counts completions (TRL's): a micro-batch is that many
+    // over num_generations prompts.
+    Config run = c;
+    if (c.grpo()) run.batch_size = c.batch_size / c.num_generations;
+    return examples::run_training<Dev, Prec>(run, world, model, train, start, finish, extra);
   });
 }
 

@@ -55,7 +55,9 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
         "pattern, e.g. layers.* or model.layers.1? (GPT-2: h.*) (instead of checkpoint_units numbers)");
   r.section("Preference tuning (objective=dpo; TRL's DPOTrainer)");
   r.add("objective", c.objective, "lm: next-token cross-entropy; dpo: direct preference optimisation on pairs");
-  r.add("beta", c.beta, "dpo: how far the policy may move from the reference (TRL's beta)");
+  r.add("beta", c.beta,
+        "dpo, grpo: how far the policy may move from the reference (TRL's beta; default DPO 0.1, GRPO 0: no "
+        "reference)");
   r.add("loss_type", c.loss_type, "dpo: sigmoid (DPO), hinge, ipo (length-normalised), robust (label smoothing)");
   r.add("label_smoothing", c.label_smoothing, "dpo, loss_type=robust: the probability a preference label is flipped");
   r.add("reference", c.reference,
@@ -63,6 +65,15 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
         "(a frozen copy of ref_model, default model=, held like the policy: sharded under FSDP), data (precomputed "
         "in the pairs file), auto (data when every pair has them, else base with LoRA, else copy)");
   r.add("ref_model", c.ref_model, "dpo, reference=copy: the reference's transformers directory (default: model=)");
+  r.section("Online RL (objective=grpo; TRL's GRPOTrainer)");
+  r.add("reward", c.reward,
+        "grpo: token:ID (how many times the completion holds token ID) or regex:PATTERN (1 when the completion, "
+        "decoded with vocab_file, matches)");
+  r.add("vocab_file", c.vocab_file, "grpo, reward=regex: the tokenizer's vocab.json, or one token per line");
+  r.add("num_generations", c.num_generations, "grpo: completions per prompt (TRL's default 8)");
+  r.add("max_new_tokens", c.max_new_tokens, "grpo: tokens per completion at most");
+  r.add("epsilon", c.epsilon, "grpo: the probability ratio's clip (TRL's epsilon)");
+  r.add("epsilon_high", c.epsilon_high, "grpo: its upper clip (0: epsilon)");
   r.section("LoRA adapters (PEFT's format; the base model frozen)");
   examples::declare_lora(
       r, c,
@@ -97,11 +108,37 @@ void validate_extra(const Config& c) {
     throw dtrain::config_error("packing=true needs instruction records (data=FILE.jsonl); '" + c.data +
                                    "' is a token stream, which is cut into full windows already",
                                "give data=FILE.jsonl, or drop packing=true");
-  if (c.objective != "lm" && c.objective != "dpo")
-    throw dtrain::config_error("objective '" + c.objective + "' is not one train_lm has", "give lm or dpo");
-  if (c.dpo()) {
+  if (c.objective != "lm" && c.objective != "dpo" && c.objective != "grpo")
+    throw dtrain::config_error("objective '" + c.objective + "' is not one train_lm has", "give lm, dpo or grpo");
+  if (c.objective != "grpo" && (!c.reward.empty() || !c.vocab_file.empty()))
+    throw dtrain::config_error("reward and vocab_file belong to objective=grpo", "add objective=grpo");
+  if (c.grpo()) {
+    dtrain::nn::GrpoLoss({.epsilon = c.epsilon, .epsilon_high = c.epsilon_high, .beta = c.beta_or_default()});
+    if (!c.data.ends_with(".jsonl"))
+      throw dtrain::config_error("objective=grpo reads prompts from a .jsonl file; '" + c.data + "' is not one",
+                                 "give data=PROMPTS.jsonl, one {\"prompt_ids\": [...]} per line");
+    if (!c.reward.starts_with("token:") && !c.reward.starts_with("regex:"))
+      throw dtrain::config_error("objective=grpo needs a reward: reward=" + c.reward,
+                                 "give reward=token:ID or reward=regex:PATTERN (with vocab_file=)");
+    if (c.reward.starts_with("regex:") && c.vocab_file.empty())
+      throw dtrain::config_error("reward=regex: matches decoded completions, and there is no vocab_file",
+                                 "give vocab_file= the tokenizer's vocab.json (or one token per line)");
+    if (c.num_generations < 2 || c.batch_size % c.num_generations != 0)
+      throw dtrain::config_error("num_generations " + std::to_string(c.num_generations) +
+                                     " does not divide batch_size " + std::to_string(c.batch_size) +
+                                     " (completions per rank and micro-batch, TRL's per_device_train_batch_size)",
+                                 "give num_generations >= 2 and batch_size a multiple of it, e.g. batch_size=" +
+                                     std::to_string(std::max<std::int64_t>(2, c.num_generations) * 2));
+    if (c.max_new_tokens < 1 || c.packing)
+      throw dtrain::config_error("objective=grpo with max_new_tokens " + std::to_string(c.max_new_tokens) +
+                                     (c.packing ? " and packing=true" : ""),
+                                 "give max_new_tokens >= 1 and no packing");
+    if (c.reference != "auto" && c.reference != "base" && c.reference != "copy")
+      throw dtrain::config_error("reference '" + c.reference + "' with objective=grpo",
+                                 "give base or copy (or auto), used when beta > 0");
+  } else if (c.dpo()) {
     dtrain::nn::PreferenceLoss({.type = dtrain::nn::preference_loss_named(c.loss_type),
-                                .beta = c.beta,
+                                .beta = c.beta_or_default(),
                                 .label_smoothing = c.label_smoothing});  // its own checks, with their fixes
     if (!c.data.ends_with(".jsonl"))
       throw dtrain::config_error("objective=dpo reads preference pairs from a .jsonl file; '" + c.data + "' is not one",
@@ -112,25 +149,31 @@ void validate_extra(const Config& c) {
     if (c.reference != "auto" && c.reference != "base" && c.reference != "copy" && c.reference != "data")
       throw dtrain::config_error("reference '" + c.reference + "' is not one train_lm has",
                                  "give base, copy, data or auto");
-  } else if (c.reference != "auto" || !c.ref_model.empty() || c.loss_type != "sigmoid") {
-    throw dtrain::config_error("reference, ref_model and loss_type belong to objective=dpo", "add objective=dpo");
+  } else if (c.reference != "auto" || !c.ref_model.empty() || c.loss_type != "sigmoid" || c.beta >= 0.f) {
+    throw dtrain::config_error("reference, ref_model, loss_type and beta belong to objective=dpo or grpo",
+                               "add objective=dpo or objective=grpo");
   }
   examples::validate_checkpoint_modules(c, c.checkpoint_modules);
   if (c.block_size < 1 || c.eval_batches < 0 || c.generate < 0 || c.top_k < 0 || !(c.top_p > 0.f && c.top_p <= 1.f) ||
       !(c.temperature >= 0.f))
-    throw dtrain::config_error("block_size must be >= 1, eval_batches, generate, top_k and temperature >= 0, and top_p in "
-                               "(0, 1]",
-                               "see train_lm --help");
+    throw dtrain::config_error(
+        "block_size must be >= 1, eval_batches, generate, top_k and temperature >= 0, and top_p in "
+        "(0, 1]",
+        "see train_lm --help");
 }
 
 // reference=auto made definite, and what each choice needs checked: data
 // needs every pair's reference log-probabilities, base LoRA adapters, copy
 // a reference model of the policy's architecture.
 void resolve_reference(Config& c, const dtrain::hf::LmConfig& policy, const Tokens& t) {
+  if (c.grpo() && c.beta_or_default() == 0.f) {  // no KL term: no reference
+    c.reference = "none";
+    return;
+  }
   std::size_t with = 0;
   for (const auto& p : t.pairs) with += p.ref_chosen.has_value() ? 1 : 0;
   const bool lora = c.lora_r > 0 || !c.adapter.empty();
-  if (c.reference == "auto") c.reference = with == t.pairs.size() ? "data" : lora ? "base" : "copy";
+  if (c.reference == "auto") c.reference = c.dpo() && with == t.pairs.size() ? "data" : lora ? "base" : "copy";
   if (c.reference == "data" && with != t.pairs.size())
     throw dtrain::config_error("reference=data, but " + std::to_string(t.pairs.size() - with) + " of " +
                                    std::to_string(t.pairs.size()) + " pairs in '" + c.data +
@@ -186,9 +229,10 @@ int main(int argc, char** argv) {
                                      std::to_string(config.max_position_embeddings) +
                                      " positions (max_position_embeddings)",
                                  "use block_size <= " + std::to_string(config.max_position_embeddings));
-    lm::Tokens tokens = cfg.dpo() ? lm::read_pairs(cfg.data, cfg.block_size, config.vocab_size)
-                                  : lm::read_tokens(cfg.data, cfg.block_size, config.vocab_size);
-    if (cfg.dpo()) lm::resolve_reference(cfg, config, tokens);
+    lm::Tokens tokens = cfg.dpo()    ? lm::read_pairs(cfg.data, cfg.block_size, config.vocab_size)
+                        : cfg.grpo() ? lm::read_prompts(cfg.data, cfg.block_size, config.vocab_size, cfg.max_new_tokens)
+                                     : lm::read_tokens(cfg.data, cfg.block_size, config.vocab_size);
+    if (cfg.dpo() || cfg.grpo()) lm::resolve_reference(cfg, config, tokens);
     if (cfg.packing) tokens.packs = lm::pack_records(tokens, cfg.block_size);
     for (const auto id : cfg.prompt)
       if (id < 0 || id >= config.vocab_size)
@@ -202,17 +246,25 @@ int main(int argc, char** argv) {
           "positions, %zu %s, vocabulary %lld, %lld layers x %lld wide\n",
           world.size(), config.model_type.c_str(), cfg.strategy.c_str(), cfg.device.c_str(), cfg.precision.c_str(),
           cfg.accumulate, static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.block_size),
-          tokens.dpo()   ? tokens.pairs.size()
-          : tokens.sft() ? tokens.records.size()
-                         : tokens.ids.size(),
-          tokens.dpo()   ? "pairs"
-          : tokens.sft() ? "records"
-                         : "tokens",
+          tokens.dpo()    ? tokens.pairs.size()
+          : tokens.grpo() ? tokens.prompts.size()
+          : tokens.sft()  ? tokens.records.size()
+                          : tokens.ids.size(),
+          tokens.dpo()    ? "pairs"
+          : tokens.grpo() ? "prompts"
+          : tokens.sft()  ? "records"
+                          : "tokens",
           static_cast<long long>(config.vocab_size), static_cast<long long>(config.num_hidden_layers),
           static_cast<long long>(config.hidden_size));
+    if (world.rank() == 0 && cfg.grpo())
+      std::printf(
+          "grpo: %lld completions per prompt, up to %lld new tokens, reward %s, loss_type dapo, epsilon %g, "
+          "beta %g, reference %s\n",
+          static_cast<long long>(cfg.num_generations), static_cast<long long>(cfg.max_new_tokens), cfg.reward.c_str(),
+          static_cast<double>(cfg.epsilon), static_cast<double>(cfg.beta_or_default()), cfg.reference.c_str());
     if (world.rank() == 0 && cfg.dpo())
-      std::printf("dpo: loss_type=%s beta=%g, reference %s%s\n", cfg.loss_type.c_str(), static_cast<double>(cfg.beta),
-                  cfg.reference.c_str(),
+      std::printf("dpo: loss_type=%s beta=%g, reference %s%s\n", cfg.loss_type.c_str(),
+                  static_cast<double>(cfg.beta_or_default()), cfg.reference.c_str(),
                   cfg.reference == "base"   ? " (the policy with its adapters off)"
                   : cfg.reference == "data" ? " (precomputed in the pairs file)"
                                             : (" (a frozen copy of " + cfg.ref_model + ")").c_str());

@@ -9,7 +9,8 @@
 //     it gets alone;
 //   - sampling gives each record the same tokens at one rank and at two
 //     under FSDP, whichever rank holds it;
-//   - bad options are config errors naming the fix.
+//   - bad options are config errors naming the fix;
+//   - GRPO's batches, and a reward that is not finite.
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -26,6 +27,7 @@
 #include <dtrain/io/json.hpp>
 #include <dtrain/io/safetensors.hpp>
 #include <dtrain/train/generate.hpp>
+#include <dtrain/train/grpo.hpp>
 #include <dtrain/trainer.hpp>
 
 namespace fs = std::filesystem;
@@ -49,9 +51,14 @@ hf::LmConfig tiny(const std::string& type) {
                    {"rope_theta", 500.0},
                    {"tie_word_embeddings", false}};
   if (type == "gpt2")
-    j = {{"model_type", "gpt2"},        {"vocab_size", 53},        {"n_embd", 32},
-         {"n_layer", 3},                {"n_head", 4},             {"n_positions", 24},
-         {"layer_norm_epsilon", 1e-5},  {"activation_function", "gelu_new"}};
+    j = {{"model_type", "gpt2"},
+         {"vocab_size", 53},
+         {"n_embd", 32},
+         {"n_layer", 3},
+         {"n_head", 4},
+         {"n_positions", 24},
+         {"layer_norm_epsilon", 1e-5},
+         {"activation_function", "gelu_new"}};
   if (type == "gemma3") {
     j["head_dim"] = 12;
     j["sliding_window"] = 3;
@@ -97,7 +104,9 @@ BOOST_AUTO_TEST_CASE(cached_decoding_equals_full_forwards) {
       run_ranks(1, [&](World& w) {
         const hf::LmConfig c = tiny(type);
         const hf::LoraConfig adapters{
-            .r = lora ? 4 : 0, .alpha = 8.f, .targets = {type == "gpt2" ? "c_attn" : "q_proj", type == "gpt2" ? "c_proj" : "v_proj"}};
+            .r = lora ? 4 : 0,
+            .alpha = 8.f,
+            .targets = {type == "gpt2" ? "c_attn" : "q_proj", type == "gpt2" ? "c_proj" : "v_proj"}};
         hf::CausalLm m(c, adapters);
         Trainer<hf::CausalLm, Strategy<DDP>> t(w, m, AdamW{});
         randomize(t, fs::path(DTRAIN_TEST_BINARY_DIR) / ("generate_" + type + ".safetensors"), 7);
@@ -128,14 +137,14 @@ BOOST_AUTO_TEST_CASE(cached_decoding_equals_full_forwards) {
         t.release_kv_cache();
         BOOST_TEST(worst / scale <= 1e-5, type << (lora ? " lora" : "") << ": cached logits off by " << worst / scale);
         for (const float temperature : {0.f, 1.f}) {
-          const GenerateOptions o{.max_new_tokens = 10, .temperature = temperature, .top_k = 20, .seed = 5,
-                                  .max_positions = 24};
+          const GenerateOptions o{
+              .max_new_tokens = 10, .temperature = temperature, .top_k = 20, .seed = 5, .max_positions = 24};
           GenerateOptions off = o;
           off.cache = false;
           const GenerateResult a = generate(t, std::span(prompts), {}, o), b = generate(t, std::span(prompts), {}, off);
           for (std::size_t i = 0; i < prompts.size(); ++i)
             BOOST_TEST(a.tokens[i] == b.tokens[i], type << " prompt " << i << " temperature " << temperature << ": "
-                                                         << text(a.tokens[i]) << "vs " << text(b.tokens[i]));
+                                                        << text(a.tokens[i]) << "vs " << text(b.tokens[i]));
           BOOST_TEST(a.new_tokens == 40);
           BOOST_TEST(a.steps == 10);
         }
@@ -159,8 +168,8 @@ BOOST_AUTO_TEST_CASE(ragged_batches_give_each_prompt_its_own_tokens) {
     randomize(t, fs::path(DTRAIN_TEST_BINARY_DIR) / "generate_ragged.safetensors", 8);
     const std::vector<std::uint64_t> ids{40, 41, 42, 43};
     for (const float temperature : {0.f, 0.8f}) {
-      const GenerateOptions o{.max_new_tokens = 8, .temperature = temperature, .top_p = 0.9f, .stop_tokens = {17},
-                              .seed = 3};
+      const GenerateOptions o{
+          .max_new_tokens = 8, .temperature = temperature, .top_p = 0.9f, .stop_tokens = {17}, .seed = 3};
       const GenerateResult all = generate(t, std::span(prompts), std::span(ids), o);
       for (std::size_t i = 0; i < prompts.size(); ++i) {
         const GenerateResult one = generate(t, std::span(prompts).subspan(i, 1), std::span(ids).subspan(i, 1), o);
@@ -217,5 +226,38 @@ BOOST_AUTO_TEST_CASE(generate_refuses_bad_options) {
     fails(prompts, {.max_new_tokens = 20, .max_positions = 24}, "prompt 1 (7 tokens) and 20 new tokens are longer");
     fails(prompts, {.top_p = 0.f}, "top_p in (0, 1]");
     fails(prompts, {.max_new_tokens = 0}, "max_new_tokens >= 1");
+  });
+}
+
+// GRPO's batch (train/grpo.hpp): num_generations completions per prompt,
+// the same for the same step at any batch; a reward that is not finite is
+// named and makes the step's loss non-finite, which on_nonfinite = stop
+// turns into a nonfinite_error (nothing applied).
+BOOST_AUTO_TEST_CASE(grpo_batches_and_a_nonfinite_reward) {
+  run_ranks(1, [&](World& w) {
+    hf::CausalLm m(tiny("llama"));
+    m.loss = nn::GrpoLoss(nn::GrpoLossOptions{});
+    Trainer<hf::CausalLm, Strategy<DDP>> t(w, m, AdamW{});
+    randomize(t, fs::path(DTRAIN_TEST_BINARY_DIR) / "generate_grpo.safetensors", 10);
+    const std::vector<std::uint64_t> ids{7, 8};
+    const GrpoOptions o{.num_generations = 3, .generation = {.max_new_tokens = 4, .temperature = 1.f}};
+    const GrpoBatch b = grpo_batch(t, std::span(prompts).first(2), std::span(ids), rewards::token_count(5), o, 12);
+    BOOST_TEST(b.rewards.size() == 6u);
+    BOOST_TEST(b.batch.at("y").shape[0] == 6);
+    BOOST_TEST(b.nonfinite.empty());
+    const GrpoBatch again =
+        grpo_batch(t, std::span(prompts).subspan(1, 1), std::span(ids).subspan(1, 1), rewards::token_count(5), o, 12);
+    for (std::size_t k = 0; k < 3; ++k) BOOST_TEST(again.generation.tokens[k] == b.generation.tokens[3 + k]);
+    const std::vector<double> adv = group_advantages(b.rewards, 3);
+    double group = 0;
+    for (std::size_t k = 0; k < 3; ++k) group += adv[k];
+    BOOST_TEST(std::abs(group) < 1e-9, "advantages sum to 0 within a group");
+    const RewardFunction nan_for_one = [](std::span<const std::int64_t> p, std::span<const std::int64_t>) {
+      return p[0] == 9 ? std::nan("") : 1.0;
+    };
+    GrpoBatch bad = grpo_batch(t, std::span(prompts).first(2), std::span(ids), nan_for_one, o, 13);
+    BOOST_TEST_REQUIRE(bad.nonfinite.size() == 3u);
+    BOOST_TEST(bad.nonfinite[0].find("prompt 8, completion 0: reward nan") != std::string::npos, bad.nonfinite[0]);
+    BOOST_CHECK_THROW(t.step(std::span(&bad.batch, 1)), nonfinite_error);
   });
 }

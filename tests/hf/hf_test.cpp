@@ -546,10 +546,10 @@ BOOST_AUTO_TEST_CASE(train_lm_prefers_chosen_completions) {
                           " config=" + (work / "config.json").string() +
                           " objective=dpo beta=0.5 block_size=15 batch_size=4 steps=40 log_every=39 eval_batches=2 ";
   const std::string lora = "lr=3e-2 lora_r=4 lora_alpha=8 lora_targets=all-linear ";
-  BOOST_TEST_REQUIRE(run_logged(run + lora + "strategy=fsdp-full precision=bf16 accumulate=2 data=" +
-                                    (work / "pairs.jsonl").string(),
-                                work / "train.log") == 0,
-                     read_text(work / "train.log"));
+  BOOST_TEST_REQUIRE(
+      run_logged(run + lora + "strategy=fsdp-full precision=bf16 accumulate=2 data=" + (work / "pairs.jsonl").string(),
+                 work / "train.log") == 0,
+      read_text(work / "train.log"));
   const std::string log = read_text(work / "train.log");
   BOOST_TEST(log.find("dpo: loss_type=sigmoid beta=0.5, reference base") != std::string::npos, log);
   const auto figure = [&](const std::string& step, const std::string& what) {
@@ -586,12 +586,70 @@ BOOST_AUTO_TEST_CASE(train_lm_prefers_chosen_completions) {
   std::ofstream(work / "wider" / "config.json") << wider.dump();
   fails(pairs + "reference=copy ref_model=" + (work / "wider").string(),
         "differs from the policy in hidden_size: a reference has the policy's architecture");
-  std::ofstream(work / "empty.jsonl") << R"({"prompt_ids": [3, 4], "chosen_ids": [5], "rejected_ids": [6]})" << "\n"
-                                      << R"({"prompt_ids": [3, 4], "chosen_ids": [], "rejected_ids": [6]})" << "\n";
+  std::ofstream(work / "empty.jsonl") << R"({"prompt_ids": [3, 4], "chosen_ids": [5], "rejected_ids": [6]})"
+                                      << "\n"
+                                      << R"({"prompt_ids": [3, 4], "chosen_ids": [], "rejected_ids": [6]})"
+                                      << "\n";
   fails(lora + "data=" + (work / "empty.jsonl").string(), "line 2: chosen_ids is empty");
   std::ofstream(work / "long.jsonl") << R"({"prompt_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], )"
-                                     << R"("chosen_ids": [5, 6, 7], "rejected_ids": [6]})" << "\n";
+                                     << R"("chosen_ids": [5, 6, 7], "rejected_ids": [6]})"
+                                     << "\n";
   fails(lora + "data=" + (work / "long.jsonl").string(), "line 1: the prompt (14 tokens) and its chosen completion");
+}
+
+// train_lm objective=grpo from a config at 2 ranks: each prompt's 4
+// sampled completions of 6 tokens scored by how often they hold token 7
+// (reward=token:7); the mean reward of the last steps is well above the
+// first steps'. A regex reward over a vocabulary file runs too; each bad
+// input is exit status 2 with the fix.
+BOOST_AUTO_TEST_CASE(train_lm_grpo_raises_the_reward) {
+  const fs::path work = fresh("train_lm_grpo");
+  fs::create_directories(work);
+  Json cfg = tiny_llama();
+  cfg["max_position_embeddings"] = 16;
+  std::ofstream(work / "config.json") << cfg.dump();
+  {
+    std::ofstream out(work / "prompts.jsonl");
+    for (int i = 0; i < 40; ++i) out << "{\"prompt_ids\": [" << 10 + i % 20 << ", " << 11 + (i * 3) % 20 << "]}\n";
+    std::ofstream vocab(work / "vocab.txt");
+    for (int i = 0; i < 37; ++i) vocab << (i == 7 ? "seven" : "t" + std::to_string(i)) << "\n";
+  }
+  const std::string run =
+      std::string(DTRAIN_RUN_PATH) + " --nproc-per-node 2 " + TRAIN_LM_PATH +
+      " config=" + (work / "config.json").string() + " data=" + (work / "prompts.jsonl").string() +
+      " objective=grpo num_generations=4 batch_size=8 max_new_tokens=6 block_size=15 eval_batches=1 ";
+  BOOST_TEST_REQUIRE(
+      run_logged(run + "reward=token:7 lr=3e-2 steps=30 log_every=10 metrics=" + (work / "metrics.jsonl").string(),
+                 work / "train.log") == 0,
+      read_text(work / "train.log"));
+  const std::string log = read_text(work / "train.log");
+  BOOST_TEST(log.find("grpo: 4 completions per prompt, up to 6 new tokens, reward token:7, loss_type dapo") !=
+                 std::string::npos,
+             log);
+  BOOST_TEST(log.find(" | reward mean ") != std::string::npos, log);
+  BOOST_TEST(log.find("eval: held-out reward mean ") != std::string::npos, log);
+  std::vector<double> reward;
+  {
+    std::ifstream in(work / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);)
+      if (const Json j = Json::parse(line); j.contains("reward")) reward.push_back(j["reward"].get<double>());
+  }
+  BOOST_TEST_REQUIRE(reward.size() == 30u);
+  const double first = (reward[0] + reward[1] + reward[2] + reward[3] + reward[4]) / 5,
+               last = (reward[25] + reward[26] + reward[27] + reward[28] + reward[29]) / 5;
+  BOOST_TEST(last > first + 1.0, "mean reward " << first << " -> " << last << "\n" << log);
+  BOOST_TEST_REQUIRE(run_logged(run + "reward=regex:seven lr=1e-2 steps=3 vocab_file=" + (work / "vocab.txt").string(),
+                                work / "regex.log") == 0,
+                     read_text(work / "regex.log"));
+  const auto fails = [&](const std::string& args, const std::string& text) {
+    const fs::path out = work / "bad.log";
+    BOOST_TEST(run_logged(run + args, out) == 2, args << ": " << read_text(out));
+    BOOST_TEST(read_text(out).find(text) != std::string::npos, args << ": " << read_text(out));
+  };
+  fails("reward=token:7 num_generations=3", "num_generations 3 does not divide batch_size 8");
+  fails("", "objective=grpo needs a reward");
+  fails("reward=regex:seven", "there is no vocab_file");
+  fails("reward=token:7 max_new_tokens=15", "line 1: a prompt of 2 tokens and max_new_tokens 15 are longer");
 }
 
 // train_lm with packed records and LoRA adapters, 2 ranks under fsdp-full:

@@ -1,4 +1,4 @@
-"""The DPO reference for trl_dpo_test: TRL's DPOTrainer (the pinned torch2
+"""The DPO reference for trl_test: TRL's DPOTrainer (the pinned torch2
 set) computing its loss on the very pairs dtrain trained on.
 
 usage:

@@ -40,6 +40,7 @@
 #include "dtrain/nn/attention.hpp"
 #include "dtrain/nn/cross_entropy.hpp"
 #include "dtrain/nn/embedding.hpp"
+#include "dtrain/nn/grpo_loss.hpp"
 #include "dtrain/nn/layer_norm.hpp"
 #include "dtrain/nn/linear.hpp"
 #include "dtrain/nn/one_of_loss.hpp"
@@ -86,10 +87,11 @@ struct CausalLm {
   std::vector<Block> blocks;
   FinalNorm norm;
   nn::Linear head;
-  // Next-token cross-entropy, or a preference loss (DPO: assign an
+  // Next-token cross-entropy, a preference loss (DPO: assign an
   // nn::PreferenceLoss; its micro-batches are pairs, as
-  // data/preference.hpp's preference_batch builds them).
-  nn::OneOfLoss<nn::SoftmaxCrossEntropy, nn::PreferenceLoss> loss;
+  // data/preference.hpp's preference_batch builds them), or GRPO's policy
+  // loss (nn::GrpoLoss over train/grpo.hpp's batches).
+  nn::OneOfLoss<nn::SoftmaxCrossEntropy, nn::PreferenceLoss, nn::GrpoLoss> loss;
 
   // trainable false: every parameter frozen (a reference model, e.g. DPO's
   // frozen copy of the policy; no adapters then).

@@ -370,13 +370,17 @@ concept Loss = requires(L& l, const L& cl, Dev& dev, MatView<const T> logits, co
 // and log-probabilities): sums over what its forward calls saw since it was
 // last asked (take_metric_sums()), and the count they are divided by. The
 // Trainer takes them in every step and evaluation, sums them over the ranks
-// and reports sum / count (StepStats::metrics, EvalResult::metrics);
+// and reports sum / count (StepStats::metrics, EvalResult::metrics), or
+// with a sum of squares the standard deviation;
 // `logged` ones also go on fit's progress line. Every rank's loss names the
 // same figures, in the same order.
 struct LossSum {
   std::string name;
   double sum = 0;
   bool logged = false;
+  double count = -1;       // >= 0: divided by this instead of LossMetricSums::count
+  double square_sum = -1;  // >= 0: the sum of squares: reported as the values' standard deviation (n - 1)
+  std::string label{};     // on the log line, when not the name
 };
 struct LossMetricSums {
   double count = 0;

@@ -120,8 +120,9 @@ template <class T>
 const DeviceTensor& cached_positions(const char* unit, const UnitContext<T>& ctx, const CacheShape& s) {
   const DeviceTensor* pos = ctx.batch != nullptr ? ctx.batch->find("position_ids") : nullptr;
   if (pos == nullptr || pos->type != element_type::i64 || pos->numel() != s.rows())
-    throw config_error(std::string(unit) + ": a call with a key-value cache needs the batch's position_ids [B, n] int64",
-                       "generate through dtrain::generate (train/generate.hpp), which numbers the new tokens");
+    throw config_error(
+        std::string(unit) + ": a call with a key-value cache needs the batch's position_ids [B, n] int64",
+        "generate through dtrain::generate (train/generate.hpp), which numbers the new tokens");
   const auto* host = pos->host_data<std::int64_t>();
   for (std::int64_t r = 0; r < s.rows(); ++r)
     if (host[r] < 0 || host[r] >= s.capacity)
@@ -136,14 +137,15 @@ const DeviceTensor& cached_positions(const char* unit, const UnitContext<T>& ctx
 // dimension ldkv), rotated where the unit rotates; the merged heads go to
 // `merged` [rows, heads hd]. Sizes the slot's buffers on first use.
 template <class Dev, class T>
-void cached_attention(Dev& dev, const char* unit, const UnitContext<T>& ctx, CacheShape s, const T* q,
-                      std::int64_t ldq, const T* k, const T* v, std::int64_t ldkv, const std::int64_t* positions,
-                      float scale, std::int64_t window, T* merged) {
-  if constexpr (!Dev::host_accessible) require_gpu_switch(std::string(unit) + " with a key-value cache", "DTRAIN_GPU_GENERATE");
+void cached_attention(Dev& dev, const char* unit, const UnitContext<T>& ctx, CacheShape s, const T* q, std::int64_t ldq,
+                      const T* k, const T* v, std::int64_t ldkv, const std::int64_t* positions, float scale,
+                      std::int64_t window, T* merged) {
+  if constexpr (!Dev::host_accessible)
+    require_gpu_switch(std::string(unit) + " with a key-value cache", "DTRAIN_GPU_GENERATE");
   if (s.head_dim > max_cached_head_dim)
     throw config_error(std::string(unit) + ": heads of " + std::to_string(s.head_dim) +
-                           " elements are wider than a cached attention takes (" +
-                           std::to_string(max_cached_head_dim) + ")",
+                           " elements are wider than a cached attention takes (" + std::to_string(max_cached_head_dim) +
+                           ")",
                        "generate without the cache (GenerateOptions::cache = false)");
   KvSlot<T>& slot = *ctx.kv;
   const auto need = static_cast<std::size_t>(s.batch * s.kv_heads * s.capacity * s.head_dim);

@@ -23,8 +23,9 @@
 namespace dtrain::nn {
 
 struct SequenceLogps {
-  std::vector<double> logp;    // per sequence: its targets' summed log-probability
-  std::vector<double> tokens;  // per sequence: its targets (rows not ignore_index)
+  std::vector<double> logp;      // per sequence: its targets' summed log-probability
+  std::vector<double> tokens;    // per sequence: its targets (rows not ignore_index)
+  std::vector<double> row_logp;  // per row: its target's log-probability (0 where ignored)
 };
 
 namespace detail {
@@ -67,7 +68,8 @@ SequenceLogps sequence_logps(Dev& dev, MatView<const T> logits, const DeviceTens
         "give one token id per row of the logits: [S, T] for S sequences of T tokens");
   const std::int64_t seqs = y.shape[0], time = y.shape[1];
   SequenceLogps out{std::vector<double>(static_cast<std::size_t>(seqs), 0.0),
-                    std::vector<double>(static_cast<std::size_t>(seqs), 0.0)};
+                    std::vector<double>(static_cast<std::size_t>(seqs), 0.0),
+                    std::vector<double>(static_cast<std::size_t>(logits.rows), 0.0)};
   if (logits.rows == 0) return out;
   std::vector<float> ce(static_cast<std::size_t>(logits.rows));
   float* ce_dev = dev.template workspace<float>(ce.size());
@@ -88,8 +90,10 @@ SequenceLogps sequence_logps(Dev& dev, MatView<const T> logits, const DeviceTens
         detail::CrossEntropyRowValues<T, Label>{{logits, y.data<Label>(), static_cast<Label>(ignore_index)}, ce_dev});
   });
   dev.copy_to_host(ce.data(), ce_dev, ce.size());
-  for (std::int64_t r = 0; r < logits.rows; ++r)
-    out.logp[static_cast<std::size_t>(r / time)] -= static_cast<double>(ce[static_cast<std::size_t>(r)]);
+  for (std::int64_t r = 0; r < logits.rows; ++r) {
+    out.row_logp[static_cast<std::size_t>(r)] = -static_cast<double>(ce[static_cast<std::size_t>(r)]);
+    out.logp[static_cast<std::size_t>(r / time)] += out.row_logp[static_cast<std::size_t>(r)];
+  }
   return out;
 }
 

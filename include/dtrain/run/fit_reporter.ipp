@@ -138,7 +138,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
                 static_cast<long long>(st.step), static_cast<long long>(o_.steps), st.loss, st.lr, sps, st.step_ms,
                 st.loss_scale, st.skipped ? " | skipped (inf/nan)" : "");
     for (const auto& m : st.metrics)
-      if (m.logged) std::printf(" | %s %.4f", m.name.c_str(), m.value);
+      if (m.logged) std::printf(" | %s %.4f", (m.label.empty() ? m.name : m.label).c_str(), m.value);
     if (st.positions != st.samples) std::printf(" | %9.0f tokens/s", tps);
     if (o_.peak_tflops > 0) {
       // The usual estimate of training FLOPs: 6 per parameter and token (2

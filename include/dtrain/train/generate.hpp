@@ -43,15 +43,15 @@ namespace dtrain {
 
 struct GenerateOptions {
   std::int64_t max_new_tokens = 32;
-  float temperature = 0.f;  // 0: greedy; > 0: sample from softmax(logits / temperature)
-  std::int64_t top_k = 0;   // > 0: sample among the k likeliest only
-  float top_p = 1.f;        // < 1: among the fewest likeliest whose probabilities reach top_p
+  float temperature = 0.f;                  // 0: greedy; > 0: sample from softmax(logits / temperature)
+  std::int64_t top_k = 0;                   // > 0: sample among the k likeliest only
+  float top_p = 1.f;                        // < 1: among the fewest likeliest whose probabilities reach top_p
   std::vector<std::int64_t> stop_tokens{};  // a sequence ends after one of these (kept in its tokens)
-  std::uint64_t seed = 0;                 // the sampling streams' root
-  bool cache = true;                      // false: a full forward over every token at each step
-  bool adapters = true;                   // false: the base model (LoRA adapters off)
-  std::int64_t max_positions = 0;         // > 0: a prompt and its new tokens may not be longer
-  std::int64_t pad_id = 0;                // the id padding positions hold (never attended by real tokens)
+  std::uint64_t seed = 0;                   // the sampling streams' root
+  bool cache = true;                        // false: a full forward over every token at each step
+  bool adapters = true;                     // false: the base model (LoRA adapters off)
+  std::int64_t max_positions = 0;           // > 0: a prompt and its new tokens may not be longer
+  std::int64_t pad_id = 0;                  // the id padding positions hold (never attended by real tokens)
 };
 
 struct GenerateResult {
@@ -137,11 +137,12 @@ GenerateResult generate(Trainer& trainer, std::span<const std::vector<std::int64
   // Forward over `fed` new tokens per sequence (the cache's), or over all
   // (without it): the logits of each sequence's last token.
   const auto last_logits = [&](bool first) {
-    const std::int64_t n = !o.cache || first ? std::accumulate(seq.begin(), seq.end(), std::int64_t{1},
-                                                               [](std::int64_t m, const auto& s) {
-                                                                 return std::max(m, static_cast<std::int64_t>(s.size()));
-                                                               })
-                                             : 1;
+    const std::int64_t n = !o.cache || first
+                               ? std::accumulate(seq.begin(), seq.end(), std::int64_t{1},
+                                                 [](std::int64_t m, const auto& s) {
+                                                   return std::max(m, static_cast<std::int64_t>(s.size()));
+                                                 })
+                               : 1;
     std::vector<std::int64_t> x(static_cast<std::size_t>(B * n), o.pad_id), pos(x.size(), 0), rows;
     for (std::int64_t b = 0; b < B; ++b) {
       const auto& s = seq[static_cast<std::size_t>(b)];

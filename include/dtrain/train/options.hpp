@@ -113,6 +113,7 @@ struct StepStats {
     std::string name;
     double value = 0;
     bool logged = false;  // also on fit's progress line
+    std::string label{};  // its name there, when not `name`
   };
   std::vector<Metric> metrics;
 };

@@ -296,9 +296,9 @@ class UnitPipeline {
     make_lanes(units, seq, width, backward);
     auto ctx = [&](std::size_t u) {
       buffer<T>& b = recompute[u] ? saved_[num_units_] : saved_[u];
-      return UnitContext<T>{seq[u],     saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{},
-                            backward,   detail::derive_stream(micro_stream, u),
-                            &on_device, &lanes_,
+      return UnitContext<T>{seq[u],         saved[u] > 0 ? b.view(1, saved[u]) : MatView<T>{},
+                            backward,       detail::derive_stream(micro_stream, u),
+                            &on_device,     &lanes_,
                             mode_.adapters, mode_.cache_positions > 0 ? &kv_[u] : nullptr};
     };
 

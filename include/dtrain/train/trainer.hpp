@@ -11,7 +11,9 @@
 // through typed messages (World::agree). The umbrella header
 // <dtrain/trainer.hpp> includes all of it.
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -223,11 +225,16 @@ class TrainerCore {
     const LossMetricSums m = detail::take_loss_metrics(model_.loss);
     if (m.sums.empty()) return {};
     std::vector<double> local{m.count};
-    for (const LossSum& v : m.sums) local.push_back(v.sum);
+    for (const LossSum& v : m.sums) local.insert(local.end(), {v.sum, v.count, v.square_sum});
     const std::vector<double> all = sums_.sum(std::move(local));
     std::vector<StepStats::Metric> out;
-    for (std::size_t i = 0; i < m.sums.size(); ++i)
-      out.push_back({m.sums[i].name, all[0] > 0 ? all[i + 1] / all[0] : 0.0, m.sums[i].logged});
+    for (std::size_t i = 0; i < m.sums.size(); ++i) {
+      const LossSum& v = m.sums[i];
+      const double sum = all[3 * i + 1], n = v.count >= 0 ? all[3 * i + 2] : all[0], sq = all[3 * i + 3];
+      double value = n > 0 ? sum / n : 0.0;
+      if (v.square_sum >= 0) value = n > 1 ? std::sqrt(std::max(0.0, (sq - sum * sum / n) / (n - 1))) : 0.0;
+      out.push_back({v.name, value, v.logged, v.label});
+    }
     return out;
   }
 

@@ -1,4 +1,4 @@
-// DPO against TRL's DPOTrainer (TRL 1.16 in the pinned torch2 set,
+// DPO and GRPO against TRL's trainers (TRL 1.16 in the pinned torch2 set,
 // scripts/python/torch2.txt; CTest names its python in DTRAIN_PYTHON_TORCH2):
 // train_lm objective=dpo on a tiny random Llama from transformers with a
 // PEFT adapter whose A and B are both random, on 36 pairs of random ids;
@@ -14,6 +14,11 @@
 //     at two ranks: every step's loss within 1e-5 of TRL's and the trained
 //     parameters within 1e-4 of the largest (AdamW's normalised steps let
 //     float32 rounding of a tiny gradient move a weight by up to lr per step).
+// GRPO (tests/hf/trl_grpo.py): 16 fixed completions of 4 prompts with random
+// rewards, old log-probabilities 0.3 away from the policy's (so ratios fall
+// outside the clip both ways) and the LoRA-off base as the reference with
+// beta 0.04: the loss, the advantages, the KL and clip figures and the
+// adapters' gradients within 1e-5 of GRPOTrainer._compute_loss's.
 #define BOOST_TEST_NO_MAIN
 #define BOOST_TEST_ALTERNATIVE_INIT_API
 #include <cmath>
@@ -21,6 +26,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -28,10 +35,14 @@
 #include "hf/run_logged.hpp"
 #include "support/pinned_main.hpp"
 #include "support/python_venv.hpp"
+#include "support/ranks.hpp"
 #include <boost/test/unit_test.hpp>
 
+#include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/io/json.hpp>
 #include <dtrain/io/safetensors.hpp>
+#include <dtrain/train/grpo.hpp>
+#include <dtrain/trainer.hpp>
 
 namespace fs = std::filesystem;
 using dtrain::SafetensorsFile;
@@ -220,6 +231,93 @@ BOOST_AUTO_TEST_CASE(twenty_adamw_steps_match_trl_at_one_and_two_ranks) {
     BOOST_TEST(loss_off <= tolerance, r.name);
     BOOST_TEST(param_off <= 1e-4, r.name);
   }
+}
+
+BOOST_AUTO_TEST_CASE(grpo_loss_matches_trl_for_fixed_completions) {
+  using namespace dtrain;
+  const Prepared& p = prepared();
+  const hf::LmConfig config = hf::read_config(p.model);
+  constexpr std::int64_t groups = 4;
+  constexpr float lr = 100.f, beta = 0.04f, epsilon = 0.2f;
+  std::mt19937 gen(5);
+  std::vector<std::vector<std::int64_t>> prompts, completions;
+  std::vector<double> rewards;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::int64_t> prompt(2 + gen() % 4);
+    for (auto& id : prompt) id = gen() % config.vocab_size;
+    for (int k = 0; k < groups; ++k) {
+      std::vector<std::int64_t> c(1 + gen() % 6);
+      for (auto& id : c) id = gen() % config.vocab_size;
+      prompts.push_back(prompt);
+      completions.push_back(c);
+      rewards.push_back(std::uniform_real_distribution<double>(0.0, 1.0)(gen));
+    }
+  }
+  const std::vector<double> adv = group_advantages(rewards, groups);
+  Batch b = completion_batch(prompts, completions, adv, rewards);
+  const fs::path dir = p.dir / "grpo", batch_file = dir / "batch.safetensors";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  double loss = 0;
+  std::map<std::string, double> figures;
+  dtrain::testing::run_ranks(1, [&](World& w) {
+    hf::CausalLm m(config, hf::read_adapter_config(p.adapter));
+    m.loss = nn::GrpoLoss({.epsilon = epsilon, .beta = beta});
+    Trainer<hf::CausalLm, Strategy<DDP>> t(w, m, SGD{.lr = lr, .momentum = 0.f});
+    hf::load_pretrained(t, p.model, config);
+    hf::load_adapter(t, p.adapter, m);
+    const nn::SequenceLogps now = t.sequence_logps(b), base = t.sequence_logps(b, {.adapters = false});
+    std::vector<float> old(now.row_logp.size()), ref(old.size());
+    std::uniform_real_distribution<double> noise(-0.3, 0.3);
+    for (std::size_t r = 0; r < old.size(); ++r) {
+      old[r] = static_cast<float>(now.row_logp[r] + noise(gen));
+      ref[r] = static_cast<float>(base.row_logp[r]);
+    }
+    const std::vector<std::int64_t> shape = b.at("y").shape;
+    b.set("old_logps", HostTensor::of(old, shape));
+    b.set("ref_logps", HostTensor::of(ref, shape));
+    SafetensorsWriter out;
+    for (const char* name : {"x", "y", "rewards", "old_logps", "ref_logps"}) {
+      const HostTensor& h = b.at(name);
+      out.add(name, h.type, h.shape, h.bytes);
+    }
+    out.write(batch_file);
+    const StepStats st = t.step(std::span(&b, 1));
+    loss = st.loss;
+    for (const auto& m_ : st.metrics) figures[m_.name] = m_.value;
+    hf::save_adapter(t, dir / "adapter", m, p.model);
+  });
+  const fs::path ref_file = dir / "trl.safetensors";
+  BOOST_TEST_REQUIRE(run_logged(python() + " " + DTRAIN_SOURCE_DIR + "/tests/hf/trl_grpo.py " + p.model.string() + " " +
+                                    p.adapter.string() + " " + batch_file.string() + " " + std::to_string(beta) + " " +
+                                    std::to_string(epsilon) + " " + std::to_string(groups) + " " + ref_file.string(),
+                                dir / "trl.txt") == 0,
+                     read_text(dir / "trl.txt"));
+  const auto trl = SafetensorsFile::open(ref_file);
+  const std::vector<double> trl_adv = f64(trl, "advantages");
+  double adv_off = 0, figure_off = 0, grad_off = 0;
+  for (std::size_t i = 0; i < adv.size(); ++i) adv_off = std::max(adv_off, off(adv[i], trl_adv[i]));
+  for (const char* name : {"kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"})
+    figure_off = std::max(figure_off, off(figures.at(name), f64(trl, std::string("metric.") + name)[0]));
+  const auto initial = SafetensorsFile::open(p.adapter / "adapter_model.safetensors");
+  const auto ours = SafetensorsFile::open(dir / "adapter/adapter_model.safetensors");
+  for (const auto& name : initial.names()) {
+    const std::vector<float> a0 = initial.read_f32(name), a1 = ours.read_f32(name);
+    std::vector<float> g(a0.size());
+    for (std::size_t i = 0; i < a0.size(); ++i) g[i] = static_cast<float>((static_cast<double>(a0[i]) - a1[i]) / lr);
+    grad_off = std::max(grad_off, worst(g, trl.read_f32("grad." + name)));
+  }
+  std::printf(
+      "grpo: loss %.6f (TRL %.6f), advantages off by %.1e, kl %.5f (TRL %.5f), clipped %.3f (TRL %.3f), worst "
+      "figure %.1e, worst adapter gradient %.1e\n",
+      loss, f64(trl, "loss")[0], adv_off, figures.at("kl"), f64(trl, "metric.kl")[0],
+      figures.at("clip_ratio/region_mean"), f64(trl, "metric.clip_ratio/region_mean")[0], figure_off, grad_off);
+  BOOST_TEST(off(loss, f64(trl, "loss")[0]) <= tolerance);
+  BOOST_TEST(adv_off <= tolerance);
+  BOOST_TEST(figure_off <= tolerance);
+  BOOST_TEST(grad_off <= tolerance);
+  BOOST_TEST(figures.at("clip_ratio/low_mean") > 0, "some ratios below the clip");
+  BOOST_TEST(figures.at("clip_ratio/high_mean") > 0, "some ratios above the clip");
 }
 
 // Skipped with the fixture that makes the pinned set's venv when it cannot be installed here.
