@@ -2,8 +2,10 @@
 // reliability; guide.cpp has the guide's), compiled and run by CTest as
 // doc_snippets; docs_test checks the pages against the marked regions. Declarations-only regions (the concepts'
 // signatures) are checked with static_assert against the concepts they document.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -13,9 +15,13 @@
 
 #include "snippets.hpp"
 
+#include <dtrain/data/preference.hpp>
 #include <dtrain/diffusion/lora.hpp>
 #include <dtrain/diffusion/unet.hpp>
+#include <dtrain/hf/model.hpp>
 #include <dtrain/lerobot/act.hpp>
+#include <dtrain/train/generate.hpp>
+#include <dtrain/train/grpo.hpp>
 #include <dtrain/trainer.hpp>
 
 namespace {
@@ -378,6 +384,78 @@ void unet_page(dtrain::World& world) {
 
 }  // namespace
 
+// ---- docs/rl.md -------------------------------------------------------------
+
+// A tiny Llama from a config, with LoRA adapters (so the base is the reference).
+dtrain::hf::LmConfig rl_config() {
+  return dtrain::hf::parse_config(nlohmann::ordered_json{{"model_type", "llama"},
+                                                         {"vocab_size", 40},
+                                                         {"hidden_size", 16},
+                                                         {"intermediate_size", 24},
+                                                         {"num_hidden_layers", 1},
+                                                         {"num_attention_heads", 2},
+                                                         {"num_key_value_heads", 1},
+                                                         {"max_position_embeddings", 32}},
+                                  "config.json");
+}
+
+void rl_page(dtrain::World& world) {
+  namespace fs = std::filesystem;
+  const dtrain::hf::LmConfig config = rl_config();
+  const dtrain::hf::LoraConfig lora{.r = 2, .targets = {"q_proj", "v_proj"}};
+  const std::int64_t block_size = 16;
+  {
+    std::ofstream out("pairs.jsonl");
+    for (int i = 0; i < 4; ++i)
+      out << R"({"prompt_ids": [1, 2, 3], "chosen_ids": [4, 5], "rejected_ids": [6]})"
+          << "\n";
+  }
+  {
+    // [snippet:rl_dpo]
+    dtrain::hf::CausalLm model(config, lora);
+    model.loss = dtrain::nn::PreferenceLoss({.type = dtrain::nn::PreferenceLossType::sigmoid, .beta = 0.1f});
+    dtrain::Trainer<dtrain::hf::CausalLm, dtrain::Strategy<dtrain::FSDP<dtrain::FullShard>>> trainer(world, model,
+                                                                                                     dtrain::AdamW{});
+    const auto pairs = dtrain::read_preference_pairs("pairs.jsonl", block_size, config.vocab_size);
+    dtrain::Batch b = dtrain::preference_batch(std::span(pairs).first(4));  // 4 pairs: chosen rows, then rejected
+    const auto ref = trainer.sequence_logps(b, {.adapters = false});        // the base's log-probabilities
+    b.set("ref_logps", dtrain::HostTensor::of(ref.logp, {8}));
+    const dtrain::StepStats st = trainer.step(std::span(&b, 1));  // st.metrics: TRL's figures
+    // [/snippet:rl_dpo]
+    check(std::abs(st.loss - std::log(2.0)) < 1e-6 && st.metrics.size() == 6, "a DPO step from the base");
+  }
+  dtrain::hf::CausalLm model(config);
+  model.loss = dtrain::nn::GrpoLoss(dtrain::nn::GrpoLossOptions{});
+  dtrain::Trainer<dtrain::hf::CausalLm, dtrain::Strategy<dtrain::DDP>> trainer(world, model, dtrain::AdamW{});
+  {
+    // [snippet:rl_generate]
+    const std::vector<std::vector<std::int64_t>> prompts{{15, 11}, {4, 28, 25}};
+    const std::vector<std::uint64_t> ids{0, 1};  // the records' ids: their sampling streams
+    const dtrain::GenerateResult r = dtrain::generate(
+        trainer, std::span(prompts), std::span(ids),
+        {.max_new_tokens = 8, .temperature = 0.7f, .top_k = 20, .top_p = 0.9f, .stop_tokens = {39}, .seed = 1});
+    // r.tokens[i]: prompt i's new tokens (a stop token kept); r.new_tokens / r.seconds: tokens/s
+    // [/snippet:rl_generate]
+    check(r.tokens.size() == 2 && !r.tokens[0].empty() && r.tokens[0].size() <= 8, "generate");
+  }
+  const std::vector<std::vector<std::int64_t>> prompts{{1, 2}, {3, 4}};
+  const std::vector<std::uint64_t> prompt_ids{0, 1};
+  const std::int64_t step = 1;
+  const auto my_score = [](std::span<const std::int64_t>, std::span<const std::int64_t> completion) {
+    return static_cast<double>(completion.size());
+  };
+  // [snippet:rl_grpo]
+  const dtrain::RewardFunction reward = [&](std::span<const std::int64_t> prompt,
+                                            std::span<const std::int64_t> completion) {
+    return my_score(prompt, completion);  // any C++ callable
+  };
+  const dtrain::GrpoBatch b = dtrain::grpo_batch(trainer, prompts, prompt_ids, reward, {.num_generations = 4}, step);
+  trainer.step(std::span(&b.batch, 1));
+  // [/snippet:rl_grpo]
+  check(b.rewards.size() == 8 && std::isfinite(trainer.parameters().begin()->second[0]), "a GRPO step");
+  fs::remove("pairs.jsonl");
+}
+
 int guide_examples(dtrain::World& world, const dtrain::Dataset& dataset);                            // guide.cpp
 int migrating_example(int steps, const dtrain::Dataset& train_set, const dtrain::Dataset& val_set);  // migrating.cpp
 
@@ -396,6 +474,7 @@ int main(int argc, char** argv) try {
   uneven_data(world, dataset);
   act_page(world);
   unet_page(world);
+  rl_page(world);
   guide_examples(world, dataset);
   migrating_example(12, dataset, make_dataset(256));
   std::puts("every documented snippet ran");

@@ -56,6 +56,7 @@ struct Config : dtrain::models::CausalLmConfig {
   float top_p = 1.f;                            // < 1: sample among the fewest likeliest reaching top_p
   float temperature = 0.f;                      // 0: greedy, unless top_k or top_p samples (then 1)
   std::vector<std::int64_t> stop;               // generation ends after one of these ids
+  std::int64_t generate_batch = 1;              // generate: continue this many copies of the prompt at once
   std::string save_adapter;                     // write the adapters here in PEFT's format
   std::vector<std::string> checkpoint_modules;  // recompute the units of these modules (hf::units_named)
   // objective=dpo: preference tuning (nn::PreferenceLoss) on pairs

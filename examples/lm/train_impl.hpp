@@ -2,7 +2,9 @@
 // train_lm's training function for one device, included by train_host.cpp
 // and train_cuda.cu.
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <optional>
 #include <span>
@@ -34,6 +36,14 @@ class Reference {
   // is per token ([B, T]), DPO's per sequence ([2P]).
   void add(std::span<dtrain::Batch> micro) {
     if (mode_ == "data" || mode_ == "none") return;
+    const auto start = std::chrono::steady_clock::now();
+    struct Timed {
+      std::vector<double>& ms;
+      std::chrono::steady_clock::time_point start;
+      ~Timed() {
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
+    } timed{ms_, start};
     for (dtrain::Batch& b : micro) {
       const dtrain::nn::SequenceLogps l =
           copy_ ? copy_->sequence_logps(b) : policy_->sequence_logps(b, {.adapters = false});
@@ -44,7 +54,17 @@ class Reference {
     }
   }
 
+  // The median time computing the reference's log-probabilities per call.
+  void report() const {
+    if (ms_.empty()) return;
+    std::vector<double> v = ms_;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    std::printf("reference log-probabilities (%s): median %.2f ms per step, %zu steps\n", mode_.c_str(),
+                v[v.size() / 2], v.size());
+  }
+
  private:
+  std::vector<double> ms_;
   std::string mode_;
   bool per_token_;
   Trainer*& policy_;
@@ -117,6 +137,7 @@ class GrpoSource {
                                                .seed = c_.seed}};
     dtrain::GrpoBatch b = dtrain::grpo_batch(*policy_, std::span<const std::vector<std::int64_t>>(prompts),
                                              std::span<const std::uint64_t>(ids), reward_, o, step);
+    if (step >= 0) sampled_s_ += b.generation.seconds, prompts_ += static_cast<std::int64_t>(indices.size());
     for (const auto& what : b.nonfinite)
       std::printf("grpo: rank %d step %lld: %s: this step's loss is not finite (on_nonfinite acts)\n", world_.rank(),
                   static_cast<long long>(step), what.c_str());
@@ -129,6 +150,18 @@ class GrpoSource {
       b = sample(std::vector<std::int64_t>(idx.begin(), idx.end()), step).batch;
     }
     reference_.add(micro);
+  }
+
+  void add_step(double ms) { trained_s_ += ms / 1000.0; }
+
+  // Rank 0's time sampling and training, and the prompts per second over all ranks.
+  void report() {
+    if (world_.rank() != 0 || prompts_ == 0) return;
+    const double all = static_cast<double>(prompts_ * world_.size());
+    std::printf(
+        "grpo: %lld prompts (%lld completions) over all ranks: sampling %.2f s, training %.2f s: %.2f prompts/s\n",
+        static_cast<long long>(all), static_cast<long long>(all) * c_.num_generations, sampled_s_, trained_s_,
+        all / (sampled_s_ + trained_s_));
   }
 
   // The mean reward of held-out prompts' sampled completions, over every rank.
@@ -156,6 +189,8 @@ class GrpoSource {
   Trainer*& policy_;
   Ref& reference_;
   dtrain::RewardFunction reward_;
+  double sampled_s_ = 0, trained_s_ = 0;
+  std::int64_t prompts_ = 0;
 };
 
 template <class Dev>
@@ -178,8 +213,10 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
     GrpoSource<Trainer, Reference<Trainer>> grpo(c, world, tokens, policy, reference);
     dtrain::FitCallbacks extra;
     if (c.dpo()) extra.prepare_batches = [&](std::int64_t, std::span<dtrain::Batch> micro) { reference.add(micro); };
-    if (c.grpo())
+    if (c.grpo()) {
       extra.prepare_batches = [&](std::int64_t step, std::span<dtrain::Batch> micro) { grpo.prepare(step, micro); };
+      extra.on_step = [&](const dtrain::StepStats& st, dtrain::FitControl&) { grpo.add_step(st.step_ms); };
+    }
     const auto start = [&](Trainer& trainer) {
       policy = &trainer;
       if ((c.dpo() || c.grpo()) &&
@@ -214,10 +251,11 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
       std::printf("adapter %s: loaded %zu tensor(s)\n", c.adapter.c_str(), a.loaded.size());
     };
     const auto finish = [&](Trainer& trainer) {
+      if (world.rank() == 0) reference.report();  // before the evaluation's calls
       if (c.dpo())
         held_out_dpo(c, world, held_out, trainer, reference);
       else if (c.grpo())
-        grpo.held_out(held_out);
+        grpo.report(), grpo.held_out(held_out);
       else
         examples::held_out_loss(world, held_out, tokens.sft() ? 1 : c.block_size, c.batch_size, c.eval_batches, trainer,
                                 tokens.sft() ? "one record" : std::to_string(c.block_size) + " tokens");
@@ -245,17 +283,17 @@ int train(const Config& c, dtrain::World& world, const dtrain::hf::LmConfig& con
                                   .stop_tokens = c.stop,
                                   .seed = c.seed,
                                   .max_positions = config.max_position_embeddings};
-        // Every rank continues the same prompt (record 0): the same tokens on each.
-        const std::vector<std::vector<std::int64_t>> prompts{prompt};
+        // Every rank continues the same prompt (records 0, 1, ...): the same tokens on each.
+        const std::vector<std::vector<std::int64_t>> prompts(static_cast<std::size_t>(c.generate_batch), prompt);
         const dtrain::GenerateResult out = dtrain::generate(trainer, std::span(prompts), {}, o);
         if (world.rank() == 0) {
           std::printf("generate (%s):", sample ? "sampled" : "greedy");
           for (const auto id : prompt) std::printf(" %lld", static_cast<long long>(id));
           std::printf(" |");
           for (const auto id : out.tokens[0]) std::printf(" %lld", static_cast<long long>(id));
-          std::printf("\ngenerate: %lld new tokens in %.3f s (%.1f tokens/s, key-value cache)\n",
+          std::printf("\ngenerate: %lld new tokens in %.3f s (%.1f tokens/s, batch %lld, key-value cache)\n",
                       static_cast<long long>(out.new_tokens), out.seconds,
-                      static_cast<double>(out.new_tokens) / out.seconds);
+                      static_cast<double>(out.new_tokens) / out.seconds, static_cast<long long>(c.generate_batch));
         }
       }
       if (!c.save_adapter.empty()) {

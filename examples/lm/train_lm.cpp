@@ -47,6 +47,9 @@ void declare_extra(dtrain::ConfigReader& r, Config& c) {
   r.add("temperature", c.temperature,
         "generate: divide the logits by it before sampling; 0: greedy unless top_k or top_p asks to sample (then 1)");
   r.add("stop", c.stop, "generate: token ids that end the continuation (kept in it), e.g. the tokenizer's eos");
+  r.add("generate_batch", c.generate_batch,
+        "generate: continue this many copies of the prompt in one batch (each its own sampling stream; the "
+        "tokens/s counts them all)");
   r.add("packing", c.packing,
         "records (.jsonl): pack the training records end to end into blocks of block_size, each attending only "
         "to itself (position_ids restart per record), instead of one padded record per sequence");
@@ -155,7 +158,7 @@ void validate_extra(const Config& c) {
   }
   examples::validate_checkpoint_modules(c, c.checkpoint_modules);
   if (c.block_size < 1 || c.eval_batches < 0 || c.generate < 0 || c.top_k < 0 || !(c.top_p > 0.f && c.top_p <= 1.f) ||
-      !(c.temperature >= 0.f))
+      !(c.temperature >= 0.f) || c.generate_batch < 1)
     throw dtrain::config_error(
         "block_size must be >= 1, eval_batches, generate, top_k and temperature >= 0, and top_p in "
         "(0, 1]",

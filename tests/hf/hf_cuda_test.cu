@@ -4,8 +4,9 @@
 // gradients, and the parameters after 20 AdamW steps at one and two ranks
 // (two ranks share the GPU over the host transport); packed records
 // (position_ids) against the records one by one; train_lm end to end on the
-// GPU in bf16, saved and loaded back by transformers; and LLaVA (hf/llava.hpp)
-// on the GPU against the host. Exits 77 without
+// GPU in bf16, saved and loaded back by transformers; LLaVA (hf/llava.hpp)
+// on the GPU against the host; generation with the key-value cache and
+// GRPO's loss against the host. Exits 77 without
 // a GPU, or when the tests' Python (DTRAIN_PYTHON) has no CUDA PyTorch or no
 // transformers.
 #include <string>
@@ -42,6 +43,8 @@ std::string missing_python() {
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/llava.hpp>
 #include <dtrain/io/json.hpp>
+#include <dtrain/train/generate.hpp>
+#include <dtrain/train/grpo.hpp>
 #include <dtrain/trainer.hpp>
 
 namespace fs = std::filesystem;
@@ -115,6 +118,50 @@ BOOST_AUTO_TEST_CASE(train_lm_bf16_on_the_gpu) {
                             (dir / "expected.safetensors").string() + " " + (work / "logits.safetensors").string(),
                         work / "reload.log") == 0,
              read_text(work / "reload.log"));
+}
+
+// Generation and GRPO's loss on the GPU, behind DTRAIN_GPU_GENERATE and
+// DTRAIN_GPU_PREFERENCE (set here): a tiny random Llama saved from the host
+// and loaded on the GPU generates the host's greedy tokens with the
+// key-value cache (ragged prompts), and a GRPO step on the same completions
+// gives the host's loss (float32, 1e-4 of max(1, the loss)).
+BOOST_AUTO_TEST_CASE(generation_and_grpo_on_the_gpu_match_the_host) {
+  ::setenv("DTRAIN_GPU_GENERATE", "on", 1);
+  ::setenv("DTRAIN_GPU_PREFERENCE", "on", 1);
+  const hf::LmConfig config = hf::parse_config(nlohmann::ordered_json::parse(R"({
+    "model_type": "llama", "vocab_size": 53, "hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 24, "rms_norm_eps": 1e-5})"),
+                                               "tiny Llama");
+  const std::vector<std::vector<std::int64_t>> prompts{{3, 14, 15}, {9, 2, 6, 5, 35, 8}, {7}};
+  const std::vector<double> rewards{1, 0, 2, 1, 0, 0};
+  const fs::path dir = fs::path(DTRAIN_TEST_BINARY_DIR) / "generate_gpu";
+  fs::remove_all(dir);
+  std::vector<std::vector<std::int64_t>> tokens[2];
+  double loss[2] = {0, 0};
+  run_ranks(1, [&](World& w) {
+    const auto both = [&](auto& trainer, int d) {
+      const GenerateResult r = generate(trainer, std::span(prompts), {}, {.max_new_tokens = 8, .max_positions = 24});
+      tokens[d] = r.tokens;
+      std::vector<std::vector<std::int64_t>> p2, c2;
+      for (int i = 0; i < 6; ++i) p2.push_back(prompts[i % 2]), c2.push_back(r.tokens[i % 3]);
+      Batch b = completion_batch(p2, c2, group_advantages(rewards, 3), rewards);
+      loss[d] = trainer.step(std::span(&b, 1)).loss;
+    };
+    hf::CausalLm model(config);
+    model.loss = nn::GrpoLoss(nn::GrpoLossOptions{});
+    Trainer<hf::CausalLm, Device<Host>> host(w, model, SGD{.lr = 0.1f}, {.seed = 4});
+    hf::save_pretrained(host, dir, model);
+    both(host, 0);
+    hf::CausalLm again(config);
+    again.loss = nn::GrpoLoss(nn::GrpoLossOptions{});
+    Trainer<hf::CausalLm, Device<Cuda>> gpu(w, again, SGD{.lr = 0.1f});
+    hf::load_pretrained(gpu, dir, config);
+    both(gpu, 1);
+  });
+  for (std::size_t i = 0; i < prompts.size(); ++i) BOOST_TEST(tokens[0][i] == tokens[1][i], "prompt " << i);
+  BOOST_TEST(std::abs(loss[0] - loss[1]) <= 1e-4 * std::max(1.0, std::abs(loss[0])), loss[0] << " vs " << loss[1]);
+  ::unsetenv("DTRAIN_GPU_GENERATE");
+  ::unsetenv("DTRAIN_GPU_PREFERENCE");
 }
 
 // LLaVA on the GPU, its tower's units behind DTRAIN_GPU_VISION and
