@@ -7,9 +7,12 @@ usage: summarize.py WORK --models M1,M2 --repeat N --warmup W --steps S --cores 
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machine import run_record  # noqa: E402  (bench/machine.py)
 
 parser = argparse.ArgumentParser()
 parser.add_argument("work")
@@ -53,7 +56,10 @@ def ratio(peer, ours):
     return peer / ours if peer and ours else None
 
 
-out = {"machine": {"cores": args.cores, "cpu": platform.processor() or platform.machine()},
+out = {**run_record(args.cores),
+       "method": "dpo: rank 0's median step after the warm-up, train_lm's step_ms plus its median reference "
+                 "forward, beside trl_dpo_ddp.py's whole step; generate: train_lm's one call against the median of "
+                 "3 hf_generate.py calls; grpo: train_lm's sampling and training time; medians over the repeats",
        "steps": args.steps, "warmup": args.warmup, "repeat": args.repeat, "dpo": [], "generate": [], "grpo": []}
 print("DPO step (sigmoid, 2 pairs per rank, sequences of 128, full fine-tuning against a frozen copy), median ms")
 print(f"{'model':<12} {'layout':<7} {'dtrain':>9} {'(step+ref)':>14} {'TRL':>9} {'TRL/dtrain':>10}")

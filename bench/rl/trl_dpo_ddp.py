@@ -59,8 +59,8 @@ tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="t
 tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
 tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t1")
 text = datasets.Dataset.from_list([{"prompt": "t2 t3", "chosen": " t4", "rejected": " t5"}] * 2)
-saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})  # the trainer as one process
+# The trainer as one process: without the launcher's variables accelerate sees no distributed job.
+saved = {k: os.environ.pop(k, None) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
 with tempfile.TemporaryDirectory() as tmp:
     trainer = DPOTrainer(model=model, ref_model=ref, processing_class=tokenizer, train_dataset=text,
                          args=DPOConfig(output_dir=tmp, beta=0.1, report_to="none", use_cpu=True, bf16=False,
