@@ -44,8 +44,8 @@ class DtrainConan(ConanFile):
     topics = ("deep-learning", "distributed-training", "cuda", "nccl", "gloo", "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
-    options = {"with_cuda": [True, False]}
-    default_options = {"with_cuda": False}
+    options = {"with_cuda": [True, False], "with_torch": [True, False]}
+    default_options = {"with_cuda": False, "with_torch": False}
     # Header-only: one package for every configuration; with_cuda only checks the
     # system, since the consumer's find_package(dtrain) decides (DTRAIN_CUDA).
     implements = ["auto_header_only"]
@@ -74,6 +74,19 @@ class DtrainConan(ConanFile):
             raise ConanInvalidConfiguration("dtrain is built and tested on Linux only (Gloo over TCP, dtrain-run)")
         if self.options.with_cuda:
             self._check_cuda()
+        if self.options.with_torch:
+            self._check_torch()
+
+    def _check_torch(self):
+        """with_torch=True: LibTorch (its CMake package Torch) must already be installed; the consumer's
+        find_package(dtrain) then defines dtrain::torch (DTRAIN_TORCH=AUTO, or ON to require it)."""
+        dirs = [os.environ.get("Torch_DIR"), "/usr/lib/x86_64-linux-gnu/cmake/Torch", "/usr/lib/cmake/Torch"]
+        dirs += [os.path.join(p, "Torch") for p in os.environ.get("CMAKE_PREFIX_PATH", "").split(os.pathsep) if p]
+        if not any(d and os.path.isfile(os.path.join(d, "TorchConfig.cmake")) for d in dirs):
+            raise ConanInvalidConfiguration(
+                "dtrain/*:with_torch=True needs LibTorch, which Conan does not provide; no TorchConfig.cmake was "
+                "found. Install Debian's libtorch-dev, or PyPI's torch and set CMAKE_PREFIX_PATH to "
+                "python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)', or use with_torch=False")
 
     def _check_cuda(self):
         """with_cuda=True: the CUDA toolkit and NCCL must already be installed."""
@@ -106,6 +119,7 @@ class DtrainConan(ConanFile):
             "DTRAIN_BUILD_BENCH": False,
             "DTRAIN_BUILD_TOOLS": False,
             "DTRAIN_CUDA": "OFF",
+            "DTRAIN_TORCH": "OFF",
         })
         tc.generate()
         CMakeDeps(self).generate()

@@ -3,6 +3,9 @@
 function(dtrain_add_header_check)
   file(GLOB_RECURSE _hpp CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}/include
        ${PROJECT_SOURCE_DIR}/include/dtrain/*.hpp)
+  # dtrain/torch/ needs LibTorch's headers: checked by dtrain_torch_header_check
+  # where LibTorch is found (include/CMakeLists.txt's dtrain::torch).
+  list(FILTER _hpp EXCLUDE REGEX "^dtrain/torch/")
   file(GLOB_RECURSE _cuh CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}/include
        ${PROJECT_SOURCE_DIR}/include/dtrain/*.cuh)
   set(_srcs)
@@ -22,4 +25,17 @@ function(dtrain_add_header_check)
   endif()
   add_library(dtrain_header_check OBJECT ${_srcs})
   target_link_libraries(dtrain_header_check PRIVATE dtrain::dtrain dtrain_warnings)
+  if(DTRAIN_WITH_TORCH)
+    file(GLOB _torch CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}/include
+         ${PROJECT_SOURCE_DIR}/include/dtrain/torch/*.hpp)
+    set(_tsrcs)
+    foreach(h IN LISTS _torch)
+      string(REPLACE "/" "__" _n "${h}")
+      set(_f ${CMAKE_CURRENT_BINARY_DIR}/header_check/${_n}.cpp)
+      file(CONFIGURE OUTPUT ${_f} CONTENT "#include <${h}>\n#include <${h}>\n")
+      list(APPEND _tsrcs ${_f})
+    endforeach()
+    add_library(dtrain_torch_header_check OBJECT ${_tsrcs})
+    target_link_libraries(dtrain_torch_header_check PRIVATE dtrain::torch dtrain_warnings)
+  endif()
 endfunction()

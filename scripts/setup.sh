@@ -20,9 +20,10 @@ packages=(cmake g++ make ninja-build pkg-config libgloo-dev librange-v3-dev libb
 # slurm-wlm, munge: the Slurm test's own cluster (tests/launch/slurm_test.sh starts and stops its daemons).
 # clang-16, libclang-rt-16-dev: libFuzzer, for the short fuzz of every parser (CTest fuzz_smoke).
 # clang-format: the formatting check (CTest format_check, scripts/format.sh).
+# libtorch-dev: LibTorch (1.13) for dtrain::torch, train_libtorch and its tests (docs/libtorch.md).
 if [[ "${DTRAIN_SETUP_FOR:-}" == tests ]]; then
   packages+=(python3-numpy python3-venv python3-torch iproute2 openmpi-bin python3-matplotlib doxygen slurm-wlm munge
-            clang-16 libclang-rt-16-dev clang-format)
+            clang-16 libclang-rt-16-dev clang-format libtorch-dev)
 fi
 # The CUDA toolkit is optional: nvcc on PATH, or from /usr/local/cuda.
 if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then

@@ -27,6 +27,7 @@ vcpkg_cmake_configure(
     -DDTRAIN_BUILD_TESTS=OFF
     -DDTRAIN_BUILD_EXAMPLES=OFF
     -DDTRAIN_BUILD_BENCH=OFF
+    -DDTRAIN_TORCH=OFF
     -DDTRAIN_INSTALL_CMAKEDIR=share/dtrain
 )
 vcpkg_cmake_install()

@@ -11,7 +11,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work"
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
       -DDTRAIN_BUILD_TOOLS=OFF -DDTRAIN_CUDA=OFF \
-      -DDTRAIN_BUILD_TESTS=OFF -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF \
+      -DDTRAIN_BUILD_TESTS=OFF -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_TORCH=OFF \
       -DDTRAIN_INSTALL_CMAKEDIR=share/dtrain
 cmake --build "$work/build"
 # A package build compiles nothing: dtrain::runtime's sources are installed

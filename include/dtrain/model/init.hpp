@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <numbers>
 #include <span>
+#include <string>
 
+#include "dtrain/core/error.hpp"
 #include "dtrain/model/layout.hpp"
 #include "dtrain/model/param.hpp"
 
@@ -46,6 +48,14 @@ inline void init_values(std::span<float> out, const Init& init, std::uint64_t se
       break;
     case init_kind::uniform:
       for (auto& x : out) x = static_cast<float>(init.a + (init.b - init.a) * rng.uniform());
+      break;
+    case init_kind::given:
+      if (init.values == nullptr || init.values->size() != out.size())
+        throw config_error("a parameter's given initial values hold " +
+                               std::to_string(init.values == nullptr ? 0 : init.values->size()) + " elements for " +
+                               std::to_string(out.size()),
+                           "give Init::given exactly numel() values");
+      std::copy(init.values->begin(), init.values->end(), out.begin());
       break;
     case init_kind::normal:
       for (auto& x : out) {

@@ -104,7 +104,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
   }
 
   DTRAIN_DECL auto ModelLayout::init_text(const Init& init)->std::string {
-    static constexpr const char* kinds[] = {"zeros", "ones", "constant", "uniform", "normal"};
+    static constexpr const char* kinds[] = {"zeros", "ones", "constant", "uniform", "normal", "given"};
+    if (init.kind == init_kind::given) return "given(" + std::to_string(init.values_hash) + ")";
     return std::string(kinds[static_cast<int>(init.kind)]) + "(" + std::to_string(init.a) + "," +
            std::to_string(init.b) + ")";
   }
