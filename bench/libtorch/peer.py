@@ -34,7 +34,7 @@ def main():
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--json", required=True)
     p.add_argument("keys", nargs="*")
-    a = p.parse_args()
+    a = p.parse_intermixed_args()
     keys = dict(kv.split("=", 1) for kv in a.keys)
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     if threads > 0:

@@ -7,6 +7,7 @@
 // - the ranks start from rank 0's weights when their modules differ;
 // - a checkpoint saved at 2 ranks under FSDP resumes at 3 under ZeRO-1;
 // - the state dict round-trips by the module's names;
+// - a torch::data dataset feeds dtrain::fit through dtrain's sampler;
 // - bad input: blocks that leave parameters out, a parameter in two blocks,
 //   a module on another device than the trainer's.
 #define BOOST_TEST_MODULE torch
@@ -25,6 +26,7 @@
 #include "support/strategy_options.hpp"
 #include <boost/test/unit_test.hpp>
 
+#include <dtrain/run/fit.hpp>
 #include <dtrain/torch/module.hpp>
 #include <dtrain/trainer.hpp>
 
@@ -459,4 +461,52 @@ BOOST_AUTO_TEST_CASE(bad_modules_are_named) {
     libtorch::wrap(worlds[0], net, {net->embed, other->blocks, net->head}, ids);
   });
   BOOST_TEST(foreign.find("not a submodule") != std::string::npos, foreign);
+}
+
+namespace {
+// A torch::data dataset as LibTorch users write one: sample i's features and class.
+struct Features : torch::data::datasets::Dataset<Features> {
+  torch::data::Example<> get(std::size_t i) override {
+    const auto x = torch::arange(8, torch::kFloat) * 0.1f + static_cast<float>(i % 6) - 3.f;  // x decides the class
+    return {x, torch::tensor(static_cast<std::int64_t>(i % 3))};
+  }
+  torch::optional<std::size_t> size() const override { return 60; }
+};
+
+struct TinyImpl : torch::nn::Module {
+  TinyImpl()
+      : body(register_module("body", torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU()))),
+        head(register_module("head", torch::nn::Linear(16, 3))) {}
+  torch::nn::Sequential body;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Tiny);
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_torch_data_dataset_trains_through_fit_on_2_ranks) {
+  const libtorch::DataSource<Features> source{Features{}};
+  BOOST_TEST(source.size() == 60);
+  const std::vector<std::int64_t> idx{4, 11};
+  const Batch b = source.gather(idx);
+  BOOST_TEST((b.at("x").shape == std::vector<std::int64_t>{2, 8}));
+  BOOST_TEST((b.at("y").values<std::int64_t>()[1] == 11 % 3));
+  BOOST_TEST(b.at("x").values<float>()[8] == 0.f * 0.1f + 11 % 6 - 3.f);
+  std::vector<double> losses(2);
+  run_ranks(2, [&](World& w) {
+    torch::set_num_threads(1);
+    Tiny net;
+    {
+      std::lock_guard lock(construct);
+      torch::manual_seed(3);
+      net = Tiny();
+    }
+    auto model = libtorch::wrap(w, net, {net->body, net->head}, torch::zeros({1, 8}));
+    Trainer<decltype(model), Device<Host>, Precision<fp32>, Strategy<FSDP<FullShard>>> trainer(w, model,
+                                                                                               AdamW{.lr = 1e-2f});
+    const auto first = trainer.evaluate(std::vector<Batch>{source.gather(std::vector<std::int64_t>{0, 1, 2, 3, 4, 5})});
+    fit(trainer, source, FitOptions{.steps = 30, .batch_size = 6, .num_workers = 0, .log_every = 30});
+    const auto last = trainer.evaluate(std::vector<Batch>{source.gather(std::vector<std::int64_t>{0, 1, 2, 3, 4, 5})});
+    if (w.rank() == 0) losses = {first.loss, last.loss};
+  });
+  BOOST_TEST(losses[1] < 0.8 * losses[0], losses[0] << " -> " << losses[1]);
 }

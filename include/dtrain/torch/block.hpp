@@ -49,6 +49,7 @@ struct BlockCall {
   element_type dtype = element_type::f32;  // the compute dtype of x, y, the parameters
   device_kind device = device_kind::host;
   int device_index = 0;
+  int threads = 0;   // the host threads dtrain computes with on this rank (0: leave LibTorch's setting)
   SeqShape shape{};  // the rows' (batch, time)
   // The input: x [rows, in] (a Block), or the batch's tensor as it is (an InputBlock).
   const void* x = nullptr;
@@ -102,6 +103,7 @@ class BlockBase {
     c.dtype = element_type_of<T>();
     c.device = Dev::host_accessible ? device_kind::host : device_kind::cuda;
     if constexpr (requires { dev.device_id(); }) c.device_index = dev.device_id();
+    if constexpr (Dev::host_accessible && requires { dev.threads(); }) c.threads = dev.threads();
     c.shape = ctx.shape;
     c.y = y.data;
     c.rows = y.rows;

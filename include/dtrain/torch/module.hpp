@@ -155,6 +155,9 @@ class TorchRunner final : public BlockRunner {
 
   void forward(const BlockCall& c) override {
     saved_.reset();
+    // LibTorch's intra-op threads: as many as dtrain computes with on this
+    // rank (cores / ranks on the node), whose own threads are idle meanwhile.
+    if (c.threads > 0 && at::get_num_threads() != c.threads) at::set_num_threads(c.threads);
     // train(): Dropout drops, BatchNorm uses and updates the batch's
     // statistics; eval() for evaluate and generation.
     if (module_->is_training() != c.training) module_->train(c.training);
