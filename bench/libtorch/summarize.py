@@ -111,12 +111,12 @@ def main():
             ratio = row.get("fsdp_state_over_shard")
             line += f" {ratio:>17.3f}" if ratio is not None else f" {'-':>17}"
             print(line)
-    out = {"benchmark": "libtorch", "size": a.size, "steps": a.steps, "warmup": a.warmup, "repeat": a.repeat,
+    out = {**run_record(cores=a.cores), "benchmark": "libtorch", "size": a.size, "steps": a.steps, "warmup": a.warmup, "repeat": a.repeat,
            "models": {"lm": a.lm, "resnet": a.resnet},
            "settings": "fp32, AdamW lr 3e-3 weight decay 0.1, random batches; dtrain: train_libtorch (the model's "
                        "blocks as dtrain units) under DDP and FSDP full shard; peer: the same model in Python under "
                        "DistributedDataParallel and FSDP2 (fully_shard per block), gloo",
-           "versions": versions, "rows": rows, "run": run_record(cores=a.cores)}
+           "versions": versions, "rows": rows}
     with open(a.json, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {a.json}")
