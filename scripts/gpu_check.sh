@@ -30,6 +30,11 @@
 #   policy    train_policy policy=act (LeRobot's ACT: the ResNet and ACT
 #             units, DTRAIN_GPU_VISION=on) for 3 steps on the GPU and on the
 #             host from the same seed: the first step's loss within 1e-3
+#   libtorch  train_libtorch (a LibTorch module's blocks as dtrain units,
+#             DTRAIN_GPU_LIBTORCH=on) for 3 steps on the GPU and on the host,
+#             both models, against the LibTorch of a CUDA torch this machine
+#             has ($DTRAIN_PYTHON's, else python3's; skipped, not failed,
+#             without one): the first step's loss within 1e-3
 #   report    gpu_check.json from what the stages left: device, driver, CUDA,
 #             commit, each test's result and seconds, sanitizer errors, the
 #             stages' times (scripts/gpu_report.py); into the report folder
@@ -382,6 +387,36 @@ policy_act() {
     "$host" "$cuda"
 }
 
+# train_libtorch on the GPU against the host, built in $build-libtorch
+# against a CUDA LibTorch the machine has (the GPU machine cannot download
+# one: the image's torch, when it has one).
+libtorch_models() {
+  local python=${DTRAIN_PYTHON:-python3} torch_dir
+  if ! torch_dir=$("$python" -c 'import os, torch; assert torch.cuda.is_available(); print(os.path.dirname(torch.__file__))' 2> /dev/null); then
+    echo "libtorch: skipped: $python has no CUDA torch (its LibTorch is what train_libtorch needs here)"
+    return 0
+  fi
+  cmake -S "$root" -B "$build-libtorch" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_TORCH=ON \
+    -DDTRAIN_BUILD_TESTS=OFF -DDTRAIN_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH="$torch_dir;${CMAKE_PREFIX_PATH:-}" \
+    > "$report/libtorch_configure.log" 2>&1 || { tail -20 "$report/libtorch_configure.log"; return 1; }
+  cmake --build "$build-libtorch" -j "$(nproc)" --target train_libtorch > "$report/libtorch_build.log" 2>&1 ||
+    { tail -20 "$report/libtorch_build.log"; return 1; }
+  local model host cuda rc=0
+  for model in lm resnet; do
+    local args=(model=$model steps=3 log_every=1 seed=3 num_workers=0 eval_batches=0)
+    "$build-libtorch/examples/train_libtorch" "${args[@]}" device=host > "$report/libtorch_${model}_host.log" 2>&1 ||
+      { tail -5 "$report/libtorch_${model}_host.log"; return 1; }
+    DTRAIN_GPU_LIBTORCH=on "$build-libtorch/examples/train_libtorch" "${args[@]}" device=cuda \
+      > "$report/libtorch_${model}_cuda.log" 2>&1 || { tail -5 "$report/libtorch_${model}_cuda.log"; return 1; }
+    host=$(grep -m1 -o 'loss [0-9.]*' "$report/libtorch_${model}_host.log" | cut -d' ' -f2)
+    cuda=$(grep -m1 -o 'loss [0-9.]*' "$report/libtorch_${model}_cuda.log" | cut -d' ' -f2)
+    echo "train_libtorch model=$model, first step's loss: host $host, cuda $cuda"
+    python3 -c "import sys; h, c = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(h - c) > 1e-3 * abs(h))" \
+      "$host" "$cuda" || rc=1
+  done
+  return "$rc"
+}
+
 report() {
   python3 "$root/scripts/gpu_report.py" write "$report" "$report/gpu_check.json"
   if [[ ${DTRAIN_GPU_RECORD:-} == 1 ]]; then
@@ -401,6 +436,7 @@ run_stage() {
     sanitize) stage sanitize sanitize ;;
     doctor) stage doctor "$build/tools/dtrain-doctor" ;;
     policy) stage policy policy_act ;;
+    libtorch) stage libtorch libtorch_models ;;
     report) report ;;
     test) stage test "$root/scripts/test.sh" ;;
     bench) stage bench "$root/bench/run_gpu_bench.sh" "$build" --json "$report/gpu_bench.json" ;;
@@ -409,7 +445,7 @@ run_stage() {
         [[ -n ${!v:-} ]] && printf 'export %s=%q\n' "$v" "${!v}"
       done ;;
     all) for s in setup build gpu paths sanitize doctor policy report; do run_stage "$s"; done ;;
-    *) echo "gpu_check: unknown stage '$1': use fetch, setup, build, gpu, paths, sanitize, doctor, policy, report, all, bench, test or env" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown stage '$1': use fetch, setup, build, gpu, paths, sanitize, doctor, policy, libtorch, report, all, bench, test or env" >&2; exit 2 ;;
   esac
 }
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -92,5 +93,16 @@ inline double max_rel_diff(const Params& a, const Params& b, std::string* where 
   }
   return worst;
 }
+
+// The largest difference ranks (threads) report, and where.
+struct Worst {
+  std::mutex mu;
+  double diff = 0;
+  std::string where;
+  void update(double d, const std::string& w) {
+    std::lock_guard lock(mu);
+    if (d > diff || std::isnan(d)) diff = std::isnan(d) ? INFINITY : d, where = w;
+  }
+};
 
 }  // namespace dtrain::testing

@@ -20,16 +20,6 @@ namespace {
 // two groups of two at 4 (the case a node boundary makes).
 int hybrid_group(int n) { return n == 4 ? 2 : n == 3 ? 3 : 1; }
 
-struct Worst {
-  std::mutex mu;
-  double diff = 0;
-  std::string where;
-  void update(double d, const std::string& w) {
-    std::lock_guard lock(mu);
-    if (d > diff) diff = d, where = w;
-  }
-};
-
 // Trains DDP and strategy S side by side on the same batches and returns the
 // largest relative parameter difference seen after any step; also checks
 // that every rank reads the same parameters from S (replicas identical).

@@ -222,16 +222,6 @@ double max_diff_rel_to_largest(const Params& a, const Params& b, std::string& wh
   return worst;
 }
 
-struct Worst {
-  std::mutex mu;
-  double diff = 0;
-  std::string where;
-  void update(double d, const std::string& w) {
-    std::lock_guard lock(mu);
-    if (d > diff || std::isnan(d)) diff = std::isnan(d) ? INFINITY : d, where = w;
-  }
-};
-
 constexpr int train_steps = 3;
 constexpr std::int64_t global_rows = 12;  // every step, split evenly over 1, 2 or 3 ranks and 2 micro-batches
 
@@ -502,11 +492,98 @@ BOOST_AUTO_TEST_CASE(a_torch_data_dataset_trains_through_fit_on_2_ranks) {
     }
     auto model = libtorch::wrap(w, net, {net->body, net->head}, torch::zeros({1, 8}));
     Trainer<decltype(model), Device<Host>, Precision<fp32>, Strategy<FSDP<FullShard>>> trainer(w, model,
-                                                                                               AdamW{.lr = 1e-2f});
+                                                                                               AdamW{.lr = 3e-2f});
     const auto first = trainer.evaluate(std::vector<Batch>{source.gather(std::vector<std::int64_t>{0, 1, 2, 3, 4, 5})});
-    fit(trainer, source, FitOptions{.steps = 30, .batch_size = 6, .num_workers = 0, .log_every = 30});
+    fit(trainer, source, FitOptions{.steps = 80, .batch_size = 6, .num_workers = 0, .log_every = 80});
     const auto last = trainer.evaluate(std::vector<Batch>{source.gather(std::vector<std::int64_t>{0, 1, 2, 3, 4, 5})});
     if (w.rank() == 0) losses = {first.loss, last.loss};
   });
-  BOOST_TEST(losses[1] < 0.8 * losses[0], losses[0] << " -> " << losses[1]);
+  BOOST_TEST(losses[1] < 0.5 * losses[0], losses[0] << " -> " << losses[1]);
+}
+
+namespace {
+// One block with Dropout and a BatchNorm (whose running statistics forward updates).
+struct NoisyImpl : torch::nn::Module {
+  NoisyImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(6, 10))),
+        drop(register_module("drop", torch::nn::Dropout(0.5))),
+        bn(register_module("bn", torch::nn::BatchNorm1d(10))),
+        fc2(register_module("fc2", torch::nn::Linear(10, 3))) {}
+  torch::Tensor forward(torch::Tensor x) { return fc2(bn(drop(torch::relu(fc1(x))))); }
+  torch::nn::Linear fc1;
+  torch::nn::Dropout drop;
+  torch::nn::BatchNorm1d bn;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(Noisy);
+struct HolderImpl : torch::nn::Module {
+  HolderImpl() : block(register_module("block", Noisy())) {}
+  Noisy block;
+};
+TORCH_MODULE(Holder);
+}  // namespace
+
+// FSDP may gather a block's parameters elsewhere for its backward than for
+// its forward; the block's forward is then recomputed: the same Dropout
+// masks, the same gradients, and BatchNorm's statistics updated once.
+BOOST_AUTO_TEST_CASE(a_recomputed_block_gives_the_recorded_graphs_gradients) {
+  torch::set_num_threads(1);
+  auto worlds = make_local_worlds(1);
+  Holder net;
+  auto model = libtorch::wrap(worlds[0], net, {net->block}, torch::zeros({2, 6}));
+  const auto v = random_values(5 * 6, 17);
+  const Batch batch = [&] {
+    Batch b;
+    b.set("x", HostTensor::of(std::vector<float>(v.begin(), v.end()), {5, 6}));
+    return b;
+  }();
+  const DeviceBatch db = torch_on_host(batch);
+  const auto specs = model.first.params();
+  std::vector<at::Tensor> start_buffers;
+  for (const auto& b : net->buffers()) start_buffers.push_back(b.clone());
+  const auto dyv = random_values(5 * 3, 18);
+  std::vector<float> dy(dyv.begin(), dyv.end());
+  // forward on one copy of the parameters, backward on `moved` (the same values elsewhere, or the same memory)
+  auto run = [&](bool moved, std::vector<std::vector<float>>& grads, std::vector<at::Tensor>& buffers) {
+    {
+      torch::NoGradGuard no_grad;
+      std::size_t i = 0;
+      for (auto& b : net->buffers()) b.copy_(start_buffers[i++]);
+    }
+    std::vector<std::vector<float>> a, b;
+    std::vector<MatView<const float>> pa, pb;
+    std::vector<MatView<float>> g;
+    grads.clear();
+    for (const auto& s : specs) {
+      a.push_back(*s.init.values);
+      b.push_back(*s.init.values);
+      grads.emplace_back(s.init.values->size());
+    }
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const auto r = specs[i].shape[0], c = static_cast<std::int64_t>(a[i].size()) / r;
+      pa.push_back({a[i].data(), r, c});
+      pb.push_back({b[i].data(), r, c});
+      g.push_back({grads[i].data(), r, c});
+    }
+    Host dev;
+    std::vector<float> y(15);
+    const UnitContext<float> ctx{.shape = {5, 1}, .training = true};
+    torch::manual_seed(9);
+    model.first.forward(dev, UnitParams<const float>(pa), db, MatView<float>{y.data(), 5, 3}, ctx);
+    torch::manual_seed(1234);  // other draws between forward and backward
+    (void)torch::rand({7});
+    model.first.backward(dev, UnitParams<const float>(moved ? pb : pa), UnitParams<float>(g), db,
+                         MatView<const float>{y.data(), 5, 3}, MatView<const float>{dy.data(), 5, 3}, ctx);
+    buffers.clear();
+    for (const auto& buf : net->buffers()) buffers.push_back(buf.clone());
+  };
+  std::vector<std::vector<float>> kept, recomputed;
+  std::vector<at::Tensor> kept_buffers, recomputed_buffers;
+  run(false, kept, kept_buffers);
+  BOOST_TEST(model.recomputed() == 0);
+  run(true, recomputed, recomputed_buffers);
+  BOOST_TEST(model.recomputed() == 1);
+  for (std::size_t i = 0; i < kept.size(); ++i) BOOST_TEST((kept[i] == recomputed[i]), specs[i].name);
+  for (std::size_t i = 0; i < kept_buffers.size(); ++i) BOOST_TEST(kept_buffers[i].equal(recomputed_buffers[i]));
+  BOOST_TEST(!kept_buffers[0].equal(start_buffers[0]));  // forward did update the running mean
 }

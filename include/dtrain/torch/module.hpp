@@ -164,30 +164,28 @@ class TorchRunner final : public BlockRunner {
     if (!c.training) {
       torch::NoGradGuard no_grad;
       run(c);
-      return;
+    } else {
+      torch::AutoGradMode grad(true);
+      rng_ = random_state(c);  // a recomputed forward draws the same Dropout masks
+      saved_ = run(c);
     }
-    torch::AutoGradMode grad(true);
-    rng_ = random_state();  // a recomputed forward draws the same Dropout masks
-    saved_ = run(c);
+    finish(c);
   }
 
   void backward(const BlockCall& c) override {
+    std::vector<at::Tensor> buffers;  // as forward left them, when forward is recomputed
     if (!saved_ || saved_->x != c.x || saved_->params != c.params) {
       // FSDP gathered the parameters elsewhere since forward (or nothing was
       // recorded): the graph would read freed memory, so run forward again
       // on the kept input, leaving the module's buffers as forward left them.
-      std::vector<at::Tensor> buffers;
       for (const auto& b : module_->buffers()) buffers.push_back(b.clone());
-      const at::Tensor now = random_state();
-      if (rng_.defined()) set_random_state(rng_);
+      const at::Tensor now = random_state(c);
+      if (rng_.defined()) set_random_state(c, rng_);
       {
         torch::AutoGradMode grad(true);
         saved_ = run(c, /*write_y=*/false);
       }
-      set_random_state(now);
-      torch::NoGradGuard no_grad;
-      std::size_t i = 0;
-      for (auto& b : module_->buffers()) b.copy_(buffers[i++]);
+      set_random_state(c, now);
       ++recomputed_;
     }
     Saved s = std::move(*saved_);
@@ -208,6 +206,12 @@ class TorchRunner final : public BlockRunner {
       g = torch::autograd::grad({s.output}, inputs, {dy}, /*retain_graph=*/false, /*create_graph=*/false,
                                 /*allow_unused=*/true);
     torch::NoGradGuard no_grad;
+    // The buffers back as forward left them (BatchNorm's statistics updated
+    // once), after the graph that saved them has run.
+    if (!buffers.empty()) {
+      std::size_t i = 0;
+      for (auto& b : module_->buffers()) b.copy_(buffers[i++]);
+    }
     std::size_t k = 0;
     if (with_x) {
       at::Tensor dx = view_of(c.dx, c.x_shape, c.dtype, c.device, c.device_index);
@@ -228,6 +232,7 @@ class TorchRunner final : public BlockRunner {
         out.zero_();
       ++k;
     }
+    finish(c);
   }
 
   std::int64_t recomputed() const override { return recomputed_; }
@@ -290,15 +295,23 @@ class TorchRunner final : public BlockRunner {
     return s;
   }
 
-  // LibTorch's default generator of the call's device (CPU; CUDA's where it runs).
-  static at::Generator generator() { return at::detail::getDefaultCPUGenerator(); }
-  static at::Tensor random_state() {
-    at::Generator g = generator();
+  // dtrain reads y and the gradients on its own stream next: LibTorch's
+  // work on the GPU must be done (the block waited for dtrain's before).
+  static void finish(const BlockCall& c) {
+    if (c.device == device_kind::cuda) torch::cuda::synchronize(c.device_index);
+  }
+
+  // LibTorch's default generator of the call's device.
+  static at::Generator generator(const BlockCall& c) {
+    return at::globalContext().defaultGenerator(torch_device(c.device, c.device_index));
+  }
+  static at::Tensor random_state(const BlockCall& c) {
+    at::Generator g = generator(c);
     std::lock_guard<std::mutex> lock(g.mutex());
     return g.get_state();
   }
-  static void set_random_state(const at::Tensor& state) {
-    at::Generator g = generator();
+  static void set_random_state(const BlockCall& c, const at::Tensor& state) {
+    at::Generator g = generator(c);
     std::lock_guard<std::mutex> lock(g.mutex());
     g.set_state(state);
   }
