@@ -213,9 +213,8 @@ struct Model {
   InputBlock first;
   std::vector<Block> blocks;
   Loss loss{};
-  // The module's parameter names of each unit's parameters, by unit number
-  // ("<unit>.<param>" -> "layers.0.attn.weight"), and the module's buffers
-  // (BatchNorm's running statistics), which are not dtrain parameters.
+  // The module's name of each unit's parameter, in layout order
+  // ("<unit>.<param>" -> "layers.0.attn.weight").
   std::vector<std::pair<std::string, std::string>> names{};
   std::shared_ptr<void> module{};  // the torch::nn::Module wrapped
   int rank = 0;                    // this process's rank in the world it was wrapped on

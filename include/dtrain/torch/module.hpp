@@ -476,7 +476,7 @@ Model<Loss> wrap(World& world, const Net& net, const std::vector<BlockRef>& bloc
   {
     torch::NoGradGuard no_grad;
     const bool ids = !at::isFloatingType(example.scalar_type());
-    if (example.dim() < (ids ? 2 : 2))
+    if (example.dim() < 2)
       throw config_error("the example input is " + detail::sizes_text(example.sizes()),
                          "give an input like the batch's x: token ids [B, T], or features [B, F] / [B, T, F]");
     const std::int64_t time = ids || example.dim() >= 3 ? example.size(1) : 1;
@@ -560,7 +560,6 @@ std::map<std::string, std::string> module_names(const Model<Loss>& model) {
 // wrapped again after training. Collective.
 template <class Trainer, class Loss>
 void copy_to_module(Trainer& trainer, Model<Loss>& model) {
-  std::map<std::string, detail::TorchRunner*> runners;
   std::vector<detail::TorchRunner*> all{&dynamic_cast<detail::TorchRunner&>(model.first.runner())};
   for (auto& b : model.blocks) all.push_back(&dynamic_cast<detail::TorchRunner&>(b.runner()));
   trainer.visit_parameters([&](const ParamSlot& slot, std::vector<float>&& values) {
