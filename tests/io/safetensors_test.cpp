@@ -1,6 +1,7 @@
 #define BOOST_TEST_MODULE io
 #include "dtrain/io/safetensors.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -11,6 +12,13 @@
 
 #include "data/fixture_values.hpp"
 #include <boost/test/unit_test.hpp>
+
+#include "dtrain/checkpoint/checkpoint.hpp"
+#include "dtrain/hf/checkpoint.hpp"
+#include "dtrain/hf/config.hpp"
+#include "dtrain/hf/lora.hpp"
+#include "dtrain/io/files.hpp"
+#include "dtrain/io/json.hpp"
 
 using dtrain::element_type;
 using dtrain::SafetensorsFile;
@@ -283,6 +291,245 @@ BOOST_AUTO_TEST_CASE(writer_rejects_inconsistent_tensors) {
   BOOST_CHECK_THROW(w.add("__metadata__", {3}, v), dtrain::checkpoint_error);
   BOOST_CHECK_THROW(w.add("", {3}, v), dtrain::checkpoint_error);
   BOOST_TEST(w.size() == 1u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// Files from elsewhere (a downloaded checkpoint, a model from the Hub): a
+// name that leads out of the checkpoint's directory, sizes beyond the file
+// or absurd nesting are refused with a dtrain error naming the file and the
+// problem, never a crash, a huge allocation or a read of another file.
+BOOST_AUTO_TEST_SUITE(untrusted_files)
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// `f()` must throw E with every one of `parts` in its message.
+template <class E, class F>
+void expect_refused(F&& f, const std::vector<std::string>& parts) {
+  std::string all;
+  for (const auto& p : parts) all += "[" + p + "]";
+  BOOST_TEST_CONTEXT(all) {
+    BOOST_CHECK_EXCEPTION(f(), E, [&](const E& e) {
+      const std::string what = e.what();
+      const bool named = std::ranges::all_of(parts, [&](const auto& p) { return what.find(p) != std::string::npos; });
+      if (!named) BOOST_TEST_MESSAGE("message: " + what);
+      return named;
+    });
+  }
+}
+
+void write_text(const fs::path& p, const std::string& text) { write_bytes(p, {text.begin(), text.end()}); }
+
+std::string deep_json(std::size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+
+std::string read_text(const fs::path& p) {
+  const auto bytes = read_bytes(p);
+  return {bytes.begin(), bytes.end()};
+}
+
+// The corpus's index of a 2-rank DDP checkpoint: every piece in one shard.
+const std::string shard = "shard-00000-of-00002.safetensors";
+std::string seed_index() {
+  return read_text(fs::path(DTRAIN_SOURCE_DIR) / "tests/corpus/checkpoint_index/seed_index.json");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(contained_path_keeps_names_inside_their_directory) {
+  using dtrain::detail::contained_path;
+  TempDir tmp;
+  const fs::path dir = tmp / "ckpt";
+  fs::create_directories(dir / "sub");
+  write_text(tmp / "outside.bin", "secret");
+  write_text(dir / "inside.bin", "ok");
+  fs::create_symlink("inside.bin", dir / "link_inside");
+  fs::create_symlink("../outside.bin", dir / "link_outside");
+  fs::create_symlink(fs::absolute(tmp / "outside.bin"), dir / "link_absolute");
+  fs::create_symlink(".", dir / "link_dir");
+  fs::create_symlink("loop", dir / "loop");
+
+  BOOST_TEST(contained_path(dir, "inside.bin", "'index.json'") == dir / "inside.bin");
+  BOOST_TEST(contained_path(dir, "link_inside", "'index.json'") == dir / "link_inside");
+  BOOST_TEST(contained_path(dir, "not_there_yet.bin", "'index.json'") == dir / "not_there_yet.bin");
+  BOOST_TEST(contained_path(dir, "a..b", "'index.json'") == dir / "a..b");  // dots in a name are no climb
+
+  using dtrain::checkpoint_error;
+  const auto refused = [&](const std::string& name, const std::string& problem) {
+    expect_refused<checkpoint_error>([&] { (void)contained_path(dir, name, "'index.json'"); },
+                                     {"'index.json' names the file", problem});
+  };
+  refused("../outside.bin", "climbs out of its directory");
+  refused("sub/../../outside.bin", "climbs out of its directory");
+  refused("..", "climbs out of its directory");
+  refused("/etc/passwd", "is an absolute path");
+  refused("sub/inside.bin", "has a path separator");
+  refused("sub\\inside.bin", "has a path separator");
+  refused(std::string("inside.bin\0.txt", 15), "holds a NUL byte");
+  refused("", "is empty");
+  refused(".", "is the directory");
+  refused(std::string(300, 'a'), "longer than the 255 bytes");
+  refused("link_outside", "is a symbolic link to");
+  refused("link_absolute", "outside its directory");
+  refused("link_dir", "is a symbolic link to its directory");
+  refused("loop", "cannot be resolved");
+}
+
+BOOST_AUTO_TEST_CASE(checkpoint_index_names_only_files_in_its_directory) {
+  TempDir tmp;
+  const fs::path parent = tmp / "run";
+  const fs::path dir = parent / "step-00000002";
+  fs::create_directories(dir);
+  write_text(parent / "outside.bin", "not a checkpoint file");
+  const std::string index = seed_index();
+  const fs::path index_path = dir / std::string(dtrain::checkpoint_index_name);
+
+  write_text(index_path, index);  // the valid index reads (its shard need not exist to read the index)
+  BOOST_TEST(dtrain::checkpoint_info(dir).step == 2);
+  BOOST_TEST(dtrain::list_checkpoints(parent).size() == 1u);
+
+  using dtrain::checkpoint_error;
+  const auto refused = [&](const std::string& text, const std::vector<std::string>& parts) {
+    write_text(index_path, text);
+    expect_refused<checkpoint_error>([&] { (void)dtrain::checkpoint_info(dir); }, parts);
+    BOOST_TEST(!dtrain::is_checkpoint(dir));
+    BOOST_TEST(dtrain::list_checkpoints(parent).empty());  // resume=latest passes it over
+  };
+  refused(replace_all(index, shard, "../outside.bin"),
+          {index_path.string(), "'../outside.bin'", "climbs out of its directory"});
+  const std::string absolute = fs::absolute(parent / "outside.bin").string();
+  refused(replace_all(index, shard, absolute), {index_path.string(), "is an absolute path"});
+  refused(replace_all(index, "\"count\": 32", "\"count\": 33"),
+          {index_path.string(), "claims 33 elements from element 0, beyond the tensor's 32"});
+  refused(
+      replace_all(index, "\"begin\": 0,\n      \"count\": 8,", "\"begin\": 18446744073709551615,\n      \"count\": 9,"),
+      {index_path.string(), "beyond the tensor's 8"});
+  refused(replace_all(index, "\"metadata\": {}", "\"metadata\": " + deep_json(100000)),
+          {index_path.string(), "nested more than 128 levels deep"});
+
+  // A shard that is a symbolic link out of the directory: refused where the
+  // index is read, and where the file would be opened.
+  write_text(index_path, index);
+  fs::create_symlink("../outside.bin", dir / shard);
+  expect_refused<checkpoint_error>([&] { (void)dtrain::checkpoint_info(dir); },
+                                   {index_path.string(), "is a symbolic link to", "outside its directory"});
+  const std::map<std::string, std::uint64_t> sizes;
+  dtrain::detail::PieceReader reader(dir, sizes);
+  dtrain::CheckpointPiece piece{shard, "param/0.bias/0", 0, 8, element_type::f32, 0};
+  expect_refused<checkpoint_error>([&] { (void)reader.bytes("0.bias", "param", piece); },
+                                   {"is a symbolic link to", "outside its directory"});
+  piece.file = "../outside.bin";
+  expect_refused<checkpoint_error>([&] { (void)reader.bytes("0.bias", "param", piece); },
+                                   {"the index of checkpoint", "climbs out of its directory"});
+}
+
+BOOST_AUTO_TEST_CASE(transformers_index_names_only_files_in_its_directory) {
+  TempDir tmp;
+  const fs::path dir = tmp / "model";
+  fs::create_directories(dir);
+  const std::vector<float> values{1.f, 2.f};
+  SafetensorsWriter w;
+  w.add("a", {2}, values);
+  w.write(tmp / "outside.safetensors");  // a valid file, which no index may reach
+  w.write(dir / "model-00001-of-00001.safetensors");
+  const fs::path index = dir / "model.safetensors.index.json";
+  const auto with_shard = [](const std::string& file) {
+    return R"({"metadata": {"total_size": 8}, "weight_map": {"a": ")" + file + "\"}}";
+  };
+
+  write_text(index, with_shard("model-00001-of-00001.safetensors"));
+  const auto ok = dtrain::hf::open_checkpoint(dir, {});
+  BOOST_TEST(ok.files.size() == 1u);
+  BOOST_TEST(ok.files[0].read_f32("a") == values, boost::test_tools::per_element());
+
+  using dtrain::checkpoint_error;
+  const auto refused = [&](const std::string& text, const std::vector<std::string>& parts) {
+    write_text(index, text);
+    expect_refused<checkpoint_error>([&] { (void)dtrain::hf::open_checkpoint(dir, {}); }, parts);
+  };
+  refused(with_shard("../outside.safetensors"), {index.string(), "weight_map[\"a\"]", "climbs out of its directory"});
+  refused(with_shard(fs::absolute(tmp / "outside.safetensors").string()), {index.string(), "is an absolute path"});
+  refused(with_shard("sub/model.safetensors"), {index.string(), "has a path separator"});
+  refused(R"({"weight_map": {"a": "model\u0000.safetensors"}})", {index.string(), "holds a NUL byte"});
+  refused(R"({"weight_map": )" + deep_json(100000) + "}", {index.string(), "nested more than 128 levels deep"});
+  fs::create_symlink("../outside.safetensors", dir / "model-00002-of-00002.safetensors");
+  refused(with_shard("model-00002-of-00002.safetensors"), {index.string(), "is a symbolic link to"});
+}
+
+BOOST_AUTO_TEST_CASE(safetensors_claims_beyond_the_file_are_refused) {
+  TempDir dir;
+  const auto put = [&](const std::string& name, const std::vector<char>& bytes) {
+    write_bytes(dir / name, bytes);
+    return dir / name;
+  };
+  const std::vector<char> eight(8, '\1');
+  SafetensorsFile::open(put("ok.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                                                        eight)));  // the baseline opens
+
+  expect_corrupt(
+      put("far_offsets.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551608,
+                                                                                    18446744073709551615]}})",
+                                               eight)),
+      "outside the 8-byte data section");
+  expect_corrupt(
+      put("long_end.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", eight)),
+      "data_offsets [0, 16] outside the 8-byte data section");
+  // 2^32 * 2^32 * 4 bytes wraps to 0 in 64 bits: the product is checked, not wrapped.
+  expect_corrupt(put("overflow.safetensors",
+                     spec_file(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,1],"data_offsets":[0,0]},
+                                   "b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                               eight)),
+                 "an overflowing count");
+  expect_corrupt(put("rank.safetensors", spec_file(R"({"a":{"dtype":"F32","shape":[2,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],
+                                                        "data_offsets":[0,8]}})",
+                                                   eight)),
+                 "has 17 dimensions, more than the 16");
+  auto huge_len = spec_file("{}", {});
+  huge_len[0] = '\xff';
+  huge_len[7] = '\x7f';
+  expect_corrupt(put("huge_len.safetensors", huge_len), "exceeds the");
+  expect_corrupt(put("deep.safetensors", spec_file(R"({"__metadata__":)" + deep_json(100000) + "}", {})),
+                 "nested more than 128 levels deep");
+  // Brackets inside strings are text, not nesting.
+  const auto text = SafetensorsFile::open(
+      put("brackets.safetensors", spec_file(R"({"__metadata__":{"k":")" + std::string(1000, '[') + R"("}})", {})));
+  BOOST_TEST(text.metadata().at("k") == std::string(1000, '['));
+
+  // A header beyond the format's limit is refused before it is read: a
+  // sparse file holds the length without the bytes.
+  std::vector<char> limit_len;
+  append_le(limit_len, static_cast<std::uint64_t>(dtrain::safetensors_max_header_bytes + 8));
+  const auto sparse = put("limit.safetensors", limit_len);
+  fs::resize_file(sparse, dtrain::safetensors_max_header_bytes + 64);
+  expect_corrupt(sparse, "exceeds the format's limit of 100000000 bytes");
+}
+
+BOOST_AUTO_TEST_CASE(deeply_nested_json_is_refused_everywhere) {
+  TempDir dir;
+  const std::string deep = deep_json(100000);
+  write_text(dir / "config.json", R"({"model_type": "llama", "rope_scaling": )" + deep + "}");
+  expect_refused<dtrain::config_error>([&] { (void)dtrain::hf::read_config(dir / "config.json"); },
+                                       {(dir / "config.json").string(), "nested more than 128 levels deep"});
+  const fs::path adapter = dir / "adapter";
+  fs::create_directories(adapter);
+  write_text(adapter / "adapter_config.json", R"({"peft_type": "LORA", "target_modules": )" + deep + "}");
+  expect_refused<dtrain::checkpoint_error>([&] { (void)dtrain::hf::read_adapter_config(adapter); },
+                                           {(adapter / "adapter_config.json").string(), "nested more than 128"});
+  // 128 levels are read; the 129th is refused, at its byte.
+  const auto parse = [](const std::string& text) {
+    return dtrain::detail::parse_json(text, [](const std::string& p) { return dtrain::config_error(p); });
+  };
+  BOOST_TEST(parse(deep_json(dtrain::detail::json_max_depth)).is_array());
+  expect_refused<dtrain::config_error>([&] { (void)parse(deep_json(dtrain::detail::json_max_depth + 1)); },
+                                       {"at byte 128"});
+  expect_refused<dtrain::config_error>([&] { (void)parse("{\"a\": [1, 2"); }, {"not valid JSON"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -37,6 +37,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <sstream>
 #include <string>
@@ -278,9 +279,13 @@ namespace detail {
 
 DTRAIN_DECL std::string index_text(const CheckpointIndex& idx);
 
+inline checkpoint_error index_error(const std::filesystem::path& path, const std::string& problem) {
+  return checkpoint_error(quoted_path(path) + " is not a valid dtrain checkpoint index: " + problem,
+                          "the checkpoint is damaged or was not written by dtrain; load an older checkpoint");
+}
+
 [[noreturn]] inline void bad_index(const std::filesystem::path& path, const std::string& problem) {
-  throw checkpoint_error(quoted_path(path) + " is not a valid dtrain checkpoint index: " + problem,
-                         "the checkpoint is damaged or was not written by dtrain; load an older checkpoint");
+  throw index_error(path, problem);
 }
 
 DTRAIN_DECL CheckpointIndex parse_index(const std::filesystem::path& dir);

@@ -183,12 +183,8 @@ DTRAIN_DECL CheckpointIndex parse_index(const std::filesystem::path& dir) {
                                (std::filesystem::exists(dir) ? " (a save that did not finish leaves none)"
                                                              : " (the directory does not exist)"),
                            "pass a checkpoint directory, or resume=latest to take the newest complete one");
-  nlohmann::ordered_json j;  // ordered: the tensors' order is the model's
-  try {
-    j = nlohmann::ordered_json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    bad_index(path, std::string("not JSON: ") + e.what());
-  }
+  // ordered: the tensors' order is the model's
+  const auto j = parse_json(in, [&](const std::string& problem) { return index_error(path, problem); });
   CheckpointIndex idx;
   try {
     if (j.value("format", "") != checkpoint_format) bad_index(path, "its \"format\" is not \"dtrain-checkpoint\"");
@@ -224,17 +220,40 @@ DTRAIN_DECL CheckpointIndex parse_index(const std::filesystem::path& dir) {
                                   s.at("shuffle").get<bool>(),
                                   s.at("drop_last").get<bool>()};
     i.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
+    // Every file the index names is checked to lie in `dir` once, here
+    // (contained_path), so that a checkpoint from elsewhere cannot make a
+    // load read other files; PieceReader checks again where it opens them.
+    std::set<std::string> files_named;
+    const auto name_file = [&](const std::string& file) {
+      if (files_named.insert(file).second) (void)contained_path(dir, file, quoted_path(path));
+    };
     for (const auto& [name, t] : j.at("tensors").items()) {
       CheckpointTensor ct;
       ct.shape = index_shape(t.at("shape"), "shape", path);
+      // Pieces are runs of the flattened tensor: each must lie inside it,
+      // which also keeps begin + count from overflowing where they are read.
+      const auto numel = shape_bytes(ct.shape, 1);
+      if (!numel)
+        bad_index(path, "tensor '" + name + "' has the shape " + shape_text(ct.shape) +
+                            ", with a negative extent or more elements than an index can count");
       ct.trainable = t.at("trainable").get<bool>();
       for (const auto& [kind, list] : t.at("pieces").items())
-        for (const auto& p : list) ct.pieces[kind].push_back(piece_from_json(p, path));
+        for (const auto& p : list) {
+          auto piece = piece_from_json(p, path);
+          if (piece.begin > *numel || piece.count > *numel - piece.begin)
+            bad_index(path, "piece '" + piece.key + "' of tensor '" + name + "' claims " + std::to_string(piece.count) +
+                                " elements from element " + std::to_string(piece.begin) + ", beyond the tensor's " +
+                                std::to_string(*numel));
+          name_file(piece.file);
+          ct.pieces[kind].push_back(std::move(piece));
+        }
       idx.order.push_back(name);
       idx.tensors.emplace(name, std::move(ct));
     }
-    for (const auto& [file, f] : j.at("files").items())
+    for (const auto& [file, f] : j.at("files").items()) {
+      name_file(file);
       idx.files[file] = index_number<std::uint64_t>(f.at("bytes"), "bytes", path);
+    }
   } catch (const nlohmann::json::exception& e) {
     bad_index(path, std::string("a field is missing or has the wrong type: ") + e.what());
   }
@@ -372,7 +391,7 @@ DTRAIN_DECL auto PieceReader::bytes(const std::string& tensor, const std::string
 
 DTRAIN_DECL auto PieceReader::open(const std::string& file) -> const SafetensorsFile& {
   if (auto it = files_.find(file); it != files_.end()) return it->second;
-  const auto path = dir_ / file;
+  const auto path = contained_path(dir_, file, "the index of checkpoint " + quoted_path(dir_));
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
   if (ec)

@@ -84,13 +84,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     }
     if (const auto m = f.metadata().find("lora_adapter_metadata"); m != f.metadata().end()) {
       // diffusers' pipelines prefix each key with the component ("unet.r"); a model's own save does not
-      nlohmann::ordered_json j;
-      try {
-        j = nlohmann::ordered_json::parse(m->second);
-      } catch (const nlohmann::json::exception& e) {
-        throw checkpoint_error(where + ": lora_adapter_metadata is not valid JSON: " + e.what(),
-                               "save the adapters again");
-      }
+      const auto j = dtrain::detail::parse_json(m->second, [&](const std::string& problem) {
+        return checkpoint_error(where + ": lora_adapter_metadata is " + problem, "save the adapters again");
+      });
       nlohmann::ordered_json own = nlohmann::ordered_json::object();
       if (j.is_object())
         for (const auto& [key, value] : j.items()) {

@@ -119,12 +119,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
         "pipeline folder holding unet/";
     std::ifstream in(file);
     if (!in) throw config_error(where + " cannot be read", fix);
-    nlohmann::ordered_json j;
-    try {
-      j = nlohmann::ordered_json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw config_error(where + " is not valid JSON: " + e.what(), fix);
-    }
+    const auto j = dtrain::detail::parse_json(
+        in, [&](const std::string& problem) { return config_error(where + " is " + problem, fix); });
     if (!j.is_object()) throw config_error(where + " is not a JSON object", fix);
     const std::string cls = detail::get<std::string>(j, where, "_class_name", "UNet2DConditionModel");
     if (cls != "UNet2DConditionModel")

@@ -333,12 +333,9 @@ DTRAIN_DECL LmConfig read_config(std::filesystem::path path) {
   if (!in)
     throw config_error("cannot read the model config \"" + path.string() + "\"",
                        "give a transformers model directory (config.json and model.safetensors) or its config.json");
-  nlohmann::ordered_json j;
-  try {
-    j = nlohmann::ordered_json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw config_error("\"" + path.string() + "\" is not valid JSON: " + e.what(), "give the model's config.json");
-  }
+  const auto j = dtrain::detail::parse_json(in, [&](const std::string& problem) {
+    return config_error("\"" + path.string() + "\" is " + problem, "give the model's config.json");
+  });
   return parse_config(j, "\"" + path.string() + "\"");
 }
 }  // namespace dtrain::hf

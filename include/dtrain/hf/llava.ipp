@@ -115,13 +115,10 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     if (std::filesystem::is_directory(path)) path /= "config.json";
     std::ifstream in(path);
     if (!in) throw config_error("cannot read \"" + path.string() + "\"", "give a LLaVA config.json or its directory");
-    nlohmann::ordered_json j;
-    try {
-      j = nlohmann::ordered_json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw config_error("\"" + path.string() + "\" is not valid JSON: " + e.what(),
-                         "give the model's config.json as transformers wrote it");
-    }
+    const auto j = dtrain::detail::parse_json(in, [&](const std::string& problem) {
+      return config_error("\"" + path.string() + "\" is " + problem,
+                          "give the model's config.json as transformers wrote it");
+    });
     return parse_llava_config(j, "\"" + path.string() + "\"");
   }
 

@@ -239,12 +239,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
   }
 
   DTRAIN_DECL LoraConfig parse_adapter_config(const std::string& text, const std::string& where) {
-    nlohmann::ordered_json j;
-    try {
-      j = nlohmann::ordered_json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw checkpoint_error(where + " is not valid JSON: " + e.what(), "re-save the adapter");
-    }
+    const auto j = dtrain::detail::parse_json(text, [&](const std::string& problem) {
+      return checkpoint_error(where + " is " + problem, "re-save the adapter");
+    });
     if (!j.is_object()) throw checkpoint_error(where + " is not a JSON object", "re-save the adapter");
     const auto get = [&](const char* key) -> const nlohmann::ordered_json& {
       static const nlohmann::ordered_json null;

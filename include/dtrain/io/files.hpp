@@ -1,18 +1,22 @@
 #pragma once
-// Files as dtrain reads and writes them: paths quoted for messages, little-
-// endian arrays read from bytes that may be unaligned, and files written
-// atomically (a reader sees the old file or the complete new one, never a
-// part) with the directory synced so the rename survives a crash.
+// Files as dtrain reads and writes them: paths quoted for messages, file
+// names from files kept inside their directory, little-endian arrays read
+// from bytes that may be unaligned, and files written atomically (a reader
+// sees the old file or the complete new one, never a part) with the
+// directory synced so the rename survives a crash.
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <span>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -24,6 +28,17 @@ namespace dtrain::detail {
 // 'path', for messages. Built by appending: GCC 12 reports a bogus
 // -Wrestrict for "'" + p.string() + "'" at -O2 (GCC bug 105329).
 DTRAIN_DECL std::string quoted_path(const std::filesystem::path& p);
+
+// `dir` / `name`, for a file name read from a file (a checkpoint index's
+// shards, a transformers weight_map): a checkpoint may come from anyone, and
+// its index must not make dtrain read, or report on, files elsewhere. Throws
+// checkpoint_error (naming `what`, the file the name came from) unless
+// `name` is a plain file name: not empty, "." or "..", no '/', backslash or NUL,
+// at most 255 bytes, and, once symbolic links are resolved, still a file
+// inside `dir` (a link within the directory is fine, one leading out is not).
+// The file need not exist: opening it reports that.
+DTRAIN_DECL std::filesystem::path contained_path(const std::filesystem::path& dir, std::string_view name,
+                                                 std::string_view what);
 
 // Element i of a little-endian array of T in bytes that may be unaligned
 // (safetensors and .npy only promise byte alignment).

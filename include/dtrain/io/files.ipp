@@ -16,6 +16,55 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     return s;
   }
 
+  DTRAIN_DECL std::filesystem::path contained_path(const std::filesystem::path& dir, std::string_view name,
+                                                   std::string_view what) {
+    namespace fs = std::filesystem;
+    // The name as the message shows it: control bytes escaped (a NUL would
+    // cut the message short), a long name cut.
+    std::string shown;
+    for (const char c : name.substr(0, 80)) {
+      const auto u = static_cast<unsigned char>(c);
+      if (u < 0x20 || u == 0x7f) {
+        static constexpr char hex[] = "0123456789abcdef";
+        shown += {'\\', 'x', hex[u >> 4], hex[u & 0xf]};
+      } else {
+        shown += c;
+      }
+    }
+    if (name.size() > 80) shown += "...";
+    const auto refuse = [&](const std::string& problem) {
+      throw checkpoint_error(std::string(what) + " names the file '" + shown + "', which " + problem,
+                             "a checkpoint names only files in its own directory: this one is damaged or was made "
+                             "to read other files; use a copy from a source you trust");
+    };
+    const auto in_dir = " " + quoted_path(dir.empty() ? fs::path(".") : dir);
+    if (name.empty()) refuse("is empty, not a file in" + in_dir);
+    if (name.find('\0') != std::string_view::npos) refuse("holds a NUL byte, which no file name can");
+    if (name.front() == '/') refuse("is an absolute path, not a file in" + in_dir);
+    for (std::size_t at = 0; at <= name.size();) {
+      const std::size_t next = std::min(name.find_first_of("/\\", at), name.size());
+      if (name.substr(at, next - at) == "..") refuse("climbs out of its directory" + in_dir + " with \"..\"");
+      at = next + 1;
+    }
+    if (name == ".") refuse("is the directory" + in_dir + " itself, not a file in it");
+    if (name.find_first_of("/\\") != std::string_view::npos)
+      refuse("has a path separator: only a plain file name in" + in_dir + " is read");
+    if (name.size() > 255) refuse("is longer than the 255 bytes a file name can have");
+    // A name that passes the checks above is a file in `dir`, unless it is
+    // a symbolic link: resolved, it must still be inside `dir`.
+    const fs::path path = dir / fs::path(std::string(name));
+    std::error_code ec;
+    const fs::path real_dir = fs::weakly_canonical(dir.empty() ? fs::path(".") : dir, ec);
+    fs::path real;
+    if (!ec) real = fs::weakly_canonical(path, ec);
+    if (ec) refuse("cannot be resolved in" + in_dir + ": " + ec.message());
+    const fs::path rel = real.lexically_relative(real_dir);
+    if (rel == ".") refuse("is a symbolic link to its directory" + in_dir + ", not a file in it");
+    if (rel.empty() || *rel.begin() == "..")
+      refuse("is a symbolic link to " + quoted_path(real) + ", outside its directory " + quoted_path(real_dir));
+    return path;
+  }
+
   DTRAIN_DECL void write_all(int fd, std::span<const std::byte> bytes, const std::filesystem::path& tmp) {
     while (!bytes.empty()) {
       const ::ssize_t n = ::write(fd, bytes.data(), bytes.size());

@@ -10,8 +10,8 @@
 //
 // SafetensorsWriter writes it atomically; SafetensorsFile maps a file and
 // checks everything the format promises before handing out a byte, so a
-// truncated or damaged checkpoint fails with a message instead of loading
-// garbage. (load_safetensors_dataset, the dataset loader for this format, is
+// truncated, damaged or hostile file fails with a message instead of loading
+// garbage (or reading past its end). (load_safetensors_dataset, the dataset loader for this format, is
 // data/'s.)
 
 #include <fcntl.h>
@@ -56,6 +56,14 @@ constexpr std::optional<element_type> parse_element_type(std::string_view name) 
     if (info.file_name == name) return info.type;
   return std::nullopt;
 }
+
+// What a safetensors file may claim, checked before anything is allocated
+// for it: a header of at most 100 MB (the limit of Hugging Face's own
+// reader, the safetensors crate) and tensors of at most 16 dimensions. A
+// zero-sized dimension makes a shape free in data bytes, so without a rank
+// limit a header could ask for millions of dimensions.
+inline constexpr std::uint64_t safetensors_max_header_bytes = 100'000'000;
+inline constexpr std::size_t safetensors_max_rank = 16;
 
 // A tensor's entry in a safetensors header.
 struct SafetensorsEntry {

@@ -57,6 +57,11 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     if (!metadata.empty()) header["__metadata__"] = metadata;
     std::uint64_t offset = 0;
     for (const auto& e : entries) {
+      if (e.shape.size() > safetensors_max_rank)
+        throw checkpoint_error("safetensors tensor '" + e.name + "' has " + std::to_string(e.shape.size()) +
+                                   " dimensions, more than the " + std::to_string(safetensors_max_rank) +
+                                   " dtrain reads back",
+                               "reshape the tensor to fewer dimensions");
       const auto bytes = shape_bytes(e.shape, element_bytes(e.dtype));
       if (!bytes)
         throw checkpoint_error("safetensors tensor '" + e.name + "' has an invalid shape " + shape_text(e.shape),
@@ -203,13 +208,13 @@ DTRAIN_DECL auto SafetensorsFile::parse() -> void {
   if (header_len > all.size() - 8)
     corrupt("the header length " + std::to_string(header_len) + " exceeds the " + std::to_string(all.size() - 8) +
             " bytes after it");
-  const auto* text = reinterpret_cast<const char*>(all.data() + 8);
-  nlohmann::ordered_json header;
-  try {
-    header = nlohmann::ordered_json::parse(text, text + header_len);
-  } catch (const nlohmann::json::exception& ex) {
-    corrupt(std::string("the header is not valid JSON: ") + ex.what());
-  }
+  if (header_len > safetensors_max_header_bytes)
+    corrupt("the header length " + std::to_string(header_len) + " exceeds the format's limit of " +
+            std::to_string(safetensors_max_header_bytes) + " bytes");
+  const std::string_view text(reinterpret_cast<const char*>(all.data() + 8), header_len);
+  // corrupt() throws the error itself, with the file's name and fix.
+  const nlohmann::ordered_json header = detail::parse_json(
+      text, [&](const std::string& problem) -> checkpoint_error { corrupt("the header is " + problem); });
   if (!header.is_object()) corrupt("the header is not a JSON object");
   data_ = all.subspan(8 + header_len);
 
@@ -243,6 +248,9 @@ DTRAIN_DECL auto SafetensorsFile::parse_tensor(const std::string& name, const nl
   if (!dtype) corrupt(what + " has unknown dtype " + dtype_json.dump());
   const auto& shape_json = field("shape");
   if (!shape_json.is_array()) corrupt(what + " has a shape that is not an array");
+  if (shape_json.size() > safetensors_max_rank)
+    corrupt(what + " has " + std::to_string(shape_json.size()) + " dimensions, more than the " +
+            std::to_string(safetensors_max_rank) + " dtrain reads");
   std::vector<std::int64_t> shape;
   for (const auto& d : shape_json) {
     if (!d.is_number_unsigned() ||

@@ -96,12 +96,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     if (!in)
       throw config_error(where + " cannot be read",
                          "give a LeRobot policy directory holding config.json (ACTPolicy.save_pretrained writes one)");
-    nlohmann::ordered_json j;
-    try {
-      j = nlohmann::ordered_json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw config_error(where + " is not valid JSON: " + e.what(), "re-save the policy with save_pretrained");
-    }
+    const auto j = dtrain::detail::parse_json(in, [&](const std::string& problem) {
+      return config_error(where + " is " + problem, "re-save the policy with save_pretrained");
+    });
     if (!j.is_object()) throw config_error(where + " is not a JSON object", "re-save the policy with save_pretrained");
     const std::string type = detail::get<std::string>(j, where, "type", "");
     if (type != "act")
