@@ -12,7 +12,13 @@
 //                     every tensor's view, then load_safetensors_dataset
 //   checkpoint_index  the bytes as a checkpoint's index.json: list_checkpoints
 //                     over its parent (the parser checkpoint_info and
-//                     is_checkpoint share)
+//                     is_checkpoint share), then every piece it names read
+//                     as a load reads it (the files it names must be the
+//                     checkpoint's own: a file beside it must stay unread)
+//   hf_index          the bytes as a transformers model.safetensors.index.json
+//                     beside a valid shard (and a file outside the model's
+//                     directory that no weight_map may reach):
+//                     hf::open_checkpoint, then every tensor of every shard
 //   config            the examples' command line: the bytes split at '\n'
 //                     into arguments (key=value ...), or, when the first
 //                     line is "yaml", the rest as a --config YAML file
@@ -47,6 +53,7 @@
 
 #include <dtrain/checkpoint/checkpoint.hpp>
 #include <dtrain/data/dataset.hpp>
+#include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/lora.hpp>
 #include <dtrain/io/npy.hpp>
@@ -88,6 +95,51 @@ inline void checkpoint_index(std::span<const unsigned char> data, const fs::path
   // strictest of them: it lets anything but a checkpoint_error escape, so one
   // parse per input checks all three.
   (void)list_checkpoints(scratch / "ckpt");
+  // A load reads the pieces' files: each must be refused unless it is a
+  // file of the checkpoint (missing here, or the index itself).
+  try {
+    const auto index = detail::parse_index(dir);
+    detail::PieceReader reader(dir, index.files);
+    for (const auto& [tensor, t] : index.tensors)
+      for (const auto& [kind, pieces] : t.pieces)
+        for (const auto& p : pieces) {
+          try {
+            (void)reader.bytes(tensor, kind, p);
+          } catch (const dtrain::error&) {
+          }
+        }
+  } catch (const dtrain::error&) {
+  }
+}
+
+inline void hf_index(std::span<const unsigned char> data, const fs::path& scratch) {
+  const fs::path dir = scratch / "hf_model";
+  const fs::path shard = dir / "model-00001-of-00001.safetensors";
+  if (!fs::exists(shard)) {
+    fs::create_directories(dir);
+    static const std::vector<float> values{1.f, 2.f, 3.f, 4.f};
+    SafetensorsWriter w;
+    w.add("model.a.weight", {2, 2}, values);
+    w.add("b", {4}, values);
+    w.write(shard);
+    w.write(scratch / "outside.safetensors");  // valid, and no index may reach it
+  }
+  write_bytes(dir / "model.safetensors.index.json", data);
+  // Names that make open_checkpoint look tensors up: a prefix to drop, a
+  // fused pair, a transposed one.
+  static const hf::TransformersNames names = [] {
+    hf::TransformersNames n;
+    n.tensors = {{"0.weight", {"model.a.weight"}}, {"0.fused", {"a.weight", "b"}}, {"1.weight", {"c"}}};
+    n.transposed = {"0.weight"};
+    n.optional_prefix = "model.";
+    return n;
+  }();
+  try {
+    const auto sources = hf::open_checkpoint(dir, names);
+    for (const auto& f : sources.files)
+      for (const auto& name : f.names()) (void)f.tensor(name);
+  } catch (const dtrain::error&) {
+  }
 }
 
 // The bytes split at '\n', each line cut at its first NUL (what an argument
@@ -263,10 +315,17 @@ struct Target {
 };
 
 // Every target, by the name its corpus folder (tests/corpus/NAME) has.
-inline constexpr Target targets[] = {
-    {"safetensors", safetensors}, {"checkpoint_index", checkpoint_index}, {"config", config},
-    {"hf_config", hf_config},     {"adapter_config", adapter_config},     {"npy", npy},
-    {"tokens", tokens},           {"sft_records", sft_records},           {"launcher_flags", launcher_flags},
-    {"launch_env", launch_env},   {"error_record", error_record}};
+inline constexpr Target targets[] = {{"safetensors", safetensors},
+                                     {"checkpoint_index", checkpoint_index},
+                                     {"hf_index", hf_index},
+                                     {"config", config},
+                                     {"hf_config", hf_config},
+                                     {"adapter_config", adapter_config},
+                                     {"npy", npy},
+                                     {"tokens", tokens},
+                                     {"sft_records", sft_records},
+                                     {"launcher_flags", launcher_flags},
+                                     {"launch_env", launch_env},
+                                     {"error_record", error_record}};
 
 }  // namespace dtrain::fuzz
