@@ -107,7 +107,7 @@ class DtrainConan(ConanFile):
     def system_requirements(self):
         # Checked (not installed) unless tools.system.package_manager:mode=install;
         # a missing package fails here with its name. Only apt systems are known.
-        Apt(self).install(["libgloo-dev", "libopenblas-dev"])
+        Apt(self).install(["libgloo-dev", "libopenblas-dev", "libssl-dev"])
 
     def generate(self):
         tc = CMakeToolchain(self)
@@ -144,4 +144,4 @@ class DtrainConan(ConanFile):
         self.cpp_info.builddirs = [os.path.join("share", "cmake", "dtrain")]
         # For generators other than CMake (not tested): the system libraries the
         # CMake config would link.
-        self.cpp_info.system_libs = ["gloo", "openblas", "pthread", "dl"]
+        self.cpp_info.system_libs = ["gloo", "openblas", "crypto", "pthread", "dl"]

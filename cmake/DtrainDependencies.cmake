@@ -18,6 +18,8 @@ if(NOT DEFINED BLA_VENDOR)
 endif()
 find_package(BLAS REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
+# HMAC-SHA256 for the job token's challenge-response (comm/auth.hpp).
+find_package(OpenSSL 1.1.1 REQUIRED COMPONENTS Crypto)
 
 if(NOT DEFINED DTRAIN_CUDA)
   set(DTRAIN_CUDA AUTO)
@@ -97,7 +99,7 @@ function(dtrain_link_dependencies target)
   # Gloo's Debian package exports a bare `gloo` target.
   # dlopen (oneDNN's GEMM, cuDNN) lives in libdl before glibc 2.34.
   target_link_libraries(${target} INTERFACE Threads::Threads range-v3::range-v3 gloo BLAS::BLAS
-                        nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
+                        nlohmann_json::nlohmann_json OpenSSL::Crypto ${CMAKE_DL_LIBS})
   if(DTRAIN_WITH_CUDA)
     target_link_libraries(${target} INTERFACE CUDA::cudart CUDA::cublas NCCL::NCCL)
     target_compile_definitions(${target} INTERFACE DTRAIN_HAS_CUDA=1)

@@ -18,6 +18,7 @@
 #include <dtrain/backend/host/device.hpp>
 #include <dtrain/backend/host/device_isa.hpp>
 #include <dtrain/checkpoint/checkpoint.hpp>
+#include <dtrain/comm/auth.hpp>
 #include <dtrain/comm/store.hpp>
 #include <dtrain/comm/tracker.hpp>
 #include <dtrain/comm/world.hpp>

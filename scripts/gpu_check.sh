@@ -81,6 +81,7 @@ arch=x86_64-linux-gnu
 packages=(
   ninja-build
   libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200
+  libssl-dev libssl3
   librange-v3-dev nlohmann-json3-dev libyaml-cpp-dev libyaml-cpp0.7
   libboost1.74-dev libboost-test1.74-dev libboost-test1.74.0
   libopenblas-dev libopenblas-pthread-dev libopenblas0 libopenblas0-pthread libgfortran5 libquadmath0

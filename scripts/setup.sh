@@ -9,8 +9,9 @@ build="${DTRAIN_BUILD_DIR:-$root/build}"
 
 # What building and the main job need (demo.sh).
 # libdnnl2: oneDNN, the host's GEMM engine where it is installed (loaded at run time; OpenBLAS otherwise).
+# libssl-dev: OpenSSL's libcrypto, the HMAC-SHA256 of the job token's handshake (docs/security.md).
 packages=(cmake g++ make ninja-build pkg-config libgloo-dev librange-v3-dev libboost-test-dev libopenblas-dev
-          libdnnl2 libyaml-cpp-dev nlohmann-json3-dev python3)
+          libssl-dev libdnnl2 libyaml-cpp-dev nlohmann-json3-dev python3)
 # What the tests add (test.sh sets DTRAIN_SETUP_FOR=tests):
 # python3-torch: the tests that read checkpoints with PyTorch, and the benchmarks' peer.
 # python3-venv: the tests' pinned PyPI packages (transformers, peft, safetensors, tensorboard, conan).

@@ -210,7 +210,11 @@ void print_environment() {
   std::sort(extra.begin(), extra.end());
   for (const auto& kv : extra) {
     const auto eq = kv.find('=');
-    std::printf("  %-26s %s\n", kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
+    // The job's secret is never printed: doctor output gets pasted into issues.
+    const bool secret = kv.substr(0, eq) == "DTRAIN_JOB_TOKEN";
+    const std::string value =
+        secret ? "(set, " + std::to_string(kv.size() - eq - 1) + " characters; not shown)" : kv.substr(eq + 1);
+    std::printf("  %-26s %s\n", kv.substr(0, eq).c_str(), value.c_str());
   }
 }
 

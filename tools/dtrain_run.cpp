@@ -652,6 +652,9 @@ int launch(const dtrain::RunOptions& opts) {
   for (char** e = environ; *e; ++e) inherited.emplace_back(*e);
   LauncherSignals signals;
   bool pick_port = opts.nnodes == 1 && opts.master_port.value_or(0) == 0;
+  // One token for the whole launch, restarts included: a rank restarted on
+  // this node must still be admitted by the other nodes' ranks.
+  const std::string token = dtrain::job_token_for(opts, dtrain::process_env);
   for (int restart = 0;; ++restart) {
     dtrain::GroupLayout layout{
         .nproc_per_node = nproc,
@@ -660,7 +663,8 @@ int launch(const dtrain::RunOptions& opts) {
         .restart_count = restart,
         .job_id = job_id(restart),
         .log_dir = log_dir,
-        .error_dir = error_dir};
+        .error_dir = error_dir,
+        .job_token = token};
     Group group(opts, layout, path, inherited, signals);
     Outcome outcome = group.run();
     dtrain::remove_job_segments(layout.job_id);
@@ -702,6 +706,10 @@ int main(int argc, char** argv) {
   }
   if (opts.version) {
     write_all(1, "dtrain-run " + std::string(dtrain::version) + "\n");
+    return 0;
+  }
+  if (opts.new_token) {
+    write_all(1, dtrain::new_job_token() + "\n");
     return 0;
   }
   try {

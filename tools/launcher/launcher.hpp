@@ -71,6 +71,7 @@ struct RunOptions {
   double grace_period_s = 5.0;
   bool help = false;
   bool version = false;
+  bool new_token = false;  // --new-token: print a fresh job token and exit
   // torchrun's rendezvous flags. They end up as master_addr / master_port:
   // dtrain's rendezvous is rank 0's TCP store, whichever backend is named.
   bool standalone = false;
@@ -129,13 +130,15 @@ options (torchrun's spellings with '_' are accepted too, and --flag=value):
                                write straight to dtrain-run's stdout/stderr
   --grace-period S             seconds between SIGTERM and SIGKILL when
                                stopping ranks (default 5)
+  --new-token                  print a fresh random job token and exit (for
+                               DTRAIN_JOB_TOKEN on several nodes)
   -h, --help                   show this help and exit
   --version                    show the version and exit
 
 torchrun's -m/--module and --run-path (Python only) are errors.
 
 each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
-MASTER_ADDR, MASTER_PORT, DTRAIN_RUN=1, DTRAIN_RESTART_COUNT, DTRAIN_JOB_ID,
+MASTER_ADDR, MASTER_PORT, DTRAIN_JOB_TOKEN, DTRAIN_RUN=1, DTRAIN_RESTART_COUNT, DTRAIN_JOB_ID,
 TORCHELASTIC_RUN_ID, DTRAIN_LAUNCH_DEVICE=gpu with --nproc-per-node gpu, and
 OMP_NUM_THREADS / OPENBLAS_NUM_THREADS = max(1, cores / nproc) unless set
 (OPENBLAS_NUM_THREADS no more than a quarter of ulimit -v holds at 136 MiB each).
@@ -374,6 +377,9 @@ inline RunOptions parse_run_options(std::span<const std::string> args) {
     } else if (arg == "--version") {
       flag_only();
       o.version = true;
+    } else if (arg == "--new-token") {
+      flag_only();
+      o.new_token = true;
     } else if (arg == "--prefix" || arg == "--no-prefix") {
       flag_only();
       o.prefix = arg == "--prefix";
@@ -440,7 +446,7 @@ inline RunOptions parse_run_options(std::span<const std::string> args) {
     o.program = args[i];
     o.program_args.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
   }
-  if (!o.help && !o.version) detail::apply_rendezvous(o, nnodes_given, node_rank_given);
+  if (!o.help && !o.version && !o.new_token) detail::apply_rendezvous(o, nnodes_given, node_rank_given);
   detail::check_run_options(o);
   return o;
 }
@@ -507,7 +513,29 @@ struct GroupLayout {
   // This run's folder of the ranks' error records (rank_error_file): the log
   // folder, or a private one dtrain-run removes; empty for none.
   std::string error_dir;
+  // The job's secret (job_token_for), given to every rank as DTRAIN_JOB_TOKEN;
+  // empty under DTRAIN_INSECURE_NO_TOKEN=1.
+  std::string job_token;
 };
+
+// The token this launch gives its ranks: DTRAIN_JOB_TOKEN from the
+// environment (checked), else a fresh one when this dtrain-run starts the
+// whole job (one node); several nodes must share one, which no node can
+// make for the others, so it must be given. Empty only when the user asked
+// for DTRAIN_INSECURE_NO_TOKEN=1.
+inline std::string job_token_for(const RunOptions& o, const EnvLookup& env) {
+  if (auto given = env("DTRAIN_JOB_TOKEN"); given && !given->empty()) {
+    check_job_token(*given, "DTRAIN_JOB_TOKEN");
+    return *given;
+  }
+  if (auto insecure = env("DTRAIN_INSECURE_NO_TOKEN"); insecure && *insecure == "1") return {};
+  if (o.nnodes == 1) return new_job_token();
+  throw launch_error("a job of " + std::to_string(o.nnodes) +
+                         " nodes needs one job token on every node, and DTRAIN_JOB_TOKEN is not set",
+                     "make one with `export DTRAIN_JOB_TOKEN=$(dtrain-run --new-token)` where the job starts "
+                     "and pass it to every node's dtrain-run (srun and sbatch pass exported variables on; "
+                     "see docs/security.md), or set DTRAIN_INSECURE_NO_TOKEN=1 to run without one");
+}
 
 // Where one stream (StdStreams::out or ::err) of a local rank goes, by
 // torchrun's rule: --tee is --redirects plus the console.
@@ -603,6 +631,7 @@ inline std::vector<std::string> rank_environment(const RunOptions& o, const Grou
       {"DTRAIN_RUN", "1"},
       {"DTRAIN_RESTART_COUNT", num(g.restart_count)},
       {"DTRAIN_JOB_ID", g.job_id},
+      {"DTRAIN_JOB_TOKEN", g.job_token},
       {"OMP_NUM_THREADS", threads},
       {"OPENBLAS_NUM_THREADS", blas_threads},
       {"TORCHELASTIC_RUN_ID", o.rdzv_id},

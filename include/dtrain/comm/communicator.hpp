@@ -63,6 +63,17 @@ struct CommOptions {
   // large enough to amortise the hand-shakes, small enough to stay in cache.
   std::size_t shm_part_bytes = std::size_t{256} << 10;
   gpu_transport gpu = gpu_transport::nccl;
+  // The job's secret (DTRAIN_JOB_TOKEN; dtrain-run makes one per job): the
+  // rendezvous and the ranks' Gloo connections admit only peers that prove
+  // it (comm/auth.hpp, docs/security.md). A world of more than one rank
+  // needs it, unless insecure_no_token.
+  std::string job_token{};
+  // DTRAIN_INSECURE_NO_TOKEN=1: run with no token, and a warning; any process
+  // that reaches the rendezvous port can then join the job.
+  bool insecure_no_token = false;
+  // DTRAIN_STORE_BIND: the address rank 0's rendezvous listens on; empty:
+  // the master address (0.0.0.0 only when asked).
+  std::string store_bind{};
 };
 
 namespace detail {

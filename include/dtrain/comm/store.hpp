@@ -11,6 +11,15 @@
 // AGE key -> found(u8) value i64 (milliseconds since the key was last set);
 // ADD key i64 -> i64; HELLO rank -> ok. Waiting is done by the client (poll
 // GET with backoff) so the server never blocks on one client.
+//
+// Before any request, each connection is authenticated (comm/auth.hpp): the
+// server sends "DTRS", a version byte, a mode byte (1: the job has a token)
+// and its nonce (32 bytes); the client answers with its nonce and its proof
+// (32 + 32 bytes); the server answers 1 and its own proof, or 0 and closes.
+// Until then the server reads at most those 64 bytes from the client and
+// answers nothing else: a stranger can neither read nor write a key.
+// Limits (StoreLimits) bound what any client, authenticated or not, can make
+// the server hold: pending handshakes, their time, connections, a request's size.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -40,6 +49,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/comm/auth.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/macros.hpp"
 #include "dtrain/core/parse.hpp"
@@ -91,18 +101,53 @@ DTRAIN_DECL std::int64_t bytes_i64(std::string_view s);
 
 // Parses one complete request from buf starting at 0; returns bytes consumed
 // (0 if incomplete) and fills cmd/args.
-DTRAIN_DECL std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vector<std::string_view>& args);
+// A request whose declared argument is longer than `max_arg` returns
+// request_too_large.
+inline constexpr std::size_t request_too_large = std::numeric_limits<std::size_t>::max();
+DTRAIN_DECL std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vector<std::string_view>& args,
+                                      std::size_t max_arg = std::numeric_limits<std::uint32_t>::max());
+
+// The handshake's fixed sizes (see the top of this file).
+inline constexpr std::string_view store_magic = "DTRS";
+inline constexpr std::uint8_t store_protocol_version = 1;
+inline constexpr std::size_t store_hello_bytes = 4 + 1 + 1 + auth_nonce_bytes;
+inline constexpr std::size_t store_answer_bytes = auth_nonce_bytes + auth_proof_bytes;
+inline constexpr std::size_t store_verdict_bytes = 1 + auth_proof_bytes;
+inline constexpr std::string_view store_client_role = "dtrain-store-client";
+inline constexpr std::string_view store_server_role = "dtrain-store-server";
 
 inline std::string endpoint(const std::string& host, int port) { return host + ":" + std::to_string(port); }
 
+// The IPv4 address rank 0's rendezvous listens on for a master address:
+// the address the name resolves to ("localhost" -> 127.0.0.1), so the store
+// is reachable where the ranks were told to look and nowhere else.
+DTRAIN_DECL std::string bind_address_of(const std::string& master_addr);
+
 }  // namespace detail
+
+// What one rendezvous server holds at most: hostile or broken clients cost
+// it a bounded amount of memory, descriptors and time, and never stall it.
+struct StoreLimits {
+  // A connection that has not proved the token by then is closed.
+  std::chrono::milliseconds handshake_timeout = std::chrono::seconds(10);
+  // Connections still in their handshake; past it the oldest is closed.
+  std::size_t max_pending = 512;
+  // Open connections in all; past it a new one is closed at once.
+  std::size_t max_clients = 8192;
+  // The largest key or value a request may carry; a client declaring more
+  // is closed (the largest dtrain writes is a rank's Gloo address list).
+  std::size_t max_request_bytes = std::size_t{64} << 20;
+};
 
 // Hosts the key-value map. One poll() thread serves every client.
 class TcpStoreServer {
  public:
-  // port 0 picks a free port (see port()). Binds all interfaces so ranks on
-  // other nodes can reach it.
-  DTRAIN_DECL explicit TcpStoreServer(int port, std::string_view bind_addr = "0.0.0.0");
+  // port 0 picks a free port (see port()). `bind_addr`: the IPv4 address to
+  // listen on (World binds the master address; "0.0.0.0" every interface).
+  // `token`: the job token every client must prove; empty: no check (only
+  // for a job run with DTRAIN_INSECURE_NO_TOKEN, and for port probes).
+  DTRAIN_DECL explicit TcpStoreServer(int port, std::string_view bind_addr = "0.0.0.0", std::string token = {},
+                                      StoreLimits limits = {});
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   DTRAIN_DECL ~TcpStoreServer();
@@ -113,8 +158,21 @@ class TcpStoreServer {
   struct Client {
     detail::Fd fd;
     std::string in;
-    int rank = -1;  // announced by TcpStore::announce; -1 for anonymous clients
+    int rank = -1;              // announced by TcpStore::announce; -1 for anonymous clients
+    bool authenticated = false;  // proved the token (or the job has none)
+    std::string nonce;           // the server's challenge to this client
+    std::string peer;            // address:port, for the log
+    detail::steady::time_point since{};
   };
+
+  // A client passed or failed the handshake (its 64 bytes are in c.in).
+  DTRAIN_DECL bool check_answer(Client& c);
+
+  // Logs a refused or dropped client, naming its address (the first few of
+  // each kind, then every thousandth: a flood does not flood the log).
+  DTRAIN_DECL void refuse(const Client& c, std::string_view why);
+
+  DTRAIN_DECL void accept_clients(std::vector<Client>& clients);
 
   // A client hung up: when it was the last connection of its rank, that
   // rank has left the job, and waits for keys it was to set can fail now.
@@ -127,6 +185,9 @@ class TcpStoreServer {
   detail::Fd listen_;
   int wake_[2] = {-1, -1};
   int port_ = 0;
+  std::string token_;
+  StoreLimits limits_;
+  std::size_t refused_ = 0;
   static constexpr auto linger = std::chrono::seconds(30);
   static constexpr auto failing_linger = std::chrono::seconds(3);
   std::atomic<bool> stop_{false};
@@ -140,11 +201,15 @@ class TcpStoreServer {
 // A client of TcpStoreServer. Thread-safe; every call is bounded by a timeout.
 class TcpStore {
  public:
-  DTRAIN_DECL TcpStore(std::string host, int port, std::chrono::milliseconds timeout);
+  // `token`: the job's token, proved to the server on connecting; empty
+  // only when the server has none (DTRAIN_INSECURE_NO_TOKEN).
+  DTRAIN_DECL TcpStore(std::string host, int port, std::chrono::milliseconds timeout, std::string token = {});
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   const std::string& host() const { return host_; }
   int port() const { return port_; }
+  // The job token this client proves (for another connection of the same rank).
+  const std::string& token() const { return token_; }
   // The local IP address of this rank's connection to the master: the
   // interface other ranks can reach us on (used for Gloo's transport).
   const std::string& local_address() const { return local_address_; }
@@ -181,6 +246,11 @@ class TcpStore {
  private:
   DTRAIN_DECL void connect();
 
+  // The handshake on a fresh connection. Returns "" when authenticated, else
+  // why the connection was lost (the caller retries); throws when the
+  // server refused this client or speaks something else.
+  DTRAIN_DECL std::string handshake(int fd, detail::steady::time_point deadline);
+
   // GET or AGE: whether the key exists, its value, and for AGE its age.
   DTRAIN_DECL std::tuple<bool, std::string, std::chrono::milliseconds> lookup(detail::store_cmd cmd,
                                                                               std::string_view key);
@@ -194,6 +264,7 @@ class TcpStore {
   std::string host_;
   int port_;
   std::chrono::milliseconds timeout_;
+  std::string token_;
   std::string local_address_;
   detail::Fd fd_;
   std::string broken_;  // why the connection failed; under mu_

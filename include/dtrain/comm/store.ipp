@@ -7,6 +7,10 @@
 #include "dtrain/comm/store.hpp"
 #include "dtrain/core/stop_signal.hpp"
 
+#include <sys/resource.h>
+
+#include <cstdio>
+
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
     namespace dtrain {
@@ -55,7 +59,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     return v;
   }
 
-  DTRAIN_DECL std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vector<std::string_view>& args) {
+  DTRAIN_DECL std::size_t parse_request(std::string_view buf, store_cmd& cmd, std::vector<std::string_view>& args,
+                                        std::size_t max_arg) {
     if (buf.empty()) return 0;
     cmd = static_cast<store_cmd>(buf[0]);
     const int nargs = cmd == store_cmd::get || cmd == store_cmd::hello || cmd == store_cmd::age ? 1 : 2;
@@ -64,19 +69,45 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     for (int i = 0; i < nargs; ++i) {
       if (buf.size() < pos + 4) return 0;
       const std::uint32_t len = get_u32(buf.data() + pos);
-      if (buf.size() < pos + 4 + len) return 0;
+      if (len > max_arg) return request_too_large;
+      if (buf.size() - pos - 4 < len) return 0;
       args.emplace_back(buf.data() + pos + 4, len);
       pos += 4 + len;
     }
     return pos;
+  }
+
+  DTRAIN_DECL std::string bind_address_of(const std::string& master_addr) {
+    if (master_addr.empty()) return "0.0.0.0";
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (const int rc = ::getaddrinfo(master_addr.c_str(), nullptr, &hints, &res); rc != 0 || res == nullptr)
+      throw launch_error("rank 0 cannot resolve the master address '" + master_addr + "': " + ::gai_strerror(rc),
+                         "set MASTER_ADDR to this machine's name or IPv4 address (or DTRAIN_STORE_BIND to the "
+                         "address the rendezvous should listen on)");
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, text, sizeof text);
+    ::freeaddrinfo(res);
+    return text;
   }
   }  // namespace detail
 }  // namespace dtrain
 
 namespace dtrain {
 
-DTRAIN_DECL TcpStoreServer::TcpStoreServer(int port, std::string_view bind_addr) {
-  detail::Fd fd{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+DTRAIN_DECL TcpStoreServer::TcpStoreServer(int port, std::string_view bind_addr, std::string token,
+                                           StoreLimits limits)
+    : token_(std::move(token)), limits_(limits) {
+  // Each client costs a descriptor: raise this process's soft limit to its
+  // hard one, so that hundreds of ranks (and a flood) meet StoreLimits, not EMFILE.
+  if (rlimit nofile{}; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  // Non-blocking: the serve thread accepts until none is waiting.
+  detail::Fd fd{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
   if (fd.get() < 0) throw launch_error("cannot create the rendezvous socket: " + detail::errno_text());
   const int one = 1;
   ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -85,14 +116,18 @@ DTRAIN_DECL TcpStoreServer::TcpStoreServer(int port, std::string_view bind_addr)
   addr.sin_port = htons(static_cast<std::uint16_t>(port));
   if (::inet_pton(AF_INET, std::string(bind_addr).c_str(), &addr.sin_addr) != 1)
     throw launch_error("invalid rendezvous bind address '" + std::string(bind_addr) + "'",
-                       "give an IPv4 address such as 0.0.0.0");
+                       "give an IPv4 address of this machine (DTRAIN_STORE_BIND), or 0.0.0.0 for every interface");
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     const bool in_use = errno == EADDRINUSE;
     throw launch_error(
         "rank 0 cannot host the rendezvous on port " + std::to_string(port) + ": " + detail::errno_text(),
         in_use ? "another job (or a stale process) holds this port: choose another with "
                  "--master-port / MASTER_PORT, or stop the other process"
-               : "check MASTER_PORT and that this process may bind it");
+        : errno == EADDRNOTAVAIL
+            ? "the address " + std::string(bind_addr) +
+                  " is not one of this machine's: rank 0 listens on the master address; set MASTER_ADDR to "
+                  "this machine's address, or DTRAIN_STORE_BIND=0.0.0.0 to listen on every interface"
+            : std::string("check MASTER_PORT and that this process may bind it"));
   }
   if (::listen(fd.get(), 1024) != 0)
     throw launch_error("cannot listen on the rendezvous socket: " + detail::errno_text());
@@ -131,48 +166,144 @@ DTRAIN_DECL auto TcpStoreServer::departed(const Client& c) -> void {
   list += ',';
 }
 
+DTRAIN_DECL auto TcpStoreServer::refuse(const Client& c, std::string_view why) -> void {
+  ++refused_;
+  if (refused_ <= 20 || refused_ % 1000 == 0)
+    std::fprintf(stderr, "dtrain: the rendezvous on port %d refused a client from %s: %.*s%s\n", port_,
+                 c.peer.c_str(), static_cast<int>(why.size()), why.data(),
+                 refused_ == 20 ? " (further refusals: one line per thousand)" : "");
+}
+
+DTRAIN_DECL auto TcpStoreServer::accept_clients(std::vector<Client>& clients) -> void {
+  for (;;) {
+    sockaddr_in from{};
+    socklen_t len = sizeof from;
+    const int fd = ::accept4(listen_.get(), reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        // Out of descriptors: the oldest handshake makes room (a flood of
+        // silent connections must not lock the ranks out), else wait.
+        const auto oldest = std::find_if(clients.begin(), clients.end(), [](const Client& c) { return !c.authenticated; });
+        if (oldest == clients.end()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          return;
+        }
+        refuse(*oldest, "out of file descriptors; the oldest unauthenticated connection was closed");
+        clients.erase(oldest);
+        continue;
+      }
+      return;  // EAGAIN: no more waiting
+    }
+    Client c;
+    c.fd = detail::Fd{fd};
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &from.sin_addr, text, sizeof text);
+    c.peer = detail::endpoint(text, ntohs(from.sin_port));
+    c.since = detail::steady::now();
+    if (clients.size() >= limits_.max_clients) {
+      refuse(c, "the store already serves " + std::to_string(clients.size()) + " connections (its limit)");
+      continue;
+    }
+    const auto pending = static_cast<std::size_t>(
+        std::count_if(clients.begin(), clients.end(), [](const Client& k) { return !k.authenticated; }));
+    if (pending >= limits_.max_pending) {
+      const auto oldest = std::find_if(clients.begin(), clients.end(), [](const Client& k) { return !k.authenticated; });
+      refuse(*oldest, "too many connections in their handshake; the oldest was closed");
+      clients.erase(oldest);
+    }
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c.nonce = detail::random_bytes(detail::auth_nonce_bytes);
+    std::string hello(detail::store_magic);
+    hello.push_back(static_cast<char>(detail::store_protocol_version));
+    hello.push_back(token_.empty() ? 0 : 1);
+    hello += c.nonce;
+    // A fresh socket's buffer takes these 38 bytes at once.
+    if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) continue;
+    clients.push_back(std::move(c));
+  }
+}
+
+DTRAIN_DECL auto TcpStoreServer::check_answer(Client& c) -> bool {
+  const std::string_view answer(c.in);
+  const auto client_nonce = answer.substr(0, detail::auth_nonce_bytes);
+  const auto proof = answer.substr(detail::auth_nonce_bytes, detail::auth_proof_bytes);
+  std::string verdict(detail::store_verdict_bytes, '\0');
+  if (!token_.empty()) {
+    if (!detail::same_bytes(proof, detail::auth_proof(token_, detail::store_client_role, c.nonce, client_nonce))) {
+      refuse(c, "it did not prove the job token (a wrong token, none, or not a dtrain rank)");
+      verdict[0] = 0;
+      [[maybe_unused]] auto w = ::send(c.fd.get(), verdict.data(), verdict.size(), MSG_NOSIGNAL);
+      return false;
+    }
+    const auto mine = detail::auth_proof(token_, detail::store_server_role, c.nonce, client_nonce);
+    verdict.replace(1, mine.size(), mine);
+  }
+  verdict[0] = 1;
+  c.authenticated = true;
+  c.in.clear();
+  return ::send(c.fd.get(), verdict.data(), verdict.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(verdict.size());
+}
+
 DTRAIN_DECL auto TcpStoreServer::serve() -> void {
   std::vector<Client> clients;
   std::vector<pollfd> fds;
   while (!stop_) {
     fds.assign({{listen_.get(), POLLIN, 0}, {wake_[0], POLLIN, 0}});
     for (auto& c : clients) fds.push_back({c.fd.get(), POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
+    // Handshakes time out: wake up to close the ones past their deadline.
+    const bool pending = std::any_of(clients.begin(), clients.end(), [](const Client& c) { return !c.authenticated; });
+    if (::poll(fds.data(), fds.size(), pending ? 250 : -1) < 0) {
       if (errno == EINTR) continue;
       return;
     }
-    if (fds[0].revents & POLLIN) {
-      const int c = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (c >= 0) {
-        const int one = 1;
-        ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        clients.push_back({detail::Fd{c}, {}});
-      }
-    }
     std::vector<bool> dead(clients.size(), false);
-    for (std::size_t i = 0; i < fds.size() - 2; ++i) {
-      if (!(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      dead[i] = !read_and_answer(clients[i]);
+    const auto now = detail::steady::now();
+    for (std::size_t i = 0; i < clients.size(); ++i) {
+      if (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) dead[i] = !read_and_answer(clients[i]);
+      if (!dead[i] && !clients[i].authenticated && now - clients[i].since > limits_.handshake_timeout) {
+        refuse(clients[i], "it did not complete the handshake within " +
+                               std::to_string(limits_.handshake_timeout.count()) + " ms");
+        dead[i] = true;
+      }
     }
     for (std::size_t i = clients.size(); i-- > 0;)
       if (dead[i]) {
         departed(clients[i]);
         clients.erase(clients.begin() + static_cast<std::ptrdiff_t>(i));
       }
-    connected_.store(clients.size());
+    if (fds[0].revents & POLLIN) accept_clients(clients);
+    connected_.store(static_cast<std::size_t>(
+        std::count_if(clients.begin(), clients.end(), [](const Client& c) { return c.authenticated; })));
   }
 }
 
 DTRAIN_DECL auto TcpStoreServer::read_and_answer(Client& c) -> bool {
   char buf[65536];
-  const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
-  if (n <= 0) return n < 0 && (errno == EINTR || errno == EAGAIN);
+  // Before the handshake, only the client's answer is read: a stranger
+  // cannot make the server hold more than these 64 bytes.
+  const std::size_t want = c.authenticated ? sizeof buf : detail::store_answer_bytes - c.in.size();
+  const ssize_t n = ::recv(c.fd.get(), buf, want, 0);
+  if (n <= 0) {
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (!c.authenticated) refuse(c, "it closed the connection before proving the job token");
+    return false;
+  }
   c.in.append(buf, static_cast<std::size_t>(n));
+  if (!c.authenticated) return c.in.size() < detail::store_answer_bytes || check_answer(c);
   detail::store_cmd cmd{};
   std::vector<std::string_view> args;
   std::size_t used = 0;
   std::string reply;
-  while (std::size_t k = detail::parse_request(std::string_view(c.in).substr(used), cmd, args)) {
+  for (;;) {
+    const std::size_t k = detail::parse_request(std::string_view(c.in).substr(used), cmd, args, limits_.max_request_bytes);
+    if (k == 0) break;
+    if (k == detail::request_too_large) {
+      refuse(c, "a request declared more than the store's limit of " + std::to_string(limits_.max_request_bytes) +
+                    " bytes");
+      return false;
+    }
     used += k;
     switch (cmd) {
       case detail::store_cmd::set:
@@ -211,21 +342,29 @@ DTRAIN_DECL auto TcpStoreServer::read_and_answer(Client& c) -> bool {
         detail::put_str(reply, v);
         break;
       }
-      default: return false;  // not a dtrain client: drop it
+      default: refuse(c, "it sent an unknown request"); return false;
     }
   }
   c.in.erase(0, used);
+  // Replies go out whole: the socket is non-blocking, so a client that
+  // stops reading gets its own deadline rather than stalling the others.
+  const auto deadline = detail::steady::now() + limits_.handshake_timeout;
   std::size_t sent = 0;
   while (sent < reply.size()) {
     const ssize_t w = ::send(c.fd.get(), reply.data() + sent, reply.size() - sent, MSG_NOSIGNAL);
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      if (detail::wait_fd(c.fd.get(), POLLOUT, deadline)) continue;
+      refuse(c, "it did not read its answers");
+      return false;
+    }
     if (w <= 0) return false;
     sent += static_cast<std::size_t>(w);
   }
   return true;
 }
 
-DTRAIN_DECL TcpStore::TcpStore(std::string host, int port, std::chrono::milliseconds timeout)
-    : host_(std::move(host)), port_(port), timeout_(timeout) {
+DTRAIN_DECL TcpStore::TcpStore(std::string host, int port, std::chrono::milliseconds timeout, std::string token)
+    : host_(std::move(host)), port_(port), timeout_(timeout), token_(std::move(token)) {
   connect();
 }
 
@@ -338,6 +477,11 @@ DTRAIN_DECL auto TcpStore::connect() -> void {
           }
         }
         if (r == 0) {
+          const std::string lost_why = handshake(fd.get(), deadline);
+          if (!lost_why.empty()) {
+            last_error = lost_why;
+            continue;
+          }
           ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
           const int one = 1;
           ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -369,6 +513,68 @@ DTRAIN_DECL auto TcpStore::connect() -> void {
                          std::to_string(timeout_.count()) + " ms (" + last_error + ")",
                      "check MASTER_ADDR/MASTER_PORT (or --master-addr/--master-port), that rank 0 "
                      "is running, and that no firewall blocks the port");
+}
+
+DTRAIN_DECL auto TcpStore::handshake(int fd, detail::steady::time_point deadline) -> std::string {
+  const std::string where = "the rendezvous at " + detail::endpoint(host_, port_);
+  // Reads exactly n bytes; "" and a reason when the connection ended first.
+  const auto read_n = [&](std::size_t n, std::string& out) -> std::string {
+    out.assign(n, '\0');
+    std::size_t got = 0;
+    while (got < n) {
+      if (!detail::wait_fd(fd, POLLIN, deadline)) return "no handshake from " + where;
+      const ssize_t r = ::recv(fd, out.data() + got, n - got, 0);
+      if (r == 0) return where + " closed the connection during the handshake";
+      if (r < 0) {
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+        return detail::errno_text();
+      }
+      got += static_cast<std::size_t>(r);
+    }
+    return {};
+  };
+  std::string hello;
+  if (auto why = read_n(detail::store_hello_bytes, hello); !why.empty()) return why;
+  if (std::string_view(hello).substr(0, 4) != detail::store_magic ||
+      static_cast<std::uint8_t>(hello[4]) != detail::store_protocol_version)
+    throw launch_error(where + " does not speak dtrain's rendezvous protocol (version " +
+                           std::to_string(detail::store_protocol_version) + ")",
+                       "another program holds MASTER_PORT, or rank 0 runs another dtrain version: choose another "
+                       "port, and run the same build on every rank");
+  const bool server_has_token = hello[5] != 0;
+  if (server_has_token && token_.empty())
+    throw launch_error(where + " requires the job's token, and this process has none",
+                       "launch the ranks with dtrain-run (it passes the token to each), or give every rank the "
+                       "job's DTRAIN_JOB_TOKEN");
+  if (!server_has_token && !token_.empty())
+    throw launch_error(where + " runs without a job token, and this rank has one",
+                       "every rank of a job needs the same DTRAIN_JOB_TOKEN (or all DTRAIN_INSECURE_NO_TOKEN=1); "
+                       "a store without a token may also be a stranger's posing as rank 0");
+  const std::string server_nonce = hello.substr(6);
+  const std::string my_nonce = detail::random_bytes(detail::auth_nonce_bytes);
+  std::string answer = my_nonce;
+  answer += token_.empty() ? std::string(detail::auth_proof_bytes, '\0')
+                           : detail::auth_proof(token_, detail::store_client_role, server_nonce, my_nonce);
+  std::size_t sent = 0;
+  while (sent < answer.size()) {
+    if (!detail::wait_fd(fd, POLLOUT, deadline)) return "the handshake with " + where + " timed out";
+    const ssize_t w = ::send(fd, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL);
+    if (w < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (w <= 0) return detail::errno_text();
+    sent += static_cast<std::size_t>(w);
+  }
+  std::string verdict;
+  if (auto why = read_n(detail::store_verdict_bytes, verdict); !why.empty()) return why;
+  if (verdict[0] != 1)
+    throw launch_error(where + " refused this rank: its job token is not the job's",
+                       "give every rank the same DTRAIN_JOB_TOKEN (dtrain-run passes its own to the ranks it "
+                       "starts; nodes launched separately need the same one exported)");
+  if (server_has_token &&
+      !detail::same_bytes(std::string_view(verdict).substr(1),
+                          detail::auth_proof(token_, detail::store_server_role, server_nonce, my_nonce)))
+    throw launch_error(where + " did not prove the job token: it is not this job's rendezvous",
+                       "check MASTER_ADDR/MASTER_PORT: another process answers there");
+  return {};
 }
 
 DTRAIN_DECL auto TcpStore::lookup(detail::store_cmd cmd, std::string_view key)

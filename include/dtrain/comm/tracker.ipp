@@ -33,7 +33,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     while (!stop_) {
       lock.unlock();
       try {
-        if (!beat) beat = std::make_unique<TcpStore>(store_->host(), store_->port(), probe_);
+        if (!beat) beat = std::make_unique<TcpStore>(store_->host(), store_->port(), probe_, store_->token());
         beat->set(key(rank_), std::to_string(entered_.load()));
       } catch (const std::exception&) {
         beat.reset();  // the store is unreachable for now: the collective's own timeout reports the failure
@@ -61,7 +61,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     if (!store_ || size_ == 1) return {};
     std::string behind, silent;
     try {
-      TcpStore store(store_->host(), store_->port(), probe_);
+      TcpStore store(store_->host(), store_->port(), probe_, store_->token());
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
         const auto v = store.try_get_aged(key(r));

@@ -114,6 +114,8 @@ class World {
 
  private:
   DTRAIN_DECL static void validate(const Layout& l);
+  // A world of several ranks has a token, or was told to run without one.
+  DTRAIN_DECL static void check_job_token_policy(const Layout& layout, const CommOptions& options);
 
   struct State {
     Layout layout;

@@ -4,6 +4,8 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
+#include <cstdio>
+
 #include "dtrain/comm/world.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
@@ -17,14 +19,37 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     state_->options = options;
     state_->global_ranks.resize(static_cast<std::size_t>(layout.size));
     for (int r = 0; r < layout.size; ++r) state_->global_ranks[static_cast<std::size_t>(r)] = r;
-    if (!server && layout.rank == 0 && layout.size > 1) server = std::make_shared<TcpStoreServer>(master_port);
+    if (layout.size > 1) check_job_token_policy(layout, options);
+    if (!server && layout.rank == 0 && layout.size > 1)
+      server = std::make_shared<TcpStoreServer>(
+          master_port, options.store_bind.empty() ? detail::bind_address_of(master_addr) : options.store_bind,
+          options.job_token);
     state_->server = std::move(server);
     if (layout.size > 1 || state_->server) {
       const int port = state_->server ? state_->server->port() : master_port;
-      state_->store = std::make_shared<TcpStore>(master_addr, port, options.timeout);
+      state_->store = std::make_shared<TcpStore>(master_addr, port, options.timeout, options.job_token);
       // Waits for this rank's keys fail as soon as it is gone (TcpStore::announce).
       if (layout.size > 1) state_->store->announce(layout.rank);
     }
+  }
+
+  DTRAIN_DECL auto World::check_job_token_policy(const Layout& layout, const CommOptions& options)->void {
+    if (!options.job_token.empty()) {
+      check_job_token(options.job_token, "the job token");
+      return;
+    }
+    if (!options.insecure_no_token)
+      throw launch_error(
+          "rank " + std::to_string(layout.rank) + " of a " + std::to_string(layout.size) +
+              "-rank job has no job token: without one, any process that reaches the rendezvous port could join "
+              "the job",
+          "launch with dtrain-run (it makes a token and passes it to every rank); with srun, torchrun or mpirun, "
+          "export the same DTRAIN_JOB_TOKEN=$(dtrain-run --new-token) to every rank; or set "
+          "DTRAIN_INSECURE_NO_TOKEN=1 to run unauthenticated (docs/security.md)");
+    if (layout.rank == 0)
+      std::fprintf(stderr,
+                   "dtrain: WARNING: DTRAIN_INSECURE_NO_TOKEN=1: this job's rendezvous and its ranks' TCP "
+                   "connections admit any process that reaches them (docs/security.md)\n");
   }
 
   DTRAIN_DECL auto World::rank_namer() const->std::function<std::string(int)> {
@@ -82,7 +107,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
   }
 
   DTRAIN_DECL std::vector<World> make_local_worlds(int n, CommOptions options) {
-    auto server = std::make_shared<TcpStoreServer>(0, "127.0.0.1");
+    // One process: a token of its own keeps other processes out of it.
+    if (options.job_token.empty() && !options.insecure_no_token) options.job_token = new_job_token();
+    auto server = std::make_shared<TcpStoreServer>(0, "127.0.0.1", options.job_token);
     std::vector<World> worlds;
     worlds.reserve(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r)

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtrain/comm/auth.hpp"
 #include "dtrain/comm/communicator.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/host_env.hpp"
@@ -52,6 +53,10 @@ struct LaunchEnv {
   std::optional<gpu_transport> gpu;
   std::optional<shm_wait> wait;
   std::optional<std::size_t> shm_part_bytes;
+  // DTRAIN_JOB_TOKEN, DTRAIN_INSECURE_NO_TOKEN, DTRAIN_STORE_BIND (CommOptions).
+  std::string job_token{};
+  bool insecure_no_token = false;
+  std::string store_bind{};
 };
 
 // The port used when a master address is known but MASTER_PORT is not set;
@@ -99,6 +104,10 @@ std::optional<E> env_choice(const EnvLookup& env, const char* var,
 }
 
 DTRAIN_DECL void read_comm_choices(const EnvLookup& env, LaunchEnv& e);
+
+// DTRAIN_JOB_TOKEN (checked: long enough), DTRAIN_INSECURE_NO_TOKEN (0 or 1)
+// and DTRAIN_STORE_BIND.
+DTRAIN_DECL void read_security(const EnvLookup& env, LaunchEnv& e);
 
 }  // namespace detail
 

@@ -153,6 +153,21 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
         break;
       }
   }
+
+  DTRAIN_DECL void read_security(const EnvLookup& env, LaunchEnv& e) {
+    if (auto token = env("DTRAIN_JOB_TOKEN"); token && !token->empty()) {
+      check_job_token(*token, "DTRAIN_JOB_TOKEN");
+      e.job_token = *token;
+    }
+    if (auto flag = env("DTRAIN_INSECURE_NO_TOKEN"); flag && !flag->empty()) {
+      if (*flag != "0" && *flag != "1")
+        throw env_error("DTRAIN_INSECURE_NO_TOKEN='" + *flag + "' is not 0 or 1",
+                        "set it to 1 to run a job without a token (any process that reaches the rendezvous port "
+                        "can then join it), or unset it");
+      e.insecure_no_token = *flag == "1";
+    }
+    if (auto bind = env("DTRAIN_STORE_BIND"); bind && !bind->empty()) e.store_bind = *bind;
+  }
   }  // namespace detail
 }  // namespace dtrain
 
@@ -176,6 +191,7 @@ DTRAIN_DECL LaunchEnv discover_env(const EnvLookup& env) {
   detail::read_master(env, vars, e);
   e.comm_timeout_s = detail::read_comm_timeout(env);
   detail::read_comm_choices(env, e);
+  detail::read_security(env, e);
   return e;
 }
 

@@ -16,6 +16,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     if (env.gpu) options.comm.gpu = *env.gpu;
     if (env.wait) options.comm.wait = *env.wait;
     if (env.shm_part_bytes) options.comm.shm_part_bytes = *env.shm_part_bytes;
+    if (!env.job_token.empty()) options.comm.job_token = env.job_token;
+    if (env.insecure_no_token) options.comm.insecure_no_token = true;
+    if (!env.store_bind.empty()) options.comm.store_bind = env.store_bind;
     fault::arm(env.rank, env.world_size);  // DTRAIN_FAULT_INJECT (core/fault.hpp), for the reliability tests
     return World(World::Layout{env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_tag},
                  env.master_addr, env.master_port, options.comm);

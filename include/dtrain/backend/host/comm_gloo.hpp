@@ -91,6 +91,9 @@ inline void add_into(float* acc, const float* x, std::size_t n) {
 
 // Slot prefix for dtrain's own ring algorithms; Gloo's built-in ones use low values.
 constexpr std::uint8_t ring_slot_prefix = 0x7d;
+// The slots of the token handshake every Gloo connection starts with
+// (GlooEngine::authenticate): nonces, then proofs.
+constexpr std::uint8_t auth_slot_prefix = 0x7e;
 
 }  // namespace detail
 
@@ -138,6 +141,12 @@ class GlooEngine {
 
  private:
   DTRAIN_DECL void connect(World& world, const std::string& prefix);
+
+  // Before any collective, each pair of ranks proves the job token to each
+  // other over its Gloo connection (comm/auth.hpp): a stranger that took a
+  // rank's place on a connection (Gloo's listeners accept any TCP client)
+  // is found here, before a byte of the job crosses it.
+  DTRAIN_DECL void authenticate(const World& world);
 
   int rank_;
   int size_;

@@ -167,6 +167,57 @@ DTRAIN_DECL auto GlooEngine::connect(World& world, const std::string& prefix) ->
         "check that ranks can reach each other over TCP (firewall, GLOO_SOCKET_IFNAME)");
   }
   context_ = std::move(ctx);
+  authenticate(world);
+}
+
+DTRAIN_DECL auto GlooEngine::authenticate(const World& world) -> void {
+  const std::string& token = world.options().job_token;
+  if (token.empty()) return;  // DTRAIN_INSECURE_NO_TOKEN (World warned)
+  constexpr std::size_t k = auth_nonce_bytes;
+  const auto n = static_cast<std::size_t>(size_);
+  const auto me = static_cast<std::size_t>(rank_);
+  // A stranger on a connection may never answer: fail well before the
+  // collective timeout.
+  const auto limit = std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(120));
+  std::string mine = random_bytes(k);
+  std::string theirs(n * k, '\0');
+  std::string proofs_out(n * k, '\0');
+  std::string proofs_in(n * k, '\0');
+  const auto role = [](std::size_t from, std::size_t to) {
+    return "dtrain-gloo " + std::to_string(from) + ">" + std::to_string(to);
+  };
+  // Sends part `at(p)` of `out` to every peer p and receives theirs into `in`.
+  const auto exchange = [&](std::string& out, bool same_for_all, std::string& in, std::uint64_t slot) {
+    auto send = context_->createUnboundBuffer(out.data(), out.size());
+    auto recv = context_->createUnboundBuffer(in.data(), in.size());
+    for (std::size_t p = 0; p < n; ++p) {
+      if (p == me) continue;
+      send->send(static_cast<int>(p), slot, same_for_all ? 0 : p * k, k);
+      recv->recv(static_cast<int>(p), slot, p * k, k);
+    }
+    for (std::size_t i = 0; i + 1 < n; ++i) recv->waitRecv(limit);
+    for (std::size_t i = 0; i + 1 < n; ++i) send->waitSend(limit);
+  };
+  try {
+    exchange(mine, true, theirs, ::gloo::Slot::build(auth_slot_prefix, 0));
+    for (std::size_t p = 0; p < n; ++p)
+      if (p != me) proofs_out.replace(p * k, k, auth_proof(token, role(me, p), theirs.substr(p * k, k), mine));
+    exchange(proofs_out, false, proofs_in, ::gloo::Slot::build(auth_slot_prefix, 1));
+  } catch (const ::gloo::Exception& e) {
+    throw comm_error("rank " + std::to_string(world.global_rank()) +
+                         " could not complete the job-token handshake over its Gloo connections: " + e.what(),
+                     "a peer did not answer it: a stranger may have taken a rank's place on a connection, or a "
+                     "rank died; check every rank's log and who can reach this job's ports (docs/security.md)");
+  }
+  for (std::size_t p = 0; p < n; ++p) {
+    if (p == me) continue;
+    if (!same_bytes(std::string_view(proofs_in).substr(p * k, k), auth_proof(token, role(p, me), mine, theirs.substr(p * k, k))))
+      throw comm_error("rank " + std::to_string(world.global_rank()) + "'s Gloo connection to rank " +
+                           std::to_string(world.global_rank(static_cast<int>(p))) +
+                           " did not prove the job token: another process answered in that rank's place",
+                       "something on the network connected to this job's Gloo port before the rank did; keep the "
+                       "job's network closed to strangers (docs/security.md) and restart it");
+  }
 }
 }  // namespace detail
 }  // namespace dtrain
