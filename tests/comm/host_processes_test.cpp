@@ -102,6 +102,7 @@ struct Ranks {
         ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
         ::setenv("DTRAIN_COMM_TIMEOUT_S", "60", 1);
         ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+        ::setenv("DTRAIN_JOB_TOKEN", "host-processes-test-token-0123456789abcdef", 1);
         if (!transport.empty()) ::setenv("DTRAIN_HOST_TRANSPORT", transport.c_str(), 1);
         ::execl(COMM_CHILD_PATH, COMM_CHILD_PATH, "--mode", mode.c_str(), static_cast<char*>(nullptr));
         std::_Exit(127);

@@ -300,6 +300,7 @@ const std::map<std::string, Scenario>& scenarios() {
                                         {"WORLD_SIZE", std::string("2")},
                                         {"LOCAL_WORLD_SIZE", std::string("2")},
                                         {"MASTER_ADDR", std::string("127.0.0.1")},
+                                        {"DTRAIN_JOB_TOKEN", std::string("docs-test-job-token-0123456789abcdef")},
                                         {"MASTER_PORT", port}}));
          std::string out;
          for (auto& r : ranks) {

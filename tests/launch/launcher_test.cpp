@@ -296,6 +296,35 @@ BOOST_AUTO_TEST_CASE(host_facts) {
   ::close(fd);
 }
 
+// The token a launch gives its ranks: the environment's, a fresh one on one
+// node, an error on several nodes without one, none only when asked.
+BOOST_AUTO_TEST_CASE(job_token_for_a_launch) {
+  using Env = std::map<std::string, std::string>;
+  const auto lookup = [](const Env& env) {
+    return dtrain::EnvLookup([env](const std::string& name) -> std::optional<std::string> {
+      const auto it = env.find(name);
+      return it == env.end() ? std::nullopt : std::optional<std::string>(it->second);
+    });
+  };
+  const auto one = parse({"p"});
+  const auto two = parse({"--nnodes", "2", "--master-addr", "n0", "p"});
+  const std::string given(40, 'k');
+  BOOST_TEST(dtrain::job_token_for(two, lookup({{"DTRAIN_JOB_TOKEN", given}})) == given);
+  const auto fresh = dtrain::job_token_for(one, lookup({}));
+  BOOST_TEST(fresh.size() == 64u);
+  BOOST_TEST(fresh.find_first_not_of("0123456789abcdef") == std::string::npos);
+  BOOST_TEST(dtrain::job_token_for(one, lookup({})) != fresh);  // random, per launch
+  BOOST_TEST(dtrain::job_token_for(two, lookup({{"DTRAIN_INSECURE_NO_TOKEN", "1"}})).empty());
+  BOOST_CHECK_EXCEPTION(dtrain::job_token_for(two, lookup({})), dtrain::launch_error, [](const dtrain::error& e) {
+    return std::string(e.what()).find("needs one job token on every node") != std::string::npos &&
+           std::string(e.what()).find("dtrain-run --new-token") != std::string::npos;
+  });
+  BOOST_CHECK_EXCEPTION(dtrain::job_token_for(one, lookup({{"DTRAIN_JOB_TOKEN", "short"}})), dtrain::config_error,
+                        [](const dtrain::error& e) {
+                          return std::string(e.what()).find("DTRAIN_JOB_TOKEN has 5 characters") != std::string::npos;
+                        });
+}
+
 BOOST_AUTO_TEST_CASE(rank_environment) {
   auto o = parse({"--nnodes", "2", "--node-rank", "1", "--master-addr", "n0", "p"});
   dtrain::GroupLayout g{.nproc_per_node = 3,
@@ -304,14 +333,16 @@ BOOST_AUTO_TEST_CASE(rank_environment) {
                         .restart_count = 2,
                         .job_id = "r42x2",
                         .log_dir = "",
-                        .error_dir = "/run/job"};
-  std::vector<std::string> inherited{"PATH=/bin", "RANK=99", "OMP_NUM_THREADS=5", "MASTER_ADDR=old",
+                        .error_dir = "/run/job",
+                        .job_token = "a-job-token-of-thirty-two-characters"};
+  std::vector<std::string> inherited{"PATH=/bin", "RANK=99", "DTRAIN_JOB_TOKEN=inherited-but-replaced", "OMP_NUM_THREADS=5", "MASTER_ADDR=old",
                                      "TORCHELASTIC_ERROR_FILE=/outer.json"};
   auto env = dtrain::rank_environment(o, g, 2, inherited);
   BOOST_TEST(value_of(env, "PATH") == "/bin");
   BOOST_TEST(value_of(env, "RANK") == "5");
   BOOST_TEST(value_of(env, "WORLD_SIZE") == "6");
   BOOST_TEST(value_of(env, "DTRAIN_JOB_ID") == "r42x2");
+  BOOST_TEST(value_of(env, "DTRAIN_JOB_TOKEN") == "a-job-token-of-thirty-two-characters");
   BOOST_TEST(value_of(env, "LOCAL_RANK") == "2");
   BOOST_TEST(value_of(env, "LOCAL_WORLD_SIZE") == "3");
   BOOST_TEST(value_of(env, "GROUP_RANK") == "1");

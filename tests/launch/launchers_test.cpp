@@ -104,6 +104,7 @@ EnvChanges clean_env(const EnvChanges& extra = {}) {
                                                  "MASTER_PORT",
                                                  "DTRAIN_RUN",
                                                  "DTRAIN_JOB_ID",
+                                                 "DTRAIN_JOB_TOKEN",
                                                  "DTRAIN_RESTART_COUNT",
                                                  "OMP_NUM_THREADS",
                                                  "OPENBLAS_NUM_THREADS"};
@@ -115,6 +116,9 @@ EnvChanges clean_env(const EnvChanges& extra = {}) {
     for (const auto& p : prefixes) launcher = launcher || name.rfind(p, 0) == 0;
     if (launcher) env.emplace_back(name, std::nullopt);
   }
+  // The job's secret, exported to every rank as a job script does
+  // (dtrain-run would make its own; torchrun, mpirun and srun pass this on).
+  env.emplace_back("DTRAIN_JOB_TOKEN", "launchers-test-job-token-0123456789abcdef");
   env.insert(env.end(), extra.begin(), extra.end());
   return env;
 }

@@ -127,7 +127,10 @@ BOOST_AUTO_TEST_CASE(three_ranks_on_the_second_node) {
   TempDir dir;
   auto f = run({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "3", "--master-addr", "10.0.0.7",
                 "--master-port", "23456"},
-               {"env", dir.path()}, {{"OMP_NUM_THREADS", "7"}, {"OPENBLAS_NUM_THREADS", "3"}});
+               {"env", dir.path()},
+               {{"OMP_NUM_THREADS", "7"},
+                {"OPENBLAS_NUM_THREADS", "3"},
+                {"DTRAIN_JOB_TOKEN", "run-test-job-token-0123456789abcdef0123"}});
   BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
   for (int local = 0; local < 3; ++local) {
     BOOST_TEST(check_rank_line(f, 3 + local, 6, local, 3, "10.0.0.7") == 23456);
@@ -480,6 +483,21 @@ BOOST_AUTO_TEST_CASE(help_and_version) {
   auto version = dtrain::test::run({launcher, "--version"});
   BOOST_TEST(version.exited_with(0));
   BOOST_TEST(version.out.rfind("dtrain-run ", 0) == 0u, version.out);
+  auto token = dtrain::test::run({launcher, "--new-token"});
+  BOOST_TEST(token.exited_with(0));
+  BOOST_TEST(token.out.size() == 65u, token.out);  // 64 hex digits and a newline
+  BOOST_TEST(token.out.find_first_not_of("0123456789abcdef\n") == std::string::npos, token.out);
+}
+
+// Several nodes need the token given; dtrain-run says how, and starts nothing.
+BOOST_AUTO_TEST_CASE(several_nodes_without_a_token_stop_at_start) {
+  TempDir dir;
+  auto f = run({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-addr", "10.0.0.7",
+                "--master-port", "23456"},
+               {"env", dir.path()}, {{"DTRAIN_JOB_TOKEN", std::nullopt}, {"DTRAIN_INSECURE_NO_TOKEN", std::nullopt}});
+  BOOST_TEST(f.exited_with(1), report(f));
+  BOOST_TEST(f.err.find("needs one job token on every node") != std::string::npos, report(f));
+  check_no_survivors(dir, 0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

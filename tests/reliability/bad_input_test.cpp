@@ -118,6 +118,7 @@ EnvChanges torchrun_env(EnvChanges changes) {
                  {"LOCAL_RANK", "0"},
                  {"LOCAL_WORLD_SIZE", "2"},
                  {"MASTER_ADDR", "127.0.0.1"},
+                 {"DTRAIN_JOB_TOKEN", "bad-input-test-job-token-0123456789abcdef"},
                  {"MASTER_PORT", "29999"}};
   env.insert(env.end(), changes.begin(), changes.end());
   return env;

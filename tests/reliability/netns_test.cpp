@@ -101,6 +101,9 @@ std::vector<std::string> on_node(const Nodes& nodes, int k, int per_node, const 
                                 "netns",
                                 "exec",
                                 nodes.name(k),
+                                "env",
+                                // Both nodes' dtrain-run share the job's token, as a job script exports it.
+                                "DTRAIN_JOB_TOKEN=netns-test-job-token-0123456789abcdef",
                                 DTRAIN_RUN_PATH,
                                 "--nproc-per-node",
                                 std::to_string(per_node),
