@@ -39,8 +39,8 @@ mkdir -p "$work/src"
 cp -R "$src/conanfile.py" "$src/CMakeLists.txt" "$src/LICENSE" "$src/cmake" "$src/include" "$src/test_package" \
       "$work/src/"
 profile=$src/tests/packaging/debian12.profile
-# A Debug build (-O0 -g): the test checks the recipe, the package and both
-# targets of test_package, not the optimiser, and takes half the time of
+# A Debug build (-O0 -g): the test checks the recipe, the package and
+# test_package, not the optimiser, and takes half the time of
 # Release (37 against 70 s on 2 cores; dtrain's own build covers Release).
 "$conan" create "$work/src" -pr:h "$profile" -pr:b "$profile" --build=missing --no-remote --format=json \
   -s build_type=Debug "$@" \
