@@ -589,12 +589,32 @@ def comm_waiting():
     return table(header, "lrrr", rows) + ["", source("comm_bandwidth.json", d)]
 
 
+def scale_ranks():
+    d = load("scale.json")
+    rows = []
+    for r in d["runs"]:
+        t = {(c["collective"], c["bytes"]): c["time_ms"] for c in r["collectives"]}
+        small, large = min(b for _, b in t if b), max(b for _, b in t)
+        rd = r["rendezvous"]["start_to_communicator"]
+        rows.append([r["transport"], str(r["world_size"]), f"{rd['median_ms']:.0f}", f"{rd['max_ms']:.0f}",
+                     f"{t['all_reduce', small]:.2f}",
+                     *(f"{t[c, large]:.1f}" for c in ("all_reduce", "reduce_scatter", "all_gather", "broadcast")),
+                     f"{t['barrier', 0]:.2f}", f"{r['train']['max_rel_diff_vs_world1']:.1e}"])
+    small_k, large_m = small >> 10, large >> 20
+    header = ["transport", "ranks", "rendezvous median (ms)", "max (ms)", f"all_reduce {small_k} KiB (ms)",
+              f"all_reduce {large_m} MiB (ms)", f"reduce_scatter {large_m} MiB (ms)",
+              f"all_gather {large_m} MiB (ms)", f"broadcast {large_m} MiB (ms)", "barrier (ms)",
+              "train vs world 1"]
+    return table(header, "lrrrrrrrrrr", rows) + ["", source("scale.json", d)]
+
+
 RENDERERS = {
     "gpu.status": (gpu_status, "gpu_runs/ (the newest GPU check)"),
     "gemm.engines": (gemm_engines, "gemm.json"),
     "gpu.kernels": (gpu_kernels, "gpu_kernels_adamw_4wide.json"),
     "gpu.training": (gpu_training, "gpu.json"),
     "comm.waiting": (comm_waiting, "comm_bandwidth.json"),
+    "scale.ranks": (scale_ranks, "scale.json"),
     "cost_model.fit": (cost_model_fit, "cost_model.json"),
     "fuzz.runs": (fuzz_runs, "fuzz.json"),
     "cost_model.checks": (cost_model_checks, "cost_model.json"),

@@ -119,7 +119,8 @@ std::size_t check_collectives(HostCommunicator& comm, std::size_t total) {
   comm.reduce_scatter(std::span<const float>(buf).first(chunk * nn), std::span<float>(out).first(chunk), reduce_op::sum)
       .wait();
   for (std::size_t j = 0; j < chunk; ++j)
-    wrong += out[j] != rank_sum + static_cast<float>(n) * static_cast<float>((static_cast<std::size_t>(me) * chunk + j) % 5);
+    wrong +=
+        out[j] != rank_sum + static_cast<float>(n) * static_cast<float>((static_cast<std::size_t>(me) * chunk + j) % 5);
   comm.all_gather(std::span<const float>(buf).first(chunk), std::span<float>(out).first(chunk * nn)).wait();
   for (std::size_t q = 0; q < nn; ++q)
     for (std::size_t j = 0; j < chunk; ++j) wrong += out[q * chunk + j] != input(static_cast<int>(q), j);
@@ -204,8 +205,8 @@ int run_ranks(int argc, char** argv) {
     out.assign(total, 0.0f);
     const std::span<float> whole(in);
     const int iters = iterations(bytes, n);
-    rows.push_back({"all_reduce", bytes, iters,
-                    time_ms(comm, iters, [&] { return comm.all_reduce(whole, reduce_op::sum); })});
+    rows.push_back(
+        {"all_reduce", bytes, iters, time_ms(comm, iters, [&] { return comm.all_reduce(whole, reduce_op::sum); })});
     rows.push_back({"reduce_scatter", bytes, iters, time_ms(comm, iters, [&] {
                       return comm.reduce_scatter(std::span<const float>(in).first(chunk * nn),
                                                  std::span<float>(out).first(chunk), reduce_op::sum);
@@ -249,10 +250,11 @@ int run_ranks(int argc, char** argv) {
     return std::string(b) + list(v) + "}";
   };
   std::string text = "{\"world_size\": " + std::to_string(n) + ", \"transport\": \"" + std::string(comm.transport()) +
-                     "\", \"description\": \"" + comm.description() + "\", \"wrong_elements\": " +
-                     std::to_string(static_cast<long long>(wrong_total)) + ",\n \"rendezvous\": {" +
-                     stat("start_to_world", world_ms) + ",\n  " + stat("start_to_communicator", comm_ms) + ",\n  " +
-                     stat("main_to_communicator", main_ms) + "},\n \"collectives\": [";
+                     "\", \"description\": \"" + comm.description() +
+                     "\", \"wrong_elements\": " + std::to_string(static_cast<long long>(wrong_total)) +
+                     ",\n \"rendezvous\": {" + stat("start_to_world", world_ms) + ",\n  " +
+                     stat("start_to_communicator", comm_ms) + ",\n  " + stat("main_to_communicator", main_ms) +
+                     "},\n \"collectives\": [";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     char b[256];
     std::snprintf(b, sizeof b, "%s\n  {\"collective\": \"%s\", \"bytes\": %zu, \"iters\": %d, \"time_ms\": %.4f}",
