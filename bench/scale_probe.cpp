@@ -15,7 +15,7 @@
 //     Rank 0 writes the JSON (per-rank rendezvous times too).
 //   bench_scale_probe store [--clients N] [--ops K] [--json PATH]
 //     N threads, each its own TcpStore client of one TcpStoreServer in this
-//     process, each doing K rounds of set / get (its own key back, checked)
+//     process (with a job token: connecting includes its handshake), each doing K rounds of set / get (its own key back, checked)
 //     / add (one shared counter) and at the end a get of every other
 //     client's last key; the wall time for all of them, per-operation
 //     latency percentiles, and the checks (the counter must be N x K).
@@ -292,7 +292,9 @@ int run_store(int argc, char** argv) {
       throw config_error("unknown option " + std::string(arg), std::string(usage));
   }
   if (clients < 1 || ops < 1) throw config_error("--clients and --ops must be positive", std::string(usage));
-  TcpStoreServer server(0, "127.0.0.1");
+  // With a job token, as every job has: connecting includes the handshake.
+  const std::string token = new_job_token();
+  TcpStoreServer server(0, "127.0.0.1", token);
   const auto timeout = std::chrono::seconds(120);
   std::atomic<int> errors{0}, ready{0};
   std::atomic<bool> go{false};
@@ -312,7 +314,7 @@ int run_store(int argc, char** argv) {
     threads.emplace_back([&, c] {
       try {
         const auto t0 = clock_type::now();
-        TcpStore store("127.0.0.1", server.port(), timeout);
+        TcpStore store("127.0.0.1", server.port(), timeout, token);
         connect_ms[static_cast<std::size_t>(c)] = ms_since(t0);
         ready.fetch_add(1);
         while (!go.load()) std::this_thread::yield();
