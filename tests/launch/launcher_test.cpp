@@ -335,8 +335,8 @@ BOOST_AUTO_TEST_CASE(rank_environment) {
                         .log_dir = "",
                         .error_dir = "/run/job",
                         .job_token = "a-job-token-of-thirty-two-characters"};
-  std::vector<std::string> inherited{"PATH=/bin", "RANK=99", "DTRAIN_JOB_TOKEN=inherited-but-replaced", "OMP_NUM_THREADS=5", "MASTER_ADDR=old",
-                                     "TORCHELASTIC_ERROR_FILE=/outer.json"};
+  std::vector<std::string> inherited{"PATH=/bin",         "RANK=99",         "DTRAIN_JOB_TOKEN=inherited-but-replaced",
+                                     "OMP_NUM_THREADS=5", "MASTER_ADDR=old", "TORCHELASTIC_ERROR_FILE=/outer.json"};
   auto env = dtrain::rank_environment(o, g, 2, inherited);
   BOOST_TEST(value_of(env, "PATH") == "/bin");
   BOOST_TEST(value_of(env, "RANK") == "5");

@@ -97,24 +97,11 @@ std::vector<std::string> train_mlp(const fs::path& dir, int steps, int timeout, 
 
 // dtrain-run for node k of two, inside its namespace.
 std::vector<std::string> on_node(const Nodes& nodes, int k, int per_node, const std::vector<std::string>& program) {
-  std::vector<std::string> args{ip_binary(),
-                                "netns",
-                                "exec",
-                                nodes.name(k),
-                                "env",
+  std::vector<std::string> args{ip_binary(), "netns", "exec", nodes.name(k), "env",
                                 // Both nodes' dtrain-run share the job's token, as a job script exports it.
-                                "DTRAIN_JOB_TOKEN=netns-test-job-token-0123456789abcdef",
-                                DTRAIN_RUN_PATH,
-                                "--nproc-per-node",
-                                std::to_string(per_node),
-                                "--nnodes",
-                                "2",
-                                "--node-rank",
-                                std::to_string(k),
-                                "--master-addr",
-                                Nodes::address(0),
-                                "--master-port",
-                                "29517"};
+                                "DTRAIN_JOB_TOKEN=netns-test-job-token-0123456789abcdef", DTRAIN_RUN_PATH,
+                                "--nproc-per-node", std::to_string(per_node), "--nnodes", "2", "--node-rank",
+                                std::to_string(k), "--master-addr", Nodes::address(0), "--master-port", "29517"};
   args.insert(args.end(), program.begin(), program.end());
   return args;
 }

@@ -300,16 +300,15 @@ BOOST_AUTO_TEST_CASE(hostile_clients_change_nothing) {
     Finished rogue;
     std::thread rogue_thread([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(800));
-      Process p(small_mlp_job(TRAIN_MLP_PATH, 5, 1),
-                {{"RANK", "1"},
-                 {"WORLD_SIZE", "2"},
-                 {"LOCAL_RANK", "0"},
-                 {"LOCAL_WORLD_SIZE", "1"},
-                 {"MASTER_ADDR", "127.0.0.1"},
-                 {"MASTER_PORT", std::to_string(port)},
-                 {"DTRAIN_JOB_TOKEN", "another-jobs-token-0123456789abcdef0123"},
-                 {"DTRAIN_INSECURE_NO_TOKEN", std::nullopt},
-                 {"DTRAIN_COMM_TIMEOUT_S", "5"}});
+      Process p(small_mlp_job(TRAIN_MLP_PATH, 5, 1), {{"RANK", "1"},
+                                                      {"WORLD_SIZE", "2"},
+                                                      {"LOCAL_RANK", "0"},
+                                                      {"LOCAL_WORLD_SIZE", "1"},
+                                                      {"MASTER_ADDR", "127.0.0.1"},
+                                                      {"MASTER_PORT", std::to_string(port)},
+                                                      {"DTRAIN_JOB_TOKEN", "another-jobs-token-0123456789abcdef0123"},
+                                                      {"DTRAIN_INSECURE_NO_TOKEN", std::nullopt},
+                                                      {"DTRAIN_COMM_TIMEOUT_S", "5"}});
       rogue = p.wait(60);
     });
     EnvChanges env;

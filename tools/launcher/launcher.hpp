@@ -515,7 +515,7 @@ struct GroupLayout {
   std::string error_dir;
   // The job's secret (job_token_for), given to every rank as DTRAIN_JOB_TOKEN;
   // empty under DTRAIN_INSECURE_NO_TOKEN=1.
-  std::string job_token;
+  std::string job_token{};
 };
 
 // The token this launch gives its ranks: DTRAIN_JOB_TOKEN from the

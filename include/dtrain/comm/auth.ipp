@@ -77,8 +77,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
   DTRAIN_DECL void check_job_token(std::string_view token, std::string_view source) {
     if (token.size() >= detail::job_token_min_chars) return;
-    throw config_error(std::string(source) + " has " + std::to_string(token.size()) + " characters; a job token needs " +
-                           std::to_string(detail::job_token_min_chars) + " or more to be a secret",
+    throw config_error(std::string(source) + " has " + std::to_string(token.size()) +
+                           " characters; a job token needs " + std::to_string(detail::job_token_min_chars) +
+                           " or more to be a secret",
                        "make one with `dtrain-run --new-token` (or `openssl rand -hex 32`) and give every rank "
                        "the same");
   }

@@ -158,7 +158,7 @@ class TcpStoreServer {
   struct Client {
     detail::Fd fd;
     std::string in;
-    int rank = -1;              // announced by TcpStore::announce; -1 for anonymous clients
+    int rank = -1;               // announced by TcpStore::announce; -1 for anonymous clients
     bool authenticated = false;  // proved the token (or the job has none)
     std::string nonce;           // the server's challenge to this client
     std::string peer;            // address:port, for the log

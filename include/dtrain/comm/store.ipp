@@ -4,12 +4,12 @@
 // dtrain::runtime (separate compilation).
 #pragma once
 
-#include "dtrain/comm/store.hpp"
-#include "dtrain/core/stop_signal.hpp"
-
 #include <sys/resource.h>
 
 #include <cstdio>
+
+#include "dtrain/comm/store.hpp"
+#include "dtrain/core/stop_signal.hpp"
 
 DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
@@ -97,8 +97,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
 
 namespace dtrain {
 
-DTRAIN_DECL TcpStoreServer::TcpStoreServer(int port, std::string_view bind_addr, std::string token,
-                                           StoreLimits limits)
+DTRAIN_DECL TcpStoreServer::TcpStoreServer(int port, std::string_view bind_addr, std::string token, StoreLimits limits)
     : token_(std::move(token)), limits_(limits) {
   // Each client costs a descriptor: raise this process's soft limit to its
   // hard one, so that hundreds of ranks (and a flood) meet StoreLimits, not EMFILE.
@@ -169,8 +168,8 @@ DTRAIN_DECL auto TcpStoreServer::departed(const Client& c) -> void {
 DTRAIN_DECL auto TcpStoreServer::refuse(const Client& c, std::string_view why) -> void {
   ++refused_;
   if (refused_ <= 20 || refused_ % 1000 == 0)
-    std::fprintf(stderr, "dtrain: the rendezvous on port %d refused a client from %s: %.*s%s\n", port_,
-                 c.peer.c_str(), static_cast<int>(why.size()), why.data(),
+    std::fprintf(stderr, "dtrain: the rendezvous on port %d refused a client from %s: %.*s%s\n", port_, c.peer.c_str(),
+                 static_cast<int>(why.size()), why.data(),
                  refused_ == 20 ? " (further refusals: one line per thousand)" : "");
 }
 
@@ -184,7 +183,8 @@ DTRAIN_DECL auto TcpStoreServer::accept_clients(std::vector<Client>& clients) ->
       if (errno == EMFILE || errno == ENFILE) {
         // Out of descriptors: the oldest handshake makes room (a flood of
         // silent connections must not lock the ranks out), else wait.
-        const auto oldest = std::find_if(clients.begin(), clients.end(), [](const Client& c) { return !c.authenticated; });
+        const auto oldest =
+            std::find_if(clients.begin(), clients.end(), [](const Client& c) { return !c.authenticated; });
         if (oldest == clients.end()) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
           return;
@@ -208,7 +208,8 @@ DTRAIN_DECL auto TcpStoreServer::accept_clients(std::vector<Client>& clients) ->
     const auto pending = static_cast<std::size_t>(
         std::count_if(clients.begin(), clients.end(), [](const Client& k) { return !k.authenticated; }));
     if (pending >= limits_.max_pending) {
-      const auto oldest = std::find_if(clients.begin(), clients.end(), [](const Client& k) { return !k.authenticated; });
+      const auto oldest =
+          std::find_if(clients.begin(), clients.end(), [](const Client& k) { return !k.authenticated; });
       refuse(*oldest, "too many connections in their handshake; the oldest was closed");
       clients.erase(oldest);
     }
@@ -263,8 +264,8 @@ DTRAIN_DECL auto TcpStoreServer::serve() -> void {
     for (std::size_t i = 0; i < clients.size(); ++i) {
       if (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) dead[i] = !read_and_answer(clients[i]);
       if (!dead[i] && !clients[i].authenticated && now - clients[i].since > limits_.handshake_timeout) {
-        refuse(clients[i], "it did not complete the handshake within " +
-                               std::to_string(limits_.handshake_timeout.count()) + " ms");
+        refuse(clients[i],
+               "it did not complete the handshake within " + std::to_string(limits_.handshake_timeout.count()) + " ms");
         dead[i] = true;
       }
     }
@@ -297,7 +298,8 @@ DTRAIN_DECL auto TcpStoreServer::read_and_answer(Client& c) -> bool {
   std::size_t used = 0;
   std::string reply;
   for (;;) {
-    const std::size_t k = detail::parse_request(std::string_view(c.in).substr(used), cmd, args, limits_.max_request_bytes);
+    const std::size_t k =
+        detail::parse_request(std::string_view(c.in).substr(used), cmd, args, limits_.max_request_bytes);
     if (k == 0) break;
     if (k == detail::request_too_large) {
       refuse(c, "a request declared more than the store's limit of " + std::to_string(limits_.max_request_bytes) +

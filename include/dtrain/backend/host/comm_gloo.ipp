@@ -211,7 +211,8 @@ DTRAIN_DECL auto GlooEngine::authenticate(const World& world) -> void {
   }
   for (std::size_t p = 0; p < n; ++p) {
     if (p == me) continue;
-    if (!same_bytes(std::string_view(proofs_in).substr(p * k, k), auth_proof(token, role(p, me), mine, theirs.substr(p * k, k))))
+    if (!same_bytes(std::string_view(proofs_in).substr(p * k, k),
+                    auth_proof(token, role(p, me), mine, theirs.substr(p * k, k))))
       throw comm_error("rank " + std::to_string(world.global_rank()) + "'s Gloo connection to rank " +
                            std::to_string(world.global_rank(static_cast<int>(p))) +
                            " did not prove the job token: another process answered in that rank's place",
