@@ -2,7 +2,7 @@
 # Fuzzes every parser of outside input with libFuzzer (the targets of
 # tests/fuzz/targets.hpp: safetensors, checkpoint_index, hf_index, config, hf_config,
 # adapter_config, npy, tokens, sft_records, launcher_flags, launch_env,
-# error_record). One harness, tests/fuzz/fuzz_main.cpp, built once with clang 16 (Debian's
+# error_record, store_wire, wire_messages). One harness, tests/fuzz/fuzz_main.cpp, built once with clang 16 (Debian's
 # clang-16; clang 14 lacks std::source_location) under AddressSanitizer and
 # UndefinedBehaviorSanitizer with leak detection; DTRAIN_FUZZ_TARGET picks the
 # target of each run.
@@ -27,7 +27,7 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 runs=10000000
 seconds=
 smoke=
-all=safetensors,checkpoint_index,hf_index,config,hf_config,adapter_config,npy,tokens,sft_records,launcher_flags,launch_env,error_record
+all=safetensors,checkpoint_index,hf_index,config,hf_config,adapter_config,npy,tokens,sft_records,launcher_flags,launch_env,error_record,store_wire,wire_messages
 targets=$all
 json=$repo/bench/results/fuzz.json
 usage="usage: tests/fuzz/run_fuzz.sh [--runs N | --seconds S] [--targets a,b,c] [--json PATH] [--smoke]"

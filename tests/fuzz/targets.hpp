@@ -37,12 +37,21 @@
 //                     dtrain::init's discovery (torchrun, Slurm, Open MPI)
 //   error_record      the bytes as a rank's error record (TORCHELASTIC_ERROR_FILE):
 //                     dtrain-run's read_error_record
+//   store_wire        the bytes sent over a live socket to a rendezvous store
+//                     with a job token (they meet its handshake) and to one
+//                     without (they meet its request parser); then an
+//                     admitted client of each must still be served
+//   wire_messages     the bytes as a rank's message (World::all_gather), set
+//                     and read back through a live store, then decoded as
+//                     the typed values ranks exchange
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +61,8 @@
 #include "lm/lm.hpp"
 
 #include <dtrain/checkpoint/checkpoint.hpp>
+#include <dtrain/checkpoint/state_io.hpp>
+#include <dtrain/comm/store.hpp>
 #include <dtrain/data/dataset.hpp>
 #include <dtrain/hf/checkpoint.hpp>
 #include <dtrain/hf/config.hpp>
@@ -309,6 +320,87 @@ inline void error_record(std::span<const unsigned char> data, const fs::path& sc
   (void)read_error_record(file);  // nothing to reject with: an unreadable record is no record
 }
 
+// A live store of each kind, for the whole fuzzing process, with an admitted
+// client each. A short handshake deadline: an input that stops half-way
+// does not hold a connection long.
+struct LiveStores {
+  std::string token = new_job_token();
+  StoreLimits limits = [] {
+    StoreLimits l;
+    l.handshake_timeout = std::chrono::milliseconds(300);
+    l.max_request_bytes = std::size_t{1} << 20;
+    return l;
+  }();
+  TcpStoreServer secured{0, "127.0.0.1", token, limits};
+  TcpStoreServer open{0, "127.0.0.1", {}, limits};
+  TcpStore secured_client{"127.0.0.1", secured.port(), std::chrono::seconds(5), token};
+  TcpStore open_client{"127.0.0.1", open.port(), std::chrono::seconds(5)};
+
+  static LiveStores& get() {
+    static LiveStores stores;
+    return stores;
+  }
+};
+
+// Sends `data` to 127.0.0.1:port after the server's hello, ends the
+// sending side and reads until the server closes (or 2 s pass).
+inline void send_to_store(int port, std::span<const unsigned char> data) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    std::size_t sent = 0;
+    while (sent < data.size()) {
+      const ssize_t w = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+      if (w <= 0) break;
+      sent += static_cast<std::size_t>(w);
+    }
+    ::shutdown(fd, SHUT_WR);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < until) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      if (::recv(fd, buf, sizeof buf, 0) <= 0) break;
+    }
+  }
+  ::close(fd);
+}
+
+inline void store_wire(std::span<const unsigned char> data, const fs::path&) {
+  auto& s = LiveStores::get();
+  send_to_store(s.secured.port(), data);
+  send_to_store(s.open.port(), data);
+  // Whatever the input did, the job's own clients are still served.
+  for (TcpStore* client : {&s.secured_client, &s.open_client}) {
+    client->set("canary", "alive");
+    if (client->get("canary", std::chrono::seconds(5)) != "alive")
+      throw std::logic_error("a rendezvous store lost a key after a hostile client");
+  }
+}
+
+inline void wire_messages(std::span<const unsigned char> data, const fs::path&) {
+  auto& s = LiveStores::get();
+  s.secured_client.set("message", std::string_view(reinterpret_cast<const char*>(data.data()), data.size()));
+  const std::string bytes = s.secured_client.get("message");
+  const auto decode_as = [&]<class T>(const T*) {
+    try {
+      (void)wire::decode<T>(bytes);
+    } catch (const dtrain::error&) {
+    }
+  };
+  decode_as(static_cast<const std::int64_t*>(nullptr));
+  decode_as(static_cast<const std::string*>(nullptr));
+  decode_as(static_cast<const std::vector<std::int64_t>*>(nullptr));
+  decode_as(static_cast<const std::vector<std::string>*>(nullptr));
+  decode_as(static_cast<const std::vector<std::vector<std::int64_t>>*>(nullptr));
+  decode_as(static_cast<const detail::RankSave*>(nullptr));
+  decode_as(static_cast<const std::vector<detail::SamplerPosition>*>(nullptr));
+}
+
 struct Target {
   const char* name;
   void (*run)(std::span<const unsigned char>, const fs::path&);
@@ -326,6 +418,8 @@ inline constexpr Target targets[] = {{"safetensors", safetensors},
                                      {"sft_records", sft_records},
                                      {"launcher_flags", launcher_flags},
                                      {"launch_env", launch_env},
-                                     {"error_record", error_record}};
+                                     {"error_record", error_record},
+                                     {"store_wire", store_wire},
+                                     {"wire_messages", wire_messages}};
 
 }  // namespace dtrain::fuzz

@@ -104,7 +104,13 @@ void get(std::string_view& in, T& v) {
       v.assign(in.data(), n);
       in.remove_prefix(n);
     } else {
-      v.resize(n);
+      // Every element takes a byte at least: a count beyond the bytes left
+      // is a damaged or hostile message, not a reason to allocate it.
+      if (n > in.size())
+        throw comm_error("a message from another rank claims " + std::to_string(n) + " elements in " +
+                             std::to_string(in.size()) + " bytes",
+                         "every rank must run the same build of the program");
+      v.resize(static_cast<std::size_t>(n));
       for (auto& e : v) get(in, e);
     }
   } else {
