@@ -15,10 +15,9 @@
 //     Rank 0 writes the JSON (per-rank rendezvous times too).
 //   bench_scale_probe store [--clients N] [--ops K] [--json PATH]
 //     N threads, each its own TcpStore client of one TcpStoreServer in this
-//     process (with a job token: connecting includes its handshake), each doing K rounds of set / get (its own key back, checked)
-//     / add (one shared counter) and at the end a get of every other
-//     client's last key; the wall time for all of them, per-operation
-//     latency percentiles, and the checks (the counter must be N x K).
+//     process (with a job token: connecting includes its handshake), each doing K rounds of set / get (its own key
+//     back, checked) / add (one shared counter) and at the end a get of every other client's last key; the wall time
+//     for all of them, per-operation latency percentiles, and the checks (the counter must be N x K).
 //   bench_scale_probe compare A.safetensors B.safetensors
 //     The largest |a - b| / max(1, |b|) over every tensor (the strategy
 //     tests' relative difference, tests/strategy/common.hpp), printed as
