@@ -180,6 +180,22 @@ BOOST_AUTO_TEST_CASE(comm_timeout) {
     check_rejected({{"DTRAIN_COMM_TIMEOUT_S", bad}}, "DTRAIN_COMM_TIMEOUT_S");
 }
 
+// The job token and its companions (docs/security.md).
+BOOST_AUTO_TEST_CASE(job_token_variables) {
+  const std::string token(40, 't');
+  const auto e = discover(with(torchrun, {{"DTRAIN_JOB_TOKEN", token}, {"DTRAIN_STORE_BIND", "0.0.0.0"}}));
+  BOOST_TEST(e.job_token == token);
+  BOOST_TEST(e.store_bind == "0.0.0.0");
+  BOOST_TEST(!e.insecure_no_token);
+  BOOST_TEST(discover(with(torchrun, {{"DTRAIN_INSECURE_NO_TOKEN", "1"}})).insecure_no_token);
+  BOOST_TEST(discover(torchrun).job_token.empty());  // World refuses a world of 8 without one
+  check_rejected(with(torchrun, {{"DTRAIN_INSECURE_NO_TOKEN", "yes"}}), "DTRAIN_INSECURE_NO_TOKEN");
+  BOOST_CHECK_EXCEPTION(discover(with(torchrun, {{"DTRAIN_JOB_TOKEN", "0123456789"}})), dtrain::config_error,
+                        [](const dtrain::error& e) {
+                          return std::string(e.what()).find("DTRAIN_JOB_TOKEN has 10 characters") != std::string::npos;
+                        });
+}
+
 BOOST_AUTO_TEST_CASE(non_integer_values) {
   for (const char* bad : {"abc", "1x", " 1", "+1", "", "1.0", "99999999999"})
     check_rejected(with(torchrun, {{"RANK", bad}}), "RANK");
