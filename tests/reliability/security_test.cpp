@@ -31,6 +31,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <dtrain/comm/store.hpp>
+#include <dtrain/comm/world.hpp>
 
 namespace fs = std::filesystem;
 using namespace dtrain::test;
@@ -226,6 +227,21 @@ BOOST_AUTO_TEST_CASE(the_store_admits_only_the_token) {
   } catch (const dtrain::launch_error& e) {
     BOOST_TEST(std::string(e.what()).find("runs without a job token") != std::string::npos, e.what());
   }
+}
+
+// A world of several ranks without a token stops at once, saying how to get one.
+BOOST_AUTO_TEST_CASE(a_world_without_a_token_stops_at_start) {
+  try {
+    dtrain::World w(dtrain::World::Layout{1, 2, 1, 2, {}}, "127.0.0.1", free_port(), dtrain::CommOptions{});
+    BOOST_ERROR("a rank without a token started");
+  } catch (const dtrain::launch_error& e) {
+    BOOST_TEST(e.problem().find("rank 1 of a 2-rank job has no job token") != std::string::npos, e.what());
+    BOOST_TEST(e.fix().find("DTRAIN_JOB_TOKEN=$(dtrain-run --new-token)") != std::string::npos, e.what());
+  }
+  dtrain::CommOptions weak;
+  weak.job_token = "short";
+  BOOST_CHECK_THROW(dtrain::World(dtrain::World::Layout{1, 2, 1, 2, {}}, "127.0.0.1", free_port(), weak),
+                    dtrain::config_error);
 }
 
 // Limits, in one process: a flood beyond the pending handshakes, silent
