@@ -91,7 +91,7 @@ struct Installed {
 // Every variable a launcher gives its processes, unset, then `extra`: each run
 // sees only what its own launcher sets, whoever started this test.
 EnvChanges clean_env(const EnvChanges& extra = {}) {
-  static const std::array<std::string, 16> exact{"RANK",
+  static const std::array<std::string, 17> exact{"RANK",
                                                  "WORLD_SIZE",
                                                  "LOCAL_RANK",
                                                  "LOCAL_WORLD_SIZE",
