@@ -352,7 +352,7 @@ int run_store(int argc, char** argv) {
   const double wall_ms = ms_since(t0);
   std::int64_t counter = -1;
   try {
-    TcpStore check("127.0.0.1", server.port(), timeout);
+    TcpStore check("127.0.0.1", server.port(), timeout, token);
     counter = check.add("counter", 0);
   } catch (const std::exception& e) {
     fail(std::string("final check: ") + e.what());
