@@ -71,7 +71,7 @@ print(json.dumps({"commit": machine.commit(), "dirty": machine.dirty()}))' "$rep
 echo "== building the harness ($level)"
 clang++-16 -std=c++20 "$level" -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$repo/include" -I"$repo/tests" -I"$repo/examples" -I"$repo/tools" \
-  "$repo/tests/fuzz/fuzz_main.cpp" -o "$work/fuzz" -lyaml-cpp -lgloo -lopenblas -pthread
+  "$repo/tests/fuzz/fuzz_main.cpp" -o "$work/fuzz" -lyaml-cpp -lgloo -lopenblas -lcrypto -pthread
 limit=$([[ -n $seconds ]] && echo "-max_total_time=$seconds" || echo "-runs=$runs")
 rows=()
 status=0
