@@ -169,9 +169,11 @@ BOOST_AUTO_TEST_CASE(two_simulated_nodes_use_the_hierarchical_path) {
   for (auto [per_node, expect] : {std::pair{2, "shm+gloo"}, std::pair{1, "gloo"}}) {
     const int port = free_port();
     auto node = [&, per_node = per_node, expect = expect](int rank) {
-      return std::string("timeout 120 ") + DTRAIN_RUN_PATH + " --nnodes 2 --node-rank " + std::to_string(rank) +
-             " --master-addr 127.0.0.1 --master-port " + std::to_string(port) + " --nproc-per-node " +
-             std::to_string(per_node) + " " + COMM_CHILD_PATH + " --expect " + expect;
+      // Both nodes' launchers get the job's token, as a job script exports it.
+      return std::string("DTRAIN_JOB_TOKEN=host-processes-test-token-0123456789abcdef timeout 120 ") + DTRAIN_RUN_PATH +
+             " --nnodes 2 --node-rank " + std::to_string(rank) + " --master-addr 127.0.0.1 --master-port " +
+             std::to_string(port) + " --nproc-per-node " + std::to_string(per_node) + " " + COMM_CHILD_PATH +
+             " --expect " + expect;
     };
     const std::string cmd = "( " + node(1) + " & " + node(0) + "; a=$?; wait $!; b=$?; exit $((a|b)) )";
     BOOST_TEST_INFO(per_node << " rank(s) per node, expecting " << expect);

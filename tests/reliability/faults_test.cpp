@@ -54,7 +54,7 @@ constexpr int steps = 8, save_every = 2;
 std::vector<std::string> job(const fs::path& dir, bool elastic, bool resume, int node = -1, int port = 0) {
   std::vector<std::string> args{DTRAIN_RUN_PATH, "--nproc-per-node", node < 0 ? "2" : "1"};
   // Two nodes share the job's token (one node's dtrain-run makes its own).
-  if (node >= 0) args.insert(args.begin(), {"env", "DTRAIN_JOB_TOKEN=faults-test-job-token-0123456789abcdef"});
+  if (node >= 0) args.insert(args.begin(), {"/usr/bin/env", "DTRAIN_JOB_TOKEN=faults-test-job-token-0123456789abcdef"});
   if (node >= 0)
     args.insert(args.end(), {"--nnodes", "2", "--node-rank", std::to_string(node), "--master-addr", "127.0.0.1",
                              "--master-port", std::to_string(port)});

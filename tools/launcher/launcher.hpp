@@ -307,7 +307,7 @@ inline void reject_torchrun_only(const std::string& flag) {
 }
 
 inline void check_run_options(const RunOptions& o) {
-  if (o.help || o.version) return;
+  if (o.help || o.version || o.new_token) return;
   if (o.program.empty()) throw launch_error("no PROGRAM to run", "usage: dtrain-run [options] PROGRAM [ARGS...]");
   if (o.node_rank >= o.nnodes)
     throw launch_error(
