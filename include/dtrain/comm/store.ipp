@@ -339,7 +339,11 @@ DTRAIN_DECL auto TcpStoreServer::read_and_answer(Client& c) -> bool {
       }
       case detail::store_cmd::add: {
         auto& v = map_[std::string(args[0])];
-        const std::int64_t now = (v.empty() ? 0 : detail::bytes_i64(v)) + detail::bytes_i64(args[1]);
+        // Wraps around as two's complement (found by fuzzing: a signed
+        // overflow here was undefined behaviour); dtrain's counters never get there.
+        const auto sum = static_cast<std::uint64_t>(v.empty() ? 0 : detail::bytes_i64(v)) +
+                         static_cast<std::uint64_t>(detail::bytes_i64(args[1]));
+        const auto now = static_cast<std::int64_t>(sum);
         v = detail::i64_bytes(now);
         detail::put_str(reply, v);
         break;
