@@ -93,8 +93,8 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
         auto [it, fresh] = opened.try_emplace(f, s.files.size());
         // A shard must be a file of `dir`: the index may come from anyone.
         if (fresh)
-          s.files.push_back(SafetensorsFile::open(
-              dtrain::detail::contained_path(dir, f, "\"" + index.string() + "\" (weight_map[\"" + tensor + "\"])")));
+          s.files.push_back(SafetensorsFile::open(dtrain::detail::contained_path(
+              dir, f, "\"" + index.string() + "\" (weight_map[\"" + tensor + "\"])", dtrain::detail::links::follow)));
         file_of[tensor] = it->second;
       }
       for (std::size_t i = 0; i < s.files.size(); ++i)

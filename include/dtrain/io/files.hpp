@@ -34,11 +34,14 @@ DTRAIN_DECL std::string quoted_path(const std::filesystem::path& p);
 // its index must not make dtrain read, or report on, files elsewhere. Throws
 // checkpoint_error (naming `what`, the file the name came from) unless
 // `name` is a plain file name: not empty, "." or "..", no '/', backslash or NUL,
-// at most 255 bytes, and, once symbolic links are resolved, still a file
-// inside `dir` (a link within the directory is fine, one leading out is not).
-// The file need not exist: opening it reports that.
+// at most 255 bytes, and, with links::stay_inside, once symbolic links are
+// resolved, still a file inside `dir` (a link within the directory is fine,
+// one leading out is not). links::follow accepts links out: the Hugging Face
+// cache's snapshot folders are links to its blobs. The file need not exist:
+// opening it reports that.
+enum class links { stay_inside, follow };
 DTRAIN_DECL std::filesystem::path contained_path(const std::filesystem::path& dir, std::string_view name,
-                                                 std::string_view what);
+                                                 std::string_view what, links policy = links::stay_inside);
 
 // Element i of a little-endian array of T in bytes that may be unaligned
 // (safetensors and .npy only promise byte alignment).

@@ -17,7 +17,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
   }
 
   DTRAIN_DECL std::filesystem::path contained_path(const std::filesystem::path& dir, std::string_view name,
-                                                   std::string_view what) {
+                                                   std::string_view what, links policy) {
     namespace fs = std::filesystem;
     // The name as the message shows it: control bytes escaped (a NUL would
     // cut the message short), a long name cut.
@@ -53,6 +53,7 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     // A name that passes the checks above is a file in `dir`, unless it is
     // a symbolic link: resolved, it must still be inside `dir`.
     const fs::path path = dir / fs::path(std::string(name));
+    if (policy == links::follow) return path;
     std::error_code ec;
     const fs::path real_dir = fs::weakly_canonical(dir.empty() ? fs::path(".") : dir, ec);
     fs::path real;
