@@ -22,34 +22,12 @@
 #include "dtrain/backend/cuda/device.hpp"
 #endif
 #include "kernels/numeric.hpp"
+#include "support/scoped_env.hpp"
 
 namespace {
 
 using dtrain::testing::expect_close;
-
-// Sets (or unsets, with nullopt) an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value)
-      ::setenv(name, value->c_str(), 1);
-    else
-      ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using dtrain::testing::ScopedEnv;
 
 // A row-major rows x cols matrix stored with leading dimension ld; the padding
 // holds `pad` so a GEMM writing outside its columns is caught.

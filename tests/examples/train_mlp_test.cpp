@@ -2,7 +2,6 @@
 #define BOOST_TEST_MODULE example_train_mlp
 #include <signal.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +13,8 @@
 #include "examples/run_example.hpp"
 #include <boost/test/unit_test.hpp>
 #include <launch/process.hpp>
+#include <support/rel_diff.hpp>
+#include <support/scoped_env.hpp>
 
 #include <dtrain/checkpoint/checkpoint.hpp>
 #include <dtrain/io/safetensors.hpp>
@@ -287,43 +288,12 @@ BOOST_AUTO_TEST_CASE(init_from_pretrained_weights) {
 }
 
 namespace {
-// Sets an environment variable for one test case (the launches it makes
-// inherit it) and restores the previous value after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    ::setenv(name, value, 1);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-  ~ScopedEnv() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
-// The strategy tests' difference: the largest |a - b| / max(1, |b|).
-double max_rel_diff(const fs::path& x, const fs::path& y) {
-  const auto a = dtrain::SafetensorsFile::open(x), b = dtrain::SafetensorsFile::open(y);
-  double worst = 0;
-  for (const char* name : {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}) {
-    const auto va = a.read_f32(name), vb = b.read_f32(name);
-    BOOST_REQUIRE_EQUAL(va.size(), vb.size());
-    for (std::size_t i = 0; i < va.size(); ++i) {
-      const double d =
-          std::abs(static_cast<double>(va[i]) - vb[i]) / std::max(1.0, std::abs(static_cast<double>(vb[i])));
-      worst = std::max(worst, std::isnan(d) ? INFINITY : d);
-    }
-  }
-  return worst;
+// A save_params= file as parameters by name.
+dtrain::testing::Params params_of(const fs::path& file) {
+  const auto f = dtrain::SafetensorsFile::open(file);
+  dtrain::testing::Params out;
+  for (const auto& name : f.names()) out[name] = f.read_f32(name);
+  return out;
 }
 }  // namespace
 
@@ -334,7 +304,7 @@ double max_rel_diff(const fs::path& x, const fs::path& y) {
 // relative). bench/run_scale_bench.sh does the same at 16 and 32 ranks and
 // across two nodes.
 BOOST_AUTO_TEST_CASE(eight_ranks_on_shared_memory_end_with_world_ones_params) {
-  const ScopedEnv transport("DTRAIN_HOST_TRANSPORT", "shm"), wait("DTRAIN_SHM_WAIT", "futex");
+  const dtrain::testing::ScopedEnv transport("DTRAIN_HOST_TRANSPORT", "shm"), wait("DTRAIN_SHM_WAIT", "futex");
   const std::string common = " steps=4 optimizer=sgd lr=0.05 momentum=0.9 num_workers=0 log_every=100 ";
   const auto one = scratch("world1_b64.safetensors"), eight = scratch("world8_b8.safetensors");
   const auto metrics = scratch("world8.jsonl");
@@ -345,7 +315,7 @@ BOOST_AUTO_TEST_CASE(eight_ranks_on_shared_memory_end_with_world_ones_params) {
   std::string first;
   std::getline(in, first);
   BOOST_TEST(first.find("\"world_size\": 8") != std::string::npos, first);
-  const double d = max_rel_diff(eight, one);
+  const double d = dtrain::testing::max_rel_diff(params_of(eight), params_of(one));
   BOOST_TEST_MESSAGE("8 ranks vs 1: max relative difference " << d);
   BOOST_TEST(d <= 2e-5);
 }
