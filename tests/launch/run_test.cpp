@@ -123,6 +123,19 @@ BOOST_AUTO_TEST_CASE(blas_threads_fit_the_address_space_limit) {
   check_no_survivors(dir, 2);
 }
 
+// The launcher itself loads neither OpenBLAS (whose pool, started as it
+// loads, took 16 x 136 MiB on 16 cores and whose fork handler waited for a
+// pool thread that found no room) nor the CUDA libraries: it starts ranks
+// under a limit that holds none of them.
+BOOST_AUTO_TEST_CASE(the_launcher_fits_a_small_address_space) {
+  auto f = dtrain::test::run({"/bin/sh", "-c",
+                              "ulimit -v 120000 && LD_PRELOAD=" + std::string(MANY_CORES_PATH) + " exec " + launcher +
+                                  " --nproc-per-node 2 /bin/sh -c 'echo started'"},
+                             no_thread_vars);
+  BOOST_REQUIRE_MESSAGE(f.exited_with(0), report(f));
+  for (int r = 0; r < 2; ++r) BOOST_TEST(has_line(f.out, "[rank " + std::to_string(r) + "] started"), report(f));
+}
+
 BOOST_AUTO_TEST_CASE(three_ranks_on_the_second_node) {
   TempDir dir;
   auto f = run({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "3", "--master-addr", "10.0.0.7",
