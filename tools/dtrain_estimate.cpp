@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -447,17 +448,26 @@ Config read_config(const std::string& path, const std::vector<std::string>& over
   return c;
 }
 
+// A JSON file's object, or nullopt when the file does not read, is not
+// JSON, is nested too deep (detail::parse_json) or is not an object: the
+// model kinds below look at a config to choose a reader, and a file none of
+// them takes goes to the causal LM's reader, which names its problem.
+std::optional<nlohmann::ordered_json> json_object_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  try {
+    auto j = dtrain::detail::parse_json(in, [](const std::string& problem) { return std::runtime_error(problem); });
+    if (j.is_object()) return j;
+  } catch (const std::runtime_error&) {
+  }
+  return std::nullopt;
+}
+
 // A LeRobot ACT policy's config.json (or its directory): "type": "act".
 bool lerobot_act_json(std::filesystem::path path) {
   if (std::filesystem::is_directory(path)) path /= "config.json";
-  std::ifstream in(path);
-  if (!in) return false;
-  try {
-    const auto j = nlohmann::ordered_json::parse(in);
-    return j.is_object() && j.contains("type") && j.at("type") == "act";
-  } catch (const nlohmann::json::exception&) {
-    return false;
-  }
+  const auto j = json_object_file(path);
+  return j && j->contains("type") && j->at("type") == "act";
 }
 
 // What an ACT batch holds besides its images: the state, the action chunk
@@ -488,14 +498,9 @@ std::string diffusers_class(std::filesystem::path path) {
     else if (fs::exists(path / "transformer" / "config.json"))
       path = path / "transformer" / "config.json";
   }
-  std::ifstream in(path);
-  if (!in) return "";
-  try {
-    const auto j = nlohmann::ordered_json::parse(in);
-    if (j.is_object() && j.contains("_class_name") && j.at("_class_name").is_string())
-      return j.at("_class_name").get<std::string>();
-  } catch (const nlohmann::json::exception&) {
-  }
+  const auto j = json_object_file(path);
+  if (j && j->contains("_class_name") && j->at("_class_name").is_string())
+    return j->at("_class_name").get<std::string>();
   return "";
 }
 
@@ -510,9 +515,8 @@ std::size_t diffusion_batch_bytes(std::int64_t batch, std::int64_t latent, std::
 // reader names the problem.
 std::optional<nlohmann::ordered_json> llava_json(std::filesystem::path path) {
   if (std::filesystem::is_directory(path)) path /= "config.json";
-  std::ifstream file(path);
-  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(file, nullptr, false);
-  if (j.is_object() && j.contains("model_type") && j.at("model_type") == "llava") return j;
+  auto j = json_object_file(path);
+  if (j && j->contains("model_type") && j->at("model_type") == "llava") return j;
   return std::nullopt;
 }
 

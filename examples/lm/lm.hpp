@@ -40,6 +40,7 @@
 #include <dtrain/hf/config.hpp>
 #include <dtrain/hf/lora.hpp>
 #include <dtrain/hf/model.hpp>
+#include <dtrain/io/json.hpp>
 #include <dtrain/models/causal_lm.hpp>
 
 namespace lm {
@@ -244,10 +245,14 @@ class Samples {
 
 namespace detail {
 
+inline dtrain::config_error record_error(const std::string& file, std::size_t line, const std::string& what) {
+  return dtrain::config_error("'" + file + "' line " + std::to_string(line) + ": " + what,
+                              "give one JSON object per line: {\"input_ids\": [...], \"labels\": [...]} (-100: no "
+                              "loss) or {\"input_ids\": [...], \"prompt_length\": N}");
+}
+
 [[noreturn]] inline void bad_record(const std::string& file, std::size_t line, const std::string& what) {
-  throw dtrain::config_error("'" + file + "' line " + std::to_string(line) + ": " + what,
-                             "give one JSON object per line: {\"input_ids\": [...], \"labels\": [...]} (-100: no "
-                             "loss) or {\"input_ids\": [...], \"prompt_length\": N}");
+  throw record_error(file, line, what);
 }
 
 // Instruction records, one JSON object per line: input_ids with either
@@ -262,12 +267,8 @@ inline std::vector<Record> read_records(const std::string& file, std::int64_t bl
   std::string text;
   for (std::size_t line = 1; std::getline(in, text); ++line) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception&) {
-      bad_record(file, line, "not JSON");
-    }
+    auto j = dtrain::detail::parse_json<nlohmann::json>(
+        text, [&](const std::string& problem) { return record_error(file, line, problem); });
     if (!j.is_object() || !j.contains("input_ids") || !j["input_ids"].is_array())
       bad_record(file, line, "no input_ids list");
     std::vector<std::int64_t> ids, labels;

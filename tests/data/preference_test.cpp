@@ -97,7 +97,7 @@ BOOST_AUTO_TEST_CASE(bad_pairs_are_refused_with_their_line) {
   BOOST_TEST(refusal({R"({"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3], "ref_chosen_logps": -1})"})
                  .find("ref_chosen_logps alone") != std::string::npos);
   BOOST_TEST(refusal({"[1, 2]"}).find("not a JSON object") != std::string::npos);
-  BOOST_TEST(refusal({"{"}).find("not JSON") != std::string::npos);
+  BOOST_TEST(refusal({"{"}).find("line 1: not valid JSON") != std::string::npos);
   BOOST_TEST(refusal({""}).find("hold no pair") != std::string::npos);
 }
 

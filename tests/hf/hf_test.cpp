@@ -477,7 +477,7 @@ BOOST_AUTO_TEST_CASE(instruction_records_mask_the_prompt) {
   fails_with(R"({"input_ids": [1, 40], "prompt_length": 1})", "line 2: token 1 is id 40");
   fails_with(R"({"input_ids": [1, 2], "labels": [1]})", "line 2: labels is not a list as long as input_ids");
   fails_with(R"({"input_ids": [1, 2, 3], "prompt_length": 3})", "line 2: no token to learn");
-  fails_with(R"({"input_ids": [1, 2)", "line 2: not JSON");
+  fails_with(R"({"input_ids": [1, 2)", "line 2: not valid JSON");
   fails_with(R"({"input_ids": [1, 2]})", "neither labels nor an integer prompt_length");
 }
 

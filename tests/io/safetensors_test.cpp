@@ -14,11 +14,13 @@
 #include <boost/test/unit_test.hpp>
 
 #include "dtrain/checkpoint/checkpoint.hpp"
+#include "dtrain/data/preference.hpp"
 #include "dtrain/hf/checkpoint.hpp"
 #include "dtrain/hf/config.hpp"
 #include "dtrain/hf/lora.hpp"
 #include "dtrain/io/files.hpp"
 #include "dtrain/io/json.hpp"
+#include "dtrain/train/grpo.hpp"
 
 using dtrain::element_type;
 using dtrain::SafetensorsFile;
@@ -535,6 +537,29 @@ BOOST_AUTO_TEST_CASE(deeply_nested_json_is_refused_everywhere) {
   expect_refused<dtrain::config_error>([&] { (void)parse(deep_json(dtrain::detail::json_max_depth + 1)); },
                                        {"at byte 128"});
   expect_refused<dtrain::config_error>([&] { (void)parse("{\"a\": [1, 2"); }, {"not valid JSON"});
+  // Training data and a GRPO reward's vocabulary: the same limit, with the line.
+  write_text(dir / "pairs.jsonl", R"({"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3]})"
+                                  "\n"
+                                  R"({"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": )" +
+                                      deep + "}\n");
+  expect_refused<dtrain::config_error>([&] { (void)dtrain::read_preference_pairs(dir / "pairs.jsonl", 8, 50); },
+                                       {"pairs.jsonl', line 2: JSON nested more than 128"});
+  write_text(dir / "vocab.json", R"({"a": 0, "b": )" + deep + "}");
+  expect_refused<dtrain::config_error>([&] { (void)dtrain::rewards::read_vocabulary(dir / "vocab.json"); },
+                                       {"vocab.json' is JSON nested more than 128"});
+}
+
+// A vocabulary's ids count up from 0: one far beyond is refused before the
+// id -> text table is made that large.
+BOOST_AUTO_TEST_CASE(vocabulary_ids_far_beyond_its_size_are_refused) {
+  TempDir dir;
+  write_text(dir / "vocab.json", R"({"a": 0, "b": 1, "c": 2})");
+  const auto vocab = dtrain::rewards::read_vocabulary(dir / "vocab.json");
+  BOOST_TEST(vocab.size() == 3u);
+  BOOST_TEST(vocab[2] == "c");
+  write_text(dir / "vocab.json", R"({"a": 0, "b": 9000000000000})");
+  expect_refused<dtrain::config_error>([&] { (void)dtrain::rewards::read_vocabulary(dir / "vocab.json"); },
+                                       {"maps 'b' to 9000000000000", "beyond the 16777216 ids"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()

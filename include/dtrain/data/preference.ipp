@@ -17,9 +17,14 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     namespace dtrain {
   namespace detail {
 
+  inline config_error pair_error(const std::filesystem::path& file, std::int64_t line, const std::string& what,
+                                 const std::string& fix) {
+    return config_error("preference pairs '" + file.string() + "', line " + std::to_string(line) + ": " + what, fix);
+  }
+
   [[noreturn]] inline void bad_pair(const std::filesystem::path& file, std::int64_t line, const std::string& what,
                                     const std::string& fix) {
-    throw config_error("preference pairs '" + file.string() + "', line " + std::to_string(line) + ": " + what, fix);
+    throw pair_error(file, line, what, fix);
   }
 
   inline std::vector<std::int32_t> pair_ids(const nlohmann::json& j, const char* key, const std::filesystem::path& file,
@@ -55,12 +60,9 @@ DTRAIN_IMPL_BEGIN  // header-only: -O1 (core/macros.hpp)
     std::string text;
     for (std::int64_t line = 1; std::getline(in, text); ++line) {
       if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(text);
-      } catch (const nlohmann::json::exception& e) {
-        detail::bad_pair(file, line, std::string("not JSON (") + e.what() + ")", "give one JSON object per line");
-      }
+      const auto j = detail::parse_json<nlohmann::json>(text, [&](const std::string& problem) {
+        return detail::pair_error(file, line, problem, "give one JSON object per line");
+      });
       if (!j.is_object()) detail::bad_pair(file, line, "not a JSON object", "give one JSON object per line");
       PreferencePair p;
       p.prompt = detail::pair_ids(j, "prompt_ids", file, line, vocab);

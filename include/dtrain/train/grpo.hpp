@@ -49,6 +49,8 @@ inline RewardFunction token_count(std::int64_t token) {
 // A tokenizer's vocabulary, id -> text: a JSON object {"text": id, ...}
 // (a tokenizer's vocab.json) or a text file of one token per line (line i
 // is id i).
+inline constexpr std::int64_t max_vocabulary_id = std::int64_t{1} << 24;
+
 inline std::vector<std::string> read_vocabulary(const std::filesystem::path& file) {
   std::ifstream in(file);
   if (!in)
@@ -56,13 +58,10 @@ inline std::vector<std::string> read_vocabulary(const std::filesystem::path& fil
                        "give a vocab.json ({\"text\": id}) or a text file of one token per line");
   std::vector<std::string> vocab;
   if (file.extension() == ".json") {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw config_error("the vocabulary '" + file.string() + "' is not JSON (" + e.what() + ")",
-                         "give a vocab.json ({\"text\": id}) or a text file of one token per line");
-    }
+    const auto j = detail::parse_json<nlohmann::json>(in, [&](const std::string& problem) {
+      return config_error("the vocabulary '" + file.string() + "' is " + problem,
+                          "give a vocab.json ({\"text\": id}) or a text file of one token per line");
+    });
     if (!j.is_object())
       throw config_error("the vocabulary '" + file.string() + "' is not a JSON object of {\"text\": id}",
                          "give a tokenizer's vocab.json");
@@ -70,6 +69,12 @@ inline std::vector<std::string> read_vocabulary(const std::filesystem::path& fil
       if (!id.is_number_integer() || id.get<std::int64_t>() < 0)
         throw config_error("the vocabulary '" + file.string() + "' maps '" + text + "' to " + id.dump(),
                            "give non-negative integer ids");
+      // Ids are dense in a tokenizer's vocabulary: one far beyond the count
+      // of entries would only make the table below that large.
+      if (id.get<std::int64_t>() >= max_vocabulary_id)
+        throw config_error("the vocabulary '" + file.string() + "' maps '" + text + "' to " + id.dump() +
+                               ", beyond the " + std::to_string(max_vocabulary_id) + " ids dtrain reads",
+                           "give a tokenizer's vocab.json, whose ids count up from 0");
       const auto i = static_cast<std::size_t>(id.get<std::int64_t>());
       if (vocab.size() <= i) vocab.resize(i + 1);
       vocab[i] = text;
