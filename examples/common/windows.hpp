@@ -45,23 +45,31 @@ class Windows {
   std::int64_t block_, first_, count_;
 };
 
-// The held-out loss, printed by rank 0: eval_batches batches per rank of
-// `held_out`'s samples, `stride` apart (non-overlapping windows: the block
-// size), every rank its own. `unit` names what a sample holds, e.g. "64 tokens".
+// This rank's eval_batches batches of batch_size samples of `held_out` (a
+// source with size() and gather(indices)): samples `stride` apart, every
+// rank its own (rank r starts at r * stride), wrapping around a small set.
+// Stride 1 takes every sample; non-overlapping windows take the block size.
+template <class Source>
+std::vector<dtrain::Batch> held_out_batches(const dtrain::World& world, const Source& held_out, std::int64_t stride,
+                                            std::int64_t batch_size, std::int64_t eval_batches) {
+  std::vector<dtrain::Batch> batches;
+  if (held_out.size() < 1) return batches;
+  std::int64_t next = world.rank() * stride;
+  for (std::int64_t k = 0; k < eval_batches; ++k) {
+    std::vector<std::int64_t> idx;
+    for (std::int64_t i = 0; i < batch_size; ++i, next += world.size() * stride) idx.push_back(next % held_out.size());
+    batches.push_back(held_out.gather(idx));
+  }
+  return batches;
+}
+
+// The held-out loss, printed by rank 0, over held_out_batches. `unit` names
+// what a sample holds, e.g. "64 tokens".
 template <class Source, class Trainer>
 void held_out_loss(dtrain::World& world, const Source& held_out, std::int64_t stride, std::int64_t batch_size,
                    std::int64_t eval_batches, Trainer& trainer, const std::string& unit) {
   if (eval_batches < 1 || held_out.size() < 1) return;
-  std::vector<dtrain::Batch> batches;
-  std::int64_t next = world.rank() * stride;
-  for (std::int64_t k = 0; k < eval_batches; ++k) {
-    std::vector<std::int64_t> idx;
-    for (std::int64_t i = 0; i < batch_size; ++i) {
-      idx.push_back(next % held_out.size());
-      next += world.size() * stride;
-    }
-    batches.push_back(held_out.gather(idx));
-  }
+  const auto batches = held_out_batches(world, held_out, stride, batch_size, eval_batches);
   const double loss = trainer.evaluate(batches).loss;
   if (world.rank() == 0)
     std::printf("eval: held-out loss %.4f (perplexity %.2f) over %lld samples of %s\n", loss, std::exp(loss),

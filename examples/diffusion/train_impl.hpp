@@ -10,6 +10,7 @@
 
 #include "common/dispatch.hpp"
 #include "common/loop.hpp"
+#include "common/windows.hpp"
 #include "diffusion.hpp"
 
 namespace diffusion_example {
@@ -21,14 +22,8 @@ template <class Trainer>
 void evaluate(const Config& c, const Setup& s, dtrain::World& world, Trainer& trainer, const char* when = "") {
   if (c.eval_batches < 1 || s.held_out < 1) return;
   const dtrain::diffusion::NoisedRecords held_out = records(c, s, false);
-  std::vector<dtrain::Batch> batches;
-  std::int64_t next = world.rank();
-  for (std::int64_t k = 0; k < c.eval_batches; ++k) {
-    std::vector<std::int64_t> idx;
-    for (std::int64_t i = 0; i < c.batch_size; ++i, next += world.size()) idx.push_back(next % held_out.size());
-    batches.push_back(held_out.gather(idx));
-  }
-  const double loss = trainer.evaluate(batches).loss;
+  const double loss =
+      trainer.evaluate(examples::held_out_batches(world, held_out, 1, c.batch_size, c.eval_batches)).loss;
   if (world.rank() == 0)
     std::printf("eval%s: held-out loss %.6f (%s; %lld samples of %lld held-out records at fixed noise and timesteps)\n",
                 when, loss, dtrain::diffusion::objective_name(s.schedule.objective),

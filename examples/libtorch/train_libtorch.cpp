@@ -190,15 +190,8 @@ int main(int argc, char** argv) {
     Finish finish;
     finish.held_out = [&](const auto& evaluate) {
       if (cfg.eval_batches < 1 || held_out.size() < 1) return;
-      std::vector<dtrain::Batch> batches;
-      std::int64_t next = world.rank() * stride;
-      for (std::int64_t k = 0; k < cfg.eval_batches; ++k) {
-        std::vector<std::int64_t> idx;
-        for (std::int64_t i = 0; i < cfg.batch_size; ++i, next += world.size() * stride)
-          idx.push_back(next % held_out.size());
-        batches.push_back(held_out.gather(idx));
-      }
-      const double loss = evaluate(batches);
+      const double loss =
+          evaluate(examples::held_out_batches(world, held_out, stride, cfg.batch_size, cfg.eval_batches));
       if (world.rank() == 0)
         std::printf("eval: held-out loss %.4f over %lld samples of %s\n", loss,
                     static_cast<long long>(cfg.eval_batches * cfg.batch_size * world.size()), unit.c_str());

@@ -76,13 +76,7 @@ class Reference {
 template <class Trainer, class Ref>
 void held_out_dpo(const Config& c, dtrain::World& world, const Samples& held_out, Trainer& trainer, Ref& reference) {
   if (c.eval_batches < 1 || held_out.size() < 1) return;
-  std::vector<dtrain::Batch> batches;
-  std::int64_t next = world.rank();
-  for (std::int64_t k = 0; k < c.eval_batches; ++k) {
-    std::vector<std::int64_t> idx;
-    for (std::int64_t i = 0; i < c.batch_size; ++i, next += world.size()) idx.push_back(next % held_out.size());
-    batches.push_back(held_out.gather(idx));
-  }
+  auto batches = examples::held_out_batches(world, held_out, 1, c.batch_size, c.eval_batches);
   reference.add(batches);
   const dtrain::EvalResult r = trainer.evaluate(batches);
   if (world.rank() != 0) return;

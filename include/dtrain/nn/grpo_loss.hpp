@@ -117,14 +117,8 @@ class GrpoLoss {
     std::vector<float> w(static_cast<std::size_t>(logits.rows), 0.f);
     for (std::size_t r = 0; r < w.size(); ++r)
       if (k.scored[r]) w[r] = static_cast<float>(-token(k, r).dlogp * static_cast<double>(scale));
-    float* wd = dev.template workspace<float>(w.size());
-    dev.copy_from_host(wd, w.data(), w.size());
-    const DeviceTensor& y = batch.at(o_.target);
-    detail::with_label_type(y, "nn::GrpoLoss", [&]<class Label>() {
-      dev.for_each(static_cast<std::size_t>(logits.rows),
-                   detail::WeightedCrossEntropyRowGrad<T, Label>{logits, y.data<Label>(),
-                                                                 static_cast<Label>(o_.ignore_index), wd, dlogits});
-    });
+    detail::weighted_cross_entropy_backward(dev, logits, batch.at(o_.target), o_.ignore_index, w, dlogits,
+                                            "nn::GrpoLoss");
   }
 
   // TRL's figures over what forward saw since the last call.

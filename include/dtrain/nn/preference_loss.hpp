@@ -128,6 +128,23 @@ struct WeightedCrossEntropyRowGrad {
   DTRAIN_HOST_DEVICE DTRAIN_ALWAYS_INLINE void operator()(std::size_t i) const { row(i, math::SerialRow{}); }
 };
 
+// The sequence losses' backward (PreferenceLoss, GrpoLoss): each row's
+// cross-entropy gradient times its weight, the weights (one a row, 0 where
+// a row carries no loss) computed on the host from the sequences' log-prob
+// gradients. `who` names the loss in a label-type error.
+template <class Dev, class T>
+void weighted_cross_entropy_backward(Dev& dev, MatView<const T> logits, const DeviceTensor& y,
+                                     std::int64_t ignore_index, const std::vector<float>& weight, MatView<T> dlogits,
+                                     const char* who) {
+  float* wd = dev.template workspace<float>(weight.size());
+  dev.copy_from_host(wd, weight.data(), weight.size());
+  with_label_type(y, who, [&]<class Label>() {
+    dev.for_each(
+        static_cast<std::size_t>(logits.rows),
+        WeightedCrossEntropyRowGrad<T, Label>{logits, y.data<Label>(), static_cast<Label>(ignore_index), wd, dlogits});
+  });
+}
+
 // log sigmoid(x), without overflow either way.
 inline double log_sigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
 inline double sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x)); }
@@ -178,14 +195,8 @@ class PreferenceLoss {
         for (std::int64_t t = 0; t < p.time; ++t)
           w[static_cast<std::size_t>(s * p.time + t)] = static_cast<float>(-d * static_cast<double>(scale));
     }
-    float* wd = dev.template workspace<float>(w.size());
-    dev.copy_from_host(wd, w.data(), w.size());
-    const DeviceTensor& y = batch.at(o_.target);
-    detail::with_label_type(y, "nn::PreferenceLoss", [&]<class Label>() {
-      dev.for_each(static_cast<std::size_t>(logits.rows),
-                   detail::WeightedCrossEntropyRowGrad<T, Label>{logits, y.data<Label>(),
-                                                                 static_cast<Label>(o_.ignore_index), wd, dlogits});
-    });
+    detail::weighted_cross_entropy_backward(dev, logits, batch.at(o_.target), o_.ignore_index, w, dlogits,
+                                            "nn::PreferenceLoss");
   }
 
   // TRL's metrics over the pairs forward saw since the last call (a
