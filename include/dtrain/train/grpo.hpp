@@ -46,11 +46,13 @@ inline RewardFunction token_count(std::int64_t token) {
   };
 }
 
+// The largest vocabulary read_vocabulary takes: ids are dense in a
+// tokenizer's vocabulary, and one far beyond would only size the table.
+inline constexpr std::int64_t max_vocabulary_id = std::int64_t{1} << 24;
+
 // A tokenizer's vocabulary, id -> text: a JSON object {"text": id, ...}
 // (a tokenizer's vocab.json) or a text file of one token per line (line i
 // is id i).
-inline constexpr std::int64_t max_vocabulary_id = std::int64_t{1} << 24;
-
 inline std::vector<std::string> read_vocabulary(const std::filesystem::path& file) {
   std::ifstream in(file);
   if (!in)
@@ -69,8 +71,6 @@ inline std::vector<std::string> read_vocabulary(const std::filesystem::path& fil
       if (!id.is_number_integer() || id.get<std::int64_t>() < 0)
         throw config_error("the vocabulary '" + file.string() + "' maps '" + text + "' to " + id.dump(),
                            "give non-negative integer ids");
-      // Ids are dense in a tokenizer's vocabulary: one far beyond the count
-      // of entries would only make the table below that large.
       if (id.get<std::int64_t>() >= max_vocabulary_id)
         throw config_error("the vocabulary '" + file.string() + "' maps '" + text + "' to " + id.dump() +
                                ", beyond the " + std::to_string(max_vocabulary_id) + " ids dtrain reads",
